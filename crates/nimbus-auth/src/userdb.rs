@@ -1,0 +1,456 @@
+//! The local user database: user name -> NT hash (MD4 of the UTF-16LE
+//! password, MS-NLMP 3.3.1 NTOWFv1). Passwords themselves are never stored.
+//!
+//! File format (text, UTF-8):
+//! ```text
+//! # nimbus user database v1
+//! alice:8846f7eaee8fb117ad06bdd830b7586c
+//! ```
+//! Lines after the header may also be empty or start with `#`.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::fs;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use nimbus_crypto::CryptoProvider;
+use zeroize::{Zeroize, ZeroizeOnDrop};
+
+const HEADER: &str = "# nimbus user database v1";
+/// Longest user name accepted (Windows allows 20 for SAM accounts, UPNs up
+/// to 256 characters: take the larger).
+const MAX_NAME_CHARS: usize = 256;
+
+/// An NT hash (NTOWFv1), wiped from memory on drop.
+#[derive(Clone, Zeroize, ZeroizeOnDrop)]
+pub struct NtHash([u8; 16]);
+
+/// Constant-time, so comparing hashes leaks nothing about them.
+impl PartialEq for NtHash {
+    fn eq(&self, other: &Self) -> bool {
+        nimbus_crypto::ct_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for NtHash {}
+
+impl NtHash {
+    /// Wraps raw hash bytes.
+    pub fn from_bytes(bytes: [u8; 16]) -> Self {
+        NtHash(bytes)
+    }
+
+    /// The raw hash bytes (the key of NTOWFv2).
+    pub fn as_bytes(&self) -> &[u8; 16] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for NtHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("NtHash(<redacted>)")
+    }
+}
+
+/// Why the user database could not be read, written or changed.
+#[derive(Debug)]
+pub enum UserDbError {
+    /// Reading or writing the file failed.
+    Io {
+        /// The database file.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// A line of the file is not valid.
+    Parse {
+        /// The database file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The crypto provider offers no MD4 (FIPS mode), so NT hashes cannot be
+    /// computed.
+    NtlmUnavailable,
+    /// A user name given to [`UserDb::add`] is not acceptable.
+    InvalidName {
+        /// The rejected name.
+        name: String,
+        /// Why.
+        reason: &'static str,
+    },
+}
+
+impl fmt::Display for UserDbError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            UserDbError::Io { path, source } => write!(
+                f,
+                "user database {}: {source} (check that the path exists and is readable and \
+                 writable by the server; `nimbus user add` creates it)",
+                path.display()
+            ),
+            UserDbError::Parse { path, line, reason } => write!(
+                f,
+                "user database {}, line {line}: {reason} (each line must be \
+                 `name:<32 hex digits of the NT hash>` after the header `{HEADER}`; fix or delete \
+                 the line, then re-add the user with `nimbus user add`)",
+                path.display()
+            ),
+            UserDbError::NtlmUnavailable => f.write_str(
+                "NT hashes need MD4, which the FIPS crypto provider does not offer \
+                 (turn FIPS mode off to use local NTLM users)",
+            ),
+            UserDbError::InvalidName { name, reason } => {
+                write!(f, "invalid user name {name:?}: {reason}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for UserDbError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            UserDbError::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+struct Entry {
+    /// The name as given when the user was added.
+    name: String,
+    hash: NtHash,
+}
+
+/// User name -> NT hash. Lookup is case-insensitive (like Windows account
+/// names); names are stored and listed as given.
+#[derive(Default)]
+pub struct UserDb {
+    users: HashMap<String, Entry>,
+}
+
+impl fmt::Debug for UserDb {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UserDb").field("names", &self.names()).finish()
+    }
+}
+
+/// The lookup key of a name.
+fn fold(name: &str) -> String {
+    name.to_uppercase()
+}
+
+/// Why `name` cannot be a user name, if it cannot.
+fn check_name(name: &str) -> Result<(), &'static str> {
+    if name.is_empty() {
+        return Err("the name is empty");
+    }
+    if name.contains(':') {
+        return Err("the name contains ':', which separates name and hash in the file");
+    }
+    if name.chars().any(char::is_control) {
+        return Err("the name contains a control character");
+    }
+    if name.chars().count() > MAX_NAME_CHARS {
+        return Err("the name is longer than 256 characters");
+    }
+    Ok(())
+}
+
+impl UserDb {
+    /// An empty database.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Reads the database at `path`; a missing file is an error.
+    pub fn load(path: &Path) -> Result<UserDb, UserDbError> {
+        let text = fs::read_to_string(path).map_err(|source| UserDbError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(path, &text)
+    }
+
+    /// Reads the database at `path`; a missing file gives an empty database.
+    pub fn load_or_empty(path: &Path) -> Result<UserDb, UserDbError> {
+        match fs::read_to_string(path) {
+            Ok(text) => Self::parse(path, &text),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(UserDb::new()),
+            Err(source) => Err(UserDbError::Io {
+                path: path.to_owned(),
+                source,
+            }),
+        }
+    }
+
+    fn parse(path: &Path, text: &str) -> Result<UserDb, UserDbError> {
+        let err = |line: usize, reason: String| UserDbError::Parse {
+            path: path.to_owned(),
+            line,
+            reason,
+        };
+        let mut lines = text.lines().enumerate();
+        match lines.next() {
+            Some((_, first)) if first.trim_end() == HEADER => {}
+            _ => return Err(err(1, format!("the first line must be `{HEADER}`"))),
+        }
+        let mut db = UserDb::new();
+        for (i, raw) in lines {
+            let line_no = i + 1;
+            let line = raw.trim_end_matches('\r');
+            if line.trim().is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let (name, hex) = line
+                .split_once(':')
+                .ok_or_else(|| err(line_no, "no ':' between name and hash".into()))?;
+            check_name(name).map_err(|r| err(line_no, r.into()))?;
+            let hash = parse_hex16(hex.trim())
+                .ok_or_else(|| err(line_no, "the hash is not 32 hexadecimal digits".into()))?;
+            let key = fold(name);
+            if db.users.contains_key(&key) {
+                return Err(err(line_no, format!("user {name:?} appears twice")));
+            }
+            db.users.insert(
+                key,
+                Entry {
+                    name: name.to_owned(),
+                    hash,
+                },
+            );
+        }
+        Ok(db)
+    }
+
+    /// Writes the database atomically: a temporary file beside `path`,
+    /// created with mode 0600, then renamed over `path`.
+    pub fn save(&self, path: &Path) -> Result<(), UserDbError> {
+        let io_err = |source| UserDbError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        let mut text = String::with_capacity(64 + self.users.len() * 48);
+        text.push_str(HEADER);
+        text.push('\n');
+        let mut entries: Vec<&Entry> = self.users.values().collect();
+        entries.sort_by(|a, b| a.name.cmp(&b.name));
+        for e in entries {
+            text.push_str(&e.name);
+            text.push(':');
+            for b in e.hash.as_bytes() {
+                text.push_str(&format!("{b:02x}"));
+            }
+            text.push('\n');
+        }
+        let text = zeroize::Zeroizing::new(text);
+
+        let file_name = path
+            .file_name()
+            .ok_or_else(|| io_err(io::Error::new(io::ErrorKind::InvalidInput, "not a file path")))?;
+        let mut tmp_name = std::ffi::OsString::from(".");
+        tmp_name.push(file_name);
+        tmp_name.push(format!(".tmp.{}", std::process::id()));
+        let tmp = path.with_file_name(tmp_name);
+
+        // A leftover from a crashed run of this same process id; create_new
+        // below must not follow or reuse anything already there.
+        let _ = fs::remove_file(&tmp);
+        let mut opts = fs::OpenOptions::new();
+        opts.write(true).create_new(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            // Mode at creation, so the file is never readable by others, not
+            // even between create and chmod.
+            opts.mode(0o600);
+        }
+        let result = (|| {
+            let mut f = opts.open(&tmp)?;
+            f.write_all(text.as_bytes())?;
+            f.sync_all()?;
+            drop(f);
+            fs::rename(&tmp, path)?;
+            // Persist the rename itself; best effort (not all file systems
+            // allow fsync on a directory).
+            if let Some(dir) = path.parent() {
+                let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
+                if let Ok(d) = fs::File::open(dir) {
+                    let _ = d.sync_all();
+                }
+            }
+            Ok(())
+        })();
+        if result.is_err() {
+            let _ = fs::remove_file(&tmp);
+        }
+        result.map_err(io_err)
+    }
+
+    /// Adds `name` with the NT hash of `password`, replacing any user of the
+    /// same (case-insensitive) name.
+    pub fn add(&mut self, name: &str, password: &str, provider: &CryptoProvider) -> Result<(), UserDbError> {
+        check_name(name).map_err(|reason| UserDbError::InvalidName {
+            name: name.to_owned(),
+            reason,
+        })?;
+        let ntlm = provider.ntlm().ok_or(UserDbError::NtlmUnavailable)?;
+        let utf16 = zeroize::Zeroizing::new(utf16le(password));
+        let hash = NtHash(ntlm.md4(&utf16));
+        self.users.insert(
+            fold(name),
+            Entry {
+                name: name.to_owned(),
+                hash,
+            },
+        );
+        Ok(())
+    }
+
+    /// Removes `name` (case-insensitive); true if it was there.
+    pub fn remove(&mut self, name: &str) -> bool {
+        self.users.remove(&fold(name)).is_some()
+    }
+
+    /// All user names, as stored, sorted.
+    pub fn names(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.users.values().map(|e| e.name.clone()).collect();
+        v.sort();
+        v
+    }
+
+    /// The NT hash of `name` (case-insensitive).
+    pub fn nt_hash(&self, name: &str) -> Option<&NtHash> {
+        self.users.get(&fold(name)).map(|e| &e.hash)
+    }
+
+    /// The stored spelling of `name` (case-insensitive lookup).
+    pub(crate) fn canonical_name(&self, name: &str) -> Option<&str> {
+        self.users.get(&fold(name)).map(|e| e.name.as_str())
+    }
+}
+
+/// UTF-16LE encoding (MS-NLMP strings are UTF-16LE when UNICODE is negotiated).
+pub(crate) fn utf16le(s: &str) -> Vec<u8> {
+    s.encode_utf16().flat_map(u16::to_le_bytes).collect()
+}
+
+fn parse_hex16(s: &str) -> Option<NtHash> {
+    let bytes = s.as_bytes();
+    if bytes.len() != 32 {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (o, pair) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+        let hi = (pair[0] as char).to_digit(16)?;
+        let lo = (pair[1] as char).to_digit(16)?;
+        *o = (hi * 16 + lo) as u8;
+    }
+    Some(NtHash(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmpdir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("nimbus-userdb-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn add_stores_nt_hash_and_lookup_is_case_insensitive() {
+        let p = CryptoProvider::default_provider();
+        let mut db = UserDb::new();
+        db.add("User", "Password", &p).unwrap();
+        // MS-NLMP 4.2.2.1.2 NTOWFv1("Password").
+        assert_eq!(
+            hex::encode(db.nt_hash("uSeR").unwrap().as_bytes()),
+            "a4f49c406510bdcab6824ee7c30fd852"
+        );
+        db.add("USER", "other", &p).unwrap();
+        assert_eq!(db.names(), vec!["USER".to_string()]);
+        assert!(db.remove("user"));
+        assert!(!db.remove("user"));
+        assert!(db.nt_hash("user").is_none());
+    }
+
+    #[test]
+    fn rejects_bad_names() {
+        let p = CryptoProvider::default_provider();
+        let mut db = UserDb::new();
+        for bad in ["", "a:b", "a\nb", "tab\there", "nul\0"] {
+            assert!(matches!(db.add(bad, "x", &p), Err(UserDbError::InvalidName { .. })), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn save_load_round_trip_with_private_mode() {
+        let p = CryptoProvider::default_provider();
+        let dir = tmpdir("rt");
+        let path = dir.join("users.db");
+        let mut db = UserDb::new();
+        db.add("bob", "b", &p).unwrap();
+        db.add("Alice", "a", &p).unwrap();
+        db.save(&path).unwrap();
+        let text = fs::read_to_string(&path).unwrap();
+        assert!(text.starts_with("# nimbus user database v1\n"));
+        assert!(!text.contains(":a\n"));
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600);
+        }
+        let back = UserDb::load(&path).unwrap();
+        assert_eq!(back.names(), vec!["Alice".to_string(), "bob".to_string()]);
+        assert_eq!(back.nt_hash("ALICE"), db.nt_hash("alice"));
+        // Saving again replaces the file and leaves no temporary behind.
+        back.save(&path).unwrap();
+        assert_eq!(fs::read_dir(&dir).unwrap().count(), 1);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn missing_file() {
+        let dir = tmpdir("missing");
+        let path = dir.join("nope.db");
+        assert!(matches!(UserDb::load(&path), Err(UserDbError::Io { .. })));
+        assert!(UserDb::load_or_empty(&path).unwrap().names().is_empty());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn parse_errors_name_the_line() {
+        let path = Path::new("/etc/nimbus/users.db");
+        let cases = [
+            ("nope\n", 1),
+            ("# nimbus user database v1\nalice\n", 2),
+            ("# nimbus user database v1\n\n# c\nalice:123\n", 4),
+            ("# nimbus user database v1\nalice:a4f49c406510bdcab6824ee7c30fd85g\n", 2),
+            ("# nimbus user database v1\n:a4f49c406510bdcab6824ee7c30fd852\n", 2),
+            (
+                "# nimbus user database v1\na:a4f49c406510bdcab6824ee7c30fd852\nA:a4f49c406510bdcab6824ee7c30fd852\n",
+                3,
+            ),
+        ];
+        for (text, want) in cases {
+            match UserDb::parse(path, text) {
+                Err(e @ UserDbError::Parse { line, .. }) => {
+                    assert_eq!(line, want, "{text:?}");
+                    let msg = e.to_string();
+                    assert!(msg.contains("/etc/nimbus/users.db") && msg.contains(&format!("line {want}")), "{msg}");
+                }
+                other => panic!("{text:?}: {other:?}"),
+            }
+        }
+        let ok = UserDb::parse(path, "# nimbus user database v1\r\nx:A4F49C406510BDCAB6824EE7C30FD852\r\n").unwrap();
+        assert_eq!(ok.names(), vec!["x".to_string()]);
+    }
+}

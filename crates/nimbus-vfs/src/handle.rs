@@ -1,0 +1,346 @@
+//! Open file and directory handles.
+
+use std::ffi::{CStr, CString};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use crate::error::{VfsError, VfsResult};
+use crate::sys;
+use crate::{DirEntry, OpenOptions, Stat, Timespec};
+
+/// What a handle was opened for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Access {
+    /// Attribute-only, backed by a real descriptor (`O_RDONLY`, or a directory).
+    None,
+    /// Attribute-only, backed by an `O_PATH` descriptor.
+    Path,
+    Read,
+    Write,
+    ReadWrite,
+}
+
+impl Access {
+    pub(crate) fn from_opts(opts: &OpenOptions) -> Access {
+        match (opts.read, opts.write) {
+            (false, false) => Access::None,
+            (true, false) => Access::Read,
+            (false, true) => Access::Write,
+            (true, true) => Access::ReadWrite,
+        }
+    }
+
+    pub(crate) fn open_flags(self) -> i32 {
+        match self {
+            Access::None | Access::Read => libc::O_RDONLY,
+            Access::Path => libc::O_PATH,
+            Access::Write => libc::O_WRONLY,
+            Access::ReadWrite => libc::O_RDWR,
+        }
+    }
+
+    fn can_read(self) -> bool {
+        matches!(self, Access::Read | Access::ReadWrite)
+    }
+
+    fn can_write(self) -> bool {
+        matches!(self, Access::Write | Access::ReadWrite)
+    }
+}
+
+/// An open file or directory. Dropping it closes the descriptor.
+#[derive(Debug)]
+pub struct FileHandle {
+    fd: OwnedFd,
+    is_dir: bool,
+    access: Access,
+}
+
+fn check_offset(offset: u64) -> VfsResult<i64> {
+    i64::try_from(offset).map_err(|_| VfsError::InvalidParameter)
+}
+
+fn timespec(t: Option<Timespec>) -> libc::timespec {
+    match t {
+        Some(t) => libc::timespec {
+            tv_sec: t.sec,
+            tv_nsec: i64::from(t.nsec),
+        },
+        None => libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+    }
+}
+
+impl FileHandle {
+    pub(crate) fn new(fd: OwnedFd, is_dir: bool, access: Access) -> FileHandle {
+        FileHandle { fd, is_dir, access }
+    }
+
+    fn raw(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// `/proc/self/fd/N`, to reach the object of an `O_PATH` descriptor with calls that refuse
+    /// such descriptors. It names our own descriptor, so following it cannot escape.
+    fn proc_path(&self) -> CString {
+        CString::new(format!("/proc/self/fd/{}", self.raw())).expect("no NUL in a number")
+    }
+
+    /// Whether this handle is a directory.
+    pub fn is_dir(&self) -> bool {
+        self.is_dir
+    }
+
+    fn check_io(&self, allowed: bool) -> VfsResult<()> {
+        if self.is_dir {
+            Err(VfsError::IsADirectory)
+        } else if !allowed {
+            Err(VfsError::AccessDenied)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Reads at `offset` until `buf` is full or end of file; returns the bytes read.
+    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> VfsResult<usize> {
+        self.check_io(self.access.can_read())?;
+        let start = check_offset(offset)?;
+        let mut done = 0usize;
+        while done < buf.len() {
+            let Some(pos) = start.checked_add(done as i64) else {
+                break;
+            };
+            let rest = &mut buf[done..];
+            // SAFETY: rest is a valid writable buffer of rest.len() bytes.
+            let n = unsafe { libc::pread(self.raw(), rest.as_mut_ptr().cast(), rest.len(), pos) };
+            if n < 0 {
+                let e = sys::errno();
+                if e == libc::EINTR {
+                    continue;
+                }
+                return Err(VfsError::from_errno(e));
+            }
+            if n == 0 {
+                break;
+            }
+            done += n as usize;
+        }
+        Ok(done)
+    }
+
+    /// Writes all of `buf` at `offset`; returns the bytes written (`buf.len()`).
+    pub fn write_at(&self, buf: &[u8], offset: u64) -> VfsResult<usize> {
+        self.check_io(self.access.can_write())?;
+        let start = check_offset(offset)?;
+        if start.checked_add(buf.len() as i64).is_none() {
+            return Err(VfsError::InvalidParameter);
+        }
+        let mut done = 0usize;
+        while done < buf.len() {
+            let rest = &buf[done..];
+            let pos = start + done as i64;
+            // SAFETY: rest is a valid readable buffer of rest.len() bytes.
+            let n = unsafe { libc::pwrite(self.raw(), rest.as_ptr().cast(), rest.len(), pos) };
+            if n < 0 {
+                let e = sys::errno();
+                if e == libc::EINTR {
+                    continue;
+                }
+                return Err(VfsError::from_errno(e));
+            }
+            if n == 0 {
+                return Err(VfsError::NoSpace);
+            }
+            done += n as usize;
+        }
+        Ok(done)
+    }
+
+    /// Flushes data and metadata to stable storage (`fsync`). A no-op on `O_PATH` handles.
+    pub fn sync(&self) -> VfsResult<()> {
+        if self.access == Access::Path {
+            return Ok(());
+        }
+        sys::cvt_retry(|| {
+            // SAFETY: plain call on our descriptor.
+            unsafe { libc::fsync(self.raw()) }
+        })?;
+        Ok(())
+    }
+
+    /// Truncates or extends the file to `len` bytes. Needs write access.
+    pub fn set_len(&self, len: u64) -> VfsResult<()> {
+        self.check_io(self.access.can_write())?;
+        let len = check_offset(len)?;
+        sys::cvt_retry(|| {
+            // SAFETY: plain call on our descriptor.
+            unsafe { libc::ftruncate(self.raw(), len) }
+        })?;
+        Ok(())
+    }
+
+    /// Reserves space for `len` bytes without changing the size (`FALLOC_FL_KEEP_SIZE`).
+    /// Best effort: succeeds where the file system cannot preallocate. Needs write access.
+    pub fn allocate(&self, len: u64) -> VfsResult<()> {
+        self.check_io(self.access.can_write())?;
+        let len = check_offset(len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let r = sys::cvt_retry(|| {
+            // SAFETY: plain call on our descriptor.
+            unsafe { libc::fallocate(self.raw(), libc::FALLOC_FL_KEEP_SIZE, 0, len) }
+        });
+        match r {
+            Ok(_) => Ok(()),
+            Err(VfsError::Io(e))
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS)
+                ) =>
+            {
+                Ok(())
+            }
+            Err(VfsError::InvalidParameter) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Metadata of the open object.
+    pub fn stat(&self) -> VfsResult<Stat> {
+        sys::stat_fd(self.raw())
+    }
+
+    /// Sets access and modification times; `None` leaves a time unchanged.
+    pub fn set_times(&self, atime: Option<Timespec>, mtime: Option<Timespec>) -> VfsResult<()> {
+        if atime.is_none() && mtime.is_none() {
+            return Ok(());
+        }
+        if atime
+            .iter()
+            .chain(mtime.iter())
+            .any(|t| t.nsec >= 1_000_000_000)
+        {
+            return Err(VfsError::InvalidParameter);
+        }
+        let times = [timespec(atime), timespec(mtime)];
+        if self.access == Access::Path {
+            let p = self.proc_path();
+            sys::cvt_retry(|| {
+                // SAFETY: p is NUL-terminated, times has two entries.
+                unsafe { libc::utimensat(libc::AT_FDCWD, p.as_ptr(), times.as_ptr(), 0) }
+            })?;
+        } else {
+            sys::cvt_retry(|| {
+                // SAFETY: times has two entries.
+                unsafe { libc::futimens(self.raw(), times.as_ptr()) }
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Sets the permission bits (`fchmod`).
+    pub fn set_mode(&self, perm: u32) -> VfsResult<()> {
+        let perm = perm & 0o7777;
+        if self.access == Access::Path {
+            let p = self.proc_path();
+            sys::cvt_retry(|| {
+                // SAFETY: p is NUL-terminated.
+                unsafe { libc::fchmodat(libc::AT_FDCWD, p.as_ptr(), perm, 0) }
+            })?;
+        } else {
+            sys::cvt_retry(|| {
+                // SAFETY: plain call on our descriptor.
+                unsafe { libc::fchmod(self.raw(), perm) }
+            })?;
+        }
+        Ok(())
+    }
+
+    /// All entries of a directory except "." and "..", each with an lstat-like stat.
+    ///
+    /// Always lists from the start; concurrent calls on one handle are safe (each call reads
+    /// through its own open file description). Names that are not UTF-8 are skipped, as are
+    /// entries removed between listing and stat.
+    pub fn read_dir(&self) -> VfsResult<Vec<DirEntry>> {
+        if !self.is_dir {
+            return Err(VfsError::NotADirectory);
+        }
+        let fd = sys::cvt_retry(|| {
+            // SAFETY: "." is NUL-terminated; our descriptor is a directory.
+            unsafe {
+                libc::openat(
+                    self.raw(),
+                    c".".as_ptr(),
+                    libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+                )
+            }
+        })?;
+        // SAFETY: fd is a fresh descriptor owned by nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let stream = DirStream::new(fd)?;
+        let mut out = Vec::new();
+        loop {
+            // SAFETY: errno is thread-local; reset it to tell end-of-stream from an error.
+            unsafe { *libc::__errno_location() = 0 };
+            // SAFETY: stream.dir is a valid open DIR*.
+            let ent = unsafe { libc::readdir64(stream.dir) };
+            if ent.is_null() {
+                let e = sys::errno();
+                if e != 0 {
+                    return Err(VfsError::from_errno(e));
+                }
+                break;
+            }
+            // SAFETY: readdir returned a valid entry whose d_name is NUL-terminated; it stays
+            // valid until the next readdir on this stream.
+            let cname = unsafe { CStr::from_ptr((*ent).d_name.as_ptr()) };
+            let bytes = cname.to_bytes();
+            if bytes == b"." || bytes == b".." {
+                continue;
+            }
+            let Ok(name) = std::str::from_utf8(bytes) else {
+                continue;
+            };
+            let name = name.to_owned();
+            let cname = cname.to_owned();
+            match sys::stat_at(stream.fd(), &cname, libc::AT_SYMLINK_NOFOLLOW) {
+                Ok(stat) => out.push(DirEntry { name, stat }),
+                Err(libc::ENOENT) => continue,
+                Err(e) => return Err(VfsError::from_errno(e)),
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// An owned `DIR*`, closed (with its descriptor) on drop.
+struct DirStream {
+    dir: *mut libc::DIR,
+}
+
+impl DirStream {
+    fn new(fd: OwnedFd) -> VfsResult<DirStream> {
+        let raw = fd.as_raw_fd();
+        // SAFETY: raw is an open directory descriptor; on success the DIR takes ownership.
+        let dir = unsafe { libc::fdopendir(raw) };
+        if dir.is_null() {
+            return Err(VfsError::last());
+        }
+        std::mem::forget(fd);
+        Ok(DirStream { dir })
+    }
+
+    fn fd(&self) -> RawFd {
+        // SAFETY: self.dir is a valid open DIR*.
+        unsafe { libc::dirfd(self.dir) }
+    }
+}
+
+impl Drop for DirStream {
+    fn drop(&mut self) {
+        // SAFETY: self.dir is a valid DIR* that is closed exactly once, here.
+        unsafe { libc::closedir(self.dir) };
+    }
+}

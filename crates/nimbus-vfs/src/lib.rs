@@ -1,0 +1,121 @@
+//! nimbus-vfs: the file system seam of the Nimbus SMB server.
+//!
+//! The VFS knows nothing about SMB. Calls are synchronous (the server runs them on a blocking
+//! thread pool) and take typed arguments. The [`LocalFs`] backend confines every path beneath a
+//! share root with `openat2(2)` and `RESOLVE_BENEATH`, so `..`, absolute paths and symlinks that
+//! lead outside the share are refused with [`VfsError::Escape`].
+//!
+//! Paths are relative to the share root, '/'-separated, without a leading '/'; `""` is the root.
+
+mod error;
+mod handle;
+mod local;
+mod path;
+mod sys;
+
+#[cfg(test)]
+mod tests;
+
+pub use error::{VfsError, VfsResult};
+pub use handle::FileHandle;
+pub use local::LocalFs;
+
+/// A point in time as seconds and nanoseconds since the Unix epoch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timespec {
+    pub sec: i64,
+    pub nsec: u32,
+}
+
+/// Metadata of a file system object.
+#[derive(Clone, Debug)]
+pub struct Stat {
+    pub size: u64,
+    /// Bytes allocated on disk (`st_blocks * 512`).
+    pub alloc_size: u64,
+    pub is_dir: bool,
+    pub is_symlink: bool,
+    /// Permission bits (`mode & 0o7777`).
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub nlink: u64,
+    pub ino: u64,
+    pub dev: u64,
+    pub atime: Timespec,
+    pub mtime: Timespec,
+    pub ctime: Timespec,
+    /// Birth time, when the file system records it.
+    pub btime: Option<Timespec>,
+}
+
+/// What [`LocalFs::open`] does when the name exists or is missing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CreateMode {
+    /// Open; fail with `NotFound` if missing.
+    OpenExisting,
+    /// Create; fail with `Exists` if present.
+    CreateNew,
+    /// Open if present, otherwise create.
+    OpenOrCreate,
+    /// Open and truncate; fail with `NotFound` if missing.
+    TruncateExisting,
+    /// Truncate if present, otherwise create.
+    CreateOrTruncate,
+}
+
+impl CreateMode {
+    fn creates(self) -> bool {
+        matches!(
+            self,
+            CreateMode::CreateNew | CreateMode::OpenOrCreate | CreateMode::CreateOrTruncate
+        )
+    }
+
+    fn truncates(self) -> bool {
+        matches!(
+            self,
+            CreateMode::TruncateExisting | CreateMode::CreateOrTruncate
+        )
+    }
+}
+
+/// Which kind of object an open expects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Any,
+    File,
+    Directory,
+}
+
+/// Arguments of [`LocalFs::open`].
+#[derive(Clone, Copy, Debug)]
+pub struct OpenOptions {
+    pub read: bool,
+    pub write: bool,
+    pub mode: CreateMode,
+    pub kind: Kind,
+    /// Permission bits for created objects (the process umask still applies).
+    pub perm: u32,
+}
+
+/// One entry of [`FileHandle::read_dir`].
+#[derive(Clone, Debug)]
+pub struct DirEntry {
+    pub name: String,
+    /// lstat-like: a symlink is described, not its target.
+    pub stat: Stat,
+}
+
+/// File system totals, from `statvfs`.
+#[derive(Clone, Copy, Debug)]
+pub struct FsStat {
+    /// Size in bytes of the blocks counted below (`f_frsize`).
+    pub block_size: u64,
+    pub total_blocks: u64,
+    pub free_blocks: u64,
+    /// Free blocks available to unprivileged users.
+    pub avail_blocks: u64,
+    pub max_name_len: u64,
+    pub fs_id: u64,
+}

@@ -1,0 +1,351 @@
+//! The local backend: a directory tree confined beneath a share root.
+
+use std::ffi::{CStr, CString};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use crate::error::{VfsError, VfsResult};
+use crate::handle::{Access, FileHandle};
+use crate::path::SharePath;
+use crate::sys::{self, openat2_beneath, resolve_error, RETRIES};
+use crate::{FsStat, Kind, OpenOptions, Stat};
+
+/// A share backed by a local directory.
+///
+/// Every lookup goes through `openat2(2)` with `RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS`
+/// relative to an `O_PATH` descriptor of the root, so nothing outside the root is reachable.
+/// Symlinks that stay inside the share are followed (relative ones only: the kernel refuses
+/// absolute symlinks under `RESOLVE_BENEATH`).
+#[derive(Debug)]
+pub struct LocalFs {
+    root_fd: OwnedFd,
+    root: PathBuf,
+}
+
+impl LocalFs {
+    /// Opens a share rooted at `root`, which must exist and be a directory.
+    pub fn new(root: &Path) -> VfsResult<LocalFs> {
+        let c = CString::new(root.as_os_str().as_bytes()).map_err(|_| VfsError::NameInvalid)?;
+        let fd = sys::cvt_retry(|| {
+            // SAFETY: c is NUL-terminated.
+            unsafe {
+                libc::open(
+                    c.as_ptr(),
+                    libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+                )
+            }
+        })?;
+        // SAFETY: fd is a fresh descriptor owned by nobody else.
+        let root_fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(LocalFs {
+            root_fd,
+            root: root.to_path_buf(),
+        })
+    }
+
+    /// The directory this share was created on.
+    pub fn root_path(&self) -> &Path {
+        &self.root
+    }
+
+    fn root(&self) -> RawFd {
+        self.root_fd.as_raw_fd()
+    }
+
+    /// Opens the parent directory (relative to the root) as `O_PATH`. A missing or non-directory
+    /// component is `PathNotFound`.
+    fn open_parent(&self, parent: &CStr) -> VfsResult<OwnedFd> {
+        openat2_beneath(self.root(), parent, libc::O_PATH | libc::O_DIRECTORY, 0).map_err(|e| {
+            match e {
+                libc::ENOENT | libc::ENOTDIR => VfsError::PathNotFound,
+                e => resolve_error(e),
+            }
+        })
+    }
+
+    /// Splits `path` into an opened parent directory and the final name; `None` for the root.
+    fn parent_and_name(&self, path: &str) -> VfsResult<Option<(OwnedFd, CString)>> {
+        let p = SharePath::parse(path)?;
+        match p.split_last()? {
+            None => Ok(None),
+            Some((parent, name)) => Ok(Some((self.open_parent(&parent)?, name))),
+        }
+    }
+
+    /// Opens (and per `opts.mode` creates or truncates) a file or directory.
+    ///
+    /// Returns the handle, its stat after the open, and whether the object was created.
+    pub fn open(&self, path: &str, opts: &OpenOptions) -> VfsResult<(FileHandle, Stat, bool)> {
+        let p = SharePath::parse(path)?;
+        let full = p.full()?;
+        let split = p.split_last()?;
+        let parent = match &split {
+            Some((parent, name)) => Some((self.open_parent(parent)?, name)),
+            None => None,
+        };
+        for _ in 0..RETRIES {
+            match openat2_beneath(self.root(), &full, libc::O_PATH, 0) {
+                Ok(probe) => {
+                    if let Some(h) = self.open_existing(&full, probe, opts)? {
+                        let st = h.stat()?;
+                        return Ok((h, st, false));
+                    }
+                }
+                Err(libc::ENOENT) => {
+                    let Some((parent, name)) = &parent else {
+                        return Err(VfsError::NotFound);
+                    };
+                    if !opts.mode.creates() {
+                        return Err(VfsError::NotFound);
+                    }
+                    if let Some(h) = create(parent.as_raw_fd(), name, opts)? {
+                        let st = h.stat()?;
+                        return Ok((h, st, true));
+                    }
+                }
+                // The parent exists, so a non-directory was met while following a symlink.
+                Err(libc::ENOTDIR) => return Err(VfsError::PathNotFound),
+                Err(e) => return Err(resolve_error(e)),
+            }
+        }
+        // Something keeps racing with us; report the name as taken.
+        Err(VfsError::Exists)
+    }
+
+    /// Opens an object the `O_PATH` probe found. `Ok(None)` means it changed under us: retry.
+    fn open_existing(
+        &self,
+        full: &CStr,
+        probe: OwnedFd,
+        opts: &OpenOptions,
+    ) -> VfsResult<Option<FileHandle>> {
+        if opts.mode == crate::CreateMode::CreateNew {
+            return Err(VfsError::Exists);
+        }
+        let st = sys::fstat_raw(probe.as_raw_fd())?;
+        let truncate = opts.mode.truncates();
+        let reopen = |flags: i32| -> VfsResult<Option<OwnedFd>> {
+            match openat2_beneath(self.root(), full, flags, 0) {
+                Ok(fd) => {
+                    let now = sys::fstat_raw(fd.as_raw_fd())?;
+                    if now.st_dev == st.st_dev && now.st_ino == st.st_ino {
+                        Ok(Some(fd))
+                    } else {
+                        Ok(None)
+                    }
+                }
+                Err(libc::ENOENT) => Ok(None),
+                Err(e) => Err(resolve_error(e)),
+            }
+        };
+        match st.st_mode & libc::S_IFMT {
+            libc::S_IFDIR => {
+                if opts.kind == Kind::File || truncate {
+                    return Err(VfsError::IsADirectory);
+                }
+                Ok(reopen(libc::O_RDONLY | libc::O_DIRECTORY)?
+                    .map(|fd| FileHandle::new(fd, true, Access::None)))
+            }
+            libc::S_IFREG => {
+                if opts.kind == Kind::Directory {
+                    return Err(VfsError::NotADirectory);
+                }
+                let access = Access::from_opts(opts);
+                let mut flags = access.open_flags() | libc::O_NONBLOCK;
+                if truncate {
+                    flags |= libc::O_TRUNC;
+                }
+                match reopen(flags) {
+                    Ok(fd) => Ok(fd.map(|fd| FileHandle::new(fd, false, access))),
+                    // Attribute-only open of a file we may not read: keep the O_PATH probe.
+                    Err(VfsError::AccessDenied) if access == Access::None && !truncate => {
+                        Ok(Some(FileHandle::new(probe, false, Access::Path)))
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            _ => {
+                // FIFOs, sockets and devices: never opened for I/O (an open could block or have
+                // side effects); attribute-only handles are allowed.
+                if opts.kind == Kind::Directory {
+                    return Err(VfsError::NotADirectory);
+                }
+                if opts.read || opts.write || truncate {
+                    return Err(VfsError::AccessDenied);
+                }
+                Ok(Some(FileHandle::new(probe, false, Access::Path)))
+            }
+        }
+    }
+
+    /// Stats `path`. A final symlink that resolves inside the share describes its target (with
+    /// `is_symlink` set); one that dangles or escapes describes the link itself.
+    pub fn stat(&self, path: &str) -> VfsResult<Stat> {
+        let p = SharePath::parse(path)?;
+        let Some((parent, name)) = p.split_last()? else {
+            return sys::stat_fd(self.root());
+        };
+        let parent = self.open_parent(&parent)?;
+        let lst = sys::stat_at(parent.as_raw_fd(), &name, libc::AT_SYMLINK_NOFOLLOW)
+            .map_err(VfsError::from_errno)?;
+        if !lst.is_symlink {
+            return Ok(lst);
+        }
+        match openat2_beneath(self.root(), &p.full()?, libc::O_PATH, 0) {
+            Ok(fd) => {
+                let mut st = sys::stat_fd(fd.as_raw_fd())?;
+                st.is_symlink = true;
+                Ok(st)
+            }
+            Err(_) => Ok(lst),
+        }
+    }
+
+    /// Removes a non-directory (a symlink itself, never its target).
+    pub fn unlink(&self, path: &str) -> VfsResult<()> {
+        let Some((parent, name)) = self.parent_and_name(path)? else {
+            return Err(VfsError::IsADirectory);
+        };
+        sys::cvt_retry(|| {
+            // SAFETY: name is NUL-terminated; parent is a valid directory descriptor.
+            unsafe { libc::unlinkat(parent.as_raw_fd(), name.as_ptr(), 0) }
+        })?;
+        Ok(())
+    }
+
+    /// Removes an empty directory. The share root cannot be removed.
+    pub fn rmdir(&self, path: &str) -> VfsResult<()> {
+        let Some((parent, name)) = self.parent_and_name(path)? else {
+            return Err(VfsError::AccessDenied);
+        };
+        sys::cvt_retry(|| {
+            // SAFETY: name is NUL-terminated; parent is a valid directory descriptor.
+            unsafe { libc::unlinkat(parent.as_raw_fd(), name.as_ptr(), libc::AT_REMOVEDIR) }
+        })
+        .map_err(|e| match e {
+            VfsError::Exists => VfsError::NotEmpty,
+            e => e,
+        })?;
+        Ok(())
+    }
+
+    /// Renames `from` to `to`. Without `replace` an existing target is `Exists`; with `replace`
+    /// an existing file is replaced, but an existing directory is never replaced
+    /// (`AccessDenied`), as on Windows.
+    pub fn rename(&self, from: &str, to: &str, replace: bool) -> VfsResult<()> {
+        let Some((fparent, fname)) = self.parent_and_name(from)? else {
+            return Err(VfsError::AccessDenied);
+        };
+        let Some((tparent, tname)) = self.parent_and_name(to)? else {
+            return Err(if replace {
+                VfsError::AccessDenied
+            } else {
+                VfsError::Exists
+            });
+        };
+        let (fp, tp) = (fparent.as_raw_fd(), tparent.as_raw_fd());
+        let src = sys::fstat_raw_at(fp, &fname)?;
+        if replace {
+            if let Ok(dst) = sys::fstat_raw_at(tp, &tname) {
+                let same = dst.st_dev == src.st_dev && dst.st_ino == src.st_ino;
+                if dst.st_mode & libc::S_IFMT == libc::S_IFDIR && !same {
+                    return Err(VfsError::AccessDenied);
+                }
+            }
+            return renameat2(fp, &fname, tp, &tname, 0).map_err(rename_error);
+        }
+        match renameat2(fp, &fname, tp, &tname, libc::RENAME_NOREPLACE) {
+            Ok(()) => Ok(()),
+            // The file system does not support RENAME_NOREPLACE: check, then rename (racy).
+            Err(libc::EINVAL) => {
+                if sys::file_type_at(tp, &tname, libc::AT_SYMLINK_NOFOLLOW).is_ok() {
+                    return Err(VfsError::Exists);
+                }
+                renameat2(fp, &fname, tp, &tname, 0).map_err(rename_error)
+            }
+            Err(e) => Err(rename_error(e)),
+        }
+    }
+
+    /// File system totals of the share.
+    pub fn statfs(&self) -> VfsResult<FsStat> {
+        // SAFETY: zeroed statvfs is a valid value for this plain C struct.
+        let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+        sys::cvt_retry(|| {
+            // SAFETY: s is a valid out pointer; fstatvfs accepts O_PATH descriptors.
+            unsafe { libc::fstatvfs(self.root(), &mut s) }
+        })?;
+        let block_size = if s.f_frsize != 0 {
+            s.f_frsize
+        } else {
+            s.f_bsize
+        };
+        Ok(FsStat {
+            block_size,
+            total_blocks: s.f_blocks,
+            free_blocks: s.f_bfree,
+            avail_blocks: s.f_bavail,
+            max_name_len: s.f_namemax,
+            fs_id: s.f_fsid,
+        })
+    }
+}
+
+/// Creates `name` in `parent` per `opts`. `Ok(None)` means it appeared meanwhile: retry.
+fn create(parent: RawFd, name: &CStr, opts: &OpenOptions) -> VfsResult<Option<FileHandle>> {
+    let exists = || -> VfsResult<Option<FileHandle>> {
+        // A dangling symlink looks missing to the probe but blocks creation: stop retrying.
+        let is_link = sys::file_type_at(parent, name, libc::AT_SYMLINK_NOFOLLOW)
+            .is_ok_and(|t| t == libc::S_IFLNK);
+        if opts.mode == crate::CreateMode::CreateNew || is_link {
+            Err(VfsError::Exists)
+        } else {
+            Ok(None)
+        }
+    };
+    if opts.kind == Kind::Directory {
+        let r = sys::cvt_retry(|| {
+            // SAFETY: name is NUL-terminated; parent is a valid directory descriptor.
+            unsafe { libc::mkdirat(parent, name.as_ptr(), opts.perm & 0o7777) }
+        });
+        match r {
+            Ok(_) => {}
+            Err(VfsError::Exists) => return exists(),
+            Err(e) => return Err(e),
+        }
+        let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
+        let fd = openat2_beneath(parent, name, flags, 0).map_err(resolve_error)?;
+        return Ok(Some(FileHandle::new(fd, true, Access::None)));
+    }
+    let access = Access::from_opts(opts);
+    let flags = access.open_flags() | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
+    match openat2_beneath(parent, name, flags, opts.perm) {
+        Ok(fd) => Ok(Some(FileHandle::new(fd, false, access))),
+        Err(libc::EEXIST) => exists(),
+        Err(e) => Err(resolve_error(e)),
+    }
+}
+
+fn renameat2(fp: RawFd, fname: &CStr, tp: RawFd, tname: &CStr, flags: u32) -> Result<(), i32> {
+    loop {
+        // SAFETY: names are NUL-terminated; fp and tp are valid directory descriptors.
+        let r = unsafe { libc::renameat2(fp, fname.as_ptr(), tp, tname.as_ptr(), flags) };
+        if r == 0 {
+            return Ok(());
+        }
+        let e = sys::errno();
+        if e != libc::EINTR {
+            return Err(e);
+        }
+    }
+}
+
+fn rename_error(errno: i32) -> VfsError {
+    match errno {
+        // A file onto a directory (or a directory onto a non-empty directory).
+        libc::EISDIR => VfsError::AccessDenied,
+        libc::EEXIST | libc::ENOTEMPTY => VfsError::Exists,
+        e => VfsError::from_errno(e),
+    }
+}

@@ -1,0 +1,234 @@
+//! Thin wrappers over the Linux system calls the local backend needs.
+
+use std::ffi::{CStr, CString};
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+
+use crate::error::{VfsError, VfsResult};
+use crate::{Stat, Timespec};
+
+/// `struct open_how` from `<linux/openat2.h>`.
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+
+/// Refuse resolution that leaves the starting directory (`..`, absolute paths and symlinks).
+const RESOLVE_BENEATH: u64 = 0x08;
+/// Refuse `/proc/self/fd/N`-style magic links.
+const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+
+/// How many times a racing lookup or creation is retried before giving up.
+pub(crate) const RETRIES: usize = 16;
+
+/// `openat2(dirfd, path, flags, mode)` confined beneath `dirfd`.
+///
+/// Errors are returned raw (as errno) so callers can classify them by context.
+pub(crate) fn openat2_beneath(
+    dirfd: RawFd,
+    path: &CStr,
+    flags: i32,
+    mode: u32,
+) -> Result<OwnedFd, i32> {
+    let creating = flags & (libc::O_CREAT | libc::O_TMPFILE) != 0;
+    let how = OpenHow {
+        flags: (flags | libc::O_CLOEXEC | libc::O_LARGEFILE) as u32 as u64,
+        mode: if creating {
+            u64::from(mode & 0o7777)
+        } else {
+            0
+        },
+        resolve: RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS,
+    };
+    let mut attempts = 0;
+    loop {
+        // SAFETY: `path` is NUL-terminated and `how` is a valid open_how of the size passed.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_openat2,
+                dirfd,
+                path.as_ptr(),
+                &how as *const OpenHow,
+                std::mem::size_of::<OpenHow>(),
+            )
+        };
+        if ret >= 0 {
+            // SAFETY: the kernel returned a fresh descriptor that nothing else owns.
+            return Ok(unsafe { OwnedFd::from_raw_fd(ret as RawFd) });
+        }
+        let errno = errno();
+        // EAGAIN: a concurrent rename or mount made the kernel abort a confined lookup.
+        if (errno == libc::EINTR || errno == libc::EAGAIN) && attempts < RETRIES {
+            attempts += 1;
+            continue;
+        }
+        return Err(errno);
+    }
+}
+
+/// Maps an errno from a confined lookup: EXDEV and ELOOP mean the path tried to leave the share.
+pub(crate) fn resolve_error(errno: i32) -> VfsError {
+    match errno {
+        libc::EXDEV | libc::ELOOP => VfsError::Escape,
+        _ => VfsError::from_errno(errno),
+    }
+}
+
+pub(crate) fn errno() -> i32 {
+    std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
+}
+
+pub(crate) fn cstring(s: &str) -> VfsResult<CString> {
+    CString::new(s).map_err(|_| VfsError::NameInvalid)
+}
+
+/// Runs a libc call returning -1/errno, retrying on EINTR.
+pub(crate) fn cvt_retry(mut f: impl FnMut() -> libc::c_int) -> VfsResult<libc::c_int> {
+    loop {
+        let r = f();
+        if r >= 0 {
+            return Ok(r);
+        }
+        let e = errno();
+        if e != libc::EINTR {
+            return Err(VfsError::from_errno(e));
+        }
+    }
+}
+
+/// `statx(dirfd, name, flags)`, falling back to `fstatat` where statx is unavailable.
+/// Pass an empty `name` with `AT_EMPTY_PATH` to stat `dirfd` itself.
+pub(crate) fn stat_at(dirfd: RawFd, name: &CStr, flags: i32) -> Result<Stat, i32> {
+    // SAFETY: zeroed statx is a valid value for this plain C struct.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: name is NUL-terminated, stx is a valid out pointer.
+    let r = unsafe {
+        libc::statx(
+            dirfd,
+            name.as_ptr(),
+            flags | libc::AT_STATX_SYNC_AS_STAT,
+            libc::STATX_BASIC_STATS | libc::STATX_BTIME,
+            &mut stx,
+        )
+    };
+    if r == 0 {
+        return Ok(stat_from_statx(&stx));
+    }
+    let e = errno();
+    if e != libc::ENOSYS {
+        return Err(e);
+    }
+    // SAFETY: zeroed stat is a valid value for this plain C struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: name is NUL-terminated, st is a valid out pointer.
+    let r = unsafe { libc::fstatat(dirfd, name.as_ptr(), &mut st, flags) };
+    if r == 0 {
+        Ok(stat_from_stat(&st))
+    } else {
+        Err(errno())
+    }
+}
+
+/// Stats an open descriptor (O_PATH descriptors included).
+pub(crate) fn stat_fd(fd: RawFd) -> VfsResult<Stat> {
+    stat_at(fd, c"", libc::AT_EMPTY_PATH).map_err(VfsError::from_errno)
+}
+
+fn ts(t: &libc::statx_timestamp) -> Timespec {
+    Timespec {
+        sec: t.tv_sec,
+        nsec: t.tv_nsec,
+    }
+}
+
+fn stat_from_statx(s: &libc::statx) -> Stat {
+    let fmt = u32::from(s.stx_mode) & libc::S_IFMT;
+    Stat {
+        size: s.stx_size,
+        alloc_size: s.stx_blocks.saturating_mul(512),
+        is_dir: fmt == libc::S_IFDIR,
+        is_symlink: fmt == libc::S_IFLNK,
+        mode: u32::from(s.stx_mode) & 0o7777,
+        uid: s.stx_uid,
+        gid: s.stx_gid,
+        nlink: u64::from(s.stx_nlink),
+        ino: s.stx_ino,
+        dev: libc::makedev(s.stx_dev_major, s.stx_dev_minor),
+        atime: ts(&s.stx_atime),
+        mtime: ts(&s.stx_mtime),
+        ctime: ts(&s.stx_ctime),
+        btime: if s.stx_mask & libc::STATX_BTIME != 0 {
+            Some(ts(&s.stx_btime))
+        } else {
+            None
+        },
+    }
+}
+
+// Field widths of `struct stat` differ between architectures.
+#[allow(clippy::unnecessary_cast, clippy::useless_conversion)]
+fn stat_from_stat(s: &libc::stat) -> Stat {
+    let fmt = s.st_mode & libc::S_IFMT;
+    let t = |sec: i64, nsec: i64| Timespec {
+        sec,
+        nsec: nsec.clamp(0, 999_999_999) as u32,
+    };
+    Stat {
+        size: s.st_size as u64,
+        alloc_size: (s.st_blocks as u64).saturating_mul(512),
+        is_dir: fmt == libc::S_IFDIR,
+        is_symlink: fmt == libc::S_IFLNK,
+        mode: s.st_mode & 0o7777,
+        uid: s.st_uid,
+        gid: s.st_gid,
+        nlink: s.st_nlink as u64,
+        ino: s.st_ino,
+        dev: s.st_dev,
+        atime: t(s.st_atime, s.st_atime_nsec),
+        mtime: t(s.st_mtime, s.st_mtime_nsec),
+        ctime: t(s.st_ctime, s.st_ctime_nsec),
+        btime: None,
+    }
+}
+
+/// File type bits of an lstat-like lookup, for callers that need more than is_dir/is_symlink.
+pub(crate) fn file_type_at(dirfd: RawFd, name: &CStr, flags: i32) -> Result<u32, i32> {
+    // SAFETY: zeroed stat is a valid value for this plain C struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: name is NUL-terminated, st is a valid out pointer.
+    let r = unsafe { libc::fstatat(dirfd, name.as_ptr(), &mut st, flags) };
+    if r == 0 {
+        Ok(st.st_mode & libc::S_IFMT)
+    } else {
+        Err(errno())
+    }
+}
+
+/// Plain `fstat`, for file-type and identity checks.
+pub(crate) fn fstat_raw(fd: RawFd) -> VfsResult<libc::stat> {
+    // SAFETY: zeroed stat is a valid value for this plain C struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: st is a valid out pointer; fstat accepts O_PATH descriptors.
+    let r = unsafe { libc::fstat(fd, &mut st) };
+    if r == 0 {
+        Ok(st)
+    } else {
+        Err(VfsError::last())
+    }
+}
+
+/// `fstatat(dirfd, name, AT_SYMLINK_NOFOLLOW)`.
+pub(crate) fn fstat_raw_at(dirfd: RawFd, name: &CStr) -> VfsResult<libc::stat> {
+    // SAFETY: zeroed stat is a valid value for this plain C struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: name is NUL-terminated, st is a valid out pointer.
+    let r = unsafe { libc::fstatat(dirfd, name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
+    if r == 0 {
+        Ok(st)
+    } else {
+        Err(VfsError::last())
+    }
+}

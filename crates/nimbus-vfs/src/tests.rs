@@ -1,0 +1,640 @@
+//! Behaviour tests of the local backend against real temporary directories.
+
+use std::collections::HashSet;
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::symlink;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::{CreateMode, Kind, LocalFs, OpenOptions, Timespec, VfsError};
+
+/// A scratch directory `base/` holding `base/share/` (the share root) and `base/outside/`
+/// (a secret the share must never reach). Removed on drop.
+struct Scratch {
+    base: PathBuf,
+    fs: LocalFs,
+}
+
+impl Scratch {
+    fn new() -> Scratch {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let base = std::env::temp_dir().join(format!(
+            "nimbus-vfs-test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&base);
+        std::fs::create_dir_all(base.join("share")).unwrap();
+        std::fs::create_dir_all(base.join("outside")).unwrap();
+        std::fs::write(base.join("outside/secret"), b"secret").unwrap();
+        let fs = LocalFs::new(&base.join("share")).unwrap();
+        Scratch { base, fs }
+    }
+
+    fn share(&self) -> PathBuf {
+        self.base.join("share")
+    }
+
+    fn outside(&self) -> PathBuf {
+        self.base.join("outside")
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.base);
+    }
+}
+
+fn opts(read: bool, write: bool, mode: CreateMode, kind: Kind) -> OpenOptions {
+    OpenOptions {
+        read,
+        write,
+        mode,
+        kind,
+        perm: 0o644,
+    }
+}
+
+fn rw(mode: CreateMode) -> OpenOptions {
+    opts(true, true, mode, Kind::File)
+}
+
+fn mkdir(fs: &LocalFs, path: &str) {
+    let (h, st, created) = fs
+        .open(
+            path,
+            &opts(false, false, CreateMode::CreateNew, Kind::Directory),
+        )
+        .unwrap();
+    assert!(h.is_dir() && st.is_dir && created);
+}
+
+fn write_file(fs: &LocalFs, path: &str, data: &[u8]) {
+    let (h, _, _) = fs.open(path, &rw(CreateMode::CreateOrTruncate)).unwrap();
+    assert_eq!(h.write_at(data, 0).unwrap(), data.len());
+}
+
+fn read_file(fs: &LocalFs, path: &str) -> Vec<u8> {
+    let (h, st, _) = fs
+        .open(
+            path,
+            &opts(true, false, CreateMode::OpenExisting, Kind::File),
+        )
+        .unwrap();
+    let mut buf = vec![0u8; st.size as usize + 16];
+    let n = h.read_at(&mut buf, 0).unwrap();
+    buf.truncate(n);
+    buf
+}
+
+macro_rules! assert_err {
+    ($e:expr, $pat:pat) => {
+        match $e {
+            Err($pat) => {}
+            Err(other) => panic!("expected {}, got error {other:?}", stringify!($pat)),
+            Ok(_) => panic!("expected {}, got Ok", stringify!($pat)),
+        }
+    };
+}
+
+#[test]
+fn new_requires_directory() {
+    let s = Scratch::new();
+    assert_eq!(s.fs.root_path(), s.share().as_path());
+    assert_err!(
+        LocalFs::new(&s.outside().join("secret")),
+        VfsError::NotADirectory
+    );
+    assert_err!(LocalFs::new(&s.base.join("nope")), VfsError::NotFound);
+}
+
+#[test]
+fn create_modes() {
+    let s = Scratch::new();
+    let fs = &s.fs;
+    assert_err!(
+        fs.open("f", &rw(CreateMode::OpenExisting)),
+        VfsError::NotFound
+    );
+    assert_err!(
+        fs.open("f", &rw(CreateMode::TruncateExisting)),
+        VfsError::NotFound
+    );
+
+    let (h, st, created) = fs.open("f", &rw(CreateMode::CreateNew)).unwrap();
+    assert!(created && !st.is_dir && st.size == 0 && !h.is_dir());
+    h.write_at(b"hello", 0).unwrap();
+    drop(h);
+    assert_err!(fs.open("f", &rw(CreateMode::CreateNew)), VfsError::Exists);
+
+    let (_, st, created) = fs.open("f", &rw(CreateMode::OpenExisting)).unwrap();
+    assert!(!created && st.size == 5);
+    let (_, st, created) = fs.open("f", &rw(CreateMode::OpenOrCreate)).unwrap();
+    assert!(!created && st.size == 5);
+    let (_, st, created) = fs.open("f", &rw(CreateMode::TruncateExisting)).unwrap();
+    assert!(!created && st.size == 0);
+
+    write_file(fs, "f", b"again");
+    let (_, st, created) = fs.open("f", &rw(CreateMode::CreateOrTruncate)).unwrap();
+    assert!(!created && st.size == 0);
+
+    let (_, _, created) = fs.open("g", &rw(CreateMode::OpenOrCreate)).unwrap();
+    assert!(created);
+    let (_, _, created) = fs.open("h", &rw(CreateMode::CreateOrTruncate)).unwrap();
+    assert!(created);
+    // Kind::Any creates a file.
+    let (h, st, created) = fs
+        .open("i", &opts(true, true, CreateMode::CreateNew, Kind::Any))
+        .unwrap();
+    assert!(created && !st.is_dir && !h.is_dir());
+    assert!(s.share().join("i").is_file());
+}
+
+#[test]
+fn directories_and_kinds() {
+    let s = Scratch::new();
+    let fs = &s.fs;
+    mkdir(fs, "d");
+    assert!(s.share().join("d").is_dir());
+    assert_err!(
+        fs.open(
+            "d",
+            &opts(false, false, CreateMode::CreateNew, Kind::Directory)
+        ),
+        VfsError::Exists
+    );
+    let (_, _, created) = fs
+        .open(
+            "d",
+            &opts(false, false, CreateMode::OpenOrCreate, Kind::Directory),
+        )
+        .unwrap();
+    assert!(!created);
+    let (_, _, created) = fs
+        .open(
+            "e",
+            &opts(false, false, CreateMode::OpenOrCreate, Kind::Directory),
+        )
+        .unwrap();
+    assert!(created && s.share().join("e").is_dir());
+
+    // Kind::Any with write access on a directory still opens it as a directory.
+    let (h, st, _) = fs
+        .open("d", &opts(true, true, CreateMode::OpenExisting, Kind::Any))
+        .unwrap();
+    assert!(h.is_dir() && st.is_dir);
+    assert_err!(h.read_at(&mut [0u8; 4], 0), VfsError::IsADirectory);
+    assert_err!(h.write_at(b"x", 0), VfsError::IsADirectory);
+    h.sync().unwrap();
+
+    assert_err!(
+        fs.open("d", &rw(CreateMode::OpenExisting)),
+        VfsError::IsADirectory
+    );
+    assert_err!(
+        fs.open(
+            "d",
+            &opts(true, true, CreateMode::TruncateExisting, Kind::Any)
+        ),
+        VfsError::IsADirectory
+    );
+    write_file(fs, "file", b"x");
+    assert_err!(
+        fs.open(
+            "file",
+            &opts(false, false, CreateMode::OpenExisting, Kind::Directory)
+        ),
+        VfsError::NotADirectory
+    );
+    assert_err!(
+        fs.open(
+            "file",
+            &opts(false, false, CreateMode::OpenOrCreate, Kind::Directory)
+        ),
+        VfsError::NotADirectory
+    );
+    assert_err!(h.set_len(0), VfsError::IsADirectory);
+    let fh = fs.open("file", &rw(CreateMode::OpenExisting)).unwrap().0;
+    assert_err!(fh.read_dir(), VfsError::NotADirectory);
+}
+
+#[test]
+fn root_opens_as_directory() {
+    let s = Scratch::new();
+    let fs = &s.fs;
+    let (h, st, created) = fs
+        .open("", &opts(true, false, CreateMode::OpenExisting, Kind::Any))
+        .unwrap();
+    assert!(h.is_dir() && st.is_dir && !created);
+    let (h2, _, _) = fs
+        .open(
+            "",
+            &opts(false, false, CreateMode::OpenOrCreate, Kind::Directory),
+        )
+        .unwrap();
+    assert!(h2.is_dir());
+    assert_err!(
+        fs.open("", &rw(CreateMode::OpenExisting)),
+        VfsError::IsADirectory
+    );
+    assert_err!(
+        fs.open(
+            "",
+            &opts(false, false, CreateMode::CreateNew, Kind::Directory)
+        ),
+        VfsError::Exists
+    );
+    assert!(fs.stat("").unwrap().is_dir);
+    assert_err!(fs.rmdir(""), VfsError::AccessDenied);
+    assert_err!(fs.unlink(""), VfsError::IsADirectory);
+    assert_err!(fs.rename("", "x", false), VfsError::AccessDenied);
+    write_file(fs, "x", b"");
+    let names: Vec<_> = h.read_dir().unwrap().into_iter().map(|e| e.name).collect();
+    assert_eq!(names, ["x"]);
+}
+
+#[test]
+fn read_write_round_trip() {
+    let s = Scratch::new();
+    let fs = &s.fs;
+    let (h, _, _) = fs.open("data", &rw(CreateMode::CreateNew)).unwrap();
+    let payload: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    assert_eq!(h.write_at(&payload, 0).unwrap(), payload.len());
+    assert_eq!(h.write_at(b"tail", 300_000).unwrap(), 4);
+    let st = h.stat().unwrap();
+    assert_eq!(st.size, 300_004);
+
+    let mut buf = vec![0u8; payload.len()];
+    assert_eq!(h.read_at(&mut buf, 0).unwrap(), payload.len());
+    assert_eq!(buf, payload);
+    // The hole reads as zeros; a read across EOF is short.
+    let mut buf = [1u8; 8];
+    assert_eq!(h.read_at(&mut buf, 299_998).unwrap(), 6);
+    assert_eq!(&buf[..6], b"\0\0tail");
+    assert_eq!(h.read_at(&mut buf, 1_000_000).unwrap(), 0);
+    assert_eq!(read_file(fs, "data").len(), 300_004);
+
+    h.set_len(10).unwrap();
+    assert_eq!(h.stat().unwrap().size, 10);
+    h.allocate(1 << 20).unwrap();
+    assert_eq!(h.stat().unwrap().size, 10);
+    h.sync().unwrap();
+
+    assert_err!(h.write_at(b"x", u64::MAX), VfsError::InvalidParameter);
+    assert_err!(h.read_at(&mut buf, 1 << 63), VfsError::InvalidParameter);
+    assert_err!(h.set_len(u64::MAX), VfsError::InvalidParameter);
+
+    let t = Timespec {
+        sec: 1_000_000_000,
+        nsec: 123_456_789,
+    };
+    h.set_times(Some(t), None).unwrap();
+    let st = h.stat().unwrap();
+    assert_eq!(st.atime, t);
+    assert_ne!(st.mtime, t);
+    h.set_times(None, Some(t)).unwrap();
+    assert_eq!(h.stat().unwrap().mtime, t);
+    h.set_mode(0o600).unwrap();
+    assert_eq!(h.stat().unwrap().mode, 0o600);
+    assert_eq!(fs.stat("data").unwrap().mode, 0o600);
+}
+
+#[test]
+fn access_is_enforced_per_handle() {
+    let s = Scratch::new();
+    let fs = &s.fs;
+    write_file(fs, "f", b"content");
+    let ro = fs
+        .open(
+            "f",
+            &opts(true, false, CreateMode::OpenExisting, Kind::File),
+        )
+        .unwrap()
+        .0;
+    assert_err!(ro.write_at(b"x", 0), VfsError::AccessDenied);
+    assert_err!(ro.set_len(0), VfsError::AccessDenied);
+    let wo = fs
+        .open(
+            "f",
+            &opts(false, true, CreateMode::OpenExisting, Kind::File),
+        )
+        .unwrap()
+        .0;
+    assert_err!(wo.read_at(&mut [0u8; 4], 0), VfsError::AccessDenied);
+
+    // Attribute-only opens give a handle that can stat and set attributes but not do I/O.
+    let (attr, st, _) = fs
+        .open(
+            "f",
+            &opts(false, false, CreateMode::OpenExisting, Kind::Any),
+        )
+        .unwrap();
+    assert_eq!(st.size, 7);
+    assert_err!(attr.read_at(&mut [0u8; 4], 0), VfsError::AccessDenied);
+    assert_err!(attr.write_at(b"x", 0), VfsError::AccessDenied);
+    let t = Timespec { sec: 42, nsec: 0 };
+    attr.set_times(None, Some(t)).unwrap();
+    assert_eq!(fs.stat("f").unwrap().mtime, t);
+    attr.sync().unwrap();
+}
+
+#[test]
+fn fifo_is_attribute_only() {
+    let s = Scratch::new();
+    let p = CString::new(s.share().join("fifo").as_os_str().as_bytes()).unwrap();
+    // SAFETY: p is NUL-terminated.
+    assert_eq!(unsafe { libc::mkfifo(p.as_ptr(), 0o644) }, 0);
+    let fs = &s.fs;
+    // Must not block waiting for a writer.
+    let (h, st, _) = fs
+        .open(
+            "fifo",
+            &opts(false, false, CreateMode::OpenExisting, Kind::Any),
+        )
+        .unwrap();
+    assert!(!st.is_dir && !h.is_dir());
+    assert_err!(h.read_at(&mut [0u8; 1], 0), VfsError::AccessDenied);
+    assert_err!(
+        fs.open(
+            "fifo",
+            &opts(true, false, CreateMode::OpenExisting, Kind::Any)
+        ),
+        VfsError::AccessDenied
+    );
+}
+
+#[test]
+fn mkdir_rmdir_unlink() {
+    let s = Scratch::new();
+    let fs = &s.fs;
+    mkdir(fs, "a");
+    mkdir(fs, "a/b");
+    write_file(fs, "a/b/f", b"1");
+    assert_err!(fs.rmdir("a"), VfsError::NotEmpty);
+    assert_err!(fs.rmdir("a/b/f"), VfsError::NotADirectory);
+    assert_err!(fs.unlink("a/b"), VfsError::IsADirectory);
+    fs.unlink("a/b/f").unwrap();
+    assert_err!(fs.unlink("a/b/f"), VfsError::NotFound);
+    fs.rmdir("a/b").unwrap();
+    fs.rmdir("a").unwrap();
+    assert_err!(fs.rmdir("a"), VfsError::NotFound);
+    assert!(!s.share().join("a").exists());
+}
+
+#[test]
+fn not_found_vs_path_not_found() {
+    let s = Scratch::new();
+    let fs = &s.fs;
+    mkdir(fs, "d");
+    write_file(fs, "file", b"x");
+    let o = rw(CreateMode::OpenExisting);
+    let create = rw(CreateMode::CreateNew);
+
+    assert_err!(fs.open("d/missing", &o), VfsError::NotFound);
+    assert_err!(fs.stat("d/missing"), VfsError::NotFound);
+    assert_err!(fs.unlink("d/missing"), VfsError::NotFound);
+
+    for p in ["missing/x", "missing/y/z", "file/x", "d/missing/x"] {
+        assert_err!(fs.open(p, &o), VfsError::PathNotFound);
+        assert_err!(fs.open(p, &create), VfsError::PathNotFound);
+        assert_err!(fs.stat(p), VfsError::PathNotFound);
+        assert_err!(fs.unlink(p), VfsError::PathNotFound);
+        assert_err!(fs.rmdir(p), VfsError::PathNotFound);
+        assert_err!(fs.rename("file", p, false), VfsError::PathNotFound);
+    }
+    assert_err!(fs.rename("d/missing", "d/new", false), VfsError::NotFound);
+}
+
+#[test]
+fn rename_with_and_without_replace() {
+    let s = Scratch::new();
+    let fs = &s.fs;
+    write_file(fs, "a", b"A");
+    write_file(fs, "b", b"B");
+    mkdir(fs, "dir");
+
+    assert_err!(fs.rename("a", "b", false), VfsError::Exists);
+    assert_eq!(read_file(fs, "b"), b"B");
+    fs.rename("a", "b", true).unwrap();
+    assert_eq!(read_file(fs, "b"), b"A");
+    assert_err!(fs.stat("a"), VfsError::NotFound);
+
+    fs.rename("b", "dir/c", false).unwrap();
+    assert_eq!(read_file(fs, "dir/c"), b"A");
+
+    // Never replace a directory.
+    write_file(fs, "x", b"X");
+    assert_err!(fs.rename("x", "dir", true), VfsError::AccessDenied);
+    assert_err!(fs.rename("x", "dir", false), VfsError::Exists);
+    mkdir(fs, "empty");
+    mkdir(fs, "other");
+    assert_err!(fs.rename("other", "empty", true), VfsError::AccessDenied);
+
+    // Directories move, with their content.
+    fs.rename("dir", "moved", false).unwrap();
+    assert_eq!(read_file(fs, "moved/c"), b"A");
+    assert_err!(
+        fs.rename("moved", "moved/sub", false),
+        VfsError::InvalidParameter
+    );
+}
+
+#[test]
+fn escapes_are_refused() {
+    let s = Scratch::new();
+    let fs = &s.fs;
+    mkdir(fs, "a");
+    symlink("/etc", s.share().join("abs")).unwrap();
+    symlink("../outside/secret", s.share().join("rel")).unwrap();
+    symlink("../outside", s.share().join("outdir")).unwrap();
+    symlink("../../outside", s.share().join("a/up")).unwrap();
+    let o = opts(true, false, CreateMode::OpenExisting, Kind::Any);
+    let create = rw(CreateMode::OpenOrCreate);
+
+    for p in [
+        "../x",
+        "a/../../x",
+        "a/..",
+        "/etc/passwd",
+        "../outside/secret",
+    ] {
+        assert_err!(fs.open(p, &o), VfsError::Escape);
+        assert_err!(fs.open(p, &create), VfsError::Escape);
+        assert_err!(fs.stat(p), VfsError::Escape);
+        assert_err!(fs.unlink(p), VfsError::Escape);
+        assert_err!(fs.rmdir(p), VfsError::Escape);
+        assert_err!(fs.rename("a", p, false), VfsError::Escape);
+    }
+    // Final components that are escaping symlinks: opens refuse; stat describes the link.
+    for p in ["abs", "rel", "outdir", "a/up"] {
+        assert_err!(fs.open(p, &o), VfsError::Escape);
+        assert_err!(
+            fs.open(p, &rw(CreateMode::TruncateExisting)),
+            VfsError::Escape
+        );
+        let st = fs.stat(p).unwrap();
+        assert!(st.is_symlink && !st.is_dir);
+    }
+    assert_err!(fs.open("abs/passwd", &o), VfsError::Escape);
+    // Escaping symlinks used as intermediate components.
+    for p in ["abs/passwd", "outdir/secret", "a/up/secret", "outdir/new"] {
+        assert_err!(fs.open(p, &o), VfsError::Escape);
+        assert_err!(fs.open(p, &create), VfsError::Escape);
+        assert_err!(
+            fs.open(
+                p,
+                &opts(false, false, CreateMode::CreateNew, Kind::Directory)
+            ),
+            VfsError::Escape
+        );
+        assert_err!(fs.stat(p), VfsError::Escape);
+        assert_err!(fs.unlink(p), VfsError::Escape);
+        assert_err!(fs.rmdir(p), VfsError::Escape);
+        assert_err!(fs.rename("a", p, true), VfsError::Escape);
+        assert_err!(fs.rename(p, "stolen", true), VfsError::Escape);
+    }
+    // Symlinks themselves can be removed and renamed without touching the target.
+    fs.rename("rel", "rel2", false).unwrap();
+    fs.unlink("rel2").unwrap();
+    fs.unlink("outdir").unwrap();
+    assert_eq!(
+        std::fs::read(s.outside().join("secret")).unwrap(),
+        b"secret"
+    );
+    assert!(!s.outside().join("new").exists());
+    assert!(!s.share().join("stolen").exists());
+}
+
+#[test]
+fn symlinks_inside_the_share_work() {
+    let s = Scratch::new();
+    let fs = &s.fs;
+    mkdir(fs, "sub");
+    mkdir(fs, "other");
+    write_file(fs, "sub/file", b"inside");
+    symlink("sub/file", s.share().join("flink")).unwrap();
+    symlink("sub", s.share().join("dlink")).unwrap();
+    symlink("../sub/file", s.share().join("other/up")).unwrap();
+
+    assert_eq!(read_file(fs, "flink"), b"inside");
+    assert_eq!(read_file(fs, "dlink/file"), b"inside");
+    assert_eq!(read_file(fs, "other/up"), b"inside");
+    let (h, st, _) = fs
+        .open(
+            "dlink",
+            &opts(false, false, CreateMode::OpenExisting, Kind::Directory),
+        )
+        .unwrap();
+    assert!(h.is_dir() && st.is_dir);
+    let st = fs.stat("flink").unwrap();
+    assert!(st.is_symlink && st.size == 6);
+    assert!(fs.stat("dlink").unwrap().is_dir);
+
+    // A handle on a symlink refers to the target.
+    let (h, _, _) = fs.open("flink", &rw(CreateMode::OpenExisting)).unwrap();
+    h.write_at(b"I", 0).unwrap();
+    assert_eq!(
+        std::fs::read(s.share().join("sub/file")).unwrap(),
+        b"Inside"
+    );
+
+    write_file(fs, "dlink/new", b"n");
+    assert!(s.share().join("sub/new").is_file());
+
+    // read_dir reports links as links.
+    let root = fs
+        .open(
+            "",
+            &opts(false, false, CreateMode::OpenExisting, Kind::Directory),
+        )
+        .unwrap()
+        .0;
+    let entries = root.read_dir().unwrap();
+    let dlink = entries.iter().find(|e| e.name == "dlink").unwrap();
+    assert!(dlink.stat.is_symlink && !dlink.stat.is_dir);
+
+    // A dangling link blocks creation instead of creating through it.
+    symlink("sub/nothing", s.share().join("dangling")).unwrap();
+    assert_err!(
+        fs.open("dangling", &rw(CreateMode::OpenExisting)),
+        VfsError::NotFound
+    );
+    assert_err!(
+        fs.open("dangling", &rw(CreateMode::OpenOrCreate)),
+        VfsError::Exists
+    );
+    assert!(!s.share().join("sub/nothing").exists());
+}
+
+#[test]
+fn invalid_names() {
+    let s = Scratch::new();
+    let fs = &s.fs;
+    assert_err!(
+        fs.open("a\0b", &rw(CreateMode::OpenOrCreate)),
+        VfsError::NameInvalid
+    );
+    let long = "x".repeat(300);
+    assert_err!(
+        fs.open(&long, &rw(CreateMode::OpenOrCreate)),
+        VfsError::NameInvalid
+    );
+    // Redundant separators and "." are accepted.
+    write_file(fs, "./f", b"1");
+    assert_eq!(read_file(fs, "f"), b"1");
+}
+
+#[test]
+fn read_dir_lists_everything() {
+    let s = Scratch::new();
+    let fs = &s.fs;
+    mkdir(fs, "big");
+    let dir = s.share().join("big");
+    for i in 0..10_000 {
+        std::fs::File::create(dir.join(format!("file-{i:05}"))).unwrap();
+    }
+    std::fs::create_dir(dir.join("subdir")).unwrap();
+    // A name that is not UTF-8 is skipped.
+    std::fs::File::create(dir.join(std::ffi::OsStr::from_bytes(b"bad\xff"))).unwrap();
+
+    let (h, _, _) = fs
+        .open(
+            "big",
+            &opts(true, false, CreateMode::OpenExisting, Kind::Directory),
+        )
+        .unwrap();
+    for _ in 0..2 {
+        let entries = h.read_dir().unwrap();
+        assert_eq!(entries.len(), 10_001);
+        let names: HashSet<&str> = entries.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(names.len(), 10_001);
+        for i in [0, 1, 4_999, 9_999] {
+            assert!(names.contains(format!("file-{i:05}").as_str()));
+        }
+        let sub = entries.iter().find(|e| e.name == "subdir").unwrap();
+        assert!(sub.stat.is_dir);
+        assert!(entries
+            .iter()
+            .filter(|e| e.name != "subdir")
+            .all(|e| !e.stat.is_dir));
+    }
+}
+
+#[test]
+fn statfs_reports_totals() {
+    let s = Scratch::new();
+    let st = s.fs.statfs().unwrap();
+    assert!(st.block_size > 0);
+    assert!(st.total_blocks > 0);
+    assert!(st.max_name_len > 0);
+    assert!(st.free_blocks >= st.avail_blocks);
+}
+
+#[test]
+fn handles_are_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<LocalFs>();
+    check::<crate::FileHandle>();
+}

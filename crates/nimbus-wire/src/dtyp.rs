@@ -1,0 +1,184 @@
+//! MS-DTYP 2.4 security structures: SIDs, ACLs and self-relative security
+//! descriptors, enough to describe a POSIX owner, group and mode.
+
+use crate::codec::Put;
+use crate::fscc::access;
+
+/// MS-DTYP 2.4.2.2 SID.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sid {
+    pub authority: u64,
+    pub sub_authorities: Vec<u32>,
+}
+
+impl Sid {
+    /// S-1-1-0, Everyone.
+    pub fn everyone() -> Sid {
+        Sid {
+            authority: 1,
+            sub_authorities: vec![0],
+        }
+    }
+
+    /// S-1-22-1-UID: the well-known form for a Unix user that has no
+    /// Windows account, as Samba also reports it.
+    pub fn unix_user(uid: u32) -> Sid {
+        Sid {
+            authority: 22,
+            sub_authorities: vec![1, uid],
+        }
+    }
+
+    /// S-1-22-2-GID for a Unix group.
+    pub fn unix_group(gid: u32) -> Sid {
+        Sid {
+            authority: 22,
+            sub_authorities: vec![2, gid],
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        8 + 4 * self.sub_authorities.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    pub fn write(&self, out: &mut Vec<u8>) {
+        out.put_u8(1);
+        out.put_u8(self.sub_authorities.len() as u8);
+        // IdentifierAuthority is 6 bytes big-endian.
+        out.extend_from_slice(&self.authority.to_be_bytes()[2..]);
+        for s in &self.sub_authorities {
+            out.put_u32(*s);
+        }
+    }
+}
+
+/// MS-DTYP 2.4.7 SECURITY_INFORMATION bits.
+pub mod security_information {
+    pub const OWNER: u32 = 0x1;
+    pub const GROUP: u32 = 0x2;
+    pub const DACL: u32 = 0x4;
+    pub const SACL: u32 = 0x8;
+}
+
+/// MS-DTYP 2.4.4.1 ACE_HEADER AceFlags for inheritance.
+const OBJECT_INHERIT_ACE: u8 = 0x01;
+const CONTAINER_INHERIT_ACE: u8 = 0x02;
+
+/// Maps three POSIX permission bits onto file access rights.
+fn rights_from_rwx(bits: u32, is_dir: bool) -> u32 {
+    let mut mask = 0;
+    if bits & 0o4 != 0 {
+        mask |= access::FILE_GENERIC_READ;
+    }
+    if bits & 0o2 != 0 {
+        mask |= access::FILE_GENERIC_WRITE | access::DELETE;
+        if is_dir {
+            mask |= access::FILE_DELETE_CHILD;
+        }
+    }
+    if bits & 0o1 != 0 {
+        mask |= access::FILE_GENERIC_EXECUTE;
+    }
+    mask
+}
+
+/// Builds a self-relative SECURITY_DESCRIPTOR (MS-DTYP 2.4.6) for a file
+/// with the given POSIX owner, group and mode, holding only the parts that
+/// `wanted` (SECURITY_INFORMATION bits) asks for.
+pub fn posix_security_descriptor(
+    uid: u32,
+    gid: u32,
+    mode: u32,
+    is_dir: bool,
+    wanted: u32,
+) -> Vec<u8> {
+    let owner = Sid::unix_user(uid);
+    let group = Sid::unix_group(gid);
+    let mut control: u16 = 0x8000; // SE_SELF_RELATIVE
+    let mut body = Vec::new();
+    let mut offsets = [0u32; 4]; // owner, group, sacl, dacl
+    const FIXED: usize = 20;
+    if wanted & security_information::OWNER != 0 {
+        offsets[0] = (FIXED + body.len()) as u32;
+        owner.write(&mut body);
+    }
+    if wanted & security_information::GROUP != 0 {
+        offsets[1] = (FIXED + body.len()) as u32;
+        group.write(&mut body);
+    }
+    if wanted & security_information::DACL != 0 {
+        control |= 0x0004; // SE_DACL_PRESENT
+        offsets[3] = (FIXED + body.len()) as u32;
+        let inherit = if is_dir {
+            OBJECT_INHERIT_ACE | CONTAINER_INHERIT_ACE
+        } else {
+            0
+        };
+        let aces = [
+            (
+                owner,
+                rights_from_rwx(mode >> 6, is_dir)
+                    | access::READ_CONTROL
+                    | access::WRITE_DAC
+                    | access::FILE_WRITE_ATTRIBUTES,
+            ),
+            (group, rights_from_rwx(mode >> 3, is_dir)),
+            (Sid::everyone(), rights_from_rwx(mode, is_dir)),
+        ];
+        let mut acl = Vec::new();
+        for (sid, mask) in &aces {
+            acl.put_u8(0); // ACCESS_ALLOWED_ACE_TYPE
+            acl.put_u8(inherit);
+            acl.put_u16((8 + sid.len()) as u16);
+            acl.put_u32(*mask);
+            sid.write(&mut acl);
+        }
+        body.put_u8(2); // ACL_REVISION
+        body.put_u8(0);
+        body.put_u16((8 + acl.len()) as u16);
+        body.put_u16(aces.len() as u16);
+        body.put_u16(0);
+        body.extend_from_slice(&acl);
+    }
+    let mut out = Vec::with_capacity(FIXED + body.len());
+    out.put_u8(1);
+    out.put_u8(0);
+    out.put_u16(control);
+    for o in offsets {
+        out.put_u32(o);
+    }
+    out.extend_from_slice(&body);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sid_encoding() {
+        let mut out = Vec::new();
+        Sid::everyone().write(&mut out);
+        assert_eq!(out, [1, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn descriptor_layout() {
+        let sd = posix_security_descriptor(1000, 1000, 0o644, false, 0x7);
+        assert_eq!(sd[0], 1);
+        assert_eq!(u16::from_le_bytes([sd[2], sd[3]]), 0x8004);
+        let owner_off = u32::from_le_bytes(sd[4..8].try_into().unwrap()) as usize;
+        assert_eq!(owner_off, 20);
+        assert_eq!(&sd[owner_off..owner_off + 8], &[1, 2, 0, 0, 0, 0, 0, 22]);
+        let dacl_off = u32::from_le_bytes(sd[16..20].try_into().unwrap()) as usize;
+        let acl_size = u16::from_le_bytes([sd[dacl_off + 2], sd[dacl_off + 3]]) as usize;
+        assert_eq!(dacl_off + acl_size, sd.len());
+        // Owner only: no DACL.
+        let sd = posix_security_descriptor(0, 0, 0o600, false, 0x1);
+        assert_eq!(u32::from_le_bytes(sd[16..20].try_into().unwrap()), 0);
+    }
+}

@@ -1,0 +1,119 @@
+//! NTSTATUS values (MS-ERREF 2.3.1) that the server returns.
+
+use core::fmt;
+
+/// A 32-bit NTSTATUS code as carried in the SMB2 header's Status field.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct NtStatus(pub u32);
+
+macro_rules! statuses {
+    ($($name:ident = $value:expr,)*) => {
+        impl NtStatus {
+            $(pub const $name: NtStatus = NtStatus($value);)*
+
+            /// The spec's name, for logs.
+            pub fn name(self) -> Option<&'static str> {
+                match self.0 {
+                    $($value => Some(stringify!($name)),)*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+statuses! {
+    SUCCESS = 0x0000_0000,
+    PENDING = 0x0000_0103,
+    NOTIFY_ENUM_DIR = 0x0000_010C,
+    BUFFER_OVERFLOW = 0x8000_0005,
+    NO_MORE_FILES = 0x8000_0006,
+    UNSUCCESSFUL = 0xC000_0001,
+    NOT_IMPLEMENTED = 0xC000_0002,
+    INVALID_INFO_CLASS = 0xC000_0003,
+    INFO_LENGTH_MISMATCH = 0xC000_0004,
+    INVALID_HANDLE = 0xC000_0008,
+    INVALID_PARAMETER = 0xC000_000D,
+    NO_SUCH_FILE = 0xC000_000F,
+    INVALID_DEVICE_REQUEST = 0xC000_0010,
+    END_OF_FILE = 0xC000_0011,
+    MORE_PROCESSING_REQUIRED = 0xC000_0016,
+    NO_MEMORY = 0xC000_0017,
+    ACCESS_DENIED = 0xC000_0022,
+    BUFFER_TOO_SMALL = 0xC000_0023,
+    OBJECT_NAME_INVALID = 0xC000_0033,
+    OBJECT_NAME_NOT_FOUND = 0xC000_0034,
+    OBJECT_NAME_COLLISION = 0xC000_0035,
+    OBJECT_PATH_INVALID = 0xC000_0039,
+    OBJECT_PATH_NOT_FOUND = 0xC000_003A,
+    OBJECT_PATH_SYNTAX_BAD = 0xC000_003B,
+    SHARING_VIOLATION = 0xC000_0043,
+    EAS_NOT_SUPPORTED = 0xC000_004F,
+    NO_EAS_ON_FILE = 0xC000_0052,
+    LOCK_NOT_GRANTED = 0xC000_0055,
+    DELETE_PENDING = 0xC000_0056,
+    PRIVILEGE_NOT_HELD = 0xC000_0061,
+    LOGON_FAILURE = 0xC000_006D,
+    RANGE_NOT_LOCKED = 0xC000_007E,
+    DISK_FULL = 0xC000_007F,
+    INSUFFICIENT_RESOURCES = 0xC000_009A,
+    MEDIA_WRITE_PROTECTED = 0xC000_00A2,
+    BAD_IMPERSONATION_LEVEL = 0xC000_00A5,
+    FILE_IS_A_DIRECTORY = 0xC000_00BA,
+    NOT_SUPPORTED = 0xC000_00BB,
+    NETWORK_NAME_DELETED = 0xC000_00C9,
+    BAD_NETWORK_NAME = 0xC000_00CC,
+    REQUEST_NOT_ACCEPTED = 0xC000_00D0,
+    NOT_SAME_DEVICE = 0xC000_00D4,
+    DIRECTORY_NOT_EMPTY = 0xC000_0101,
+    NOT_A_DIRECTORY = 0xC000_0103,
+    NAME_TOO_LONG = 0xC000_0106,
+    CANCELLED = 0xC000_0120,
+    CANNOT_DELETE = 0xC000_0121,
+    FILE_CLOSED = 0xC000_0128,
+    INVALID_DEVICE_STATE = 0xC000_0184,
+    USER_SESSION_DELETED = 0xC000_0203,
+    NOT_FOUND = 0xC000_0225,
+    NOT_A_REPARSE_POINT = 0xC000_0275,
+    NETWORK_SESSION_EXPIRED = 0xC000_035C,
+    NO_PREAUTH_INTEGRITY_HASH_OVERLAP = 0xC05D_0000,
+}
+
+impl NtStatus {
+    /// Errors have severity 3 (top two bits set); warnings such as
+    /// BUFFER_OVERFLOW still carry a body.
+    pub fn is_error(self) -> bool {
+        self.0 >> 30 == 3
+    }
+}
+
+impl fmt::Debug for NtStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.name() {
+            Some(n) => write!(f, "STATUS_{n}"),
+            None => write!(f, "NTSTATUS(0x{:08X})", self.0),
+        }
+    }
+}
+
+impl fmt::Display for NtStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_severity() {
+        assert_eq!(
+            format!("{}", NtStatus::ACCESS_DENIED),
+            "STATUS_ACCESS_DENIED"
+        );
+        assert!(NtStatus::ACCESS_DENIED.is_error());
+        assert!(!NtStatus::BUFFER_OVERFLOW.is_error());
+        assert!(!NtStatus::SUCCESS.is_error());
+    }
+}

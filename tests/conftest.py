@@ -1,0 +1,374 @@
+"""Fixtures that start the real `nimbus` binary on a free loopback port.
+
+Every test that takes `server` (or `readonly_server`, `symlink_server`) gets
+its own share directory, user database and server process, so tests never see
+each other's files. The server's stderr goes to a log file; when a test fails,
+the tail of that log is added to the failure report.
+
+Environment:
+  NIMBUS_BIN             the binary to test (default: target/release/nimbus)
+  NIMBUS_TEST_VERBOSE=1  start the server with -v (debug logs)
+
+`pytest tests/ --target=samba` runs the same tests against Debian's smbd
+(bench/samba_server.py, needs root and the `samba` package): a way to check
+what a test expects against the reference implementation.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+USER = "alice"
+PASSWORD = "Al1ce-Secret!"
+SHARE = "data"
+READONLY_SHARE = "ro"
+START_TIMEOUT = 20.0
+STOP_TIMEOUT = 10.0
+LOG_TAIL_LINES = 80
+
+_SERVERS = pytest.StashKey[list]()
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--target",
+        choices=["nimbus", "samba"],
+        default="nimbus",
+        help="server to test: the nimbus binary (default) or Debian's smbd, for reference",
+    )
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "nimbus_only: test of the nimbus CLI itself, skipped with --target=samba")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--target") != "samba":
+        return
+    skip = pytest.mark.skip(reason="tests the nimbus CLI, not an SMB server")
+    for item in items:
+        if "nimbus_only" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.failed:
+        for srv in item.stash.get(_SERVERS, []):
+            report.sections.append((f"{srv.kind} server log, last {LOG_TAIL_LINES} lines of {srv.log_path}", srv.log_tail()))
+    return report
+
+
+@dataclass
+class Server:
+    """A running server under test."""
+
+    kind: str  # "nimbus" or "samba"
+    host: str
+    port: int
+    share: str
+    share_path: Path
+    user: str
+    password: str
+    log_path: Path
+    process: subprocess.Popen = field(repr=False)
+    extra_shares: dict[str, Path] = field(default_factory=dict)
+    _stopper: object = field(default=None, repr=False)
+
+    @property
+    def unc(self) -> str:
+        return f"//{self.host}/{self.share}"
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError as e:
+            return f"(no log: {e})"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self) -> None:
+        if self._stopper is not None:
+            self._stopper()
+            return
+        if self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=STOP_TIMEOUT)
+
+
+# --------------------------------------------------------------------------
+# helpers
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(host: str, port: int, proc: subprocess.Popen, timeout: float = START_TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with status {proc.returncode} before listening on {host}:{port}")
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"server did not accept connections on {host}:{port} within {timeout:.0f} s")
+
+
+def nimbus_binary() -> Path:
+    env = os.environ.get("NIMBUS_BIN")
+    path = Path(env) if env else REPO / "target" / "release" / "nimbus"
+    if not path.is_file() or not os.access(path, os.X_OK):
+        pytest.fail(
+            f"nimbus binary not found at {path}: run `cargo build --release` "
+            "(or set NIMBUS_BIN to the binary to test)",
+            pytrace=False,
+        )
+    return path
+
+
+def run_nimbus(*args: str, input: str | None = None, timeout: float = 30, check: bool = True) -> subprocess.CompletedProcess:
+    """Run the nimbus CLI; fail the test with its output if `check` and it exits non-zero."""
+    cmd = [str(nimbus_binary()), *args]
+    proc = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout, stdin=None if input is not None else subprocess.DEVNULL)
+    if check and proc.returncode != 0:
+        pytest.fail(
+            f"`{' '.join(cmd)}` exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}",
+            pytrace=False,
+        )
+    return proc
+
+
+def add_user(db: Path, user: str = USER, password: str = PASSWORD) -> None:
+    run_nimbus("user", "add", user, "--db", str(db), "--password-stdin", input=password + "\n")
+
+
+def toml_str(value: str) -> str:
+    """A TOML basic string."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def write_config(path: Path, port: int, user_db: Path, shares: list[tuple[str, Path, bool]], signing: str = "required") -> Path:
+    lines = [
+        f"listen = [{toml_str(f'127.0.0.1:{port}')}]",
+        f"user_db = {toml_str(str(user_db))}",
+        "",
+        "[security]",
+        f"signing = {toml_str(signing)}",
+    ]
+    for name, share_path, read_only in shares:
+        lines += [
+            "",
+            "[[share]]",
+            f"name = {toml_str(name)}",
+            f"path = {toml_str(str(share_path))}",
+            f"read_only = {'true' if read_only else 'false'}",
+        ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+class ServerFactory:
+    """Starts servers for one test and stops them all at its end."""
+
+    def __init__(self, request, tmp_path: Path):
+        self.request = request
+        self.tmp = tmp_path
+        self.target = request.config.getoption("--target")
+        self.servers: list[Server] = []
+        self.count = 0
+
+    def start(self, shares: list[tuple[str, bool]] | None = None, signing: str = "required") -> Server:
+        """Start a server with the given shares (name, read_only); the first is Server.share.
+
+        Each share gets an empty directory beneath the test's temp dir.
+        """
+        shares = shares or [(SHARE, False)]
+        self.count += 1
+        base = self.tmp / f"server{self.count}"
+        base.mkdir()
+        share_paths = {}
+        for name, _ro in shares:
+            p = base / "shares" / name
+            p.mkdir(parents=True)
+            share_paths[name] = p
+        log_path = base / f"{self.target}.log"
+        if self.target == "samba":
+            srv = self._start_samba(base, shares, share_paths, log_path, signing)
+        else:
+            srv = self._start_nimbus(base, shares, share_paths, log_path, signing)
+        self.servers.append(srv)
+        self.request.node.stash.setdefault(_SERVERS, []).append(srv)
+        return srv
+
+    def _start_nimbus(self, base, shares, share_paths, log_path, signing) -> Server:
+        db = base / "users.db"
+        add_user(db)
+        env = dict(os.environ, RUST_BACKTRACE="1")
+        verbose = ["-v"] if os.environ.get("NIMBUS_TEST_VERBOSE") == "1" else []
+        last_error = None
+        for _attempt in range(3):  # a port picked free can be taken before we bind it
+            port = free_port()
+            if all(not ro for _, ro in shares):
+                args = ["serve", "--listen", f"127.0.0.1:{port}", "--user-db", str(db), "--signing", signing]
+                for name, _ro in shares:
+                    args += ["--share", f"{name}={share_paths[name]}"]
+            else:  # read-only shares need the config file
+                conf = write_config(base / "nimbus.toml", port, db, [(n, share_paths[n], ro) for n, ro in shares], signing)
+                args = ["serve", "--config", str(conf)]
+            with open(log_path, "ab") as log:
+                log.write(f"### nimbus {' '.join(args + verbose)}\n".encode())
+                log.flush()
+                proc = subprocess.Popen(
+                    [str(nimbus_binary()), *args, *verbose],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=base,
+                )
+            srv = Server("nimbus", "127.0.0.1", port, shares[0][0], share_paths[shares[0][0]], USER, PASSWORD, log_path, proc, dict(share_paths))
+            try:
+                wait_for_port("127.0.0.1", port, proc)
+                return srv
+            except RuntimeError as e:  # exited: maybe the port was taken meanwhile
+                last_error = e
+                if "in use" not in srv.log_tail(5).lower():
+                    break
+            except TimeoutError as e:
+                srv.stop()
+                last_error = e
+                break
+        pytest.fail(f"nimbus did not start: {last_error}\n--- server log ---\n{srv.log_tail()}", pytrace=False)
+
+    def _start_samba(self, base, shares, share_paths, log_path, signing) -> Server:
+        sys.path.insert(0, str(REPO / "bench"))
+        try:
+            import samba_server
+        finally:
+            sys.path.pop(0)
+        port = free_port()
+        with open(log_path, "ab") as log:
+            sam = samba_server.start_samba(
+                base / "samba",
+                port,
+                [samba_server.SambaShare(n, share_paths[n], ro) for n, ro in shares],
+                USER,
+                PASSWORD,
+                signing="mandatory" if signing == "required" else "auto",
+                log_file=log,
+            )
+        return Server("samba", "127.0.0.1", port, shares[0][0], share_paths[shares[0][0]], USER, PASSWORD, log_path, sam.process, dict(share_paths), sam.stop)
+
+    def stop_all(self) -> list[str]:
+        """Stop every server; return a message for each that had died during the test."""
+        died = []
+        for srv in self.servers:
+            code = srv.process.poll()
+            if code is not None:
+                died.append(f"{srv.kind} server on port {srv.port} exited during the test with status {code}")
+            srv.stop()
+        return died
+
+
+# --------------------------------------------------------------------------
+# fixtures
+
+
+@pytest.fixture
+def server_factory(request, tmp_path):
+    """Start more servers, or servers with other shares: factory.start([(name, read_only), ...])."""
+    factory = ServerFactory(request, tmp_path)
+    yield factory
+    died = factory.stop_all()
+    if died:
+        pytest.fail("; ".join(died), pytrace=False)
+
+
+@pytest.fixture
+def server(server_factory) -> Server:
+    """nimbus serving share "data" (read-write, empty) to alice, signing required."""
+    return server_factory.start()
+
+
+@pytest.fixture
+def readonly_server(server_factory) -> Server:
+    """nimbus serving share "ro" read-only (from a config file) holding hello.txt."""
+    srv = server_factory.start([(READONLY_SHARE, True)])
+    (srv.share_path / "hello.txt").write_text("hello from a read-only share\n")
+    return srv
+
+
+@pytest.fixture
+def symlink_server(server_factory) -> Server:
+    """nimbus serving "data" with symlinks that lead outside the share.
+
+    escape -> /etc, passwd-link -> /etc/passwd, parent-link -> .. (the
+    directory above the share root, which holds a file secret.txt), and one
+    harmless link inside the share: inside-link -> inside.txt.
+    """
+    srv = server_factory.start()
+    root = srv.share_path
+    (root.parent / "secret.txt").write_text("SECRET-OUTSIDE-THE-SHARE\n")
+    (root / "inside.txt").write_text("inside the share\n")
+    os.symlink("/etc", root / "escape")
+    os.symlink("/etc/passwd", root / "passwd-link")
+    os.symlink("..", root / "parent-link")
+    os.symlink("inside.txt", root / "inside-link")
+    return srv
+
+
+@pytest.fixture
+def client_dir(tmp_path) -> Path:
+    """A local directory for the client's side of transfers."""
+    d = tmp_path / "client"
+    d.mkdir()
+    return d
+
+
+@pytest.fixture(scope="session")
+def samba_client_conf(tmp_path_factory) -> Path:
+    """A private smb.conf for smbclient and smbtorture.
+
+    Keeps the clients off the system's /etc/samba/smb.conf and puts their
+    caches in a temp dir, so they behave the same on every machine and run
+    as any user.
+    """
+    d = tmp_path_factory.mktemp("samba-client")
+    for sub in ("lock", "state", "cache", "private"):
+        (d / sub).mkdir()
+    conf = d / "smb.conf"
+    conf.write_text(
+        "[global]\n"
+        "workgroup = NIMBUSTEST\n"
+        "client min protocol = SMB2_02\n"
+        "client max protocol = SMB3_11\n"
+        f"lock directory = {d / 'lock'}\n"
+        f"state directory = {d / 'state'}\n"
+        f"cache directory = {d / 'cache'}\n"
+        f"private dir = {d / 'private'}\n"
+    )
+    return conf
