@@ -66,14 +66,16 @@ class SambaServer:
         proc = self.process
         if proc is None or proc.poll() is not None:
             return
-        # smbd forks a child per connection; with --no-process-group they
-        # stay in our process group, so signal smbd's own group only if it
-        # leads one, else the parent (which tells its children to exit).
-        proc.send_signal(signal.SIGTERM)
+        # smbd runs in a session and process group of its own (it signals its
+        # whole group when it exits, and forks a child per connection):
+        # end the group.
         try:
+            os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=timeout)
+        except ProcessLookupError:
             proc.wait(timeout=timeout)
 
     def __enter__(self) -> "SambaServer":
@@ -83,7 +85,7 @@ class SambaServer:
         self.stop()
 
 
-def _smb_conf(state: Path, port: int, shares: list[SambaShare], signing: str) -> str:
+def _smb_conf(state: Path, port: int, shares: list[SambaShare], signing: str, extra: dict[str, str]) -> str:
     dirs = {name: state / name for name in ("private", "lock", "state", "cache", "pid", "ncalrpc", "log", "binddns")}
     for d in dirs.values():
         d.mkdir(parents=True, exist_ok=True)
@@ -118,6 +120,7 @@ def _smb_conf(state: Path, port: int, shares: list[SambaShare], signing: str) ->
         "printcap name = /dev/null",
         "disable spoolss = yes",
         "obey pam restrictions = no",
+        *(f"{k} = {v}" for k, v in extra.items()),
         "",
     ]
     for share in shares:
@@ -153,11 +156,13 @@ def start_samba(
     signing: str = "mandatory",
     start_timeout: float = 20.0,
     log_file=None,
+    options: dict[str, str] | None = None,
 ) -> SambaServer:
     """Write a private smb.conf beneath state_dir, add the user, start smbd.
 
     Returns once the port accepts connections. `log_file` (an open binary
     file) receives smbd's debug output; by default state_dir/smbd.log.
+    `options` adds smb.conf [global] parameters.
     """
     if os.geteuid() != 0:
         raise PermissionError("smbd needs root to serve files as the logged-on user")
@@ -169,7 +174,7 @@ def start_samba(
     unix_user = getpass.getuser()
     (state_dir / "usermap").write_text(f"{unix_user} = {user}\n")
     conf = state_dir / "smb.conf"
-    conf.write_text(_smb_conf(state_dir, port, shares, signing))
+    conf.write_text(_smb_conf(state_dir, port, shares, signing, options or {}))
 
     subprocess.run(
         [PDBEDIT, f"--configfile={conf}", "-a", "-t", "-u", unix_user],
@@ -192,6 +197,7 @@ def start_samba(
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     finally:
         if own_log:
@@ -220,6 +226,7 @@ def main() -> int:
     parser.add_argument("--password", default="Al1ce-Secret!")
     parser.add_argument("--signing", default="mandatory", choices=["mandatory", "auto", "disabled"])
     parser.add_argument("--state-dir", help="where smb.conf, passdb and logs go (default: a temp dir)")
+    parser.add_argument("--option", action="append", default=[], metavar="NAME=VALUE", help="extra smb.conf [global] parameter")
     args = parser.parse_args()
 
     shares = []
@@ -230,7 +237,8 @@ def main() -> int:
         shares.append(SambaShare(name, Path(path).resolve(), ro))
     port = args.port or _free_port()
     state = Path(args.state_dir) if args.state_dir else Path(tempfile.mkdtemp(prefix="samba-ref-"))
-    server = start_samba(state, port, shares, args.user, args.password, signing=args.signing)
+    options = dict(o.split("=", 1) for o in args.option)
+    server = start_samba(state, port, shares, args.user, args.password, signing=args.signing, options=options)
     print(f"smbd listening on 127.0.0.1:{port}; state and log in {state}", flush=True)
     print(f"smbclient //127.0.0.1/{shares[0].name} -p {port} -U {args.user}%{args.password} -m SMB3_11", flush=True)
     try:

@@ -58,7 +58,9 @@ pub(crate) fn read_tlv(input: &[u8]) -> DerResult<(Tlv<'_>, &[u8])> {
         }
         let (octets, r) = rest.split_at(n);
         rest = r;
-        octets.iter().fold(0usize, |acc, &b| (acc << 8) | usize::from(b))
+        octets
+            .iter()
+            .fold(0usize, |acc, &b| (acc << 8) | usize::from(b))
     };
     if rest.len() < len {
         return Err("DER: value runs past the end of the token");

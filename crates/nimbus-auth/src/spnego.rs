@@ -18,6 +18,8 @@ const MAX_MECHS: usize = 32;
 pub(crate) enum NegState {
     AcceptCompleted = 0,
     AcceptIncomplete = 1,
+    /// Never sent: failures end the exchange with an NTSTATUS instead.
+    #[allow(dead_code)]
     Reject = 2,
     RequestMic = 3,
 }
@@ -214,7 +216,12 @@ mod tests {
 
     #[test]
     fn resp_round_trip() {
-        let r = build_resp(NegState::AcceptIncomplete, Some(OID_NTLMSSP), Some(b"tok"), Some(b"mic"));
+        let r = build_resp(
+            NegState::AcceptIncomplete,
+            Some(OID_NTLMSSP),
+            Some(b"tok"),
+            Some(b"mic"),
+        );
         let p = parse_resp(&r).unwrap();
         assert_eq!(p.neg_state, Some(1));
         assert_eq!(p.supported_mech, Some(OID_NTLMSSP));

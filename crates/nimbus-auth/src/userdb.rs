@@ -135,7 +135,9 @@ pub struct UserDb {
 
 impl fmt::Debug for UserDb {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("UserDb").field("names", &self.names()).finish()
+        f.debug_struct("UserDb")
+            .field("names", &self.names())
+            .finish()
     }
 }
 
@@ -249,9 +251,12 @@ impl UserDb {
         }
         let text = zeroize::Zeroizing::new(text);
 
-        let file_name = path
-            .file_name()
-            .ok_or_else(|| io_err(io::Error::new(io::ErrorKind::InvalidInput, "not a file path")))?;
+        let file_name = path.file_name().ok_or_else(|| {
+            io_err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a file path",
+            ))
+        })?;
         let mut tmp_name = std::ffi::OsString::from(".");
         tmp_name.push(file_name);
         tmp_name.push(format!(".tmp.{}", std::process::id()));
@@ -278,7 +283,11 @@ impl UserDb {
             // Persist the rename itself; best effort (not all file systems
             // allow fsync on a directory).
             if let Some(dir) = path.parent() {
-                let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
+                let dir = if dir.as_os_str().is_empty() {
+                    Path::new(".")
+                } else {
+                    dir
+                };
                 if let Ok(d) = fs::File::open(dir) {
                     let _ = d.sync_all();
                 }
@@ -293,7 +302,12 @@ impl UserDb {
 
     /// Adds `name` with the NT hash of `password`, replacing any user of the
     /// same (case-insensitive) name.
-    pub fn add(&mut self, name: &str, password: &str, provider: &CryptoProvider) -> Result<(), UserDbError> {
+    pub fn add(
+        &mut self,
+        name: &str,
+        password: &str,
+        provider: &CryptoProvider,
+    ) -> Result<(), UserDbError> {
         check_name(name).map_err(|reason| UserDbError::InvalidName {
             name: name.to_owned(),
             reason,
@@ -386,7 +400,10 @@ mod tests {
         let p = CryptoProvider::default_provider();
         let mut db = UserDb::new();
         for bad in ["", "a:b", "a\nb", "tab\there", "nul\0"] {
-            assert!(matches!(db.add(bad, "x", &p), Err(UserDbError::InvalidName { .. })), "{bad:?}");
+            assert!(
+                matches!(db.add(bad, "x", &p), Err(UserDbError::InvalidName { .. })),
+                "{bad:?}"
+            );
         }
     }
 
@@ -445,12 +462,20 @@ mod tests {
                 Err(e @ UserDbError::Parse { line, .. }) => {
                     assert_eq!(line, want, "{text:?}");
                     let msg = e.to_string();
-                    assert!(msg.contains("/etc/nimbus/users.db") && msg.contains(&format!("line {want}")), "{msg}");
+                    assert!(
+                        msg.contains("/etc/nimbus/users.db")
+                            && msg.contains(&format!("line {want}")),
+                        "{msg}"
+                    );
                 }
                 other => panic!("{text:?}: {other:?}"),
             }
         }
-        let ok = UserDb::parse(path, "# nimbus user database v1\r\nx:A4F49C406510BDCAB6824EE7C30FD852\r\n").unwrap();
+        let ok = UserDb::parse(
+            path,
+            "# nimbus user database v1\r\nx:A4F49C406510BDCAB6824EE7C30FD852\r\n",
+        )
+        .unwrap();
         assert_eq!(ok.names(), vec!["x".to_string()]);
     }
 }

@@ -48,8 +48,10 @@ mod tests {
         let mut out = [0u8; 16];
         kdf_counter_hmac_sha256(
             &h("dd1d91b7d90b2bd3138533ce92b272fbf8a369316aefe242e659cc0ae238afe0"),
-            &h("01322b96b30acd197979444e468e1c5c6859bf1b1cf951b7e725303e237e46b8\
-                64a145fab25e517b08f8683d0315bb2911d80a0e8aba17f3b413faac"),
+            &h(
+                "01322b96b30acd197979444e468e1c5c6859bf1b1cf951b7e725303e237e46b8\
+                64a145fab25e517b08f8683d0315bb2911d80a0e8aba17f3b413faac",
+            ),
             &mut out,
         );
         assert_eq!(out.to_vec(), h("10621342bfb0fd40046c0e29f2cfdbf0"));
@@ -57,8 +59,10 @@ mod tests {
         let mut out = [0u8; 32];
         kdf_counter_hmac_sha256(
             &h("e204d6d466aad507ffaf6d6dab0a5b26152c9e21e764370464e360c8fbc765c6"),
-            &h("7b03b98d9f94b899e591f3ef264b71b193fba7043c7e953cde23bc5384bc1a62\
-                93580115fae3495fd845dadbd02bd6455cf48d0f62b33e62364a3a80"),
+            &h(
+                "7b03b98d9f94b899e591f3ef264b71b193fba7043c7e953cde23bc5384bc1a62\
+                93580115fae3495fd845dadbd02bd6455cf48d0f62b33e62364a3a80",
+            ),
             &mut out,
         );
         assert_eq!(
@@ -73,10 +77,26 @@ mod tests {
     fn smb30_key_derivation_example() {
         let session_key = h("B4546771B515F766A86735532DD6C4F0");
         let cases: [(&[u8], &[u8], &str); 4] = [
-            (b"SMB2AESCMAC\0", b"SmbSign\0", "F773CD23C18FD1E08EE510CADA7CF852"),
-            (b"SMB2AESCCM\0", b"ServerIn \0", "261B72350558F2E9DCF613070383EDBF"),
-            (b"SMB2AESCCM\0", b"ServerOut\0", "8FE2B57EC34D2DB5B1A9727F526BBDB5"),
-            (b"SMB2APP\0", b"SmbRpc\0", "77432F808CE99156B5BC6A3676D730D1"),
+            (
+                b"SMB2AESCMAC\0",
+                b"SmbSign\0",
+                "F773CD23C18FD1E08EE510CADA7CF852",
+            ),
+            (
+                b"SMB2AESCCM\0",
+                b"ServerIn \0",
+                "261B72350558F2E9DCF613070383EDBF",
+            ),
+            (
+                b"SMB2AESCCM\0",
+                b"ServerOut\0",
+                "8FE2B57EC34D2DB5B1A9727F526BBDB5",
+            ),
+            (
+                b"SMB2APP\0",
+                b"SmbRpc\0",
+                "77432F808CE99156B5BC6A3676D730D1",
+            ),
         ];
         for (label, context, want) in cases {
             let mut out = [0u8; 16];
@@ -91,8 +111,10 @@ mod tests {
     #[test]
     fn smb311_signing_key_example() {
         let session_key = h("270E1BA896585EEB7AF3472D3B4C75A7");
-        let preauth = h("0DD13628CC3ED218EF9DF9772D436D0887AB9814BFAE63A80AA845F36909DB79\
-                         28622DDDAD522D9751640A459762C5A9D6BB084CBB3CE6BDADEF5D5BCE3C6C01");
+        let preauth = h(
+            "0DD13628CC3ED218EF9DF9772D436D0887AB9814BFAE63A80AA845F36909DB79\
+                         28622DDDAD522D9751640A459762C5A9D6BB084CBB3CE6BDADEF5D5BCE3C6C01",
+        );
         let mut out = [0u8; 16];
         smb_kdf(&session_key, b"SMBSigningKey\0", &preauth, &mut out);
         assert_eq!(out.to_vec(), h("73FE7A9A77BEF0BDE49C650D8CCB5F76"));

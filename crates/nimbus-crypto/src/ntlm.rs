@@ -102,7 +102,10 @@ mod tests {
     fn md4_rfc1320() {
         let p = RustCryptoNtlm;
         assert_eq!(p.md4(b"").to_vec(), h("31d6cfe0d16ae931b73c59d7e0c089c0"));
-        assert_eq!(p.md4(b"abc").to_vec(), h("a448017aaf21d8525fc10ae87aa6729d"));
+        assert_eq!(
+            p.md4(b"abc").to_vec(),
+            h("a448017aaf21d8525fc10ae87aa6729d")
+        );
     }
 
     /// RFC 1321 appendix A.5.
@@ -110,7 +113,10 @@ mod tests {
     fn md5_rfc1321() {
         let p = RustCryptoNtlm;
         assert_eq!(p.md5(&[]).to_vec(), h("d41d8cd98f00b204e9800998ecf8427e"));
-        assert_eq!(p.md5(&[b"a", b"bc"]).to_vec(), h("900150983cd24fb0d6963f7d28e17f72"));
+        assert_eq!(
+            p.md5(&[b"a", b"bc"]).to_vec(),
+            h("900150983cd24fb0d6963f7d28e17f72")
+        );
     }
 
     /// RFC 2202 section 2, test cases 1 and 2.
@@ -122,7 +128,8 @@ mod tests {
             h("9294727a3638bb1c13f48ef8158bfc9d")
         );
         assert_eq!(
-            p.hmac_md5(b"Jefe", &[b"what do ya want ", b"for nothing?"]).to_vec(),
+            p.hmac_md5(b"Jefe", &[b"what do ya want ", b"for nothing?"])
+                .to_vec(),
             h("750c783e6ab0b503eaa86e310a5db738")
         );
     }

@@ -53,7 +53,11 @@ impl CryptoProvider {
     /// `key` must be 16 bytes for AES-CMAC and AES-GMAC (SMB2 signing keys are
     /// 128-bit); HMAC-SHA256 accepts any length (the 2.x signing key is the
     /// session key, 16 bytes from NTLM but possibly longer from Kerberos).
-    pub fn signer(&self, alg: SigningAlgorithm, key: &[u8]) -> Result<Box<dyn Signer>, CryptoError> {
+    pub fn signer(
+        &self,
+        alg: SigningAlgorithm,
+        key: &[u8],
+    ) -> Result<Box<dyn Signer>, CryptoError> {
         new_signer(alg, key)
     }
 
@@ -135,8 +139,10 @@ mod tests {
         let p = CryptoProvider::default_provider();
         assert_eq!(
             p.sha512(&[b"a", b"bc"]).to_vec(),
-            h("ddaf35a193617abacc417349ae20413112e6fa4e89a97ea20a9eeee64b55d39a\
-               2192992a274fc1a836ba3c23a3feebbd454d4423643ce80e2a9ac94fa54ca49f")
+            h(
+                "ddaf35a193617abacc417349ae20413112e6fa4e89a97ea20a9eeee64b55d39a\
+               2192992a274fc1a836ba3c23a3feebbd454d4423643ce80e2a9ac94fa54ca49f"
+            )
         );
     }
 
@@ -144,7 +150,12 @@ mod tests {
     fn kdf_through_provider() {
         let p = CryptoProvider::default_provider();
         let mut out = [0u8; 16];
-        p.kdf(&h("B4546771B515F766A86735532DD6C4F0"), b"SMB2AESCMAC\0", b"SmbSign\0", &mut out);
+        p.kdf(
+            &h("B4546771B515F766A86735532DD6C4F0"),
+            b"SMB2AESCMAC\0",
+            b"SmbSign\0",
+            &mut out,
+        );
         assert_eq!(out.to_vec(), h("F773CD23C18FD1E08EE510CADA7CF852"));
     }
 

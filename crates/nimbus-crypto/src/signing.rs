@@ -61,21 +61,31 @@ pub trait Signer: Send + Sync {
 }
 
 /// Builds the signer for `alg`; see [`crate::CryptoProvider::signer`].
-pub(crate) fn new_signer(alg: SigningAlgorithm, key: &[u8]) -> Result<Box<dyn Signer>, CryptoError> {
+pub(crate) fn new_signer(
+    alg: SigningAlgorithm,
+    key: &[u8],
+) -> Result<Box<dyn Signer>, CryptoError> {
     match alg {
         SigningAlgorithm::HmacSha256 => Ok(Box::new(HmacSha256Signer {
             key: Zeroizing::new(key.to_vec()),
         })),
         SigningAlgorithm::AesCmac => {
             let key = key16(key)?;
-            let mac = <Cmac<Aes128> as KeyInit>::new_from_slice(&key[..])
-                .map_err(|_| CryptoError::BadKeyLength { expected: 16, got: key.len() })?;
+            let mac = <Cmac<Aes128> as KeyInit>::new_from_slice(&key[..]).map_err(|_| {
+                CryptoError::BadKeyLength {
+                    expected: 16,
+                    got: key.len(),
+                }
+            })?;
             Ok(Box::new(AesCmacSigner { mac }))
         }
         SigningAlgorithm::AesGmac => {
             let key = key16(key)?;
-            let gcm = Aes128Gcm::new_from_slice(&key[..])
-                .map_err(|_| CryptoError::BadKeyLength { expected: 16, got: key.len() })?;
+            let gcm =
+                Aes128Gcm::new_from_slice(&key[..]).map_err(|_| CryptoError::BadKeyLength {
+                    expected: 16,
+                    got: key.len(),
+                })?;
             Ok(Box::new(AesGmacSigner { gcm }))
         }
     }
@@ -83,9 +93,10 @@ pub(crate) fn new_signer(alg: SigningAlgorithm, key: &[u8]) -> Result<Box<dyn Si
 
 /// SMB2 signing keys are 128-bit for AES (MS-SMB2 3.3.5.5.3: SigningKey is 16 bytes).
 fn key16(key: &[u8]) -> Result<Zeroizing<[u8; 16]>, CryptoError> {
-    let arr: [u8; 16] = key
-        .try_into()
-        .map_err(|_| CryptoError::BadKeyLength { expected: 16, got: key.len() })?;
+    let arr: [u8; 16] = key.try_into().map_err(|_| CryptoError::BadKeyLength {
+        expected: 16,
+        got: key.len(),
+    })?;
     Ok(Zeroizing::new(arr))
 }
 
@@ -212,8 +223,10 @@ mod tests {
     #[test]
     fn aes_cmac_rfc4493() {
         let key = h("2b7e151628aed2a6abf7158809cf4f3c");
-        let msg = h("6bc1bee22e409f96e93d7e117393172aae2d8a571e03ac9c9eb76fac45af8e51\
-                     30c81c46a35ce411e5fbc1191a0a52eff69f2445df4f9b17ad2b417be66c3710");
+        let msg = h(
+            "6bc1bee22e409f96e93d7e117393172aae2d8a571e03ac9c9eb76fac45af8e51\
+                     30c81c46a35ce411e5fbc1191a0a52eff69f2445df4f9b17ad2b417be66c3710",
+        );
         let s = new_signer(SigningAlgorithm::AesCmac, &key).unwrap();
         let cases = [
             (0, "bb1d6929e95937287fa37d129b756746"),
@@ -230,14 +243,26 @@ mod tests {
     /// AADlen=0 Count 0 and AADlen=128 Count 0 (GMAC = GCM with AAD only).
     #[test]
     fn aes_gmac_nist_gcm_aad_only() {
-        let s = new_signer(SigningAlgorithm::AesGmac, &h("11754cd72aec309bf52f7687212e8957")).unwrap();
+        let s = new_signer(
+            SigningAlgorithm::AesGmac,
+            &h("11754cd72aec309bf52f7687212e8957"),
+        )
+        .unwrap();
         let nonce: [u8; 12] = h("3c819d9a9bed087615030b65").try_into().unwrap();
-        assert_eq!(s.sign(&nonce, b"").to_vec(), h("250327c674aaf477aef2675748cf6971"));
+        assert_eq!(
+            s.sign(&nonce, b"").to_vec(),
+            h("250327c674aaf477aef2675748cf6971")
+        );
 
-        let s = new_signer(SigningAlgorithm::AesGmac, &h("77be63708971c4e240d1cb79e8d77feb")).unwrap();
+        let s = new_signer(
+            SigningAlgorithm::AesGmac,
+            &h("77be63708971c4e240d1cb79e8d77feb"),
+        )
+        .unwrap();
         let nonce: [u8; 12] = h("e0e00f19fed7ba0136a797f3").try_into().unwrap();
         assert_eq!(
-            s.sign(&nonce, &h("7a43ec1d9c0a5a78a0b16533a6213cab")).to_vec(),
+            s.sign(&nonce, &h("7a43ec1d9c0a5a78a0b16533a6213cab"))
+                .to_vec(),
             h("209fcc8d3675ed938e9c7166709dd946")
         );
     }
@@ -246,7 +271,10 @@ mod tests {
     fn aes_signers_reject_wrong_key_length() {
         for alg in [SigningAlgorithm::AesCmac, SigningAlgorithm::AesGmac] {
             match new_signer(alg, &[0u8; 15]) {
-                Err(CryptoError::BadKeyLength { expected: 16, got: 15 }) => {}
+                Err(CryptoError::BadKeyLength {
+                    expected: 16,
+                    got: 15,
+                }) => {}
                 Err(e) => panic!("unexpected error {e}"),
                 Ok(_) => panic!("15-byte key accepted"),
             }

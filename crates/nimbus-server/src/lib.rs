@@ -1,1 +1,19 @@
-//! nimbus-server
+//! The Nimbus SMB server: listeners, the connection loop, connection
+//! security (signing), the dispatch table and one handler module per SMB2
+//! command. Handlers never call a crypto library; they see typed requests
+//! and return typed responses or an NTSTATUS.
+
+pub mod config;
+mod connection;
+mod credits;
+mod dispatch;
+mod errors;
+mod fileinfo;
+mod handlers;
+mod names;
+mod security;
+mod server;
+mod session;
+
+pub use config::{Config, ConfigError, ShareConfig, SigningPolicy};
+pub use server::{Server, StartError};

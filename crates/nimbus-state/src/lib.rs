@@ -1,1 +1,12 @@
-//! nimbus-state
+//! Protocol state that more than one open (and, in a cluster, more than one
+//! node) must agree on. `StateStore` is the transactional key-value seam;
+//! `memory` is the single-node backend; `share_modes` keeps the opens of each
+//! file on top of it. Session keys and other secrets never go in here.
+
+pub mod memory;
+pub mod share_modes;
+pub mod store;
+
+pub use memory::MemoryStore;
+pub use share_modes::{FileKey, FileRecord, OpenRecord, ShareModes, SharingError};
+pub use store::{StateError, StateStore, Versioned};

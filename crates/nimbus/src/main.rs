@@ -1,1 +1,253 @@
-fn main() {}
+//! The `nimbus` command: serve shares, manage the user database, check a
+//! configuration. Holds no protocol logic.
+
+use std::io::BufRead;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use nimbus_auth::UserDb;
+use nimbus_crypto::CryptoProvider;
+use nimbus_server::{Config, Server, ShareConfig, SigningPolicy};
+
+#[derive(Parser)]
+#[command(name = "nimbus", version, about = "Nimbus: a scale-out SMB 2/3 file server")]
+struct Cli {
+    /// Log debug detail (repeat for trace).
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Serve shares over SMB 2/3.
+    Serve(ServeArgs),
+    /// Manage the user database.
+    User {
+        #[command(subcommand)]
+        command: UserCmd,
+    },
+    /// Validate a configuration file and report every problem.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCmd,
+    },
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// TOML configuration file; the flags below override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Address to listen on (repeatable), e.g. 127.0.0.1:4450.
+    #[arg(long)]
+    listen: Vec<SocketAddr>,
+    /// A share as NAME=PATH (repeatable).
+    #[arg(long = "share", value_name = "NAME=PATH")]
+    shares: Vec<String>,
+    /// User database file (see `nimbus user add`).
+    #[arg(long)]
+    user_db: Option<PathBuf>,
+    /// required: every authenticated request must be signed; auto: sign when the client asks.
+    #[arg(long, value_parser = ["required", "auto"])]
+    signing: Option<String>,
+}
+
+#[derive(Subcommand)]
+enum UserCmd {
+    /// Add a user or change its password.
+    Add {
+        name: String,
+        #[arg(long)]
+        db: PathBuf,
+        /// Read the password from the first line of standard input.
+        #[arg(long)]
+        password_stdin: bool,
+    },
+    /// Remove a user.
+    Del {
+        name: String,
+        #[arg(long)]
+        db: PathBuf,
+    },
+    /// List user names.
+    List {
+        #[arg(long)]
+        db: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum ConfigCmd {
+    /// Check a configuration file.
+    Check { file: PathBuf },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let level = match cli.verbose {
+        0 => "info",
+        1 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("NIMBUS_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let result = match cli.command {
+        Cmd::Serve(args) => serve(args),
+        Cmd::User { command } => user(command),
+        Cmd::Config {
+            command: ConfigCmd::Check { file },
+        } => config_check(&file),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(msg) => {
+            eprintln!("nimbus: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn config_check(file: &Path) -> Result<(), String> {
+    match Config::from_file(file) {
+        Ok(cfg) => {
+            println!(
+                "{}: OK ({} share(s), listening on {})",
+                file.display(),
+                cfg.shares.len(),
+                cfg.listen.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(", ")
+            );
+            Ok(())
+        }
+        Err(errors) => {
+            for e in &errors {
+                eprintln!("{e}");
+            }
+            Err(format!("{} problem(s) in {}", errors.len(), file.display()))
+        }
+    }
+}
+
+fn build_config(args: &ServeArgs) -> Result<Config, String> {
+    let mut cfg = match &args.config {
+        Some(path) => Config::from_file(path).map_err(|errs| {
+            errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n")
+        })?,
+        None => Config::default(),
+    };
+    if !args.listen.is_empty() {
+        cfg.listen = args.listen.clone();
+    } else if args.config.is_none() {
+        cfg.listen = vec![SocketAddr::from(([127, 0, 0, 1], 4450))];
+    }
+    if let Some(db) = &args.user_db {
+        cfg.user_db = db.clone();
+    }
+    if let Some(s) = &args.signing {
+        cfg.signing = if s == "auto" {
+            SigningPolicy::Auto
+        } else {
+            SigningPolicy::Required
+        };
+    }
+    if !args.shares.is_empty() {
+        cfg.shares.clear();
+        for s in &args.shares {
+            let (name, path) = s
+                .split_once('=')
+                .ok_or_else(|| format!("--share {s}: expected NAME=PATH, e.g. --share data=/srv/data"))?;
+            cfg.shares.push(ShareConfig {
+                name: name.to_string(),
+                path: PathBuf::from(path),
+                read_only: false,
+                guest_ok: false,
+            });
+        }
+    }
+    let problems = cfg.validate_shares("command line");
+    if !problems.is_empty() {
+        return Err(problems.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n"));
+    }
+    if cfg.shares.is_empty() {
+        return Err("no shares to serve: give --share NAME=PATH or [[share]] entries in --config".into());
+    }
+    Ok(cfg)
+}
+
+fn serve(args: ServeArgs) -> Result<(), String> {
+    let cfg = build_config(&args)?;
+    let server = Server::new(cfg).map_err(|e| e.to_string())?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    rt.block_on(async move {
+        tokio::select! {
+            r = server.run() => r.map_err(|e| e.to_string()),
+            _ = tokio::signal::ctrl_c() => {
+                tracing::info!("interrupted; shutting down");
+                Ok(())
+            }
+        }
+    })
+}
+
+fn read_password(stdin: bool) -> Result<String, String> {
+    if stdin {
+        let mut line = String::new();
+        std::io::stdin()
+            .lock()
+            .read_line(&mut line)
+            .map_err(|e| format!("reading the password from standard input: {e}"))?;
+        let pw = line.trim_end_matches(['\n', '\r']).to_string();
+        if pw.is_empty() {
+            return Err("empty password on standard input".into());
+        }
+        return Ok(pw);
+    }
+    let pw = rpassword::prompt_password("Password: ").map_err(|e| format!("reading the password: {e}"))?;
+    let again = rpassword::prompt_password("Again: ").map_err(|e| format!("reading the password: {e}"))?;
+    if pw != again {
+        return Err("the passwords differ".into());
+    }
+    if pw.is_empty() {
+        return Err("empty password".into());
+    }
+    Ok(pw)
+}
+
+fn user(cmd: UserCmd) -> Result<(), String> {
+    let provider = CryptoProvider::default_provider();
+    match cmd {
+        UserCmd::Add {
+            name,
+            db,
+            password_stdin,
+        } => {
+            let mut users = UserDb::load_or_empty(&db).map_err(|e| e.to_string())?;
+            let pw = read_password(password_stdin)?;
+            users.add(&name, &pw, &provider).map_err(|e| e.to_string())?;
+            users.save(&db).map_err(|e| e.to_string())?;
+            println!("user {name} saved in {}", db.display());
+        }
+        UserCmd::Del { name, db } => {
+            let mut users = UserDb::load(&db).map_err(|e| e.to_string())?;
+            if !users.remove(&name) {
+                return Err(format!("no user {name} in {}", db.display()));
+            }
+            users.save(&db).map_err(|e| e.to_string())?;
+            println!("user {name} removed from {}", db.display());
+        }
+        UserCmd::List { db } => {
+            let users = UserDb::load(&db).map_err(|e| e.to_string())?;
+            for n in users.names() {
+                println!("{n}");
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,635 @@
+//! The authentication acceptor: SPNEGO (RFC 4178, MS-SPNG) around an NTLMv2
+//! acceptor (MS-NLMP 3.2). One [`AuthExchange`] per SESSION_SETUP exchange.
+
+use std::fmt;
+use std::sync::{Arc, RwLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use nimbus_crypto::{ct_eq, CryptoProvider, NtlmPrimitives};
+use zeroize::Zeroizing;
+
+use crate::ntlm::{self, av, flags, Direction, MIC_OFFSET};
+use crate::spnego::{self, NegState, OID_NTLMSSP};
+use crate::userdb::{utf16le, UserDb};
+
+/// Largest security token accepted. SMB2 SESSION_SETUP buffers from real
+/// clients are a few KiB (Kerberos tickets with PACs can reach ~12 KiB).
+const MAX_TOKEN: usize = 64 * 1024;
+
+/// Seconds between 1601-01-01 (FILETIME epoch) and 1970-01-01.
+const FILETIME_UNIX_OFFSET_SECS: u64 = 11_644_473_600;
+
+/// Names the server announces in its CHALLENGE (MS-NLMP 2.2.1.2 TargetInfo).
+#[derive(Clone, Debug)]
+pub struct AuthConfig {
+    /// NetBIOS computer name (MsvAvNbComputerName, and the TargetName).
+    pub netbios_computer: String,
+    /// NetBIOS domain or workgroup name (MsvAvNbDomainName).
+    pub netbios_domain: String,
+    /// DNS computer name (MsvAvDnsComputerName).
+    pub dns_computer: String,
+    /// DNS domain name (MsvAvDnsDomainName).
+    pub dns_domain: String,
+    /// Map unknown users and anonymous logons to guest instead of refusing.
+    pub allow_guest: bool,
+}
+
+/// Accepts logons against the local user database.
+pub struct Authenticator {
+    provider: Arc<CryptoProvider>,
+    users: Arc<RwLock<UserDb>>,
+    config: Arc<AuthConfig>,
+}
+
+impl Authenticator {
+    /// A new acceptor; `users` may be changed while the server runs.
+    pub fn new(
+        provider: Arc<CryptoProvider>,
+        users: Arc<RwLock<UserDb>>,
+        config: AuthConfig,
+    ) -> Self {
+        Authenticator {
+            provider,
+            users,
+            config: Arc::new(config),
+        }
+    }
+
+    /// SPNEGO NegTokenInit2 for the SMB2 NEGOTIATE response security buffer
+    /// (MS-SPNG 3.2.5.2): mechTypes = [NTLMSSP] and the fixed hint name.
+    pub fn negotiate_token(&self) -> Vec<u8> {
+        spnego::build_server_init()
+    }
+
+    /// Begins one SESSION_SETUP exchange.
+    pub fn start(&self) -> AuthExchange {
+        AuthExchange {
+            provider: self.provider.clone(),
+            users: self.users.clone(),
+            config: self.config.clone(),
+            state: State::Start,
+        }
+    }
+}
+
+/// What one step of an exchange produced.
+#[derive(Debug)]
+pub enum AuthStep {
+    /// Send this token back (STATUS_MORE_PROCESSING_REQUIRED) and wait for
+    /// the client's next one.
+    Continue(Vec<u8>),
+    /// The client is authenticated; send `output` in the final response.
+    Complete(AuthResult),
+}
+
+/// A successful logon.
+pub struct AuthResult {
+    /// Final token for the last SESSION_SETUP response (may be empty).
+    pub output: Vec<u8>,
+    /// The user name: as stored in the database for a real user, as the
+    /// client sent it for a guest, empty for anonymous.
+    pub user: String,
+    /// The domain the client sent.
+    pub domain: String,
+    /// ExportedSessionKey (MS-NLMP 3.1.5.1.2), the SMB2 session key; all
+    /// zero for guest and anonymous logons, which cannot sign.
+    pub session_key: Zeroizing<[u8; 16]>,
+    /// Logged on as guest (unknown user with `allow_guest`).
+    pub guest: bool,
+    /// Anonymous logon (with `allow_guest`).
+    pub anonymous: bool,
+}
+
+impl fmt::Debug for AuthResult {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AuthResult")
+            .field("output_len", &self.output.len())
+            .field("user", &self.user)
+            .field("domain", &self.domain)
+            .field("session_key", &"<redacted>")
+            .field("guest", &self.guest)
+            .field("anonymous", &self.anonymous)
+            .finish()
+    }
+}
+
+/// Why an exchange failed. The SMB layer maps `LogonFailure` and
+/// `AnonymousRefused` to STATUS_LOGON_FAILURE / STATUS_ACCESS_DENIED and the
+/// rest to STATUS_INVALID_PARAMETER or STATUS_NOT_SUPPORTED.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum AuthError {
+    /// The token does not decode.
+    Malformed(&'static str),
+    /// The credentials were wrong (or the user is unknown).
+    LogonFailure {
+        /// The user name the client sent.
+        user: String,
+        /// What check failed (for the log, never for the client).
+        reason: &'static str,
+    },
+    /// A valid request for something this server refuses (NTLMv1, ...).
+    NotSupported(&'static str),
+    /// Anonymous logon while guest access is off.
+    AnonymousRefused,
+    /// The crypto provider offers no NTLM primitives (FIPS mode).
+    NtlmDisabled,
+}
+
+impl fmt::Display for AuthError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AuthError::Malformed(what) => write!(f, "malformed security token: {what}"),
+            AuthError::LogonFailure { user, reason } => {
+                write!(f, "logon failure for user {user:?}: {reason}")
+            }
+            AuthError::NotSupported(what) => write!(f, "not supported: {what}"),
+            AuthError::AnonymousRefused => {
+                f.write_str("anonymous logon refused (guest access is off)")
+            }
+            AuthError::NtlmDisabled => {
+                f.write_str("NTLM is disabled: the crypto provider (FIPS) offers no MD4/MD5/RC4")
+            }
+        }
+    }
+}
+
+impl std::error::Error for AuthError {}
+
+/// SPNEGO context kept between legs.
+struct SpnegoCtx {
+    /// The client's MechTypeList as received, for mechListMIC.
+    mech_types: Vec<u8>,
+    /// NTLMSSP was the client's first choice; if not, RFC 4178 section 5
+    /// makes the mechListMIC exchange mandatory (downgrade protection).
+    ntlm_preferred: bool,
+}
+
+/// Everything the AUTHENTICATE check needs from the first leg.
+struct Pending {
+    spnego: Option<SpnegoCtx>,
+    negotiate: Vec<u8>,
+    challenge: Vec<u8>,
+    server_challenge: [u8; 8],
+    /// The flags of our CHALLENGE: the negotiated NegFlg.
+    flags: u32,
+}
+
+enum State {
+    Start,
+    /// SPNEGO chose NTLMSSP but the client has not sent an NTLM NEGOTIATE.
+    AwaitNtlmNegotiate(SpnegoCtx),
+    AwaitAuthenticate(Box<Pending>),
+    /// Completed or failed: no more tokens are accepted.
+    Finished,
+}
+
+/// The outcome of checking an AUTHENTICATE message.
+struct Verified {
+    user: String,
+    domain: String,
+    session_key: Zeroizing<[u8; 16]>,
+    guest: bool,
+    anonymous: bool,
+    /// The AUTHENTICATE carried a (verified) MIC.
+    mic_present: bool,
+}
+
+/// One SESSION_SETUP exchange.
+pub struct AuthExchange {
+    provider: Arc<CryptoProvider>,
+    users: Arc<RwLock<UserDb>>,
+    config: Arc<AuthConfig>,
+    state: State,
+}
+
+impl AuthExchange {
+    /// Feeds the security buffer of one SESSION_SETUP request.
+    ///
+    /// Accepts SPNEGO (NegTokenInit with NTLMSSP NEGOTIATE as mechToken, then
+    /// NegTokenResp with AUTHENTICATE) and raw NTLMSSP tokens. After an error
+    /// or completion, every further call fails.
+    pub fn step(&mut self, input: &[u8]) -> Result<AuthStep, AuthError> {
+        if input.len() > MAX_TOKEN {
+            self.state = State::Finished;
+            return Err(AuthError::Malformed("security token too large"));
+        }
+        // Any error leaves the exchange Finished.
+        match std::mem::replace(&mut self.state, State::Finished) {
+            State::Start => self.step_start(input),
+            State::AwaitNtlmNegotiate(ctx) => self.step_await_negotiate(ctx, input),
+            State::AwaitAuthenticate(p) => self.step_authenticate(*p, input),
+            State::Finished => Err(AuthError::Malformed(
+                "authentication exchange already finished",
+            )),
+        }
+    }
+
+    fn step_start(&mut self, input: &[u8]) -> Result<AuthStep, AuthError> {
+        if input.is_empty() {
+            // A client that got no token in NEGOTIATE starts with an empty
+            // buffer; offer our mechanisms, as Samba and Windows do.
+            self.state = State::Start;
+            return Ok(AuthStep::Continue(spnego::build_server_init()));
+        }
+        if input.starts_with(ntlm::SIGNATURE) {
+            let (challenge, pending) = self.ntlm_negotiate(None, input)?;
+            self.state = State::AwaitAuthenticate(Box::new(pending));
+            return Ok(AuthStep::Continue(challenge));
+        }
+        match input[0] {
+            0x60 | 0xa0 => self.spnego_init(input),
+            _ => Err(AuthError::Malformed("unknown security token")),
+        }
+    }
+
+    /// Handles a NegTokenInit (RFC 4178 4.2.1).
+    fn spnego_init(&mut self, input: &[u8]) -> Result<AuthStep, AuthError> {
+        let init = spnego::parse_init(input).map_err(AuthError::Malformed)?;
+        let pos = init.ntlm_position().ok_or(AuthError::NotSupported(
+            "the client offers no mechanism this server has (NTLMSSP)",
+        ))?;
+        let ctx = SpnegoCtx {
+            mech_types: init.mech_types_raw.to_vec(),
+            ntlm_preferred: pos == 0,
+        };
+        match init.mech_token {
+            Some(tok) if tok.starts_with(ntlm::SIGNATURE) => {
+                let (challenge, pending) = self.ntlm_negotiate(Some(ctx), tok)?;
+                self.state = State::AwaitAuthenticate(Box::new(pending));
+                Ok(AuthStep::Continue(spnego::build_resp(
+                    NegState::AcceptIncomplete,
+                    Some(OID_NTLMSSP),
+                    Some(&challenge),
+                    None,
+                )))
+            }
+            Some(_) if pos == 0 => Err(AuthError::Malformed("optimistic token is not NTLMSSP")),
+            _ => {
+                // No usable optimistic token (none, or one for the client's
+                // preferred Kerberos): name NTLMSSP and let the client start
+                // it. request-mic when it was not the client's first choice.
+                let state = if ctx.ntlm_preferred {
+                    NegState::AcceptIncomplete
+                } else {
+                    NegState::RequestMic
+                };
+                self.state = State::AwaitNtlmNegotiate(ctx);
+                Ok(AuthStep::Continue(spnego::build_resp(
+                    state,
+                    Some(OID_NTLMSSP),
+                    None,
+                    None,
+                )))
+            }
+        }
+    }
+
+    fn step_await_negotiate(
+        &mut self,
+        ctx: SpnegoCtx,
+        input: &[u8],
+    ) -> Result<AuthStep, AuthError> {
+        match input.first() {
+            Some(0xa1) => {
+                let resp = spnego::parse_resp(input).map_err(AuthError::Malformed)?;
+                let tok = resp.response_token.ok_or(AuthError::Malformed(
+                    "NegTokenResp without NTLMSSP NEGOTIATE",
+                ))?;
+                let (challenge, pending) = self.ntlm_negotiate(Some(ctx), tok)?;
+                self.state = State::AwaitAuthenticate(Box::new(pending));
+                Ok(AuthStep::Continue(spnego::build_resp(
+                    NegState::AcceptIncomplete,
+                    None,
+                    Some(&challenge),
+                    None,
+                )))
+            }
+            // A client may instead restart with a new NegTokenInit.
+            Some(0x60) | Some(0xa0) => self.spnego_init(input),
+            _ => Err(AuthError::Malformed("expected a SPNEGO NegTokenResp")),
+        }
+    }
+
+    fn ntlm(&self) -> Result<&dyn NtlmPrimitives, AuthError> {
+        self.provider.ntlm().ok_or(AuthError::NtlmDisabled)
+    }
+
+    /// Answers an NTLMSSP NEGOTIATE with a CHALLENGE (MS-NLMP 3.2.5.1.1).
+    fn ntlm_negotiate(
+        &self,
+        spnego: Option<SpnegoCtx>,
+        msg: &[u8],
+    ) -> Result<(Vec<u8>, Pending), AuthError> {
+        self.ntlm()?;
+        let client = ntlm::parse_negotiate(msg).map_err(AuthError::Malformed)?;
+        if client & flags::UNICODE == 0 {
+            return Err(AuthError::NotSupported("NTLM without UNICODE strings"));
+        }
+        // Echo what the client asked for among what we support; always
+        // offer NTLMv2 target info and name ourselves as a server.
+        const ECHOED: u32 = flags::UNICODE
+            | flags::SIGN
+            | flags::SEAL
+            | flags::ALWAYS_SIGN
+            | flags::EXTENDED_SESSIONSECURITY
+            | flags::VERSION
+            | flags::NEGOTIATE_128
+            | flags::KEY_EXCH
+            | flags::NEGOTIATE_56;
+        let neg_flags = (client & ECHOED)
+            | flags::NTLM
+            | flags::REQUEST_TARGET
+            | flags::TARGET_INFO
+            | flags::TARGET_TYPE_SERVER;
+
+        let mut server_challenge = [0u8; 8];
+        self.provider.fill_random(&mut server_challenge);
+        let target_name = utf16le(&self.config.netbios_computer);
+        let target_info = self.target_info(filetime_now());
+        let challenge =
+            ntlm::build_challenge(neg_flags, &server_challenge, &target_name, &target_info);
+        let pending = Pending {
+            spnego,
+            negotiate: msg.to_vec(),
+            challenge: challenge.clone(),
+            server_challenge,
+            flags: neg_flags,
+        };
+        Ok((challenge, pending))
+    }
+
+    /// TargetInfo AV pairs (MS-NLMP 2.2.2.1), in the order Windows sends them.
+    fn target_info(&self, filetime: u64) -> Vec<u8> {
+        let c = &self.config;
+        let mut out = Vec::new();
+        ntlm::push_av_pair(&mut out, av::NB_DOMAIN_NAME, &utf16le(&c.netbios_domain));
+        ntlm::push_av_pair(
+            &mut out,
+            av::NB_COMPUTER_NAME,
+            &utf16le(&c.netbios_computer),
+        );
+        if !c.dns_domain.is_empty() {
+            ntlm::push_av_pair(&mut out, av::DNS_DOMAIN_NAME, &utf16le(&c.dns_domain));
+        }
+        if !c.dns_computer.is_empty() {
+            ntlm::push_av_pair(&mut out, av::DNS_COMPUTER_NAME, &utf16le(&c.dns_computer));
+        }
+        // With a timestamp present, clients must send a MIC (MS-NLMP 3.1.5.1.2).
+        ntlm::push_av_pair(&mut out, av::TIMESTAMP, &filetime.to_le_bytes());
+        ntlm::push_av_pair(&mut out, av::EOL, &[]);
+        out
+    }
+
+    fn step_authenticate(&mut self, p: Pending, input: &[u8]) -> Result<AuthStep, AuthError> {
+        let Some(ctx) = &p.spnego else {
+            if !input.starts_with(ntlm::SIGNATURE) {
+                return Err(AuthError::Malformed("expected an NTLMSSP AUTHENTICATE"));
+            }
+            let v = self.verify_authenticate(&p, input)?;
+            return Ok(AuthStep::Complete(result(v, Vec::new())));
+        };
+        let resp = spnego::parse_resp(input).map_err(AuthError::Malformed)?;
+        let auth = resp.response_token.ok_or(AuthError::Malformed(
+            "NegTokenResp without NTLMSSP AUTHENTICATE",
+        ))?;
+        let v = self.verify_authenticate(&p, auth)?;
+
+        let mut server_mic = None;
+        if !v.guest && !v.anonymous {
+            let needed = resp.mech_list_mic.is_some() || v.mic_present || !ctx.ntlm_preferred;
+            if needed {
+                server_mic = Some(self.mech_list_mic(&p, ctx, &v, resp.mech_list_mic)?);
+            }
+        }
+        let output = spnego::build_resp(
+            NegState::AcceptCompleted,
+            None,
+            None,
+            server_mic.as_ref().map(|m| &m[..]),
+        );
+        Ok(AuthStep::Complete(result(v, output)))
+    }
+
+    /// Checks the client's mechListMIC (if any) and computes ours (RFC 4178
+    /// 5; MS-SPNG 3.1.5.1): NTLMSSP signatures, sequence number 0, over the
+    /// client's MechTypeList as received.
+    fn mech_list_mic(
+        &self,
+        p: &Pending,
+        ctx: &SpnegoCtx,
+        v: &Verified,
+        client_mic: Option<&[u8]>,
+    ) -> Result<[u8; 16], AuthError> {
+        let ntlm = self.ntlm()?;
+        if p.flags & flags::EXTENDED_SESSIONSECURITY == 0 {
+            return Err(AuthError::NotSupported(
+                "NTLM signing without extended session security",
+            ));
+        }
+        let key_exch = p.flags & flags::KEY_EXCH != 0;
+        let sign = |dir: Direction| {
+            let sk = Zeroizing::new(ntlm::sign_key(ntlm, &v.session_key, dir));
+            let mut seal = key_exch.then(|| {
+                let ck = Zeroizing::new(ntlm::seal_key(ntlm, &v.session_key, p.flags, dir));
+                ntlm.rc4_stream(&ck[..])
+            });
+            ntlm::mac(ntlm, &sk, seal.as_deref_mut(), 0, &ctx.mech_types)
+        };
+        match client_mic {
+            Some(mic) if !ct_eq(mic, &sign(Direction::ClientToServer)) => {
+                return Err(AuthError::LogonFailure {
+                    user: v.user.clone(),
+                    reason: "bad SPNEGO mechListMIC",
+                });
+            }
+            Some(_) => {}
+            None if !ctx.ntlm_preferred => {
+                return Err(AuthError::LogonFailure {
+                    user: v.user.clone(),
+                    reason: "missing SPNEGO mechListMIC after choosing a non-preferred mechanism",
+                });
+            }
+            None => {}
+        }
+        Ok(sign(Direction::ServerToClient))
+    }
+
+    /// Checks an AUTHENTICATE message (MS-NLMP 3.2.5.1.2), NTLMv2 only.
+    fn verify_authenticate(&self, p: &Pending, msg: &[u8]) -> Result<Verified, AuthError> {
+        let ntlm = self.ntlm()?;
+        let a = ntlm::parse_authenticate(msg).map_err(AuthError::Malformed)?;
+        let user = utf16_string(a.user)?;
+        let domain = utf16_string(a.domain)?;
+
+        let anonymous = a.flags & flags::ANONYMOUS != 0
+            || (user.is_empty()
+                && a.nt_response.is_empty()
+                && (a.lm_response.is_empty() || a.lm_response == [0]));
+        if anonymous {
+            if !self.config.allow_guest {
+                return Err(AuthError::AnonymousRefused);
+            }
+            return Ok(Verified {
+                user: String::new(),
+                domain: String::new(),
+                session_key: Zeroizing::new([0; 16]),
+                guest: false,
+                anonymous: true,
+                mic_present: false,
+            });
+        }
+        if a.nt_response.len() == 24 {
+            return Err(AuthError::NotSupported("NTLMv1"));
+        }
+        if a.nt_response.len() < 16 + ntlm::CLIENT_CHALLENGE_FIXED {
+            return Err(AuthError::Malformed("NTLMv2 response too short"));
+        }
+        if user.is_empty() {
+            return Err(AuthError::LogonFailure {
+                user,
+                reason: "empty user name",
+            });
+        }
+
+        let found = {
+            let db = self
+                .users
+                .read()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            match (db.canonical_name(&user), db.nt_hash(&user)) {
+                (Some(name), Some(hash)) => {
+                    Some((name.to_owned(), Zeroizing::new(*hash.as_bytes())))
+                }
+                _ => None,
+            }
+        };
+        let Some((stored_name, nt_hash)) = found else {
+            if self.config.allow_guest {
+                return Ok(Verified {
+                    user,
+                    domain,
+                    session_key: Zeroizing::new([0; 16]),
+                    guest: true,
+                    anonymous: false,
+                    mic_present: false,
+                });
+            }
+            return Err(AuthError::LogonFailure {
+                user,
+                reason: "unknown user",
+            });
+        };
+
+        let (nt_proof, blob) = a.nt_response.split_at(16);
+        // Clients differ in the domain they hash: try the one sent, then its
+        // upper case, then none (MS-NLMP 3.2.5.1.2 lets servers try variants).
+        let upper = domain.to_uppercase();
+        let mut candidates = vec![domain.as_str()];
+        if upper != domain {
+            candidates.push(upper.as_str());
+        }
+        if !domain.is_empty() {
+            candidates.push("");
+        }
+        let mut owf = None;
+        for d in candidates {
+            let key = Zeroizing::new(ntlm::ntowfv2(ntlm, &nt_hash, &user, d));
+            let expected = ntlm.hmac_md5(&key[..], &[&p.server_challenge, blob]);
+            if ct_eq(&expected, nt_proof) {
+                owf = Some(key);
+                break;
+            }
+        }
+        let Some(owf) = owf else {
+            return Err(AuthError::LogonFailure {
+                user,
+                reason: "wrong password",
+            });
+        };
+
+        // MS-NLMP 3.3.2: for NTLMv2, KeyExchangeKey = SessionBaseKey.
+        let key_exchange_key = Zeroizing::new(ntlm.hmac_md5(&owf[..], &[nt_proof]));
+        let mut exported = Zeroizing::new(*key_exchange_key);
+        if p.flags & flags::KEY_EXCH != 0 {
+            match a.encrypted_session_key.len() {
+                16 => {
+                    exported.copy_from_slice(a.encrypted_session_key);
+                    ntlm.rc4(&key_exchange_key[..], &mut exported[..]);
+                }
+                // A client may decline the exchange; keep KeyExchangeKey.
+                0 => {}
+                _ => {
+                    return Err(AuthError::Malformed(
+                        "EncryptedRandomSessionKey is not 16 bytes",
+                    ))
+                }
+            }
+        }
+
+        let av_flags = ntlm::find_av_pair(&blob[ntlm::CLIENT_CHALLENGE_FIXED..], av::FLAGS)
+            .map_err(AuthError::Malformed)?
+            .and_then(|v| v.get(..4))
+            .map(|v| u32::from_le_bytes([v[0], v[1], v[2], v[3]]))
+            .unwrap_or(0);
+        let mic_present = av_flags & av::FLAG_MIC_PRESENT != 0;
+        if mic_present {
+            if !a.has_mic_room {
+                return Err(AuthError::Malformed("MIC announced but no room for it"));
+            }
+            let mut zeroed = msg.to_vec();
+            let mic = msg[MIC_OFFSET..MIC_OFFSET + 16].to_vec();
+            zeroed[MIC_OFFSET..MIC_OFFSET + 16].fill(0);
+            let expected = ntlm.hmac_md5(&exported[..], &[&p.negotiate, &p.challenge, &zeroed]);
+            if !ct_eq(&expected, &mic) {
+                return Err(AuthError::LogonFailure {
+                    user,
+                    reason: "bad NTLM MIC",
+                });
+            }
+        }
+
+        Ok(Verified {
+            user: stored_name,
+            domain,
+            session_key: exported,
+            guest: false,
+            anonymous: false,
+            mic_present,
+        })
+    }
+}
+
+fn result(v: Verified, output: Vec<u8>) -> AuthResult {
+    AuthResult {
+        output,
+        user: v.user,
+        domain: v.domain,
+        session_key: v.session_key,
+        guest: v.guest,
+        anonymous: v.anonymous,
+    }
+}
+
+/// Decodes a UTF-16LE field (UNICODE is always negotiated).
+fn utf16_string(b: &[u8]) -> Result<String, AuthError> {
+    if b.len() % 2 != 0 {
+        return Err(AuthError::Malformed("odd-length UTF-16 string"));
+    }
+    let units = b.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]));
+    char::decode_utf16(units)
+        .collect::<Result<String, _>>()
+        .map_err(|_| AuthError::Malformed("invalid UTF-16 string"))
+}
+
+/// Now as a Windows FILETIME (100 ns ticks since 1601).
+fn filetime_now() -> u64 {
+    let d = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    (d.as_secs() + FILETIME_UNIX_OFFSET_SECS) * 10_000_000 + u64::from(d.subsec_nanos() / 100)
+}
+
+#[cfg(test)]
+#[path = "acceptor_tests.rs"]
+mod tests;

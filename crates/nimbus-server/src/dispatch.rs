@@ -1,0 +1,454 @@
+//! Dispatch: walks a frame's compound chain (MS-SMB2 3.3.5.2.7), checks the
+//! credit window, session, signature and tree once per request from one
+//! table of command specs, calls the command's handler, and assembles the
+//! (signed) responses. Handlers never see signing or credits.
+
+use std::sync::Arc;
+
+use nimbus_wire::header::{flags, Command, Header, PROTOCOL_ID, SMB1_PROTOCOL_ID};
+use nimbus_wire::simple::encode_error;
+use nimbus_wire::smb1::{smb1_negotiate_offer, Smb1Offer};
+use nimbus_wire::{FileId, NtStatus, HEADER_SIZE};
+
+use crate::connection::Connection;
+use crate::handlers;
+use crate::server::Server;
+use crate::session::{lock, Open, Session, SessionState, Tree};
+
+/// Handlers append their response body to `out` and return the status to
+/// put in the header: SUCCESS, or a warning / MORE_PROCESSING_REQUIRED that
+/// still carries a body. An `Err` becomes an SMB2 ERROR response.
+pub type HandlerResult = Result<NtStatus, NtStatus>;
+type Handler = fn(&mut Ctx<'_>, &[u8], &mut Vec<u8>) -> HandlerResult;
+
+/// What a command needs before its handler may run (MS-SMB2 3.3.5.2.9,
+/// 3.3.5.2.11): a valid session, and a tree connect.
+struct Spec {
+    needs_session: bool,
+    needs_tree: bool,
+    handler: Handler,
+}
+
+fn spec(cmd: Command) -> Spec {
+    use handlers::*;
+    let (needs_session, needs_tree, handler): (bool, bool, Handler) = match cmd {
+        Command::Negotiate => (false, false, negotiate::handle),
+        Command::SessionSetup => (false, false, session_setup::handle),
+        Command::Logoff => (true, false, logoff::handle),
+        Command::TreeConnect => (true, false, tree_connect::handle),
+        Command::TreeDisconnect => (true, true, tree_connect::handle_disconnect),
+        Command::Create => (true, true, create::handle),
+        Command::Close => (true, true, close::handle),
+        Command::Flush => (true, true, flush::handle),
+        Command::Read => (true, true, read::handle),
+        Command::Write => (true, true, write::handle),
+        Command::Ioctl => (true, true, ioctl::handle),
+        Command::Echo => (false, false, echo::handle),
+        Command::QueryDirectory => (true, true, query_directory::handle),
+        Command::QueryInfo => (true, true, query_info::handle),
+        Command::SetInfo => (true, true, set_info::handle),
+        // Byte-range locks, change notify and oplock breaks are later work;
+        // until then clients are told plainly.
+        Command::Lock | Command::ChangeNotify | Command::OplockBreak => (true, true, not_supported),
+        Command::Cancel => (false, false, echo::handle),
+    };
+    Spec {
+        needs_session,
+        needs_tree,
+        handler,
+    }
+}
+
+fn not_supported(_: &mut Ctx<'_>, _: &[u8], _: &mut Vec<u8>) -> HandlerResult {
+    Err(NtStatus::NOT_SUPPORTED)
+}
+
+/// Everything a handler may use about the request it serves.
+pub struct Ctx<'a> {
+    pub conn: &'a Arc<Connection>,
+    pub server: &'a Arc<Server>,
+    pub hdr: &'a Header,
+    /// The whole request message (header and body), for the preauth hash.
+    pub msg: &'a [u8],
+    pub session: Option<Arc<Session>>,
+    pub tree: Option<Arc<Tree>>,
+    /// The file the previous request of a related chain used or created.
+    pub chain_file_id: Option<FileId>,
+    pub related: bool,
+    /// Session id to put in the response (SESSION_SETUP assigns one).
+    pub response_session_id: u64,
+    /// Tree id to put in the response (TREE_CONNECT assigns one).
+    pub response_tree_id: Option<u32>,
+    /// Sign the response with this session even if the request was not
+    /// signed (the final SESSION_SETUP response).
+    pub sign_with: Option<Arc<Session>>,
+    /// After the response is built, fold it into this session's preauth hash.
+    pub preauth_session: Option<Arc<Session>>,
+    /// Close the connection after this request, without a response.
+    pub disconnect: bool,
+    /// ErrorData for an error response (e.g. the size BUFFER_TOO_SMALL needs).
+    pub error_data: Vec<u8>,
+}
+
+impl Ctx<'_> {
+    pub fn session(&self) -> Result<&Arc<Session>, NtStatus> {
+        self.session.as_ref().ok_or(NtStatus::USER_SESSION_DELETED)
+    }
+
+    pub fn tree(&self) -> Result<&Arc<Tree>, NtStatus> {
+        self.tree.as_ref().ok_or(NtStatus::NETWORK_NAME_DELETED)
+    }
+
+    /// Resolves a request's FileId, including the "previous file" id of a
+    /// related compound request (MS-SMB2 3.3.5.2.7.2).
+    pub fn open(&mut self, id: FileId) -> Result<Arc<Open>, NtStatus> {
+        let id = if id == FileId::RELATED {
+            match (self.related, self.chain_file_id) {
+                (true, Some(prev)) => prev,
+                _ => return Err(NtStatus::FILE_CLOSED),
+            }
+        } else {
+            id
+        };
+        let open = self.session()?.open(id.volatile).ok_or(NtStatus::FILE_CLOSED)?;
+        if open.open_id != id.persistent || open.tree_id != self.hdr.tree_id && !self.related {
+            return Err(NtStatus::FILE_CLOSED);
+        }
+        self.chain_file_id = Some(id);
+        Ok(open)
+    }
+}
+
+/// State carried from one request of a compound chain to the next.
+#[derive(Default)]
+struct Chain {
+    session_id: u64,
+    tree_id: u32,
+    file_id: Option<FileId>,
+    /// A failed CREATE makes the related requests after it fail the same way.
+    create_error: Option<NtStatus>,
+}
+
+/// Processes one received frame; returns the frame to send back (if any).
+/// Protocol violations that the spec answers with a disconnect call
+/// `conn.close()` and return None.
+pub fn process_frame(conn: &Arc<Connection>, frame: &mut [u8]) -> Option<Vec<u8>> {
+    if frame.starts_with(&SMB1_PROTOCOL_ID) {
+        return smb1_negotiate(conn, frame);
+    }
+    if !frame.starts_with(&PROTOCOL_ID) {
+        // Encrypted (TRANSFORM) messages arrive with SMB3 encryption, which
+        // this server does not negotiate yet; anything else is garbage.
+        tracing::warn!("{}: message with unknown protocol id; closing", conn.peer);
+        conn.close();
+        return None;
+    }
+    let mut out = Vec::with_capacity(4 + HEADER_SIZE + 128);
+    out.extend_from_slice(&[0u8; 4]);
+    // (start of each response, session to sign it with)
+    let mut responses: Vec<(usize, Option<Arc<Session>>)> = Vec::new();
+    let mut chain = Chain::default();
+    let mut offset = 0usize;
+    loop {
+        let remaining = frame.len() - offset;
+        if remaining < HEADER_SIZE {
+            return refuse(conn, "message shorter than an SMB2 header");
+        }
+        let next = u32::from_le_bytes([
+            frame[offset + 20],
+            frame[offset + 21],
+            frame[offset + 22],
+            frame[offset + 23],
+        ]) as usize;
+        let len = if next == 0 {
+            remaining
+        } else if next < HEADER_SIZE || next % 8 != 0 || next > remaining {
+            return refuse(conn, "bad NextCommand in compound chain");
+        } else {
+            next
+        };
+        let msg = &mut frame[offset..offset + len];
+        let Ok(hdr) = Header::parse(msg) else {
+            return refuse(conn, "unparsable SMB2 header");
+        };
+        if hdr.flags & flags::SERVER_TO_REDIR != 0 {
+            return refuse(conn, "response received from client");
+        }
+        if hdr.command == Command::Cancel as u16 {
+            // Nothing runs asynchronously yet, so there is nothing to cancel;
+            // CANCEL takes no credit and gets no response (MS-SMB2 3.3.5.16).
+        } else {
+            if let Err(e) = lock(&conn.credits).consume(hdr.message_id, hdr.credit_charge) {
+                tracing::warn!(
+                    "{}: message id {} (charge {}) outside the credit window: {e:?}; closing",
+                    conn.peer,
+                    hdr.message_id,
+                    hdr.credit_charge
+                );
+                conn.close();
+                return None;
+            }
+            // 8-byte align the previous response and link it to this one.
+            if let Some((prev_start, _)) = responses.last() {
+                let prev_start = *prev_start;
+                while (out.len() - 4) % 8 != 0 {
+                    out.push(0);
+                }
+                let next_off = (out.len() - prev_start) as u32;
+                out[prev_start + 20..prev_start + 24].copy_from_slice(&next_off.to_le_bytes());
+            }
+            let start = out.len();
+            let signer = handle_one(conn, msg, &hdr, &mut chain, &mut out, offset == 0);
+            if conn.is_closing() {
+                return None;
+            }
+            responses.push((start, signer));
+        }
+        offset += len;
+        if next == 0 {
+            break;
+        }
+    }
+    if responses.is_empty() {
+        return None;
+    }
+    // Sign each response over its bytes including its padding.
+    for i in 0..responses.len() {
+        let start = responses[i].0;
+        let end = responses.get(i + 1).map(|r| r.0).unwrap_or(out.len());
+        if let Some(session) = &responses[i].1 {
+            if let SessionState::Valid(auth) = &*lock(&session.state) {
+                if let Some(signer) = &auth.signer {
+                    crate::security::sign(signer.as_ref(), &mut out[start..end]);
+                }
+            }
+        }
+    }
+    let len = out.len() - 4;
+    out[..4].copy_from_slice(&nimbus_wire::nbss::frame_header(len));
+    Some(out)
+}
+
+fn refuse(conn: &Connection, why: &str) -> Option<Vec<u8>> {
+    tracing::warn!("{}: {why}; closing connection", conn.peer);
+    conn.close();
+    None
+}
+
+/// Handles one request of a chain and appends its response to `out`.
+/// Returns the session whose key signs the response, if it is to be signed.
+fn handle_one(
+    conn: &Arc<Connection>,
+    msg: &mut [u8],
+    hdr: &Header,
+    chain: &mut Chain,
+    out: &mut Vec<u8>,
+    first: bool,
+) -> Option<Arc<Session>> {
+    let start = out.len();
+    out.resize(start + HEADER_SIZE, 0);
+    let body_start = out.len();
+    let related = hdr.is_related() && !first;
+    let (session_id, tree_id) = if related {
+        (chain.session_id, chain.tree_id)
+    } else {
+        (hdr.session_id, hdr.tree_id)
+    };
+    let effective = Header {
+        session_id,
+        tree_id,
+        ..hdr.clone()
+    };
+    let mut ctx = Ctx {
+        conn,
+        server: &conn.server,
+        hdr: &effective,
+        msg: &[],
+        session: None,
+        tree: None,
+        chain_file_id: if related { chain.file_id } else { None },
+        related,
+        response_session_id: session_id,
+        response_tree_id: None,
+        sign_with: None,
+        preauth_session: None,
+        disconnect: false,
+        error_data: Vec::new(),
+    };
+    let mut sign_session: Option<Arc<Session>> = None;
+    let result = check_and_run(&mut ctx, msg, hdr, chain, first, related, session_id, tree_id, &mut sign_session, out);
+    if ctx.disconnect {
+        conn.close();
+        return None;
+    }
+    let status = match result {
+        Ok(status) => status,
+        Err(status) => {
+            out.truncate(body_start);
+            encode_error(out, &ctx.error_data);
+            if status != NtStatus::OBJECT_NAME_NOT_FOUND && status != NtStatus::NO_MORE_FILES {
+                tracing::debug!("{}: command {:#x} failed: {status}", conn.peer, hdr.command);
+            }
+            status
+        }
+    };
+    let granted = lock(&conn.credits).grant(hdr.credits);
+    let resp = Header {
+        credit_charge: hdr.credit_charge,
+        status,
+        command: hdr.command,
+        credits: granted,
+        flags: flags::SERVER_TO_REDIR | (hdr.flags & (flags::RELATED_OPERATIONS | flags::PRIORITY_MASK)),
+        next_command: 0,
+        message_id: hdr.message_id,
+        async_id: 0,
+        tree_id: ctx.response_tree_id.unwrap_or(hdr.tree_id),
+        session_id: ctx.response_session_id,
+        signature: [0; 16],
+    };
+    let mut h = Vec::with_capacity(HEADER_SIZE);
+    resp.write(&mut h);
+    out[start..body_start].copy_from_slice(&h);
+    chain.session_id = ctx.response_session_id;
+    chain.tree_id = ctx.response_tree_id.unwrap_or(tree_id);
+    chain.file_id = ctx.chain_file_id;
+    // 3.1.1 preauth hash: negotiate response into the connection's hash,
+    // non-final session setup responses into the session's.
+    if hdr.command == Command::Negotiate as u16 && status == NtStatus::SUCCESS {
+        if let Some(n) = conn.negotiated() {
+            if n.dialect == nimbus_wire::negotiate::Dialect::Smb311 {
+                let mut p = lock(&conn.preauth);
+                *p = conn.server.provider.sha512(&[&p[..], &out[start..]]);
+            }
+        }
+    }
+    if let Some(session) = ctx.preauth_session.take() {
+        if status == NtStatus::MORE_PROCESSING_REQUIRED {
+            if let SessionState::InProgress { preauth, .. } = &mut *lock(&session.state) {
+                *preauth = conn.server.provider.sha512(&[&preauth[..], &out[start..]]);
+            }
+        }
+    }
+    ctx.sign_with.take().or(sign_session)
+}
+
+
+/// The checks of MS-SMB2 3.3.5.2 that every request goes through, then the
+/// command's handler.
+#[allow(clippy::too_many_arguments)]
+fn check_and_run<'a>(
+    ctx: &mut Ctx<'a>,
+    msg: &'a mut [u8],
+    hdr: &Header,
+    chain: &mut Chain,
+    first: bool,
+    related: bool,
+    session_id: u64,
+    tree_id: u32,
+    sign_session: &mut Option<Arc<Session>>,
+    out: &mut Vec<u8>,
+) -> HandlerResult {
+    let conn = ctx.conn;
+    let cmd = Command::from_u16(hdr.command).ok_or(NtStatus::INVALID_PARAMETER)?;
+    if hdr.is_related() && first {
+        return Err(NtStatus::INVALID_PARAMETER);
+    }
+    let negotiated = conn.negotiated();
+    if cmd != Command::Negotiate && negotiated.is_none() {
+        tracing::warn!("{}: {:?} before NEGOTIATE; closing", conn.peer, cmd);
+        ctx.disconnect = true;
+        return Err(NtStatus::INVALID_PARAMETER);
+    }
+    if related {
+        if let Some(err) = chain.create_error {
+            return Err(err);
+        }
+    }
+    let spec = spec(cmd);
+    // Session lookup and signature check (MS-SMB2 3.3.5.2.4, 3.3.5.2.9).
+    if cmd != Command::Negotiate && session_id != 0 {
+        let session = conn.session(session_id).ok_or(NtStatus::USER_SESSION_DELETED)?;
+        let state = lock(&session.state);
+        match &*state {
+            SessionState::Valid(auth) => {
+                if let Some(signer) = &auth.signer {
+                    if hdr.is_signed() {
+                        if !crate::security::verify(signer.as_ref(), msg) {
+                            tracing::warn!(
+                                "{}: bad signature on {:?} (session {:#x}, user {}); refused",
+                                conn.peer,
+                                cmd,
+                                session_id,
+                                auth.user
+                            );
+                            return Err(NtStatus::ACCESS_DENIED);
+                        }
+                        *sign_session = Some(session.clone());
+                    } else if auth.signing_required {
+                        tracing::warn!(
+                            "{}: unsigned {:?} on a session that requires signing; refused",
+                            conn.peer,
+                            cmd
+                        );
+                        return Err(NtStatus::ACCESS_DENIED);
+                    }
+                }
+            }
+            SessionState::InProgress { .. } => {
+                if cmd != Command::SessionSetup && spec.needs_session {
+                    return Err(NtStatus::USER_SESSION_DELETED);
+                }
+            }
+        }
+        drop(state);
+        ctx.session = Some(session);
+    } else if spec.needs_session {
+        return Err(NtStatus::USER_SESSION_DELETED);
+    }
+    if spec.needs_tree {
+        let session = ctx.session()?;
+        let tree = lock(&session.trees).get(&tree_id).cloned();
+        ctx.tree = Some(tree.ok_or(NtStatus::NETWORK_NAME_DELETED)?);
+    }
+    ctx.msg = msg;
+    let body = &msg[HEADER_SIZE..];
+    let r = (spec.handler)(ctx, body, out);
+    if cmd == Command::Create {
+        chain.create_error = r.err();
+    }
+    r
+}
+
+/// MS-SMB2 3.3.5.3.1: an SMB1 negotiate that offers SMB2 gets an SMB2
+/// NEGOTIATE response; SMB1 itself is never served.
+fn smb1_negotiate(conn: &Arc<Connection>, frame: &[u8]) -> Option<Vec<u8>> {
+    let offer = smb1_negotiate_offer(frame);
+    if offer == Smb1Offer::None || conn.negotiated().is_some() {
+        return refuse(conn, "SMB1 request (SMB1 is not served)");
+    }
+    if lock(&conn.credits).consume(0, 1).is_err() {
+        return refuse(conn, "SMB1 negotiate after other requests");
+    }
+    let mut out = vec![0u8; 4 + HEADER_SIZE];
+    let status = handlers::negotiate::smb1_upgrade(conn, offer == Smb1Offer::Wildcard, &mut out);
+    let granted = lock(&conn.credits).grant(1);
+    let resp = Header {
+        credit_charge: 0,
+        status,
+        command: Command::Negotiate as u16,
+        credits: granted,
+        flags: flags::SERVER_TO_REDIR,
+        next_command: 0,
+        message_id: 0,
+        async_id: 0,
+        tree_id: 0,
+        session_id: 0,
+        signature: [0; 16],
+    };
+    let mut h = Vec::with_capacity(HEADER_SIZE);
+    resp.write(&mut h);
+    out[4..4 + HEADER_SIZE].copy_from_slice(&h);
+    let len = out.len() - 4;
+    out[..4].copy_from_slice(&nimbus_wire::nbss::frame_header(len));
+    Some(out)
+}

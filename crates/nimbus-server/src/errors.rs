@@ -1,0 +1,33 @@
+//! Maps VFS and state errors onto the NTSTATUS a Windows server would send.
+
+use nimbus_state::SharingError;
+use nimbus_vfs::VfsError;
+use nimbus_wire::NtStatus;
+
+pub fn vfs_status(e: &VfsError) -> NtStatus {
+    match e {
+        VfsError::NotFound => NtStatus::OBJECT_NAME_NOT_FOUND,
+        VfsError::PathNotFound => NtStatus::OBJECT_PATH_NOT_FOUND,
+        VfsError::Exists => NtStatus::OBJECT_NAME_COLLISION,
+        VfsError::NotADirectory => NtStatus::NOT_A_DIRECTORY,
+        VfsError::IsADirectory => NtStatus::FILE_IS_A_DIRECTORY,
+        VfsError::NotEmpty => NtStatus::DIRECTORY_NOT_EMPTY,
+        VfsError::AccessDenied | VfsError::Escape | VfsError::ReadOnlyFs => NtStatus::ACCESS_DENIED,
+        VfsError::NoSpace => NtStatus::DISK_FULL,
+        VfsError::NameInvalid => NtStatus::OBJECT_NAME_INVALID,
+        VfsError::Busy => NtStatus::SHARING_VIOLATION,
+        VfsError::InvalidParameter => NtStatus::INVALID_PARAMETER,
+        _ => NtStatus::UNSUCCESSFUL,
+    }
+}
+
+pub fn sharing_status(e: &SharingError) -> NtStatus {
+    match e {
+        SharingError::Violation => NtStatus::SHARING_VIOLATION,
+        SharingError::DeletePending => NtStatus::DELETE_PENDING,
+        SharingError::Store(err) => {
+            tracing::error!("state store: {err}");
+            NtStatus::INSUFFICIENT_RESOURCES
+        }
+    }
+}

@@ -1,0 +1,88 @@
+//! Translates POSIX metadata into the SMB view of a file.
+
+use nimbus_vfs::{FsStat, Stat, Timespec};
+use nimbus_wire::create::FileTimesAndSizes;
+use nimbus_wire::fscc::{attributes, fs_attributes, unix_to_filetime, FileInfo, VolumeInfo};
+
+fn ft(t: Timespec) -> u64 {
+    unix_to_filetime(t.sec, t.nsec)
+}
+
+/// FILE_ATTRIBUTE_READONLY stands for "nobody may write": no write bit set.
+pub fn is_readonly(mode: u32) -> bool {
+    mode & 0o222 == 0
+}
+
+pub fn attributes_of(st: &Stat) -> u32 {
+    let mut a = 0;
+    if st.is_dir {
+        a |= attributes::DIRECTORY;
+    } else {
+        a |= attributes::ARCHIVE;
+    }
+    if is_readonly(st.mode) {
+        a |= attributes::READONLY;
+    }
+    if a == 0 {
+        a = attributes::NORMAL;
+    }
+    a
+}
+
+pub fn file_info(st: &Stat, delete_pending: bool) -> FileInfo {
+    FileInfo {
+        // Without a birth time, the older of mtime and ctime is the best
+        // stand-in: it never claims a file is newer than its content.
+        creation_time: ft(st.btime.unwrap_or(if (st.mtime.sec, st.mtime.nsec) < (st.ctime.sec, st.ctime.nsec) {
+            st.mtime
+        } else {
+            st.ctime
+        })),
+        last_access_time: ft(st.atime),
+        last_write_time: ft(st.mtime),
+        change_time: ft(st.ctime),
+        allocation_size: if st.is_dir { 0 } else { st.alloc_size },
+        end_of_file: if st.is_dir { 0 } else { st.size },
+        attributes: attributes_of(st),
+        number_of_links: st.nlink.min(u32::MAX as u64) as u32,
+        delete_pending,
+        is_directory: st.is_dir,
+        file_id: st.ino,
+        volume_serial: st.dev,
+    }
+}
+
+pub fn times_and_sizes(info: &FileInfo) -> FileTimesAndSizes {
+    FileTimesAndSizes {
+        creation_time: info.creation_time,
+        last_access_time: info.last_access_time,
+        last_write_time: info.last_write_time,
+        change_time: info.change_time,
+        allocation_size: info.allocation_size,
+        end_of_file: info.end_of_file,
+        file_attributes: info.attributes,
+    }
+}
+
+pub fn volume_info(fs: &FsStat, share_name: &str, created: u64) -> VolumeInfo {
+    // Report allocation units of one "sector" of the fs block size, so the
+    // numbers multiply back to the real byte counts.
+    let bytes_per_sector = 512u32;
+    let sectors_per_unit = (fs.block_size / bytes_per_sector as u64).max(1) as u32;
+    VolumeInfo {
+        creation_time: created,
+        serial: (fs.fs_id ^ (fs.fs_id >> 32)) as u32,
+        label: share_name.to_string(),
+        total_units: fs.total_blocks,
+        caller_available_units: fs.avail_blocks,
+        actual_available_units: fs.free_blocks,
+        sectors_per_unit,
+        bytes_per_sector,
+        max_name_len: fs.max_name_len.min(255) as u32,
+        fs_attributes: fs_attributes::CASE_SENSITIVE_SEARCH
+            | fs_attributes::CASE_PRESERVED_NAMES
+            | fs_attributes::UNICODE_ON_DISK
+            | fs_attributes::SUPPORTS_SPARSE_FILES,
+        fs_name: "NTFS".into(),
+    }
+}

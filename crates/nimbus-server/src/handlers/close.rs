@@ -1,0 +1,62 @@
+//! MS-SMB2 3.3.5.10 Receiving an SMB2 CLOSE Request, and the release of an
+//! open (share modes, delete-on-close) that every way of closing shares.
+
+use nimbus_wire::close::{CloseRequest, CloseResponse, FLAG_POSTQUERY_ATTRIB};
+use nimbus_wire::create::FileTimesAndSizes;
+use nimbus_wire::NtStatus;
+
+use super::malformed;
+use crate::dispatch::{Ctx, HandlerResult};
+use crate::fileinfo::{file_info, times_and_sizes};
+use crate::server::Server;
+use crate::session::{lock, Open};
+
+pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
+    let req = CloseRequest::parse(body).map_err(malformed)?;
+    let open = ctx.open(req.file_id)?;
+    lock(&ctx.session()?.opens).remove(&open.volatile_id);
+    let info = if req.flags & FLAG_POSTQUERY_ATTRIB != 0 {
+        match open.handle.stat() {
+            Ok(st) => times_and_sizes(&file_info(&st, false)),
+            Err(_) => FileTimesAndSizes::default(),
+        }
+    } else {
+        FileTimesAndSizes::default()
+    };
+    release(ctx.server, &open);
+    CloseResponse {
+        flags: req.flags & FLAG_POSTQUERY_ATTRIB,
+        info,
+    }
+    .encode(out);
+    Ok(NtStatus::SUCCESS)
+}
+
+/// Drops an open from the share-mode table; when it was the last open of a
+/// delete-pending file, deletes the file.
+pub fn release(server: &Server, open: &Open) {
+    let sm = &server.share_modes;
+    if open.delete_on_close.load(std::sync::atomic::Ordering::SeqCst) {
+        let _ = sm.set_delete_pending(open.file_key, true);
+    }
+    match sm.remove_open(open.file_key, open.open_id) {
+        Ok(true) => delete_file(open),
+        Ok(false) => {}
+        Err(e) => tracing::error!("releasing open {}: {:?}", open.open_id, e),
+    }
+}
+
+fn delete_file(open: &Open) {
+    let Some(fs) = open.share.fs.as_ref() else { return };
+    let path = open.path();
+    // The name may have been renamed by another open since; delete only if
+    // it still names this very file.
+    match fs.stat(&path) {
+        Ok(st) if st.dev == open.file_key.dev && st.ino == open.file_key.ino => {}
+        _ => return,
+    }
+    let r = if open.is_dir { fs.rmdir(&path) } else { fs.unlink(&path) };
+    if let Err(e) = r {
+        tracing::warn!("delete-on-close of {path} failed: {e}");
+    }
+}

@@ -1,0 +1,294 @@
+//! MS-SMB2 3.3.5.9 Receiving an SMB2 CREATE Request.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
+use std::sync::{Arc, Mutex};
+
+use nimbus_state::{FileKey, OpenRecord};
+use nimbus_vfs::{CreateMode, Kind, OpenOptions, Stat, VfsError};
+use nimbus_wire::create::{
+    context_name, create_options as opt, CreateAction, CreateContext, CreateDisposition, CreateRequest,
+    CreateResponse, IMPERSONATION_DELEGATE,
+};
+use nimbus_wire::fscc::{access, attributes};
+use nimbus_wire::{FileId, NtStatus};
+
+use super::malformed;
+use crate::dispatch::{Ctx, HandlerResult};
+use crate::errors::{sharing_status, vfs_status};
+use crate::fileinfo::{file_info, is_readonly, times_and_sizes};
+use crate::names::to_vfs_path;
+use crate::session::{lock, Open};
+
+/// Opens one session may hold; beyond it CREATE fails cleanly instead of
+/// letting one client exhaust the server's file descriptors.
+pub const MAX_OPENS_PER_SESSION: usize = 16384;
+
+pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
+    let req = CreateRequest::parse(body).map_err(malformed)?;
+    let tree = ctx.tree()?.clone();
+    let session = ctx.session()?.clone();
+    let share = tree.share.clone();
+    let Some(fs) = share.fs.as_ref() else {
+        // IPC$ serves no named pipes (no RPC services yet).
+        return Err(NtStatus::OBJECT_NAME_NOT_FOUND);
+    };
+    if req.impersonation_level > IMPERSONATION_DELEGATE {
+        return Err(NtStatus::BAD_IMPERSONATION_LEVEL);
+    }
+    let options = req.create_options;
+    if options & !opt::VALID_MASK != 0 {
+        return Err(NtStatus::INVALID_PARAMETER);
+    }
+    let disposition = CreateDisposition::from_u32(req.create_disposition).ok_or(NtStatus::INVALID_PARAMETER)?;
+    let want_dir = options & opt::DIRECTORY_FILE != 0;
+    let want_file = options & opt::NON_DIRECTORY_FILE != 0;
+    if want_dir && want_file {
+        return Err(NtStatus::INVALID_PARAMETER);
+    }
+    if req.file_attributes & !(attributes::SETTABLE | attributes::DIRECTORY) != 0 {
+        return Err(NtStatus::INVALID_PARAMETER);
+    }
+    let truncating = matches!(
+        disposition,
+        CreateDisposition::Supersede | CreateDisposition::Overwrite | CreateDisposition::OverwriteIf
+    );
+    if want_dir && truncating {
+        return Err(NtStatus::INVALID_PARAMETER);
+    }
+    let desired = access::map_generic(req.desired_access);
+    if desired & access::ACCESS_SYSTEM_SECURITY != 0 {
+        return Err(NtStatus::PRIVILEGE_NOT_HELD);
+    }
+    let delete_on_close = options & opt::DELETE_ON_CLOSE != 0;
+    if delete_on_close && desired & (access::DELETE | access::MAXIMUM_ALLOWED) == 0 {
+        return Err(NtStatus::ACCESS_DENIED);
+    }
+    if options & opt::OPEN_BY_FILE_ID != 0 {
+        return Err(NtStatus::NOT_SUPPORTED);
+    }
+    if lock(&session.opens).len() >= MAX_OPENS_PER_SESSION {
+        return Err(NtStatus::INSUFFICIENT_RESOURCES);
+    }
+    for c in &req.contexts {
+        match c.name.as_slice() {
+            // Previous versions (snapshots) are not served.
+            context_name::TIMEWARP_TOKEN => return Err(NtStatus::OBJECT_NAME_NOT_FOUND),
+            context_name::EA_BUFFER if !c.data.is_empty() => return Err(NtStatus::EAS_NOT_SUPPORTED),
+            _ => {}
+        }
+    }
+    let path = to_vfs_path(&req.name)?;
+
+    let existing = match fs.stat(&path) {
+        Ok(st) => Some(st),
+        Err(VfsError::NotFound) => None,
+        Err(e) => return Err(vfs_status(&e)),
+    };
+    if let Some(st) = &existing {
+        if st.is_dir && want_file {
+            return Err(NtStatus::FILE_IS_A_DIRECTORY);
+        }
+        if !st.is_dir && want_dir {
+            return Err(NtStatus::NOT_A_DIRECTORY);
+        }
+        if disposition == CreateDisposition::Create {
+            return Err(NtStatus::OBJECT_NAME_COLLISION);
+        }
+        if st.is_dir && truncating {
+            return Err(NtStatus::FILE_IS_A_DIRECTORY);
+        }
+    } else if matches!(disposition, CreateDisposition::Open | CreateDisposition::Overwrite) {
+        return Err(NtStatus::OBJECT_NAME_NOT_FOUND);
+    }
+    let creating = existing.is_none();
+    let is_dir = existing.as_ref().map(|s| s.is_dir).unwrap_or(want_dir);
+    let readonly_attr = match &existing {
+        Some(st) => is_readonly(st.mode),
+        None => req.file_attributes & attributes::READONLY != 0,
+    };
+
+    // Access: what was asked (MAXIMUM_ALLOWED: all the tree allows), never
+    // more than the tree allows, and no data writes to a read-only file.
+    let write_rights = access::FILE_WRITE_DATA | access::FILE_APPEND_DATA;
+    let max = tree.maximal_access;
+    let mut granted = if desired & access::MAXIMUM_ALLOWED != 0 {
+        let mut g = (desired & !access::MAXIMUM_ALLOWED) | max;
+        if readonly_attr && !creating && !is_dir {
+            g &= !write_rights;
+        }
+        g
+    } else {
+        desired
+    };
+    if granted & !max != 0 || (share.read_only && (creating || truncating)) {
+        return Err(NtStatus::ACCESS_DENIED);
+    }
+    if readonly_attr && !creating && !is_dir {
+        if granted & write_rights != 0 || truncating {
+            return Err(NtStatus::ACCESS_DENIED);
+        }
+        if delete_on_close {
+            return Err(NtStatus::CANNOT_DELETE);
+        }
+    }
+    if is_dir {
+        // Data rights mean nothing on a directory; keep them for sharing only.
+        granted &= !access::SYNCHRONIZE;
+    }
+
+    let open_id = ctx.server.new_open_id();
+    let record = OpenRecord {
+        open_id,
+        access: granted,
+        share_access: req.share_access & 0x7,
+    };
+    // Check sharing before touching an existing file, so an overwrite never
+    // truncates a file another client holds without write sharing.
+    let mut registered = None;
+    if let Some(st) = &existing {
+        let key = FileKey { dev: st.dev, ino: st.ino };
+        ctx.server.share_modes.add_open(key, record).map_err(|e| sharing_status(&e))?;
+        registered = Some(key);
+    }
+    let unregister = |key: FileKey| {
+        let _ = ctx.server.share_modes.remove_open(key, open_id);
+    };
+
+    let mode = match (&existing, truncating) {
+        (Some(_), true) => CreateMode::TruncateExisting,
+        (Some(_), false) => CreateMode::OpenExisting,
+        (None, _) => CreateMode::CreateNew,
+    };
+    let kind = if is_dir {
+        Kind::Directory
+    } else if creating || want_file {
+        Kind::File
+    } else {
+        Kind::Any
+    };
+    let perm = match (is_dir, readonly_attr) {
+        (true, _) => 0o755,
+        (false, true) => 0o444,
+        (false, false) => 0o644,
+    };
+    let opts = OpenOptions {
+        read: granted & (access::FILE_READ_DATA | access::FILE_EXECUTE) != 0,
+        write: granted & write_rights != 0,
+        mode,
+        kind,
+        perm,
+    };
+    let (handle, st, created) = match fs.open(&path, &opts) {
+        Ok(r) => r,
+        Err(e) => {
+            if let Some(key) = registered {
+                unregister(key);
+            }
+            return Err(match e {
+                // Lost a race with another creator.
+                VfsError::Exists if creating && disposition != CreateDisposition::Create => NtStatus::SHARING_VIOLATION,
+                e => vfs_status(&e),
+            });
+        }
+    };
+    let key = FileKey { dev: st.dev, ino: st.ino };
+    if registered.is_none() {
+        ctx.server.share_modes.add_open(key, record).map_err(|e| sharing_status(&e))?;
+    } else if registered != Some(key) {
+        // The name now refers to another file than the one checked.
+        unregister(registered.unwrap_or(key));
+        ctx.server.share_modes.add_open(key, record).map_err(|e| sharing_status(&e))?;
+    }
+
+    let contexts = response_contexts(&req.contexts, &st, granted, max, &handle, created);
+
+    let file_id = FileId {
+        persistent: open_id,
+        volatile: open_id,
+    };
+    let info = file_info(&st, false);
+    let open = Arc::new(Open {
+        volatile_id: open_id,
+        open_id,
+        tree_id: tree.id,
+        share: share.clone(),
+        handle,
+        path: Mutex::new(path),
+        is_dir: st.is_dir,
+        access: granted,
+        file_key: key,
+        delete_on_close: AtomicBool::new(delete_on_close),
+        position: AtomicU64::new(0),
+        mode: AtomicU32::new(options & (opt::WRITE_THROUGH | opt::SEQUENTIAL_ONLY | opt::NO_INTERMEDIATE_BUFFERING | opt::SYNCHRONOUS_IO_ALERT | opt::SYNCHRONOUS_IO_NONALERT | opt::DELETE_ON_CLOSE)),
+        dir_enum: Mutex::new(None),
+    });
+    lock(&session.opens).insert(open_id, open);
+    ctx.chain_file_id = Some(file_id);
+    let create_action = if created {
+        CreateAction::Created
+    } else {
+        match disposition {
+            CreateDisposition::Supersede => CreateAction::Superseded,
+            CreateDisposition::Overwrite | CreateDisposition::OverwriteIf => CreateAction::Overwritten,
+            _ => CreateAction::Opened,
+        }
+    };
+    CreateResponse {
+        oplock_level: 0,
+        create_action,
+        info: times_and_sizes(&info),
+        file_id,
+        contexts,
+    }
+    .encode(out);
+    Ok(NtStatus::SUCCESS)
+}
+
+/// Answers the create contexts the server implements (MS-SMB2 2.2.14.2);
+/// the others (durable handles, leases, security descriptors) are ignored
+/// as MS-SMB2 3.3.5.9 allows, which tells the client they were not granted.
+fn response_contexts(
+    requested: &[CreateContext],
+    st: &Stat,
+    granted: u32,
+    max: u32,
+    handle: &nimbus_vfs::FileHandle,
+    created: bool,
+) -> Vec<CreateContext> {
+    let mut out = Vec::new();
+    for c in requested {
+        match c.name.as_slice() {
+            context_name::QUERY_MAXIMAL_ACCESS => {
+                let mut data = Vec::with_capacity(8);
+                data.extend_from_slice(&0u32.to_le_bytes());
+                let maximal = if is_readonly(st.mode) && !st.is_dir {
+                    max & !(access::FILE_WRITE_DATA | access::FILE_APPEND_DATA)
+                } else {
+                    max
+                };
+                data.extend_from_slice(&(maximal | granted).to_le_bytes());
+                out.push(CreateContext {
+                    name: c.name.clone(),
+                    data,
+                });
+            }
+            context_name::QUERY_ON_DISK_ID => {
+                let mut data = Vec::with_capacity(32);
+                data.extend_from_slice(&st.ino.to_le_bytes());
+                data.extend_from_slice(&st.dev.to_le_bytes());
+                data.extend_from_slice(&[0u8; 16]);
+                out.push(CreateContext {
+                    name: c.name.clone(),
+                    data,
+                });
+            }
+            context_name::ALLOCATION_SIZE if created && !st.is_dir => {
+                if let Ok(size) = nimbus_wire::fscc::parse_u64(&c.data) {
+                    let _ = handle.allocate(size);
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}

@@ -1,0 +1,76 @@
+//! MS-SMB2 3.3.5.15 Receiving an SMB2 IOCTL Request.
+
+use nimbus_wire::ioctl::{
+    ctl_code, encode_ioctl_response, encode_network_interfaces, encode_validate_negotiate_response, IoctlRequest,
+    NetworkInterface, ValidateNegotiateInfo, IOCTL_IS_FSCTL,
+};
+use nimbus_wire::negotiate::Dialect;
+use nimbus_wire::NtStatus;
+
+use super::{check_credit_charge, malformed};
+use crate::dispatch::{Ctx, HandlerResult};
+
+pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
+    let req = IoctlRequest::parse(body).map_err(malformed)?;
+    if req.flags != IOCTL_IS_FSCTL {
+        return Err(NtStatus::NOT_SUPPORTED);
+    }
+    check_credit_charge(ctx, req.input.len().max(req.max_output_response as usize).min(u32::MAX as usize) as u32)?;
+    let mut output = Vec::new();
+    match req.ctl_code {
+        ctl_code::FSCTL_VALIDATE_NEGOTIATE_INFO => validate_negotiate(ctx, req.input, &mut output)?,
+        ctl_code::FSCTL_QUERY_NETWORK_INTERFACE_INFO => {
+            encode_network_interfaces(
+                &mut output,
+                &[NetworkInterface {
+                    if_index: 1,
+                    capability: 0,
+                    link_speed: 10_000_000_000,
+                    addr: ctx.conn.local.ip(),
+                }],
+            );
+        }
+        // Not a DFS server: clients then use the path as it is.
+        ctl_code::FSCTL_DFS_GET_REFERRALS => return Err(NtStatus::NOT_FOUND),
+        // No named pipes are served on IPC$.
+        ctl_code::FSCTL_PIPE_TRANSCEIVE => return Err(NtStatus::NOT_SUPPORTED),
+        _ => return Err(NtStatus::INVALID_DEVICE_REQUEST),
+    }
+    if output.len() > req.max_output_response as usize {
+        return Err(NtStatus::BUFFER_TOO_SMALL);
+    }
+    encode_ioctl_response(out, req.ctl_code, req.file_id, &output);
+    Ok(NtStatus::SUCCESS)
+}
+
+/// MS-SMB2 3.3.5.15.12: the client proves the NEGOTIATE was not tampered
+/// with; any mismatch means a downgrade attack and ends the connection.
+fn validate_negotiate(ctx: &mut Ctx<'_>, input: &[u8], output: &mut Vec<u8>) -> Result<(), NtStatus> {
+    let neg = ctx.conn.negotiated().ok_or(NtStatus::INVALID_PARAMETER)?;
+    let Ok(v) = ValidateNegotiateInfo::parse(input) else {
+        ctx.disconnect = true;
+        return Err(NtStatus::INVALID_PARAMETER);
+    };
+    let mut ours = neg.client_dialects.clone();
+    let mut theirs = v.dialects.clone();
+    ours.sort_unstable();
+    theirs.sort_unstable();
+    let ok = neg.dialect != Dialect::Smb202
+        && v.guid == neg.client_guid
+        && v.security_mode == neg.client_security_mode
+        && v.capabilities == neg.client_capabilities
+        && ours == theirs;
+    if !ok {
+        tracing::warn!("{}: VALIDATE_NEGOTIATE_INFO mismatch; closing connection", ctx.conn.peer);
+        ctx.disconnect = true;
+        return Err(NtStatus::ACCESS_DENIED);
+    }
+    encode_validate_negotiate_response(
+        output,
+        neg.server_capabilities,
+        &ctx.server.guid,
+        neg.server_security_mode,
+        neg.dialect as u16,
+    );
+    Ok(())
+}

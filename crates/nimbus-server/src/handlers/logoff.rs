@@ -1,0 +1,31 @@
+//! MS-SMB2 3.3.5.6 Receiving an SMB2 LOGOFF Request, and the release of a
+//! session's trees and opens that logoff, disconnect and teardown share.
+
+use nimbus_wire::simple::{encode_empty, parse_empty};
+use nimbus_wire::NtStatus;
+
+use super::malformed;
+use crate::dispatch::{Ctx, HandlerResult};
+use crate::server::Server;
+use crate::session::{lock, Session, SessionState};
+
+pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
+    parse_empty(body).map_err(malformed)?;
+    let session = ctx.session()?.clone();
+    lock(&ctx.conn.sessions).remove(&session.id);
+    if let SessionState::Valid(auth) = &*lock(&session.state) {
+        tracing::info!("session logoff: user {} from {}", auth.user, ctx.conn.peer);
+    }
+    close_session(ctx.server, &session);
+    encode_empty(out);
+    Ok(NtStatus::SUCCESS)
+}
+
+/// Closes every open of the session and forgets its trees.
+pub fn close_session(server: &Server, session: &Session) {
+    let opens: Vec<_> = lock(&session.opens).drain().map(|(_, o)| o).collect();
+    for open in opens {
+        super::close::release(server, &open);
+    }
+    lock(&session.trees).clear();
+}

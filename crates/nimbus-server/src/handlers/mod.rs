@@ -1,0 +1,41 @@
+//! One module per SMB2 command. Each handler parses its request body,
+//! checks it, acts through the VFS and state services, and appends its
+//! response body, or returns the NTSTATUS to fail with.
+
+pub mod close;
+pub mod create;
+pub mod echo;
+pub mod flush;
+pub mod ioctl;
+pub mod logoff;
+pub mod negotiate;
+pub mod query_directory;
+pub mod query_info;
+pub mod read;
+pub mod session_setup;
+pub mod set_info;
+pub mod tree_connect;
+pub mod write;
+
+use nimbus_wire::{NtStatus, WireError};
+
+/// Malformed request bodies are STATUS_INVALID_PARAMETER (MS-SMB2 3.3.5.2.6).
+pub fn malformed(_: WireError) -> NtStatus {
+    NtStatus::INVALID_PARAMETER
+}
+
+/// MS-SMB2 3.3.5.2.5: a request moving `len` bytes must be charged one
+/// credit per 64 KiB, and never exceed the negotiated maximum.
+pub fn check_credit_charge(ctx: &crate::dispatch::Ctx<'_>, len: u32) -> Result<(), NtStatus> {
+    let neg = ctx.conn.negotiated().ok_or(NtStatus::INVALID_PARAMETER)?;
+    if len > neg.max_io {
+        return Err(NtStatus::INVALID_PARAMETER);
+    }
+    if neg.dialect != nimbus_wire::negotiate::Dialect::Smb202 {
+        let needed = (len.max(1) as u64).div_ceil(65536);
+        if (ctx.hdr.credit_charge.max(1) as u64) < needed {
+            return Err(NtStatus::INVALID_PARAMETER);
+        }
+    }
+    Ok(())
+}

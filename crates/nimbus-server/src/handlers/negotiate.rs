@@ -1,0 +1,177 @@
+//! MS-SMB2 3.3.5.4 Receiving an SMB2 NEGOTIATE Request (and 3.3.5.3.1, the
+//! SMB1 multi-protocol negotiate that upgrades to SMB2).
+
+use std::sync::Arc;
+
+use nimbus_crypto::SigningAlgorithm;
+use nimbus_wire::negotiate::{
+    capabilities, context_type, id_list_context, parse_id_list, security_mode, Dialect,
+    NegotiateRequest, NegotiateResponse, PreauthIntegrity, DIALECT_WILDCARD, HASH_SHA512,
+};
+use nimbus_wire::NtStatus;
+
+use super::malformed;
+use crate::config::SigningPolicy;
+use crate::connection::{Connection, Negotiated, MAX_IO_SIZE};
+use crate::dispatch::{Ctx, HandlerResult};
+use crate::server::now_filetime;
+use crate::session::lock;
+
+/// Signing algorithms offered to 3.1.1 clients, most preferred first: GMAC
+/// is parallel and far faster than CMAC on AES-NI hardware.
+const SIGNING_PREFERENCE: [SigningAlgorithm; 3] = [
+    SigningAlgorithm::AesGmac,
+    SigningAlgorithm::AesCmac,
+    SigningAlgorithm::HmacSha256,
+];
+
+fn server_security_mode(conn: &Connection) -> u16 {
+    match conn.server.config.signing {
+        SigningPolicy::Required => security_mode::SIGNING_ENABLED | security_mode::SIGNING_REQUIRED,
+        SigningPolicy::Auto => security_mode::SIGNING_ENABLED,
+    }
+}
+
+fn max_io(dialect: Dialect) -> u32 {
+    // 2.0.2 has no multi-credit requests, so 64 KiB is its limit.
+    if dialect == Dialect::Smb202 {
+        65536
+    } else {
+        MAX_IO_SIZE
+    }
+}
+
+fn response(conn: &Connection, dialect: u16, capabilities: u32, max: u32) -> NegotiateResponse {
+    NegotiateResponse {
+        security_mode: server_security_mode(conn),
+        dialect,
+        server_guid: conn.server.guid,
+        capabilities,
+        max_transact_size: max,
+        max_read_size: max,
+        max_write_size: max,
+        system_time: now_filetime(),
+        server_start_time: 0,
+        security_buffer: conn.server.auth.negotiate_token(),
+        contexts: Vec::new(),
+    }
+}
+
+pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
+    if ctx.conn.negotiated().is_some() {
+        // MS-SMB2 3.3.5.4: a second NEGOTIATE on a connection is a violation.
+        tracing::warn!("{}: second NEGOTIATE; closing", ctx.conn.peer);
+        ctx.disconnect = true;
+        return Err(NtStatus::INVALID_PARAMETER);
+    }
+    let req = NegotiateRequest::parse(body).map_err(malformed)?;
+    let dialect = Dialect::ALL
+        .iter()
+        .rev()
+        .copied()
+        .find(|d| req.dialects.contains(&(*d as u16)))
+        .ok_or_else(|| {
+            tracing::info!("{}: no common dialect in {:x?}", ctx.conn.peer, req.dialects);
+            NtStatus::NOT_SUPPORTED
+        })?;
+    let mut signing_algorithm = if dialect.is_smb3() {
+        SigningAlgorithm::AesCmac
+    } else {
+        SigningAlgorithm::HmacSha256
+    };
+    let mut resp_contexts = Vec::new();
+    if dialect == Dialect::Smb311 {
+        let count = |t| req.contexts.iter().filter(|c| c.context_type == t).count();
+        if count(context_type::PREAUTH_INTEGRITY_CAPABILITIES) != 1
+            || count(context_type::ENCRYPTION_CAPABILITIES) > 1
+            || count(context_type::SIGNING_CAPABILITIES) > 1
+            || count(context_type::COMPRESSION_CAPABILITIES) > 1
+        {
+            return Err(NtStatus::INVALID_PARAMETER);
+        }
+        let mut salt = vec![0u8; 32];
+        ctx.server.provider.fill_random(&mut salt);
+        for c in &req.contexts {
+            match c.context_type {
+                context_type::PREAUTH_INTEGRITY_CAPABILITIES => {
+                    let p = PreauthIntegrity::parse(&c.data).map_err(malformed)?;
+                    if !p.hash_algorithms.contains(&HASH_SHA512) {
+                        return Err(NtStatus::NO_PREAUTH_INTEGRITY_HASH_OVERLAP);
+                    }
+                    resp_contexts.push(
+                        PreauthIntegrity {
+                            hash_algorithms: vec![HASH_SHA512],
+                            salt: salt.clone(),
+                        }
+                        .to_context(),
+                    );
+                }
+                context_type::ENCRYPTION_CAPABILITIES => {
+                    parse_id_list(&c.data).map_err(malformed)?;
+                    // No cipher is offered until SMB3 encryption lands: a
+                    // cipher id of 0 tells the client there is no common one.
+                    resp_contexts.push(id_list_context(context_type::ENCRYPTION_CAPABILITIES, &[0]));
+                }
+                context_type::SIGNING_CAPABILITIES => {
+                    let offered = parse_id_list(&c.data).map_err(malformed)?;
+                    if let Some(alg) = SIGNING_PREFERENCE.iter().find(|a| offered.contains(&a.id())) {
+                        signing_algorithm = *alg;
+                        resp_contexts.push(id_list_context(context_type::SIGNING_CAPABILITIES, &[alg.id()]));
+                    }
+                }
+                // Unknown contexts are ignored (MS-SMB2 3.3.5.4).
+                _ => {}
+            }
+        }
+        let mut p = lock(&ctx.conn.preauth);
+        *p = ctx.server.provider.sha512(&[&[0u8; 64], ctx.msg]);
+    }
+    let mut caps = 0;
+    if dialect != Dialect::Smb202 {
+        caps |= capabilities::LARGE_MTU;
+    }
+    let max = max_io(dialect);
+    let mut resp = response(ctx.conn, dialect as u16, caps, max);
+    resp.contexts = resp_contexts;
+    resp.encode(out);
+    *lock(&ctx.conn.negotiated) = Some(Arc::new(Negotiated {
+        dialect,
+        client_guid: req.client_guid,
+        client_security_mode: req.security_mode,
+        client_capabilities: req.capabilities,
+        client_dialects: req.dialects,
+        server_security_mode: resp.security_mode,
+        server_capabilities: caps,
+        signing_algorithm,
+        max_io: max,
+    }));
+    tracing::debug!("{}: negotiated {:?}, signing {:?}", ctx.conn.peer, dialect, signing_algorithm);
+    Ok(NtStatus::SUCCESS)
+}
+
+/// Answers an SMB1 negotiate that offers SMB2: with the wildcard 0x02FF the
+/// client follows up with a real SMB2 NEGOTIATE; with only "SMB 2.002" the
+/// connection is settled on 2.0.2 now.
+pub fn smb1_upgrade(conn: &Arc<Connection>, wildcard: bool, out: &mut Vec<u8>) -> NtStatus {
+    let dialect = if wildcard {
+        DIALECT_WILDCARD
+    } else {
+        Dialect::Smb202 as u16
+    };
+    let max = max_io(Dialect::Smb202);
+    response(conn, dialect, 0, max).encode(out);
+    if !wildcard {
+        *lock(&conn.negotiated) = Some(Arc::new(Negotiated {
+            dialect: Dialect::Smb202,
+            client_guid: [0; 16],
+            client_security_mode: 0,
+            client_capabilities: 0,
+            client_dialects: vec![Dialect::Smb202 as u16],
+            server_security_mode: server_security_mode(conn),
+            server_capabilities: 0,
+            signing_algorithm: SigningAlgorithm::HmacSha256,
+            max_io: max,
+        }));
+    }
+    NtStatus::SUCCESS
+}

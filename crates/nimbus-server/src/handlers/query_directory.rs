@@ -1,0 +1,148 @@
+//! MS-SMB2 3.3.5.18 Receiving an SMB2 QUERY_DIRECTORY Request.
+
+use nimbus_vfs::{DirEntry, Stat};
+use nimbus_wire::codec::{Put, HEADER_SIZE};
+use nimbus_wire::fscc::{access, encode_directory_entry, is_directory_class, DirectoryEntry};
+use nimbus_wire::query_directory::{flags, QueryDirectoryRequest};
+use nimbus_wire::NtStatus;
+
+use super::{check_credit_charge, malformed};
+use crate::dispatch::{Ctx, HandlerResult};
+use crate::errors::vfs_status;
+use crate::fileinfo::file_info;
+use crate::names::{has_wildcards, join, parent, wildcard_match};
+use crate::session::{lock, DirEnum, Open};
+
+pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
+    let req = QueryDirectoryRequest::parse(body).map_err(malformed)?;
+    let open = ctx.open(req.file_id)?;
+    if !open.is_dir {
+        return Err(NtStatus::INVALID_PARAMETER);
+    }
+    if !is_directory_class(req.info_class) {
+        return Err(NtStatus::INVALID_INFO_CLASS);
+    }
+    if open.access & access::FILE_READ_DATA == 0 {
+        return Err(NtStatus::ACCESS_DENIED);
+    }
+    check_credit_charge(ctx, req.output_buffer_length)?;
+    let limit = req.output_buffer_length as usize;
+
+    let mut guard = lock(&open.dir_enum);
+    let restart = req.flags & (flags::RESTART_SCANS | flags::REOPEN) != 0 || guard.is_none();
+    if restart {
+        let pattern = if req.pattern.is_empty() { "*".to_string() } else { req.pattern.clone() };
+        let entries = list(&open, &pattern)?;
+        *guard = Some(DirEnum {
+            pattern,
+            entries,
+            pos: 0,
+        });
+    }
+    let Some(en) = guard.as_mut() else {
+        return Err(NtStatus::INVALID_PARAMETER);
+    };
+
+    // The response body: StructureSize, OutputBufferOffset, OutputBufferLength.
+    let head = out.len();
+    out.put_u16(9);
+    out.put_u16((HEADER_SIZE + 8) as u16);
+    out.put_u32(0);
+    let data_start = out.len();
+    let mut last_entry: Option<usize> = None;
+    let mut count = 0usize;
+    while en.pos < en.entries.len() {
+        let e = &en.entries[en.pos];
+        let entry_start = if let Some(_) = last_entry {
+            // Entries are 8-byte aligned from the start of the buffer.
+            let aligned = data_start + (out.len() - data_start).next_multiple_of(8);
+            aligned
+        } else {
+            data_start
+        };
+        let before = out.len();
+        out.resize(entry_start, 0);
+        let info = file_info(&e.stat, false);
+        encode_directory_entry(
+            req.info_class,
+            &DirectoryEntry {
+                name: &e.name,
+                info: &info,
+            },
+            out,
+        );
+        if out.len() - data_start > limit {
+            out.truncate(before);
+            break;
+        }
+        if let Some(prev) = last_entry {
+            let next = (entry_start - prev) as u32;
+            out[prev..prev + 4].copy_from_slice(&next.to_le_bytes());
+        }
+        last_entry = Some(entry_start);
+        en.pos += 1;
+        count += 1;
+        if req.flags & flags::RETURN_SINGLE_ENTRY != 0 {
+            break;
+        }
+    }
+    if count == 0 {
+        out.truncate(head);
+        if en.pos < en.entries.len() {
+            // Not even one entry fits the client's buffer.
+            return Err(NtStatus::INFO_LENGTH_MISMATCH);
+        }
+        return Err(if restart && en.entries.is_empty() {
+            NtStatus::NO_SUCH_FILE
+        } else {
+            NtStatus::NO_MORE_FILES
+        });
+    }
+    let len = (out.len() - data_start) as u32;
+    out[head + 4..head + 8].copy_from_slice(&len.to_le_bytes());
+    Ok(NtStatus::SUCCESS)
+}
+
+/// The entries of a directory that match `pattern`, "." and ".." first.
+fn list(open: &Open, pattern: &str) -> Result<Vec<DirEntry>, NtStatus> {
+    let fs = open.share.fs.as_ref().ok_or(NtStatus::INVALID_PARAMETER)?;
+    let dir = open.path();
+    let mut out = Vec::new();
+    if !has_wildcards(pattern) {
+        // An exact name: try it as spelled, then case-insensitively.
+        if pattern == "." || pattern == ".." {
+            out.extend(dot_entries(open, fs, &dir).into_iter().filter(|e| e.name == pattern));
+            return Ok(out);
+        }
+        if let Ok(stat) = fs.stat(&join(&dir, pattern)) {
+            out.push(DirEntry {
+                name: pattern.to_string(),
+                stat,
+            });
+            return Ok(out);
+        }
+    }
+    out.extend(dot_entries(open, fs, &dir).into_iter().filter(|e| wildcard_match(pattern, &e.name)));
+    let entries = open.handle.read_dir().map_err(|e| vfs_status(&e))?;
+    out.extend(entries.into_iter().filter(|e| wildcard_match(pattern, &e.name)));
+    Ok(out)
+}
+
+fn dot_entries(open: &Open, fs: &nimbus_vfs::LocalFs, dir: &str) -> Vec<DirEntry> {
+    let mut v = Vec::with_capacity(2);
+    let this: Option<Stat> = open.handle.stat().ok();
+    if let Some(stat) = this.clone() {
+        v.push(DirEntry {
+            name: ".".into(),
+            stat,
+        });
+    }
+    let up = if dir.is_empty() { this } else { fs.stat(parent(dir)).ok() };
+    if let Some(stat) = up {
+        v.push(DirEntry {
+            name: "..".into(),
+            stat,
+        });
+    }
+    v
+}

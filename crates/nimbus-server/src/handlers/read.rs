@@ -1,0 +1,43 @@
+//! MS-SMB2 3.3.5.12 Receiving an SMB2 READ Request. The file is read
+//! straight into the response buffer after the 16-byte READ body: no copy.
+
+use nimbus_wire::fscc::access;
+use nimbus_wire::read::{encode_read_response_head, ReadRequest, READ_RESPONSE_FIXED};
+use nimbus_wire::NtStatus;
+
+use super::{check_credit_charge, malformed};
+use crate::dispatch::{Ctx, HandlerResult};
+use crate::errors::vfs_status;
+
+pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
+    let req = ReadRequest::parse(body).map_err(malformed)?;
+    let open = ctx.open(req.file_id)?;
+    if open.is_dir {
+        return Err(NtStatus::INVALID_DEVICE_REQUEST);
+    }
+    if open.access & (access::FILE_READ_DATA | access::FILE_EXECUTE) == 0 {
+        return Err(NtStatus::ACCESS_DENIED);
+    }
+    check_credit_charge(ctx, req.length)?;
+    if req.offset > i64::MAX as u64 {
+        return Err(NtStatus::INVALID_PARAMETER);
+    }
+    let head = out.len();
+    encode_read_response_head(out, 0);
+    let data_start = head + READ_RESPONSE_FIXED;
+    out.resize(data_start + req.length as usize, 0);
+    let n = match open.handle.read_at(&mut out[data_start..], req.offset) {
+        Ok(n) => n,
+        Err(e) => {
+            out.truncate(head);
+            return Err(vfs_status(&e));
+        }
+    };
+    out.truncate(data_start + n);
+    if (n == 0 && req.length > 0) || (n as u64) < req.minimum_count as u64 {
+        out.truncate(head);
+        return Err(NtStatus::END_OF_FILE);
+    }
+    out[head + 4..head + 8].copy_from_slice(&(n as u32).to_le_bytes());
+    Ok(NtStatus::SUCCESS)
+}

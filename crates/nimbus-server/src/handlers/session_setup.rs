@@ -1,0 +1,127 @@
+//! MS-SMB2 3.3.5.5 Receiving an SMB2 SESSION_SETUP Request: runs the
+//! SPNEGO/NTLM exchange, folds each request (and each non-final response,
+//! in dispatch) into the 3.1.1 preauth hash, and derives the signing key.
+
+use std::sync::Arc;
+
+use nimbus_auth::{AuthError, AuthStep};
+use nimbus_wire::negotiate::{security_mode, Dialect};
+use nimbus_wire::session_setup::{session_flags, SessionSetupRequest, SessionSetupResponse, FLAG_BINDING};
+use nimbus_wire::NtStatus;
+
+use super::malformed;
+use crate::config::SigningPolicy;
+use crate::dispatch::{Ctx, HandlerResult};
+use crate::security::session_signer;
+use crate::session::{lock, Authenticated, Session, SessionState};
+
+pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
+    let req = SessionSetupRequest::parse(body).map_err(malformed)?;
+    let neg = ctx.conn.negotiated().ok_or(NtStatus::INVALID_PARAMETER)?;
+    if req.flags & FLAG_BINDING != 0 {
+        // Multichannel binding is not offered (no MULTI_CHANNEL capability).
+        return Err(NtStatus::REQUEST_NOT_ACCEPTED);
+    }
+    let session = match &ctx.session {
+        None => {
+            let id = ctx.server.new_session_id();
+            let preauth = *lock(&ctx.conn.preauth);
+            let s = Arc::new(Session::new(id, ctx.server.auth.start(), preauth));
+            lock(&ctx.conn.sessions).insert(id, s.clone());
+            s
+        }
+        Some(s) => {
+            if s.is_valid() {
+                // Re-authentication of an established session is not
+                // supported yet; the session stays as it was.
+                return Err(NtStatus::REQUEST_NOT_ACCEPTED);
+            }
+            s.clone()
+        }
+    };
+    ctx.response_session_id = session.id;
+    let mut state = lock(&session.state);
+    let SessionState::InProgress { exchange, preauth } = &mut *state else {
+        return Err(NtStatus::REQUEST_NOT_ACCEPTED);
+    };
+    if neg.dialect == Dialect::Smb311 {
+        *preauth = ctx.server.provider.sha512(&[&preauth[..], ctx.msg]);
+    }
+    let step = exchange.step(req.security_buffer);
+    match step {
+        Ok(AuthStep::Continue(token)) => {
+            SessionSetupResponse {
+                session_flags: 0,
+                security_buffer: token,
+            }
+            .encode(out);
+            drop(state);
+            ctx.preauth_session = Some(session);
+            Ok(NtStatus::MORE_PROCESSING_REQUIRED)
+        }
+        Ok(AuthStep::Complete(res)) => {
+            let unauthenticated = res.guest || res.anonymous;
+            let signer = if unauthenticated {
+                None
+            } else {
+                match session_signer(&ctx.server.provider, neg.dialect, neg.signing_algorithm, &res.session_key, preauth) {
+                    Ok(s) => Some(s),
+                    Err(e) => {
+                        tracing::error!("{}: cannot derive signing key: {e}", ctx.conn.peer);
+                        drop(state);
+                        lock(&ctx.conn.sessions).remove(&session.id);
+                        return Err(NtStatus::LOGON_FAILURE);
+                    }
+                }
+            };
+            let signing_required = !unauthenticated
+                && (ctx.server.config.signing == SigningPolicy::Required
+                    || (req.security_mode as u16 | neg.client_security_mode) & security_mode::SIGNING_REQUIRED != 0);
+            let mut flags = 0;
+            if res.anonymous {
+                flags |= session_flags::IS_NULL;
+            } else if res.guest {
+                flags |= session_flags::IS_GUEST;
+            }
+            tracing::info!(
+                "session logon: user {}\\{} from {} ({:?}, signing {})",
+                res.domain,
+                if res.anonymous { "(anonymous)" } else { res.user.as_str() },
+                ctx.conn.peer,
+                neg.dialect,
+                if signer.is_some() { format!("{:?}", neg.signing_algorithm) } else { "off".into() },
+            );
+            let has_signer = signer.is_some();
+            *state = SessionState::Valid(Authenticated {
+                user: res.user,
+                domain: res.domain,
+                guest: unauthenticated,
+                signer,
+                signing_required,
+            });
+            drop(state);
+            SessionSetupResponse {
+                session_flags: flags,
+                security_buffer: res.output,
+            }
+            .encode(out);
+            // The final response proves the key to the client (required for
+            // 3.1.1, where it also seals the preauth hash).
+            if has_signer {
+                ctx.sign_with = Some(session);
+            }
+            Ok(NtStatus::SUCCESS)
+        }
+        Err(e) => {
+            drop(state);
+            lock(&ctx.conn.sessions).remove(&session.id);
+            let status = match &e {
+                AuthError::Malformed(_) => NtStatus::INVALID_PARAMETER,
+                AuthError::NotSupported(_) => NtStatus::NOT_SUPPORTED,
+                _ => NtStatus::LOGON_FAILURE,
+            };
+            tracing::warn!("session logon refused from {}: {e}", ctx.conn.peer);
+            Err(status)
+        }
+    }
+}

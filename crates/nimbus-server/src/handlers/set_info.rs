@@ -1,0 +1,208 @@
+//! MS-SMB2 3.3.5.21 Receiving an SMB2 SET_INFO Request.
+
+use std::sync::atomic::Ordering;
+
+use nimbus_vfs::{Timespec, VfsError};
+use nimbus_wire::codec::{utf16le_to_string, Reader};
+use nimbus_wire::fscc::{access, attributes, file_class, filetime_to_unix, parse_u32, parse_u64, parse_u8, RenameInfo, SetBasicInfo};
+use nimbus_wire::info::{encode_set_info_response, info_type, SetInfoRequest};
+use nimbus_wire::NtStatus;
+
+use super::malformed;
+use crate::dispatch::{Ctx, HandlerResult};
+use crate::errors::{sharing_status, vfs_status};
+use crate::fileinfo::is_readonly;
+use crate::names::to_vfs_path;
+use crate::session::{lock, Open};
+
+/// MS-FSCC 2.4.11 FILE_DISPOSITION_INFORMATION_EX flags.
+const DISPOSITION_EX_DELETE: u32 = 0x1;
+const DISPOSITION_EX_IGNORE_READONLY: u32 = 0x10;
+/// MS-FSCC 2.4.38.2 FILE_RENAME_INFORMATION_EX flags.
+const RENAME_EX_REPLACE_IF_EXISTS: u32 = 0x1;
+
+fn require(open: &Open, rights: u32) -> Result<(), NtStatus> {
+    if open.access & rights == 0 {
+        Err(NtStatus::ACCESS_DENIED)
+    } else {
+        Ok(())
+    }
+}
+
+pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
+    let req = SetInfoRequest::parse(body).map_err(malformed)?;
+    let open = ctx.open(req.file_id)?;
+    match req.info_type {
+        info_type::FILE => set_file_info(ctx, &open, req.info_class, req.buffer)?,
+        // Security descriptors cannot be stored on POSIX modes faithfully,
+        // and quotas are not kept.
+        info_type::SECURITY | info_type::QUOTA => return Err(NtStatus::NOT_SUPPORTED),
+        info_type::FILESYSTEM => return Err(NtStatus::INVALID_INFO_CLASS),
+        _ => return Err(NtStatus::INVALID_PARAMETER),
+    }
+    encode_set_info_response(out);
+    Ok(NtStatus::SUCCESS)
+}
+
+fn to_timespec(ft: u64) -> Option<Timespec> {
+    // 0: leave unchanged; all ones / all ones minus one: stop / resume
+    // automatic updates, which POSIX cannot express, so leave unchanged.
+    if ft == 0 || ft >= u64::MAX - 1 {
+        return None;
+    }
+    let (sec, nsec) = filetime_to_unix(ft);
+    Some(Timespec { sec, nsec })
+}
+
+fn set_file_info(ctx: &mut Ctx<'_>, open: &Open, class: u8, buf: &[u8]) -> Result<(), NtStatus> {
+    let vfs = |e: VfsError| vfs_status(&e);
+    if open.share.read_only && !matches!(class, file_class::POSITION | file_class::MODE) {
+        return Err(NtStatus::ACCESS_DENIED);
+    }
+    match class {
+        file_class::BASIC => {
+            require(open, access::FILE_WRITE_ATTRIBUTES)?;
+            let b = SetBasicInfo::parse(buf).map_err(malformed)?;
+            if b.attributes & !(attributes::SETTABLE | attributes::DIRECTORY) != 0
+                || (!open.is_dir && b.attributes & attributes::DIRECTORY != 0)
+            {
+                return Err(NtStatus::INVALID_PARAMETER);
+            }
+            let (atime, mtime) = (to_timespec(b.last_access_time), to_timespec(b.last_write_time));
+            if atime.is_some() || mtime.is_some() {
+                open.handle.set_times(atime, mtime).map_err(vfs)?;
+            }
+            if b.attributes != 0 {
+                let st = open.handle.stat().map_err(vfs)?;
+                let want_ro = b.attributes & attributes::READONLY != 0;
+                if want_ro != is_readonly(st.mode) {
+                    let mode = if want_ro { st.mode & !0o222 } else { st.mode | 0o200 };
+                    open.handle.set_mode(mode).map_err(vfs)?;
+                }
+            }
+        }
+        file_class::RENAME | file_class::RENAME_EX => {
+            require(open, access::DELETE)?;
+            let (replace, root, name) = if class == file_class::RENAME {
+                let r = RenameInfo::parse(buf).map_err(malformed)?;
+                (r.replace_if_exists, r.root_directory, r.name)
+            } else {
+                let mut r = Reader::new(buf);
+                let flags = r.u32().map_err(malformed)?;
+                let _ = r.u32().map_err(malformed)?;
+                let root = r.u64().map_err(malformed)?;
+                let len = r.u32().map_err(malformed)? as usize;
+                let name = utf16le_to_string(r.bytes(len).map_err(malformed)?).map_err(malformed)?;
+                (flags & RENAME_EX_REPLACE_IF_EXISTS != 0, root, name)
+            };
+            if root != 0 {
+                return Err(NtStatus::INVALID_PARAMETER);
+            }
+            rename(ctx, open, &name, replace)?;
+        }
+        file_class::DISPOSITION | file_class::DISPOSITION_EX => {
+            require(open, access::DELETE)?;
+            let (delete, ignore_ro) = if class == file_class::DISPOSITION {
+                (parse_u8(buf).map_err(malformed)? != 0, false)
+            } else {
+                let f = parse_u32(buf).map_err(malformed)?;
+                (f & DISPOSITION_EX_DELETE != 0, f & DISPOSITION_EX_IGNORE_READONLY != 0)
+            };
+            if delete {
+                let st = open.handle.stat().map_err(vfs)?;
+                if is_readonly(st.mode) && !st.is_dir && !ignore_ro {
+                    return Err(NtStatus::CANNOT_DELETE);
+                }
+                if open.is_dir && !open.handle.read_dir().map_err(vfs)?.is_empty() {
+                    return Err(NtStatus::DIRECTORY_NOT_EMPTY);
+                }
+            }
+            ctx.server
+                .share_modes
+                .set_delete_pending(open.file_key, delete)
+                .map_err(|e| sharing_status(&e))?;
+            if !delete {
+                open.delete_on_close.store(false, Ordering::SeqCst);
+            }
+        }
+        file_class::POSITION => {
+            let pos = parse_u64(buf).map_err(malformed)?;
+            if pos > i64::MAX as u64 {
+                return Err(NtStatus::INVALID_PARAMETER);
+            }
+            open.position.store(pos, Ordering::Relaxed);
+        }
+        file_class::MODE => {
+            // MS-FSCC 2.4.26: only these mode bits may be set.
+            let m = parse_u32(buf).map_err(malformed)?;
+            if m & !0x103E != 0 {
+                return Err(NtStatus::INVALID_PARAMETER);
+            }
+            open.mode.store(m, Ordering::Relaxed);
+        }
+        file_class::END_OF_FILE => {
+            require(open, access::FILE_WRITE_DATA)?;
+            let eof = parse_u64(buf).map_err(malformed)?;
+            if open.is_dir {
+                return Err(NtStatus::INVALID_PARAMETER);
+            }
+            open.handle.set_len(eof).map_err(vfs)?;
+        }
+        file_class::ALLOCATION => {
+            require(open, access::FILE_WRITE_DATA)?;
+            let size = parse_u64(buf).map_err(malformed)?;
+            if open.is_dir {
+                return Err(NtStatus::INVALID_PARAMETER);
+            }
+            let st = open.handle.stat().map_err(vfs)?;
+            // A smaller allocation truncates the file (MS-FSA 2.1.5.15.1).
+            if size < st.size {
+                open.handle.set_len(size).map_err(vfs)?;
+            } else {
+                open.handle.allocate(size).map_err(vfs)?;
+            }
+        }
+        file_class::FULL_EA => return Err(NtStatus::EAS_NOT_SUPPORTED),
+        _ => return Err(NtStatus::INVALID_INFO_CLASS),
+    }
+    Ok(())
+}
+
+/// MS-FSA 2.1.5.15.14 FileRenameInformation, within one share.
+fn rename(ctx: &mut Ctx<'_>, open: &Open, new_name: &str, replace: bool) -> Result<(), NtStatus> {
+    let fs = open.share.fs.as_ref().ok_or(NtStatus::INVALID_PARAMETER)?;
+    let from = open.path();
+    let to = to_vfs_path(new_name)?;
+    if to.is_empty() || from.is_empty() {
+        return Err(NtStatus::ACCESS_DENIED);
+    }
+    if to == from {
+        return Ok(());
+    }
+    let case_only = to.eq_ignore_ascii_case(&from);
+    if !case_only {
+        if let Ok(target) = fs.stat(&to) {
+            if !replace {
+                return Err(NtStatus::OBJECT_NAME_COLLISION);
+            }
+            if target.is_dir {
+                return Err(NtStatus::ACCESS_DENIED);
+            }
+            let key = nimbus_state::FileKey {
+                dev: target.dev,
+                ino: target.ino,
+            };
+            // A file someone holds open cannot be replaced.
+            let rec = ctx.server.share_modes.record(key).map_err(|e| sharing_status(&e))?;
+            if !rec.opens.is_empty() {
+                return Err(NtStatus::ACCESS_DENIED);
+            }
+        }
+    }
+    fs.rename(&from, &to, replace || case_only).map_err(|e| match e {
+        VfsError::Exists => NtStatus::OBJECT_NAME_COLLISION,
+        e => vfs_status(&e),
+    })?;
+    *lock(&open.path) = to;
+    Ok(())
+}

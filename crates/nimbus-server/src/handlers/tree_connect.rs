@@ -1,0 +1,70 @@
+//! MS-SMB2 3.3.5.7 Receiving an SMB2 TREE_CONNECT Request and 3.3.5.8
+//! TREE_DISCONNECT.
+
+use std::sync::Arc;
+
+use nimbus_wire::fscc::access;
+use nimbus_wire::simple::{encode_empty, parse_empty};
+use nimbus_wire::tree_connect::{share_flags, ShareType, TreeConnectRequest, TreeConnectResponse};
+use nimbus_wire::NtStatus;
+
+use super::malformed;
+use crate::dispatch::{Ctx, HandlerResult};
+use crate::session::{lock, SessionState, Tree};
+
+pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
+    let req = TreeConnectRequest::parse(body).map_err(malformed)?;
+    let session = ctx.session()?.clone();
+    let name = req.share_name();
+    let Some(share) = ctx.server.find_share(name) else {
+        tracing::info!("{}: tree connect to unknown share \"{name}\"", ctx.conn.peer);
+        return Err(NtStatus::BAD_NETWORK_NAME);
+    };
+    let guest = matches!(&*lock(&session.state), SessionState::Valid(a) if a.guest);
+    if guest && !share.guest_ok && !share.is_ipc() {
+        tracing::info!("{}: guest refused on share \"{}\"", ctx.conn.peer, share.name);
+        return Err(NtStatus::ACCESS_DENIED);
+    }
+    let maximal_access = if share.read_only || share.is_ipc() {
+        access::FILE_GENERIC_READ | access::FILE_GENERIC_EXECUTE
+    } else {
+        access::FILE_ALL_ACCESS
+    };
+    let id = session.next_tree_id();
+    let share_type = if share.is_ipc() { ShareType::Pipe } else { ShareType::Disk };
+    lock(&session.trees).insert(
+        id,
+        Arc::new(Tree {
+            id,
+            share,
+            maximal_access,
+        }),
+    );
+    TreeConnectResponse {
+        share_type,
+        share_flags: share_flags::MANUAL_CACHING,
+        capabilities: 0,
+        maximal_access,
+    }
+    .encode(out);
+    // The response carries the new tree id in its header.
+    ctx.response_tree_id = Some(id);
+    Ok(NtStatus::SUCCESS)
+}
+
+pub fn handle_disconnect(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
+    parse_empty(body).map_err(malformed)?;
+    let session = ctx.session()?.clone();
+    let tree = ctx.tree()?.clone();
+    lock(&session.trees).remove(&tree.id);
+    let opens: Vec<_> = {
+        let mut table = lock(&session.opens);
+        let ids: Vec<u64> = table.values().filter(|o| o.tree_id == tree.id).map(|o| o.volatile_id).collect();
+        ids.iter().filter_map(|id| table.remove(id)).collect()
+    };
+    for open in opens {
+        super::close::release(ctx.server, &open);
+    }
+    encode_empty(out);
+    Ok(NtStatus::SUCCESS)
+}

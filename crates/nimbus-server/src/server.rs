@@ -1,0 +1,200 @@
+//! The server: shares, services, listeners and the accept loop.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use nimbus_auth::{AuthConfig, Authenticator, UserDb};
+use nimbus_crypto::CryptoProvider;
+use nimbus_state::{MemoryStore, ShareModes};
+use nimbus_vfs::LocalFs;
+use nimbus_wire::fscc::unix_to_filetime;
+use tokio::net::TcpListener;
+
+use crate::config::Config;
+
+/// Why the server could not start; each is one line for the operator.
+#[derive(Debug)]
+pub enum StartError {
+    UserDb(String),
+    Share { name: String, path: String, reason: String },
+    Bind { addr: SocketAddr, reason: String },
+    Runtime(String),
+}
+
+impl std::fmt::Display for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StartError::UserDb(e) => write!(f, "user database: {e}"),
+            StartError::Share { name, path, reason } => {
+                write!(f, "share \"{name}\": path {path}: {reason}")
+            }
+            StartError::Bind { addr, reason } => write!(f, "cannot listen on {addr}: {reason}"),
+            StartError::Runtime(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for StartError {}
+
+pub struct Share {
+    pub name: String,
+    /// None for IPC$, which has no files.
+    pub fs: Option<LocalFs>,
+    pub read_only: bool,
+    pub guest_ok: bool,
+    /// FILETIME reported as the volume's creation time.
+    pub created: u64,
+}
+
+impl Share {
+    pub fn is_ipc(&self) -> bool {
+        self.fs.is_none()
+    }
+}
+
+pub struct Server {
+    pub config: Config,
+    pub provider: Arc<CryptoProvider>,
+    pub auth: Authenticator,
+    pub shares: Vec<Arc<Share>>,
+    pub share_modes: ShareModes,
+    pub guid: [u8; 16],
+    pub start_time: u64,
+    next_session_id: AtomicU64,
+    next_open_id: AtomicU64,
+}
+
+pub fn now_filetime() -> u64 {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    unix_to_filetime(d.as_secs() as i64, d.subsec_nanos())
+}
+
+impl Server {
+    pub fn new(config: Config) -> Result<Arc<Server>, StartError> {
+        let provider = CryptoProvider::default_provider();
+        let users = UserDb::load(&config.user_db).map_err(|e| StartError::UserDb(e.to_string()))?;
+        if users.names().is_empty() && !config.shares.iter().any(|s| s.guest_ok) {
+            tracing::warn!(
+                "user database {} has no users: nobody can log on (add one with `nimbus user add NAME --db {}`)",
+                config.user_db.display(),
+                config.user_db.display()
+            );
+        }
+        let start_time = now_filetime();
+        let mut shares = Vec::new();
+        for s in &config.shares {
+            let fs = LocalFs::new(&s.path).map_err(|e| StartError::Share {
+                name: s.name.clone(),
+                path: s.path.display().to_string(),
+                reason: e.to_string(),
+            })?;
+            shares.push(Arc::new(Share {
+                name: s.name.clone(),
+                fs: Some(fs),
+                read_only: s.read_only,
+                guest_ok: s.guest_ok,
+                created: start_time,
+            }));
+        }
+        shares.push(Arc::new(Share {
+            name: "IPC$".into(),
+            fs: None,
+            read_only: true,
+            guest_ok: false,
+            created: start_time,
+        }));
+        let auth = Authenticator::new(
+            provider.clone(),
+            Arc::new(RwLock::new(users)),
+            AuthConfig {
+                netbios_computer: config.server_name.to_uppercase(),
+                netbios_domain: config.workgroup.to_uppercase(),
+                dns_computer: config.server_name.to_lowercase(),
+                dns_domain: String::new(),
+                allow_guest: config.shares.iter().any(|s| s.guest_ok),
+            },
+        );
+        let mut guid = [0u8; 16];
+        provider.fill_random(&mut guid);
+        Ok(Arc::new(Server {
+            config,
+            provider,
+            auth,
+            shares,
+            share_modes: ShareModes::new(Arc::new(MemoryStore::new())),
+            guid,
+            start_time,
+            next_session_id: AtomicU64::new(1),
+            next_open_id: AtomicU64::new(1),
+        }))
+    }
+
+    pub fn find_share(&self, name: &str) -> Option<Arc<Share>> {
+        self.shares.iter().find(|s| s.name.eq_ignore_ascii_case(name)).cloned()
+    }
+
+    /// Session ids are unpredictable-looking but unique: a counter in the
+    /// low bits, so a client cannot guess another connection's session.
+    pub fn new_session_id(&self) -> u64 {
+        let n = self.next_session_id.fetch_add(1, Ordering::Relaxed);
+        let mut salt = [0u8; 4];
+        self.provider.fill_random(&mut salt);
+        ((u32::from_le_bytes(salt) as u64 | 1) << 32) | (n & 0xFFFF_FFFF)
+    }
+
+    pub fn new_open_id(&self) -> u64 {
+        self.next_open_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Binds every listen address, then serves until the process ends.
+    pub async fn run(self: Arc<Self>) -> Result<(), StartError> {
+        let mut listeners = Vec::new();
+        for addr in &self.config.listen {
+            let l = TcpListener::bind(addr).await.map_err(|e| StartError::Bind {
+                addr: *addr,
+                reason: match e.kind() {
+                    std::io::ErrorKind::AddrInUse => "address already in use (another server is running on that port; pick another port with --listen)".into(),
+                    std::io::ErrorKind::PermissionDenied => "permission denied (ports below 1024 need root or CAP_NET_BIND_SERVICE; try --listen 127.0.0.1:4450)".into(),
+                    _ => e.to_string(),
+                },
+            })?;
+            tracing::info!(
+                "listening on {} with shares: {}",
+                addr,
+                self.config.shares.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ")
+            );
+            listeners.push(l);
+        }
+        let mut tasks = Vec::new();
+        for l in listeners {
+            let server = self.clone();
+            tasks.push(tokio::spawn(async move { server.accept_loop(l).await }));
+        }
+        for t in tasks {
+            let _ = t.await;
+        }
+        Ok(())
+    }
+
+    async fn accept_loop(self: Arc<Self>, listener: TcpListener) {
+        loop {
+            match listener.accept().await {
+                Ok((stream, peer)) => {
+                    let _ = stream.set_nodelay(true);
+                    let server = self.clone();
+                    tokio::spawn(async move {
+                        crate::connection::serve(server, stream, peer).await;
+                    });
+                }
+                Err(e) => {
+                    // Running out of file descriptors must not spin the loop.
+                    tracing::warn!("accept failed: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,112 @@
+//! Per-connection protocol objects: sessions, tree connects and opens
+//! (MS-SMB2 3.3.1.8 Session, 3.3.1.9 TreeConnect, 3.3.1.10 Open).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use nimbus_auth::AuthExchange;
+use nimbus_crypto::Signer;
+use nimbus_state::FileKey;
+use nimbus_vfs::{DirEntry, FileHandle};
+
+use crate::server::Share;
+
+/// Locks a mutex, ignoring poisoning: a panic in one request must not make
+/// every later request on the connection panic too.
+pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+pub enum SessionState {
+    /// SESSION_SETUP exchange under way (MS-SMB2 3.3.5.5).
+    InProgress {
+        exchange: Box<AuthExchange>,
+        /// 3.1.1 Session.PreauthIntegrityHashValue so far.
+        preauth: [u8; 64],
+    },
+    Valid(Authenticated),
+}
+
+pub struct Authenticated {
+    pub user: String,
+    pub domain: String,
+    pub guest: bool,
+    /// None for guest and anonymous sessions, which cannot sign.
+    pub signer: Option<Box<dyn Signer>>,
+    /// Every request must be signed (MS-SMB2 Session.SigningRequired).
+    pub signing_required: bool,
+}
+
+pub struct Session {
+    pub id: u64,
+    pub state: Mutex<SessionState>,
+    pub trees: Mutex<HashMap<u32, Arc<Tree>>>,
+    pub opens: Mutex<HashMap<u64, Arc<Open>>>,
+    next_tree_id: AtomicU32,
+}
+
+impl Session {
+    pub fn new(id: u64, exchange: AuthExchange, preauth: [u8; 64]) -> Session {
+        Session {
+            id,
+            state: Mutex::new(SessionState::InProgress {
+                exchange: Box::new(exchange),
+                preauth,
+            }),
+            trees: Mutex::new(HashMap::new()),
+            opens: Mutex::new(HashMap::new()),
+            next_tree_id: AtomicU32::new(1),
+        }
+    }
+
+    pub fn next_tree_id(&self) -> u32 {
+        self.next_tree_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub fn is_valid(&self) -> bool {
+        matches!(*lock(&self.state), SessionState::Valid(_))
+    }
+
+    pub fn open(&self, volatile: u64) -> Option<Arc<Open>> {
+        lock(&self.opens).get(&volatile).cloned()
+    }
+}
+
+pub struct Tree {
+    pub id: u32,
+    pub share: Arc<Share>,
+    /// Access this session has on the share (MS-SMB2 TreeConnect.MaximalAccess).
+    pub maximal_access: u32,
+}
+
+/// Where a directory enumeration stands (MS-SMB2 Open.EnumerationLocation).
+pub struct DirEnum {
+    pub pattern: String,
+    /// Entries matching the pattern, "." and ".." first; taken by position.
+    pub entries: Vec<DirEntry>,
+    pub pos: usize,
+}
+
+pub struct Open {
+    pub volatile_id: u64,
+    pub open_id: u64,
+    pub tree_id: u32,
+    pub share: Arc<Share>,
+    pub handle: FileHandle,
+    /// Path relative to the share root ('/'-separated); changes on rename.
+    pub path: Mutex<String>,
+    pub is_dir: bool,
+    pub access: u32,
+    pub file_key: FileKey,
+    pub delete_on_close: AtomicBool,
+    pub position: AtomicU64,
+    pub mode: AtomicU32,
+    pub dir_enum: Mutex<Option<DirEnum>>,
+}
+
+impl Open {
+    pub fn path(&self) -> String {
+        lock(&self.path).clone()
+    }
+}

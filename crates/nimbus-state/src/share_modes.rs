@@ -1,0 +1,279 @@
+//! The opens of each file and the sharing check between them (MS-FSA
+//! 2.1.5.1.2, "Open of an Existing File", share access rules), kept in a
+//! `StateStore` under one key per file so that opens of different files
+//! never touch the same record.
+
+use std::sync::Arc;
+
+use crate::store::{StateError, StateStore};
+
+/// Identifies a file independent of its name: device and inode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FileKey {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+impl FileKey {
+    fn store_key(&self) -> Vec<u8> {
+        let mut k = b"file/".to_vec();
+        k.extend_from_slice(&self.dev.to_be_bytes());
+        k.extend_from_slice(&self.ino.to_be_bytes());
+        k
+    }
+}
+
+/// One open as far as sharing is concerned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpenRecord {
+    /// Unique across the server (and, with a cluster, across nodes).
+    pub open_id: u64,
+    /// Granted access mask (MS-SMB2 2.2.13.1), generic bits already mapped.
+    pub access: u32,
+    /// ShareAccess the open allowed others (MS-SMB2 2.2.13).
+    pub share_access: u32,
+}
+
+/// Everything the server shares about one file.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FileRecord {
+    pub opens: Vec<OpenRecord>,
+    /// Set by delete-on-close or FileDispositionInformation: the file goes
+    /// when its last open closes, and new opens are refused meanwhile.
+    pub delete_pending: bool,
+}
+
+impl FileRecord {
+    fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(1 + self.opens.len() * 16);
+        v.push(self.delete_pending as u8);
+        for o in &self.opens {
+            v.extend_from_slice(&o.open_id.to_le_bytes());
+            v.extend_from_slice(&o.access.to_le_bytes());
+            v.extend_from_slice(&o.share_access.to_le_bytes());
+        }
+        v
+    }
+
+    fn decode(b: &[u8]) -> Result<FileRecord, StateError> {
+        let (&flag, rest) = b
+            .split_first()
+            .ok_or(StateError::Corrupt("empty file record"))?;
+        if rest.len() % 16 != 0 {
+            return Err(StateError::Corrupt("file record length"));
+        }
+        let opens = rest
+            .chunks_exact(16)
+            .map(|c| {
+                let u64_at =
+                    |i: usize| u64::from_le_bytes(c[i..i + 8].try_into().unwrap_or([0; 8]));
+                let u32_at =
+                    |i: usize| u32::from_le_bytes(c[i..i + 4].try_into().unwrap_or([0; 4]));
+                OpenRecord {
+                    open_id: u64_at(0),
+                    access: u32_at(8),
+                    share_access: u32_at(12),
+                }
+            })
+            .collect();
+        Ok(FileRecord {
+            opens,
+            delete_pending: flag != 0,
+        })
+    }
+}
+
+/// Why an open was refused.
+#[derive(Debug)]
+pub enum SharingError {
+    /// STATUS_SHARING_VIOLATION.
+    Violation,
+    /// STATUS_DELETE_PENDING.
+    DeletePending,
+    Store(StateError),
+}
+
+impl From<StateError> for SharingError {
+    fn from(e: StateError) -> Self {
+        SharingError::Store(e)
+    }
+}
+
+const READ_DATA: u32 = 0x1;
+const WRITE_DATA: u32 = 0x2;
+const APPEND_DATA: u32 = 0x4;
+const EXECUTE: u32 = 0x20;
+const DELETE: u32 = 0x1_0000;
+const SHARE_READ: u32 = 0x1;
+const SHARE_WRITE: u32 = 0x2;
+const SHARE_DELETE: u32 = 0x4;
+/// Only these rights take part in sharing; an attribute-only open never
+/// conflicts (MS-FSA 2.1.5.1.2).
+const SHARING_RIGHTS: u32 = READ_DATA | WRITE_DATA | APPEND_DATA | EXECUTE | DELETE;
+
+/// Whether an open with `access` and `share` may coexist with `existing`.
+pub fn compatible(existing: &OpenRecord, access: u32, share: u32) -> bool {
+    if existing.access & SHARING_RIGHTS == 0 || access & SHARING_RIGHTS == 0 {
+        return true;
+    }
+    let conflict = |acc: u32, allowed: u32| {
+        (acc & (READ_DATA | EXECUTE) != 0 && allowed & SHARE_READ == 0)
+            || (acc & (WRITE_DATA | APPEND_DATA) != 0 && allowed & SHARE_WRITE == 0)
+            || (acc & DELETE != 0 && allowed & SHARE_DELETE == 0)
+    };
+    !conflict(access, existing.share_access) && !conflict(existing.access, share)
+}
+
+/// Retries of a compare-and-set loop before giving up: contention on one
+/// file's record is short-lived, so a handful is plenty.
+const CAS_RETRIES: usize = 64;
+
+pub struct ShareModes {
+    store: Arc<dyn StateStore>,
+}
+
+impl ShareModes {
+    pub fn new(store: Arc<dyn StateStore>) -> Self {
+        ShareModes { store }
+    }
+
+    /// Applies `f` to the file's record atomically; `f` may refuse.
+    fn update<T>(
+        &self,
+        key: FileKey,
+        mut f: impl FnMut(&mut FileRecord) -> Result<T, SharingError>,
+    ) -> Result<T, SharingError> {
+        let skey = key.store_key();
+        for _ in 0..CAS_RETRIES {
+            let current = self.store.get(&skey)?;
+            let mut rec = match &current {
+                Some(v) => FileRecord::decode(&v.value)?,
+                None => FileRecord::default(),
+            };
+            let out = f(&mut rec)?;
+            let value = if rec.opens.is_empty() {
+                None
+            } else {
+                Some(rec.encode())
+            };
+            let expected = current.as_ref().map(|v| v.version);
+            if current.is_none() && value.is_none() {
+                return Ok(out);
+            }
+            if self
+                .store
+                .compare_and_set(&skey, expected, value)?
+                .is_some()
+            {
+                return Ok(out);
+            }
+        }
+        Err(SharingError::Store(StateError::Unavailable(
+            "too much contention on one file record".into(),
+        )))
+    }
+
+    /// Registers a new open after checking it against the existing ones.
+    pub fn add_open(&self, key: FileKey, open: OpenRecord) -> Result<(), SharingError> {
+        self.update(key, |rec| {
+            if rec.delete_pending {
+                return Err(SharingError::DeletePending);
+            }
+            if rec
+                .opens
+                .iter()
+                .any(|o| !compatible(o, open.access, open.share_access))
+            {
+                return Err(SharingError::Violation);
+            }
+            rec.opens.push(open);
+            Ok(())
+        })
+    }
+
+    /// Removes an open. Returns true when it was the last one and the file
+    /// was delete-pending: the caller must now delete the file.
+    pub fn remove_open(&self, key: FileKey, open_id: u64) -> Result<bool, SharingError> {
+        self.update(key, |rec| {
+            rec.opens.retain(|o| o.open_id != open_id);
+            let delete_now = rec.opens.is_empty() && rec.delete_pending;
+            if rec.opens.is_empty() {
+                rec.delete_pending = false;
+            }
+            Ok(delete_now)
+        })
+    }
+
+    pub fn set_delete_pending(&self, key: FileKey, pending: bool) -> Result<(), SharingError> {
+        self.update(key, |rec| {
+            rec.delete_pending = pending;
+            Ok(())
+        })
+    }
+
+    pub fn record(&self, key: FileKey) -> Result<FileRecord, SharingError> {
+        Ok(match self.store.get(&key.store_key())? {
+            Some(v) => FileRecord::decode(&v.value)?,
+            None => FileRecord::default(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemoryStore;
+
+    const K: FileKey = FileKey { dev: 1, ino: 2 };
+
+    fn open(id: u64, access: u32, share: u32) -> OpenRecord {
+        OpenRecord {
+            open_id: id,
+            access,
+            share_access: share,
+        }
+    }
+
+    #[test]
+    fn sharing_rules() {
+        let sm = ShareModes::new(Arc::new(MemoryStore::new()));
+        sm.add_open(K, open(1, READ_DATA, SHARE_READ)).unwrap();
+        // A writer is refused: the first open did not share write.
+        assert!(matches!(
+            sm.add_open(K, open(2, WRITE_DATA, 7)),
+            Err(SharingError::Violation)
+        ));
+        // A reader that does not share read with the existing reader is refused.
+        assert!(matches!(
+            sm.add_open(K, open(3, READ_DATA, SHARE_WRITE)),
+            Err(SharingError::Violation)
+        ));
+        // Attribute-only opens never conflict.
+        sm.add_open(K, open(4, 0x80, 0)).unwrap();
+        sm.add_open(K, open(5, READ_DATA, SHARE_READ)).unwrap();
+        assert_eq!(sm.record(K).unwrap().opens.len(), 3);
+        assert!(!sm.remove_open(K, 1).unwrap());
+    }
+
+    #[test]
+    fn delete_pending_lifecycle() {
+        let sm = ShareModes::new(Arc::new(MemoryStore::new()));
+        sm.add_open(K, open(1, DELETE, 7)).unwrap();
+        sm.add_open(K, open(2, READ_DATA, 7)).unwrap();
+        sm.set_delete_pending(K, true).unwrap();
+        assert!(matches!(
+            sm.add_open(K, open(3, READ_DATA, 7)),
+            Err(SharingError::DeletePending)
+        ));
+        assert!(!sm.remove_open(K, 1).unwrap());
+        assert!(sm.remove_open(K, 2).unwrap());
+        // The record is gone, so a new file with the same inode starts clean.
+        assert_eq!(sm.record(K).unwrap(), FileRecord::default());
+    }
+
+    #[test]
+    fn corrupt_records_are_errors() {
+        assert!(FileRecord::decode(&[]).is_err());
+        assert!(FileRecord::decode(&[0, 1, 2]).is_err());
+    }
+}

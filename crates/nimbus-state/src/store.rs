@@ -1,0 +1,50 @@
+//! The `StateStore` trait: versioned byte records with compare-and-set, the
+//! primitive an etcd or redb backend offers as well as memory does.
+
+use core::fmt;
+
+/// A value and the version the store gave it; a version changes on every
+/// write, so compare-and-set detects any concurrent update.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Versioned {
+    pub version: u64,
+    pub value: Vec<u8>,
+}
+
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum StateError {
+    /// The backend could not be reached or failed (for remote stores).
+    Unavailable(String),
+    /// A record could not be decoded: a bug or a foreign writer.
+    Corrupt(&'static str),
+}
+
+impl fmt::Display for StateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StateError::Unavailable(why) => write!(f, "state store unavailable: {why}"),
+            StateError::Corrupt(what) => write!(f, "corrupt state record: {what}"),
+        }
+    }
+}
+
+impl std::error::Error for StateError {}
+
+pub trait StateStore: Send + Sync {
+    fn get(&self, key: &[u8]) -> Result<Option<Versioned>, StateError>;
+
+    /// Writes `value` (or deletes the key when `value` is None) only if the
+    /// key's current version is `expected` (None: the key must not exist).
+    /// Returns Ok(Some(new_version)) on success (0 after a delete), Ok(None)
+    /// when the version did not match.
+    fn compare_and_set(
+        &self,
+        key: &[u8],
+        expected: Option<u64>,
+        value: Option<Vec<u8>>,
+    ) -> Result<Option<u64>, StateError>;
+
+    /// Every record whose key starts with `prefix`, in key order.
+    fn scan_prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Versioned)>, StateError>;
+}

@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Install what the tests need (when missing) and run every test: formatting,
+# clippy, the Rust unit tests, a release build, then the integration tests in
+# tests/ (the real nimbus binary driven by smbclient, smbtorture and Python
+# smbprotocol on loopback). The one test command for developers and CI.
+#
+#   bash scripts/test.sh                  everything
+#   bash scripts/test.sh --skip-install   don't check or install dependencies
+#   bash scripts/test.sh --pytest-only    release build + integration tests only
+#   bash scripts/test.sh -- ARGS          pass ARGS to pytest (e.g. -- -k smbclient)
+#
+# Runs as root, or as a user with sudo for the installs. Exits non-zero on
+# the first failing step.
+set -euo pipefail
+
+# shellcheck source=scripts/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+install=1
+cargo_checks=1
+pytest_args=()
+while [ $# -gt 0 ]; do
+    case $1 in
+    --skip-install) install=0 ;;
+    --pytest-only) cargo_checks=0 ;;
+    --) shift; pytest_args=("$@"); break ;;
+    -h | --help) sed -n '2,14p' "$0"; exit 0 ;;
+    *) die "unknown option $1 (see --help)" ;;
+    esac
+    shift
+done
+
+cd "$NIMBUS_ROOT"
+started=$SECONDS
+timings=()
+step_start=$SECONDS
+step_name=""
+
+step() {
+    if [ -n "$step_name" ]; then
+        timings+=("$(printf '%5ds  %s' $((SECONDS - step_start)) "$step_name")")
+    fi
+    step_name=$1
+    step_start=$SECONDS
+    section "$1"
+}
+
+# shellcheck disable=SC2317  # run by the EXIT trap
+summary() {
+    local rc=$?
+    if [ -n "$step_name" ]; then
+        timings+=("$(printf '%5ds  %s' $((SECONDS - step_start)) "$step_name")")
+    fi
+    section "Summary"
+    printf '%s\n' "${timings[@]}"
+    if [ "$rc" -eq 0 ]; then
+        printf 'all steps passed in %ds\n' $((SECONDS - started))
+    else
+        printf 'FAILED in step "%s" (exit status %d) after %ds\n' "$step_name" "$rc" $((SECONDS - started))
+    fi
+}
+trap summary EXIT
+
+if [ "$install" -eq 1 ]; then
+    step "Installing test dependencies"
+    # smbclient and smbtorture (samba-testsuite) are the real clients the
+    # integration tests drive.
+    apt_install smbclient samba-testsuite
+    ensure_build_deps
+    ensure_rust_lint_tools
+    ensure_test_venv
+else
+    if ! command -v cargo >/dev/null 2>&1 && [ -f "$HOME/.cargo/env" ]; then
+        # shellcheck disable=SC1091
+        . "$HOME/.cargo/env"
+    fi
+    [ -x "$NIMBUS_VENV/bin/python3" ] || die "no $NIMBUS_VENV: run without --skip-install once"
+fi
+
+export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
+if [ "${CI:-}" = "true" ]; then
+    export CARGO_INCREMENTAL=0  # a fresh clone gains nothing from incremental builds
+fi
+
+if [ "$cargo_checks" -eq 1 ]; then
+    step "cargo fmt --check"
+    cargo fmt --all --check
+
+    step "cargo clippy"
+    cargo clippy --workspace --all-targets -- -D warnings
+
+    step "cargo test"
+    cargo test --workspace
+fi
+
+step "cargo build --release"
+cargo build --release
+export NIMBUS_BIN=$NIMBUS_TARGET_DIR/release/nimbus
+[ -x "$NIMBUS_BIN" ] || die "the release build made no $NIMBUS_BIN"
+
+step "Integration tests (pytest tests/)"
+set +e
+"$NIMBUS_VENV/bin/python3" -m pytest -v tests/ ${pytest_args[@]+"${pytest_args[@]}"}
+rc=$?
+set -e
+if [ "$rc" -eq 5 ]; then
+    echo "pytest collected no test: that is a failure here" >&2
+    exit 1
+fi
+exit "$rc"

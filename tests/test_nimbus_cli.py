@@ -1,0 +1,117 @@
+"""The nimbus command line itself: user database, config check, serve's refusals.
+
+These check the interface the README and scripts rely on (issue 2,
+"Interface"), with loose wording checks: what a message must name, not how it
+is phrased.
+"""
+
+from __future__ import annotations
+
+import socket
+import stat
+import subprocess
+
+import pytest
+
+from conftest import PASSWORD, USER, add_user, free_port, nimbus_binary, run_nimbus, write_config
+
+pytestmark = pytest.mark.nimbus_only
+
+
+def test_user_add_list_del(tmp_path):
+    db = tmp_path / "users.db"
+    add_user(db, USER, PASSWORD)
+    add_user(db, "bob", "b0b-Password")
+    listed = run_nimbus("user", "list", "--db", str(db)).stdout.split()
+    assert USER in listed and "bob" in listed
+
+    run_nimbus("user", "del", "bob", "--db", str(db))
+    listed = run_nimbus("user", "list", "--db", str(db)).stdout.split()
+    assert USER in listed and "bob" not in listed
+
+
+def test_user_db_is_private_and_holds_no_password(tmp_path):
+    db = tmp_path / "users.db"
+    add_user(db, USER, PASSWORD)
+    assert stat.S_IMODE(db.stat().st_mode) == 0o600
+    content = db.read_bytes()
+    assert PASSWORD.encode() not in content
+    assert PASSWORD.encode("utf-16-le") not in content
+
+
+def test_config_check_accepts_a_good_config(tmp_path):
+    share = tmp_path / "share"
+    share.mkdir()
+    db = tmp_path / "users.db"
+    add_user(db)
+    conf = write_config(tmp_path / "good.toml", 4450, db, [("data", share, False), ("ro", share, True)])
+    run_nimbus("config", "check", str(conf))
+
+
+def _config(share, db, *, listen='["127.0.0.1:4450"]', signing='"required"', path=True) -> str:
+    share_path = f'path = "{share}"\n' if path else ""
+    return (
+        f"listen = {listen}\n"
+        f'user_db = "{db}"\n'
+        "[security]\n"
+        f"signing = {signing}\n"
+        "[[share]]\n"
+        'name = "data"\n'
+        f"{share_path}"
+        "read_only = false\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "change"),
+    [
+        ("signing", {"signing": '"sometimes"'}),
+        ("path", {"path": False}),
+        ("listen", {"listen": '["not-an-address"]'}),
+    ],
+)
+def test_config_check_names_file_and_key(tmp_path, key, change):
+    share = tmp_path / "share"
+    share.mkdir()
+    db = tmp_path / "users.db"
+    add_user(db)
+    conf = tmp_path / "broken-config.toml"
+    conf.write_text(_config(share, db, **change))
+    proc = run_nimbus("config", "check", str(conf), check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, f"config check accepted:\n{conf.read_text()}"
+    assert "broken-config.toml" in out, out
+    assert key in out, out
+
+
+def _serve_should_refuse(args, timeout=15):
+    proc = subprocess.Popen([str(nimbus_binary()), *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail(f"nimbus {' '.join(args)} kept running; it should refuse to start")
+    assert proc.returncode != 0
+    return out + err
+
+
+def test_serve_refuses_missing_share_path(tmp_path):
+    db = tmp_path / "users.db"
+    add_user(db)
+    missing = tmp_path / "no-such-dir"
+    out = _serve_should_refuse(["serve", "--listen", f"127.0.0.1:{free_port()}", "--share", f"data={missing}", "--user-db", str(db)])
+    assert "no-such-dir" in out, out
+
+
+def test_serve_refuses_port_in_use(tmp_path):
+    share = tmp_path / "share"
+    share.mkdir()
+    db = tmp_path / "users.db"
+    add_user(db)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = _serve_should_refuse(["serve", "--listen", f"127.0.0.1:{port}", "--share", f"data={share}", "--user-db", str(db)])
+    assert str(port) in out, out
