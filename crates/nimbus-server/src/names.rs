@@ -53,11 +53,6 @@ pub fn to_smb_name(path: &str) -> String {
     s
 }
 
-/// The last component of a VFS path ("" for the root).
-pub fn base_name(path: &str) -> &str {
-    path.rsplit('/').next().unwrap_or(path)
-}
-
 /// The parent of a VFS path ("" for top-level names and the root).
 pub fn parent(path: &str) -> &str {
     path.rsplit_once('/').map(|(p, _)| p).unwrap_or("")
@@ -180,7 +175,6 @@ mod tests {
         assert_eq!(to_vfs_path("f:stream"), Err(NtStatus::OBJECT_NAME_INVALID));
         assert_eq!(to_smb_name("a/b"), "\\a\\b");
         assert_eq!(parent("a/b/c"), "a/b");
-        assert_eq!(base_name("a/b/c"), "c");
     }
 
     #[test]

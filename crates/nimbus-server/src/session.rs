@@ -82,7 +82,6 @@ pub struct Tree {
 
 /// Where a directory enumeration stands (MS-SMB2 Open.EnumerationLocation).
 pub struct DirEnum {
-    pub pattern: String,
     /// Entries matching the pattern, "." and ".." first; taken by position.
     pub entries: Vec<DirEntry>,
     pub pos: usize,

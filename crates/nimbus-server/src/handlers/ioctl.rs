@@ -4,7 +4,6 @@ use nimbus_wire::ioctl::{
     ctl_code, encode_ioctl_response, encode_network_interfaces, encode_validate_negotiate_response, IoctlRequest,
     NetworkInterface, ValidateNegotiateInfo, IOCTL_IS_FSCTL,
 };
-use nimbus_wire::negotiate::Dialect;
 use nimbus_wire::NtStatus;
 
 use super::{check_credit_charge, malformed};
@@ -55,8 +54,7 @@ fn validate_negotiate(ctx: &mut Ctx<'_>, input: &[u8], output: &mut Vec<u8>) -> 
     let mut theirs = v.dialects.clone();
     ours.sort_unstable();
     theirs.sort_unstable();
-    let ok = neg.dialect != Dialect::Smb202
-        && v.guid == neg.client_guid
+    let ok = v.guid == neg.client_guid
         && v.security_mode == neg.client_security_mode
         && v.capabilities == neg.client_capabilities
         && ours == theirs;

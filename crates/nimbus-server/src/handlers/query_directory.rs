@@ -34,7 +34,6 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         let pattern = if req.pattern.is_empty() { "*".to_string() } else { req.pattern.clone() };
         let entries = list(&open, &pattern)?;
         *guard = Some(DirEnum {
-            pattern,
             entries,
             pos: 0,
         });
