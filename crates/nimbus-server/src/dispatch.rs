@@ -309,6 +309,12 @@ fn handle_one(
     let mut h = Vec::with_capacity(HEADER_SIZE);
     resp.write(&mut h);
     out[start..body_start].copy_from_slice(&h);
+    if status == NtStatus::USER_SESSION_DELETED && hdr.is_signed() {
+        // No key is left to sign with, but a client that signed expects the
+        // SIGNED flag; Samba's client then accepts this status unverified.
+        let fl = resp.flags | flags::SIGNED;
+        out[start + 16..start + 20].copy_from_slice(&fl.to_le_bytes());
+    }
     chain.session_id = ctx.response_session_id;
     chain.tree_id = ctx.response_tree_id.unwrap_or(tree_id);
     chain.file_id = ctx.chain_file_id;

@@ -9,6 +9,10 @@ use super::{check_credit_charge, malformed};
 use crate::dispatch::{Ctx, HandlerResult};
 use crate::errors::vfs_status;
 
+/// The largest file size NTFS supports (0xFFFFFFF0000); writes that would
+/// end beyond it fail as they do on Windows.
+const MAX_FILE_SIZE: u64 = 0xFFF_FFFF_0000;
+
 pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
     let req = WriteRequest::parse(body).map_err(malformed)?;
     let open = ctx.open(req.file_id)?;
@@ -19,19 +23,18 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         return Err(NtStatus::ACCESS_DENIED);
     }
     check_credit_charge(ctx, req.data.len() as u32)?;
-    // An offset of all ones means "at the end of file" (MS-FSA 2.1.5.3).
-    let offset = if req.offset == u64::MAX {
-        open.handle.stat().map_err(|e| vfs_status(&e))?.size
-    } else {
-        req.offset
-    };
-    if offset.checked_add(req.data.len() as u64).is_none_or(|end| end > i64::MAX as u64) {
+    // Offsets beyond what NTFS allows are refused before any I/O
+    // (MS-FSA 2.1.5.3: no append-at-EOF offset over SMB2).
+    let end = req.offset.checked_add(req.data.len() as u64);
+    if req.offset > i64::MAX as u64 || (!req.data.is_empty() && end.is_none_or(|e| e > MAX_FILE_SIZE)) {
         return Err(NtStatus::INVALID_PARAMETER);
     }
+    let offset = req.offset;
     let n = open.handle.write_at(req.data, offset).map_err(|e| vfs_status(&e))?;
     if req.flags & WRITEFLAG_WRITE_THROUGH != 0 {
         open.handle.sync().map_err(|e| vfs_status(&e))?;
     }
+    open.position.store(offset + n as u64, std::sync::atomic::Ordering::Relaxed);
     encode_write_response(out, n as u32);
     Ok(NtStatus::SUCCESS)
 }
