@@ -64,7 +64,11 @@ pub struct ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}: {} (fix: {})", self.file, self.key, self.problem, self.fix)
+        write!(
+            f,
+            "{}: {}: {} (fix: {})",
+            self.file, self.key, self.problem, self.fix
+        )
     }
 }
 
@@ -117,7 +121,11 @@ impl Config {
 
     /// `base` resolves relative paths (user_db, share paths) against the
     /// directory holding the config file.
-    pub fn from_toml(file: &str, text: &str, base: Option<&Path>) -> Result<Config, Vec<ConfigError>> {
+    pub fn from_toml(
+        file: &str,
+        text: &str,
+        base: Option<&Path>,
+    ) -> Result<Config, Vec<ConfigError>> {
         let err = |key: &str, problem: String, fix: &str| ConfigError {
             file: file.to_string(),
             key: key.to_string(),
@@ -155,7 +163,11 @@ impl Config {
                 }
             }
             if listen.is_empty() {
-                errors.push(err("listen", "no address given".into(), "list at least one address, e.g. listen = [\"127.0.0.1:4450\"]"));
+                errors.push(err(
+                    "listen",
+                    "no address given".into(),
+                    "list at least one address, e.g. listen = [\"127.0.0.1:4450\"]",
+                ));
             }
         }
         if let Some(db) = raw.user_db {
@@ -227,7 +239,10 @@ impl Config {
                 errors.push(ConfigError {
                     file: file.into(),
                     key: format!("{key}.name"),
-                    problem: format!("share \"{}\" is defined twice (names are case-insensitive)", s.name),
+                    problem: format!(
+                        "share \"{}\" is defined twice (names are case-insensitive)",
+                        s.name
+                    ),
                     fix: "give each share a distinct name".into(),
                 });
             }
@@ -236,7 +251,10 @@ impl Config {
                     file: file.into(),
                     key: format!("{key}.path"),
                     problem: format!("\"{}\" is not an existing directory", s.path.display()),
-                    fix: format!("create it (mkdir -p {}) or point path at an existing directory", s.path.display()),
+                    fix: format!(
+                        "create it (mkdir -p {}) or point path at an existing directory",
+                        s.path.display()
+                    ),
                 });
             }
         }
@@ -276,7 +294,8 @@ mod tests {
 
     #[test]
     fn unknown_keys_are_refused_with_a_line() {
-        let errs = Config::from_toml("x.toml", "listen = []\nsigning = \"required\"\n", None).unwrap_err();
+        let errs =
+            Config::from_toml("x.toml", "listen = []\nsigning = \"required\"\n", None).unwrap_err();
         assert_eq!(errs.len(), 1);
         assert!(errs[0].problem.contains("signing"), "{}", errs[0]);
     }

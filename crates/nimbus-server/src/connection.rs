@@ -151,7 +151,10 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr) {
                 }
                 Ok(None) => {}
                 Err(_) => {
-                    tracing::error!("{}: request handling panicked; closing this connection", conn2.peer);
+                    tracing::error!(
+                        "{}: request handling panicked; closing this connection",
+                        conn2.peer
+                    );
                     conn2.close();
                 }
             }

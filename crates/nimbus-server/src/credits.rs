@@ -35,7 +35,9 @@ impl CreditWindow {
     /// Consumes ids `message_id .. message_id + charge` (charge 0 counts as 1).
     pub fn consume(&mut self, message_id: u64, charge: u16) -> Result<(), CreditError> {
         let charge = charge.max(1) as u64;
-        let start = message_id.checked_sub(self.low).ok_or(CreditError::OutOfWindow)?;
+        let start = message_id
+            .checked_sub(self.low)
+            .ok_or(CreditError::OutOfWindow)?;
         let end = start.checked_add(charge).ok_or(CreditError::OutOfWindow)?;
         if end > self.used.len() as u64 {
             return Err(CreditError::OutOfWindow);

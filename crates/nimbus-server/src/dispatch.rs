@@ -110,7 +110,10 @@ impl Ctx<'_> {
         } else {
             id
         };
-        let open = self.session()?.open(id.volatile).ok_or(NtStatus::FILE_CLOSED)?;
+        let open = self
+            .session()?
+            .open(id.volatile)
+            .ok_or(NtStatus::FILE_CLOSED)?;
         if open.open_id != id.persistent || open.tree_id != self.hdr.tree_id && !self.related {
             return Err(NtStatus::FILE_CLOSED);
         }
@@ -127,6 +130,8 @@ struct Chain {
     file_id: Option<FileId>,
     /// A failed CREATE makes the related requests after it fail the same way.
     create_error: Option<NtStatus>,
+    /// The previous request had a valid session (related requests use it).
+    session_ok: bool,
 }
 
 /// Processes one received frame; returns the frame to send back (if any).
@@ -276,11 +281,26 @@ fn handle_one(
         error_data: Vec::new(),
     };
     let mut sign_session: Option<Arc<Session>> = None;
-    let result = check_and_run(&mut ctx, msg, hdr, chain, first, related, session_id, tree_id, &mut sign_session, out);
+    let result = check_and_run(
+        &mut ctx,
+        msg,
+        hdr,
+        chain,
+        first,
+        related,
+        session_id,
+        tree_id,
+        &mut sign_session,
+        out,
+    );
     if ctx.disconnect {
         conn.close();
         return None;
     }
+    if hdr.command == Command::Create as u16 {
+        chain.create_error = result.err();
+    }
+    chain.session_ok = ctx.session.as_ref().is_some_and(|s| s.is_valid());
     let status = match result {
         Ok(status) => status,
         Err(status) => {
@@ -298,7 +318,8 @@ fn handle_one(
         status,
         command: hdr.command,
         credits: granted,
-        flags: flags::SERVER_TO_REDIR | (hdr.flags & (flags::RELATED_OPERATIONS | flags::PRIORITY_MASK)),
+        flags: flags::SERVER_TO_REDIR
+            | (hdr.flags & (flags::RELATED_OPERATIONS | flags::PRIORITY_MASK)),
         next_command: 0,
         message_id: hdr.message_id,
         async_id: 0,
@@ -338,7 +359,6 @@ fn handle_one(
     ctx.sign_with.take().or(sign_session)
 }
 
-
 /// The checks of MS-SMB2 3.3.5.2 that every request goes through, then the
 /// command's handler.
 #[allow(clippy::too_many_arguments)]
@@ -355,25 +375,28 @@ fn check_and_run<'a>(
     out: &mut Vec<u8>,
 ) -> HandlerResult {
     let conn = ctx.conn;
-    let cmd = Command::from_u16(hdr.command).ok_or(NtStatus::INVALID_PARAMETER)?;
-    if hdr.is_related() && first {
-        return Err(NtStatus::INVALID_PARAMETER);
-    }
+    let cmd = Command::from_u16(hdr.command);
     let negotiated = conn.negotiated();
-    if cmd != Command::Negotiate && negotiated.is_none() {
-        tracing::warn!("{}: {:?} before NEGOTIATE; closing", conn.peer, cmd);
+    if cmd != Some(Command::Negotiate) && negotiated.is_none() {
+        tracing::warn!(
+            "{}: command {:#x} before NEGOTIATE; closing",
+            conn.peer,
+            hdr.command
+        );
         ctx.disconnect = true;
         return Err(NtStatus::INVALID_PARAMETER);
     }
-    if related {
-        if let Some(err) = chain.create_error {
-            return Err(err);
-        }
+    if related && !chain.session_ok {
+        // The request this one relates to had no usable session.
+        return Err(NtStatus::INVALID_PARAMETER);
     }
-    let spec = spec(cmd);
-    // Session lookup and signature check (MS-SMB2 3.3.5.2.4, 3.3.5.2.9).
-    if cmd != Command::Negotiate && session_id != 0 {
-        let session = conn.session(session_id).ok_or(NtStatus::USER_SESSION_DELETED)?;
+    // Session lookup and signature check first (MS-SMB2 3.3.5.2.4,
+    // 3.3.5.2.9), so that even an error about the request itself goes back
+    // signed to a client that signs.
+    if cmd != Some(Command::Negotiate) && session_id != 0 {
+        let session = conn
+            .session(session_id)
+            .ok_or(NtStatus::USER_SESSION_DELETED)?;
         let state = lock(&session.state);
         match &*state {
             SessionState::Valid(auth) => {
@@ -381,9 +404,9 @@ fn check_and_run<'a>(
                     if hdr.is_signed() {
                         if !crate::security::verify(signer.as_ref(), msg) {
                             tracing::warn!(
-                                "{}: bad signature on {:?} (session {:#x}, user {}); refused",
+                                "{}: bad signature on command {:#x} (session {:#x}, user {}); refused",
                                 conn.peer,
-                                cmd,
+                                hdr.command,
                                 session_id,
                                 auth.user
                             );
@@ -392,23 +415,36 @@ fn check_and_run<'a>(
                         *sign_session = Some(session.clone());
                     } else if auth.signing_required {
                         tracing::warn!(
-                            "{}: unsigned {:?} on a session that requires signing; refused",
+                            "{}: unsigned command {:#x} on a session that requires signing; refused",
                             conn.peer,
-                            cmd
+                            hdr.command
                         );
                         return Err(NtStatus::ACCESS_DENIED);
                     }
                 }
+                drop(state);
+                ctx.session = Some(session);
             }
             SessionState::InProgress { .. } => {
-                if cmd != Command::SessionSetup && spec.needs_session {
+                drop(state);
+                if cmd != Some(Command::SessionSetup) {
                     return Err(NtStatus::USER_SESSION_DELETED);
                 }
+                ctx.session = Some(session);
             }
         }
-        drop(state);
-        ctx.session = Some(session);
-    } else if spec.needs_session {
+    }
+    let cmd = cmd.ok_or(NtStatus::INVALID_PARAMETER)?;
+    if hdr.is_related() && first {
+        return Err(NtStatus::INVALID_PARAMETER);
+    }
+    if related {
+        if let Some(err) = chain.create_error {
+            return Err(err);
+        }
+    }
+    let spec = spec(cmd);
+    if ctx.session.is_none() && spec.needs_session {
         return Err(NtStatus::USER_SESSION_DELETED);
     }
     if spec.needs_tree {
@@ -418,11 +454,7 @@ fn check_and_run<'a>(
     }
     ctx.msg = msg;
     let body = &msg[HEADER_SIZE..];
-    let r = (spec.handler)(ctx, body, out);
-    if cmd == Command::Create {
-        chain.create_error = r.err();
-    }
-    r
+    (spec.handler)(ctx, body, out)
 }
 
 /// MS-SMB2 3.3.5.3.1: an SMB1 negotiate that offers SMB2 gets an SMB2

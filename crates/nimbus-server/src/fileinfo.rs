@@ -33,11 +33,13 @@ pub fn file_info(st: &Stat, delete_pending: bool) -> FileInfo {
     FileInfo {
         // Without a birth time, the older of mtime and ctime is the best
         // stand-in: it never claims a file is newer than its content.
-        creation_time: ft(st.btime.unwrap_or(if (st.mtime.sec, st.mtime.nsec) < (st.ctime.sec, st.ctime.nsec) {
-            st.mtime
-        } else {
-            st.ctime
-        })),
+        creation_time: ft(st.btime.unwrap_or(
+            if (st.mtime.sec, st.mtime.nsec) < (st.ctime.sec, st.ctime.nsec) {
+                st.mtime
+            } else {
+                st.ctime
+            },
+        )),
         last_access_time: ft(st.atime),
         last_write_time: ft(st.mtime),
         change_time: ft(st.ctime),

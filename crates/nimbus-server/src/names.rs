@@ -31,7 +31,10 @@ pub fn to_vfs_path(name: &str) -> Result<String, NtStatus> {
         if comp.contains(':') {
             return Err(NtStatus::OBJECT_NAME_INVALID);
         }
-        if comp.chars().any(|c| INVALID_CHARS.contains(&c) || (c as u32) < 0x20 || c == '/') {
+        if comp
+            .chars()
+            .any(|c| INVALID_CHARS.contains(&c) || (c as u32) < 0x20 || c == '/')
+        {
             return Err(NtStatus::OBJECT_NAME_INVALID);
         }
         if comp.len() > 255 {
@@ -167,8 +170,14 @@ mod tests {
         assert_eq!(to_vfs_path("a\\b.txt").unwrap(), "a/b.txt");
         assert_eq!(to_vfs_path("\\a\\b\\").unwrap(), "a/b");
         assert_eq!(to_vfs_path("f::$DATA").unwrap(), "f");
-        assert_eq!(to_vfs_path("..\\..\\etc\\passwd"), Err(NtStatus::OBJECT_PATH_SYNTAX_BAD));
-        assert_eq!(to_vfs_path("a\\..\\b"), Err(NtStatus::OBJECT_PATH_SYNTAX_BAD));
+        assert_eq!(
+            to_vfs_path("..\\..\\etc\\passwd"),
+            Err(NtStatus::OBJECT_PATH_SYNTAX_BAD)
+        );
+        assert_eq!(
+            to_vfs_path("a\\..\\b"),
+            Err(NtStatus::OBJECT_PATH_SYNTAX_BAD)
+        );
         assert_eq!(to_vfs_path("a\\\\b"), Err(NtStatus::OBJECT_NAME_INVALID));
         assert_eq!(to_vfs_path("a*b"), Err(NtStatus::OBJECT_NAME_INVALID));
         assert_eq!(to_vfs_path("a/b"), Err(NtStatus::OBJECT_NAME_INVALID));

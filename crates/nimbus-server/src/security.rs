@@ -3,7 +3,7 @@
 //! 3.1.1 preauth integrity hash (3.3.5.4, 3.3.5.5). The only place in the
 //! server that touches keys; all primitives come from the CryptoProvider.
 
-use nimbus_crypto::{CryptoProvider, SigningAlgorithm, Signer};
+use nimbus_crypto::{CryptoProvider, Signer, SigningAlgorithm};
 use nimbus_wire::header::{flags, SIGNATURE_RANGE};
 use nimbus_wire::negotiate::Dialect;
 use nimbus_wire::Command;
@@ -100,7 +100,11 @@ mod tests {
     #[test]
     fn sign_then_verify_and_tamper() {
         let provider = CryptoProvider::default_provider();
-        for alg in [SigningAlgorithm::HmacSha256, SigningAlgorithm::AesCmac, SigningAlgorithm::AesGmac] {
+        for alg in [
+            SigningAlgorithm::HmacSha256,
+            SigningAlgorithm::AesCmac,
+            SigningAlgorithm::AesGmac,
+        ] {
             let signer = provider.signer(alg, &[7u8; 16]).unwrap();
             let mut msg = vec![0xFE, b'S', b'M', b'B'];
             msg.resize(100, 0x55);

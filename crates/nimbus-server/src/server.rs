@@ -17,8 +17,15 @@ use crate::config::Config;
 #[derive(Debug)]
 pub enum StartError {
     UserDb(String),
-    Share { name: String, path: String, reason: String },
-    Bind { addr: SocketAddr, reason: String },
+    Share {
+        name: String,
+        path: String,
+        reason: String,
+    },
+    Bind {
+        addr: SocketAddr,
+        reason: String,
+    },
     Runtime(String),
 }
 
@@ -133,7 +140,10 @@ impl Server {
     }
 
     pub fn find_share(&self, name: &str) -> Option<Arc<Share>> {
-        self.shares.iter().find(|s| s.name.eq_ignore_ascii_case(name)).cloned()
+        self.shares
+            .iter()
+            .find(|s| s.name.eq_ignore_ascii_case(name))
+            .cloned()
     }
 
     /// Session ids are unpredictable-looking but unique: a counter in the
@@ -164,7 +174,12 @@ impl Server {
             tracing::info!(
                 "listening on {} with shares: {}",
                 addr,
-                self.config.shares.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ")
+                self.config
+                    .shares
+                    .iter()
+                    .map(|s| s.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
             listeners.push(l);
         }

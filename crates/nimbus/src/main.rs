@@ -12,7 +12,11 @@ use nimbus_crypto::CryptoProvider;
 use nimbus_server::{Config, Server, ShareConfig, SigningPolicy};
 
 #[derive(Parser)]
-#[command(name = "nimbus", version, about = "Nimbus: a scale-out SMB 2/3 file server")]
+#[command(
+    name = "nimbus",
+    version,
+    about = "Nimbus: a scale-out SMB 2/3 file server"
+)]
 struct Cli {
     /// Log debug detail (repeat for trace).
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
@@ -95,7 +99,10 @@ fn main() -> ExitCode {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("NIMBUS_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
     let result = match cli.command {
         Cmd::Serve(args) => serve(args),
         Cmd::User { command } => user(command),
@@ -119,7 +126,11 @@ fn config_check(file: &Path) -> Result<(), String> {
                 "{}: OK ({} share(s), listening on {})",
                 file.display(),
                 cfg.shares.len(),
-                cfg.listen.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(", ")
+                cfg.listen
+                    .iter()
+                    .map(|a| a.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
             Ok(())
         }
@@ -135,7 +146,10 @@ fn config_check(file: &Path) -> Result<(), String> {
 fn build_config(args: &ServeArgs) -> Result<Config, String> {
     let mut cfg = match &args.config {
         Some(path) => Config::from_file(path).map_err(|errs| {
-            errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n")
+            errs.iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("\n")
         })?,
         None => Config::default(),
     };
@@ -157,9 +171,9 @@ fn build_config(args: &ServeArgs) -> Result<Config, String> {
     if !args.shares.is_empty() {
         cfg.shares.clear();
         for s in &args.shares {
-            let (name, path) = s
-                .split_once('=')
-                .ok_or_else(|| format!("--share {s}: expected NAME=PATH, e.g. --share data=/srv/data"))?;
+            let (name, path) = s.split_once('=').ok_or_else(|| {
+                format!("--share {s}: expected NAME=PATH, e.g. --share data=/srv/data")
+            })?;
             cfg.shares.push(ShareConfig {
                 name: name.to_string(),
                 path: PathBuf::from(path),
@@ -170,10 +184,16 @@ fn build_config(args: &ServeArgs) -> Result<Config, String> {
     }
     let problems = cfg.validate_shares("command line");
     if !problems.is_empty() {
-        return Err(problems.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n"));
+        return Err(problems
+            .iter()
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+            .join("\n"));
     }
     if cfg.shares.is_empty() {
-        return Err("no shares to serve: give --share NAME=PATH or [[share]] entries in --config".into());
+        return Err(
+            "no shares to serve: give --share NAME=PATH or [[share]] entries in --config".into(),
+        );
     }
     Ok(cfg)
 }
@@ -209,8 +229,10 @@ fn read_password(stdin: bool) -> Result<String, String> {
         }
         return Ok(pw);
     }
-    let pw = rpassword::prompt_password("Password: ").map_err(|e| format!("reading the password: {e}"))?;
-    let again = rpassword::prompt_password("Again: ").map_err(|e| format!("reading the password: {e}"))?;
+    let pw = rpassword::prompt_password("Password: ")
+        .map_err(|e| format!("reading the password: {e}"))?;
+    let again =
+        rpassword::prompt_password("Again: ").map_err(|e| format!("reading the password: {e}"))?;
     if pw != again {
         return Err("the passwords differ".into());
     }
@@ -230,7 +252,9 @@ fn user(cmd: UserCmd) -> Result<(), String> {
         } => {
             let mut users = UserDb::load_or_empty(&db).map_err(|e| e.to_string())?;
             let pw = read_password(password_stdin)?;
-            users.add(&name, &pw, &provider).map_err(|e| e.to_string())?;
+            users
+                .add(&name, &pw, &provider)
+                .map_err(|e| e.to_string())?;
             users.save(&db).map_err(|e| e.to_string())?;
             println!("user {name} saved in {}", db.display());
         }

@@ -36,7 +36,10 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
 /// delete-pending file, deletes the file.
 pub fn release(server: &Server, open: &Open) {
     let sm = &server.share_modes;
-    if open.delete_on_close.load(std::sync::atomic::Ordering::SeqCst) {
+    if open
+        .delete_on_close
+        .load(std::sync::atomic::Ordering::SeqCst)
+    {
         let _ = sm.set_delete_pending(open.file_key, true);
     }
     match sm.remove_open(open.file_key, open.open_id) {
@@ -47,7 +50,9 @@ pub fn release(server: &Server, open: &Open) {
 }
 
 fn delete_file(open: &Open) {
-    let Some(fs) = open.share.fs.as_ref() else { return };
+    let Some(fs) = open.share.fs.as_ref() else {
+        return;
+    };
     let path = open.path();
     // The name may have been renamed by another open since; delete only if
     // it still names this very file.
@@ -55,7 +60,11 @@ fn delete_file(open: &Open) {
         Ok(st) if st.dev == open.file_key.dev && st.ino == open.file_key.ino => {}
         _ => return,
     }
-    let r = if open.is_dir { fs.rmdir(&path) } else { fs.unlink(&path) };
+    let r = if open.is_dir {
+        fs.rmdir(&path)
+    } else {
+        fs.unlink(&path)
+    };
     if let Err(e) = r {
         tracing::warn!("delete-on-close of {path} failed: {e}");
     }

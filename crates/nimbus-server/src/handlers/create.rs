@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 use nimbus_state::{FileKey, OpenRecord};
 use nimbus_vfs::{CreateMode, Kind, OpenOptions, Stat, VfsError};
 use nimbus_wire::create::{
-    context_name, create_options as opt, CreateAction, CreateContext, CreateDisposition, CreateRequest,
-    CreateResponse, IMPERSONATION_DELEGATE,
+    context_name, create_options as opt, CreateAction, CreateContext, CreateDisposition,
+    CreateRequest, CreateResponse, IMPERSONATION_DELEGATE,
 };
 use nimbus_wire::fscc::{access, attributes};
 use nimbus_wire::{FileId, NtStatus};
@@ -39,7 +39,8 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     if options & !opt::VALID_MASK != 0 {
         return Err(NtStatus::INVALID_PARAMETER);
     }
-    let disposition = CreateDisposition::from_u32(req.create_disposition).ok_or(NtStatus::INVALID_PARAMETER)?;
+    let disposition =
+        CreateDisposition::from_u32(req.create_disposition).ok_or(NtStatus::INVALID_PARAMETER)?;
     let want_dir = options & opt::DIRECTORY_FILE != 0;
     let want_file = options & opt::NON_DIRECTORY_FILE != 0;
     if want_dir && want_file {
@@ -50,7 +51,9 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     }
     let truncating = matches!(
         disposition,
-        CreateDisposition::Supersede | CreateDisposition::Overwrite | CreateDisposition::OverwriteIf
+        CreateDisposition::Supersede
+            | CreateDisposition::Overwrite
+            | CreateDisposition::OverwriteIf
     );
     if want_dir && truncating {
         return Err(NtStatus::INVALID_PARAMETER);
@@ -73,7 +76,9 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         match c.name.as_slice() {
             // Previous versions (snapshots) are not served.
             context_name::TIMEWARP_TOKEN => return Err(NtStatus::OBJECT_NAME_NOT_FOUND),
-            context_name::EA_BUFFER if !c.data.is_empty() => return Err(NtStatus::EAS_NOT_SUPPORTED),
+            context_name::EA_BUFFER if !c.data.is_empty() => {
+                return Err(NtStatus::EAS_NOT_SUPPORTED)
+            }
             _ => {}
         }
     }
@@ -97,7 +102,10 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         if st.is_dir && truncating {
             return Err(NtStatus::FILE_IS_A_DIRECTORY);
         }
-    } else if matches!(disposition, CreateDisposition::Open | CreateDisposition::Overwrite) {
+    } else if matches!(
+        disposition,
+        CreateDisposition::Open | CreateDisposition::Overwrite
+    ) {
         return Err(NtStatus::OBJECT_NAME_NOT_FOUND);
     }
     let creating = existing.is_none();
@@ -146,8 +154,14 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     // truncates a file another client holds without write sharing.
     let mut registered = None;
     if let Some(st) = &existing {
-        let key = FileKey { dev: st.dev, ino: st.ino };
-        ctx.server.share_modes.add_open(key, record).map_err(|e| sharing_status(&e))?;
+        let key = FileKey {
+            dev: st.dev,
+            ino: st.ino,
+        };
+        ctx.server
+            .share_modes
+            .add_open(key, record)
+            .map_err(|e| sharing_status(&e))?;
         registered = Some(key);
     }
     let unregister = |key: FileKey| {
@@ -186,18 +200,29 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             }
             return Err(match e {
                 // Lost a race with another creator.
-                VfsError::Exists if creating && disposition != CreateDisposition::Create => NtStatus::SHARING_VIOLATION,
+                VfsError::Exists if creating && disposition != CreateDisposition::Create => {
+                    NtStatus::SHARING_VIOLATION
+                }
                 e => vfs_status(&e),
             });
         }
     };
-    let key = FileKey { dev: st.dev, ino: st.ino };
+    let key = FileKey {
+        dev: st.dev,
+        ino: st.ino,
+    };
     if registered.is_none() {
-        ctx.server.share_modes.add_open(key, record).map_err(|e| sharing_status(&e))?;
+        ctx.server
+            .share_modes
+            .add_open(key, record)
+            .map_err(|e| sharing_status(&e))?;
     } else if registered != Some(key) {
         // The name now refers to another file than the one checked.
         unregister(registered.unwrap_or(key));
-        ctx.server.share_modes.add_open(key, record).map_err(|e| sharing_status(&e))?;
+        ctx.server
+            .share_modes
+            .add_open(key, record)
+            .map_err(|e| sharing_status(&e))?;
     }
 
     let contexts = response_contexts(&req.contexts, &st, granted, max, &handle, created);
@@ -219,7 +244,15 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         file_key: key,
         delete_on_close: AtomicBool::new(delete_on_close),
         position: AtomicU64::new(0),
-        mode: AtomicU32::new(options & (opt::WRITE_THROUGH | opt::SEQUENTIAL_ONLY | opt::NO_INTERMEDIATE_BUFFERING | opt::SYNCHRONOUS_IO_ALERT | opt::SYNCHRONOUS_IO_NONALERT | opt::DELETE_ON_CLOSE)),
+        mode: AtomicU32::new(
+            options
+                & (opt::WRITE_THROUGH
+                    | opt::SEQUENTIAL_ONLY
+                    | opt::NO_INTERMEDIATE_BUFFERING
+                    | opt::SYNCHRONOUS_IO_ALERT
+                    | opt::SYNCHRONOUS_IO_NONALERT
+                    | opt::DELETE_ON_CLOSE),
+        ),
         dir_enum: Mutex::new(None),
     });
     lock(&session.opens).insert(open_id, open);
@@ -229,7 +262,9 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     } else {
         match disposition {
             CreateDisposition::Supersede => CreateAction::Superseded,
-            CreateDisposition::Overwrite | CreateDisposition::OverwriteIf => CreateAction::Overwritten,
+            CreateDisposition::Overwrite | CreateDisposition::OverwriteIf => {
+                CreateAction::Overwritten
+            }
             _ => CreateAction::Opened,
         }
     };

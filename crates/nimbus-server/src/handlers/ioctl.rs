@@ -1,8 +1,8 @@
 //! MS-SMB2 3.3.5.15 Receiving an SMB2 IOCTL Request.
 
 use nimbus_wire::ioctl::{
-    ctl_code, encode_ioctl_response, encode_network_interfaces, encode_validate_negotiate_response, IoctlRequest,
-    NetworkInterface, ValidateNegotiateInfo, IOCTL_IS_FSCTL,
+    ctl_code, encode_ioctl_response, encode_network_interfaces, encode_validate_negotiate_response,
+    IoctlRequest, NetworkInterface, ValidateNegotiateInfo, IOCTL_IS_FSCTL,
 };
 use nimbus_wire::NtStatus;
 
@@ -14,7 +14,13 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     if req.flags != IOCTL_IS_FSCTL {
         return Err(NtStatus::NOT_SUPPORTED);
     }
-    check_credit_charge(ctx, req.input.len().max(req.max_output_response as usize).min(u32::MAX as usize) as u32)?;
+    check_credit_charge(
+        ctx,
+        req.input
+            .len()
+            .max(req.max_output_response as usize)
+            .min(u32::MAX as usize) as u32,
+    )?;
     let mut output = Vec::new();
     match req.ctl_code {
         ctl_code::FSCTL_VALIDATE_NEGOTIATE_INFO => validate_negotiate(ctx, req.input, &mut output)?,
@@ -29,11 +35,26 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
                 }],
             );
         }
+        ctl_code::FSCTL_CREATE_OR_GET_OBJECT_ID => {
+            let open = ctx.open(req.file_id)?;
+            let st = open
+                .handle
+                .stat()
+                .map_err(|e| crate::errors::vfs_status(&e))?;
+            object_id(&mut output, st.dev, st.ino);
+        }
         // Not a DFS server: clients then use the path as it is.
         ctl_code::FSCTL_DFS_GET_REFERRALS => return Err(NtStatus::NOT_FOUND),
         // No named pipes are served on IPC$.
         ctl_code::FSCTL_PIPE_TRANSCEIVE => return Err(NtStatus::NOT_SUPPORTED),
-        _ => return Err(NtStatus::INVALID_DEVICE_REQUEST),
+        _ => {
+            // File-system controls act on an open: a stale handle is
+            // reported as such before the code is judged.
+            if req.file_id != nimbus_wire::FileId::RELATED || ctx.related {
+                ctx.open(req.file_id)?;
+            }
+            return Err(NtStatus::INVALID_DEVICE_REQUEST);
+        }
     }
     if output.len() > req.max_output_response as usize {
         return Err(NtStatus::BUFFER_TOO_SMALL);
@@ -44,7 +65,11 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
 
 /// MS-SMB2 3.3.5.15.12: the client proves the NEGOTIATE was not tampered
 /// with; any mismatch means a downgrade attack and ends the connection.
-fn validate_negotiate(ctx: &mut Ctx<'_>, input: &[u8], output: &mut Vec<u8>) -> Result<(), NtStatus> {
+fn validate_negotiate(
+    ctx: &mut Ctx<'_>,
+    input: &[u8],
+    output: &mut Vec<u8>,
+) -> Result<(), NtStatus> {
     let neg = ctx.conn.negotiated().ok_or(NtStatus::INVALID_PARAMETER)?;
     let Ok(v) = ValidateNegotiateInfo::parse(input) else {
         ctx.disconnect = true;
@@ -59,7 +84,10 @@ fn validate_negotiate(ctx: &mut Ctx<'_>, input: &[u8], output: &mut Vec<u8>) -> 
         && v.capabilities == neg.client_capabilities
         && ours == theirs;
     if !ok {
-        tracing::warn!("{}: VALIDATE_NEGOTIATE_INFO mismatch; closing connection", ctx.conn.peer);
+        tracing::warn!(
+            "{}: VALIDATE_NEGOTIATE_INFO mismatch; closing connection",
+            ctx.conn.peer
+        );
         ctx.disconnect = true;
         return Err(NtStatus::ACCESS_DENIED);
     }
@@ -71,4 +99,12 @@ fn validate_negotiate(ctx: &mut Ctx<'_>, input: &[u8], output: &mut Vec<u8>) -> 
         neg.dialect as u16,
     );
     Ok(())
+}
+
+/// MS-FSCC 2.1.3.1 FILE_OBJECTID_BUFFER (type 1): a stable 16-byte object
+/// id derived from the file's device and inode, and zeroed extended info.
+fn object_id(out: &mut Vec<u8>, dev: u64, ino: u64) {
+    out.extend_from_slice(&ino.to_le_bytes());
+    out.extend_from_slice(&dev.to_le_bytes());
+    out.resize(out.len() + 48, 0);
 }

@@ -14,7 +14,12 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     let session = ctx.session()?.clone();
     lock(&ctx.conn.sessions).remove(&session.id);
     if let SessionState::Valid(auth) = &*lock(&session.state) {
-        tracing::info!("session logoff: user {}\\{} from {}", auth.domain, auth.user, ctx.conn.peer);
+        tracing::info!(
+            "session logoff: user {}\\{} from {}",
+            auth.domain,
+            auth.user,
+            ctx.conn.peer
+        );
     }
     close_session(ctx.server, &session);
     encode_empty(out);

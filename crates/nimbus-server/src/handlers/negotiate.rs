@@ -71,7 +71,11 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         .copied()
         .find(|d| req.dialects.contains(&(*d as u16)))
         .ok_or_else(|| {
-            tracing::info!("{}: no common dialect in {:x?}", ctx.conn.peer, req.dialects);
+            tracing::info!(
+                "{}: no common dialect in {:x?}",
+                ctx.conn.peer,
+                req.dialects
+            );
             NtStatus::NOT_SUPPORTED
         })?;
     let mut signing_algorithm = if dialect.is_smb3() {
@@ -110,13 +114,20 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
                     parse_id_list(&c.data).map_err(malformed)?;
                     // No cipher is offered until SMB3 encryption lands: a
                     // cipher id of 0 tells the client there is no common one.
-                    resp_contexts.push(id_list_context(context_type::ENCRYPTION_CAPABILITIES, &[0]));
+                    resp_contexts
+                        .push(id_list_context(context_type::ENCRYPTION_CAPABILITIES, &[0]));
                 }
                 context_type::SIGNING_CAPABILITIES => {
                     let offered = parse_id_list(&c.data).map_err(malformed)?;
-                    if let Some(alg) = SIGNING_PREFERENCE.iter().find(|a| offered.contains(&a.id())) {
+                    if let Some(alg) = SIGNING_PREFERENCE
+                        .iter()
+                        .find(|a| offered.contains(&a.id()))
+                    {
                         signing_algorithm = *alg;
-                        resp_contexts.push(id_list_context(context_type::SIGNING_CAPABILITIES, &[alg.id()]));
+                        resp_contexts.push(id_list_context(
+                            context_type::SIGNING_CAPABILITIES,
+                            &[alg.id()],
+                        ));
                     }
                 }
                 // Unknown contexts are ignored (MS-SMB2 3.3.5.4).
@@ -145,7 +156,12 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         signing_algorithm,
         max_io: max,
     }));
-    tracing::debug!("{}: negotiated {:?}, signing {:?}", ctx.conn.peer, dialect, signing_algorithm);
+    tracing::debug!(
+        "{}: negotiated {:?}, signing {:?}",
+        ctx.conn.peer,
+        dialect,
+        signing_algorithm
+    );
     Ok(NtStatus::SUCCESS)
 }
 

@@ -31,12 +31,13 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     let mut guard = lock(&open.dir_enum);
     let restart = req.flags & (flags::RESTART_SCANS | flags::REOPEN) != 0 || guard.is_none();
     if restart {
-        let pattern = if req.pattern.is_empty() { "*".to_string() } else { req.pattern.clone() };
+        let pattern = if req.pattern.is_empty() {
+            "*".to_string()
+        } else {
+            req.pattern.clone()
+        };
         let entries = list(&open, &pattern)?;
-        *guard = Some(DirEnum {
-            entries,
-            pos: 0,
-        });
+        *guard = Some(DirEnum { entries, pos: 0 });
     }
     let Some(en) = guard.as_mut() else {
         return Err(NtStatus::INVALID_PARAMETER);
@@ -110,7 +111,11 @@ fn list(open: &Open, pattern: &str) -> Result<Vec<DirEntry>, NtStatus> {
     if !has_wildcards(pattern) {
         // An exact name: try it as spelled, then case-insensitively.
         if pattern == "." || pattern == ".." {
-            out.extend(dot_entries(open, fs, &dir).into_iter().filter(|e| e.name == pattern));
+            out.extend(
+                dot_entries(open, fs, &dir)
+                    .into_iter()
+                    .filter(|e| e.name == pattern),
+            );
             return Ok(out);
         }
         if let Ok(stat) = fs.stat(&join(&dir, pattern)) {
@@ -121,9 +126,17 @@ fn list(open: &Open, pattern: &str) -> Result<Vec<DirEntry>, NtStatus> {
             return Ok(out);
         }
     }
-    out.extend(dot_entries(open, fs, &dir).into_iter().filter(|e| wildcard_match(pattern, &e.name)));
+    out.extend(
+        dot_entries(open, fs, &dir)
+            .into_iter()
+            .filter(|e| wildcard_match(pattern, &e.name)),
+    );
     let entries = open.handle.read_dir().map_err(|e| vfs_status(&e))?;
-    out.extend(entries.into_iter().filter(|e| wildcard_match(pattern, &e.name)));
+    out.extend(
+        entries
+            .into_iter()
+            .filter(|e| wildcard_match(pattern, &e.name)),
+    );
     Ok(out)
 }
 
@@ -136,7 +149,11 @@ fn dot_entries(open: &Open, fs: &nimbus_vfs::LocalFs, dir: &str) -> Vec<DirEntry
             stat,
         });
     }
-    let up = if dir.is_empty() { this } else { fs.stat(parent(dir)).ok() };
+    let up = if dir.is_empty() {
+        this
+    } else {
+        fs.stat(parent(dir)).ok()
+    };
     if let Some(stat) = up {
         v.push(DirEntry {
             name: "..".into(),

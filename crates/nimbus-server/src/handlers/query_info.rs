@@ -4,7 +4,9 @@
 use std::sync::atomic::Ordering;
 
 use nimbus_wire::dtyp::posix_security_descriptor;
-use nimbus_wire::fscc::{access, encode_file_class, encode_fs_class, file_class, fs_class, OpenView};
+use nimbus_wire::fscc::{
+    access, encode_file_class, encode_fs_class, file_class, fs_class, OpenView,
+};
 use nimbus_wire::info::{info_type, QueryInfoRequest};
 use nimbus_wire::query_directory::encode_output_buffer_response;
 use nimbus_wire::NtStatus;
@@ -38,7 +40,10 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         info_type::FILE => {
             let needs_read_attributes = matches!(
                 req.info_class,
-                file_class::BASIC | file_class::ALL | file_class::NETWORK_OPEN | file_class::ATTRIBUTE_TAG
+                file_class::BASIC
+                    | file_class::ALL
+                    | file_class::NETWORK_OPEN
+                    | file_class::ATTRIBUTE_TAG
             );
             if needs_read_attributes && open.access & access::FILE_READ_ATTRIBUTES == 0 {
                 return Err(NtStatus::ACCESS_DENIED);
@@ -64,7 +69,8 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
                     &name[1..]
                 },
             };
-            encode_file_class(req.info_class, &file_info(&st, pending), &view).ok_or(NtStatus::INVALID_INFO_CLASS)?
+            encode_file_class(req.info_class, &file_info(&st, pending), &view)
+                .ok_or(NtStatus::INVALID_INFO_CLASS)?
         }
         info_type::FILESYSTEM => {
             let fs = open.share.fs.as_ref().ok_or(NtStatus::INVALID_PARAMETER)?;
@@ -77,7 +83,13 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
                 return Err(NtStatus::ACCESS_DENIED);
             }
             let st = open.handle.stat().map_err(|e| vfs_status(&e))?;
-            let sd = posix_security_descriptor(st.uid, st.gid, st.mode, st.is_dir, req.additional_information);
+            let sd = posix_security_descriptor(
+                st.uid,
+                st.gid,
+                st.mode,
+                st.is_dir,
+                req.additional_information,
+            );
             if sd.len() > limit {
                 // MS-SMB2 3.3.5.20.3: tell the client the size it needs.
                 ctx.error_data = (sd.len() as u32).to_le_bytes().to_vec();

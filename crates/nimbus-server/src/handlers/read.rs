@@ -19,7 +19,11 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         return Err(NtStatus::ACCESS_DENIED);
     }
     check_credit_charge(ctx, req.length)?;
-    if req.offset.checked_add(req.length as u64).is_none_or(|end| end > i64::MAX as u64) {
+    if req
+        .offset
+        .checked_add(req.length as u64)
+        .is_none_or(|end| end > i64::MAX as u64)
+    {
         return Err(NtStatus::INVALID_PARAMETER);
     }
     let head = out.len();
@@ -41,6 +45,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     out[head + 4..head + 8].copy_from_slice(&(n as u32).to_le_bytes());
     // Samba, like Windows for synchronous opens, reports the byte after the
     // last read as FilePositionInformation.
-    open.position.store(req.offset + n as u64, std::sync::atomic::Ordering::Relaxed);
+    open.position
+        .store(req.offset + n as u64, std::sync::atomic::Ordering::Relaxed);
     Ok(NtStatus::SUCCESS)
 }

@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use nimbus_auth::{AuthError, AuthStep};
 use nimbus_wire::negotiate::{security_mode, Dialect};
-use nimbus_wire::session_setup::{session_flags, SessionSetupRequest, SessionSetupResponse, FLAG_BINDING};
+use nimbus_wire::session_setup::{
+    session_flags, SessionSetupRequest, SessionSetupResponse, FLAG_BINDING,
+};
 use nimbus_wire::NtStatus;
 
 use super::malformed;
@@ -64,7 +66,13 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             let signer = if unauthenticated {
                 None
             } else {
-                match session_signer(&ctx.server.provider, neg.dialect, neg.signing_algorithm, &res.session_key, preauth) {
+                match session_signer(
+                    &ctx.server.provider,
+                    neg.dialect,
+                    neg.signing_algorithm,
+                    &res.session_key,
+                    preauth,
+                ) {
                     Ok(s) => Some(s),
                     Err(e) => {
                         tracing::error!("{}: cannot derive signing key: {e}", ctx.conn.peer);
@@ -76,7 +84,9 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             };
             let signing_required = !unauthenticated
                 && (ctx.server.config.signing == SigningPolicy::Required
-                    || (req.security_mode as u16 | neg.client_security_mode) & security_mode::SIGNING_REQUIRED != 0);
+                    || (req.security_mode as u16 | neg.client_security_mode)
+                        & security_mode::SIGNING_REQUIRED
+                        != 0);
             let mut flags = 0;
             if res.anonymous {
                 flags |= session_flags::IS_NULL;
@@ -86,10 +96,18 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             tracing::info!(
                 "session logon: user {}\\{} from {} ({:?}, signing {})",
                 res.domain,
-                if res.anonymous { "(anonymous)" } else { res.user.as_str() },
+                if res.anonymous {
+                    "(anonymous)"
+                } else {
+                    res.user.as_str()
+                },
                 ctx.conn.peer,
                 neg.dialect,
-                if signer.is_some() { format!("{:?}", neg.signing_algorithm) } else { "off".into() },
+                if signer.is_some() {
+                    format!("{:?}", neg.signing_algorithm)
+                } else {
+                    "off".into()
+                },
             );
             let has_signer = signer.is_some();
             *state = SessionState::Valid(Authenticated {

@@ -4,7 +4,10 @@ use std::sync::atomic::Ordering;
 
 use nimbus_vfs::{Timespec, VfsError};
 use nimbus_wire::codec::{utf16le_to_string, Reader};
-use nimbus_wire::fscc::{access, attributes, file_class, filetime_to_unix, parse_u32, parse_u64, parse_u8, RenameInfo, SetBasicInfo};
+use nimbus_wire::fscc::{
+    access, attributes, file_class, filetime_to_unix, parse_u32, parse_u64, parse_u8, RenameInfo,
+    SetBasicInfo,
+};
 use nimbus_wire::info::{encode_set_info_response, info_type, SetInfoRequest};
 use nimbus_wire::NtStatus;
 
@@ -68,7 +71,10 @@ fn set_file_info(ctx: &mut Ctx<'_>, open: &Open, class: u8, buf: &[u8]) -> Resul
             {
                 return Err(NtStatus::INVALID_PARAMETER);
             }
-            let (atime, mtime) = (to_timespec(b.last_access_time), to_timespec(b.last_write_time));
+            let (atime, mtime) = (
+                to_timespec(b.last_access_time),
+                to_timespec(b.last_write_time),
+            );
             if atime.is_some() || mtime.is_some() {
                 open.handle.set_times(atime, mtime).map_err(vfs)?;
             }
@@ -76,7 +82,11 @@ fn set_file_info(ctx: &mut Ctx<'_>, open: &Open, class: u8, buf: &[u8]) -> Resul
                 let st = open.handle.stat().map_err(vfs)?;
                 let want_ro = b.attributes & attributes::READONLY != 0;
                 if want_ro != is_readonly(st.mode) {
-                    let mode = if want_ro { st.mode & !0o222 } else { st.mode | 0o200 };
+                    let mode = if want_ro {
+                        st.mode & !0o222
+                    } else {
+                        st.mode | 0o200
+                    };
                     open.handle.set_mode(mode).map_err(vfs)?;
                 }
             }
@@ -92,7 +102,8 @@ fn set_file_info(ctx: &mut Ctx<'_>, open: &Open, class: u8, buf: &[u8]) -> Resul
                 let _ = r.u32().map_err(malformed)?;
                 let root = r.u64().map_err(malformed)?;
                 let len = r.u32().map_err(malformed)? as usize;
-                let name = utf16le_to_string(r.bytes(len).map_err(malformed)?).map_err(malformed)?;
+                let name =
+                    utf16le_to_string(r.bytes(len).map_err(malformed)?).map_err(malformed)?;
                 (flags & RENAME_EX_REPLACE_IF_EXISTS != 0, root, name)
             };
             if root != 0 {
@@ -106,7 +117,10 @@ fn set_file_info(ctx: &mut Ctx<'_>, open: &Open, class: u8, buf: &[u8]) -> Resul
                 (parse_u8(buf).map_err(malformed)? != 0, false)
             } else {
                 let f = parse_u32(buf).map_err(malformed)?;
-                (f & DISPOSITION_EX_DELETE != 0, f & DISPOSITION_EX_IGNORE_READONLY != 0)
+                (
+                    f & DISPOSITION_EX_DELETE != 0,
+                    f & DISPOSITION_EX_IGNORE_READONLY != 0,
+                )
             };
             if delete {
                 let st = open.handle.stat().map_err(vfs)?;
@@ -193,16 +207,21 @@ fn rename(ctx: &mut Ctx<'_>, open: &Open, new_name: &str, replace: bool) -> Resu
                 ino: target.ino,
             };
             // A file someone holds open cannot be replaced.
-            let rec = ctx.server.share_modes.record(key).map_err(|e| sharing_status(&e))?;
+            let rec = ctx
+                .server
+                .share_modes
+                .record(key)
+                .map_err(|e| sharing_status(&e))?;
             if !rec.opens.is_empty() {
                 return Err(NtStatus::ACCESS_DENIED);
             }
         }
     }
-    fs.rename(&from, &to, replace || case_only).map_err(|e| match e {
-        VfsError::Exists => NtStatus::OBJECT_NAME_COLLISION,
-        e => vfs_status(&e),
-    })?;
+    fs.rename(&from, &to, replace || case_only)
+        .map_err(|e| match e {
+            VfsError::Exists => NtStatus::OBJECT_NAME_COLLISION,
+            e => vfs_status(&e),
+        })?;
     *lock(&open.path) = to;
     Ok(())
 }

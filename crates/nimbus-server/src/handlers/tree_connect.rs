@@ -17,12 +17,19 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     let session = ctx.session()?.clone();
     let name = req.share_name();
     let Some(share) = ctx.server.find_share(name) else {
-        tracing::info!("{}: tree connect to unknown share \"{name}\"", ctx.conn.peer);
+        tracing::info!(
+            "{}: tree connect to unknown share \"{name}\"",
+            ctx.conn.peer
+        );
         return Err(NtStatus::BAD_NETWORK_NAME);
     };
     let guest = matches!(&*lock(&session.state), SessionState::Valid(a) if a.guest);
     if guest && !share.guest_ok && !share.is_ipc() {
-        tracing::info!("{}: guest refused on share \"{}\"", ctx.conn.peer, share.name);
+        tracing::info!(
+            "{}: guest refused on share \"{}\"",
+            ctx.conn.peer,
+            share.name
+        );
         return Err(NtStatus::ACCESS_DENIED);
     }
     let maximal_access = if share.read_only || share.is_ipc() {
@@ -31,7 +38,11 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         access::FILE_ALL_ACCESS
     };
     let id = session.next_tree_id();
-    let share_type = if share.is_ipc() { ShareType::Pipe } else { ShareType::Disk };
+    let share_type = if share.is_ipc() {
+        ShareType::Pipe
+    } else {
+        ShareType::Disk
+    };
     lock(&session.trees).insert(
         id,
         Arc::new(Tree {
@@ -59,7 +70,11 @@ pub fn handle_disconnect(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> H
     lock(&session.trees).remove(&tree.id);
     let opens: Vec<_> = {
         let mut table = lock(&session.opens);
-        let ids: Vec<u64> = table.values().filter(|o| o.tree_id == tree.id).map(|o| o.volatile_id).collect();
+        let ids: Vec<u64> = table
+            .values()
+            .filter(|o| o.tree_id == tree.id)
+            .map(|o| o.volatile_id)
+            .collect();
         ids.iter().filter_map(|id| table.remove(id)).collect()
     };
     for open in opens {

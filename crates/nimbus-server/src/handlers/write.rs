@@ -26,15 +26,21 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     // Offsets beyond what NTFS allows are refused before any I/O
     // (MS-FSA 2.1.5.3: no append-at-EOF offset over SMB2).
     let end = req.offset.checked_add(req.data.len() as u64);
-    if req.offset > i64::MAX as u64 || (!req.data.is_empty() && end.is_none_or(|e| e > MAX_FILE_SIZE)) {
+    if req.offset > i64::MAX as u64
+        || (!req.data.is_empty() && end.is_none_or(|e| e > MAX_FILE_SIZE))
+    {
         return Err(NtStatus::INVALID_PARAMETER);
     }
     let offset = req.offset;
-    let n = open.handle.write_at(req.data, offset).map_err(|e| vfs_status(&e))?;
+    let n = open
+        .handle
+        .write_at(req.data, offset)
+        .map_err(|e| vfs_status(&e))?;
     if req.flags & WRITEFLAG_WRITE_THROUGH != 0 {
         open.handle.sync().map_err(|e| vfs_status(&e))?;
     }
-    open.position.store(offset + n as u64, std::sync::atomic::Ordering::Relaxed);
+    open.position
+        .store(offset + n as u64, std::sync::atomic::Ordering::Relaxed);
     encode_write_response(out, n as u32);
     Ok(NtStatus::SUCCESS)
 }
