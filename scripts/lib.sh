@@ -16,7 +16,11 @@ NIMBUS_VENV=$NIMBUS_TARGET_DIR/test-venv
 NIMBUS_BUILD_PACKAGES=(build-essential pkg-config)
 
 section() {
-    printf '\n\033[1m==== %s ====\033[0m\n' "$*"
+    if [ -t 1 ]; then
+        printf '\n\033[1m==== %s ====\033[0m\n' "$*"
+    else
+        printf '\n==== %s ====\n' "$*"
+    fi
 }
 
 info() {

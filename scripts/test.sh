@@ -84,7 +84,11 @@ fi
 
 if [ "$cargo_checks" -eq 1 ]; then
     step "cargo fmt --check"
-    cargo fmt --all --check
+    if [ -t 1 ]; then
+        cargo fmt --all --check
+    else
+        cargo fmt --all --check -- --color=never
+    fi
 
     step "cargo clippy"
     cargo clippy --workspace --all-targets -- -D warnings

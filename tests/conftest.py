@@ -48,10 +48,6 @@ def pytest_addoption(parser):
     )
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "nimbus_only: test of the nimbus CLI itself, skipped with --target=samba")
-
-
 def pytest_collection_modifyitems(config, items):
     if config.getoption("--target") != "samba":
         return
@@ -227,7 +223,7 @@ class ServerFactory:
     def _start_nimbus(self, base, shares, share_paths, log_path, signing) -> Server:
         db = base / "users.db"
         add_user(db)
-        env = dict(os.environ, RUST_BACKTRACE="1")
+        env = dict(os.environ, RUST_BACKTRACE="1", NO_COLOR="1")  # plain log lines in the file
         verbose = ["-v"] if os.environ.get("NIMBUS_TEST_VERBOSE") == "1" else []
         last_error = None
         for _attempt in range(3):  # a port picked free can be taken before we bind it

@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,6 +62,8 @@ _LINE = re.compile(r"^(?P<word>[a-z]+): (?P<name>\S+)(?P<bracket> \[)?\s*$")
 class SuiteRun:
     outcomes: dict[str, str] = field(default_factory=dict)  # test -> PASS / FAIL / SKIP
     details: dict[str, str] = field(default_factory=dict)  # test -> reason smbtorture gave
+    unfinished: list[str] = field(default_factory=list)  # started, no result: smbtorture died or was stopped
+    crashed_in: list[str] = field(default_factory=list)  # tests during which smbtorture died
     timed_out: bool = False
     returncode: int | None = None
     output: str = ""
@@ -94,6 +97,7 @@ def parse_subunit(text: str) -> SuiteRun:
         if name not in run.outcomes:
             run.outcomes[name] = FAIL
             run.details[name] = "started but gave no result (smbtorture ended or timed out during it)"
+            run.unfinished.append(name)
     return run
 
 
@@ -121,8 +125,41 @@ def load_known_failures(path: Path = KNOWN_FAILURES) -> tuple[dict[str, str], li
     return entries, problems
 
 
+def list_tests(suite: str) -> list[str]:
+    """The tests of `suite`, named as --fullname reports them.
+
+    `smbtorture --list` prints suite.tcase.test; a test alone in its tcase
+    of the same name is reported as suite.test.
+    """
+    proc = subprocess.run(["smbtorture", "--list", suite], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    names = []
+    for line in proc.stdout.splitlines():
+        line = line.strip()
+        if line != suite and not line.startswith(suite + "."):
+            continue  # --list also matches longer suite names (smb2.compound_find)
+        parts = line.split(".")
+        if len(parts) > 2 and parts[-1] == parts[-2]:
+            parts.pop()
+        names.append(".".join(parts))
+    return names
+
+
+def _crash_summary(text: str) -> str:
+    for line in text.splitlines():
+        if "INTERNAL ERROR" in line or line.startswith("PANIC") or "Segmentation fault" in line:
+            return line.strip()
+    return ""
+
+
 def run_smbtorture(server, suite: str, client_conf: Path, log_path: Path, timeout: int = SUITE_TIMEOUT) -> SuiteRun:
-    cmd = [
+    """Run one suite within `timeout` seconds in all.
+
+    When smbtorture itself dies during a test (it has crashed on answers it
+    did not expect), that test counts as failed and smbtorture is started
+    again on the tests that had not run yet, so one crash does not hide the
+    rest of the suite.
+    """
+    base = [
         "smbtorture",
         f"//{server.host}/{server.share}",
         "-p", str(server.port),
@@ -131,22 +168,51 @@ def run_smbtorture(server, suite: str, client_conf: Path, log_path: Path, timeou
         "-s", str(client_conf),
         "--format=subunit",
         "--fullname",
-        f"--maximum-runtime={timeout}",
-        suite,
     ]  # fmt: skip
-    timed_out = False
-    try:
-        # smbtorture leaves a smbtortureXXXXXX directory in its working directory
-        proc = subprocess.run(cmd, cwd=log_path.parent, capture_output=True, timeout=timeout + 30, stdin=subprocess.DEVNULL)
-        out, returncode = proc.stdout + proc.stderr, proc.returncode
-    except subprocess.TimeoutExpired as e:
-        out, returncode, timed_out = (e.stdout or b"") + (e.stderr or b""), None, True
-    text = out.decode("utf-8", errors="replace")
-    log_path.write_text(text)
-    run = parse_subunit(text)
-    run.returncode = returncode
-    run.timed_out = timed_out or "maximum runtime" in text.lower()
-    return run
+    workdir = log_path.parent  # smbtorture leaves a smbtortureXXXXXX directory in its working directory
+    all_tests = list_tests(suite)
+    deadline = time.monotonic() + timeout
+    result = SuiteRun()
+    logs = []
+    pending: list[str] | None = None  # None: the whole suite
+    for attempt in range(1, len(all_tests) + 2):
+        left = int(deadline - time.monotonic())
+        if left <= 0:
+            result.timed_out = True
+            break
+        cmd = [*base, f"--maximum-runtime={left}"]
+        if pending is not None:
+            load_list = workdir / f"{suite}.remaining-{attempt}.txt"
+            load_list.write_text("".join(n + "\n" for n in pending))
+            cmd.append(f"--load-list={load_list}")
+        cmd.append(suite)
+        timed_out = False
+        try:
+            proc = subprocess.run(cmd, cwd=workdir, capture_output=True, timeout=left + 30, stdin=subprocess.DEVNULL)
+            out, returncode = proc.stdout + proc.stderr, proc.returncode
+        except subprocess.TimeoutExpired as e:
+            out, returncode, timed_out = (e.stdout or b"") + (e.stderr or b""), None, True
+        text = out.decode("utf-8", errors="replace")
+        logs.append(f"### {' '.join(cmd)}\n{text}")
+        part = parse_subunit(text)
+        result.outcomes.update(part.outcomes)
+        result.details.update(part.details)
+        result.returncode = returncode
+        if timed_out or "maximum runtime" in text.lower():
+            result.timed_out = True
+            break
+        if not part.unfinished:
+            break  # smbtorture got to the end
+        crash = _crash_summary(text) or f"smbtorture exited with status {returncode}"
+        for name in part.unfinished:
+            result.details[name] = f"smbtorture died during this test: {crash}"
+            result.crashed_in.append(name)
+        pending = [n for n in all_tests if n not in result.outcomes]
+        if not pending:
+            break
+    result.output = "\n".join(logs)
+    log_path.write_text(result.output)
+    return result
 
 
 def first_line(text: str) -> str:
@@ -180,12 +246,15 @@ def test_smbtorture_suite(server, suite, samba_client_conf, tmp_path):
         problems.append(f"smbtorture reported no result (exit status {run.returncode}):\n{tail}")
     if run.timed_out:
         problems.append(f"{suite} did not finish within {SUITE_TIMEOUT} s; the tests after the last result did not run")
+    for name in run.crashed_in:
+        print(f"  smbtorture died during {name}; it was started again on the tests after it")
 
     regressions = sorted(n for n, o in run.outcomes.items() if o == FAIL and n not in known)
     if regressions:
         problems.append(
             "failed and not in tests/smbtorture/known-failures.txt (regression):\n"
             + "\n".join(f"  {n}: {first_line(run.details.get(n, ''))}" for n in regressions)
+            + "\n(a failure to accept for now goes in that file as `NAME  # reason`)"
         )
     fixed = sorted(n for n in known_here if run.outcomes.get(n) == PASS)
     if fixed:

@@ -4,6 +4,8 @@ use nimbus_vfs::{FsStat, Stat, Timespec};
 use nimbus_wire::create::FileTimesAndSizes;
 use nimbus_wire::fscc::{attributes, fs_attributes, unix_to_filetime, FileInfo, VolumeInfo};
 
+use crate::dosinfo::DosInfo;
+
 fn ft(t: Timespec) -> u64 {
     unix_to_filetime(t.sec, t.nsec)
 }
@@ -13,12 +15,14 @@ pub fn is_readonly(mode: u32) -> bool {
     mode & 0o222 == 0
 }
 
-pub fn attributes_of(st: &Stat) -> u32 {
-    let mut a = 0;
+/// MS-FSCC 2.6 file attributes: a file's READONLY from the permission bits,
+/// DIRECTORY from the file type, the rest as stored; NORMAL when none is set.
+pub fn attributes_of(st: &Stat, dos: &DosInfo) -> u32 {
+    let mut a = dos.stored_or_default(st.is_dir);
     if st.is_dir {
         a |= attributes::DIRECTORY;
     } else {
-        a |= attributes::ARCHIVE;
+        a &= !attributes::READONLY;
     }
     if is_readonly(st.mode) {
         a |= attributes::READONLY;
@@ -29,24 +33,30 @@ pub fn attributes_of(st: &Stat) -> u32 {
     a
 }
 
-pub fn file_info(st: &Stat, delete_pending: bool) -> FileInfo {
+pub fn file_info(st: &Stat, dos: &DosInfo, delete_pending: bool) -> FileInfo {
+    // Without a birth time, the older of mtime and ctime is the best
+    // stand-in: it never claims a file is newer than its content.
+    let birth = st.btime.unwrap_or(
+        if (st.mtime.sec, st.mtime.nsec) < (st.ctime.sec, st.ctime.nsec) {
+            st.mtime
+        } else {
+            st.ctime
+        },
+    );
     FileInfo {
-        // Without a birth time, the older of mtime and ctime is the best
-        // stand-in: it never claims a file is newer than its content.
-        creation_time: ft(st.btime.unwrap_or(
-            if (st.mtime.sec, st.mtime.nsec) < (st.ctime.sec, st.ctime.nsec) {
-                st.mtime
-            } else {
-                st.ctime
-            },
-        )),
+        creation_time: dos.create_time.unwrap_or_else(|| ft(birth)),
         last_access_time: ft(st.atime),
         last_write_time: ft(st.mtime),
-        change_time: ft(st.ctime),
+        change_time: dos
+            .change_time_for(st.mtime)
+            .unwrap_or_else(|| ft(st.ctime)),
         allocation_size: if st.is_dir { 0 } else { st.alloc_size },
         end_of_file: if st.is_dir { 0 } else { st.size },
-        attributes: attributes_of(st),
-        number_of_links: st.nlink.min(u32::MAX as u64) as u32,
+        attributes: attributes_of(st, dos),
+        // A delete-pending name no longer counts as a link (MS-FSA 2.1.5.12.27
+        // FileStandardInformation: NumberOfLinks excludes links pending deletion).
+        number_of_links: (st.nlink.saturating_sub(u64::from(delete_pending))).min(u32::MAX as u64)
+            as u32,
         delete_pending,
         is_directory: st.is_dir,
         file_id: st.ino,

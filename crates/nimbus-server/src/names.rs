@@ -69,6 +69,26 @@ pub fn join(dir: &str, name: &str) -> String {
     }
 }
 
+/// Whether two names are equal ignoring case, as Windows compares names
+/// (simple Unicode lower-case folding).
+pub fn eq_ignore_case(a: &str, b: &str) -> bool {
+    a.chars()
+        .flat_map(char::to_lowercase)
+        .eq(b.chars().flat_map(char::to_lowercase))
+}
+
+/// The directory entry a client means by `wanted` when it is not spelled
+/// as on disk: the one equal to it ignoring case. If several differ only
+/// in case, the smallest wins, so the answer does not depend on the order
+/// the directory happens to list them in.
+pub fn pick_ignoring_case<'a>(names: &'a [String], wanted: &str) -> Option<&'a str> {
+    names
+        .iter()
+        .filter(|n| eq_ignore_case(n, wanted))
+        .map(String::as_str)
+        .min()
+}
+
 /// Whether a QUERY_DIRECTORY pattern has wildcards; without them it names
 /// one entry exactly.
 pub fn has_wildcards(pattern: &str) -> bool {
@@ -184,6 +204,20 @@ mod tests {
         assert_eq!(to_vfs_path("f:stream"), Err(NtStatus::OBJECT_NAME_INVALID));
         assert_eq!(to_smb_name("a/b"), "\\a\\b");
         assert_eq!(parent("a/b/c"), "a/b");
+    }
+
+    #[test]
+    fn case_insensitive_names() {
+        assert!(eq_ignore_case("T015-15.TXT", "t015-15.txt"));
+        assert!(eq_ignore_case("ÄBC", "äbc"));
+        assert!(!eq_ignore_case("abc", "abcd"));
+        let names = vec![
+            "b.txt".to_string(),
+            "A.TXT".to_string(),
+            "a.txt".to_string(),
+        ];
+        assert_eq!(pick_ignoring_case(&names, "a.Txt"), Some("A.TXT"));
+        assert_eq!(pick_ignoring_case(&names, "c.txt"), None);
     }
 
     #[test]

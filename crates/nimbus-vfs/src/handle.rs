@@ -258,12 +258,100 @@ impl FileHandle {
         Ok(())
     }
 
+    /// Reads the extended attribute `name` (e.g. `user.x`); `None` when the object has none
+    /// of that name or the file system keeps no extended attributes.
+    pub fn get_xattr(&self, name: &str) -> VfsResult<Option<Vec<u8>>> {
+        let cname = sys::cstring(name)?;
+        if self.access == Access::Path {
+            let p = self.proc_path();
+            sys::read_xattr(|buf, len| {
+                // SAFETY: p and cname are NUL-terminated; buf has len writable bytes (or is null with len 0).
+                unsafe { libc::getxattr(p.as_ptr(), cname.as_ptr(), buf, len) }
+            })
+        } else {
+            sys::read_xattr(|buf, len| {
+                // SAFETY: cname is NUL-terminated; buf has len writable bytes (or is null with len 0).
+                unsafe { libc::fgetxattr(self.raw(), cname.as_ptr(), buf, len) }
+            })
+        }
+    }
+
+    /// Sets the extended attribute `name` to `value`, creating or replacing it.
+    pub fn set_xattr(&self, name: &str, value: &[u8]) -> VfsResult<()> {
+        let cname = sys::cstring(name)?;
+        let ptr = value.as_ptr().cast();
+        if self.access == Access::Path {
+            let p = self.proc_path();
+            sys::cvt_retry(|| {
+                // SAFETY: p and cname are NUL-terminated; value is readable for its length.
+                unsafe { libc::setxattr(p.as_ptr(), cname.as_ptr(), ptr, value.len(), 0) }
+            })?;
+        } else {
+            sys::cvt_retry(|| {
+                // SAFETY: cname is NUL-terminated; value is readable for its length.
+                unsafe { libc::fsetxattr(self.raw(), cname.as_ptr(), ptr, value.len(), 0) }
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Reads the extended attribute `name` of the directory entry `entry` (one component,
+    /// not followed if a symlink), as [`FileHandle::get_xattr`] does. Needs a directory handle.
+    pub fn entry_xattr(&self, entry: &str, name: &str) -> VfsResult<Option<Vec<u8>>> {
+        if !self.is_dir {
+            return Err(VfsError::NotADirectory);
+        }
+        if entry.is_empty() || entry.contains('/') || entry == "." || entry == ".." {
+            return Err(VfsError::NameInvalid);
+        }
+        let centry = sys::cstring(entry)?;
+        let fd = sys::cvt_retry(|| {
+            // SAFETY: centry is NUL-terminated; our descriptor is a directory.
+            unsafe {
+                libc::openat(
+                    self.raw(),
+                    centry.as_ptr(),
+                    libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                )
+            }
+        })?;
+        // SAFETY: fd is a fresh descriptor owned by nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let is_dir = sys::fstat_raw(fd.as_raw_fd())?.st_mode & libc::S_IFMT == libc::S_IFDIR;
+        FileHandle::new(fd, is_dir, Access::Path).get_xattr(name)
+    }
+
     /// All entries of a directory except "." and "..", each with an lstat-like stat.
     ///
     /// Always lists from the start; concurrent calls on one handle are safe (each call reads
     /// through its own open file description). Names that are not UTF-8 are skipped, as are
     /// entries removed between listing and stat.
     pub fn read_dir(&self) -> VfsResult<Vec<DirEntry>> {
+        let mut out = Vec::new();
+        self.walk_dir(|fd, name, cname| {
+            match sys::stat_at(fd, cname, libc::AT_SYMLINK_NOFOLLOW) {
+                Ok(stat) => out.push(DirEntry { name, stat }),
+                Err(libc::ENOENT) => {}
+                Err(e) => return Err(VfsError::from_errno(e)),
+            }
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// The names of a directory's entries except "." and "..", without
+    /// their metadata: cheaper than [`FileHandle::read_dir`] when only names matter.
+    pub fn read_dir_names(&self) -> VfsResult<Vec<String>> {
+        let mut out = Vec::new();
+        self.walk_dir(|_, name, _| {
+            out.push(name);
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// Calls `f(dirfd, name, cname)` for each UTF-8 entry other than "." and "..".
+    fn walk_dir(&self, mut f: impl FnMut(RawFd, String, &CStr) -> VfsResult<()>) -> VfsResult<()> {
         if !self.is_dir {
             return Err(VfsError::NotADirectory);
         }
@@ -280,7 +368,6 @@ impl FileHandle {
         // SAFETY: fd is a fresh descriptor owned by nobody else.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         let stream = DirStream::new(fd)?;
-        let mut out = Vec::new();
         loop {
             // SAFETY: errno is thread-local; reset it to tell end-of-stream from an error.
             unsafe { *libc::__errno_location() = 0 };
@@ -291,7 +378,7 @@ impl FileHandle {
                 if e != 0 {
                     return Err(VfsError::from_errno(e));
                 }
-                break;
+                return Ok(());
             }
             // SAFETY: readdir returned a valid entry whose d_name is NUL-terminated; it stays
             // valid until the next readdir on this stream.
@@ -305,13 +392,8 @@ impl FileHandle {
             };
             let name = name.to_owned();
             let cname = cname.to_owned();
-            match sys::stat_at(stream.fd(), &cname, libc::AT_SYMLINK_NOFOLLOW) {
-                Ok(stat) => out.push(DirEntry { name, stat }),
-                Err(libc::ENOENT) => continue,
-                Err(e) => return Err(VfsError::from_errno(e)),
-            }
+            f(stream.fd(), name, &cname)?;
         }
-        Ok(out)
     }
 }
 

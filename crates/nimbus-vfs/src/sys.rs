@@ -232,3 +232,35 @@ pub(crate) fn fstat_raw_at(dirfd: RawFd, name: &CStr) -> VfsResult<libc::stat> {
         Err(VfsError::last())
     }
 }
+
+/// Runs a `getxattr`-style call twice (size, then value); `Ok(None)` when the attribute is
+/// missing or extended attributes are unsupported. Retries if the value grows in between.
+pub(crate) fn read_xattr(
+    mut f: impl FnMut(*mut libc::c_void, usize) -> libc::ssize_t,
+) -> VfsResult<Option<Vec<u8>>> {
+    const RETRIES: usize = 3;
+    for _ in 0..RETRIES {
+        let size = f(std::ptr::null_mut(), 0);
+        if size < 0 {
+            return xattr_error(errno());
+        }
+        let mut buf = vec![0u8; size as usize];
+        let n = f(buf.as_mut_ptr().cast(), buf.len());
+        if n < 0 {
+            match errno() {
+                libc::ERANGE => continue,
+                e => return xattr_error(e),
+            }
+        }
+        buf.truncate(n as usize);
+        return Ok(Some(buf));
+    }
+    Err(VfsError::Busy)
+}
+
+fn xattr_error(errno: i32) -> VfsResult<Option<Vec<u8>>> {
+    match errno {
+        libc::ENODATA | libc::ENOTSUP => Ok(None),
+        e => Err(VfsError::from_errno(e)),
+    }
+}

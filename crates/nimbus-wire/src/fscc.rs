@@ -428,6 +428,16 @@ pub fn encode_fs_class(class: u8, v: &VolumeInfo) -> Option<Vec<u8>> {
             out.put_u32(0);
         }
         fs_class::OBJECT_ID => out.put_zeros(64),
+        // MS-FSCC 2.5.2 FileFsControlInformation: quotas are not kept, so
+        // no filtering thresholds, no default quota (-1: no limit) and no
+        // quota flags.
+        fs_class::CONTROL => {
+            out.put_zeros(24);
+            out.put_u64(u64::MAX);
+            out.put_u64(u64::MAX);
+            out.put_u32(0);
+            out.put_u32(0);
+        }
         _ => return None,
     }
     Some(out)

@@ -7,6 +7,7 @@ use nimbus_wire::NtStatus;
 
 use super::malformed;
 use crate::dispatch::{Ctx, HandlerResult};
+use crate::dosinfo::DosInfo;
 use crate::fileinfo::{file_info, times_and_sizes};
 use crate::server::Server;
 use crate::session::{lock, Open};
@@ -17,7 +18,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     lock(&ctx.session()?.opens).remove(&open.volatile_id);
     let info = if req.flags & FLAG_POSTQUERY_ATTRIB != 0 {
         match open.handle.stat() {
-            Ok(st) => times_and_sizes(&file_info(&st, false)),
+            Ok(st) => times_and_sizes(&file_info(&st, &DosInfo::load(&open.handle), false)),
             Err(_) => FileTimesAndSizes::default(),
         }
     } else {

@@ -14,6 +14,7 @@ use nimbus_wire::{FileId, NtStatus};
 
 use super::malformed;
 use crate::dispatch::{Ctx, HandlerResult};
+use crate::dosinfo::{DosInfo, STORED_ATTRIBUTES};
 use crate::errors::{sharing_status, vfs_status};
 use crate::fileinfo::{file_info, is_readonly, times_and_sizes};
 use crate::names::to_vfs_path;
@@ -32,23 +33,12 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         // IPC$ serves no named pipes (no RPC services yet).
         return Err(NtStatus::OBJECT_NAME_NOT_FOUND);
     };
-    if req.impersonation_level > IMPERSONATION_DELEGATE {
-        return Err(NtStatus::BAD_IMPERSONATION_LEVEL);
-    }
+    check_request(&req)?;
     let options = req.create_options;
-    if options & !opt::VALID_MASK != 0 {
-        return Err(NtStatus::INVALID_PARAMETER);
-    }
     let disposition =
         CreateDisposition::from_u32(req.create_disposition).ok_or(NtStatus::INVALID_PARAMETER)?;
     let want_dir = options & opt::DIRECTORY_FILE != 0;
     let want_file = options & opt::NON_DIRECTORY_FILE != 0;
-    if want_dir && want_file {
-        return Err(NtStatus::INVALID_PARAMETER);
-    }
-    if req.file_attributes & !(attributes::SETTABLE | attributes::DIRECTORY) != 0 {
-        return Err(NtStatus::INVALID_PARAMETER);
-    }
     let truncating = matches!(
         disposition,
         CreateDisposition::Supersede
@@ -59,15 +49,9 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         return Err(NtStatus::INVALID_PARAMETER);
     }
     let desired = access::map_generic(req.desired_access);
-    if desired & access::ACCESS_SYSTEM_SECURITY != 0 {
-        return Err(NtStatus::PRIVILEGE_NOT_HELD);
-    }
     let delete_on_close = options & opt::DELETE_ON_CLOSE != 0;
     if delete_on_close && desired & (access::DELETE | access::MAXIMUM_ALLOWED) == 0 {
         return Err(NtStatus::ACCESS_DENIED);
-    }
-    if options & opt::OPEN_BY_FILE_ID != 0 {
-        return Err(NtStatus::NOT_SUPPORTED);
     }
     if lock(&session.opens).len() >= MAX_OPENS_PER_SESSION {
         return Err(NtStatus::INSUFFICIENT_RESOURCES);
@@ -82,7 +66,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             _ => {}
         }
     }
-    let path = to_vfs_path(&req.name)?;
+    let path = crate::lookup::resolve(fs, &to_vfs_path(&req.name)?);
 
     let existing = match fs.stat(&path) {
         Ok(st) => Some(st),
@@ -225,13 +209,28 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             .map_err(|e| sharing_status(&e))?;
     }
 
-    let contexts = response_contexts(&req.contexts, &st, granted, max, &handle, created);
+    let dos = settle_dos_info(
+        &handle,
+        st.is_dir,
+        req.file_attributes,
+        created || truncating,
+    );
+    let contexts = response_contexts(
+        &req.contexts,
+        &st,
+        granted,
+        max,
+        &handle,
+        created || truncating,
+    );
+    // An allocation size context may have changed the space on disk.
+    let st = handle.stat().unwrap_or(st);
 
     let file_id = FileId {
         persistent: open_id,
         volatile: open_id,
     };
-    let info = file_info(&st, false);
+    let info = file_info(&st, &dos, false);
     let open = Arc::new(Open {
         volatile_id: open_id,
         open_id,
@@ -279,6 +278,105 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     Ok(NtStatus::SUCCESS)
 }
 
+/// Access bits no object type defines (MS-DTYP 2.4.3 ACCESS_MASK: bits
+/// 9-15, 21-23 and 26-27); asking for one is refused like any right the
+/// caller does not hold.
+const RESERVED_ACCESS: u32 = 0x0CE0_FE00;
+
+/// MS-SMB2 2.2.13 FILE_CREATE_TREE_CONNECTION, which has no meaning over SMB2.
+const CREATE_TREE_CONNECTION: u32 = 0x0000_0080;
+
+/// Attributes a CREATE may carry (MS-FSCC 2.6); the others, e.g. DEVICE,
+/// VOLUME or INTEGRITY_STREAM, make it STATUS_INVALID_PARAMETER.
+const CREATE_ATTRIBUTES: u32 = 0x0000_7FB7;
+
+/// The checks of MS-SMB2 3.3.5.9 that need only the request, in the order
+/// Windows applies them (access before attributes).
+fn check_request(req: &CreateRequest) -> Result<(), NtStatus> {
+    if req.impersonation_level > IMPERSONATION_DELEGATE {
+        return Err(NtStatus::BAD_IMPERSONATION_LEVEL);
+    }
+    // MS-SMB2 3.3.5.9: a name starting with a separator is invalid.
+    if req.name.starts_with('\\') {
+        return Err(NtStatus::INVALID_PARAMETER);
+    }
+    let options = req.create_options;
+    if options & !opt::VALID_MASK != 0 {
+        return Err(NtStatus::INVALID_PARAMETER);
+    }
+    // MS-SMB2 3.3.5.9: opening by file id and reserving an oplock filter are
+    // not supported over SMB2; neither is a tree connection "open".
+    if options & (opt::OPEN_BY_FILE_ID | opt::RESERVE_OPFILTER | CREATE_TREE_CONNECTION) != 0 {
+        return Err(NtStatus::NOT_SUPPORTED);
+    }
+    if options & opt::DIRECTORY_FILE != 0 && options & opt::NON_DIRECTORY_FILE != 0 {
+        return Err(NtStatus::INVALID_PARAMETER);
+    }
+    let desired = access::map_generic(req.desired_access);
+    if desired & RESERVED_ACCESS != 0 {
+        return Err(NtStatus::ACCESS_DENIED);
+    }
+    if desired & access::ACCESS_SYSTEM_SECURITY != 0 {
+        return Err(NtStatus::PRIVILEGE_NOT_HELD);
+    }
+    let attrs = req.file_attributes;
+    if attrs & !CREATE_ATTRIBUTES != 0 {
+        return Err(NtStatus::INVALID_PARAMETER);
+    }
+    // MS-FSA 2.1.5.1: a directory cannot be temporary.
+    if options & opt::DIRECTORY_FILE != 0 && attrs & attributes::TEMPORARY != 0 {
+        return Err(NtStatus::INVALID_PARAMETER);
+    }
+    // Without EFS, encrypted files cannot be created (as on a Windows
+    // server outside a domain).
+    if attrs & attributes::ENCRYPTED != 0 {
+        return Err(NtStatus::ACCESS_DENIED);
+    }
+    // MS-SMB2 2.2.13.2: a context name is at least four bytes.
+    if req.contexts.iter().any(|c| c.name.len() < 4) {
+        return Err(NtStatus::INVALID_PARAMETER);
+    }
+    Ok(())
+}
+
+/// The attributes a file gets when created or overwritten (MS-FSA 2.1.5.1.1,
+/// 2.1.5.1.2.1): those asked for, plus ARCHIVE on files. READONLY goes to the
+/// permission bits instead.
+fn new_dos_info(requested: u32, is_dir: bool, keep: DosInfo) -> DosInfo {
+    let mut a = requested & STORED_ATTRIBUTES;
+    if !is_dir {
+        a |= attributes::ARCHIVE;
+    }
+    DosInfo {
+        attributes: Some(a),
+        ..keep
+    }
+}
+
+/// The DOS information of an open file; a file just created or overwritten
+/// gets the requested attributes (written only when they differ from what
+/// an object without stored information reports anyway).
+fn settle_dos_info(
+    handle: &nimbus_vfs::FileHandle,
+    is_dir: bool,
+    requested: u32,
+    fresh: bool,
+) -> DosInfo {
+    let current = DosInfo::load(handle);
+    if !fresh {
+        return current;
+    }
+    let new = new_dos_info(requested, is_dir, current);
+    if new.stored_or_default(is_dir) == current.stored_or_default(is_dir) {
+        return current;
+    }
+    if let Err(e) = new.save(handle) {
+        tracing::warn!("storing DOS attributes: {e}");
+        return current;
+    }
+    new
+}
+
 /// Answers the create contexts the server implements (MS-SMB2 2.2.14.2);
 /// the others (durable handles, leases, security descriptors) are ignored
 /// as MS-SMB2 3.3.5.9 allows, which tells the client they were not granted.
@@ -288,7 +386,7 @@ fn response_contexts(
     granted: u32,
     max: u32,
     handle: &nimbus_vfs::FileHandle,
-    created: bool,
+    fresh: bool,
 ) -> Vec<CreateContext> {
     let mut out = Vec::new();
     for c in requested {
@@ -317,7 +415,8 @@ fn response_contexts(
                     data,
                 });
             }
-            context_name::ALLOCATION_SIZE if created && !st.is_dir => {
+            // MS-SMB2 2.2.13.2.6: applies to a file being created or overwritten.
+            context_name::ALLOCATION_SIZE if fresh && !st.is_dir => {
                 if let Ok(size) = nimbus_wire::fscc::parse_u64(&c.data) {
                     let _ = handle.allocate(size);
                 }

@@ -8,6 +8,7 @@ use nimbus_wire::NtStatus;
 
 use super::{check_credit_charge, malformed};
 use crate::dispatch::{Ctx, HandlerResult};
+use crate::dosinfo::DosInfo;
 use crate::errors::vfs_status;
 use crate::fileinfo::file_info;
 use crate::names::{has_wildcards, join, parent, wildcard_match};
@@ -52,17 +53,24 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     let mut last_entry: Option<usize> = None;
     let mut count = 0usize;
     while en.pos < en.entries.len() {
+        // Entries listed by an earlier request may have been deleted or
+        // changed since: look again, and skip the ones that are gone, as a
+        // server reading the directory lazily would (MS-FSA 2.1.5.6.3 does
+        // not return names that no longer exist).
+        let Some((stat, dos)) = current(&open, &en.entries[en.pos], !restart) else {
+            en.pos += 1;
+            continue;
+        };
         let e = &en.entries[en.pos];
-        let entry_start = if let Some(_) = last_entry {
+        let entry_start = if last_entry.is_some() {
             // Entries are 8-byte aligned from the start of the buffer.
-            let aligned = data_start + (out.len() - data_start).next_multiple_of(8);
-            aligned
+            data_start + (out.len() - data_start).next_multiple_of(8)
         } else {
             data_start
         };
         let before = out.len();
         out.resize(entry_start, 0);
-        let info = file_info(&e.stat, false);
+        let info = file_info(&stat, &dos, false);
         encode_directory_entry(
             req.info_class,
             &DirectoryEntry {
@@ -101,6 +109,24 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     let len = (out.len() - data_start) as u32;
     out[head + 4..head + 8].copy_from_slice(&len.to_le_bytes());
     Ok(NtStatus::SUCCESS)
+}
+
+/// The metadata of a listed entry: as listed, or (`refresh`) as it is now;
+/// None if it no longer exists.
+fn current(open: &Open, e: &DirEntry, refresh: bool) -> Option<(Stat, DosInfo)> {
+    if e.name == "." {
+        return Some((e.stat.clone(), DosInfo::load(&open.handle)));
+    }
+    if e.name == ".." {
+        return Some((e.stat.clone(), DosInfo::default()));
+    }
+    let stat = if refresh {
+        let fs = open.share.fs.as_ref()?;
+        fs.stat(&join(&open.path(), &e.name)).ok()?
+    } else {
+        e.stat.clone()
+    };
+    Some((stat, DosInfo::load_entry(&open.handle, &e.name)))
 }
 
 /// The entries of a directory that match `pattern`, "." and ".." first.

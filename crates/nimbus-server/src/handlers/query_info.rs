@@ -13,6 +13,7 @@ use nimbus_wire::NtStatus;
 
 use super::{check_credit_charge, malformed};
 use crate::dispatch::{Ctx, HandlerResult};
+use crate::dosinfo::DosInfo;
 use crate::errors::vfs_status;
 use crate::fileinfo::{file_info, volume_info};
 use crate::names::to_smb_name;
@@ -25,8 +26,10 @@ fn fixed_part(info_type: u8, class: u8) -> Option<usize> {
         (info_type::FILE, file_class::ALL) => Some(100),
         (info_type::FILE, file_class::NAME | file_class::NORMALIZED_NAME) => Some(4),
         (info_type::FILE, file_class::STREAM) => Some(24),
-        (info_type::FILESYSTEM, fs_class::VOLUME) => Some(18),
-        (info_type::FILESYSTEM, fs_class::ATTRIBUTE) => Some(12),
+        // Windows asks for the fixed part rounded up to 8 bytes: 24 for
+        // FileFsVolumeInformation (18 + label), 16 for FileFsAttributeInformation.
+        (info_type::FILESYSTEM, fs_class::VOLUME) => Some(24),
+        (info_type::FILESYSTEM, fs_class::ATTRIBUTE) => Some(16),
         _ => None,
     }
 }
@@ -69,8 +72,12 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
                     &name[1..]
                 },
             };
-            encode_file_class(req.info_class, &file_info(&st, pending), &view)
-                .ok_or(NtStatus::INVALID_INFO_CLASS)?
+            encode_file_class(
+                req.info_class,
+                &file_info(&st, &DosInfo::load(&open.handle), pending),
+                &view,
+            )
+            .ok_or(NtStatus::INVALID_INFO_CLASS)?
         }
         info_type::FILESYSTEM => {
             let fs = open.share.fs.as_ref().ok_or(NtStatus::INVALID_PARAMETER)?;

@@ -13,9 +13,10 @@ use nimbus_wire::NtStatus;
 
 use super::malformed;
 use crate::dispatch::{Ctx, HandlerResult};
+use crate::dosinfo::{ChangeTime, DosInfo, STORED_ATTRIBUTES};
 use crate::errors::{sharing_status, vfs_status};
 use crate::fileinfo::is_readonly;
-use crate::names::to_vfs_path;
+use crate::names::{join, to_vfs_path};
 use crate::session::{lock, Open};
 
 /// MS-FSCC 2.4.11 FILE_DISPOSITION_INFORMATION_EX flags.
@@ -57,40 +58,105 @@ fn to_timespec(ft: u64) -> Option<Timespec> {
     Some(Timespec { sec, nsec })
 }
 
+/// A FILETIME of FILE_BASIC_INFORMATION that asks for a change: 0 leaves
+/// the time alone, -1 and -2 (stop / resume automatic updates) cannot be
+/// expressed on POSIX and leave it alone too.
+fn explicit_time(ft: u64) -> Option<u64> {
+    (ft != 0 && ft < u64::MAX - 1).then_some(ft)
+}
+
+/// MS-FSA 2.1.5.15.1 FileBasicInformation.
+fn set_basic(open: &Open, buf: &[u8]) -> Result<(), NtStatus> {
+    let vfs = |e: VfsError| vfs_status(&e);
+    require(open, access::FILE_WRITE_ATTRIBUTES)?;
+    let b = SetBasicInfo::parse(buf).map_err(malformed)?;
+    let times = [
+        b.creation_time,
+        b.last_access_time,
+        b.last_write_time,
+        b.change_time,
+    ];
+    // Negative times other than -1 and -2 are invalid.
+    if times.iter().any(|&t| (t as i64) < -2) {
+        return Err(NtStatus::INVALID_PARAMETER);
+    }
+    let a = b.attributes;
+    if a & !(attributes::SETTABLE | attributes::DIRECTORY) != 0
+        || (!open.is_dir && a & attributes::DIRECTORY != 0)
+        || (open.is_dir && a & attributes::TEMPORARY != 0)
+    {
+        return Err(NtStatus::INVALID_PARAMETER);
+    }
+    let (atime, mtime) = (
+        to_timespec(b.last_access_time),
+        to_timespec(b.last_write_time),
+    );
+    if atime.is_some() || mtime.is_some() {
+        open.handle.set_times(atime, mtime).map_err(vfs)?;
+    }
+    let mut dos = DosInfo::load(&open.handle);
+    let before = dos;
+    if let Some(ct) = explicit_time(b.creation_time) {
+        dos.create_time = Some(ct);
+    }
+    if let Some(ct) = explicit_time(b.change_time) {
+        let st = open.handle.stat().map_err(vfs)?;
+        dos.change_time = Some(ChangeTime {
+            filetime: ct,
+            mtime_stamp: st.mtime,
+        });
+    }
+    let mut new_mode = None;
+    if a != 0 {
+        // Directories keep READONLY with the other attributes: on Windows
+        // it does not stop creating files in them, unlike a POSIX mode.
+        let stored_mask = if open.is_dir {
+            STORED_ATTRIBUTES | attributes::READONLY
+        } else {
+            STORED_ATTRIBUTES
+        };
+        dos.attributes = Some(a & stored_mask);
+        if !open.is_dir {
+            let st = open.handle.stat().map_err(vfs)?;
+            let want_ro = a & attributes::READONLY != 0;
+            if want_ro != is_readonly(st.mode) {
+                new_mode = Some(if want_ro {
+                    st.mode & !0o222
+                } else {
+                    st.mode | 0o200
+                });
+            }
+        }
+    }
+    // Extended attributes need write permission when not running as root:
+    // store them while the file is still (or already) writable.
+    let clearing_readonly = new_mode.is_some_and(|m| !is_readonly(m));
+    if clearing_readonly {
+        set_mode(open, new_mode)?;
+    }
+    if dos != before {
+        dos.save(&open.handle).map_err(vfs)?;
+    }
+    if !clearing_readonly {
+        set_mode(open, new_mode)?;
+    }
+    Ok(())
+}
+
+fn set_mode(open: &Open, mode: Option<u32>) -> Result<(), NtStatus> {
+    match mode {
+        Some(m) => open.handle.set_mode(m).map_err(|e| vfs_status(&e)),
+        None => Ok(()),
+    }
+}
+
 fn set_file_info(ctx: &mut Ctx<'_>, open: &Open, class: u8, buf: &[u8]) -> Result<(), NtStatus> {
     let vfs = |e: VfsError| vfs_status(&e);
     if open.share.read_only && !matches!(class, file_class::POSITION | file_class::MODE) {
         return Err(NtStatus::ACCESS_DENIED);
     }
     match class {
-        file_class::BASIC => {
-            require(open, access::FILE_WRITE_ATTRIBUTES)?;
-            let b = SetBasicInfo::parse(buf).map_err(malformed)?;
-            if b.attributes & !(attributes::SETTABLE | attributes::DIRECTORY) != 0
-                || (!open.is_dir && b.attributes & attributes::DIRECTORY != 0)
-            {
-                return Err(NtStatus::INVALID_PARAMETER);
-            }
-            let (atime, mtime) = (
-                to_timespec(b.last_access_time),
-                to_timespec(b.last_write_time),
-            );
-            if atime.is_some() || mtime.is_some() {
-                open.handle.set_times(atime, mtime).map_err(vfs)?;
-            }
-            if b.attributes != 0 {
-                let st = open.handle.stat().map_err(vfs)?;
-                let want_ro = b.attributes & attributes::READONLY != 0;
-                if want_ro != is_readonly(st.mode) {
-                    let mode = if want_ro {
-                        st.mode & !0o222
-                    } else {
-                        st.mode | 0o200
-                    };
-                    open.handle.set_mode(mode).map_err(vfs)?;
-                }
-            }
-        }
+        file_class::BASIC => set_basic(open, buf)?,
         file_class::RENAME | file_class::RENAME_EX => {
             require(open, access::DELETE)?;
             let (replace, root, name) = if class == file_class::RENAME {
@@ -187,6 +253,10 @@ fn rename(ctx: &mut Ctx<'_>, open: &Open, new_name: &str, replace: bool) -> Resu
     let fs = open.share.fs.as_ref().ok_or(NtStatus::INVALID_PARAMETER)?;
     let from = open.path();
     let to = to_vfs_path(new_name)?;
+    // The target directory may be spelled in another case; the new name
+    // itself is kept as given (it may be a case-only rename).
+    let (dir, leaf) = to.rsplit_once('/').unwrap_or(("", to.as_str()));
+    let to = join(&crate::lookup::resolve(fs, dir), leaf);
     if to.is_empty() || from.is_empty() {
         return Err(NtStatus::ACCESS_DENIED);
     }

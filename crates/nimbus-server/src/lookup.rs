@@ -1,0 +1,52 @@
+//! Case-insensitive name resolution. Windows clients expect names to match
+//! regardless of case (MS-FSA 2.1.5.1: names are compared case-insensitively
+//! unless the open asks for case sensitivity, which SMB2 cannot), while the
+//! local file system compares bytes. Existing spellings are found by
+//! listing the directory, only when the name as given does not exist.
+
+use nimbus_vfs::{CreateMode, Kind, LocalFs, OpenOptions};
+
+use crate::names::{join, pick_ignoring_case};
+
+/// `path` with every component that exists under another case replaced by
+/// its on-disk spelling; components that exist in no case are kept as given
+/// (the caller then creates them, or reports them missing).
+pub fn resolve(fs: &LocalFs, path: &str) -> String {
+    if path.is_empty() || fs.stat(path).is_ok() {
+        return path.to_string();
+    }
+    let mut resolved = String::with_capacity(path.len());
+    let mut components = path.split('/');
+    for comp in components.by_ref() {
+        let candidate = join(&resolved, comp);
+        if fs.stat(&candidate).is_ok() {
+            resolved = candidate;
+            continue;
+        }
+        match spelling_in(fs, &resolved, comp) {
+            Some(found) => resolved = join(&resolved, &found),
+            None => {
+                resolved = candidate;
+                break;
+            }
+        }
+    }
+    for rest in components {
+        resolved = join(&resolved, rest);
+    }
+    resolved
+}
+
+/// The on-disk name in directory `dir` equal to `name` ignoring case.
+fn spelling_in(fs: &LocalFs, dir: &str, name: &str) -> Option<String> {
+    let opts = OpenOptions {
+        read: false,
+        write: false,
+        mode: CreateMode::OpenExisting,
+        kind: Kind::Directory,
+        perm: 0,
+    };
+    let (handle, _, _) = fs.open(dir, &opts).ok()?;
+    let names = handle.read_dir_names().ok()?;
+    pick_ignoring_case(&names, name).map(str::to_string)
+}
