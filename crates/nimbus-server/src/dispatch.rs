@@ -167,7 +167,7 @@ pub fn process_frame(conn: &Arc<Connection>, frame: &mut [u8]) -> Option<Vec<u8>
         ]) as usize;
         let len = if next == 0 {
             remaining
-        } else if next < HEADER_SIZE || next % 8 != 0 || next > remaining {
+        } else if next < HEADER_SIZE || !next.is_multiple_of(8) || next > remaining {
             return refuse(conn, "bad NextCommand in compound chain");
         } else {
             next

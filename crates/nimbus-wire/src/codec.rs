@@ -162,7 +162,7 @@ impl Put for Vec<u8> {
 /// are refused rather than replaced, so that two different wire names never
 /// map to the same file.
 pub fn utf16le_to_string(bytes: &[u8]) -> WireResult<String> {
-    if bytes.len() % 2 != 0 {
+    if !bytes.len().is_multiple_of(2) {
         return Err(WireError::Invalid("odd UTF-16 length"));
     }
     let units = bytes

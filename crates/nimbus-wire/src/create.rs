@@ -138,7 +138,7 @@ pub fn parse_create_contexts(buf: &[u8]) -> WireResult<Vec<CreateContext>> {
         if next == 0 {
             return Ok(out);
         }
-        if next % 8 != 0 || next < 16 {
+        if !next.is_multiple_of(8) || next < 16 {
             return Err(WireError::Invalid("create context Next"));
         }
         pos = pos.checked_add(next).ok_or(WireError::Truncated)?;
@@ -251,7 +251,7 @@ impl CreateRequest {
             out.put_u8(0);
         }
         if !self.contexts.is_empty() {
-            while (out.len() - base) % 8 != 0 {
+            while !(out.len() - base).is_multiple_of(8) {
                 out.push(0);
             }
             let start = out.len();
@@ -307,7 +307,7 @@ impl CreateResponse {
         if self.contexts.is_empty() {
             out.put_zeros(1);
         } else {
-            while (out.len() - base) % 8 != 0 {
+            while !(out.len() - base).is_multiple_of(8) {
                 out.push(0);
             }
             let start = out.len();

@@ -172,7 +172,7 @@ impl NegotiateRequest {
 
 /// Pads so that the next byte is 8-byte aligned relative to the header start.
 fn align_body(out: &mut Vec<u8>, body_base: usize) {
-    while (out.len() - body_base) % 8 != 0 {
+    while !(out.len() - body_base).is_multiple_of(8) {
         out.push(0);
     }
 }
