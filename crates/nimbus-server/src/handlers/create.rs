@@ -24,7 +24,22 @@ use crate::session::{lock, Open};
 /// letting one client exhaust the server's file descriptors.
 pub const MAX_OPENS_PER_SESSION: usize = 16384;
 
+/// Internal marker (customer bit set, never sent): another client created
+/// the name between our check and our create, so the open is retried and
+/// then finds the new file.
+const LOST_CREATE_RACE: NtStatus = NtStatus(0xE000_0001);
+
 pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
+    for _ in 0..3 {
+        match open_or_create(ctx, body, out) {
+            Err(LOST_CREATE_RACE) => continue,
+            result => return result,
+        }
+    }
+    Err(NtStatus::SHARING_VIOLATION)
+}
+
+fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
     let req = CreateRequest::parse(body).map_err(malformed)?;
     let tree = ctx.tree()?.clone();
     let session = ctx.session()?.clone();
@@ -183,9 +198,9 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
                 unregister(key);
             }
             return Err(match e {
-                // Lost a race with another creator.
+                // Another creator won: open what it made instead.
                 VfsError::Exists if creating && disposition != CreateDisposition::Create => {
-                    NtStatus::SHARING_VIOLATION
+                    LOST_CREATE_RACE
                 }
                 e => vfs_status(&e),
             });
