@@ -238,6 +238,10 @@ def main() -> int:
     port = args.port or _free_port()
     state = Path(args.state_dir) if args.state_dir else Path(tempfile.mkdtemp(prefix="samba-ref-"))
     options = dict(o.split("=", 1) for o in args.option)
+    def terminate(signum, frame):
+        raise KeyboardInterrupt  # smbd runs in a session of its own: stop it below, not by inheritance
+
+    signal.signal(signal.SIGTERM, terminate)
     server = start_samba(state, port, shares, args.user, args.password, signing=args.signing, options=options)
     print(f"smbd listening on 127.0.0.1:{port}; state and log in {state}", flush=True)
     print(f"smbclient //127.0.0.1/{shares[0].name} -p {port} -U {args.user}%{args.password} -m SMB3_11", flush=True)

@@ -206,10 +206,16 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         .build()
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
     rt.block_on(async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(|e| format!("cannot watch for SIGTERM: {e}"))?;
         tokio::select! {
             r = server.run() => r.map_err(|e| e.to_string()),
             _ = tokio::signal::ctrl_c() => {
                 tracing::info!("interrupted; shutting down");
+                Ok(())
+            }
+            _ = term.recv() => {
+                tracing::info!("terminated; shutting down");
                 Ok(())
             }
         }
