@@ -613,7 +613,7 @@ fn result(v: Verified, output: Vec<u8>) -> AuthResult {
 
 /// Decodes a UTF-16LE field (UNICODE is always negotiated).
 fn utf16_string(b: &[u8]) -> Result<String, AuthError> {
-    if b.len() % 2 != 0 {
+    if !b.len().is_multiple_of(2) {
         return Err(AuthError::Malformed("odd-length UTF-16 string"));
     }
     let units = b.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]));
