@@ -123,6 +123,8 @@ pub trait Put {
     fn put_zeros(&mut self, n: usize);
     /// Pads with zeros until the length is a multiple of `align`.
     fn align_to(&mut self, align: usize);
+    /// Pads with zeros until the length past `base` is a multiple of `align`.
+    fn align_to_from(&mut self, base: usize, align: usize);
     /// Overwrites a u32 at `at` (for lengths and offsets known only later).
     fn patch_u32(&mut self, at: usize, v: u32);
     fn patch_u16(&mut self, at: usize, v: u16);
@@ -146,6 +148,12 @@ impl Put for Vec<u8> {
     }
     fn align_to(&mut self, align: usize) {
         let rem = self.len() % align;
+        if rem != 0 {
+            self.put_zeros(align - rem);
+        }
+    }
+    fn align_to_from(&mut self, base: usize, align: usize) {
+        let rem = (self.len() - base) % align;
         if rem != 0 {
             self.put_zeros(align - rem);
         }

@@ -174,6 +174,16 @@ pub fn encode_create_contexts(out: &mut Vec<u8>, contexts: &[CreateContext]) {
     }
 }
 
+/// Appends a create context chain 8-byte aligned from the body start
+/// `base`, and fills in the CreateContextsOffset/Length pair at `ctx_at`.
+fn put_contexts_at(out: &mut Vec<u8>, base: usize, ctx_at: usize, contexts: &[CreateContext]) {
+    out.align_to_from(base, 8);
+    let start = out.len();
+    encode_create_contexts(out, contexts);
+    out.patch_u32(ctx_at, (HEADER_SIZE + start - base) as u32);
+    out.patch_u32(ctx_at + 4, (out.len() - start) as u32);
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CreateRequest {
     pub requested_oplock_level: u8,
@@ -251,13 +261,7 @@ impl CreateRequest {
             out.put_u8(0);
         }
         if !self.contexts.is_empty() {
-            while !(out.len() - base).is_multiple_of(8) {
-                out.push(0);
-            }
-            let start = out.len();
-            encode_create_contexts(out, &self.contexts);
-            out.patch_u32(ctx_at, (HEADER_SIZE + start - base) as u32);
-            out.patch_u32(ctx_at + 4, (out.len() - start) as u32);
+            put_contexts_at(out, base, ctx_at, &self.contexts);
         }
     }
 }
@@ -307,13 +311,7 @@ impl CreateResponse {
         if self.contexts.is_empty() {
             out.put_zeros(1);
         } else {
-            while !(out.len() - base).is_multiple_of(8) {
-                out.push(0);
-            }
-            let start = out.len();
-            encode_create_contexts(out, &self.contexts);
-            out.patch_u32(ctx_at, (HEADER_SIZE + start - base) as u32);
-            out.patch_u32(ctx_at + 4, (out.len() - start) as u32);
+            put_contexts_at(out, base, ctx_at, &self.contexts);
         }
     }
 }

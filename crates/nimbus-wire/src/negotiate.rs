@@ -115,28 +115,11 @@ impl NegotiateRequest {
         let dialects = (0..dialect_count)
             .map(|_| r.u16())
             .collect::<WireResult<Vec<u16>>>()?;
-        let mut contexts = Vec::new();
-        if dialects.contains(&(Dialect::Smb311 as u16)) && context_count > 0 {
-            let start = context_offset
-                .checked_sub(HEADER_SIZE)
-                .ok_or(WireError::Invalid("NegotiateContextOffset"))?;
-            let area = body.get(start..).ok_or(WireError::Truncated)?;
-            let mut pos = 0usize;
-            for i in 0..context_count {
-                // Each context after the first starts 8-byte aligned (relative
-                // to the header, which is itself 8-byte aligned).
-                if i > 0 {
-                    pos = pos.next_multiple_of(8);
-                }
-                let mut cr = Reader::new(area.get(pos..).ok_or(WireError::Truncated)?);
-                let context_type = cr.u16()?;
-                let len = cr.u16()? as usize;
-                cr.skip(4)?;
-                let data = cr.bytes(len)?.to_vec();
-                contexts.push(NegotiateContext { context_type, data });
-                pos += 8 + len;
-            }
-        }
+        let contexts = if dialects.contains(&(Dialect::Smb311 as u16)) {
+            parse_contexts(body, context_offset, context_count)?
+        } else {
+            Vec::new()
+        };
         Ok(NegotiateRequest {
             security_mode,
             capabilities,
@@ -170,11 +153,39 @@ impl NegotiateRequest {
     }
 }
 
+/// Parses `count` negotiate contexts starting at header-relative `offset`.
+/// Each context after the first starts 8-byte aligned (relative to the
+/// header, which is itself 8-byte aligned).
+fn parse_contexts(body: &[u8], offset: usize, count: usize) -> WireResult<Vec<NegotiateContext>> {
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    let start = offset
+        .checked_sub(HEADER_SIZE)
+        .ok_or(WireError::Invalid("NegotiateContextOffset"))?;
+    let area = body.get(start..).ok_or(WireError::Truncated)?;
+    let mut contexts = Vec::new();
+    let mut pos = 0usize;
+    for i in 0..count {
+        if i > 0 {
+            pos = pos.next_multiple_of(8);
+        }
+        let mut r = Reader::new(area.get(pos..).ok_or(WireError::Truncated)?);
+        let context_type = r.u16()?;
+        let len = r.u16()? as usize;
+        r.skip(4)?;
+        contexts.push(NegotiateContext {
+            context_type,
+            data: r.bytes(len)?.to_vec(),
+        });
+        pos += 8 + len;
+    }
+    Ok(contexts)
+}
+
 /// Pads so that the next byte is 8-byte aligned relative to the header start.
 fn align_body(out: &mut Vec<u8>, body_base: usize) {
-    while !(out.len() - body_base).is_multiple_of(8) {
-        out.push(0);
-    }
+    out.align_to_from(body_base, 8);
 }
 
 fn put_contexts(out: &mut Vec<u8>, body_base: usize, contexts: &[NegotiateContext]) {
@@ -311,27 +322,7 @@ impl NegotiateResponse {
         let sec_len = r.u16()? as usize;
         let ctx_off = r.u32()? as usize;
         let security_buffer = body_buffer(body, sec_off, sec_len)?.to_vec();
-        let mut contexts = Vec::new();
-        if context_count > 0 {
-            let area = body
-                .get(ctx_off.saturating_sub(HEADER_SIZE)..)
-                .ok_or(WireError::Truncated)?;
-            let mut pos = 0usize;
-            for i in 0..context_count {
-                if i > 0 {
-                    pos = pos.next_multiple_of(8);
-                }
-                let mut cr = Reader::new(area.get(pos..).ok_or(WireError::Truncated)?);
-                let context_type = cr.u16()?;
-                let len = cr.u16()? as usize;
-                cr.skip(4)?;
-                contexts.push(NegotiateContext {
-                    context_type,
-                    data: cr.bytes(len)?.to_vec(),
-                });
-                pos += 8 + len;
-            }
-        }
+        let contexts = parse_contexts(body, ctx_off, context_count)?;
         Ok(NegotiateResponse {
             security_mode,
             dialect,
