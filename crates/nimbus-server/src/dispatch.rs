@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use nimbus_wire::codec::Put;
 use nimbus_wire::header::{flags, Command, Header, PROTOCOL_ID, SMB1_PROTOCOL_ID};
 use nimbus_wire::simple::encode_error;
 use nimbus_wire::smb1::{smb1_negotiate_offer, Smb1Offer};
@@ -196,9 +197,7 @@ pub fn process_frame(conn: &Arc<Connection>, frame: &mut [u8]) -> Option<Vec<u8>
             // 8-byte align the previous response and link it to this one.
             if let Some((prev_start, _)) = responses.last() {
                 let prev_start = *prev_start;
-                while (out.len() - 4) % 8 != 0 {
-                    out.push(0);
-                }
+                out.align_to_from(4, 8);
                 let next_off = (out.len() - prev_start) as u32;
                 out[prev_start + 20..prev_start + 24].copy_from_slice(&next_off.to_le_bytes());
             }
@@ -232,6 +231,13 @@ pub fn process_frame(conn: &Arc<Connection>, frame: &mut [u8]) -> Option<Vec<u8>
     let len = out.len() - 4;
     out[..4].copy_from_slice(&nimbus_wire::nbss::frame_header(len));
     Some(out)
+}
+
+/// Fills a response's reserved 64-byte header slot.
+fn write_header(resp: &Header, slot: &mut [u8]) {
+    if let Ok(slot) = <&mut [u8; HEADER_SIZE]>::try_from(slot) {
+        resp.write_into(slot);
+    }
 }
 
 fn refuse(conn: &Connection, why: &str) -> Option<Vec<u8>> {
@@ -327,9 +333,7 @@ fn handle_one(
         session_id: ctx.response_session_id,
         signature: [0; 16],
     };
-    let mut h = Vec::with_capacity(HEADER_SIZE);
-    resp.write(&mut h);
-    out[start..body_start].copy_from_slice(&h);
+    write_header(&resp, &mut out[start..body_start]);
     if status == NtStatus::USER_SESSION_DELETED && hdr.is_signed() {
         // No key is left to sign with, but a client that signed expects the
         // SIGNED flag; Samba's client then accepts this status unverified.
@@ -483,9 +487,7 @@ fn smb1_negotiate(conn: &Arc<Connection>, frame: &[u8]) -> Option<Vec<u8>> {
         session_id: 0,
         signature: [0; 16],
     };
-    let mut h = Vec::with_capacity(HEADER_SIZE);
-    resp.write(&mut h);
-    out[4..4 + HEADER_SIZE].copy_from_slice(&h);
+    write_header(&resp, &mut out[4..4 + HEADER_SIZE]);
     let len = out.len() - 4;
     out[..4].copy_from_slice(&nimbus_wire::nbss::frame_header(len));
     Some(out)

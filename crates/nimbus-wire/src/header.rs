@@ -1,6 +1,6 @@
 //! MS-SMB2 2.2.1 SMB2 Packet Header (sync 2.2.1.2 and async 2.2.1.1 forms).
 
-use crate::codec::{Put, Reader, WireError, WireResult, HEADER_SIZE};
+use crate::codec::{Reader, WireError, WireResult, HEADER_SIZE};
 use crate::status::NtStatus;
 
 pub const PROTOCOL_ID: [u8; 4] = [0xFE, b'S', b'M', b'B'];
@@ -147,24 +147,34 @@ impl Header {
         self.flags & flags::SIGNED != 0
     }
 
-    pub fn write(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&PROTOCOL_ID);
-        out.put_u16(HEADER_SIZE as u16);
-        out.put_u16(self.credit_charge);
-        out.put_u32(self.status.0);
-        out.put_u16(self.command);
-        out.put_u16(self.credits);
-        out.put_u32(self.flags);
-        out.put_u32(self.next_command);
-        out.put_u64(self.message_id);
+    /// Writes the header into a reserved 64-byte slot, so a response body
+    /// can be built first and its header filled in afterwards, without a
+    /// temporary buffer per response.
+    pub fn write_into(&self, slot: &mut [u8; HEADER_SIZE]) {
+        slot[0..4].copy_from_slice(&PROTOCOL_ID);
+        slot[4..6].copy_from_slice(&(HEADER_SIZE as u16).to_le_bytes());
+        slot[6..8].copy_from_slice(&self.credit_charge.to_le_bytes());
+        slot[8..12].copy_from_slice(&self.status.0.to_le_bytes());
+        slot[12..14].copy_from_slice(&self.command.to_le_bytes());
+        slot[14..16].copy_from_slice(&self.credits.to_le_bytes());
+        slot[16..20].copy_from_slice(&self.flags.to_le_bytes());
+        slot[20..24].copy_from_slice(&self.next_command.to_le_bytes());
+        slot[24..32].copy_from_slice(&self.message_id.to_le_bytes());
         if self.is_async() {
-            out.put_u64(self.async_id);
+            slot[32..40].copy_from_slice(&self.async_id.to_le_bytes());
         } else {
-            out.put_u32(0xFEFF);
-            out.put_u32(self.tree_id);
+            // Sync form: ProcessId (0xFEFF, as Windows sends), then TreeId.
+            slot[32..36].copy_from_slice(&0xFEFFu32.to_le_bytes());
+            slot[36..40].copy_from_slice(&self.tree_id.to_le_bytes());
         }
-        out.put_u64(self.session_id);
-        out.extend_from_slice(&self.signature);
+        slot[40..48].copy_from_slice(&self.session_id.to_le_bytes());
+        slot[48..64].copy_from_slice(&self.signature);
+    }
+
+    pub fn write(&self, out: &mut Vec<u8>) {
+        let mut slot = [0u8; HEADER_SIZE];
+        self.write_into(&mut slot);
+        out.extend_from_slice(&slot);
     }
 }
 
