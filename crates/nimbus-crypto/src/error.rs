@@ -16,6 +16,18 @@ pub enum CryptoError {
     /// The provider does not offer the algorithm (e.g. FIPS mode and a legacy
     /// algorithm).
     NotApproved(&'static str),
+    /// The nonce has the wrong size for the cipher.
+    BadNonceLength {
+        /// Size the cipher needs, in bytes.
+        expected: usize,
+        /// Size that was passed.
+        got: usize,
+    },
+    /// Authenticated decryption failed: wrong key, nonce, data or tag.
+    /// Nothing about the plaintext may be used.
+    Authentication,
+    /// The message is longer than the algorithm can protect with one nonce.
+    TooLong,
 }
 
 impl fmt::Display for CryptoError {
@@ -27,6 +39,11 @@ impl fmt::Display for CryptoError {
             CryptoError::NotApproved(what) => {
                 write!(f, "{what} is not offered by this crypto provider")
             }
+            CryptoError::BadNonceLength { expected, got } => {
+                write!(f, "bad nonce length: expected {expected} bytes, got {got}")
+            }
+            CryptoError::Authentication => write!(f, "message failed authentication"),
+            CryptoError::TooLong => write!(f, "message too long for the cipher"),
         }
     }
 }

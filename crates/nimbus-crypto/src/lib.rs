@@ -5,24 +5,26 @@
 //! swapped in and refuse what FIPS forbids (MD4, MD5, RC4: see
 //! [`CryptoProvider::ntlm`]).
 //!
-//! No primitive is implemented here: RustCrypto crates do the work; this crate
-//! only composes them the way MS-SMB2 and MS-NLMP require.
+//! No primitive is implemented here: ring and RustCrypto crates do the work;
+//! this crate only composes them the way MS-SMB2 and MS-NLMP require, and
+//! picks the fastest library for each primitive (see `nimbus bench crypto`).
 //!
-//! # Seam for SMB 3.x encryption
-//! AEAD ciphers for the TRANSFORM header (MS-SMB2 3.1.4.3: AES-128/256-CCM and
-//! AES-128/256-GCM, in place, detached 16-byte tag) will be added as a
-//! `CryptoProvider::cipher(alg, key) -> Box<dyn Aead>` constructor beside
-//! [`CryptoProvider::signer`], with key types wiped on drop like the signers.
+//! The only `unsafe` is in `wipe`, which zeroes the key schedule of a library
+//! type that does not wipe itself.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+mod aead;
 mod error;
 mod kdf;
 mod ntlm;
 mod provider;
 mod signing;
+#[allow(unsafe_code)]
+mod wipe;
 
+pub use aead::{Aead, CipherAlgorithm, TAG_LEN};
 pub use error::CryptoError;
 pub use ntlm::{NtlmPrimitives, Rc4Stream};
 pub use provider::CryptoProvider;

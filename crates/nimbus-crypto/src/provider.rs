@@ -5,6 +5,7 @@ use std::sync::{Arc, OnceLock};
 
 use sha2::{Digest, Sha512};
 
+use crate::aead::{new_aead, Aead, AeadBackend, CipherAlgorithm};
 use crate::kdf::smb_kdf;
 use crate::ntlm::{NtlmPrimitives, RustCryptoNtlm};
 use crate::signing::{hmac_sha256, new_signer, Signer, SigningAlgorithm};
@@ -19,23 +20,50 @@ pub struct CryptoProvider {
     fips: bool,
     /// `None` in a FIPS provider: NTLM needs MD4, MD5 and RC4.
     ntlm: Option<&'static dyn NtlmPrimitives>,
+    /// Library behind the GCM ciphers (CCM is RustCrypto's in every
+    /// non-FIPS provider: nothing faster is on offer).
+    gcm: AeadBackend,
 }
 
 static DEFAULT: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
+static RUSTCRYPTO: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
 static RUSTCRYPTO_NTLM: RustCryptoNtlm = RustCryptoNtlm;
 
 impl CryptoProvider {
-    /// The default provider, backed by RustCrypto (one shared instance).
+    /// The default provider: the fastest implementation of each primitive
+    /// measured on x86_64 (BENCHMARKS.md): ring for AES-GCM, RustCrypto for
+    /// the rest. One shared instance.
     pub fn default_provider() -> Arc<CryptoProvider> {
         DEFAULT
+            .get_or_init(|| {
+                Arc::new(CryptoProvider {
+                    name: "default",
+                    fips: false,
+                    ntlm: Some(&RUSTCRYPTO_NTLM),
+                    gcm: AeadBackend::Ring,
+                })
+            })
+            .clone()
+    }
+
+    /// Pure RustCrypto, for comparison in `nimbus bench crypto` and for
+    /// cross-checking the default provider's output in tests.
+    pub fn rustcrypto_provider() -> Arc<CryptoProvider> {
+        RUSTCRYPTO
             .get_or_init(|| {
                 Arc::new(CryptoProvider {
                     name: "rustcrypto",
                     fips: false,
                     ntlm: Some(&RUSTCRYPTO_NTLM),
+                    gcm: AeadBackend::RustCrypto,
                 })
             })
             .clone()
+    }
+
+    /// Every provider built into this binary (for benchmarks and tests).
+    pub fn all() -> Vec<Arc<CryptoProvider>> {
+        vec![Self::default_provider(), Self::rustcrypto_provider()]
     }
 
     /// Short name for logs and `nimbus bench crypto`.
@@ -59,6 +87,17 @@ impl CryptoProvider {
         key: &[u8],
     ) -> Result<Box<dyn Signer>, CryptoError> {
         new_signer(alg, key)
+    }
+
+    /// An encryption cipher for `alg` keyed with `key` (16 bytes for the
+    /// AES-128 ciphers, 32 for AES-256).
+    pub fn cipher(&self, alg: CipherAlgorithm, key: &[u8]) -> Result<Box<dyn Aead>, CryptoError> {
+        let backend = if alg.is_gcm() {
+            self.gcm
+        } else {
+            AeadBackend::RustCrypto
+        };
+        new_aead(backend, alg, key)
     }
 
     /// NIST SP800-108 KDF in counter mode, PRF HMAC-SHA256, r=32,
@@ -127,7 +166,7 @@ mod tests {
     #[test]
     fn default_provider_offers_everything() {
         let p = CryptoProvider::default_provider();
-        assert_eq!(p.name(), "rustcrypto");
+        assert_eq!(p.name(), "default");
         assert!(!p.fips());
         assert!(p.ntlm().is_some());
         assert!(Arc::ptr_eq(&p, &CryptoProvider::default_provider()));

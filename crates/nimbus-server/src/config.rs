@@ -6,6 +6,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use nimbus_crypto::CipherAlgorithm;
 use serde::Deserialize;
 
 /// Whether authenticated sessions must sign every message.
@@ -19,6 +20,33 @@ pub enum SigningPolicy {
     Auto,
 }
 
+/// Whether SMB3 encryption is asked of clients (server-wide or per share).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum EncryptionPolicy {
+    /// The server does not ask for encryption. A client that encrypts on its
+    /// own accord is still answered encrypted (refusing would only leave it
+    /// less protected).
+    #[default]
+    Off,
+    /// Clients that can encrypt are told to (session or share flag
+    /// ENCRYPT_DATA) and their unencrypted requests are refused; clients
+    /// that cannot (SMB 2.x, no common cipher, guests) are served in clear.
+    Desired,
+    /// Like `Desired`, but clients that cannot encrypt are refused.
+    Required,
+}
+
+impl EncryptionPolicy {
+    fn parse(s: &str) -> Option<Self> {
+        match s {
+            "off" => Some(EncryptionPolicy::Off),
+            "desired" => Some(EncryptionPolicy::Desired),
+            "required" => Some(EncryptionPolicy::Required),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ShareConfig {
     pub name: String,
@@ -26,6 +54,8 @@ pub struct ShareConfig {
     pub read_only: bool,
     /// Allow unauthenticated (guest/anonymous) sessions to use this share.
     pub guest_ok: bool,
+    /// Overrides the server-wide `[security] encryption` for this share.
+    pub encryption: Option<EncryptionPolicy>,
 }
 
 /// The validated configuration the server runs with.
@@ -34,6 +64,14 @@ pub struct Config {
     pub listen: Vec<SocketAddr>,
     pub user_db: PathBuf,
     pub signing: SigningPolicy,
+    /// Server-wide encryption policy: the default of every share (and of
+    /// IPC$); see `Config::share_encryption`.
+    pub encryption: EncryptionPolicy,
+    /// Ciphers offered, most preferred first (3.1.1 negotiation follows this
+    /// order; 3.0/3.0.2 can encrypt only if AES-128-CCM is listed).
+    pub ciphers: Vec<CipherAlgorithm>,
+    /// Use only FIPS-approved algorithms (turns NTLM off).
+    pub fips: bool,
     pub shares: Vec<ShareConfig>,
     /// NetBIOS name reported in NTLM challenges.
     pub server_name: String,
@@ -46,6 +84,9 @@ impl Default for Config {
             listen: vec![SocketAddr::from(([127, 0, 0, 1], 445))],
             user_db: PathBuf::from("users.db"),
             signing: SigningPolicy::Required,
+            encryption: EncryptionPolicy::Off,
+            ciphers: CipherAlgorithm::ALL.to_vec(),
+            fips: false,
             shares: Vec::new(),
             server_name: "NIMBUS".into(),
             workgroup: "WORKGROUP".into(),
@@ -90,6 +131,9 @@ struct RawConfig {
 #[serde(deny_unknown_fields)]
 struct RawSecurity {
     signing: Option<String>,
+    encryption: Option<String>,
+    ciphers: Option<Vec<String>>,
+    fips: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -101,9 +145,42 @@ struct RawShare {
     read_only: bool,
     #[serde(default)]
     guest_ok: bool,
+    encryption: Option<String>,
 }
 
+const ENCRYPTION_FIX: &str =
+    "write encryption = \"off\", encryption = \"desired\" or encryption = \"required\"";
+
 impl Config {
+    /// The encryption policy of a share: its own setting, else the
+    /// server-wide one (IPC$ and shares without the key).
+    pub fn share_encryption(&self, share: Option<&ShareConfig>) -> EncryptionPolicy {
+        share.and_then(|s| s.encryption).unwrap_or(self.encryption)
+    }
+
+    /// Whether a client that can encrypt gets the session-wide ENCRYPT_DATA
+    /// flag: only if every share, IPC$ included, asks for encryption. When
+    /// some share opts out, encryption is requested per share instead, so
+    /// the opted-out share really is served in clear ("per share wins").
+    pub fn encrypt_whole_session(&self) -> bool {
+        self.encryption != EncryptionPolicy::Off
+            && self
+                .shares
+                .iter()
+                .all(|s| s.encryption != Some(EncryptionPolicy::Off))
+    }
+
+    /// Whether a client that cannot encrypt is refused at logon: only if
+    /// every share, IPC$ included, requires encryption. Otherwise it is
+    /// refused per share, at TREE_CONNECT.
+    pub fn refuse_clear_sessions(&self) -> bool {
+        self.encryption == EncryptionPolicy::Required
+            && self
+                .shares
+                .iter()
+                .all(|s| s.encryption.is_none_or(|e| e == EncryptionPolicy::Required))
+    }
+
     /// Parses and validates a TOML file. Returns every problem found, not
     /// just the first, so one run of `nimbus config check` shows them all.
     pub fn from_file(path: &Path) -> Result<Config, Vec<ConfigError>> {
@@ -141,7 +218,7 @@ impl Config {
             vec![err(
                 &format!("line {line}"),
                 msg,
-                "see README.md for the keys: listen, user_db, server_name, workgroup, [security] signing, [[share]] name/path/read_only/guest_ok",
+                "see README.md for the keys: listen, user_db, server_name, workgroup, [security] signing/encryption/ciphers/fips, [[share]] name/path/read_only/guest_ok/encryption",
             )]
         })?;
         let mut errors = Vec::new();
@@ -191,15 +268,74 @@ impl Config {
                     )),
                 }
             }
+            if let Some(e) = sec.encryption {
+                match EncryptionPolicy::parse(&e) {
+                    Some(p) => cfg.encryption = p,
+                    None => errors.push(err(
+                        "security.encryption",
+                        format!("unknown value \"{e}\""),
+                        ENCRYPTION_FIX,
+                    )),
+                }
+            }
+            if let Some(list) = sec.ciphers {
+                cfg.ciphers.clear();
+                for (i, name) in list.iter().enumerate() {
+                    match CipherAlgorithm::from_name(name) {
+                        Some(c) if cfg.ciphers.contains(&c) => errors.push(err(
+                            &format!("security.ciphers[{i}]"),
+                            format!("\"{name}\" is listed twice"),
+                            "list each cipher once",
+                        )),
+                        Some(c) => cfg.ciphers.push(c),
+                        None => errors.push(err(
+                            &format!("security.ciphers[{i}]"),
+                            format!("unknown cipher \"{name}\""),
+                            "use AES-128-GCM, AES-256-GCM, AES-128-CCM or AES-256-CCM",
+                        )),
+                    }
+                }
+            }
+            if let Some(f) = sec.fips {
+                cfg.fips = f;
+            }
         }
         for (i, s) in raw.share.into_iter().enumerate() {
+            let encryption = match s
+                .encryption
+                .as_deref()
+                .map(|e| (e, EncryptionPolicy::parse(e)))
+            {
+                None => None,
+                Some((_, Some(p))) => Some(p),
+                Some((e, None)) => {
+                    errors.push(err(
+                        &format!("share[{i}].encryption"),
+                        format!("unknown value \"{e}\""),
+                        ENCRYPTION_FIX,
+                    ));
+                    None
+                }
+            };
             cfg.shares.push(ShareConfig {
                 name: s.name,
                 path: resolve(s.path),
                 read_only: s.read_only,
                 guest_ok: s.guest_ok,
+                encryption,
             });
-            let _ = i;
+        }
+        let wants_encryption = cfg.encryption != EncryptionPolicy::Off
+            || cfg
+                .shares
+                .iter()
+                .any(|s| s.encryption.is_some_and(|e| e != EncryptionPolicy::Off));
+        if cfg.ciphers.is_empty() && wants_encryption {
+            errors.push(err(
+                "security.ciphers",
+                "encryption is desired or required but no cipher is listed".into(),
+                "list at least one cipher, e.g. ciphers = [\"AES-128-GCM\"]",
+            ));
         }
         errors.extend(cfg.validate_shares(file));
         if errors.is_empty() {
@@ -290,6 +426,72 @@ mod tests {
         assert!(keys.contains(&"share[0].name"));
         assert!(keys.contains(&"share[0].path"));
         assert!(errs.iter().all(|e| e.to_string().starts_with("bad.toml: ")));
+    }
+
+    #[test]
+    fn encryption_keys_and_per_share_override() {
+        let dir = std::env::temp_dir();
+        let text = format!(
+            "[security]\nencryption = \"desired\"\nciphers = [\"AES-256-GCM\", \"aes-128-ccm\"]\n\
+             [[share]]\nname = \"secret\"\npath = \"{0}\"\nencryption = \"required\"\n\
+             [[share]]\nname = \"plain\"\npath = \"{0}\"\n",
+            dir.display()
+        );
+        let cfg = Config::from_toml("t.toml", &text, None).unwrap();
+        assert_eq!(cfg.encryption, EncryptionPolicy::Desired);
+        assert_eq!(
+            cfg.ciphers,
+            vec![CipherAlgorithm::Aes256Gcm, CipherAlgorithm::Aes128Ccm]
+        );
+        assert_eq!(
+            cfg.share_encryption(Some(&cfg.shares[0])),
+            EncryptionPolicy::Required
+        );
+        assert_eq!(
+            cfg.share_encryption(Some(&cfg.shares[1])),
+            EncryptionPolicy::Desired
+        );
+        assert_eq!(cfg.share_encryption(None), EncryptionPolicy::Desired);
+        assert!(cfg.encrypt_whole_session());
+        assert!(!cfg.refuse_clear_sessions());
+    }
+
+    #[test]
+    fn a_share_that_opts_out_keeps_the_session_in_clear() {
+        let mut cfg = Config {
+            encryption: EncryptionPolicy::Required,
+            ..Config::default()
+        };
+        assert!(cfg.encrypt_whole_session() && cfg.refuse_clear_sessions());
+        cfg.shares.push(ShareConfig {
+            name: "fast".into(),
+            path: "/tmp".into(),
+            read_only: false,
+            guest_ok: false,
+            encryption: Some(EncryptionPolicy::Off),
+        });
+        assert!(!cfg.encrypt_whole_session());
+        assert!(!cfg.refuse_clear_sessions());
+    }
+
+    #[test]
+    fn bad_encryption_settings_name_their_key() {
+        let text = "[security]\nencryption = \"always\"\nciphers = [\"AES-128-GCM\", \"ROT13\", \"aes-128-gcm\"]\n\
+                    [[share]]\nname = \"x\"\npath = \"/tmp\"\nencryption = \"yes\"\n";
+        let errs = Config::from_toml("e.toml", text, None).unwrap_err();
+        let keys: Vec<_> = errs.iter().map(|e| e.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            vec![
+                "security.encryption",
+                "security.ciphers[1]",
+                "security.ciphers[2]",
+                "share[0].encryption"
+            ]
+        );
+        let text = "[security]\nencryption = \"required\"\nciphers = []\n";
+        let errs = Config::from_toml("e.toml", text, None).unwrap_err();
+        assert_eq!(errs[0].key, "security.ciphers");
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use nimbus_crypto::SigningAlgorithm;
+use nimbus_crypto::{CipherAlgorithm, SigningAlgorithm};
 use nimbus_wire::nbss::frame_length;
 use nimbus_wire::negotiate::Dialect;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -37,7 +37,17 @@ pub struct Negotiated {
     pub server_security_mode: u16,
     pub server_capabilities: u32,
     pub signing_algorithm: SigningAlgorithm,
+    /// Connection.CipherId: None if the client cannot encrypt.
+    pub cipher: Option<CipherAlgorithm>,
     pub max_io: u32,
+}
+
+/// A response frame ready to send: `buf[start..]`, NBSS header included.
+/// Responses are built after a reserved TRANSFORM header slot so that
+/// encryption happens in place; clear responses start after that slot.
+pub struct Outgoing {
+    pub buf: Vec<u8>,
+    pub start: usize,
 }
 
 pub struct Connection {
@@ -84,7 +94,7 @@ impl Connection {
 pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr) {
     let local = stream.local_addr().unwrap_or(peer);
     let (mut rd, mut wr) = stream.into_split();
-    let (tx, mut rx) = mpsc::channel::<Vec<u8>>(MAX_IN_FLIGHT);
+    let (tx, mut rx) = mpsc::channel::<Outgoing>(MAX_IN_FLIGHT);
     let conn = Arc::new(Connection {
         server,
         peer,
@@ -99,8 +109,8 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr) {
     tracing::debug!("connection from {peer}");
 
     let writer = tokio::spawn(async move {
-        while let Some(buf) = rx.recv().await {
-            if wr.write_all(&buf).await.is_err() {
+        while let Some(out) = rx.recv().await {
+            if wr.write_all(&out.buf[out.start..]).await.is_err() {
                 break;
             }
         }

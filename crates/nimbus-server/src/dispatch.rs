@@ -6,13 +6,17 @@
 use std::sync::Arc;
 
 use nimbus_wire::codec::Put;
-use nimbus_wire::header::{flags, Command, Header, PROTOCOL_ID, SMB1_PROTOCOL_ID};
+use nimbus_wire::header::{
+    flags, Command, Header, PROTOCOL_ID, SMB1_PROTOCOL_ID, TRANSFORM_PROTOCOL_ID,
+};
 use nimbus_wire::simple::encode_error;
 use nimbus_wire::smb1::{smb1_negotiate_offer, Smb1Offer};
+use nimbus_wire::transform::{TransformHeader, TRANSFORM_HEADER_SIZE};
 use nimbus_wire::{FileId, NtStatus, HEADER_SIZE};
 
-use crate::connection::Connection;
+use crate::connection::{Connection, Outgoing};
 use crate::handlers;
+use crate::security::SessionCipher;
 use crate::server::Server;
 use crate::session::{lock, Open, Session, SessionState, Tree};
 
@@ -123,9 +127,23 @@ impl Ctx<'_> {
     }
 }
 
+/// Where the first response of a frame starts in the output buffer: after
+/// the NBSS header and a slot for the TRANSFORM header, so that an encrypted
+/// response is sealed in place and a clear one is sent from the slot's end.
+const RESPONSE_START: usize = 4 + TRANSFORM_HEADER_SIZE;
+
+/// The session whose keys decrypted a request frame; they encrypt the
+/// response.
+struct Encrypted {
+    session_id: u64,
+    cipher: Arc<SessionCipher>,
+}
+
 /// State carried from one request of a compound chain to the next.
 #[derive(Default)]
 struct Chain {
+    /// Session id of the TRANSFORM header, if the frame was encrypted.
+    encrypted_for: Option<u64>,
     session_id: u64,
     tree_id: u32,
     file_id: Option<FileId>,
@@ -138,22 +156,28 @@ struct Chain {
 /// Processes one received frame; returns the frame to send back (if any).
 /// Protocol violations that the spec answers with a disconnect call
 /// `conn.close()` and return None.
-pub fn process_frame(conn: &Arc<Connection>, frame: &mut [u8]) -> Option<Vec<u8>> {
+pub fn process_frame(conn: &Arc<Connection>, frame: &mut [u8]) -> Option<Outgoing> {
     if frame.starts_with(&SMB1_PROTOCOL_ID) {
         return smb1_negotiate(conn, frame);
     }
-    if !frame.starts_with(&PROTOCOL_ID) {
-        // Encrypted (TRANSFORM) messages arrive with SMB3 encryption, which
-        // this server does not negotiate yet; anything else is garbage.
-        tracing::warn!("{}: message with unknown protocol id; closing", conn.peer);
-        conn.close();
-        return None;
+    let mut encrypted = None;
+    let mut frame = frame;
+    if frame.starts_with(&TRANSFORM_PROTOCOL_ID) {
+        let e = decrypt(conn, frame)?;
+        encrypted = Some(e);
+        frame = &mut frame[TRANSFORM_HEADER_SIZE..];
     }
-    let mut out = Vec::with_capacity(4 + HEADER_SIZE + 128);
-    out.extend_from_slice(&[0u8; 4]);
+    if !frame.starts_with(&PROTOCOL_ID) {
+        return refuse(conn, "message with unknown protocol id");
+    }
+    let mut out = Vec::with_capacity(RESPONSE_START + HEADER_SIZE + 128);
+    out.resize(RESPONSE_START, 0);
     // (start of each response, session to sign it with)
     let mut responses: Vec<(usize, Option<Arc<Session>>)> = Vec::new();
-    let mut chain = Chain::default();
+    let mut chain = Chain {
+        encrypted_for: encrypted.as_ref().map(|e| e.session_id),
+        ..Chain::default()
+    };
     let mut offset = 0usize;
     loop {
         let remaining = frame.len() - offset;
@@ -197,7 +221,7 @@ pub fn process_frame(conn: &Arc<Connection>, frame: &mut [u8]) -> Option<Vec<u8>
             // 8-byte align the previous response and link it to this one.
             if let Some((prev_start, _)) = responses.last() {
                 let prev_start = *prev_start;
-                out.align_to_from(4, 8);
+                out.align_to_from(RESPONSE_START, 8);
                 let next_off = (out.len() - prev_start) as u32;
                 out[prev_start + 20..prev_start + 24].copy_from_slice(&next_off.to_le_bytes());
             }
@@ -216,6 +240,15 @@ pub fn process_frame(conn: &Arc<Connection>, frame: &mut [u8]) -> Option<Vec<u8>
     if responses.is_empty() {
         return None;
     }
+    if let Some(e) = encrypted {
+        // Encrypted responses are not also signed (MS-SMB2 3.3.4.1.4).
+        if let Err(err) = e.cipher.seal(e.session_id, &mut out[4..]) {
+            return refuse(conn, &format!("cannot encrypt the response: {err}"));
+        }
+        let len = out.len() - 4;
+        out[..4].copy_from_slice(&nimbus_wire::nbss::frame_header(len));
+        return Some(Outgoing { buf: out, start: 0 });
+    }
     // Sign each response over its bytes including its padding.
     for i in 0..responses.len() {
         let start = responses[i].0;
@@ -228,9 +261,50 @@ pub fn process_frame(conn: &Arc<Connection>, frame: &mut [u8]) -> Option<Vec<u8>
             }
         }
     }
-    let len = out.len() - 4;
-    out[..4].copy_from_slice(&nimbus_wire::nbss::frame_header(len));
-    Some(out)
+    let len = out.len() - RESPONSE_START;
+    let start = RESPONSE_START - 4;
+    out[start..RESPONSE_START].copy_from_slice(&nimbus_wire::nbss::frame_header(len));
+    Some(Outgoing { buf: out, start })
+}
+
+/// MS-SMB2 3.3.5.2.1.1: a TRANSFORM message is decrypted with the keys of
+/// the session it names. Anything wrong (too short, unknown session, no
+/// keys, bad size, failed authentication) closes the connection.
+fn decrypt(conn: &Connection, frame: &mut [u8]) -> Option<Encrypted> {
+    let Ok(hdr) = TransformHeader::parse(frame) else {
+        refuse(conn, "encrypted message shorter than its TRANSFORM header");
+        return None;
+    };
+    let cipher = conn
+        .session(hdr.session_id)
+        .and_then(|s| match &*lock(&s.state) {
+            SessionState::Valid(auth) => auth.cipher.clone(),
+            SessionState::InProgress { .. } => None,
+        });
+    let Some(cipher) = cipher else {
+        refuse(
+            conn,
+            &format!(
+                "encrypted message for session {:#x}, which has no encryption keys",
+                hdr.session_id
+            ),
+        );
+        return None;
+    };
+    if let Err(e) = cipher.open(&hdr, frame) {
+        refuse(
+            conn,
+            &format!(
+                "encrypted message for session {:#x} not accepted: {e:?}",
+                hdr.session_id
+            ),
+        );
+        return None;
+    }
+    Some(Encrypted {
+        session_id: hdr.session_id,
+        cipher,
+    })
 }
 
 /// Fills a response's reserved 64-byte header slot.
@@ -240,7 +314,7 @@ fn write_header(resp: &Header, slot: &mut [u8]) {
     }
 }
 
-fn refuse(conn: &Connection, why: &str) -> Option<Vec<u8>> {
+fn refuse(conn: &Connection, why: &str) -> Option<Outgoing> {
     tracing::warn!("{}: {why}; closing connection", conn.peer);
     conn.close();
     None
@@ -334,9 +408,13 @@ fn handle_one(
         signature: [0; 16],
     };
     write_header(&resp, &mut out[start..body_start]);
-    if status == NtStatus::USER_SESSION_DELETED && hdr.is_signed() {
-        // No key is left to sign with, but a client that signed expects the
-        // SIGNED flag; Samba's client then accepts this status unverified.
+    let keyless_error = status == NtStatus::USER_SESSION_DELETED
+        || (status == NtStatus::INVALID_PARAMETER && related && sign_session.is_none());
+    if keyless_error && hdr.is_signed() && chain.encrypted_for.is_none() {
+        // No session key is at hand to sign with (the session is gone, or a
+        // related request follows one without a session), but a client that
+        // signed expects the SIGNED flag; Samba's client accepts these
+        // statuses unverified.
         let fl = resp.flags | flags::SIGNED;
         out[start + 16..start + 20].copy_from_slice(&fl.to_le_bytes());
     }
@@ -397,6 +475,15 @@ fn check_and_run<'a>(
     // Session lookup and signature check first (MS-SMB2 3.3.5.2.4,
     // 3.3.5.2.9), so that even an error about the request itself goes back
     // signed to a client that signs.
+    let encrypted = chain.encrypted_for.is_some();
+    if encrypted && !related && chain.encrypted_for != Some(session_id) {
+        // A request may only use the session whose key encrypted it.
+        tracing::warn!(
+            "{}: request for session {session_id:#x} inside a message encrypted for another; refused",
+            conn.peer
+        );
+        return Err(NtStatus::ACCESS_DENIED);
+    }
     if cmd != Some(Command::Negotiate) && session_id != 0 {
         let session = conn
             .session(session_id)
@@ -404,7 +491,9 @@ fn check_and_run<'a>(
         let state = lock(&session.state);
         match &*state {
             SessionState::Valid(auth) => {
-                if let Some(signer) = &auth.signer {
+                // Encrypted requests are not signed: the AEAD tag already
+                // authenticated them (MS-SMB2 3.3.5.2.4).
+                if let (Some(signer), false) = (&auth.signer, encrypted) {
                     if hdr.is_signed() {
                         if !crate::security::verify(signer.as_ref(), msg) {
                             tracing::warn!(
@@ -425,6 +514,16 @@ fn check_and_run<'a>(
                         );
                         return Err(NtStatus::ACCESS_DENIED);
                     }
+                }
+                if auth.encrypt_data && !encrypted {
+                    // MS-SMB2 3.3.5.2.9: Session.EncryptData and
+                    // RejectUnencryptedAccess.
+                    tracing::debug!(
+                        "{}: unencrypted command {:#x} on a session that requires encryption; refused",
+                        conn.peer,
+                        hdr.command
+                    );
+                    return Err(NtStatus::ACCESS_DENIED);
                 }
                 drop(state);
                 ctx.session = Some(session);
@@ -454,7 +553,18 @@ fn check_and_run<'a>(
     if spec.needs_tree {
         let session = ctx.session()?;
         let tree = lock(&session.trees).get(&tree_id).cloned();
-        ctx.tree = Some(tree.ok_or(NtStatus::NETWORK_NAME_DELETED)?);
+        let tree = tree.ok_or(NtStatus::NETWORK_NAME_DELETED)?;
+        if tree.encrypt_data && !encrypted {
+            // MS-SMB2 3.3.5.2.11: the share requires encrypted requests.
+            tracing::debug!(
+                "{}: unencrypted command {:#x} on share \"{}\", which requires encryption; refused",
+                conn.peer,
+                hdr.command,
+                tree.share.name
+            );
+            return Err(NtStatus::ACCESS_DENIED);
+        }
+        ctx.tree = Some(tree);
     }
     ctx.msg = msg;
     let body = &msg[HEADER_SIZE..];
@@ -463,7 +573,7 @@ fn check_and_run<'a>(
 
 /// MS-SMB2 3.3.5.3.1: an SMB1 negotiate that offers SMB2 gets an SMB2
 /// NEGOTIATE response; SMB1 itself is never served.
-fn smb1_negotiate(conn: &Arc<Connection>, frame: &[u8]) -> Option<Vec<u8>> {
+fn smb1_negotiate(conn: &Arc<Connection>, frame: &[u8]) -> Option<Outgoing> {
     let offer = smb1_negotiate_offer(frame);
     if offer == Smb1Offer::None || conn.negotiated().is_some() {
         return refuse(conn, "SMB1 request (SMB1 is not served)");
@@ -490,5 +600,5 @@ fn smb1_negotiate(conn: &Arc<Connection>, frame: &[u8]) -> Option<Vec<u8>> {
     write_header(&resp, &mut out[4..4 + HEADER_SIZE]);
     let len = out.len() - 4;
     out[..4].copy_from_slice(&nimbus_wire::nbss::frame_header(len));
-    Some(out)
+    Some(Outgoing { buf: out, start: 0 })
 }

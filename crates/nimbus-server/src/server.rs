@@ -11,7 +11,7 @@ use nimbus_vfs::LocalFs;
 use nimbus_wire::fscc::unix_to_filetime;
 use tokio::net::TcpListener;
 
-use crate::config::Config;
+use crate::config::{Config, EncryptionPolicy};
 
 /// Why the server could not start; each is one line for the operator.
 #[derive(Debug)]
@@ -50,6 +50,8 @@ pub struct Share {
     pub fs: Option<LocalFs>,
     pub read_only: bool,
     pub guest_ok: bool,
+    /// This share's encryption policy (its own, else the server-wide one).
+    pub encryption: EncryptionPolicy,
     /// FILETIME reported as the volume's creation time.
     pub created: u64,
 }
@@ -103,6 +105,7 @@ impl Server {
                 fs: Some(fs),
                 read_only: s.read_only,
                 guest_ok: s.guest_ok,
+                encryption: config.share_encryption(Some(s)),
                 created: start_time,
             }));
         }
@@ -111,6 +114,7 @@ impl Server {
             fs: None,
             read_only: true,
             guest_ok: false,
+            encryption: config.share_encryption(None),
             created: start_time,
         }));
         let auth = Authenticator::new(

@@ -10,6 +10,7 @@ use nimbus_crypto::Signer;
 use nimbus_state::FileKey;
 use nimbus_vfs::{DirEntry, FileHandle};
 
+use crate::security::SessionCipher;
 use crate::server::Share;
 
 /// Locks a mutex, ignoring poisoning: a panic in one request must not make
@@ -36,6 +37,10 @@ pub struct Authenticated {
     pub signer: Option<Box<dyn Signer>>,
     /// Every request must be signed (MS-SMB2 Session.SigningRequired).
     pub signing_required: bool,
+    /// Encryption keys, if a cipher was negotiated and the session has a key.
+    pub cipher: Option<Arc<SessionCipher>>,
+    /// Session.EncryptData: every request must arrive encrypted.
+    pub encrypt_data: bool,
 }
 
 pub struct Session {
@@ -78,6 +83,8 @@ pub struct Tree {
     pub share: Arc<Share>,
     /// Access this session has on the share (MS-SMB2 TreeConnect.MaximalAccess).
     pub maximal_access: u32,
+    /// Requests on this tree must arrive encrypted (Share.EncryptData).
+    pub encrypt_data: bool,
 }
 
 /// Where a directory enumeration stands (MS-SMB2 Open.EnumerationLocation).

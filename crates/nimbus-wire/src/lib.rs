@@ -19,6 +19,7 @@ pub mod session_setup;
 pub mod simple;
 pub mod smb1;
 pub mod status;
+pub mod transform;
 pub mod tree_connect;
 pub mod write;
 

@@ -179,6 +179,7 @@ fn build_config(args: &ServeArgs) -> Result<Config, String> {
                 path: PathBuf::from(path),
                 read_only: false,
                 guest_ok: false,
+                encryption: None,
             });
         }
     }

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use nimbus_crypto::SigningAlgorithm;
+use nimbus_crypto::{CipherAlgorithm, SigningAlgorithm};
 use nimbus_wire::negotiate::{
     capabilities, context_type, id_list_context, parse_id_list, security_mode, Dialect,
     NegotiateRequest, NegotiateResponse, PreauthIntegrity, DIALECT_WILDCARD, HASH_SHA512,
@@ -84,6 +84,23 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         SigningAlgorithm::HmacSha256
     };
     let mut resp_contexts = Vec::new();
+    let mut cipher = None;
+    let mut caps = 0;
+    if dialect != Dialect::Smb202 {
+        caps |= capabilities::LARGE_MTU;
+    }
+    if matches!(dialect, Dialect::Smb300 | Dialect::Smb302)
+        && req.capabilities & capabilities::ENCRYPTION != 0
+        && ctx
+            .server
+            .config
+            .ciphers
+            .contains(&CipherAlgorithm::Aes128Ccm)
+    {
+        // 3.0 and 3.0.2 know one cipher, announced by capability.
+        caps |= capabilities::ENCRYPTION;
+        cipher = Some(CipherAlgorithm::Aes128Ccm);
+    }
     if dialect == Dialect::Smb311 {
         let count = |t| req.contexts.iter().filter(|c| c.context_type == t).count();
         if count(context_type::PREAUTH_INTEGRITY_CAPABILITIES) != 1
@@ -111,11 +128,20 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
                     );
                 }
                 context_type::ENCRYPTION_CAPABILITIES => {
-                    parse_id_list(&c.data).map_err(malformed)?;
-                    // No cipher is offered until SMB3 encryption lands: a
-                    // cipher id of 0 tells the client there is no common one.
-                    resp_contexts
-                        .push(id_list_context(context_type::ENCRYPTION_CAPABILITIES, &[0]));
+                    let offered = parse_id_list(&c.data).map_err(malformed)?;
+                    // The server's order decides (MS-SMB2 3.3.5.4 lets the
+                    // server pick any common cipher); id 0 means "none".
+                    cipher = ctx
+                        .server
+                        .config
+                        .ciphers
+                        .iter()
+                        .copied()
+                        .find(|a| offered.contains(&a.id()));
+                    resp_contexts.push(id_list_context(
+                        context_type::ENCRYPTION_CAPABILITIES,
+                        &[cipher.map_or(0, CipherAlgorithm::id)],
+                    ));
                 }
                 context_type::SIGNING_CAPABILITIES => {
                     let offered = parse_id_list(&c.data).map_err(malformed)?;
@@ -137,10 +163,6 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         let mut p = lock(&ctx.conn.preauth);
         *p = ctx.server.provider.sha512(&[&[0u8; 64], ctx.msg]);
     }
-    let mut caps = 0;
-    if dialect != Dialect::Smb202 {
-        caps |= capabilities::LARGE_MTU;
-    }
     let max = max_io(dialect);
     let mut resp = response(ctx.conn, dialect as u16, caps, max);
     resp.contexts = resp_contexts;
@@ -154,13 +176,15 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         server_security_mode: resp.security_mode,
         server_capabilities: caps,
         signing_algorithm,
+        cipher,
         max_io: max,
     }));
     tracing::debug!(
-        "{}: negotiated {:?}, signing {:?}",
+        "{}: negotiated {:?}, signing {:?}, cipher {:?}",
         ctx.conn.peer,
         dialect,
-        signing_algorithm
+        signing_algorithm,
+        cipher
     );
     Ok(NtStatus::SUCCESS)
 }
@@ -186,6 +210,7 @@ pub fn smb1_upgrade(conn: &Arc<Connection>, wildcard: bool, out: &mut Vec<u8>) -
             server_security_mode: server_security_mode(conn),
             server_capabilities: 0,
             signing_algorithm: SigningAlgorithm::HmacSha256,
+            cipher: None,
             max_io: max,
         }));
     }

@@ -14,7 +14,7 @@ use nimbus_wire::NtStatus;
 use super::malformed;
 use crate::config::SigningPolicy;
 use crate::dispatch::{Ctx, HandlerResult};
-use crate::security::session_signer;
+use crate::security::{session_signer, SessionCipher};
 use crate::session::{lock, Authenticated, Session, SessionState};
 
 pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
@@ -82,6 +82,43 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
                     }
                 }
             };
+            let cipher = match neg.cipher {
+                Some(alg) if !unauthenticated => {
+                    match SessionCipher::derive(
+                        &ctx.server.provider,
+                        neg.dialect,
+                        alg,
+                        &res.session_key[..],
+                        preauth,
+                    ) {
+                        Ok(c) => Some(Arc::new(c)),
+                        Err(e) => {
+                            tracing::error!(
+                                "{}: cannot derive encryption keys: {e}",
+                                ctx.conn.peer
+                            );
+                            drop(state);
+                            lock(&ctx.conn.sessions).remove(&session.id);
+                            return Err(NtStatus::LOGON_FAILURE);
+                        }
+                    }
+                }
+                _ => None,
+            };
+            if cipher.is_none() && ctx.server.config.refuse_clear_sessions() {
+                drop(state);
+                lock(&ctx.conn.sessions).remove(&session.id);
+                tracing::warn!(
+                    "session logon of {}\\{} from {} refused: encryption is required and this \
+                     session cannot encrypt ({})",
+                    res.domain,
+                    res.user,
+                    ctx.conn.peer,
+                    super::tree_connect::why_no_encryption(ctx, unauthenticated)
+                );
+                return Err(NtStatus::ACCESS_DENIED);
+            }
+            let encrypt_data = cipher.is_some() && ctx.server.config.encrypt_whole_session();
             let signing_required = !unauthenticated
                 && (ctx.server.config.signing == SigningPolicy::Required
                     || (req.security_mode as u16 | neg.client_security_mode)
@@ -93,8 +130,11 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             } else if res.guest {
                 flags |= session_flags::IS_GUEST;
             }
+            if encrypt_data {
+                flags |= session_flags::ENCRYPT_DATA;
+            }
             tracing::info!(
-                "session logon: user {}\\{} from {} ({:?}, signing {})",
+                "session logon: user {}\\{} from {} ({:?}, signing {}, encryption {})",
                 res.domain,
                 if res.anonymous {
                     "(anonymous)"
@@ -108,6 +148,11 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
                 } else {
                     "off".into()
                 },
+                match (&cipher, encrypt_data) {
+                    (Some(c), true) => format!("{:?} required", c.algorithm()),
+                    (Some(c), false) => format!("{:?} available", c.algorithm()),
+                    (None, _) => "off".into(),
+                },
             );
             let has_signer = signer.is_some();
             *state = SessionState::Valid(Authenticated {
@@ -116,6 +161,8 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
                 guest: unauthenticated,
                 signer,
                 signing_required,
+                cipher,
+                encrypt_data,
             });
             drop(state);
             SessionSetupResponse {

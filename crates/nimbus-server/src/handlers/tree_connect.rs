@@ -9,6 +9,7 @@ use nimbus_wire::tree_connect::{share_flags, ShareType, TreeConnectRequest, Tree
 use nimbus_wire::NtStatus;
 
 use super::malformed;
+use crate::config::EncryptionPolicy;
 use crate::dispatch::{Ctx, HandlerResult};
 use crate::session::{lock, SessionState, Tree};
 
@@ -23,7 +24,23 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         );
         return Err(NtStatus::BAD_NETWORK_NAME);
     };
-    let guest = matches!(&*lock(&session.state), SessionState::Valid(a) if a.guest);
+    let (guest, can_encrypt) = match &*lock(&session.state) {
+        SessionState::Valid(a) => (a.guest, a.cipher.is_some()),
+        SessionState::InProgress { .. } => return Err(NtStatus::USER_SESSION_DELETED),
+    };
+    // MS-SMB2 3.3.5.7: a share that requires encryption refuses a session
+    // that cannot encrypt (SMB 2.x, no common cipher, guest).
+    if share.encryption == EncryptionPolicy::Required && !can_encrypt {
+        tracing::warn!(
+            "{}: tree connect to \"{}\" refused: the share requires encryption and this \
+             session cannot encrypt ({})",
+            ctx.conn.peer,
+            share.name,
+            why_no_encryption(ctx, guest)
+        );
+        return Err(NtStatus::ACCESS_DENIED);
+    }
+    let encrypt_data = share.encryption != EncryptionPolicy::Off && can_encrypt;
     if guest && !share.guest_ok && !share.is_ipc() {
         tracing::info!(
             "{}: guest refused on share \"{}\"",
@@ -49,11 +66,16 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             id,
             share,
             maximal_access,
+            encrypt_data,
         }),
     );
+    let mut flags = share_flags::MANUAL_CACHING;
+    if encrypt_data {
+        flags |= share_flags::ENCRYPT_DATA;
+    }
     TreeConnectResponse {
         share_type,
-        share_flags: share_flags::MANUAL_CACHING,
+        share_flags: flags,
         capabilities: 0,
         maximal_access,
     }
@@ -61,6 +83,23 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     // The response carries the new tree id in its header.
     ctx.response_tree_id = Some(id);
     Ok(NtStatus::SUCCESS)
+}
+
+/// The reason a session has no encryption keys, for the log line.
+pub fn why_no_encryption(ctx: &Ctx<'_>, guest: bool) -> String {
+    match ctx.conn.negotiated() {
+        _ if guest => "guest and anonymous sessions have no key".into(),
+        Some(n) if !n.dialect.is_smb3() => {
+            format!("dialect {:?} has no encryption; SMB 3 is needed", n.dialect)
+        }
+        Some(n) if n.cipher.is_none() => {
+            format!(
+                "the client offered none of the configured ciphers ({:?})",
+                n.dialect
+            )
+        }
+        _ => "no cipher negotiated".into(),
+    }
 }
 
 pub fn handle_disconnect(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
