@@ -167,14 +167,32 @@ def toml_str(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def write_config(path: Path, port: int, user_db: Path, shares: list[tuple[str, Path, bool]], signing: str = "required") -> Path:
+@dataclass
+class Security:
+    """The [security] settings a test server starts with (None: the default)."""
+
+    signing: str = "required"
+    encryption: str | None = None
+    ciphers: list[str] | None = None
+    # share name -> its own `encryption` value
+    share_encryption: dict[str, str] = field(default_factory=dict)
+
+    def needs_config_file(self) -> bool:
+        return self.encryption is not None or self.ciphers is not None or bool(self.share_encryption)
+
+
+def write_config(path: Path, port: int, user_db: Path, shares: list[tuple[str, Path, bool]], security: Security) -> Path:
     lines = [
         f"listen = [{toml_str(f'127.0.0.1:{port}')}]",
         f"user_db = {toml_str(str(user_db))}",
         "",
         "[security]",
-        f"signing = {toml_str(signing)}",
+        f"signing = {toml_str(security.signing)}",
     ]
+    if security.encryption is not None:
+        lines.append(f"encryption = {toml_str(security.encryption)}")
+    if security.ciphers is not None:
+        lines.append(f"ciphers = [{', '.join(toml_str(c) for c in security.ciphers)}]")
     for name, share_path, read_only in shares:
         lines += [
             "",
@@ -183,6 +201,8 @@ def write_config(path: Path, port: int, user_db: Path, shares: list[tuple[str, P
             f"path = {toml_str(str(share_path))}",
             f"read_only = {'true' if read_only else 'false'}",
         ]
+        if name in security.share_encryption:
+            lines.append(f"encryption = {toml_str(security.share_encryption[name])}")
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -197,12 +217,14 @@ class ServerFactory:
         self.servers: list[Server] = []
         self.count = 0
 
-    def start(self, shares: list[tuple[str, bool]] | None = None, signing: str = "required") -> Server:
+    def start(self, shares: list[tuple[str, bool]] | None = None, signing: str = "required", security: Security | None = None) -> Server:
         """Start a server with the given shares (name, read_only); the first is Server.share.
 
         Each share gets an empty directory beneath the test's temp dir.
+        `security` gives encryption settings (and overrides `signing`).
         """
         shares = shares or [(SHARE, False)]
+        security = security or Security(signing=signing)
         self.count += 1
         base = self.tmp / f"server{self.count}"
         base.mkdir()
@@ -213,14 +235,14 @@ class ServerFactory:
             share_paths[name] = p
         log_path = base / f"{self.target}.log"
         if self.target == "samba":
-            srv = self._start_samba(base, shares, share_paths, log_path, signing)
+            srv = self._start_samba(base, shares, share_paths, log_path, security)
         else:
-            srv = self._start_nimbus(base, shares, share_paths, log_path, signing)
+            srv = self._start_nimbus(base, shares, share_paths, log_path, security)
         self.servers.append(srv)
         self.request.node.stash.setdefault(_SERVERS, []).append(srv)
         return srv
 
-    def _start_nimbus(self, base, shares, share_paths, log_path, signing) -> Server:
+    def _start_nimbus(self, base, shares, share_paths, log_path, security: Security) -> Server:
         db = base / "users.db"
         add_user(db)
         env = dict(os.environ, RUST_BACKTRACE="1", NO_COLOR="1")  # plain log lines in the file
@@ -228,12 +250,12 @@ class ServerFactory:
         last_error = None
         for _attempt in range(3):  # a port picked free can be taken before we bind it
             port = free_port()
-            if all(not ro for _, ro in shares):
-                args = ["serve", "--listen", f"127.0.0.1:{port}", "--user-db", str(db), "--signing", signing]
+            if all(not ro for _, ro in shares) and not security.needs_config_file():
+                args = ["serve", "--listen", f"127.0.0.1:{port}", "--user-db", str(db), "--signing", security.signing]
                 for name, _ro in shares:
                     args += ["--share", f"{name}={share_paths[name]}"]
-            else:  # read-only shares need the config file
-                conf = write_config(base / "nimbus.toml", port, db, [(n, share_paths[n], ro) for n, ro in shares], signing)
+            else:  # read-only shares and encryption settings need the config file
+                conf = write_config(base / "nimbus.toml", port, db, [(n, share_paths[n], ro) for n, ro in shares], security)
                 args = ["serve", "--config", str(conf)]
             with open(log_path, "ab") as log:
                 log.write(f"### nimbus {' '.join(args + verbose)}\n".encode())
@@ -260,7 +282,14 @@ class ServerFactory:
                 break
         pytest.fail(f"nimbus did not start: {last_error}\n--- server log ---\n{srv.log_tail()}", pytrace=False)
 
-    def _start_samba(self, base, shares, share_paths, log_path, signing) -> Server:
+    def _start_samba(self, base, shares, share_paths, log_path, security: Security) -> Server:
+        if security.share_encryption:
+            pytest.skip("per-share encryption is not mapped to smb.conf by the samba target")
+        options = {}
+        if security.encryption is not None:
+            options["server smb encrypt"] = {"off": "off", "desired": "desired", "required": "required"}[security.encryption]
+        if security.ciphers is not None:
+            options["server smb3 encryption algorithms"] = " ".join(security.ciphers)
         sys.path.insert(0, str(REPO / "bench"))
         try:
             import samba_server
@@ -274,8 +303,9 @@ class ServerFactory:
                 [samba_server.SambaShare(n, share_paths[n], ro) for n, ro in shares],
                 USER,
                 PASSWORD,
-                signing="mandatory" if signing == "required" else "auto",
+                signing="mandatory" if security.signing == "required" else "auto",
                 log_file=log,
+                options=options,
             )
         return Server("samba", "127.0.0.1", port, shares[0][0], share_paths[shares[0][0]], USER, PASSWORD, log_path, sam.process, dict(share_paths), sam.stop)
 

@@ -424,4 +424,171 @@ mod tests {
             assert_eq!(outs[0], outs[1], "{alg:?}");
         }
     }
+
+    /// Microsoft's published SMB 3.x encryption examples (raw AEAD inputs and
+    /// outputs; see nimbus-server's security_vectors.rs for the sources),
+    /// plus AES-256 cases computed with an independent implementation
+    /// (Python `cryptography`) from the same messages, as regression checks:
+    /// no AES-256 SMB example with plaintext and ciphertext is published.
+    /// (cipher, key, nonce, aad, plaintext, ciphertext, tag)
+    const SMB_VECTORS: &[(CipherAlgorithm, &str, &str, &str, &str, &str, &str)] = &[
+        // ms30-ccm-write-request
+        (
+            CipherAlgorithm::Aes128Ccm,
+            "261b72350558f2e9dcf613070383edbf",
+            "66e69a111892584fb5ed52",
+            "66e69a111892584fb5ed524a744da3ee87000000000001001100001400e40800",
+            "fe534d4240000100000000000900400008000000000000000400000000000000\
+            fffe0000010000001100001400e4080000000000000000000000000000000000\
+            3100700017000000000000000000000015010000390000020100000039020000\
+            00000000000000007000000000000000536d623320656e6372797074696f6e20\
+            74657374696e67",
+            "25c8fee16605a437832d1cd52da9f4645333482a175fe5384563f45fcdafaef3\
+            8bc62ba4d5c62897996625a44c29be5658de2e6117585779e7b59ffd971278d0\
+            8580d7fa899e410e910eabf5aa1db43050b33b49182637759ac15d84bfcdf5b6\
+            b238993c0f4cf4d6012023f6c627297075d84b7803912d0a9639634453595ef3\
+            e33ffe4e7ac2ab",
+            "81a286535415445dae393921e44fa42e",
+        ),
+        // ms30-ccm-read-response
+        (
+            CipherAlgorithm::Aes128Ccm,
+            "8fe2b57ec34d2db5b1a9727f526bbdb5",
+            "8700000000000000110000",
+            "87000000000000001100001400e4080067000000000001001100001400e40800",
+            "fe534d4240000100000000000800210009000000000000000500000000000000\
+            fffe0000010000001100001400e4080000000000000000000000000000000000\
+            11005000170000000000000000000000536d623320656e6372797074696f6e20\
+            74657374696e67",
+            "493d6fe2bdbeb435cf5f546970c7bb57bf20e713c75a3d045507e0d68e5c0346\
+            659d6ffb8ac1504a786ca2bb89c9e7fe4f313e910a04180d2d0ea7df636329e5\
+            a3285984500ef86fe9d55da4fab9531cfdd4c551d47f3c73124bb4590a45052b\
+            694048b991ccf5",
+            "abd518b68c2f04d7879f482b689eb83f",
+        ),
+        // ms311-gcm-write-request
+        (
+            CipherAlgorithm::Aes128Gcm,
+            "a2f5e80e5d59103034f32e52f698e5ec",
+            "c7d6822d269caf48904c664c",
+            "c7d6822d269caf48904c664c0000000087000000000001002500000000100000",
+            "fe534d4240000100000000000900010008000000000000000500000000000000\
+            fffe000001000000250000000010000000000000000000000000000000000000\
+            3100700017000000000000000000000006000000040000000100000004000000\
+            00000000000000007000000000000000536d623320656e6372797074696f6e20\
+            74657374696e67",
+            "6ecdd2a7afc7b47763057a041b8fd4daffe990b70c9e09d36c084e02d14ef247\
+            f8bde38acf6256f8b1d3b56f77fbdeb312fea5e92cbcc1ed8fb2ebbfaa75e49a\
+            4a394bb44576545567c24d4c014d47c9fbdfdafd2c4f9b72f8d256452620a299\
+            f48e29e53d6b61d1c13a19e91af013f00d17e3abc2fc3d36c8c1b6b939732538\
+            52dbd442e46ee8",
+            "bd73d97d2bc9001bcafac0fdff5feebc",
+        ),
+        // ms311-gcm-read-response
+        (
+            CipherAlgorithm::Aes128Gcm,
+            "748c50868c90f302962a5c35f5f9a8bf",
+            "e16831dd2e8eb7b400000000",
+            "e16831dd2e8eb7b4000000000000000067000000000001002500000000100000",
+            "fe534d4240000100000000000800010001000000000000000600000000000000\
+            fffe000001000000250000000010000000000000000000000000000000000000\
+            11005000170000000000000000000000536d623320656e6372797074696f6e20\
+            74657374696e67",
+            "fecedf4d03bb11a6cc5d8a53be33d6d8701986342b4197d306e16f9cbb218e92\
+            f7f8281f51ce68bb85a20d87de90ebbf80538066d1c37513c0a58d70936d537b\
+            624f5500202a612b6cd30d448a82791a0b2e049ed512afaefb06e98ab3d6f931\
+            d7d50db2dbd36a",
+            "7f714b3b9d8fa1198584e71c2baa1cb6",
+        ),
+        // ms311-ccm-write-request
+        (
+            CipherAlgorithm::Aes128Ccm,
+            "dfaaa31aae40a2485d47ac4df09fda1d",
+            "9f6f1eaad7e9f24aacd38f",
+            "9f6f1eaad7e9f24aacd38f000000000087000000000001002100000000100000",
+            "fe534d4240000100000000000900010008000000000000000500000000000000\
+            fffe000001000000210000000010000000000000000000000000000000000000\
+            3100700017000000000000000000000005000000040000000100000004000000\
+            00000000000000007000000000000000536d623320656e6372797074696f6e20\
+            74657374696e67",
+            "56a74778199a9d2b6e9c3a376fd88d27680694fed253a313beb07381ae8689f9\
+            73acdb8d716e4477803bce53a92e1b81fa3e965ad9af2c89c08ce66a34466445\
+            3b8fc88118edc9814cf58e92aa465e6efb09958a9fdad96fbd55b36a710c30d5\
+            e7c64ad7b9449f9f17edd024fe8ba79154f340a82740d1d5180c69b0a2de6a4b\
+            a893bd55d3210e",
+            "e89551d666dab8993488f5a97103116c",
+        ),
+        // ms311-ccm-read-response
+        (
+            CipherAlgorithm::Aes128Ccm,
+            "95c544aef6072680da1ce49a68a97fa6",
+            "da6831dd2e8eb7b4000000",
+            "da6831dd2e8eb7b4000000000000000067000000000001002100000000100000",
+            "fe534d4240000100000000000800010001000000000000000600000000000000\
+            fffe000001000000210000000010000000000000000000000000000000000000\
+            11005000170000000000000000000000536d623320656e6372797074696f6e20\
+            74657374696e67",
+            "15d67234fc8358d7ba1bf037abc8efd41a0a8f9bb04b16deb1e85606bd8c2770\
+            823fe6239a286cb3e3d5762abbd53fd8de11ed491fe905e146a8ffce09414ab7\
+            41103d637e28b19c6ba759b399dcc21fae24cf2a455a13b215fc2857abb51392\
+            7f9f271d1c208b",
+            "e241a13c7e1ee42ecf1fd69f3b8668c6",
+        ),
+        // selfcomputed-aes256gcm-write-request
+        (
+            CipherAlgorithm::Aes256Gcm,
+            "cb61eb110446fbcaeb6a83beedb92779130b833a706e5b3495879d52195b90ed",
+            "c7d6822d269caf48904c664c",
+            "c7d6822d269caf48904c664c0000000087000000000001002500000000100000",
+            "fe534d4240000100000000000900010008000000000000000500000000000000\
+            fffe000001000000250000000010000000000000000000000000000000000000\
+            3100700017000000000000000000000006000000040000000100000004000000\
+            00000000000000007000000000000000536d623320656e6372797074696f6e20\
+            74657374696e67",
+            "55fc21af1162c23d4b696225659919122337750e70f8dab6bfec387cfa9bfa58\
+            72996bf1e2ca784ce120223830bc9d8067f0d168c4b211b34da554321d2d623f\
+            8e8ae4785a002fd73353c44a6de3217295b6ccf92530af1b290eb4d7096a95d7\
+            4b9f2157ff1adc40aba0afc27f1e348de4743064cb7586fd408d0d6f3c3258ac\
+            60f35020d7e0fa",
+            "9f6fe4eda2e577f44a64d52e45f005b7",
+        ),
+        // selfcomputed-aes256ccm-write-request
+        (
+            CipherAlgorithm::Aes256Ccm,
+            "d88440c99e422565a536a0e4d56584fb9c01bfad6875a5e70643c0b86c1781ba",
+            "9f6f1eaad7e9f24aacd38f",
+            "9f6f1eaad7e9f24aacd38f000000000087000000000001002100000000100000",
+            "fe534d4240000100000000000900010008000000000000000500000000000000\
+            fffe000001000000210000000010000000000000000000000000000000000000\
+            3100700017000000000000000000000005000000040000000100000004000000\
+            00000000000000007000000000000000536d623320656e6372797074696f6e20\
+            74657374696e67",
+            "38bed240985df4c9c0a23287d4a78eb4796c1c1ced28018086ef4f0fe0d8fcea\
+            f40df215db2912a6e60fe050dc3c5239d52c51d426d942ccde25f4bee566fff2\
+            57e354ceb3277ce06d630513e93b02be111583a447fa6686eb08cc6128138cee\
+            60dad8abc0417582083cf1f2446842e226255efb36e5f056aa267a66691963ba\
+            b604516b405f33",
+            "5fa86c18f7fec5aa85536801ad5b3a62",
+        ),
+    ];
+
+    #[test]
+    fn smb_encryption_examples_on_every_backend() {
+        for &(alg, key, nonce, aad, pt, ct, tag) in SMB_VECTORS {
+            let (key, nonce, aad, pt, ct) = (h(key), h(nonce), h(aad), h(pt), h(ct));
+            let tag: [u8; TAG_LEN] = h(tag).try_into().unwrap();
+            for b in BACKENDS {
+                let aead = new_aead(b, alg, &key).unwrap();
+                let mut data = pt.clone();
+                assert_eq!(
+                    aead.seal_in_place(&nonce, &aad, &mut data).unwrap(),
+                    tag,
+                    "{alg:?} {b:?}"
+                );
+                assert_eq!(data, ct, "{alg:?} {b:?}");
+                aead.open_in_place(&nonce, &aad, &mut data, &tag).unwrap();
+                assert_eq!(data, pt, "{alg:?} {b:?}");
+            }
+        }
+    }
 }

@@ -178,6 +178,20 @@ impl SessionCipher {
             .map_err(|_| CryptoError::TooLong)?;
         let mut nonce = [0u8; 16];
         nonce[..8].copy_from_slice(&counter.to_le_bytes());
+        self.seal_with_nonce(nonce, session_id, buf)
+    }
+
+    /// `seal` with a given Nonce field (the bytes beyond the cipher's nonce
+    /// length are sent as given and authenticated as part of the AAD).
+    fn seal_with_nonce(
+        &self,
+        nonce: [u8; 16],
+        session_id: u64,
+        buf: &mut [u8],
+    ) -> Result<(), CryptoError> {
+        if buf.len() < TRANSFORM_HEADER_SIZE {
+            return Err(CryptoError::TooLong);
+        }
         let (head, data) = buf.split_at_mut(TRANSFORM_HEADER_SIZE);
         let head: &mut [u8; TRANSFORM_HEADER_SIZE] =
             head.try_into().map_err(|_| CryptoError::TooLong)?;
@@ -197,6 +211,10 @@ impl SessionCipher {
         Ok(())
     }
 }
+
+#[cfg(test)]
+#[path = "security_vectors.rs"]
+mod vectors;
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,282 @@
+"""SMB3 encryption with real clients: Debian's smbclient and Python smbprotocol.
+
+What proves a transfer was encrypted: the servers here run with
+`encryption = "required"` where a test needs proof, so any request that
+arrives in clear is refused with ACCESS_DENIED and the transfer would fail;
+the server's logon log line names the cipher it derived keys for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import subprocess
+import uuid
+
+import pytest
+from conftest import Security
+from smbprotocol import Dialects
+from smbprotocol.connection import Ciphers, Connection
+from smbprotocol.exceptions import SMBResponseException
+from smbprotocol.header import NtStatus
+from smbprotocol.session import Session
+from smbprotocol.tree import TreeConnect
+from test_smbclient import BIG_TIMEOUT, MIB, make_file, sha256_file
+from test_smbprotocol import TIMEOUT, open_file
+
+# smbclient's names for them (client smb3 encryption/signing algorithms)
+CIPHERS = ["AES-128-GCM", "AES-256-GCM", "AES-128-CCM", "AES-256-CCM"]
+SIGNERS = ["HMAC-SHA256", "AES-128-CMAC", "AES-128-GMAC"]
+# what the server's logon line calls them
+LOG_NAMES = {
+    "AES-128-GCM": "Aes128Gcm",
+    "AES-256-GCM": "Aes256Gcm",
+    "AES-128-CCM": "Aes128Ccm",
+    "AES-256-CCM": "Aes256Ccm",
+    "HMAC-SHA256": "HmacSha256",
+    "AES-128-CMAC": "AesCmac",
+    "AES-128-GMAC": "AesGmac",
+}
+SMBPROTOCOL_CIPHERS = {
+    "AES-128-GCM": Ciphers.AES_128_GCM,
+    "AES-256-GCM": Ciphers.AES_256_GCM,
+    "AES-128-CCM": Ciphers.AES_128_CCM,
+    "AES-256-CCM": Ciphers.AES_256_CCM,
+}
+BIG = 100 * MIB
+SECRET = "secret"
+
+needs_smbclient = pytest.mark.skipif(shutil.which("smbclient") is None, reason="smbclient not installed")
+
+
+def smbclient(server, conf, cwd, commands, *, proto="SMB3_11", protection="encrypt", options=(), share=None, timeout=120):
+    cmd = [
+        "smbclient", f"//{server.host}/{share or server.share}",
+        "-p", str(server.port),
+        "-U", f"{server.user}%{server.password}",
+        "-m", proto,
+        f"--client-protection={protection}",
+        "--use-kerberos=off",
+        "-s", str(conf),
+        "-c", commands,
+    ]  # fmt: skip
+    for o in options:
+        cmd += ["--option", o]
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def assert_ok(rc, out, what):
+    assert rc == 0 and "NT_STATUS_" not in out, f"{what} failed (rc={rc}):\n{out}"
+
+
+def put_get_identical(server, conf, client_dir, size, **kw):
+    digest = make_file(client_dir / "up.bin", size)
+    assert_ok(*smbclient(server, conf, client_dir, "put up.bin remote.bin", timeout=BIG_TIMEOUT, **kw), "put")
+    assert sha256_file(server.share_path / "remote.bin") == digest
+    assert_ok(*smbclient(server, conf, client_dir, "get remote.bin down.bin", timeout=BIG_TIMEOUT, **kw), "get")
+    assert sha256_file(client_dir / "down.bin") == digest
+
+
+def logons(server) -> list[str]:
+    return [line for line in server.log_tail(10_000).splitlines() if "session logon" in line]
+
+
+# --------------------------------------------------------------------------
+# smbclient
+
+
+@needs_smbclient
+@pytest.mark.nimbus_only
+@pytest.mark.parametrize("cipher", CIPHERS)
+def test_smbclient_100mib_encrypted_with_each_cipher(server_factory, samba_client_conf, client_dir, cipher):
+    srv = server_factory.start(security=Security(encryption="required"))
+    put_get_identical(srv, samba_client_conf, client_dir, BIG, options=[f"client smb3 encryption algorithms={cipher}"])
+    assert all(f"encryption {LOG_NAMES[cipher]} required" in line for line in logons(srv)), logons(srv)
+
+
+@needs_smbclient
+@pytest.mark.nimbus_only
+@pytest.mark.parametrize("signer", SIGNERS)
+def test_smbclient_100mib_signed_with_each_algorithm(server_factory, samba_client_conf, client_dir, signer):
+    srv = server_factory.start(security=Security(signing="required"))
+    put_get_identical(srv, samba_client_conf, client_dir, BIG, protection="sign", options=[f"client smb3 signing algorithms={signer}"])
+    assert all(f"signing {LOG_NAMES[signer]}" in line for line in logons(srv)), logons(srv)
+
+
+@needs_smbclient
+@pytest.mark.nimbus_only
+@pytest.mark.parametrize("proto", ["SMB3_00", "SMB3_02"])
+def test_smbclient_smb30_encrypts_with_aes128_ccm(server_factory, samba_client_conf, client_dir, proto):
+    srv = server_factory.start(security=Security(encryption="required"))
+    put_get_identical(srv, samba_client_conf, client_dir, 3 * MIB + 7, proto=proto)
+    assert all("encryption Aes128Ccm required" in line for line in logons(srv)), logons(srv)
+
+
+@needs_smbclient
+def test_client_asking_for_encryption_gets_it_when_server_does_not_ask(server, samba_client_conf, client_dir):
+    """encryption = "off" (the default) does not refuse a client that wants privacy."""
+    put_get_identical(server, samba_client_conf, client_dir, MIB + 3)
+
+
+@pytest.fixture
+def mixed_server(server_factory):
+    """Share "data" in clear (server default), share "secret" with encryption = "required"."""
+    return server_factory.start([("data", False), (SECRET, False)], security=Security(share_encryption={SECRET: "required"}))
+
+
+@needs_smbclient
+@pytest.mark.nimbus_only
+def test_required_share_refuses_smb21_client_with_reason(mixed_server, samba_client_conf, client_dir):
+    rc, out = smbclient(mixed_server, samba_client_conf, client_dir, "ls", proto="SMB2_10", protection="sign", share=SECRET)
+    assert rc != 0 and "NT_STATUS_ACCESS_DENIED" in out, out
+    log = mixed_server.log_tail()
+    assert 'tree connect to "secret" refused: the share requires encryption' in log
+    assert "Smb210 has no encryption; SMB 3 is needed" in log
+    # the share's own setting wins: the clear share still serves SMB 2.1
+    assert_ok(*smbclient(mixed_server, samba_client_conf, client_dir, "mkdir plain", proto="SMB2_10", protection="sign"), "mkdir")
+    assert (mixed_server.share_path / "plain").is_dir()
+
+
+@needs_smbclient
+@pytest.mark.nimbus_only
+def test_required_share_serves_encrypting_client(mixed_server, samba_client_conf, client_dir):
+    assert_ok(*smbclient(mixed_server, samba_client_conf, client_dir, "mkdir inside", share=SECRET), "mkdir")
+    assert (mixed_server.extra_shares[SECRET] / "inside").is_dir()
+
+
+@needs_smbclient
+@pytest.mark.nimbus_only
+def test_required_share_with_client_protection_off(mixed_server, samba_client_conf, client_dir):
+    """smbclient 4.17 still offers ciphers with --client-protection=off and obeys the
+    share's ENCRYPT_DATA flag, so it ends up encrypting (Samba's smbd sees the same);
+    a client that really sends in clear is refused (smbprotocol test below)."""
+    assert_ok(*smbclient(mixed_server, samba_client_conf, client_dir, "mkdir viaoff", protection="off", share=SECRET), "mkdir")
+    assert (mixed_server.extra_shares[SECRET] / "viaoff").is_dir()
+
+
+@needs_smbclient
+@pytest.mark.nimbus_only
+def test_server_wide_required_refuses_smb21_at_logon(server_factory, samba_client_conf, client_dir):
+    srv = server_factory.start(security=Security(encryption="required"))
+    rc, out = smbclient(srv, samba_client_conf, client_dir, "ls", proto="SMB2_10", protection="sign")
+    assert rc != 0 and "NT_STATUS_ACCESS_DENIED" in out, out
+    assert "refused: encryption is required and this session cannot encrypt" in srv.log_tail()
+
+
+@needs_smbclient
+@pytest.mark.nimbus_only
+def test_cipher_list_limits_what_is_negotiated(server_factory, samba_client_conf, client_dir):
+    srv = server_factory.start(security=Security(encryption="required", ciphers=["AES-256-GCM"]))
+    # no common cipher: the client cannot encrypt, so it is refused
+    rc, out = smbclient(srv, samba_client_conf, client_dir, "ls", options=["client smb3 encryption algorithms=AES-128-GCM"])
+    assert rc != 0, out
+    # 3.0 knows only AES-128-CCM, which this server does not offer
+    rc, out = smbclient(srv, samba_client_conf, client_dir, "ls", proto="SMB3_00")
+    assert rc != 0, out
+    assert_ok(*smbclient(srv, samba_client_conf, client_dir, "ls"), "ls with AES-256-GCM")
+    assert "encryption Aes256Gcm required" in logons(srv)[-1]
+
+
+# --------------------------------------------------------------------------
+# smbprotocol
+
+
+@contextlib.contextmanager
+def encrypted_tree(server, dialect, ciphers=None, share=None, require_encryption=True):
+    conn = Connection(uuid.uuid4(), server.host, server.port, require_signing=True)
+    conn.connect(dialect, timeout=TIMEOUT, preferred_encryption_algos=ciphers)
+    try:
+        session = Session(conn, server.user, server.password, require_encryption=require_encryption, auth_protocol="ntlm")
+        session.connect()
+        tree = TreeConnect(session, rf"\\{server.host}\{share or server.share}")
+        tree.connect()
+        yield conn, session, tree
+    finally:
+        with contextlib.suppress(Exception):
+            conn.disconnect(close=True, timeout=TIMEOUT)
+
+
+@pytest.mark.parametrize("cipher", CIPHERS)
+def test_smbprotocol_each_cipher_forced(server_factory, cipher):
+    srv = server_factory.start(security=Security(encryption="required"))
+    payload = bytes(range(256)) * (4 * 4096)  # 4 MiB
+    with encrypted_tree(srv, Dialects.SMB_3_1_1, [SMBPROTOCOL_CIPHERS[cipher]]) as (conn, session, tree):
+        assert conn.cipher_id == SMBPROTOCOL_CIPHERS[cipher]
+        assert session.encrypt_data
+        f = open_file(tree, "enc.bin")
+        for off in range(0, len(payload), MIB):
+            assert f.write(payload[off : off + MIB], off) == MIB
+        assert f.read(0, len(payload)) == payload
+        f.close()
+    assert (srv.share_path / "enc.bin").read_bytes() == payload
+
+
+def test_smbprotocol_smb30_encrypts(server_factory):
+    srv = server_factory.start(security=Security(encryption="required"))
+    with encrypted_tree(srv, Dialects.SMB_3_0_0) as (conn, session, tree):
+        f = open_file(tree, "enc30.txt")
+        f.write(b"encrypted at 3.0", 0)
+        assert f.read(0, 16) == b"encrypted at 3.0"
+        f.close()
+
+
+def test_desired_sets_the_session_flag(server_factory):
+    srv = server_factory.start(security=Security(encryption="desired"))
+    with encrypted_tree(srv, Dialects.SMB_3_1_1, require_encryption=False) as (conn, session, tree):
+        assert session.encrypt_data, "ENCRYPT_DATA session flag not set with encryption = desired"
+
+
+def test_clear_request_on_encrypted_share_refused(mixed_server):
+    with encrypted_tree(mixed_server, Dialects.SMB_3_1_1, share=SECRET, require_encryption=False) as (conn, session, tree):
+        assert tree.encrypt_data and not session.encrypt_data
+        tree.encrypt_data = False  # the client now sends this share's requests signed, not encrypted
+        with pytest.raises(SMBResponseException) as excinfo:
+            open_file(tree, "clear.txt")
+        assert excinfo.value.status == NtStatus.STATUS_ACCESS_DENIED
+        tree.encrypt_data = True
+        open_file(tree, "sealed.txt").close()
+    assert not (mixed_server.extra_shares[SECRET] / "clear.txt").exists()
+    assert (mixed_server.extra_shares[SECRET] / "sealed.txt").exists()
+
+
+def test_tampered_encrypted_message_closes_only_that_connection(server_factory):
+    srv = server_factory.start(security=Security(encryption="required"))
+    with encrypted_tree(srv, Dialects.SMB_3_1_1) as (conn, session, tree):
+        genuine = conn._encrypt
+
+        def tamper(b_data, sess):
+            header = genuine(b_data, sess)
+            data = bytearray(header["data"].get_value())
+            data[5] ^= 0x01
+            header["data"] = bytes(data)
+            return header
+
+        conn._encrypt = tamper
+        with pytest.raises(Exception):
+            open_file(tree, "tampered.txt")
+    assert srv.alive()
+    if srv.kind == "nimbus":
+        assert "not accepted: Authentication" in srv.log_tail()
+    assert not (srv.share_path / "tampered.txt").exists()
+    with encrypted_tree(srv, Dialects.SMB_3_1_1) as (conn, session, tree):
+        open_file(tree, "after.txt").close()
+    assert (srv.share_path / "after.txt").exists()
+
+
+@pytest.mark.nimbus_only
+def test_encrypted_message_for_unknown_session_or_too_short_closes_connection(server_factory):
+    srv = server_factory.start(security=Security(encryption="required"))
+    cases = {
+        "short": b"\xfdSMB" + b"\x00" * 20,
+        "unknown session": b"\xfdSMB" + b"\x00" * 32 + (16).to_bytes(4, "little") + b"\x00\x00\x01\x00" + (0xDEAD).to_bytes(8, "little") + b"\x00" * 16,
+    }
+    for name, message in cases.items():
+        with socket.create_connection((srv.host, srv.port), timeout=TIMEOUT) as s:
+            s.sendall(len(message).to_bytes(4, "big") + message)
+            assert s.recv(4) == b"", f"{name}: connection not closed"
+    assert srv.alive()
+    log = srv.log_tail()
+    assert "shorter than its TRANSFORM header" in log
+    assert "session 0xdead, which has no encryption keys" in log
