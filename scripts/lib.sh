@@ -104,6 +104,18 @@ ensure_build_deps() {
     ensure_rust
 }
 
+# AWS-LC's FIPS module (cargo feature `fips`) is built with cmake and Go.
+ensure_fips_build_deps() {
+    apt_install cmake
+    if ! command -v go >/dev/null 2>&1; then
+        if [ -x /usr/local/go/bin/go ]; then
+            export PATH="$PATH:/usr/local/go/bin"
+        else
+            apt_install golang-go
+        fi
+    fi
+}
+
 # A virtual environment with tests/requirements.txt, rebuilt only when the
 # requirements or the Python interpreter change.
 ensure_test_venv() {

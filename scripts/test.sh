@@ -95,6 +95,11 @@ if [ "$cargo_checks" -eq 1 ]; then
 
     step "cargo test"
     cargo test --workspace
+
+    # The same vectors through the FIPS provider (AWS-LC's FIPS module).
+    step "cargo test -p nimbus-crypto --features fips"
+    ensure_fips_build_deps
+    cargo test -p nimbus-crypto --features fips
 fi
 
 step "cargo build --release"

@@ -181,7 +181,8 @@ class Security:
         return self.encryption is not None or self.ciphers is not None or bool(self.share_encryption)
 
 
-def write_config(path: Path, port: int, user_db: Path, shares: list[tuple[str, Path, bool]], security: Security) -> Path:
+def write_config(path: Path, port: int, user_db: Path, shares: list[tuple[str, Path, bool]], security: Security | None = None) -> Path:
+    security = security or Security()
     lines = [
         f"listen = [{toml_str(f'127.0.0.1:{port}')}]",
         f"user_db = {toml_str(str(user_db))}",

@@ -48,6 +48,46 @@ def test_config_check_accepts_a_good_config(tmp_path):
     run_nimbus("config", "check", str(conf))
 
 
+def test_config_check_reports_encryption_keys(tmp_path):
+    share = tmp_path / "share"
+    share.mkdir()
+    conf = tmp_path / "enc.toml"
+    conf.write_text(
+        f'[security]\nencryption = "sometimes"\nciphers = ["AES-128-GCM", "DES"]\n'
+        f'[[share]]\nname = "data"\npath = "{share}"\nencryption = "yes"\n'
+    )
+    proc = run_nimbus("config", "check", str(conf), check=False)
+    assert proc.returncode != 0
+    for key in ("security.encryption", "security.ciphers[1]", "share[0].encryption"):
+        assert f"{conf}: {key}:" in proc.stderr, proc.stderr
+    assert "fix:" in proc.stderr
+
+
+def test_fips_without_fips_build_is_a_clear_config_error(tmp_path):
+    share = tmp_path / "share"
+    share.mkdir()
+    conf = tmp_path / "fips.toml"
+    conf.write_text(f'[security]\nfips = true\n[[share]]\nname = "data"\npath = "{share}"\n')
+    proc = run_nimbus("config", "check", str(conf), check=False)
+    assert proc.returncode != 0
+    assert "security.fips: this nimbus binary was built without the FIPS provider" in proc.stderr, proc.stderr
+    assert "--features fips" in proc.stderr
+
+
+def test_bench_crypto_prints_every_provider_and_primitive():
+    proc = run_nimbus("bench", "crypto", "--millis", "2", timeout=120)
+    out = proc.stdout
+    header = next(line for line in out.splitlines() if line.startswith("| primitive"))
+    for provider in ("default", "rustcrypto", "aws-lc"):
+        assert provider in header, out
+    for primitive in ("AES-128-GCM", "AES-256-GCM", "AES-128-CCM", "AES-256-CCM", "AES-128-GMAC", "AES-128-CMAC", "HMAC-SHA256", "SHA-512"):
+        rows = [line for line in out.splitlines() if line.startswith(f"| {primitive} ")]
+        assert len(rows) == 3, (primitive, out)  # 4 KiB, 64 KiB, 1 MiB
+        for row in rows:
+            cells = [c.strip() for c in row.strip("|").split("|")][2:]
+            assert all(float(c) > 0 for c in cells), row
+
+
 def _config(share, db, *, listen='["127.0.0.1:4450"]', signing='"required"', path=True) -> str:
     share_path = f'path = "{share}"\n' if path else ""
     return (

@@ -1,19 +1,21 @@
 //! NIST SP800-108 KDF in counter mode with HMAC-SHA256, as MS-SMB2 3.1.4.2
 //! uses it to derive the signing, encryption, decryption and application keys.
 
-use crate::signing::hmac_sha256;
+/// HMAC-SHA256 over the concatenation of parts: the KDF's PRF, from
+/// whichever library the provider uses.
+pub(crate) type Prf = fn(&[u8], &[&[u8]]) -> [u8; 32];
 
 /// SP800-108 section 5.1 (counter mode), PRF = HMAC-SHA256, r = 32:
 /// `K(i) = PRF(key, [i]_2 || fixed_input)` for i = 1.., concatenated and
 /// truncated to `out.len()`.
 ///
 /// `fixed_input` is taken verbatim; this is the shape NIST CAVP vectors use.
-pub(crate) fn kdf_counter_hmac_sha256(key: &[u8], fixed_input: &[u8], out: &mut [u8]) {
+pub(crate) fn kdf_counter_hmac_sha256(prf: Prf, key: &[u8], fixed_input: &[u8], out: &mut [u8]) {
     for (i, chunk) in out.chunks_mut(32).enumerate() {
         // At most 2^32 - 1 blocks; SMB asks for 16 or 32 bytes, so the
         // counter cannot overflow in practice. Saturate rather than wrap.
         let counter = u32::try_from(i + 1).unwrap_or(u32::MAX).to_be_bytes();
-        let block = hmac_sha256(key, &[&counter, fixed_input]);
+        let block = prf(key, &[&counter, fixed_input]);
         chunk.copy_from_slice(&block[..chunk.len()]);
     }
 }
@@ -23,19 +25,20 @@ pub(crate) fn kdf_counter_hmac_sha256(key: &[u8], fixed_input: &[u8], out: &mut 
 ///
 /// Label and context are passed exactly (the caller includes any trailing NUL
 /// of the label, e.g. `b"SMBSigningKey\0"`), then the spec's separator byte.
-pub(crate) fn smb_kdf(key: &[u8], label: &[u8], context: &[u8], out: &mut [u8]) {
+pub(crate) fn smb_kdf(prf: Prf, key: &[u8], label: &[u8], context: &[u8], out: &mut [u8]) {
     let bits = u32::try_from(out.len().saturating_mul(8)).unwrap_or(u32::MAX);
     let mut fixed = Vec::with_capacity(label.len() + 1 + context.len() + 4);
     fixed.extend_from_slice(label);
     fixed.push(0);
     fixed.extend_from_slice(context);
     fixed.extend_from_slice(&bits.to_be_bytes());
-    kdf_counter_hmac_sha256(key, &fixed, out);
+    kdf_counter_hmac_sha256(prf, key, &fixed, out);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::signing::hmac_sha256;
 
     fn h(s: &str) -> Vec<u8> {
         hex::decode(s).unwrap()
@@ -47,6 +50,7 @@ mod tests {
     fn cavp_counter_mode_hmac_sha256() {
         let mut out = [0u8; 16];
         kdf_counter_hmac_sha256(
+            hmac_sha256,
             &h("dd1d91b7d90b2bd3138533ce92b272fbf8a369316aefe242e659cc0ae238afe0"),
             &h(
                 "01322b96b30acd197979444e468e1c5c6859bf1b1cf951b7e725303e237e46b8\
@@ -58,6 +62,7 @@ mod tests {
 
         let mut out = [0u8; 32];
         kdf_counter_hmac_sha256(
+            hmac_sha256,
             &h("e204d6d466aad507ffaf6d6dab0a5b26152c9e21e764370464e360c8fbc765c6"),
             &h(
                 "7b03b98d9f94b899e591f3ef264b71b193fba7043c7e953cde23bc5384bc1a62\
@@ -100,7 +105,7 @@ mod tests {
         ];
         for (label, context, want) in cases {
             let mut out = [0u8; 16];
-            smb_kdf(&session_key, label, context, &mut out);
+            smb_kdf(hmac_sha256, &session_key, label, context, &mut out);
             assert_eq!(out.to_vec(), h(want), "{}", String::from_utf8_lossy(label));
         }
     }
@@ -116,7 +121,13 @@ mod tests {
                          28622DDDAD522D9751640A459762C5A9D6BB084CBB3CE6BDADEF5D5BCE3C6C01",
         );
         let mut out = [0u8; 16];
-        smb_kdf(&session_key, b"SMBSigningKey\0", &preauth, &mut out);
+        smb_kdf(
+            hmac_sha256,
+            &session_key,
+            b"SMBSigningKey\0",
+            &preauth,
+            &mut out,
+        );
         assert_eq!(out.to_vec(), h("73FE7A9A77BEF0BDE49C650D8CCB5F76"));
     }
 }

@@ -16,6 +16,7 @@
 #![warn(missing_docs)]
 
 mod aead;
+mod awslc;
 mod error;
 mod kdf;
 mod ntlm;
@@ -27,7 +28,7 @@ mod wipe;
 pub use aead::{Aead, CipherAlgorithm, TAG_LEN};
 pub use error::CryptoError;
 pub use ntlm::{NtlmPrimitives, Rc4Stream};
-pub use provider::CryptoProvider;
+pub use provider::{CryptoProvider, Library};
 pub use signing::{Signer, SigningAlgorithm};
 
 /// Compares two byte strings in constant time (for equal lengths).

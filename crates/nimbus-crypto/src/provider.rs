@@ -11,28 +11,66 @@ use crate::ntlm::{NtlmPrimitives, RustCryptoNtlm};
 use crate::signing::{hmac_sha256, new_signer, Signer, SigningAlgorithm};
 use crate::CryptoError;
 
+/// A library that implements primitives for a provider.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Library {
+    /// ring (BoringSSL's assembly): the fastest AES-GCM on x86_64.
+    Ring,
+    /// AWS-LC through aws-lc-rs (the FIPS 140-3 module with feature `fips`).
+    AwsLc,
+    /// The RustCrypto crates (aes, aes-gcm, ccm, cmac, hmac, sha2).
+    RustCrypto,
+}
+
+impl Library {
+    /// Short name for tables and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Library::Ring => "ring",
+            Library::AwsLc => {
+                if cfg!(feature = "fips") {
+                    "aws-lc-fips"
+                } else {
+                    "aws-lc"
+                }
+            }
+            Library::RustCrypto => "rustcrypto",
+        }
+    }
+}
+
 /// A set of algorithm implementations plus a random source.
 ///
 /// Like rustls' provider, this is a plain value: the server holds one
-/// `Arc<CryptoProvider>` and asks it for keyed objects.
+/// `Arc<CryptoProvider>` and asks it for keyed objects. Each primitive names
+/// the library that implements it, chosen by measurement (`nimbus bench
+/// crypto`, BENCHMARKS.md).
 pub struct CryptoProvider {
     name: &'static str,
     fips: bool,
     /// `None` in a FIPS provider: NTLM needs MD4, MD5 and RC4.
     ntlm: Option<&'static dyn NtlmPrimitives>,
-    /// Library behind the GCM ciphers (CCM is RustCrypto's in every
-    /// non-FIPS provider: nothing faster is on offer).
-    gcm: AeadBackend,
+    gcm: Library,
+    /// `None` where no approved CCM with SMB's 11-byte nonce exists (FIPS:
+    /// aws-lc-rs offers no such CCM).
+    ccm: Option<Library>,
+    gmac: Library,
+    cmac: Library,
+    /// HMAC-SHA256 signing and the SP800-108 KDF.
+    hmac: Library,
+    sha512: Library,
 }
 
 static DEFAULT: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
 static RUSTCRYPTO: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
+static AWSLC: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
+#[cfg(feature = "fips")]
+static FIPS: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
 static RUSTCRYPTO_NTLM: RustCryptoNtlm = RustCryptoNtlm;
 
 impl CryptoProvider {
     /// The default provider: the fastest implementation of each primitive
-    /// measured on x86_64 (BENCHMARKS.md): ring for AES-GCM, RustCrypto for
-    /// the rest. One shared instance.
+    /// measured on x86_64 (BENCHMARKS.md). One shared instance.
     pub fn default_provider() -> Arc<CryptoProvider> {
         DEFAULT
             .get_or_init(|| {
@@ -40,14 +78,19 @@ impl CryptoProvider {
                     name: "default",
                     fips: false,
                     ntlm: Some(&RUSTCRYPTO_NTLM),
-                    gcm: AeadBackend::Ring,
+                    gcm: Library::Ring,
+                    ccm: Some(Library::RustCrypto),
+                    gmac: Library::AwsLc,
+                    cmac: Library::AwsLc,
+                    hmac: Library::AwsLc,
+                    sha512: Library::AwsLc,
                 })
             })
             .clone()
     }
 
     /// Pure RustCrypto, for comparison in `nimbus bench crypto` and for
-    /// cross-checking the default provider's output in tests.
+    /// cross-checking the other providers in tests.
     pub fn rustcrypto_provider() -> Arc<CryptoProvider> {
         RUSTCRYPTO
             .get_or_init(|| {
@@ -55,15 +98,86 @@ impl CryptoProvider {
                     name: "rustcrypto",
                     fips: false,
                     ntlm: Some(&RUSTCRYPTO_NTLM),
-                    gcm: AeadBackend::RustCrypto,
+                    gcm: Library::RustCrypto,
+                    ccm: Some(Library::RustCrypto),
+                    gmac: Library::RustCrypto,
+                    cmac: Library::RustCrypto,
+                    hmac: Library::RustCrypto,
+                    sha512: Library::RustCrypto,
                 })
             })
             .clone()
     }
 
+    /// AWS-LC for everything it offers (CCM from RustCrypto), for comparison.
+    pub fn awslc_provider() -> Arc<CryptoProvider> {
+        AWSLC
+            .get_or_init(|| {
+                Arc::new(CryptoProvider {
+                    name: "aws-lc",
+                    fips: false,
+                    ntlm: Some(&RUSTCRYPTO_NTLM),
+                    gcm: Library::AwsLc,
+                    ccm: Some(Library::RustCrypto),
+                    gmac: Library::AwsLc,
+                    cmac: Library::AwsLc,
+                    hmac: Library::AwsLc,
+                    sha512: Library::AwsLc,
+                })
+            })
+            .clone()
+    }
+
+    /// The FIPS provider: only AWS-LC's validated module; no CCM (not offered
+    /// with SMB's nonce size by the module's API) and no NTLM primitives.
+    #[cfg(feature = "fips")]
+    pub fn fips_provider() -> Arc<CryptoProvider> {
+        FIPS.get_or_init(|| {
+            Arc::new(CryptoProvider {
+                name: "fips",
+                fips: true,
+                ntlm: None,
+                gcm: Library::AwsLc,
+                ccm: None,
+                gmac: Library::AwsLc,
+                cmac: Library::AwsLc,
+                hmac: Library::AwsLc,
+                sha512: Library::AwsLc,
+            })
+        })
+        .clone()
+    }
+
+    /// The FIPS provider if this binary was built with it (cargo feature
+    /// `fips`), else `None`.
+    pub fn fips_if_built() -> Option<Arc<CryptoProvider>> {
+        #[cfg(feature = "fips")]
+        return Some(Self::fips_provider());
+        #[cfg(not(feature = "fips"))]
+        None
+    }
+
     /// Every provider built into this binary (for benchmarks and tests).
     pub fn all() -> Vec<Arc<CryptoProvider>> {
-        vec![Self::default_provider(), Self::rustcrypto_provider()]
+        let mut v = vec![
+            Self::default_provider(),
+            Self::rustcrypto_provider(),
+            Self::awslc_provider(),
+        ];
+        v.extend(Self::fips_if_built());
+        v
+    }
+
+    /// Which library implements each primitive, for `nimbus bench crypto`.
+    pub fn libraries(&self) -> Vec<(&'static str, Option<Library>)> {
+        vec![
+            ("AES-GCM", Some(self.gcm)),
+            ("AES-CCM", self.ccm),
+            ("AES-GMAC", Some(self.gmac)),
+            ("AES-CMAC", Some(self.cmac)),
+            ("HMAC-SHA256", Some(self.hmac)),
+            ("SHA-512", Some(self.sha512)),
+        ]
     }
 
     /// Short name for logs and `nimbus bench crypto`.
@@ -86,18 +200,37 @@ impl CryptoProvider {
         alg: SigningAlgorithm,
         key: &[u8],
     ) -> Result<Box<dyn Signer>, CryptoError> {
-        new_signer(alg, key)
+        let lib = match alg {
+            SigningAlgorithm::HmacSha256 => self.hmac,
+            SigningAlgorithm::AesCmac => self.cmac,
+            SigningAlgorithm::AesGmac => self.gmac,
+        };
+        match lib {
+            Library::AwsLc => crate::awslc::signer(alg, key),
+            // ring has no CMAC; its GMAC (GCM with AAD only) is slower than
+            // either other library's, so it is never chosen for signing.
+            Library::Ring | Library::RustCrypto => new_signer(alg, key),
+        }
     }
 
     /// An encryption cipher for `alg` keyed with `key` (16 bytes for the
     /// AES-128 ciphers, 32 for AES-256).
     pub fn cipher(&self, alg: CipherAlgorithm, key: &[u8]) -> Result<Box<dyn Aead>, CryptoError> {
-        let backend = if alg.is_gcm() {
+        let lib = if alg.is_gcm() {
             self.gcm
         } else {
-            AeadBackend::RustCrypto
+            self.ccm.ok_or(CryptoError::NotApproved(alg.name()))?
         };
-        new_aead(backend, alg, key)
+        match lib {
+            Library::AwsLc => crate::awslc::gcm(alg, key),
+            Library::Ring => new_aead(AeadBackend::Ring, alg, key),
+            Library::RustCrypto => new_aead(AeadBackend::RustCrypto, alg, key),
+        }
+    }
+
+    /// Whether this provider can encrypt with `alg`.
+    pub fn offers_cipher(&self, alg: CipherAlgorithm) -> bool {
+        alg.is_gcm() || self.ccm.is_some()
     }
 
     /// NIST SP800-108 KDF in counter mode, PRF HMAC-SHA256, r=32,
@@ -108,12 +241,19 @@ impl CryptoProvider {
     /// `label` and `context` are passed exactly: the caller includes any
     /// trailing NUL in the label bytes, e.g. `b"SMBSigningKey\0"`.
     pub fn kdf(&self, key: &[u8], label: &[u8], context: &[u8], out: &mut [u8]) {
-        smb_kdf(key, label, context, out);
+        let prf = match self.hmac {
+            Library::AwsLc => crate::awslc::hmac_sha256,
+            Library::Ring | Library::RustCrypto => hmac_sha256,
+        };
+        smb_kdf(prf, key, label, context, out);
     }
 
     /// SHA-512 of the concatenation of `parts` (SMB 3.1.1 preauth integrity,
     /// MS-SMB2 3.3.5.4).
     pub fn sha512(&self, parts: &[&[u8]]) -> [u8; 64] {
+        if self.sha512 == Library::AwsLc {
+            return crate::awslc::sha512(parts);
+        }
         let mut h = Sha512::new();
         for p in parts {
             h.update(p);
@@ -123,7 +263,10 @@ impl CryptoProvider {
 
     /// HMAC-SHA256 of the concatenation of `parts`.
     pub fn hmac_sha256(&self, key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
-        hmac_sha256(key, parts)
+        match self.hmac {
+            Library::AwsLc => crate::awslc::hmac_sha256(key, parts),
+            Library::Ring | Library::RustCrypto => hmac_sha256(key, parts),
+        }
     }
 
     /// Fills `buf` from the operating system's CSPRNG.
@@ -151,6 +294,7 @@ impl fmt::Debug for CryptoProvider {
             .field("name", &self.name)
             .field("fips", &self.fips)
             .field("ntlm", &self.ntlm.is_some())
+            .field("libraries", &self.libraries())
             .finish()
     }
 }
@@ -170,6 +314,63 @@ mod tests {
         assert!(!p.fips());
         assert!(p.ntlm().is_some());
         assert!(Arc::ptr_eq(&p, &CryptoProvider::default_provider()));
+    }
+
+    /// Every provider gives the same answers for every keyed primitive.
+    #[test]
+    fn providers_agree() {
+        let msg: Vec<u8> = (0..3000u32).map(|i| (i * 31) as u8).collect();
+        let reference = CryptoProvider::rustcrypto_provider();
+        for p in CryptoProvider::all() {
+            for alg in [
+                SigningAlgorithm::HmacSha256,
+                SigningAlgorithm::AesCmac,
+                SigningAlgorithm::AesGmac,
+            ] {
+                let a = p.signer(alg, &[5; 16]).unwrap().sign(&[1; 12], &msg);
+                let b = reference
+                    .signer(alg, &[5; 16])
+                    .unwrap()
+                    .sign(&[1; 12], &msg);
+                assert_eq!(a, b, "{} {alg:?}", p.name());
+            }
+            for alg in CipherAlgorithm::ALL {
+                if !p.offers_cipher(alg) {
+                    assert!(p.cipher(alg, &vec![0; alg.key_len()]).is_err());
+                    continue;
+                }
+                let key = vec![3; alg.key_len()];
+                let nonce = vec![4; alg.nonce_len()];
+                let (mut a, mut b) = (msg.clone(), msg.clone());
+                let ta = p
+                    .cipher(alg, &key)
+                    .unwrap()
+                    .seal_in_place(&nonce, b"x", &mut a)
+                    .unwrap();
+                let tb = reference
+                    .cipher(alg, &key)
+                    .unwrap()
+                    .seal_in_place(&nonce, b"x", &mut b)
+                    .unwrap();
+                assert_eq!((a.clone(), ta), (b, tb), "{} {alg:?}", p.name());
+                p.cipher(alg, &key)
+                    .unwrap()
+                    .open_in_place(&nonce, b"x", &mut a, &ta)
+                    .unwrap();
+                assert_eq!(a, msg);
+            }
+            let mut k1 = [0u8; 32];
+            let mut k2 = [0u8; 32];
+            p.kdf(&[9; 16], b"SMBC2SCipherKey\0", &[7; 64], &mut k1);
+            reference.kdf(&[9; 16], b"SMBC2SCipherKey\0", &[7; 64], &mut k2);
+            assert_eq!(k1, k2, "{}", p.name());
+            assert_eq!(
+                p.sha512(&[b"ab", b"c"]),
+                reference.sha512(&[b"abc"]),
+                "{}",
+                p.name()
+            );
+        }
     }
 
     /// FIPS 180-2 appendix C.1 ("abc").

@@ -6,7 +6,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use nimbus_crypto::CipherAlgorithm;
+use nimbus_crypto::{CipherAlgorithm, CryptoProvider};
 use serde::Deserialize;
 
 /// Whether authenticated sessions must sign every message.
@@ -298,6 +298,13 @@ impl Config {
             }
             if let Some(f) = sec.fips {
                 cfg.fips = f;
+                if f && CryptoProvider::fips_if_built().is_none() {
+                    errors.push(err(
+                        "security.fips",
+                        "this nimbus binary was built without the FIPS provider".into(),
+                        "build with `cargo build --release --features fips` (needs cmake and Go), or set fips = false",
+                    ));
+                }
             }
         }
         for (i, s) in raw.share.into_iter().enumerate() {

@@ -42,6 +42,51 @@ pub struct Negotiated {
     pub max_io: u32,
 }
 
+/// Payload buffers reused across requests of one connection, so that steady
+/// reading and writing allocate nothing per request: received frames and
+/// built responses come from here and go back after use. Bounded by count
+/// and by bytes, so an idle connection keeps little.
+pub struct BufferPool {
+    free: Mutex<Vec<Vec<u8>>>,
+}
+
+impl BufferPool {
+    const MAX_BUFFERS: usize = 8;
+    const MAX_BYTES: usize = 24 * 1024 * 1024;
+
+    fn new() -> Self {
+        BufferPool {
+            free: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// An empty buffer, with the capacity of an earlier one when available.
+    pub fn take(&self) -> Vec<u8> {
+        lock(&self.free).pop().unwrap_or_default()
+    }
+
+    /// A buffer of `len` bytes (contents unspecified: the caller overwrites
+    /// them all, as a frame read does).
+    pub fn take_len(&self, len: usize) -> Vec<u8> {
+        let mut buf = lock(&self.free).pop().unwrap_or_default();
+        // Shrinking keeps the old bytes; only growth beyond the previous
+        // length writes zeros.
+        buf.resize(len, 0);
+        buf
+    }
+
+    pub fn give(&self, buf: Vec<u8>) {
+        if buf.capacity() == 0 || buf.capacity() > MAX_FRAME + 64 * 1024 {
+            return;
+        }
+        let mut free = lock(&self.free);
+        let held: usize = free.iter().map(Vec::capacity).sum();
+        if free.len() < Self::MAX_BUFFERS && held + buf.capacity() <= Self::MAX_BYTES {
+            free.push(buf);
+        }
+    }
+}
+
 /// A response frame ready to send: `buf[start..]`, NBSS header included.
 /// Responses are built after a reserved TRANSFORM header slot so that
 /// encryption happens in place; clear responses start after that slot.
@@ -59,6 +104,7 @@ pub struct Connection {
     pub preauth: Mutex<[u8; 64]>,
     pub credits: Mutex<CreditWindow>,
     pub sessions: Mutex<HashMap<u64, Arc<Session>>>,
+    pub pool: BufferPool,
     closing: AtomicBool,
     close_notify: Notify,
 }
@@ -103,16 +149,19 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr) {
         preauth: Mutex::new([0u8; 64]),
         credits: Mutex::new(CreditWindow::default()),
         sessions: Mutex::new(HashMap::new()),
+        pool: BufferPool::new(),
         closing: AtomicBool::new(false),
         close_notify: Notify::new(),
     });
     tracing::debug!("connection from {peer}");
 
+    let writer_conn = conn.clone();
     let writer = tokio::spawn(async move {
         while let Some(out) = rx.recv().await {
             if wr.write_all(&out.buf[out.start..]).await.is_err() {
                 break;
             }
+            writer_conn.pool.give(out.buf);
         }
         let _ = wr.shutdown().await;
     });
@@ -135,7 +184,7 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr) {
                 break;
             }
         };
-        let mut frame = vec![0u8; len];
+        let mut frame = conn.pool.take_len(len);
         let read = tokio::select! {
             r = rd.read_exact(&mut frame) => r,
             _ = conn.close_notify.notified() => break,
@@ -153,6 +202,7 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr) {
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 crate::dispatch::process_frame(&conn2, &mut frame)
             }));
+            conn2.pool.give(frame);
             match result {
                 Ok(Some(out)) => {
                     if tx2.blocking_send(out).is_err() {

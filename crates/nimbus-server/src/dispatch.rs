@@ -170,7 +170,7 @@ pub fn process_frame(conn: &Arc<Connection>, frame: &mut [u8]) -> Option<Outgoin
     if !frame.starts_with(&PROTOCOL_ID) {
         return refuse(conn, "message with unknown protocol id");
     }
-    let mut out = Vec::with_capacity(RESPONSE_START + HEADER_SIZE + 128);
+    let mut out = conn.pool.take();
     out.resize(RESPONSE_START, 0);
     // (start of each response, session to sign it with)
     let mut responses: Vec<(usize, Option<Arc<Session>>)> = Vec::new();

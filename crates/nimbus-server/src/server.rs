@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use nimbus_auth::{AuthConfig, Authenticator, UserDb};
-use nimbus_crypto::CryptoProvider;
+use nimbus_crypto::{CipherAlgorithm, CryptoProvider};
 use nimbus_state::{MemoryStore, ShareModes};
 use nimbus_vfs::LocalFs;
 use nimbus_wire::fscc::unix_to_filetime;
@@ -82,8 +82,39 @@ pub fn now_filetime() -> u64 {
 }
 
 impl Server {
-    pub fn new(config: Config) -> Result<Arc<Server>, StartError> {
-        let provider = CryptoProvider::default_provider();
+    pub fn new(mut config: Config) -> Result<Arc<Server>, StartError> {
+        let provider = if config.fips {
+            let p = CryptoProvider::fips_if_built().ok_or_else(|| {
+                StartError::Runtime(
+                    "[security] fips = true, but this binary was built without the FIPS provider \
+                     (build with `cargo build --release --features fips`)"
+                        .into(),
+                )
+            })?;
+            tracing::warn!(
+                "FIPS mode: crypto provider \"{}\" (AWS-LC FIPS module only). NTLM logon is \
+                 disabled: it needs MD4, MD5 and RC4, which FIPS does not approve; only Kerberos \
+                 could log on, and this build has no Kerberos yet, so no user can log on",
+                p.name()
+            );
+            p
+        } else {
+            CryptoProvider::default_provider()
+        };
+        let (offered, dropped): (Vec<CipherAlgorithm>, Vec<CipherAlgorithm>) = config
+            .ciphers
+            .iter()
+            .copied()
+            .partition(|c| provider.offers_cipher(*c));
+        if !dropped.is_empty() {
+            tracing::warn!(
+                "ciphers {:?} are not offered: provider \"{}\" has no approved implementation \
+                 (SMB 3.0 and 3.0.2 clients cannot encrypt without AES-128-CCM)",
+                dropped.iter().map(|c| c.name()).collect::<Vec<_>>(),
+                provider.name()
+            );
+        }
+        config.ciphers = offered;
         let users = UserDb::load(&config.user_db).map_err(|e| StartError::UserDb(e.to_string()))?;
         if users.names().is_empty() && !config.shares.iter().any(|s| s.guest_ok) {
             tracing::warn!(
