@@ -16,6 +16,8 @@ use nimbus_wire::transform::{
 use nimbus_wire::Command;
 use zeroize::Zeroizing;
 
+use crate::connection::Connection;
+
 /// MS-SMB2 3.1.4.1: 8-byte MessageId, then bit 0 set for the server's
 /// messages and bit 1 set for a CANCEL request.
 pub fn gmac_nonce(msg: &[u8]) -> [u8; 12] {
@@ -85,6 +87,23 @@ pub fn session_signer(
         }
     }
     provider.signer(signing_algorithm, &key[..])
+}
+
+/// The reason a session has no encryption keys, for the log line.
+pub fn why_no_encryption(conn: &Connection, guest: bool) -> String {
+    match conn.negotiated() {
+        _ if guest => "guest and anonymous sessions have no key".into(),
+        Some(n) if !n.dialect.is_smb3() => {
+            format!("dialect {:?} has no encryption; SMB 3 is needed", n.dialect)
+        }
+        Some(n) if n.cipher.is_none() => {
+            format!(
+                "the client offered none of the configured ciphers ({:?})",
+                n.dialect
+            )
+        }
+        _ => "no cipher negotiated".into(),
+    }
 }
 
 /// A session's encryption state: one cipher per direction and the counter

@@ -84,7 +84,9 @@ impl FileHandle {
     /// `/proc/self/fd/N`, to reach the object of an `O_PATH` descriptor with calls that refuse
     /// such descriptors. It names our own descriptor, so following it cannot escape.
     fn proc_path(&self) -> CString {
-        CString::new(format!("/proc/self/fd/{}", self.raw())).expect("no NUL in a number")
+        // Digits hold no NUL, so this cannot fail; were it to, the empty path
+        // makes the syscall fail with ENOENT instead of panicking.
+        CString::new(format!("/proc/self/fd/{}", self.raw())).unwrap_or_default()
     }
 
     /// Whether this handle is a directory.

@@ -114,7 +114,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
                     res.domain,
                     res.user,
                     ctx.conn.peer,
-                    super::tree_connect::why_no_encryption(ctx, unauthenticated)
+                    crate::security::why_no_encryption(ctx.conn, unauthenticated)
                 );
                 return Err(NtStatus::ACCESS_DENIED);
             }

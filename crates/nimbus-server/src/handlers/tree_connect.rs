@@ -36,7 +36,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
              session cannot encrypt ({})",
             ctx.conn.peer,
             share.name,
-            why_no_encryption(ctx, guest)
+            crate::security::why_no_encryption(ctx.conn, guest)
         );
         return Err(NtStatus::ACCESS_DENIED);
     }
@@ -83,23 +83,6 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     // The response carries the new tree id in its header.
     ctx.response_tree_id = Some(id);
     Ok(NtStatus::SUCCESS)
-}
-
-/// The reason a session has no encryption keys, for the log line.
-pub fn why_no_encryption(ctx: &Ctx<'_>, guest: bool) -> String {
-    match ctx.conn.negotiated() {
-        _ if guest => "guest and anonymous sessions have no key".into(),
-        Some(n) if !n.dialect.is_smb3() => {
-            format!("dialect {:?} has no encryption; SMB 3 is needed", n.dialect)
-        }
-        Some(n) if n.cipher.is_none() => {
-            format!(
-                "the client offered none of the configured ciphers ({:?})",
-                n.dialect
-            )
-        }
-        _ => "no cipher negotiated".into(),
-    }
 }
 
 pub fn handle_disconnect(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
