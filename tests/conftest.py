@@ -176,9 +176,11 @@ class Security:
     ciphers: list[str] | None = None
     # share name -> its own `encryption` value
     share_encryption: dict[str, str] = field(default_factory=dict)
+    # [limits] keys and integer values (nimbus only)
+    limits: dict[str, int] = field(default_factory=dict)
 
     def needs_config_file(self) -> bool:
-        return self.encryption is not None or self.ciphers is not None or bool(self.share_encryption)
+        return self.encryption is not None or self.ciphers is not None or bool(self.share_encryption) or bool(self.limits)
 
 
 def write_config(path: Path, port: int, user_db: Path, shares: list[tuple[str, Path, bool]], security: Security | None = None) -> Path:
@@ -194,6 +196,8 @@ def write_config(path: Path, port: int, user_db: Path, shares: list[tuple[str, P
         lines.append(f"encryption = {toml_str(security.encryption)}")
     if security.ciphers is not None:
         lines.append(f"ciphers = [{', '.join(toml_str(c) for c in security.ciphers)}]")
+    if security.limits:
+        lines += ["", "[limits]"] + [f"{key} = {int(value)}" for key, value in security.limits.items()]
     for name, share_path, read_only in shares:
         lines += [
             "",
@@ -286,6 +290,8 @@ class ServerFactory:
     def _start_samba(self, base, shares, share_paths, log_path, security: Security) -> Server:
         if security.share_encryption:
             pytest.skip("per-share encryption is not mapped to smb.conf by the samba target")
+        if security.limits:
+            pytest.skip("[limits] are not mapped to smb.conf by the samba target")
         options = {}
         if security.encryption is not None:
             options["server smb encrypt"] = {"off": "off", "desired": "desired", "required": "required"}[security.encryption]

@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use nimbus_crypto::{CipherAlgorithm, CryptoProvider};
 use serde::Deserialize;
 
+use crate::limits::{Limits, RawLimits};
+
 /// Whether authenticated sessions must sign every message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -76,6 +78,8 @@ pub struct Config {
     /// NetBIOS name reported in NTLM challenges.
     pub server_name: String,
     pub workgroup: String,
+    /// Bounds on what clients may make the server hold (`[limits]`).
+    pub limits: Limits,
 }
 
 impl Default for Config {
@@ -90,6 +94,7 @@ impl Default for Config {
             shares: Vec::new(),
             server_name: "NIMBUS".into(),
             workgroup: "WORKGROUP".into(),
+            limits: Limits::default(),
         }
     }
 }
@@ -123,6 +128,7 @@ struct RawConfig {
     server_name: Option<String>,
     workgroup: Option<String>,
     security: Option<RawSecurity>,
+    limits: Option<RawLimits>,
     #[serde(default)]
     share: Vec<RawShare>,
 }
@@ -218,7 +224,7 @@ impl Config {
             vec![err(
                 &format!("line {line}"),
                 msg,
-                "see README.md for the keys: listen, user_db, server_name, workgroup, [security] signing/encryption/ciphers/fips, [[share]] name/path/read_only/guest_ok/encryption",
+                "see README.md for the keys: listen, user_db, server_name, workgroup, [security] signing/encryption/ciphers/fips, [limits] (see README), [[share]] name/path/read_only/guest_ok/encryption",
             )]
         })?;
         let mut errors = Vec::new();
@@ -306,6 +312,10 @@ impl Config {
                     ));
                 }
             }
+        }
+        match raw.limits.unwrap_or_default().validate(file) {
+            Ok(l) => cfg.limits = l,
+            Err(e) => errors.extend(e),
         }
         for (i, s) in raw.share.into_iter().enumerate() {
             let encryption = match s

@@ -5,27 +5,30 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
 use nimbus_crypto::{CipherAlgorithm, SigningAlgorithm};
 use nimbus_wire::nbss::frame_length;
 use nimbus_wire::negotiate::Dialect;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, Notify, Semaphore};
+use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::time::timeout;
 
+use crate::admission::ConnectionSlot;
 use crate::credits::CreditWindow;
+use crate::limits::Limits;
 use crate::server::Server;
 use crate::session::{lock, Session};
 
-/// Largest frame accepted: an 8 MiB WRITE plus headers. Longer length
-/// prefixes close the connection before anything is allocated.
-pub const MAX_FRAME: usize = 8 * 1024 * 1024 + 64 * 1024;
-/// Largest READ/WRITE/transact size offered with LARGE_MTU (2.1+).
-pub const MAX_IO_SIZE: u32 = 8 * 1024 * 1024;
-/// Frames processed at once per connection; the reader waits for a slot,
-/// which bounds memory per connection at about this many frames.
-const MAX_IN_FLIGHT: usize = 32;
+/// A connection that has sent nothing for this long gives its spare
+/// buffers back, so idle connections hold little memory.
+const IDLE_TRIM: Duration = Duration::from_secs(5);
+/// How long queued responses may take to go out once the connection is
+/// closing, before they are dropped.
+const CLOSE_GRACE: Duration = Duration::from_secs(5);
 
 /// What NEGOTIATE settled (MS-SMB2 3.3.1.7 Connection).
 pub struct Negotiated {
@@ -48,16 +51,24 @@ pub struct Negotiated {
 /// and by bytes, so an idle connection keeps little.
 pub struct BufferPool {
     free: Mutex<Vec<Vec<u8>>>,
+    /// Buffers larger than this (capacity) are not kept.
+    largest: usize,
 }
 
 impl BufferPool {
     const MAX_BUFFERS: usize = 8;
     const MAX_BYTES: usize = 24 * 1024 * 1024;
 
-    fn new() -> Self {
+    fn new(max_frame: usize) -> Self {
         BufferPool {
             free: Mutex::new(Vec::new()),
+            largest: max_frame + 64 * 1024,
         }
+    }
+
+    /// Frees every spare buffer (the connection went idle).
+    fn trim(&self) {
+        lock(&self.free).clear();
     }
 
     /// An empty buffer, with the capacity of an earlier one when available.
@@ -76,7 +87,7 @@ impl BufferPool {
     }
 
     pub fn give(&self, buf: Vec<u8>) {
-        if buf.capacity() == 0 || buf.capacity() > MAX_FRAME + 64 * 1024 {
+        if buf.capacity() == 0 || buf.capacity() > self.largest {
             return;
         }
         let mut free = lock(&self.free);
@@ -105,11 +116,40 @@ pub struct Connection {
     pub credits: Mutex<CreditWindow>,
     pub sessions: Mutex<HashMap<u64, Arc<Session>>>,
     pub pool: BufferPool,
+    /// Counts this connection in the server's admission limits.
+    slot: ConnectionSlot,
     closing: AtomicBool,
     close_notify: Notify,
 }
 
 impl Connection {
+    pub fn new(
+        server: Arc<Server>,
+        peer: SocketAddr,
+        local: SocketAddr,
+        slot: ConnectionSlot,
+    ) -> Arc<Connection> {
+        let limits = &server.config.limits;
+        Arc::new(Connection {
+            credits: Mutex::new(CreditWindow::new(limits.max_credits)),
+            pool: BufferPool::new(limits.max_frame_bytes),
+            server,
+            peer,
+            local,
+            negotiated: Mutex::new(None),
+            preauth: Mutex::new([0u8; 64]),
+            sessions: Mutex::new(HashMap::new()),
+            slot,
+            closing: AtomicBool::new(false),
+            close_notify: Notify::new(),
+        })
+    }
+
+    /// A session logged on: the connection is no longer unauthenticated.
+    pub fn logged_on(&self) {
+        self.slot.logged_on();
+    }
+
     pub fn negotiated(&self) -> Option<Arc<Negotiated>> {
         lock(&self.negotiated).clone()
     }
@@ -129,7 +169,7 @@ impl Connection {
     }
 
     /// Releases every open of every session: share modes, delete-on-close.
-    fn teardown(&self) {
+    pub(crate) fn teardown(&self) {
         let sessions: Vec<_> = lock(&self.sessions).drain().map(|(_, s)| s).collect();
         for s in sessions {
             crate::handlers::logoff::close_session(&self.server, &s);
@@ -137,75 +177,177 @@ impl Connection {
     }
 }
 
-pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr) {
+/// What a request holds while it is processed and until its response has
+/// been sent: one of the connection's outstanding-request slots and its
+/// share of the connection's memory budget.
+struct InFlight {
+    _slot: OwnedSemaphorePermit,
+    _memory: OwnedSemaphorePermit,
+}
+
+/// Why the reader stopped.
+enum ReadEnd {
+    /// The client closed the connection (or the socket failed).
+    Closed,
+    /// The client broke a rule; logged, then the connection closes.
+    Refused(String),
+}
+
+impl From<std::io::Error> for ReadEnd {
+    fn from(_: std::io::Error) -> Self {
+        ReadEnd::Closed
+    }
+}
+
+/// The memory budget is counted in KiB so that it fits a semaphore.
+fn kib(bytes: usize) -> u32 {
+    bytes.div_ceil(1024).min(u32::MAX as usize) as u32
+}
+
+/// The per-connection limits on requests in flight.
+struct Budget {
+    slots: Arc<Semaphore>,
+    memory: Arc<Semaphore>,
+    memory_bytes: usize,
+}
+
+/// Reads one frame: waits as long as needed for its first byte, then
+/// within `frame_timeout` for the rest. Room in the connection's budget is
+/// taken before the frame is allocated. Ok(None): a keep-alive.
+async fn read_frame(
+    conn: &Connection,
+    rd: &mut OwnedReadHalf,
+    limits: &Limits,
+    budget: &Budget,
+) -> Result<Option<(Vec<u8>, InFlight, usize)>, ReadEnd> {
+    let mut head = [0u8; 4];
+    match timeout(IDLE_TRIM, rd.read_exact(&mut head[..1])).await {
+        Ok(r) => r.map(|_| ())?,
+        Err(_) => {
+            conn.pool.trim();
+            rd.read_exact(&mut head[..1]).await?;
+        }
+    }
+    let slow = || {
+        ReadEnd::Refused(format!(
+            "frame not complete within {:?}",
+            limits.frame_timeout
+        ))
+    };
+    timeout(limits.frame_timeout, rd.read_exact(&mut head[1..]))
+        .await
+        .map_err(|_| slow())??;
+    let len = match frame_length(head, limits.max_frame_bytes) {
+        Ok(Some(len)) => len,
+        Ok(None) => return Ok(None),
+        Err(e) => return Err(ReadEnd::Refused(format!("refused frame ({e:?})"))),
+    };
+    let closed = |_| ReadEnd::Closed;
+    let slot = budget.slots.clone().acquire_owned().await.map_err(closed)?;
+    let mut memory = budget
+        .memory
+        .clone()
+        .acquire_many_owned(kib(len))
+        .await
+        .map_err(closed)?;
+    let mut frame = conn.pool.take_len(len);
+    timeout(limits.frame_timeout, rd.read_exact(&mut frame))
+        .await
+        .map_err(|_| slow())??;
+    // Room for the responses, as much as the requests may ask for (never
+    // more than the budget, so that every frame can proceed).
+    let wanted = crate::dispatch::response_allowance(&frame, limits)
+        .min(budget.memory_bytes.saturating_sub(len));
+    if wanted > 0 {
+        let more = budget
+            .memory
+            .clone()
+            .acquire_many_owned(kib(wanted))
+            .await
+            .map_err(closed)?;
+        memory.merge(more);
+    }
+    Ok(Some((
+        frame,
+        InFlight {
+            _slot: slot,
+            _memory: memory,
+        },
+        wanted,
+    )))
+}
+
+/// Closes a connection that has not logged a session on in time.
+fn start_logon_deadline(conn: Weak<Connection>, after: Duration) {
+    tokio::spawn(async move {
+        tokio::time::sleep(after).await;
+        if let Some(conn) = conn.upgrade() {
+            if !conn.slot.is_logged_on() && !conn.is_closing() {
+                tracing::warn!(
+                    "{}: no session logged on within {after:?} (limits.unauthenticated_timeout_secs); closing",
+                    conn.peer
+                );
+                conn.close();
+            }
+        }
+    });
+}
+
+pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slot: ConnectionSlot) {
     let local = stream.local_addr().unwrap_or(peer);
     let (mut rd, mut wr) = stream.into_split();
-    let (tx, mut rx) = mpsc::channel::<Outgoing>(MAX_IN_FLIGHT);
-    let conn = Arc::new(Connection {
-        server,
-        peer,
-        local,
-        negotiated: Mutex::new(None),
-        preauth: Mutex::new([0u8; 64]),
-        credits: Mutex::new(CreditWindow::default()),
-        sessions: Mutex::new(HashMap::new()),
-        pool: BufferPool::new(),
-        closing: AtomicBool::new(false),
-        close_notify: Notify::new(),
-    });
+    let limits = server.config.limits.clone();
+    let (tx, mut rx) = mpsc::channel::<(Outgoing, InFlight)>(limits.max_outstanding_requests);
+    let conn = Connection::new(server, peer, local, slot);
     tracing::debug!("connection from {peer}");
+    start_logon_deadline(Arc::downgrade(&conn), limits.unauthenticated_timeout);
 
     let writer_conn = conn.clone();
-    let writer = tokio::spawn(async move {
-        while let Some(out) = rx.recv().await {
+    let mut writer = tokio::spawn(async move {
+        while let Some((out, in_flight)) = rx.recv().await {
             if wr.write_all(&out.buf[out.start..]).await.is_err() {
                 break;
             }
             writer_conn.pool.give(out.buf);
+            drop(in_flight);
         }
         let _ = wr.shutdown().await;
     });
 
-    let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    let budget = Budget {
+        slots: Arc::new(Semaphore::new(limits.max_outstanding_requests)),
+        memory: Arc::new(Semaphore::new(
+            kib(limits.max_connection_memory_bytes) as usize
+        )),
+        memory_bytes: limits.max_connection_memory_bytes,
+    };
     loop {
-        let mut head = [0u8; 4];
         let read = tokio::select! {
-            r = rd.read_exact(&mut head) => r,
+            r = read_frame(&conn, &mut rd, &limits, &budget) => r,
             _ = conn.close_notify.notified() => break,
         };
-        if read.is_err() || conn.is_closing() {
-            break;
-        }
-        let len = match frame_length(head, MAX_FRAME) {
-            Ok(Some(len)) => len,
+        let (mut frame, in_flight, allowance) = match read {
+            Ok(Some(f)) => f,
             Ok(None) => continue,
-            Err(e) => {
-                tracing::warn!("{peer}: refused frame ({e:?}); closing connection");
+            Err(ReadEnd::Closed) => break,
+            Err(ReadEnd::Refused(why)) => {
+                tracing::warn!("{peer}: {why}; closing connection");
                 break;
             }
         };
-        let mut frame = conn.pool.take_len(len);
-        let read = tokio::select! {
-            r = rd.read_exact(&mut frame) => r,
-            _ = conn.close_notify.notified() => break,
-        };
-        if read.is_err() {
+        if conn.is_closing() {
             break;
         }
-        let Ok(permit) = slots.clone().acquire_owned().await else {
-            break;
-        };
         let conn2 = conn.clone();
         let tx2 = tx.clone();
         tokio::task::spawn_blocking(move || {
-            let _permit = permit;
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                crate::dispatch::process_frame(&conn2, &mut frame)
+                crate::dispatch::process_frame(&conn2, &mut frame, allowance)
             }));
             conn2.pool.give(frame);
             match result {
                 Ok(Some(out)) => {
-                    if tx2.blocking_send(out).is_err() {
+                    if tx2.blocking_send((out, in_flight)).is_err() {
                         conn2.close();
                     }
                 }
@@ -222,10 +364,19 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr) {
     }
     conn.close();
     drop(tx);
-    // Wait for in-flight requests before releasing the connection's opens.
-    let _ = slots.acquire_many(MAX_IN_FLIGHT as u32).await;
+    // Responses still queued go out if the client takes them soon; a client
+    // that stopped reading does not keep the connection alive.
+    if timeout(CLOSE_GRACE, &mut writer).await.is_err() {
+        writer.abort();
+        let _ = writer.await;
+    }
+    // Wait for requests still being processed before releasing the
+    // connection's opens.
+    let _ = budget
+        .slots
+        .acquire_many(limits.max_outstanding_requests as u32)
+        .await;
     let conn2 = conn.clone();
     let _ = tokio::task::spawn_blocking(move || conn2.teardown()).await;
-    let _ = writer.await;
     tracing::debug!("connection from {peer} closed");
 }

@@ -4,11 +4,11 @@
 
 use std::collections::VecDeque;
 
-/// Most credits a client may hold at once (the sequence window size).
-pub const MAX_CREDITS: u64 = 8192;
-
 #[derive(Debug)]
 pub struct CreditWindow {
+    /// Most credits a client may hold at once (the sequence window size,
+    /// `limits.max_credits`).
+    max: u64,
     /// Lowest message id not yet used.
     low: u64,
     /// One flag per id from `low`: used already?
@@ -21,17 +21,16 @@ pub enum CreditError {
     OutOfWindow,
 }
 
-impl Default for CreditWindow {
-    fn default() -> Self {
-        // A new connection holds one credit: message id 0 for NEGOTIATE.
+impl CreditWindow {
+    /// A new connection holds one credit: message id 0 for NEGOTIATE.
+    pub fn new(max: u16) -> Self {
         CreditWindow {
+            max: max.max(1) as u64,
             low: 0,
             used: VecDeque::from(vec![false]),
         }
     }
-}
 
-impl CreditWindow {
     /// Consumes ids `message_id .. message_id + charge` (charge 0 counts as 1).
     pub fn consume(&mut self, message_id: u64, charge: u16) -> Result<(), CreditError> {
         let charge = charge.max(1) as u64;
@@ -62,10 +61,10 @@ impl CreditWindow {
     }
 
     /// Grants up to `requested` more credits (at least one when the client
-    /// would otherwise hold none), never beyond MAX_CREDITS. Returns the grant.
+    /// would otherwise hold none), never beyond the window size. Returns the grant.
     pub fn grant(&mut self, requested: u16) -> u16 {
         let held = self.outstanding();
-        let room = MAX_CREDITS.saturating_sub(self.used.len() as u64);
+        let room = self.max.saturating_sub(self.used.len() as u64);
         let mut g = (requested as u64).min(room);
         if g == 0 && held == 0 {
             g = 1;
@@ -83,7 +82,7 @@ mod tests {
 
     #[test]
     fn sequence_window() {
-        let mut w = CreditWindow::default();
+        let mut w = CreditWindow::new(8192);
         w.consume(0, 0).unwrap();
         assert_eq!(w.consume(0, 1), Err(CreditError::OutOfWindow)); // replay
         assert_eq!(w.grant(10), 10);
@@ -104,9 +103,11 @@ mod tests {
 
     #[test]
     fn grant_is_bounded() {
-        let mut w = CreditWindow::default();
-        assert_eq!(w.grant(u16::MAX), (MAX_CREDITS - 1) as u16);
+        let mut w = CreditWindow::new(8192);
+        assert_eq!(w.grant(u16::MAX), 8191);
         assert_eq!(w.grant(100), 0);
-        assert!(w.outstanding() <= MAX_CREDITS);
+        assert!(w.outstanding() <= 8192);
+        let mut small = CreditWindow::new(16);
+        assert_eq!(small.grant(100), 15);
     }
 }

@@ -16,6 +16,7 @@ use nimbus_wire::{FileId, NtStatus, HEADER_SIZE};
 
 use crate::connection::{Connection, Outgoing};
 use crate::handlers;
+use crate::limits::Limits;
 use crate::security::SessionCipher;
 use crate::server::Server;
 use crate::session::{lock, Open, Session, SessionState, Tree};
@@ -93,6 +94,9 @@ pub struct Ctx<'a> {
     pub disconnect: bool,
     /// ErrorData for an error response (e.g. the size BUFFER_TOO_SMALL needs).
     pub error_data: Vec<u8>,
+    /// Bytes this request's response may still take from the room the
+    /// connection reserved for the frame (see `response_allowance`).
+    pub response_room: usize,
 }
 
 impl Ctx<'_> {
@@ -132,6 +136,40 @@ impl Ctx<'_> {
 /// response is sealed in place and a clear one is sent from the slot's end.
 const RESPONSE_START: usize = 4 + TRANSFORM_HEADER_SIZE;
 
+/// Room reserved for any one response beyond its payload: headers, error
+/// responses and the small responses of most commands.
+const RESPONSE_OVERHEAD: usize = 64 * 1024;
+
+/// How many bytes the responses to a received frame may take, reserved
+/// from the connection's memory budget before the frame is processed. A
+/// request that moves data is charged one credit per 64 KiB (MS-SMB2
+/// 3.3.5.2.5), so its charge bounds its response; an encrypted frame
+/// cannot be looked into yet and may hold one request of the largest size.
+pub fn response_allowance(frame: &[u8], limits: &Limits) -> usize {
+    let max_io = limits.max_io() as usize;
+    if frame.starts_with(&TRANSFORM_PROTOCOL_ID) {
+        return max_io + RESPONSE_OVERHEAD;
+    }
+    if !frame.starts_with(&PROTOCOL_ID) {
+        return RESPONSE_OVERHEAD;
+    }
+    let mut total = 0;
+    let mut offset = 0usize;
+    for _ in 0..limits.max_compound_requests {
+        let Some(h) = frame.get(offset..offset + HEADER_SIZE) else {
+            break;
+        };
+        let charge = u16::from_le_bytes([h[6], h[7]]).max(1) as usize;
+        total += (charge * 65536).min(max_io) + RESPONSE_OVERHEAD;
+        let next = u32::from_le_bytes([h[20], h[21], h[22], h[23]]) as usize;
+        if next == 0 {
+            break;
+        }
+        offset = offset.saturating_add(next);
+    }
+    total.max(RESPONSE_OVERHEAD)
+}
+
 /// The session whose keys decrypted a request frame; they encrypt the
 /// response.
 struct Encrypted {
@@ -155,8 +193,13 @@ struct Chain {
 
 /// Processes one received frame; returns the frame to send back (if any).
 /// Protocol violations that the spec answers with a disconnect call
-/// `conn.close()` and return None.
-pub fn process_frame(conn: &Arc<Connection>, frame: &mut [u8]) -> Option<Outgoing> {
+/// `conn.close()` and return None. `allowance` bounds the bytes of the
+/// responses (reserved by the caller, see `response_allowance`).
+pub fn process_frame(
+    conn: &Arc<Connection>,
+    frame: &mut [u8],
+    allowance: usize,
+) -> Option<Outgoing> {
     if frame.starts_with(&SMB1_PROTOCOL_ID) {
         return smb1_negotiate(conn, frame);
     }
@@ -179,7 +222,15 @@ pub fn process_frame(conn: &Arc<Connection>, frame: &mut [u8]) -> Option<Outgoin
         ..Chain::default()
     };
     let mut offset = 0usize;
+    let mut requests = 0usize;
     loop {
+        requests += 1;
+        if requests > conn.server.config.limits.max_compound_requests {
+            return refuse(
+                conn,
+                "compound chain longer than limits.max_compound_requests",
+            );
+        }
         let remaining = frame.len() - offset;
         if remaining < HEADER_SIZE {
             return refuse(conn, "message shorter than an SMB2 header");
@@ -226,7 +277,8 @@ pub fn process_frame(conn: &Arc<Connection>, frame: &mut [u8]) -> Option<Outgoin
                 out[prev_start + 20..prev_start + 24].copy_from_slice(&next_off.to_le_bytes());
             }
             let start = out.len();
-            let signer = handle_one(conn, msg, &hdr, &mut chain, &mut out, offset == 0);
+            let room = allowance.saturating_sub(start - RESPONSE_START);
+            let signer = handle_one(conn, msg, &hdr, &mut chain, &mut out, offset == 0, room);
             if conn.is_closing() {
                 return None;
             }
@@ -329,6 +381,7 @@ fn handle_one(
     chain: &mut Chain,
     out: &mut Vec<u8>,
     first: bool,
+    response_room: usize,
 ) -> Option<Arc<Session>> {
     let start = out.len();
     out.resize(start + HEADER_SIZE, 0);
@@ -359,6 +412,7 @@ fn handle_one(
         preauth_session: None,
         disconnect: false,
         error_data: Vec::new(),
+        response_room: response_room.saturating_sub(HEADER_SIZE),
     };
     let mut sign_session: Option<Arc<Session>> = None;
     let result = check_and_run(

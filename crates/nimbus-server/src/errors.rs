@@ -17,6 +17,7 @@ pub fn vfs_status(e: &VfsError) -> NtStatus {
         VfsError::NameInvalid => NtStatus::OBJECT_NAME_INVALID,
         VfsError::Busy => NtStatus::SHARING_VIOLATION,
         VfsError::InvalidParameter => NtStatus::INVALID_PARAMETER,
+        VfsError::TooManyEntries => NtStatus::INSUFFICIENT_RESOURCES,
         _ => NtStatus::UNSUCCESSFUL,
     }
 }

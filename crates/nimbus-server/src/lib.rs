@@ -3,6 +3,7 @@
 //! command. Handlers never call a crypto library; they see typed requests
 //! and return typed responses or an NTSTATUS.
 
+mod admission;
 pub mod config;
 mod connection;
 mod credits;
@@ -10,7 +11,11 @@ mod dispatch;
 mod dosinfo;
 mod errors;
 mod fileinfo;
+#[doc(hidden)]
+pub mod fuzz_api;
 mod handlers;
+pub mod limits;
+mod logon_guard;
 mod lookup;
 mod names;
 mod security;

@@ -11,7 +11,9 @@ use nimbus_vfs::LocalFs;
 use nimbus_wire::fscc::unix_to_filetime;
 use tokio::net::TcpListener;
 
+use crate::admission::Admission;
 use crate::config::{Config, EncryptionPolicy};
+use crate::logon_guard::LogonGuard;
 
 /// Why the server could not start; each is one line for the operator.
 #[derive(Debug)]
@@ -70,6 +72,10 @@ pub struct Server {
     pub share_modes: ShareModes,
     pub guid: [u8; 16],
     pub start_time: u64,
+    /// Connection counts against `[limits]`.
+    pub admission: Arc<Admission>,
+    /// Failed-logon back-off per user and per address.
+    pub logon_guard: LogonGuard,
     next_session_id: AtomicU64,
     next_open_id: AtomicU64,
 }
@@ -161,6 +167,7 @@ impl Server {
         );
         let mut guid = [0u8; 16];
         provider.fill_random(&mut guid);
+        let logon_guard = LogonGuard::new(&config.limits);
         Ok(Arc::new(Server {
             config,
             provider,
@@ -169,6 +176,8 @@ impl Server {
             share_modes: ShareModes::new(Arc::new(MemoryStore::new())),
             guid,
             start_time,
+            admission: Arc::new(Admission::default()),
+            logon_guard,
             next_session_id: AtomicU64::new(1),
             next_open_id: AtomicU64::new(1),
         }))
@@ -233,10 +242,18 @@ impl Server {
         loop {
             match listener.accept().await {
                 Ok((stream, peer)) => {
+                    let slot = match self.admission.admit(peer.ip(), &self.config.limits) {
+                        Ok(slot) => slot,
+                        Err(why) => {
+                            // Dropping the stream closes it at once.
+                            tracing::warn!("connection from {peer} refused: {why}");
+                            continue;
+                        }
+                    };
                     let _ = stream.set_nodelay(true);
                     let server = self.clone();
                     tokio::spawn(async move {
-                        crate::connection::serve(server, stream, peer).await;
+                        crate::connection::serve(server, stream, peer, slot).await;
                     });
                 }
                 Err(e) => {

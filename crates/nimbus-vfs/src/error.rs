@@ -34,6 +34,8 @@ pub enum VfsError {
     /// An argument is out of range (offset or length above `i64::MAX`, renaming a
     /// directory beneath itself, ...).
     InvalidParameter,
+    /// A directory has more entries than the caller will hold.
+    TooManyEntries,
     /// Any other I/O error.
     Io(io::Error),
 }
@@ -97,6 +99,7 @@ impl fmt::Display for VfsError {
             VfsError::ReadOnlyFs => f.write_str("read-only file system"),
             VfsError::Busy => f.write_str("resource busy"),
             VfsError::InvalidParameter => f.write_str("invalid parameter"),
+            VfsError::TooManyEntries => f.write_str("too many directory entries"),
             VfsError::Io(e) => write!(f, "I/O error: {e}"),
         }
     }

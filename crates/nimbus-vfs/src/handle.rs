@@ -329,8 +329,17 @@ impl FileHandle {
     /// through its own open file description). Names that are not UTF-8 are skipped, as are
     /// entries removed between listing and stat.
     pub fn read_dir(&self) -> VfsResult<Vec<DirEntry>> {
+        self.read_dir_at_most(usize::MAX)
+    }
+
+    /// Like [`FileHandle::read_dir`], but fails with
+    /// [`VfsError::TooManyEntries`] rather than hold more than `max` entries.
+    pub fn read_dir_at_most(&self, max: usize) -> VfsResult<Vec<DirEntry>> {
         let mut out = Vec::new();
         self.walk_dir(|fd, name, cname| {
+            if out.len() >= max {
+                return Err(VfsError::TooManyEntries);
+            }
             match sys::stat_at(fd, cname, libc::AT_SYMLINK_NOFOLLOW) {
                 Ok(stat) => out.push(DirEntry { name, stat }),
                 Err(libc::ENOENT) => {}

@@ -20,10 +20,6 @@ use crate::fileinfo::{file_info, is_readonly, times_and_sizes};
 use crate::names::to_vfs_path;
 use crate::session::{lock, Open};
 
-/// Opens one session may hold; beyond it CREATE fails cleanly instead of
-/// letting one client exhaust the server's file descriptors.
-pub const MAX_OPENS_PER_SESSION: usize = 16384;
-
 /// Internal marker (customer bit set, never sent): another client created
 /// the name between our check and our create, so the open is retried and
 /// then finds the new file.
@@ -68,8 +64,8 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerR
     if delete_on_close && desired & (access::DELETE | access::MAXIMUM_ALLOWED) == 0 {
         return Err(NtStatus::ACCESS_DENIED);
     }
-    if lock(&session.opens).len() >= MAX_OPENS_PER_SESSION {
-        return Err(NtStatus::INSUFFICIENT_RESOURCES);
+    if lock(&session.opens).len() >= ctx.server.config.limits.max_open_files_per_session {
+        return Err(NtStatus::TOO_MANY_OPENED_FILES);
     }
     for c in &req.contexts {
         match c.name.as_slice() {

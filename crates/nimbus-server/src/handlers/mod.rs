@@ -25,11 +25,16 @@ pub fn malformed(_: WireError) -> NtStatus {
 }
 
 /// MS-SMB2 3.3.5.2.5: a request moving `len` bytes must be charged one
-/// credit per 64 KiB, and never exceed the negotiated maximum.
+/// credit per 64 KiB, and never exceed the negotiated maximum. The room
+/// reserved for the frame's responses must hold it too (a compound of many
+/// large reads, or an encrypted one, may ask for more than was reserved).
 pub fn check_credit_charge(ctx: &crate::dispatch::Ctx<'_>, len: u32) -> Result<(), NtStatus> {
     let neg = ctx.conn.negotiated().ok_or(NtStatus::INVALID_PARAMETER)?;
     if len > neg.max_io {
         return Err(NtStatus::INVALID_PARAMETER);
+    }
+    if len as usize > ctx.response_room {
+        return Err(NtStatus::INSUFFICIENT_RESOURCES);
     }
     if neg.dialect != nimbus_wire::negotiate::Dialect::Smb202 {
         let needed = (len.max(1) as u64).div_ceil(65536);

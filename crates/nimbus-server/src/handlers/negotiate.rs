@@ -12,7 +12,7 @@ use nimbus_wire::NtStatus;
 
 use super::malformed;
 use crate::config::SigningPolicy;
-use crate::connection::{Connection, Negotiated, MAX_IO_SIZE};
+use crate::connection::{Connection, Negotiated};
 use crate::dispatch::{Ctx, HandlerResult};
 use crate::server::now_filetime;
 use crate::session::lock;
@@ -32,12 +32,12 @@ fn server_security_mode(conn: &Connection) -> u16 {
     }
 }
 
-fn max_io(dialect: Dialect) -> u32 {
+fn max_io(conn: &Connection, dialect: Dialect) -> u32 {
     // 2.0.2 has no multi-credit requests, so 64 KiB is its limit.
     if dialect == Dialect::Smb202 {
         65536
     } else {
-        MAX_IO_SIZE
+        conn.server.config.limits.max_io()
     }
 }
 
@@ -163,7 +163,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         let mut p = lock(&ctx.conn.preauth);
         *p = ctx.server.provider.sha512(&[&[0u8; 64], ctx.msg]);
     }
-    let max = max_io(dialect);
+    let max = max_io(ctx.conn, dialect);
     let mut resp = response(ctx.conn, dialect as u16, caps, max);
     resp.contexts = resp_contexts;
     resp.encode(out);
@@ -198,7 +198,7 @@ pub fn smb1_upgrade(conn: &Arc<Connection>, wildcard: bool, out: &mut Vec<u8>) -
     } else {
         Dialect::Smb202 as u16
     };
-    let max = max_io(Dialect::Smb202);
+    let max = max_io(conn, Dialect::Smb202);
     response(conn, dialect, 0, max).encode(out);
     if !wildcard {
         *lock(&conn.negotiated) = Some(Arc::new(Negotiated {

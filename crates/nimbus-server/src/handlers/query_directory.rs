@@ -27,7 +27,9 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         return Err(NtStatus::ACCESS_DENIED);
     }
     check_credit_charge(ctx, req.output_buffer_length)?;
-    let limit = req.output_buffer_length as usize;
+    // Fewer entries than asked for is always allowed; the client asks again.
+    let limits = &ctx.server.config.limits;
+    let limit = (req.output_buffer_length as usize).min(limits.max_directory_response_bytes);
 
     let mut guard = lock(&open.dir_enum);
     let restart = req.flags & (flags::RESTART_SCANS | flags::REOPEN) != 0 || guard.is_none();
@@ -37,7 +39,16 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         } else {
             req.pattern.clone()
         };
-        let entries = list(&open, &pattern)?;
+        let entries = list(&open, &pattern, limits.max_directory_entries).inspect_err(|e| {
+            if *e == NtStatus::INSUFFICIENT_RESOURCES {
+                tracing::warn!(
+                    "{}: directory \"{}\" has more than {} entries (limits.max_directory_entries); listing refused",
+                    ctx.conn.peer,
+                    open.path(),
+                    limits.max_directory_entries
+                );
+            }
+        })?;
         *guard = Some(DirEnum { entries, pos: 0 });
     }
     let Some(en) = guard.as_mut() else {
@@ -130,7 +141,7 @@ fn current(open: &Open, e: &DirEntry, refresh: bool) -> Option<(Stat, DosInfo)> 
 }
 
 /// The entries of a directory that match `pattern`, "." and ".." first.
-fn list(open: &Open, pattern: &str) -> Result<Vec<DirEntry>, NtStatus> {
+fn list(open: &Open, pattern: &str, max: usize) -> Result<Vec<DirEntry>, NtStatus> {
     let fs = open.share.fs.as_ref().ok_or(NtStatus::INVALID_PARAMETER)?;
     let dir = open.path();
     let mut out = Vec::new();
@@ -157,7 +168,10 @@ fn list(open: &Open, pattern: &str) -> Result<Vec<DirEntry>, NtStatus> {
             .into_iter()
             .filter(|e| wildcard_match(pattern, &e.name)),
     );
-    let entries = open.handle.read_dir().map_err(|e| vfs_status(&e))?;
+    let entries = open
+        .handle
+        .read_dir_at_most(max)
+        .map_err(|e| vfs_status(&e))?;
     out.extend(
         entries
             .into_iter()

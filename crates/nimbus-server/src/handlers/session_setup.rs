@@ -3,6 +3,7 @@
 //! in dispatch) into the 3.1.1 preauth hash, and derives the signing key.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use nimbus_auth::{AuthError, AuthStep};
 use nimbus_wire::negotiate::{security_mode, Dialect};
@@ -14,6 +15,7 @@ use nimbus_wire::NtStatus;
 use super::malformed;
 use crate::config::SigningPolicy;
 use crate::dispatch::{Ctx, HandlerResult};
+use crate::logon_guard::BackedOff;
 use crate::security::{session_signer, SessionCipher};
 use crate::session::{lock, Authenticated, Session, SessionState};
 
@@ -63,6 +65,18 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         }
         Ok(AuthStep::Complete(res)) => {
             let unauthenticated = res.guest || res.anonymous;
+            if !unauthenticated {
+                // A backed-off name or address is refused even with the
+                // right password, so that guessing learns nothing.
+                if let Err(status) = backed_off(ctx, &res.user) {
+                    drop(state);
+                    lock(&ctx.conn.sessions).remove(&session.id);
+                    return Err(status);
+                }
+                ctx.server
+                    .logon_guard
+                    .succeeded(&res.user, ctx.conn.peer.ip());
+            }
             let signer = if unauthenticated {
                 None
             } else {
@@ -155,6 +169,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
                 },
             );
             let has_signer = signer.is_some();
+            ctx.conn.logged_on();
             *state = SessionState::Valid(Authenticated {
                 user: res.user,
                 domain: res.domain,
@@ -186,7 +201,47 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
                 _ => NtStatus::LOGON_FAILURE,
             };
             tracing::warn!("session logon refused from {}: {e}", ctx.conn.peer);
+            if let AuthError::LogonFailure { user, .. } = &e {
+                let blocked = backed_off(ctx, user);
+                ctx.server.logon_guard.failed(
+                    user,
+                    ctx.conn.peer.ip(),
+                    Instant::now(),
+                    &ctx.server.config.limits,
+                );
+                blocked?;
+            }
             Err(status)
+        }
+    }
+}
+
+/// Refuses a logon while its user name or the client's address is backed
+/// off after failed logons (`limits.max_failed_logons_per_*`).
+fn backed_off(ctx: &Ctx<'_>, user: &str) -> Result<(), NtStatus> {
+    let limits = &ctx.server.config.limits;
+    let peer = ctx.conn.peer;
+    match ctx
+        .server
+        .logon_guard
+        .check(user, peer.ip(), Instant::now(), limits)
+    {
+        Ok(()) => Ok(()),
+        Err(BackedOff::User { remaining }) => {
+            tracing::warn!(
+                "logon of user {user:?} from {peer} refused: too many failed logons for this user \
+                 (limits.max_failed_logons_per_user); allowed again in {}s",
+                remaining.as_secs_f64().ceil()
+            );
+            Err(NtStatus::ACCOUNT_LOCKED_OUT)
+        }
+        Err(BackedOff::Address { remaining }) => {
+            tracing::warn!(
+                "logon of user {user:?} from {peer} refused: too many failed logons from this address \
+                 (limits.max_failed_logons_per_address); allowed again in {}s",
+                remaining.as_secs_f64().ceil()
+            );
+            Err(NtStatus::LOGON_FAILURE)
         }
     }
 }

@@ -1,0 +1,216 @@
+//! A socket-free door into the server for the fuzz targets in `fuzz/` and
+//! for the regression tests of what they found: byte streams go into a
+//! connection exactly as the reader task would pass them, responses come
+//! back, and nothing needs a runtime. Not an API for anything else.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use nimbus_auth::UserDb;
+use nimbus_crypto::{CipherAlgorithm, CryptoProvider, SigningAlgorithm};
+use nimbus_wire::header::PROTOCOL_ID;
+use nimbus_wire::nbss::frame_length;
+use nimbus_wire::negotiate::Dialect;
+use nimbus_wire::transform::TransformHeader;
+use nimbus_wire::HEADER_SIZE;
+
+/// Where an SMB2 header holds its SessionId (MS-SMB2 2.2.1.2).
+const SESSION_ID: std::ops::Range<usize> = 40..48;
+
+use crate::config::{Config, ShareConfig};
+use crate::connection::Connection;
+use crate::dispatch::{process_frame, response_allowance};
+use crate::security::{session_signer, sign, verify, SessionCipher};
+use crate::server::Server;
+
+/// The user the fuzz server knows (NTLM needs a random challenge, so
+/// recorded logons of this user fail; guest logons work).
+pub const USER: &str = "fuzzuser";
+pub const PASSWORD: &str = "fuzz-password";
+
+/// A server over `dir/share` (created), with one user and guest access.
+pub fn server(dir: &Path) -> Result<Arc<Server>, String> {
+    let share = dir.join("share");
+    std::fs::create_dir_all(&share).map_err(|e| e.to_string())?;
+    let db_path = dir.join("users.db");
+    let provider = CryptoProvider::default_provider();
+    let mut db = UserDb::load_or_empty(&db_path).map_err(|e| e.to_string())?;
+    db.add(USER, PASSWORD, &provider)
+        .map_err(|e| e.to_string())?;
+    db.save(&db_path).map_err(|e| e.to_string())?;
+    let config = Config {
+        listen: vec![SocketAddr::from(([127, 0, 0, 1], 0))],
+        user_db: db_path,
+        shares: vec![ShareConfig {
+            name: "share".into(),
+            path: share,
+            read_only: false,
+            guest_ok: true,
+            encryption: None,
+        }],
+        ..Config::default()
+    };
+    Server::new(config).map_err(|e| e.to_string())
+}
+
+/// One client connection without a socket.
+pub struct Harness {
+    conn: Arc<Connection>,
+    /// Session ids the server assigned, in order; requests that name
+    /// session 1..=8 are given the n-th of these, so that a recorded stream
+    /// (whose ids were random) reaches the session it set up.
+    sessions: Vec<u64>,
+}
+
+impl Harness {
+    pub fn new(server: &Arc<Server>) -> Option<Harness> {
+        let peer = SocketAddr::from(([127, 0, 0, 1], 50000));
+        let slot = server
+            .admission
+            .admit(peer.ip(), &server.config.limits)
+            .ok()?;
+        Some(Harness {
+            conn: Connection::new(server.clone(), peer, peer, slot),
+            sessions: Vec::new(),
+        })
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.conn.is_closing()
+    }
+
+    /// Feeds a byte stream: NBSS frames are cut as the reader task cuts
+    /// them and processed in order. Stops where the connection would close
+    /// (bad frame header, truncated frame, protocol violation). Returns the
+    /// response frames.
+    pub fn feed_stream(&mut self, mut bytes: &[u8]) -> Vec<Vec<u8>> {
+        let limits = self.conn.server.config.limits.clone();
+        let mut responses = Vec::new();
+        while !self.is_closed() && bytes.len() >= 4 {
+            let head = [bytes[0], bytes[1], bytes[2], bytes[3]];
+            bytes = &bytes[4..];
+            let len = match frame_length(head, limits.max_frame_bytes) {
+                Ok(Some(len)) => len,
+                Ok(None) => continue,
+                Err(_) => break,
+            };
+            if bytes.len() < len {
+                break;
+            }
+            let mut frame = bytes[..len].to_vec();
+            bytes = &bytes[len..];
+            if let Some(r) = self.feed_frame(&mut frame) {
+                responses.push(r);
+            }
+        }
+        responses
+    }
+
+    /// Processes one frame (without its NBSS header); returns the response
+    /// frame (with its NBSS header), if any.
+    pub fn feed_frame(&mut self, frame: &mut [u8]) -> Option<Vec<u8>> {
+        self.map_session_ids(frame);
+        let allowance = response_allowance(frame, &self.conn.server.config.limits);
+        let out = process_frame(&self.conn, frame, allowance)?;
+        let resp = out.buf[out.start..].to_vec();
+        self.conn.pool.give(out.buf);
+        self.note_sessions(&resp);
+        Some(resp)
+    }
+
+    fn chain_offsets(msg: &[u8]) -> Vec<usize> {
+        let mut offsets = Vec::new();
+        let mut off = 0usize;
+        while msg.len() >= off + HEADER_SIZE && msg[off..].starts_with(&PROTOCOL_ID) {
+            offsets.push(off);
+            let next =
+                u32::from_le_bytes([msg[off + 20], msg[off + 21], msg[off + 22], msg[off + 23]]);
+            if next == 0 || offsets.len() > 64 {
+                break;
+            }
+            off += next as usize;
+        }
+        offsets
+    }
+
+    fn map_session_ids(&self, frame: &mut [u8]) {
+        for off in Self::chain_offsets(frame) {
+            let range = off + SESSION_ID.start..off + SESSION_ID.end;
+            let mut id = [0u8; 8];
+            id.copy_from_slice(&frame[range.clone()]);
+            let n = u64::from_le_bytes(id);
+            if (1..=8).contains(&n) {
+                if let Some(real) = self.sessions.get(n as usize - 1) {
+                    frame[range].copy_from_slice(&real.to_le_bytes());
+                }
+            }
+        }
+    }
+
+    fn note_sessions(&mut self, resp: &[u8]) {
+        let msg = &resp[4.min(resp.len())..];
+        for off in Self::chain_offsets(msg) {
+            let mut id = [0u8; 8];
+            id.copy_from_slice(&msg[off + SESSION_ID.start..off + SESSION_ID.end]);
+            let id = u64::from_le_bytes(id);
+            if id != 0 && !self.sessions.contains(&id) && self.sessions.len() < 8 {
+                self.sessions.push(id);
+            }
+        }
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.conn.teardown();
+    }
+}
+
+/// The connection security layer on attacker-chosen bytes: TRANSFORM
+/// parsing and decryption under a key the attacker does not know, signature
+/// verification with every algorithm, and (as a property) that what is
+/// sealed or signed opens or verifies again.
+pub fn security_layer(data: &[u8]) {
+    let provider = CryptoProvider::default_provider();
+    let key = [0x5Au8; 16];
+    let preauth = [0x11u8; 64];
+    let selector = data.first().copied().unwrap_or(0);
+    let alg = CipherAlgorithm::ALL[selector as usize % CipherAlgorithm::ALL.len()];
+    let Ok(cipher) = SessionCipher::derive(&provider, Dialect::Smb311, alg, &key, &preauth) else {
+        return;
+    };
+    let mut frame = data.to_vec();
+    if let Ok(hdr) = TransformHeader::parse(&frame) {
+        let _ = cipher.open(&hdr, &mut frame);
+    }
+    let sig_alg = [
+        SigningAlgorithm::HmacSha256,
+        SigningAlgorithm::AesCmac,
+        SigningAlgorithm::AesGmac,
+    ][(selector >> 2) as usize % 3];
+    let dialect = if sig_alg == SigningAlgorithm::HmacSha256 {
+        Dialect::Smb210
+    } else {
+        Dialect::Smb311
+    };
+    if let Ok(signer) = session_signer(&provider, dialect, sig_alg, &key, &preauth) {
+        let mut msg = data.to_vec();
+        let _ = verify(signer.as_ref(), &mut msg);
+        if msg.len() >= HEADER_SIZE {
+            sign(signer.as_ref(), &mut msg);
+            assert!(
+                verify(signer.as_ref(), &mut msg),
+                "a signed message must verify"
+            );
+        }
+    }
+    // Sealing any payload gives a TRANSFORM header that parses back.
+    let mut sealed = vec![0u8; nimbus_wire::transform::TRANSFORM_HEADER_SIZE];
+    sealed.extend_from_slice(data);
+    if cipher.seal(7, &mut sealed).is_ok() {
+        let hdr = TransformHeader::parse(&sealed).expect("sealed header parses");
+        assert_eq!(hdr.session_id, 7);
+        assert_eq!(hdr.original_message_size as usize, data.len());
+    }
+}

@@ -1,0 +1,54 @@
+//! Every request decoder of nimbus-wire on attacker-chosen bytes: the first
+//! byte picks the decoder, the rest is its input. Decoders must return an
+//! error, never panic or allocate beyond their input; headers that parse
+//! must survive a round trip.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use nimbus_wire::{close, create, fscc, header, info, ioctl, negotiate, query_directory, read};
+use nimbus_wire::{session_setup, simple, smb1, transform, tree_connect, write, HEADER_SIZE};
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&which, input)) = data.split_first() else {
+        return;
+    };
+    match which % 24 {
+        0 => {
+            if let Ok(h) = header::Header::parse(input) {
+                let mut slot = [0u8; HEADER_SIZE];
+                h.write_into(&mut slot);
+                let again = header::Header::parse(&slot).expect("a written header parses");
+                assert_eq!(again, h);
+            }
+        }
+        1 => drop(negotiate::NegotiateRequest::parse(input)),
+        2 => drop(negotiate::NegotiateResponse::parse(input)),
+        3 => drop(negotiate::PreauthIntegrity::parse(input)),
+        4 => drop(negotiate::parse_id_list(input)),
+        5 => drop(session_setup::SessionSetupRequest::parse(input)),
+        6 => drop(tree_connect::TreeConnectRequest::parse(input)),
+        7 => drop(create::CreateRequest::parse(input)),
+        8 => drop(create::parse_create_contexts(input)),
+        9 => drop(close::CloseRequest::parse(input)),
+        10 => drop(close::FlushRequest::parse(input)),
+        11 => drop(read::ReadRequest::parse(input)),
+        12 => drop(write::WriteRequest::parse(input)),
+        13 => drop(ioctl::IoctlRequest::parse(input)),
+        14 => drop(ioctl::ValidateNegotiateInfo::parse(input)),
+        15 => drop(query_directory::QueryDirectoryRequest::parse(input)),
+        16 => drop(info::QueryInfoRequest::parse(input)),
+        17 => drop(info::SetInfoRequest::parse(input)),
+        18 => drop(fscc::SetBasicInfo::parse(input)),
+        19 => drop(fscc::RenameInfo::parse(input)),
+        20 => {
+            let _ = (
+                fscc::parse_u64(input),
+                fscc::parse_u32(input),
+                fscc::parse_u8(input),
+            );
+        }
+        21 => drop(transform::TransformHeader::parse(input)),
+        22 => drop(smb1::smb1_negotiate_offer(input)),
+        _ => drop(simple::parse_empty(input)),
+    }
+});

@@ -1,0 +1,550 @@
+"""Hostile input against the real nimbus binary, over raw sockets and
+smbprotocol: each attack gets the spec's error or a disconnect, while a
+normal smbprotocol client (the bystander) keeps writing and reading its
+own file on the same server, unaffected and with its data intact. Then
+every configurable limit of `[limits]`, each exercised at a small value."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import struct
+import threading
+import time
+import uuid
+
+import pytest
+import rawsmb
+from conftest import Security
+from smbprotocol import Dialects
+from smbprotocol.connection import Connection
+from smbprotocol.exceptions import SMBException, SMBResponseException
+from smbprotocol.file_info import FileInformationClass
+from smbprotocol.header import NtStatus
+from smbprotocol.open import CreateDisposition
+from smbprotocol.session import Session
+from smbprotocol.tree import TreeConnect
+from test_smbprotocol import ensure_credits, open_directory, open_file, smb_tree
+
+pytestmark = pytest.mark.nimbus_only
+
+TIMEOUT = 30
+MIB = 1024 * 1024
+STATUS_TOO_MANY_OPENED_FILES = 0xC000011F
+STATUS_ACCOUNT_LOCKED_OUT = 0xC0000234
+STATUS_INSUFFICIENT_RESOURCES = 0xC000009A
+
+# Short timeouts so that the slow-client tests finish quickly.
+HOSTILE_LIMITS = {"unauthenticated_timeout_secs": 4, "frame_timeout_secs": 3}
+
+
+class Bystander:
+    """A normal client writing and reading back its own file in a loop."""
+
+    def __init__(self, server):
+        self.server = server
+        self.rounds = 0
+        self.errors: list[BaseException] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self):
+        try:
+            with smb_tree(self.server) as (_conn, _session, tree):
+                name = f"bystander-{uuid.uuid4().hex}.bin"
+                while not self.stop.is_set():
+                    data = os.urandom(256 * 1024)
+                    f = open_file(tree, name)
+                    f.write(data, 0)
+                    back = f.read(0, len(data))
+                    f.close()
+                    if back != data:
+                        raise AssertionError("bystander read back different bytes")
+                    on_disk = (self.server.share_path / name).read_bytes()
+                    if hashlib.sha256(on_disk).digest() != hashlib.sha256(data).digest():
+                        raise AssertionError("bystander's file on disk differs")
+                    self.rounds += 1
+        except BaseException as e:  # reported by check()
+            self.errors.append(e)
+
+    def check(self, min_rounds: int = 2):
+        """The bystander made progress since the last check and failed nothing."""
+        start = self.rounds
+        deadline = time.monotonic() + TIMEOUT
+        while self.rounds < start + min_rounds and not self.errors and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not self.errors, f"the normal client failed: {self.errors[0]!r}"
+        assert self.rounds >= start + min_rounds, "the normal client made no progress"
+
+
+@pytest.fixture
+def hostile(server_factory):
+    srv = server_factory.start(security=Security(limits=HOSTILE_LIMITS))
+    b = Bystander(srv)
+    b.thread.start()
+    b.check(1)
+    yield srv, b
+    b.stop.set()
+    b.thread.join(TIMEOUT)
+    assert srv.alive(), "the server died"
+    assert "panicked" not in srv.log_tail(2000)
+    b_errors = b.errors
+    assert not b_errors, f"the normal client failed: {b_errors[0]!r}"
+
+
+def raw(srv, **kw):
+    return contextlib.closing(rawsmb.connect(srv.host, srv.port, **kw))
+
+
+# --------------------------------------------------------------------------
+# malformed frames
+
+
+def test_garbage_bytes_disconnect(hostile):
+    srv, bystander = hostile
+    with raw(srv) as s:  # not even a frame header
+        s.sendall(b"\x42" + os.urandom(4095))
+        assert rawsmb.is_closed(s)
+    with raw(srv) as s:  # a frame of random bytes
+        s.sendall(rawsmb.frame(os.urandom(2048)))
+        assert rawsmb.is_closed(s)
+    with raw(srv) as s:  # a valid NEGOTIATE, then a frame of random bytes
+        rawsmb.negotiate(s)
+        s.sendall(rawsmb.frame(rawsmb.PROTOCOL_ID + os.urandom(200)))
+        assert rawsmb.is_closed(s)
+    bystander.check()
+
+
+def test_truncated_headers_disconnect(hostile):
+    srv, bystander = hostile
+    for message in (rawsmb.PROTOCOL_ID + b"\x40\x00", rawsmb.header(rawsmb.NEGOTIATE, 0)[:63]):
+        with raw(srv) as s:
+            s.sendall(rawsmb.frame(message))
+            assert rawsmb.is_closed(s), f"{len(message)}-byte header accepted"
+    with raw(srv) as s:  # a frame header cut short, then nothing
+        s.sendall(b"\x00\x00")
+        assert rawsmb.is_closed(s, timeout=HOSTILE_LIMITS["frame_timeout_secs"] + 5)
+    bystander.check()
+
+
+def test_4gib_and_oversized_length_prefix_closed_before_the_body(hostile):
+    srv, bystander = hostile
+    for prefix in (b"\xff\xff\xff\xff", b"\x00\xff\xff\xff", struct.pack(">I", 8 * MIB + 64 * 1024 + 1)):
+        with raw(srv) as s:
+            started = time.monotonic()
+            s.sendall(prefix)
+            assert rawsmb.is_closed(s, timeout=5), f"length prefix {prefix.hex()} not refused"
+            assert time.monotonic() - started < 3, "the server waited for the body of an oversized frame"
+    assert "refused frame" in srv.log_tail()
+    bystander.check()
+
+
+def test_negotiate_with_10000_contexts(hostile):
+    srv, bystander = hostile
+    contexts = [rawsmb.preauth_context() for _ in range(10_000)]
+    message = rawsmb.header(rawsmb.NEGOTIATE, 0) + rawsmb.negotiate_body([0x0311], contexts)
+    assert len(message) > 400_000
+    with raw(srv) as s:
+        s.sendall(rawsmb.frame(message))
+        # MS-SMB2 3.3.5.4: more than one PREAUTH_INTEGRITY context is
+        # STATUS_INVALID_PARAMETER.
+        resp = rawsmb.recv_message(s)
+        assert rawsmb.status(resp) == rawsmb.STATUS_INVALID_PARAMETER
+    bystander.check()
+
+
+# --------------------------------------------------------------------------
+# credits and message ids
+
+
+def test_credit_charge_beyond_the_credits_held_disconnects(hostile):
+    srv, bystander = hostile
+    with raw(srv) as s:
+        resp = rawsmb.negotiate(s, credit_request=1)
+        assert rawsmb.credits_granted(resp) == 1
+        s.sendall(rawsmb.frame(rawsmb.header(rawsmb.ECHO, 1, credit_charge=64) + rawsmb.echo_body()))
+        assert rawsmb.is_closed(s)
+    assert "outside the credit window" in srv.log_tail()
+    bystander.check()
+
+
+def test_too_small_credit_charge_for_a_read_is_invalid_parameter(hostile):
+    srv, bystander = hostile
+    with smb_tree(srv) as (conn, session, tree):
+        (srv.share_path / "charged.bin").write_bytes(os.urandom(MIB))
+        f = open_file(tree, "charged.bin", CreateDisposition.FILE_OPEN)
+        ensure_credits(conn, session, 16)
+        genuine = conn._calculate_credit_charge
+        conn._calculate_credit_charge = lambda message: 2
+        try:
+            msg, recv = f.read(0, MIB, send=False)
+            request = conn.send(msg, session.session_id, tree.tree_connect_id)
+        finally:
+            conn._calculate_credit_charge = genuine
+        with pytest.raises(SMBResponseException) as excinfo:
+            recv(request)
+        assert excinfo.value.status == NtStatus.STATUS_INVALID_PARAMETER
+        assert f.read(0, 1024) == (srv.share_path / "charged.bin").read_bytes()[:1024]
+        f.close()
+    bystander.check()
+
+
+def test_message_id_replay_disconnects(hostile):
+    srv, bystander = hostile
+    with raw(srv) as s:
+        rawsmb.negotiate(s, credit_request=8)
+        s.sendall(rawsmb.frame(rawsmb.header(rawsmb.ECHO, 1) + rawsmb.echo_body()))
+        assert rawsmb.status(rawsmb.recv_message(s)) == rawsmb.STATUS_SUCCESS
+        s.sendall(rawsmb.frame(rawsmb.header(rawsmb.ECHO, 1) + rawsmb.echo_body()))
+        assert rawsmb.is_closed(s)
+    with smb_tree(srv) as (conn, session, _tree):  # and in a signed session
+        conn.echo(sid=session.session_id, timeout=TIMEOUT)
+        conn.sequence_window["low"] -= 1
+        with pytest.raises(Exception):
+            conn.echo(sid=session.session_id, timeout=5)
+    bystander.check()
+
+
+# --------------------------------------------------------------------------
+# ids that belong to someone else
+
+
+def test_session_id_of_another_connection_is_refused(hostile):
+    srv, bystander = hostile
+    with smb_tree(srv) as (_conn, session, tree):
+        with raw(srv) as s:
+            rawsmb.negotiate(s, credit_request=4)
+            path = rf"\\{srv.host}\{srv.share}"
+            s.sendall(rawsmb.frame(rawsmb.header(rawsmb.TREE_CONNECT, 1, session_id=session.session_id) + rawsmb.tree_connect_body(path)))
+            resp = rawsmb.recv_message(s)
+            assert rawsmb.status(resp) == rawsmb.STATUS_USER_SESSION_DELETED
+        # The session it tried to use is untouched.
+        f = open_file(tree, "still-mine.txt")
+        f.write(b"ok", 0)
+        f.close()
+    bystander.check()
+
+
+def test_tree_id_of_another_session_is_refused(hostile):
+    srv, bystander = hostile
+    with smb_tree(srv) as (conn, session, tree):
+        other = Session(conn, srv.user, srv.password, require_encryption=False, auth_protocol="ntlm")
+        other.connect()
+        f, (msg, recv) = open_file(tree, "not-yours.txt", send=False)
+        request = conn.send(msg, other.session_id, tree.tree_connect_id)
+        with pytest.raises(SMBResponseException) as excinfo:
+            recv(request)
+        assert excinfo.value.status == NtStatus.STATUS_NETWORK_NAME_DELETED
+        assert not (srv.share_path / "not-yours.txt").exists()
+    bystander.check()
+
+
+# --------------------------------------------------------------------------
+# offsets and lengths
+
+
+def test_write_past_2_pow_63_is_refused(hostile):
+    srv, bystander = hostile
+    with smb_tree(srv) as (_conn, _session, tree):
+        f = open_file(tree, "far.bin")
+        for offset in (2**63, 2**63 - 1, 2**64 - 16):
+            with pytest.raises(SMBResponseException) as excinfo:
+                f.write(b"0123456789abcdef", offset)
+            assert excinfo.value.status in (NtStatus.STATUS_INVALID_PARAMETER, NtStatus.STATUS_DISK_FULL), hex(excinfo.value.status)
+        f.close()
+    assert (srv.share_path / "far.bin").stat().st_size == 0
+    bystander.check()
+
+
+def test_read_of_8mib_plus_1_is_invalid_parameter(hostile):
+    srv, bystander = hostile
+    with smb_tree(srv) as (conn, session, tree):
+        (srv.share_path / "eight.bin").write_bytes(os.urandom(8 * MIB + 1))
+        f = open_file(tree, "eight.bin", CreateDisposition.FILE_OPEN)
+        ensure_credits(conn, session, 130)
+        msg, recv = f.read(0, 8 * MIB, send=False)
+        msg["length"] = 8 * MIB + 1
+        request = conn.send(msg, session.session_id, tree.tree_connect_id)
+        with pytest.raises(SMBResponseException) as excinfo:
+            recv(request)
+        assert excinfo.value.status == NtStatus.STATUS_INVALID_PARAMETER
+        assert len(f.read(0, 8 * MIB)) == 8 * MIB
+        f.close()
+    bystander.check()
+
+
+# --------------------------------------------------------------------------
+# slow clients
+
+
+def test_slow_loris_one_byte_a_second_is_closed(hostile):
+    srv, bystander = hostile
+    message = rawsmb.frame(rawsmb.header(rawsmb.NEGOTIATE, 0) + rawsmb.negotiate_body([0x0210]))
+    with raw(srv) as s:
+        started = time.monotonic()
+        closed = False
+        for b in message:
+            try:
+                s.sendall(bytes([b]))
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+                break
+            if rawsmb.is_closed(s, timeout=1):
+                closed = True
+                break
+        assert closed, "a client sending one byte a second kept its connection"
+        assert time.monotonic() - started < HOSTILE_LIMITS["frame_timeout_secs"] + 4
+    assert "frame not complete within" in srv.log_tail()
+    bystander.check()
+
+
+def test_client_that_never_logs_on_is_closed(hostile):
+    srv, bystander = hostile
+    with raw(srv) as s:
+        rawsmb.negotiate(s, credit_request=64)
+        started = time.monotonic()
+        message_id = 1
+        closed = False
+        while time.monotonic() - started < HOSTILE_LIMITS["unauthenticated_timeout_secs"] + 5:
+            try:  # complete requests, but never a logon
+                s.sendall(rawsmb.frame(rawsmb.header(rawsmb.ECHO, message_id) + rawsmb.echo_body()))
+                rawsmb.recv_message(s)
+            except (ConnectionError, OSError):
+                closed = True
+                break
+            message_id += 1
+            time.sleep(0.5)
+        assert closed, "an unauthenticated connection outlived limits.unauthenticated_timeout_secs"
+    assert "no session logged on within" in srv.log_tail()
+    bystander.check()
+
+
+# --------------------------------------------------------------------------
+# each limit at a small value
+
+
+def test_max_frame_bytes_sets_io_sizes_and_refuses_longer_frames(server_factory):
+    srv = server_factory.start(security=Security(limits={"max_frame_bytes": 256 * 1024, "max_connection_memory_bytes": MIB}))
+    conn = Connection(uuid.uuid4(), srv.host, srv.port, require_signing=True)
+    conn.connect(Dialects.SMB_3_1_1, timeout=TIMEOUT)
+    assert conn.max_read_size == conn.max_write_size == conn.max_transact_size == 192 * 1024
+    conn.disconnect()
+    with raw(srv) as s:
+        s.sendall(struct.pack(">I", 256 * 1024 + 1))
+        assert rawsmb.is_closed(s, timeout=5)
+    with smb_tree(srv) as (_conn, _session, tree):  # transfers still work, in smaller pieces
+        data = os.urandom(MIB)
+        f = open_file(tree, "pieces.bin")
+        f.write(data, 0)
+        assert f.read(0, MIB) == data
+        f.close()
+
+
+def test_max_credits_bounds_the_grant(server_factory):
+    srv = server_factory.start(security=Security(limits={"max_credits": 32}))
+    with raw(srv) as s:
+        resp = rawsmb.negotiate(s, credit_request=1000)
+        held = rawsmb.credits_granted(resp)
+        for message_id in range(1, 40):
+            if held == 0:
+                break
+            s.sendall(rawsmb.frame(rawsmb.header(rawsmb.ECHO, message_id, credit_request=1000) + rawsmb.echo_body()))
+            held += rawsmb.credits_granted(rawsmb.recv_message(s)) - 1
+            assert held <= 32
+        # The window is 32 ids wide: an id beyond it is refused.
+        s.sendall(rawsmb.frame(rawsmb.header(rawsmb.ECHO, 40 + 32) + rawsmb.echo_body()))
+        assert rawsmb.is_closed(s)
+
+
+def test_max_outstanding_requests_queues_without_loss(server_factory):
+    srv = server_factory.start(security=Security(limits={"max_outstanding_requests": 2}))
+    with raw(srv) as s:
+        rawsmb.negotiate(s, credit_request=100)
+        # 50 requests sent before any response is read: the server reads
+        # them two at a time and answers every one.
+        s.sendall(b"".join(rawsmb.frame(rawsmb.header(rawsmb.ECHO, i) + rawsmb.echo_body()) for i in range(1, 51)))
+        ids = set()
+        for _ in range(50):
+            resp = rawsmb.recv_message(s)
+            assert rawsmb.status(resp) == rawsmb.STATUS_SUCCESS
+            ids.add(struct.unpack_from("<Q", resp, 24)[0])
+        assert ids == set(range(1, 51))
+
+
+def test_max_connection_memory_serves_big_reads_one_by_one(server_factory):
+    # Room for one 1 MiB frame and its response at a time: pipelined 1 MiB
+    # reads and writes all complete, just not at once.
+    limits = {"max_frame_bytes": MIB + 64 * 1024, "max_connection_memory_bytes": 2 * MIB + 128 * 1024}
+    srv = server_factory.start(security=Security(limits=limits))
+    with smb_tree(srv) as (conn, session, tree):
+        data = os.urandom(4 * MIB)
+        f = open_file(tree, "budget.bin")
+        f.write(data, 0)
+        ensure_credits(conn, session, 64)
+        requests = []
+        for i in range(4):
+            msg, recv = f.read(i * MIB, MIB, send=False)
+            requests.append((conn.send(msg, session.session_id, tree.tree_connect_id), recv))
+        assert b"".join(recv(r) for r, recv in requests) == data
+        f.close()
+
+
+def test_connection_limits_total_and_per_address(server_factory):
+    limits = {"max_connections": 5, "max_connections_per_address": 3}
+    srv = server_factory.start(security=Security(limits=limits))
+    with contextlib.ExitStack() as stack:
+        for _ in range(3):
+            s = stack.enter_context(raw(srv, source="127.0.0.1"))
+            rawsmb.negotiate(s)
+        with raw(srv, source="127.0.0.1") as s:
+            assert rawsmb.is_closed(s, timeout=5), "a 4th connection from one address was accepted"
+        for _ in range(2):
+            s = stack.enter_context(raw(srv, source="127.0.0.2"))
+            rawsmb.negotiate(s)
+        with raw(srv, source="127.0.0.3") as s:
+            assert rawsmb.is_closed(s, timeout=5), "a 6th connection was accepted"
+    # Closed connections give their places back.
+    time.sleep(0.5)
+    with raw(srv, source="127.0.0.1") as s:
+        rawsmb.negotiate(s)
+    log = srv.log_tail()
+    assert "limits.max_connections_per_address" in log and "limits.max_connections)" in log
+
+
+def test_unauthenticated_connections_limit(server_factory):
+    srv = server_factory.start(security=Security(limits={"max_unauthenticated_connections": 2}))
+    with raw(srv) as a, raw(srv) as b:
+        rawsmb.negotiate(a)
+        rawsmb.negotiate(b)
+        with raw(srv) as c:
+            assert rawsmb.is_closed(c, timeout=5)
+        # Logged-on connections do not count.
+    with smb_tree(srv) as (_conn, _session, _tree), raw(srv) as a, raw(srv) as b:
+        rawsmb.negotiate(a)
+        rawsmb.negotiate(b)
+    assert "limits.max_unauthenticated_connections" in srv.log_tail()
+
+
+def logon(srv, user, password):
+    conn = Connection(uuid.uuid4(), srv.host, srv.port, require_signing=True)
+    conn.connect(Dialects.SMB_3_1_1, timeout=TIMEOUT)
+    try:
+        Session(conn, user, password, require_encryption=False, auth_protocol="ntlm").connect()
+        return NtStatus.STATUS_SUCCESS
+    except SMBResponseException as e:
+        return e.status
+    except SMBException as e:  # smbprotocol wraps logon failures
+        return getattr(e, "status", None) or str(e)
+    finally:
+        with contextlib.suppress(Exception):
+            conn.disconnect()
+
+
+def test_failed_logons_back_off_per_user(server_factory):
+    limits = {"max_failed_logons_per_user": 3, "max_failed_logons_per_address": 100, "logon_backoff_secs": 2, "max_logon_backoff_secs": 2}
+    srv = server_factory.start(security=Security(limits=limits))
+    for _ in range(3):
+        assert logon(srv, srv.user, "wrong") != NtStatus.STATUS_SUCCESS
+    # The right password is refused too while the user is backed off.
+    result = logon(srv, srv.user, srv.password)
+    assert result != NtStatus.STATUS_SUCCESS
+    assert "too many failed logons for this user" in srv.log_tail()
+    time.sleep(2.5)
+    assert logon(srv, srv.user, srv.password) == NtStatus.STATUS_SUCCESS
+
+
+def test_failed_logons_back_off_per_address(server_factory):
+    limits = {"max_failed_logons_per_user": 100, "max_failed_logons_per_address": 4, "logon_backoff_secs": 2, "max_logon_backoff_secs": 2}
+    srv = server_factory.start(security=Security(limits=limits))
+    for i in range(4):
+        assert logon(srv, f"guess{i}", "wrong") != NtStatus.STATUS_SUCCESS
+    assert logon(srv, srv.user, srv.password) != NtStatus.STATUS_SUCCESS
+    assert "too many failed logons from this address" in srv.log_tail()
+    time.sleep(2.5)
+    assert logon(srv, srv.user, srv.password) == NtStatus.STATUS_SUCCESS
+
+
+def test_max_open_files_per_session(server_factory):
+    srv = server_factory.start(security=Security(limits={"max_open_files_per_session": 5}))
+    with smb_tree(srv) as (_conn, _session, tree):
+        opens = [open_file(tree, f"f{i}.txt") for i in range(5)]
+        with pytest.raises(SMBResponseException) as excinfo:
+            open_file(tree, "f5.txt")
+        assert excinfo.value.status == STATUS_TOO_MANY_OPENED_FILES
+        opens.pop().close()
+        opens.append(open_file(tree, "f5.txt"))
+        for f in opens:
+            f.close()
+
+
+def test_max_compound_requests(server_factory):
+    srv = server_factory.start(security=Security(limits={"max_compound_requests": 4}))
+    with raw(srv) as s:
+        rawsmb.negotiate(s, credit_request=32)
+
+        def chain(n, first_id):
+            parts = []
+            for i in range(n):
+                body = rawsmb.echo_body() + b"\0" * 4  # 8-byte aligned
+                nxt = 0 if i == n - 1 else rawsmb.HEADER_SIZE + len(body)
+                parts.append(rawsmb.header(rawsmb.ECHO, first_id + i, next_command=nxt) + body)
+            return rawsmb.frame(b"".join(parts))
+
+        s.sendall(chain(4, 1))
+        assert rawsmb.status(rawsmb.recv_message(s)) == rawsmb.STATUS_SUCCESS
+        s.sendall(chain(5, 5))
+        assert rawsmb.is_closed(s)
+    assert "limits.max_compound_requests" in srv.log_tail()
+
+
+def test_directory_response_bytes_and_entry_limit(server_factory):
+    limits = {"max_directory_response_bytes": 64 * 1024, "max_directory_entries": 1000}
+    srv = server_factory.start(security=Security(limits=limits))
+    small = srv.share_path / "small"
+    small.mkdir()
+    names = {f"entry-with-a-long-name-{i:05d}.txt" for i in range(900)}
+    for n in names:
+        (small / n).touch()
+    big = srv.share_path / "big"
+    big.mkdir()
+    for i in range(1001):
+        (big / f"{i}").touch()
+    with smb_tree(srv) as (conn, session, tree):
+        ensure_credits(conn, session, 32)
+        d = open_directory(tree, "small")
+        seen = set()
+        while True:
+            try:
+                entries = d.query_directory("*", FileInformationClass.FILE_NAMES_INFORMATION, max_output=MIB)
+            except SMBResponseException as e:
+                assert e.status == NtStatus.STATUS_NO_MORE_FILES
+                break
+            batch = {e["file_name"].get_value().decode("utf-16-le") for e in entries}
+            # Each entry takes 80 bytes (12 fixed, 64 of name, aligned to 8).
+            assert len(batch) <= 65536 // 80, "a 1 MiB request got more than the 64 KiB limit allows"
+            seen |= batch
+        assert seen - {".", ".."} == names
+        d.close()
+        d = open_directory(tree, "big")
+        with pytest.raises(SMBResponseException) as excinfo:
+            d.query_directory("*", FileInformationClass.FILE_NAMES_INFORMATION)
+        assert excinfo.value.status == STATUS_INSUFFICIENT_RESOURCES
+        d.close()
+    assert "limits.max_directory_entries" in srv.log_tail()
+
+
+def test_bad_limits_name_the_key(tmp_path):
+    from conftest import run_nimbus
+
+    conf = tmp_path / "bad.toml"
+    conf.write_text('[limits]\nmax_frame_bytes = 12\nmax_connections = 2\nmax_connections_per_address = 3\nfrobnicate = 1\n')
+    r = run_nimbus("config", "check", "--config", str(conf), check=False)
+    assert r.returncode != 0
+    assert "frobnicate" in r.stderr + r.stdout
+    conf.write_text('[limits]\nmax_frame_bytes = 12\nmax_connections = 2\nmax_connections_per_address = 3\n')
+    r = run_nimbus("config", "check", "--config", str(conf), check=False)
+    out = r.stderr + r.stdout
+    assert r.returncode != 0
+    assert "limits.max_frame_bytes" in out and "131072" in out
+    assert "limits.max_connections_per_address" in out
