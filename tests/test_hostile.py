@@ -231,6 +231,8 @@ def test_tree_id_of_another_session_is_refused(hostile):
     with smb_tree(srv) as (conn, session, tree):
         other = Session(conn, srv.user, srv.password, require_encryption=False, auth_protocol="ntlm")
         other.connect()
+        # smbprotocol only sends on trees it knows for the session.
+        other.tree_connect_table[tree.tree_connect_id] = tree
         f, (msg, recv) = open_file(tree, "not-yours.txt", send=False)
         request = conn.send(msg, other.session_id, tree.tree_connect_id)
         with pytest.raises(SMBResponseException) as excinfo:
@@ -335,9 +337,11 @@ def test_max_frame_bytes_sets_io_sizes_and_refuses_longer_frames(server_factory)
         assert rawsmb.is_closed(s, timeout=5)
     with smb_tree(srv) as (_conn, _session, tree):  # transfers still work, in smaller pieces
         data = os.urandom(MIB)
+        piece = 192 * 1024
         f = open_file(tree, "pieces.bin")
-        f.write(data, 0)
-        assert f.read(0, MIB) == data
+        for off in range(0, MIB, piece):
+            f.write(data[off : off + piece], off)
+        assert b"".join(f.read(off, min(piece, MIB - off)) for off in range(0, MIB, piece)) == data
         f.close()
 
 
@@ -380,7 +384,8 @@ def test_max_connection_memory_serves_big_reads_one_by_one(server_factory):
     with smb_tree(srv) as (conn, session, tree):
         data = os.urandom(4 * MIB)
         f = open_file(tree, "budget.bin")
-        f.write(data, 0)
+        for i in range(4):
+            f.write(data[i * MIB : (i + 1) * MIB], i * MIB)
         ensure_credits(conn, session, 64)
         requests = []
         for i in range(4):
@@ -419,7 +424,8 @@ def test_unauthenticated_connections_limit(server_factory):
         rawsmb.negotiate(b)
         with raw(srv) as c:
             assert rawsmb.is_closed(c, timeout=5)
-        # Logged-on connections do not count.
+    time.sleep(0.5)  # the server notices the closes
+    # Logged-on connections do not count.
     with smb_tree(srv) as (_conn, _session, _tree), raw(srv) as a, raw(srv) as b:
         rawsmb.negotiate(a)
         rawsmb.negotiate(b)
@@ -522,7 +528,7 @@ def test_directory_response_bytes_and_entry_limit(server_factory):
                 break
             batch = {e["file_name"].get_value().decode("utf-16-le") for e in entries}
             # Each entry takes 80 bytes (12 fixed, 64 of name, aligned to 8).
-            assert len(batch) <= 65536 // 80, "a 1 MiB request got more than the 64 KiB limit allows"
+            assert len(batch - {".", ".."}) <= 65536 // 80, "a 1 MiB request got more than the 64 KiB limit allows"
             seen |= batch
         assert seen - {".", ".."} == names
         d.close()
@@ -539,11 +545,11 @@ def test_bad_limits_name_the_key(tmp_path):
 
     conf = tmp_path / "bad.toml"
     conf.write_text('[limits]\nmax_frame_bytes = 12\nmax_connections = 2\nmax_connections_per_address = 3\nfrobnicate = 1\n')
-    r = run_nimbus("config", "check", "--config", str(conf), check=False)
+    r = run_nimbus("config", "check", str(conf), check=False)
     assert r.returncode != 0
     assert "frobnicate" in r.stderr + r.stdout
     conf.write_text('[limits]\nmax_frame_bytes = 12\nmax_connections = 2\nmax_connections_per_address = 3\n')
-    r = run_nimbus("config", "check", "--config", str(conf), check=False)
+    r = run_nimbus("config", "check", str(conf), check=False)
     out = r.stderr + r.stdout
     assert r.returncode != 0
     assert "limits.max_frame_bytes" in out and "131072" in out

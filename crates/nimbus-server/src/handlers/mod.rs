@@ -33,14 +33,14 @@ pub fn check_credit_charge(ctx: &crate::dispatch::Ctx<'_>, len: u32) -> Result<(
     if len > neg.max_io {
         return Err(NtStatus::INVALID_PARAMETER);
     }
-    if len as usize > ctx.response_room {
-        return Err(NtStatus::INSUFFICIENT_RESOURCES);
-    }
     if neg.dialect != nimbus_wire::negotiate::Dialect::Smb202 {
         let needed = (len.max(1) as u64).div_ceil(65536);
         if (ctx.hdr.credit_charge.max(1) as u64) < needed {
             return Err(NtStatus::INVALID_PARAMETER);
         }
+    }
+    if len as usize > ctx.response_room {
+        return Err(NtStatus::INSUFFICIENT_RESOURCES);
     }
     Ok(())
 }
