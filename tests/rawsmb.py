@@ -125,3 +125,58 @@ def is_closed(s: socket.socket, timeout: float = 10) -> bool:
         except TimeoutError:
             return False
     return False
+
+
+CREATE, READ = 0x0005, 0x0008
+
+
+def session_setup_body(token: bytes) -> bytes:
+    """MS-SMB2 2.2.5 SMB2 SESSION_SETUP Request."""
+    return struct.pack("<HBBIIHHQ", 25, 0, 1, 0, 0, HEADER_SIZE + 24, len(token), 0) + token
+
+
+def anonymous_logon(s: socket.socket, message_id: int) -> tuple[int, int]:
+    """An anonymous NTLMSSP logon (MS-NLMP 2.2.1.1 NEGOTIATE, then an
+    AUTHENTICATE with empty user and responses); returns (session id, next
+    message id). The server must allow guests."""
+    negotiate = b"NTLMSSP\0" + struct.pack("<II", 1, 0x00088207) + b"\0" * 16
+    s.sendall(frame(header(SESSION_SETUP, message_id, credit_request=8) + session_setup_body(negotiate)))
+    resp = recv_message(s)
+    sid = session_id(resp)
+    empty = struct.pack("<HHI", 0, 0, 64)
+    authenticate = b"NTLMSSP\0" + struct.pack("<I", 3) + empty * 6 + struct.pack("<I", 0x00088A05)
+    s.sendall(frame(header(SESSION_SETUP, message_id + 1, session_id=sid, credit_request=8) + session_setup_body(authenticate)))
+    resp = recv_message(s)
+    assert status(resp) == STATUS_SUCCESS, hex(status(resp))
+    return sid, message_id + 2
+
+
+def tree_connect(s: socket.socket, message_id: int, sid: int, path: str) -> int:
+    s.sendall(frame(header(TREE_CONNECT, message_id, session_id=sid, credit_request=8) + tree_connect_body(path)))
+    resp = recv_message(s)
+    assert status(resp) == STATUS_SUCCESS, hex(status(resp))
+    return struct.unpack_from("<I", resp, 36)[0]
+
+
+def create_body(name: str) -> bytes:
+    """MS-SMB2 2.2.13 SMB2 CREATE Request: open an existing file for reading."""
+    n = name.encode("utf-16-le")
+    # StructureSize, SecurityFlags, OplockLevel, ImpersonationLevel,
+    # SmbCreateFlags, Reserved, DesiredAccess (GENERIC_READ), FileAttributes,
+    # ShareAccess (read|write|delete), CreateDisposition (OPEN),
+    # CreateOptions (NON_DIRECTORY_FILE), NameOffset, NameLength,
+    # CreateContextsOffset, CreateContextsLength.
+    return struct.pack("<HBBIQQIIIIIHHII", 57, 0, 0, 2, 0, 0, 0x80000000, 0, 7, 1, 0x40, HEADER_SIZE + 56, len(n), 0, 0) + n
+
+
+def open_file(s: socket.socket, message_id: int, sid: int, tid: int, name: str) -> bytes:
+    """Returns the 16-byte FileId."""
+    s.sendall(frame(header(CREATE, message_id, session_id=sid, tree_id=tid, credit_request=8) + create_body(name)))
+    resp = recv_message(s)
+    assert status(resp) == STATUS_SUCCESS, hex(status(resp))
+    return resp[HEADER_SIZE + 64 : HEADER_SIZE + 80]
+
+
+def read_body(file_id: bytes, offset: int, length: int) -> bytes:
+    """MS-SMB2 2.2.19 SMB2 READ Request."""
+    return struct.pack("<HBBIQ16sIIIHH", 49, 0x50, 0, length, offset, file_id, 0, 0, 0, 0, 0) + b"\0"

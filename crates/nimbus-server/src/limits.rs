@@ -60,7 +60,7 @@ impl Default for Limits {
             max_frame_bytes: MAX_IO_SIZE as usize + FRAME_OVERHEAD,
             max_credits: 8192,
             max_outstanding_requests: 64,
-            max_connection_memory_bytes: 64 * 1024 * 1024,
+            max_connection_memory_bytes: 32 * 1024 * 1024,
             max_connections: 4096,
             max_connections_per_address: 256,
             max_unauthenticated_connections: 512,
