@@ -207,8 +207,9 @@ fn kib(bytes: usize) -> u32 {
 /// The per-connection limits on requests in flight.
 struct Budget {
     slots: Arc<Semaphore>,
+    /// One permit per KiB of `limits.max_connection_memory_bytes`.
     memory: Arc<Semaphore>,
-    memory_bytes: usize,
+    memory_kib: u32,
 }
 
 /// Reads one frame: waits as long as needed for its first byte, then
@@ -244,10 +245,13 @@ async fn read_frame(
     };
     let closed = |_| ReadEnd::Closed;
     let slot = budget.slots.clone().acquire_owned().await.map_err(closed)?;
+    // Never more than the whole budget, or the wait would never end (the
+    // limits are validated so that a largest frame fits).
+    let frame_kib = kib(len).min(budget.memory_kib);
     let mut memory = budget
         .memory
         .clone()
-        .acquire_many_owned(kib(len))
+        .acquire_many_owned(frame_kib)
         .await
         .map_err(closed)?;
     let mut frame = conn.pool.take_len(len);
@@ -256,17 +260,18 @@ async fn read_frame(
         .map_err(|_| slow())??;
     // Room for the responses, as much as the requests may ask for (never
     // more than the budget, so that every frame can proceed).
-    let wanted = crate::dispatch::response_allowance(&frame, limits)
-        .min(budget.memory_bytes.saturating_sub(len));
-    if wanted > 0 {
+    let wanted_kib =
+        kib(crate::dispatch::response_allowance(&frame, limits)).min(budget.memory_kib - frame_kib);
+    if wanted_kib > 0 {
         let more = budget
             .memory
             .clone()
-            .acquire_many_owned(kib(wanted))
+            .acquire_many_owned(wanted_kib)
             .await
             .map_err(closed)?;
         memory.merge(more);
     }
+    let wanted = wanted_kib as usize * 1024;
     Ok(Some((
         frame,
         InFlight {
@@ -314,12 +319,11 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slo
         let _ = wr.shutdown().await;
     });
 
+    let memory_kib = kib(limits.max_connection_memory_bytes);
     let budget = Budget {
         slots: Arc::new(Semaphore::new(limits.max_outstanding_requests)),
-        memory: Arc::new(Semaphore::new(
-            kib(limits.max_connection_memory_bytes) as usize
-        )),
-        memory_bytes: limits.max_connection_memory_bytes,
+        memory: Arc::new(Semaphore::new(memory_kib as usize)),
+        memory_kib,
     };
     loop {
         let read = tokio::select! {
