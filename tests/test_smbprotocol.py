@@ -359,15 +359,16 @@ def test_server_allows_8mib_reads_and_writes(server):
         assert conn.max_write_size >= 8 * MIB
 
 
-def test_insufficient_credit_charge_refused(server):
-    # MS-SMB2 3.3.5.2.5: a request whose CreditCharge is less than its
-    # payload needs (one credit per 64 KiB) fails with STATUS_INVALID_PARAMETER.
+def assert_undercharged_read_refused(server, charge: int = 1) -> None:
+    """MS-SMB2 3.3.5.2.5: a request whose CreditCharge is less than its
+    payload needs (one credit per 64 KiB) fails with STATUS_INVALID_PARAMETER,
+    and the open stays usable."""
     with smb_tree(server, Dialects.SMB_3_1_1) as (conn, session, tree):
         (server.share_path / "big.bin").write_bytes(os.urandom(MIB))
         f = open_file(tree, "big.bin", CreateDisposition.FILE_OPEN)
         ensure_credits(conn, session, 16)
         genuine = conn._calculate_credit_charge
-        conn._calculate_credit_charge = lambda message: 1
+        conn._calculate_credit_charge = lambda message: charge
         try:
             msg, recv = f.read(0, MIB, send=False)
             request = conn.send(msg, session.session_id, tree.tree_connect_id)
@@ -376,7 +377,12 @@ def test_insufficient_credit_charge_refused(server):
         with pytest.raises(SMBResponseException) as excinfo:
             recv(request)
         assert status_of(excinfo) == NtStatus.STATUS_INVALID_PARAMETER
+        assert f.read(0, 1024) == (server.share_path / "big.bin").read_bytes()[:1024]
         f.close()
+
+
+def test_insufficient_credit_charge_refused(server):
+    assert_undercharged_read_refused(server)
 
 
 # --------------------------------------------------------------------------

@@ -221,27 +221,30 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
 fn backed_off(ctx: &Ctx<'_>, user: &str) -> Result<(), NtStatus> {
     let limits = &ctx.server.config.limits;
     let peer = ctx.conn.peer;
-    match ctx
-        .server
-        .logon_guard
-        .check(user, peer.ip(), Instant::now(), limits)
-    {
-        Ok(()) => Ok(()),
-        Err(BackedOff::User { remaining }) => {
-            tracing::warn!(
-                "logon of user {user:?} from {peer} refused: too many failed logons for this user \
-                 (limits.max_failed_logons_per_user); allowed again in {}s",
-                remaining.as_secs_f64().ceil()
-            );
-            Err(NtStatus::ACCOUNT_LOCKED_OUT)
-        }
-        Err(BackedOff::Address { remaining }) => {
-            tracing::warn!(
-                "logon of user {user:?} from {peer} refused: too many failed logons from this address \
-                 (limits.max_failed_logons_per_address); allowed again in {}s",
-                remaining.as_secs_f64().ceil()
-            );
-            Err(NtStatus::LOGON_FAILURE)
-        }
-    }
+    let (scope, key, status, remaining) =
+        match ctx
+            .server
+            .logon_guard
+            .check(user, peer.ip(), Instant::now(), limits)
+        {
+            Ok(()) => return Ok(()),
+            Err(BackedOff::User { remaining }) => (
+                "user",
+                "max_failed_logons_per_user",
+                NtStatus::ACCOUNT_LOCKED_OUT,
+                remaining,
+            ),
+            Err(BackedOff::Address { remaining }) => (
+                "address",
+                "max_failed_logons_per_address",
+                NtStatus::LOGON_FAILURE,
+                remaining,
+            ),
+        };
+    tracing::warn!(
+        "logon of user {user:?} from {peer} refused: too many failed logons for this {scope} \
+         (limits.{key}); allowed again in {}s",
+        remaining.as_secs_f64().ceil()
+    );
+    Err(status)
 }
