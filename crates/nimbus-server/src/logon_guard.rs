@@ -173,7 +173,10 @@ mod tests {
 
     #[test]
     fn user_backs_off_and_doubles() {
-        let l = limits();
+        let l = Limits {
+            max_failed_logons_per_address: 100,
+            ..limits()
+        };
         let g = LogonGuard::new(&l);
         let t0 = Instant::now();
         for _ in 0..2 {
