@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use nimbus_wire::codec::Put;
 use nimbus_wire::header::{
-    flags, Command, Header, PROTOCOL_ID, SMB1_PROTOCOL_ID, TRANSFORM_PROTOCOL_ID,
+    chain_offsets, flags, Command, Header, PROTOCOL_ID, SMB1_PROTOCOL_ID, TRANSFORM_PROTOCOL_ID,
 };
 use nimbus_wire::simple::encode_error;
 use nimbus_wire::smb1::{smb1_negotiate_offer, Smb1Offer};
@@ -150,23 +150,12 @@ pub fn response_allowance(frame: &[u8], limits: &Limits) -> usize {
     if frame.starts_with(&TRANSFORM_PROTOCOL_ID) {
         return max_io + RESPONSE_OVERHEAD;
     }
-    if !frame.starts_with(&PROTOCOL_ID) {
-        return RESPONSE_OVERHEAD;
-    }
-    let mut total = 0;
-    let mut offset = 0usize;
-    for _ in 0..limits.max_compound_requests {
-        let Some(h) = frame.get(offset..offset + HEADER_SIZE) else {
-            break;
-        };
-        let charge = u16::from_le_bytes([h[6], h[7]]).max(1) as usize;
-        total += (charge * 65536).min(max_io) + RESPONSE_OVERHEAD;
-        let next = u32::from_le_bytes([h[20], h[21], h[22], h[23]]) as usize;
-        if next == 0 {
-            break;
-        }
-        offset = offset.saturating_add(next);
-    }
+    let total: usize = chain_offsets(frame, limits.max_compound_requests)
+        .map(|off| {
+            let charge = u16::from_le_bytes([frame[off + 6], frame[off + 7]]).max(1) as usize;
+            (charge * 65536).min(max_io) + RESPONSE_OVERHEAD
+        })
+        .sum();
     total.max(RESPONSE_OVERHEAD)
 }
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use nimbus_auth::UserDb;
 use nimbus_crypto::{CipherAlgorithm, CryptoProvider, SigningAlgorithm};
-use nimbus_wire::header::PROTOCOL_ID;
+use nimbus_wire::header::chain_offsets;
 use nimbus_wire::nbss::frame_length;
 use nimbus_wire::negotiate::Dialect;
 use nimbus_wire::transform::TransformHeader;
@@ -17,6 +17,8 @@ use nimbus_wire::HEADER_SIZE;
 
 /// Where an SMB2 header holds its SessionId (MS-SMB2 2.2.1.2).
 const SESSION_ID: std::ops::Range<usize> = 40..48;
+/// Headers of one compound message the harness looks at.
+const MAX_CHAIN: usize = 64;
 
 use crate::config::{Config, ShareConfig};
 use crate::connection::Connection;
@@ -119,23 +121,9 @@ impl Harness {
         Some(resp)
     }
 
-    fn chain_offsets(msg: &[u8]) -> Vec<usize> {
-        let mut offsets = Vec::new();
-        let mut off = 0usize;
-        while msg.len() >= off + HEADER_SIZE && msg[off..].starts_with(&PROTOCOL_ID) {
-            offsets.push(off);
-            let next =
-                u32::from_le_bytes([msg[off + 20], msg[off + 21], msg[off + 22], msg[off + 23]]);
-            if next == 0 || offsets.len() > 64 {
-                break;
-            }
-            off += next as usize;
-        }
-        offsets
-    }
-
     fn map_session_ids(&self, frame: &mut [u8]) {
-        for off in Self::chain_offsets(frame) {
+        let offsets: Vec<usize> = chain_offsets(frame, MAX_CHAIN).collect();
+        for off in offsets {
             let range = off + SESSION_ID.start..off + SESSION_ID.end;
             let mut id = [0u8; 8];
             id.copy_from_slice(&frame[range.clone()]);
@@ -150,7 +138,7 @@ impl Harness {
 
     fn note_sessions(&mut self, resp: &[u8]) {
         let msg = &resp[4.min(resp.len())..];
-        for off in Self::chain_offsets(msg) {
+        for off in chain_offsets(msg, MAX_CHAIN) {
             let mut id = [0u8; 8];
             id.copy_from_slice(&msg[off + SESSION_ID.start..off + SESSION_ID.end]);
             let id = u64::from_le_bytes(id);

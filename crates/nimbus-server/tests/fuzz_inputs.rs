@@ -7,6 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use nimbus_server::fuzz_api::{security_layer, server, Harness};
+use nimbus_wire::header::chain_offsets;
 
 fn fuzz_dir(sub: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -35,19 +36,14 @@ fn inputs(sub: &str) -> Vec<(String, Vec<u8>)> {
 
 /// (command, status) of each response in a response frame's chain.
 fn responses(frame: &[u8]) -> Vec<(u16, u32)> {
-    let mut v = Vec::new();
-    let mut off = 4;
-    while frame.len() >= off + 64 && frame[off..].starts_with(b"\xfeSMB") {
-        let cmd = u16::from_le_bytes([frame[off + 12], frame[off + 13]]);
-        let status = u32::from_le_bytes(frame[off + 8..off + 12].try_into().expect("4 bytes"));
-        v.push((cmd, status));
-        let next = u32::from_le_bytes(frame[off + 20..off + 24].try_into().expect("4 bytes"));
-        if next == 0 {
-            break;
-        }
-        off += next as usize;
-    }
-    v
+    let msg = &frame[4.min(frame.len())..];
+    chain_offsets(msg, 64)
+        .map(|off| {
+            let cmd = u16::from_le_bytes([msg[off + 12], msg[off + 13]]);
+            let status = u32::from_le_bytes(msg[off + 8..off + 12].try_into().expect("4 bytes"));
+            (cmd, status)
+        })
+        .collect()
 }
 
 fn temp_dir(name: &str) -> PathBuf {

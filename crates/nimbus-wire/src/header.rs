@@ -96,6 +96,27 @@ pub struct Header {
     pub signature: [u8; 16],
 }
 
+/// Offsets of the SMB2 headers of a compound message (MS-SMB2 3.2.4.1.4,
+/// NextCommand), at most `max` of them. Lenient: it stops at the first
+/// offset that does not hold a whole header with the SMB2 protocol id; the
+/// strict checks of a chain (alignment, bounds) belong to the dispatcher.
+pub fn chain_offsets(msg: &[u8], max: usize) -> impl Iterator<Item = usize> + '_ {
+    let mut next = Some(0usize);
+    core::iter::from_fn(move || {
+        let off = next.take()?;
+        let h = msg.get(off..off.checked_add(HEADER_SIZE)?)?;
+        if h[..4] != PROTOCOL_ID {
+            return None;
+        }
+        let step = u32::from_le_bytes([h[20], h[21], h[22], h[23]]) as usize;
+        if step != 0 {
+            next = off.checked_add(step);
+        }
+        Some(off)
+    })
+    .take(max)
+}
+
 impl Header {
     pub fn parse(msg: &[u8]) -> WireResult<Header> {
         let mut r = Reader::new(msg);
@@ -181,6 +202,22 @@ impl Header {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn chain_offsets_follow_next_command() {
+        let mut msg = vec![0u8; 3 * HEADER_SIZE + 16];
+        for off in [0, 72, 144] {
+            msg[off..off + 4].copy_from_slice(&PROTOCOL_ID);
+        }
+        msg[20..24].copy_from_slice(&72u32.to_le_bytes());
+        msg[72 + 20..72 + 24].copy_from_slice(&72u32.to_le_bytes());
+        assert_eq!(chain_offsets(&msg, 64).collect::<Vec<_>>(), [0, 72, 144]);
+        assert_eq!(chain_offsets(&msg, 2).count(), 2);
+        // A NextCommand pointing past the end, or at no header, ends the walk.
+        msg[72 + 20..72 + 24].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(chain_offsets(&msg, 64).collect::<Vec<_>>(), [0, 72]);
+        assert_eq!(chain_offsets(&msg[..10], 64).count(), 0);
+    }
 
     #[test]
     fn round_trip_sync_and_async() {
