@@ -1,0 +1,426 @@
+#!/usr/bin/env python3
+"""Nimbus against Samba: same machine, same client, same run.
+
+    bash bench/run.sh [--rounds 3] [--size-mib 1024] [--seconds 10] [--no-write]
+
+(bench/run.sh installs Samba, smbclient, smbtorture and the Python packages,
+builds nimbus, then runs this script as root.)
+
+Both servers listen on 127.0.0.1 and export one share on a tmpfs directory
+(/dev/shm) to the same user and password. Both run with signing offered but
+not required and encryption allowed, so the client's --client-protection
+decides each mode, as it would against a real server. Rounds alternate which
+server goes first.
+
+Throughput: smbclient (SMB3_11) `get` and `put` of a random file, for
+--client-protection=off, sign and encrypt (AES-128-GCM, AES-256-GCM,
+AES-128-CCM). MiB/s is smbclient's own figure for the transfer; server CPU
+is user+sys of the server's processes (smbd's per-connection children
+included, counted once reaped) from /proc, before and after each transfer.
+
+Metadata: smbtorture `smb2.bench.path-contention-shared` at each --nprocs
+(opens and closes of one shared path from N connections; the median of its
+per-second open rates, the first second dropped), and bench/meta_loop.py
+(open, stat, close of many files, one directory per connection, nothing
+contended).
+
+Prints a table of medians with Nimbus/Samba ratios and the targets of
+issue 4, and writes them with a description of the machine into
+BENCHMARKS.md between the side-by-side markers. Figures are for this
+machine; the ratios are what to compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import filecmp
+import os
+import platform
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import date
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+sys.path.insert(0, str(BENCH))
+import meta_loop  # noqa: E402
+from samba_server import SambaShare, start_samba  # noqa: E402
+
+GIB = 1 << 30
+MIB = 1 << 20
+USER, PASSWORD = "bench", "Bench-Passw0rd"
+SHARE = "data"
+MARK_BEGIN = "<!-- side-by-side: begin (written by bench/side_by_side.py) -->"
+MARK_END = "<!-- side-by-side: end -->"
+
+PROTECTION = {
+    "off": ["--client-protection=off"],
+    "sign": ["--client-protection=sign"],
+    **{
+        cipher: ["--client-protection=encrypt", f"--option=client smb3 encryption algorithms={cipher}"]
+        for cipher in ("AES-128-GCM", "AES-256-GCM", "AES-128-CCM")
+    },
+}  # fmt: skip
+
+
+# ---------------------------------------------------------------- /proc CPU
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def process_tree(root: int) -> list[int]:
+    """root and every live descendant."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat_fields(int(entry))
+            if fields:
+                children.setdefault(int(fields[1]), []).append(int(entry))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo.extend(children.get(pid, ()))
+    return tree
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """user+sys of root and its live descendants, plus what they have reaped
+    (cutime+cstime): an exited connection child of smbd is counted once its
+    parent has waited for it, and never twice."""
+    ticks = 0
+    for pid in process_tree(root):
+        fields = _stat_fields(pid)
+        if fields:
+            ticks += sum(int(f) for f in fields[11:15])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+# ---------------------------------------------------------------- servers
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    name: str
+    pid: int
+    port: int
+    share_dir: Path
+    stop: object = field(repr=False)
+    idle_tree: set[int] = field(default_factory=set)
+
+    def cpu(self) -> float:
+        return tree_cpu_seconds(self.pid)
+
+    def settle(self, timeout: float = 15.0) -> None:
+        """Wait until connections of the last run are gone: smbd's children
+        have exited and been reaped, so their CPU is in the parent's
+        cutime/cstime."""
+        deadline = time.monotonic() + timeout
+        while set(process_tree(self.pid)) - self.idle_tree and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)
+
+
+def start_nimbus(nimbus: str, state: Path, share_dir: Path) -> Server:
+    db = state / "users.db"
+    subprocess.run([nimbus, "user", "add", USER, "--db", str(db), "--password-stdin"], input=PASSWORD + "\n", text=True, check=True, capture_output=True)
+    port = free_port()
+    log = open(state / "nimbus.log", "wb")
+    proc = subprocess.Popen(
+        [nimbus, "serve", "--listen", f"127.0.0.1:{port}", "--user-db", str(db), "--share", f"{SHARE}={share_dir}", "--signing", "auto"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    for _ in range(200):
+        if proc.poll() is not None:
+            sys.exit(f"nimbus exited with {proc.returncode}; see {state / 'nimbus.log'}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    else:
+        sys.exit("nimbus did not start listening")
+
+    def stop() -> None:
+        proc.terminate()
+        proc.wait(timeout=10)
+        log.close()
+
+    return Server("Nimbus", proc.pid, port, share_dir, stop)
+
+
+def start_smbd(state: Path, share_dir: Path) -> Server:
+    port = free_port()
+    samba = start_samba(state, port, [SambaShare(SHARE, share_dir)], USER, PASSWORD, signing="auto")
+    return Server("Samba", samba.process.pid, port, share_dir, samba.stop)
+
+
+# ---------------------------------------------------------------- the tests
+
+
+def smbclient(server: Server, mode: str, command: str) -> str:
+    proc = subprocess.run(
+        ["smbclient", f"//127.0.0.1/{SHARE}", "-p", str(server.port), "-U", f"{USER}%{PASSWORD}", "-m", "SMB3_11", *PROTECTION[mode], "-c", command],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    if proc.returncode != 0 or "NT_STATUS" in out:
+        sys.exit(f"smbclient against {server.name} ({mode}, {command!r}) failed:\n{out}")
+    return out
+
+
+def transfer(server: Server, mode: str, op: str, source: Path, size: int) -> tuple[float, float]:
+    """One get or put; returns (MiB/s, server CPU seconds per GiB)."""
+    server.settle()
+    before = server.cpu()
+    if op == "get":
+        out = smbclient(server, mode, "get big.bin /dev/null")
+        m = re.search(r"of size (\d+) as /dev/null \(([\d.]+) KiloBytes/sec\)", out)
+        if not m or int(m.group(1)) != size:
+            sys.exit(f"unexpected smbclient output from {server.name}:\n{out}")
+        kib_s = float(m.group(2))
+    else:
+        out = smbclient(server, mode, f"put {source} up.bin")
+        m = re.search(r"putting file .* \(([\d.]+) kb/s\)", out)
+        if not m:
+            sys.exit(f"unexpected smbclient output from {server.name}:\n{out}")
+        kib_s = float(m.group(1))
+    server.settle()
+    cpu = server.cpu() - before
+    if op == "put":
+        uploaded = server.share_dir / "up.bin"
+        if not filecmp.cmp(uploaded, source, shallow=False):
+            sys.exit(f"{server.name}: the file stored by put differs from the one sent")
+        uploaded.unlink()
+    return kib_s / 1024, cpu * GIB / size
+
+
+def path_contention(server: Server, nprocs: int, seconds: int) -> tuple[float, float]:
+    """smbtorture smb2.bench.path-contention-shared; returns (open+close
+    pairs per second, server CPU microseconds per pair)."""
+    server.settle()
+    before = server.cpu()
+    proc = subprocess.run(
+        ["smbtorture", f"//127.0.0.1/{SHARE}", "-p", str(server.port), "-U", f"{USER}%{PASSWORD}",
+         "smb2.bench.path-contention-shared", f"--option=torture:nprocs={nprocs}", f"--option=torture:timelimit={seconds}"],
+        capture_output=True, text=True, timeout=seconds + 300,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    rates = [int(r) for r in re.findall(r"open\[num/s=(\d+)", out)]
+    if proc.returncode != 0 or "success: path-contention-shared" not in out or len(rates) < 2:
+        sys.exit(f"smbtorture against {server.name} (nprocs {nprocs}) failed:\n{out[-3000:]}")
+    server.settle()
+    cpu = server.cpu() - before
+    return statistics.median(rates[1:]), cpu * 1e6 / sum(rates)
+
+
+def metadata_loop(server: Server, workers: int, files: int, seconds: int) -> tuple[float, float]:
+    """bench/meta_loop.py; returns (requests per second, server CPU
+    microseconds per request)."""
+    server.settle()
+    before = server.cpu()
+    done, rate = meta_loop.run("127.0.0.1", server.port, SHARE, USER, PASSWORD, workers, files, seconds)
+    server.settle()
+    return rate, (server.cpu() - before) * 1e6 / done
+
+
+# ---------------------------------------------------------------- report
+
+
+def machine() -> list[str]:
+    cpuinfo = Path("/proc/cpuinfo").read_text()
+    model = re.search(r"^model name\s*:\s*(.+)$", cpuinfo, re.M)
+    flags = set(re.search(r"^flags\s*:\s*(.+)$", cpuinfo, re.M).group(1).split())
+    wanted = ["aes", "pclmulqdq", "vaes", "vpclmulqdq", "avx2", "avx512f", "sha_ni"]
+    mem = re.search(r"^MemTotal:\s*(\d+) kB", Path("/proc/meminfo").read_text(), re.M)
+    samba = subprocess.run(["smbd", "--version"], capture_output=True, text=True).stdout.strip()
+    rev = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True).stdout.strip()
+    return [
+        f"- CPU: {model.group(1) if model else platform.processor()}, {os.cpu_count()} cores",
+        f"- CPU flags: {', '.join(f for f in wanted if f in flags)} (absent: {', '.join(f for f in wanted if f not in flags) or 'none'})",
+        f"- Kernel: {platform.release()} ({platform.machine()}), {int(mem.group(1)) // (1 << 20) if mem else '?'} GiB RAM",
+        f"- Servers: nimbus {rev or '(no git)'} (release build), {samba} (Debian); client smbclient/smbtorture of the same Samba",
+        f"- Measured {date.today().isoformat()}",
+    ]
+
+
+def ratio(n: float, s: float) -> str:
+    return f"{n / s:.2f}" if s else "-"
+
+
+def report(args, results: dict) -> list[str]:
+    med = {k: (statistics.median(a for a, _ in v), statistics.median(b for _, b in v)) for k, v in results.items()}
+    lines = ["## Nimbus against Samba, side by side (`bash bench/run.sh`)", "", *machine(), ""]
+    lines += [
+        f"Medians of {args.rounds} rounds, the servers alternating. Ratios are Nimbus/Samba: above 1 is Nimbus faster",
+        "for rates, below 1 is Nimbus cheaper for CPU.",
+        "",
+    ]
+    if any(k[0] == "xfer" for k in med):
+        lines += [
+            f"### Throughput: smbclient SMB3_11, {args.size_mib} MiB file, share on tmpfs",
+            "",
+            "| transfer | protection | Samba MiB/s | Nimbus MiB/s | ratio | Samba CPU s/GiB | Nimbus CPU s/GiB | ratio |",
+            "|---|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for op in ("get", "put"):
+            for mode in PROTECTION:
+                s, n = med.get(("xfer", op, mode, "Samba")), med.get(("xfer", op, mode, "Nimbus"))
+                if s and n:
+                    lines.append(f"| {op} | {mode} | {s[0]:.0f} | {n[0]:.0f} | {ratio(n[0], s[0])} | {s[1]:.3f} | {n[1]:.3f} | {ratio(n[1], s[1])} |")
+        lines.append("")
+    if any(k[0] in ("contention", "loop") for k in med):
+        lines += [
+            f"### Metadata ({args.seconds} s per run)",
+            "",
+            "| test | Samba ops/s | Nimbus ops/s | ratio | Samba CPU µs/op | Nimbus CPU µs/op | ratio |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for n_procs in args.nprocs:
+            s, n = med.get(("contention", n_procs, "Samba")), med.get(("contention", n_procs, "Nimbus"))
+            if s and n:
+                lines.append(f"| path-contention-shared, nprocs {n_procs} (open+close pairs) | {s[0]:.0f} | {n[0]:.0f} | {ratio(n[0], s[0])} | {s[1]:.1f} | {n[1]:.1f} | {ratio(n[1], s[1])} |")
+        s, n = med.get(("loop", "Samba")), med.get(("loop", "Nimbus"))
+        if s and n:
+            lines.append(f"| meta_loop, {args.meta_workers} connections (create/query/close requests) | {s[0]:.0f} | {n[0]:.0f} | {ratio(n[0], s[0])} | {s[1]:.1f} | {n[1]:.1f} | {ratio(n[1], s[1])} |")
+        lines.append("")
+    lines += ["### Targets (reported, not asserted)", ""] + [f"- {t}" for t in targets(med, args)] + [""]
+    return lines
+
+
+def targets(med: dict, args) -> list[str]:
+    out = []
+
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "**not met**"
+
+    for op in ("get", "put"):
+        for mode in [m for m in PROTECTION if m != "off"]:
+            s, n = med.get(("xfer", op, mode, "Samba")), med.get(("xfer", op, mode, "Nimbus"))
+            if s and n:
+                r = n[1] / s[1]
+                out.append(f"server CPU/GiB ≤ 0.5 × Samba, {op} {mode}: {r:.2f} × — {verdict(r <= 0.5)}")
+        off = med.get(("xfer", op, "off", "Nimbus"))
+        for mode, floor in [("sign", 0.9), ("AES-128-GCM", 0.8), ("AES-256-GCM", 0.8), ("AES-128-CCM", 0.8)]:
+            n = med.get(("xfer", op, mode, "Nimbus"))
+            if off and n:
+                r = n[0] / off[0]
+                out.append(f"Nimbus {op} {mode} ≥ {floor} × unprotected throughput: {r:.2f} × — {verdict(r >= floor)}")
+    for n_procs in (4, 16):
+        s, n = med.get(("contention", n_procs, "Samba")), med.get(("contention", n_procs, "Nimbus"))
+        if s and n:
+            r = n[0] / s[0]
+            out.append(f"open/close rate ≥ 2 × Samba at nprocs {n_procs}: {r:.2f} × — {verdict(r >= 2)}")
+    return out
+
+
+def write_benchmarks_md(path: Path, lines: list[str]) -> None:
+    block = "\n".join([MARK_BEGIN, *lines, MARK_END]) + "\n"
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    if MARK_BEGIN in text and MARK_END in text:
+        head, rest = text.split(MARK_BEGIN, 1)
+        tail = rest.split(MARK_END, 1)[1].lstrip("\n")
+        text = head + block + ("\n" + tail if tail else "")
+    else:
+        text = text.rstrip("\n") + "\n\n" + block
+    path.write_text(text)
+
+
+# ---------------------------------------------------------------- main
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--size-mib", type=int, default=1024)
+    ap.add_argument("--seconds", type=int, default=10, help="length of each metadata run")
+    ap.add_argument("--nprocs", type=int, nargs="+", default=[1, 4, 16], help="smbtorture connection counts")
+    ap.add_argument("--meta-workers", type=int, default=4, help="meta_loop connections")
+    ap.add_argument("--modes", nargs="+", default=list(PROTECTION), choices=list(PROTECTION))
+    ap.add_argument("--only", choices=["throughput", "metadata"], help="run one half")
+    ap.add_argument("--nimbus", default=str(REPO / "target" / "release" / "nimbus"))
+    ap.add_argument("--output", default=str(REPO / "BENCHMARKS.md"))
+    ap.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("run as root (smbd must serve files as the logged-on user): sudo bash bench/run.sh")
+    for tool in ("smbclient", "smbtorture"):
+        if not shutil.which(tool):
+            sys.exit(f"{tool} not found: bash bench/run.sh installs it")
+    if not Path(args.nimbus).exists():
+        sys.exit(f"{args.nimbus} not found: cargo build --release")
+
+    results: dict[tuple, list[tuple[float, float]]] = {}
+    tmp_root = "/dev/shm" if Path("/dev/shm").is_dir() else None
+    with tempfile.TemporaryDirectory(prefix="nimbus-vs-samba-", dir=tmp_root) as tmp:
+        tmp = Path(tmp)
+        shares = {name: tmp / name / "share" for name in ("Samba", "Nimbus")}
+        for d in shares.values():
+            d.mkdir(parents=True)
+        size = args.size_mib * MIB
+        source = tmp / "source.bin"
+        with open(source, "wb") as f:
+            for _ in range(args.size_mib):
+                f.write(os.urandom(MIB))
+        for d in shares.values():
+            shutil.copyfile(source, d / "big.bin")
+            meta_loop.prepare(d, args.meta_workers, 200)
+
+        servers = [start_smbd(tmp / "Samba" / "state", shares["Samba"]), start_nimbus(args.nimbus, tmp / "Nimbus", shares["Nimbus"])]
+        try:
+            for s in servers:
+                s.settle(timeout=0)
+                s.idle_tree = set(process_tree(s.pid))
+            for rnd in range(args.rounds):
+                order = servers if rnd % 2 == 0 else servers[::-1]
+                print(f"round {rnd + 1} of {args.rounds}", flush=True)
+                if args.only != "metadata":
+                    for op in ("get", "put"):
+                        for mode in args.modes:
+                            for s in order:
+                                r = transfer(s, mode, op, source, size)
+                                results.setdefault(("xfer", op, mode, s.name), []).append(r)
+                                print(f"  {op} {mode:<11} {s.name:<6} {r[0]:7.0f} MiB/s {r[1]:6.3f} s/GiB", flush=True)
+                if args.only != "throughput":
+                    for n_procs in args.nprocs:
+                        for s in order:
+                            r = path_contention(s, n_procs, args.seconds)
+                            results.setdefault(("contention", n_procs, s.name), []).append(r)
+                            print(f"  path-contention nprocs {n_procs:<3} {s.name:<6} {r[0]:7.0f} pairs/s {r[1]:7.1f} µs/pair", flush=True)
+                    for s in order:
+                        r = metadata_loop(s, args.meta_workers, 200, args.seconds)
+                        results.setdefault(("loop", s.name), []).append(r)
+                        print(f"  meta_loop {s.name:<6} {r[0]:7.0f} req/s {r[1]:7.1f} µs/req", flush=True)
+        finally:
+            for s in servers:
+                s.stop()
+    lines = report(args, results)
+    print()
+    print("\n".join(lines))
+    if not args.no_write:
+        write_benchmarks_md(Path(args.output), lines)
+        print(f"written to {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
