@@ -48,21 +48,24 @@ pub struct Negotiated {
 /// Payload buffers reused across requests of one connection, so that steady
 /// reading and writing allocate nothing per request: received frames and
 /// built responses come from here and go back after use. Bounded by count
-/// and by bytes, so an idle connection keeps little.
+/// and by bytes (the connection's memory budget: no more can be in flight,
+/// so no more is ever needed), and emptied when the connection goes idle.
 pub struct BufferPool {
     free: Mutex<Vec<Vec<u8>>>,
     /// Buffers larger than this (capacity) are not kept.
     largest: usize,
+    /// Spare capacity kept at most, in bytes.
+    max_bytes: usize,
 }
 
 impl BufferPool {
     const MAX_BUFFERS: usize = 8;
-    const MAX_BYTES: usize = 24 * 1024 * 1024;
 
-    fn new(max_frame: usize) -> Self {
+    fn new(max_frame: usize, max_bytes: usize) -> Self {
         BufferPool {
             free: Mutex::new(Vec::new()),
             largest: max_frame + 64 * 1024,
+            max_bytes,
         }
     }
 
@@ -71,19 +74,34 @@ impl BufferPool {
         lock(&self.free).clear();
     }
 
-    /// An empty buffer, with the capacity of an earlier one when available.
-    pub fn take(&self) -> Vec<u8> {
-        lock(&self.free).pop().unwrap_or_default()
+    /// An empty buffer for about `size` bytes (see `pick`).
+    pub fn take(&self, size: usize) -> Vec<u8> {
+        let mut buf = self.pick(size);
+        buf.clear();
+        buf
     }
 
     /// A buffer of `len` bytes (contents unspecified: the caller overwrites
-    /// them all, as a frame read does).
+    /// them all, as a frame read does). Shrinking keeps the old bytes; only
+    /// growth beyond the buffer's previous length writes zeros.
     pub fn take_len(&self, len: usize) -> Vec<u8> {
-        let mut buf = lock(&self.free).pop().unwrap_or_default();
-        // Shrinking keeps the old bytes; only growth beyond the previous
-        // length writes zeros.
+        let mut buf = self.pick(len);
         buf.resize(len, 0);
         buf
+    }
+
+    /// The smallest spare buffer that holds `size` bytes, else the largest
+    /// (which grows), else a new one. Picking by size keeps small requests
+    /// from taking the buffers that big READ responses and WRITE frames
+    /// need: a fresh multi-MiB buffer costs a page fault per 4 KiB.
+    fn pick(&self, size: usize) -> Vec<u8> {
+        let mut free = lock(&self.free);
+        let capacity = |i: &usize| free[*i].capacity();
+        let fits = (0..free.len())
+            .filter(|i| capacity(i) >= size)
+            .min_by_key(capacity);
+        let pick = fits.or_else(|| (0..free.len()).max_by_key(capacity));
+        pick.map(|i| free.swap_remove(i)).unwrap_or_default()
     }
 
     pub fn give(&self, buf: Vec<u8>) {
@@ -92,7 +110,7 @@ impl BufferPool {
         }
         let mut free = lock(&self.free);
         let held: usize = free.iter().map(Vec::capacity).sum();
-        if free.len() < Self::MAX_BUFFERS && held + buf.capacity() <= Self::MAX_BYTES {
+        if free.len() < Self::MAX_BUFFERS && held + buf.capacity() <= self.max_bytes {
             free.push(buf);
         }
     }
@@ -132,7 +150,7 @@ impl Connection {
         let limits = &server.config.limits;
         Arc::new(Connection {
             credits: Mutex::new(CreditWindow::new(limits.max_credits)),
-            pool: BufferPool::new(limits.max_frame_bytes),
+            pool: BufferPool::new(limits.max_frame_bytes, limits.max_connection_memory_bytes),
             server,
             peer,
             local,
@@ -282,6 +300,24 @@ async fn read_frame(
     )))
 }
 
+/// Processes one frame, gives its buffer back to the pool and returns the
+/// response to send. A panic in request handling closes this connection
+/// only.
+fn run_frame(conn: &Arc<Connection>, mut frame: Vec<u8>, allowance: usize) -> Option<Outgoing> {
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        crate::dispatch::process_frame(conn, &mut frame, allowance)
+    }));
+    conn.pool.give(frame);
+    result.unwrap_or_else(|_| {
+        tracing::error!(
+            "{}: request handling panicked; closing this connection",
+            conn.peer
+        );
+        conn.close();
+        None
+    })
+}
+
 /// Closes a connection that has not logged a session on in time.
 fn start_logon_deadline(conn: Weak<Connection>, after: Duration) {
     tokio::spawn(async move {
@@ -330,7 +366,7 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slo
             r = read_frame(&conn, &mut rd, &limits, &budget) => r,
             _ = conn.close_notify.notified() => break,
         };
-        let (mut frame, in_flight, allowance) = match read {
+        let (frame, in_flight, allowance) = match read {
             Ok(Some(f)) => f,
             Ok(None) => continue,
             Err(ReadEnd::Closed) => break,
@@ -342,25 +378,20 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slo
         if conn.is_closing() {
             break;
         }
+        if crate::dispatch::is_quick(&frame, &limits) {
+            // In place, on this task: no thread hand-over (see is_quick).
+            if let Some(out) = run_frame(&conn, frame, allowance) {
+                if tx.send((out, in_flight)).await.is_err() {
+                    break;
+                }
+            }
+            continue;
+        }
         let conn2 = conn.clone();
         let tx2 = tx.clone();
         tokio::task::spawn_blocking(move || {
-            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                crate::dispatch::process_frame(&conn2, &mut frame, allowance)
-            }));
-            conn2.pool.give(frame);
-            match result {
-                Ok(Some(out)) => {
-                    if tx2.blocking_send((out, in_flight)).is_err() {
-                        conn2.close();
-                    }
-                }
-                Ok(None) => {}
-                Err(_) => {
-                    tracing::error!(
-                        "{}: request handling panicked; closing this connection",
-                        conn2.peer
-                    );
+            if let Some(out) = run_frame(&conn2, frame, allowance) {
+                if tx2.blocking_send((out, in_flight)).is_err() {
                     conn2.close();
                 }
             }

@@ -13,6 +13,10 @@ pub struct CreditWindow {
     low: u64,
     /// One flag per id from `low`: used already?
     used: VecDeque<bool>,
+    /// How many flags in `used` are false: the credits the client holds.
+    /// Kept as a count because `grant` runs once per request and the
+    /// window may be thousands of ids long.
+    unused: u64,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -28,6 +32,7 @@ impl CreditWindow {
             max: max.max(1) as u64,
             low: 0,
             used: VecDeque::from(vec![false]),
+            unused: 1,
         }
     }
 
@@ -48,6 +53,7 @@ impl CreditWindow {
         for u in self.used.range_mut(start..end) {
             *u = true;
         }
+        self.unused -= charge;
         while self.used.front() == Some(&true) {
             self.used.pop_front();
             self.low += 1;
@@ -57,7 +63,7 @@ impl CreditWindow {
 
     /// Credits the client holds now (unused ids in the window).
     pub fn outstanding(&self) -> u64 {
-        self.used.iter().filter(|u| !**u).count() as u64
+        self.unused
     }
 
     /// Grants up to `requested` more credits (at least one when the client
@@ -72,6 +78,7 @@ impl CreditWindow {
         for _ in 0..g {
             self.used.push_back(false);
         }
+        self.unused += g;
         g as u16
     }
 }
@@ -99,6 +106,11 @@ mod tests {
         assert_eq!(w.outstanding(), 0);
         assert_eq!(w.grant(0), 1);
         assert_eq!(w.consume(u64::MAX, 2), Err(CreditError::OutOfWindow));
+        assert_eq!(w.outstanding(), 1);
+        assert_eq!(
+            w.outstanding(),
+            w.used.iter().filter(|u| !**u).count() as u64
+        );
     }
 
     #[test]

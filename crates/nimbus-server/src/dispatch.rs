@@ -159,6 +159,37 @@ pub fn response_allowance(frame: &[u8], limits: &Limits) -> usize {
     total.max(RESPONSE_OVERHEAD)
 }
 
+/// Frames larger than this always go to the blocking pool.
+const QUICK_FRAME_MAX: usize = 16 * 1024;
+
+/// Whether a frame may be processed on the connection's reader task rather
+/// than handed to the blocking pool. Handing over costs two thread wake-ups
+/// per request (to a pool thread, and back to the writer), which on small
+/// metadata requests was most of the server's CPU (BENCHMARKS.md, issue 4);
+/// requests that only touch metadata finish in microseconds on a local
+/// file system, so they run in place. Data transfer (READ, WRITE, FLUSH),
+/// directory listings, IOCTLs and encrypted frames (which cannot be looked
+/// into before decryption, and may ask for a read of any size) still go to
+/// the pool, where a slow disk blocks nobody else.
+pub fn is_quick(frame: &[u8], limits: &Limits) -> bool {
+    if frame.len() > QUICK_FRAME_MAX || frame.starts_with(&TRANSFORM_PROTOCOL_ID) {
+        return false;
+    }
+    chain_offsets(frame, limits.max_compound_requests).all(|off| {
+        let command = u16::from_le_bytes([frame[off + 12], frame[off + 13]]);
+        !matches!(
+            Command::from_u16(command),
+            Some(
+                Command::Read
+                    | Command::Write
+                    | Command::Flush
+                    | Command::QueryDirectory
+                    | Command::Ioctl
+            )
+        )
+    })
+}
+
 /// The session whose keys decrypted a request frame; they encrypt the
 /// response.
 struct Encrypted {
@@ -202,7 +233,8 @@ pub fn process_frame(
     if !frame.starts_with(&PROTOCOL_ID) {
         return refuse(conn, "message with unknown protocol id");
     }
-    let mut out = conn.pool.take();
+    // A buffer sized for what the requests may return, not the overhead.
+    let mut out = conn.pool.take(allowance.saturating_sub(RESPONSE_OVERHEAD));
     out.resize(RESPONSE_START, 0);
     // (start of each response, session to sign it with)
     let mut responses: Vec<(usize, Option<Arc<Session>>)> = Vec::new();

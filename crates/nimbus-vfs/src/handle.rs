@@ -106,16 +106,41 @@ impl FileHandle {
 
     /// Reads at `offset` until `buf` is full or end of file; returns the bytes read.
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> VfsResult<usize> {
+        // SAFETY: buf is a valid writable buffer of buf.len() bytes.
+        unsafe { self.pread_full(buf.as_mut_ptr(), buf.len(), offset) }
+    }
+
+    /// Reads up to `len` bytes at `offset` onto the end of `buf`, straight
+    /// into its spare capacity: unlike `read_at` into a resized Vec, the
+    /// buffer is not zero-filled first (for an 8 MiB READ that memset was a
+    /// tenth of the server's CPU). Returns the bytes read; `buf` grows by
+    /// exactly that many.
+    pub fn read_append(&self, buf: &mut Vec<u8>, len: usize, offset: u64) -> VfsResult<usize> {
+        buf.reserve(len);
+        let spare = buf.spare_capacity_mut();
+        // SAFETY: spare has at least `len` writable bytes; pread_full writes
+        // only through the pointer, and reports how many bytes it wrote.
+        let n = unsafe { self.pread_full(spare.as_mut_ptr().cast(), len, offset)? };
+        // SAFETY: the first n bytes of the spare capacity were just written
+        // by the kernel, so they are initialised.
+        unsafe { buf.set_len(buf.len() + n) };
+        Ok(n)
+    }
+
+    /// pread(2) until `len` bytes or end of file.
+    ///
+    /// # Safety
+    /// `dst` must be valid for writes of `len` bytes.
+    unsafe fn pread_full(&self, dst: *mut u8, len: usize, offset: u64) -> VfsResult<usize> {
         self.check_io(self.access.can_read())?;
         let start = check_offset(offset)?;
         let mut done = 0usize;
-        while done < buf.len() {
+        while done < len {
             let Some(pos) = start.checked_add(done as i64) else {
                 break;
             };
-            let rest = &mut buf[done..];
-            // SAFETY: rest is a valid writable buffer of rest.len() bytes.
-            let n = unsafe { libc::pread(self.raw(), rest.as_mut_ptr().cast(), rest.len(), pos) };
+            // SAFETY: dst + done .. dst + len is within the caller's buffer.
+            let n = unsafe { libc::pread(self.raw(), dst.add(done).cast(), len - done, pos) };
             if n < 0 {
                 let e = sys::errno();
                 if e == libc::EINTR {

@@ -275,6 +275,14 @@ fn read_write_round_trip() {
     assert_eq!(&buf[..6], b"\0\0tail");
     assert_eq!(h.read_at(&mut buf, 1_000_000).unwrap(), 0);
     assert_eq!(read_file(fs, "data").len(), 300_004);
+    // read_append grows the Vec by what was read, after what it held.
+    let mut grown = b"head".to_vec();
+    assert_eq!(h.read_append(&mut grown, 100, 299_998).unwrap(), 6);
+    assert_eq!(grown, b"head\0\0tail");
+    assert_eq!(h.read_append(&mut grown, 8, 1_000_000).unwrap(), 0);
+    assert_eq!(grown.len(), 10);
+    assert_eq!(h.read_append(&mut grown, 1000, 0).unwrap(), 1000);
+    assert_eq!(&grown[10..], &payload[..1000]);
 
     h.set_len(10).unwrap();
     assert_eq!(h.stat().unwrap().size, 10);
@@ -284,6 +292,10 @@ fn read_write_round_trip() {
 
     assert_err!(h.write_at(b"x", u64::MAX), VfsError::InvalidParameter);
     assert_err!(h.read_at(&mut buf, 1 << 63), VfsError::InvalidParameter);
+    assert_err!(
+        h.read_append(&mut grown, 1, 1 << 63),
+        VfsError::InvalidParameter
+    );
     assert_err!(h.set_len(u64::MAX), VfsError::InvalidParameter);
 
     let t = Timespec {

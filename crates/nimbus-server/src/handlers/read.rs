@@ -2,7 +2,7 @@
 //! straight into the response buffer after the 16-byte READ body: no copy.
 
 use nimbus_wire::fscc::access;
-use nimbus_wire::read::{encode_read_response_head, ReadRequest, READ_RESPONSE_FIXED};
+use nimbus_wire::read::{encode_read_response_head, ReadRequest};
 use nimbus_wire::NtStatus;
 
 use super::{check_credit_charge, malformed};
@@ -28,16 +28,16 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     }
     let head = out.len();
     encode_read_response_head(out, 0);
-    let data_start = head + READ_RESPONSE_FIXED;
-    out.resize(data_start + req.length as usize, 0);
-    let n = match open.handle.read_at(&mut out[data_start..], req.offset) {
+    let n = match open
+        .handle
+        .read_append(out, req.length as usize, req.offset)
+    {
         Ok(n) => n,
         Err(e) => {
             out.truncate(head);
             return Err(vfs_status(&e));
         }
     };
-    out.truncate(data_start + n);
     if (n == 0 && req.length > 0) || (n as u64) < req.minimum_count as u64 {
         out.truncate(head);
         return Err(NtStatus::END_OF_FILE);
