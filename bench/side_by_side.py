@@ -395,6 +395,12 @@ def main() -> int:
                 print(f"round {rnd + 1} of {args.rounds}", flush=True)
                 if args.only != "metadata":
                     for op in ("get", "put"):
+                        if op == "put":
+                            # Unmeasured: the first put after a series of gets
+                            # ran up to 3x slower, for either server (the
+                            # kernel finding 1 GiB of free pages for tmpfs).
+                            for s in order:
+                                transfer(s, "off", "put", source, size)
                         for mode in args.modes:
                             for s in order:
                                 r = transfer(s, mode, op, source, size)

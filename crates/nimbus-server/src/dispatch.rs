@@ -233,8 +233,12 @@ pub fn process_frame(
     if !frame.starts_with(&PROTOCOL_ID) {
         return refuse(conn, "message with unknown protocol id");
     }
-    // A buffer sized for what the requests may return, not the overhead.
-    let mut out = conn.pool.take(allowance.saturating_sub(RESPONSE_OVERHEAD));
+    // A buffer sized for what the requests may return. The allowance counts
+    // payload in either direction (a WRITE's credit charge covers the data
+    // it sends), so the frame's own size comes off: a READ gets a big
+    // buffer, a WRITE a small one.
+    let payload = allowance.saturating_sub(RESPONSE_OVERHEAD + frame.len());
+    let mut out = conn.pool.take(payload);
     out.resize(RESPONSE_START, 0);
     // (start of each response, session to sign it with)
     let mut responses: Vec<(usize, Option<Arc<Session>>)> = Vec::new();
