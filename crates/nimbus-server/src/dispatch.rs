@@ -170,7 +170,10 @@ const QUICK_FRAME_MAX: usize = 16 * 1024;
 /// file system, so they run in place. Data transfer (READ, WRITE, FLUSH),
 /// directory listings, IOCTLs and encrypted frames (which cannot be looked
 /// into before decryption, and may ask for a read of any size) still go to
-/// the pool, where a slow disk blocks nobody else.
+/// the pool, where a slow disk blocks nobody else. The cost: a metadata
+/// call that is slow after all (unlinking a huge file on delete-on-close,
+/// truncating one on overwrite, a hung network file system) holds one
+/// runtime worker meanwhile; the other workers take over its queued tasks.
 pub fn is_quick(frame: &[u8], limits: &Limits) -> bool {
     if frame.len() > QUICK_FRAME_MAX || frame.starts_with(&TRANSFORM_PROTOCOL_ID) {
         return false;
