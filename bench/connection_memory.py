@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from netutil import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 import rawsmb  # noqa: E402
@@ -43,12 +45,6 @@ def rss_kib(pid: int) -> tuple[int, int]:
         if key in ("VmRSS", "VmHWM"):
             fields[key] = int(value.split()[0])
     return fields["VmRSS"], fields["VmHWM"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

@@ -22,13 +22,14 @@ import argparse
 import os
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from netutil import free_port, wait_listening
 
 REPO = Path(__file__).resolve().parent.parent
 GIB = 1 << 30
@@ -39,24 +40,6 @@ def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     utime, stime = int(fields[11]), int(fields[12])
     return (utime + stime) / os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port: int, proc: subprocess.Popen) -> None:
-    for _ in range(200):
-        if proc.poll() is not None:
-            sys.exit(f"nimbus exited with {proc.returncode}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    sys.exit("nimbus did not start")
 
 
 def raw_gcm_seconds_per_gib(nimbus: str) -> float:
@@ -95,7 +78,7 @@ def main() -> int:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         try:
-            wait_port(port, server)
+            wait_listening(port, server, "nimbus")
             modes = {
                 "clear": ["--client-protection=off"],
                 "AES-128-GCM": ["--client-protection=encrypt", "--option=client smb3 encryption algorithms=AES-128-GCM"],

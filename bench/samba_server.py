@@ -27,13 +27,13 @@ import getpass
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from netutil import free_port, wait_listening
 
 SMBD = shutil.which("smbd", path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin") or "/usr/sbin/smbd"
 PDBEDIT = shutil.which("pdbedit", path=os.environ.get("PATH", "") + ":/usr/bin:/usr/sbin") or "/usr/bin/pdbedit"
@@ -134,18 +134,6 @@ def _smb_conf(state: Path, port: int, shares: list[SambaShare], signing: str, ex
     return "\n".join(lines)
 
 
-def _wait_for_port(host: str, port: int, proc: subprocess.Popen, deadline: float) -> None:
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"smbd exited with status {proc.returncode} before listening")
-        try:
-            with socket.create_connection((host, port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise TimeoutError(f"smbd did not listen on {host}:{port} in time")
-
-
 def start_samba(
     state_dir: Path,
     port: int,
@@ -204,17 +192,11 @@ def start_samba(
             log_file.close()
     server = SambaServer(state_dir, port, shares, user, password, log_path, proc)
     try:
-        _wait_for_port("127.0.0.1", port, proc, time.monotonic() + start_timeout)
+        wait_listening(port, proc, "smbd", start_timeout)
     except BaseException:
         server.stop()
         raise
     return server
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main() -> int:
@@ -235,7 +217,7 @@ def main() -> int:
         if not sep or not name or not path:
             parser.error(f"share {spec!r}: write NAME=PATH")
         shares.append(SambaShare(name, Path(path).resolve(), ro))
-    port = args.port or _free_port()
+    port = args.port or free_port()
     state = Path(args.state_dir) if args.state_dir else Path(tempfile.mkdtemp(prefix="samba-ref-"))
     options = dict(o.split("=", 1) for o in args.option)
     def terminate(signum, frame):

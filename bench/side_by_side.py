@@ -38,7 +38,6 @@ import os
 import platform
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -52,6 +51,7 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 sys.path.insert(0, str(BENCH))
 import meta_loop  # noqa: E402
+from netutil import free_port, wait_listening  # noqa: E402
 from samba_server import SambaShare, start_samba  # noqa: E402
 
 GIB = 1 << 30
@@ -112,12 +112,6 @@ def tree_cpu_seconds(root: int) -> float:
 # ---------------------------------------------------------------- servers
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @dataclass
 class Server:
     name: str
@@ -149,16 +143,10 @@ def start_nimbus(nimbus: str, state: Path, share_dir: Path) -> Server:
         [nimbus, "serve", "--listen", f"127.0.0.1:{port}", "--user-db", str(db), "--share", f"{SHARE}={share_dir}", "--signing", "auto"],
         stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
-    for _ in range(200):
-        if proc.poll() is not None:
-            sys.exit(f"nimbus exited with {proc.returncode}; see {state / 'nimbus.log'}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            time.sleep(0.05)
-    else:
-        sys.exit("nimbus did not start listening")
+    try:
+        wait_listening(port, proc, "nimbus")
+    except (RuntimeError, TimeoutError) as e:
+        sys.exit(f"{e}; see {state / 'nimbus.log'}")
 
     def stop() -> None:
         proc.terminate()
