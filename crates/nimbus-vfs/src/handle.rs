@@ -116,7 +116,9 @@ impl FileHandle {
     /// tenth of the server's CPU). Returns the bytes read; `buf` grows by
     /// exactly that many.
     pub fn read_append(&self, buf: &mut Vec<u8>, len: usize, offset: u64) -> VfsResult<usize> {
-        buf.reserve(len);
+        // Exact: amortised growth could double a pooled buffer past the
+        // size the connection's pool keeps, and it would be dropped.
+        buf.reserve_exact(len);
         let spare = buf.spare_capacity_mut();
         // SAFETY: spare has at least `len` writable bytes; pread_full writes
         // only through the pointer, and reports how many bytes it wrote.
