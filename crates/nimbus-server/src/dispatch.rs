@@ -123,7 +123,10 @@ impl Ctx<'_> {
             .session()?
             .open(id.volatile)
             .ok_or(NtStatus::FILE_CLOSED)?;
-        if open.open_id != id.persistent || open.tree_id != self.hdr.tree_id && !self.related {
+        // The open must belong to the tree the request runs on, related or
+        // not: that tree's rules (read-only, encryption) were the ones
+        // checked, so an open of another tree would slip past them.
+        if open.open_id != id.persistent || open.tree_id != self.hdr.tree_id {
             return Err(NtStatus::FILE_CLOSED);
         }
         self.chain_file_id = Some(id);
@@ -490,16 +493,10 @@ fn handle_one(
         signature: [0; 16],
     };
     write_header(&resp, &mut out[start..body_start]);
-    let keyless_error = status == NtStatus::USER_SESSION_DELETED
-        || (status == NtStatus::INVALID_PARAMETER && related && sign_session.is_none());
-    if keyless_error && hdr.is_signed() && chain.encrypted_for.is_none() {
-        // No session key is at hand to sign with (the session is gone, or a
-        // related request follows one without a session), but a client that
-        // signed expects the SIGNED flag; Samba's client accepts these
-        // statuses unverified.
-        let fl = resp.flags | flags::SIGNED;
-        out[start + 16..start + 20].copy_from_slice(&fl.to_le_bytes());
-    }
+    // An error answered without a session key at hand (the session is
+    // gone, or a related request follows one without a session) goes out
+    // unsigned, without the SIGNED flag: a flag over a zero signature would
+    // claim a protection the message does not have (MS-SMB2 3.3.4.1.1).
     chain.session_id = ctx.response_session_id;
     chain.tree_id = ctx.response_tree_id.unwrap_or(tree_id);
     chain.file_id = ctx.chain_file_id;

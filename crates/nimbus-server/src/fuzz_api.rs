@@ -53,7 +53,11 @@ pub fn server(dir: &Path) -> Result<Arc<Server>, String> {
         }],
         ..Config::default()
     };
-    Server::new(config).map_err(|e| e.to_string())
+    let server = Server::new(config).map_err(|e| e.to_string())?;
+    server
+        .predictable_file_ids
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    Ok(server)
 }
 
 /// One client connection without a socket.

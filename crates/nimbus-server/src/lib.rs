@@ -12,6 +12,7 @@ mod dosinfo;
 mod errors;
 mod fileinfo;
 #[doc(hidden)]
+#[cfg(feature = "fuzzing")]
 pub mod fuzz_api;
 mod handlers;
 pub mod limits;

@@ -45,6 +45,8 @@ fn spelling_in(fs: &LocalFs, dir: &str, name: &str) -> Option<String> {
         mode: CreateMode::OpenExisting,
         kind: Kind::Directory,
         perm: 0,
+        append_only: false,
+        expect: None,
     };
     let (handle, _, _) = fs.open(dir, &opts).ok()?;
     let names = handle.read_dir_names().ok()?;

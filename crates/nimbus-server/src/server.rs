@@ -1,7 +1,7 @@
 //! The server: shares, services, listeners and the accept loop.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use nimbus_auth::{AuthConfig, Authenticator, UserDb};
@@ -78,6 +78,10 @@ pub struct Server {
     pub logon_guard: LogonGuard,
     next_session_id: AtomicU64,
     next_open_id: AtomicU64,
+    /// Volatile FileIds equal the open id instead of being random: only for
+    /// the fuzz harness, whose recorded streams name the FileIds a fresh
+    /// server handed out, and whose runs must be reproducible.
+    pub(crate) predictable_file_ids: AtomicBool,
 }
 
 pub fn now_filetime() -> u64 {
@@ -180,6 +184,7 @@ impl Server {
             logon_guard,
             next_session_id: AtomicU64::new(1),
             next_open_id: AtomicU64::new(1),
+            predictable_file_ids: AtomicBool::new(false),
         }))
     }
 
@@ -201,6 +206,26 @@ impl Server {
 
     pub fn new_open_id(&self) -> u64 {
         self.next_open_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The volatile half of a new open's FileId, one that `taken` (the
+    /// session's opens) does not hold: 64 random bits, so that a FileId
+    /// cannot be guessed from another (the persistent half is the open id,
+    /// a counter, and a request must name both halves right).
+    pub fn new_volatile_id(&self, open_id: u64, taken: impl Fn(u64) -> bool) -> u64 {
+        if self.predictable_file_ids.load(Ordering::Relaxed) && !taken(open_id) {
+            return open_id;
+        }
+        loop {
+            let mut b = [0u8; 8];
+            self.provider.fill_random(&mut b);
+            let id = u64::from_le_bytes(b);
+            // All ones is the "previous file" FileId of related compounds
+            // (MS-SMB2 3.3.5.2.7.2).
+            if id != 0 && id != u64::MAX && !taken(id) {
+                return id;
+            }
+        }
     }
 
     /// Binds every listen address, then serves until the process ends.

@@ -36,6 +36,9 @@ pub enum VfsError {
     InvalidParameter,
     /// A directory has more entries than the caller will hold.
     TooManyEntries,
+    /// The name no longer refers to the object the caller expected: it was
+    /// replaced or renamed meanwhile.
+    Changed,
     /// Any other I/O error.
     Io(io::Error),
 }
@@ -100,6 +103,7 @@ impl fmt::Display for VfsError {
             VfsError::Busy => f.write_str("resource busy"),
             VfsError::InvalidParameter => f.write_str("invalid parameter"),
             VfsError::TooManyEntries => f.write_str("too many directory entries"),
+            VfsError::Changed => f.write_str("the name now refers to another object"),
             VfsError::Io(e) => write!(f, "I/O error: {e}"),
         }
     }

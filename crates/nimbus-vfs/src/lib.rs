@@ -97,6 +97,15 @@ pub struct OpenOptions {
     pub kind: Kind,
     /// Permission bits for created objects (the process umask still applies).
     pub perm: u32,
+    /// Every write lands at the end of the file, whatever offset it names
+    /// (`O_APPEND`): an open granted FILE_APPEND_DATA without
+    /// FILE_WRITE_DATA may add data but never overwrite it.
+    pub append_only: bool,
+    /// Open an existing object only if it is this one (device, inode);
+    /// otherwise fail with `Changed` before anything (truncation
+    /// included) is done to it. Lets a caller that checked a file by name
+    /// be sure it acts on the file it checked.
+    pub expect: Option<(u64, u64)>,
 }
 
 /// One entry of [`FileHandle::read_dir`].

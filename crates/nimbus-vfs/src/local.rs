@@ -124,6 +124,12 @@ impl LocalFs {
             return Err(VfsError::Exists);
         }
         let st = sys::fstat_raw(probe.as_raw_fd())?;
+        if opts
+            .expect
+            .is_some_and(|(dev, ino)| (st.st_dev, st.st_ino) != (dev, ino))
+        {
+            return Err(VfsError::Changed);
+        }
         let truncate = opts.mode.truncates();
         let reopen = |flags: i32| -> VfsResult<Option<OwnedFd>> {
             match openat2_beneath(self.root(), full, flags, 0) {
@@ -153,11 +159,26 @@ impl LocalFs {
                 }
                 let access = Access::from_opts(opts);
                 let mut flags = access.open_flags() | libc::O_NONBLOCK;
-                if truncate {
-                    flags |= libc::O_TRUNC;
+                if opts.append_only {
+                    flags |= libc::O_APPEND;
                 }
+                // No O_TRUNC: that would cut whatever the name reaches by
+                // the time of the open. Truncate only once the descriptor
+                // is known to be the object probed (and expected).
                 match reopen(flags) {
-                    Ok(fd) => Ok(fd.map(|fd| FileHandle::new(fd, false, access))),
+                    Ok(Some(fd)) => {
+                        if truncate {
+                            sys::cvt_retry(|| {
+                                // SAFETY: plain call on a descriptor we own.
+                                unsafe { libc::ftruncate(fd.as_raw_fd(), 0) }
+                            })?;
+                        }
+                        Ok(Some(FileHandle::new(fd, false, access)))
+                    }
+                    // Replaced since the probe: with an expected identity
+                    // the caller must look again; without, retry here.
+                    Ok(None) if opts.expect.is_some() => Err(VfsError::Changed),
+                    Ok(None) => Ok(None),
                     // Attribute-only open of a file we may not read: keep the O_PATH probe.
                     Err(VfsError::AccessDenied) if access == Access::None && !truncate => {
                         Ok(Some(FileHandle::new(probe, false, Access::Path)))
@@ -230,10 +251,56 @@ impl LocalFs {
         Ok(())
     }
 
+    /// Removes `path` (an empty directory when `is_dir`) only if the name still refers to
+    /// `identity` (device, inode), else `Changed`. The name is checked through the opened parent
+    /// right before `unlinkat`; no call unlinks by inode, so the window left is the one between
+    /// those two calls, not the one since the caller last looked.
+    pub fn remove_if(&self, path: &str, is_dir: bool, identity: (u64, u64)) -> VfsResult<()> {
+        let Some((parent, name)) = self.parent_and_name(path)? else {
+            return Err(VfsError::AccessDenied);
+        };
+        let st = sys::fstat_raw_at(parent.as_raw_fd(), &name)?;
+        if (st.st_dev, st.st_ino) != identity {
+            return Err(VfsError::Changed);
+        }
+        let flags = if is_dir { libc::AT_REMOVEDIR } else { 0 };
+        sys::cvt_retry(|| {
+            // SAFETY: name is NUL-terminated; parent is a valid directory descriptor.
+            unsafe { libc::unlinkat(parent.as_raw_fd(), name.as_ptr(), flags) }
+        })
+        .map_err(|e| match e {
+            VfsError::Exists if is_dir => VfsError::NotEmpty,
+            e => e,
+        })?;
+        Ok(())
+    }
+
     /// Renames `from` to `to`. Without `replace` an existing target is `Exists`; with `replace`
     /// an existing file is replaced, but an existing directory is never replaced
     /// (`AccessDenied`), as on Windows.
     pub fn rename(&self, from: &str, to: &str, replace: bool) -> VfsResult<()> {
+        self.rename_checked(from, to, replace, None)
+    }
+
+    /// [`LocalFs::rename`] of the object `identity` (device, inode): `Changed` if `from` names
+    /// another object by now (checked through the opened parent right before `renameat2`).
+    pub fn rename_if(
+        &self,
+        from: &str,
+        to: &str,
+        replace: bool,
+        identity: (u64, u64),
+    ) -> VfsResult<()> {
+        self.rename_checked(from, to, replace, Some(identity))
+    }
+
+    fn rename_checked(
+        &self,
+        from: &str,
+        to: &str,
+        replace: bool,
+        identity: Option<(u64, u64)>,
+    ) -> VfsResult<()> {
         let Some((fparent, fname)) = self.parent_and_name(from)? else {
             return Err(VfsError::AccessDenied);
         };
@@ -246,6 +313,9 @@ impl LocalFs {
         };
         let (fp, tp) = (fparent.as_raw_fd(), tparent.as_raw_fd());
         let src = sys::fstat_raw_at(fp, &fname)?;
+        if identity.is_some_and(|id| (src.st_dev, src.st_ino) != id) {
+            return Err(VfsError::Changed);
+        }
         if replace {
             if let Ok(dst) = sys::fstat_raw_at(tp, &tname) {
                 let same = dst.st_dev == src.st_dev && dst.st_ino == src.st_ino;
@@ -319,7 +389,10 @@ fn create(parent: RawFd, name: &CStr, opts: &OpenOptions) -> VfsResult<Option<Fi
         return Ok(Some(FileHandle::new(fd, true, Access::None)));
     }
     let access = Access::from_opts(opts);
-    let flags = access.open_flags() | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
+    let mut flags = access.open_flags() | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
+    if opts.append_only {
+        flags |= libc::O_APPEND;
+    }
     match openat2_beneath(parent, name, flags, opts.perm) {
         Ok(fd) => Ok(Some(FileHandle::new(fd, false, access))),
         Err(libc::EEXIST) => exists(),

@@ -54,6 +54,8 @@ fn opts(read: bool, write: bool, mode: CreateMode, kind: Kind) -> OpenOptions {
         mode,
         kind,
         perm: 0o644,
+        append_only: false,
+        expect: None,
     }
 }
 
@@ -649,4 +651,86 @@ fn handles_are_send_and_sync() {
     fn check<T: Send + Sync>() {}
     check::<LocalFs>();
     check::<crate::FileHandle>();
+}
+
+fn identity(fs: &LocalFs, path: &str) -> (u64, u64) {
+    let st = fs.stat(path).unwrap();
+    (st.dev, st.ino)
+}
+
+#[test]
+fn expected_identity_is_checked_before_truncating() {
+    let s = Scratch::new();
+    let fs = &s.fs;
+    write_file(fs, "checked", b"the file that was checked");
+    let checked = identity(fs, "checked");
+    // Another client replaces the name between the check and the open.
+    std::fs::rename(s.share().join("checked"), s.share().join("moved")).unwrap();
+    std::fs::write(s.share().join("checked"), b"someone else's file").unwrap();
+    let o = OpenOptions {
+        expect: Some(checked),
+        ..rw(CreateMode::TruncateExisting)
+    };
+    assert_err!(fs.open("checked", &o), VfsError::Changed);
+    // Neither file was cut.
+    assert_eq!(
+        std::fs::read(s.share().join("checked")).unwrap(),
+        b"someone else's file"
+    );
+    assert_eq!(
+        std::fs::read(s.share().join("moved")).unwrap(),
+        b"the file that was checked"
+    );
+    // The expected object under its own name is opened and truncated.
+    let o = OpenOptions {
+        expect: Some(checked),
+        ..rw(CreateMode::TruncateExisting)
+    };
+    let (_, st, _) = fs.open("moved", &o).unwrap();
+    assert_eq!((st.dev, st.ino, st.size), (checked.0, checked.1, 0));
+}
+
+#[test]
+fn append_only_handles_never_overwrite() {
+    let s = Scratch::new();
+    let fs = &s.fs;
+    write_file(fs, "log", b"0123456789");
+    let o = OpenOptions {
+        append_only: true,
+        ..opts(false, true, CreateMode::OpenExisting, Kind::File)
+    };
+    let (h, _, _) = fs.open("log", &o).unwrap();
+    // The offset asked for is ignored: data goes to the end.
+    h.write_at(b"AB", 0).unwrap();
+    h.write_at(b"CD", 3).unwrap();
+    assert_eq!(
+        std::fs::read(s.share().join("log")).unwrap(),
+        b"0123456789ABCD"
+    );
+}
+
+#[test]
+fn remove_and_rename_act_only_on_the_expected_object() {
+    let s = Scratch::new();
+    let fs = &s.fs;
+    write_file(fs, "a", b"first");
+    let first = identity(fs, "a");
+    std::fs::rename(s.share().join("a"), s.share().join("elsewhere")).unwrap();
+    std::fs::write(s.share().join("a"), b"second").unwrap();
+    assert_err!(fs.remove_if("a", false, first), VfsError::Changed);
+    assert_err!(fs.rename_if("a", "b", false, first), VfsError::Changed);
+    assert_eq!(std::fs::read(s.share().join("a")).unwrap(), b"second");
+    assert!(!s.share().join("b").exists());
+    fs.rename_if("elsewhere", "b", false, first).unwrap();
+    assert_eq!(std::fs::read(s.share().join("b")).unwrap(), b"first");
+    fs.remove_if("b", false, first).unwrap();
+    assert!(!s.share().join("b").exists());
+
+    mkdir(fs, "d");
+    let d = identity(fs, "d");
+    write_file(fs, "d/x", b"x");
+    assert_err!(fs.remove_if("d", true, d), VfsError::NotEmpty);
+    fs.unlink("d/x").unwrap();
+    fs.remove_if("d", true, d).unwrap();
+    assert!(!s.share().join("d").exists());
 }

@@ -1,6 +1,7 @@
 //! MS-SMB2 3.3.5.10 Receiving an SMB2 CLOSE Request, and the release of an
 //! open (share modes, delete-on-close) that every way of closing shares.
 
+use nimbus_vfs::VfsError;
 use nimbus_wire::close::{CloseRequest, CloseResponse, FLAG_POSTQUERY_ATTRIB};
 use nimbus_wire::create::FileTimesAndSizes;
 use nimbus_wire::NtStatus;
@@ -55,18 +56,12 @@ fn delete_file(open: &Open) {
         return;
     };
     let path = open.path();
-    // The name may have been renamed by another open since; delete only if
-    // it still names this very file.
-    match fs.stat(&path) {
-        Ok(st) if st.dev == open.file_key.dev && st.ino == open.file_key.ino => {}
-        _ => return,
-    }
-    let r = if open.is_dir {
-        fs.rmdir(&path)
-    } else {
-        fs.unlink(&path)
-    };
-    if let Err(e) = r {
-        tracing::warn!("delete-on-close of {path} failed: {e}");
+    // The name may have been renamed by another open since, or now name
+    // another file: delete only if it still names this very file, checked
+    // right before the unlink.
+    let identity = (open.file_key.dev, open.file_key.ino);
+    match fs.remove_if(&path, open.is_dir, identity) {
+        Ok(()) | Err(VfsError::Changed) | Err(VfsError::NotFound) => {}
+        Err(e) => tracing::warn!("delete-on-close of {path} failed: {e}"),
     }
 }

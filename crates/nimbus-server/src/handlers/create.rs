@@ -20,29 +20,40 @@ use crate::fileinfo::{file_info, is_readonly, times_and_sizes};
 use crate::names::to_vfs_path;
 use crate::session::{lock, Open};
 
-/// Internal marker (customer bit set, never sent): another client created
-/// the name between our check and our create, so the open is retried and
-/// then finds the new file.
-const LOST_CREATE_RACE: NtStatus = NtStatus(0xE000_0001);
+/// Why one attempt at a CREATE did not finish.
+enum Failed {
+    /// The answer to the client.
+    Status(NtStatus),
+    /// The name changed between our check and our open (another client
+    /// created, replaced or removed it): look again.
+    Raced,
+}
+
+impl From<NtStatus> for Failed {
+    fn from(s: NtStatus) -> Failed {
+        Failed::Status(s)
+    }
+}
 
 pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
     for _ in 0..3 {
         match open_or_create(ctx, body, out) {
-            Err(LOST_CREATE_RACE) => continue,
-            result => return result,
+            Ok(status) => return Ok(status),
+            Err(Failed::Status(status)) => return Err(status),
+            Err(Failed::Raced) => continue,
         }
     }
     Err(NtStatus::SHARING_VIOLATION)
 }
 
-fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
+fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<NtStatus, Failed> {
     let req = CreateRequest::parse(body).map_err(malformed)?;
     let tree = ctx.tree()?.clone();
     let session = ctx.session()?.clone();
     let share = tree.share.clone();
     let Some(fs) = share.fs.as_ref() else {
         // IPC$ serves no named pipes (no RPC services yet).
-        return Err(NtStatus::OBJECT_NAME_NOT_FOUND);
+        return Err(NtStatus::OBJECT_NAME_NOT_FOUND.into());
     };
     check_request(&req)?;
     let options = req.create_options;
@@ -57,22 +68,22 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerR
             | CreateDisposition::OverwriteIf
     );
     if want_dir && truncating {
-        return Err(NtStatus::INVALID_PARAMETER);
+        return Err(NtStatus::INVALID_PARAMETER.into());
     }
     let desired = access::map_generic(req.desired_access);
     let delete_on_close = options & opt::DELETE_ON_CLOSE != 0;
     if delete_on_close && desired & (access::DELETE | access::MAXIMUM_ALLOWED) == 0 {
-        return Err(NtStatus::ACCESS_DENIED);
+        return Err(NtStatus::ACCESS_DENIED.into());
     }
     if lock(&session.opens).len() >= ctx.server.config.limits.max_open_files_per_session {
-        return Err(NtStatus::TOO_MANY_OPENED_FILES);
+        return Err(NtStatus::TOO_MANY_OPENED_FILES.into());
     }
     for c in &req.contexts {
         match c.name.as_slice() {
             // Previous versions (snapshots) are not served.
-            context_name::TIMEWARP_TOKEN => return Err(NtStatus::OBJECT_NAME_NOT_FOUND),
+            context_name::TIMEWARP_TOKEN => return Err(NtStatus::OBJECT_NAME_NOT_FOUND.into()),
             context_name::EA_BUFFER if !c.data.is_empty() => {
-                return Err(NtStatus::EAS_NOT_SUPPORTED)
+                return Err(NtStatus::EAS_NOT_SUPPORTED.into())
             }
             _ => {}
         }
@@ -82,26 +93,26 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerR
     let existing = match fs.stat(&path) {
         Ok(st) => Some(st),
         Err(VfsError::NotFound) => None,
-        Err(e) => return Err(vfs_status(&e)),
+        Err(e) => return Err(vfs_status(&e).into()),
     };
     if let Some(st) = &existing {
         if st.is_dir && want_file {
-            return Err(NtStatus::FILE_IS_A_DIRECTORY);
+            return Err(NtStatus::FILE_IS_A_DIRECTORY.into());
         }
         if !st.is_dir && want_dir {
-            return Err(NtStatus::NOT_A_DIRECTORY);
+            return Err(NtStatus::NOT_A_DIRECTORY.into());
         }
         if disposition == CreateDisposition::Create {
-            return Err(NtStatus::OBJECT_NAME_COLLISION);
+            return Err(NtStatus::OBJECT_NAME_COLLISION.into());
         }
         if st.is_dir && truncating {
-            return Err(NtStatus::FILE_IS_A_DIRECTORY);
+            return Err(NtStatus::FILE_IS_A_DIRECTORY.into());
         }
     } else if matches!(
         disposition,
         CreateDisposition::Open | CreateDisposition::Overwrite
     ) {
-        return Err(NtStatus::OBJECT_NAME_NOT_FOUND);
+        return Err(NtStatus::OBJECT_NAME_NOT_FOUND.into());
     }
     let creating = existing.is_none();
     let is_dir = existing.as_ref().map(|s| s.is_dir).unwrap_or(want_dir);
@@ -124,14 +135,21 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerR
         desired
     };
     if granted & !max != 0 || (share.read_only && (creating || truncating)) {
-        return Err(NtStatus::ACCESS_DENIED);
+        return Err(NtStatus::ACCESS_DENIED.into());
+    }
+    // Delete-on-close needs DELETE among the rights granted, not merely
+    // asked for: MAXIMUM_ALLOWED on a read-only share grants no DELETE, and
+    // the file must survive the close (MS-FSA 2.1.5.1.2.1: Windows answers
+    // ACCESS_DENIED).
+    if delete_on_close && granted & access::DELETE == 0 {
+        return Err(NtStatus::ACCESS_DENIED.into());
     }
     if readonly_attr && !creating && !is_dir {
         if granted & write_rights != 0 || truncating {
-            return Err(NtStatus::ACCESS_DENIED);
+            return Err(NtStatus::ACCESS_DENIED.into());
         }
         if delete_on_close {
-            return Err(NtStatus::CANNOT_DELETE);
+            return Err(NtStatus::CANNOT_DELETE.into());
         }
     }
     if is_dir {
@@ -186,6 +204,12 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerR
         mode,
         kind,
         perm,
+        // MS-FSA 2.1.5.3: data written through an open that may append but
+        // not write goes to the end of the file, whatever offset it names.
+        append_only: granted & write_rights == access::FILE_APPEND_DATA,
+        // Act (truncation included) only on the file whose share modes were
+        // checked above; if the name was replaced meanwhile, look again.
+        expect: existing.as_ref().map(|st| (st.dev, st.ino)),
     };
     let (handle, st, created) = match fs.open(&path, &opts) {
         Ok(r) => r,
@@ -196,9 +220,11 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerR
             return Err(match e {
                 // Another creator won: open what it made instead.
                 VfsError::Exists if creating && disposition != CreateDisposition::Create => {
-                    LOST_CREATE_RACE
+                    Failed::Raced
                 }
-                e => vfs_status(&e),
+                // The file checked was replaced or removed meanwhile.
+                VfsError::Changed | VfsError::NotFound if !creating => Failed::Raced,
+                e => vfs_status(&e).into(),
             });
         }
     };
@@ -207,13 +233,6 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerR
         ino: st.ino,
     };
     if registered.is_none() {
-        ctx.server
-            .share_modes
-            .add_open(key, record)
-            .map_err(|e| sharing_status(&e))?;
-    } else if registered != Some(key) {
-        // The name now refers to another file than the one checked.
-        unregister(registered.unwrap_or(key));
         ctx.server
             .share_modes
             .add_open(key, record)
@@ -237,13 +256,13 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerR
     // An allocation size context may have changed the space on disk.
     let st = handle.stat().unwrap_or(st);
 
-    let file_id = FileId {
-        persistent: open_id,
-        volatile: open_id,
-    };
     let info = file_info(&st, &dos, false);
+    let mut opens = lock(&session.opens);
+    let volatile_id = ctx
+        .server
+        .new_volatile_id(open_id, |id| opens.contains_key(&id));
     let open = Arc::new(Open {
-        volatile_id: open_id,
+        volatile_id,
         open_id,
         tree_id: tree.id,
         share: share.clone(),
@@ -265,7 +284,12 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerR
         ),
         dir_enum: Mutex::new(None),
     });
-    lock(&session.opens).insert(open_id, open);
+    opens.insert(volatile_id, open);
+    drop(opens);
+    let file_id = FileId {
+        persistent: open_id,
+        volatile: volatile_id,
+    };
     ctx.chain_file_id = Some(file_id);
     let create_action = if created {
         CreateAction::Created

@@ -71,6 +71,16 @@ fn validate_negotiate(
     output: &mut Vec<u8>,
 ) -> Result<(), NtStatus> {
     let neg = ctx.conn.negotiated().ok_or(NtStatus::INVALID_PARAMETER)?;
+    // 3.1.1 protects the negotiate with the preauth hash instead; a client
+    // that asks anyway is not one the spec knows: end the connection.
+    if neg.dialect == nimbus_wire::negotiate::Dialect::Smb311 {
+        tracing::warn!(
+            "{}: VALIDATE_NEGOTIATE_INFO on an SMB 3.1.1 connection; closing connection",
+            ctx.conn.peer
+        );
+        ctx.disconnect = true;
+        return Err(NtStatus::ACCESS_DENIED);
+    }
     let Ok(v) = ValidateNegotiateInfo::parse(input) else {
         ctx.disconnect = true;
         return Err(NtStatus::INVALID_PARAMETER);

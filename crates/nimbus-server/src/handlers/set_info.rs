@@ -287,7 +287,9 @@ fn rename(ctx: &mut Ctx<'_>, open: &Open, new_name: &str, replace: bool) -> Resu
             }
         }
     }
-    fs.rename(&from, &to, replace || case_only)
+    // Rename the open file, not whatever its old name reaches by now.
+    let identity = (open.file_key.dev, open.file_key.ino);
+    fs.rename_if(&from, &to, replace || case_only, identity)
         .map_err(|e| match e {
             VfsError::Exists => NtStatus::OBJECT_NAME_COLLISION,
             e => vfs_status(&e),

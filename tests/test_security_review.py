@@ -1,0 +1,319 @@
+"""Findings of the security review (issue 11), each against the real server.
+
+Every test here failed on the commit the review read (120c1b4): it shows
+the hole, then the fix. smbprotocol for message-level control, raw
+messages (tests/rawsmb.py) where smbprotocol would not send what an
+attacker sends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+import uuid
+
+import pytest
+import rawsmb
+from conftest import READONLY_SHARE, Security, nimbus_binary
+from smbprotocol import Dialects
+from smbprotocol.connection import Connection
+from smbprotocol.exceptions import SMBConnectionClosed, SMBException, SMBResponseException
+from smbprotocol.file_info import FileInformationClass, InfoType
+from smbprotocol.header import NtStatus
+from smbprotocol.ioctl import CtlCode, IOCTLFlags, SMB2IOCTLRequest, SMB2ValidateNegotiateInfoRequest
+from smbprotocol.open import (
+    CreateDisposition,
+    CreateOptions,
+    FileAttributes,
+    FilePipePrinterAccessMask,
+    ImpersonationLevel,
+    Open,
+    ShareAccess,
+    SMB2SetInfoRequest,
+    SMB2SetInfoResponse,
+)
+from smbprotocol.session import Session
+from smbprotocol.tree import TreeConnect
+
+TIMEOUT = 30
+MAXIMUM_ALLOWED = 0x0200_0000
+FILE_DELETE_ON_CLOSE = 0x0000_1000
+SHARE_ALL = ShareAccess.FILE_SHARE_READ | ShareAccess.FILE_SHARE_WRITE | ShareAccess.FILE_SHARE_DELETE
+SECRET = "secret"
+
+
+@contextlib.contextmanager
+def connection(server, dialect=Dialects.SMB_3_1_1):
+    conn = Connection(uuid.uuid4(), server.host, server.port, require_signing=True)
+    conn.connect(dialect, timeout=TIMEOUT)
+    try:
+        yield conn
+    finally:
+        with contextlib.suppress(Exception):
+            conn.disconnect(close=True, timeout=TIMEOUT)
+
+
+def logon(conn, server, require_encryption=False) -> Session:
+    session = Session(conn, server.user, server.password, require_encryption=require_encryption, auth_protocol="ntlm")
+    session.connect()
+    return session
+
+
+def tree(session, server, share) -> TreeConnect:
+    t = TreeConnect(session, rf"\\{server.host}\{share}")
+    t.connect()
+    return t
+
+
+def create(t, name, access, options=CreateOptions.FILE_NON_DIRECTORY_FILE, disposition=CreateDisposition.FILE_OPEN) -> Open:
+    f = Open(t, name)
+    f.create(ImpersonationLevel.Impersonation, access, FileAttributes.FILE_ATTRIBUTE_NORMAL, SHARE_ALL, disposition, options)
+    return f
+
+
+def status_of(call) -> int:
+    with pytest.raises(SMBResponseException) as excinfo:
+        call()
+    return excinfo.value.status
+
+
+def set_info(f: Open, info_class, buffer: bytes) -> None:
+    req = SMB2SetInfoRequest()
+    req["info_type"] = InfoType.SMB2_0_INFO_FILE
+    req["file_info_class"] = info_class
+    req["file_id"] = f.file_id
+    req["buffer"] = buffer
+    conn, session, t = f.connection, f.tree_connect.session, f.tree_connect
+    request = conn.send(req, session.session_id, t.tree_connect_id)
+    response = conn.receive(request)
+    SMB2SetInfoResponse().unpack(response["data"].get_value())
+
+
+def rename_buffer(new_name: str, replace: bool = False) -> bytes:
+    """MS-FSCC 2.4.37.2 FILE_RENAME_INFORMATION_TYPE_2."""
+    name = new_name.encode("utf-16-le")
+    return struct.pack("<B7xQI", 1 if replace else 0, 0, len(name)) + name
+
+
+# --------------------------------------------------------------------------
+# 1. delete on read-only shares
+
+
+def test_delete_on_close_with_maximum_allowed_on_readonly_share_refused(readonly_server):
+    target = readonly_server.share_path / "hello.txt"
+    with connection(readonly_server) as conn:
+        t = tree(logon(conn, readonly_server), readonly_server, READONLY_SHARE)
+        status = status_of(
+            lambda: create(t, "hello.txt", MAXIMUM_ALLOWED, CreateOptions.FILE_NON_DIRECTORY_FILE | FILE_DELETE_ON_CLOSE)
+        )
+        assert status == NtStatus.STATUS_ACCESS_DENIED
+        # A directory the same way.
+        (readonly_server.share_path / "d").mkdir()
+        status = status_of(lambda: create(t, "d", MAXIMUM_ALLOWED, CreateOptions.FILE_DIRECTORY_FILE | FILE_DELETE_ON_CLOSE))
+        assert status == NtStatus.STATUS_ACCESS_DENIED
+    assert target.read_text() == "hello from a read-only share\n"
+    assert (readonly_server.share_path / "d").is_dir()
+
+
+def test_maximum_allowed_open_on_readonly_share_changes_nothing(readonly_server):
+    """SET_INFO through a MAXIMUM_ALLOWED open: disposition, rename, size, times and attributes."""
+    target = readonly_server.share_path / "hello.txt"
+    before = target.stat()
+    with connection(readonly_server) as conn:
+        t = tree(logon(conn, readonly_server), readonly_server, READONLY_SHARE)
+        f = create(t, "hello.txt", MAXIMUM_ALLOWED)
+        attempts = {
+            "disposition": (FileInformationClass.FILE_DISPOSITION_INFORMATION, b"\x01"),
+            "rename": (FileInformationClass.FILE_RENAME_INFORMATION, rename_buffer("moved.txt")),
+            "end of file": (FileInformationClass.FILE_END_OF_FILE_INFORMATION, struct.pack("<Q", 0)),
+            "allocation": (FileInformationClass.FILE_ALLOCATION_INFORMATION, struct.pack("<Q", 0)),
+            # creation, access, write, change time; READONLY|HIDDEN attributes
+            "basic": (FileInformationClass.FILE_BASIC_INFORMATION, struct.pack("<QQQQI4x", 1 << 56, 1 << 56, 1 << 56, 1 << 56, 0x3)),
+        }
+        for what, (cls, buf) in attempts.items():
+            assert status_of(lambda: set_info(f, cls, buf)) == NtStatus.STATUS_ACCESS_DENIED, what
+        # Writes and truncating opens too.
+        assert status_of(lambda: f.write(b"x", 0)) == NtStatus.STATUS_ACCESS_DENIED
+        status = status_of(lambda: create(t, "hello.txt", MAXIMUM_ALLOWED, disposition=CreateDisposition.FILE_OVERWRITE))
+        assert status == NtStatus.STATUS_ACCESS_DENIED
+        f.close()
+    after = target.stat()
+    assert target.read_text() == "hello from a read-only share\n"
+    assert (after.st_mtime_ns, after.st_mode) == (before.st_mtime_ns, before.st_mode)
+    assert not (readonly_server.share_path / "moved.txt").exists()
+
+
+def test_delete_on_close_with_maximum_allowed_still_deletes_on_writable_share(server):
+    """The fix must not take delete-on-close away where DELETE is granted."""
+    (server.share_path / "doomed.txt").write_text("bye")
+    with connection(server) as conn:
+        t = tree(logon(conn, server), server, server.share)
+        f = create(t, "doomed.txt", MAXIMUM_ALLOWED, CreateOptions.FILE_NON_DIRECTORY_FILE | FILE_DELETE_ON_CLOSE)
+        f.close()
+    assert not (server.share_path / "doomed.txt").exists()
+
+
+# --------------------------------------------------------------------------
+# 2. related compounds across trees
+
+
+@pytest.fixture
+def mixed_server(server_factory):
+    """Share "data" in clear, share "secret" with encryption = "required"."""
+    return server_factory.start([("data", False), (SECRET, False)], security=Security(share_encryption={SECRET: "required"}))
+
+
+def test_related_compound_cannot_reach_an_open_of_an_encrypted_share(mixed_server):
+    secret_file = mixed_server.extra_shares[SECRET] / "secret.txt"
+    secret_file.write_bytes(b"TOP-SECRET-PAYLOAD")
+    with connection(mixed_server) as conn:
+        session = logon(conn, mixed_server)
+        clear = tree(session, mixed_server, "data")
+        sealed = tree(session, mixed_server, SECRET)
+        assert sealed.encrypt_data and not clear.encrypt_data and not session.encrypt_data
+        # Opened properly, over encryption.
+        f = create(sealed, "secret.txt", FilePipePrinterAccessMask.GENERIC_READ | FilePipePrinterAccessMask.GENERIC_WRITE)
+        assert f.read(0, 18) == b"TOP-SECRET-PAYLOAD"
+
+        # Now a clear compound that starts on the clear share and names the
+        # secret open in its related requests.
+        opener = Open(clear, "decoy.txt")
+        create_msg, create_recv = opener.create(
+            ImpersonationLevel.Impersonation,
+            FilePipePrinterAccessMask.GENERIC_READ,
+            FileAttributes.FILE_ATTRIBUTE_NORMAL,
+            SHARE_ALL,
+            CreateDisposition.FILE_OPEN_IF,
+            CreateOptions.FILE_NON_DIRECTORY_FILE,
+            send=False,
+        )
+        read_msg, read_recv = f.read(0, 18, send=False)
+        write_msg, write_recv = f.write(b"OVERWRITTEN-IN-CLR", 0, send=False)
+        requests = conn.send_compound([create_msg, read_msg, write_msg], session.session_id, clear.tree_connect_id, related=True)
+        create_recv(requests[0])
+        assert status_of(lambda: read_recv(requests[1])) == NtStatus.STATUS_FILE_CLOSED
+        assert status_of(lambda: write_recv(requests[2])) == NtStatus.STATUS_FILE_CLOSED
+        opener.close()
+        # The open itself is untouched and still works over encryption.
+        assert f.read(0, 18) == b"TOP-SECRET-PAYLOAD"
+        f.close()
+    assert secret_file.read_bytes() == b"TOP-SECRET-PAYLOAD"
+
+
+def test_file_ids_are_not_guessable(server):
+    with connection(server) as conn:
+        t = tree(logon(conn, server), server, server.share)
+        opens = [
+            create(t, f"f{i}.txt", FilePipePrinterAccessMask.GENERIC_READ, disposition=CreateDisposition.FILE_OVERWRITE_IF)
+            for i in range(8)
+        ]
+        volatile = [struct.unpack("<QQ", f.file_id)[1] for f in opens]
+        persistent = [struct.unpack("<QQ", f.file_id)[0] for f in opens]
+        for f in opens:
+            f.close()
+    assert len(set(volatile)) == len(volatile)
+    assert not set(volatile) & set(persistent)
+    # Not a sequence: consecutive opens differ in more than the low bits.
+    assert all(abs(a - b) > 1 << 32 for a, b in zip(volatile, volatile[1:])), [hex(v) for v in volatile]
+
+
+# --------------------------------------------------------------------------
+# 9. acting on the open file, not on whatever its name now reaches
+
+
+def test_rename_acts_on_the_open_file_not_on_its_old_name(server):
+    root = server.share_path
+    (root / "a.txt").write_text("the open file")
+    with connection(server) as conn:
+        t = tree(logon(conn, server), server, server.share)
+        f = create(t, "a.txt", FilePipePrinterAccessMask.GENERIC_READ | FilePipePrinterAccessMask.DELETE)
+        # Outside SMB, the name is moved away and another file takes it.
+        os.rename(root / "a.txt", root / "elsewhere.txt")
+        (root / "a.txt").write_text("an innocent bystander")
+        status = status_of(lambda: set_info(f, FileInformationClass.FILE_RENAME_INFORMATION, rename_buffer("b.txt")))
+        assert status == NtStatus.STATUS_OBJECT_NAME_NOT_FOUND
+        f.close()
+    assert (root / "a.txt").read_text() == "an innocent bystander"
+    assert not (root / "b.txt").exists()
+
+
+def test_delete_on_close_spares_a_file_that_took_the_name(server):
+    root = server.share_path
+    (root / "gone.txt").write_text("to be deleted")
+    with connection(server) as conn:
+        t = tree(logon(conn, server), server, server.share)
+        f = create(t, "gone.txt", FilePipePrinterAccessMask.GENERIC_READ | FilePipePrinterAccessMask.DELETE, CreateOptions.FILE_NON_DIRECTORY_FILE | FILE_DELETE_ON_CLOSE)
+        os.rename(root / "gone.txt", root / "kept.txt")
+        (root / "gone.txt").write_text("an innocent bystander")
+        f.close()
+    assert (root / "gone.txt").read_text() == "an innocent bystander"
+
+
+# --------------------------------------------------------------------------
+# 11. protocol details
+
+
+def test_validate_negotiate_on_smb311_ends_the_connection(server):
+    with connection(server, Dialects.SMB_3_1_1) as conn:
+        session = logon(conn, server)
+        t = tree(session, server, server.share)
+        # smbprotocol itself skips this exchange at 3.1.1, so build it.
+        ioctl = SMB2IOCTLRequest()
+        ioctl["ctl_code"] = CtlCode.FSCTL_VALIDATE_NEGOTIATE_INFO
+        ioctl["file_id"] = b"\xff" * 16
+        info = SMB2ValidateNegotiateInfoRequest()
+        info["capabilities"] = conn.client_capabilities
+        info["guid"] = conn.client_guid
+        info["security_mode"] = conn.client_security_mode
+        info["dialects"] = conn.negotiated_dialects
+        ioctl["buffer"] = info
+        ioctl["max_output_response"] = 24
+        ioctl["flags"] = IOCTLFlags.SMB2_0_IOCTL_IS_FSCTL
+        request = conn.send(ioctl, sid=session.session_id, tid=t.tree_connect_id)
+        with pytest.raises(SMBException) as excinfo:
+            conn.receive(request, timeout=10)
+        # Whichever the client saw first: the close, or the error before it.
+        if isinstance(excinfo.value, SMBResponseException):
+            assert excinfo.value.status == NtStatus.STATUS_ACCESS_DENIED
+        else:
+            assert isinstance(excinfo.value, SMBConnectionClosed)
+        with pytest.raises(SMBException):
+            conn.echo(sid=session.session_id, timeout=5)
+    assert "VALIDATE_NEGOTIATE_INFO on an SMB 3.1.1 connection; closing connection" in server.log_tail()
+
+
+def test_append_only_open_cannot_overwrite(server):
+    target = server.share_path / "log.txt"
+    target.write_bytes(b"0123456789")
+    with connection(server) as conn:
+        t = tree(logon(conn, server), server, server.share)
+        f = create(t, "log.txt", FilePipePrinterAccessMask.FILE_APPEND_DATA | FilePipePrinterAccessMask.FILE_READ_ATTRIBUTES | FilePipePrinterAccessMask.SYNCHRONIZE)
+        f.write(b"XY", 0)
+        f.write(b"Z", 4)
+        f.close()
+    assert target.read_bytes() == b"0123456789XYZ"
+
+
+def test_error_without_a_session_key_is_not_flagged_signed(server):
+    s = rawsmb.connect(server.host, server.port)
+    try:
+        rawsmb.negotiate(s, dialects=(0x0202, 0x0210, 0x0300))
+        signed = 0x0000_0008
+        msg = rawsmb.header(13, 1, flags=signed, session_id=0xDEAD_BEEF) + rawsmb.echo_body()
+        s.sendall(rawsmb.frame(msg))
+        resp = rawsmb.recv_message(s)
+        assert rawsmb.status(resp) == rawsmb.STATUS_USER_SESSION_DELETED
+        flags = struct.unpack_from("<I", resp, 16)[0]
+        assert flags & signed == 0, f"flags {flags:#x}"
+        assert resp[48:64] == bytes(16)
+    finally:
+        s.close()
+
+
+@pytest.mark.nimbus_only
+def test_fuzz_api_is_not_in_the_release_binary():
+    binary = nimbus_binary().read_bytes()
+    # Symbols of the server crate are there (debug info), so their absence means something.
+    assert b"logon_guard" in binary
+    assert b"fuzz_api" not in binary
