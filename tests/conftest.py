@@ -17,6 +17,7 @@ what a test expects against the reference implementation.
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -178,9 +179,17 @@ class Security:
     share_encryption: dict[str, str] = field(default_factory=dict)
     # [limits] keys and integer values (nimbus only)
     limits: dict[str, int] = field(default_factory=dict)
+    # shares with guest_ok = true (nimbus only)
+    guest_shares: set[str] = field(default_factory=set)
 
     def needs_config_file(self) -> bool:
-        return self.encryption is not None or self.ciphers is not None or bool(self.share_encryption) or bool(self.limits)
+        return (
+            self.encryption is not None
+            or self.ciphers is not None
+            or bool(self.share_encryption)
+            or bool(self.limits)
+            or bool(self.guest_shares)
+        )
 
 
 def write_config(path: Path, port: int, user_db: Path, shares: list[tuple[str, Path, bool]], security: Security | None = None) -> Path:
@@ -208,6 +217,8 @@ def write_config(path: Path, port: int, user_db: Path, shares: list[tuple[str, P
         ]
         if name in security.share_encryption:
             lines.append(f"encryption = {toml_str(security.share_encryption[name])}")
+        if name in security.guest_shares:
+            lines.append("guest_ok = true")
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -222,11 +233,12 @@ class ServerFactory:
         self.servers: list[Server] = []
         self.count = 0
 
-    def start(self, shares: list[tuple[str, bool]] | None = None, signing: str = "required", security: Security | None = None) -> Server:
+    def start(self, shares: list[tuple[str, bool]] | None = None, signing: str = "required", security: Security | None = None, nofile: int | None = None) -> Server:
         """Start a server with the given shares (name, read_only); the first is Server.share.
 
         Each share gets an empty directory beneath the test's temp dir.
         `security` gives encryption settings (and overrides `signing`).
+        `nofile` starts nimbus with that descriptor limit, soft and hard.
         """
         shares = shares or [(SHARE, False)]
         security = security or Security(signing=signing)
@@ -242,12 +254,12 @@ class ServerFactory:
         if self.target == "samba":
             srv = self._start_samba(base, shares, share_paths, log_path, security)
         else:
-            srv = self._start_nimbus(base, shares, share_paths, log_path, security)
+            srv = self._start_nimbus(base, shares, share_paths, log_path, security, nofile)
         self.servers.append(srv)
         self.request.node.stash.setdefault(_SERVERS, []).append(srv)
         return srv
 
-    def _start_nimbus(self, base, shares, share_paths, log_path, security: Security) -> Server:
+    def _start_nimbus(self, base, shares, share_paths, log_path, security: Security, nofile: int | None = None) -> Server:
         db = base / "users.db"
         add_user(db)
         env = dict(os.environ, RUST_BACKTRACE="1", NO_COLOR="1")  # plain log lines in the file
@@ -272,6 +284,7 @@ class ServerFactory:
                     stderr=subprocess.STDOUT,
                     env=env,
                     cwd=base,
+                    preexec_fn=None if nofile is None else (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))),
                 )
             srv = Server("nimbus", "127.0.0.1", port, shares[0][0], share_paths[shares[0][0]], USER, PASSWORD, log_path, proc, dict(share_paths))
             try:
@@ -292,6 +305,8 @@ class ServerFactory:
             pytest.skip("per-share encryption is not mapped to smb.conf by the samba target")
         if security.limits:
             pytest.skip("[limits] are not mapped to smb.conf by the samba target")
+        if security.guest_shares:
+            pytest.skip("guest shares are not mapped to smb.conf by the samba target")
         options = {}
         if security.encryption is not None:
             options["server smb encrypt"] = {"off": "off", "desired": "desired", "required": "required"}[security.encryption]

@@ -295,25 +295,128 @@ def test_append_only_open_cannot_overwrite(server):
     assert target.read_bytes() == b"0123456789XYZ"
 
 
-def test_error_without_a_session_key_is_not_flagged_signed(server):
-    s = rawsmb.connect(server.host, server.port)
-    try:
-        rawsmb.negotiate(s, dialects=(0x0202, 0x0210, 0x0300))
-        signed = 0x0000_0008
-        msg = rawsmb.header(13, 1, flags=signed, session_id=0xDEAD_BEEF) + rawsmb.echo_body()
-        s.sendall(rawsmb.frame(msg))
-        resp = rawsmb.recv_message(s)
-        assert rawsmb.status(resp) == rawsmb.STATUS_USER_SESSION_DELETED
-        flags = struct.unpack_from("<I", resp, 16)[0]
-        assert flags & signed == 0, f"flags {flags:#x}"
-        assert resp[48:64] == bytes(16)
-    finally:
-        s.close()
-
-
 @pytest.mark.nimbus_only
 def test_fuzz_api_is_not_in_the_release_binary():
     binary = nimbus_binary().read_bytes()
     # Symbols of the server crate are there (debug info), so their absence means something.
     assert b"logon_guard" in binary
     assert b"fuzz_api" not in binary
+
+
+# --------------------------------------------------------------------------
+# 4. sessions, logons, trees and descriptors
+
+
+def guest_server(server_factory, **limits):
+    return server_factory.start([("pub", False)], security=Security(guest_shares={"pub"}, limits=limits))
+
+
+def raw_session(srv):
+    s = rawsmb.connect(srv.host, srv.port)
+    rawsmb.negotiate(s, credit_request=64)
+    return s
+
+
+NTLM_NEGOTIATE = b"NTLMSSP\0" + struct.pack("<II", 1, 0x00088207) + b"\0" * 16
+STATUS_REQUEST_NOT_ACCEPTED = 0xC00000D0
+STATUS_MORE_PROCESSING_REQUIRED = 0xC0000016
+STATUS_TOO_MANY_OPENED_FILES = 0xC000011F
+
+
+def test_sessions_per_connection_are_bounded(server_factory):
+    srv = guest_server(server_factory)  # default limits.max_sessions_per_connection = 64
+    s = raw_session(srv)
+    try:
+        mid, ok, refused = 1, 0, 0
+        for _ in range(2000):
+            s.sendall(rawsmb.frame(rawsmb.header(rawsmb.SESSION_SETUP, mid, credit_request=8) + rawsmb.session_setup_body(NTLM_NEGOTIATE)))
+            resp = rawsmb.recv_message(s)
+            mid += 1
+            if rawsmb.status(resp) == STATUS_REQUEST_NOT_ACCEPTED:
+                refused += 1
+                continue
+            assert rawsmb.status(resp) == STATUS_MORE_PROCESSING_REQUIRED, hex(rawsmb.status(resp))
+            sid = rawsmb.session_id(resp)
+            empty = struct.pack("<HHI", 0, 0, 64)
+            authenticate = b"NTLMSSP\0" + struct.pack("<I", 3) + empty * 6 + struct.pack("<I", 0x00088A05)
+            s.sendall(rawsmb.frame(rawsmb.header(rawsmb.SESSION_SETUP, mid, session_id=sid, credit_request=8) + rawsmb.session_setup_body(authenticate)))
+            assert rawsmb.status(rawsmb.recv_message(s)) == rawsmb.STATUS_SUCCESS
+            mid += 1
+            ok += 1
+        assert (ok, refused) == (64, 2000 - 64)
+        # The connection itself is still served.
+        s.sendall(rawsmb.frame(rawsmb.header(rawsmb.ECHO, mid) + rawsmb.echo_body()))
+        assert rawsmb.status(rawsmb.recv_message(s)) == rawsmb.STATUS_SUCCESS
+    finally:
+        s.close()
+    assert "limits.max_sessions_per_connection" in srv.log_tail()
+
+
+def test_logons_in_progress_are_bounded(server_factory):
+    srv = guest_server(server_factory)  # default limits.max_logons_in_progress = 8
+    s = raw_session(srv)
+    try:
+        statuses = []
+        for mid in range(1, 41):
+            s.sendall(rawsmb.frame(rawsmb.header(rawsmb.SESSION_SETUP, mid, credit_request=8) + rawsmb.session_setup_body(NTLM_NEGOTIATE)))
+            statuses.append(rawsmb.status(rawsmb.recv_message(s)))
+        assert statuses == [STATUS_MORE_PROCESSING_REQUIRED] * 8 + [STATUS_REQUEST_NOT_ACCEPTED] * 32
+    finally:
+        s.close()
+    assert "limits.max_logons_in_progress" in srv.log_tail()
+
+
+def test_trees_per_session_are_bounded(server_factory):
+    srv = server_factory.start(security=Security(limits={"max_trees_per_session": 3}))
+    with connection(srv) as conn:
+        session = logon(conn, srv)
+        for _ in range(3):
+            tree(session, srv, srv.share)
+        assert status_of(lambda: tree(session, srv, srv.share)) == NtStatus.STATUS_INSUFFICIENT_RESOURCES
+    assert "limits.max_trees_per_session" in srv.log_tail()
+
+
+def test_anonymous_logon_does_not_lift_the_logon_deadline(server_factory):
+    srv = guest_server(server_factory, unauthenticated_timeout_secs=2)
+    s = raw_session(srv)
+    try:
+        sid, mid = rawsmb.anonymous_logon(s, 1)
+        rawsmb.tree_connect(s, mid, sid, rf"\\{srv.host}\pub")
+        assert rawsmb.is_closed(s, timeout=15)
+    finally:
+        s.close()
+    assert "no session logged on within" in srv.log_tail()
+
+
+def test_open_files_stay_below_the_descriptor_limit(server_factory):
+    """~2,000 opens across sessions under a 1,024-descriptor limit: CREATE is
+    refused, accept() and logons keep working."""
+    srv = server_factory.start(security=Security(limits={"max_connections": 64, "max_connections_per_address": 64}), nofile=1024)
+    for i in range(2000):
+        (srv.share_path / f"f{i}").write_bytes(b"x")
+    conns, opens, refused = [], [], 0
+    try:
+        for c in range(4):
+            conn = Connection(uuid.uuid4(), srv.host, srv.port, require_signing=True)
+            conn.connect(Dialects.SMB_3_1_1, timeout=TIMEOUT)
+            conns.append(conn)
+            t = tree(logon(conn, srv), srv, srv.share)
+            for i in range(c * 500, (c + 1) * 500):
+                try:
+                    opens.append(create(t, f"f{i}", FilePipePrinterAccessMask.GENERIC_READ))
+                except SMBResponseException as e:
+                    assert e.status == STATUS_TOO_MANY_OPENED_FILES, hex(e.status)
+                    refused += 1
+        cap = 1024 - 64 - 512
+        assert (len(opens), refused) == (cap, 2000 - cap)
+        # A new client still connects, logs on and is told why it cannot open.
+        with connection(srv) as conn:
+            t = tree(logon(conn, srv), srv, srv.share)
+            assert status_of(lambda: create(t, "f0", FilePipePrinterAccessMask.GENERIC_READ)) == STATUS_TOO_MANY_OPENED_FILES
+            opens.pop().close()
+            create(t, "f0", FilePipePrinterAccessMask.GENERIC_READ).close()
+    finally:
+        for conn in conns:
+            with contextlib.suppress(Exception):
+                conn.disconnect(close=True, timeout=TIMEOUT)
+    assert "limits.max_open_files" in srv.log_tail(200)

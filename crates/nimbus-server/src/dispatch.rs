@@ -493,10 +493,21 @@ fn handle_one(
         signature: [0; 16],
     };
     write_header(&resp, &mut out[start..body_start]);
-    // An error answered without a session key at hand (the session is
-    // gone, or a related request follows one without a session) goes out
-    // unsigned, without the SIGNED flag: a flag over a zero signature would
-    // claim a protection the message does not have (MS-SMB2 3.3.4.1.1).
+    let keyless_error = status == NtStatus::USER_SESSION_DELETED
+        || (status == NtStatus::INVALID_PARAMETER && related && sign_session.is_none());
+    if keyless_error && hdr.is_signed() && chain.encrypted_for.is_none() {
+        // No session key is at hand to sign with (the session is gone, or a
+        // related request follows one without a session). The message stays
+        // unsigned, but it carries the SIGNED flag: Samba's client, which
+        // signs, refuses any response without that flag as ACCESS_DENIED
+        // before it looks at the status, and skips verification for exactly
+        // these statuses (smbXcli_base.c). Without the flag smbtorture
+        // smb2.connect fails (logoff of a deleted session reads as
+        // ACCESS_DENIED). The flag protects nothing here, and the client
+        // knows it: it never verifies these.
+        let fl = resp.flags | flags::SIGNED;
+        out[start + 16..start + 20].copy_from_slice(&fl.to_le_bytes());
+    }
     chain.session_id = ctx.response_session_id;
     chain.tree_id = ctx.response_tree_id.unwrap_or(tree_id);
     chain.file_id = ctx.chain_file_id;

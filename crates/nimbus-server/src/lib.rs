@@ -19,6 +19,7 @@ pub mod limits;
 mod logon_guard;
 mod lookup;
 mod names;
+mod open_files;
 mod security;
 mod server;
 mod session;

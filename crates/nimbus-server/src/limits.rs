@@ -46,6 +46,17 @@ pub struct Limits {
     /// Failures older than this are forgotten.
     pub failed_logon_window: Duration,
     pub max_open_files_per_session: usize,
+    /// Opens across the whole server; None: as many as the descriptor limit
+    /// (RLIMIT_NOFILE, raised to its hard limit at start) leaves beside the
+    /// connections' sockets and a reserve (see `open_files`).
+    pub max_open_files: Option<usize>,
+    /// Sessions one connection may hold, logged on or logging on.
+    pub max_sessions_per_connection: usize,
+    /// Of those, sessions whose SESSION_SETUP exchange is unfinished (each
+    /// holds its authentication state).
+    pub max_logons_in_progress: usize,
+    /// Tree connects one session may hold.
+    pub max_trees_per_session: usize,
     /// Requests in one compound frame.
     pub max_compound_requests: usize,
     /// Bytes of directory entries returned by one QUERY_DIRECTORY.
@@ -72,6 +83,10 @@ impl Default for Limits {
             max_logon_backoff: Duration::from_secs(300),
             failed_logon_window: Duration::from_secs(900),
             max_open_files_per_session: 16384,
+            max_open_files: None,
+            max_sessions_per_connection: 64,
+            max_logons_in_progress: 8,
+            max_trees_per_session: 1024,
             max_compound_requests: 64,
             max_directory_response_bytes: 1024 * 1024,
             max_directory_entries: 1_000_000,
@@ -107,6 +122,10 @@ pub struct RawLimits {
     max_logon_backoff_secs: Option<u64>,
     failed_logon_window_secs: Option<u64>,
     max_open_files_per_session: Option<u64>,
+    max_open_files: Option<u64>,
+    max_sessions_per_connection: Option<u64>,
+    max_logons_in_progress: Option<u64>,
+    max_trees_per_session: Option<u64>,
     max_compound_requests: Option<u64>,
     max_directory_response_bytes: Option<u64>,
     max_directory_entries: Option<u64>,
@@ -136,6 +155,28 @@ impl Reader<'_> {
                 default
             }
         }
+    }
+
+    /// A key without a fixed default: absent is None.
+    fn optional(
+        &mut self,
+        key: &str,
+        value: Option<u64>,
+        min: u64,
+        max: u64,
+        absent: &str,
+    ) -> Option<u64> {
+        let v = value?;
+        if (min..=max).contains(&v) {
+            return Some(v);
+        }
+        self.errors.push(ConfigError {
+            file: self.file.to_string(),
+            key: format!("limits.{key}"),
+            problem: format!("{v} is outside {min}..={max}"),
+            fix: format!("write a value from {min} to {max}, or remove the key {absent}"),
+        });
+        None
     }
 
     fn secs(&mut self, key: &str, value: Option<u64>, min: u64, max: u64, d: Duration) -> Duration {
@@ -271,6 +312,36 @@ impl RawLimits {
                 1 << 24,
                 d.max_open_files_per_session as u64,
             ) as usize,
+            max_open_files: r
+                .optional(
+                    "max_open_files",
+                    self.max_open_files,
+                    16,
+                    1 << 30,
+                    "to let the descriptor limit decide",
+                )
+                .map(|v| v as usize),
+            max_sessions_per_connection: r.get(
+                "max_sessions_per_connection",
+                self.max_sessions_per_connection,
+                1,
+                65536,
+                d.max_sessions_per_connection as u64,
+            ) as usize,
+            max_logons_in_progress: r.get(
+                "max_logons_in_progress",
+                self.max_logons_in_progress,
+                1,
+                65536,
+                d.max_logons_in_progress as u64,
+            ) as usize,
+            max_trees_per_session: r.get(
+                "max_trees_per_session",
+                self.max_trees_per_session,
+                1,
+                65536,
+                d.max_trees_per_session as u64,
+            ) as usize,
             max_compound_requests: r.get(
                 "max_compound_requests",
                 self.max_compound_requests,
@@ -314,6 +385,15 @@ impl RawLimits {
                 l.max_connections_per_address, l.max_connections
             ),
             "make it at most max_connections".into(),
+        );
+        r.relation(
+            l.max_logons_in_progress <= l.max_sessions_per_connection,
+            "max_logons_in_progress",
+            format!(
+                "{} is more than max_sessions_per_connection ({})",
+                l.max_logons_in_progress, l.max_sessions_per_connection
+            ),
+            "make it at most max_sessions_per_connection".into(),
         );
         r.relation(
             l.max_logon_backoff >= l.logon_backoff,
@@ -360,6 +440,29 @@ mod tests {
         assert_eq!(l.max_io(), 1024 * 1024);
         assert_eq!(l.unauthenticated_timeout, Duration::from_secs(5));
         assert_eq!(l.max_compound_requests, 8);
+        assert_eq!(l.max_open_files, None);
+
+        let l = parse(
+            "max_open_files = 500\nmax_sessions_per_connection = 4\n\
+             max_logons_in_progress = 2\nmax_trees_per_session = 3\n",
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                l.max_open_files,
+                l.max_sessions_per_connection,
+                l.max_logons_in_progress,
+                l.max_trees_per_session
+            ),
+            (Some(500), 4, 2, 3)
+        );
+        let errs = parse("max_open_files = 3\nmax_logons_in_progress = 100\n").unwrap_err();
+        let keys: Vec<_> = errs.iter().map(|e| e.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            ["limits.max_open_files", "limits.max_logons_in_progress"]
+        );
+        assert!(errs[0].fix.contains("descriptor limit"), "{}", errs[0]);
 
         let errs = parse("max_frame_bytes = 100\nmax_credits = 70000\n").unwrap_err();
         let keys: Vec<_> = errs.iter().map(|e| e.key.as_str()).collect();

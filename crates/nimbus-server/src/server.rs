@@ -14,6 +14,7 @@ use tokio::net::TcpListener;
 use crate::admission::Admission;
 use crate::config::{Config, EncryptionPolicy};
 use crate::logon_guard::LogonGuard;
+use crate::open_files::{open_file_cap, raise_descriptor_limit, OpenFiles};
 
 /// Why the server could not start; each is one line for the operator.
 #[derive(Debug)]
@@ -76,6 +77,8 @@ pub struct Server {
     pub admission: Arc<Admission>,
     /// Failed-logon back-off per user and per address.
     pub logon_guard: LogonGuard,
+    /// Opens of the whole server, capped below the descriptor limit.
+    pub open_files: OpenFiles,
     next_session_id: AtomicU64,
     next_open_id: AtomicU64,
     /// Volatile FileIds equal the open id instead of being random: only for
@@ -172,6 +175,12 @@ impl Server {
         let mut guid = [0u8; 16];
         provider.fill_random(&mut guid);
         let logon_guard = LogonGuard::new(&config.limits);
+        let descriptors = raise_descriptor_limit();
+        let (open_cap, warning) = open_file_cap(descriptors, &config.limits);
+        if let Some(w) = warning {
+            tracing::warn!("{w}");
+        }
+        tracing::debug!("descriptor limit {descriptors}: up to {open_cap} files open server-wide");
         Ok(Arc::new(Server {
             config,
             provider,
@@ -182,6 +191,7 @@ impl Server {
             start_time,
             admission: Arc::new(Admission::default()),
             logon_guard,
+            open_files: OpenFiles::new(open_cap),
             next_session_id: AtomicU64::new(1),
             next_open_id: AtomicU64::new(1),
             predictable_file_ids: AtomicBool::new(false),

@@ -10,6 +10,7 @@ use nimbus_crypto::Signer;
 use nimbus_state::FileKey;
 use nimbus_vfs::{DirEntry, FileHandle};
 
+use crate::open_files::OpenFileSlot;
 use crate::security::SessionCipher;
 use crate::server::Share;
 
@@ -109,6 +110,8 @@ pub struct Open {
     pub position: AtomicU64,
     pub mode: AtomicU32,
     pub dir_enum: Mutex<Option<DirEnum>>,
+    /// This open's place in the server-wide count of open files.
+    pub _file_slot: OpenFileSlot,
 }
 
 impl Open {

@@ -211,6 +211,13 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
         // checked above; if the name was replaced meanwhile, look again.
         expect: existing.as_ref().map(|st| (st.dev, st.ino)),
     };
+    // A place among the server's open files before a descriptor is taken.
+    let Some(file_slot) = ctx.server.open_files.reserve() else {
+        if let Some(key) = registered {
+            unregister(key);
+        }
+        return Err(NtStatus::TOO_MANY_OPENED_FILES.into());
+    };
     let (handle, st, created) = match fs.open(&path, &opts) {
         Ok(r) => r,
         Err(e) => {
@@ -283,6 +290,7 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
                     | opt::DELETE_ON_CLOSE),
         ),
         dir_enum: Mutex::new(None),
+        _file_slot: file_slot,
     });
     opens.insert(volatile_id, open);
     drop(opens);

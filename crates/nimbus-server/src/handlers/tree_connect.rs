@@ -54,6 +54,16 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     } else {
         access::FILE_ALL_ACCESS
     };
+    let limit = ctx.server.config.limits.max_trees_per_session;
+    if lock(&session.trees).len() >= limit {
+        tracing::warn!(
+            "{}: tree connect to \"{}\" refused: the session has {limit} tree connects \
+             (limits.max_trees_per_session)",
+            ctx.conn.peer,
+            share.name
+        );
+        return Err(NtStatus::INSUFFICIENT_RESOURCES);
+    }
     let id = session.next_tree_id();
     let share_type = if share.is_ipc() {
         ShareType::Pipe
