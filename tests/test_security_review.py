@@ -420,3 +420,70 @@ def test_open_files_stay_below_the_descriptor_limit(server_factory):
             with contextlib.suppress(Exception):
                 conn.disconnect(close=True, timeout=TIMEOUT)
     assert "limits.max_open_files" in srv.log_tail(200)
+
+
+# --------------------------------------------------------------------------
+# 8. CREATE responses stay within their room
+
+
+def create_with_contexts(name: str, contexts: list[tuple[bytes, bytes]]) -> bytes:
+    """MS-SMB2 2.2.13 CREATE (FILE_OPEN_IF, read) with MS-SMB2 2.2.13.2 contexts."""
+    n = name.encode("utf-16-le")
+    name_off = rawsmb.HEADER_SIZE + 56
+    ctx_off = name_off + len(n) + (-(name_off + len(n)) % 8)
+    blobs = []
+    for i, (cname, data) in enumerate(contexts):
+        data_off = 16 + len(cname) + (-(16 + len(cname)) % 8) if data else 0
+        blob = struct.pack("<IHHHHI", 0, 16, len(cname), 0, data_off, len(data)) + cname
+        if data:
+            blob += b"\0" * (data_off - len(blob)) + data
+        if i < len(contexts) - 1:
+            blob += b"\0" * (-len(blob) % 8)
+            blob = struct.pack("<I", len(blob)) + blob[4:]
+        blobs.append(blob)
+    ctx = b"".join(blobs)
+    body = struct.pack("<HBBIQQIIIIIHHII", 57, 0, 0, 2, 0, 0, 0x80000000, 0, 7, 3, 0x40, name_off, len(n), ctx_off, len(ctx))
+    return body + n + b"\0" * (ctx_off - name_off - len(n)) + ctx
+
+
+def test_create_contexts_are_answered_once_and_bounded(server_factory):
+    srv = guest_server(server_factory)
+    s = raw_session(srv)
+    try:
+        sid, mid = rawsmb.anonymous_logon(s, 1)
+        tid = rawsmb.tree_connect(s, mid, sid, rf"\\{srv.host}\pub")
+        mid += 1
+        for count, expected in ((3, rawsmb.STATUS_SUCCESS), (5000, rawsmb.STATUS_INVALID_PARAMETER)):
+            msg = rawsmb.header(rawsmb.CREATE, mid, session_id=sid, tree_id=tid, credit_request=8) + create_with_contexts(
+                "ctx.txt", [(b"MxAc", b"")] * count
+            )
+            s.sendall(rawsmb.frame(msg))
+            resp = rawsmb.recv_message(s)
+            mid += 1
+            assert rawsmb.status(resp) == expected, (count, hex(rawsmb.status(resp)))
+            if expected == rawsmb.STATUS_SUCCESS:
+                ctx_len = struct.unpack_from("<I", resp, rawsmb.HEADER_SIZE + 84)[0]
+                assert resp.count(b"MxAc") == 1 and ctx_len < 64, (ctx_len, resp.count(b"MxAc"))
+                assert len(resp) < 512
+    finally:
+        s.close()
+
+
+# --------------------------------------------------------------------------
+# 6. bounded directory work on the request path
+
+
+def test_directory_with_any_entry_is_not_empty_for_delete(server):
+    """Emptiness is read from the first entry, whatever its name: a directory
+    holding only a name that is not UTF-8 cannot be marked for deletion."""
+    d = server.share_path / "d"
+    d.mkdir()
+    with open(os.path.join(os.fsencode(d), b"\xff\xfe-not-utf8"), "wb"):
+        pass
+    with connection(server) as conn:
+        t = tree(logon(conn, server), server, server.share)
+        f = create(t, "d", FilePipePrinterAccessMask.GENERIC_READ | FilePipePrinterAccessMask.DELETE, CreateOptions.FILE_DIRECTORY_FILE)
+        status = status_of(lambda: set_info(f, FileInformationClass.FILE_DISPOSITION_INFORMATION, b"\x01"))
+        assert status == NtStatus.STATUS_DIRECTORY_NOT_EMPTY
+        f.close()
+    assert d.is_dir()

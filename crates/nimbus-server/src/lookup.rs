@@ -6,7 +6,7 @@
 
 use nimbus_vfs::{CreateMode, Kind, LocalFs, OpenOptions};
 
-use crate::names::{join, pick_ignoring_case};
+use crate::names::{eq_ignore_case, join, pick_ignoring_case};
 
 /// `path` with every component that exists under another case replaced by
 /// its on-disk spelling; components that exist in no case are kept as given
@@ -49,6 +49,9 @@ fn spelling_in(fs: &LocalFs, dir: &str, name: &str) -> Option<String> {
         expect: None,
     };
     let (handle, _, _) = fs.open(dir, &opts).ok()?;
-    let names = handle.read_dir_names().ok()?;
-    pick_ignoring_case(&names, name).map(str::to_string)
+    // The listing grows with the directory: let the runtime move this
+    // worker's other tasks elsewhere meanwhile (a no-op off the runtime's
+    // workers), and keep only the names that could be meant.
+    let names = tokio::task::block_in_place(|| handle.find_names(|n| eq_ignore_case(n, name)));
+    pick_ignoring_case(&names.ok()?, name).map(str::to_string)
 }

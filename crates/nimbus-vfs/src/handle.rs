@@ -388,8 +388,49 @@ impl FileHandle {
         Ok(out)
     }
 
+    /// The names of a directory's entries (except "." and "..") for which
+    /// `keep` is true. Holds only those, so a large directory costs time
+    /// but no memory.
+    pub fn find_names(&self, mut keep: impl FnMut(&str) -> bool) -> VfsResult<Vec<String>> {
+        let mut out = Vec::new();
+        self.walk_dir(|_, name, _| {
+            if keep(&name) {
+                out.push(name);
+            }
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// Whether a directory has any entry besides "." and "..", whatever its
+    /// name: reads only up to the first one, so the cost does not grow with
+    /// the directory.
+    pub fn has_entries(&self) -> VfsResult<bool> {
+        let mut found = false;
+        let r = self.walk_dir_raw(|_, _| {
+            found = true;
+            // Stop the walk: the answer is known.
+            Err(VfsError::TooManyEntries)
+        });
+        match r {
+            Ok(()) => Ok(false),
+            Err(VfsError::TooManyEntries) if found => Ok(true),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Calls `f(dirfd, name, cname)` for each UTF-8 entry other than "." and "..".
     fn walk_dir(&self, mut f: impl FnMut(RawFd, String, &CStr) -> VfsResult<()>) -> VfsResult<()> {
+        self.walk_dir_raw(|fd, cname| {
+            let Ok(name) = std::str::from_utf8(cname.to_bytes()) else {
+                return Ok(());
+            };
+            f(fd, name.to_owned(), cname)
+        })
+    }
+
+    /// Calls `f(dirfd, cname)` for each entry other than "." and "..".
+    fn walk_dir_raw(&self, mut f: impl FnMut(RawFd, &CStr) -> VfsResult<()>) -> VfsResult<()> {
         if !self.is_dir {
             return Err(VfsError::NotADirectory);
         }
@@ -425,12 +466,8 @@ impl FileHandle {
             if bytes == b"." || bytes == b".." {
                 continue;
             }
-            let Ok(name) = std::str::from_utf8(bytes) else {
-                continue;
-            };
-            let name = name.to_owned();
             let cname = cname.to_owned();
-            f(stream.fd(), name, &cname)?;
+            f(stream.fd(), &cname)?;
         }
     }
 }

@@ -734,3 +734,23 @@ fn remove_and_rename_act_only_on_the_expected_object() {
     fs.remove_if("d", true, d).unwrap();
     assert!(!s.share().join("d").exists());
 }
+
+#[test]
+fn has_entries_sees_any_name() {
+    let s = Scratch::new();
+    let fs = &s.fs;
+    mkdir(fs, "d");
+    let dir = |fs: &LocalFs| {
+        fs.open(
+            "d",
+            &opts(false, false, CreateMode::OpenExisting, Kind::Directory),
+        )
+        .unwrap()
+        .0
+    };
+    assert!(!dir(fs).has_entries().unwrap());
+    // A name that is not UTF-8 still makes the directory non-empty.
+    let odd = std::ffi::OsStr::from_bytes(b"\xff\xfe");
+    std::fs::write(s.share().join("d").join(odd), b"").unwrap();
+    assert!(dir(fs).has_entries().unwrap());
+}

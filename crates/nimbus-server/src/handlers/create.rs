@@ -326,6 +326,9 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
 /// caller does not hold.
 const RESERVED_ACCESS: u32 = 0x0CE0_FE00;
 
+/// Create contexts one CREATE may carry (MS-SMB2 defines fewer than 20).
+const MAX_CREATE_CONTEXTS: usize = 64;
+
 /// MS-SMB2 2.2.13 FILE_CREATE_TREE_CONNECTION, which has no meaning over SMB2.
 const CREATE_TREE_CONNECTION: u32 = 0x0000_0080;
 
@@ -377,6 +380,11 @@ fn check_request(req: &CreateRequest) -> Result<(), NtStatus> {
     }
     // MS-SMB2 2.2.13.2: a context name is at least four bytes.
     if req.contexts.iter().any(|c| c.name.len() < 4) {
+        return Err(NtStatus::INVALID_PARAMETER);
+    }
+    // Clients send a handful (durable handle, lease, MxAc, QFid, ...); a
+    // request with more is not one a client makes.
+    if req.contexts.len() > MAX_CREATE_CONTEXTS {
         return Err(NtStatus::INVALID_PARAMETER);
     }
     Ok(())
@@ -431,8 +439,13 @@ fn response_contexts(
     handle: &nimbus_vfs::FileHandle,
     fresh: bool,
 ) -> Vec<CreateContext> {
-    let mut out = Vec::new();
+    let mut out: Vec<CreateContext> = Vec::new();
     for c in requested {
+        // Each context is answered once, however often it was asked for:
+        // a response must stay within the room reserved for it.
+        if out.iter().any(|answered| answered.name == c.name) {
+            continue;
+        }
         match c.name.as_slice() {
             context_name::QUERY_MAXIMAL_ACCESS => {
                 let mut data = Vec::with_capacity(8);

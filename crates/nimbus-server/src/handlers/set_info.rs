@@ -193,7 +193,7 @@ fn set_file_info(ctx: &mut Ctx<'_>, open: &Open, class: u8, buf: &[u8]) -> Resul
                 if is_readonly(st.mode) && !st.is_dir && !ignore_ro {
                     return Err(NtStatus::CANNOT_DELETE);
                 }
-                if open.is_dir && !open.handle.read_dir().map_err(vfs)?.is_empty() {
+                if open.is_dir && open.handle.has_entries().map_err(vfs)? {
                     return Err(NtStatus::DIRECTORY_NOT_EMPTY);
                 }
             }
