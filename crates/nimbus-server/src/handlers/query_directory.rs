@@ -11,7 +11,7 @@ use crate::dispatch::{Ctx, HandlerResult};
 use crate::dosinfo::DosInfo;
 use crate::errors::vfs_status;
 use crate::fileinfo::file_info;
-use crate::names::{has_wildcards, join, parent, wildcard_match};
+use crate::names::{has_wildcards, join, parent, SearchPattern};
 use crate::session::{lock, DirEnum, Open};
 
 pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
@@ -34,11 +34,10 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     let mut guard = lock(&open.dir_enum);
     let restart = req.flags & (flags::RESTART_SCANS | flags::REOPEN) != 0 || guard.is_none();
     if restart {
-        let pattern = if req.pattern.is_empty() {
-            "*".to_string()
-        } else {
-            req.pattern.clone()
-        };
+        // Checked and compiled once for the whole listing; a pattern that is
+        // no valid name component (too long, a path separator) is refused
+        // before the directory is read (MS-FSA 2.1.5.6.3).
+        let pattern = SearchPattern::parse(&req.pattern)?;
         let entries = list(&open, &pattern, limits.max_directory_entries).inspect_err(|e| {
             if *e == NtStatus::INSUFFICIENT_RESOURCES {
                 tracing::warn!(
@@ -140,11 +139,12 @@ fn current(open: &Open, e: &DirEntry, refresh: bool) -> Option<(Stat, DosInfo)> 
     Some((stat, DosInfo::load_entry(&open.handle, &e.name)))
 }
 
-/// The entries of a directory that match `pattern`, "." and ".." first.
-fn list(open: &Open, pattern: &str, max: usize) -> Result<Vec<DirEntry>, NtStatus> {
+/// The entries of a directory that match `search`, "." and ".." first.
+fn list(open: &Open, search: &SearchPattern, max: usize) -> Result<Vec<DirEntry>, NtStatus> {
     let fs = open.share.fs.as_ref().ok_or(NtStatus::INVALID_PARAMETER)?;
     let dir = open.path();
     let mut out = Vec::new();
+    let pattern = search.as_str();
     if !has_wildcards(pattern) {
         // An exact name: try it as spelled, then case-insensitively.
         if pattern == "." || pattern == ".." {
@@ -166,17 +166,13 @@ fn list(open: &Open, pattern: &str, max: usize) -> Result<Vec<DirEntry>, NtStatu
     out.extend(
         dot_entries(open, fs, &dir)
             .into_iter()
-            .filter(|e| wildcard_match(pattern, &e.name)),
+            .filter(|e| search.matches(&e.name)),
     );
     let entries = open
         .handle
         .read_dir_at_most(max)
         .map_err(|e| vfs_status(&e))?;
-    out.extend(
-        entries
-            .into_iter()
-            .filter(|e| wildcard_match(pattern, &e.name)),
-    );
+    out.extend(entries.into_iter().filter(|e| search.matches(&e.name)));
     Ok(out)
 }
 
