@@ -151,11 +151,13 @@ pub(crate) fn new_aead(
             } else {
                 &ring::aead::AES_256_GCM
             };
-            let unbound = ring::aead::UnboundKey::new(ring_alg, key).map_err(|_| bad_key())?;
-            Box::new(RingGcm {
-                alg,
-                key: Wiped::new(ring::aead::LessSafeKey::new(unbound)),
+            // Built straight into its wiped heap slot, with the stack the
+            // construction used scrubbed afterwards (wipe.rs).
+            let key = Wiped::try_new_with(|| {
+                ring::aead::UnboundKey::new(ring_alg, key).map(ring::aead::LessSafeKey::new)
             })
+            .map_err(|_| bad_key())?;
+            Box::new(RingGcm { alg, key })
         }
         (_, CipherAlgorithm::Aes128Gcm) => Box::new(RustCryptoAead {
             alg,
