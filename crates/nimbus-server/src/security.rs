@@ -113,6 +113,14 @@ pub struct SessionCipher {
     encryptor: Box<dyn Aead>,
     /// Session.DecryptionKey: opens what the client sends.
     decryptor: Box<dyn Aead>,
+    /// The counter of the nonces sealed under Session.EncryptionKey. The key
+    /// belongs to the session, not the connection (MS-SMB2 3.3.5.5.3), so
+    /// with multichannel every channel bound to the session must seal
+    /// through this one SessionCipher (the session's shared Arc), never a
+    /// per-channel copy or a re-derivation that restarts the count: a nonce
+    /// used twice under AES-GCM gives away the GHASH key and the XOR of the
+    /// two messages. The counter is atomic, so channels sealing at once
+    /// still take distinct values.
     next_nonce: AtomicU64,
 }
 
