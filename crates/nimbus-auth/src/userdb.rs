@@ -7,11 +7,15 @@
 //! alice:8846f7eaee8fb117ad06bdd830b7586c
 //! ```
 //! Lines after the header may also be empty or start with `#`.
+//!
+//! The file holds password equivalents (an NT hash is all NTLM needs to log
+//! on), so it must be private to its owner: a file that group or others may
+//! read or write is refused ([`UserDbError::Permissions`]).
 
 use std::collections::HashMap;
 use std::fmt;
 use std::fs;
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 
 use nimbus_crypto::CryptoProvider;
@@ -82,6 +86,13 @@ pub enum UserDbError {
         /// Why.
         reason: &'static str,
     },
+    /// The file may be read or written by group or others.
+    Permissions {
+        /// The database file.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
 }
 
 impl fmt::Display for UserDbError {
@@ -107,6 +118,14 @@ impl fmt::Display for UserDbError {
             UserDbError::InvalidName { name, reason } => {
                 write!(f, "invalid user name {name:?}: {reason}")
             }
+            UserDbError::Permissions { path, mode } => write!(
+                f,
+                "user database {}: mode {mode:04o} lets group or others read or write it, and it \
+                 holds NT hashes, which log on as the user without the password (fix: `chmod 600 \
+                 {}`)",
+                path.display(),
+                path.display()
+            ),
         }
     }
 }
@@ -141,15 +160,20 @@ impl fmt::Debug for UserDb {
     }
 }
 
-/// The lookup key of a name.
+/// The lookup key of a name: full Unicode upper case, so every spelling
+/// that reaches one account ("sam", "SAM", "ſam" with U+017F) has one key.
 fn fold(name: &str) -> String {
     name.to_uppercase()
 }
 
-/// Why `name` cannot be a user name, if it cannot.
+/// Why `name` cannot be a user name, if it cannot: the file format must be
+/// able to hold it and give it back unchanged.
 fn check_name(name: &str) -> Result<(), &'static str> {
     if name.is_empty() {
         return Err("the name is empty");
+    }
+    if name.starts_with('#') {
+        return Err("the name starts with '#', which marks a comment line in the file");
     }
     if name.contains(':') {
         return Err("the name contains ':', which separates name and hash in the file");
@@ -169,25 +193,66 @@ impl UserDb {
         Self::default()
     }
 
-    /// Reads the database at `path`; a missing file is an error.
+    /// The key under which the database finds `name`: two spellings reach
+    /// the same account exactly when their keys are equal. Anything that
+    /// counts per user (the failed-logon back-off) must count by this key,
+    /// for unknown names too, or each respelling gets a budget of its own.
+    pub fn canonical_key(name: &str) -> String {
+        fold(name)
+    }
+
+    /// Whether `name` can be stored (the file format can hold it).
+    pub fn validate_name(name: &str) -> Result<(), UserDbError> {
+        check_name(name).map_err(|reason| UserDbError::InvalidName {
+            name: name.to_owned(),
+            reason,
+        })
+    }
+
+    /// Reads the database at `path`; a missing file is an error, and so is a
+    /// file that group or others may read or write.
     pub fn load(path: &Path) -> Result<UserDb, UserDbError> {
-        let text = fs::read_to_string(path).map_err(|source| UserDbError::Io {
+        let file = fs::File::open(path).map_err(|source| UserDbError::Io {
             path: path.to_owned(),
             source,
         })?;
-        Self::parse(path, &text)
+        Self::read_private(path, file)
     }
 
-    /// Reads the database at `path`; a missing file gives an empty database.
+    /// As [`UserDb::load`], but a missing file gives an empty database.
     pub fn load_or_empty(path: &Path) -> Result<UserDb, UserDbError> {
-        match fs::read_to_string(path) {
-            Ok(text) => Self::parse(path, &text),
+        match fs::File::open(path) {
+            Ok(file) => Self::read_private(path, file),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(UserDb::new()),
             Err(source) => Err(UserDbError::Io {
                 path: path.to_owned(),
                 source,
             }),
         }
+    }
+
+    /// Checks the mode of the open file (so what is checked is what is read)
+    /// and parses it.
+    fn read_private(path: &Path, mut file: fs::File) -> Result<UserDb, UserDbError> {
+        let io_err = |source| UserDbError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        let meta = file.metadata().map_err(io_err)?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = meta.permissions().mode() & 0o7777;
+            if mode & 0o077 != 0 {
+                return Err(UserDbError::Permissions {
+                    path: path.to_owned(),
+                    mode,
+                });
+            }
+        }
+        let mut text = zeroize::Zeroizing::new(String::new());
+        file.read_to_string(&mut text).map_err(io_err)?;
+        Self::parse(path, &text)
     }
 
     fn parse(path: &Path, text: &str) -> Result<UserDb, UserDbError> {
@@ -308,10 +373,7 @@ impl UserDb {
         password: &str,
         provider: &CryptoProvider,
     ) -> Result<(), UserDbError> {
-        check_name(name).map_err(|reason| UserDbError::InvalidName {
-            name: name.to_owned(),
-            reason,
-        })?;
+        Self::validate_name(name)?;
         let ntlm = provider.ntlm().ok_or(UserDbError::NtlmUnavailable)?;
         let utf16 = zeroize::Zeroizing::new(utf16le(password));
         let hash = NtHash(ntlm.md4(&utf16));
@@ -399,12 +461,89 @@ mod tests {
     fn rejects_bad_names() {
         let p = CryptoProvider::default_provider();
         let mut db = UserDb::new();
-        for bad in ["", "a:b", "a\nb", "tab\there", "nul\0"] {
+        for bad in [
+            "",
+            "a:b",
+            "a\nb",
+            "tab\there",
+            "nul\0",
+            "#x",
+            "# nimbus user database v1",
+        ] {
             assert!(
                 matches!(db.add(bad, "x", &p), Err(UserDbError::InvalidName { .. })),
                 "{bad:?}"
             );
         }
+    }
+
+    #[test]
+    fn every_accepted_name_survives_save_and_load() {
+        let p = CryptoProvider::default_provider();
+        let dir = tmpdir("names");
+        let path = dir.join("users.db");
+        let mut db = UserDb::new();
+        let names = ["x#", " #lead-space", "trail ", "ſam", "a=b", "é"];
+        for n in names {
+            db.add(n, "pw", &p).unwrap();
+        }
+        db.save(&path).unwrap();
+        let mut want: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        want.sort();
+        assert_eq!(UserDb::load(&path).unwrap().names(), want);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn canonical_key_joins_the_spellings_of_one_account() {
+        let p = CryptoProvider::default_provider();
+        let mut db = UserDb::new();
+        db.add("sam", "pw", &p).unwrap();
+        // U+017F LATIN SMALL LETTER LONG S upper-cases to 'S'; U+0131
+        // dotless i to 'I'. Both reach the account "sam" / "alice".
+        assert!(db.nt_hash("ſam").is_some());
+        assert_eq!(UserDb::canonical_key("ſam"), UserDb::canonical_key("SAM"));
+        assert_eq!(
+            UserDb::canonical_key("alıce"),
+            UserDb::canonical_key("Alice")
+        );
+        assert_ne!(UserDb::canonical_key("sam"), UserDb::canonical_key("bob"));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn file_others_can_read_or_write_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let p = CryptoProvider::default_provider();
+        let dir = tmpdir("mode");
+        let path = dir.join("users.db");
+        let mut db = UserDb::new();
+        db.add("alice", "pw", &p).unwrap();
+        db.save(&path).unwrap();
+        for mode in [0o640, 0o604, 0o620, 0o602, 0o660, 0o644] {
+            fs::set_permissions(&path, fs::Permissions::from_mode(mode)).unwrap();
+            for r in [UserDb::load(&path), UserDb::load_or_empty(&path)] {
+                match r {
+                    Err(e @ UserDbError::Permissions { .. }) => {
+                        let msg = e.to_string();
+                        assert!(msg.contains(&format!("{mode:04o}")), "{msg}");
+                        assert!(
+                            msg.contains(&format!("chmod 600 {}", path.display())),
+                            "{msg}"
+                        );
+                    }
+                    other => panic!("mode {mode:o}: {other:?}"),
+                }
+            }
+        }
+        for mode in [0o600, 0o400] {
+            fs::set_permissions(&path, fs::Permissions::from_mode(mode)).unwrap();
+            assert_eq!(
+                UserDb::load(&path).unwrap().names(),
+                vec!["alice".to_string()]
+            );
+        }
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -117,8 +117,12 @@ impl LogonGuard {
         }
     }
 
+    /// Failures are counted per account as the user database finds it: two
+    /// spellings that reach one account ("sam", "SAM", "ſam" with U+017F
+    /// long s) share one budget, and so do spellings of an unknown name, so
+    /// a guesser cannot multiply budgets by respelling.
     fn user_key(user: &str) -> String {
-        user.to_lowercase()
+        nimbus_auth::UserDb::canonical_key(user)
     }
 
     /// Whether a logon by `user` from `addr` must be refused now.
@@ -208,6 +212,40 @@ mod tests {
         // A success (after the wait) forgets the failures.
         g.succeeded("alice", B);
         assert_eq!(g.check("alice", B, t1, &l), Ok(()));
+    }
+
+    #[test]
+    fn spellings_of_one_account_share_one_budget() {
+        let l = Limits {
+            max_failed_logons_per_address: 100,
+            ..limits()
+        };
+        let g = LogonGuard::new(&l);
+        let t0 = Instant::now();
+        // The user database finds "sam" under each of these (U+017F long s
+        // upper-cases to 'S'); to_lowercase would have made three budgets.
+        g.failed("sam", A, t0, &l);
+        g.failed("ſam", A, t0, &l);
+        g.failed("SAM", B, t0, &l);
+        assert!(matches!(
+            g.check("Sam", A, t0, &l),
+            Err(BackedOff::User { .. })
+        ));
+        assert!(matches!(
+            g.check("ſAM", B, t0, &l),
+            Err(BackedOff::User { .. })
+        ));
+        // Unknown names are folded the same way: "ß" reaches "SS".
+        g.failed("maß", A, t0, &l);
+        g.failed("MASS", A, t0, &l);
+        g.failed("mass", A, t0, &l);
+        assert!(matches!(
+            g.check("Maß", A, t0, &l),
+            Err(BackedOff::User { .. })
+        ));
+        // A success under one spelling clears them all.
+        g.succeeded("ſam", A);
+        assert_eq!(g.check("sam", A, t0, &l), Ok(()));
     }
 
     #[test]

@@ -284,6 +284,8 @@ fn user(cmd: UserCmd) -> Result<(), String> {
             db,
             password_stdin,
         } => {
+            // Refuse a name the file cannot hold before asking for a password.
+            UserDb::validate_name(&name).map_err(|e| e.to_string())?;
             let mut users = UserDb::load_or_empty(&db).map_err(|e| e.to_string())?;
             let pw = read_password(password_stdin)?;
             users
