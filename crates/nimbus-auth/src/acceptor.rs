@@ -450,6 +450,18 @@ impl AuthExchange {
                     reason: "missing SPNEGO mechListMIC after choosing a non-preferred mechanism",
                 });
             }
+            // A client that put a MIC in its AUTHENTICATE (MsvAvFlags 0x2,
+            // MS-NLMP 2.2.2.1, 3.1.5.1.2) has the keys to sign the
+            // mechanism list and does (MS-SPNG 3.3.5.1 gives the key state
+            // it uses): without it, the SPNEGO layer around the NTLM
+            // messages is unprotected (RFC 4178 5), e.g. stripped by a man
+            // in the middle. Windows and Samba refuse such a logon too.
+            None if v.mic_present => {
+                return Err(AuthError::LogonFailure {
+                    user: v.user.clone(),
+                    reason: "missing SPNEGO mechListMIC although the NTLM AUTHENTICATE has a MIC",
+                });
+            }
             None => {}
         }
         Ok(sign(Direction::ServerToClient))
