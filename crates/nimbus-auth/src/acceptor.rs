@@ -2,15 +2,17 @@
 //! acceptor (MS-NLMP 3.2). One [`AuthExchange`] per SESSION_SETUP exchange.
 
 use std::fmt;
+use std::net::IpAddr;
 use std::sync::{Arc, RwLock};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use nimbus_crypto::{ct_eq, CryptoProvider, NtlmPrimitives};
 use zeroize::Zeroizing;
 
+use crate::binding::{self, ServerNames};
 use crate::ntlm::{self, av, flags, Direction, MIC_OFFSET};
 use crate::spnego::{self, NegState, OID_NTLMSSP};
-use crate::userdb::{utf16le, UserDb};
+use crate::userdb::{utf16le, Reload, Reloader, UserDb};
 
 /// Largest security token accepted. SMB2 SESSION_SETUP buffers from real
 /// clients are a few KiB (Kerberos tickets with PACs can reach ~12 KiB).
@@ -36,22 +38,47 @@ pub struct AuthConfig {
 
 /// Accepts logons against the local user database.
 pub struct Authenticator {
+    shared: Arc<Shared>,
+}
+
+/// What every exchange of one acceptor shares.
+struct Shared {
     provider: Arc<CryptoProvider>,
     users: Arc<RwLock<UserDb>>,
-    config: Arc<AuthConfig>,
+    config: AuthConfig,
+    /// Re-reads the database file when it changes (None for a database
+    /// built in memory).
+    reloader: Option<Reloader>,
+    /// The host names MsvAvTargetName may name.
+    names: ServerNames,
+    /// The NT hash unknown users are checked against, so that they cost
+    /// the same HMACs as known ones (no user-enumeration timing oracle).
+    /// Random per acceptor; an unknown user fails whatever it computes.
+    dummy_hash: Zeroizing<[u8; 16]>,
 }
 
 impl Authenticator {
-    /// A new acceptor; `users` may be changed while the server runs.
+    /// A new acceptor; `users` may be changed while the server runs. A
+    /// database loaded from a file ([`UserDb::load`]) is reloaded when the
+    /// file changes: logons look at most once a second.
     pub fn new(
         provider: Arc<CryptoProvider>,
         users: Arc<RwLock<UserDb>>,
         config: AuthConfig,
     ) -> Self {
+        let reloader = Reloader::for_db(&users.read().unwrap_or_else(|p| p.into_inner()));
+        let names = ServerNames::new(&config, ServerNames::system_host_name().as_deref());
+        let mut dummy_hash = Zeroizing::new([0u8; 16]);
+        provider.fill_random(&mut dummy_hash[..]);
         Authenticator {
-            provider,
-            users,
-            config: Arc::new(config),
+            shared: Arc::new(Shared {
+                provider,
+                users,
+                config,
+                reloader,
+                names,
+                dummy_hash,
+            }),
         }
     }
 
@@ -61,12 +88,22 @@ impl Authenticator {
         spnego::build_server_init()
     }
 
-    /// Begins one SESSION_SETUP exchange.
+    /// Begins one SESSION_SETUP exchange whose connection's local address
+    /// is unknown: an MsvAvTargetName naming an IP address is refused.
     pub fn start(&self) -> AuthExchange {
         AuthExchange {
-            provider: self.provider.clone(),
-            users: self.users.clone(),
-            config: self.config.clone(),
+            shared: self.shared.clone(),
+            local: None,
+            state: State::Start,
+        }
+    }
+
+    /// Begins one SESSION_SETUP exchange on a connection the client made to
+    /// `local` (an MsvAvTargetName may name this address).
+    pub fn start_at(&self, local: IpAddr) -> AuthExchange {
+        AuthExchange {
+            shared: self.shared.clone(),
+            local: Some(local),
             state: State::Start,
         }
     }
@@ -130,6 +167,17 @@ pub enum AuthError {
     },
     /// A valid request for something this server refuses (NTLMv1, ...).
     NotSupported(&'static str),
+    /// The right credentials, meant for another service or channel: the
+    /// MsvAvTargetName or MsvAvChannelBindings of the client's blob say the
+    /// logon was relayed here (see the `binding` module).
+    WrongTarget {
+        /// The user name the client sent.
+        user: String,
+        /// What check failed.
+        reason: &'static str,
+        /// The offending value (the SPN, or the bindings in hex).
+        value: String,
+    },
     /// Anonymous logon while guest access is off.
     AnonymousRefused,
     /// The crypto provider offers no NTLM primitives (FIPS mode).
@@ -144,6 +192,15 @@ impl fmt::Display for AuthError {
                 write!(f, "logon failure for user {user:?}: {reason}")
             }
             AuthError::NotSupported(what) => write!(f, "not supported: {what}"),
+            AuthError::WrongTarget {
+                user,
+                reason,
+                value,
+            } => write!(
+                f,
+                "logon of user {user:?} refused: {reason}: {value:?} (NTLM relayed from \
+                 another service?)"
+            ),
             AuthError::AnonymousRefused => {
                 f.write_str("anonymous logon refused (guest access is off)")
             }
@@ -197,9 +254,9 @@ struct Verified {
 
 /// One SESSION_SETUP exchange.
 pub struct AuthExchange {
-    provider: Arc<CryptoProvider>,
-    users: Arc<RwLock<UserDb>>,
-    config: Arc<AuthConfig>,
+    shared: Arc<Shared>,
+    /// The address the client connected to, if known.
+    local: Option<IpAddr>,
     state: State,
 }
 
@@ -312,7 +369,7 @@ impl AuthExchange {
     }
 
     fn ntlm(&self) -> Result<&dyn NtlmPrimitives, AuthError> {
-        self.provider.ntlm().ok_or(AuthError::NtlmDisabled)
+        self.shared.provider.ntlm().ok_or(AuthError::NtlmDisabled)
     }
 
     /// Answers an NTLMSSP NEGOTIATE with a CHALLENGE (MS-NLMP 3.2.5.1.1).
@@ -344,8 +401,8 @@ impl AuthExchange {
             | flags::TARGET_TYPE_SERVER;
 
         let mut server_challenge = [0u8; 8];
-        self.provider.fill_random(&mut server_challenge);
-        let target_name = utf16le(&self.config.netbios_computer);
+        self.shared.provider.fill_random(&mut server_challenge);
+        let target_name = utf16le(&self.shared.config.netbios_computer);
         let target_info = self.target_info(filetime_now());
         let challenge =
             ntlm::build_challenge(neg_flags, &server_challenge, &target_name, &target_info);
@@ -361,7 +418,7 @@ impl AuthExchange {
 
     /// TargetInfo AV pairs (MS-NLMP 2.2.2.1), in the order Windows sends them.
     fn target_info(&self, filetime: u64) -> Vec<u8> {
-        let c = &self.config;
+        let c = &self.shared.config;
         let mut out = Vec::new();
         ntlm::push_av_pair(&mut out, av::NB_DOMAIN_NAME, &utf16le(&c.netbios_domain));
         ntlm::push_av_pair(
@@ -479,7 +536,7 @@ impl AuthExchange {
                 && a.nt_response.is_empty()
                 && (a.lm_response.is_empty() || a.lm_response == [0]));
         if anonymous {
-            if !self.config.allow_guest {
+            if !self.shared.config.allow_guest {
                 return Err(AuthError::AnonymousRefused);
             }
             return Ok(Verified {
@@ -504,8 +561,10 @@ impl AuthExchange {
             });
         }
 
+        self.reload_users();
         let found = {
             let db = self
+                .shared
                 .users
                 .read()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -516,8 +575,35 @@ impl AuthExchange {
                 _ => None,
             }
         };
-        let Some((stored_name, nt_hash)) = found else {
-            if self.config.allow_guest {
+        let known = found.is_some();
+        // An unknown user is checked against the dummy hash: the same
+        // NTOWFv2 and NTProofStr HMACs as a known user with a wrong
+        // password, so the time taken does not tell which names exist.
+        let (stored_name, nt_hash) =
+            found.unwrap_or_else(|| (user.clone(), self.shared.dummy_hash.clone()));
+
+        let (nt_proof, blob) = a.nt_response.split_at(16);
+        // Clients differ in the domain they hash: try the one sent, then its
+        // upper case, then none (MS-NLMP 3.2.5.1.2 lets servers try variants).
+        let upper = domain.to_uppercase();
+        let mut candidates = vec![domain.as_str()];
+        if upper != domain {
+            candidates.push(upper.as_str());
+        }
+        if !domain.is_empty() {
+            candidates.push("");
+        }
+        let owf = ntlm::ntlmv2_response_key(
+            ntlm,
+            &nt_hash,
+            &user,
+            &candidates,
+            &p.server_challenge,
+            nt_proof,
+            blob,
+        );
+        if !known {
+            if self.shared.config.allow_guest {
                 return Ok(Verified {
                     user,
                     domain,
@@ -531,27 +617,6 @@ impl AuthExchange {
                 user,
                 reason: "unknown user",
             });
-        };
-
-        let (nt_proof, blob) = a.nt_response.split_at(16);
-        // Clients differ in the domain they hash: try the one sent, then its
-        // upper case, then none (MS-NLMP 3.2.5.1.2 lets servers try variants).
-        let upper = domain.to_uppercase();
-        let mut candidates = vec![domain.as_str()];
-        if upper != domain {
-            candidates.push(upper.as_str());
-        }
-        if !domain.is_empty() {
-            candidates.push("");
-        }
-        let mut owf = None;
-        for d in candidates {
-            let key = Zeroizing::new(ntlm::ntowfv2(ntlm, &nt_hash, &user, d));
-            let expected = ntlm.hmac_md5(&key[..], &[&p.server_challenge, blob]);
-            if ct_eq(&expected, nt_proof) {
-                owf = Some(key);
-                break;
-            }
         }
         let Some(owf) = owf else {
             return Err(AuthError::LogonFailure {
@@ -579,7 +644,8 @@ impl AuthExchange {
             }
         }
 
-        let av_flags = ntlm::find_av_pair(&blob[ntlm::CLIENT_CHALLENGE_FIXED..], av::FLAGS)
+        let av_pairs = &blob[ntlm::CLIENT_CHALLENGE_FIXED..];
+        let av_flags = ntlm::find_av_pair(av_pairs, av::FLAGS)
             .map_err(AuthError::Malformed)?
             .and_then(|v| v.get(..4))
             .map(|v| u32::from_le_bytes([v[0], v[1], v[2], v[3]]))
@@ -601,6 +667,8 @@ impl AuthExchange {
             }
         }
 
+        self.check_binding(ntlm, av_pairs, &user)?;
+
         Ok(Verified {
             user: stored_name,
             domain,
@@ -609,6 +677,62 @@ impl AuthExchange {
             anonymous: false,
             mic_present,
         })
+    }
+}
+
+impl AuthExchange {
+    /// Picks up changes to the user database file (at most one stat() a
+    /// second, see `Reloader`); a file that cannot be used is logged and
+    /// the users loaded before stay.
+    fn reload_users(&self) {
+        let Some(r) = &self.shared.reloader else {
+            return;
+        };
+        match r.check(&self.shared.users, Instant::now()) {
+            Reload::Unchanged => {}
+            Reload::Reloaded { users } => tracing::info!(
+                "user database {} changed: reloaded, {users} user(s)",
+                r.path().display()
+            ),
+            Reload::Failed(e) => {
+                tracing::error!("{e}; not reloaded: the users loaded before stay in use")
+            }
+        }
+    }
+
+    /// Relay protection on a verified AUTHENTICATE: MsvAvTargetName must
+    /// name this server and MsvAvChannelBindings no channel (MS-NLMP
+    /// 2.2.2.1, 3.2.5.1.2; the rule is in the `binding` module). The AV
+    /// pairs are covered by NTProofStr, so they are the client's own.
+    fn check_binding(
+        &self,
+        ntlm: &dyn NtlmPrimitives,
+        av_pairs: &[u8],
+        user: &str,
+    ) -> Result<(), AuthError> {
+        let refuse = |reason, value| AuthError::WrongTarget {
+            user: user.to_owned(),
+            reason,
+            value,
+        };
+        if let Some(raw) =
+            ntlm::find_av_pair(av_pairs, av::TARGET_NAME).map_err(AuthError::Malformed)?
+        {
+            let spn = utf16_string(raw)?;
+            tracing::debug!("NTLM AUTHENTICATE of {user:?}: MsvAvTargetName {spn:?}");
+            self.shared
+                .names
+                .check_target_name(&spn, self.local)
+                .map_err(|reason| refuse(reason, spn.clone()))?;
+        }
+        if let Some(cb) =
+            ntlm::find_av_pair(av_pairs, av::CHANNEL_BINDINGS).map_err(AuthError::Malformed)?
+        {
+            let hex: String = cb.iter().map(|b| format!("{b:02x}")).collect();
+            tracing::debug!("NTLM AUTHENTICATE of {user:?}: MsvAvChannelBindings {hex}");
+            binding::check_channel_bindings(ntlm, cb).map_err(|reason| refuse(reason, hex))?;
+        }
+        Ok(())
     }
 }
 

@@ -39,6 +39,10 @@ struct Client {
     with_mic: bool,
     ntlmv1: bool,
     anonymous: bool,
+    /// MsvAvTargetName to send.
+    target_name: Option<&'static str>,
+    /// MsvAvChannelBindings to send.
+    channel_bindings: Option<[u8; 16]>,
 }
 
 impl Default for Client {
@@ -52,6 +56,8 @@ impl Default for Client {
             with_mic: true,
             ntlmv1: false,
             anonymous: false,
+            target_name: None,
+            channel_bindings: None,
         }
     }
 }
@@ -125,6 +131,12 @@ fn authenticate_msg(c: &Client, negotiate: &[u8], challenge: &[u8]) -> (Vec<u8>,
     }
     if c.with_mic {
         ntlm::push_av_pair(&mut pairs, av::FLAGS, &av::FLAG_MIC_PRESENT.to_le_bytes());
+    }
+    if let Some(cb) = &c.channel_bindings {
+        ntlm::push_av_pair(&mut pairs, av::CHANNEL_BINDINGS, cb);
+    }
+    if let Some(t) = c.target_name {
+        ntlm::push_av_pair(&mut pairs, av::TARGET_NAME, &utf16le(t));
     }
     ntlm::push_av_pair(&mut pairs, av::EOL, &[]);
 
@@ -642,4 +654,133 @@ fn ntlm_disabled_without_primitives() {
     // A provider without NTLM cannot be built from outside nimbus-crypto yet;
     // check the error's wording instead.
     assert!(AuthError::NtlmDisabled.to_string().contains("FIPS"));
+}
+
+#[test]
+fn target_name_of_this_server_is_accepted_and_foreign_ones_refused() {
+    let auth = authenticator(false);
+    let local: IpAddr = "127.0.0.1".parse().unwrap();
+    let run = |target: &'static str| {
+        let c = Client {
+            target_name: Some(target),
+            ..Client::default()
+        };
+        let mut ex = auth.start_at(local);
+        let neg = negotiate_msg(&c);
+        let challenge = expect_continue(ex.step(&neg));
+        let (msg, _) = authenticate_msg(&c, &neg, &challenge);
+        ex.step(&msg)
+    };
+    for ok in ["cifs/127.0.0.1", "cifs/NIMBUS", "host/localhost", ""] {
+        expect_complete(run(ok));
+    }
+    for bad in ["HTTP/evil.example", "cifs/evil.example", "ldap/127.0.0.1"] {
+        match run(bad) {
+            Err(e @ AuthError::WrongTarget { .. }) => {
+                assert!(e.to_string().contains(bad), "{e}")
+            }
+            other => panic!("{bad}: {:?}", other.map(|_| ())),
+        }
+    }
+}
+
+#[test]
+fn channel_bindings_must_be_empty() {
+    let auth = authenticator(false);
+    let run = |cb: [u8; 16]| {
+        let c = Client {
+            channel_bindings: Some(cb),
+            ..Client::default()
+        };
+        spnego_exchange(&auth, &c, true).0
+    };
+    expect_complete(run([0; 16]));
+    let tls = provider().ntlm().unwrap().md5(&[b"tls-server-end-point:x"]);
+    assert!(matches!(run(tls), Err(AuthError::WrongTarget { .. })));
+}
+
+#[test]
+fn unknown_user_costs_the_same_hmacs_as_a_wrong_password() {
+    let hmacs = |auth: &Authenticator, c: &Client| {
+        let mut ex = auth.start();
+        let neg = negotiate_msg(c);
+        let challenge = expect_continue(ex.step(&neg));
+        let (msg, _) = authenticate_msg(c, &neg, &challenge);
+        let before = ntlm::HMACS.with(|h| h.get());
+        let out = ex.step(&msg);
+        (out, ntlm::HMACS.with(|h| h.get()) - before)
+    };
+    let auth = authenticator(false);
+    let wrong = Client {
+        password: "wrong",
+        ..Client::default()
+    };
+    let unknown = Client {
+        user: "mallory",
+        ..Client::default()
+    };
+    let (out, known_cost) = hmacs(&auth, &wrong);
+    assert!(matches!(
+        out,
+        Err(AuthError::LogonFailure {
+            reason: "wrong password",
+            ..
+        })
+    ));
+    let (out, unknown_cost) = hmacs(&auth, &unknown);
+    assert!(matches!(
+        out,
+        Err(AuthError::LogonFailure {
+            reason: "unknown user",
+            ..
+        })
+    ));
+    // Domain "Workgroup": as sent, upper case, none; NTOWFv2 + NTProofStr each.
+    assert_eq!(known_cost, 6);
+    assert_eq!(unknown_cost, known_cost);
+    // Guests (unknown users where allowed) do the same work before mapping.
+    let (out, guest_cost) = hmacs(&authenticator(true), &unknown);
+    assert!(expect_complete(out).guest);
+    assert_eq!(guest_cost, known_cost);
+}
+
+#[test]
+fn user_db_file_changes_are_picked_up() {
+    let dir = std::env::temp_dir().join(format!("nimbus-acceptor-reload-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("users.db");
+    let p = provider();
+    let mut db = UserDb::new();
+    db.add("alice", "correct horse", &p).unwrap();
+    db.save(&path).unwrap();
+    let auth = Authenticator::new(
+        p.clone(),
+        Arc::new(RwLock::new(UserDb::load(&path).unwrap())),
+        config(false),
+    );
+    let logon = |user: &'static str| {
+        let c = Client {
+            user,
+            ..Client::default()
+        };
+        spnego_exchange(&auth, &c, true).0
+    };
+    expect_complete(logon("alice"));
+    // `nimbus user del alice; nimbus user add bob`, as the CLI does it.
+    let mut db = UserDb::load(&path).unwrap();
+    assert!(db.remove("alice"));
+    db.add("bob", "correct horse", &p).unwrap();
+    db.save(&path).unwrap();
+    // The next logon looks at most a second after the previous look.
+    std::thread::sleep(crate::userdb::RELOAD_CHECK_INTERVAL);
+    assert!(matches!(
+        logon("alice"),
+        Err(AuthError::LogonFailure {
+            reason: "unknown user",
+            ..
+        })
+    ));
+    expect_complete(logon("bob"));
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -9,6 +9,7 @@
 #![warn(missing_docs)]
 
 mod acceptor;
+mod binding;
 mod der;
 mod ntlm;
 mod spnego;

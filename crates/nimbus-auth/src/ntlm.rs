@@ -32,6 +32,11 @@ pub(crate) mod av {
     pub const DNS_DOMAIN_NAME: u16 = 4;
     pub const FLAGS: u16 = 6;
     pub const TIMESTAMP: u16 = 7;
+    /// MsvAvTargetName: the SPN the client meant to reach, e.g. "cifs/host".
+    pub const TARGET_NAME: u16 = 9;
+    /// MsvAvChannelBindings: MD5 of the client's gss_channel_bindings_struct,
+    /// or all zero without a channel.
+    pub const CHANNEL_BINDINGS: u16 = 10;
     /// MsvAvFlags bit: the AUTHENTICATE message carries a MIC.
     pub const FLAG_MIC_PRESENT: u32 = 0x0000_0002;
 }
@@ -213,7 +218,47 @@ pub(crate) fn ntowfv2(
 ) -> [u8; 16] {
     let upper = crate::userdb::utf16le(&user.to_uppercase());
     let dom = crate::userdb::utf16le(domain);
+    count_hmac();
     ntlm.hmac_md5(nt_hash, &[&upper, &dom])
+}
+
+/// Checks an NTLMv2 response (MS-NLMP 3.3.2, 3.2.5.1.2): for each domain
+/// spelling in turn, ResponseKeyNT = NTOWFv2(nt_hash, user, domain) and
+/// NTProofStr = HMAC_MD5(ResponseKeyNT, ServerChallenge || blob), compared
+/// in constant time with the client's. Returns the ResponseKeyNT that
+/// matched. A wrong password always costs `2 * domains.len()` HMACs,
+/// whatever the hash, which is what lets unknown users be checked against
+/// a dummy hash at the same cost as known ones.
+pub(crate) fn ntlmv2_response_key(
+    ntlm: &dyn NtlmPrimitives,
+    nt_hash: &[u8; 16],
+    user: &str,
+    domains: &[&str],
+    server_challenge: &[u8; 8],
+    nt_proof: &[u8],
+    blob: &[u8],
+) -> Option<zeroize::Zeroizing<[u8; 16]>> {
+    for d in domains {
+        let key = zeroize::Zeroizing::new(ntowfv2(ntlm, nt_hash, user, d));
+        count_hmac();
+        let expected = ntlm.hmac_md5(&key[..], &[server_challenge, blob]);
+        if nimbus_crypto::ct_eq(&expected, nt_proof) {
+            return Some(key);
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+thread_local! {
+    /// HMACs computed by this thread's response checks (tests only).
+    pub(crate) static HMACS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+#[inline]
+fn count_hmac() {
+    #[cfg(test)]
+    HMACS.with(|c| c.set(c.get() + 1));
 }
 
 const CLIENT_SIGN_MAGIC: &[u8] = b"session key to client-to-server signing key magic constant\0";

@@ -17,6 +17,8 @@ use std::fmt;
 use std::fs;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use nimbus_crypto::CryptoProvider;
 use zeroize::{Zeroize, ZeroizeOnDrop};
@@ -150,6 +152,8 @@ struct Entry {
 #[derive(Default)]
 pub struct UserDb {
     users: HashMap<String, Entry>,
+    /// The file this was loaded from, and its identity then (for reloads).
+    source: Option<(PathBuf, FileStamp)>,
 }
 
 impl fmt::Debug for UserDb {
@@ -252,7 +256,9 @@ impl UserDb {
         }
         let mut text = zeroize::Zeroizing::new(String::new());
         file.read_to_string(&mut text).map_err(io_err)?;
-        Self::parse(path, &text)
+        let mut db = Self::parse(path, &text)?;
+        db.source = Some((path.to_owned(), FileStamp::of(&meta)));
+        Ok(db)
     }
 
     fn parse(path: &Path, text: &str) -> Result<UserDb, UserDbError> {
@@ -410,6 +416,143 @@ impl UserDb {
     }
 }
 
+/// One version of the database file. `save` renames a new file over the
+/// old one (a new inode), an edit in place changes the size or mtime, a
+/// chmod changes the ctime: any of these is a change to look at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FileStamp {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime_ns: i128,
+    ctime_ns: i128,
+}
+
+impl FileStamp {
+    fn of(meta: &fs::Metadata) -> FileStamp {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::MetadataExt;
+            let ns = |s: i64, n: i64| i128::from(s) * 1_000_000_000 + i128::from(n);
+            FileStamp {
+                dev: meta.dev(),
+                ino: meta.ino(),
+                size: meta.size(),
+                mtime_ns: ns(meta.mtime(), meta.mtime_nsec()),
+                ctime_ns: ns(meta.ctime(), meta.ctime_nsec()),
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let mtime_ns = meta
+                .modified()
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_nanos() as i128);
+            FileStamp {
+                dev: 0,
+                ino: 0,
+                size: meta.len(),
+                mtime_ns,
+                ctime_ns: 0,
+            }
+        }
+    }
+}
+
+/// How often, at most, a logon looks at the database file for changes.
+pub(crate) const RELOAD_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+
+/// What one look at the database file found.
+#[derive(Debug)]
+pub(crate) enum Reload {
+    /// Not time to look yet, another logon is looking, or nothing changed.
+    Unchanged,
+    /// The file changed and now holds this many users, which are in use.
+    Reloaded { users: usize },
+    /// The file changed (or went away) and cannot be used; the users loaded
+    /// before stay in use. Reported once per version of the file.
+    Failed(UserDbError),
+}
+
+/// Keeps a [`UserDb`] current with the file it was loaded from, so that
+/// `nimbus user add/del` take effect without a restart. Logons call
+/// [`Reloader::check`]: at most once per [`RELOAD_CHECK_INTERVAL`] it costs
+/// one stat() of the file; only a changed file is read again (with the same
+/// checks as at start, permissions included). Time is passed in.
+pub(crate) struct Reloader {
+    path: PathBuf,
+    state: Mutex<ReloadState>,
+}
+
+struct ReloadState {
+    next_check: Option<Instant>,
+    /// The version last looked at (loaded or refused); None while the file
+    /// is missing.
+    seen: Option<FileStamp>,
+}
+
+impl Reloader {
+    /// A reloader for `db`, if it was loaded from a file.
+    pub(crate) fn for_db(db: &UserDb) -> Option<Reloader> {
+        let (path, stamp) = db.source.as_ref()?;
+        Some(Reloader {
+            path: path.clone(),
+            state: Mutex::new(ReloadState {
+                next_check: None,
+                seen: Some(*stamp),
+            }),
+        })
+    }
+
+    /// The database file.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Looks at the file if it is time to, and swaps a changed, valid
+    /// database into `users`.
+    pub(crate) fn check(&self, users: &RwLock<UserDb>, now: Instant) -> Reload {
+        let mut st = match self.state.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            // Another logon is looking right now.
+            Err(std::sync::TryLockError::WouldBlock) => return Reload::Unchanged,
+        };
+        if st.next_check.is_some_and(|t| now < t) {
+            return Reload::Unchanged;
+        }
+        st.next_check = Some(now + RELOAD_CHECK_INTERVAL);
+        let stamp = match fs::metadata(&self.path) {
+            Ok(m) => FileStamp::of(&m),
+            Err(source) => {
+                if st.seen.take().is_none() {
+                    return Reload::Unchanged; // already reported
+                }
+                return Reload::Failed(UserDbError::Io {
+                    path: self.path.clone(),
+                    source,
+                });
+            }
+        };
+        if st.seen == Some(stamp) {
+            return Reload::Unchanged;
+        }
+        st.seen = Some(stamp);
+        match UserDb::load(&self.path) {
+            Ok(db) => {
+                if let Some((_, loaded)) = &db.source {
+                    st.seen = Some(*loaded);
+                }
+                let n = db.users.len();
+                *users.write().unwrap_or_else(|p| p.into_inner()) = db;
+                Reload::Reloaded { users: n }
+            }
+            Err(e) => Reload::Failed(e),
+        }
+    }
+}
+
 /// UTF-16LE encoding (MS-NLMP strings are UTF-16LE when UNICODE is negotiated).
 pub(crate) fn utf16le(s: &str) -> Vec<u8> {
     s.encode_utf16().flat_map(u16::to_le_bytes).collect()
@@ -543,6 +686,74 @@ mod tests {
                 vec!["alice".to_string()]
             );
         }
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn reloader_swaps_in_changes_and_keeps_the_old_users_on_errors() {
+        use std::os::unix::fs::PermissionsExt;
+        let p = CryptoProvider::default_provider();
+        let dir = tmpdir("reload");
+        let path = dir.join("users.db");
+        let mut db = UserDb::new();
+        db.add("alice", "pw", &p).unwrap();
+        db.save(&path).unwrap();
+        let users = RwLock::new(UserDb::load(&path).unwrap());
+        let r = Reloader::for_db(&users.read().unwrap()).unwrap();
+        let names = || users.read().unwrap().names();
+        let t0 = Instant::now();
+        let step = RELOAD_CHECK_INTERVAL;
+        assert!(matches!(r.check(&users, t0), Reload::Unchanged));
+
+        db.add("bob", "pw", &p).unwrap();
+        db.save(&path).unwrap();
+        // Within the interval nothing is looked at.
+        assert!(matches!(r.check(&users, t0), Reload::Unchanged));
+        assert!(matches!(
+            r.check(&users, t0 + step),
+            Reload::Reloaded { users: 2 }
+        ));
+        assert_eq!(names(), vec!["alice".to_string(), "bob".to_string()]);
+
+        // Bad permissions: refused once, the users stay.
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
+        match r.check(&users, t0 + step * 2) {
+            Reload::Failed(e @ UserDbError::Permissions { .. }) => {
+                assert!(e.to_string().contains("chmod 600"))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(r.check(&users, t0 + step * 3), Reload::Unchanged));
+        assert_eq!(names().len(), 2);
+        // Fixed: loaded again.
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(matches!(
+            r.check(&users, t0 + step * 4),
+            Reload::Reloaded { users: 2 }
+        ));
+
+        // A broken file and a missing one: reported, the users stay.
+        fs::write(&path, "garbage\n").unwrap();
+        assert!(matches!(
+            r.check(&users, t0 + step * 5),
+            Reload::Failed(UserDbError::Parse { .. })
+        ));
+        fs::remove_file(&path).unwrap();
+        assert!(matches!(
+            r.check(&users, t0 + step * 6),
+            Reload::Failed(UserDbError::Io { .. })
+        ));
+        assert!(matches!(r.check(&users, t0 + step * 7), Reload::Unchanged));
+        assert_eq!(names().len(), 2);
+        // `nimbus user del bob` writes a new file.
+        db.remove("bob");
+        db.save(&path).unwrap();
+        assert!(matches!(
+            r.check(&users, t0 + step * 8),
+            Reload::Reloaded { users: 1 }
+        ));
+        assert_eq!(names(), vec!["alice".to_string()]);
         fs::remove_dir_all(&dir).unwrap();
     }
 

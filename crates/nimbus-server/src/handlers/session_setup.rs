@@ -30,7 +30,10 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         None => {
             let id = ctx.server.new_session_id();
             let preauth = *lock(&ctx.conn.preauth);
-            let s = Arc::new(Session::new(id, ctx.server.auth.start(), preauth));
+            // The local address lets the NTLM acceptor tell whether an
+            // MsvAvTargetName naming an IP address names this server.
+            let exchange = ctx.server.auth.start_at(ctx.conn.local.ip());
+            let s = Arc::new(Session::new(id, exchange, preauth));
             lock(&ctx.conn.sessions).insert(id, s.clone());
             s
         }
