@@ -487,3 +487,41 @@ def test_directory_with_any_entry_is_not_empty_for_delete(server):
         assert status == NtStatus.STATUS_DIRECTORY_NOT_EMPTY
         f.close()
     assert d.is_dir()
+
+
+# --------------------------------------------------------------------------
+# 5. directory listings share one budget per connection
+
+
+def list_all(d: Open) -> set[str]:
+    seen = set()
+    while True:
+        try:
+            entries = d.query_directory("*", FileInformationClass.FILE_NAMES_INFORMATION, max_output=65536)
+        except SMBResponseException as e:
+            assert e.status == NtStatus.STATUS_NO_MORE_FILES
+            return seen - {".", ".."}
+        seen |= {e["file_name"].get_value().decode("utf-16-le") for e in entries}
+
+
+def test_directory_listings_of_one_connection_share_the_entry_limit(server_factory):
+    srv = server_factory.start(security=Security(limits={"max_directory_entries": 1000}))
+    for name in ("d1", "d2"):
+        (srv.share_path / name).mkdir()
+        for i in range(600):
+            (srv.share_path / name / f"{i}").touch()
+    with connection(srv) as conn:
+        t = tree(logon(conn, srv), srv, srv.share)
+        access = FilePipePrinterAccessMask.GENERIC_READ
+        d1 = create(t, "d1", access, CreateOptions.FILE_DIRECTORY_FILE)
+        d2 = create(t, "d2", access, CreateOptions.FILE_DIRECTORY_FILE)
+        # d1's listing is held (its enumeration is not finished) ...
+        d1.query_directory("*", FileInformationClass.FILE_NAMES_INFORMATION, max_output=4096)
+        # ... so d2's would take the connection past 1,000 entries.
+        status = status_of(lambda: d2.query_directory("*", FileInformationClass.FILE_NAMES_INFORMATION))
+        assert status == NtStatus.STATUS_INSUFFICIENT_RESOURCES
+        # Once d1 is closed, d2 lists in full.
+        d1.close()
+        assert len(list_all(d2)) == 600
+        d2.close()
+    assert "limits.max_directory_entries" in srv.log_tail()

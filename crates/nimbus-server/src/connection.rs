@@ -19,6 +19,7 @@ use tokio::time::timeout;
 
 use crate::admission::ConnectionSlot;
 use crate::credits::CreditWindow;
+use crate::dir_budget::EntryBudget;
 use crate::limits::Limits;
 use crate::server::Server;
 use crate::session::{lock, Session};
@@ -126,6 +127,8 @@ pub struct Connection {
     pub credits: Mutex<CreditWindow>,
     pub sessions: Mutex<HashMap<u64, Arc<Session>>>,
     pub pool: BufferPool,
+    /// Directory entries this connection's enumerations hold.
+    pub dir_entries: Arc<EntryBudget>,
     /// Counts this connection in the server's admission limits.
     slot: ConnectionSlot,
     closing: AtomicBool,
@@ -142,6 +145,7 @@ impl Connection {
         let limits = &server.config.limits;
         Arc::new(Connection {
             credits: Mutex::new(CreditWindow::new(limits.max_credits)),
+            dir_entries: EntryBudget::new(limits.max_directory_entries),
             pool: BufferPool::new(limits.max_frame_bytes, limits.max_connection_memory_bytes),
             server,
             peer,

@@ -7,6 +7,7 @@ mod admission;
 pub mod config;
 mod connection;
 mod credits;
+mod dir_budget;
 mod dispatch;
 mod dosinfo;
 mod errors;

@@ -10,6 +10,7 @@ use nimbus_crypto::Signer;
 use nimbus_state::FileKey;
 use nimbus_vfs::{DirEntry, FileHandle};
 
+use crate::dir_budget::EntryLease;
 use crate::open_files::OpenFileSlot;
 use crate::security::SessionCipher;
 use crate::server::Share;
@@ -93,6 +94,8 @@ pub struct DirEnum {
     /// Entries matching the pattern, "." and ".." first; taken by position.
     pub entries: Vec<DirEntry>,
     pub pos: usize,
+    /// The entries' place in the connection's budget.
+    pub _lease: EntryLease,
 }
 
 pub struct Open {

@@ -38,17 +38,39 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         // no valid name component (too long, a path separator) is refused
         // before the directory is read (MS-FSA 2.1.5.6.3).
         let pattern = SearchPattern::parse(&req.pattern)?;
-        let entries = list(&open, &pattern, limits.max_directory_entries).inspect_err(|e| {
-            if *e == NtStatus::INSUFFICIENT_RESOURCES {
-                tracing::warn!(
-                    "{}: directory \"{}\" has more than {} entries (limits.max_directory_entries); listing refused",
-                    ctx.conn.peer,
-                    open.path(),
-                    limits.max_directory_entries
-                );
+        // This open's earlier listing gives its entries back first.
+        *guard = None;
+        // The connection's enumerations share one budget of entries; take
+        // what is free before reading, keep only what matched.
+        let refused = |held: usize| {
+            tracing::warn!(
+                "{}: listing of directory \"{}\" refused: it would take this connection's \
+                 directory listings past {} entries ({held} held by its other open \
+                 directories; limits.max_directory_entries)",
+                ctx.conn.peer,
+                open.path(),
+                limits.max_directory_entries
+            );
+            NtStatus::INSUFFICIENT_RESOURCES
+        };
+        let budget = &ctx.conn.dir_entries;
+        let mut lease = budget
+            .take_up_to(limits.max_directory_entries)
+            .ok_or_else(|| refused(budget.held()))?;
+        let entries = match list(&open, &pattern, lease.len()) {
+            Err(NtStatus::INSUFFICIENT_RESOURCES) => {
+                let others = budget.held() - lease.len();
+                drop(lease);
+                return Err(refused(others));
             }
-        })?;
-        *guard = Some(DirEnum { entries, pos: 0 });
+            r => r?,
+        };
+        lease.shrink_to(entries.len());
+        *guard = Some(DirEnum {
+            entries,
+            pos: 0,
+            _lease: lease,
+        });
     }
     let Some(en) = guard.as_mut() else {
         return Err(NtStatus::INVALID_PARAMETER);

@@ -28,6 +28,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     }
     let session = match &ctx.session {
         None => {
+            refuse_beyond_session_limits(ctx)?;
             let id = ctx.server.new_session_id();
             let preauth = *lock(&ctx.conn.preauth);
             // The local address lets the NTLM acceptor tell whether an
@@ -172,7 +173,12 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
                 },
             );
             let has_signer = signer.is_some();
-            ctx.conn.logged_on();
+            // An anonymous (null) session proves nothing about the client:
+            // the connection stays under the logon deadline and counts as
+            // unauthenticated until a user (or guest) logs on.
+            if !res.anonymous {
+                ctx.conn.logged_on();
+            }
             *state = SessionState::Valid(Authenticated {
                 user: res.user,
                 domain: res.domain,
@@ -217,6 +223,31 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             Err(status)
         }
     }
+}
+
+/// `limits.max_sessions_per_connection` and `limits.max_logons_in_progress`:
+/// a new SESSION_SETUP exchange is refused beyond them (each unfinished one
+/// holds its authentication state until the connection closes).
+fn refuse_beyond_session_limits(ctx: &Ctx<'_>) -> Result<(), NtStatus> {
+    let limits = &ctx.server.config.limits;
+    let (total, in_progress) = {
+        let sessions = lock(&ctx.conn.sessions);
+        let in_progress = sessions.values().filter(|s| !s.is_valid()).count();
+        (sessions.len(), in_progress)
+    };
+    let key = if total >= limits.max_sessions_per_connection {
+        "max_sessions_per_connection"
+    } else if in_progress >= limits.max_logons_in_progress {
+        "max_logons_in_progress"
+    } else {
+        return Ok(());
+    };
+    tracing::warn!(
+        "{}: new session refused: {total} sessions, {in_progress} still logging on \
+         (limits.{key})",
+        ctx.conn.peer
+    );
+    Err(NtStatus::REQUEST_NOT_ACCEPTED)
 }
 
 /// Refuses a logon while its user name or the client's address is backed
