@@ -127,8 +127,10 @@ type Bits = [u64; WORDS];
 /// 64 characters) by a few word operations per name character. No
 /// allocation per name. The matcher this replaced took O(pattern × name)
 /// per name with two allocations per pattern character, and
-/// O(pattern × name³) for `<`: a 16,384-character `<` pattern against one
-/// 200-character name without a dot took minutes.
+/// O(pattern × name³) for `<`: a 16,384-character `<` pattern took 3 s per
+/// 200-character name without a dot (76 s for a directory of 20 such
+/// names, hours for 2000); now such a pattern is refused at once, and the
+/// worst 255-character pattern matches 2000 such names in milliseconds.
 pub struct SearchPattern {
     text: String,
     /// None: the pattern matches every name (`*`, or empty).
