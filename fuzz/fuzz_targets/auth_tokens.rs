@@ -26,6 +26,7 @@ fn authenticator() -> &'static Authenticator {
                 dns_computer: "nimbus".into(),
                 dns_domain: String::new(),
                 allow_guest: true,
+                aliases: Vec::new(),
             },
         )
     })

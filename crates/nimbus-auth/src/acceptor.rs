@@ -34,6 +34,9 @@ pub struct AuthConfig {
     pub dns_domain: String,
     /// Map unknown users and anonymous logons to guest instead of refusing.
     pub allow_guest: bool,
+    /// Further host names clients reach this server by (DNS aliases, names
+    /// behind NAT), accepted in MsvAvTargetName like the names above.
+    pub aliases: Vec<String>,
 }
 
 /// Accepts logons against the local user database.

@@ -18,6 +18,7 @@ fn config(allow_guest: bool) -> AuthConfig {
         dns_computer: "nimbus.example.test".into(),
         dns_domain: "example.test".into(),
         allow_guest,
+        aliases: Vec::new(),
     }
 }
 

@@ -73,6 +73,9 @@ impl ServerNames {
         if !config.dns_computer.is_empty() && !config.dns_domain.is_empty() {
             add(&format!("{}.{}", config.dns_computer, config.dns_domain));
         }
+        for alias in &config.aliases {
+            add(alias);
+        }
         if let Some(h) = system_host_name {
             add(h);
             if let Some((first, _)) = h.split_once('.') {
@@ -190,6 +193,7 @@ mod tests {
             dns_computer: "nimbus".into(),
             dns_domain: "corp.example".into(),
             allow_guest: false,
+            aliases: vec!["Files.Corp.Example".into()],
         };
         ServerNames::new(&config, Some("fileserver.lab.example"))
     }
@@ -213,6 +217,7 @@ mod tests {
             "cifs/nimbus.corp.example.",
             "cifs/FileServer",
             "cifs/fileserver.lab.example",
+            "cifs/files.corp.example",
             "cifs/nimbus/ignored-service-name",
             "NIMBUS",
         ] {

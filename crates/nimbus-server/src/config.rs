@@ -77,6 +77,9 @@ pub struct Config {
     pub shares: Vec<ShareConfig>,
     /// NetBIOS name reported in NTLM challenges.
     pub server_name: String,
+    /// Other host names clients use for this server (DNS aliases, NAT):
+    /// NTLM logons naming them as target are not taken for relays.
+    pub server_aliases: Vec<String>,
     pub workgroup: String,
     /// Bounds on what clients may make the server hold (`[limits]`).
     pub limits: Limits,
@@ -93,6 +96,7 @@ impl Default for Config {
             fips: false,
             shares: Vec::new(),
             server_name: "NIMBUS".into(),
+            server_aliases: Vec::new(),
             workgroup: "WORKGROUP".into(),
             limits: Limits::default(),
         }
@@ -126,6 +130,7 @@ struct RawConfig {
     listen: Option<Vec<String>>,
     user_db: Option<PathBuf>,
     server_name: Option<String>,
+    server_aliases: Option<Vec<String>>,
     workgroup: Option<String>,
     security: Option<RawSecurity>,
     limits: Option<RawLimits>,
@@ -224,7 +229,7 @@ impl Config {
             vec![err(
                 &format!("line {line}"),
                 msg,
-                "see README.md for the keys: listen, user_db, server_name, workgroup, [security] signing/encryption/ciphers/fips, [limits] (see README), [[share]] name/path/read_only/guest_ok/encryption",
+                "see README.md for the keys: listen, user_db, server_name, server_aliases, workgroup, [security] signing/encryption/ciphers/fips, [limits] (see README), [[share]] name/path/read_only/guest_ok/encryption",
             )]
         })?;
         let mut errors = Vec::new();
@@ -258,6 +263,9 @@ impl Config {
         }
         if let Some(n) = raw.server_name {
             cfg.server_name = n;
+        }
+        if let Some(a) = raw.server_aliases {
+            cfg.server_aliases = a;
         }
         if let Some(w) = raw.workgroup {
             cfg.workgroup = w;

@@ -35,7 +35,8 @@ pub enum StartError {
 impl std::fmt::Display for StartError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            StartError::UserDb(e) => write!(f, "user database: {e}"),
+            // The user database's errors name the file themselves.
+            StartError::UserDb(e) => write!(f, "{e}"),
             StartError::Share { name, path, reason } => {
                 write!(f, "share \"{name}\": path {path}: {reason}")
             }
@@ -170,6 +171,7 @@ impl Server {
                 dns_computer: config.server_name.to_lowercase(),
                 dns_domain: String::new(),
                 allow_guest: config.shares.iter().any(|s| s.guest_ok),
+                aliases: config.server_aliases.clone(),
             },
         );
         let mut guid = [0u8; 16];
