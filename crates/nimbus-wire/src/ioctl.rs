@@ -203,6 +203,101 @@ mod tests {
         assert_eq!(ValidateNegotiateInfo::parse(parsed.input).unwrap(), v);
     }
 
+    /// An IOCTL request carrying FSCTL_VALIDATE_NEGOTIATE_INFO, laid out by
+    /// hand from MS-SMB2 2.2.31 and 2.2.31.4 (offsets from the start of the
+    /// body; buffer offsets count from the start of the 64-byte header).
+    const VALIDATE_NEGOTIATE_REQUEST: &str = concat!(
+        "3900",             // 0  StructureSize 57
+        "0000",             // 2  Reserved
+        "04021400",         // 4  CtlCode FSCTL_VALIDATE_NEGOTIATE_INFO 0x00140204
+        "ffffffffffffffff", // 8  FileId.Persistent: all ones, as 3.3.5.15 requires
+        "ffffffffffffffff", // 16 FileId.Volatile
+        "78000000",         // 24 InputOffset 0x78 = 64 + 56
+        "20000000",         // 28 InputCount 32
+        "00000000",         // 32 MaxInputResponse
+        "00000000",         // 36 OutputOffset: no output buffer
+        "00000000",         // 40 OutputCount
+        "18000000",         // 44 MaxOutputResponse 24
+        "01000000",         // 48 Flags SMB2_0_IOCTL_IS_FSCTL
+        "00000000",         // 52 Reserved2
+        // 56 Buffer: VALIDATE_NEGOTIATE_INFO request, offsets from its start
+        "7f000000",                         // 0  Capabilities
+        "00112233445566778899aabbccddeeff", // 4  Guid
+        "0100",                             // 20 SecurityMode SIGNING_ENABLED
+        "0400",                             // 22 DialectCount 4
+        "0202100200030203",                 // 24 Dialects 2.0.2 2.1 3.0 3.0.2
+    );
+
+    #[test]
+    fn parses_hand_laid_validate_negotiate_request() {
+        let body = hex::decode(VALIDATE_NEGOTIATE_REQUEST).unwrap();
+        let req = IoctlRequest::parse(&body).unwrap();
+        assert_eq!(req.ctl_code, ctl_code::FSCTL_VALIDATE_NEGOTIATE_INFO);
+        assert_eq!(req.file_id, FileId::RELATED);
+        assert_eq!(req.input, &body[56..]);
+        assert_eq!(req.max_input_response, 0);
+        assert_eq!(req.max_output_response, 24);
+        assert_eq!(req.flags, IOCTL_IS_FSCTL);
+        let vni = ValidateNegotiateInfo::parse(req.input).unwrap();
+        assert_eq!(
+            vni,
+            ValidateNegotiateInfo {
+                capabilities: 0x7f,
+                guid: [
+                    0x00, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, 0x99, 0xaa, 0xbb, 0xcc,
+                    0xdd, 0xee, 0xff
+                ],
+                security_mode: 1,
+                dialects: vec![0x0202, 0x0210, 0x0300, 0x0302],
+            }
+        );
+        // The encoders lay out the same bytes.
+        let mut input = Vec::new();
+        vni.encode(&mut input);
+        assert_eq!(input, req.input);
+        let mut out = Vec::new();
+        req.encode(&mut out);
+        assert_eq!(out, body);
+    }
+
+    /// The IOCTL response to it, by hand from MS-SMB2 2.2.32 and 2.2.32.6.
+    #[test]
+    fn validate_negotiate_response_matches_hand_laid_layout() {
+        let expected = hex::decode(concat!(
+            "3100",             // 0  StructureSize 49
+            "0000",             // 2  Reserved
+            "04021400",         // 4  CtlCode FSCTL_VALIDATE_NEGOTIATE_INFO
+            "ffffffffffffffff", // 8  FileId.Persistent
+            "ffffffffffffffff", // 16 FileId.Volatile
+            "70000000",         // 24 InputOffset 0x70 = 64 + 48
+            "00000000",         // 28 InputCount: no input returned
+            "70000000",         // 32 OutputOffset 0x70
+            "18000000",         // 36 OutputCount 24
+            "00000000",         // 40 Flags
+            "00000000",         // 44 Reserved2
+            // 48 Buffer: VALIDATE_NEGOTIATE_INFO response
+            "46000000",                         // 0  Capabilities
+            "ffeeddccbbaa99887766554433221100", // 4  Guid
+            "0300",                             // 20 SecurityMode: enabled | required
+            "0203",                             // 22 Dialect 3.0.2
+        ))
+        .unwrap();
+        let guid = [
+            0xff, 0xee, 0xdd, 0xcc, 0xbb, 0xaa, 0x99, 0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22,
+            0x11, 0x00,
+        ];
+        let mut output = Vec::new();
+        encode_validate_negotiate_response(&mut output, 0x46, &guid, 3, 0x0302);
+        let mut out = Vec::new();
+        encode_ioctl_response(
+            &mut out,
+            ctl_code::FSCTL_VALIDATE_NEGOTIATE_INFO,
+            FileId::RELATED,
+            &output,
+        );
+        assert_eq!(out, expected);
+    }
+
     #[test]
     fn interface_entries_are_152_bytes() {
         let mut out = Vec::new();

@@ -89,4 +89,73 @@ mod tests {
         assert_eq!(resp.len(), READ_RESPONSE_FIXED);
         assert_eq!(resp[2], 80);
     }
+
+    /// A READ request laid out by hand from MS-SMB2 2.2.19 (offsets from
+    /// the start of the body, which follows the 64-byte header).
+    const READ_REQUEST: &str = concat!(
+        "3100",             // 0  StructureSize 49
+        "50",               // 2  Padding 0x50 (where the client wants the data)
+        "01",               // 3  Flags SMB2_READFLAG_READ_UNBUFFERED
+        "00000100",         // 4  Length 0x10000
+        "0020000001000000", // 8  Offset 0x1_0000_2000
+        "1122334455667788", // 16 FileId.Persistent
+        "99aabbccddeeff00", // 24 FileId.Volatile
+        "00020000",         // 32 MinimumCount 512
+        "00000000",         // 36 Channel SMB2_CHANNEL_NONE
+        "00000000",         // 40 RemainingBytes
+        "0000",             // 44 ReadChannelInfoOffset
+        "0000",             // 46 ReadChannelInfoLength
+        "00",               // 48 Buffer: one byte, ignored
+    );
+
+    #[test]
+    fn parses_hand_laid_request() {
+        let body = hex::decode(READ_REQUEST).unwrap();
+        assert_eq!(body.len(), 49);
+        let req = ReadRequest::parse(&body).unwrap();
+        assert_eq!(
+            req,
+            ReadRequest {
+                flags: 0x01,
+                length: 0x1_0000,
+                offset: 0x1_0000_2000,
+                file_id: FileId {
+                    persistent: 0x8877_6655_4433_2211,
+                    volatile: 0x00ff_eedd_ccbb_aa99,
+                },
+                minimum_count: 512,
+            }
+        );
+        // The encoder lays out the same bytes, except that it leaves
+        // Padding zero.
+        let mut out = Vec::new();
+        req.encode(&mut out);
+        let mut expected = body.clone();
+        expected[2] = 0;
+        assert_eq!(out, expected);
+    }
+
+    /// The READ response body of Microsoft's "SMB 3.1.1 Encryption in
+    /// Windows 10" example (Open Specifications blog, appendix A.1, the
+    /// decrypted server response), field by field as MS-SMB2 2.2.20 lays
+    /// it out: 23 bytes of data read.
+    #[test]
+    fn response_head_matches_published_layout() {
+        let expected = hex::decode(concat!(
+            "1100",     // 0  StructureSize 17
+            "50",       // 2  DataOffset 0x50: header (64) + this fixed part (16)
+            "00",       // 3  Reserved
+            "17000000", // 4  DataLength 23
+            "00000000", // 8  DataRemaining
+            "00000000", // 12 Reserved2 (Flags in 3.1.1)
+            // 16 Buffer: "Smb3 encryption testing"
+            "536d623320656e6372797074696f6e2074657374696e67",
+        ))
+        .unwrap();
+        let data = b"Smb3 encryption testing";
+        let mut out = Vec::new();
+        encode_read_response_head(&mut out, data.len() as u32);
+        out.extend_from_slice(data);
+        assert_eq!(out, expected);
+    }
 }
