@@ -8,6 +8,9 @@ the tail of that log is added to the failure report.
 Environment:
   NIMBUS_BIN             the binary to test (default: target/release/nimbus)
   NIMBUS_TEST_VERBOSE=1  start the server with -v (debug logs)
+  CI=true                a client program a test needs (smbclient,
+                         smbtorture) that is not installed fails the test
+                         instead of skipping it (see `require_tool`)
 
 `pytest tests/ --target=samba` runs the same tests against Debian's smbd
 (bench/samba_server.py, needs root and the `samba` package): a way to check
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import os
 import resource
+import shutil
 import signal
 import socket
 import subprocess
@@ -47,6 +51,40 @@ def pytest_addoption(parser):
         default="nimbus",
         help="server to test: the nimbus binary (default) or Debian's smbd, for reference",
     )
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "requires_tool(name, package): the test runs the program `name` from Debian's `package` "
+        "(use conftest.require_tool)",
+    )
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("true", "1")
+
+
+def require_tool(name: str, package: str) -> pytest.MarkDecorator:
+    """Mark tests (or a module, as `pytestmark`) that run the program `name`.
+
+    When `name` is not on PATH the test is skipped, naming the apt package
+    to install; under CI=true it fails instead, so that a CI image without
+    the client cannot turn the interop tests into skips that pass.
+    """
+    return pytest.mark.requires_tool(name, package)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    for mark in item.iter_markers("requires_tool"):
+        name, package = mark.args
+        if shutil.which(name) is not None:
+            continue
+        message = f"{name} not installed (apt-get install {package})"
+        if in_ci():
+            pytest.fail(f"{message}; CI=true: a missing client fails the test instead of skipping it", pytrace=False)
+        pytest.skip(message)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -13,11 +13,11 @@ import hashlib
 import os
 import random
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import require_tool
 
 PROTOCOLS = ["SMB2_02", "SMB2_10", "SMB3_00", "SMB3_02", "SMB3_11"]
 MIB = 1024 * 1024
@@ -27,7 +27,7 @@ BIG_PROTOCOLS = ["SMB2_02", "SMB3_11"]  # 100 MiB at the oldest and newest diale
 TIMEOUT = 120
 BIG_TIMEOUT = 600
 
-pytestmark = pytest.mark.skipif(shutil.which("smbclient") is None, reason="smbclient not installed (apt-get install smbclient)")
+pytestmark = require_tool("smbclient", "smbclient")  # skipped when missing; fails under CI=true
 
 
 def run_smbclient(server, proto, commands, conf, cwd, *, share=None, user=None, password=None, timeout=TIMEOUT):

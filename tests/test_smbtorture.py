@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from conftest import require_tool
 
 SUITES = [
     "smb2.connect",
@@ -231,7 +231,7 @@ def test_known_failures_file_is_well_formed():
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.skipif(shutil.which("smbtorture") is None, reason="smbtorture not installed (apt-get install samba-testsuite)")
+@require_tool("smbtorture", "samba-testsuite")  # skipped when missing; fails under CI=true
 @pytest.mark.parametrize("suite", SUITES)
 def test_smbtorture_suite(server, suite, samba_client_conf, tmp_path):
     known, _ = load_known_failures()
