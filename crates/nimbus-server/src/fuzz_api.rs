@@ -206,3 +206,14 @@ pub fn security_layer(data: &[u8]) {
         assert_eq!(hdr.original_message_size as usize, data.len());
     }
 }
+
+/// A QUERY_DIRECTORY search pattern (names.rs) checked and matched against
+/// one name: None if the pattern is refused (MS-FSA 2.1.5.6.3), else
+/// whether the name matches. A pattern the server accepts is at most 255
+/// UTF-16 code units and free of path separators.
+pub fn search_pattern(pattern: &str, name: &str) -> Option<bool> {
+    let compiled = crate::names::SearchPattern::parse(pattern).ok()?;
+    assert!(pattern.encode_utf16().count() <= crate::names::MAX_COMPONENT_UTF16);
+    assert!(!pattern.contains(['\\', '/']));
+    Some(compiled.matches(name))
+}
