@@ -46,6 +46,7 @@ impl<'a> IoctlRequest<'a> {
         let _out_len = r.u32()?;
         let max_output_response = r.u32()?;
         let flags = r.u32()?;
+        let _reserved2 = r.u32()?;
         Ok(IoctlRequest {
             ctl_code,
             file_id,

@@ -24,7 +24,12 @@ impl ReadRequest {
         let offset = r.u64()?;
         let file_id = FileId::read(&mut r)?;
         let minimum_count = r.u32()?;
-        // Channel, RemainingBytes and the channel info matter only for RDMA.
+        // Channel, RemainingBytes and the channel info matter only for RDMA,
+        // but belong to the fixed part: a body without them is truncated.
+        let _channel = r.u32()?;
+        let _remaining_bytes = r.u32()?;
+        let _read_channel_info_offset = r.u16()?;
+        let _read_channel_info_length = r.u16()?;
         Ok(ReadRequest {
             flags,
             length,
