@@ -3,9 +3,10 @@
 //! a shorter message taken for the whole), except the prefixes listed for
 //! a decoder, which the layout genuinely allows.
 //!
-//! MS-SMB2 2.2.24 LOCK, 2.2.35 CHANGE_NOTIFY and 2.2.23/2.2.24 OPLOCK_BREAK
-//! have no decoder: the dispatcher answers them STATUS_NOT_SUPPORTED
-//! without looking at the body. When one gets a decoder, it belongs here.
+//! MS-SMB2 2.2.26 LOCK, 2.2.35 CHANGE_NOTIFY and 2.2.24 OPLOCK_BREAK
+//! Acknowledgment have no decoder: the dispatcher answers them
+//! STATUS_NOT_SUPPORTED without looking at the body. When one gets a
+//! decoder, it belongs here.
 
 use nimbus_wire::close::{CloseRequest, FlushRequest, FLAG_POSTQUERY_ATTRIB};
 use nimbus_wire::create::{
