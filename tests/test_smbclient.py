@@ -313,12 +313,64 @@ def assert_refused_without_leak(rc, out, local_file: Path, secret: str):
         assert secret not in local_file.read_text(errors="replace"), f"{local_file} holds content from outside the share"
 
 
-@pytest.mark.parametrize("path", ["../../etc/passwd", "..\\..\\etc\\passwd", "../../../../../../etc/passwd"])
-def test_get_dotdot_path_refused(server, proto, samba_client_conf, client_dir, path):
-    # smbclient cleans `..` out of the name before sending it (the server sees
-    # \etc\passwd); tests/test_smbprotocol.py sends the raw `..` itself.
+OUTSIDE_SECRET = "SECRET-OUTSIDE-THE-SHARE"
+
+# Paths that, resolved on the server's disk from the share root, land exactly
+# on secret.txt beside the share (in the share's parent directory). {parent}
+# is that directory's name, {to_root} enough `..\` to reach / and
+# {absolute} the parent directory's absolute path in backslashes.
+#
+# smbclient cannot send a `..` component: every command passes its path
+# through client_clean_name() (dos_clean_name, then unix_clean_name), which
+# drops each `..` with the component before it, or alone at the root; the
+# cleaned name is what it opens and what its error message quotes. So these
+# cases show that the cleaned names stay inside the share; the raw `..` on
+# the wire is tests/test_smbprotocol.py's test_dotdot_path_refused.
+DOTDOT_ESCAPES = [
+    # (path typed, name smbclient sends, status: the same from nimbus and Samba's smbd)
+    ("../secret.txt", "\\secret.txt", "NT_STATUS_OBJECT_NAME_NOT_FOUND"),
+    ("..\\secret.txt", "\\secret.txt", "NT_STATUS_OBJECT_NAME_NOT_FOUND"),
+    ("sub\\..\\..\\secret.txt", "\\secret.txt", "NT_STATUS_OBJECT_NAME_NOT_FOUND"),
+    ("../../{parent}/secret.txt", "\\{parent}\\secret.txt", "NT_STATUS_OBJECT_PATH_NOT_FOUND"),
+    ("{to_root}{absolute}\\secret.txt", "{absolute}\\secret.txt", "NT_STATUS_OBJECT_PATH_NOT_FOUND"),
+]
+
+
+def fill_escape(template: str, share: Path) -> str:
+    outside = share.parent
+    return template.format(
+        parent=outside.name,
+        to_root="..\\" * (len(share.parts) - 1),  # parts[0] is "/"
+        absolute=str(outside).replace("/", "\\"),
+    )
+
+
+@pytest.mark.parametrize(("path", "sent", "status"), DOTDOT_ESCAPES, ids=["dotdot-slash", "dotdot-backslash", "sub-dotdot-dotdot", "dotdot-dotdot-parent", "dotdots-to-root"])
+def test_get_dotdot_path_refused(server, proto, samba_client_conf, client_dir, path, sent, status):
+    share = server.share_path
+    (share / "sub").mkdir()
+    outside = share.parent / "secret.txt"
+    outside.write_text(OUTSIDE_SECRET + "\n")
+    path, sent = fill_escape(path, share), fill_escape(sent, share)
+    # The test's own check: resolved from the share root, the path reaches the file outside.
+    assert Path(os.path.normpath(share / path.replace("\\", "/"))) == outside
+
     rc, out = run_smbclient(server, proto, f'get "{path}" leak.txt', samba_client_conf, client_dir)
-    assert_refused_without_leak(rc, out, client_dir / "leak.txt", "root:")
+    assert rc != 0, out
+    assert f"{status} opening remote file {sent}" in out, out
+    assert OUTSIDE_SECRET not in out
+    assert not (client_dir / "leak.txt").exists(), "smbclient wrote a local file although the open failed"
+
+
+def test_get_dotdot_path_reaches_only_the_cleaned_name_inside_the_share(server, proto, samba_client_conf, client_dir):
+    # With a file inside the share where the cleaned name points, smbclient
+    # gets that one: never the file outside that the `..` named.
+    share = server.share_path
+    (share.parent / "secret.txt").write_text(OUTSIDE_SECRET + "\n")
+    (share / "secret.txt").write_text("inside the share\n")
+    rc, out = run_smbclient(server, proto, 'get "..\\secret.txt" got.txt', samba_client_conf, client_dir)
+    assert rc == 0 and "NT_STATUS_" not in out, out
+    assert (client_dir / "got.txt").read_text() == "inside the share\n"
 
 
 @pytest.mark.parametrize(
