@@ -18,7 +18,7 @@ import pytest
 from conftest import Security
 from smbprotocol import Dialects
 from smbprotocol.connection import Ciphers, Connection
-from smbprotocol.exceptions import SMBResponseException
+from smbprotocol.exceptions import SMBConnectionClosed, SMBResponseException
 from smbprotocol.header import NtStatus
 from smbprotocol.session import Session
 from smbprotocol.tree import TreeConnect
@@ -80,7 +80,15 @@ def put_get_identical(server, conf, client_dir, size, **kw):
 
 
 def logons(server) -> list[str]:
-    return [line for line in server.log_tail(10_000).splitlines() if "session logon" in line]
+    """The server's log lines for successful logons (refusals say "session logon of")."""
+    return [line for line in server.log_tail(10_000).splitlines() if "session logon: user" in line]
+
+
+def assert_each_logon(server, count, text):
+    """Exactly `count` logons, each naming `text` (an `all` over no lines is true)."""
+    lines = logons(server)
+    assert len(lines) == count, lines
+    assert all(text in line for line in lines), lines
 
 
 # --------------------------------------------------------------------------
@@ -93,7 +101,7 @@ def logons(server) -> list[str]:
 def test_smbclient_100mib_encrypted_with_each_cipher(server_factory, samba_client_conf, client_dir, cipher):
     srv = server_factory.start(security=Security(encryption="required"))
     put_get_identical(srv, samba_client_conf, client_dir, BIG, options=[f"client smb3 encryption algorithms={cipher}"])
-    assert all(f"encryption {LOG_NAMES[cipher]} required" in line for line in logons(srv)), logons(srv)
+    assert_each_logon(srv, 2, f"encryption {LOG_NAMES[cipher]} required")  # one smbclient run for the put, one for the get
 
 
 @needs_smbclient
@@ -102,7 +110,7 @@ def test_smbclient_100mib_encrypted_with_each_cipher(server_factory, samba_clien
 def test_smbclient_100mib_signed_with_each_algorithm(server_factory, samba_client_conf, client_dir, signer):
     srv = server_factory.start(security=Security(signing="required"))
     put_get_identical(srv, samba_client_conf, client_dir, BIG, protection="sign", options=[f"client smb3 signing algorithms={signer}"])
-    assert all(f"signing {LOG_NAMES[signer]}" in line for line in logons(srv)), logons(srv)
+    assert_each_logon(srv, 2, f"signing {LOG_NAMES[signer]}")
 
 
 @needs_smbclient
@@ -111,7 +119,7 @@ def test_smbclient_100mib_signed_with_each_algorithm(server_factory, samba_clien
 def test_smbclient_smb30_encrypts_with_aes128_ccm(server_factory, samba_client_conf, client_dir, proto):
     srv = server_factory.start(security=Security(encryption="required"))
     put_get_identical(srv, samba_client_conf, client_dir, 3 * MIB + 7, proto=proto)
-    assert all("encryption Aes128Ccm required" in line for line in logons(srv)), logons(srv)
+    assert_each_logon(srv, 2, "encryption Aes128Ccm required")
 
 
 @needs_smbclient
@@ -169,14 +177,18 @@ def test_server_wide_required_refuses_smb21_at_logon(server_factory, samba_clien
 @pytest.mark.nimbus_only
 def test_cipher_list_limits_what_is_negotiated(server_factory, samba_client_conf, client_dir):
     srv = server_factory.start(security=Security(encryption="required", ciphers=["AES-256-GCM"]))
-    # no common cipher: the client cannot encrypt, so it is refused
+    # No common cipher: the session cannot encrypt, so its logon is refused
+    # with ACCESS_DENIED (MS-SMB2 3.3.5.5.3, as with a client that has no
+    # encryption capability; Samba's smbd answers the same).
     rc, out = smbclient(srv, samba_client_conf, client_dir, "ls", options=["client smb3 encryption algorithms=AES-128-GCM"])
-    assert rc != 0, out
+    assert rc == 1 and "session setup failed: NT_STATUS_ACCESS_DENIED" in out, out
+    assert "cannot encrypt (the client offered none of the configured ciphers (Smb311))" in srv.log_tail()
     # 3.0 knows only AES-128-CCM, which this server does not offer
     rc, out = smbclient(srv, samba_client_conf, client_dir, "ls", proto="SMB3_00")
-    assert rc != 0, out
+    assert rc == 1 and "session setup failed: NT_STATUS_ACCESS_DENIED" in out, out
+    assert "cannot encrypt (the client offered none of the configured ciphers (Smb300))" in srv.log_tail()
     assert_ok(*smbclient(srv, samba_client_conf, client_dir, "ls"), "ls with AES-256-GCM")
-    assert "encryption Aes256Gcm required" in logons(srv)[-1]
+    assert_each_logon(srv, 1, "encryption Aes256Gcm required")
 
 
 # --------------------------------------------------------------------------
@@ -242,23 +254,33 @@ def test_clear_request_on_encrypted_share_refused(mixed_server):
 
 
 def test_tampered_encrypted_message_closes_only_that_connection(server_factory):
+    """MS-SMB2 3.3.5.2.1.1: a message that fails to decrypt disconnects its
+    connection. Another connection, open all the while, keeps working."""
     srv = server_factory.start(security=Security(encryption="required"))
-    with encrypted_tree(srv, Dialects.SMB_3_1_1) as (conn, session, tree):
-        genuine = conn._encrypt
+    with encrypted_tree(srv, Dialects.SMB_3_1_1) as (_other_conn, _other_session, other_tree):
+        other = open_file(other_tree, "other.bin")
+        other.write(b"before", 0)
+        with encrypted_tree(srv, Dialects.SMB_3_1_1) as (conn, session, tree):
+            genuine = conn._encrypt
 
-        def tamper(b_data, sess):
-            header = genuine(b_data, sess)
-            data = bytearray(header["data"].get_value())
-            data[5] ^= 0x01
-            header["data"] = bytes(data)
-            return header
+            def tamper(b_data, sess):
+                header = genuine(b_data, sess)
+                data = bytearray(header["data"].get_value())
+                data[5] ^= 0x01
+                header["data"] = bytes(data)
+                return header
 
-        conn._encrypt = tamper
-        with pytest.raises(Exception):
-            open_file(tree, "tampered.txt")
-    assert srv.alive()
-    if srv.kind == "nimbus":
-        assert "not accepted: Authentication" in srv.log_tail()
+            conn._encrypt = tamper
+            with pytest.raises(SMBConnectionClosed):
+                open_file(tree, "tampered.txt")
+        assert srv.alive()
+        if srv.kind == "nimbus":
+            assert "not accepted: Authentication; closing connection" in srv.log_tail()
+        # the other connection: a write and a read back after the tampering
+        other.write(b"after the tampering", 0)
+        assert other.read(0, 19) == b"after the tampering"
+        other.close()
+    assert (srv.share_path / "other.bin").read_bytes() == b"after the tampering"
     assert not (srv.share_path / "tampered.txt").exists()
     with encrypted_tree(srv, Dialects.SMB_3_1_1) as (conn, session, tree):
         open_file(tree, "after.txt").close()
