@@ -90,7 +90,7 @@ def pytest_runtest_setup(item):
 def pytest_collection_modifyitems(config, items):
     if config.getoption("--target") != "samba":
         return
-    skip = pytest.mark.skip(reason="tests the nimbus CLI, not an SMB server")
+    skip = pytest.mark.skip(reason="nimbus only: tests the nimbus CLI, or a nimbus policy smbd does not share")
     for item in items:
         if "nimbus_only" in item.keywords:
             item.add_marker(skip)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
+from pathlib import Path
 
 import pytest
 from smbprotocol import Dialects
@@ -452,13 +453,37 @@ def test_query_directory_pattern_and_single_entry(server):
 # confinement to the share
 
 
-@pytest.mark.parametrize("path", ["..\\..\\etc\\passwd", "..\\secret.txt", "sub\\..\\..\\secret.txt"])
-def test_dotdot_path_refused(server, path):
-    (server.share_path / "sub").mkdir()
-    (server.share_path.parent / "secret.txt").write_text("SECRET-OUTSIDE-THE-SHARE\n")
+OUTSIDE_SECRET = b"SECRET-OUTSIDE-THE-SHARE\n"
+
+# Names sent as they are (smbprotocol does not clean them) that, resolved on
+# the server's disk from the share root, land exactly on secret.txt in the
+# share's parent directory: {parent} is that directory's name, {to_root}
+# enough `..\` to reach / and {absolute} its absolute path in backslashes.
+DOTDOT_ESCAPES = {
+    "dotdot": "..\\secret.txt",
+    "sub-dotdot-dotdot": "sub\\..\\..\\secret.txt",
+    "dotdot-dotdot-parent": "..\\..\\{parent}\\secret.txt",
+    "dotdots-to-root": "{to_root}{absolute}\\secret.txt",
+}
+
+
+@pytest.mark.parametrize("template", list(DOTDOT_ESCAPES.values()), ids=list(DOTDOT_ESCAPES))
+def test_dotdot_path_refused(server, template):
+    share = server.share_path
+    (share / "sub").mkdir()
+    outside = share.parent / "secret.txt"
+    outside.write_bytes(OUTSIDE_SECRET)
+    path = template.format(
+        parent=outside.parent.name,
+        to_root="..\\" * (len(share.parts) - 1),  # parts[0] is "/"
+        absolute=str(outside.parent).replace("/", "\\"),
+    )
+    # The test's own check: resolved from the share root, the name reaches the file outside.
+    assert Path(os.path.normpath(share / path.replace("\\", "/"))) == outside
+
     with smb_tree(server) as (conn, session, tree):
         f = Open(tree, path)
-        with pytest.raises(SMBResponseException):
+        with pytest.raises(SMBResponseException) as excinfo:
             f.create(
                 ImpersonationLevel.Impersonation,
                 FilePipePrinterAccessMask.GENERIC_READ,
@@ -467,6 +492,28 @@ def test_dotdot_path_refused(server, path):
                 CreateDisposition.FILE_OPEN,
                 CreateOptions.FILE_NON_DIRECTORY_FILE,
             )
+            # Only reached if the open succeeded: show what it gave away.
+            pytest.fail(f"{path!r} was opened; it reads {f.read(0, 64)!r}")
+        # Samba's smbd answers the same to each of these names (pytest
+        # --target=samba: its check_path_syntax() refuses a `..` that climbs
+        # above the share root). They differ on a `..` that stays inside
+        # (sub\..\x.txt): smbd opens x.txt, nimbus refuses every `..`
+        # component (names.rs to_vfs_path) before any lookup. Nimbus's choice
+        # stands: clients resolve dot components themselves (smbclient, the
+        # Windows redirector), so a `..` on the wire is only ever a probe.
+        assert status_of(excinfo) == NtStatus.STATUS_OBJECT_PATH_SYNTAX_BAD
+    assert outside.read_bytes() == OUTSIDE_SECRET
+
+
+@pytest.mark.nimbus_only  # smbd opens these (it resolves a `..` that stays inside the share)
+@pytest.mark.parametrize("path", ["sub\\..\\inside.txt", ".\\inside.txt"], ids=["sub-dotdot", "dot"])
+def test_dot_components_refused_even_inside_the_share(server, path):
+    (server.share_path / "sub").mkdir()
+    (server.share_path / "inside.txt").write_bytes(b"inside")
+    with smb_tree(server) as (conn, session, tree):
+        with pytest.raises(SMBResponseException) as excinfo:
+            open_file(tree, path, CreateDisposition.FILE_OPEN)
+        assert status_of(excinfo) == NtStatus.STATUS_OBJECT_PATH_SYNTAX_BAD
 
 
 def test_create_through_escaping_symlink_refused(symlink_server):
