@@ -44,90 +44,132 @@ mod tests {
         hex::decode(s).unwrap()
     }
 
+    /// The PRFs a provider may build the KDF on: RustCrypto's HMAC and
+    /// AWS-LC's (its FIPS module when built with `--features fips`).
+    const PRFS: [(&str, Prf); 2] = [
+        ("rustcrypto", hmac_sha256),
+        ("aws-lc", crate::awslc::hmac_sha256),
+    ];
+
     /// NIST CAVP KDFCTR_gen.rsp, [PRF=HMAC_SHA256][CTRLOCATION=BEFORE_FIXED]
-    /// [RLEN=32_BITS], COUNT=0 (L=128) and COUNT=10 (L=256).
+    /// [RLEN=32_BITS], COUNT=0 (L=128) and COUNT=10 (L=256), on both PRFs.
     #[test]
     fn cavp_counter_mode_hmac_sha256() {
-        let mut out = [0u8; 16];
-        kdf_counter_hmac_sha256(
-            hmac_sha256,
-            &h("dd1d91b7d90b2bd3138533ce92b272fbf8a369316aefe242e659cc0ae238afe0"),
-            &h(
+        let cases = [
+            (
+                "dd1d91b7d90b2bd3138533ce92b272fbf8a369316aefe242e659cc0ae238afe0",
                 "01322b96b30acd197979444e468e1c5c6859bf1b1cf951b7e725303e237e46b8\
                 64a145fab25e517b08f8683d0315bb2911d80a0e8aba17f3b413faac",
+                "10621342bfb0fd40046c0e29f2cfdbf0",
             ),
-            &mut out,
-        );
-        assert_eq!(out.to_vec(), h("10621342bfb0fd40046c0e29f2cfdbf0"));
-
-        let mut out = [0u8; 32];
-        kdf_counter_hmac_sha256(
-            hmac_sha256,
-            &h("e204d6d466aad507ffaf6d6dab0a5b26152c9e21e764370464e360c8fbc765c6"),
-            &h(
+            (
+                "e204d6d466aad507ffaf6d6dab0a5b26152c9e21e764370464e360c8fbc765c6",
                 "7b03b98d9f94b899e591f3ef264b71b193fba7043c7e953cde23bc5384bc1a62\
                 93580115fae3495fd845dadbd02bd6455cf48d0f62b33e62364a3a80",
-            ),
-            &mut out,
-        );
-        assert_eq!(
-            out.to_vec(),
-            h("770dfab6a6a4a4bee0257ff335213f78d8287b4fd537d5c1fffa956910e7c779")
-        );
-    }
-
-    /// Microsoft Open Specifications blog "Encryption in SMB 3.0: a protocol
-    /// perspective" (2012): keys derived from SessionKey B4546771....
-    #[test]
-    fn smb30_key_derivation_example() {
-        let session_key = h("B4546771B515F766A86735532DD6C4F0");
-        let cases: [(&[u8], &[u8], &str); 4] = [
-            (
-                b"SMB2AESCMAC\0",
-                b"SmbSign\0",
-                "F773CD23C18FD1E08EE510CADA7CF852",
-            ),
-            (
-                b"SMB2AESCCM\0",
-                b"ServerIn \0",
-                "261B72350558F2E9DCF613070383EDBF",
-            ),
-            (
-                b"SMB2AESCCM\0",
-                b"ServerOut\0",
-                "8FE2B57EC34D2DB5B1A9727F526BBDB5",
-            ),
-            (
-                b"SMB2APP\0",
-                b"SmbRpc\0",
-                "77432F808CE99156B5BC6A3676D730D1",
+                "770dfab6a6a4a4bee0257ff335213f78d8287b4fd537d5c1fffa956910e7c779",
             ),
         ];
-        for (label, context, want) in cases {
-            let mut out = [0u8; 16];
-            smb_kdf(hmac_sha256, &session_key, label, context, &mut out);
-            assert_eq!(out.to_vec(), h(want), "{}", String::from_utf8_lossy(label));
+        for (key, fixed, want) in cases {
+            for (who, prf) in PRFS {
+                let mut out = vec![0u8; want.len() / 2];
+                kdf_counter_hmac_sha256(prf, &h(key), &h(fixed), &mut out);
+                assert_eq!(out, h(want), "{who}");
+            }
         }
     }
 
-    /// Microsoft Open Specifications blog "SMB 3.1.1 Pre-authentication
-    /// integrity in Windows 10" (2015): SigningKey from SessionKey and the
-    /// final preauth integrity hash value.
-    #[test]
-    fn smb311_signing_key_example() {
-        let session_key = h("270E1BA896585EEB7AF3472D3B4C75A7");
-        let preauth = h(
-            "0DD13628CC3ED218EF9DF9772D436D0887AB9814BFAE63A80AA845F36909DB79\
-                         28622DDDAD522D9751640A459762C5A9D6BB084CBB3CE6BDADEF5D5BCE3C6C01",
-        );
-        let mut out = [0u8; 16];
-        smb_kdf(
-            hmac_sha256,
-            &session_key,
+    /// Published SMB 3.x key derivations: (session key, label, context,
+    /// derived key).
+    const SMB_KDF_VECTORS: &[(&str, &[u8], &str, &str)] = &[
+        // Microsoft Open Specifications blog "Encryption in SMB 3.0: a
+        // protocol perspective" (2012): the signing, encryption, decryption
+        // and application keys derived from SessionKey B4546771....
+        (
+            "B4546771B515F766A86735532DD6C4F0",
+            b"SMB2AESCMAC\0",
+            "536d625369676e00", // "SmbSign\0"
+            "F773CD23C18FD1E08EE510CADA7CF852",
+        ),
+        (
+            "B4546771B515F766A86735532DD6C4F0",
+            b"SMB2AESCCM\0",
+            "536572766572496e2000", // "ServerIn \0"
+            "261B72350558F2E9DCF613070383EDBF",
+        ),
+        (
+            "B4546771B515F766A86735532DD6C4F0",
+            b"SMB2AESCCM\0",
+            "5365727665724f757400", // "ServerOut\0"
+            "8FE2B57EC34D2DB5B1A9727F526BBDB5",
+        ),
+        (
+            "B4546771B515F766A86735532DD6C4F0",
+            b"SMB2APP\0",
+            "536d6252706300", // "SmbRpc\0"
+            "77432F808CE99156B5BC6A3676D730D1",
+        ),
+        // Blog "SMB 3.1.1 Pre-authentication integrity in Windows 10"
+        // (2015): SigningKey from SessionKey and the final preauth hash.
+        (
+            "270E1BA896585EEB7AF3472D3B4C75A7",
             b"SMBSigningKey\0",
-            &preauth,
-            &mut out,
-        );
-        assert_eq!(out.to_vec(), h("73FE7A9A77BEF0BDE49C650D8CCB5F76"));
+            "0DD13628CC3ED218EF9DF9772D436D0887AB9814BFAE63A80AA845F36909DB79\
+             28622DDDAD522D9751640A459762C5A9D6BB084CBB3CE6BDADEF5D5BCE3C6C01",
+            "73FE7A9A77BEF0BDE49C650D8CCB5F76",
+        ),
+        // Blog "SMB 3.1.1 Encryption in Windows 10" (2015), appendix A.1
+        // (AES-128-GCM): the client-to-server and server-to-client keys.
+        (
+            "419FDDF34C1E001909D362AE7FB6AF79",
+            b"SMBC2SCipherKey\0",
+            "B23F3CBFD69487D9832B79B1594A367CDD950909B774C3A4C412B4FCEA9EDDDB\
+             A7DB256BA2EA30E977F11F9B113247578E0E915C6D2A513B8F2FCA5707DC8770",
+            "A2F5E80E5D59103034F32E52F698E5EC",
+        ),
+        (
+            "419FDDF34C1E001909D362AE7FB6AF79",
+            b"SMBS2CCipherKey\0",
+            "B23F3CBFD69487D9832B79B1594A367CDD950909B774C3A4C412B4FCEA9EDDDB\
+             A7DB256BA2EA30E977F11F9B113247578E0E915C6D2A513B8F2FCA5707DC8770",
+            "748C50868C90F302962A5C35F5F9A8BF",
+        ),
+        // The same post, appendix A.2 (AES-128-CCM).
+        (
+            "07B7F69C1E2581662DF6987E88F9E891",
+            b"SMBC2SCipherKey\0",
+            "DECF98A420718718F22090D3580FCC5E484BD310FA1268210C6E86335A8891E7\
+             67F5BCD99FA5A7859D665AD07A73EA94E1BCDB7CFA69A6962A28A244138340B1",
+            "DFAAA31AAE40A2485D47AC4DF09FDA1D",
+        ),
+        (
+            "07B7F69C1E2581662DF6987E88F9E891",
+            b"SMBS2CCipherKey\0",
+            "DECF98A420718718F22090D3580FCC5E484BD310FA1268210C6E86335A8891E7\
+             67F5BCD99FA5A7859D665AD07A73EA94E1BCDB7CFA69A6962A28A244138340B1",
+            "95C544AEF6072680DA1CE49A68A97FA6",
+        ),
+    ];
+
+    /// Every published SMB key derivation, through both PRFs and through
+    /// every provider's `kdf` (default, rustcrypto, aws-lc, and fips when
+    /// built with `--features fips`).
+    #[test]
+    fn smb_key_derivation_examples_on_every_provider() {
+        let providers = crate::CryptoProvider::all();
+        assert!(providers.len() >= 3);
+        for &(session_key, label, context, want) in SMB_KDF_VECTORS {
+            let (key, context, want) = (h(session_key), h(context), h(want));
+            let what = String::from_utf8_lossy(label);
+            for (who, prf) in PRFS {
+                let mut out = [0u8; 16];
+                smb_kdf(prf, &key, label, &context, &mut out);
+                assert_eq!(out.to_vec(), want, "{who} {what}");
+            }
+            for p in &providers {
+                let mut out = [0u8; 16];
+                p.kdf(&key, label, &context, &mut out);
+                assert_eq!(out.to_vec(), want, "{} {what}", p.name());
+            }
+        }
     }
 }

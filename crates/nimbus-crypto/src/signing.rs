@@ -182,7 +182,7 @@ mod tests {
     use super::*;
 
     fn h(s: &str) -> Vec<u8> {
-        hex::decode(s).unwrap()
+        hex::decode(s.replace([' ', '\n'], "")).unwrap()
     }
 
     #[test]
@@ -198,73 +198,134 @@ mod tests {
         assert_eq!(SigningAlgorithm::from_id(3), None);
     }
 
-    /// RFC 4231 test cases 1 and 2; the signer returns the first 16 bytes.
+    /// The signers a vector must pass through: the RustCrypto one built
+    /// here, and every provider's (default, rustcrypto, aws-lc, and fips
+    /// when built with `--features fips`).
+    fn signers(alg: SigningAlgorithm, key: &[u8]) -> Vec<(String, Box<dyn Signer>)> {
+        let mut v = vec![("new_signer".to_string(), new_signer(alg, key).unwrap())];
+        for p in crate::CryptoProvider::all() {
+            v.push((p.name().to_string(), p.signer(alg, key).unwrap()));
+        }
+        assert!(v.len() >= 4, "default, rustcrypto and aws-lc providers");
+        for (who, s) in &v {
+            assert_eq!(s.algorithm(), alg, "{who}");
+        }
+        v
+    }
+
+    /// RFC 4231 section 4, test cases 1, 2, 3, 6 and 7 (6 and 7 with a
+    /// 131-byte key, hashed first). The signer returns the first 16 bytes.
+    const RFC4231: &[(&str, &str, &str)] = &[
+        (
+            "0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b",
+            "4869205468657265", // "Hi There"
+            "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7",
+        ),
+        (
+            "4a656665", // "Jefe"
+            "7768617420646f2079612077616e7420666f72206e6f7468696e673f",
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843",
+        ),
+        (
+            "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+            "dddddddddddddddddddddddddddddddddddddddddddddddddd\
+             dddddddddddddddddddddddddddddddddddddddddddddddddd",
+            "773ea91e36800e46854db8ebd09181a72959098b3ef8c122d9635514ced565fe",
+        ),
+        (
+            "AA*131",
+            // "Test Using Larger Than Block-Size Key - Hash Key First"
+            "54657374205573696e67204c6172676572205468616e20426c6f636b2d53697a\
+             65204b6579202d2048617368204b6579204669727374",
+            "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54",
+        ),
+        (
+            "AA*131",
+            // "This is a test using a larger than block-size key and a larger
+            // than block-size data. The key needs to be hashed before being
+            // used by the HMAC algorithm."
+            "5468697320697320612074657374207573696e672061206c6172676572207468\
+             616e20626c6f636b2d73697a65206b657920616e642061206c61726765722074\
+             68616e20626c6f636b2d73697a6520646174612e20546865206b6579206e6565\
+             647320746f20626520686173686564206265666f7265206265696e6720757365\
+             642062792074686520484d414320616c676f726974686d2e",
+            "9b09ffa71b942fcb27635fbcd5b0e944bfdc63644f0713938a7f51535c3a35e2",
+        ),
+    ];
+
+    fn rfc4231_key(k: &str) -> Vec<u8> {
+        if k == "AA*131" {
+            vec![0xaa; 131]
+        } else {
+            h(k)
+        }
+    }
+
     #[test]
-    fn hmac_sha256_rfc4231() {
-        let t1 = hmac_sha256(&[0x0b; 20], &[b"Hi There"]);
-        assert_eq!(
-            t1.to_vec(),
-            h("b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7")
-        );
-        let t2 = hmac_sha256(b"Jefe", &[b"what do ya want ", b"for nothing?"]);
-        assert_eq!(
-            t2.to_vec(),
-            h("5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843")
-        );
-        let s = new_signer(SigningAlgorithm::HmacSha256, b"Jefe").unwrap();
-        assert_eq!(s.algorithm(), SigningAlgorithm::HmacSha256);
-        assert_eq!(
-            s.sign(&[0; 12], b"what do ya want for nothing?").to_vec(),
-            h("5bdcc146bf60754e6a042426089575c7")
-        );
+    fn hmac_sha256_rfc4231_on_every_provider() {
+        for &(key, data, mac) in RFC4231 {
+            let (key, data, mac) = (rfc4231_key(key), h(data), h(mac));
+            assert_eq!(hmac_sha256(&key, &[&data]).to_vec(), mac);
+            // Split input, as the KDF and NTLM callers pass it.
+            let (a, b) = data.split_at(data.len() / 2);
+            for p in crate::CryptoProvider::all() {
+                assert_eq!(p.hmac_sha256(&key, &[a, b]).to_vec(), mac, "{}", p.name());
+            }
+            for (who, s) in signers(SigningAlgorithm::HmacSha256, &key) {
+                assert_eq!(s.sign(&[0; 12], &data).to_vec(), mac[..16], "{who}");
+            }
+        }
     }
 
     /// RFC 4493 section 4, examples 1-4.
     #[test]
-    fn aes_cmac_rfc4493() {
+    fn aes_cmac_rfc4493_on_every_provider() {
         let key = h("2b7e151628aed2a6abf7158809cf4f3c");
         let msg = h(
             "6bc1bee22e409f96e93d7e117393172aae2d8a571e03ac9c9eb76fac45af8e51\
                      30c81c46a35ce411e5fbc1191a0a52eff69f2445df4f9b17ad2b417be66c3710",
         );
-        let s = new_signer(SigningAlgorithm::AesCmac, &key).unwrap();
         let cases = [
             (0, "bb1d6929e95937287fa37d129b756746"),
             (16, "070a16b46b4d4144f79bdd9dd04a287c"),
             (40, "dfa66747de9ae63030ca32611497c827"),
             (64, "51f0bebf7e3b9d92fc49741779363cfe"),
         ];
-        for (len, tag) in cases {
-            assert_eq!(s.sign(&[0; 12], &msg[..len]).to_vec(), h(tag), "len {len}");
+        for (who, s) in signers(SigningAlgorithm::AesCmac, &key) {
+            for (len, tag) in cases {
+                assert_eq!(
+                    s.sign(&[0; 12], &msg[..len]).to_vec(),
+                    h(tag),
+                    "{who} len {len}"
+                );
+            }
         }
     }
 
     /// NIST CAVP gcmEncryptExtIV128.rsp, [Keylen=128][IVlen=96][PTlen=0]:
     /// AADlen=0 Count 0 and AADlen=128 Count 0 (GMAC = GCM with AAD only).
     #[test]
-    fn aes_gmac_nist_gcm_aad_only() {
-        let s = new_signer(
-            SigningAlgorithm::AesGmac,
-            &h("11754cd72aec309bf52f7687212e8957"),
-        )
-        .unwrap();
-        let nonce: [u8; 12] = h("3c819d9a9bed087615030b65").try_into().unwrap();
-        assert_eq!(
-            s.sign(&nonce, b"").to_vec(),
-            h("250327c674aaf477aef2675748cf6971")
-        );
-
-        let s = new_signer(
-            SigningAlgorithm::AesGmac,
-            &h("77be63708971c4e240d1cb79e8d77feb"),
-        )
-        .unwrap();
-        let nonce: [u8; 12] = h("e0e00f19fed7ba0136a797f3").try_into().unwrap();
-        assert_eq!(
-            s.sign(&nonce, &h("7a43ec1d9c0a5a78a0b16533a6213cab"))
-                .to_vec(),
-            h("209fcc8d3675ed938e9c7166709dd946")
-        );
+    fn aes_gmac_nist_gcm_aad_only_on_every_provider() {
+        let cases = [
+            (
+                "11754cd72aec309bf52f7687212e8957",
+                "3c819d9a9bed087615030b65",
+                "",
+                "250327c674aaf477aef2675748cf6971",
+            ),
+            (
+                "77be63708971c4e240d1cb79e8d77feb",
+                "e0e00f19fed7ba0136a797f3",
+                "7a43ec1d9c0a5a78a0b16533a6213cab",
+                "209fcc8d3675ed938e9c7166709dd946",
+            ),
+        ];
+        for (key, nonce, aad, tag) in cases {
+            let nonce: [u8; 12] = h(nonce).try_into().unwrap();
+            for (who, s) in signers(SigningAlgorithm::AesGmac, &h(key)) {
+                assert_eq!(s.sign(&nonce, &h(aad)).to_vec(), h(tag), "{who}");
+            }
+        }
     }
 
     #[test]
