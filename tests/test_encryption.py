@@ -1,16 +1,23 @@
 """SMB3 encryption with real clients: Debian's smbclient and Python smbprotocol.
 
-What proves a transfer was encrypted: the servers here run with
-`encryption = "required"` where a test needs proof, so any request that
-arrives in clear is refused with ACCESS_DENIED and the transfer would fail;
-the server's logon log line names the cipher it derived keys for.
+What proves a transfer was encrypted: the on-the-wire tests record the
+connection with a proxy (tests/tapproxy.py) and check that every message
+after the logon (or the tree connect) is a TRANSFORM and that a marker
+inside the file never crosses in clear, with a clear transfer beside each
+as the positive control. Elsewhere the servers run with
+`encryption = "required"`, so any request that arrives in clear is refused
+with ACCESS_DENIED and the transfer would fail; the server's logon log line
+names the cipher it derived keys for.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import os
 import shutil
 import socket
+import struct
 import subprocess
 import uuid
 
@@ -22,6 +29,7 @@ from smbprotocol.exceptions import SMBConnectionClosed, SMBResponseException
 from smbprotocol.header import NtStatus
 from smbprotocol.session import Session
 from smbprotocol.tree import TreeConnect
+from tapproxy import SESSION_SETUP, STATUS_SUCCESS, TO_CLIENT, TO_SERVER, TREE_CONNECT, Tap, TapProxy
 from test_smbclient import BIG_TIMEOUT, MIB, make_file, sha256_file
 from test_smbprotocol import TIMEOUT, open_file
 
@@ -189,6 +197,126 @@ def test_cipher_list_limits_what_is_negotiated(server_factory, samba_client_conf
     assert "cannot encrypt (the client offered none of the configured ciphers (Smb300))" in srv.log_tail()
     assert_ok(*smbclient(srv, samba_client_conf, client_dir, "ls"), "ls with AES-256-GCM")
     assert_each_logon(srv, 1, "encryption Aes256Gcm required")
+
+
+# --------------------------------------------------------------------------
+# on the wire: smbclient through a recording proxy (tests/tapproxy.py), so
+# what is proven is what crossed the socket, not what a client believes
+
+
+SESSION_FLAG_ENCRYPT_DATA = 0x0004  # MS-SMB2 2.2.6 SessionFlags
+SHAREFLAG_ENCRYPT_DATA = 0x00008000  # MS-SMB2 2.2.10 ShareFlags
+MARKED_SIZE = MIB + 7
+
+
+def new_marker() -> bytes:
+    return b"NIMBUS-CLEAR-TEXT-MARKER-" + uuid.uuid4().hex.encode()
+
+
+def marked_file(path, marker: bytes) -> bytes:
+    """Random bytes with `marker` every 4 KiB: any piece of the file that
+    crosses the wire in clear shows it."""
+    data = bytearray()
+    while len(data) < MARKED_SIZE:
+        data += marker + os.urandom(4096)
+    data = bytes(data[:MARKED_SIZE])
+    path.write_bytes(data)
+    return data
+
+
+def tapped_put_get(server, conf, cwd, marker, share=None, **kw) -> Tap:
+    """smbclient puts a marked file and gets it back, in one connection
+    through a recording proxy; both copies are byte-identical. Returns the
+    connection's record."""
+    data = marked_file(cwd / "up.bin", marker)
+    (cwd / "down.bin").unlink(missing_ok=True)
+    share = share or server.share
+    with TapProxy(server.host, server.port) as proxy:
+        via_proxy = dataclasses.replace(server, port=proxy.port)
+        assert_ok(*smbclient(via_proxy, conf, cwd, "put up.bin tapped.bin; get tapped.bin down.bin", share=share, **kw), "put and get")
+    assert not proxy.overflowed
+    assert len(proxy.taps) == 1, f"smbclient made {len(proxy.taps)} connections"
+    assert (server.extra_shares[share] / "tapped.bin").read_bytes() == data
+    assert (cwd / "down.bin").read_bytes() == data
+    return proxy.taps[0]
+
+
+def answer(tap: Tap, command: int) -> int:
+    """Index of the server's one successful clear answer to `command`."""
+    found = [i for i, f in enumerate(tap.frames) if f.direction == TO_CLIENT and f.command() == command and f.status() == STATUS_SUCCESS]
+    assert len(found) == 1, f"{len(found)} successful clear answers to command {command}"
+    return found[0]
+
+
+def session_flags(tap: Tap) -> int:
+    """SessionFlags of the SESSION_SETUP response (MS-SMB2 2.2.6)."""
+    return struct.unpack_from("<H", tap.frames[answer(tap, SESSION_SETUP)].message, 64 + 2)[0]
+
+
+def share_flags(tap: Tap) -> int:
+    """ShareFlags of the TREE_CONNECT response (MS-SMB2 2.2.10)."""
+    return struct.unpack_from("<I", tap.frames[answer(tap, TREE_CONNECT)].message, 64 + 4)[0]
+
+
+def assert_sealed_from(tap: Tap, start: int, marker: bytes) -> None:
+    """Every message from frame `start` on, both ways, is a TRANSFORM; the
+    file crossed the wire each way inside them; the marker never did in clear."""
+    for direction in (TO_SERVER, TO_CLIENT):
+        frames = [f for f in tap.frames[start:] if f.direction == direction]
+        in_clear = [f.command() for f in frames if not f.encrypted]
+        assert frames, f"{direction}: no messages"
+        assert not in_clear, f"{direction}: of {len(frames)} messages, these were in clear: commands {in_clear}"
+        assert sum(len(f.message) for f in frames) > MARKED_SIZE, f"{direction}: the file did not go this way"
+        assert marker not in tap.streams[direction], f"{direction}: the file crossed the wire in clear"
+
+
+def assert_marker_visible(tap: Tap, marker: bytes) -> None:
+    """The positive control: in clear traffic the same check sees the file."""
+    assert not any(f.encrypted for f in tap.frames)
+    for direction in (TO_SERVER, TO_CLIENT):
+        assert marker in tap.streams[direction], f"{direction}: the marker is not in a clear capture"
+
+
+@needs_smbclient
+@pytest.mark.parametrize("proto, cipher", [("SMB3_11", c) for c in CIPHERS] + [("SMB3_00", "AES-128-CCM")])
+def test_on_the_wire_required_encrypts_everything_after_logon(server_factory, samba_client_conf, client_dir, proto, cipher):
+    srv = server_factory.start(security=Security(encryption="required"))
+    marker = new_marker()
+    tap = tapped_put_get(srv, samba_client_conf, client_dir, marker, proto=proto, options=[f"client smb3 encryption algorithms={cipher}"])
+    assert_sealed_from(tap, answer(tap, SESSION_SETUP) + 1, marker)
+    # Positive control: the same capture of a session that only signs shows the file.
+    plain = server_factory.start()
+    tap = tapped_put_get(plain, samba_client_conf, client_dir, marker, proto=proto, protection="sign")
+    assert not session_flags(tap) & SESSION_FLAG_ENCRYPT_DATA
+    assert_marker_visible(tap, marker)
+
+
+@needs_smbclient
+def test_on_the_wire_required_share_is_sealed_and_clear_share_is_not(mixed_server, samba_client_conf, client_dir):
+    """The client only signs; the share's flag alone makes it encrypt that tree."""
+    marker = new_marker()
+    tap = tapped_put_get(mixed_server, samba_client_conf, client_dir, marker, protection="sign", share=SECRET)
+    assert not session_flags(tap) & SESSION_FLAG_ENCRYPT_DATA
+    assert share_flags(tap) & SHAREFLAG_ENCRYPT_DATA
+    assert_sealed_from(tap, answer(tap, TREE_CONNECT) + 1, marker)
+    # Positive control: the clear share of the same server, same client settings.
+    tap = tapped_put_get(mixed_server, samba_client_conf, client_dir, marker, protection="sign", share="data")
+    assert not share_flags(tap) & SHAREFLAG_ENCRYPT_DATA
+    assert_marker_visible(tap, marker)
+
+
+@needs_smbclient
+def test_on_the_wire_desired_encrypts_smb3_and_serves_smb21_in_clear(server_factory, samba_client_conf, client_dir):
+    srv = server_factory.start(security=Security(encryption="desired"))
+    marker = new_marker()
+    # The client only signs; the server's "desired" sets ENCRYPT_DATA on the session.
+    tap = tapped_put_get(srv, samba_client_conf, client_dir, marker, protection="sign")
+    assert session_flags(tap) & SESSION_FLAG_ENCRYPT_DATA
+    assert_sealed_from(tap, answer(tap, SESSION_SETUP) + 1, marker)
+    # SMB 2.1 cannot encrypt: "desired" serves it in clear, and the capture shows it.
+    tap = tapped_put_get(srv, samba_client_conf, client_dir, marker, proto="SMB2_10", protection="sign")
+    assert not session_flags(tap) & SESSION_FLAG_ENCRYPT_DATA
+    assert_marker_visible(tap, marker)
 
 
 # --------------------------------------------------------------------------
