@@ -19,7 +19,7 @@ import rawsmb
 from conftest import Security
 from smbprotocol import Dialects
 from smbprotocol.connection import Connection
-from smbprotocol.exceptions import SMBException, SMBResponseException
+from smbprotocol.exceptions import SMBConnectionClosed, SMBException, SMBResponseException
 from smbprotocol.file_info import FileInformationClass
 from smbprotocol.header import NtStatus
 from smbprotocol.open import CreateDisposition
@@ -190,9 +190,13 @@ def test_message_id_replay_disconnects(hostile):
         assert rawsmb.is_closed(s)
     with smb_tree(srv) as (conn, session, _tree):  # and in a signed session
         conn.echo(sid=session.session_id, timeout=TIMEOUT)
-        conn.sequence_window["low"] -= 1
-        with pytest.raises(Exception):
+        replayed = conn.sequence_window["low"] - 1
+        conn.sequence_window["low"] = replayed
+        # MS-SMB2 3.3.5.2.3: a message id already used ends the connection;
+        # there is no answer to wait for.
+        with pytest.raises(SMBConnectionClosed):
             conn.echo(sid=session.session_id, timeout=5)
+    assert f"message id {replayed} (charge 1) outside the credit window" in srv.log_tail()
     bystander.check()
 
 
@@ -442,8 +446,8 @@ def logon(srv, user, password):
 def test_failed_logons_back_off_per_user(server_factory):
     limits = {"max_failed_logons_per_user": 3, "max_failed_logons_per_address": 100, "logon_backoff_secs": 2, "max_logon_backoff_secs": 2}
     srv = server_factory.start(security=Security(limits=limits))
-    for _ in range(3):
-        assert logon(srv, srv.user, "wrong") != NtStatus.STATUS_SUCCESS
+    for _ in range(3):  # the third failure starts the back-off; it is answered before
+        assert logon(srv, srv.user, "wrong") == NtStatus.STATUS_LOGON_FAILURE
     # The right password is refused too while the user is backed off.
     result = logon(srv, srv.user, srv.password)
     assert result == STATUS_ACCOUNT_LOCKED_OUT, result
@@ -456,8 +460,11 @@ def test_failed_logons_back_off_per_address(server_factory):
     limits = {"max_failed_logons_per_user": 100, "max_failed_logons_per_address": 4, "logon_backoff_secs": 2, "max_logon_backoff_secs": 2}
     srv = server_factory.start(security=Security(limits=limits))
     for i in range(4):
-        assert logon(srv, f"guess{i}", "wrong") != NtStatus.STATUS_SUCCESS
-    assert logon(srv, srv.user, srv.password) != NtStatus.STATUS_SUCCESS
+        assert logon(srv, f"guess{i}", "wrong") == NtStatus.STATUS_LOGON_FAILURE
+    # A backed-off address gets the answer of a wrong password (unlike a
+    # locked user name, nothing about the account is told), even with the
+    # right one; the log says why.
+    assert logon(srv, srv.user, srv.password) == NtStatus.STATUS_LOGON_FAILURE
     assert "too many failed logons for this address" in srv.log_tail()
     time.sleep(2.5)
     assert logon(srv, srv.user, srv.password) == NtStatus.STATUS_SUCCESS
