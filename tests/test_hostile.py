@@ -470,6 +470,67 @@ def test_failed_logons_back_off_per_address(server_factory):
     assert logon(srv, srv.user, srv.password) == NtStatus.STATUS_SUCCESS
 
 
+def timed_logon(srv, user, password):
+    """(status, when the request was sent, when the answer came): the
+    server decided in between, on the same monotonic clock."""
+    sent = time.monotonic()
+    status = logon(srv, user, password)
+    return status, sent, time.monotonic()
+
+
+def sleep_until(moment: float) -> None:
+    time.sleep(max(0.0, moment - time.monotonic()))
+
+
+def test_failed_logon_back_off_doubles(server_factory):
+    """logon_guard.rs: the limit-th failure blocks the user for
+    logon_backoff_secs; each failure after that doubles the wait (up to
+    max_logon_backoff_secs). A back-off's end is only seen with a logon, and
+    each one either counts as a failure or (right password) clears them, so
+    the test waits out times taken from the server's answers, then checks
+    the next answer."""
+    limits = {"max_failed_logons_per_user": 2, "max_failed_logons_per_address": 100, "logon_backoff_secs": 1, "max_logon_backoff_secs": 4}
+    srv = server_factory.start(security=Security(limits=limits))
+    assert logon(srv, srv.user, "wrong") == NtStatus.STATUS_LOGON_FAILURE
+    status, _, answered = timed_logon(srv, srv.user, "wrong")
+    assert status == NtStatus.STATUS_LOGON_FAILURE  # the 2nd failure: blocked for 1 s from now
+    assert logon(srv, srv.user, srv.password) == STATUS_ACCOUNT_LOCKED_OUT  # right password, refused
+    sleep_until(answered + 1.1)
+    # The first back-off is over (a wrong password is answered as such, not
+    # LOCKED_OUT), and this 3rd failure doubles the wait to 2 s.
+    status, sent, answered = timed_logon(srv, srv.user, "wrong")
+    assert status == NtStatus.STATUS_LOGON_FAILURE
+    sleep_until(answered + 1.2)
+    assert logon(srv, srv.user, srv.password) == STATUS_ACCOUNT_LOCKED_OUT, "the wait did not double: allowed after 1 s"
+    # Bounded poll with the right password (a refusal is not counted): it
+    # is let in 2 s after the 3rd failure, well before the 4 s maximum.
+    deadline = answered + 3.5
+    while (result := timed_logon(srv, srv.user, srv.password))[0] == STATUS_ACCOUNT_LOCKED_OUT and time.monotonic() < deadline:
+        time.sleep(0.1)
+    status, _, allowed = result
+    assert status == NtStatus.STATUS_SUCCESS, f"still refused {allowed - sent:.1f} s after the 3rd failure"
+    assert allowed - sent >= 2.0
+    assert "too many failed logons for this user (limits.max_failed_logons_per_user)" in srv.log_tail()
+
+
+def test_failed_logons_older_than_the_window_are_forgotten(server_factory):
+    limits = {"max_failed_logons_per_user": 2, "max_failed_logons_per_address": 100, "logon_backoff_secs": 30, "failed_logon_window_secs": 2}
+    srv = server_factory.start(security=Security(limits=limits))
+    # Control: two failures within the window lock a name (here an unknown
+    # one, which is answered LOCKED_OUT as well while backed off).
+    for _ in range(2):
+        assert logon(srv, "mallory", "wrong") == NtStatus.STATUS_LOGON_FAILURE
+    assert logon(srv, "mallory", "wrong") == STATUS_ACCOUNT_LOCKED_OUT
+    # Two failures further apart than the window: the first is forgotten,
+    # so the right password is let in. Letting the window pass is the input
+    # here, so this is a sleep, measured from the server's first answer.
+    status, _, answered = timed_logon(srv, srv.user, "wrong")
+    assert status == NtStatus.STATUS_LOGON_FAILURE
+    sleep_until(answered + limits["failed_logon_window_secs"] + 0.3)
+    assert logon(srv, srv.user, "wrong") == NtStatus.STATUS_LOGON_FAILURE
+    assert logon(srv, srv.user, srv.password) == NtStatus.STATUS_SUCCESS
+
+
 def test_max_open_files_per_session(server_factory):
     srv = server_factory.start(security=Security(limits={"max_open_files_per_session": 5}))
     with smb_tree(srv) as (_conn, _session, tree):
