@@ -9,10 +9,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import socket
 import struct
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 import rawsmb
@@ -387,6 +389,167 @@ def test_max_connection_memory_serves_big_reads_one_by_one(server_factory):
             requests.append((conn.send(msg, session.session_id, tree.tree_connect_id), recv))
         assert b"".join(recv(r) for r, recv in requests) == data
         f.close()
+
+
+# The reader stops: requests held until their answers are sent. A raw
+# client with a small receive buffer asks for an 8 MiB READ and does not
+# read the answer: the server's writer blocks inside it, so every request
+# read after it stays held (answers go out in order) until the client reads.
+
+STUCK_READ = 8 * MIB
+CLIENT_RCVBUF = 64 * 1024
+FILE_CREATE = 2
+
+
+def create_new_body(name: str) -> bytes:
+    """MS-SMB2 2.2.13 SMB2 CREATE Request: FILE_CREATE (a new file or
+    failure), read access; otherwise as rawsmb.create_body."""
+    n = name.encode("utf-16-le")
+    return struct.pack("<HBBIQQIIIIIHHII", 57, 0, 0, 2, 0, 0, 0x80000000, 0, 7, FILE_CREATE, 0x40, rawsmb.HEADER_SIZE + 56, len(n), 0, 0) + n
+
+
+def socket_buffers_hold_less_than(n: int, s: socket.socket) -> None:
+    """The premise of these tests: the server's send buffer (at most
+    tcp_wmem's maximum; nimbus does not set SO_SNDBUF) and the client's
+    receive buffer cannot hold an answer of n bytes."""
+    wmem_max = int(Path("/proc/sys/net/ipv4/tcp_wmem").read_text().split()[2])
+    rcvbuf = s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+    assert wmem_max + rcvbuf < n, f"socket buffers of {wmem_max} + {rcvbuf} bytes can hold an {n}-byte answer"
+
+
+class StalledClient:
+    """An anonymous raw client on a guest share that pipelines requests and
+    reads answers only when told to. (Anonymous sessions stay under the
+    30 s logon deadline: enough for these tests.)"""
+
+    def __init__(self, srv, big_file: str):
+        self.s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, CLIENT_RCVBUF)  # before connect: fixes the window
+        self.s.settimeout(TIMEOUT)
+        self.s.connect((srv.host, srv.port))
+        self.s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        socket_buffers_hold_less_than(STUCK_READ, self.s)
+        rawsmb.negotiate(self.s, credit_request=1000)
+        self.sid, mid = rawsmb.anonymous_logon(self.s, 1)
+        self.tid = rawsmb.tree_connect(self.s, mid, self.sid, rf"\\{srv.host}\{srv.share}")
+        self.file_id = rawsmb.open_file(self.s, mid + 1, self.sid, self.tid, big_file)
+        self.next_id = mid + 2
+
+    def send(self, command: int, body: bytes, charge: int = 1) -> int:
+        mid = self.next_id
+        self.next_id += charge
+        self.s.sendall(rawsmb.frame(rawsmb.header(command, mid, credit_charge=charge, session_id=self.sid, tree_id=self.tid) + body))
+        return mid
+
+    def read(self, length: int) -> int:
+        """A READ of `length` bytes at offset 0 (charge: one credit per 64 KiB)."""
+        return self.send(rawsmb.READ, rawsmb.read_body(self.file_id, 0, length), charge=-(-length // 65536))
+
+    def stuck_read(self) -> int:
+        """An 8 MiB READ, once the server has started sending its answer (its
+        header has arrived): from then on the writer is inside that answer,
+        which the socket buffers cannot hold."""
+        mid = self.read(STUCK_READ)
+        self.stuck_length = struct.unpack(">I", rawsmb.recv_exact(self.s, 4))[0]
+        head = rawsmb.recv_exact(self.s, rawsmb.HEADER_SIZE)
+        assert (rawsmb.status(head), struct.unpack_from("<Q", head, 24)[0]) == (rawsmb.STATUS_SUCCESS, mid)
+        return mid
+
+    def unstick(self) -> None:
+        """Reads the rest of the stuck READ's answer: 16 bytes of READ
+        response and the 8 MiB (MS-SMB2 2.2.20)."""
+        assert self.stuck_length == rawsmb.HEADER_SIZE + 16 + STUCK_READ
+        left = memoryview(bytearray(self.stuck_length - rawsmb.HEADER_SIZE))
+        while left:
+            n = self.s.recv_into(left)
+            assert n, "closed by the server"
+            left = left[n:]
+
+    def answers(self, count: int) -> dict[int, int]:
+        """The next `count` answers: message id -> status."""
+        out = {}
+        for _ in range(count):
+            resp = rawsmb.recv_message(self.s)
+            out[struct.unpack_from("<Q", resp, 24)[0]] = rawsmb.status(resp)
+        return out
+
+    def close(self) -> None:
+        self.s.close()
+
+
+def wait_for(predicate, what: str, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what} not within {timeout} s"
+        time.sleep(0.02)
+
+
+def stays_false(predicate, seconds: float = 1.0) -> bool:
+    """The "not yet" half: absence can only be watched for a while. A bounded
+    poll for 1 s, against a server that handles a CREATE in microseconds;
+    the test then shows the same request done once the client reads."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return False
+        time.sleep(0.02)
+    return not predicate()
+
+
+def guest_server_with(server_factory, limits):
+    srv = server_factory.start(security=Security(guest_shares={"data"}, limits=limits))
+    with open(srv.share_path / "big.bin", "wb") as f:
+        f.truncate(STUCK_READ)
+    return srv
+
+
+def test_max_outstanding_requests_stops_the_reader(server_factory):
+    """limits.max_outstanding_requests = 4: with the stuck READ, two ECHOs
+    and a CREATE outstanding, the next CREATE is not read until an answer
+    has been sent."""
+    srv = guest_server_with(server_factory, {"max_outstanding_requests": 4})
+    fourth, fifth = srv.share_path / "fourth", srv.share_path / "fifth"
+    c = StalledClient(srv, "big.bin")
+    try:
+        c.stuck_read()
+        ids = [c.send(rawsmb.ECHO, rawsmb.echo_body()) for _ in range(2)]
+        ids += [c.send(rawsmb.CREATE, create_new_body("fourth")), c.send(rawsmb.CREATE, create_new_body("fifth"))]
+        wait_for(fourth.exists, "the 4th outstanding request")
+        assert stays_false(fifth.exists), "a 5th request was read while 4 were outstanding"
+        c.unstick()
+        assert c.answers(4) == dict.fromkeys(ids, rawsmb.STATUS_SUCCESS)
+        assert fifth.exists()
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("budget", [16 * MIB + 64 * 1024, None])
+def test_max_connection_memory_bytes_stops_the_reader(server_factory, budget):
+    """The budget counts each READ's answer (its credit charge in 64 KiB
+    units) from when the request is read until the answer is sent. With the
+    least budget the default frame size allows (8 MiB + 64 KiB frame, 8 MiB
+    answer), the stuck READ and nine 1 MiB READs need at least 17 MiB: the
+    reader must stop before the CREATE that follows them, while a CREATE
+    after the first 9 MiB is done. None: the default 32 MiB budget, the
+    control, where the same CREATE is done without the client reading."""
+    srv = guest_server_with(server_factory, {} if budget is None else {"max_connection_memory_bytes": budget})
+    first, last = srv.share_path / "first", srv.share_path / "last"
+    c = StalledClient(srv, "big.bin")
+    try:
+        c.stuck_read()
+        ids = [c.read(MIB), c.send(rawsmb.CREATE, create_new_body("first"))]
+        ids += [c.read(MIB) for _ in range(8)]
+        ids.append(c.send(rawsmb.CREATE, create_new_body("last")))
+        wait_for(first.exists, "a CREATE within the budget")
+        if budget is None:
+            wait_for(last.exists, "the CREATE after 17 MiB with the default budget")
+        else:
+            assert stays_false(last.exists), "requests beyond the memory budget were read"
+        c.unstick()
+        assert c.answers(len(ids)) == dict.fromkeys(ids, rawsmb.STATUS_SUCCESS)
+        assert last.exists()
+    finally:
+        c.close()
 
 
 def test_connection_limits_total_and_per_address(server_factory):
