@@ -1,15 +1,24 @@
 """Samba's smbtorture (Debian's samba-testsuite) SMB2 suites against nimbus.
 
 Each suite runs against a fresh server. Its results are compared with
-tests/smbtorture/known-failures.txt, so that the list can only shrink:
+what `smbtorture --list SUITE` says the suite holds, and with two lists:
+tests/smbtorture/known-failures.txt, which can only shrink, and
+tests/smbtorture/expected-skips.txt:
 
-- a test that fails and is not listed is a regression: this test fails;
-- a listed test that now passes must be taken off the list: this test fails
-  and says "remove NAME from known-failures";
-- a listed test that no longer runs (renamed, or skipped) must come off too.
+- a test that fails and is not a known failure is a regression: this test
+  fails;
+- a known failure that now passes must be taken off the list: this test
+  fails and says "remove NAME from known-failures";
+- a known failure that no longer runs (renamed, or skipped) must come off too;
+- a test of the suite's --list that reports no result never ran: this test
+  fails;
+- a test that skips and is not an expected skip fails this test (a test
+  that went from success to skip would otherwise go unseen);
+- an expected skip that runs (passes or fails) must come off that list.
 
-known-failures.txt holds one full test name per line followed by `# reason`;
-a line starting with # is a comment. Every entry must give its reason.
+Both files hold one full test name per line followed by `# reason`; a line
+starting with # is a comment. Every entry must give its reason, and no
+test is in both.
 
 NIMBUS_TORTURE_TIMEOUT (seconds, default 180; smbd needs at most 11) bounds each
 suite.
@@ -39,6 +48,7 @@ SUITES = [
     "smb2.create",
 ]
 KNOWN_FAILURES = Path(__file__).resolve().parent / "smbtorture" / "known-failures.txt"
+EXPECTED_SKIPS = Path(__file__).resolve().parent / "smbtorture" / "expected-skips.txt"
 SUITE_TIMEOUT = int(os.environ.get("NIMBUS_TORTURE_TIMEOUT", "180"))
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
@@ -103,6 +113,16 @@ def parse_subunit(text: str) -> SuiteRun:
 
 def load_known_failures(path: Path = KNOWN_FAILURES) -> tuple[dict[str, str], list[str]]:
     """Return ({test name: reason}, [problems with the file])."""
+    return load_entries(path, "fails")
+
+
+def load_expected_skips(path: Path = EXPECTED_SKIPS) -> tuple[dict[str, str], list[str]]:
+    """Return ({test name: reason}, [problems with the file])."""
+    return load_entries(path, "skips")
+
+
+def load_entries(path: Path, verb: str) -> tuple[dict[str, str], list[str]]:
+    """Parse a list of `NAME  # reason` lines: ({test name: reason}, [problems])."""
     entries: dict[str, str] = {}
     problems: list[str] = []
     for lineno, raw in enumerate(path.read_text().splitlines(), start=1):
@@ -113,7 +133,7 @@ def load_known_failures(path: Path = KNOWN_FAILURES) -> tuple[dict[str, str], li
         name, sep, reason = line.partition("#")
         name, reason = name.strip(), reason.strip()
         if not sep or not reason:
-            problems.append(f"{where}: `{name}` gives no reason; write `{name}  # why it fails`")
+            problems.append(f"{where}: `{name}` gives no reason; write `{name}  # why it {verb}`")
         if not name or any(c.isspace() for c in name):
             problems.append(f"{where}: `{name}` is not one test name")
             continue
@@ -231,27 +251,33 @@ def test_known_failures_file_is_well_formed():
     assert not problems, "\n".join(problems)
 
 
-@require_tool("smbtorture", "samba-testsuite")  # skipped when missing; fails under CI=true
-@pytest.mark.parametrize("suite", SUITES)
-def test_smbtorture_suite(server, suite, samba_client_conf, tmp_path):
+def test_expected_skips_file_is_well_formed():
+    skips, problems = load_expected_skips()
     known, _ = load_known_failures()
-    known_here = {n: r for n, r in known.items() if n == suite or n.startswith(suite + ".")}
-    log_path = tmp_path / f"{suite}.subunit"
-    run = run_smbtorture(server, suite, samba_client_conf, log_path)
+    problems += [f"{n} is in both known-failures.txt and expected-skips.txt" for n in sorted(set(skips) & set(known))]
+    assert not problems, "\n".join(problems)
 
-    counts = {k: sum(1 for v in run.outcomes.values() if v == k) for k in (PASS, FAIL, SKIP)}
-    print(f"{suite}: {counts[PASS]} passed, {counts[FAIL]} failed, {counts[SKIP]} skipped; output in {log_path}")
-    for name, outcome in sorted(run.outcomes.items()):
-        print(f"  {outcome:4}  {name}" + (f"  ({first_line(run.details[name])})" if outcome != PASS else ""))
 
+def in_suite(name: str, suite: str) -> bool:
+    return name == suite or name.startswith(suite + ".")
+
+
+def judge(suite: str, listed: list[str], run: SuiteRun, known: dict[str, str], skips: dict[str, str]) -> list[str]:
+    """What is wrong with one suite's run: a message per problem, none if all is well.
+
+    `listed` is the suite's tests from `smbtorture --list`, `known` and
+    `skips` the entries of known-failures.txt and expected-skips.txt.
+    """
+    known_here = {n: r for n, r in known.items() if in_suite(n, suite)}
+    skips_here = {n: r for n, r in skips.items() if in_suite(n, suite)}
     problems = []
+    if not listed:
+        problems.append(f"`smbtorture --list {suite}` listed no test")
     if not run.outcomes:
         tail = "\n".join(run.output.splitlines()[-30:])
         problems.append(f"smbtorture reported no result (exit status {run.returncode}):\n{tail}")
     if run.timed_out:
         problems.append(f"{suite} did not finish within {SUITE_TIMEOUT} s; the tests after the last result did not run")
-    for name in run.crashed_in:
-        print(f"  smbtorture died during {name}; it was started again on the tests after it")
 
     regressions = sorted(n for n, o in run.outcomes.items() if o == FAIL and n not in known)
     if regressions:
@@ -263,11 +289,80 @@ def test_smbtorture_suite(server, suite, samba_client_conf, tmp_path):
     fixed = sorted(n for n in known_here if run.outcomes.get(n) == PASS)
     if fixed:
         problems.append("listed as known failures but now pass:\n" + "\n".join(f"  remove {n} from known-failures" for n in fixed))
+    unexpected_skips = sorted(n for n, o in run.outcomes.items() if o == SKIP and n not in skips and n not in known)
+    if unexpected_skips:
+        problems.append(
+            "skipped and not in tests/smbtorture/expected-skips.txt:\n"
+            + "\n".join(f"  {n}: {first_line(run.details.get(n, ''))}" for n in unexpected_skips)
+            + "\n(a skip to accept goes in that file as `NAME  # reason`)"
+        )
     if not run.timed_out and run.outcomes:
+        # After a timeout the tests that did not run are already reported.
         stale = sorted(n for n in known_here if run.outcomes.get(n) in (None, SKIP))
         if stale:
             problems.append(
                 "listed as known failures but did not run or were skipped:\n"
                 + "\n".join(f"  remove {n} from known-failures" for n in stale)
             )
+        never_ran = sorted(n for n in listed if n not in run.outcomes)
+        if never_ran:
+            problems.append(f"in `smbtorture --list {suite}` but reported no result (never ran):\n" + "\n".join(f"  {n}" for n in never_ran))
+        stale_skips = sorted(n for n in skips_here if run.outcomes.get(n) != SKIP)
+        if stale_skips:
+            problems.append(
+                "listed as expected skips but ran, or reported no result:\n"
+                + "\n".join(f"  remove {n} from expected-skips ({run.outcomes.get(n, 'no result')})" for n in stale_skips)
+            )
+    return problems
+
+
+def fake_run(**outcomes: str) -> SuiteRun:
+    """A SuiteRun with these outcomes (test name with `_` for `.`)."""
+    return SuiteRun(outcomes={k.replace("_", "."): v for k, v in outcomes.items()}, output="(fake)")
+
+
+@pytest.mark.parametrize(
+    ("outcomes", "expected"),
+    [
+        pytest.param({"s_a": PASS, "s_b": SKIP, "s_c": FAIL}, [], id="clean"),
+        pytest.param({"s_a": PASS, "s_c": FAIL}, ["remove s.b from expected-skips (no result)", "never ran):\n  s.b"], id="expected-skip-never-ran"),
+        pytest.param({"s_b": SKIP, "s_c": FAIL}, ["never ran):\n  s.a"], id="never-ran"),
+        pytest.param({"s_a": SKIP, "s_b": SKIP, "s_c": FAIL}, ["skipped and not in tests/smbtorture/expected-skips.txt:\n  s.a"], id="success-to-skip"),
+        pytest.param({"s_a": PASS, "s_b": PASS, "s_c": FAIL}, ["remove s.b from expected-skips (pass)"], id="expected-skip-passes"),
+        pytest.param({"s_a": FAIL, "s_b": SKIP, "s_c": FAIL}, ["(regression):\n  s.a"], id="regression"),
+        pytest.param({"s_a": PASS, "s_b": SKIP, "s_c": PASS}, ["remove s.c from known-failures"], id="known-failure-passes"),
+        pytest.param({"s_a": PASS, "s_b": SKIP, "s_c": SKIP}, ["remove s.c from known-failures"], id="known-failure-skips"),
+    ],
+)
+def test_judge(outcomes, expected):
+    # Suite "s" lists a, b and c; b is an expected skip, c a known failure.
+    problems = judge("s", ["s.a", "s.b", "s.c"], fake_run(**outcomes), {"s.c": "fails"}, {"s.b": "skips"})
+    text = "\n".join(problems)
+    assert len(problems) == len(expected), text
+    for fragment in expected:
+        assert fragment in text
+
+
+def test_judge_of_an_empty_list():
+    problems = judge("s", [], fake_run(s_a=PASS), {}, {})
+    assert problems == ["`smbtorture --list s` listed no test"]
+
+
+@require_tool("smbtorture", "samba-testsuite")  # skipped when missing; fails under CI=true
+@pytest.mark.parametrize("suite", SUITES)
+def test_smbtorture_suite(server, suite, samba_client_conf, tmp_path):
+    known, _ = load_known_failures()
+    skips, _ = load_expected_skips()
+    listed = list_tests(suite)
+    log_path = tmp_path / f"{suite}.subunit"
+    run = run_smbtorture(server, suite, samba_client_conf, log_path)
+
+    counts = {k: sum(1 for v in run.outcomes.values() if v == k) for k in (PASS, FAIL, SKIP)}
+    print(f"{suite}: {counts[PASS]} passed, {counts[FAIL]} failed, {counts[SKIP]} skipped of {len(listed)} listed; output in {log_path}")
+    for name, outcome in sorted(run.outcomes.items()):
+        print(f"  {outcome:4}  {name}" + (f"  ({first_line(run.details[name])})" if outcome != PASS else ""))
+    for name in run.crashed_in:
+        print(f"  smbtorture died during {name}; it was started again on the tests after it")
+
+    problems = judge(suite, listed, run, known, skips)
     assert not problems, f"smbtorture {suite}:\n" + "\n".join(problems)
