@@ -15,14 +15,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import shutil
 import socket
 import struct
 import subprocess
 import uuid
 
 import pytest
-from conftest import Security
+from conftest import Security, require_tool
 from smbprotocol import Dialects
 from smbprotocol.connection import Ciphers, Connection
 from smbprotocol.exceptions import SMBConnectionClosed, SMBResponseException
@@ -55,7 +54,7 @@ SMBPROTOCOL_CIPHERS = {
 BIG = 100 * MIB
 SECRET = "secret"
 
-needs_smbclient = pytest.mark.skipif(shutil.which("smbclient") is None, reason="smbclient not installed")
+needs_smbclient = require_tool("smbclient", "smbclient")
 
 
 def smbclient(server, conf, cwd, commands, *, proto="SMB3_11", protection="encrypt", options=(), share=None, timeout=120):

@@ -313,15 +313,6 @@ def test_unknown_user_is_a_guest_that_reaches_only_guest_shares(guest_server):
     assert status == STATUS_LOGON_FAILURE, status_name(status)
 
 
-# Nimbus answers an NTLMv1 AUTHENTICATE with STATUS_NOT_SUPPORTED (nimbus-auth
-# AuthError::NotSupported("NTLMv1"), mapped in session_setup.rs); Samba's
-# smbd ("ntlm auth = ntlmv2-only", its default) answers STATUS_LOGON_FAILURE,
-# which tells a client less. Until nimbus maps it to LOGON_FAILURE too,
-# this is nimbus's status.
-NTLMV1_REFUSED = STATUS_NOT_SUPPORTED
-
-
-@pytest.mark.nimbus_only  # smbd answers STATUS_LOGON_FAILURE (see NTLMV1_REFUSED)
 @pytest.mark.parametrize("extended_session_security", [False, True], ids=["ntlmv1", "ntlmv1-ess"])
 def test_ntlmv1_refused(server, extended_session_security):
     # The harness logs on with NTLMv2 first, so the refusal below is NTLMv1's.
@@ -331,8 +322,10 @@ def test_ntlmv1_refused(server, extended_session_security):
 
     status, _, _, s = ntlmv1_logon(server, server.user, server.password, extended_session_security)
     s.close()
-    assert status == NTLMV1_REFUSED, status_name(status)
-    assert "not supported: NTLMv1" in server.log_tail()
+    # As Samba's smbd ("ntlm auth = ntlmv2-only", its default) answers.
+    assert status == STATUS_LOGON_FAILURE, status_name(status)
+    if server.kind == "nimbus":
+        assert "NTLMv1 response (only NTLMv2 is accepted)" in server.log_tail()
 
 
 # --------------------------------------------------------------------------

@@ -153,9 +153,10 @@ impl fmt::Debug for AuthResult {
     }
 }
 
-/// Why an exchange failed. The SMB layer maps `LogonFailure` and
-/// `AnonymousRefused` to STATUS_LOGON_FAILURE / STATUS_ACCESS_DENIED and the
-/// rest to STATUS_INVALID_PARAMETER or STATUS_NOT_SUPPORTED.
+/// Why an exchange failed. The SMB layer maps `Malformed` to
+/// STATUS_INVALID_PARAMETER, `NotSupported` to STATUS_NOT_SUPPORTED and the
+/// rest (wrong credentials, NTLMv1, relays, refused anonymous logons) to
+/// STATUS_LOGON_FAILURE.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum AuthError {
@@ -168,7 +169,8 @@ pub enum AuthError {
         /// What check failed (for the log, never for the client).
         reason: &'static str,
     },
-    /// A valid request for something this server refuses (NTLMv1, ...).
+    /// A valid request for something this server does not offer (a
+    /// mechanism other than NTLM, NTLM without Unicode, ...).
     NotSupported(&'static str),
     /// The right credentials, meant for another service or channel: the
     /// MsvAvTargetName or MsvAvChannelBindings of the client's blob say the
@@ -552,7 +554,12 @@ impl AuthExchange {
             });
         }
         if a.nt_response.len() == 24 {
-            return Err(AuthError::NotSupported("NTLMv1"));
+            // NTLMv1 (a 24-byte response) is refused as a failed logon, as
+            // Samba's smbd does: the client learns nothing beyond "no".
+            return Err(AuthError::LogonFailure {
+                user,
+                reason: "NTLMv1 response (only NTLMv2 is accepted)",
+            });
         }
         if a.nt_response.len() < 16 + ntlm::CLIENT_CHALLENGE_FIXED {
             return Err(AuthError::Malformed("NTLMv2 response too short"));
