@@ -36,12 +36,14 @@ cargo +nightly fuzz build -O
 
 failed=()
 for t in "${targets[@]}"; do
-    mkdir -p "corpus/$t" "seeds/$t" "artifacts/$t"
+    mkdir -p "corpus/$t" "seeds/$t" "regressions/$t" "artifacts/$t"
     # Streams of whole sessions need room; single messages do not.
     max_len=4096
     [ "$t" = connection ] && max_len=65536
     echo "=== $t: ${seconds}s"
-    if ! cargo +nightly fuzz run -O "$t" "corpus/$t" "seeds/$t" -- \
+    # New inputs go to the first directory; seeds and past findings (e.g. a
+    # related compound naming another tree's FileId) only start the search.
+    if ! cargo +nightly fuzz run -O "$t" "corpus/$t" "seeds/$t" "regressions/$t" -- \
         -max_total_time="$seconds" -max_len="$max_len" -rss_limit_mb=2048 \
         -timeout=10 -print_final_stats=1 2>&1 | tee "artifacts/$t/last-run.log" | grep -E '^(#[0-9]+ +DONE|==|SUMMARY|artifact_prefix|Test unit written|stat::)'; then
         :
