@@ -45,6 +45,7 @@ SUITES = [
     "smb2.setinfo",
     "smb2.compound",
     "smb2.credits",
+    "smb2.lock",
     "smb2.create",
 ]
 KNOWN_FAILURES = Path(__file__).resolve().parent / "smbtorture" / "known-failures.txt"

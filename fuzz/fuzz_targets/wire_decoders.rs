@@ -12,7 +12,7 @@ fuzz_target!(|data: &[u8]| {
     let Some((&which, input)) = data.split_first() else {
         return;
     };
-    match which % 24 {
+    match which % 25 {
         0 => {
             if let Ok(h) = header::Header::parse(input) {
                 let mut slot = [0u8; HEADER_SIZE];
@@ -49,6 +49,7 @@ fuzz_target!(|data: &[u8]| {
         }
         21 => drop(transform::TransformHeader::parse(input)),
         22 => drop(smb1::smb1_negotiate_offer(input)),
+        23 => drop(nimbus_wire::lock::LockRequest::parse(input)),
         _ => drop(simple::parse_empty(input)),
     }
 });

@@ -4,13 +4,14 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use nimbus_crypto::{CipherAlgorithm, SigningAlgorithm};
 use nimbus_wire::nbss::frame_length;
 use nimbus_wire::negotiate::Dialect;
+use nimbus_wire::NtStatus;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::TcpStream;
@@ -21,6 +22,7 @@ use crate::admission::ConnectionSlot;
 use crate::credits::CreditWindow;
 use crate::dir_budget::EntryBudget;
 use crate::limits::Limits;
+use crate::pending::PendingTable;
 use crate::server::Server;
 use crate::session::{lock, Session};
 
@@ -129,6 +131,13 @@ pub struct Connection {
     pub pool: BufferPool,
     /// Directory entries this connection's enumerations hold.
     pub dir_entries: Arc<EntryBudget>,
+    /// Requests answered STATUS_PENDING whose final response is owed.
+    pub pending: PendingTable,
+    next_async_id: AtomicU64,
+    /// The writer's queue for messages that answer no frame being
+    /// processed: final responses of pending requests (later: breaks).
+    /// None until `serve` starts the writer (and in the fuzz harness).
+    unsolicited: Mutex<Option<mpsc::UnboundedSender<Outgoing>>>,
     /// Counts this connection in the server's admission limits.
     slot: ConnectionSlot,
     closing: AtomicBool,
@@ -146,6 +155,9 @@ impl Connection {
         Arc::new(Connection {
             credits: Mutex::new(CreditWindow::new(limits.max_credits)),
             dir_entries: EntryBudget::new(limits.max_directory_entries),
+            pending: PendingTable::default(),
+            next_async_id: AtomicU64::new(1),
+            unsolicited: Mutex::new(None),
             pool: BufferPool::new(limits.max_frame_bytes, limits.max_connection_memory_bytes),
             server,
             peer,
@@ -178,12 +190,29 @@ impl Connection {
         self.closing.load(Ordering::SeqCst)
     }
 
+    /// A fresh AsyncId (MS-SMB2 3.3.4.2: unique among the connection's
+    /// async requests).
+    pub fn new_async_id(&self) -> u64 {
+        self.next_async_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Queues a message to the client outside any request's response (the
+    /// final response of a pending request). Bounded by the requests that
+    /// may be pending (`limits.max_pending_requests`).
+    pub fn send_unsolicited(&self, out: Outgoing) {
+        if let Some(tx) = lock(&self.unsolicited).as_ref() {
+            let _ = tx.send(out);
+        }
+    }
+
     pub fn session(&self, id: u64) -> Option<Arc<Session>> {
         lock(&self.sessions).get(&id).cloned()
     }
 
     /// Releases every open of every session: share modes, delete-on-close.
     pub(crate) fn teardown(&self) {
+        // Nothing pending is answered any more; each waiter is let go.
+        self.pending.end_all(NtStatus::CANCELLED, |_| true);
         let sessions: Vec<_> = lock(&self.sessions).drain().map(|(_, s)| s).collect();
         for s in sessions {
             crate::handlers::logoff::close_session(&self.server, &s);
@@ -355,9 +384,31 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slo
     tracing::debug!("connection from {peer}");
     start_logon_deadline(Arc::downgrade(&conn), limits.unauthenticated_timeout);
 
+    let (async_tx, mut async_rx) = mpsc::unbounded_channel::<Outgoing>();
+    *lock(&conn.unsolicited) = Some(async_tx);
     let writer_conn = conn.clone();
     let mut writer = tokio::spawn(async move {
-        while let Some((out, in_flight)) = rx.recv().await {
+        let mut async_open = true;
+        loop {
+            // Messages on their own (final responses of pending requests)
+            // before responses to frames: one queued while a frame was
+            // processed (a pending LOCK ended by a CLOSE) goes out before
+            // that frame's response, as the client expects. There are at
+            // most limits.max_pending_requests of them.
+            let (out, in_flight) = tokio::select! {
+                biased;
+                r = async_rx.recv(), if async_open => match r {
+                    Some(out) => (out, None),
+                    None => {
+                        async_open = false;
+                        continue;
+                    }
+                },
+                r = rx.recv() => match r {
+                    Some((out, in_flight)) => (out, Some(in_flight)),
+                    None => break,
+                },
+            };
             if wr.write_all(&out.buf[out.start..]).await.is_err() {
                 break;
             }
@@ -411,6 +462,8 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slo
     }
     conn.close();
     drop(tx);
+    // The writer ends when both its queues are closed.
+    lock(&conn.unsolicited).take();
     // Responses still queued go out if the client takes them soon; a client
     // that stopped reading does not keep the connection alive.
     if timeout(CLOSE_GRACE, &mut writer).await.is_err() {

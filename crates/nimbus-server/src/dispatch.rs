@@ -17,6 +17,7 @@ use nimbus_wire::{FileId, NtStatus, HEADER_SIZE};
 use crate::connection::{Connection, Outgoing};
 use crate::handlers;
 use crate::limits::Limits;
+use crate::pending::{Canceller, PendingRequest, Reply};
 use crate::security::SessionCipher;
 use crate::server::Server;
 use crate::session::{lock, Open, Session, SessionState, Tree};
@@ -53,9 +54,10 @@ fn spec(cmd: Command) -> Spec {
         Command::QueryDirectory => (true, true, query_directory::handle),
         Command::QueryInfo => (true, true, query_info::handle),
         Command::SetInfo => (true, true, set_info::handle),
-        // Byte-range locks, change notify and oplock breaks are later work;
-        // until then clients are told plainly.
-        Command::Lock | Command::ChangeNotify | Command::OplockBreak => (true, true, not_supported),
+        Command::Lock => (true, true, lock::handle),
+        // Change notify and oplock breaks are later work; until then
+        // clients are told plainly.
+        Command::ChangeNotify | Command::OplockBreak => (true, true, not_supported),
         Command::Cancel => (false, false, echo::handle),
     };
     Spec {
@@ -97,9 +99,54 @@ pub struct Ctx<'a> {
     /// Bytes this request's response may still take from the room the
     /// connection reserved for the frame (see `response_allowance`).
     pub response_room: usize,
+    /// The session whose key verified the request's signature.
+    pub signed_by: Option<Arc<Session>>,
+    /// The session and cipher that decrypted the request's frame.
+    pub sealed_by: Option<(u64, Arc<SessionCipher>)>,
+    /// Set by `go_async`: the request is answered STATUS_PENDING with this
+    /// AsyncId now and completes later.
+    pub went_async: Option<u64>,
 }
 
 impl Ctx<'_> {
+    /// Turns this request into one that completes later (MS-SMB2 3.3.4.2):
+    /// registers it in the connection's pending table with `cancel` (made
+    /// from the request, it ends the wait and completes the request with the
+    /// status it is given) and returns it. The handler then returns
+    /// Ok(STATUS_PENDING); dispatch sends the interim response. None when
+    /// the connection already has `limits.max_pending_requests` waiting.
+    pub fn go_async(
+        &mut self,
+        cancel: impl FnOnce(&Arc<PendingRequest>) -> Canceller,
+    ) -> Option<Arc<PendingRequest>> {
+        let limit = self.server.config.limits.max_pending_requests;
+        if self.conn.pending.len() >= limit {
+            tracing::warn!(
+                "{}: {} requests already pending (limits.max_pending_requests); refused",
+                self.conn.peer,
+                limit
+            );
+            return None;
+        }
+        let async_id = self.conn.new_async_id();
+        let request = PendingRequest::new(
+            Reply {
+                message_id: self.hdr.message_id,
+                async_id,
+                command: self.hdr.command,
+                credit_charge: self.hdr.credit_charge,
+                session_id: self.hdr.session_id,
+                priority: self.hdr.flags & flags::PRIORITY_MASK,
+                sign_with: self.signed_by.clone(),
+                seal_with: self.sealed_by.clone(),
+            },
+            self.conn,
+        );
+        self.conn.pending.insert(request.clone(), cancel(&request));
+        self.went_async = Some(async_id);
+        Some(request)
+    }
+
     pub fn session(&self) -> Result<&Arc<Session>, NtStatus> {
         self.session.as_ref().ok_or(NtStatus::USER_SESSION_DELETED)
     }
@@ -208,6 +255,9 @@ struct Encrypted {
 struct Chain {
     /// Session id of the TRANSFORM header, if the frame was encrypted.
     encrypted_for: Option<u64>,
+    /// The cipher that decrypted the frame (final responses of requests
+    /// that go async are sealed with it).
+    sealed_by: Option<Arc<SessionCipher>>,
     session_id: u64,
     tree_id: u32,
     file_id: Option<FileId>,
@@ -250,6 +300,7 @@ pub fn process_frame(
     let mut responses: Vec<(usize, Option<Arc<Session>>)> = Vec::new();
     let mut chain = Chain {
         encrypted_for: encrypted.as_ref().map(|e| e.session_id),
+        sealed_by: encrypted.as_ref().map(|e| e.cipher.clone()),
         ..Chain::default()
     };
     let mut offset = 0usize;
@@ -287,8 +338,23 @@ pub fn process_frame(
             return refuse(conn, "response received from client");
         }
         if hdr.command == Command::Cancel as u16 {
-            // Nothing runs asynchronously yet, so there is nothing to cancel;
-            // CANCEL takes no credit and gets no response (MS-SMB2 3.3.5.16).
+            // MS-SMB2 3.3.5.16: CANCEL takes no credit and gets no response;
+            // the request it names (by AsyncId, or by MessageId while not
+            // yet async) completes with STATUS_CANCELLED.
+            let async_id = (hdr.flags & flags::ASYNC_COMMAND != 0).then_some(hdr.async_id);
+            let session_id = if hdr.is_related() {
+                chain.session_id
+            } else {
+                hdr.session_id
+            };
+            if !conn.pending.cancel(session_id, async_id, hdr.message_id) {
+                tracing::debug!(
+                    "{}: CANCEL of message {} / async {:?}: nothing pending",
+                    conn.peer,
+                    hdr.message_id,
+                    async_id
+                );
+            }
         } else {
             if let Err(e) = lock(&conn.credits).consume(hdr.message_id, hdr.credit_charge) {
                 tracing::warn!(
@@ -444,6 +510,9 @@ fn handle_one(
         disconnect: false,
         error_data: Vec::new(),
         response_room: response_room.saturating_sub(HEADER_SIZE),
+        signed_by: None,
+        sealed_by: chain.encrypted_for.zip(chain.sealed_by.clone()),
+        went_async: None,
     };
     let mut sign_session: Option<Arc<Session>> = None;
     let result = check_and_run(
@@ -477,6 +546,14 @@ fn handle_one(
             status
         }
     };
+    // A request that went async is answered now with an interim
+    // STATUS_PENDING (an ERROR body, the AsyncId, the credits it earns); its
+    // final response follows on its own (MS-SMB2 3.3.4.2).
+    let async_id = ctx.went_async.filter(|_| status == NtStatus::PENDING);
+    if async_id.is_some() {
+        out.truncate(body_start);
+        encode_error(out, &[]);
+    }
     let granted = lock(&conn.credits).grant(hdr.credits);
     let resp = Header {
         credit_charge: hdr.credit_charge,
@@ -484,10 +561,15 @@ fn handle_one(
         command: hdr.command,
         credits: granted,
         flags: flags::SERVER_TO_REDIR
-            | (hdr.flags & (flags::RELATED_OPERATIONS | flags::PRIORITY_MASK)),
+            | (hdr.flags & (flags::RELATED_OPERATIONS | flags::PRIORITY_MASK))
+            | if async_id.is_some() {
+                flags::ASYNC_COMMAND
+            } else {
+                0
+            },
         next_command: 0,
         message_id: hdr.message_id,
-        async_id: 0,
+        async_id: async_id.unwrap_or(0),
         tree_id: ctx.response_tree_id.unwrap_or(hdr.tree_id),
         session_id: ctx.response_session_id,
         signature: [0; 16],
@@ -596,6 +678,7 @@ fn check_and_run<'a>(
                             return Err(NtStatus::ACCESS_DENIED);
                         }
                         *sign_session = Some(session.clone());
+                        ctx.signed_by = Some(session.clone());
                     } else if auth.signing_required {
                         tracing::warn!(
                             "{}: unsigned command {:#x} on a session that requires signing; refused",

@@ -57,6 +57,9 @@ pub struct Limits {
     pub max_logons_in_progress: usize,
     /// Tree connects one session may hold.
     pub max_trees_per_session: usize,
+    /// Requests of one connection answered STATUS_PENDING and still waiting
+    /// (blocking locks); beyond, a request that would wait fails at once.
+    pub max_pending_requests: usize,
     /// Requests in one compound frame.
     pub max_compound_requests: usize,
     /// Bytes of directory entries returned by one QUERY_DIRECTORY.
@@ -87,6 +90,7 @@ impl Default for Limits {
             max_sessions_per_connection: 64,
             max_logons_in_progress: 8,
             max_trees_per_session: 1024,
+            max_pending_requests: 256,
             max_compound_requests: 64,
             max_directory_response_bytes: 1024 * 1024,
             max_directory_entries: 1_000_000,
@@ -126,6 +130,7 @@ pub struct RawLimits {
     max_sessions_per_connection: Option<u64>,
     max_logons_in_progress: Option<u64>,
     max_trees_per_session: Option<u64>,
+    max_pending_requests: Option<u64>,
     max_compound_requests: Option<u64>,
     max_directory_response_bytes: Option<u64>,
     max_directory_entries: Option<u64>,
@@ -341,6 +346,13 @@ impl RawLimits {
                 1,
                 65536,
                 d.max_trees_per_session as u64,
+            ) as usize,
+            max_pending_requests: r.get(
+                "max_pending_requests",
+                self.max_pending_requests,
+                1,
+                65536,
+                d.max_pending_requests as u64,
             ) as usize,
             max_compound_requests: r.get(
                 "max_compound_requests",

@@ -13,6 +13,7 @@ use tokio::net::TcpListener;
 
 use crate::admission::Admission;
 use crate::config::{Config, EncryptionPolicy};
+use crate::locks::ByteRangeLocks;
 use crate::logon_guard::LogonGuard;
 use crate::open_files::{open_file_cap, raise_descriptor_limit, OpenFiles};
 
@@ -80,6 +81,8 @@ pub struct Server {
     pub logon_guard: LogonGuard,
     /// Opens of the whole server, capped below the descriptor limit.
     pub open_files: OpenFiles,
+    /// Byte-range locks of every file, and the requests waiting on them.
+    pub locks: ByteRangeLocks,
     next_session_id: AtomicU64,
     next_open_id: AtomicU64,
     /// Volatile FileIds equal the open id instead of being random: only for
@@ -194,6 +197,7 @@ impl Server {
             admission: Arc::new(Admission::default()),
             logon_guard,
             open_files: OpenFiles::new(open_cap),
+            locks: ByteRangeLocks::default(),
             next_session_id: AtomicU64::new(1),
             next_open_id: AtomicU64::new(1),
             predictable_file_ids: AtomicBool::new(false),

@@ -251,7 +251,7 @@ fn wire_decoders(data: &[u8]) -> Option<bool> {
     use nimbus_wire::{close, create, fscc, header, info, ioctl, negotiate, query_directory};
     use nimbus_wire::{read, session_setup, simple, smb1, transform, tree_connect, write};
     let (&which, input) = data.split_first()?;
-    Some(match which % 24 {
+    Some(match which % 25 {
         0 => {
             let parsed = header::Header::parse(input);
             if let Ok(h) = &parsed {
@@ -283,6 +283,7 @@ fn wire_decoders(data: &[u8]) -> Option<bool> {
         20 => fscc::parse_u64(input).is_ok(),
         21 => transform::TransformHeader::parse(input).is_ok(),
         22 => smb1::smb1_negotiate_offer(input) != smb1::Smb1Offer::None,
+        23 => nimbus_wire::lock::LockRequest::parse(input).is_ok(),
         _ => simple::parse_empty(input).is_ok(),
     })
 }

@@ -3,10 +3,12 @@
 //! `memory` is the single-node backend; `share_modes` keeps the opens of each
 //! file on top of it. Session keys and other secrets never go in here.
 
+pub mod byte_range;
 pub mod memory;
 pub mod share_modes;
 pub mod store;
 
+pub use byte_range::{LockError, LockRange, RangeLock};
 pub use memory::MemoryStore;
 pub use share_modes::{FileKey, FileRecord, OpenRecord, ShareModes, SharingError};
 pub use store::{StateError, StateStore, Versioned};

@@ -11,6 +11,7 @@ pub mod fscc;
 pub mod header;
 pub mod info;
 pub mod ioctl;
+pub mod lock;
 pub mod nbss;
 pub mod negotiate;
 pub mod query_directory;

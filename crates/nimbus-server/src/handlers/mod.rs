@@ -7,6 +7,7 @@ pub mod create;
 pub mod echo;
 pub mod flush;
 pub mod ioctl;
+pub mod lock;
 pub mod logoff;
 pub mod negotiate;
 pub mod query_directory;

@@ -26,6 +26,17 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     {
         return Err(NtStatus::INVALID_PARAMETER);
     }
+    // MS-FSA 2.1.5.2: a range another open holds exclusively is not read.
+    let locks = &ctx.server.locks;
+    if locks.io_conflicts(
+        open.file_key,
+        open.open_id,
+        req.offset,
+        req.length as u64,
+        false,
+    ) {
+        return Err(NtStatus::FILE_LOCK_CONFLICT);
+    }
     let head = out.len();
     encode_read_response_head(out, 0);
     let n = match open

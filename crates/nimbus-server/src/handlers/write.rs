@@ -32,6 +32,18 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         return Err(NtStatus::INVALID_PARAMETER);
     }
     let offset = req.offset;
+    // MS-FSA 2.1.5.3: nor written where another open holds any lock, or
+    // where a shared lock (its own included) stands.
+    let locks = &ctx.server.locks;
+    if locks.io_conflicts(
+        open.file_key,
+        open.open_id,
+        offset,
+        req.data.len() as u64,
+        true,
+    ) {
+        return Err(NtStatus::FILE_LOCK_CONFLICT);
+    }
     let n = open
         .handle
         .write_at(req.data, offset)

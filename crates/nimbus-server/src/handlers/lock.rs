@@ -1,0 +1,105 @@
+//! MS-SMB2 3.3.5.14 Receiving an SMB2 LOCK Request: byte-range locks and
+//! unlocks on an open file. A single lock without FAIL_IMMEDIATELY that
+//! conflicts waits (interim STATUS_PENDING) until the range comes free, is
+//! cancelled, or its handle closes.
+
+use std::sync::Arc;
+
+use nimbus_state::LockRange;
+use nimbus_wire::lock::{encode_lock_response, lock_flags as lf, LockElement, LockRequest};
+use nimbus_wire::NtStatus;
+
+use super::malformed;
+use crate::dispatch::{Ctx, HandlerResult};
+use crate::locks::Outcome;
+
+/// What the elements of one request ask for, once validated.
+enum Asked {
+    /// Elements are checked one by one as they are unlocked: an element
+    /// that is no plain UNLOCK fails the request there, after the ones
+    /// before it took effect (MS-SMB2 3.3.5.14.1).
+    Unlock(Vec<LockElement>),
+    Lock {
+        ranges: Vec<LockRange>,
+        /// One element without FAIL_IMMEDIATELY: wait for a conflict to
+        /// clear instead of failing.
+        blocking: bool,
+    },
+}
+
+/// MS-SMB2 3.3.5.14: an array is either all unlocks (flags exactly
+/// UNLOCK) or all locks (SHARED or EXCLUSIVE, optionally FAIL_IMMEDIATELY);
+/// several locks in one request must all fail immediately.
+fn validate(locks: &[LockElement]) -> Result<Asked, NtStatus> {
+    let first = locks.first().ok_or(NtStatus::INVALID_PARAMETER)?;
+    if first.flags & lf::UNLOCK != 0 {
+        return Ok(Asked::Unlock(locks.to_vec()));
+    }
+    let mut ranges = Vec::with_capacity(locks.len());
+    for l in locks {
+        let exclusive = match l.flags & !lf::FAIL_IMMEDIATELY {
+            lf::SHARED_LOCK => false,
+            lf::EXCLUSIVE_LOCK => true,
+            _ => return Err(NtStatus::INVALID_PARAMETER),
+        };
+        if locks.len() > 1 && l.flags & lf::FAIL_IMMEDIATELY == 0 {
+            return Err(NtStatus::INVALID_PARAMETER);
+        }
+        ranges.push(LockRange {
+            offset: l.offset,
+            length: l.length,
+            exclusive,
+        });
+    }
+    let blocking = locks.len() == 1 && first.flags & lf::FAIL_IMMEDIATELY == 0;
+    Ok(Asked::Lock { ranges, blocking })
+}
+
+pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
+    let req = LockRequest::parse(body).map_err(malformed)?;
+    let open = ctx.open(req.file_id)?;
+    let asked = validate(&req.locks)?;
+    let server = ctx.server.clone();
+    let file = open.file_key;
+    let owner = open.open_id;
+    match asked {
+        Asked::Unlock(elements) => {
+            server.locks.unlock(file, owner, &elements)?;
+        }
+        Asked::Lock { ranges, blocking } => {
+            if ranges
+                .iter()
+                .any(|r| !nimbus_state::byte_range::valid_range(r.offset, r.length))
+            {
+                return Err(NtStatus::INVALID_LOCK_RANGE);
+            }
+            let mut wait = || {
+                let server = server.clone();
+                ctx.go_async(move |request: &Arc<_>| {
+                    let request = Arc::downgrade(request);
+                    Box::new(move |status| {
+                        if let Some(request) = request.upgrade() {
+                            // Out of the queue first, so that a grant cannot
+                            // race the answer below.
+                            server.locks.withdraw(file, request.async_id());
+                            request.complete(status, |_| {});
+                        }
+                    })
+                })
+            };
+            let outcome = server.locks.lock(
+                file,
+                owner,
+                ranges,
+                if blocking { Some(&mut wait) } else { None },
+            );
+            match outcome {
+                Outcome::Granted => {}
+                Outcome::Refused(status) => return Err(status),
+                Outcome::Waiting => return Ok(NtStatus::PENDING),
+            }
+        }
+    }
+    encode_lock_response(out);
+    Ok(NtStatus::SUCCESS)
+}

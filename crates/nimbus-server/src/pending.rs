@@ -1,0 +1,207 @@
+//! Requests that complete later (MS-SMB2 3.3.4.2 "Sending an Interim
+//! Response for an Asynchronous Operation", 3.3.5.16 CANCEL). A handler that
+//! must wait (a blocking byte-range lock; later change notify and CREATEs
+//! held for a break) turns its request into a `PendingRequest`: dispatch
+//! answers at once with an interim STATUS_PENDING carrying an AsyncId, the
+//! request's slot and memory go back to the connection, and whoever ends the
+//! wait calls `complete`, which builds the final response (signed or sealed
+//! as the request was) and queues it on the connection's writer. Every
+//! pending request sits in its connection's table until then, so CANCEL,
+//! closing its handle, logoff and disconnect can find and end it; nothing
+//! waits on a runtime thread.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+
+use nimbus_wire::header::{flags, Header};
+use nimbus_wire::simple::encode_error;
+use nimbus_wire::transform::TRANSFORM_HEADER_SIZE;
+use nimbus_wire::{NtStatus, HEADER_SIZE};
+
+use crate::connection::{Connection, Outgoing};
+use crate::security::SessionCipher;
+use crate::session::{lock, Session, SessionState};
+
+/// What the final response of a request needs from the request.
+pub struct Reply {
+    pub message_id: u64,
+    pub async_id: u64,
+    pub command: u16,
+    pub credit_charge: u16,
+    pub session_id: u64,
+    /// Priority bits of the request, echoed.
+    pub priority: u32,
+    /// Sign the final response with this session (the request was signed).
+    pub sign_with: Option<Arc<Session>>,
+    /// Seal it for this session instead (the request came encrypted).
+    pub seal_with: Option<(u64, Arc<SessionCipher>)>,
+}
+
+/// A request answered STATUS_PENDING whose final response is still owed.
+pub struct PendingRequest {
+    reply: Reply,
+    conn: Weak<Connection>,
+    done: AtomicBool,
+}
+
+/// How a pending request is ended from outside its waiter (CANCEL, close,
+/// logoff, disconnect): the owner of the wait drops it, then completes the
+/// request with the status given.
+pub type Canceller = Box<dyn Fn(NtStatus) + Send + Sync>;
+
+/// A connection's pending requests by AsyncId.
+#[derive(Default)]
+pub struct PendingTable {
+    entries: std::sync::Mutex<HashMap<u64, Entry>>,
+}
+
+struct Entry {
+    request: Arc<PendingRequest>,
+    cancel: Arc<dyn Fn(NtStatus) + Send + Sync>,
+}
+
+impl PendingTable {
+    pub fn len(&self) -> usize {
+        lock(&self.entries).len()
+    }
+
+    pub fn insert(&self, request: Arc<PendingRequest>, cancel: Canceller) {
+        lock(&self.entries).insert(
+            request.reply.async_id,
+            Entry {
+                request,
+                cancel: Arc::from(cancel),
+            },
+        );
+    }
+
+    fn remove(&self, async_id: u64) {
+        lock(&self.entries).remove(&async_id);
+    }
+
+    /// CANCEL of an async request (by AsyncId), or of one still known by
+    /// its MessageId (MS-SMB2 3.3.5.16); only requests of `session_id`.
+    /// Whether one was found.
+    pub fn cancel(&self, session_id: u64, async_id: Option<u64>, message_id: u64) -> bool {
+        let found = {
+            let entries = lock(&self.entries);
+            entries
+                .values()
+                .find(|e| {
+                    e.request.reply.session_id == session_id
+                        && match async_id {
+                            Some(id) => e.request.reply.async_id == id,
+                            None => e.request.reply.message_id == message_id,
+                        }
+                })
+                .map(|e| e.cancel.clone())
+        };
+        match found {
+            Some(cancel) => {
+                cancel(NtStatus::CANCELLED);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Ends every pending request that `matches` (a session logging off, a
+    /// connection going) with `status`.
+    pub fn end_all(&self, status: NtStatus, matches: impl Fn(&PendingRequest) -> bool) {
+        let cancels: Vec<_> = lock(&self.entries)
+            .values()
+            .filter(|e| matches(&e.request))
+            .map(|e| e.cancel.clone())
+            .collect();
+        for cancel in cancels {
+            cancel(status);
+        }
+    }
+}
+
+impl PendingRequest {
+    pub fn new(reply: Reply, conn: &Arc<Connection>) -> Arc<PendingRequest> {
+        Arc::new(PendingRequest {
+            reply,
+            conn: Arc::downgrade(conn),
+            done: AtomicBool::new(false),
+        })
+    }
+
+    pub fn async_id(&self) -> u64 {
+        self.reply.async_id
+    }
+
+    pub fn session_id(&self) -> u64 {
+        self.reply.session_id
+    }
+
+    /// Sends the final response: `status` and, for a success, the body
+    /// `body` writes (an error gets the SMB2 ERROR body). Only the first
+    /// call sends; it returns whether it was this one.
+    pub fn complete(&self, status: NtStatus, body: impl FnOnce(&mut Vec<u8>)) -> bool {
+        if self.done.swap(true, Ordering::SeqCst) {
+            return false;
+        }
+        let Some(conn) = self.conn.upgrade() else {
+            return true;
+        };
+        conn.pending.remove(self.reply.async_id);
+        if conn.is_closing() {
+            return true;
+        }
+        let r = &self.reply;
+        let start = 4 + TRANSFORM_HEADER_SIZE;
+        let mut out = vec![0u8; start + HEADER_SIZE];
+        if status.is_error() {
+            encode_error(&mut out, &[]);
+        } else {
+            body(&mut out);
+        }
+        let header = Header {
+            credit_charge: r.credit_charge,
+            status,
+            command: r.command,
+            // The credits for this request went out with the interim
+            // response (MS-SMB2 3.3.4.2).
+            credits: 0,
+            flags: flags::SERVER_TO_REDIR | flags::ASYNC_COMMAND | r.priority,
+            next_command: 0,
+            message_id: r.message_id,
+            async_id: r.async_id,
+            tree_id: 0,
+            session_id: r.session_id,
+            signature: [0; 16],
+        };
+        if let Ok(slot) = <&mut [u8; HEADER_SIZE]>::try_from(&mut out[start..start + HEADER_SIZE]) {
+            header.write_into(slot);
+        }
+        let outgoing = if let Some((session_id, cipher)) = &r.seal_with {
+            if cipher.seal(*session_id, &mut out[4..]).is_err() {
+                tracing::warn!("{}: cannot encrypt an async response; closing", conn.peer);
+                conn.close();
+                return true;
+            }
+            let len = out.len() - 4;
+            out[..4].copy_from_slice(&nimbus_wire::nbss::frame_header(len));
+            Outgoing { buf: out, start: 0 }
+        } else {
+            if let Some(session) = &r.sign_with {
+                if let SessionState::Valid(auth) = &*lock(&session.state) {
+                    if let Some(signer) = &auth.signer {
+                        crate::security::sign(signer.as_ref(), &mut out[start..]);
+                    }
+                }
+            }
+            let len = out.len() - start;
+            out[start - 4..start].copy_from_slice(&nimbus_wire::nbss::frame_header(len));
+            Outgoing {
+                buf: out,
+                start: start - 4,
+            }
+        };
+        conn.send_unsolicited(outgoing);
+        true
+    }
+}

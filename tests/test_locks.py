@@ -1,0 +1,229 @@
+"""Byte-range locks (SMB2 LOCK) and requests that complete later, with two
+clients on two connections: raw messages (tests/rawsmb.py) so that each
+interim STATUS_PENDING, final async response and CANCEL is seen as sent.
+
+Every wait is on the server's own answers; nothing sleeps to let a race
+settle."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+import rawsmb
+from conftest import Security
+
+LOCK, CLOSE, READ, WRITE, CANCEL = 0x000A, 0x0006, 0x0008, 0x0009, 0x000C
+SHARED, EXCLUSIVE, UNLOCK, FAIL_IMMEDIATELY = 0x1, 0x2, 0x4, 0x10
+FLAG_ASYNC = 0x2
+
+STATUS_PENDING = 0x00000103
+STATUS_CANCELLED = 0xC0000120
+STATUS_LOCK_NOT_GRANTED = 0xC0000055
+STATUS_RANGE_NOT_LOCKED = 0xC000007E
+STATUS_FILE_LOCK_CONFLICT = 0xC0000054
+STATUS_INVALID_LOCK_RANGE = 0xC00001A1
+STATUS_INSUFFICIENT_RESOURCES = 0xC000009A
+
+
+class Client:
+    """One connection, one anonymous session on the guest share, raw messages."""
+
+    def __init__(self, srv):
+        self.s = rawsmb.connect(srv.host, srv.port)
+        rawsmb.negotiate(self.s, dialects=(0x0202, 0x0210), credit_request=64)
+        self.sid, self.mid = rawsmb.anonymous_logon(self.s, 1)
+        self.tid = rawsmb.tree_connect(self.s, self.mid, self.sid, rf"\\{srv.host}\pub")
+        self.mid += 1
+
+    def send(self, command: int, body: bytes, flags: int = 0, async_id: int | None = None) -> int:
+        mid = self.mid
+        self.mid += 1
+        if async_id is None:
+            hdr = rawsmb.header(command, mid, credit_request=8, session_id=self.sid, tree_id=self.tid, flags=flags)
+        else:  # MS-SMB2 2.2.1.1 async header: AsyncId where Reserved/TreeId are
+            hdr = bytearray(rawsmb.header(command, mid, credit_request=0, session_id=self.sid, flags=flags | FLAG_ASYNC))
+            struct.pack_into("<Q", hdr, 32, async_id)
+            hdr = bytes(hdr)
+        self.s.sendall(rawsmb.frame(hdr + body))
+        return mid
+
+    def recv(self) -> bytes:
+        return rawsmb.recv_message(self.s)
+
+    def call(self, command: int, body: bytes) -> bytes:
+        mid = self.send(command, body)
+        resp = self.recv()
+        assert message_id(resp) == mid
+        return resp
+
+    def open(self, name: str) -> bytes:
+        """CREATE (OPEN_IF) with read/write access, all sharing; returns the FileId."""
+        n = name.encode("utf-16-le")
+        body = struct.pack(
+            "<HBBIQQIIIIIHHII", 57, 0, 0, 2, 0, 0, 0x0012019F, 0x80, 7, 3, 0x40, rawsmb.HEADER_SIZE + 56, len(n), 0, 0
+        ) + n
+        resp = self.call(rawsmb.CREATE, body)
+        assert rawsmb.status(resp) == 0, hex(rawsmb.status(resp))
+        return resp[rawsmb.HEADER_SIZE + 64 : rawsmb.HEADER_SIZE + 80]
+
+    def close(self):
+        self.s.close()
+
+
+def message_id(resp: bytes) -> int:
+    return struct.unpack_from("<Q", resp, 24)[0]
+
+
+def async_id(resp: bytes) -> int:
+    flags = struct.unpack_from("<I", resp, 16)[0]
+    assert flags & FLAG_ASYNC, f"flags {flags:#x}: not an async response"
+    return struct.unpack_from("<Q", resp, 32)[0]
+
+
+def lock_body(file_id: bytes, *elements: tuple[int, int, int]) -> bytes:
+    """MS-SMB2 2.2.26 LOCK with 2.2.26.1 elements (offset, length, flags)."""
+    body = struct.pack("<HHI16s", 48, len(elements), 0, file_id)
+    for offset, length, flags in elements:
+        body += struct.pack("<QQII", offset, length, flags, 0)
+    return body
+
+
+def close_body(file_id: bytes) -> bytes:
+    return struct.pack("<HHI16s", 24, 0, 0, file_id)
+
+
+def write_body(file_id: bytes, offset: int, data: bytes) -> bytes:
+    """MS-SMB2 2.2.21 WRITE, data right after the 48-byte body."""
+    return struct.pack("<HHIQ16sIIHHI", 49, rawsmb.HEADER_SIZE + 48, len(data), offset, file_id, 0, 0, 0, 0, 0) + data
+
+
+@pytest.fixture
+def srv(server_factory):
+    srv = server_factory.start([("pub", False)], security=Security(guest_shares={"pub"}))
+    (srv.share_path / "f.bin").write_bytes(bytes(100))
+    return srv
+
+
+@pytest.fixture
+def clients(srv):
+    a, b = Client(srv), Client(srv)
+    yield a, b
+    a.close()
+    b.close()
+
+
+def test_blocking_lock_is_granted_the_moment_the_holder_unlocks(clients):
+    a, b = clients
+    fa, fb = a.open("f.bin"), b.open("f.bin")
+    assert rawsmb.status(a.call(LOCK, lock_body(fa, (0, 10, EXCLUSIVE)))) == 0
+    # B waits: an interim STATUS_PENDING with an AsyncId, at once.
+    mid = b.send(LOCK, lock_body(fb, (5, 10, EXCLUSIVE)))
+    interim = b.recv()
+    assert (message_id(interim), rawsmb.status(interim)) == (mid, STATUS_PENDING)
+    aid = async_id(interim)
+    assert aid != 0
+    assert rawsmb.credits_granted(interim) >= 1
+    # Meanwhile B's connection is served as usual.
+    assert rawsmb.status(b.call(rawsmb.ECHO, rawsmb.echo_body())) == 0
+    # A unlocks: B's final response follows, for the same request.
+    assert rawsmb.status(a.call(LOCK, lock_body(fa, (0, 10, UNLOCK)))) == 0
+    final = b.recv()
+    assert (message_id(final), async_id(final), rawsmb.status(final)) == (mid, aid, 0)
+    assert rawsmb.credits_granted(final) == 0  # the credits came with the interim response
+    # B holds the range now.
+    resp = a.call(LOCK, lock_body(fa, (5, 1, EXCLUSIVE | FAIL_IMMEDIATELY)))
+    assert rawsmb.status(resp) == STATUS_LOCK_NOT_GRANTED
+
+
+def test_waiting_lock_is_cancelled_by_cancel(clients):
+    a, b = clients
+    fa, fb = a.open("f.bin"), b.open("f.bin")
+    assert rawsmb.status(a.call(LOCK, lock_body(fa, (0, 10, EXCLUSIVE)))) == 0
+    mid = b.send(LOCK, lock_body(fb, (0, 10, SHARED)))
+    interim = b.recv()
+    assert rawsmb.status(interim) == STATUS_PENDING
+    # CANCEL by AsyncId: no answer of its own, the lock ends CANCELLED.
+    b.send(CANCEL, struct.pack("<HH", 4, 0), async_id=async_id(interim))
+    final = b.recv()
+    assert (message_id(final), rawsmb.status(final)) == (mid, STATUS_CANCELLED)
+    # Unlocking afterwards grants nothing to B: A can lock again at once.
+    assert rawsmb.status(a.call(LOCK, lock_body(fa, (0, 10, UNLOCK)))) == 0
+    assert rawsmb.status(a.call(LOCK, lock_body(fa, (0, 10, EXCLUSIVE | FAIL_IMMEDIATELY)))) == 0
+
+
+def test_waiting_lock_ends_when_its_handle_closes(clients):
+    a, b = clients
+    fa, fb = a.open("f.bin"), b.open("f.bin")
+    assert rawsmb.status(a.call(LOCK, lock_body(fa, (0, 10, EXCLUSIVE)))) == 0
+    mid = b.send(LOCK, lock_body(fb, (0, 10, EXCLUSIVE)))
+    assert rawsmb.status(b.recv()) == STATUS_PENDING
+    close_mid = b.send(CLOSE, close_body(fb))
+    final, closed = b.recv(), b.recv()
+    assert (message_id(final), rawsmb.status(final)) == (mid, STATUS_RANGE_NOT_LOCKED)
+    assert (message_id(closed), rawsmb.status(closed)) == (close_mid, 0)
+
+
+def test_holder_closing_its_handle_grants_the_waiter(clients):
+    a, b = clients
+    fa, fb = a.open("f.bin"), b.open("f.bin")
+    assert rawsmb.status(a.call(LOCK, lock_body(fa, (0, 10, EXCLUSIVE)))) == 0
+    mid = b.send(LOCK, lock_body(fb, (0, 10, EXCLUSIVE)))
+    assert rawsmb.status(b.recv()) == STATUS_PENDING
+    assert rawsmb.status(a.call(CLOSE, close_body(fa))) == 0
+    final = b.recv()
+    assert (message_id(final), rawsmb.status(final)) == (mid, 0)
+
+
+def test_reads_and_writes_into_another_opens_lock_conflict(clients, srv):
+    a, b = clients
+    fa, fb = a.open("f.bin"), b.open("f.bin")
+    assert rawsmb.status(a.call(LOCK, lock_body(fa, (0, 10, EXCLUSIVE)))) == 0
+    assert rawsmb.status(a.call(LOCK, lock_body(fa, (20, 10, SHARED)))) == 0
+    read = lambda c, f, off: rawsmb.status(c.call(READ, rawsmb.read_body(f, off, 5)))  # noqa: E731
+    write = lambda c, f, off: rawsmb.status(c.call(WRITE, write_body(f, off, b"XXXXX")))  # noqa: E731
+    assert read(b, fb, 5) == STATUS_FILE_LOCK_CONFLICT
+    assert write(b, fb, 5) == STATUS_FILE_LOCK_CONFLICT
+    assert (read(a, fa, 5), write(a, fa, 5)) == (0, 0)  # the holder's own exclusive range
+    assert read(b, fb, 22) == 0  # a shared range is readable by all ...
+    assert write(b, fb, 22) == STATUS_FILE_LOCK_CONFLICT  # ... and writable by none
+    assert write(a, fa, 22) == STATUS_FILE_LOCK_CONFLICT
+    assert write(b, fb, 50) == 0
+    assert (srv.share_path / "f.bin").read_bytes()[:10] == bytes(5) + b"XXXXX"
+
+
+def test_bad_lock_requests_get_their_status_and_the_server_goes_on(clients):
+    a, _ = clients
+    fa = a.open("f.bin")
+    assert rawsmb.status(a.call(LOCK, lock_body(fa, (2**64 - 1, 2, EXCLUSIVE | FAIL_IMMEDIATELY)))) == STATUS_INVALID_LOCK_RANGE
+    assert rawsmb.status(a.call(LOCK, lock_body(fa, (7, 7, UNLOCK)))) == STATUS_RANGE_NOT_LOCKED
+    assert rawsmb.status(a.call(LOCK, lock_body(fa, (0, 1, SHARED | EXCLUSIVE)))) == rawsmb.STATUS_INVALID_PARAMETER
+    assert rawsmb.status(a.call(LOCK, struct.pack("<HHI16s", 48, 0, 0, fa) + bytes(24))) == rawsmb.STATUS_INVALID_PARAMETER
+    # Several locks in one request must all fail immediately.
+    resp = a.call(LOCK, lock_body(fa, (0, 1, EXCLUSIVE), (5, 1, EXCLUSIVE | FAIL_IMMEDIATELY)))
+    assert rawsmb.status(resp) == rawsmb.STATUS_INVALID_PARAMETER
+    # CANCEL of ids nothing waits under: no answer; the next request is served.
+    a.send(CANCEL, struct.pack("<HH", 4, 0), async_id=0xDEAD)
+    a.send(CANCEL, struct.pack("<HH", 4, 0))
+    assert rawsmb.status(a.call(rawsmb.ECHO, rawsmb.echo_body())) == 0
+
+
+def test_pending_requests_per_connection_are_bounded(server_factory):
+    srv = server_factory.start([("pub", False)], security=Security(guest_shares={"pub"}, limits={"max_pending_requests": 2}))
+    for i in range(3):
+        (srv.share_path / f"f{i}").write_bytes(bytes(10))
+    a, b = Client(srv), Client(srv)
+    try:
+        for i in range(3):
+            fa = a.open(f"f{i}")
+            assert rawsmb.status(a.call(LOCK, lock_body(fa, (0, 10, EXCLUSIVE)))) == 0
+        waiting = [b.open(f"f{i}") for i in range(3)]
+        for f in waiting[:2]:
+            b.send(LOCK, lock_body(f, (0, 10, EXCLUSIVE)))
+            assert rawsmb.status(b.recv()) == STATUS_PENDING
+        resp = b.call(LOCK, lock_body(waiting[2], (0, 10, EXCLUSIVE)))
+        assert rawsmb.status(resp) == STATUS_INSUFFICIENT_RESOURCES
+    finally:
+        a.close()
+        b.close()
+    assert "limits.max_pending_requests" in srv.log_tail()
