@@ -6,7 +6,7 @@
 //! unlock is a few comparisons, and files without locks hold no entry.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use nimbus_state::byte_range::{self, LockError, LockRange, RangeLock};
 use nimbus_state::FileKey;
@@ -14,7 +14,6 @@ use nimbus_wire::lock::{lock_flags, LockElement};
 use nimbus_wire::NtStatus;
 
 use crate::pending::PendingRequest;
-use crate::session::lock;
 
 /// A blocking LOCK request waiting for its ranges.
 struct Waiter {
@@ -38,9 +37,12 @@ pub enum Outcome {
     Waiting,
 }
 
+/// Files that hold no lock and have no waiter hold no entry. READ and
+/// WRITE only read the table (every data request checks it), so they do
+/// not wait on each other.
 #[derive(Default)]
 pub struct ByteRangeLocks {
-    files: Mutex<HashMap<FileKey, FileLocks>>,
+    files: RwLock<HashMap<FileKey, FileLocks>>,
 }
 
 fn refusal(e: LockError) -> NtStatus {
@@ -51,6 +53,14 @@ fn refusal(e: LockError) -> NtStatus {
 }
 
 impl ByteRangeLocks {
+    fn write(&self) -> RwLockWriteGuard<'_, HashMap<FileKey, FileLocks>> {
+        self.files.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, HashMap<FileKey, FileLocks>> {
+        self.files.read().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Grants `ranges` to open `owner` now, or refuses, or (when `wait` is
     /// given) queues the request until they can be granted.
     pub fn lock(
@@ -60,7 +70,7 @@ impl ByteRangeLocks {
         ranges: Vec<LockRange>,
         wait: Option<&mut dyn FnMut() -> Option<Arc<PendingRequest>>>,
     ) -> Outcome {
-        let mut files = lock(&self.files);
+        let mut files = self.write();
         let entry = files.entry(file).or_default();
         match byte_range::try_lock(&entry.granted, owner, &ranges) {
             Ok(granted) => {
@@ -101,7 +111,7 @@ impl ByteRangeLocks {
         owner: u64,
         elements: &[LockElement],
     ) -> Result<(), NtStatus> {
-        let mut files = lock(&self.files);
+        let mut files = self.write();
         let entry = files.entry(file).or_default();
         let mut result = Ok(());
         for e in elements {
@@ -126,7 +136,7 @@ impl ByteRangeLocks {
     /// An open closed: its locks go, its waiting requests end with
     /// `status`, and other waiters get their chance.
     pub fn release_open(&self, file: FileKey, owner: u64) {
-        let mut files = lock(&self.files);
+        let mut files = self.write();
         let Some(entry) = files.get_mut(&file) else {
             return;
         };
@@ -154,7 +164,7 @@ impl ByteRangeLocks {
     /// Takes a waiting request out of its queue (CANCEL, logoff,
     /// disconnect); whether it was still waiting.
     pub fn withdraw(&self, file: FileKey, async_id: u64) -> bool {
-        let mut files = lock(&self.files);
+        let mut files = self.write();
         let Some(entry) = files.get_mut(&file) else {
             return false;
         };
@@ -176,7 +186,7 @@ impl ByteRangeLocks {
         length: u64,
         write: bool,
     ) -> bool {
-        let files = lock(&self.files);
+        let files = self.read();
         files
             .get(&file)
             .is_some_and(|e| byte_range::io_conflicts(&e.granted, owner, offset, length, write))
