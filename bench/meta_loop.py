@@ -68,6 +68,7 @@ class Client:
 
     def __init__(self, host: str, port: int) -> None:
         self.sock = rawsmb.connect(host, port)
+        self.host = host
         self.message_id = 0
         self.session_id = 0
         self.tree_id = 0
@@ -87,7 +88,9 @@ class Client:
 
     def logon(self, user: str, password: str, share_unc: str) -> None:
         self.call(rawsmb.NEGOTIATE, rawsmb.negotiate_body(DIALECTS))
-        ctx = spnego.client(user, password, hostname="bench", protocol="negotiate", options=spnego.NegotiateOptions.use_ntlm)
+        # The target name must be this server (cifs/ADDRESS): Nimbus refuses an NTLM
+        # logon addressed to another host as a possible relay.
+        ctx = spnego.client(user, password, hostname=self.host, service="cifs", protocol="negotiate", options=spnego.NegotiateOptions.use_ntlm)
         token = ctx.step()
         while True:
             resp = self.call(rawsmb.SESSION_SETUP, rawsmb.session_setup_body(token), expect=(0, STATUS_MORE_PROCESSING_REQUIRED))
