@@ -525,3 +525,34 @@ def test_directory_listings_of_one_connection_share_the_entry_limit(server_facto
         assert len(list_all(d2)) == 600
         d2.close()
     assert "limits.max_directory_entries" in srv.log_tail()
+
+
+# --------------------------------------------------------------------------
+# a rename is seen by every open of the file (issue 13, "also fix")
+
+
+def test_rename_is_seen_by_every_open_of_the_file(server):
+    root = server.share_path
+    (root / "d").mkdir()
+    (root / "d" / "a.txt").write_text("renamed under another client")
+    (root / "d" / "inner.txt").write_text("beneath a renamed directory")
+    access = FilePipePrinterAccessMask.GENERIC_READ | FilePipePrinterAccessMask.DELETE
+    with connection(server) as c1, connection(server) as c2:
+        t1, t2 = tree(logon(c1, server), server, server.share), tree(logon(c2, server), server, server.share)
+        mine = create(t1, "d\\a.txt", access)
+        theirs = create(t2, "d\\a.txt", access)
+        inner = create(t2, "d\\inner.txt", access)
+        set_info(mine, FileInformationClass.FILE_RENAME_INFORMATION, rename_buffer("d\\b.txt"))
+        # The other client's open now goes by the new name: its
+        # delete-on-close deletes the file, wherever it is now.
+        set_info(theirs, FileInformationClass.FILE_DISPOSITION_INFORMATION, b"\x01")
+        mine.close()
+        theirs.close()
+        assert not (root / "d" / "b.txt").exists() and not (root / "d" / "a.txt").exists()
+        # A directory renamed over an open beneath it.
+        d = create(t1, "d", access, CreateOptions.FILE_DIRECTORY_FILE)
+        set_info(d, FileInformationClass.FILE_RENAME_INFORMATION, rename_buffer("e"))
+        d.close()
+        set_info(inner, FileInformationClass.FILE_DISPOSITION_INFORMATION, b"\x01")
+        inner.close()
+    assert (root / "e").is_dir() and not (root / "e" / "inner.txt").exists()

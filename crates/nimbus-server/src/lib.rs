@@ -22,6 +22,7 @@ mod logon_guard;
 mod lookup;
 mod names;
 mod open_files;
+mod open_registry;
 mod pending;
 mod security;
 mod server;

@@ -16,6 +16,7 @@ use crate::config::{Config, EncryptionPolicy};
 use crate::locks::ByteRangeLocks;
 use crate::logon_guard::LogonGuard;
 use crate::open_files::{open_file_cap, raise_descriptor_limit, OpenFiles};
+use crate::open_registry::OpenRegistry;
 
 /// Why the server could not start; each is one line for the operator.
 #[derive(Debug)]
@@ -83,6 +84,8 @@ pub struct Server {
     pub open_files: OpenFiles,
     /// Byte-range locks of every file, and the requests waiting on them.
     pub locks: ByteRangeLocks,
+    /// Every open, so that a rename is seen by all opens of the file.
+    pub opens: OpenRegistry,
     next_session_id: AtomicU64,
     next_open_id: AtomicU64,
     /// Volatile FileIds equal the open id instead of being random: only for
@@ -198,6 +201,7 @@ impl Server {
             logon_guard,
             open_files: OpenFiles::new(open_cap),
             locks: ByteRangeLocks::default(),
+            opens: OpenRegistry::default(),
             next_session_id: AtomicU64::new(1),
             next_open_id: AtomicU64::new(1),
             predictable_file_ids: AtomicBool::new(false),

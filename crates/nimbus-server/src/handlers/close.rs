@@ -39,6 +39,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
 pub fn release(server: &Server, open: &Open) {
     // Its byte-range locks go with the handle; its waiting LOCKs end.
     server.locks.release_open(open.file_key, open.open_id);
+    server.opens.forget(open.open_id);
     let sm = &server.share_modes;
     if open
         .delete_on_close

@@ -292,6 +292,7 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
         dir_enum: Mutex::new(None),
         _file_slot: file_slot,
     });
+    ctx.server.opens.register(&open);
     opens.insert(volatile_id, open);
     drop(opens);
     let file_id = FileId {

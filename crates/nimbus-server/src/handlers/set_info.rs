@@ -17,7 +17,7 @@ use crate::dosinfo::{ChangeTime, DosInfo, STORED_ATTRIBUTES};
 use crate::errors::{sharing_status, vfs_status};
 use crate::fileinfo::is_readonly;
 use crate::names::{join, to_vfs_path};
-use crate::session::{lock, Open};
+use crate::session::Open;
 
 /// MS-FSCC 2.4.11 FILE_DISPOSITION_INFORMATION_EX flags.
 const DISPOSITION_EX_DELETE: u32 = 0x1;
@@ -294,6 +294,9 @@ fn rename(ctx: &mut Ctx<'_>, open: &Open, new_name: &str, replace: bool) -> Resu
             VfsError::Exists => NtStatus::OBJECT_NAME_COLLISION,
             e => vfs_status(&e),
         })?;
-    *lock(&open.path) = to;
+    // Every open of the file (and beneath it) now goes by the new name.
+    ctx.server
+        .opens
+        .renamed(fs.root_path(), open.file_key, &from, &to);
     Ok(())
 }
