@@ -50,6 +50,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 sys.path.insert(0, str(BENCH))
+import lock_loop  # noqa: E402
 import meta_loop  # noqa: E402
 from netutil import free_port, wait_listening  # noqa: E402
 from samba_server import SambaShare, start_samba  # noqa: E402
@@ -221,6 +222,16 @@ def path_contention(server: Server, nprocs: int, seconds: int) -> tuple[float, f
     return statistics.median(rates[1:]), cpu * 1e6 / sum(rates)
 
 
+def lock_pairs(server: Server, workers: int, seconds: int) -> tuple[float, float]:
+    """bench/lock_loop.py; returns (lock+unlock pairs per second, server
+    CPU microseconds per pair)."""
+    server.settle()
+    before = server.cpu()
+    done, rate = lock_loop.run("127.0.0.1", server.port, SHARE, USER, PASSWORD, workers, seconds)
+    server.settle()
+    return rate, (server.cpu() - before) * 1e6 / done
+
+
 def metadata_loop(server: Server, workers: int, files: int, seconds: int) -> tuple[float, float]:
     """bench/meta_loop.py; returns (requests per second, server CPU
     microseconds per request)."""
@@ -276,7 +287,7 @@ def report(args, results: dict) -> list[str]:
                 if s and n:
                     lines.append(f"| {op} | {mode} | {s[0]:.0f} | {n[0]:.0f} | {ratio(n[0], s[0])} | {s[1]:.3f} | {n[1]:.3f} | {ratio(n[1], s[1])} |")
         lines.append("")
-    if any(k[0] in ("contention", "loop") for k in med):
+    if any(k[0] in ("contention", "loop", "lock") for k in med):
         lines += [
             f"### Metadata ({args.seconds} s per run)",
             "",
@@ -290,6 +301,10 @@ def report(args, results: dict) -> list[str]:
         s, n = med.get(("loop", "Samba")), med.get(("loop", "Nimbus"))
         if s and n:
             lines.append(f"| meta_loop, {args.meta_workers} connections (create/query/close requests) | {s[0]:.0f} | {n[0]:.0f} | {ratio(n[0], s[0])} | {s[1]:.1f} | {n[1]:.1f} | {ratio(n[1], s[1])} |")
+        for conns in args.lock_conns:
+            s, n = med.get(("lock", conns, "Samba")), med.get(("lock", conns, "Nimbus"))
+            if s and n:
+                lines.append(f"| lock_loop, {conns} connections on one file (lock+unlock pairs) | {s[0]:.0f} | {n[0]:.0f} | {ratio(n[0], s[0])} | {s[1]:.1f} | {n[1]:.1f} | {ratio(n[1], s[1])} |")
         lines.append("")
     lines += ["### Targets (reported, not asserted)", ""] + [f"- {t}" for t in targets(med, args)] + [""]
     return lines
@@ -318,6 +333,11 @@ def targets(med: dict, args) -> list[str]:
         if s and n:
             r = n[0] / s[0]
             out.append(f"open/close rate ≥ 2 × Samba at nprocs {n_procs}: {r:.2f} × — {verdict(r >= 2)}")
+    for conns in args.lock_conns:
+        s, n = med.get(("lock", conns, "Samba")), med.get(("lock", conns, "Nimbus"))
+        if s and n:
+            r = n[0] / s[0]
+            out.append(f"lock/unlock pairs ≥ 2 × Samba at {conns} connections: {r:.2f} × — {verdict(r >= 2)}")
     return out
 
 
@@ -343,6 +363,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=int, default=10, help="length of each metadata run")
     ap.add_argument("--nprocs", type=int, nargs="+", default=[1, 4, 16], help="smbtorture connection counts")
     ap.add_argument("--meta-workers", type=int, default=4, help="meta_loop connections")
+    ap.add_argument("--lock-conns", type=int, nargs="+", default=[4, 16], help="lock_loop connection counts")
     ap.add_argument("--modes", nargs="+", default=list(PROTECTION), choices=list(PROTECTION))
     ap.add_argument("--only", choices=["throughput", "metadata"], help="run one half")
     ap.add_argument("--nimbus", default=str(REPO / "target" / "release" / "nimbus"))
@@ -372,6 +393,7 @@ def main() -> int:
         for d in shares.values():
             shutil.copyfile(source, d / "big.bin")
             meta_loop.prepare(d, args.meta_workers, 200)
+            lock_loop.prepare(d)
 
         servers = [start_smbd(tmp / "Samba" / "state", shares["Samba"]), start_nimbus(args.nimbus, tmp / "Nimbus", shares["Nimbus"])]
         try:
@@ -404,6 +426,11 @@ def main() -> int:
                         r = metadata_loop(s, args.meta_workers, 200, args.seconds)
                         results.setdefault(("loop", s.name), []).append(r)
                         print(f"  meta_loop {s.name:<6} {r[0]:7.0f} req/s {r[1]:7.1f} µs/req", flush=True)
+                    for conns in args.lock_conns:
+                        for s in order:
+                            r = lock_pairs(s, conns, args.seconds)
+                            results.setdefault(("lock", conns, s.name), []).append(r)
+                            print(f"  lock_loop {conns:<3} {s.name:<6} {r[0]:7.0f} pairs/s {r[1]:7.1f} µs/pair", flush=True)
         finally:
             for s in servers:
                 s.stop()
