@@ -18,7 +18,6 @@ The file must exist (`prepare(share_dir)`). Prints lock+unlock pairs per second.
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import struct
 import sys
@@ -66,22 +65,7 @@ def _worker(k: int, args: dict, start, results) -> None:
 def run(host: str, port: int, share: str, user: str, password: str, workers: int = 4, seconds: float = 10.0) -> tuple[int, float]:
     """Runs the loop; returns (pairs done, pairs per second) over all workers."""
     args = dict(host=host, port=port, share=share, user=user, password=password, seconds=seconds)
-    start = multiprocessing.Barrier(workers + 1)
-    results = multiprocessing.Queue()
-    procs = [multiprocessing.Process(target=_worker, args=(k, args, start, results)) for k in range(workers)]
-    for p in procs:
-        p.start()
-    try:
-        start.wait(timeout=60)
-    except Exception:
-        for p in procs:
-            p.kill()
-        raise RuntimeError("a worker failed to log on or open (see its traceback above)")
-    done = [results.get(timeout=seconds + 120) for _ in procs]
-    for p in procs:
-        p.join(timeout=30)
-    if any(p.exitcode != 0 for p in procs):
-        raise RuntimeError("a worker failed (see its traceback above)")
+    done = meta_loop.run_workers(_worker, args, workers, seconds)
     return sum(n for n, _ in done), sum(n / t for n, t in done)
 
 

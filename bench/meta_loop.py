@@ -125,13 +125,13 @@ def _worker(k: int, args: dict, start, results) -> None:
     client.sock.close()
 
 
-def run(host: str, port: int, share: str, user: str, password: str, workers: int = 4, files: int = 200, seconds: float = 10.0) -> tuple[int, float]:
-    """Runs the loop; returns (requests done, requests per second) over all
-    workers. CREATE, QUERY_INFO and CLOSE each count one."""
-    args = dict(host=host, port=port, share=share, user=user, password=password, files=files, seconds=seconds)
+def run_workers(worker, args: dict, workers: int, seconds: float) -> list[tuple[int, float]]:
+    """Starts `workers` processes of `worker(k, args, start, results)`, lets
+    them go together once all have logged on (the barrier `start`), and
+    returns what each put in `results`: (operations done, seconds taken)."""
     start = multiprocessing.Barrier(workers + 1)
     results = multiprocessing.Queue()
-    procs = [multiprocessing.Process(target=_worker, args=(k, args, start, results)) for k in range(workers)]
+    procs = [multiprocessing.Process(target=worker, args=(k, args, start, results)) for k in range(workers)]
     for p in procs:
         p.start()
     try:
@@ -145,6 +145,14 @@ def run(host: str, port: int, share: str, user: str, password: str, workers: int
         p.join(timeout=30)
     if any(p.exitcode != 0 for p in procs):
         raise RuntimeError("a worker failed (see its traceback above)")
+    return done
+
+
+def run(host: str, port: int, share: str, user: str, password: str, workers: int = 4, files: int = 200, seconds: float = 10.0) -> tuple[int, float]:
+    """Runs the loop; returns (requests done, requests per second) over all
+    workers. CREATE, QUERY_INFO and CLOSE each count one."""
+    args = dict(host=host, port=port, share=share, user=user, password=password, files=files, seconds=seconds)
+    done = run_workers(_worker, args, workers, seconds)
     return sum(n for n, _ in done), sum(n / t for n, t in done)
 
 
