@@ -4,6 +4,7 @@
 //! file on top of it. Session keys and other secrets never go in here.
 
 pub mod byte_range;
+pub mod caching;
 pub mod memory;
 pub mod share_modes;
 pub mod store;

@@ -1,0 +1,750 @@
+//! The caching rights of one file, oplocks and leases alike, as pure rules:
+//! which opens must be broken before a new open may go on, whether it must
+//! wait for their acknowledgement, what it is granted, and what an
+//! acknowledgement, a timeout or a close changes (MS-SMB2 3.3.5.9 and
+//! 3.3.5.22, MS-FSA 2.1.4.12 and 2.1.5.17-18).
+//!
+//! Oplocks are kept as the lease states they stand for (MS-SMB2 3.3.1.4):
+//! level II is Read, exclusive is Read+Write, batch is Read+Write+Handle.
+//! One set of rules then covers both; only what may be granted and what a
+//! break may go to differ. The service that sends breaks, keeps timers and
+//! wakes waiting CREATEs lives with the server; nothing here does I/O.
+
+/// Lease state bits (MS-SMB2 2.2.13.2.8).
+pub const READ: u32 = 0x1;
+pub const HANDLE: u32 = 0x2;
+pub const WRITE: u32 = 0x4;
+
+/// Rights that never conflict with an oplock: an open asking only for these
+/// breaks nothing and gets no oplock (Windows' "stat open").
+const STAT_RIGHTS: u32 = 0x0010_0000 /* SYNCHRONIZE */ | 0x80 /* READ_ATTRIBUTES */ | 0x100 /* WRITE_ATTRIBUTES */;
+/// For a lease holder, reading the security descriptor is a stat open too.
+const LEASE_STAT_RIGHTS: u32 = STAT_RIGHTS | 0x0002_0000 /* READ_CONTROL */;
+
+fn only(access: u32, rights: u32) -> bool {
+    access & rights != 0 && access & !rights == 0
+}
+
+/// A lease is named by the client's GUID and the key the client chose.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LeaseId {
+    pub client: [u8; 16],
+    pub key: [u8; 16],
+}
+
+/// Who holds a grant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Holder {
+    /// An oplock belongs to exactly one open.
+    Oplock(u64),
+    Lease(LeaseId),
+}
+
+/// Caching rights held on the file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Grant {
+    pub holder: Holder,
+    /// What the holder may cache now (until it acknowledges a break, what
+    /// it had before the break).
+    pub state: u32,
+    /// A break awaits acknowledgement: the state the holder was told to go
+    /// to (`sent`), and the state it must end at (`required`, lower when a
+    /// later open asked for more while the first break was under way).
+    pub breaking: Option<Breaking>,
+    /// Lease v2: the epoch, raised on every change of state.
+    pub epoch: u16,
+    /// Lease version (1 or 2); 0 for an oplock.
+    pub version: u8,
+    pub parent_key: Option<[u8; 16]>,
+    /// The opens that share the grant (an oplock: its own open).
+    pub opens: Vec<u64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Breaking {
+    pub sent: u32,
+    pub required: u32,
+}
+
+/// One open of the file as the caching rules see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpenEntry {
+    pub open_id: u64,
+    /// Opened for attributes only: it does not keep others from caching
+    /// writes.
+    pub stat: bool,
+}
+
+/// The caching state of one file.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FileCaching {
+    pub opens: Vec<OpenEntry>,
+    pub grants: Vec<Grant>,
+}
+
+/// What a CREATE asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Want {
+    Nothing,
+    /// MS-SMB2 RequestedOplockLevel II (0x01), EXCLUSIVE (0x08), BATCH (0x09).
+    Oplock(u8),
+    Lease {
+        id: LeaseId,
+        state: u32,
+        version: u8,
+        parent_key: Option<[u8; 16]>,
+    },
+}
+
+/// A new open of the file, as far as caching is concerned.
+#[derive(Clone, Copy, Debug)]
+pub struct OpenAsk {
+    pub open_id: u64,
+    pub access: u32,
+    /// SUPERSEDE, OVERWRITE or OVERWRITE_IF of an existing file.
+    pub overwrite: bool,
+    /// The share modes of existing opens refuse this one: only handle
+    /// caching may be broken (so holders close cached handles), and the
+    /// open is retried afterwards.
+    pub sharing_violation: bool,
+    pub is_dir: bool,
+    /// The file has byte-range locks: no read or handle caching.
+    pub has_byte_range_locks: bool,
+    pub want: Want,
+}
+
+/// A break to send to a holder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BreakOrder {
+    pub holder: Holder,
+    pub from: u32,
+    pub to: u32,
+    /// The holder must acknowledge (it held write or handle caching).
+    pub ack_required: bool,
+    /// Lease v2: the epoch to send; lease version; 0 for oplocks.
+    pub epoch: u16,
+    pub version: u8,
+}
+
+/// What an open attempt must do about other holders first.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Contention {
+    pub breaks: Vec<BreakOrder>,
+    /// Wait until the breaks are acknowledged (or time out), then retry.
+    pub wait: bool,
+}
+
+/// What a new open was granted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Granted {
+    /// RequestedOplockLevel for the response (NONE, II, EXCLUSIVE, BATCH).
+    Oplock(u8),
+    Lease {
+        state: u32,
+        epoch: u16,
+        /// The lease is being broken (LeaseFlags BREAK_IN_PROGRESS).
+        breaking: bool,
+    },
+}
+
+/// Why a break acknowledgement was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AckError {
+    /// No break awaits an acknowledgement.
+    NotBreaking,
+    /// The acknowledged state is more than the break allowed.
+    TooMuch,
+    /// No such grant.
+    Unknown,
+}
+
+/// What an accepted acknowledgement leads to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Acked {
+    pub state: u32,
+    /// A further break (a later open needed more than the first break
+    /// asked), to send now.
+    pub follow_up: Option<BreakOrder>,
+}
+
+pub const OPLOCK_NONE: u8 = 0x00;
+pub const OPLOCK_II: u8 = 0x01;
+pub const OPLOCK_EXCLUSIVE: u8 = 0x08;
+pub const OPLOCK_BATCH: u8 = 0x09;
+
+/// The lease state an oplock level stands for.
+pub fn oplock_state(level: u8) -> u32 {
+    match level {
+        OPLOCK_II => READ,
+        OPLOCK_EXCLUSIVE => READ | WRITE,
+        OPLOCK_BATCH => READ | WRITE | HANDLE,
+        _ => 0,
+    }
+}
+
+/// The oplock level a lease state allows (RH is level II: an oplock
+/// cannot cache handles without writes).
+pub fn oplock_level(state: u32) -> u8 {
+    match state {
+        s if s == READ | WRITE | HANDLE => OPLOCK_BATCH,
+        s if s == READ | WRITE => OPLOCK_EXCLUSIVE,
+        s if s & READ != 0 => OPLOCK_II,
+        _ => OPLOCK_NONE,
+    }
+}
+
+impl FileCaching {
+    pub fn is_empty(&self) -> bool {
+        self.opens.is_empty() && self.grants.is_empty()
+    }
+
+    pub fn grant(&self, holder: Holder) -> Option<&Grant> {
+        self.grants.iter().find(|g| g.holder == holder)
+    }
+
+    fn grant_mut(&mut self, holder: Holder) -> Option<&mut Grant> {
+        self.grants.iter_mut().find(|g| g.holder == holder)
+    }
+
+    /// Whether any break on the file awaits an acknowledgement.
+    pub fn breaking(&self) -> bool {
+        self.grants.iter().any(|g| g.breaking.is_some())
+    }
+
+    /// The breaks a new open needs before it may go on (MS-FSA 2.1.4.12,
+    /// as Windows and Samba apply it): without a sharing violation, others'
+    /// write caching goes (and, when the open overwrites, read and handle
+    /// caching too); with one, their handle caching goes so that they may
+    /// close cached handles, after which the open is tried again. Breaks
+    /// that need an acknowledgement are recorded as under way; the others
+    /// (from read caching alone) take effect at once.
+    pub fn contend(&mut self, ask: &OpenAsk) -> Contention {
+        let mut out = Contention::default();
+        // An attribute-only open disturbs no one.
+        if only(ask.access, STAT_RIGHTS) {
+            return out;
+        }
+        let own_lease = match ask.want {
+            Want::Lease { id, .. } => Some(Holder::Lease(id)),
+            _ => None,
+        };
+        let delay_mask = if ask.sharing_violation { HANDLE } else { WRITE };
+        for g in &mut self.grants {
+            if Some(g.holder) == own_lease {
+                continue;
+            }
+            let is_lease = matches!(g.holder, Holder::Lease(_));
+            if is_lease && only(ask.access, LEASE_STAT_RIGHTS) {
+                continue;
+            }
+            let mut to = g.state & !delay_mask;
+            if ask.overwrite && delay_mask != HANDLE {
+                to &= !(HANDLE | READ);
+            }
+            if !is_lease {
+                // An oplock can only go to level II or none.
+                to &= READ;
+            }
+            if let Some(b) = &mut g.breaking {
+                // Already told to break: lower what it must end at, and
+                // wait for it if what it still holds is in the way.
+                b.required &= to;
+                if g.state & !b.required != 0 || g.state & delay_mask != 0 {
+                    out.wait = true;
+                }
+                continue;
+            }
+            if g.state & !to == 0 {
+                continue;
+            }
+            let ack_required = g.state & (WRITE | HANDLE) != 0;
+            if ack_required {
+                g.epoch = g.epoch.wrapping_add(1);
+            }
+            out.breaks.push(BreakOrder {
+                holder: g.holder,
+                from: g.state,
+                to,
+                ack_required,
+                epoch: g.epoch,
+                version: g.version,
+            });
+            if ack_required {
+                g.breaking = Some(Breaking { sent: to, required: to });
+                if g.state & delay_mask != 0 {
+                    out.wait = true;
+                }
+            } else {
+                g.state = to;
+            }
+        }
+        self.drop_empty_oplocks();
+        out
+    }
+
+    /// Records the new open and what it is granted (MS-SMB2 3.3.5.9.8 for
+    /// leases; oplocks as Windows grants them). Call after `contend` asked
+    /// for no wait and the open passed its share-mode check.
+    pub fn admit(&mut self, ask: &OpenAsk) -> Granted {
+        let stat = only(ask.access, STAT_RIGHTS);
+        let own_lease = match ask.want {
+            Want::Lease { id, .. } => Some(Holder::Lease(id)),
+            _ => None,
+        };
+        let mut requested = match ask.want {
+            Want::Nothing => 0,
+            Want::Oplock(_) if stat => 0,
+            Want::Oplock(level) => oplock_state(level),
+            Want::Lease { state, .. } => state & (READ | WRITE | HANDLE),
+        };
+        if ask.is_dir {
+            // Directories cache names, never data writes; oplocks on them
+            // are not granted at all.
+            requested &= !WRITE;
+            if matches!(ask.want, Want::Oplock(_)) {
+                requested = 0;
+            }
+        }
+        if own_lease.is_some() && (requested & (READ | WRITE) == 0 || requested & READ == 0) {
+            // H alone, W alone and W+H are not lease states.
+            requested = 0;
+        }
+        if ask.has_byte_range_locks && !ask.overwrite {
+            requested &= !(READ | HANDLE);
+        }
+        // Write caching only for the sole user of the file: any other open
+        // (unless attribute-only and without caching) or any other grant,
+        // even one broken to nothing, rules it out.
+        let others_open = self.opens.iter().any(|o| {
+            let holder_same = own_lease.is_some_and(|l| {
+                self.grant(l).is_some_and(|g| g.opens.contains(&o.open_id))
+            });
+            !holder_same && !o.stat
+        });
+        let others_hold = self.grants.iter().any(|g| Some(g.holder) != own_lease);
+        if others_open || others_hold {
+            requested &= !WRITE;
+        }
+        if requested == WRITE || requested == WRITE | HANDLE {
+            requested = 0;
+        }
+        self.opens.push(OpenEntry {
+            open_id: ask.open_id,
+            stat,
+        });
+        match ask.want {
+            Want::Lease {
+                id,
+                version,
+                parent_key,
+                ..
+            } => {
+                let holder = Holder::Lease(id);
+                if self
+                    .grants
+                    .iter()
+                    .any(|g| matches!(g.holder, Holder::Oplock(_)))
+                {
+                    requested &= !HANDLE;
+                }
+                if let Some(g) = self.grant_mut(holder) {
+                    g.opens.push(ask.open_id);
+                    let breaking = g.breaking.is_some();
+                    // An existing lease is upgraded only to a superset of
+                    // what it holds, and not while it is being broken.
+                    if !breaking && requested & g.state == g.state && requested != g.state {
+                        g.state = requested;
+                        g.epoch = g.epoch.wrapping_add(1);
+                    }
+                    return Granted::Lease {
+                        state: g.state,
+                        epoch: g.epoch,
+                        breaking,
+                    };
+                }
+                // A new lease starts at epoch 1 once it holds anything
+                // (MS-SMB2 3.3.5.9.11: the server increments the epoch it
+                // was given).
+                self.grants.push(Grant {
+                    holder,
+                    state: requested,
+                    breaking: None,
+                    epoch: 1,
+                    version,
+                    parent_key,
+                    opens: vec![ask.open_id],
+                });
+                Granted::Lease {
+                    state: requested,
+                    epoch: 1,
+                    breaking: false,
+                }
+            }
+            Want::Oplock(_) => {
+                // A handle-caching lease of another client outranks a new
+                // oplock.
+                if self.grants.iter().any(|g| {
+                    matches!(g.holder, Holder::Lease(_)) && g.state & HANDLE != 0
+                }) {
+                    requested = 0;
+                }
+                let level = oplock_level(requested);
+                if level != OPLOCK_NONE {
+                    self.grants.push(Grant {
+                        holder: Holder::Oplock(ask.open_id),
+                        state: oplock_state(level),
+                        breaking: None,
+                        epoch: 0,
+                        version: 0,
+                        parent_key: None,
+                        opens: vec![ask.open_id],
+                    });
+                }
+                Granted::Oplock(level)
+            }
+            Want::Nothing => Granted::Oplock(OPLOCK_NONE),
+        }
+    }
+
+    /// Forgets an open (closed, or its CREATE failed after `admit`).
+    /// Returns whether a break under way went with it (waiters may go on).
+    pub fn remove_open(&mut self, open_id: u64) -> bool {
+        self.opens.retain(|o| o.open_id != open_id);
+        let mut ended_break = false;
+        self.grants.retain_mut(|g| {
+            g.opens.retain(|&o| o != open_id);
+            let keep = !g.opens.is_empty();
+            if !keep && g.breaking.is_some() {
+                ended_break = true;
+            }
+            keep
+        });
+        ended_break
+    }
+
+    /// An oplock break acknowledged with `level` (MS-SMB2 3.3.5.22.1).
+    pub fn ack_oplock(&mut self, open_id: u64, level: u8) -> Result<Acked, AckError> {
+        let g = self
+            .grant_mut(Holder::Oplock(open_id))
+            .ok_or(AckError::NotBreaking)?;
+        let b = g.breaking.ok_or(AckError::NotBreaking)?;
+        let state = oplock_state(level);
+        if state & !b.sent != 0 {
+            return Err(AckError::TooMuch);
+        }
+        let out = Self::settle(g, state, b);
+        self.drop_empty_oplocks();
+        Ok(out)
+    }
+
+    /// A lease break acknowledged with `state` (MS-SMB2 3.3.5.22.2).
+    pub fn ack_lease(&mut self, id: LeaseId, state: u32) -> Result<Acked, AckError> {
+        let g = self
+            .grant_mut(Holder::Lease(id))
+            .ok_or(AckError::Unknown)?;
+        let b = g.breaking.ok_or(AckError::NotBreaking)?;
+        if state & !b.sent != 0 {
+            return Err(AckError::TooMuch);
+        }
+        Ok(Self::settle(g, state, b))
+    }
+
+    fn settle(g: &mut Grant, state: u32, b: Breaking) -> Acked {
+        g.state = state;
+        g.breaking = None;
+        let mut follow_up = None;
+        if state & !b.required != 0 {
+            let ack_required = state & (WRITE | HANDLE) != 0;
+            if ack_required {
+                g.epoch = g.epoch.wrapping_add(1);
+                g.breaking = Some(Breaking {
+                    sent: b.required,
+                    required: b.required,
+                });
+            } else {
+                g.state = b.required;
+            }
+            follow_up = Some(BreakOrder {
+                holder: g.holder,
+                from: state,
+                to: b.required,
+                ack_required,
+                epoch: g.epoch,
+                version: g.version,
+            });
+        }
+        Acked {
+            state: g.state,
+            follow_up,
+        }
+    }
+
+    /// The holder did not acknowledge in time: it is treated as having
+    /// acknowledged the state it must end at (MS-SMB2 3.3.6.1). Returns
+    /// whether anything changed.
+    pub fn break_timed_out(&mut self, holder: Holder) -> bool {
+        let Some(g) = self.grant_mut(holder) else {
+            return false;
+        };
+        let Some(b) = g.breaking.take() else {
+            return false;
+        };
+        g.state = b.required;
+        self.drop_empty_oplocks();
+        true
+    }
+
+    /// Another open writes, truncates or locks a range: read caching of
+    /// every other holder goes (MS-FSA 2.1.4.12, level II breaks). Returns
+    /// the breaks to send; none of them is waited for.
+    pub fn contend_readers(&mut self, writer_open: u64) -> Vec<BreakOrder> {
+        let mut out = Vec::new();
+        for g in &mut self.grants {
+            if g.opens.contains(&writer_open) || g.state & READ == 0 || g.breaking.is_some() {
+                continue;
+            }
+            let ack_required = g.state & (WRITE | HANDLE) != 0;
+            if ack_required {
+                // Write or handle caching beside another writer cannot be;
+                // break it like an open would, to nothing.
+                g.epoch = g.epoch.wrapping_add(1);
+                g.breaking = Some(Breaking {
+                    sent: 0,
+                    required: 0,
+                });
+            }
+            out.push(BreakOrder {
+                holder: g.holder,
+                from: g.state,
+                to: 0,
+                ack_required,
+                epoch: g.epoch,
+                version: g.version,
+            });
+            if !ack_required {
+                g.state = 0;
+            }
+        }
+        self.drop_empty_oplocks();
+        out
+    }
+
+    /// Oplocks at level none are no grant at all (leases at none stay:
+    /// their opens still share the lease key).
+    fn drop_empty_oplocks(&mut self) {
+        self.grants
+            .retain(|g| !(matches!(g.holder, Holder::Oplock(_)) && g.state == 0 && g.breaking.is_none()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DATA: u32 = 0x1 | 0x2; // READ_DATA | WRITE_DATA
+    const LEASE_A: LeaseId = LeaseId {
+        client: [1; 16],
+        key: [0xA; 16],
+    };
+    const LEASE_B: LeaseId = LeaseId {
+        client: [2; 16],
+        key: [0xB; 16],
+    };
+
+    fn ask(open_id: u64, want: Want) -> OpenAsk {
+        OpenAsk {
+            open_id,
+            access: DATA,
+            overwrite: false,
+            sharing_violation: false,
+            is_dir: false,
+            has_byte_range_locks: false,
+            want,
+        }
+    }
+
+    fn lease(id: LeaseId, state: u32) -> Want {
+        Want::Lease {
+            id,
+            state,
+            version: 2,
+            parent_key: None,
+        }
+    }
+
+    #[test]
+    fn first_open_gets_the_batch_oplock_it_asks_for() {
+        let mut f = FileCaching::default();
+        let a = ask(1, Want::Oplock(OPLOCK_BATCH));
+        assert_eq!(f.contend(&a), Contention::default());
+        assert_eq!(f.admit(&a), Granted::Oplock(OPLOCK_BATCH));
+    }
+
+    #[test]
+    fn second_open_breaks_batch_to_level_two_and_waits_for_the_ack() {
+        let mut f = FileCaching::default();
+        f.admit(&ask(1, Want::Oplock(OPLOCK_BATCH)));
+        let second = ask(2, Want::Oplock(OPLOCK_BATCH));
+        let c = f.contend(&second);
+        assert!(c.wait);
+        assert_eq!(c.breaks.len(), 1);
+        assert_eq!(c.breaks[0].to, READ);
+        assert!(c.breaks[0].ack_required);
+        // Asked again before the ack: no second break, still waiting.
+        let again = f.contend(&second);
+        assert!(again.wait && again.breaks.is_empty());
+        let acked = f.ack_oplock(1, OPLOCK_II).unwrap();
+        assert_eq!(acked.state, READ);
+        assert_eq!(acked.follow_up, None);
+        let c = f.contend(&second);
+        assert!(!c.wait && c.breaks.is_empty());
+        // Both at level II now.
+        assert_eq!(f.admit(&second), Granted::Oplock(OPLOCK_II));
+    }
+
+    #[test]
+    fn overwrite_breaks_to_none_and_level_two_needs_no_ack() {
+        let mut f = FileCaching::default();
+        f.admit(&ask(1, Want::Oplock(OPLOCK_II)));
+        let mut over = ask(2, Want::Nothing);
+        over.overwrite = true;
+        let c = f.contend(&over);
+        assert!(!c.wait);
+        assert_eq!(c.breaks.len(), 1);
+        assert_eq!((c.breaks[0].to, c.breaks[0].ack_required), (0, false));
+        assert!(f.grants.is_empty());
+    }
+
+    #[test]
+    fn stat_open_breaks_nothing_and_gets_no_oplock() {
+        let mut f = FileCaching::default();
+        f.admit(&ask(1, Want::Oplock(OPLOCK_BATCH)));
+        let mut stat = ask(2, Want::Oplock(OPLOCK_BATCH));
+        stat.access = 0x80;
+        assert_eq!(f.contend(&stat), Contention::default());
+        assert_eq!(f.admit(&stat), Granted::Oplock(OPLOCK_NONE));
+    }
+
+    #[test]
+    fn unacknowledged_break_times_out_to_what_was_required() {
+        let mut f = FileCaching::default();
+        f.admit(&ask(1, Want::Oplock(OPLOCK_EXCLUSIVE)));
+        let c = f.contend(&ask(2, Want::Nothing));
+        assert!(c.wait);
+        assert!(f.break_timed_out(Holder::Oplock(1)));
+        assert_eq!(f.grant(Holder::Oplock(1)).unwrap().state, READ);
+        assert!(!f.contend(&ask(2, Want::Nothing)).wait);
+    }
+
+    #[test]
+    fn ack_without_break_or_above_it_is_refused() {
+        let mut f = FileCaching::default();
+        f.admit(&ask(1, Want::Oplock(OPLOCK_BATCH)));
+        assert_eq!(f.ack_oplock(1, OPLOCK_II), Err(AckError::NotBreaking));
+        let mut over = ask(2, Want::Nothing);
+        over.overwrite = true;
+        f.contend(&over);
+        assert_eq!(f.ack_oplock(1, OPLOCK_II), Err(AckError::TooMuch));
+        assert_eq!(f.ack_oplock(1, OPLOCK_NONE).unwrap().state, 0);
+    }
+
+    #[test]
+    fn lease_rwh_breaks_write_then_handle_on_sharing_violation() {
+        let mut f = FileCaching::default();
+        assert_eq!(
+            f.admit(&ask(1, lease(LEASE_A, READ | WRITE | HANDLE))),
+            Granted::Lease {
+                state: READ | WRITE | HANDLE,
+                epoch: 1,
+                breaking: false
+            }
+        );
+        let other = ask(2, lease(LEASE_B, READ | HANDLE));
+        let c = f.contend(&other);
+        assert!(c.wait);
+        assert_eq!(c.breaks[0].to, READ | HANDLE);
+        assert_eq!(c.breaks[0].epoch, 2);
+        f.ack_lease(LEASE_A, READ | HANDLE).unwrap();
+        // Now the share modes refuse the open: handle caching must go.
+        let mut violating = other;
+        violating.sharing_violation = true;
+        let c = f.contend(&violating);
+        assert!(c.wait);
+        assert_eq!(c.breaks[0].to, READ);
+        f.ack_lease(LEASE_A, READ).unwrap();
+        assert!(!f.contend(&violating).wait);
+    }
+
+    #[test]
+    fn same_lease_key_shares_and_upgrades_but_others_block_write() {
+        let mut f = FileCaching::default();
+        f.admit(&ask(1, lease(LEASE_A, READ)));
+        let up = ask(2, lease(LEASE_A, READ | WRITE | HANDLE));
+        assert_eq!(f.contend(&up), Contention::default());
+        assert_eq!(
+            f.admit(&up),
+            Granted::Lease {
+                state: READ | WRITE | HANDLE,
+                epoch: 2,
+                breaking: false
+            }
+        );
+        let mut g = FileCaching::default();
+        g.admit(&ask(1, Want::Nothing));
+        assert_eq!(
+            g.admit(&ask(2, lease(LEASE_B, READ | WRITE | HANDLE))),
+            Granted::Lease {
+                state: READ | HANDLE,
+                epoch: 1,
+                breaking: false
+            }
+        );
+    }
+
+    #[test]
+    fn invalid_lease_states_get_nothing() {
+        for s in [WRITE, HANDLE, WRITE | HANDLE] {
+            let mut f = FileCaching::default();
+            match f.admit(&ask(1, lease(LEASE_A, s))) {
+                Granted::Lease { state, .. } => assert_eq!(state, 0, "{s:#x}"),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn later_open_lowers_a_break_under_way_and_the_ack_gets_a_follow_up() {
+        let mut f = FileCaching::default();
+        f.admit(&ask(1, lease(LEASE_A, READ | WRITE | HANDLE)));
+        f.contend(&ask(2, Want::Nothing));
+        let mut over = ask(3, Want::Nothing);
+        over.overwrite = true;
+        assert!(f.contend(&over).wait);
+        let acked = f.ack_lease(LEASE_A, READ | HANDLE).unwrap();
+        let follow = acked.follow_up.unwrap();
+        assert_eq!((follow.from, follow.to), (READ | HANDLE, 0));
+        assert!(follow.ack_required);
+    }
+
+    #[test]
+    fn closing_a_breaking_holder_releases_waiters() {
+        let mut f = FileCaching::default();
+        f.admit(&ask(1, Want::Oplock(OPLOCK_BATCH)));
+        assert!(f.contend(&ask(2, Want::Nothing)).wait);
+        assert!(f.remove_open(1));
+        assert!(!f.contend(&ask(2, Want::Nothing)).wait);
+    }
+
+    #[test]
+    fn writer_breaks_other_readers_without_waiting() {
+        let mut f = FileCaching::default();
+        f.admit(&ask(1, Want::Oplock(OPLOCK_II)));
+        f.admit(&ask(2, Want::Oplock(OPLOCK_II)));
+        let b = f.contend_readers(2);
+        assert_eq!(b.len(), 1);
+        assert_eq!(b[0].holder, Holder::Oplock(1));
+        assert!(!b[0].ack_required);
+        assert!(f.grant(Holder::Oplock(1)).is_none());
+        assert!(f.grant(Holder::Oplock(2)).is_some());
+    }
+}
