@@ -55,9 +55,11 @@ fn spec(cmd: Command) -> Spec {
         Command::QueryInfo => (true, true, query_info::handle),
         Command::SetInfo => (true, true, set_info::handle),
         Command::Lock => (true, true, lock::handle),
-        // Change notify and oplock breaks are later work; until then
-        // clients are told plainly.
-        Command::ChangeNotify | Command::OplockBreak => (true, true, not_supported),
+        // Change notify is later work; until then clients are told plainly.
+        Command::ChangeNotify => (true, true, not_supported),
+        // A lease acknowledgement names no tree (MS-SMB2 3.3.5.22.2); an
+        // oplock one finds its open through the request's tree id.
+        Command::OplockBreak => (true, false, oplock_break::handle),
         Command::Cancel => (false, false, echo::handle),
     };
     Spec {
@@ -106,6 +108,10 @@ pub struct Ctx<'a> {
     /// Set by `go_async`: the request is answered STATUS_PENDING with this
     /// AsyncId now and completes later.
     pub went_async: Option<u64>,
+    /// A request already answered STATUS_PENDING that is being run again
+    /// (a CREATE retried once the breaks it waited for ended): if it must
+    /// wait once more, it waits as this same request.
+    pub resumed: Option<Arc<PendingRequest>>,
 }
 
 impl Ctx<'_> {
@@ -513,6 +519,7 @@ fn handle_one(
         signed_by: None,
         sealed_by: chain.encrypted_for.zip(chain.sealed_by.clone()),
         went_async: None,
+        resumed: None,
     };
     let mut sign_session: Option<Arc<Session>> = None;
     let result = check_and_run(

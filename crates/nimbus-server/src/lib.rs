@@ -23,6 +23,7 @@ mod lookup;
 mod names;
 mod open_files;
 mod open_registry;
+mod oplocks;
 mod pending;
 mod security;
 mod server;

@@ -45,6 +45,10 @@ pub struct Limits {
     pub max_logon_backoff: Duration,
     /// Failures older than this are forgotten.
     pub failed_logon_window: Duration,
+    /// How long an oplock or lease holder has to acknowledge a break before
+    /// the server takes it as acknowledged and lets the waiting open go on
+    /// (Windows: 35 s).
+    pub oplock_break_timeout: Duration,
     pub max_open_files_per_session: usize,
     /// Opens across the whole server; None: as many as the descriptor limit
     /// (RLIMIT_NOFILE, raised to its hard limit at start) leaves beside the
@@ -85,6 +89,7 @@ impl Default for Limits {
             logon_backoff: Duration::from_secs(2),
             max_logon_backoff: Duration::from_secs(300),
             failed_logon_window: Duration::from_secs(900),
+            oplock_break_timeout: Duration::from_secs(35),
             max_open_files_per_session: 16384,
             max_open_files: None,
             max_sessions_per_connection: 64,
@@ -125,6 +130,7 @@ pub struct RawLimits {
     logon_backoff_secs: Option<u64>,
     max_logon_backoff_secs: Option<u64>,
     failed_logon_window_secs: Option<u64>,
+    oplock_break_timeout_secs: Option<u64>,
     max_open_files_per_session: Option<u64>,
     max_open_files: Option<u64>,
     max_sessions_per_connection: Option<u64>,
@@ -267,6 +273,13 @@ impl RawLimits {
                 1,
                 3600,
                 d.unauthenticated_timeout,
+            ),
+            oplock_break_timeout: r.secs(
+                "oplock_break_timeout_secs",
+                self.oplock_break_timeout_secs,
+                1,
+                3600,
+                d.oplock_break_timeout,
             ),
             frame_timeout: r.secs(
                 "frame_timeout_secs",

@@ -177,6 +177,12 @@ impl ByteRangeLocks {
         found
     }
 
+    /// Whether the file has any byte-range lock (no read or handle caching
+    /// is granted on such a file).
+    pub fn has_locks(&self, file: FileKey) -> bool {
+        self.read().get(&file).is_some_and(|e| !e.granted.is_empty())
+    }
+
     /// Whether a READ or WRITE by `owner` runs into another lock.
     pub fn io_conflicts(
         &self,

@@ -133,6 +133,11 @@ impl PendingRequest {
         self.reply.async_id
     }
 
+    /// Whether the final response went out (or the request was ended).
+    pub fn is_done(&self) -> bool {
+        self.done.load(Ordering::SeqCst)
+    }
+
     pub fn session_id(&self) -> u64 {
         self.reply.session_id
     }
@@ -152,13 +157,6 @@ impl PendingRequest {
             return true;
         }
         let r = &self.reply;
-        let start = 4 + TRANSFORM_HEADER_SIZE;
-        let mut out = vec![0u8; start + HEADER_SIZE];
-        if status.is_error() {
-            encode_error(&mut out, &[]);
-        } else {
-            body(&mut out);
-        }
         let header = Header {
             credit_charge: r.credit_charge,
             status,
@@ -174,34 +172,64 @@ impl PendingRequest {
             session_id: r.session_id,
             signature: [0; 16],
         };
-        if let Ok(slot) = <&mut [u8; HEADER_SIZE]>::try_from(&mut out[start..start + HEADER_SIZE]) {
-            header.write_into(slot);
-        }
-        let outgoing = if let Some((session_id, cipher)) = &r.seal_with {
-            if cipher.seal(*session_id, &mut out[4..]).is_err() {
-                tracing::warn!("{}: cannot encrypt an async response; closing", conn.peer);
-                conn.close();
-                return true;
-            }
-            let len = out.len() - 4;
-            out[..4].copy_from_slice(&nimbus_wire::nbss::frame_header(len));
-            Outgoing { buf: out, start: 0 }
-        } else {
-            if let Some(session) = &r.sign_with {
-                if let SessionState::Valid(auth) = &*lock(&session.state) {
-                    if let Some(signer) = &auth.signer {
-                        crate::security::sign(signer.as_ref(), &mut out[start..]);
-                    }
+        let error = status.is_error();
+        send_message(
+            &conn,
+            &header,
+            |out| {
+                if error {
+                    encode_error(out, &[]);
+                } else {
+                    body(out);
                 }
-            }
-            let len = out.len() - start;
-            out[start - 4..start].copy_from_slice(&nimbus_wire::nbss::frame_header(len));
-            Outgoing {
-                buf: out,
-                start: start - 4,
-            }
-        };
-        conn.send_unsolicited(outgoing);
+            },
+            r.sign_with.as_ref(),
+            r.seal_with.as_ref(),
+        );
         true
     }
+}
+
+/// Frames one message the server sends outside the reader's flow (the
+/// final response of an async request, an oplock or lease break): header,
+/// body, then signed with `sign_with`'s key or sealed with `seal_with`'s
+/// cipher, and queued on the connection's writer.
+pub fn send_message(
+    conn: &Connection,
+    header: &Header,
+    body: impl FnOnce(&mut Vec<u8>),
+    sign_with: Option<&Arc<Session>>,
+    seal_with: Option<&(u64, Arc<SessionCipher>)>,
+) {
+    let start = 4 + TRANSFORM_HEADER_SIZE;
+    let mut out = vec![0u8; start + HEADER_SIZE];
+    body(&mut out);
+    if let Ok(slot) = <&mut [u8; HEADER_SIZE]>::try_from(&mut out[start..start + HEADER_SIZE]) {
+        header.write_into(slot);
+    }
+    let outgoing = if let Some((session_id, cipher)) = seal_with {
+        if cipher.seal(*session_id, &mut out[4..]).is_err() {
+            tracing::warn!("{}: cannot encrypt a message; closing", conn.peer);
+            conn.close();
+            return;
+        }
+        let len = out.len() - 4;
+        out[..4].copy_from_slice(&nimbus_wire::nbss::frame_header(len));
+        Outgoing { buf: out, start: 0 }
+    } else {
+        if let Some(session) = sign_with {
+            if let SessionState::Valid(auth) = &*lock(&session.state) {
+                if let Some(signer) = &auth.signer {
+                    crate::security::sign(signer.as_ref(), &mut out[start..]);
+                }
+            }
+        }
+        let len = out.len() - start;
+        out[start - 4..start].copy_from_slice(&nimbus_wire::nbss::frame_header(len));
+        Outgoing {
+            buf: out,
+            start: start - 4,
+        }
+    };
+    conn.send_unsolicited(outgoing);
 }

@@ -14,6 +14,7 @@ use tokio::net::TcpListener;
 use crate::admission::Admission;
 use crate::config::{Config, EncryptionPolicy};
 use crate::locks::ByteRangeLocks;
+use crate::oplocks::Oplocks;
 use crate::logon_guard::LogonGuard;
 use crate::open_files::{open_file_cap, raise_descriptor_limit, OpenFiles};
 use crate::open_registry::OpenRegistry;
@@ -84,6 +85,8 @@ pub struct Server {
     pub open_files: OpenFiles,
     /// Byte-range locks of every file, and the requests waiting on them.
     pub locks: ByteRangeLocks,
+    /// Oplocks and leases of every file, and the CREATEs waiting on breaks.
+    pub oplocks: Oplocks,
     /// Every open, so that a rename is seen by all opens of the file.
     pub opens: OpenRegistry,
     next_session_id: AtomicU64,
@@ -189,6 +192,7 @@ impl Server {
             tracing::warn!("{w}");
         }
         tracing::debug!("descriptor limit {descriptors}: up to {open_cap} files open server-wide");
+        let break_timeout = config.limits.oplock_break_timeout;
         Ok(Arc::new(Server {
             config,
             provider,
@@ -201,6 +205,7 @@ impl Server {
             logon_guard,
             open_files: OpenFiles::new(open_cap),
             locks: ByteRangeLocks::default(),
+            oplocks: Oplocks::new(break_timeout),
             opens: OpenRegistry::default(),
             next_session_id: AtomicU64::new(1),
             next_open_id: AtomicU64::new(1),

@@ -21,6 +21,12 @@ const STAT_RIGHTS: u32 = 0x0010_0000 /* SYNCHRONIZE */ | 0x80 /* READ_ATTRIBUTES
 /// For a lease holder, reading the security descriptor is a stat open too.
 const LEASE_STAT_RIGHTS: u32 = STAT_RIGHTS | 0x0002_0000 /* READ_CONTROL */;
 
+/// An open for attributes only (Windows' "stat open"): it breaks no
+/// oplock and is granted none.
+pub fn stat_open(access: u32) -> bool {
+    only(access, STAT_RIGHTS)
+}
+
 fn only(access: u32, rights: u32) -> bool {
     access & rights != 0 && access & !rights == 0
 }
@@ -33,7 +39,7 @@ pub struct LeaseId {
 }
 
 /// Who holds a grant.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Holder {
     /// An oplock belongs to exactly one open.
     Oplock(u64),

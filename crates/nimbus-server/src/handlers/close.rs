@@ -52,6 +52,9 @@ pub fn release(server: &Server, open: &Open) {
         Ok(false) => {}
         Err(e) => tracing::error!("releasing open {}: {:?}", open.open_id, e),
     }
+    // Its oplock or its share of a lease goes last: CREATEs waiting for its
+    // break acknowledgement go on, and must find its share modes gone.
+    server.oplocks.forget(open.file_key, open.open_id);
 }
 
 fn delete_file(open: &Open) {

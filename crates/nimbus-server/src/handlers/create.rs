@@ -3,22 +3,29 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 use std::sync::{Arc, Mutex};
 
-use nimbus_state::{FileKey, OpenRecord};
+use nimbus_state::caching::{Granted, LeaseId, OpenAsk, Want};
+use nimbus_state::{FileKey, OpenRecord, SharingError};
 use nimbus_vfs::{CreateMode, Kind, OpenOptions, Stat, VfsError};
 use nimbus_wire::create::{
     context_name, create_options as opt, CreateAction, CreateContext, CreateDisposition,
     CreateRequest, CreateResponse, IMPERSONATION_DELEGATE,
 };
 use nimbus_wire::fscc::{access, attributes};
+use nimbus_wire::header::Header;
+use nimbus_wire::oplock::{lease_flags, oplock_level, LeaseContext};
 use nimbus_wire::{FileId, NtStatus};
 
 use super::malformed;
+use crate::connection::Connection;
 use crate::dispatch::{Ctx, HandlerResult};
 use crate::dosinfo::{DosInfo, STORED_ATTRIBUTES};
 use crate::errors::{sharing_status, vfs_status};
 use crate::fileinfo::{file_info, is_readonly, times_and_sizes};
 use crate::names::to_vfs_path;
-use crate::session::{lock, Open};
+use crate::oplocks::Route;
+use crate::pending::PendingRequest;
+use crate::security::SessionCipher;
+use crate::session::{lock, Open, Session, SessionState, Tree};
 
 /// Why one attempt at a CREATE did not finish.
 enum Failed {
@@ -88,6 +95,7 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
             _ => {}
         }
     }
+    let want = requested_caching(ctx, &req)?;
     let path = crate::lookup::resolve(fs, &to_vfs_path(&req.name)?);
 
     let existing = match fs.stat(&path) {
@@ -163,22 +171,53 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
         access: granted,
         share_access: req.share_access & 0x7,
     };
+    let existing_key = existing.as_ref().map(|st| FileKey {
+        dev: st.dev,
+        ino: st.ino,
+    });
+    if let Want::Lease { id, .. } = want {
+        // MS-SMB2 3.3.5.9.8: a lease key names one file.
+        if !ctx.server.oplocks.lease_fits(id, existing_key) {
+            return Err(NtStatus::INVALID_PARAMETER.into());
+        }
+    }
+    let mut ask = OpenAsk {
+        open_id,
+        access: granted,
+        overwrite: truncating,
+        sharing_violation: false,
+        is_dir,
+        has_byte_range_locks: false,
+        want,
+    };
     // Check sharing before touching an existing file, so an overwrite never
-    // truncates a file another client holds without write sharing.
+    // truncates a file another client holds without write sharing. Other
+    // clients' oplocks and leases are broken first where the open needs it
+    // (their cached writes flushed, their cached handles closed), and the
+    // CREATE waits for their acknowledgements.
     let mut registered = None;
-    if let Some(st) = &existing {
-        let key = FileKey {
-            dev: st.dev,
-            ino: st.ino,
-        };
-        ctx.server
-            .share_modes
-            .add_open(key, record)
-            .map_err(|e| sharing_status(&e))?;
+    if let Some(key) = existing_key {
+        ask.has_byte_range_locks = ctx.server.locks.has_locks(key);
+        match ctx.server.share_modes.add_open(key, record) {
+            Ok(()) => {}
+            Err(SharingError::Violation) => ask.sharing_violation = true,
+            Err(e) => return Err(sharing_status(&e).into()),
+        }
+        let contention = ctx.server.oplocks.contend(key, &ask);
+        if contention.wait {
+            if !ask.sharing_violation {
+                let _ = ctx.server.share_modes.remove_open(key, open_id);
+            }
+            return defer(ctx, key, body).map_err(Failed::Status);
+        }
+        if ask.sharing_violation {
+            return Err(NtStatus::SHARING_VIOLATION.into());
+        }
         registered = Some(key);
     }
     let unregister = |key: FileKey| {
         let _ = ctx.server.share_modes.remove_open(key, open_id);
+        ctx.server.oplocks.forget(key, open_id);
     };
 
     let mode = match (&existing, truncating) {
@@ -299,6 +338,27 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
         persistent: open_id,
         volatile: volatile_id,
     };
+    let route = Route {
+        conn: std::sync::Arc::downgrade(ctx.conn),
+        session_id: session.id,
+        file_id,
+        seal: break_cipher(&session, &tree),
+    };
+    let granted_caching = ctx.server.oplocks.admit(key, &ask, route);
+    let mut contexts = contexts;
+    let oplock_level = match granted_caching {
+        Granted::Oplock(level) => level,
+        Granted::Lease {
+            state,
+            epoch,
+            breaking,
+        } => {
+            if let Some(c) = lease_response(&req.contexts, state, epoch, breaking) {
+                contexts.push(c);
+            }
+            oplock_level::LEASE
+        }
+    };
     ctx.chain_file_id = Some(file_id);
     let create_action = if created {
         CreateAction::Created
@@ -312,7 +372,7 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
         }
     };
     CreateResponse {
-        oplock_level: 0,
+        oplock_level,
         create_action,
         info: times_and_sizes(&info),
         file_id,
@@ -483,3 +543,197 @@ fn response_contexts(
     }
     out
 }
+
+/// What the CREATE asks to cache (MS-SMB2 3.3.5.9): an oplock level, or a
+/// lease (RequestedOplockLevel LEASE and an RqLs context; 2.1 and later,
+/// version 2 on 3.x only).
+fn requested_caching(ctx: &Ctx<'_>, req: &CreateRequest) -> Result<Want, NtStatus> {
+    let negotiated = ctx.conn.negotiated();
+    let level = req.requested_oplock_level;
+    match level {
+        oplock_level::II | oplock_level::EXCLUSIVE | oplock_level::BATCH => {
+            return Ok(Want::Oplock(level))
+        }
+        oplock_level::LEASE => {}
+        _ => return Ok(Want::Nothing),
+    }
+    let Some(n) = negotiated else {
+        return Ok(Want::Nothing);
+    };
+    if n.dialect == nimbus_wire::negotiate::Dialect::Smb202 {
+        return Ok(Want::Nothing);
+    }
+    let Some(c) = req
+        .contexts
+        .iter()
+        .find(|c| c.name.as_slice() == context_name::REQUEST_LEASE)
+    else {
+        return Ok(Want::Nothing);
+    };
+    let lease = LeaseContext::parse(&c.data).map_err(|_| NtStatus::INVALID_PARAMETER)?;
+    let version = if lease.version == 2 && n.dialect.is_smb3() {
+        2
+    } else {
+        1
+    };
+    Ok(Want::Lease {
+        id: LeaseId {
+            client: n.client_guid,
+            key: lease.lease_key,
+        },
+        state: lease.state,
+        version,
+        parent_key: (version == 2 && lease.flags & lease_flags::PARENT_LEASE_KEY_SET != 0)
+            .then_some(lease.parent_key),
+    })
+}
+
+/// The lease context of the response (MS-SMB2 2.2.14.2.10/11), in the
+/// version the client asked in.
+fn lease_response(
+    requested: &[CreateContext],
+    state: u32,
+    epoch: u16,
+    breaking: bool,
+) -> Option<CreateContext> {
+    let c = requested
+        .iter()
+        .find(|c| c.name.as_slice() == context_name::REQUEST_LEASE)?;
+    let asked = LeaseContext::parse(&c.data).ok()?;
+    let mut flags = 0;
+    if breaking {
+        flags |= lease_flags::BREAK_IN_PROGRESS;
+    }
+    if asked.version == 2 && asked.flags & lease_flags::PARENT_LEASE_KEY_SET != 0 {
+        flags |= lease_flags::PARENT_LEASE_KEY_SET;
+    }
+    let mut data = Vec::with_capacity(LeaseContext::V2_LEN);
+    LeaseContext {
+        version: asked.version,
+        lease_key: asked.lease_key,
+        state,
+        flags,
+        duration: 0,
+        parent_key: if flags & lease_flags::PARENT_LEASE_KEY_SET != 0 {
+            asked.parent_key
+        } else {
+            [0; 16]
+        },
+        epoch: if asked.version == 2 { epoch } else { 0 },
+    }
+    .encode(&mut data);
+    Some(CreateContext {
+        name: c.name.clone(),
+        data,
+    })
+}
+
+/// Breaks to this open's holder are sealed when its session or tree
+/// requires encryption.
+fn break_cipher(session: &Session, tree: &Tree) -> Option<std::sync::Arc<SessionCipher>> {
+    match &*lock(&session.state) {
+        SessionState::Valid(auth) if auth.encrypt_data || tree.encrypt_data => auth.cipher.clone(),
+        _ => None,
+    }
+}
+
+/// Parks the CREATE until the breaks on `file` end: it is answered
+/// STATUS_PENDING now (or stays pending, if it already was) and is run
+/// again from the start when they are acknowledged, time out, or their
+/// holders close. CANCEL, logoff and disconnect take it out of the queue.
+fn defer(ctx: &mut Ctx<'_>, file: FileKey, body: &[u8]) -> Result<NtStatus, NtStatus> {
+    let request = match ctx.resumed.clone() {
+        Some(r) => r,
+        None => {
+            let server = ctx.server.clone();
+            ctx.go_async(move |request: &Arc<PendingRequest>| {
+                let request = Arc::downgrade(request);
+                Box::new(move |status| {
+                    if let Some(request) = request.upgrade() {
+                        server.oplocks.withdraw(file, request.async_id());
+                        request.complete(status, |_| {});
+                    }
+                })
+            })
+            .ok_or(NtStatus::INSUFFICIENT_RESOURCES)?
+        }
+    };
+    let resume = Resume {
+        conn: ctx.conn.clone(),
+        hdr: ctx.hdr.clone(),
+        session: ctx.session()?.clone(),
+        tree: ctx.tree()?.clone(),
+        signed_by: ctx.signed_by.clone(),
+        sealed_by: ctx.sealed_by.clone(),
+        body: body.to_vec(),
+        request: request.clone(),
+    };
+    ctx.server
+        .oplocks
+        .wait(file, request.async_id(), Box::new(move || resume.run()));
+    Ok(NtStatus::PENDING)
+}
+
+/// A CREATE that waited, ready to run again.
+struct Resume {
+    conn: Arc<Connection>,
+    hdr: Header,
+    session: Arc<Session>,
+    tree: Arc<Tree>,
+    signed_by: Option<Arc<Session>>,
+    sealed_by: Option<(u64, Arc<SessionCipher>)>,
+    body: Vec<u8>,
+    request: Arc<PendingRequest>,
+}
+
+impl Resume {
+    fn run(self) {
+        if self.request.is_done() || self.conn.is_closing() || !self.session.is_valid() {
+            return;
+        }
+        let server = self.conn.server.clone();
+        let mut ctx = Ctx {
+            conn: &self.conn,
+            server: &server,
+            hdr: &self.hdr,
+            msg: &[],
+            session: Some(self.session.clone()),
+            tree: Some(self.tree.clone()),
+            chain_file_id: None,
+            related: false,
+            response_session_id: self.hdr.session_id,
+            response_tree_id: None,
+            sign_with: None,
+            preauth_session: None,
+            disconnect: false,
+            error_data: Vec::new(),
+            response_room: RESUMED_RESPONSE_ROOM,
+            signed_by: self.signed_by.clone(),
+            sealed_by: self.sealed_by.clone(),
+            went_async: None,
+            resumed: Some(self.request.clone()),
+        };
+        let mut out = Vec::new();
+        match handle(&mut ctx, &self.body, &mut out) {
+            Ok(NtStatus::PENDING) => {}
+            Ok(status) => {
+                if !self.request.complete(status, |o| o.extend_from_slice(&out)) {
+                    // Cancelled while it ran: the open it made is not the
+                    // client's; close it again.
+                    if let Some(id) = ctx.chain_file_id {
+                        if let Some(open) = lock(&self.session.opens).remove(&id.volatile) {
+                            super::close::release(&server, &open);
+                        }
+                    }
+                }
+            }
+            Err(status) => {
+                self.request.complete(status, |_| {});
+            }
+        }
+    }
+}
+
+/// Room for the final response of a resumed CREATE (its contexts are few
+/// and small).
+const RESUMED_RESPONSE_ROOM: usize = 64 * 1024;

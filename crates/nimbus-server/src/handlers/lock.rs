@@ -87,6 +87,8 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
                     })
                 })
             };
+            // A byte-range lock ends others' read caching (MS-FSA 2.1.5.7).
+            server.oplocks.contend_readers(file, owner);
             let outcome = server.locks.lock(
                 file,
                 owner,

@@ -87,7 +87,8 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     let mut cipher = None;
     let mut caps = 0;
     if dialect != Dialect::Smb202 {
-        caps |= capabilities::LARGE_MTU;
+        // Leases (MS-SMB2 3.3.5.4): 2.1 and later.
+        caps |= capabilities::LARGE_MTU | capabilities::LEASING;
     }
     if matches!(dialect, Dialect::Smb300 | Dialect::Smb302)
         && req.capabilities & capabilities::ENCRYPTION != 0

@@ -226,6 +226,9 @@ fn set_file_info(ctx: &mut Ctx<'_>, open: &Open, class: u8, buf: &[u8]) -> Resul
             if open.is_dir {
                 return Err(NtStatus::INVALID_PARAMETER);
             }
+            ctx.server
+                .oplocks
+                .contend_readers(open.file_key, open.open_id);
             open.handle.set_len(eof).map_err(vfs)?;
         }
         file_class::ALLOCATION => {
@@ -237,6 +240,9 @@ fn set_file_info(ctx: &mut Ctx<'_>, open: &Open, class: u8, buf: &[u8]) -> Resul
             let st = open.handle.stat().map_err(vfs)?;
             // A smaller allocation truncates the file (MS-FSA 2.1.5.15.1).
             if size < st.size {
+                ctx.server
+                    .oplocks
+                    .contend_readers(open.file_key, open.open_id);
                 open.handle.set_len(size).map_err(vfs)?;
             } else {
                 open.handle.allocate(size).map_err(vfs)?;

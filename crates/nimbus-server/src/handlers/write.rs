@@ -44,6 +44,10 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     ) {
         return Err(NtStatus::FILE_LOCK_CONFLICT);
     }
+    // Other holders' cached reads go stale (MS-FSA 2.1.4.12).
+    ctx.server
+        .oplocks
+        .contend_readers(open.file_key, open.open_id);
     let n = open
         .handle
         .write_at(req.data, offset)
