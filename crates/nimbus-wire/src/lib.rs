@@ -14,6 +14,7 @@ pub mod ioctl;
 pub mod lock;
 pub mod nbss;
 pub mod negotiate;
+pub mod notify;
 pub mod oplock;
 pub mod query_directory;
 pub mod read;
