@@ -47,6 +47,7 @@ SUITES = [
     "smb2.credits",
     "smb2.lock",
     "smb2.create",
+    "smb2.notify",
 ]
 KNOWN_FAILURES = Path(__file__).resolve().parent / "smbtorture" / "known-failures.txt"
 EXPECTED_SKIPS = Path(__file__).resolve().parent / "smbtorture" / "expected-skips.txt"

@@ -117,6 +117,25 @@ impl BufferPool {
 pub struct Outgoing {
     pub buf: Vec<u8>,
     pub start: usize,
+    /// Requests whose interim STATUS_PENDING response is in this frame:
+    /// once it is written, their final responses may follow (never before,
+    /// or the client would see an interim for a finished request).
+    pub interims: Vec<Arc<crate::pending::PendingRequest>>,
+}
+
+impl Outgoing {
+    pub fn new(buf: Vec<u8>, start: usize) -> Outgoing {
+        Outgoing {
+            buf,
+            start,
+            interims: Vec::new(),
+        }
+    }
+
+    pub fn with_interims(mut self, interims: Vec<Arc<crate::pending::PendingRequest>>) -> Outgoing {
+        self.interims = interims;
+        self
+    }
 }
 
 pub struct Connection {
@@ -411,6 +430,9 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slo
             };
             if wr.write_all(&out.buf[out.start..]).await.is_err() {
                 break;
+            }
+            for request in &out.interims {
+                request.interim_written();
             }
             writer_conn.pool.give(out.buf);
             drop(in_flight);

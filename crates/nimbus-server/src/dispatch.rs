@@ -55,8 +55,7 @@ fn spec(cmd: Command) -> Spec {
         Command::QueryInfo => (true, true, query_info::handle),
         Command::SetInfo => (true, true, set_info::handle),
         Command::Lock => (true, true, lock::handle),
-        // Change notify is later work; until then clients are told plainly.
-        Command::ChangeNotify => (true, true, not_supported),
+        Command::ChangeNotify => (true, true, change_notify::handle),
         // A lease acknowledgement names no tree (MS-SMB2 3.3.5.22.2); an
         // oplock one finds its open through the request's tree id.
         Command::OplockBreak => (true, false, oplock_break::handle),
@@ -67,10 +66,6 @@ fn spec(cmd: Command) -> Spec {
         needs_tree,
         handler,
     }
-}
-
-fn not_supported(_: &mut Ctx<'_>, _: &[u8], _: &mut Vec<u8>) -> HandlerResult {
-    Err(NtStatus::NOT_SUPPORTED)
 }
 
 /// Everything a handler may use about the request it serves.
@@ -108,6 +103,8 @@ pub struct Ctx<'a> {
     /// Set by `go_async`: the request is answered STATUS_PENDING with this
     /// AsyncId now and completes later.
     pub went_async: Option<u64>,
+    /// The request `go_async` registered.
+    pub interim: Option<Arc<PendingRequest>>,
     /// A request already answered STATUS_PENDING that is being run again
     /// (a CREATE retried once the breaks it waited for ended): if it must
     /// wait once more, it waits as this same request.
@@ -150,6 +147,7 @@ impl Ctx<'_> {
         );
         self.conn.pending.insert(request.clone(), cancel(&request));
         self.went_async = Some(async_id);
+        self.interim = Some(request.clone());
         Some(request)
     }
 
@@ -271,6 +269,8 @@ struct Chain {
     create_error: Option<NtStatus>,
     /// The previous request had a valid session (related requests use it).
     session_ok: bool,
+    /// Requests of the chain answered with an interim response.
+    interims: Vec<Arc<PendingRequest>>,
 }
 
 /// Processes one received frame; returns the frame to send back (if any).
@@ -402,7 +402,7 @@ pub fn process_frame(
         }
         let len = out.len() - 4;
         out[..4].copy_from_slice(&nimbus_wire::nbss::frame_header(len));
-        return Some(Outgoing { buf: out, start: 0 });
+        return Some(Outgoing::new(out, 0).with_interims(chain.interims));
     }
     // Sign each response over its bytes including its padding.
     for i in 0..responses.len() {
@@ -419,7 +419,7 @@ pub fn process_frame(
     let len = out.len() - RESPONSE_START;
     let start = RESPONSE_START - 4;
     out[start..RESPONSE_START].copy_from_slice(&nimbus_wire::nbss::frame_header(len));
-    Some(Outgoing { buf: out, start })
+    Some(Outgoing::new(out, start).with_interims(chain.interims))
 }
 
 /// MS-SMB2 3.3.5.2.1.1: a TRANSFORM message is decrypted with the keys of
@@ -519,6 +519,7 @@ fn handle_one(
         signed_by: None,
         sealed_by: chain.encrypted_for.zip(chain.sealed_by.clone()),
         went_async: None,
+        interim: None,
         resumed: None,
     };
     let mut sign_session: Option<Arc<Session>> = None;
@@ -557,6 +558,9 @@ fn handle_one(
     // STATUS_PENDING (an ERROR body, the AsyncId, the credits it earns); its
     // final response follows on its own (MS-SMB2 3.3.4.2).
     let async_id = ctx.went_async.filter(|_| status == NtStatus::PENDING);
+    if let (Some(_), Some(request)) = (async_id, ctx.interim.take()) {
+        chain.interims.push(request);
+    }
     if async_id.is_some() {
         out.truncate(body_start);
         encode_error(out, &[]);
@@ -780,5 +784,5 @@ fn smb1_negotiate(conn: &Arc<Connection>, frame: &[u8]) -> Option<Outgoing> {
     write_header(&resp, &mut out[4..4 + HEADER_SIZE]);
     let len = out.len() - 4;
     out[..4].copy_from_slice(&nimbus_wire::nbss::frame_header(len));
-    Some(Outgoing { buf: out, start: 0 })
+    Some(Outgoing::new(out, 0))
 }

@@ -21,6 +21,7 @@ mod locks;
 mod logon_guard;
 mod lookup;
 mod names;
+mod notify;
 mod open_files;
 mod open_registry;
 mod oplocks;

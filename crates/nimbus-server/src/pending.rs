@@ -43,6 +43,16 @@ pub struct PendingRequest {
     reply: Reply,
     conn: Weak<Connection>,
     done: AtomicBool,
+    /// The final response waits here until the interim response has been
+    /// written: a request can finish (a break acknowledged at once) while
+    /// its interim is still on its way to the writer.
+    gate: std::sync::Mutex<Gate>,
+}
+
+#[derive(Default)]
+struct Gate {
+    interim_written: bool,
+    held: Option<Outgoing>,
 }
 
 /// How a pending request is ended from outside its waiter (CANCEL, close,
@@ -126,11 +136,25 @@ impl PendingRequest {
             reply,
             conn: Arc::downgrade(conn),
             done: AtomicBool::new(false),
+            gate: std::sync::Mutex::new(Gate::default()),
         })
     }
 
     pub fn async_id(&self) -> u64 {
         self.reply.async_id
+    }
+
+    /// The writer has sent the interim response: a final response held
+    /// back goes out now, and later ones at once.
+    pub fn interim_written(&self) {
+        let held = {
+            let mut gate = lock(&self.gate);
+            gate.interim_written = true;
+            gate.held.take()
+        };
+        if let (Some(out), Some(conn)) = (held, self.conn.upgrade()) {
+            conn.send_unsolicited(out);
+        }
     }
 
     /// Whether the final response went out (or the request was ended).
@@ -173,7 +197,7 @@ impl PendingRequest {
             signature: [0; 16],
         };
         let error = status.is_error();
-        send_message(
+        let Some(out) = build_message(
             &conn,
             &header,
             |out| {
@@ -185,7 +209,16 @@ impl PendingRequest {
             },
             r.sign_with.as_ref(),
             r.seal_with.as_ref(),
-        );
+        ) else {
+            return true;
+        };
+        let mut gate = lock(&self.gate);
+        if gate.interim_written {
+            drop(gate);
+            conn.send_unsolicited(out);
+        } else {
+            gate.held = Some(out);
+        }
         true
     }
 }
@@ -201,6 +234,20 @@ pub fn send_message(
     sign_with: Option<&Arc<Session>>,
     seal_with: Option<&(u64, Arc<SessionCipher>)>,
 ) {
+    if let Some(out) = build_message(conn, header, body, sign_with, seal_with) {
+        conn.send_unsolicited(out);
+    }
+}
+
+/// The framed message `send_message` sends; None when it cannot be sealed
+/// (the connection is then closed).
+fn build_message(
+    conn: &Connection,
+    header: &Header,
+    body: impl FnOnce(&mut Vec<u8>),
+    sign_with: Option<&Arc<Session>>,
+    seal_with: Option<&(u64, Arc<SessionCipher>)>,
+) -> Option<Outgoing> {
     let start = 4 + TRANSFORM_HEADER_SIZE;
     let mut out = vec![0u8; start + HEADER_SIZE];
     body(&mut out);
@@ -211,11 +258,11 @@ pub fn send_message(
         if cipher.seal(*session_id, &mut out[4..]).is_err() {
             tracing::warn!("{}: cannot encrypt a message; closing", conn.peer);
             conn.close();
-            return;
+            return None;
         }
         let len = out.len() - 4;
         out[..4].copy_from_slice(&nimbus_wire::nbss::frame_header(len));
-        Outgoing { buf: out, start: 0 }
+        Outgoing::new(out, 0)
     } else {
         if let Some(session) = sign_with {
             if let SessionState::Valid(auth) = &*lock(&session.state) {
@@ -226,10 +273,7 @@ pub fn send_message(
         }
         let len = out.len() - start;
         out[start - 4..start].copy_from_slice(&nimbus_wire::nbss::frame_header(len));
-        Outgoing {
-            buf: out,
-            start: start - 4,
-        }
+        Outgoing::new(out, start - 4)
     };
-    conn.send_unsolicited(outgoing);
+    Some(outgoing)
 }

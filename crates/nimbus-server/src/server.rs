@@ -89,6 +89,8 @@ pub struct Server {
     pub oplocks: Oplocks,
     /// Every open, so that a rename is seen by all opens of the file.
     pub opens: OpenRegistry,
+    /// Change notify: watches on open directories and the changes for them.
+    pub notify: crate::notify::ChangeNotify,
     next_session_id: AtomicU64,
     next_open_id: AtomicU64,
     /// Volatile FileIds equal the open id instead of being random: only for
@@ -207,6 +209,7 @@ impl Server {
             locks: ByteRangeLocks::default(),
             oplocks: Oplocks::new(break_timeout),
             opens: OpenRegistry::default(),
+            notify: crate::notify::ChangeNotify::default(),
             next_session_id: AtomicU64::new(1),
             next_open_id: AtomicU64::new(1),
             predictable_file_ids: AtomicBool::new(false),

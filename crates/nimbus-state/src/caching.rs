@@ -247,20 +247,25 @@ impl FileCaching {
             if ask.overwrite && delay_mask != HANDLE {
                 to &= !(HANDLE | READ);
             }
+            // Whether a break is needed at all is judged on the lease
+            // states; only then is an oplock's target cut to level II or
+            // none (an exclusive oplock survives a sharing violation).
+            let needed = g.state & !to != 0;
             if !is_lease {
-                // An oplock can only go to level II or none.
                 to &= READ;
             }
             if let Some(b) = &mut g.breaking {
                 // Already told to break: lower what it must end at, and
                 // wait for it if what it still holds is in the way.
-                b.required &= to;
+                if needed {
+                    b.required &= to;
+                }
                 if g.state & !b.required != 0 || g.state & delay_mask != 0 {
                     out.wait = true;
                 }
                 continue;
             }
-            if g.state & !to == 0 {
+            if !needed {
                 continue;
             }
             let ack_required = g.state & (WRITE | HANDLE) != 0;
@@ -506,7 +511,14 @@ impl FileCaching {
     pub fn contend_readers(&mut self, writer_open: u64) -> Vec<BreakOrder> {
         let mut out = Vec::new();
         for g in &mut self.grants {
-            if g.opens.contains(&writer_open) || g.state & READ == 0 || g.breaking.is_some() {
+            if g.state & READ == 0 || g.breaking.is_some() {
+                continue;
+            }
+            // The writer's own lease, or its own exclusive or batch oplock,
+            // caches its writes; its own level II oplock is broken like any
+            // other (Windows does so).
+            let own = g.opens.contains(&writer_open);
+            if own && (matches!(g.holder, Holder::Lease(_)) || g.state & WRITE != 0) {
                 continue;
             }
             let ack_required = g.state & (WRITE | HANDLE) != 0;
@@ -619,6 +631,16 @@ mod tests {
         assert_eq!(c.breaks.len(), 1);
         assert_eq!((c.breaks[0].to, c.breaks[0].ack_required), (0, false));
         assert!(f.grants.is_empty());
+    }
+
+    #[test]
+    fn exclusive_oplock_survives_a_sharing_violation() {
+        let mut f = FileCaching::default();
+        f.admit(&ask(1, Want::Oplock(OPLOCK_EXCLUSIVE)));
+        let mut refused = ask(2, Want::Oplock(OPLOCK_EXCLUSIVE));
+        refused.sharing_violation = true;
+        assert_eq!(f.contend(&refused), Contention::default());
+        assert_eq!(f.grant(Holder::Oplock(1)).unwrap().state, READ | WRITE);
     }
 
     #[test]
@@ -747,10 +769,10 @@ mod tests {
         f.admit(&ask(1, Want::Oplock(OPLOCK_II)));
         f.admit(&ask(2, Want::Oplock(OPLOCK_II)));
         let b = f.contend_readers(2);
-        assert_eq!(b.len(), 1);
+        assert_eq!(b.len(), 2);
         assert_eq!(b[0].holder, Holder::Oplock(1));
         assert!(!b[0].ack_required);
         assert!(f.grant(Holder::Oplock(1)).is_none());
-        assert!(f.grant(Holder::Oplock(2)).is_some());
+        assert!(f.grant(Holder::Oplock(2)).is_none(), "its own level II goes too");
     }
 }

@@ -40,6 +40,8 @@ pub fn release(server: &Server, open: &Open) {
     // Its byte-range locks go with the handle; its waiting LOCKs end.
     server.locks.release_open(open.file_key, open.open_id);
     server.opens.forget(open.open_id);
+    // Its changes kept for the close are reported; its watch ends.
+    server.notify.closed(open);
     let sm = &server.share_modes;
     if open
         .delete_on_close
@@ -48,8 +50,11 @@ pub fn release(server: &Server, open: &Open) {
         let _ = sm.set_delete_pending(open.file_key, true);
     }
     match sm.remove_open(open.file_key, open.open_id) {
-        Ok(true) => delete_file(open),
-        Ok(false) => {}
+        Ok(true) => {
+            delete_file(open);
+            server.notify.deleted(open);
+        }
+        Ok(false) => server.notify.still_open(server, open),
         Err(e) => tracing::error!("releasing open {}: {:?}", open.open_id, e),
     }
     // Its oplock or its share of a lease goes last: CREATEs waiting for its

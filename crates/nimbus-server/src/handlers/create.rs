@@ -183,7 +183,13 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
     }
     let mut ask = OpenAsk {
         open_id,
-        access: granted,
+        // Creating or overwriting writes the file, whatever was asked for:
+        // such an open is never an attribute-only one to oplocks.
+        access: if creating || truncating {
+            granted | access::FILE_WRITE_DATA
+        } else {
+            granted
+        },
         overwrite: truncating,
         sharing_violation: false,
         is_dir,
@@ -239,7 +245,9 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
     };
     let opts = OpenOptions {
         read: granted & (access::FILE_READ_DATA | access::FILE_EXECUTE) != 0,
-        write: granted & write_rights != 0,
+        // Overwriting needs a writable descriptor even for an open that
+        // asked only for attributes (Windows allows that open).
+        write: granted & write_rights != 0 || truncating,
         mode,
         kind,
         perm,
@@ -301,6 +309,9 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
     );
     // An allocation size context may have changed the space on disk.
     let st = handle.stat().unwrap_or(st);
+    ctx.server
+        .notify
+        .opened(&share, &path, st.is_dir, created, truncating);
 
     let info = file_info(&st, &dos, false);
     let mut opens = lock(&session.opens);
@@ -711,6 +722,7 @@ impl Resume {
             signed_by: self.signed_by.clone(),
             sealed_by: self.sealed_by.clone(),
             went_async: None,
+            interim: None,
             resumed: Some(self.request.clone()),
         };
         let mut out = Vec::new();

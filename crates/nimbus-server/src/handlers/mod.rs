@@ -2,6 +2,7 @@
 //! checks it, acts through the VFS and state services, and appends its
 //! response body, or returns the NTSTATUS to fail with.
 
+pub mod change_notify;
 pub mod close;
 pub mod create;
 pub mod echo;

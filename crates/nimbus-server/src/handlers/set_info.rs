@@ -251,6 +251,7 @@ fn set_file_info(ctx: &mut Ctx<'_>, open: &Open, class: u8, buf: &[u8]) -> Resul
         file_class::FULL_EA => return Err(NtStatus::EAS_NOT_SUPPORTED),
         _ => return Err(NtStatus::INVALID_INFO_CLASS),
     }
+    ctx.server.notify.info_set(open, class, buf);
     Ok(())
 }
 
@@ -304,5 +305,6 @@ fn rename(ctx: &mut Ctx<'_>, open: &Open, new_name: &str, replace: bool) -> Resu
     ctx.server
         .opens
         .renamed(fs.root_path(), open.file_key, &from, &to);
+    ctx.server.notify.renamed(open, &from, &to);
     Ok(())
 }

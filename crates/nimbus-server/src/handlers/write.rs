@@ -57,6 +57,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     }
     open.position
         .store(offset + n as u64, std::sync::atomic::Ordering::Relaxed);
+    ctx.server.notify.wrote(&open);
     encode_write_response(out, n as u32);
     Ok(NtStatus::SUCCESS)
 }
