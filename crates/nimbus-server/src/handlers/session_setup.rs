@@ -189,6 +189,9 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
                 encrypt_data,
             });
             drop(state);
+            if !unauthenticated {
+                end_previous_session(ctx, &session, req.previous_session_id);
+            }
             SessionSetupResponse {
                 session_flags: flags,
                 security_buffer: res.output,
@@ -223,6 +226,29 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             Err(status)
         }
     }
+}
+
+/// MS-SMB2 3.3.5.5.3: a logon that names its PreviousSessionId replaces
+/// that session of the same user: it is logged off, its opens close and
+/// what waits on them ends (a pending CHANGE_NOTIFY with
+/// STATUS_NOTIFY_CLEANUP, smbtorture smb2.notify.session-reconnect). Only
+/// sessions of this connection are known to it; one of another user stays.
+fn end_previous_session(ctx: &Ctx<'_>, session: &Session, previous_id: u64) {
+    if previous_id == 0 || previous_id == session.id {
+        return;
+    }
+    let Some(previous) = ctx.conn.session(previous_id) else {
+        return;
+    };
+    let who = |s: &Session| match &*lock(&s.state) {
+        SessionState::Valid(a) if !a.guest => Some((a.user.to_lowercase(), a.domain.to_lowercase())),
+        _ => None,
+    };
+    if who(&previous).is_none() || who(&previous) != who(session) {
+        return;
+    }
+    lock(&ctx.conn.sessions).remove(&previous_id);
+    super::logoff::close_session(ctx.server, &previous);
 }
 
 /// `limits.max_sessions_per_connection` and `limits.max_logons_in_progress`:

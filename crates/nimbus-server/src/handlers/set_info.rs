@@ -238,11 +238,12 @@ fn set_file_info(ctx: &mut Ctx<'_>, open: &Open, class: u8, buf: &[u8]) -> Resul
                 return Err(NtStatus::INVALID_PARAMETER);
             }
             let st = open.handle.stat().map_err(vfs)?;
-            // A smaller allocation truncates the file (MS-FSA 2.1.5.15.1).
+            // Any change of allocation ends others' cached reads, as on
+            // Windows; a smaller one truncates the file (MS-FSA 2.1.5.15.1).
+            ctx.server
+                .oplocks
+                .contend_readers(open.file_key, open.open_id);
             if size < st.size {
-                ctx.server
-                    .oplocks
-                    .contend_readers(open.file_key, open.open_id);
                 open.handle.set_len(size).map_err(vfs)?;
             } else {
                 open.handle.allocate(size).map_err(vfs)?;
