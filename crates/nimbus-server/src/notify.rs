@@ -1,0 +1,728 @@
+//! Change notify (MS-SMB2 3.3.5.19; MS-FSA 2.1.5.10 and 2.1.4.x "Notify
+//! Change"): watches on open directories, and the changes SMB requests of
+//! any session make beneath them.
+//!
+//! A directory handle gets a watch with its first CHANGE_NOTIFY request.
+//! The watch keeps that first request's CompletionFilter, WATCH_TREE flag
+//! and OutputBufferLength for its life, as Windows does (smbtorture
+//! smb2.notify.mask-change): later requests only collect. Between requests
+//! changes are buffered on the watch, so nothing is lost while the client
+//! turns a response around; a request that finds buffered changes completes
+//! at once. When the buffer would outgrow the first request's length, or the
+//! server's total, the watch overflows: the changes are dropped and the next
+//! request gets STATUS_NOTIFY_ENUM_DIR, which tells the client to list the
+//! directory again. Memory stays bounded whatever a client does.
+//!
+//! Handlers report what they change (`opened`, `renamed`, `info_set`,
+//! `wrote`, the deletion at last close); changes made outside SMB are not
+//! seen yet. Writes are reported when their handle closes, as NTFS does, so
+//! a file written in a thousand pieces makes one MODIFIED entry.
+//!
+//! One mutex over every watch: a change looks up its directory and that
+//! directory's ancestors in a map, and changes are metadata operations, far
+//! rarer than reads and writes. Requests are completed after the mutex is
+//! released, so the mutex is never held while sending.
+
+use std::collections::hash_map::Entry as MapEntry;
+use std::collections::{HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use nimbus_state::FileKey;
+use nimbus_wire::fscc::{file_class, SetBasicInfo};
+use nimbus_wire::notify::{
+    completion_filter as cf, encode_change_notify_response, encode_notify_information,
+    padded_entry_len, NotifyAction,
+};
+use nimbus_wire::NtStatus;
+
+use crate::pending::PendingRequest;
+use crate::server::{Server, Share};
+use crate::session::{lock, Open};
+
+/// The most bytes of changes one watch buffers, whatever its first request
+/// offered (the response must also fit the room dispatch reserves for a
+/// response, 64 KiB). Beyond: STATUS_NOTIFY_ENUM_DIR.
+pub const MAX_WATCH_BUFFER: usize = 60 * 1024;
+
+/// The most bytes of changes all watches of the server buffer together: a
+/// client opening thousands of directory handles cannot make the server
+/// hold more than this. A watch that would pass it overflows.
+pub const MAX_BUFFERED_TOTAL: usize = 64 * 1024 * 1024;
+
+/// What a CHANGE_NOTIFY request comes to.
+pub enum Answer {
+    /// Complete now with this status and these FILE_NOTIFY_INFORMATION bytes.
+    Now(NtStatus, Vec<u8>),
+    /// Registered as pending: a change, CANCEL or the handle's close ends it.
+    Waiting,
+}
+
+/// A change to report: what happened to `path` (share-relative,
+/// '/'-separated), and the CompletionFilter bits it satisfies.
+#[derive(Clone, Copy, Debug)]
+pub struct Change<'a> {
+    pub action: NotifyAction,
+    pub filter: u32,
+    pub path: &'a str,
+}
+
+/// One buffered FILE_NOTIFY_INFORMATION entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Entry {
+    action: NotifyAction,
+    /// Relative to the watched directory, '\'-separated.
+    name: String,
+}
+
+impl Entry {
+    fn wire_len(&self) -> usize {
+        padded_entry_len(self.name.encode_utf16().count() * 2)
+    }
+}
+
+struct Waiter {
+    request: Arc<PendingRequest>,
+    /// The request's OutputBufferLength.
+    max_len: usize,
+}
+
+/// MS-FSA's ChangeNotifyEntry of one open directory.
+struct Watch {
+    root: PathBuf,
+    dir: String,
+    file_key: FileKey,
+    filter: u32,
+    recursive: bool,
+    /// Bytes of entries the watch holds before it overflows.
+    capacity: usize,
+    entries: Vec<Entry>,
+    /// Wire bytes of `entries` (each padded).
+    entry_bytes: usize,
+    /// Changes were dropped: the next request gets NOTIFY_ENUM_DIR.
+    overflowed: bool,
+    /// Requests waiting, oldest first. While one waits, `entries` is empty:
+    /// a request that finds entries completes at once.
+    waiting: VecDeque<Waiter>,
+}
+
+#[derive(Default)]
+struct Watches {
+    by_open: HashMap<u64, Watch>,
+    /// Share root, then watched directory, to the open ids watching it.
+    by_dir: HashMap<PathBuf, HashMap<String, Vec<u64>>>,
+    /// Wire bytes buffered in all watches.
+    buffered: usize,
+}
+
+/// A final response to send once the mutex is released.
+struct Completion {
+    request: Arc<PendingRequest>,
+    status: NtStatus,
+    data: Vec<u8>,
+}
+
+impl Completion {
+    fn send(self) {
+        let data = self.data;
+        self.request
+            .complete(self.status, |out| encode_change_notify_response(out, &data));
+    }
+}
+
+#[derive(Default)]
+pub struct ChangeNotify {
+    watches: Mutex<Watches>,
+    /// How many watches exist; while none does, changes are not looked at.
+    watch_count: AtomicUsize,
+    /// Opens whose changes are reported when they close (writes, the
+    /// attribute change of a renamed file): open id to CompletionFilter bits.
+    at_close: Mutex<HashMap<u64, u32>>,
+}
+
+fn share_root(share: &Share) -> Option<&Path> {
+    share.fs.as_ref().map(|fs| fs.root_path())
+}
+
+/// The directory part of a share-relative path ("" for the share root);
+/// None for the root itself, which is in no directory of the share.
+fn parent_of(path: &str) -> Option<&str> {
+    if path.is_empty() {
+        return None;
+    }
+    Some(path.rsplit_once('/').map_or("", |(dir, _)| dir))
+}
+
+/// `path` relative to its ancestor `dir`, in the '\'-separated form of the
+/// wire.
+fn relative_name(path: &str, dir: &str) -> String {
+    let rest = if dir.is_empty() {
+        path
+    } else {
+        path.get(dir.len() + 1..).unwrap_or(path)
+    };
+    rest.replace('/', "\\")
+}
+
+fn name_filter(is_dir: bool) -> u32 {
+    if is_dir {
+        cf::DIR_NAME
+    } else {
+        cf::FILE_NAME
+    }
+}
+
+fn encode(entries: &[Entry]) -> Vec<u8> {
+    let pairs: Vec<(NotifyAction, &str)> = entries
+        .iter()
+        .map(|e| (e.action, e.name.as_str()))
+        .collect();
+    encode_notify_information(&pairs)
+}
+
+impl Watches {
+    fn remove_from_dir(&mut self, root: &Path, dir: &str, open_id: u64) {
+        if let Some(dirs) = self.by_dir.get_mut(root) {
+            if let Some(ids) = dirs.get_mut(dir) {
+                ids.retain(|&id| id != open_id);
+                if ids.is_empty() {
+                    dirs.remove(dir);
+                }
+            }
+            if dirs.is_empty() {
+                self.by_dir.remove(root);
+            }
+        }
+    }
+
+    /// Hands `new` entries to one watch: to its oldest waiting request, or
+    /// into its buffer.
+    fn deliver(&mut self, open_id: u64, new: Vec<Entry>) -> Option<Completion> {
+        let watch = self.by_open.get_mut(&open_id)?;
+        if let Some(waiter) = watch.waiting.pop_front() {
+            let data = encode(&new);
+            return Some(if data.len() > waiter.max_len {
+                Completion {
+                    request: waiter.request,
+                    status: NtStatus::NOTIFY_ENUM_DIR,
+                    data: Vec::new(),
+                }
+            } else {
+                Completion {
+                    request: waiter.request,
+                    status: NtStatus::SUCCESS,
+                    data,
+                }
+            });
+        }
+        if watch.overflowed {
+            return None;
+        }
+        for entry in new {
+            // The same file modified again adds nothing the client needs.
+            if entry.action == NotifyAction::Modified && watch.entries.last() == Some(&entry) {
+                continue;
+            }
+            let len = entry.wire_len();
+            if watch.entry_bytes + len > watch.capacity || self.buffered + len > MAX_BUFFERED_TOTAL
+            {
+                watch.overflowed = true;
+                self.buffered -= watch.entry_bytes;
+                watch.entry_bytes = 0;
+                watch.entries = Vec::new();
+                return None;
+            }
+            watch.entry_bytes += len;
+            self.buffered += len;
+            watch.entries.push(entry);
+        }
+        None
+    }
+}
+
+impl ChangeNotify {
+    fn watches(&self) -> std::sync::MutexGuard<'_, Watches> {
+        lock(&self.watches)
+    }
+
+    fn nobody_watches(&self) -> bool {
+        self.watch_count.load(Ordering::Acquire) == 0
+    }
+
+    /// A CHANGE_NOTIFY request on directory `open` (checked by the
+    /// handler): the watch is set up by the first; buffered changes (or an
+    /// overflow) answer at once; otherwise `wait` makes the request pending,
+    /// or says why it cannot wait. `max_len` is the request's
+    /// OutputBufferLength.
+    pub fn request(
+        &self,
+        open: &Open,
+        filter: u32,
+        recursive: bool,
+        max_len: usize,
+        wait: &mut dyn FnMut() -> Result<Arc<PendingRequest>, NtStatus>,
+    ) -> Result<Answer, NtStatus> {
+        let root = share_root(&open.share).ok_or(NtStatus::INVALID_PARAMETER)?;
+        let dir = open.path();
+        let mut w = self.watches();
+        let w = &mut *w;
+        let watch = match w.by_open.entry(open.open_id) {
+            MapEntry::Occupied(e) => e.into_mut(),
+            MapEntry::Vacant(e) => {
+                w.by_dir
+                    .entry(root.to_path_buf())
+                    .or_default()
+                    .entry(dir.clone())
+                    .or_default()
+                    .push(open.open_id);
+                self.watch_count.fetch_add(1, Ordering::AcqRel);
+                e.insert(Watch {
+                    root: root.to_path_buf(),
+                    dir,
+                    file_key: open.file_key,
+                    filter: filter & cf::ALL,
+                    recursive,
+                    capacity: max_len.min(MAX_WATCH_BUFFER),
+                    entries: Vec::new(),
+                    entry_bytes: 0,
+                    overflowed: false,
+                    waiting: VecDeque::new(),
+                })
+            }
+        };
+        if watch.overflowed {
+            watch.overflowed = false;
+            return Ok(Answer::Now(NtStatus::NOTIFY_ENUM_DIR, Vec::new()));
+        }
+        if !watch.entries.is_empty() {
+            let entries = std::mem::take(&mut watch.entries);
+            w.buffered -= watch.entry_bytes;
+            watch.entry_bytes = 0;
+            let data = encode(&entries);
+            if data.len() > max_len {
+                return Ok(Answer::Now(NtStatus::NOTIFY_ENUM_DIR, Vec::new()));
+            }
+            return Ok(Answer::Now(NtStatus::SUCCESS, data));
+        }
+        let request = wait()?;
+        watch.waiting.push_back(Waiter { request, max_len });
+        Ok(Answer::Waiting)
+    }
+
+    /// Takes a waiting request off its watch (CANCEL, logoff, disconnect);
+    /// whether it was still waiting there (if not, it was answered or is
+    /// being answered).
+    pub fn withdraw(&self, open_id: u64, async_id: u64) -> bool {
+        let mut w = self.watches();
+        let Some(watch) = w.by_open.get_mut(&open_id) else {
+            return false;
+        };
+        let before = watch.waiting.len();
+        watch.waiting.retain(|r| r.request.async_id() != async_id);
+        watch.waiting.len() != before
+    }
+
+    /// Reports `changes` on the share at `root` to every watch they
+    /// concern, as one batch: a rename's old and new names reach a watch
+    /// together.
+    pub fn report(&self, root: &Path, changes: &[Change<'_>]) {
+        if self.nobody_watches() {
+            return;
+        }
+        let done = {
+            let mut w = self.watches();
+            // Entries per watch, in the order of the changes.
+            let mut matched: Vec<(u64, Vec<Entry>)> = Vec::new();
+            if let Some(dirs) = w.by_dir.get(root) {
+                for change in changes {
+                    let Some(parent) = parent_of(change.path) else {
+                        continue;
+                    };
+                    // The directory the change is in, then its ancestors
+                    // (for watches of a whole tree).
+                    let mut dir = parent;
+                    let mut direct = true;
+                    loop {
+                        for &id in dirs.get(dir).into_iter().flatten() {
+                            let Some(watch) = w.by_open.get(&id) else {
+                                continue;
+                            };
+                            if (!direct && !watch.recursive) || watch.filter & change.filter == 0 {
+                                continue;
+                            }
+                            let entry = Entry {
+                                action: change.action,
+                                name: relative_name(change.path, dir),
+                            };
+                            match matched.iter_mut().find(|(m, _)| *m == id) {
+                                Some((_, list)) => list.push(entry),
+                                None => matched.push((id, vec![entry])),
+                            }
+                        }
+                        match parent_of(dir) {
+                            Some(up) => dir = up,
+                            None => break,
+                        }
+                        direct = false;
+                    }
+                }
+            }
+            matched
+                .into_iter()
+                .filter_map(|(id, entries)| w.deliver(id, entries))
+                .collect::<Vec<_>>()
+        };
+        for c in done {
+            c.send();
+        }
+    }
+
+    /// CREATE made `path` (`created`), or overwrote or superseded it
+    /// (`overwritten`).
+    pub fn opened(
+        &self,
+        share: &Share,
+        path: &str,
+        is_dir: bool,
+        created: bool,
+        overwritten: bool,
+    ) {
+        let Some(root) = share_root(share) else {
+            return;
+        };
+        if created {
+            self.report(
+                root,
+                &[Change {
+                    action: NotifyAction::Added,
+                    filter: name_filter(is_dir),
+                    path,
+                }],
+            );
+        } else if overwritten {
+            self.report(
+                root,
+                &[Change {
+                    action: NotifyAction::Modified,
+                    filter: cf::SIZE | cf::LAST_WRITE | cf::ATTRIBUTES,
+                    path,
+                }],
+            );
+        }
+    }
+
+    /// `open` was renamed from `from` to `to` (MS-FSA 2.1.5.15.14: old and
+    /// new name within one directory, removed and added across two). Watches
+    /// of a renamed directory, or beneath it, follow it. A renamed file's
+    /// attributes change too (NTFS sets ARCHIVE), reported when the handle
+    /// closes as Windows does (smbtorture smb2.notify.mask-change, .rec).
+    pub fn renamed(&self, open: &Open, from: &str, to: &str) {
+        if !open.is_dir {
+            self.at_close(open.open_id, cf::ATTRIBUTES);
+        }
+        if self.nobody_watches() {
+            return;
+        }
+        let Some(root) = share_root(&open.share) else {
+            return;
+        };
+        let filter = name_filter(open.is_dir);
+        let (old, new) = if parent_of(from) == parent_of(to) {
+            (NotifyAction::RenamedOldName, NotifyAction::RenamedNewName)
+        } else {
+            (NotifyAction::Removed, NotifyAction::Added)
+        };
+        self.report(
+            root,
+            &[
+                Change {
+                    action: old,
+                    filter,
+                    path: from,
+                },
+                Change {
+                    action: new,
+                    filter,
+                    path: to,
+                },
+            ],
+        );
+        if open.is_dir {
+            self.move_watches(root, from, to);
+        }
+    }
+
+    /// Watches of directory `from` and beneath it now watch under `to`.
+    fn move_watches(&self, root: &Path, from: &str, to: &str) {
+        let mut w = self.watches();
+        let prefix = format!("{from}/");
+        let moved: Vec<(u64, String, String)> = w
+            .by_open
+            .iter()
+            .filter(|(_, watch)| watch.root == root)
+            .filter_map(|(&id, watch)| {
+                let new = if watch.dir == from {
+                    to.to_string()
+                } else {
+                    format!("{to}/{}", watch.dir.strip_prefix(&prefix)?)
+                };
+                Some((id, watch.dir.clone(), new))
+            })
+            .collect();
+        for (id, old, new) in moved {
+            w.remove_from_dir(root, &old, id);
+            w.by_dir
+                .entry(root.to_path_buf())
+                .or_default()
+                .entry(new.clone())
+                .or_default()
+                .push(id);
+            if let Some(watch) = w.by_open.get_mut(&id) {
+                watch.dir = new;
+            }
+        }
+    }
+
+    /// SET_INFO of `class` with `buffer` succeeded on `open` (the rename
+    /// classes are reported by `renamed`). FileBasicInformation reports the
+    /// fields it set: attributes, write, access and creation times
+    /// (MS-FSA 2.1.5.15.1); end of file and allocation report the size.
+    pub fn info_set(&self, open: &Open, class: u8, buffer: &[u8]) {
+        let filter = match class {
+            file_class::BASIC => match SetBasicInfo::parse(buffer) {
+                Ok(b) => {
+                    let set = |t: u64| t != 0 && t < u64::MAX - 1;
+                    let mut f = 0;
+                    if b.attributes != 0 {
+                        f |= cf::ATTRIBUTES;
+                    }
+                    if set(b.last_write_time) {
+                        f |= cf::LAST_WRITE;
+                    }
+                    if set(b.last_access_time) {
+                        f |= cf::LAST_ACCESS;
+                    }
+                    if set(b.creation_time) {
+                        f |= cf::CREATION;
+                    }
+                    f
+                }
+                Err(_) => 0,
+            },
+            file_class::END_OF_FILE | file_class::ALLOCATION => cf::SIZE | cf::LAST_WRITE,
+            _ => 0,
+        };
+        if filter != 0 {
+            self.modified(open, filter);
+        }
+    }
+
+    /// Reports a MODIFIED entry for `open`'s file now.
+    pub fn modified(&self, open: &Open, filter: u32) {
+        if self.nobody_watches() {
+            return;
+        }
+        let Some(root) = share_root(&open.share) else {
+            return;
+        };
+        let path = open.path();
+        self.report(
+            root,
+            &[Change {
+                action: NotifyAction::Modified,
+                filter,
+                path: &path,
+            }],
+        );
+    }
+
+    /// WRITE through `open` succeeded: its size and write time are reported
+    /// when it closes. While nobody watches, nothing is kept (a watch set
+    /// up between the write and the close misses that one change).
+    pub fn wrote(&self, open: &Open) {
+        if self.nobody_watches() {
+            return;
+        }
+        self.at_close(open.open_id, cf::SIZE | cf::LAST_WRITE);
+    }
+
+    fn at_close(&self, open_id: u64, filter: u32) {
+        *lock(&self.at_close).entry(open_id).or_default() |= filter;
+    }
+
+    /// `open` is closing (CLOSE, TREE_DISCONNECT, LOGOFF, disconnect): the
+    /// changes kept for its close are reported, and its watch ends; a
+    /// request still waiting on it gets STATUS_NOTIFY_CLEANUP, as from
+    /// Windows (smbtorture smb2.notify.close, .tdis1, .logoff).
+    pub fn closed(&self, open: &Open) {
+        let kept = lock(&self.at_close).remove(&open.open_id);
+        if let Some(filter) = kept {
+            self.modified(open, filter);
+        }
+        if self.nobody_watches() {
+            return;
+        }
+        let waiting = {
+            let mut w = self.watches();
+            let Some(watch) = w.by_open.remove(&open.open_id) else {
+                return;
+            };
+            self.watch_count.fetch_sub(1, Ordering::AcqRel);
+            w.buffered -= watch.entry_bytes;
+            w.remove_from_dir(&watch.root, &watch.dir, open.open_id);
+            watch.waiting
+        };
+        for waiter in waiting {
+            Completion {
+                request: waiter.request,
+                status: NtStatus::NOTIFY_CLEANUP,
+                data: Vec::new(),
+            }
+            .send();
+        }
+    }
+
+    /// The last open of `open`'s file closed with the file delete-pending
+    /// and the VFS asked to remove it: if its name is gone now (the removal
+    /// went ahead, not refused because the name meanwhile named another
+    /// file), watches of its directory see it REMOVED.
+    pub fn deleted(&self, open: &Open) {
+        if self.nobody_watches() {
+            return;
+        }
+        let Some(fs) = open.share.fs.as_ref() else {
+            return;
+        };
+        let path = open.path();
+        let gone = match fs.stat(&path) {
+            Ok(st) => (st.dev, st.ino) != (open.file_key.dev, open.file_key.ino),
+            Err(_) => true,
+        };
+        if gone {
+            self.report(
+                fs.root_path(),
+                &[Change {
+                    action: NotifyAction::Removed,
+                    filter: name_filter(open.is_dir),
+                    path: &path,
+                }],
+            );
+        }
+    }
+
+    /// `open` closed and other opens of its file remain: if it is a
+    /// directory now delete-pending, requests waiting on its watches end
+    /// with STATUS_DELETE_PENDING (smbtorture smb2.notify.rmdir1-4), as do
+    /// later ones (the handler checks).
+    pub fn still_open(&self, server: &Server, open: &Open) {
+        if !open.is_dir || self.nobody_watches() {
+            return;
+        }
+        let pending = server
+            .share_modes
+            .record(open.file_key)
+            .is_ok_and(|r| r.delete_pending);
+        if !pending {
+            return;
+        }
+        let ended: Vec<Waiter> = {
+            let mut w = self.watches();
+            w.by_open
+                .values_mut()
+                .filter(|watch| watch.file_key == open.file_key)
+                .flat_map(|watch| std::mem::take(&mut watch.waiting))
+                .collect()
+        };
+        for waiter in ended {
+            waiter.request.complete(NtStatus::DELETE_PENDING, |_| {});
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parents_and_relative_names() {
+        assert_eq!(parent_of(""), None);
+        assert_eq!(parent_of("a"), Some(""));
+        assert_eq!(parent_of("a/b/c"), Some("a/b"));
+        assert_eq!(relative_name("a/b/c", "a"), "b\\c");
+        assert_eq!(relative_name("a/b/c", ""), "a\\b\\c");
+        assert_eq!(relative_name("a/b/c", "a/b"), "c");
+    }
+
+    fn watch(capacity: usize) -> Watch {
+        Watch {
+            root: PathBuf::from("/srv"),
+            dir: String::new(),
+            file_key: FileKey { dev: 1, ino: 2 },
+            filter: cf::FILE_NAME,
+            recursive: false,
+            capacity,
+            entries: Vec::new(),
+            entry_bytes: 0,
+            overflowed: false,
+            waiting: VecDeque::new(),
+        }
+    }
+
+    fn entry(action: NotifyAction, name: &str) -> Entry {
+        Entry {
+            action,
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn buffer_overflows_at_its_capacity_and_frees_its_entries() {
+        let mut w = Watches::default();
+        // "abcd": 12 + 8 bytes, so three fit in 60 and the fourth overflows.
+        w.by_open.insert(1, watch(60));
+        for _ in 0..3 {
+            assert!(w
+                .deliver(1, vec![entry(NotifyAction::Added, "abcd")])
+                .is_none());
+        }
+        assert_eq!((w.buffered, w.by_open[&1].entries.len()), (60, 3));
+        w.deliver(1, vec![entry(NotifyAction::Removed, "abcd")]);
+        let watch = &w.by_open[&1];
+        assert!(watch.overflowed);
+        assert!(watch.entries.is_empty());
+        assert_eq!((w.buffered, watch.entry_bytes), (0, 0));
+        // Overflowed: nothing more is kept.
+        w.deliver(1, vec![entry(NotifyAction::Added, "x")]);
+        assert_eq!(w.buffered, 0);
+    }
+
+    #[test]
+    fn repeated_modifications_are_kept_once() {
+        let mut w = Watches::default();
+        w.by_open.insert(1, watch(1000));
+        for _ in 0..5 {
+            w.deliver(1, vec![entry(NotifyAction::Modified, "f")]);
+        }
+        w.deliver(1, vec![entry(NotifyAction::Added, "g")]);
+        w.deliver(1, vec![entry(NotifyAction::Added, "g")]);
+        assert_eq!(
+            w.by_open[&1].entries,
+            [
+                entry(NotifyAction::Modified, "f"),
+                entry(NotifyAction::Added, "g"),
+                entry(NotifyAction::Added, "g")
+            ]
+        );
+    }
+
+    #[test]
+    fn the_servers_total_is_bounded() {
+        let mut w = Watches::default();
+        w.by_open.insert(1, watch(MAX_WATCH_BUFFER));
+        w.buffered = MAX_BUFFERED_TOTAL - 10;
+        w.deliver(1, vec![entry(NotifyAction::Added, "abcd")]);
+        assert!(w.by_open[&1].overflowed);
+        assert_eq!(w.buffered, MAX_BUFFERED_TOTAL - 10);
+    }
+}

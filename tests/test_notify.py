@@ -1,0 +1,531 @@
+"""Change notify (SMB2 CHANGE_NOTIFY, MS-SMB2 3.3.5.19) with two clients on
+two connections: raw messages (tests/rawsmb.py), so that every interim
+STATUS_PENDING, final async response and CANCEL is seen as sent, and one
+test with smbprotocol's FileSystemWatcher as a real client uses it.
+
+One connection watches a directory; the other creates, renames, deletes,
+changes attributes and writes. Every wait is on the server's own answers
+(the pending request completing); nothing sleeps to let a race settle."""
+
+from __future__ import annotations
+
+import struct
+import threading
+import uuid
+
+import pytest
+import rawsmb
+from conftest import Security
+
+LOGOFF, TREE_DISCONNECT, CLOSE, WRITE, CANCEL, SET_INFO, CHANGE_NOTIFY = 0x0002, 0x0004, 0x0006, 0x0009, 0x000C, 0x0011, 0x000F
+FLAG_ASYNC = 0x2
+
+STATUS_PENDING = 0x00000103
+STATUS_NOTIFY_CLEANUP = 0x0000010B
+STATUS_NOTIFY_ENUM_DIR = 0x0000010C
+STATUS_CANCELLED = 0xC0000120
+STATUS_ACCESS_DENIED = 0xC0000022
+STATUS_DELETE_PENDING = 0xC0000056
+STATUS_INSUFFICIENT_RESOURCES = 0xC000009A
+STATUS_INTERNAL_ERROR = 0xC00000E5
+
+# MS-SMB2 2.2.35 CompletionFilter (MS-FSCC FILE_NOTIFY_CHANGE_*).
+FILE_NAME, DIR_NAME, ATTRIBUTES, SIZE, LAST_WRITE = 0x1, 0x2, 0x4, 0x8, 0x10
+NAMES = FILE_NAME | DIR_NAME
+WATCH_TREE = 0x0001
+# MS-FSCC 2.4.42 Action.
+ADDED, REMOVED, MODIFIED, OLD_NAME, NEW_NAME = 1, 2, 3, 4, 5
+
+# MS-SMB2 2.2.13 CREATE values.
+OPEN, CREATE, OPEN_IF = 1, 2, 3
+DIRECTORY_FILE, NON_DIRECTORY_FILE, DELETE_ON_CLOSE = 0x1, 0x40, 0x1000
+FILE_ALL_ACCESS = 0x001F01FF
+LIST_DIRECTORY_ONLY = 0x00100081  # FILE_LIST_DIRECTORY | READ_ATTRIBUTES | SYNCHRONIZE
+READ_ATTRIBUTES_ONLY = 0x00000080
+
+
+def message_id(resp: bytes) -> int:
+    return struct.unpack_from("<Q", resp, 24)[0]
+
+
+def is_async(resp: bytes) -> bool:
+    return bool(struct.unpack_from("<I", resp, 16)[0] & FLAG_ASYNC)
+
+
+def async_id(resp: bytes) -> int:
+    assert is_async(resp), "not an async response"
+    return struct.unpack_from("<Q", resp, 32)[0]
+
+
+def notify_body(file_id: bytes, filter_: int, *, flags: int = 0, length: int = 4096) -> bytes:
+    """MS-SMB2 2.2.35 CHANGE_NOTIFY Request."""
+    return struct.pack("<HHI16sII", 32, flags, length, file_id, filter_, 0)
+
+
+def changes(resp: bytes) -> list[tuple[int, str]]:
+    """The FILE_NOTIFY_INFORMATION entries (MS-FSCC 2.4.42) of a
+    CHANGE_NOTIFY response (MS-SMB2 2.2.36), as (action, name)."""
+    body = resp[rawsmb.HEADER_SIZE :]
+    structure_size, offset, length = struct.unpack_from("<HHI", body)
+    assert structure_size == 9
+    if length == 0:
+        return []
+    buf = resp[offset : offset + length]
+    assert len(buf) == length
+    out, at = [], 0
+    while True:
+        assert at % 4 == 0, "entry not 4-byte aligned"
+        nxt, action, name_len = struct.unpack_from("<III", buf, at)
+        out.append((action, buf[at + 12 : at + 12 + name_len].decode("utf-16-le")))
+        if nxt == 0:
+            return out
+        at += nxt
+
+
+def set_info_body(file_id: bytes, info_class: int, buffer: bytes) -> bytes:
+    """MS-SMB2 2.2.39 SET_INFO Request (InfoType FILE)."""
+    return struct.pack("<HBBIHHI16s", 33, 1, info_class, len(buffer), rawsmb.HEADER_SIZE + 32, 0, 0, file_id) + buffer
+
+
+def rename_info(new_name: str) -> bytes:
+    """MS-FSCC 2.4.37.2 FILE_RENAME_INFORMATION_TYPE_2 (class 10)."""
+    n = new_name.encode("utf-16-le")
+    return struct.pack("<B7xQI", 0, 0, len(n)) + n
+
+
+def basic_info(attributes: int) -> bytes:
+    """MS-FSCC 2.4.7 FILE_BASIC_INFORMATION (class 4): only attributes set."""
+    return struct.pack("<QQQQII", 0, 0, 0, 0, attributes, 0)
+
+
+def write_body(file_id: bytes, offset: int, data: bytes) -> bytes:
+    """MS-SMB2 2.2.21 WRITE, data right after the 48-byte body."""
+    return struct.pack("<HHIQ16sIIHHI", 49, rawsmb.HEADER_SIZE + 48, len(data), offset, file_id, 0, 0, 0, 0, 0) + data
+
+
+class Client:
+    """One connection, one anonymous session on the guest share, raw messages."""
+
+    def __init__(self, srv):
+        self.s = rawsmb.connect(srv.host, srv.port)
+        neg = rawsmb.negotiate(self.s, dialects=(0x0202, 0x0210), credit_request=64)
+        self.max_transact = struct.unpack_from("<I", neg, rawsmb.HEADER_SIZE + 28)[0]
+        self.sid, self.mid = rawsmb.anonymous_logon(self.s, 1)
+        self.tid = rawsmb.tree_connect(self.s, self.mid, self.sid, rf"\\{srv.host}\pub")
+        self.mid += 1
+
+    def send(self, command: int, body: bytes, async_id: int | None = None) -> int:
+        mid = self.mid
+        self.mid += 1
+        if async_id is None:
+            hdr = rawsmb.header(command, mid, credit_request=8, session_id=self.sid, tree_id=self.tid)
+        else:  # MS-SMB2 2.2.1.1 async header: AsyncId where Reserved/TreeId are
+            hdr = bytearray(rawsmb.header(command, mid, credit_request=0, session_id=self.sid, flags=FLAG_ASYNC))
+            struct.pack_into("<Q", hdr, 32, async_id)
+            hdr = bytes(hdr)
+        self.s.sendall(rawsmb.frame(hdr + body))
+        return mid
+
+    def recv(self) -> bytes:
+        return rawsmb.recv_message(self.s)
+
+    def call(self, command: int, body: bytes) -> bytes:
+        mid = self.send(command, body)
+        resp = self.recv()
+        assert message_id(resp) == mid
+        return resp
+
+    def create(self, name: str, *, disposition: int = OPEN, options: int = 0, access: int = FILE_ALL_ACCESS) -> bytes:
+        """CREATE; returns the FileId (asserting success)."""
+        resp = self.call(rawsmb.CREATE, create_body(name, disposition, options, access))
+        assert rawsmb.status(resp) == 0, f"CREATE {name}: {rawsmb.status(resp):#x}"
+        return resp[rawsmb.HEADER_SIZE + 64 : rawsmb.HEADER_SIZE + 80]
+
+    def close_file(self, file_id: bytes) -> int:
+        return rawsmb.status(self.call(CLOSE, struct.pack("<HHI16s", 24, 0, 0, file_id)))
+
+    def watch(self, name: str, access: int = LIST_DIRECTORY_ONLY) -> bytes:
+        return self.create(name, options=DIRECTORY_FILE, access=access)
+
+    def mkdir(self, name: str) -> None:
+        assert self.close_file(self.create(name, disposition=CREATE, options=DIRECTORY_FILE)) == 0
+
+    def touch(self, name: str) -> None:
+        assert self.close_file(self.create(name, disposition=CREATE, options=NON_DIRECTORY_FILE)) == 0
+
+    def delete(self, name: str, options: int = 0) -> None:
+        assert self.close_file(self.create(name, options=options | DELETE_ON_CLOSE)) == 0
+
+    def rename(self, old: str, new: str) -> None:
+        f = self.create(old)
+        assert rawsmb.status(self.call(SET_INFO, set_info_body(f, 10, rename_info(new)))) == 0
+        assert self.close_file(f) == 0
+
+    def start_notify(self, file_id: bytes, filter_: int, **kw) -> tuple[int, int]:
+        """Sends CHANGE_NOTIFY and expects it to wait: (message id, AsyncId)."""
+        mid = self.send(CHANGE_NOTIFY, notify_body(file_id, filter_, **kw))
+        interim = self.recv()
+        assert (message_id(interim), rawsmb.status(interim)) == (mid, STATUS_PENDING), hex(rawsmb.status(interim))
+        assert rawsmb.credits_granted(interim) >= 1
+        return mid, async_id(interim)
+
+    def final(self, mid: int) -> bytes:
+        """The final response of the async request `mid` (the next message)."""
+        resp = self.recv()
+        assert message_id(resp) == mid and is_async(resp), f"got message {message_id(resp)}, status {rawsmb.status(resp):#x}"
+        return resp
+
+    def cancel(self, aid: int) -> None:
+        self.send(CANCEL, struct.pack("<HH", 4, 0), async_id=aid)
+
+    def set_up_watch(self, file_id: bytes, filter_: int, **kw) -> None:
+        """A first request, cancelled: from then on changes are buffered."""
+        mid, aid = self.start_notify(file_id, filter_, **kw)
+        self.cancel(aid)
+        assert rawsmb.status(self.final(mid)) == STATUS_CANCELLED
+
+    def close(self):
+        self.s.close()
+
+
+def create_body(name: str, disposition: int, options: int, access: int) -> bytes:
+    """MS-SMB2 2.2.13 CREATE Request, all sharing."""
+    n = name.encode("utf-16-le")
+    body = struct.pack(
+        "<HBBIQQIIIIIHHII", 57, 0, 0, 2, 0, 0, access, 0x80, 7, disposition, options, rawsmb.HEADER_SIZE + 56, len(n), 0, 0
+    )
+    return body + (n or b"\0")
+
+
+@pytest.fixture
+def srv(server_factory):
+    srv = server_factory.start([("pub", False)], security=Security(guest_shares={"pub"}))
+    (srv.share_path / "d").mkdir()
+    return srv
+
+
+@pytest.fixture
+def clients(srv):
+    a, b = Client(srv), Client(srv)
+    yield a, b
+    a.close()
+    b.close()
+
+
+def test_create_rename_delete_by_another_connection_complete_the_wait(clients):
+    a, b = clients
+    d = a.watch("d")
+    mid, _ = a.start_notify(d, NAMES)
+    b.touch(r"d\f.txt")
+    assert changes(a.final(mid)) == [(ADDED, "f.txt")]
+    # A rename within the directory: old and new name in one response.
+    mid, _ = a.start_notify(d, NAMES)
+    b.rename(r"d\f.txt", r"d\g.txt")
+    resp = a.final(mid)
+    assert rawsmb.status(resp) == 0
+    assert changes(resp) == [(OLD_NAME, "f.txt"), (NEW_NAME, "g.txt")]
+    mid, _ = a.start_notify(d, NAMES)
+    b.delete(r"d\g.txt")
+    assert changes(a.final(mid)) == [(REMOVED, "g.txt")]
+    mid, _ = a.start_notify(d, NAMES)
+    b.mkdir(r"d\sub")
+    assert changes(a.final(mid)) == [(ADDED, "sub")]
+    mid, _ = a.start_notify(d, NAMES)
+    b.delete(r"d\sub", options=DIRECTORY_FILE)
+    assert changes(a.final(mid)) == [(REMOVED, "sub")]
+
+
+def test_changes_between_requests_are_buffered_and_answered_at_once(clients, srv):
+    a, b = clients
+    d = a.watch("d")
+    a.set_up_watch(d, NAMES)
+    for name in ("one", "two", "three"):
+        b.touch(rf"d\{name}")
+    b.delete(r"d\two")
+    # No interim response: the buffered changes answer the request, in order.
+    resp = a.call(CHANGE_NOTIFY, notify_body(d, NAMES))
+    assert not is_async(resp)
+    assert rawsmb.status(resp) == 0
+    assert changes(resp) == [(ADDED, "one"), (ADDED, "two"), (ADDED, "three"), (REMOVED, "two")]
+    # The buffer is empty again: the next request waits.
+    mid, _ = a.start_notify(d, NAMES)
+    b.touch(r"d\four")
+    assert changes(a.final(mid)) == [(ADDED, "four")]
+
+
+def test_another_handle_without_a_request_sees_nothing(clients):
+    a, b = clients
+    d1, d2 = a.watch("d"), a.watch("d")
+    a.set_up_watch(d1, NAMES)
+    b.touch(r"d\early")  # before d2 had any request: not for d2
+    mid, _ = a.start_notify(d2, NAMES)
+    b.touch(r"d\late")
+    assert changes(a.final(mid)) == [(ADDED, "late")]
+    assert changes(a.call(CHANGE_NOTIFY, notify_body(d1, NAMES))) == [(ADDED, "early"), (ADDED, "late")]
+
+
+def test_too_many_buffered_changes_give_notify_enum_dir(clients):
+    a, b = clients
+    d = a.watch("d")
+    # The first request's length (200 bytes) bounds the buffer for good.
+    a.set_up_watch(d, NAMES, length=200)
+    for i in range(20):
+        b.touch(rf"d\file-{i:04}")
+    resp = a.call(CHANGE_NOTIFY, notify_body(d, NAMES, length=65536))
+    assert (rawsmb.status(resp), changes(resp)) == (STATUS_NOTIFY_ENUM_DIR, [])
+    # The overflow was reported; changes are kept again afterwards.
+    b.touch(r"d\after")
+    assert changes(a.call(CHANGE_NOTIFY, notify_body(d, NAMES))) == [(ADDED, "after")]
+
+
+def test_changes_longer_than_the_request_give_notify_enum_dir(clients):
+    a, b = clients
+    d = a.watch("d")
+    mid, _ = a.start_notify(d, NAMES, length=10)
+    b.touch(r"d\a-name-longer-than-ten-bytes")
+    assert (rawsmb.status(resp := a.final(mid)), changes(resp)) == (STATUS_NOTIFY_ENUM_DIR, [])
+    b.touch(r"d\x")
+    resp = a.call(CHANGE_NOTIFY, notify_body(d, NAMES, length=0))
+    assert (rawsmb.status(resp), changes(resp)) == (STATUS_NOTIFY_ENUM_DIR, [])
+
+
+def test_cancel_ends_the_wait_and_no_change_is_lost(clients):
+    a, b = clients
+    d = a.watch("d")
+    mid, aid = a.start_notify(d, NAMES)
+    a.cancel(aid)
+    resp = a.final(mid)
+    assert (async_id(resp), rawsmb.status(resp)) == (aid, STATUS_CANCELLED)
+    b.touch(r"d\f")
+    assert changes(a.call(CHANGE_NOTIFY, notify_body(d, NAMES))) == [(ADDED, "f")]
+
+
+@pytest.mark.parametrize("how", ["close", "tree_disconnect", "logoff"])
+def test_closing_the_handle_ends_the_wait_with_notify_cleanup(clients, how):
+    a, _ = clients
+    d = a.watch("d")
+    mid, _ = a.start_notify(d, NAMES)
+    if how == "close":
+        close_mid = a.send(CLOSE, struct.pack("<HHI16s", 24, 0, 0, d))
+    elif how == "tree_disconnect":
+        close_mid = a.send(TREE_DISCONNECT, rawsmb.echo_body())
+    else:
+        close_mid = a.send(LOGOFF, rawsmb.echo_body())
+    final = a.final(mid)
+    assert (rawsmb.status(final), changes(final)) == (STATUS_NOTIFY_CLEANUP, [])
+    done = a.recv()
+    assert (message_id(done), rawsmb.status(done)) == (close_mid, 0)
+
+
+def test_watch_tree_sees_the_whole_subtree_with_backslashes(clients):
+    a, b = clients
+    b.mkdir(r"d\sub")
+    b.mkdir(r"d\sub\deeper")
+    tree, flat = a.watch("d"), a.watch("d")
+    mid_flat, _ = a.start_notify(flat, NAMES)
+    mid_tree, _ = a.start_notify(tree, NAMES, flags=WATCH_TREE)
+    b.touch(r"d\sub\deeper\f")
+    assert changes(a.final(mid_tree)) == [(ADDED, r"sub\deeper\f")]
+    # The watch of the directory alone saw nothing of that.
+    b.touch(r"d\top")
+    assert changes(a.final(mid_flat)) == [(ADDED, "top")]
+    assert changes(a.call(CHANGE_NOTIFY, notify_body(tree, NAMES))) == [(ADDED, "top")]
+
+
+def test_the_first_requests_filter_and_flags_hold_for_the_handle(clients):
+    a, b = clients
+    b.mkdir(r"d\sub")
+    d = a.watch("d")
+    a.set_up_watch(d, FILE_NAME, flags=WATCH_TREE)
+    b.mkdir(r"d\ignored-dir")  # DIR_NAME: not in the first filter
+    b.touch(r"d\sub\f")
+    # Asked now without WATCH_TREE and for directories only: still files,
+    # still the whole tree (Windows keeps the first request's).
+    resp = a.call(CHANGE_NOTIFY, notify_body(d, DIR_NAME))
+    assert changes(resp) == [(ADDED, r"sub\f")]
+
+
+def test_rename_across_directories_is_removed_and_added(clients):
+    a, b = clients
+    b.mkdir(r"d\from")
+    b.mkdir(r"d\to")
+    b.touch(r"d\from\f")
+    src, dst = a.watch(r"d\from"), a.watch(r"d\to")
+    mid_src, _ = a.start_notify(src, NAMES)
+    mid_dst, _ = a.start_notify(dst, NAMES)
+    b.rename(r"d\from\f", r"d\to\g")
+    assert changes(a.final(mid_src)) == [(REMOVED, "f")]
+    assert changes(a.final(mid_dst)) == [(ADDED, "g")]
+
+
+def test_a_watch_follows_its_renamed_directory(clients):
+    a, b = clients
+    b.mkdir(r"d\old")
+    sub = a.watch(r"d\old")
+    mid, _ = a.start_notify(sub, NAMES)
+    b.rename(r"d\old", r"d\new")
+    b.touch(r"d\new\f")
+    assert changes(a.final(mid)) == [(ADDED, "f")]
+
+
+def test_attribute_changes_and_writes_are_modified(clients):
+    a, b = clients
+    b.touch(r"d\f")
+    d = a.watch("d")
+    # (The first request's filter holds for the handle: it asks for all.)
+    mid, _ = a.start_notify(d, ATTRIBUTES | SIZE | LAST_WRITE)
+    f = b.create(r"d\f")
+    assert rawsmb.status(b.call(SET_INFO, set_info_body(f, 4, basic_info(0x2)))) == 0  # HIDDEN
+    assert changes(a.final(mid)) == [(MODIFIED, "f")]
+    # A write is reported once, when its handle closes (as NTFS does).
+    mid, _ = a.start_notify(d, SIZE | LAST_WRITE)
+    b.touch(r"d\unseen")  # a name change: not in the filter
+    for i in range(5):
+        assert rawsmb.status(b.call(WRITE, write_body(f, i * 10, b"x" * 10))) == 0
+    close_mid = b.send(CLOSE, struct.pack("<HHI16s", 24, 0, 0, f))
+    assert rawsmb.status(b.recv()) == 0 and close_mid
+    assert changes(a.final(mid)) == [(MODIFIED, "f")]
+
+
+def test_a_deleted_watched_directory_ends_the_wait_with_delete_pending(clients):
+    a, b = clients
+    b.mkdir(r"d\gone")
+    w = a.watch(r"d\gone")
+    mid, _ = a.start_notify(w, NAMES)
+    b.delete(r"d\gone", options=DIRECTORY_FILE)  # pending while A holds it open
+    assert rawsmb.status(a.final(mid)) == STATUS_DELETE_PENDING
+    assert rawsmb.status(a.call(CHANGE_NOTIFY, notify_body(w, NAMES))) == STATUS_DELETE_PENDING
+
+
+def test_bad_requests_get_their_status(clients):
+    a, b = clients
+    b.touch(r"d\file")
+    f = a.create(r"d\file")
+    assert rawsmb.status(a.call(CHANGE_NOTIFY, notify_body(f, NAMES))) == rawsmb.STATUS_INVALID_PARAMETER
+    no_list = a.watch("d", access=READ_ATTRIBUTES_ONLY)
+    assert rawsmb.status(a.call(CHANGE_NOTIFY, notify_body(no_list, NAMES))) == STATUS_ACCESS_DENIED
+    d = a.watch("d")
+    too_long = notify_body(d, NAMES, length=a.max_transact + 1)
+    assert rawsmb.status(a.call(CHANGE_NOTIFY, too_long)) == rawsmb.STATUS_INVALID_PARAMETER
+    assert rawsmb.status(a.call(CHANGE_NOTIFY, notify_body(d, NAMES)[:20])) == rawsmb.STATUS_INVALID_PARAMETER
+    # The connection goes on.
+    assert rawsmb.status(a.call(rawsmb.ECHO, rawsmb.echo_body())) == 0
+
+
+def test_a_notify_that_would_wait_before_the_end_of_a_compound_fails(clients):
+    """Only a compound's last request may go async; a CHANGE_NOTIFY before
+    it gets STATUS_INTERNAL_ERROR, as from Windows (smb2.compound.interim2),
+    and the rest of the chain is served."""
+    a, _ = clients
+    d = a.watch("d")
+    first = rawsmb.header(CHANGE_NOTIFY, a.mid, credit_request=8, session_id=a.sid, tree_id=a.tid) + notify_body(d, NAMES)
+    first += b"\0" * (-len(first) % 8)
+    first = first[:20] + struct.pack("<I", len(first)) + first[24:]  # NextCommand
+    second = rawsmb.header(rawsmb.ECHO, a.mid + 1, credit_request=8, session_id=a.sid, tree_id=a.tid) + rawsmb.echo_body()
+    a.mid += 2
+    a.s.sendall(rawsmb.frame(first + second))
+    resp = a.recv()
+    nxt = struct.unpack_from("<I", resp, 20)[0]
+    assert nxt, "one compound response expected"
+    assert rawsmb.status(resp[:nxt]) == STATUS_INTERNAL_ERROR
+    assert rawsmb.status(resp[nxt:]) == 0
+
+
+def test_pending_notifies_per_connection_are_bounded(server_factory):
+    srv = server_factory.start([("pub", False)], security=Security(guest_shares={"pub"}, limits={"max_pending_requests": 2}))
+    (srv.share_path / "d").mkdir()
+    a = Client(srv)
+    try:
+        handles = [a.watch("d") for _ in range(3)]
+        for h in handles[:2]:
+            a.start_notify(h, NAMES)
+        assert rawsmb.status(a.call(CHANGE_NOTIFY, notify_body(handles[2], NAMES))) == STATUS_INSUFFICIENT_RESOURCES
+    finally:
+        a.close()
+    assert "limits.max_pending_requests" in srv.log_tail()
+
+
+def test_a_watcher_that_disconnects_leaves_the_server_serving(clients, srv):
+    a, b = clients
+    d = a.watch("d")
+    a.start_notify(d, NAMES)
+    a.close()
+    # B's changes find the watch gone (or going) and complete nothing.
+    for i in range(3):
+        b.touch(rf"d\f{i}")
+    c = Client(srv)
+    try:
+        d = c.watch("d")
+        mid, _ = c.start_notify(d, NAMES)
+        b.touch(r"d\seen")
+        assert changes(c.final(mid)) == [(ADDED, "seen")]
+    finally:
+        c.close()
+
+
+def test_smbprotocol_file_system_watcher(server):
+    """smbprotocol's FileSystemWatcher, signed, as a real client uses it."""
+    from smbprotocol.change_notify import ChangeNotifyFlags, CompletionFilter, FileAction, FileSystemWatcher
+    from smbprotocol.connection import Connection
+    from smbprotocol.open import (
+        CreateDisposition,
+        CreateOptions,
+        DirectoryAccessMask,
+        FilePipePrinterAccessMask,
+        ImpersonationLevel,
+        Open,
+        ShareAccess,
+    )
+    from smbprotocol.session import Session
+    from smbprotocol.tree import TreeConnect
+
+    (server.share_path / "watched" / "sub").mkdir(parents=True)
+
+    def connect():
+        conn = Connection(uuid.uuid4(), server.host, server.port)
+        conn.connect()
+        session = Session(conn, server.user, server.password, require_encryption=False)
+        session.connect()
+        tree = TreeConnect(session, rf"\\{server.host}\{server.share}")
+        tree.connect()
+        return conn, tree
+
+    conn1, tree1 = connect()
+    conn2, tree2 = connect()
+    try:
+        dir_open = Open(tree1, "watched")
+        dir_open.create(
+            ImpersonationLevel.Impersonation,
+            DirectoryAccessMask.FILE_LIST_DIRECTORY | DirectoryAccessMask.SYNCHRONIZE,
+            0,
+            ShareAccess.FILE_SHARE_READ | ShareAccess.FILE_SHARE_WRITE | ShareAccess.FILE_SHARE_DELETE,
+            CreateDisposition.FILE_OPEN,
+            CreateOptions.FILE_DIRECTORY_FILE,
+        )
+        watcher = FileSystemWatcher(dir_open)
+        watcher.start(
+            CompletionFilter.FILE_NOTIFY_CHANGE_FILE_NAME | CompletionFilter.FILE_NOTIFY_CHANGE_DIR_NAME,
+            flags=ChangeNotifyFlags.SMB2_WATCH_TREE,
+        )
+        done = threading.Event()
+        threading.Thread(target=lambda: (watcher.wait(), done.set()), daemon=True).start()
+
+        f = Open(tree2, r"watched\sub\new.txt")
+        f.create(
+            ImpersonationLevel.Impersonation,
+            FilePipePrinterAccessMask.GENERIC_WRITE,
+            0,
+            ShareAccess.FILE_SHARE_READ,
+            CreateDisposition.FILE_CREATE,
+            CreateOptions.FILE_NON_DIRECTORY_FILE,
+        )
+        f.close()
+        assert done.wait(30), "the watcher's request did not complete"
+        result = watcher.result
+        assert [(r["action"].get_value(), r["file_name"].get_value()) for r in result] == [
+            (FileAction.FILE_ACTION_ADDED, "sub\\new.txt")
+        ]
+        dir_open.close()
+    finally:
+        conn2.disconnect()
+        conn1.disconnect()
