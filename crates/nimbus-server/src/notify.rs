@@ -46,10 +46,15 @@ use crate::session::{lock, Open};
 /// response, 64 KiB). Beyond: STATUS_NOTIFY_ENUM_DIR.
 pub const MAX_WATCH_BUFFER: usize = 60 * 1024;
 
-/// The most bytes of changes all watches of the server buffer together: a
-/// client opening thousands of directory handles cannot make the server
-/// hold more than this. A watch that would pass it overflows.
+/// The most memory the buffered changes of all watches of the server take
+/// together (names as on the wire plus each entry's bookkeeping): a client
+/// opening thousands of directory handles cannot make the server hold more.
+/// A watch that would pass it overflows.
 pub const MAX_BUFFERED_TOTAL: usize = 64 * 1024 * 1024;
+
+/// Memory an entry takes beyond its wire bytes (its struct; the name's heap
+/// bytes are about its UTF-16 length).
+const ENTRY_OVERHEAD: usize = std::mem::size_of::<Entry>();
 
 /// What a CHANGE_NOTIFY request comes to.
 pub enum Answer {
@@ -112,7 +117,7 @@ struct Watches {
     by_open: HashMap<u64, Watch>,
     /// Share root, then watched directory, to the open ids watching it.
     by_dir: HashMap<PathBuf, HashMap<String, Vec<u64>>>,
-    /// Wire bytes buffered in all watches.
+    /// Memory of the entries buffered in all watches (see `Watch::memory`).
     buffered: usize,
 }
 
@@ -181,6 +186,14 @@ fn encode(entries: &[Entry]) -> Vec<u8> {
     encode_notify_information(&pairs)
 }
 
+impl Watch {
+    /// What the buffered entries take, as counted against
+    /// MAX_BUFFERED_TOTAL.
+    fn memory(&self) -> usize {
+        self.entry_bytes + self.entries.len() * ENTRY_OVERHEAD
+    }
+}
+
 impl Watches {
     fn remove_from_dir(&mut self, root: &Path, dir: &str, open_id: u64) {
         if let Some(dirs) = self.by_dir.get_mut(root) {
@@ -225,16 +238,17 @@ impl Watches {
                 continue;
             }
             let len = entry.wire_len();
-            if watch.entry_bytes + len > watch.capacity || self.buffered + len > MAX_BUFFERED_TOTAL
+            if watch.entry_bytes + len > watch.capacity
+                || self.buffered + len + ENTRY_OVERHEAD > MAX_BUFFERED_TOTAL
             {
                 watch.overflowed = true;
-                self.buffered -= watch.entry_bytes;
+                self.buffered -= watch.memory();
                 watch.entry_bytes = 0;
                 watch.entries = Vec::new();
                 return None;
             }
             watch.entry_bytes += len;
-            self.buffered += len;
+            self.buffered += len + ENTRY_OVERHEAD;
             watch.entries.push(entry);
         }
         None
@@ -296,8 +310,8 @@ impl ChangeNotify {
             return Ok(Answer::Now(NtStatus::NOTIFY_ENUM_DIR, Vec::new()));
         }
         if !watch.entries.is_empty() {
+            w.buffered -= watch.memory();
             let entries = std::mem::take(&mut watch.entries);
-            w.buffered -= watch.entry_bytes;
             watch.entry_bytes = 0;
             let data = encode(&entries);
             if data.len() > max_len {
@@ -569,7 +583,7 @@ impl ChangeNotify {
                 return;
             };
             self.watch_count.fetch_sub(1, Ordering::AcqRel);
-            w.buffered -= watch.entry_bytes;
+            w.buffered -= watch.memory();
             w.remove_from_dir(&watch.root, &watch.dir, open.open_id);
             watch.waiting
         };
@@ -686,7 +700,10 @@ mod tests {
                 .deliver(1, vec![entry(NotifyAction::Added, "abcd")])
                 .is_none());
         }
-        assert_eq!((w.buffered, w.by_open[&1].entries.len()), (60, 3));
+        assert_eq!(
+            (w.buffered, w.by_open[&1].entries.len()),
+            (60 + 3 * ENTRY_OVERHEAD, 3)
+        );
         w.deliver(1, vec![entry(NotifyAction::Removed, "abcd")]);
         let watch = &w.by_open[&1];
         assert!(watch.overflowed);
