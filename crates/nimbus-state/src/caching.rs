@@ -99,6 +99,8 @@ pub enum Want {
         state: u32,
         version: u8,
         parent_key: Option<[u8; 16]>,
+        /// Lease v2: the epoch the client knows (0 for a new lease).
+        epoch: u16,
     },
 }
 
@@ -348,6 +350,7 @@ impl FileCaching {
                 id,
                 version,
                 parent_key,
+                epoch: client_epoch,
                 ..
             } => {
                 let holder = Holder::Lease(id);
@@ -358,12 +361,21 @@ impl FileCaching {
                 {
                     requested &= !HANDLE;
                 }
+                let asked = match ask.want {
+                    Want::Lease { state, .. } => state,
+                    _ => 0,
+                };
                 if let Some(g) = self.grant_mut(holder) {
                     g.opens.push(ask.open_id);
                     let breaking = g.breaking.is_some();
                     // An existing lease is upgraded only to a superset of
-                    // what it holds, and not while it is being broken.
-                    if !breaking && requested & g.state == g.state && requested != g.state {
+                    // what it holds, only when nothing asked for is held
+                    // back by others, and not while it is being broken.
+                    if !breaking
+                        && asked & g.state == g.state
+                        && requested != g.state
+                        && requested == asked
+                    {
                         g.state = requested;
                         g.epoch = g.epoch.wrapping_add(1);
                     }
@@ -373,21 +385,25 @@ impl FileCaching {
                         breaking,
                     };
                 }
-                // A new lease starts at epoch 1 once it holds anything
-                // (MS-SMB2 3.3.5.9.11: the server increments the epoch it
-                // was given).
+                // A new lease continues from the epoch the client gave,
+                // one higher once it holds anything (MS-SMB2 3.3.5.9.11).
+                let epoch = if requested != 0 {
+                    client_epoch.wrapping_add(1)
+                } else {
+                    client_epoch
+                };
                 self.grants.push(Grant {
                     holder,
                     state: requested,
                     breaking: None,
-                    epoch: 1,
+                    epoch,
                     version,
                     parent_key,
                     opens: vec![ask.open_id],
                 });
                 Granted::Lease {
                     state: requested,
-                    epoch: 1,
+                    epoch,
                     breaking: false,
                 }
             }
@@ -587,6 +603,7 @@ mod tests {
             state,
             version: 2,
             parent_key: None,
+            epoch: 0,
         }
     }
 

@@ -596,6 +596,7 @@ fn requested_caching(ctx: &Ctx<'_>, req: &CreateRequest) -> Result<Want, NtStatu
         version,
         parent_key: (version == 2 && lease.flags & lease_flags::PARENT_LEASE_KEY_SET != 0)
             .then_some(lease.parent_key),
+        epoch: if version == 2 { lease.epoch } else { 0 },
     })
 }
 
