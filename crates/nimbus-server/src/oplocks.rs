@@ -253,6 +253,20 @@ impl Oplocks {
         self.send(sends);
     }
 
+    /// The file is being deleted or renamed through `by`: other holders'
+    /// handle caching goes (without waiting).
+    pub fn contend_handles(&self, file: FileKey, by: u64) {
+        let sends = {
+            let mut t = lock(&self.table);
+            let Some(entry) = t.files.get_mut(&file) else {
+                return;
+            };
+            let breaks = entry.state.contend_handles(by);
+            self.prepare_breaks(&mut t, file, &breaks)
+        };
+        self.send(sends);
+    }
+
     /// Turns break orders into messages with their routes, and starts the
     /// acknowledgement timers. Under the table lock; sending happens after.
     fn prepare_breaks(&self, t: &mut Table, file: FileKey, breaks: &[BreakOrder]) -> Vec<Outbound> {
@@ -338,6 +352,14 @@ impl Outbound {
             return;
         }
         let b = self.order;
+        tracing::debug!(
+            "{}: break {:?} from {:#x} to {:#x} (ack {})",
+            conn.peer,
+            b.holder,
+            b.from,
+            b.to,
+            b.ack_required
+        );
         // MS-SMB2 3.3.4.6 / 3.3.4.7: MessageId all ones, no credits; an
         // oplock break names the open's session, a lease break none.
         let session_id = match b.holder {

@@ -271,9 +271,7 @@ impl FileCaching {
                 continue;
             }
             let ack_required = g.state & (WRITE | HANDLE) != 0;
-            if ack_required {
-                g.epoch = g.epoch.wrapping_add(1);
-            }
+            g.epoch = g.epoch.wrapping_add(1);
             out.breaks.push(BreakOrder {
                 holder: g.holder,
                 from: g.state,
@@ -482,8 +480,8 @@ impl FileCaching {
         let mut follow_up = None;
         if state & !b.required != 0 {
             let ack_required = state & (WRITE | HANDLE) != 0;
+            g.epoch = g.epoch.wrapping_add(1);
             if ack_required {
-                g.epoch = g.epoch.wrapping_add(1);
                 g.breaking = Some(Breaking {
                     sent: b.required,
                     required: b.required,
@@ -538,10 +536,10 @@ impl FileCaching {
                 continue;
             }
             let ack_required = g.state & (WRITE | HANDLE) != 0;
+            g.epoch = g.epoch.wrapping_add(1);
             if ack_required {
                 // Write or handle caching beside another writer cannot be;
                 // break it like an open would, to nothing.
-                g.epoch = g.epoch.wrapping_add(1);
                 g.breaking = Some(Breaking {
                     sent: 0,
                     required: 0,
@@ -560,6 +558,35 @@ impl FileCaching {
             }
         }
         self.drop_empty_oplocks();
+        out
+    }
+
+    /// The file is being deleted or renamed through open `by`: other
+    /// holders' handle caching goes, so that they close the handles they
+    /// keep open only for caching (MS-FSA 2.1.5.14.3 and 2.1.5.14.11).
+    pub fn contend_handles(&mut self, by: u64) -> Vec<BreakOrder> {
+        let mut out = Vec::new();
+        for g in &mut self.grants {
+            if g.opens.contains(&by) || g.state & HANDLE == 0 || g.breaking.is_some() {
+                continue;
+            }
+            let to = match g.holder {
+                Holder::Lease(_) => g.state & !HANDLE,
+                // An oplock cannot keep writes without handles: batch goes
+                // to level II.
+                Holder::Oplock(_) => READ,
+            };
+            g.epoch = g.epoch.wrapping_add(1);
+            g.breaking = Some(Breaking { sent: to, required: to });
+            out.push(BreakOrder {
+                holder: g.holder,
+                from: g.state,
+                to,
+                ack_required: true,
+                epoch: g.epoch,
+                version: g.version,
+            });
+        }
         out
     }
 

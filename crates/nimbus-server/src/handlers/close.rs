@@ -48,6 +48,8 @@ pub fn release(server: &Server, open: &Open) {
         .load(std::sync::atomic::Ordering::SeqCst)
     {
         let _ = sm.set_delete_pending(open.file_key, true);
+        // Others' cached handles keep the file; ask them to let go.
+        server.oplocks.contend_handles(open.file_key, open.open_id);
     }
     match sm.remove_open(open.file_key, open.open_id) {
         Ok(true) => {

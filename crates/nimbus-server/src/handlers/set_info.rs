@@ -201,7 +201,13 @@ fn set_file_info(ctx: &mut Ctx<'_>, open: &Open, class: u8, buf: &[u8]) -> Resul
                 .share_modes
                 .set_delete_pending(open.file_key, delete)
                 .map_err(|e| sharing_status(&e))?;
-            if !delete {
+            if delete {
+                // Holders of cached handles must close them for the file
+                // to go (MS-FSA 2.1.5.14.3).
+                ctx.server
+                    .oplocks
+                    .contend_handles(open.file_key, open.open_id);
+            } else {
                 open.delete_on_close.store(false, Ordering::SeqCst);
             }
         }
@@ -295,6 +301,10 @@ fn rename(ctx: &mut Ctx<'_>, open: &Open, new_name: &str, replace: bool) -> Resu
             }
         }
     }
+    // Others' cached handles would keep the old name (MS-FSA 2.1.5.14.11).
+    ctx.server
+        .oplocks
+        .contend_handles(open.file_key, open.open_id);
     // Rename the open file, not whatever its old name reaches by now.
     let identity = (open.file_key.dev, open.file_key.ino);
     fs.rename_if(&from, &to, replace || case_only, identity)
