@@ -1,6 +1,6 @@
-//! Change notify (MS-SMB2 3.3.5.19; MS-FSA 2.1.5.10 and 2.1.4.x "Notify
-//! Change"): watches on open directories, and the changes SMB requests of
-//! any session make beneath them.
+//! Change notify (MS-SMB2 3.3.5.19; MS-FSA 2.1.5.10 Server Requests Change
+//! Notifications for a Directory): watches on open directories, and the
+//! changes SMB requests of any session make beneath them.
 //!
 //! A directory handle gets a watch with its first CHANGE_NOTIFY request.
 //! The watch keeps that first request's CompletionFilter, WATCH_TREE flag
@@ -27,7 +27,7 @@ use std::collections::hash_map::Entry as MapEntry;
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use nimbus_state::FileKey;
 use nimbus_wire::fscc::{file_class, SetBasicInfo};
@@ -143,7 +143,7 @@ pub struct ChangeNotify {
     watch_count: AtomicUsize,
     /// Opens whose changes are reported when they close (writes, the
     /// attribute change of a renamed file): open id to CompletionFilter bits.
-    at_close: Mutex<HashMap<u64, u32>>,
+    at_close: RwLock<HashMap<u64, u32>>,
 }
 
 fn share_root(share: &Share) -> Option<&Path> {
@@ -561,8 +561,23 @@ impl ChangeNotify {
         self.at_close(open.open_id, cf::SIZE | cf::LAST_WRITE);
     }
 
+    /// Keeps `filter` for `open_id`'s close. Every WRITE comes here while
+    /// anyone watches: an open already marked only takes the read lock.
     fn at_close(&self, open_id: u64, filter: u32) {
-        *lock(&self.at_close).entry(open_id).or_default() |= filter;
+        let marked = self
+            .at_close
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&open_id)
+            .is_some_and(|kept| kept & filter == filter);
+        if !marked {
+            *self
+                .at_close
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(open_id)
+                .or_default() |= filter;
+        }
     }
 
     /// `open` is closing (CLOSE, TREE_DISCONNECT, LOGOFF, disconnect): the
@@ -570,7 +585,20 @@ impl ChangeNotify {
     /// request still waiting on it gets STATUS_NOTIFY_CLEANUP, as from
     /// Windows (smbtorture smb2.notify.close, .tdis1, .logoff).
     pub fn closed(&self, open: &Open) {
-        let kept = lock(&self.at_close).remove(&open.open_id);
+        // Most opens kept nothing: only those that did take the write lock.
+        let has_kept = self
+            .at_close
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(&open.open_id);
+        let kept = has_kept
+            .then(|| {
+                self.at_close
+                    .write()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&open.open_id)
+            })
+            .flatten();
         if let Some(filter) = kept {
             self.modified(open, filter);
         }
