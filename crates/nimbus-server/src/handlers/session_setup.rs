@@ -241,7 +241,9 @@ fn end_previous_session(ctx: &Ctx<'_>, session: &Session, previous_id: u64) {
         return;
     };
     let who = |s: &Session| match &*lock(&s.state) {
-        SessionState::Valid(a) if !a.guest => Some((a.user.to_lowercase(), a.domain.to_lowercase())),
+        SessionState::Valid(a) if !a.guest => {
+            Some((a.user.to_lowercase(), a.domain.to_lowercase()))
+        }
         _ => None,
     };
     if who(&previous).is_none() || who(&previous) != who(session) {
