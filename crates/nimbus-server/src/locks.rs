@@ -180,7 +180,9 @@ impl ByteRangeLocks {
     /// Whether the file has any byte-range lock (no read or handle caching
     /// is granted on such a file).
     pub fn has_locks(&self, file: FileKey) -> bool {
-        self.read().get(&file).is_some_and(|e| !e.granted.is_empty())
+        self.read()
+            .get(&file)
+            .is_some_and(|e| !e.granted.is_empty())
     }
 
     /// Whether a READ or WRITE by `owner` runs into another lock.

@@ -157,7 +157,8 @@ impl Oplocks {
             if empty {
                 t.files.remove(&file);
             }
-            t.lease_files.retain(|id, k| *k != file || live.contains(id));
+            t.lease_files
+                .retain(|id, k| *k != file || live.contains(id));
             woken
         };
         wake(woken);

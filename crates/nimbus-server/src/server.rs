@@ -14,10 +14,10 @@ use tokio::net::TcpListener;
 use crate::admission::Admission;
 use crate::config::{Config, EncryptionPolicy};
 use crate::locks::ByteRangeLocks;
-use crate::oplocks::Oplocks;
 use crate::logon_guard::LogonGuard;
 use crate::open_files::{open_file_cap, raise_descriptor_limit, OpenFiles};
 use crate::open_registry::OpenRegistry;
+use crate::oplocks::Oplocks;
 
 /// Why the server could not start; each is one line for the operator.
 #[derive(Debug)]

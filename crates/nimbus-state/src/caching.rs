@@ -152,6 +152,9 @@ pub enum Granted {
         epoch: u16,
         /// The lease is being broken (LeaseFlags BREAK_IN_PROGRESS).
         breaking: bool,
+        /// The version the lease was created with: the response keeps to
+        /// it whatever version later opens ask in.
+        version: u8,
     },
 }
 
@@ -281,7 +284,10 @@ impl FileCaching {
                 version: g.version,
             });
             if ack_required {
-                g.breaking = Some(Breaking { sent: to, required: to });
+                g.breaking = Some(Breaking {
+                    sent: to,
+                    required: to,
+                });
                 if g.state & delay_mask != 0 {
                     out.wait = true;
                 }
@@ -327,9 +333,8 @@ impl FileCaching {
         // (unless attribute-only and without caching) or any other grant,
         // even one broken to nothing, rules it out.
         let others_open = self.opens.iter().any(|o| {
-            let holder_same = own_lease.is_some_and(|l| {
-                self.grant(l).is_some_and(|g| g.opens.contains(&o.open_id))
-            });
+            let holder_same = own_lease
+                .is_some_and(|l| self.grant(l).is_some_and(|g| g.opens.contains(&o.open_id)));
             !holder_same && !o.stat
         });
         let others_hold = self.grants.iter().any(|g| Some(g.holder) != own_lease);
@@ -381,6 +386,7 @@ impl FileCaching {
                         state: g.state,
                         epoch: g.epoch,
                         breaking,
+                        version: g.version,
                     };
                 }
                 // A new lease continues from the epoch the client gave,
@@ -403,14 +409,17 @@ impl FileCaching {
                     state: requested,
                     epoch,
                     breaking: false,
+                    version,
                 }
             }
             Want::Oplock(_) => {
                 // A handle-caching lease of another client outranks a new
                 // oplock.
-                if self.grants.iter().any(|g| {
-                    matches!(g.holder, Holder::Lease(_)) && g.state & HANDLE != 0
-                }) {
+                if self
+                    .grants
+                    .iter()
+                    .any(|g| matches!(g.holder, Holder::Lease(_)) && g.state & HANDLE != 0)
+                {
                     requested = 0;
                 }
                 let level = oplock_level(requested);
@@ -464,9 +473,7 @@ impl FileCaching {
 
     /// A lease break acknowledged with `state` (MS-SMB2 3.3.5.22.2).
     pub fn ack_lease(&mut self, id: LeaseId, state: u32) -> Result<Acked, AckError> {
-        let g = self
-            .grant_mut(Holder::Lease(id))
-            .ok_or(AckError::Unknown)?;
+        let g = self.grant_mut(Holder::Lease(id)).ok_or(AckError::Unknown)?;
         let b = g.breaking.ok_or(AckError::NotBreaking)?;
         if state & !b.sent != 0 {
             return Err(AckError::TooMuch);
@@ -577,7 +584,10 @@ impl FileCaching {
                 Holder::Oplock(_) => READ,
             };
             g.epoch = g.epoch.wrapping_add(1);
-            g.breaking = Some(Breaking { sent: to, required: to });
+            g.breaking = Some(Breaking {
+                sent: to,
+                required: to,
+            });
             out.push(BreakOrder {
                 holder: g.holder,
                 from: g.state,
@@ -593,8 +603,9 @@ impl FileCaching {
     /// Oplocks at level none are no grant at all (leases at none stay:
     /// their opens still share the lease key).
     fn drop_empty_oplocks(&mut self) {
-        self.grants
-            .retain(|g| !(matches!(g.holder, Holder::Oplock(_)) && g.state == 0 && g.breaking.is_none()));
+        self.grants.retain(|g| {
+            !(matches!(g.holder, Holder::Oplock(_)) && g.state == 0 && g.breaking.is_none())
+        });
     }
 }
 
@@ -728,7 +739,8 @@ mod tests {
             Granted::Lease {
                 state: READ | WRITE | HANDLE,
                 epoch: 1,
-                breaking: false
+                breaking: false,
+                version: 2
             }
         );
         let other = ask(2, lease(LEASE_B, READ | HANDLE));
@@ -758,7 +770,8 @@ mod tests {
             Granted::Lease {
                 state: READ | WRITE | HANDLE,
                 epoch: 2,
-                breaking: false
+                breaking: false,
+                version: 2
             }
         );
         let mut g = FileCaching::default();
@@ -768,7 +781,8 @@ mod tests {
             Granted::Lease {
                 state: READ | HANDLE,
                 epoch: 1,
-                breaking: false
+                breaking: false,
+                version: 2
             }
         );
     }
@@ -817,6 +831,9 @@ mod tests {
         assert_eq!(b[0].holder, Holder::Oplock(1));
         assert!(!b[0].ack_required);
         assert!(f.grant(Holder::Oplock(1)).is_none());
-        assert!(f.grant(Holder::Oplock(2)).is_none(), "its own level II goes too");
+        assert!(
+            f.grant(Holder::Oplock(2)).is_none(),
+            "its own level II goes too"
+        );
     }
 }

@@ -363,8 +363,9 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
             state,
             epoch,
             breaking,
+            version,
         } => {
-            if let Some(c) = lease_response(&req.contexts, state, epoch, breaking) {
+            if let Some(c) = lease_response(&req.contexts, state, epoch, breaking, version) {
                 contexts.push(c);
             }
             oplock_level::LEASE
@@ -607,21 +608,23 @@ fn lease_response(
     state: u32,
     epoch: u16,
     breaking: bool,
+    version: u8,
 ) -> Option<CreateContext> {
     let c = requested
         .iter()
         .find(|c| c.name.as_slice() == context_name::REQUEST_LEASE)?;
     let asked = LeaseContext::parse(&c.data).ok()?;
+    let version = if version == 2 { 2 } else { 1 };
     let mut flags = 0;
     if breaking {
         flags |= lease_flags::BREAK_IN_PROGRESS;
     }
-    if asked.version == 2 && asked.flags & lease_flags::PARENT_LEASE_KEY_SET != 0 {
+    if version == 2 && asked.flags & lease_flags::PARENT_LEASE_KEY_SET != 0 {
         flags |= lease_flags::PARENT_LEASE_KEY_SET;
     }
     let mut data = Vec::with_capacity(LeaseContext::V2_LEN);
     LeaseContext {
-        version: asked.version,
+        version,
         lease_key: asked.lease_key,
         state,
         flags,
@@ -631,7 +634,7 @@ fn lease_response(
         } else {
             [0; 16]
         },
-        epoch: if asked.version == 2 { epoch } else { 0 },
+        epoch: if version == 2 { epoch } else { 0 },
     }
     .encode(&mut data);
     Some(CreateContext {

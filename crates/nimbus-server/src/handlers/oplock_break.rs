@@ -69,9 +69,7 @@ fn lease_ack(ctx: &mut Ctx<'_>, ack: LeaseBreakAck, out: &mut Vec<u8>) -> Handle
         None => return Err(NtStatus::OBJECT_NAME_NOT_FOUND),
         Some(AckOutcome::Done(_)) => ack.lease_state,
         Some(AckOutcome::Refused(AckError::NotBreaking)) => return Err(NtStatus::UNSUCCESSFUL),
-        Some(AckOutcome::Refused(AckError::TooMuch)) => {
-            return Err(NtStatus::REQUEST_NOT_ACCEPTED)
-        }
+        Some(AckOutcome::Refused(AckError::TooMuch)) => return Err(NtStatus::REQUEST_NOT_ACCEPTED),
         Some(AckOutcome::Refused(AckError::Unknown)) => {
             return Err(NtStatus::OBJECT_NAME_NOT_FOUND)
         }
