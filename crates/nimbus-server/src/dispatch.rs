@@ -256,7 +256,7 @@ struct Encrypted {
 
 /// State carried from one request of a compound chain to the next.
 #[derive(Default)]
-struct Chain {
+pub(crate) struct Chain {
     /// Session id of the TRANSFORM header, if the frame was encrypted.
     encrypted_for: Option<u64>,
     /// The cipher that decrypted the frame (final responses of requests
@@ -295,6 +295,24 @@ pub fn process_frame(
     if !frame.starts_with(&PROTOCOL_ID) {
         return refuse(conn, "message with unknown protocol id");
     }
+    let chain = Chain {
+        encrypted_for: encrypted.as_ref().map(|e| e.session_id),
+        sealed_by: encrypted.as_ref().map(|e| e.cipher.clone()),
+        ..Chain::default()
+    };
+    run_chain(conn, frame, chain, allowance, true)
+}
+
+/// Runs the requests of a chain (all of a frame, or what follows a request
+/// that went async in the middle of it) and builds their responses.
+/// `from_start`: the chain's first request is the frame's first.
+fn run_chain(
+    conn: &Arc<Connection>,
+    frame: &mut [u8],
+    mut chain: Chain,
+    allowance: usize,
+    from_start: bool,
+) -> Option<Outgoing> {
     // A buffer sized for what the requests may return. The allowance counts
     // payload in either direction (a WRITE's credit charge covers the data
     // it sends), so the frame's own size comes off: a READ gets a big
@@ -304,11 +322,6 @@ pub fn process_frame(
     out.resize(RESPONSE_START, 0);
     // (start of each response, session to sign it with)
     let mut responses: Vec<(usize, Option<Arc<Session>>)> = Vec::new();
-    let mut chain = Chain {
-        encrypted_for: encrypted.as_ref().map(|e| e.session_id),
-        sealed_by: encrypted.as_ref().map(|e| e.cipher.clone()),
-        ..Chain::default()
-    };
     let mut offset = 0usize;
     let mut requests = 0usize;
     loop {
@@ -381,11 +394,25 @@ pub fn process_frame(
             }
             let start = out.len();
             let room = allowance.saturating_sub(start - RESPONSE_START);
-            let signer = handle_one(conn, msg, &hdr, &mut chain, &mut out, offset == 0, room);
+            let waiting = chain.interims.len();
+            let first = from_start && offset == 0;
+            let signer = handle_one(conn, msg, &hdr, &mut chain, &mut out, first, room);
             if conn.is_closing() {
                 return None;
             }
             responses.push((start, signer));
+            if next != 0 && chain.interims.len() > waiting {
+                // A request in the middle of a chain must wait (a CREATE
+                // held for an oplock break): the rest of the chain runs
+                // once it completes, with the FileId it produced
+                // (MS-SMB2 3.3.5.2.7; Windows and Samba split the chain
+                // the same way).
+                if let Some(request) = chain.interims.last() {
+                    let rest = frame[offset + len..].to_vec();
+                    request.then(continuation(conn, &chain, rest, allowance));
+                }
+                break;
+            }
         }
         offset += len;
         if next == 0 {
@@ -395,9 +422,9 @@ pub fn process_frame(
     if responses.is_empty() {
         return None;
     }
-    if let Some(e) = encrypted {
+    if let (Some(session_id), Some(cipher)) = (chain.encrypted_for, chain.sealed_by.as_ref()) {
         // Encrypted responses are not also signed (MS-SMB2 3.3.4.1.4).
-        if let Err(err) = e.cipher.seal(e.session_id, &mut out[4..]) {
+        if let Err(err) = cipher.seal(session_id, &mut out[4..]) {
             return refuse(conn, &format!("cannot encrypt the response: {err}"));
         }
         let len = out.len() - 4;
@@ -420,6 +447,37 @@ pub fn process_frame(
     let start = RESPONSE_START - 4;
     out[start..RESPONSE_START].copy_from_slice(&nimbus_wire::nbss::frame_header(len));
     Some(Outgoing::new(out, start).with_interims(chain.interims))
+}
+
+/// What runs the rest of a chain after its request `request` completes:
+/// related requests get the FileId it produced, or fail with its error.
+fn continuation(
+    conn: &Arc<Connection>,
+    chain: &Chain,
+    mut rest: Vec<u8>,
+    allowance: usize,
+) -> crate::pending::Continuation {
+    let conn = Arc::downgrade(conn);
+    let mut next = Chain {
+        encrypted_for: chain.encrypted_for,
+        sealed_by: chain.sealed_by.clone(),
+        session_id: chain.session_id,
+        tree_id: chain.tree_id,
+        session_ok: chain.session_ok,
+        ..Chain::default()
+    };
+    Box::new(move |file_id, status| {
+        let Some(conn) = conn.upgrade() else {
+            return;
+        };
+        next.file_id = file_id;
+        if status.is_error() {
+            next.create_error = Some(status);
+        }
+        if let Some(out) = run_chain(&conn, &mut rest, next, allowance, false) {
+            conn.send_unsolicited(out);
+        }
+    })
 }
 
 /// MS-SMB2 3.3.5.2.1.1: a TRANSFORM message is decrypted with the keys of

@@ -17,7 +17,7 @@ use std::sync::{Arc, Weak};
 use nimbus_wire::header::{flags, Header};
 use nimbus_wire::simple::encode_error;
 use nimbus_wire::transform::TRANSFORM_HEADER_SIZE;
-use nimbus_wire::{NtStatus, HEADER_SIZE};
+use nimbus_wire::{FileId, NtStatus, HEADER_SIZE};
 
 use crate::connection::{Connection, Outgoing};
 use crate::security::SessionCipher;
@@ -53,7 +53,16 @@ pub struct PendingRequest {
 struct Gate {
     interim_written: bool,
     held: Option<Outgoing>,
+    /// The rest of a compound chain, run after the final response.
+    then: Option<Continuation>,
+    /// How the request ended, for `then`: the FileId a CREATE produced.
+    outcome: Option<(Option<FileId>, NtStatus)>,
 }
+
+/// Runs the requests of a compound chain that followed a request which
+/// went async, once it completes: given the FileId it produced (if any)
+/// and its status.
+pub type Continuation = Box<dyn FnOnce(Option<FileId>, NtStatus) + Send>;
 
 /// How a pending request is ended from outside its waiter (CANCEL, close,
 /// logoff, disconnect): the owner of the wait drops it, then completes the
@@ -147,14 +156,34 @@ impl PendingRequest {
     /// The writer has sent the interim response: a final response held
     /// back goes out now, and later ones at once.
     pub fn interim_written(&self) {
-        let held = {
+        let (held, then) = {
             let mut gate = lock(&self.gate);
             gate.interim_written = true;
-            gate.held.take()
+            let held = gate.held.take();
+            let then = if held.is_some() {
+                gate.then.take().zip(gate.outcome.take())
+            } else {
+                None
+            };
+            (held, then)
         };
         if let (Some(out), Some(conn)) = (held, self.conn.upgrade()) {
             conn.send_unsolicited(out);
         }
+        if let Some((then, (file_id, status))) = then {
+            run_later(then, file_id, status);
+        }
+    }
+
+    /// Sets what runs after the final response (the rest of a chain).
+    pub fn then(&self, then: Continuation) {
+        lock(&self.gate).then = Some(then);
+    }
+
+    /// Records the FileId the request produced, for the rest of its chain.
+    pub fn set_file_id(&self, file_id: FileId) {
+        let mut gate = lock(&self.gate);
+        gate.outcome = Some((Some(file_id), NtStatus::SUCCESS));
     }
 
     /// Whether the final response went out (or the request was ended).
@@ -213,13 +242,31 @@ impl PendingRequest {
             return true;
         };
         let mut gate = lock(&self.gate);
+        let file_id = gate.outcome.take().and_then(|(id, _)| id);
+        let file_id = if status.is_error() { None } else { file_id };
         if gate.interim_written {
+            let then = gate.then.take();
             drop(gate);
             conn.send_unsolicited(out);
+            if let Some(then) = then {
+                run_later(then, file_id, status);
+            }
         } else {
             gate.held = Some(out);
+            gate.outcome = Some((file_id, status));
         }
         true
+    }
+}
+
+/// Runs the rest of a chain on the runtime, not inside whatever completed
+/// the request (which may hold a service's state).
+fn run_later(then: Continuation, file_id: Option<FileId>, status: NtStatus) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => {
+            rt.spawn(async move { then(file_id, status) });
+        }
+        Err(_) => then(file_id, status),
     }
 }
 

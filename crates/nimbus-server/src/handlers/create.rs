@@ -733,6 +733,9 @@ impl Resume {
         match handle(&mut ctx, &self.body, &mut out) {
             Ok(NtStatus::PENDING) => {}
             Ok(status) => {
+                if let Some(id) = ctx.chain_file_id {
+                    self.request.set_file_id(id);
+                }
                 if !self.request.complete(status, |o| o.extend_from_slice(&out)) {
                     // Cancelled while it ran: the open it made is not the
                     // client's; close it again.
