@@ -511,17 +511,17 @@ impl FileCaching {
         }
     }
 
-    /// The holder did not acknowledge in time: it is treated as having
-    /// acknowledged the state it must end at (MS-SMB2 3.3.6.1). Returns
-    /// whether anything changed.
+    /// The holder did not acknowledge in time: it loses all caching
+    /// (MS-SMB2 3.3.6.1 and 3.3.6.5 set the oplock level and the lease
+    /// state to none). Returns whether anything changed.
     pub fn break_timed_out(&mut self, holder: Holder) -> bool {
         let Some(g) = self.grant_mut(holder) else {
             return false;
         };
-        let Some(b) = g.breaking.take() else {
+        if g.breaking.take().is_none() {
             return false;
-        };
-        g.state = b.required;
+        }
+        g.state = 0;
         self.drop_empty_oplocks();
         true
     }
@@ -709,13 +709,13 @@ mod tests {
     }
 
     #[test]
-    fn unacknowledged_break_times_out_to_what_was_required() {
+    fn unacknowledged_break_times_out_to_none() {
         let mut f = FileCaching::default();
         f.admit(&ask(1, Want::Oplock(OPLOCK_EXCLUSIVE)));
         let c = f.contend(&ask(2, Want::Nothing));
         assert!(c.wait);
         assert!(f.break_timed_out(Holder::Oplock(1)));
-        assert_eq!(f.grant(Holder::Oplock(1)).unwrap().state, READ);
+        assert!(f.grant(Holder::Oplock(1)).is_none(), "an oplock at none is no grant");
         assert!(!f.contend(&ask(2, Want::Nothing)).wait);
     }
 
