@@ -260,12 +260,18 @@ impl FileCaching {
                 to &= READ;
             }
             if let Some(b) = &mut g.breaking {
-                // Already told to break: lower what it must end at, and
-                // wait for it if what it still holds is in the way.
+                // Already told to break. An open that needs more lowers
+                // what the holder must end at, and waits only if what it
+                // still holds is in the way (an overwrite of a file whose
+                // read-handle lease is breaking goes on); one that needs
+                // nothing more waits for the break to settle, as Windows
+                // and Samba do.
                 if needed {
                     b.required &= to;
-                }
-                if g.state & !b.required != 0 || g.state & delay_mask != 0 {
+                    if g.state & delay_mask != 0 {
+                        out.wait = true;
+                    }
+                } else {
                     out.wait = true;
                 }
                 continue;
