@@ -721,7 +721,10 @@ mod tests {
         let c = f.contend(&ask(2, Want::Nothing));
         assert!(c.wait);
         assert!(f.break_timed_out(Holder::Oplock(1)));
-        assert!(f.grant(Holder::Oplock(1)).is_none(), "an oplock at none is no grant");
+        assert!(
+            f.grant(Holder::Oplock(1)).is_none(),
+            "an oplock at none is no grant"
+        );
         assert!(!f.contend(&ask(2, Want::Nothing)).wait);
     }
 
