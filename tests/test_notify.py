@@ -15,6 +15,7 @@ import uuid
 
 import pytest
 import rawsmb
+import test_locks
 from conftest import Security
 
 LOGOFF, TREE_DISCONNECT, CLOSE, WRITE, CANCEL, SET_INFO, CHANGE_NOTIFY = 0x0002, 0x0004, 0x0006, 0x0009, 0x000C, 0x0011, 0x000F
@@ -103,8 +104,9 @@ def write_body(file_id: bytes, offset: int, data: bytes) -> bytes:
     return struct.pack("<HHIQ16sIIHHI", 49, rawsmb.HEADER_SIZE + 48, len(data), offset, file_id, 0, 0, 0, 0, 0) + data
 
 
-class Client:
-    """One connection, one anonymous session on the guest share, raw messages."""
+class Client(test_locks.Client):
+    """One connection, one anonymous session on the guest share, raw messages
+    (send/recv/call as test_locks' client); remembers MaxTransactSize."""
 
     def __init__(self, srv):
         self.s = rawsmb.connect(srv.host, srv.port)
@@ -113,27 +115,6 @@ class Client:
         self.sid, self.mid = rawsmb.anonymous_logon(self.s, 1)
         self.tid = rawsmb.tree_connect(self.s, self.mid, self.sid, rf"\\{srv.host}\pub")
         self.mid += 1
-
-    def send(self, command: int, body: bytes, async_id: int | None = None) -> int:
-        mid = self.mid
-        self.mid += 1
-        if async_id is None:
-            hdr = rawsmb.header(command, mid, credit_request=8, session_id=self.sid, tree_id=self.tid)
-        else:  # MS-SMB2 2.2.1.1 async header: AsyncId where Reserved/TreeId are
-            hdr = bytearray(rawsmb.header(command, mid, credit_request=0, session_id=self.sid, flags=FLAG_ASYNC))
-            struct.pack_into("<Q", hdr, 32, async_id)
-            hdr = bytes(hdr)
-        self.s.sendall(rawsmb.frame(hdr + body))
-        return mid
-
-    def recv(self) -> bytes:
-        return rawsmb.recv_message(self.s)
-
-    def call(self, command: int, body: bytes) -> bytes:
-        mid = self.send(command, body)
-        resp = self.recv()
-        assert message_id(resp) == mid
-        return resp
 
     def create(self, name: str, *, disposition: int = OPEN, options: int = 0, access: int = FILE_ALL_ACCESS) -> bytes:
         """CREATE; returns the FileId (asserting success)."""
