@@ -137,6 +137,16 @@ impl Oplocks {
             let Some(entry) = t.files.get_mut(&file) else {
                 return;
             };
+            // The leases this open shared, to see which went with it.
+            let shared: Vec<LeaseId> = entry
+                .state
+                .grants
+                .iter()
+                .filter_map(|g| match g.holder {
+                    Holder::Lease(id) if g.opens.contains(&open_id) => Some(id),
+                    _ => None,
+                })
+                .collect();
             let ended_break = entry.state.remove_open(open_id);
             entry.routes.remove(&open_id);
             let woken = if ended_break || !entry.state.breaking() {
@@ -144,21 +154,16 @@ impl Oplocks {
             } else {
                 Vec::new()
             };
-            let empty = entry.state.is_empty() && entry.waiters.is_empty();
-            let live: Vec<LeaseId> = entry
-                .state
-                .grants
-                .iter()
-                .filter_map(|g| match g.holder {
-                    Holder::Lease(id) => Some(id),
-                    _ => None,
-                })
+            let gone: Vec<LeaseId> = shared
+                .into_iter()
+                .filter(|id| entry.state.grant(Holder::Lease(*id)).is_none())
                 .collect();
-            if empty {
+            if entry.state.is_empty() && entry.waiters.is_empty() {
                 t.files.remove(&file);
             }
-            t.lease_files
-                .retain(|id, k| *k != file || live.contains(id));
+            for id in gone {
+                t.lease_files.remove(&id);
+            }
             woken
         };
         wake(woken);

@@ -356,6 +356,12 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
         seal: break_cipher(&session, &tree),
     };
     let granted_caching = ctx.server.oplocks.admit(key, &ask, route);
+    if delete_on_close && !created {
+        // The file goes when this handle closes: others' cached handles
+        // would keep it, so they are asked to let go now, before the
+        // client hears back (the close asks again for what is left).
+        ctx.server.oplocks.contend_handles(key, open_id);
+    }
     let mut contexts = contexts;
     let oplock_level = match granted_caching {
         Granted::Oplock(level) => level,
