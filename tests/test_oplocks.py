@@ -21,7 +21,7 @@ import test_locks
 from conftest import Security
 from test_locks import CANCEL, CLOSE, WRITE, async_id, close_body, message_id, write_body
 
-OPLOCK_BREAK, QUERY_INFO = 0x0012, 0x0010
+OPLOCK_BREAK, QUERY_INFO, SET_INFO = 0x0012, 0x0010, 0x0011
 FLAG_SERVER_TO_REDIR, FLAG_ASYNC, FLAG_RELATED = 0x1, 0x2, 0x4
 BREAK_MESSAGE_ID = 0xFFFFFFFFFFFFFFFF
 
@@ -40,8 +40,11 @@ R, H, W = 0x1, 0x2, 0x4
 LEASE_BREAK_ACK_REQUIRED = 0x1
 
 READ_WRITE = 0x0012019F  # FILE_GENERIC_READ | FILE_GENERIC_WRITE
+DELETE = 0x00010000
+LIST_DIRECTORY = 0x00100081  # FILE_LIST_DIRECTORY | FILE_READ_ATTRIBUTES | SYNCHRONIZE
 SHARE_ALL, SHARE_NONE = 0x7, 0x0
-OPEN_IF, NON_DIRECTORY_FILE = 3, 0x40
+OPEN_IF, DIRECTORY_FILE, NON_DIRECTORY_FILE = 3, 0x1, 0x40
+LEASE_FLAG_PARENT_LEASE_KEY_SET = 0x4
 CONTENT = b"oplocked file contents\n"
 
 
@@ -49,23 +52,34 @@ CONTENT = b"oplocked file contents\n"
 # messages
 
 
-def create_body(name: str, *, oplock: int = LEVEL_NONE, share: int = SHARE_ALL, contexts: bytes = b"") -> bytes:
-    """MS-SMB2 2.2.13 CREATE (OPEN_IF, read/write access), contexts 8-aligned after the name."""
+def create_body(
+    name: str,
+    *,
+    oplock: int = LEVEL_NONE,
+    share: int = SHARE_ALL,
+    contexts: bytes = b"",
+    access: int = READ_WRITE,
+    options: int = NON_DIRECTORY_FILE,
+) -> bytes:
+    """MS-SMB2 2.2.13 CREATE (OPEN_IF; a file opened for reading and writing
+    unless told otherwise), contexts 8-aligned after the name."""
     n = name.encode("utf-16-le")
     ctx_offset = 0
     if contexts:
         ctx_offset = rawsmb.HEADER_SIZE + 56 + len(n) + (-len(n) % 8)
         n += b"\0" * (-len(n) % 8)
     body = struct.pack(
-        "<HBBIQQIIIIIHHII", 57, 0, oplock, 2, 0, 0, READ_WRITE, 0x80, share, OPEN_IF, NON_DIRECTORY_FILE,
+        "<HBBIQQIIIIIHHII", 57, 0, oplock, 2, 0, 0, access, 0x80, share, OPEN_IF, options,
         rawsmb.HEADER_SIZE + 56, len(name.encode("utf-16-le")), ctx_offset, len(contexts),
     )  # fmt: skip
     return body + n + contexts
 
 
-def lease_context(key: bytes, state: int, epoch: int = 0) -> bytes:
-    """MS-SMB2 2.2.13.2 create context "RqLs" with 2.2.13.2.10 SMB2_CREATE_REQUEST_LEASE_V2."""
-    data = struct.pack("<16sIIQ16sHH", key, state, 0, 0, b"\0" * 16, epoch, 0)
+def lease_context(key: bytes, state: int, epoch: int = 0, parent: bytes | None = None) -> bytes:
+    """MS-SMB2 2.2.13.2 create context "RqLs" with 2.2.13.2.10 SMB2_CREATE_REQUEST_LEASE_V2
+    (with ParentLeaseKey when `parent` is given)."""
+    flags = LEASE_FLAG_PARENT_LEASE_KEY_SET if parent else 0
+    data = struct.pack("<16sIIQ16sHH", key, state, flags, 0, parent or b"\0" * 16, epoch, 0)
     return struct.pack("<IHHHHI", 0, 16, 4, 0, 24, len(data)) + b"RqLs" + b"\0" * 4 + data
 
 
@@ -426,6 +440,125 @@ def test_lease_rwh_break_to_rh_and_acknowledgement_errors(srv):
     finally:
         a.close()
         b.close()
+
+
+def rename_body(file_id: bytes, new_name: str) -> bytes:
+    """MS-SMB2 2.2.39 SET_INFO, FILE / FileRenameInformation (10) with
+    MS-FSCC 2.4.37 FILE_RENAME_INFORMATION_TYPE_2 (no replace, no root)."""
+    name = new_name.encode("utf-16-le")
+    info = struct.pack("<B7xQI", 0, 0, len(name)) + name
+    return struct.pack("<HBBIHHI16s", 33, 1, 10, len(info), rawsmb.HEADER_SIZE + 32, 0, 0, file_id) + info
+
+
+def test_rename_waits_until_other_leases_give_up_handle_caching(srv):
+    key_a = uuid.uuid4().bytes
+    a, b = Smb311Client(srv, uuid.uuid4().bytes), Smb311Client(srv, uuid.uuid4().bytes)
+    try:
+        resp = a.create("f.txt", oplock=LEVEL_LEASE, contexts=lease_context(key_a, R | H))
+        assert lease_of(resp) == (key_a, R | H, 0, 1)
+        fb = b.open_with("f.txt", LEVEL_NONE, access=READ_WRITE | DELETE)
+        a.assert_nothing_pending()
+        # B's rename waits (interim STATUS_PENDING) while A is asked to close cached handles.
+        mid = b.send(SET_INFO, rename_body(fb, "g.txt"))
+        interim = b.recv()
+        assert (message_id(interim), rawsmb.status(interim)) == (mid, STATUS_PENDING)
+        aid = async_id(interim)
+        assert lease_break_of(a.recv()) == (2, LEASE_BREAK_ACK_REQUIRED, key_a, R | H, R)
+        b.assert_nothing_pending()
+        assert (srv.share_path / "f.txt").exists()
+        # A keeps its open but gives up handle caching: the rename goes on.
+        assert rawsmb.status(a.call(OPLOCK_BREAK, lease_ack_body(key_a, R))) == 0
+        assert rawsmb.status(b.final(mid, aid)) == 0
+        assert (srv.share_path / "g.txt").read_bytes() == CONTENT
+        assert not (srv.share_path / "f.txt").exists()
+    finally:
+        a.close()
+        b.close()
+
+
+def lease_break_of(msg: bytes) -> tuple[int, int, bytes, int, int]:
+    """(epoch, flags, key, current, new) of a LEASE_BREAK notification (MS-SMB2 2.2.23.2)."""
+    assert command_of(msg) == OPLOCK_BREAK and message_id(msg) == BREAK_MESSAGE_ID, hex(command_of(msg))
+    size, epoch, flags, key, current, new = struct.unpack_from("<HHI16sII", body_of(msg))
+    assert size == 44
+    return epoch, flags, key, current, new
+
+
+def directory_leased(srv, a: Smb311Client, name: str) -> bytes:
+    """A opens directory `name` asking RWH; it is granted RH (no write caching
+    on a directory). Returns the lease key."""
+    key = uuid.uuid4().bytes
+    resp = a.create(
+        name, oplock=LEVEL_LEASE, contexts=lease_context(key, R | W | H), access=LIST_DIRECTORY, options=DIRECTORY_FILE
+    )
+    assert rawsmb.status(resp) == 0, hex(rawsmb.status(resp))
+    assert lease_of(resp) == (key, R | H, 0, 1)
+    return key
+
+
+def test_directory_lease_breaks_when_another_client_creates_a_file_in_it(srv):
+    (srv.share_path / "d").mkdir()
+    a, b = Smb311Client(srv, uuid.uuid4().bytes), Smb311Client(srv, uuid.uuid4().bytes)
+    try:
+        dir_key = directory_leased(srv, a, "d")
+        # A's own new file names the directory's lease as its parent: A's
+        # cached listing stays right, so nothing is broken.
+        resp = a.create(r"d\mine.txt", oplock=LEVEL_LEASE, contexts=lease_context(uuid.uuid4().bytes, R | W | H, parent=dir_key))
+        assert rawsmb.status(resp) == 0
+        assert lease_of(resp)[1:3] == (R | W | H, LEASE_FLAG_PARENT_LEASE_KEY_SET)
+        a.assert_nothing_pending()
+        # B creates a file there: its CREATE does not wait, and A's lease goes to none.
+        resp = b.create(r"d\new.txt")
+        assert rawsmb.status(resp) == 0
+        assert lease_break_of(a.recv()) == (2, LEASE_BREAK_ACK_REQUIRED, dir_key, R | H, 0)
+        assert rawsmb.status(a.call(OPLOCK_BREAK, lease_ack_body(dir_key, 0))) == 0
+        # A second change while the lease holds nothing sends nothing.
+        assert rawsmb.status(b.call(CLOSE, close_body(file_id_of(resp)))) == 0
+        assert rawsmb.status(b.create(r"d\other.txt")) == 0
+        a.assert_nothing_pending()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_directory_lease_breaks_when_a_write_in_it_is_closed(srv):
+    (srv.share_path / "d").mkdir()
+    (srv.share_path / "d" / "f.txt").write_bytes(CONTENT)
+    a, b = Smb311Client(srv, uuid.uuid4().bytes), Smb311Client(srv, uuid.uuid4().bytes)
+    try:
+        dir_key = directory_leased(srv, a, "d")
+        fb = b.open_with(r"d\f.txt", LEVEL_NONE)
+        a.assert_nothing_pending()  # opening an existing file changes no listing
+        # The write shows in the listing (size, time) when its handle closes, as on Windows.
+        assert rawsmb.status(b.call(WRITE, write_body(fb, 0, b"more data than before\n" * 4))) == 0
+        a.assert_nothing_pending()
+        assert rawsmb.status(b.call(CLOSE, close_body(fb))) == 0
+        assert lease_break_of(a.recv()) == (2, LEASE_BREAK_ACK_REQUIRED, dir_key, R | H, 0)
+        assert rawsmb.status(a.call(OPLOCK_BREAK, lease_ack_body(dir_key, 0))) == 0
+        # The lease comes back when A asks again: RH, one epoch further.
+        resp = a.create(
+            "d", oplock=LEVEL_LEASE, contexts=lease_context(dir_key, R | W | H), access=LIST_DIRECTORY, options=DIRECTORY_FILE
+        )
+        assert rawsmb.status(resp) == 0
+        assert lease_of(resp) == (dir_key, R | H, 0, 3)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_leases_on_directories_are_not_granted_over_smb21(srv):
+    """SMB 2.1 offers no DIRECTORY_LEASING: a lease asked on a directory gets nothing."""
+    (srv.share_path / "d").mkdir()
+    a = Client(srv)
+    try:
+        v1 = struct.pack("<16sIIQ", uuid.uuid4().bytes, R | H, 0, 0)  # MS-SMB2 2.2.13.2.8
+        ctx = struct.pack("<IHHHHI", 0, 16, 4, 0, 24, len(v1)) + b"RqLs" + b"\0" * 4 + v1
+        resp = a.create("d", oplock=LEVEL_LEASE, contexts=ctx, access=LIST_DIRECTORY, options=DIRECTORY_FILE)
+        assert rawsmb.status(resp) == 0
+        assert oplock_level_of(resp) == LEVEL_NONE
+        assert b"RqLs" not in create_contexts(resp)
+    finally:
+        a.close()
 
 
 # --------------------------------------------------------------------------

@@ -8,6 +8,7 @@ pub mod config;
 mod connection;
 mod credits;
 mod dir_budget;
+mod dir_leases;
 mod dispatch;
 mod dosinfo;
 mod errors;

@@ -8,7 +8,8 @@
 //! closes. One mutex over the table: every step is a few comparisons, and
 //! files nobody caches hold no entry.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -57,12 +58,29 @@ struct Table {
     files: HashMap<FileKey, FileEntry>,
     /// The file each lease is on (a lease key names one file).
     lease_files: HashMap<LeaseId, FileKey>,
+    /// Directories that hold a lease: changes inside them must break it.
+    dirs: HashSet<FileKey>,
     next_serial: u64,
+}
+
+impl Table {
+    /// Drops `file`'s entry once nothing is cached, open or waiting there.
+    fn prune(&mut self, file: FileKey) {
+        if let Some(e) = self.files.get(&file) {
+            if e.state.is_empty() && e.waiters.is_empty() {
+                self.files.remove(&file);
+                self.dirs.remove(&file);
+            }
+        }
+    }
 }
 
 pub struct Oplocks {
     table: Arc<Mutex<Table>>,
     break_timeout: Duration,
+    /// How many directories hold a lease, read without the lock: while
+    /// none does, a change to a file costs no look-up of its directory.
+    dir_leases: AtomicUsize,
 }
 
 /// What an acknowledgement came to.
@@ -76,6 +94,7 @@ impl Oplocks {
         Oplocks {
             table: Arc::new(Mutex::new(Table::default())),
             break_timeout,
+            dir_leases: AtomicUsize::new(0),
         }
     }
 
@@ -96,11 +115,8 @@ impl Oplocks {
                 });
             }
             let sends = self.prepare_breaks(&mut t, file, &c.breaks);
-            if let Some(e) = t.files.get(&file) {
-                if e.state.is_empty() && e.waiters.is_empty() {
-                    t.files.remove(&file);
-                }
-            }
+            t.prune(file);
+            self.count_dirs(&t);
             (c, sends)
         };
         self.send(sends);
@@ -125,6 +141,10 @@ impl Oplocks {
         entry.routes.insert(ask.open_id, route);
         if let caching::Want::Lease { id, .. } = ask.want {
             t.lease_files.insert(id, file);
+            if ask.is_dir {
+                t.dirs.insert(file);
+                self.count_dirs(&t);
+            }
         }
         granted
     }
@@ -158,9 +178,8 @@ impl Oplocks {
                 .into_iter()
                 .filter(|id| entry.state.grant(Holder::Lease(*id)).is_none())
                 .collect();
-            if entry.state.is_empty() && entry.waiters.is_empty() {
-                t.files.remove(&file);
-            }
+            t.prune(file);
+            self.count_dirs(&t);
             for id in gone {
                 t.lease_files.remove(&id);
             }
@@ -196,9 +215,8 @@ impl Oplocks {
         let mut t = lock(&self.table);
         if let Some(entry) = t.files.get_mut(&file) {
             entry.waiters.retain(|w| w.async_id != async_id);
-            if entry.state.is_empty() && entry.waiters.is_empty() {
-                t.files.remove(&file);
-            }
+            t.prune(file);
+            self.count_dirs(&t);
         }
     }
 
@@ -260,15 +278,41 @@ impl Oplocks {
     }
 
     /// The file is being deleted or renamed through `by`: other holders'
-    /// handle caching goes (without waiting).
-    pub fn contend_handles(&self, file: FileKey, by: u64) {
-        let sends = {
+    /// handle caching goes. Returns whether a holder keeps it until it
+    /// acknowledges (a rename then `wait`s; a delete goes on).
+    pub fn contend_handles(&self, file: FileKey, by: u64) -> bool {
+        let (wait, sends) = {
             let mut t = lock(&self.table);
             let Some(entry) = t.files.get_mut(&file) else {
+                return false;
+            };
+            let c = entry.state.contend_handles(by);
+            (c.wait, self.prepare_breaks(&mut t, file, &c.breaks))
+        };
+        self.send(sends);
+        wait
+    }
+
+    /// Whether any directory holds a lease now.
+    pub fn has_dir_leases(&self) -> bool {
+        self.dir_leases.load(Ordering::Acquire) != 0
+    }
+
+    fn count_dirs(&self, t: &Table) {
+        self.dir_leases.store(t.dirs.len(), Ordering::Release);
+    }
+
+    /// Something changed inside directory `dir`: its leases go to none,
+    /// except the one `by` names (the client's own parent lease). Nobody
+    /// waits for these acknowledgements.
+    pub fn contend_children(&self, dir: FileKey, by: Option<LeaseId>) {
+        let sends = {
+            let mut t = lock(&self.table);
+            let Some(entry) = t.files.get_mut(&dir) else {
                 return;
             };
-            let breaks = entry.state.contend_handles(by);
-            self.prepare_breaks(&mut t, file, &breaks)
+            let breaks = entry.state.contend_children(by);
+            self.prepare_breaks(&mut t, dir, &breaks)
         };
         self.send(sends);
     }

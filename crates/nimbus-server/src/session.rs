@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use nimbus_auth::AuthExchange;
 use nimbus_crypto::Signer;
+use nimbus_state::caching::LeaseId;
 use nimbus_state::FileKey;
 use nimbus_vfs::{DirEntry, FileHandle};
 
@@ -113,6 +114,12 @@ pub struct Open {
     pub position: AtomicU64,
     pub mode: AtomicU32,
     pub dir_enum: Mutex<Option<DirEnum>>,
+    /// The directory lease the client named as this open's parent
+    /// (ParentLeaseKey): changes through this open do not break it.
+    pub parent_lease: Option<LeaseId>,
+    /// Data was written through this open: its directory's leases break
+    /// when it closes.
+    pub wrote: AtomicBool,
     /// This open's place in the server-wide count of open files.
     pub _file_slot: OpenFileSlot,
 }

@@ -371,6 +371,9 @@ impl FileCaching {
                     requested &= !HANDLE;
                 }
                 let asked = match ask.want {
+                    // A directory lease never caches writes: asking RWH
+                    // of a directory is asking RH.
+                    Want::Lease { state, .. } if ask.is_dir => state & !WRITE,
                     Want::Lease { state, .. } => state,
                     _ => 0,
                 };
@@ -493,19 +496,29 @@ impl FileCaching {
         let mut follow_up = None;
         if state & !b.required != 0 {
             let ack_required = state & (WRITE | HANDLE) != 0;
-            g.epoch = g.epoch.wrapping_add(1);
+            // A holder that still caches writes or handles first gives
+            // those up and keeps its reads; only once that is acknowledged
+            // do its reads go, without an acknowledgement (as Windows and
+            // Samba step it: smbtorture smb2.lease.breaking3).
+            let to = if ack_required {
+                (b.required | READ) & state
+            } else {
+                b.required
+            };
+            // The steps of one break share its epoch (smbtorture
+            // smb2.lease.v2_breaking3): the client saw the change begin.
             if ack_required {
                 g.breaking = Some(Breaking {
-                    sent: b.required,
+                    sent: to,
                     required: b.required,
                 });
             } else {
-                g.state = b.required;
+                g.state = to;
             }
             follow_up = Some(BreakOrder {
                 holder: g.holder,
                 from: state,
-                to: b.required,
+                to,
                 ack_required,
                 epoch: g.epoch,
                 version: g.version,
@@ -577,10 +590,13 @@ impl FileCaching {
     /// The file is being deleted or renamed through open `by`: other
     /// holders' handle caching goes, so that they close the handles they
     /// keep open only for caching (MS-FSA 2.1.5.14.3 and 2.1.5.14.11).
-    pub fn contend_handles(&mut self, by: u64) -> Vec<BreakOrder> {
-        let mut out = Vec::new();
+    /// `wait` says whether a lease holder still has handle caching until
+    /// it acknowledges (a rename waits for that; a delete cannot). Batch
+    /// oplocks are broken without making anyone wait, as Samba does.
+    pub fn contend_handles(&mut self, by: u64) -> Contention {
+        let mut out = Contention::default();
         for g in &mut self.grants {
-            if g.opens.contains(&by) || g.state & HANDLE == 0 || g.breaking.is_some() {
+            if g.opens.contains(&by) || g.state & HANDLE == 0 {
                 continue;
             }
             let to = match g.holder {
@@ -589,12 +605,19 @@ impl FileCaching {
                 // to level II.
                 Holder::Oplock(_) => READ,
             };
+            out.wait |= matches!(g.holder, Holder::Lease(_));
+            if let Some(b) = &mut g.breaking {
+                // Told to break already, perhaps keeping its handles: it
+                // must end without them.
+                b.required &= to;
+                continue;
+            }
             g.epoch = g.epoch.wrapping_add(1);
             g.breaking = Some(Breaking {
                 sent: to,
                 required: to,
             });
-            out.push(BreakOrder {
+            out.breaks.push(BreakOrder {
                 holder: g.holder,
                 from: g.state,
                 to,
@@ -602,6 +625,49 @@ impl FileCaching {
                 epoch: g.epoch,
                 version: g.version,
             });
+        }
+        out
+    }
+
+    /// Something changed inside this directory (a name added, removed or
+    /// renamed, a child's size, times or attributes): every directory lease
+    /// goes to none, as the listing it caches is stale (MS-FSA 2.1.4.13,
+    /// Windows breaks the parent's lease without waiting for the
+    /// acknowledgement). The lease `by` names is spared: the client made
+    /// the change itself through an open that named it as its parent lease
+    /// (ParentLeaseKey, MS-SMB2 2.2.13.2.10), so its cache is current. A
+    /// break under way is lowered to end at none.
+    pub fn contend_children(&mut self, by: Option<LeaseId>) -> Vec<BreakOrder> {
+        let mut out = Vec::new();
+        for g in &mut self.grants {
+            let Holder::Lease(id) = g.holder else {
+                continue;
+            };
+            if Some(id) == by || g.state == 0 {
+                continue;
+            }
+            if let Some(b) = &mut g.breaking {
+                b.required = 0;
+                continue;
+            }
+            let ack_required = g.state & (WRITE | HANDLE) != 0;
+            g.epoch = g.epoch.wrapping_add(1);
+            out.push(BreakOrder {
+                holder: g.holder,
+                from: g.state,
+                to: 0,
+                ack_required,
+                epoch: g.epoch,
+                version: g.version,
+            });
+            if ack_required {
+                g.breaking = Some(Breaking {
+                    sent: 0,
+                    required: 0,
+                });
+            } else {
+                g.state = 0;
+            }
         }
         out
     }
@@ -817,8 +883,12 @@ mod tests {
         assert!(f.contend(&over).wait);
         let acked = f.ack_lease(LEASE_A, READ | HANDLE).unwrap();
         let follow = acked.follow_up.unwrap();
-        assert_eq!((follow.from, follow.to), (READ | HANDLE, 0));
+        // Handles first (acknowledged), then reads (not).
+        assert_eq!((follow.from, follow.to), (READ | HANDLE, READ));
         assert!(follow.ack_required);
+        let last = f.ack_lease(LEASE_A, READ).unwrap().follow_up.unwrap();
+        assert_eq!((last.from, last.to, last.ack_required), (READ, 0, false));
+        assert!(!f.breaking());
     }
 
     #[test]
@@ -844,5 +914,61 @@ mod tests {
             f.grant(Holder::Oplock(2)).is_none(),
             "its own level II goes too"
         );
+    }
+
+    #[test]
+    fn directory_lease_is_rh_and_child_changes_break_it_to_none() {
+        let mut f = FileCaching::default();
+        let mut dir = ask(1, lease(LEASE_A, READ | WRITE | HANDLE));
+        dir.is_dir = true;
+        assert_eq!(
+            f.admit(&dir),
+            Granted::Lease {
+                state: READ | HANDLE,
+                epoch: 1,
+                breaking: false,
+                version: 2
+            }
+        );
+        // A change made through an open naming this lease as its parent
+        // breaks nothing; any other change breaks it to none.
+        assert!(f.contend_children(Some(LEASE_A)).is_empty());
+        let b = f.contend_children(Some(LEASE_B));
+        assert_eq!(b.len(), 1);
+        assert_eq!((b[0].from, b[0].to, b[0].epoch), (READ | HANDLE, 0, 2));
+        assert!(b[0].ack_required);
+        // A second change while the break is under way sends nothing more.
+        assert!(f.contend_children(None).is_empty());
+        assert_eq!(f.ack_lease(LEASE_A, 0).unwrap().follow_up, None);
+        // Asking RWH again upgrades the lease from none to RH.
+        dir.open_id = 2;
+        assert_eq!(
+            f.admit(&dir),
+            Granted::Lease {
+                state: READ | HANDLE,
+                epoch: 3,
+                breaking: false,
+                version: 2
+            }
+        );
+    }
+
+    #[test]
+    fn rename_waits_for_other_leases_to_give_up_handle_caching() {
+        let mut f = FileCaching::default();
+        f.admit(&ask(1, lease(LEASE_A, READ | HANDLE)));
+        f.admit(&ask(2, lease(LEASE_B, READ | HANDLE)));
+        let c = f.contend_handles(1);
+        assert!(c.wait);
+        assert_eq!(c.breaks.len(), 1);
+        assert_eq!(
+            (c.breaks[0].holder, c.breaks[0].to),
+            (Holder::Lease(LEASE_B), READ)
+        );
+        // Until B acknowledges, a retry still waits and sends nothing new.
+        let again = f.contend_handles(1);
+        assert!(again.wait && again.breaks.is_empty());
+        f.ack_lease(LEASE_B, READ).unwrap();
+        assert_eq!(f.contend_handles(1), Contention::default());
     }
 }

@@ -51,22 +51,33 @@ pub fn release(server: &Server, open: &Open) {
         // Others' cached handles keep the file; ask them to let go.
         server.oplocks.contend_handles(open.file_key, open.open_id);
     }
-    match sm.remove_open(open.file_key, open.open_id) {
+    let deleted = match sm.remove_open(open.file_key, open.open_id) {
         Ok(true) => {
-            delete_file(open);
+            let deleted = delete_file(open);
             server.notify.deleted(open);
+            deleted
         }
-        Ok(false) => server.notify.still_open(server, open),
-        Err(e) => tracing::error!("releasing open {}: {:?}", open.open_id, e),
+        Ok(false) => {
+            server.notify.still_open(server, open);
+            false
+        }
+        Err(e) => {
+            tracing::error!("releasing open {}: {:?}", open.open_id, e);
+            false
+        }
+    };
+    if deleted || open.wrote.load(std::sync::atomic::Ordering::Relaxed) {
+        crate::dir_leases::open_changed(server, open);
     }
     // Its oplock or its share of a lease goes last: CREATEs waiting for its
     // break acknowledgement go on, and must find its share modes gone.
     server.oplocks.forget(open.file_key, open.open_id);
 }
 
-fn delete_file(open: &Open) {
+/// Returns whether the file was removed.
+fn delete_file(open: &Open) -> bool {
     let Some(fs) = open.share.fs.as_ref() else {
-        return;
+        return false;
     };
     let path = open.path();
     // The name may have been renamed by another open since, or now name
@@ -74,7 +85,11 @@ fn delete_file(open: &Open) {
     // right before the unlink.
     let identity = (open.file_key.dev, open.file_key.ino);
     match fs.remove_if(&path, open.is_dir, identity) {
-        Ok(()) | Err(VfsError::Changed) | Err(VfsError::NotFound) => {}
-        Err(e) => tracing::warn!("delete-on-close of {path} failed: {e}"),
+        Ok(()) => true,
+        Err(VfsError::Changed) | Err(VfsError::NotFound) => false,
+        Err(e) => {
+            tracing::warn!("delete-on-close of {path} failed: {e}");
+            false
+        }
     }
 }

@@ -11,19 +11,16 @@ use nimbus_wire::create::{
     CreateRequest, CreateResponse, IMPERSONATION_DELEGATE,
 };
 use nimbus_wire::fscc::{access, attributes};
-use nimbus_wire::header::Header;
 use nimbus_wire::oplock::{lease_flags, oplock_level, LeaseContext};
 use nimbus_wire::{FileId, NtStatus};
 
 use super::malformed;
-use crate::connection::Connection;
 use crate::dispatch::{Ctx, HandlerResult};
 use crate::dosinfo::{DosInfo, STORED_ATTRIBUTES};
 use crate::errors::{sharing_status, vfs_status};
 use crate::fileinfo::{file_info, is_readonly, times_and_sizes};
 use crate::names::to_vfs_path;
 use crate::oplocks::Route;
-use crate::pending::PendingRequest;
 use crate::security::SessionCipher;
 use crate::session::{lock, Open, Session, SessionState, Tree};
 
@@ -95,7 +92,7 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
             _ => {}
         }
     }
-    let want = requested_caching(ctx, &req)?;
+    let mut want = requested_caching(ctx, &req)?;
     let path = crate::lookup::resolve(fs, &to_vfs_path(&req.name)?);
 
     let existing = match fs.stat(&path) {
@@ -124,6 +121,25 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
     }
     let creating = existing.is_none();
     let is_dir = existing.as_ref().map(|s| s.is_dir).unwrap_or(want_dir);
+    let smb3 = ctx.conn.negotiated().is_some_and(|n| n.dialect.is_smb3());
+    if is_dir && !(smb3 && matches!(want, Want::Lease { .. })) {
+        // Directories are leased only on 3.x (DIRECTORY_LEASING is not
+        // offered to 2.1) and never get oplocks.
+        want = Want::Nothing;
+    }
+    // The directory lease the client keeps for this file's parent: changes
+    // made through this open leave it alone.
+    let parent_lease = match want {
+        Want::Lease {
+            id,
+            parent_key: Some(key),
+            ..
+        } => Some(LeaseId {
+            client: id.client,
+            key,
+        }),
+        _ => None,
+    };
     let readonly_attr = match &existing {
         Some(st) => is_readonly(st.mode),
         None => req.file_attributes & attributes::READONLY != 0,
@@ -214,7 +230,7 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
             if !ask.sharing_violation {
                 let _ = ctx.server.share_modes.remove_open(key, open_id);
             }
-            return defer(ctx, key, body).map_err(Failed::Status);
+            return super::deferred::defer(ctx, key, body, handle).map_err(Failed::Status);
         }
         if ask.sharing_violation {
             return Err(NtStatus::SHARING_VIOLATION.into());
@@ -312,6 +328,9 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
     ctx.server
         .notify
         .opened(&share, &path, st.is_dir, created, truncating);
+    if created || truncating {
+        crate::dir_leases::child_changed(ctx.server, fs, &path, parent_lease);
+    }
 
     let info = file_info(&st, &dos, false);
     let mut opens = lock(&session.opens);
@@ -340,6 +359,8 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
                     | opt::DELETE_ON_CLOSE),
         ),
         dir_enum: Mutex::new(None),
+        parent_lease,
+        wrote: AtomicBool::new(false),
         _file_slot: file_slot,
     });
     ctx.server.opens.register(&open);
@@ -657,108 +678,3 @@ fn break_cipher(session: &Session, tree: &Tree) -> Option<std::sync::Arc<Session
         _ => None,
     }
 }
-
-/// Parks the CREATE until the breaks on `file` end: it is answered
-/// STATUS_PENDING now (or stays pending, if it already was) and is run
-/// again from the start when they are acknowledged, time out, or their
-/// holders close. CANCEL, logoff and disconnect take it out of the queue.
-fn defer(ctx: &mut Ctx<'_>, file: FileKey, body: &[u8]) -> Result<NtStatus, NtStatus> {
-    let request = match ctx.resumed.clone() {
-        Some(r) => r,
-        None => {
-            let server = ctx.server.clone();
-            ctx.go_async(move |request: &Arc<PendingRequest>| {
-                let request = Arc::downgrade(request);
-                Box::new(move |status| {
-                    if let Some(request) = request.upgrade() {
-                        server.oplocks.withdraw(file, request.async_id());
-                        request.complete(status, |_| {});
-                    }
-                })
-            })
-            .ok_or(NtStatus::INSUFFICIENT_RESOURCES)?
-        }
-    };
-    let resume = Resume {
-        conn: ctx.conn.clone(),
-        hdr: ctx.hdr.clone(),
-        session: ctx.session()?.clone(),
-        tree: ctx.tree()?.clone(),
-        signed_by: ctx.signed_by.clone(),
-        sealed_by: ctx.sealed_by.clone(),
-        body: body.to_vec(),
-        request: request.clone(),
-    };
-    ctx.server
-        .oplocks
-        .wait(file, request.async_id(), Box::new(move || resume.run()));
-    Ok(NtStatus::PENDING)
-}
-
-/// A CREATE that waited, ready to run again.
-struct Resume {
-    conn: Arc<Connection>,
-    hdr: Header,
-    session: Arc<Session>,
-    tree: Arc<Tree>,
-    signed_by: Option<Arc<Session>>,
-    sealed_by: Option<(u64, Arc<SessionCipher>)>,
-    body: Vec<u8>,
-    request: Arc<PendingRequest>,
-}
-
-impl Resume {
-    fn run(self) {
-        if self.request.is_done() || self.conn.is_closing() || !self.session.is_valid() {
-            return;
-        }
-        let server = self.conn.server.clone();
-        let mut ctx = Ctx {
-            conn: &self.conn,
-            server: &server,
-            hdr: &self.hdr,
-            msg: &[],
-            session: Some(self.session.clone()),
-            tree: Some(self.tree.clone()),
-            chain_file_id: None,
-            related: false,
-            response_session_id: self.hdr.session_id,
-            response_tree_id: None,
-            sign_with: None,
-            preauth_session: None,
-            disconnect: false,
-            error_data: Vec::new(),
-            response_room: RESUMED_RESPONSE_ROOM,
-            signed_by: self.signed_by.clone(),
-            sealed_by: self.sealed_by.clone(),
-            went_async: None,
-            interim: None,
-            resumed: Some(self.request.clone()),
-        };
-        let mut out = Vec::new();
-        match handle(&mut ctx, &self.body, &mut out) {
-            Ok(NtStatus::PENDING) => {}
-            Ok(status) => {
-                if let Some(id) = ctx.chain_file_id {
-                    self.request.set_file_id(id);
-                }
-                if !self.request.complete(status, |o| o.extend_from_slice(&out)) {
-                    // Cancelled while it ran: the open it made is not the
-                    // client's; close it again.
-                    if let Some(id) = ctx.chain_file_id {
-                        if let Some(open) = lock(&self.session.opens).remove(&id.volatile) {
-                            super::close::release(&server, &open);
-                        }
-                    }
-                }
-            }
-            Err(status) => {
-                self.request.complete(status, |_| {});
-            }
-        }
-    }
-}
-
-/// Room for the final response of a resumed CREATE (its contexts are few
-/// and small).
-const RESUMED_RESPONSE_ROOM: usize = 64 * 1024;

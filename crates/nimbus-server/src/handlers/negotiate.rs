@@ -90,6 +90,11 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         // Leases (MS-SMB2 3.3.5.4): 2.1 and later.
         caps |= capabilities::LARGE_MTU | capabilities::LEASING;
     }
+    if dialect.is_smb3() {
+        // Directory leases (MS-SMB2 3.3.5.4): 3.x only, as v2 lease
+        // contexts are.
+        caps |= capabilities::DIRECTORY_LEASING;
+    }
     if matches!(dialect, Dialect::Smb300 | Dialect::Smb302)
         && req.capabilities & capabilities::ENCRYPTION != 0
         && ctx

@@ -2,6 +2,7 @@
 
 use std::sync::atomic::Ordering;
 
+use nimbus_state::FileKey;
 use nimbus_vfs::{Timespec, VfsError};
 use nimbus_wire::codec::{utf16le_to_string, Reader};
 use nimbus_wire::fscc::{
@@ -37,7 +38,11 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     let req = SetInfoRequest::parse(body).map_err(malformed)?;
     let open = ctx.open(req.file_id)?;
     match req.info_type {
-        info_type::FILE => set_file_info(ctx, &open, req.info_class, req.buffer)?,
+        info_type::FILE => {
+            if let Waiting(Some(file)) = set_file_info(ctx, &open, req.info_class, req.buffer)? {
+                return super::deferred::defer(ctx, file, body, handle);
+            }
+        }
         // Security descriptors cannot be stored on POSIX modes faithfully,
         // and quotas are not kept.
         info_type::SECURITY | info_type::QUOTA => return Err(NtStatus::NOT_SUPPORTED),
@@ -150,7 +155,16 @@ fn set_mode(open: &Open, mode: Option<u32>) -> Result<(), NtStatus> {
     }
 }
 
-fn set_file_info(ctx: &mut Ctx<'_>, open: &Open, class: u8, buf: &[u8]) -> Result<(), NtStatus> {
+/// Whether a SET_INFO must wait for the breaks on a file (Some) before it
+/// can be done.
+struct Waiting(Option<FileKey>);
+
+fn set_file_info(
+    ctx: &mut Ctx<'_>,
+    open: &Open,
+    class: u8,
+    buf: &[u8],
+) -> Result<Waiting, NtStatus> {
     let vfs = |e: VfsError| vfs_status(&e);
     if open.share.read_only && !matches!(class, file_class::POSITION | file_class::MODE) {
         return Err(NtStatus::ACCESS_DENIED);
@@ -175,7 +189,9 @@ fn set_file_info(ctx: &mut Ctx<'_>, open: &Open, class: u8, buf: &[u8]) -> Resul
             if root != 0 {
                 return Err(NtStatus::INVALID_PARAMETER);
             }
-            rename(ctx, open, &name, replace)?;
+            if let Some(file) = rename(ctx, open, &name, replace)? {
+                return Ok(Waiting(Some(file)));
+            }
         }
         file_class::DISPOSITION | file_class::DISPOSITION_EX => {
             require(open, access::DELETE)?;
@@ -259,11 +275,24 @@ fn set_file_info(ctx: &mut Ctx<'_>, open: &Open, class: u8, buf: &[u8]) -> Resul
         _ => return Err(NtStatus::INVALID_INFO_CLASS),
     }
     ctx.server.notify.info_set(open, class, buf);
-    Ok(())
+    if matches!(
+        class,
+        file_class::BASIC | file_class::END_OF_FILE | file_class::ALLOCATION
+    ) {
+        crate::dir_leases::open_changed(ctx.server, open);
+    }
+    Ok(Waiting(None))
 }
 
-/// MS-FSA 2.1.5.15.14 FileRenameInformation, within one share.
-fn rename(ctx: &mut Ctx<'_>, open: &Open, new_name: &str, replace: bool) -> Result<(), NtStatus> {
+/// MS-FSA 2.1.5.15.14 FileRenameInformation, within one share. Returns
+/// the file to wait on when other holders must first give up the handles
+/// they cache (the rename is then tried again).
+fn rename(
+    ctx: &mut Ctx<'_>,
+    open: &Open,
+    new_name: &str,
+    replace: bool,
+) -> Result<Option<FileKey>, NtStatus> {
     let fs = open.share.fs.as_ref().ok_or(NtStatus::INVALID_PARAMETER)?;
     let from = open.path();
     let to = to_vfs_path(new_name)?;
@@ -275,7 +304,7 @@ fn rename(ctx: &mut Ctx<'_>, open: &Open, new_name: &str, replace: bool) -> Resu
         return Err(NtStatus::ACCESS_DENIED);
     }
     if to == from {
-        return Ok(());
+        return Ok(None);
     }
     let case_only = to.eq_ignore_ascii_case(&from);
     if !case_only {
@@ -286,7 +315,7 @@ fn rename(ctx: &mut Ctx<'_>, open: &Open, new_name: &str, replace: bool) -> Resu
             if target.is_dir {
                 return Err(NtStatus::ACCESS_DENIED);
             }
-            let key = nimbus_state::FileKey {
+            let key = FileKey {
                 dev: target.dev,
                 ino: target.ino,
             };
@@ -301,10 +330,16 @@ fn rename(ctx: &mut Ctx<'_>, open: &Open, new_name: &str, replace: bool) -> Resu
             }
         }
     }
-    // Others' cached handles would keep the old name (MS-FSA 2.1.5.14.11).
-    ctx.server
+    // Others' cached handles would keep the old name (MS-FSA 2.1.5.14.11):
+    // they are asked to close them, and the rename waits for their answer
+    // (as Windows and Samba do: smbtorture smb2.lease.rename_wait).
+    if ctx
+        .server
         .oplocks
-        .contend_handles(open.file_key, open.open_id);
+        .contend_handles(open.file_key, open.open_id)
+    {
+        return Ok(Some(open.file_key));
+    }
     // Rename the open file, not whatever its old name reaches by now.
     let identity = (open.file_key.dev, open.file_key.ino);
     fs.rename_if(&from, &to, replace || case_only, identity)
@@ -317,5 +352,9 @@ fn rename(ctx: &mut Ctx<'_>, open: &Open, new_name: &str, replace: bool) -> Resu
         .opens
         .renamed(fs.root_path(), open.file_key, &from, &to);
     ctx.server.notify.renamed(open, &from, &to);
-    Ok(())
+    // The name left one listing and joined another (or the same one: its
+    // lease is then breaking already and the second call sends nothing).
+    crate::dir_leases::child_changed(ctx.server, fs, &from, open.parent_lease);
+    crate::dir_leases::child_changed(ctx.server, fs, &to, open.parent_lease);
+    Ok(None)
 }

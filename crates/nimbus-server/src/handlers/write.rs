@@ -58,6 +58,9 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     open.position
         .store(offset + n as u64, std::sync::atomic::Ordering::Relaxed);
     ctx.server.notify.wrote(&open);
+    if !open.wrote.load(std::sync::atomic::Ordering::Relaxed) {
+        open.wrote.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
     encode_write_response(out, n as u32);
     Ok(NtStatus::SUCCESS)
 }

@@ -1,0 +1,140 @@
+//! Requests that wait for other clients' breaks (MS-SMB2 3.3.4.6-7): a
+//! CREATE that needs another client's write or handle caching gone, a
+//! rename that needs other holders to close the handles they keep cached.
+//! The request is answered STATUS_PENDING, parked with the file's
+//! oplocks, and run again from the start by its own handler when the
+//! breaks are acknowledged, time out, or their holders close. CANCEL,
+//! logoff and disconnect take it out of the queue.
+
+use std::sync::Arc;
+
+use nimbus_state::FileKey;
+use nimbus_wire::header::{Command, Header};
+use nimbus_wire::NtStatus;
+
+use crate::connection::Connection;
+use crate::dispatch::{Ctx, HandlerResult};
+use crate::pending::PendingRequest;
+use crate::security::SessionCipher;
+use crate::session::{lock, Session, Tree};
+
+type Handler = fn(&mut Ctx<'_>, &[u8], &mut Vec<u8>) -> HandlerResult;
+
+/// Parks the request being handled until the breaks on `file` end; it is
+/// answered STATUS_PENDING now (or stays pending, if it already was), and
+/// `handler` runs it again with `body` later.
+pub fn defer(
+    ctx: &mut Ctx<'_>,
+    file: FileKey,
+    body: &[u8],
+    handler: Handler,
+) -> Result<NtStatus, NtStatus> {
+    let request = match ctx.resumed.clone() {
+        Some(r) => r,
+        None => {
+            let server = ctx.server.clone();
+            ctx.go_async(move |request: &Arc<PendingRequest>| {
+                let request = Arc::downgrade(request);
+                Box::new(move |status| {
+                    if let Some(request) = request.upgrade() {
+                        server.oplocks.withdraw(file, request.async_id());
+                        request.complete(status, |_| {});
+                    }
+                })
+            })
+            .ok_or(NtStatus::INSUFFICIENT_RESOURCES)?
+        }
+    };
+    let resume = Resume {
+        conn: ctx.conn.clone(),
+        hdr: ctx.hdr.clone(),
+        session: ctx.session()?.clone(),
+        tree: ctx.tree()?.clone(),
+        chain_file_id: ctx.chain_file_id,
+        related: ctx.related,
+        signed_by: ctx.signed_by.clone(),
+        sealed_by: ctx.sealed_by.clone(),
+        body: body.to_vec(),
+        handler,
+        request: request.clone(),
+    };
+    ctx.server
+        .oplocks
+        .wait(file, request.async_id(), Box::new(move || resume.run()));
+    Ok(NtStatus::PENDING)
+}
+
+/// A request that waited, ready to run again.
+struct Resume {
+    conn: Arc<Connection>,
+    hdr: Header,
+    session: Arc<Session>,
+    tree: Arc<Tree>,
+    /// The FileId a compound chain handed this request (its FileId may be
+    /// the "use the previous one" value).
+    chain_file_id: Option<nimbus_wire::FileId>,
+    related: bool,
+    signed_by: Option<Arc<Session>>,
+    sealed_by: Option<(u64, Arc<SessionCipher>)>,
+    body: Vec<u8>,
+    handler: Handler,
+    request: Arc<PendingRequest>,
+}
+
+impl Resume {
+    fn run(self) {
+        if self.request.is_done() || self.conn.is_closing() || !self.session.is_valid() {
+            return;
+        }
+        let server = self.conn.server.clone();
+        let mut ctx = Ctx {
+            conn: &self.conn,
+            server: &server,
+            hdr: &self.hdr,
+            msg: &[],
+            session: Some(self.session.clone()),
+            tree: Some(self.tree.clone()),
+            chain_file_id: self.chain_file_id,
+            related: self.related,
+            response_session_id: self.hdr.session_id,
+            response_tree_id: None,
+            sign_with: None,
+            preauth_session: None,
+            disconnect: false,
+            error_data: Vec::new(),
+            response_room: RESUMED_RESPONSE_ROOM,
+            signed_by: self.signed_by.clone(),
+            sealed_by: self.sealed_by.clone(),
+            went_async: None,
+            interim: None,
+            resumed: Some(self.request.clone()),
+        };
+        let mut out = Vec::new();
+        let opens_a_file = self.hdr.command == Command::Create as u16;
+        match (self.handler)(&mut ctx, &self.body, &mut out) {
+            Ok(NtStatus::PENDING) => {}
+            Ok(status) => {
+                let opened = ctx.chain_file_id.filter(|_| opens_a_file);
+                if let Some(id) = opened {
+                    self.request.set_file_id(id);
+                }
+                if !self.request.complete(status, |o| o.extend_from_slice(&out)) {
+                    // Cancelled while it ran: the open it made is not the
+                    // client's; close it again.
+                    if let Some(id) = opened {
+                        if let Some(open) = lock(&self.session.opens).remove(&id.volatile) {
+                            super::close::release(&server, &open);
+                        }
+                    }
+                }
+            }
+            Err(status) => {
+                self.request.complete(status, |_| {});
+            }
+        }
+    }
+}
+
+/// Room for the final response of a resumed request (a CREATE's contexts
+/// are few and small; a SET_INFO answers with no data).
+const RESUMED_RESPONSE_ROOM: usize = 64 * 1024;
