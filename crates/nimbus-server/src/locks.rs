@@ -1,15 +1,22 @@
-//! The server's byte-range locks: per file (device, inode), the granted
-//! locks and the blocking requests waiting for a range to come free. The
-//! rules are `nimbus_state::byte_range`'s pure functions; this service only
-//! keeps each file's list, retries waiters when a file's locks shrink, and
-//! completes their pending requests. One mutex over the table: a lock or
-//! unlock is a few comparisons, and files without locks hold no entry.
+//! The server's byte-range locks. Each file's granted locks are a record
+//! in the server's `StateStore` (`nimbus_state::records::LockList`),
+//! changed only by `nimbus_state::byte_range`'s rules through
+//! compare-and-set, so that a cluster store can later hold them for every
+//! node. The blocking requests waiting for a range are this node's own
+//! (they are its clients' pending requests): kept here, retried when the
+//! file's locks shrink, and completed with their pending requests.
+//!
+//! A node-local lock orders this node's steps, so that a waiter queued
+//! after a conflict cannot miss the unlock that frees its range; files
+//! with no lock are known locally, so READ and WRITE on them (every data
+//! request checks) cost no look-up in the store.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use nimbus_state::byte_range::{self, LockError, LockRange, RangeLock};
-use nimbus_state::FileKey;
+use nimbus_state::records::{self, LockList, LOCKS_PREFIX};
+use nimbus_state::{FileKey, StateError, StateStore};
 use nimbus_wire::lock::{lock_flags, LockElement};
 use nimbus_wire::NtStatus;
 
@@ -22,13 +29,6 @@ struct Waiter {
     request: Arc<PendingRequest>,
 }
 
-#[derive(Default)]
-struct FileLocks {
-    granted: Vec<RangeLock>,
-    /// In arrival order; the first that fits is granted first.
-    waiting: Vec<Waiter>,
-}
-
 /// What a lock request came to.
 pub enum Outcome {
     Granted,
@@ -37,12 +37,17 @@ pub enum Outcome {
     Waiting,
 }
 
-/// Files that hold no lock and have no waiter hold no entry. READ and
-/// WRITE only read the table (every data request checks it), so they do
-/// not wait on each other.
 #[derive(Default)]
+struct Local {
+    /// Files whose record holds at least one lock.
+    locked: HashSet<FileKey>,
+    /// Per file, in arrival order; the first that fits is granted first.
+    waiting: HashMap<FileKey, Vec<Waiter>>,
+}
+
 pub struct ByteRangeLocks {
-    files: RwLock<HashMap<FileKey, FileLocks>>,
+    store: Arc<dyn StateStore>,
+    local: RwLock<Local>,
 }
 
 fn refusal(e: LockError) -> NtStatus {
@@ -52,13 +57,70 @@ fn refusal(e: LockError) -> NtStatus {
     }
 }
 
+/// A store that fails leaves the locks as they were; the client is told
+/// the server could not do it.
+fn store_failed(file: FileKey, e: StateError) -> NtStatus {
+    tracing::error!("byte-range locks of {file:?}: {e}");
+    NtStatus::INSUFFICIENT_RESOURCES
+}
+
 impl ByteRangeLocks {
-    fn write(&self) -> RwLockWriteGuard<'_, HashMap<FileKey, FileLocks>> {
-        self.files.write().unwrap_or_else(|p| p.into_inner())
+    pub fn new(store: Arc<dyn StateStore>) -> ByteRangeLocks {
+        ByteRangeLocks {
+            store,
+            local: RwLock::new(Local::default()),
+        }
     }
 
-    fn read(&self) -> RwLockReadGuard<'_, HashMap<FileKey, FileLocks>> {
-        self.files.read().unwrap_or_else(|p| p.into_inner())
+    fn write(&self) -> RwLockWriteGuard<'_, Local> {
+        self.local.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, Local> {
+        self.local.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Applies `f` to `file`'s locks in the store, then grants the file's
+    /// waiters whose ranges are free in the new list (in the same commit)
+    /// and notes whether the file still has locks. Returns `f`'s answer and
+    /// the requests granted, to answer once the local lock is released.
+    fn change<T>(
+        &self,
+        local: &mut Local,
+        file: FileKey,
+        mut f: impl FnMut(&mut Vec<RangeLock>) -> T,
+    ) -> Result<(T, Vec<Arc<PendingRequest>>), StateError> {
+        let asks: Vec<(u64, &[LockRange])> = local
+            .waiting
+            .get(&file)
+            .map(|w| w.iter().map(|w| (w.owner, w.ranges.as_slice())).collect())
+            .unwrap_or_default();
+        let (out, granted, has_locks) = records::update::<LockList, _, StateError>(
+            &*self.store,
+            &file.record_key(LOCKS_PREFIX),
+            |list| {
+                let out = f(&mut list.0);
+                let granted = grant_waiters(&mut list.0, &asks);
+                Ok((out, granted, !list.0.is_empty()))
+            },
+        )?;
+        if has_locks {
+            local.locked.insert(file);
+        } else {
+            local.locked.remove(&file);
+        }
+        let mut done = Vec::new();
+        if let Some(queue) = local.waiting.get_mut(&file) {
+            // Indices in ascending order: take from the back.
+            for i in granted.into_iter().rev() {
+                done.push(queue.remove(i).request);
+            }
+            done.reverse();
+            if queue.is_empty() {
+                local.waiting.remove(&file);
+            }
+        }
+        Ok((out, done))
     }
 
     /// Grants `ranges` to open `owner` now, or refuses, or (when `wait` is
@@ -70,33 +132,25 @@ impl ByteRangeLocks {
         ranges: Vec<LockRange>,
         wait: Option<&mut dyn FnMut() -> Option<Arc<PendingRequest>>>,
     ) -> Outcome {
-        let mut files = self.write();
-        let entry = files.entry(file).or_default();
-        match byte_range::try_lock(&entry.granted, owner, &ranges) {
-            Ok(granted) => {
-                entry.granted = granted;
-                Outcome::Granted
-            }
-            Err(LockError::Conflict) if wait.is_some() => {
-                let request = wait.and_then(|w| w());
-                match request {
-                    Some(request) => {
-                        entry.waiting.push(Waiter {
-                            owner,
-                            ranges,
-                            request,
-                        });
-                        Outcome::Waiting
-                    }
-                    None => Outcome::Refused(NtStatus::INSUFFICIENT_RESOURCES),
+        let mut local = self.write();
+        let tried = self.change(&mut local, file, |list| {
+            byte_range::try_lock(list, owner, &ranges).map(|granted| *list = granted)
+        });
+        match tried {
+            Err(e) => Outcome::Refused(store_failed(file, e)),
+            Ok((Ok(()), _)) => Outcome::Granted,
+            Ok((Err(LockError::Conflict), _)) if wait.is_some() => match wait.and_then(|w| w()) {
+                Some(request) => {
+                    local.waiting.entry(file).or_default().push(Waiter {
+                        owner,
+                        ranges,
+                        request,
+                    });
+                    Outcome::Waiting
                 }
-            }
-            Err(e) => {
-                if entry.granted.is_empty() && entry.waiting.is_empty() {
-                    files.remove(&file);
-                }
-                Outcome::Refused(refusal(e))
-            }
+                None => Outcome::Refused(NtStatus::INSUFFICIENT_RESOURCES),
+            },
+            Ok((Err(e), _)) => Outcome::Refused(refusal(e)),
         }
     }
 
@@ -111,50 +165,57 @@ impl ByteRangeLocks {
         owner: u64,
         elements: &[LockElement],
     ) -> Result<(), NtStatus> {
-        let mut files = self.write();
-        let entry = files.entry(file).or_default();
-        let mut result = Ok(());
-        for e in elements {
-            if e.flags != lock_flags::UNLOCK {
-                result = Err(NtStatus::INVALID_PARAMETER);
-                break;
-            }
-            if byte_range::unlock(&mut entry.granted, owner, e.offset, e.length).is_err() {
-                result = Err(NtStatus::RANGE_NOT_LOCKED);
-                break;
-            }
-        }
-        let done = grant_waiters(entry);
-        if entry.granted.is_empty() && entry.waiting.is_empty() {
-            files.remove(&file);
-        }
-        drop(files);
+        let mut local = self.write();
+        let (result, done) = self
+            .change(&mut local, file, |list| {
+                for e in elements {
+                    if e.flags != lock_flags::UNLOCK {
+                        return Err(NtStatus::INVALID_PARAMETER);
+                    }
+                    if byte_range::unlock(list, owner, e.offset, e.length).is_err() {
+                        return Err(NtStatus::RANGE_NOT_LOCKED);
+                    }
+                }
+                Ok(())
+            })
+            .map_err(|e| store_failed(file, e))?;
+        drop(local);
         answer(done);
         result
     }
 
     /// An open closed: its locks go, its waiting requests end with
-    /// `status`, and other waiters get their chance.
+    /// STATUS_RANGE_NOT_LOCKED, and other waiters get their chance.
     pub fn release_open(&self, file: FileKey, owner: u64) {
-        let mut files = self.write();
-        let Some(entry) = files.get_mut(&file) else {
-            return;
-        };
-        byte_range::release(&mut entry.granted, owner);
+        let mut local = self.write();
         let mut ended = Vec::new();
-        entry.waiting.retain(|w| {
-            if w.owner == owner {
-                ended.push(w.request.clone());
-                false
-            } else {
-                true
-            }
-        });
-        let done = grant_waiters(entry);
-        if entry.granted.is_empty() && entry.waiting.is_empty() {
-            files.remove(&file);
+        if let Some(queue) = local.waiting.get_mut(&file) {
+            queue.retain(|w| {
+                if w.owner == owner {
+                    ended.push(w.request.clone());
+                    false
+                } else {
+                    true
+                }
+            });
         }
-        drop(files);
+        let done = if local.locked.contains(&file) || local.waiting.contains_key(&file) {
+            match self.change(&mut local, file, |list| {
+                byte_range::release(list, owner);
+            }) {
+                Ok(((), done)) => done,
+                Err(e) => {
+                    store_failed(file, e);
+                    Vec::new()
+                }
+            }
+        } else {
+            Vec::new()
+        };
+        if local.waiting.get(&file).is_some_and(|q| q.is_empty()) {
+            local.waiting.remove(&file);
+        }
+        drop(local);
         for r in ended {
             r.complete(NtStatus::RANGE_NOT_LOCKED, |_| {});
         }
@@ -164,15 +225,15 @@ impl ByteRangeLocks {
     /// Takes a waiting request out of its queue (CANCEL, logoff,
     /// disconnect); whether it was still waiting.
     pub fn withdraw(&self, file: FileKey, async_id: u64) -> bool {
-        let mut files = self.write();
-        let Some(entry) = files.get_mut(&file) else {
+        let mut local = self.write();
+        let Some(queue) = local.waiting.get_mut(&file) else {
             return false;
         };
-        let before = entry.waiting.len();
-        entry.waiting.retain(|w| w.request.async_id() != async_id);
-        let found = entry.waiting.len() != before;
-        if entry.granted.is_empty() && entry.waiting.is_empty() {
-            files.remove(&file);
+        let before = queue.len();
+        queue.retain(|w| w.request.async_id() != async_id);
+        let found = queue.len() != before;
+        if queue.is_empty() {
+            local.waiting.remove(&file);
         }
         found
     }
@@ -180,12 +241,12 @@ impl ByteRangeLocks {
     /// Whether the file has any byte-range lock (no read or handle caching
     /// is granted on such a file).
     pub fn has_locks(&self, file: FileKey) -> bool {
-        self.read()
-            .get(&file)
-            .is_some_and(|e| !e.granted.is_empty())
+        self.read().locked.contains(&file)
     }
 
-    /// Whether a READ or WRITE by `owner` runs into another lock.
+    /// Whether a READ or WRITE by `owner` runs into another lock. A store
+    /// that cannot answer counts as a conflict: data is not moved past a
+    /// lock nobody could check.
     pub fn io_conflicts(
         &self,
         file: FileKey,
@@ -194,29 +255,31 @@ impl ByteRangeLocks {
         length: u64,
         write: bool,
     ) -> bool {
-        let files = self.read();
-        files
-            .get(&file)
-            .is_some_and(|e| byte_range::io_conflicts(&e.granted, owner, offset, length, write))
+        let local = self.read();
+        if !local.locked.contains(&file) {
+            return false;
+        }
+        match records::read::<LockList>(&*self.store, &file.record_key(LOCKS_PREFIX)) {
+            Ok(list) => byte_range::io_conflicts(&list.0, owner, offset, length, write),
+            Err(e) => {
+                store_failed(file, e);
+                true
+            }
+        }
     }
 }
 
-/// Grants every waiter whose ranges are free now, in arrival order; returns
-/// their requests to answer once the table is unlocked.
-fn grant_waiters(entry: &mut FileLocks) -> Vec<Arc<PendingRequest>> {
-    let mut done = Vec::new();
-    let mut i = 0;
-    while i < entry.waiting.len() {
-        let w = &entry.waiting[i];
-        match byte_range::try_lock(&entry.granted, w.owner, &w.ranges) {
-            Ok(granted) => {
-                entry.granted = granted;
-                done.push(entry.waiting.remove(i).request);
-            }
-            Err(_) => i += 1,
+/// Grants every waiter (owner, ranges) whose ranges are free in `locks`,
+/// in arrival order, adding their locks; returns their indices, ascending.
+fn grant_waiters(locks: &mut Vec<RangeLock>, asks: &[(u64, &[LockRange])]) -> Vec<usize> {
+    let mut granted = Vec::new();
+    for (i, (owner, ranges)) in asks.iter().enumerate() {
+        if let Ok(new) = byte_range::try_lock(locks, *owner, ranges) {
+            *locks = new;
+            granted.push(i);
         }
     }
-    done
+    granted
 }
 
 fn answer(granted: Vec<Arc<PendingRequest>>) {

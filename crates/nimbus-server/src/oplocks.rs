@@ -1,12 +1,17 @@
-//! The server's oplocks and leases: per file, the caching state that
-//! `nimbus_state::caching` rules over, the CREATEs waiting for breaks to be
-//! acknowledged, and the way to each holder's client. This service applies
-//! the rules' decisions: it sends break notifications (MS-SMB2 3.3.4.6 and
-//! 3.3.4.7) on the holder's connection, starts the acknowledgement timer
-//! (`oplock_break_timeout`, 35 s by default as on Windows), and wakes the
-//! waiting CREATEs when a break is acknowledged, times out, or its holder
-//! closes. One mutex over the table: every step is a few comparisons, and
-//! files nobody caches hold no entry.
+//! The server's oplocks and leases. Each file's caching state (its opens
+//! and grants, breaks under way) is a record in the server's `StateStore`,
+//! changed only by `nimbus_state::caching`'s rules through compare-and-set
+//! (`nimbus_state::records`), so that a cluster store can later hold it
+//! for every node. What only this node can hold stays here: the CREATEs
+//! and renames waiting for breaks to end, the acknowledgement timers
+//! (`oplock_break_timeout`, 35 s by default as on Windows), and the way to
+//! each holder's client, behind the `Notifier` that sends break
+//! notifications (MS-SMB2 3.3.4.6 and 3.3.4.7).
+//!
+//! One node-local mutex orders this node's steps on the table, so that a
+//! waiter parked after reading "breaking" cannot miss the acknowledgement
+//! that ends the break; the record's compare-and-set orders them against
+//! other writers of the store.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -15,8 +20,10 @@ use std::time::Duration;
 
 use nimbus_state::caching::{
     self, AckError, Acked, BreakOrder, Contention, FileCaching, Granted, Holder, LeaseId, OpenAsk,
+    Want,
 };
-use nimbus_state::FileKey;
+use nimbus_state::records::{self, CACHING_PREFIX};
+use nimbus_state::{FileKey, StateError, StateStore};
 use nimbus_wire::header::{flags, Command, Header};
 use nimbus_wire::oplock::{LeaseBreakNotification, OplockBreak, LEASE_BREAK_ACK_REQUIRED};
 use nimbus_wire::{FileId, NtStatus};
@@ -37,16 +44,50 @@ pub struct Route {
     pub seal: Option<Arc<SessionCipher>>,
 }
 
-/// A CREATE waiting for breaks on a file to end.
+/// Delivers break notifications to the client of an open. On one node
+/// that is a connection of this process; a cluster node will forward a
+/// break for an open it does not serve to the node that does.
+pub trait Notifier: Send + Sync {
+    /// Sends `order` to the client of open `open_id`; an open whose client
+    /// is gone is skipped (its close will clean up).
+    fn deliver(&self, open_id: u64, order: BreakOrder);
+}
+
+/// The notifier of a single node: the route of every open that may be
+/// sent a break.
+#[derive(Default)]
+pub struct LocalNotifier {
+    routes: Mutex<HashMap<u64, Route>>,
+}
+
+impl LocalNotifier {
+    fn register(&self, open_id: u64, route: Route) {
+        lock(&self.routes).insert(open_id, route);
+    }
+
+    fn unregister(&self, open_id: u64) {
+        lock(&self.routes).remove(&open_id);
+    }
+}
+
+impl Notifier for LocalNotifier {
+    fn deliver(&self, open_id: u64, order: BreakOrder) {
+        let Some(route) = lock(&self.routes).get(&open_id).cloned() else {
+            return;
+        };
+        Outbound { order, route }.send();
+    }
+}
+
+/// A CREATE or rename waiting for breaks on a file to end.
 struct Waiter {
     async_id: u64,
     wake: Box<dyn FnOnce() + Send>,
 }
 
+/// What this node keeps about one file beside its record.
 #[derive(Default)]
-struct FileEntry {
-    state: FileCaching,
-    routes: HashMap<u64, Route>,
+struct Local {
     waiters: Vec<Waiter>,
     /// Which break each holder's timer belongs to: an acknowledged break
     /// followed by a new one must not be timed out by the old timer.
@@ -55,7 +96,10 @@ struct FileEntry {
 
 #[derive(Default)]
 struct Table {
-    files: HashMap<FileKey, FileEntry>,
+    files: HashMap<FileKey, Local>,
+    /// Files whose record holds a grant: writes to other files (every
+    /// WRITE asks) cost no look-up in the store.
+    granted: HashSet<FileKey>,
     /// The file each lease is on (a lease key names one file).
     lease_files: HashMap<LeaseId, FileKey>,
     /// Directories that hold a lease: changes inside them must break it.
@@ -64,19 +108,62 @@ struct Table {
 }
 
 impl Table {
-    /// Drops `file`'s entry once nothing is cached, open or waiting there.
-    fn prune(&mut self, file: FileKey) {
-        if let Some(e) = self.files.get(&file) {
-            if e.state.is_empty() && e.waiters.is_empty() {
+    /// Notes what a record now holds, and drops the file's local entry
+    /// once nothing is cached there and nobody waits.
+    fn settle(&mut self, file: FileKey, state: &Summary) {
+        if state.has_grants {
+            self.granted.insert(file);
+        } else {
+            self.granted.remove(&file);
+        }
+        if state.empty {
+            self.dirs.remove(&file);
+            if self.files.get(&file).is_some_and(|l| l.waiters.is_empty()) {
                 self.files.remove(&file);
-                self.dirs.remove(&file);
             }
         }
     }
 }
 
+/// What a record holds after a change, for the node-local indexes.
+struct Summary {
+    has_grants: bool,
+    empty: bool,
+    breaking: bool,
+}
+
+impl Summary {
+    fn of(s: &FileCaching) -> Summary {
+        Summary {
+            has_grants: !s.grants.is_empty(),
+            empty: s.is_empty(),
+            breaking: s.breaking(),
+        }
+    }
+}
+
+/// A break to send, and the open whose client receives it.
+type Target = (BreakOrder, u64);
+
+/// The opens to send `breaks` to: an oplock's own open, a lease's first
+/// open (any open of a lease reaches its client).
+fn targets(s: &FileCaching, breaks: &[BreakOrder]) -> Vec<Target> {
+    breaks
+        .iter()
+        .filter_map(|b| {
+            let open_id = match b.holder {
+                Holder::Oplock(id) => Some(id),
+                Holder::Lease(_) => s.grant(b.holder).and_then(|g| g.opens.first().copied()),
+            };
+            open_id.map(|id| (*b, id))
+        })
+        .collect()
+}
+
 pub struct Oplocks {
     table: Arc<Mutex<Table>>,
+    store: Arc<dyn StateStore>,
+    notifier: Arc<LocalNotifier>,
     break_timeout: Duration,
     /// How many directories hold a lease, read without the lock: while
     /// none does, a change to a file costs no look-up of its directory.
@@ -89,10 +176,36 @@ pub enum AckOutcome {
     Refused(AckError),
 }
 
+fn record_key(file: FileKey) -> Vec<u8> {
+    file.record_key(CACHING_PREFIX)
+}
+
+/// Applies a rule to `file`'s record in `store`. A store that fails is
+/// logged and the rule's effect is lost: callers then grant no caching.
+fn apply<T>(
+    store: &dyn StateStore,
+    file: FileKey,
+    mut f: impl FnMut(&mut FileCaching) -> T,
+) -> Option<(T, Summary)> {
+    let r = records::update::<FileCaching, _, StateError>(store, &record_key(file), |s| {
+        let out = f(s);
+        Ok((out, Summary::of(s)))
+    });
+    match r {
+        Ok(v) => Some(v),
+        Err(e) => {
+            tracing::error!("caching state of {file:?}: {e}");
+            None
+        }
+    }
+}
+
 impl Oplocks {
-    pub fn new(break_timeout: Duration) -> Oplocks {
+    pub fn new(break_timeout: Duration, store: Arc<dyn StateStore>) -> Oplocks {
         Oplocks {
             table: Arc::new(Mutex::new(Table::default())),
+            store,
+            notifier: Arc::new(LocalNotifier::default()),
             break_timeout,
             dir_leases: AtomicUsize::new(0),
         }
@@ -106,16 +219,21 @@ impl Oplocks {
     pub fn contend(&self, file: FileKey, ask: &OpenAsk) -> Contention {
         let (contention, sends) = {
             let mut t = lock(&self.table);
-            let entry = t.files.entry(file).or_default();
-            let c = entry.state.contend(ask);
-            if !c.wait && !ask.sharing_violation {
-                entry.state.opens.push(caching::OpenEntry {
-                    open_id: ask.open_id,
-                    stat: caching::stat_open(ask.access),
-                });
-            }
-            let sends = self.prepare_breaks(&mut t, file, &c.breaks);
-            t.prune(file);
+            let Some(((c, to), summary)) = apply(&*self.store, file, |s| {
+                let c = s.contend(ask);
+                if !c.wait && !ask.sharing_violation {
+                    s.opens.push(caching::OpenEntry {
+                        open_id: ask.open_id,
+                        stat: caching::stat_open(ask.access),
+                    });
+                }
+                let to = targets(s, &c.breaks);
+                (c, to)
+            }) else {
+                return Contention::default();
+            };
+            let sends = self.prepare_breaks(&mut t, file, to);
+            t.settle(file, &summary);
             self.count_dirs(&t);
             (c, sends)
         };
@@ -135,50 +253,56 @@ impl Oplocks {
     /// Records an open that went ahead and returns what it was granted.
     pub fn admit(&self, file: FileKey, ask: &OpenAsk, route: Route) -> Granted {
         let mut t = lock(&self.table);
-        let entry = t.files.entry(file).or_default();
-        entry.state.opens.retain(|o| o.open_id != ask.open_id);
-        let granted = entry.state.admit(ask);
-        entry.routes.insert(ask.open_id, route);
-        if let caching::Want::Lease { id, .. } = ask.want {
+        let Some((granted, summary)) = apply(&*self.store, file, |s| {
+            s.opens.retain(|o| o.open_id != ask.open_id);
+            s.admit(ask)
+        }) else {
+            return nothing_granted(ask);
+        };
+        self.notifier.register(ask.open_id, route);
+        if let Want::Lease { id, .. } = ask.want {
             t.lease_files.insert(id, file);
             if ask.is_dir {
                 t.dirs.insert(file);
-                self.count_dirs(&t);
             }
         }
+        t.settle(file, &summary);
+        self.count_dirs(&t);
         granted
     }
 
     /// Forgets an open: closed, or its CREATE failed after `contend`.
-    /// Wakes the CREATEs waiting on a break that went with it.
+    /// Wakes the requests waiting on a break that went with it.
     pub fn forget(&self, file: FileKey, open_id: u64) {
+        self.notifier.unregister(open_id);
         let woken = {
             let mut t = lock(&self.table);
-            let Some(entry) = t.files.get_mut(&file) else {
+            let Some(((ended_break, gone), summary)) = apply(&*self.store, file, |s| {
+                // The leases this open shared, to see which went with it.
+                let shared: Vec<LeaseId> = s
+                    .grants
+                    .iter()
+                    .filter_map(|g| match g.holder {
+                        Holder::Lease(id) if g.opens.contains(&open_id) => Some(id),
+                        _ => None,
+                    })
+                    .collect();
+                let ended = s.remove_open(open_id);
+                let gone: Vec<LeaseId> = shared
+                    .into_iter()
+                    .filter(|id| s.grant(Holder::Lease(*id)).is_none())
+                    .collect();
+                (ended, gone)
+            }) else {
                 return;
             };
-            // The leases this open shared, to see which went with it.
-            let shared: Vec<LeaseId> = entry
-                .state
-                .grants
-                .iter()
-                .filter_map(|g| match g.holder {
-                    Holder::Lease(id) if g.opens.contains(&open_id) => Some(id),
-                    _ => None,
-                })
-                .collect();
-            let ended_break = entry.state.remove_open(open_id);
-            entry.routes.remove(&open_id);
-            let woken = if ended_break || !entry.state.breaking() {
-                std::mem::take(&mut entry.waiters)
-            } else {
-                Vec::new()
+            let woken = match t.files.get_mut(&file) {
+                Some(local) if ended_break || !summary.breaking => {
+                    std::mem::take(&mut local.waiters)
+                }
+                _ => Vec::new(),
             };
-            let gone: Vec<LeaseId> = shared
-                .into_iter()
-                .filter(|id| entry.state.grant(Holder::Lease(*id)).is_none())
-                .collect();
-            t.prune(file);
+            t.settle(file, &summary);
             self.count_dirs(&t);
             for id in gone {
                 t.lease_files.remove(&id);
@@ -188,21 +312,23 @@ impl Oplocks {
         wake(woken);
     }
 
-    /// Parks a CREATE until the file's breaks end; `wake` retries it. If
-    /// they ended already (acknowledged between the CREATE's check and
+    /// Parks a request until the file's breaks end; `wake` retries it. If
+    /// they ended already (acknowledged between the request's check and
     /// now), it is retried at once.
     pub fn wait(&self, file: FileKey, async_id: u64, wake_fn: Box<dyn FnOnce() + Send>) {
         let now = {
             let mut t = lock(&self.table);
-            match t.files.get_mut(&file) {
-                Some(entry) if entry.state.breaking() => {
-                    entry.waiters.push(Waiter {
-                        async_id,
-                        wake: wake_fn,
-                    });
-                    None
-                }
-                _ => Some(wake_fn),
+            let breaking = records::read::<FileCaching>(&*self.store, &record_key(file))
+                .map(|s| s.breaking())
+                .unwrap_or(false);
+            if breaking {
+                t.files.entry(file).or_default().waiters.push(Waiter {
+                    async_id,
+                    wake: wake_fn,
+                });
+                None
+            } else {
+                Some(wake_fn)
             }
         };
         if let Some(w) = now {
@@ -210,13 +336,14 @@ impl Oplocks {
         }
     }
 
-    /// Takes a waiting CREATE out (cancelled, or its connection went).
+    /// Takes a waiting request out (cancelled, or its connection went).
     pub fn withdraw(&self, file: FileKey, async_id: u64) {
         let mut t = lock(&self.table);
-        if let Some(entry) = t.files.get_mut(&file) {
-            entry.waiters.retain(|w| w.async_id != async_id);
-            t.prune(file);
-            self.count_dirs(&t);
+        if let Some(local) = t.files.get_mut(&file) {
+            local.waiters.retain(|w| w.async_id != async_id);
+            if local.waiters.is_empty() && local.break_serial.is_empty() {
+                t.files.remove(&file);
+            }
         }
     }
 
@@ -235,24 +362,28 @@ impl Oplocks {
     fn ack(
         &self,
         file: FileKey,
-        f: impl FnOnce(&mut FileCaching) -> Result<Acked, AckError>,
+        mut f: impl FnMut(&mut FileCaching) -> Result<Acked, AckError>,
     ) -> AckOutcome {
         let (outcome, sends, woken) = {
             let mut t = lock(&self.table);
-            let Some(entry) = t.files.get_mut(&file) else {
+            let Some((r, summary)) = apply(&*self.store, file, |s| {
+                f(s).map(|acked| {
+                    let follow: Vec<BreakOrder> = acked.follow_up.into_iter().collect();
+                    (acked, targets(s, &follow))
+                })
+            }) else {
                 return AckOutcome::Refused(AckError::NotBreaking);
             };
-            let acked = match f(&mut entry.state) {
-                Ok(a) => a,
+            let (acked, to) = match r {
+                Ok(v) => v,
                 Err(e) => return AckOutcome::Refused(e),
             };
-            let woken = if entry.state.breaking() {
-                Vec::new()
-            } else {
-                std::mem::take(&mut entry.waiters)
+            let woken = match t.files.get_mut(&file) {
+                Some(local) if !summary.breaking => std::mem::take(&mut local.waiters),
+                _ => Vec::new(),
             };
-            let follow: Vec<BreakOrder> = acked.follow_up.into_iter().collect();
-            let sends = self.prepare_breaks(&mut t, file, &follow);
+            let sends = self.prepare_breaks(&mut t, file, to);
+            t.settle(file, &summary);
             (AckOutcome::Done(acked), sends, woken)
         };
         self.send(sends);
@@ -263,34 +394,17 @@ impl Oplocks {
     /// Another open writes, truncates or locks: read caching of the other
     /// holders goes, without waiting (MS-FSA 2.1.4.12).
     pub fn contend_readers(&self, file: FileKey, writer_open: u64) {
-        let sends = {
-            let mut t = lock(&self.table);
-            let Some(entry) = t.files.get_mut(&file) else {
-                return;
-            };
-            if entry.state.grants.is_empty() {
-                return;
-            }
-            let breaks = entry.state.contend_readers(writer_open);
-            self.prepare_breaks(&mut t, file, &breaks)
-        };
-        self.send(sends);
+        self.contend_with(file, |s| s.contend_readers(writer_open));
     }
 
     /// The file is being deleted or renamed through `by`: other holders'
     /// handle caching goes. Returns whether a holder keeps it until it
     /// acknowledges (a rename then `wait`s; a delete goes on).
     pub fn contend_handles(&self, file: FileKey, by: u64) -> bool {
-        let (wait, sends) = {
-            let mut t = lock(&self.table);
-            let Some(entry) = t.files.get_mut(&file) else {
-                return false;
-            };
-            let c = entry.state.contend_handles(by);
-            (c.wait, self.prepare_breaks(&mut t, file, &c.breaks))
-        };
-        self.send(sends);
-        wait
+        self.contend_with(file, |s| {
+            let c = s.contend_handles(by);
+            (c.breaks, c.wait)
+        })
     }
 
     /// Whether any directory holds a lease now.
@@ -306,48 +420,58 @@ impl Oplocks {
     /// except the one `by` names (the client's own parent lease). Nobody
     /// waits for these acknowledgements.
     pub fn contend_children(&self, dir: FileKey, by: Option<LeaseId>) {
-        let sends = {
-            let mut t = lock(&self.table);
-            let Some(entry) = t.files.get_mut(&dir) else {
-                return;
-            };
-            let breaks = entry.state.contend_children(by);
-            self.prepare_breaks(&mut t, dir, &breaks)
-        };
-        self.send(sends);
+        self.contend_with(dir, |s| s.contend_children(by));
     }
 
-    /// Turns break orders into messages with their routes, and starts the
-    /// acknowledgement timers. Under the table lock; sending happens after.
-    fn prepare_breaks(&self, t: &mut Table, file: FileKey, breaks: &[BreakOrder]) -> Vec<Outbound> {
-        let mut out = Vec::new();
-        for b in breaks {
+    /// Applies a rule that breaks other holders without admitting anyone,
+    /// on a file that holds grants (others cost no store look-up), and
+    /// sends its breaks.
+    fn contend_with<T: BreakList>(
+        &self,
+        file: FileKey,
+        mut rule: impl FnMut(&mut FileCaching) -> T,
+    ) -> T::Extra {
+        let (extra, sends) = {
+            let mut t = lock(&self.table);
+            if !t.granted.contains(&file) {
+                return T::Extra::default();
+            }
+            let Some(((extra, to), summary)) = apply(&*self.store, file, |s| {
+                let (breaks, extra) = rule(s).split();
+                (extra, targets(s, &breaks))
+            }) else {
+                return T::Extra::default();
+            };
+            let sends = self.prepare_breaks(&mut t, file, to);
+            t.settle(file, &summary);
+            (extra, sends)
+        };
+        self.send(sends);
+        extra
+    }
+
+    /// Starts the acknowledgement timers of `to`'s breaks that need one.
+    /// Under the table lock; sending happens after, outside it.
+    fn prepare_breaks(&self, t: &mut Table, file: FileKey, to: Vec<Target>) -> Vec<Target> {
+        for (b, _) in &to {
+            if !b.ack_required {
+                continue;
+            }
             t.next_serial += 1;
             let serial = t.next_serial;
-            let Some(entry) = t.files.get_mut(&file) else {
-                continue;
-            };
-            let open_id = match b.holder {
-                Holder::Oplock(id) => Some(id),
-                Holder::Lease(_) => entry
-                    .state
-                    .grant(b.holder)
-                    .and_then(|g| g.opens.first().copied()),
-            };
-            let Some(route) = open_id.and_then(|id| entry.routes.get(&id)).cloned() else {
-                continue;
-            };
-            if b.ack_required {
-                entry.break_serial.insert(b.holder, serial);
-                self.start_timer(file, b.holder, serial);
-            }
-            out.push(Outbound { order: *b, route });
+            t.files
+                .entry(file)
+                .or_default()
+                .break_serial
+                .insert(b.holder, serial);
+            self.start_timer(file, b.holder, serial);
         }
-        out
+        to
     }
 
     fn start_timer(&self, file: FileKey, holder: Holder, serial: u64) {
         let table = Arc::downgrade(&self.table);
+        let store = self.store.clone();
         let after = self.break_timeout;
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
@@ -359,31 +483,69 @@ impl Oplocks {
             };
             let woken = {
                 let mut t = lock(&table);
-                let Some(entry) = t.files.get_mut(&file) else {
+                let Some(local) = t.files.get_mut(&file) else {
                     return;
                 };
-                if entry.break_serial.get(&holder) != Some(&serial) {
+                if local.break_serial.get(&holder) != Some(&serial) {
                     return;
                 }
-                entry.break_serial.remove(&holder);
-                if !entry.state.break_timed_out(holder) {
+                local.break_serial.remove(&holder);
+                let Some((changed, summary)) = apply(&*store, file, |s| s.break_timed_out(holder))
+                else {
+                    return;
+                };
+                if !changed {
                     return;
                 }
                 tracing::info!("break of {holder:?} not acknowledged in {after:?}; taken as done");
-                if entry.state.breaking() {
-                    Vec::new()
-                } else {
-                    std::mem::take(&mut entry.waiters)
-                }
+                let woken = match t.files.get_mut(&file) {
+                    Some(local) if !summary.breaking => std::mem::take(&mut local.waiters),
+                    _ => Vec::new(),
+                };
+                t.settle(file, &summary);
+                woken
             };
             wake(woken);
         });
     }
 
-    fn send(&self, sends: Vec<Outbound>) {
-        for s in sends {
-            s.send();
+    fn send(&self, sends: Vec<Target>) {
+        for (order, open_id) in sends {
+            self.notifier.deliver(open_id, order);
         }
+    }
+}
+
+/// A rule's breaks, and what else it answers (`()` or a wait flag).
+trait BreakList {
+    type Extra: Default;
+    fn split(self) -> (Vec<BreakOrder>, Self::Extra);
+}
+
+impl BreakList for Vec<BreakOrder> {
+    type Extra = ();
+    fn split(self) -> (Vec<BreakOrder>, ()) {
+        (self, ())
+    }
+}
+
+impl BreakList for (Vec<BreakOrder>, bool) {
+    type Extra = bool;
+    fn split(self) -> (Vec<BreakOrder>, bool) {
+        self
+    }
+}
+
+/// The answer to an open whose caching state could not be recorded.
+fn nothing_granted(ask: &OpenAsk) -> Granted {
+    match ask.want {
+        Want::Lease { version, epoch, .. } => Granted::Lease {
+            state: 0,
+            epoch,
+            breaking: false,
+            version,
+        },
+        _ => Granted::Oplock(caching::OPLOCK_NONE),
     }
 }
 

@@ -6,7 +6,7 @@ use std::sync::{Arc, RwLock};
 
 use nimbus_auth::{AuthConfig, Authenticator, UserDb};
 use nimbus_crypto::{CipherAlgorithm, CryptoProvider};
-use nimbus_state::{MemoryStore, ShareModes};
+use nimbus_state::{MemoryStore, ShareModes, StateStore};
 use nimbus_vfs::LocalFs;
 use nimbus_wire::fscc::unix_to_filetime;
 use tokio::net::TcpListener;
@@ -195,19 +195,21 @@ impl Server {
         }
         tracing::debug!("descriptor limit {descriptors}: up to {open_cap} files open server-wide");
         let break_timeout = config.limits.oplock_break_timeout;
+        // One store for every kind of per-file record (memory on one node).
+        let store: Arc<dyn StateStore> = Arc::new(MemoryStore::new());
         Ok(Arc::new(Server {
             config,
             provider,
             auth,
             shares,
-            share_modes: ShareModes::new(Arc::new(MemoryStore::new())),
+            share_modes: ShareModes::new(store.clone()),
             guid,
             start_time,
             admission: Arc::new(Admission::default()),
             logon_guard,
             open_files: OpenFiles::new(open_cap),
-            locks: ByteRangeLocks::default(),
-            oplocks: Oplocks::new(break_timeout),
+            locks: ByteRangeLocks::new(store.clone()),
+            oplocks: Oplocks::new(break_timeout, store.clone()),
             opens: OpenRegistry::default(),
             notify: crate::notify::ChangeNotify::default(),
             next_session_id: AtomicU64::new(1),

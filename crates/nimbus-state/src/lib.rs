@@ -6,6 +6,7 @@
 pub mod byte_range;
 pub mod caching;
 pub mod memory;
+pub mod records;
 pub mod share_modes;
 pub mod store;
 

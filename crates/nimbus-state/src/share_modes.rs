@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use crate::records::{self, Record};
 use crate::store::{StateError, StateStore};
 
 /// Identifies a file independent of its name: device and inode.
@@ -14,14 +15,11 @@ pub struct FileKey {
     pub ino: u64,
 }
 
-impl FileKey {
-    fn store_key(&self) -> Vec<u8> {
-        let mut k = b"file/".to_vec();
-        k.extend_from_slice(&self.dev.to_be_bytes());
-        k.extend_from_slice(&self.ino.to_be_bytes());
-        k
-    }
-}
+/// Key prefix of a file's opens and share modes.
+const OPENS_PREFIX: &[u8] = b"file/";
+
+/// Layout 1 of a share-mode record.
+const SHARE_MODES_V1: u8 = 1;
 
 /// One open as far as sharing is concerned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,9 +41,10 @@ pub struct FileRecord {
     pub delete_pending: bool,
 }
 
-impl FileRecord {
+impl Record for FileRecord {
     fn encode(&self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(1 + self.opens.len() * 16);
+        let mut v = Vec::with_capacity(2 + self.opens.len() * 16);
+        v.push(SHARE_MODES_V1);
         v.push(self.delete_pending as u8);
         for o in &self.opens {
             v.extend_from_slice(&o.open_id.to_le_bytes());
@@ -56,9 +55,10 @@ impl FileRecord {
     }
 
     fn decode(b: &[u8]) -> Result<FileRecord, StateError> {
-        let (&flag, rest) = b
-            .split_first()
-            .ok_or(StateError::Corrupt("empty file record"))?;
+        let [SHARE_MODES_V1, flag, rest @ ..] = b else {
+            return Err(StateError::Corrupt("share-mode record layout"));
+        };
+        let flag = *flag;
         if rest.len() % 16 != 0 {
             return Err(StateError::Corrupt("file record length"));
         }
@@ -80,6 +80,12 @@ impl FileRecord {
             opens,
             delete_pending: flag != 0,
         })
+    }
+
+    /// A file nobody has open keeps no record (delete-pending ends with
+    /// its last open).
+    fn is_empty(&self) -> bool {
+        self.opens.is_empty()
     }
 }
 
@@ -124,10 +130,6 @@ pub fn compatible(existing: &OpenRecord, access: u32, share: u32) -> bool {
     !conflict(access, existing.share_access) && !conflict(existing.access, share)
 }
 
-/// Retries of a compare-and-set loop before giving up: contention on one
-/// file's record is short-lived, so a handful is plenty.
-const CAS_RETRIES: usize = 64;
-
 pub struct ShareModes {
     store: Arc<dyn StateStore>,
 }
@@ -141,36 +143,9 @@ impl ShareModes {
     fn update<T>(
         &self,
         key: FileKey,
-        mut f: impl FnMut(&mut FileRecord) -> Result<T, SharingError>,
+        f: impl FnMut(&mut FileRecord) -> Result<T, SharingError>,
     ) -> Result<T, SharingError> {
-        let skey = key.store_key();
-        for _ in 0..CAS_RETRIES {
-            let current = self.store.get(&skey)?;
-            let mut rec = match &current {
-                Some(v) => FileRecord::decode(&v.value)?,
-                None => FileRecord::default(),
-            };
-            let out = f(&mut rec)?;
-            let value = if rec.opens.is_empty() {
-                None
-            } else {
-                Some(rec.encode())
-            };
-            let expected = current.as_ref().map(|v| v.version);
-            if current.is_none() && value.is_none() {
-                return Ok(out);
-            }
-            if self
-                .store
-                .compare_and_set(&skey, expected, value)?
-                .is_some()
-            {
-                return Ok(out);
-            }
-        }
-        Err(SharingError::Store(StateError::Unavailable(
-            "too much contention on one file record".into(),
-        )))
+        records::update(&*self.store, &key.record_key(OPENS_PREFIX), f)
     }
 
     /// Registers a new open after checking it against the existing ones.
@@ -212,10 +187,7 @@ impl ShareModes {
     }
 
     pub fn record(&self, key: FileKey) -> Result<FileRecord, SharingError> {
-        Ok(match self.store.get(&key.store_key())? {
-            Some(v) => FileRecord::decode(&v.value)?,
-            None => FileRecord::default(),
-        })
+        Ok(records::read(&*self.store, &key.record_key(OPENS_PREFIX))?)
     }
 }
 
@@ -274,6 +246,12 @@ mod tests {
     #[test]
     fn corrupt_records_are_errors() {
         assert!(FileRecord::decode(&[]).is_err());
-        assert!(FileRecord::decode(&[0, 1, 2]).is_err());
+        assert!(FileRecord::decode(&[SHARE_MODES_V1, 0, 1, 2]).is_err());
+        assert!(FileRecord::decode(&[2, 0]).is_err());
+        let rec = FileRecord {
+            opens: vec![open(1, READ_DATA, 7)],
+            delete_pending: true,
+        };
+        assert_eq!(FileRecord::decode(&rec.encode()).unwrap(), rec);
     }
 }
