@@ -73,10 +73,15 @@ class Client:
         self.session_id = 0
         self.tree_id = 0
 
-    def call(self, command: int, body: bytes, expect=(0,)) -> bytes:
-        msg = header(command, self.message_id, tree_id=self.tree_id, session_id=self.session_id)
+    def send(self, command: int, body: bytes) -> int:
+        """Sends one request without waiting; returns its MessageId."""
+        mid = self.message_id
         self.message_id += 1
-        self.sock.sendall(frame(msg + body))
+        self.sock.sendall(frame(header(command, mid, tree_id=self.tree_id, session_id=self.session_id) + body))
+        return mid
+
+    def call(self, command: int, body: bytes, expect=(0,)) -> bytes:
+        self.send(command, body)
         while True:
             resp = recv_message(self.sock)
             flags = struct.unpack_from("<I", resp, 16)[0]
@@ -86,8 +91,11 @@ class Client:
                 raise RuntimeError(f"command {command:#x} failed: status {status(resp):#010x}")
             return resp
 
-    def logon(self, user: str, password: str, share_unc: str) -> None:
-        self.call(rawsmb.NEGOTIATE, rawsmb.negotiate_body(DIALECTS))
+    def logon(self, user: str, password: str, share_unc: str, capabilities: int = 0) -> None:
+        """NEGOTIATE (with `capabilities`, MS-SMB2 2.2.3), an NTLMv2 SESSION_SETUP, TREE_CONNECT."""
+        body = bytearray(rawsmb.negotiate_body(DIALECTS))
+        struct.pack_into("<I", body, 8, capabilities)
+        self.call(rawsmb.NEGOTIATE, bytes(body))
         # The target name must be this server (cifs/ADDRESS): Nimbus refuses an NTLM
         # logon addressed to another host as a possible relay.
         ctx = spnego.client(user, password, hostname=self.host, service="cifs", protocol="negotiate", options=spnego.NegotiateOptions.use_ntlm)

@@ -20,9 +20,11 @@ included, counted once reaped) from /proc, before and after each transfer.
 
 Metadata: smbtorture `smb2.bench.path-contention-shared` at each --nprocs
 (opens and closes of one shared path from N connections; the median of its
-per-second open rates, the first second dropped), and bench/meta_loop.py
+per-second open rates, the first second dropped), bench/meta_loop.py
 (open, stat, close of many files, one directory per connection, nothing
-contended).
+contended), bench/lock_loop.py, and bench/lease_break.py (the latency of an
+open that breaks another client's RWH lease, which that client acknowledges
+at once: median and p99).
 
 Prints a table of medians with Nimbus/Samba ratios and the targets of
 issue 4, and writes them with a description of the machine into
@@ -50,6 +52,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 sys.path.insert(0, str(BENCH))
+import lease_break  # noqa: E402
 import lock_loop  # noqa: E402
 import meta_loop  # noqa: E402
 from netutil import free_port, wait_listening  # noqa: E402
@@ -232,6 +235,16 @@ def lock_pairs(server: Server, workers: int, seconds: int) -> tuple[float, float
     return rate, (server.cpu() - before) * 1e6 / done
 
 
+def lease_round_trip(server: Server, iterations: int) -> tuple[float, float]:
+    """bench/lease_break.py; returns (median, p99) of the breaking open's
+    latency in microseconds."""
+    server.settle()
+    try:
+        return lease_break.run("127.0.0.1", server.port, SHARE, USER, PASSWORD, iterations)
+    except lease_break.BenchError as e:
+        sys.exit(f"lease_break against {server.name}: {e}")
+
+
 def metadata_loop(server: Server, workers: int, files: int, seconds: int) -> tuple[float, float]:
     """bench/meta_loop.py; returns (requests per second, server CPU
     microseconds per request)."""
@@ -306,6 +319,19 @@ def report(args, results: dict) -> list[str]:
             if s and n:
                 lines.append(f"| lock_loop, {conns} connections on one file (lock+unlock pairs) | {s[0]:.0f} | {n[0]:.0f} | {ratio(n[0], s[0])} | {s[1]:.1f} | {n[1]:.1f} | {ratio(n[1], s[1])} |")
         lines.append("")
+    s, n = med.get(("lease", "Samba")), med.get(("lease", "Nimbus"))
+    if s and n:
+        lines += [
+            f"### Lease break round trip ({args.lease_iterations} opens per run, the first {lease_break.WARMUP} dropped)",
+            "",
+            "An open that needs another client's RWH lease broken to RH, the holder acknowledging at once;",
+            "from the CREATE's send to its final response. Ratios are Nimbus/Samba: below 1 is Nimbus faster.",
+            "",
+            "| test | Samba median µs | Nimbus median µs | ratio | Samba p99 µs | Nimbus p99 µs | ratio |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+            f"| lease break round trip (lease_break.py) | {s[0]:.0f} | {n[0]:.0f} | {ratio(n[0], s[0])} | {s[1]:.0f} | {n[1]:.0f} | {ratio(n[1], s[1])} |",
+            "",
+        ]
     lines += ["### Targets (reported, not asserted)", ""] + [f"- {t}" for t in targets(med, args)] + [""]
     return lines
 
@@ -338,6 +364,10 @@ def targets(med: dict, args) -> list[str]:
         if s and n:
             r = n[0] / s[0]
             out.append(f"lock/unlock pairs ≥ 2 × Samba at {conns} connections: {r:.2f} × — {verdict(r >= 2)}")
+    s, n = med.get(("lease", "Samba")), med.get(("lease", "Nimbus"))
+    if s and n:
+        r_median, r_p99 = n[0] / s[0], n[1] / s[1]
+        out.append(f"lease break round trip no slower than Samba: median {r_median:.2f} ×, p99 {r_p99:.2f} × — {verdict(r_median <= 1 and r_p99 <= 1)}")
     return out
 
 
@@ -364,6 +394,7 @@ def main() -> int:
     ap.add_argument("--nprocs", type=int, nargs="+", default=[1, 4, 16], help="smbtorture connection counts")
     ap.add_argument("--meta-workers", type=int, default=4, help="meta_loop connections")
     ap.add_argument("--lock-conns", type=int, nargs="+", default=[4, 16], help="lock_loop connection counts")
+    ap.add_argument("--lease-iterations", type=int, default=300, help="opens per lease_break run")
     ap.add_argument("--modes", nargs="+", default=list(PROTECTION), choices=list(PROTECTION))
     ap.add_argument("--only", choices=["throughput", "metadata"], help="run one half")
     ap.add_argument("--nimbus", default=str(REPO / "target" / "release" / "nimbus"))
@@ -394,6 +425,7 @@ def main() -> int:
             shutil.copyfile(source, d / "big.bin")
             meta_loop.prepare(d, args.meta_workers, 200)
             lock_loop.prepare(d)
+            lease_break.prepare(d)
 
         servers = [start_smbd(tmp / "Samba" / "state", shares["Samba"]), start_nimbus(args.nimbus, tmp / "Nimbus", shares["Nimbus"])]
         try:
@@ -431,6 +463,10 @@ def main() -> int:
                             r = lock_pairs(s, conns, args.seconds)
                             results.setdefault(("lock", conns, s.name), []).append(r)
                             print(f"  lock_loop {conns:<3} {s.name:<6} {r[0]:7.0f} pairs/s {r[1]:7.1f} µs/pair", flush=True)
+                    for s in order:
+                        r = lease_round_trip(s, args.lease_iterations)
+                        results.setdefault(("lease", s.name), []).append(r)
+                        print(f"  lease_break {s.name:<6} median {r[0]:6.0f} µs p99 {r[1]:6.0f} µs", flush=True)
         finally:
             for s in servers:
                 s.stop()

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -138,6 +138,42 @@ impl Outgoing {
     }
 }
 
+/// The bytes of messages queued on the writer outside any request's
+/// response (breaks, final responses of requests that waited), against a
+/// ceiling. Each such message answers something the client holds (an open's
+/// oplock or lease, a pending request), so the queue is bounded by what the
+/// client holds; but a client that stops reading would have up to one break
+/// per open pile up for as long as it holds them (10,000 lease breaks hold
+/// ~2.4 MB of buffers). The ceiling turns that into a bound per connection.
+struct UnsolicitedBudget {
+    queued: AtomicUsize,
+    max: usize,
+}
+
+impl UnsolicitedBudget {
+    fn new(max: usize) -> Self {
+        UnsolicitedBudget {
+            queued: AtomicUsize::new(0),
+            max,
+        }
+    }
+
+    /// Counts `size` more bytes queued; false (nothing counted) if they
+    /// would pass the ceiling.
+    fn charge(&self, size: usize) -> bool {
+        self.queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
+                q.checked_add(size).filter(|n| *n <= self.max)
+            })
+            .is_ok()
+    }
+
+    /// `size` bytes went out (or were dropped).
+    fn release(&self, size: usize) {
+        self.queued.fetch_sub(size, Ordering::AcqRel);
+    }
+}
+
 pub struct Connection {
     pub server: Arc<Server>,
     pub peer: SocketAddr,
@@ -154,12 +190,18 @@ pub struct Connection {
     pub pending: PendingTable,
     next_async_id: AtomicU64,
     /// The writer's queue for messages that answer no frame being
-    /// processed: final responses of pending requests (later: breaks).
+    /// processed: final responses of pending requests, oplock and lease
+    /// breaks.
     /// None until `serve` starts the writer (and in the fuzz harness).
     unsolicited: Mutex<Option<mpsc::UnboundedSender<Outgoing>>>,
+    /// What that queue holds, at most `limits.max_connection_memory_bytes`.
+    unsolicited_budget: UnsolicitedBudget,
     /// Counts this connection in the server's admission limits.
     slot: ConnectionSlot,
     closing: AtomicBool,
+    /// Closed because the client does not read: what is queued for it is
+    /// not waited for.
+    not_reading: AtomicBool,
     close_notify: Notify,
 }
 
@@ -177,6 +219,7 @@ impl Connection {
             pending: PendingTable::default(),
             next_async_id: AtomicU64::new(1),
             unsolicited: Mutex::new(None),
+            unsolicited_budget: UnsolicitedBudget::new(limits.max_connection_memory_bytes),
             pool: BufferPool::new(limits.max_frame_bytes, limits.max_connection_memory_bytes),
             server,
             peer,
@@ -186,6 +229,7 @@ impl Connection {
             sessions: Mutex::new(HashMap::new()),
             slot,
             closing: AtomicBool::new(false),
+            not_reading: AtomicBool::new(false),
             close_notify: Notify::new(),
         })
     }
@@ -216,12 +260,36 @@ impl Connection {
     }
 
     /// Queues a message to the client outside any request's response (the
-    /// final response of a pending request). Bounded by the requests that
-    /// may be pending (`limits.max_pending_requests`).
+    /// final response of a pending request, an oplock or lease break). A
+    /// client that lets more than its memory budget of these wait unread
+    /// (`limits.max_connection_memory_bytes`, counted apart from requests
+    /// and their responses) is taken as not reading: the connection closes,
+    /// which releases its opens and so ends every wait on its breaks at
+    /// once, rather than each after `oplock_break_timeout_secs`.
     pub fn send_unsolicited(&self, out: Outgoing) {
-        if let Some(tx) = lock(&self.unsolicited).as_ref() {
-            let _ = tx.send(out);
+        // Counted by capacity: what the queued buffer holds in memory.
+        let size = out.buf.capacity();
+        {
+            let queue = lock(&self.unsolicited);
+            let Some(tx) = queue.as_ref() else {
+                return;
+            };
+            if self.unsolicited_budget.charge(size) {
+                if tx.send(out).is_err() {
+                    self.unsolicited_budget.release(size);
+                }
+                return;
+            }
         }
+        if !self.not_reading.swap(true, Ordering::SeqCst) {
+            tracing::warn!(
+                "{}: more than {} bytes of breaks and responses wait unread \
+                 (limits.max_connection_memory_bytes): the client is not reading; closing",
+                self.peer,
+                self.unsolicited_budget.max
+            );
+        }
+        self.close();
     }
 
     pub fn session(&self, id: u64) -> Option<Arc<Session>> {
@@ -409,11 +477,11 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slo
     let mut writer = tokio::spawn(async move {
         let mut async_open = true;
         loop {
-            // Messages on their own (final responses of pending requests)
-            // before responses to frames: one queued while a frame was
-            // processed (a pending LOCK ended by a CLOSE) goes out before
-            // that frame's response, as the client expects. There are at
-            // most limits.max_pending_requests of them.
+            // Messages on their own (final responses of pending requests,
+            // breaks) before responses to frames: one queued while a frame
+            // was processed (a pending LOCK ended by a CLOSE) goes out
+            // before that frame's response, as the client expects. What
+            // they may hold is bounded (see `send_unsolicited`).
             let (out, in_flight) = tokio::select! {
                 biased;
                 r = async_rx.recv(), if async_open => match r {
@@ -428,8 +496,12 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slo
                     None => break,
                 },
             };
+            let unsolicited = in_flight.is_none().then(|| out.buf.capacity());
             if wr.write_all(&out.buf[out.start..]).await.is_err() {
                 break;
+            }
+            if let Some(size) = unsolicited {
+                writer_conn.unsolicited_budget.release(size);
             }
             for request in &out.interims {
                 request.interim_written();
@@ -487,8 +559,15 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slo
     // The writer ends when both its queues are closed.
     lock(&conn.unsolicited).take();
     // Responses still queued go out if the client takes them soon; a client
-    // that stopped reading does not keep the connection alive.
-    if timeout(CLOSE_GRACE, &mut writer).await.is_err() {
+    // that stopped reading does not keep the connection alive, and one
+    // already known not to read (see `send_unsolicited`) is not waited for:
+    // its opens, and the breaks others wait on, are released at once.
+    let grace = if conn.not_reading.load(Ordering::SeqCst) {
+        Duration::ZERO
+    } else {
+        CLOSE_GRACE
+    };
+    if timeout(grace, &mut writer).await.is_err() {
         writer.abort();
         let _ = writer.await;
     }
@@ -501,4 +580,23 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slo
     let conn2 = conn.clone();
     let _ = tokio::task::spawn_blocking(move || conn2.teardown()).await;
     tracing::debug!("connection from {peer} closed");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::UnsolicitedBudget;
+
+    #[test]
+    fn unsolicited_budget_refuses_what_passes_the_ceiling_and_frees_what_went_out() {
+        let b = UnsolicitedBudget::new(1000);
+        assert!(b.charge(600));
+        assert!(b.charge(400));
+        assert!(!b.charge(1), "full");
+        b.release(400);
+        assert!(!b.charge(401));
+        assert!(b.charge(400));
+        b.release(1000);
+        assert!(b.charge(1000));
+        assert!(!b.charge(usize::MAX), "no overflow");
+    }
 }

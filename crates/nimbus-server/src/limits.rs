@@ -25,7 +25,10 @@ pub struct Limits {
     /// their response; the next frame is not read until one finishes.
     pub max_outstanding_requests: usize,
     /// Bytes one connection may hold in received requests and their
-    /// responses (a READ counts its credit charge in 64 KiB units).
+    /// responses (a READ counts its credit charge in 64 KiB units); as much
+    /// again in messages the server sends on its own (breaks, responses of
+    /// requests that waited) that the client has not taken, beyond which
+    /// the connection is closed as not reading.
     pub max_connection_memory_bytes: usize,
     pub max_connections: usize,
     pub max_connections_per_address: usize,
