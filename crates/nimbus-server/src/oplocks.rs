@@ -14,7 +14,7 @@
 //! other writers of the store.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -497,7 +497,7 @@ impl Oplocks {
                 if !changed {
                     return;
                 }
-                tracing::info!("break of {holder:?} not acknowledged in {after:?}; taken as done");
+                log_timeout(holder, after);
                 let woken = match t.files.get_mut(&file) {
                     Some(local) if !summary.breaking => std::mem::take(&mut local.waiters),
                     _ => Vec::new(),
@@ -514,6 +514,39 @@ impl Oplocks {
             self.notifier.deliver(open_id, order);
         }
     }
+}
+
+/// Unacknowledged breaks since the last log line, and that line's second:
+/// a client ignoring thousands of breaks gets one line a second, not one
+/// per break.
+static TIMEOUTS_UNLOGGED: AtomicU64 = AtomicU64::new(0);
+static TIMEOUT_LOGGED_AT: AtomicU64 = AtomicU64::new(0);
+
+fn log_timeout(holder: Holder, after: Duration) {
+    let who = match holder {
+        Holder::Oplock(open_id) => format!("oplock of open {open_id}"),
+        Holder::Lease(id) => format!("lease {}", hex(&id.key)),
+    };
+    tracing::debug!("break of {who} not acknowledged in {after:?}; taken as done");
+    TIMEOUTS_UNLOGGED.fetch_add(1, Ordering::Relaxed);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let last = TIMEOUT_LOGGED_AT.load(Ordering::Relaxed);
+    if last != now
+        && TIMEOUT_LOGGED_AT
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    {
+        let n = TIMEOUTS_UNLOGGED.swap(0, Ordering::Relaxed);
+        tracing::info!(
+            "{n} break(s) not acknowledged in {after:?} and taken as done (latest: {who})"
+        );
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A rule's breaks, and what else it answers (`()` or a wait flag).
