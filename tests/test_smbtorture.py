@@ -50,6 +50,7 @@ SUITES = [
     "smb2.notify",
     "smb2.oplock",
     "smb2.lease",
+    "smb2.rename",
 ]
 KNOWN_FAILURES = Path(__file__).resolve().parent / "smbtorture" / "known-failures.txt"
 EXPECTED_SKIPS = Path(__file__).resolve().parent / "smbtorture" / "expected-skips.txt"

@@ -51,4 +51,20 @@ impl OpenRegistry {
             }
         }
     }
+
+    /// Whether anything beneath directory `dir` (share-relative) of the
+    /// share at `root` is open: such a directory cannot be renamed.
+    pub fn open_below(&self, root: &std::path::Path, dir: &str) -> bool {
+        let prefix = format!("{dir}/");
+        lock(&self.opens)
+            .values()
+            .filter_map(Weak::upgrade)
+            .any(|open| {
+                open.share
+                    .fs
+                    .as_ref()
+                    .is_some_and(|fs| fs.root_path() == root)
+                    && lock(&open.path).starts_with(&prefix)
+            })
+    }
 }

@@ -2,7 +2,8 @@
 
 use std::sync::atomic::Ordering;
 
-use nimbus_state::FileKey;
+use nimbus_state::share_modes::compatible;
+use nimbus_state::{FileKey, OpenRecord};
 use nimbus_vfs::{Timespec, VfsError};
 use nimbus_wire::codec::{utf16le_to_string, Reader};
 use nimbus_wire::fscc::{
@@ -306,6 +307,32 @@ fn rename(
     if to == from {
         return Ok(None);
     }
+    // Adding a name to a directory opens it, implicitly, to add a file
+    // (FILE_ADD_FILE, the WRITE_DATA bit) sharing read and write only: an
+    // open of the target's directory that holds DELETE access, or that
+    // does not share writing, refuses the rename with a sharing violation
+    // (smbtorture smb2.oplock.exclusive6, batch19, batch20,
+    // smb2.rename.no_share_delete_no_delete_access).
+    if let Ok(parent) = fs.stat(dir_of(&to)) {
+        let opens = ctx
+            .server
+            .share_modes
+            .record(FileKey {
+                dev: parent.dev,
+                ino: parent.ino,
+            })
+            .map_err(|e| sharing_status(&e))?
+            .opens;
+        let implied = |o: &OpenRecord| compatible(o, ADD_FILE, SHARE_READ_WRITE);
+        if !opens.iter().all(implied) {
+            return Err(NtStatus::SHARING_VIOLATION);
+        }
+    }
+    // A directory with open files beneath it keeps its name (MS-FSA
+    // 2.1.5.15.14; smbtorture smb2.rename.rename_dir_openfile).
+    if open.is_dir && ctx.server.opens.open_below(fs.root_path(), &from) {
+        return Err(NtStatus::ACCESS_DENIED);
+    }
     let case_only = to.eq_ignore_ascii_case(&from);
     if !case_only {
         if let Ok(target) = fs.stat(&to) {
@@ -357,4 +384,14 @@ fn rename(
     crate::dir_leases::child_changed(ctx.server, fs, &from, open.parent_lease);
     crate::dir_leases::child_changed(ctx.server, fs, &to, open.parent_lease);
     Ok(None)
+}
+
+/// FILE_ADD_FILE (MS-SMB2 2.2.13.1.2), and the share access of the open a
+/// rename makes of its target directory.
+const ADD_FILE: u32 = 0x2;
+const SHARE_READ_WRITE: u32 = 0x3;
+
+/// The directory `path` is in ("" for the share root).
+fn dir_of(path: &str) -> &str {
+    path.rsplit_once('/').map_or("", |(dir, _)| dir)
 }
