@@ -195,6 +195,7 @@ impl Server {
         }
         tracing::debug!("descriptor limit {descriptors}: up to {open_cap} files open server-wide");
         let break_timeout = config.limits.oplock_break_timeout;
+        let max_inotify_watches = config.limits.max_inotify_watches;
         Ok(Arc::new(Server {
             config,
             provider,
@@ -209,7 +210,7 @@ impl Server {
             locks: ByteRangeLocks::default(),
             oplocks: Oplocks::new(break_timeout),
             opens: OpenRegistry::default(),
-            notify: crate::notify::ChangeNotify::default(),
+            notify: crate::notify::ChangeNotify::new(max_inotify_watches),
             next_session_id: AtomicU64::new(1),
             next_open_id: AtomicU64::new(1),
             predictable_file_ids: AtomicBool::new(false),

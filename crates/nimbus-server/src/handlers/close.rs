@@ -53,7 +53,7 @@ pub fn release(server: &Server, open: &Open) {
     }
     match sm.remove_open(open.file_key, open.open_id) {
         Ok(true) => {
-            delete_file(open);
+            delete_file(server, open);
             server.notify.deleted(open);
         }
         Ok(false) => server.notify.still_open(server, open),
@@ -64,11 +64,13 @@ pub fn release(server: &Server, open: &Open) {
     server.oplocks.forget(open.file_key, open.open_id);
 }
 
-fn delete_file(open: &Open) {
+fn delete_file(server: &Server, open: &Open) {
     let Some(fs) = open.share.fs.as_ref() else {
         return;
     };
     let path = open.path();
+    // Reported by `deleted`, not again by the disk watch.
+    let _own = server.notify.own_change(&open.share, &[&path]);
     // The name may have been renamed by another open since, or now name
     // another file: delete only if it still names this very file, checked
     // right before the unlink.
