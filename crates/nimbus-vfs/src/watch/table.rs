@@ -286,21 +286,21 @@ impl Table {
             self.warn_limit();
             return None;
         }
+        // The directory is open, so a failure here is inotify's (or a
+        // missing /proc), not the directory's.
         let wd = match ino.add(&fd) {
             Ok(wd) => wd,
+            Err(libc::ENOSPC) => {
+                self.warn_once(format_args!(
+                    "the kernel's inotify watch limit is reached (sysctl fs.inotify.max_user_watches)"
+                ));
+                return None;
+            }
             Err(e) => {
-                match e {
-                    libc::ENOENT | libc::ENOTDIR => {
-                        tracing::debug!("change notify: watching {path}: errno {e}")
-                    }
-                    libc::ENOSPC => self.warn_once(format_args!(
-                        "the kernel's inotify watch limit is reached (sysctl fs.inotify.max_user_watches)"
-                    )),
-                    e => self.warn_once(format_args!(
-                        "adding an inotify watch failed: {}",
-                        std::io::Error::from_raw_os_error(e)
-                    )),
-                }
+                self.warn_once(format_args!(
+                    "adding an inotify watch through /proc/self/fd failed: {}",
+                    std::io::Error::from_raw_os_error(e)
+                ));
                 return None;
             }
         };
