@@ -133,7 +133,10 @@ pub(crate) fn parse(buf: &[u8], out: &mut Vec<RawEvent>) {
         let mask = u32::from_ne_bytes(word(4));
         let cookie = u32::from_ne_bytes(word(8));
         let len = u32::from_ne_bytes(word(12)) as usize;
-        let Some(name) = buf.get(at + HEADER..at + HEADER + len) else {
+        let Some(name) = (at + HEADER)
+            .checked_add(len)
+            .and_then(|end| buf.get(at + HEADER..end))
+        else {
             return;
         };
         let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
