@@ -4,13 +4,19 @@ STATUS_PENDING, final async response and CANCEL is seen as sent, and one
 test with smbprotocol's FileSystemWatcher as a real client uses it.
 
 One connection watches a directory; the other creates, renames, deletes,
-changes attributes and writes. Every wait is on the server's own answers
-(the pending request completing); nothing sleeps to let a race settle."""
+changes attributes and writes, or the test itself does on the server's
+disk (seen through inotify). Every wait is on the server's own answers
+(the pending request completing, within the socket's timeout); nothing
+sleeps to let a race settle. That a change is *not* reported is shown with
+a fence: a later change made on disk, which inotify queues after whatever
+should not be there, so that would have come first."""
 
 from __future__ import annotations
 
+import os
 import struct
 import threading
+import time
 import uuid
 
 import pytest
@@ -444,8 +450,11 @@ def test_a_watcher_that_disconnects_leaves_the_server_serving(clients, srv):
         c.close()
 
 
-def test_smbprotocol_file_system_watcher(server):
-    """smbprotocol's FileSystemWatcher, signed, as a real client uses it."""
+@pytest.mark.parametrize("change", ["by_client", "on_disk"])
+def test_smbprotocol_file_system_watcher(server, change):
+    """smbprotocol's FileSystemWatcher, as a real client uses it: signed,
+    the change made by another client; encrypted (so its requests run on
+    the blocking pool), the change made on the server's disk."""
     from smbprotocol.change_notify import ChangeNotifyFlags, CompletionFilter, FileAction, FileSystemWatcher
     from smbprotocol.connection import Connection
     from smbprotocol.open import (
@@ -465,7 +474,7 @@ def test_smbprotocol_file_system_watcher(server):
     def connect():
         conn = Connection(uuid.uuid4(), server.host, server.port)
         conn.connect()
-        session = Session(conn, server.user, server.password, require_encryption=False)
+        session = Session(conn, server.user, server.password, require_encryption=change == "on_disk")
         session.connect()
         tree = TreeConnect(session, rf"\\{server.host}\{server.share}")
         tree.connect()
@@ -490,17 +499,26 @@ def test_smbprotocol_file_system_watcher(server):
         )
         done = threading.Event()
         threading.Thread(target=lambda: (watcher.wait(), done.set()), daemon=True).start()
+        # The server's interim response (its AsyncId) says the watch is set
+        # up; smbprotocol records it on the request without telling.
+        deadline = time.monotonic() + 10
+        while watcher._request.async_id is None and not done.is_set():
+            assert time.monotonic() < deadline, "no interim response to the CHANGE_NOTIFY"
+            time.sleep(0.005)
 
-        f = Open(tree2, r"watched\sub\new.txt")
-        f.create(
-            ImpersonationLevel.Impersonation,
-            FilePipePrinterAccessMask.GENERIC_WRITE,
-            0,
-            ShareAccess.FILE_SHARE_READ,
-            CreateDisposition.FILE_CREATE,
-            CreateOptions.FILE_NON_DIRECTORY_FILE,
-        )
-        f.close()
+        if change == "on_disk":
+            (server.share_path / "watched" / "sub" / "new.txt").write_bytes(b"made on the server")
+        else:
+            f = Open(tree2, r"watched\sub\new.txt")
+            f.create(
+                ImpersonationLevel.Impersonation,
+                FilePipePrinterAccessMask.GENERIC_WRITE,
+                0,
+                ShareAccess.FILE_SHARE_READ,
+                CreateDisposition.FILE_CREATE,
+                CreateOptions.FILE_NON_DIRECTORY_FILE,
+            )
+            f.close()
         assert done.wait(30), "the watcher's request did not complete"
         result = watcher.result
         assert [(r["action"].get_value(), r["file_name"].get_value()) for r in result] == [
@@ -510,3 +528,170 @@ def test_smbprotocol_file_system_watcher(server):
     finally:
         conn2.disconnect()
         conn1.disconnect()
+
+
+# --- Changes made directly on the server's disk (inotify) ---------------
+
+
+def collect_until(client: Client, file_id: bytes, filter_: int, last: tuple[int, str], **kw) -> list[tuple[int, str]]:
+    """CHANGE_NOTIFY requests on a handle whose watch is set up, each
+    answered from the buffer or waited for, until `last` is reported; all
+    the entries, in order."""
+    seen: list[tuple[int, str]] = []
+    while last not in seen:
+        mid = client.send(CHANGE_NOTIFY, notify_body(file_id, filter_, **kw))
+        resp = client.recv()
+        if rawsmb.status(resp) == STATUS_PENDING:
+            resp = client.final(mid)
+        assert rawsmb.status(resp) == 0, hex(rawsmb.status(resp))
+        seen += changes(resp)
+    return seen
+
+
+def test_a_file_created_by_another_client_and_one_created_on_disk_are_reported(clients, srv):
+    a, b = clients
+    d = a.watch("d")
+    mid, _ = a.start_notify(d, NAMES)
+    b.touch(r"d\by-client")
+    assert changes(a.final(mid)) == [(ADDED, "by-client")]
+    mid, _ = a.start_notify(d, NAMES)
+    (srv.share_path / "d" / "on-disk.txt").write_bytes(b"made on the server")
+    assert changes(a.final(mid)) == [(ADDED, "on-disk.txt")]
+
+
+def test_files_renamed_moved_and_deleted_on_disk_are_reported(clients, srv):
+    a, _ = clients
+    here = srv.share_path / "d"
+    (here / "old").write_bytes(b"x")
+    (here / "sub").mkdir()
+    d = a.watch("d")
+    # A rename within the directory: old and new name in one response.
+    mid, _ = a.start_notify(d, NAMES)
+    os.rename(here / "old", here / "new")
+    assert changes(a.final(mid)) == [(OLD_NAME, "old"), (NEW_NAME, "new")]
+    mid, _ = a.start_notify(d, NAMES)
+    (here / "new").unlink()
+    assert changes(a.final(mid)) == [(REMOVED, "new")]
+    # Moved to a directory nobody watches: gone from here.
+    (here / "leaving").touch()
+    assert collect_until(a, d, NAMES, (ADDED, "leaving")) == [(ADDED, "leaving")]
+    mid, _ = a.start_notify(d, NAMES)
+    os.rename(here / "leaving", srv.share_path / "left")
+    assert changes(a.final(mid)) == [(REMOVED, "leaving")]
+    mid, _ = a.start_notify(d, NAMES)
+    (here / "sub").rmdir()
+    assert changes(a.final(mid)) == [(REMOVED, "sub")]
+
+
+def test_data_and_attributes_changed_on_disk_are_modified(clients, srv):
+    a, _ = clients
+    f = srv.share_path / "d" / "f"
+    f.write_bytes(b"")
+    sizes, attrs = a.watch("d"), a.watch("d")
+    # (A handle's first request sets its filter for good: one handle each.)
+    mid, _ = a.start_notify(sizes, SIZE)
+    with open(f, "ab") as out:
+        out.write(b"appended on the server")
+    assert changes(a.final(mid)) == [(MODIFIED, "f")]
+    mid, _ = a.start_notify(attrs, ATTRIBUTES)
+    os.chmod(f, 0o444)
+    assert changes(a.final(mid)) == [(MODIFIED, "f")]
+    # Neither is a name change.
+    names = a.watch("d")
+    a.set_up_watch(names, NAMES)
+    os.chmod(f, 0o644)
+    (srv.share_path / "d" / "fence").touch()
+    assert collect_until(a, names, NAMES, (ADDED, "fence")) == [(ADDED, "fence")]
+
+
+def test_a_change_made_through_smb_is_reported_once(clients, srv):
+    """The SMB handlers report what clients change; inotify sees the same
+    changes on disk (and their side effects: the DOS attributes stored in an
+    extended attribute, every write). None of that may come twice."""
+    a, b = clients
+    d = a.watch("d")
+    every_class = 0x0FFF
+    a.set_up_watch(d, every_class)
+    b.touch(r"d\f")
+    f = b.create(r"d\f")
+    assert rawsmb.status(b.call(WRITE, write_body(f, 0, b"data" * 100))) == 0
+    assert rawsmb.status(b.call(SET_INFO, set_info_body(f, 4, basic_info(0x2)))) == 0  # HIDDEN
+    assert b.close_file(f) == 0
+    b.rename(r"d\f", r"d\g")
+    b.mkdir(r"d\sub")
+    b.delete(r"d\g")
+    (srv.share_path / "d" / "fence").touch()
+    assert collect_until(a, d, every_class, (ADDED, "fence")) == [
+        (ADDED, "f"),
+        (MODIFIED, "f"),  # attributes set, then the write reported at close
+        (OLD_NAME, "f"),
+        (NEW_NAME, "g"),
+        (MODIFIED, "g"),  # a renamed file's attributes change (ARCHIVE), told at close
+        (ADDED, "sub"),
+        (REMOVED, "g"),
+        (ADDED, "fence"),
+    ]
+
+
+def test_watch_tree_sees_changes_on_disk_in_subdirectories(clients, srv):
+    a, b = clients
+    here = srv.share_path / "d"
+    (here / "sub" / "deeper").mkdir(parents=True)
+    tree = a.watch("d")
+    mid, _ = a.start_notify(tree, NAMES, flags=WATCH_TREE)
+    (here / "sub" / "deeper" / "f").touch()
+    assert changes(a.final(mid)) == [(ADDED, r"sub\deeper\f")]
+    # A directory made on disk later is watched before it is reported, so
+    # what is made in it next is seen.
+    mid, _ = a.start_notify(tree, NAMES, flags=WATCH_TREE)
+    (here / "new").mkdir()
+    assert changes(a.final(mid)) == [(ADDED, "new")]
+    mid, _ = a.start_notify(tree, NAMES, flags=WATCH_TREE)
+    (here / "new" / "g").touch()
+    assert changes(a.final(mid)) == [(ADDED, r"new\g")]
+    # So is one made through SMB.
+    mid, _ = a.start_notify(tree, NAMES, flags=WATCH_TREE)
+    b.mkdir(r"d\by-smb")
+    assert changes(a.final(mid)) == [(ADDED, "by-smb")]
+    mid, _ = a.start_notify(tree, NAMES, flags=WATCH_TREE)
+    (here / "by-smb" / "h").touch()
+    assert changes(a.final(mid)) == [(ADDED, r"by-smb\h")]
+
+
+def test_directories_past_the_disk_watch_bound_report_smb_changes_only(server_factory):
+    srv = server_factory.start(
+        [("pub", False)], security=Security(guest_shares={"pub"}, limits={"max_inotify_watches": 1})
+    )
+    (srv.share_path / "d" / "sub").mkdir(parents=True)
+    a, b = Client(srv), Client(srv)
+    try:
+        tree = a.watch("d")
+        a.set_up_watch(tree, NAMES, flags=WATCH_TREE)
+        (srv.share_path / "d" / "sub" / "unseen").touch()  # d/sub has no kernel watch
+        b.touch(r"d\sub\by-smb")
+        (srv.share_path / "d" / "fence").touch()  # d has
+        assert collect_until(a, tree, NAMES, (ADDED, "fence"), flags=WATCH_TREE) == [
+            (ADDED, r"sub\by-smb"),
+            (ADDED, "fence"),
+        ]
+    finally:
+        a.close()
+        b.close()
+    assert "max_inotify_watches" in srv.log_tail()
+
+
+def test_with_disk_watching_off_smb_changes_are_still_reported(server_factory):
+    srv = server_factory.start(
+        [("pub", False)], security=Security(guest_shares={"pub"}, limits={"max_inotify_watches": 0})
+    )
+    (srv.share_path / "d").mkdir()
+    a, b = Client(srv), Client(srv)
+    try:
+        d = a.watch("d")
+        mid, _ = a.start_notify(d, NAMES)
+        (srv.share_path / "d" / "on-disk").touch()
+        b.touch(r"d\by-smb")
+        assert changes(a.final(mid)) == [(ADDED, "by-smb")]
+    finally:
+        a.close()
+        b.close()

@@ -73,6 +73,12 @@ pub struct Limits {
     pub max_directory_response_bytes: usize,
     /// Names one directory enumeration holds in memory at once.
     pub max_directory_entries: usize,
+    /// Directories watched on disk (inotify) at once for change notify, so
+    /// that changes made outside SMB are reported; a WATCH_TREE takes one
+    /// per directory of its tree. Beyond, changes made on disk in
+    /// directories left unwatched go unseen (those made through SMB are
+    /// always reported); 0 turns watching the disk off.
+    pub max_inotify_watches: usize,
 }
 
 impl Default for Limits {
@@ -102,6 +108,7 @@ impl Default for Limits {
             max_compound_requests: 64,
             max_directory_response_bytes: 1024 * 1024,
             max_directory_entries: 1_000_000,
+            max_inotify_watches: 8192,
         }
     }
 }
@@ -143,6 +150,7 @@ pub struct RawLimits {
     max_compound_requests: Option<u64>,
     max_directory_response_bytes: Option<u64>,
     max_directory_entries: Option<u64>,
+    max_inotify_watches: Option<u64>,
 }
 
 /// Reads one key: absent keeps the default, out of range is an error that
@@ -391,6 +399,13 @@ impl RawLimits {
                 100_000_000,
                 d.max_directory_entries as u64,
             ) as usize,
+            max_inotify_watches: r.get(
+                "max_inotify_watches",
+                self.max_inotify_watches,
+                0,
+                1 << 20,
+                d.max_inotify_watches as u64,
+            ) as usize,
         };
         // One frame of the largest size and the largest response it may ask
         // for must fit the connection's budget, or that request would wait
@@ -469,6 +484,15 @@ mod tests {
         assert_eq!(l.unauthenticated_timeout, Duration::from_secs(5));
         assert_eq!(l.max_compound_requests, 8);
         assert_eq!(l.max_open_files, None);
+        assert_eq!(l.max_inotify_watches, 8192);
+        assert_eq!(
+            parse("max_inotify_watches = 0\n")
+                .unwrap()
+                .max_inotify_watches,
+            0
+        );
+        let errs = parse("max_inotify_watches = 2000000\n").unwrap_err();
+        assert_eq!(errs[0].key, "limits.max_inotify_watches");
 
         let l = parse(
             "max_open_files = 500\nmax_sessions_per_connection = 4\n\

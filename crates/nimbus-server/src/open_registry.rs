@@ -25,6 +25,11 @@ impl OpenRegistry {
         lock(&self.opens).remove(&open_id);
     }
 
+    /// Whether `open_id` is open (not yet released).
+    pub fn contains(&self, open_id: u64) -> bool {
+        lock(&self.opens).contains_key(&open_id)
+    }
+
     /// `file` was renamed from `from` to `to` (share-relative paths) on
     /// the share at `root`: every open of it, and every open beneath it,
     /// now goes by the new name.

@@ -197,6 +197,7 @@ impl Server {
         let break_timeout = config.limits.oplock_break_timeout;
         // One store for every kind of per-file record (memory on one node).
         let store: Arc<dyn StateStore> = Arc::new(MemoryStore::new());
+        let max_inotify_watches = config.limits.max_inotify_watches;
         Ok(Arc::new(Server {
             config,
             provider,
@@ -211,7 +212,7 @@ impl Server {
             locks: ByteRangeLocks::new(store.clone()),
             oplocks: Oplocks::new(break_timeout, store.clone()),
             opens: OpenRegistry::default(),
-            notify: crate::notify::ChangeNotify::default(),
+            notify: crate::notify::ChangeNotify::new(max_inotify_watches),
             next_session_id: AtomicU64::new(1),
             next_open_id: AtomicU64::new(1),
             predictable_file_ids: AtomicBool::new(false),

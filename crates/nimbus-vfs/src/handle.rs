@@ -402,12 +402,41 @@ impl FileHandle {
         Ok(out)
     }
 
+    /// The names of a directory's subdirectories (never a symlink to one),
+    /// at most `max` of them: the file type comes from the directory entry
+    /// where the file system records it, so files cost no stat.
+    pub(crate) fn subdirectory_names(&self, max: usize) -> VfsResult<Vec<String>> {
+        let mut out = Vec::new();
+        let r = self.walk_dir_raw(|fd, cname, d_type| {
+            let is_dir = match d_type {
+                libc::DT_DIR => true,
+                libc::DT_UNKNOWN => sys::file_type_at(fd, cname, libc::AT_SYMLINK_NOFOLLOW)
+                    .is_ok_and(|t| t == libc::S_IFDIR),
+                _ => false,
+            };
+            if !is_dir {
+                return Ok(());
+            }
+            if out.len() >= max {
+                return Err(VfsError::TooManyEntries);
+            }
+            if let Ok(name) = std::str::from_utf8(cname.to_bytes()) {
+                out.push(name.to_owned());
+            }
+            Ok(())
+        });
+        match r {
+            Ok(()) | Err(VfsError::TooManyEntries) => Ok(out),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Whether a directory has any entry besides "." and "..", whatever its
     /// name: reads only up to the first one, so the cost does not grow with
     /// the directory.
     pub fn has_entries(&self) -> VfsResult<bool> {
         let mut found = false;
-        let r = self.walk_dir_raw(|_, _| {
+        let r = self.walk_dir_raw(|_, _, _| {
             found = true;
             // Stop the walk: the answer is known.
             Err(VfsError::TooManyEntries)
@@ -421,7 +450,7 @@ impl FileHandle {
 
     /// Calls `f(dirfd, name, cname)` for each UTF-8 entry other than "." and "..".
     fn walk_dir(&self, mut f: impl FnMut(RawFd, String, &CStr) -> VfsResult<()>) -> VfsResult<()> {
-        self.walk_dir_raw(|fd, cname| {
+        self.walk_dir_raw(|fd, cname, _| {
             let Ok(name) = std::str::from_utf8(cname.to_bytes()) else {
                 return Ok(());
             };
@@ -429,8 +458,8 @@ impl FileHandle {
         })
     }
 
-    /// Calls `f(dirfd, cname)` for each entry other than "." and "..".
-    fn walk_dir_raw(&self, mut f: impl FnMut(RawFd, &CStr) -> VfsResult<()>) -> VfsResult<()> {
+    /// Calls `f(dirfd, cname, d_type)` for each entry other than "." and "..".
+    fn walk_dir_raw(&self, mut f: impl FnMut(RawFd, &CStr, u8) -> VfsResult<()>) -> VfsResult<()> {
         if !self.is_dir {
             return Err(VfsError::NotADirectory);
         }
@@ -466,8 +495,10 @@ impl FileHandle {
             if bytes == b"." || bytes == b".." {
                 continue;
             }
+            // SAFETY: as above, the entry stays valid until the next readdir.
+            let d_type = unsafe { (*ent).d_type };
             let cname = cname.to_owned();
-            f(stream.fd(), &cname)?;
+            f(stream.fd(), &cname, d_type)?;
         }
     }
 }

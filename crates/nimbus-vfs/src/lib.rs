@@ -6,12 +6,16 @@
 //! lead outside the share are refused with [`VfsError::Escape`].
 //!
 //! Paths are relative to the share root, '/'-separated, without a leading '/'; `""` is the root.
+//!
+//! [`DirWatcher`] watches directories for changes made outside the process (Linux inotify), for
+//! change notify.
 
 mod error;
 mod handle;
 mod local;
 mod path;
 mod sys;
+mod watch;
 
 #[cfg(test)]
 mod tests;
@@ -19,6 +23,7 @@ mod tests;
 pub use error::{VfsError, VfsResult};
 pub use handle::FileHandle;
 pub use local::LocalFs;
+pub use watch::{DirWatcher, FsChange, FsEvent, Notice, OwnChange, Subscription};
 
 /// A point in time as seconds and nanoseconds since the Unix epoch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -53,6 +53,11 @@ impl LocalFs {
         self.root_fd.as_raw_fd()
     }
 
+    /// The root's `O_PATH` descriptor, for the directory watches.
+    pub(crate) fn root_fd(&self) -> &OwnedFd {
+        &self.root_fd
+    }
+
     /// Opens the parent directory (relative to the root) as `O_PATH`. A missing or non-directory
     /// component is `PathNotFound`.
     fn open_parent(&self, parent: &CStr) -> VfsResult<OwnedFd> {

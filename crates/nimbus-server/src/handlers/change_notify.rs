@@ -66,6 +66,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         .ok_or(NtStatus::INSUFFICIENT_RESOURCES)
     };
     let answer = server.notify.request(
+        &server,
         &open,
         req.completion_filter,
         req.watch_tree(),

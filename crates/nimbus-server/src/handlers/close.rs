@@ -53,7 +53,7 @@ pub fn release(server: &Server, open: &Open) {
     }
     let deleted = match sm.remove_open(open.file_key, open.open_id) {
         Ok(true) => {
-            let deleted = delete_file(open);
+            let deleted = delete_file(server, open);
             server.notify.deleted(open);
             deleted
         }
@@ -75,11 +75,13 @@ pub fn release(server: &Server, open: &Open) {
 }
 
 /// Returns whether the file was removed.
-fn delete_file(open: &Open) -> bool {
+fn delete_file(server: &Server, open: &Open) -> bool {
     let Some(fs) = open.share.fs.as_ref() else {
         return false;
     };
     let path = open.path();
+    // Reported by `deleted`, not again by the disk watch.
+    let _own = server.notify.own_change(&open.share, &[&path]);
     // The name may have been renamed by another open since, or now name
     // another file: delete only if it still names this very file, checked
     // right before the unlink.

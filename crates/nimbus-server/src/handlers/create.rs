@@ -281,6 +281,12 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
         }
         return Err(NtStatus::TOO_MANY_OPENED_FILES.into());
     };
+    // What this CREATE does to the disk (the file, its DOS attributes, its
+    // allocation) is reported by `opened` below, not again by the disk
+    // watch (crate::notify::disk). Opening what exists changes nothing.
+    let own = (mode != CreateMode::OpenExisting)
+        .then(|| ctx.server.notify.own_change(&share, &[&path]))
+        .flatten();
     let (handle, st, created) = match fs.open(&path, &opts) {
         Ok(r) => r,
         Err(e) => {
@@ -328,6 +334,7 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
     ctx.server
         .notify
         .opened(&share, &path, st.is_dir, created, truncating);
+    drop(own);
     if created || truncating {
         crate::dir_leases::child_changed(ctx.server, fs, &path, parent_lease);
     }

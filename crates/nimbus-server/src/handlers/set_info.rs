@@ -170,6 +170,15 @@ fn set_file_info(
     if open.share.read_only && !matches!(class, file_class::POSITION | file_class::MODE) {
         return Err(NtStatus::ACCESS_DENIED);
     }
+    // What reaches the disk is reported by `info_set` (or `renamed`), not
+    // again by the disk watch.
+    let touches_disk = matches!(
+        class,
+        file_class::BASIC | file_class::END_OF_FILE | file_class::ALLOCATION
+    );
+    let _own = touches_disk
+        .then(|| ctx.server.notify.own_change_of(open))
+        .flatten();
     match class {
         file_class::BASIC => set_basic(open, buf)?,
         file_class::RENAME | file_class::RENAME_EX => {
@@ -369,6 +378,7 @@ fn rename(
     }
     // Rename the open file, not whatever its old name reaches by now.
     let identity = (open.file_key.dev, open.file_key.ino);
+    let _own = ctx.server.notify.own_change(&open.share, &[&from, &to]);
     fs.rename_if(&from, &to, replace || case_only, identity)
         .map_err(|e| match e {
             VfsError::Exists => NtStatus::OBJECT_NAME_COLLISION,

@@ -48,6 +48,8 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     ctx.server
         .oplocks
         .contend_readers(open.file_key, open.open_id);
+    // Reported at close by `wrote`, not by the disk watch.
+    let own = ctx.server.notify.own_change_of(&open);
     let n = open
         .handle
         .write_at(req.data, offset)
@@ -57,6 +59,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     }
     open.position
         .store(offset + n as u64, std::sync::atomic::Ordering::Relaxed);
+    drop(own);
     ctx.server.notify.wrote(&open);
     if !open.wrote.load(std::sync::atomic::Ordering::Relaxed) {
         open.wrote.store(true, std::sync::atomic::Ordering::Relaxed);

@@ -14,9 +14,12 @@
 //! directory again. Memory stays bounded whatever a client does.
 //!
 //! Handlers report what they change (`opened`, `renamed`, `info_set`,
-//! `wrote`, the deletion at last close); changes made outside SMB are not
-//! seen yet. Writes are reported when their handle closes, as NTFS does, so
-//! a file written in a thousand pieces makes one MODIFIED entry.
+//! `wrote`, the deletion at last close). Writes are reported when their
+//! handle closes, as NTFS does, so a file written in a thousand pieces makes
+//! one MODIFIED entry. Changes made on the server's disk by anything else
+//! come from the VFS's directory watches (inotify), through the same
+//! `report`; `disk` says how, and how a change made through SMB, which
+//! inotify sees too, is reported once.
 //!
 //! One mutex over every watch: a change looks up its directory and that
 //! directory's ancestors in a map, and changes are metadata operations, far
@@ -27,9 +30,10 @@ use std::collections::hash_map::Entry as MapEntry;
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use nimbus_state::FileKey;
+use nimbus_vfs::{DirWatcher, Subscription};
 use nimbus_wire::fscc::{file_class, SetBasicInfo};
 use nimbus_wire::notify::{
     completion_filter as cf, encode_change_notify_response, encode_notify_information,
@@ -40,6 +44,8 @@ use nimbus_wire::NtStatus;
 use crate::pending::PendingRequest;
 use crate::server::{Server, Share};
 use crate::session::{lock, Open};
+
+mod disk;
 
 /// The most bytes of changes one watch buffers, whatever its first request
 /// offered (the response must also fit the room dispatch reserves for a
@@ -110,6 +116,8 @@ struct Watch {
     /// Requests waiting, oldest first. While one waits, `entries` is empty:
     /// a request that finds entries completes at once.
     waiting: VecDeque<Waiter>,
+    /// Its directory (or tree) watched on disk.
+    disk: Option<Subscription>,
 }
 
 #[derive(Default)]
@@ -136,7 +144,6 @@ impl Completion {
     }
 }
 
-#[derive(Default)]
 pub struct ChangeNotify {
     watches: Mutex<Watches>,
     /// How many watches exist; while none does, changes are not looked at.
@@ -144,6 +151,11 @@ pub struct ChangeNotify {
     /// Opens whose changes are reported when they close (writes, the
     /// attribute change of a renamed file): open id to CompletionFilter bits.
     at_close: RwLock<HashMap<u64, u32>>,
+    /// Directories watched on disk, started with the first watch; None
+    /// inside when inotify is off or unavailable (SMB changes only).
+    disk: OnceLock<Option<DirWatcher>>,
+    /// `[limits] max_inotify_watches`.
+    max_disk_watches: usize,
 }
 
 fn share_root(share: &Share) -> Option<&Path> {
@@ -209,6 +221,26 @@ impl Watches {
         }
     }
 
+    /// Changes to watch `open_id` were lost: its oldest waiting request,
+    /// or else its next one, gets STATUS_NOTIFY_ENUM_DIR.
+    fn overflow(&mut self, open_id: u64) -> Option<Completion> {
+        let watch = self.by_open.get_mut(&open_id)?;
+        if let Some(waiter) = watch.waiting.pop_front() {
+            return Some(Completion {
+                request: waiter.request,
+                status: NtStatus::NOTIFY_ENUM_DIR,
+                data: Vec::new(),
+            });
+        }
+        if !watch.overflowed {
+            self.buffered -= watch.memory();
+            watch.overflowed = true;
+            watch.entries = Vec::new();
+            watch.entry_bytes = 0;
+        }
+        None
+    }
+
     /// Hands `new` entries to one watch: to its oldest waiting request, or
     /// into its buffer.
     fn deliver(&mut self, open_id: u64, new: Vec<Entry>) -> Option<Completion> {
@@ -256,6 +288,17 @@ impl Watches {
 }
 
 impl ChangeNotify {
+    /// `max_disk_watches`: directories watched on disk at most (0: none).
+    pub fn new(max_disk_watches: usize) -> ChangeNotify {
+        ChangeNotify {
+            watches: Mutex::default(),
+            watch_count: AtomicUsize::new(0),
+            at_close: RwLock::default(),
+            disk: OnceLock::new(),
+            max_disk_watches,
+        }
+    }
+
     fn watches(&self) -> std::sync::MutexGuard<'_, Watches> {
         lock(&self.watches)
     }
@@ -265,45 +308,72 @@ impl ChangeNotify {
     }
 
     /// A CHANGE_NOTIFY request on directory `open` (checked by the
-    /// handler): the watch is set up by the first; buffered changes (or an
-    /// overflow) answer at once; otherwise `wait` makes the request pending,
-    /// or says why it cannot wait. `max_len` is the request's
-    /// OutputBufferLength.
+    /// handler): the watch is set up by the first, on disk too; buffered
+    /// changes (or an overflow) answer at once; otherwise `wait` makes the
+    /// request pending, or says why it cannot wait. `max_len` is the
+    /// request's OutputBufferLength.
     pub fn request(
         &self,
+        server: &Arc<Server>,
         open: &Open,
         filter: u32,
         recursive: bool,
         max_len: usize,
         wait: &mut dyn FnMut() -> Result<Arc<PendingRequest>, NtStatus>,
     ) -> Result<Answer, NtStatus> {
-        let root = share_root(&open.share).ok_or(NtStatus::INVALID_PARAMETER)?;
+        let fs = open.share.fs.as_ref().ok_or(NtStatus::INVALID_PARAMETER)?;
+        let root = fs.root_path();
         let dir = open.path();
+        let created = {
+            let mut w = self.watches();
+            let w = &mut *w;
+            match w.by_open.entry(open.open_id) {
+                MapEntry::Occupied(_) => false,
+                MapEntry::Vacant(e) => {
+                    w.by_dir
+                        .entry(root.to_path_buf())
+                        .or_default()
+                        .entry(dir.clone())
+                        .or_default()
+                        .push(open.open_id);
+                    self.watch_count.fetch_add(1, Ordering::AcqRel);
+                    e.insert(Watch {
+                        root: root.to_path_buf(),
+                        dir: dir.clone(),
+                        file_key: open.file_key,
+                        filter: filter & cf::ALL,
+                        recursive,
+                        capacity: max_len.min(MAX_WATCH_BUFFER),
+                        entries: Vec::new(),
+                        entry_bytes: 0,
+                        overflowed: false,
+                        waiting: VecDeque::new(),
+                        disk: None,
+                    });
+                    true
+                }
+            }
+        };
+        if created {
+            // Before the client hears that its request waits: a change it
+            // makes on disk after that is seen. Outside the mutex, for a
+            // tree is walked.
+            self.watch_disk(server, open.open_id, fs, &dir, recursive);
+            // A close that ran since the handler found the open (requests
+            // of one connection can run at once: encrypted ones all go to
+            // the blocking pool) found no watch to end: the release forgets
+            // the open before it ends its watch, so either it ends this
+            // one, or it is seen gone here.
+            if !server.opens.contains(open.open_id) {
+                self.end_watch(open.open_id);
+                return Ok(Answer::Now(NtStatus::NOTIFY_CLEANUP, Vec::new()));
+            }
+        }
         let mut w = self.watches();
         let w = &mut *w;
-        let watch = match w.by_open.entry(open.open_id) {
-            MapEntry::Occupied(e) => e.into_mut(),
-            MapEntry::Vacant(e) => {
-                w.by_dir
-                    .entry(root.to_path_buf())
-                    .or_default()
-                    .entry(dir.clone())
-                    .or_default()
-                    .push(open.open_id);
-                self.watch_count.fetch_add(1, Ordering::AcqRel);
-                e.insert(Watch {
-                    root: root.to_path_buf(),
-                    dir,
-                    file_key: open.file_key,
-                    filter: filter & cf::ALL,
-                    recursive,
-                    capacity: max_len.min(MAX_WATCH_BUFFER),
-                    entries: Vec::new(),
-                    entry_bytes: 0,
-                    overflowed: false,
-                    waiting: VecDeque::new(),
-                })
-            }
+        let Some(watch) = w.by_open.get_mut(&open.open_id) else {
+            // Its handle closed meanwhile, as a waiting request would hear.
+            return Ok(Answer::Now(NtStatus::NOTIFY_CLEANUP, Vec::new()));
         };
         if watch.overflowed {
             watch.overflowed = false;
@@ -464,6 +534,9 @@ impl ChangeNotify {
         );
         if open.is_dir {
             self.move_watches(root, from, to);
+            if let Some(disk) = self.disk_watcher() {
+                disk.moved(root, from, to);
+            }
         }
     }
 
@@ -605,17 +678,7 @@ impl ChangeNotify {
         if self.nobody_watches() {
             return;
         }
-        let waiting = {
-            let mut w = self.watches();
-            let Some(watch) = w.by_open.remove(&open.open_id) else {
-                return;
-            };
-            self.watch_count.fetch_sub(1, Ordering::AcqRel);
-            w.buffered -= watch.memory();
-            w.remove_from_dir(&watch.root, &watch.dir, open.open_id);
-            watch.waiting
-        };
-        for waiter in waiting {
+        for waiter in self.end_watch(open.open_id) {
             Completion {
                 request: waiter.request,
                 status: NtStatus::NOTIFY_CLEANUP,
@@ -623,6 +686,24 @@ impl ChangeNotify {
             }
             .send();
         }
+    }
+
+    /// Removes watch `open_id` (on disk too); its waiting requests.
+    fn end_watch(&self, open_id: u64) -> VecDeque<Waiter> {
+        let (waiting, sub) = {
+            let mut w = self.watches();
+            let Some(watch) = w.by_open.remove(&open_id) else {
+                return VecDeque::new();
+            };
+            self.watch_count.fetch_sub(1, Ordering::AcqRel);
+            w.buffered -= watch.memory();
+            w.remove_from_dir(&watch.root, &watch.dir, open_id);
+            (watch.waiting, watch.disk)
+        };
+        if let (Some(sub), Some(disk)) = (sub, self.disk_watcher()) {
+            disk.unsubscribe(sub);
+        }
+        waiting
     }
 
     /// The last open of `open`'s file closed with the file delete-pending
@@ -708,6 +789,7 @@ mod tests {
             entry_bytes: 0,
             overflowed: false,
             waiting: VecDeque::new(),
+            disk: None,
         }
     }
 
@@ -759,6 +841,22 @@ mod tests {
                 entry(NotifyAction::Added, "g")
             ]
         );
+    }
+
+    #[test]
+    fn an_overflow_answers_the_waiter_or_else_drops_the_buffer() {
+        let mut w = Watches::default();
+        w.by_open.insert(1, watch(1000));
+        w.deliver(1, vec![entry(NotifyAction::Added, "abcd")]);
+        assert!(w.buffered > 0);
+        assert!(w.overflow(1).is_none());
+        let watch = &w.by_open[&1];
+        assert!(watch.overflowed && watch.entries.is_empty());
+        assert_eq!((w.buffered, watch.entry_bytes), (0, 0));
+        // Twice is once.
+        assert!(w.overflow(1).is_none());
+        assert_eq!(w.buffered, 0);
+        assert!(w.overflow(2).is_none());
     }
 
     #[test]
