@@ -165,6 +165,8 @@ pub enum AckError {
     NotBreaking,
     /// The acknowledged state is more than the break allowed.
     TooMuch,
+    /// Write or handle caching without read: no lease state.
+    NotALeaseState,
     /// No such grant.
     Unknown,
 }
@@ -498,6 +500,12 @@ impl FileCaching {
         let b = g.breaking.ok_or(AckError::NotBreaking)?;
         if state & !b.sent != 0 {
             return Err(AckError::TooMuch);
+        }
+        // Within what was sent, but not a state a lease can be in (found
+        // by the state_rules fuzz target: W acknowledged for a break to RW
+        // was kept as the lease's state).
+        if state != 0 && state & READ == 0 {
+            return Err(AckError::NotALeaseState);
         }
         Ok(Self::settle(g, state, b))
     }
@@ -994,6 +1002,26 @@ mod tests {
             Granted::Lease { state, .. } => assert_eq!(state, READ | WRITE | HANDLE),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn lease_ack_without_read_is_refused() {
+        let mut f = FileCaching::default();
+        f.admit(&ask(1, lease(LEASE_A, READ | WRITE | HANDLE)));
+        let mut violating = ask(2, Want::Nothing);
+        violating.sharing_violation = true;
+        assert!(f.contend(&violating).wait);
+        // Told to go to RW: W alone lies within it but is no lease state,
+        // H lies outside it; either way the break stays under way.
+        assert_eq!(f.ack_lease(LEASE_A, WRITE), Err(AckError::NotALeaseState));
+        assert_eq!(f.ack_lease(LEASE_A, HANDLE), Err(AckError::TooMuch));
+        let g = f.grant(Holder::Lease(LEASE_A)).unwrap();
+        assert_eq!(g.state, READ | WRITE | HANDLE);
+        assert!(g.breaking.is_some());
+        assert_eq!(
+            f.ack_lease(LEASE_A, READ | WRITE).unwrap().state,
+            READ | WRITE
+        );
     }
 
     #[test]
