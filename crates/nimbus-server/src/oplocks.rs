@@ -253,6 +253,17 @@ impl Oplocks {
     /// Records an open that went ahead and returns what it was granted.
     pub fn admit(&self, file: FileKey, ask: &OpenAsk, route: Route) -> Granted {
         let mut t = lock(&self.table);
+        let mut ask = *ask;
+        if let Want::Lease { id, .. } = ask.want {
+            // `lease_fits` was asked before the file was opened; a CREATE
+            // naming the same key on another file may have been granted
+            // its lease meanwhile. A key names one file: this open gets no
+            // lease (found by the state_rules fuzz target).
+            if t.lease_files.get(&id).is_some_and(|k| *k != file) {
+                ask.want = Want::Nothing;
+            }
+        }
+        let ask = &ask;
         let Some((granted, summary)) = apply(&*self.store, file, |s| {
             s.opens.retain(|o| o.open_id != ask.open_id);
             s.admit(ask)
@@ -670,5 +681,69 @@ fn spawn(f: Box<dyn FnOnce() + Send>) {
 fn wake(waiters: Vec<Waiter>) {
     for w in waiters {
         spawn(w.wake);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nimbus_state::MemoryStore;
+
+    fn route() -> Route {
+        Route {
+            conn: Weak::new(),
+            session_id: 1,
+            file_id: FileId {
+                persistent: 1,
+                volatile: 1,
+            },
+            seal: None,
+        }
+    }
+
+    #[test]
+    fn racing_creates_cannot_put_one_lease_key_on_two_files() {
+        let oplocks = Oplocks::new(Duration::from_secs(35), Arc::new(MemoryStore::new()));
+        let id = LeaseId {
+            client: [1; 16],
+            key: [2; 16],
+        };
+        let (x, y) = (FileKey { dev: 1, ino: 1 }, FileKey { dev: 1, ino: 2 });
+        let ask = |open_id| OpenAsk {
+            open_id,
+            access: 0x1,
+            overwrite: false,
+            sharing_violation: false,
+            is_dir: false,
+            has_byte_range_locks: false,
+            want: Want::Lease {
+                id,
+                state: caching::READ,
+                version: 2,
+                parent_key: None,
+                epoch: 0,
+            },
+        };
+        // Both CREATEs check the key before either is granted.
+        assert!(oplocks.lease_fits(id, Some(x)) && oplocks.lease_fits(id, Some(y)));
+        oplocks.contend(x, &ask(1));
+        oplocks.contend(y, &ask(2));
+        assert!(matches!(
+            oplocks.admit(x, &ask(1), route()),
+            Granted::Lease {
+                state: caching::READ,
+                ..
+            }
+        ));
+        assert_eq!(
+            oplocks.admit(y, &ask(2), route()),
+            Granted::Oplock(caching::OPLOCK_NONE)
+        );
+        // The key still names the first file, and goes with its last open.
+        assert!(!oplocks.lease_fits(id, Some(y)));
+        oplocks.forget(y, 2);
+        assert!(oplocks.lease_fits(id, Some(x)) && !oplocks.lease_fits(id, Some(y)));
+        oplocks.forget(x, 1);
+        assert!(oplocks.lease_fits(id, Some(y)));
     }
 }

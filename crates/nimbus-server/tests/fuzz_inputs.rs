@@ -16,13 +16,14 @@ use nimbus_wire::header::chain_offsets;
 use nimbus_wire::{Header, NtStatus};
 
 /// Every fuzz target, each with its directory under fuzz/regressions/.
-const TARGETS: [&str; 6] = [
+const TARGETS: [&str; 7] = [
     "connection",
     "security_layer",
     "wire_decoders",
     "nbss_framer",
     "auth_tokens",
     "search_pattern",
+    "state_rules",
 ];
 
 fn fuzz_dir(sub: &str) -> PathBuf {
@@ -62,10 +63,14 @@ fn regressions(target: &str) -> Vec<(String, Vec<u8>)> {
 /// Checks that every input named in `expected` is present, so that a
 /// renamed or deleted input does not silently drop its check.
 fn assert_present(target: &str, found: &[(String, Vec<u8>)], expected: &[&str]) {
+    assert_present_in(&format!("regressions/{target}"), found, expected);
+}
+
+fn assert_present_in(dir: &str, found: &[(String, Vec<u8>)], expected: &[&str]) {
     for name in expected {
         assert!(
             found.iter().any(|(n, _)| n == name),
-            "fuzz/regressions/{target}/{name} is missing"
+            "fuzz/{dir}/{name} is missing"
         );
     }
 }
@@ -403,5 +408,76 @@ fn search_pattern_regressions() {
         if let Some((_, want)) = expected.iter().find(|(n, _)| n == name) {
             assert_eq!(matched, *want, "{name}");
         }
+    }
+}
+
+/// The `state_rules` target runs `nimbus_state::fuzzing::state_rules`
+/// itself (fuzz/fuzz_targets/state_rules.rs), which panics when an
+/// invariant fails. Each seed (written by hand in the encoding of
+/// `nimbus_state::fuzzing::input`; `decode` lists an input's requests)
+/// must still reach the story it was written for.
+#[test]
+fn state_rules_seeds() {
+    use nimbus_state::fuzzing::{state_rules, Report};
+    let seeds = inputs("seeds/state_rules");
+    type Reached = fn(&Report) -> bool;
+    let reaches: [(&str, Reached); 8] = [
+        // A batch oplock, a second open waits; level II acknowledged, the
+        // open goes on; its write breaks the level II without waiting.
+        ("batch-break-ack", |r| r.parked == 1 && r.breaks_sent == 2),
+        // RWH lease; an open waits for RH, an overwrite needs none; the
+        // RH acknowledgement is answered with a break to R, which times
+        // out; the first open goes on, the overwrite waits for it.
+        ("lease-break-follow-up-timeout", |r| {
+            r.follow_ups >= 1 && r.timeouts >= 1 && r.parked >= 2
+        }),
+        // A rename waits for another client's RH lease to go to R.
+        ("rename-waits-for-handle-caching", |r| {
+            r.parked == 1 && r.completed == 1
+        }),
+        // A directory lease, spared by a change through its own parent
+        // key, broken to none by another client's; a directory open waits.
+        ("directory-lease-child-change", |r| {
+            r.breaks_sent == 1 && r.parked == 1
+        }),
+        // A blocking lock waits for an exclusive range, granted on unlock.
+        ("blocking-lock-granted-on-unlock", |r| {
+            r.lock_waits == 1 && r.completed == 1
+        }),
+        // Two opens wait for a batch break: one is cancelled, the other
+        // goes on when the holder's connection drops.
+        ("cancel-and-disconnect", |r| r.parked == 2 && r.retried == 1),
+        // A sharing violation breaks RWH to RW and waits, then fails.
+        ("sharing-violation-breaks-handle-caching", |r| {
+            r.parked == 1 && r.opened == 1
+        }),
+        // Delete-on-close breaks a lease's handle caching (timed out), a
+        // stat open stalls before its grant; the last close deletes.
+        ("delete-on-close-and-stalled-create", |r| {
+            r.deleted == 1 && r.timeouts >= 1
+        }),
+    ];
+    let names: Vec<&str> = reaches.iter().map(|(n, _)| *n).collect();
+    assert_present_in("seeds/state_rules", &seeds, &names);
+    for (name, input) in &seeds {
+        let report = state_rules(input);
+        if let Some((_, reached)) = reaches.iter().find(|(n, _)| n == name) {
+            assert!(reached(&report), "{name}: {report:?}");
+        }
+    }
+}
+
+#[test]
+fn state_rules_regressions() {
+    let found = regressions("state_rules");
+    // Each broke an invariant before its fix (fuzz/regressions/README.md).
+    let fixed = [
+        "stat-open-lease-beside-exclusive-oplock",
+        "one-lease-key-on-two-files",
+        "lease-ack-write-without-read",
+    ];
+    assert_present("state_rules", &found, &fixed);
+    for (_name, input) in &found {
+        nimbus_state::fuzzing::state_rules(input);
     }
 }

@@ -165,6 +165,8 @@ pub enum AckError {
     NotBreaking,
     /// The acknowledged state is more than the break allowed.
     TooMuch,
+    /// Write or handle caching without read: no lease state.
+    NotALeaseState,
     /// No such grant.
     Unknown,
 }
@@ -350,6 +352,18 @@ impl FileCaching {
         if requested == WRITE || requested == WRITE | HANDLE {
             requested = 0;
         }
+        // Another holder still caches writes: only an open that breaks
+        // nothing gets here so (a stat open, or a security-descriptor read
+        // beside a lease), and it may cache nothing beside those writes.
+        // Windows refuses such a request while another key holds an
+        // exclusive state (MS-FSA 2.1.5.17, STATUS_OPLOCK_NOT_GRANTED).
+        if self
+            .grants
+            .iter()
+            .any(|g| Some(g.holder) != own_lease && g.state & WRITE != 0)
+        {
+            requested = 0;
+        }
         self.opens.push(OpenEntry {
             open_id: ask.open_id,
             stat,
@@ -486,6 +500,12 @@ impl FileCaching {
         let b = g.breaking.ok_or(AckError::NotBreaking)?;
         if state & !b.sent != 0 {
             return Err(AckError::TooMuch);
+        }
+        // Within what was sent, but not a state a lease can be in (found
+        // by the state_rules fuzz target: W acknowledged for a break to RW
+        // was kept as the lease's state).
+        if state != 0 && state & READ == 0 {
+            return Err(AckError::NotALeaseState);
         }
         Ok(Self::settle(g, state, b))
     }
@@ -950,6 +970,57 @@ mod tests {
                 breaking: false,
                 version: 2
             }
+        );
+    }
+
+    #[test]
+    fn stat_open_gets_no_lease_beside_another_holders_write_caching() {
+        // Found by the state_rules fuzz target: a stat open breaks nothing,
+        // and was then granted read caching beside an exclusive oplock (or
+        // beside another client's RWH lease, for a security-descriptor
+        // read), which would serve reads the writer has not flushed.
+        for (holder, want, access) in [
+            (Want::Oplock(OPLOCK_EXCLUSIVE), LEASE_B, 0x80),
+            (lease(LEASE_A, READ | WRITE | HANDLE), LEASE_B, 0x2_0000),
+        ] {
+            let mut f = FileCaching::default();
+            f.admit(&ask(1, holder));
+            let mut stat = ask(2, lease(want, READ | HANDLE));
+            stat.access = access;
+            assert_eq!(f.contend(&stat), Contention::default());
+            match f.admit(&stat) {
+                Granted::Lease { state, .. } => assert_eq!(state, 0, "{holder:?}"),
+                other => panic!("{other:?}"),
+            }
+        }
+        // The holder's own key is no other holder: it keeps what it has.
+        let mut f = FileCaching::default();
+        f.admit(&ask(1, lease(LEASE_A, READ | WRITE | HANDLE)));
+        let mut own = ask(2, lease(LEASE_A, READ | WRITE | HANDLE));
+        own.access = 0x80;
+        match f.admit(&own) {
+            Granted::Lease { state, .. } => assert_eq!(state, READ | WRITE | HANDLE),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn lease_ack_without_read_is_refused() {
+        let mut f = FileCaching::default();
+        f.admit(&ask(1, lease(LEASE_A, READ | WRITE | HANDLE)));
+        let mut violating = ask(2, Want::Nothing);
+        violating.sharing_violation = true;
+        assert!(f.contend(&violating).wait);
+        // Told to go to RW: W alone lies within it but is no lease state,
+        // H lies outside it; either way the break stays under way.
+        assert_eq!(f.ack_lease(LEASE_A, WRITE), Err(AckError::NotALeaseState));
+        assert_eq!(f.ack_lease(LEASE_A, HANDLE), Err(AckError::TooMuch));
+        let g = f.grant(Holder::Lease(LEASE_A)).unwrap();
+        assert_eq!(g.state, READ | WRITE | HANDLE);
+        assert!(g.breaking.is_some());
+        assert_eq!(
+            f.ack_lease(LEASE_A, READ | WRITE).unwrap().state,
+            READ | WRITE
         );
     }
 

@@ -5,6 +5,8 @@
 
 pub mod byte_range;
 pub mod caching;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 pub mod memory;
 pub mod records;
 pub mod share_modes;

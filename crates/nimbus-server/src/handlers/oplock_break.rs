@@ -31,9 +31,9 @@ fn oplock_ack(ctx: &mut Ctx<'_>, ack: OplockBreak, out: &mut Vec<u8>) -> Handler
     let state = match outcome {
         AckOutcome::Done(acked) => acked.state,
         // No break was sent to this open (Windows: the same status).
-        AckOutcome::Refused(AckError::NotBreaking | AckError::Unknown) => {
-            return Err(NtStatus::INVALID_OPLOCK_PROTOCOL)
-        }
+        AckOutcome::Refused(
+            AckError::NotBreaking | AckError::Unknown | AckError::NotALeaseState,
+        ) => return Err(NtStatus::INVALID_OPLOCK_PROTOCOL),
         // Level II acknowledged for a break to none: the open ends at none.
         AckOutcome::Refused(AckError::TooMuch) => {
             match ctx
@@ -69,7 +69,11 @@ fn lease_ack(ctx: &mut Ctx<'_>, ack: LeaseBreakAck, out: &mut Vec<u8>) -> Handle
         None => return Err(NtStatus::OBJECT_NAME_NOT_FOUND),
         Some(AckOutcome::Done(_)) => ack.lease_state,
         Some(AckOutcome::Refused(AckError::NotBreaking)) => return Err(NtStatus::UNSUCCESSFUL),
-        Some(AckOutcome::Refused(AckError::TooMuch)) => return Err(NtStatus::REQUEST_NOT_ACCEPTED),
+        // MS-SMB2 3.3.5.22.2 answers a state beyond the break so; a state
+        // no lease can be in (W or H without R) is refused the same way.
+        Some(AckOutcome::Refused(AckError::TooMuch | AckError::NotALeaseState)) => {
+            return Err(NtStatus::REQUEST_NOT_ACCEPTED)
+        }
         Some(AckOutcome::Refused(AckError::Unknown)) => {
             return Err(NtStatus::OBJECT_NAME_NOT_FOUND)
         }
