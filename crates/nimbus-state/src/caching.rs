@@ -581,27 +581,9 @@ impl FileCaching {
             if own && (matches!(g.holder, Holder::Lease(_)) || g.state & WRITE != 0) {
                 continue;
             }
-            let ack_required = g.state & (WRITE | HANDLE) != 0;
-            g.epoch = g.epoch.wrapping_add(1);
-            if ack_required {
-                // Write or handle caching beside another writer cannot be;
-                // break it like an open would, to nothing.
-                g.breaking = Some(Breaking {
-                    sent: 0,
-                    required: 0,
-                });
-            }
-            out.push(BreakOrder {
-                holder: g.holder,
-                from: g.state,
-                to: 0,
-                ack_required,
-                epoch: g.epoch,
-                version: g.version,
-            });
-            if !ack_required {
-                g.state = 0;
-            }
+            // Write or handle caching beside another writer cannot be:
+            // break it like an open would, to nothing.
+            out.push(break_to_none(g));
         }
         self.drop_empty_oplocks();
         out
@@ -670,24 +652,7 @@ impl FileCaching {
                 b.required = 0;
                 continue;
             }
-            let ack_required = g.state & (WRITE | HANDLE) != 0;
-            g.epoch = g.epoch.wrapping_add(1);
-            out.push(BreakOrder {
-                holder: g.holder,
-                from: g.state,
-                to: 0,
-                ack_required,
-                epoch: g.epoch,
-                version: g.version,
-            });
-            if ack_required {
-                g.breaking = Some(Breaking {
-                    sent: 0,
-                    required: 0,
-                });
-            } else {
-                g.state = 0;
-            }
+            out.push(break_to_none(g));
         }
         out
     }
@@ -699,6 +664,30 @@ impl FileCaching {
             !(matches!(g.holder, Holder::Oplock(_)) && g.state == 0 && g.breaking.is_none())
         });
     }
+}
+
+/// Breaks `g` to none: recorded as under way when the holder must
+/// acknowledge (it held write or handle caching), done at once otherwise.
+fn break_to_none(g: &mut Grant) -> BreakOrder {
+    let ack_required = g.state & (WRITE | HANDLE) != 0;
+    g.epoch = g.epoch.wrapping_add(1);
+    let order = BreakOrder {
+        holder: g.holder,
+        from: g.state,
+        to: 0,
+        ack_required,
+        epoch: g.epoch,
+        version: g.version,
+    };
+    if ack_required {
+        g.breaking = Some(Breaking {
+            sent: 0,
+            required: 0,
+        });
+    } else {
+        g.state = 0;
+    }
+    order
 }
 
 #[cfg(test)]
