@@ -25,10 +25,9 @@ pub fn child_changed(server: &Server, fs: &LocalFs, path: &str, by: Option<Lease
     if path.is_empty() {
         return;
     }
-    let parent = path.rsplit_once('/').map_or("", |(dir, _)| dir);
     // The directory as it is named now; if it went meanwhile, so did its
     // leases' reason to exist.
-    let Ok(st) = fs.stat(parent) else {
+    let Ok(st) = fs.stat(crate::names::parent(path)) else {
         return;
     };
     server.oplocks.contend_children(

@@ -18,7 +18,7 @@ use crate::dispatch::{Ctx, HandlerResult};
 use crate::dosinfo::{ChangeTime, DosInfo, STORED_ATTRIBUTES};
 use crate::errors::{sharing_status, vfs_status};
 use crate::fileinfo::is_readonly;
-use crate::names::{join, to_vfs_path};
+use crate::names::{join, parent, to_vfs_path};
 use crate::session::Open;
 
 /// MS-FSCC 2.4.11 FILE_DISPOSITION_INFORMATION_EX flags.
@@ -322,13 +322,13 @@ fn rename(
     // does not share writing, refuses the rename with a sharing violation
     // (smbtorture smb2.oplock.exclusive6, batch19, batch20,
     // smb2.rename.no_share_delete_no_delete_access).
-    if let Ok(parent) = fs.stat(dir_of(&to)) {
+    if let Ok(target_dir) = fs.stat(parent(&to)) {
         let opens = ctx
             .server
             .share_modes
             .record(FileKey {
-                dev: parent.dev,
-                ino: parent.ino,
+                dev: target_dir.dev,
+                ino: target_dir.ino,
             })
             .map_err(|e| sharing_status(&e))?
             .opens;
@@ -400,8 +400,3 @@ fn rename(
 /// rename makes of its target directory.
 const ADD_FILE: u32 = 0x2;
 const SHARE_READ_WRITE: u32 = 0x3;
-
-/// The directory `path` is in ("" for the share root).
-fn dir_of(path: &str) -> &str {
-    path.rsplit_once('/').map_or("", |(dir, _)| dir)
-}

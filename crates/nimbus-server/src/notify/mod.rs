@@ -165,10 +165,7 @@ fn share_root(share: &Share) -> Option<&Path> {
 /// The directory part of a share-relative path ("" for the share root);
 /// None for the root itself, which is in no directory of the share.
 fn parent_of(path: &str) -> Option<&str> {
-    if path.is_empty() {
-        return None;
-    }
-    Some(path.rsplit_once('/').map_or("", |(dir, _)| dir))
+    (!path.is_empty()).then(|| crate::names::parent(path))
 }
 
 /// `path` relative to its ancestor `dir`, in the '\'-separated form of the
