@@ -41,7 +41,9 @@ pub fn update<R: Record, T, E: From<StateError>>(
         };
         let out = f(&mut rec)?;
         let value = (!rec.is_empty()).then(|| rec.encode());
-        if current.is_none() && value.is_none() {
+        // A rule that changed nothing (a refused lock, a refused
+        // acknowledgement) writes nothing.
+        if current.as_ref().map(|v| v.value.as_slice()) == value.as_deref() {
             return Ok(out);
         }
         let expected = current.as_ref().map(|v| v.version);
@@ -423,5 +425,14 @@ mod tests {
         .unwrap();
         assert_eq!(runs, 2);
         assert_eq!(store.get(&key).unwrap(), None);
+        // A rule that changes nothing leaves the version alone.
+        update::<FileCaching, _, StateError>(&store, &key, |f| {
+            *f = sample();
+            Ok(())
+        })
+        .unwrap();
+        let before = store.get(&key).unwrap().unwrap().version;
+        update::<FileCaching, _, StateError>(&store, &key, |_| Ok(())).unwrap();
+        assert_eq!(store.get(&key).unwrap().unwrap().version, before);
     }
 }
