@@ -302,7 +302,7 @@ impl Connection {
         self.pending.end_all(NtStatus::CANCELLED, |_| true);
         let sessions: Vec<_> = lock(&self.sessions).drain().map(|(_, s)| s).collect();
         for s in sessions {
-            crate::handlers::logoff::close_session(&self.server, &s);
+            crate::handlers::logoff::end_session(&self.server, &s);
         }
     }
 }

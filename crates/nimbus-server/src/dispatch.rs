@@ -177,9 +177,11 @@ impl Ctx<'_> {
         // The open must belong to the tree the request runs on, related or
         // not: that tree's rules (read-only, encryption) were the ones
         // checked, so an open of another tree would slip past them.
-        if open.open_id != id.persistent || open.tree_id != self.hdr.tree_id {
+        if open.open_id != id.persistent || open.tree_id() != self.hdr.tree_id {
             return Err(NtStatus::FILE_CLOSED);
         }
+        open.replay_eligible
+            .store(false, std::sync::atomic::Ordering::Relaxed);
         self.chain_file_id = Some(id);
         Ok(open)
     }

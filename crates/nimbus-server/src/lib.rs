@@ -11,6 +11,7 @@ mod dir_budget;
 mod dir_leases;
 mod dispatch;
 mod dosinfo;
+mod durable;
 mod errors;
 mod fileinfo;
 #[doc(hidden)]
@@ -30,6 +31,7 @@ mod pending;
 mod security;
 mod server;
 mod session;
+mod session_registry;
 
 pub use config::{Config, ConfigError, ShareConfig, SigningPolicy};
 pub use server::{Server, StartError};

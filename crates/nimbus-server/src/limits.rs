@@ -79,6 +79,16 @@ pub struct Limits {
     /// directories left unwatched go unseen (those made through SMB are
     /// always reported); 0 turns watching the disk off.
     pub max_inotify_watches: usize,
+    /// How long a durable open is kept after its client's connection is
+    /// lost, when the client names no timeout (v1 handles, and v2 ones
+    /// asking for 0).
+    pub durable_handle_timeout: Duration,
+    /// The most a client may ask for in a v2 durable handle request.
+    pub max_durable_handle_timeout: Duration,
+    /// Durable opens kept without a connection, server-wide and per user;
+    /// an open beyond either closes at its disconnect.
+    pub max_durable_handles: usize,
+    pub max_durable_handles_per_user: usize,
 }
 
 impl Default for Limits {
@@ -109,6 +119,10 @@ impl Default for Limits {
             max_directory_response_bytes: 1024 * 1024,
             max_directory_entries: 1_000_000,
             max_inotify_watches: 8192,
+            durable_handle_timeout: Duration::from_secs(60),
+            max_durable_handle_timeout: Duration::from_secs(300),
+            max_durable_handles: 16384,
+            max_durable_handles_per_user: 4096,
         }
     }
 }
@@ -151,6 +165,10 @@ pub struct RawLimits {
     max_directory_response_bytes: Option<u64>,
     max_directory_entries: Option<u64>,
     max_inotify_watches: Option<u64>,
+    durable_handle_timeout_secs: Option<u64>,
+    max_durable_handle_timeout_secs: Option<u64>,
+    max_durable_handles: Option<u64>,
+    max_durable_handles_per_user: Option<u64>,
 }
 
 /// Reads one key: absent keeps the default, out of range is an error that
@@ -405,6 +423,34 @@ impl RawLimits {
                 0,
                 1 << 20,
                 d.max_inotify_watches as u64,
+            ) as usize,
+            durable_handle_timeout: r.secs(
+                "durable_handle_timeout_secs",
+                self.durable_handle_timeout_secs,
+                1,
+                86400,
+                d.durable_handle_timeout,
+            ),
+            max_durable_handle_timeout: r.secs(
+                "max_durable_handle_timeout_secs",
+                self.max_durable_handle_timeout_secs,
+                1,
+                86400,
+                d.max_durable_handle_timeout,
+            ),
+            max_durable_handles: r.get(
+                "max_durable_handles",
+                self.max_durable_handles,
+                0,
+                1 << 24,
+                d.max_durable_handles as u64,
+            ) as usize,
+            max_durable_handles_per_user: r.get(
+                "max_durable_handles_per_user",
+                self.max_durable_handles_per_user,
+                0,
+                1 << 24,
+                d.max_durable_handles_per_user as u64,
             ) as usize,
         };
         // One frame of the largest size and the largest response it may ask

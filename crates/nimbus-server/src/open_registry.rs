@@ -25,6 +25,11 @@ impl OpenRegistry {
         lock(&self.opens).remove(&open_id);
     }
 
+    /// The open `open_id`, while it is open.
+    pub fn get(&self, open_id: u64) -> Option<Arc<Open>> {
+        lock(&self.opens).get(&open_id).and_then(Weak::upgrade)
+    }
+
     /// Whether `open_id` is open (not yet released).
     pub fn contains(&self, open_id: u64) -> bool {
         lock(&self.opens).contains_key(&open_id)

@@ -54,15 +54,25 @@ pub trait Notifier: Send + Sync {
 }
 
 /// The notifier of a single node: the route of every open that may be
-/// sent a break.
+/// sent a break, and the durable opens whose client is gone.
 #[derive(Default)]
 pub struct LocalNotifier {
-    routes: Mutex<HashMap<u64, Route>>,
+    routes: Mutex<HashMap<u64, Destination>>,
+    /// What a break to a disconnected durable open does instead: the
+    /// server closes that open (MS-SMB2 3.3.4.6-7 have no client to ask).
+    on_disconnected: std::sync::OnceLock<Box<dyn Fn(u64) + Send + Sync>>,
+}
+
+#[derive(Clone)]
+enum Destination {
+    Client(Route),
+    /// A durable open kept after its connection was lost.
+    Disconnected,
 }
 
 impl LocalNotifier {
     fn register(&self, open_id: u64, route: Route) {
-        lock(&self.routes).insert(open_id, route);
+        lock(&self.routes).insert(open_id, Destination::Client(route));
     }
 
     fn unregister(&self, open_id: u64) {
@@ -72,10 +82,17 @@ impl LocalNotifier {
 
 impl Notifier for LocalNotifier {
     fn deliver(&self, open_id: u64, order: BreakOrder) {
-        let Some(route) = lock(&self.routes).get(&open_id).cloned() else {
+        let Some(dest) = lock(&self.routes).get(&open_id).cloned() else {
             return;
         };
-        Outbound { order, route }.send();
+        match dest {
+            Destination::Client(route) => Outbound { order, route }.send(),
+            Destination::Disconnected => {
+                if let Some(f) = self.on_disconnected.get() {
+                    f(open_id);
+                }
+            }
+        }
     }
 }
 
@@ -247,6 +264,63 @@ impl Oplocks {
         match lock(&self.table).lease_files.get(&lease) {
             None => true,
             Some(k) => Some(*k) == file,
+        }
+    }
+
+    /// Sets what a break to a disconnected durable open does (the server
+    /// closes that open); once, at start.
+    pub fn on_disconnected_break(&self, f: Box<dyn Fn(u64) + Send + Sync>) {
+        let _ = self.notifier.on_disconnected.set(f);
+    }
+
+    /// `open_id` lost its client but is kept (a durable open): breaks to it
+    /// go to the handler set by `on_disconnected_break`.
+    pub fn detach(&self, open_id: u64) {
+        lock(&self.notifier.routes).insert(open_id, Destination::Disconnected);
+    }
+
+    /// A disconnected durable open was reclaimed: breaks go to its new
+    /// connection.
+    pub fn attach(&self, open_id: u64, route: Route) {
+        self.notifier.register(open_id, route);
+    }
+
+    /// Whether breaks on `file` await acknowledgement.
+    pub fn is_breaking(&self, file: FileKey) -> bool {
+        records::read::<FileCaching>(&*self.store, &record_key(file))
+            .map(|s| s.breaking())
+            .unwrap_or(false)
+    }
+
+    /// Whether a break of what `open_id` holds awaits acknowledgement.
+    pub fn open_breaking(&self, file: FileKey, open_id: u64) -> bool {
+        records::read::<FileCaching>(&*self.store, &record_key(file))
+            .map(|s| {
+                s.grants
+                    .iter()
+                    .any(|g| g.breaking.is_some() && g.opens.contains(&open_id))
+            })
+            .unwrap_or(false)
+    }
+
+    /// What `open_id` caches now: its oplock level, or its lease's state
+    /// and the lease's key.
+    pub fn held_by(&self, file: FileKey, open_id: u64) -> (Granted, Option<LeaseId>) {
+        let s = records::read::<FileCaching>(&*self.store, &record_key(file)).unwrap_or_default();
+        match s.grants.iter().find(|g| g.opens.contains(&open_id)) {
+            Some(g) => match g.holder {
+                Holder::Oplock(_) => (Granted::Oplock(caching::oplock_level(g.state)), None),
+                Holder::Lease(id) => (
+                    Granted::Lease {
+                        state: g.state,
+                        epoch: g.epoch,
+                        breaking: g.breaking.is_some(),
+                        version: g.version,
+                    },
+                    Some(id),
+                ),
+            },
+            None => (Granted::Oplock(caching::OPLOCK_NONE), None),
         }
     }
 

@@ -91,6 +91,11 @@ pub struct Server {
     pub opens: OpenRegistry,
     /// Change notify: watches on open directories and the changes for them.
     pub notify: crate::notify::ChangeNotify,
+    /// Durable opens kept after their connection was lost, and the
+    /// CreateGuids of v2 durable opens.
+    pub durables: crate::durable::DurableOpens,
+    /// Every session, found by id from any connection.
+    pub sessions: crate::session_registry::SessionRegistry,
     next_session_id: AtomicU64,
     next_open_id: AtomicU64,
     /// Volatile FileIds equal the open id instead of being random: only for
@@ -198,7 +203,11 @@ impl Server {
         // One store for every kind of per-file record (memory on one node).
         let store: Arc<dyn StateStore> = Arc::new(MemoryStore::new());
         let max_inotify_watches = config.limits.max_inotify_watches;
-        Ok(Arc::new(Server {
+        let keep = crate::durable::KeepLimits {
+            total: config.limits.max_durable_handles,
+            per_user: config.limits.max_durable_handles_per_user,
+        };
+        let server = Arc::new(Server {
             config,
             provider,
             auth,
@@ -213,10 +222,24 @@ impl Server {
             oplocks: Oplocks::new(break_timeout, store.clone()),
             opens: OpenRegistry::default(),
             notify: crate::notify::ChangeNotify::new(max_inotify_watches),
+            durables: crate::durable::DurableOpens::new(keep),
+            sessions: Default::default(),
             next_session_id: AtomicU64::new(1),
             next_open_id: AtomicU64::new(1),
             predictable_file_ids: AtomicBool::new(false),
-        }))
+        });
+        // A break for a durable open whose client is gone closes that open
+        // (there is nobody to acknowledge it, and the open that caused it
+        // must not wait out the break timeout).
+        let weak = Arc::downgrade(&server);
+        server
+            .oplocks
+            .on_disconnected_break(Box::new(move |open_id| {
+                if let Some(s) = weak.upgrade() {
+                    s.durables.purge(&s, open_id);
+                }
+            }));
+        Ok(server)
     }
 
     pub fn find_share(&self, name: &str) -> Option<Arc<Share>> {
@@ -284,6 +307,7 @@ impl Server {
             listeners.push(l);
         }
         let mut tasks = Vec::new();
+        tokio::spawn(crate::durable::DurableOpens::scavenge(self.clone()));
         for l in listeners {
             let server = self.clone();
             tasks.push(tokio::spawn(async move { server.accept_loop(l).await }));

@@ -100,9 +100,13 @@ pub struct DirEnum {
 }
 
 pub struct Open {
-    pub volatile_id: u64,
+    /// FileId.Volatile; a reclaimed durable open gets a new one in its new
+    /// session.
+    volatile_id: AtomicU64,
     pub open_id: u64,
-    pub tree_id: u32,
+    /// The tree connect it is reached through; a reclaimed durable open
+    /// moves to the tree of the reconnect.
+    tree_id: AtomicU32,
     pub share: Arc<Share>,
     pub handle: FileHandle,
     /// Path relative to the share root ('/'-separated); changes on rename.
@@ -120,12 +124,79 @@ pub struct Open {
     /// Data was written through this open: its directory's leases break
     /// when it closes.
     pub wrote: AtomicBool,
+    /// Kept through a lost connection for a reconnect (MS-SMB2
+    /// Open.IsDurable and what goes with it); None for other opens.
+    pub durable: Mutex<Option<crate::durable::Durable>>,
+    /// A CREATE replayed with this open's CreateGuid gets this open back
+    /// (MS-SMB2 Open.IsReplayEligible); cleared by the first other request
+    /// on it, after which the client is known to have had the response.
+    pub replay_eligible: AtomicBool,
     /// This open's place in the server-wide count of open files.
     pub _file_slot: OpenFileSlot,
 }
 
+/// What an `Open` is made of; `Open::new` adds the state every open
+/// starts with.
+pub struct NewOpen {
+    pub volatile_id: u64,
+    pub open_id: u64,
+    pub tree_id: u32,
+    pub share: Arc<Share>,
+    pub handle: FileHandle,
+    pub path: String,
+    pub is_dir: bool,
+    pub access: u32,
+    pub file_key: FileKey,
+    pub delete_on_close: bool,
+    pub mode: u32,
+    pub parent_lease: Option<LeaseId>,
+    pub file_slot: OpenFileSlot,
+}
+
 impl Open {
+    pub fn new(n: NewOpen) -> Open {
+        Open {
+            volatile_id: AtomicU64::new(n.volatile_id),
+            open_id: n.open_id,
+            tree_id: AtomicU32::new(n.tree_id),
+            share: n.share,
+            handle: n.handle,
+            path: Mutex::new(n.path),
+            is_dir: n.is_dir,
+            access: n.access,
+            file_key: n.file_key,
+            delete_on_close: AtomicBool::new(n.delete_on_close),
+            position: AtomicU64::new(0),
+            mode: AtomicU32::new(n.mode),
+            dir_enum: Mutex::new(None),
+            parent_lease: n.parent_lease,
+            wrote: AtomicBool::new(false),
+            durable: Mutex::new(None),
+            replay_eligible: AtomicBool::new(false),
+            _file_slot: n.file_slot,
+        }
+    }
+
     pub fn path(&self) -> String {
         lock(&self.path).clone()
+    }
+
+    pub fn volatile_id(&self) -> u64 {
+        self.volatile_id.load(Ordering::Relaxed)
+    }
+
+    pub fn tree_id(&self) -> u32 {
+        self.tree_id.load(Ordering::Relaxed)
+    }
+
+    /// A reclaimed durable open is reached through its new tree under a
+    /// new volatile id.
+    pub fn reattach(&self, tree_id: u32, volatile_id: u64) {
+        self.tree_id.store(tree_id, Ordering::Relaxed);
+        self.volatile_id.store(volatile_id, Ordering::Relaxed);
+    }
+
+    pub fn is_durable(&self) -> bool {
+        lock(&self.durable).is_some()
     }
 }

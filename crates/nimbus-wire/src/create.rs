@@ -92,6 +92,12 @@ pub mod context_name {
     pub const SD_BUFFER: &[u8] = b"SecD";
     pub const DURABLE_HANDLE_REQUEST: &[u8] = b"DHnQ";
     pub const DURABLE_HANDLE_RECONNECT: &[u8] = b"DHnC";
+    pub const DURABLE_HANDLE_REQUEST_V2: &[u8] = b"DH2Q";
+    pub const DURABLE_HANDLE_RECONNECT_V2: &[u8] = b"DH2C";
+    pub const APP_INSTANCE_ID: &[u8] = &[
+        0x45, 0xBC, 0xA6, 0x6A, 0xEF, 0xA7, 0xF7, 0x4A, 0x90, 0x08, 0xFA, 0x46, 0x2E, 0x14, 0x4D,
+        0x74,
+    ];
     pub const ALLOCATION_SIZE: &[u8] = b"AlSi";
     pub const QUERY_MAXIMAL_ACCESS: &[u8] = b"MxAc";
     pub const TIMEWARP_TOKEN: &[u8] = b"TWrp";

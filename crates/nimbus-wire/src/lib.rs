@@ -6,6 +6,7 @@ pub mod close;
 pub mod codec;
 pub mod create;
 pub mod dtyp;
+pub mod durable;
 pub mod file_id;
 pub mod fscc;
 pub mod header;

@@ -16,7 +16,7 @@ use crate::session::{lock, Open};
 pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
     let req = CloseRequest::parse(body).map_err(malformed)?;
     let open = ctx.open(req.file_id)?;
-    lock(&ctx.session()?.opens).remove(&open.volatile_id);
+    lock(&ctx.session()?.opens).remove(&open.volatile_id());
     let info = if req.flags & FLAG_POSTQUERY_ATTRIB != 0 {
         match open.handle.stat() {
             Ok(st) => times_and_sizes(&file_info(&st, &DosInfo::load(&open.handle), false)),
@@ -40,6 +40,7 @@ pub fn release(server: &Server, open: &Open) {
     // Its byte-range locks go with the handle; its waiting LOCKs end.
     server.locks.release_open(open.file_key, open.open_id);
     server.opens.forget(open.open_id);
+    server.durables.closed(open);
     // Its changes kept for the close are reported; its watch ends.
     server.notify.closed(open);
     let sm = &server.share_modes;

@@ -1,7 +1,6 @@
 //! MS-SMB2 3.3.5.9 Receiving an SMB2 CREATE Request.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use nimbus_state::caching::{Granted, LeaseId, OpenAsk, Want};
 use nimbus_state::{FileKey, OpenRecord, SharingError};
@@ -14,6 +13,7 @@ use nimbus_wire::fscc::{access, attributes};
 use nimbus_wire::oplock::{lease_flags, oplock_level, LeaseContext};
 use nimbus_wire::{FileId, NtStatus};
 
+use super::create_durable::{self, DurableAsk};
 use super::malformed;
 use crate::dispatch::{Ctx, HandlerResult};
 use crate::dosinfo::{DosInfo, STORED_ATTRIBUTES};
@@ -22,7 +22,7 @@ use crate::fileinfo::{file_info, is_readonly, times_and_sizes};
 use crate::names::to_vfs_path;
 use crate::oplocks::Route;
 use crate::security::SessionCipher;
-use crate::session::{lock, Open, Session, SessionState, Tree};
+use crate::session::{lock, NewOpen, Open, Session, SessionState, Tree};
 
 /// Why one attempt at a CREATE did not finish.
 enum Failed {
@@ -59,6 +59,19 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
         // IPC$ serves no named pipes (no RPC services yet).
         return Err(NtStatus::OBJECT_NAME_NOT_FOUND.into());
     };
+    let smb3 = ctx.conn.negotiated().is_some_and(|n| n.dialect.is_smb3());
+    let durable = DurableAsk::parse(&req, smb3)?;
+    match durable {
+        // A reconnect acts on nothing else the request says: not even its
+        // fixed fields are checked (clients send them zeroed).
+        DurableAsk::Reconnect(how) => return Ok(create_durable::reconnect(ctx, &req, how, out)?),
+        DurableAsk::V2(r) => {
+            if let Some(status) = create_durable::replay(ctx, &req, &r, out)? {
+                return Ok(status);
+            }
+        }
+        _ => {}
+    }
     check_request(&req)?;
     let options = req.create_options;
     let disposition =
@@ -121,7 +134,6 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
     }
     let creating = existing.is_none();
     let is_dir = existing.as_ref().map(|s| s.is_dir).unwrap_or(want_dir);
-    let smb3 = ctx.conn.negotiated().is_some_and(|n| n.dialect.is_smb3());
     if is_dir && !(smb3 && matches!(want, Want::Lease { .. })) {
         // Directories are leased only on 3.x (DIRECTORY_LEASING is not
         // offered to 2.1) and never get oplocks.
@@ -229,6 +241,11 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
         if contention.wait {
             if !ask.sharing_violation {
                 let _ = ctx.server.share_modes.remove_open(key, open_id);
+            }
+            // The breaks went to disconnected durable opens, which closed
+            // instead: nothing is left to wait for.
+            if !ctx.server.oplocks.is_breaking(key) {
+                return Err(Failed::Raced);
             }
             return super::deferred::defer(ctx, key, body, handle).map_err(Failed::Status);
         }
@@ -344,34 +361,29 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
     let volatile_id = ctx
         .server
         .new_volatile_id(open_id, |id| opens.contains_key(&id));
-    let open = Arc::new(Open {
+    let open = Arc::new(Open::new(NewOpen {
         volatile_id,
         open_id,
         tree_id: tree.id,
         share: share.clone(),
         handle,
-        path: Mutex::new(path),
+        path,
         is_dir: st.is_dir,
         access: granted,
         file_key: key,
-        delete_on_close: AtomicBool::new(delete_on_close),
-        position: AtomicU64::new(0),
-        mode: AtomicU32::new(
-            options
-                & (opt::WRITE_THROUGH
-                    | opt::SEQUENTIAL_ONLY
-                    | opt::NO_INTERMEDIATE_BUFFERING
-                    | opt::SYNCHRONOUS_IO_ALERT
-                    | opt::SYNCHRONOUS_IO_NONALERT
-                    | opt::DELETE_ON_CLOSE),
-        ),
-        dir_enum: Mutex::new(None),
+        delete_on_close,
+        mode: options
+            & (opt::WRITE_THROUGH
+                | opt::SEQUENTIAL_ONLY
+                | opt::NO_INTERMEDIATE_BUFFERING
+                | opt::SYNCHRONOUS_IO_ALERT
+                | opt::SYNCHRONOUS_IO_NONALERT
+                | opt::DELETE_ON_CLOSE),
         parent_lease,
-        wrote: AtomicBool::new(false),
-        _file_slot: file_slot,
-    });
+        file_slot,
+    }));
     ctx.server.opens.register(&open);
-    opens.insert(volatile_id, open);
+    opens.insert(volatile_id, open.clone());
     drop(opens);
     let file_id = FileId {
         persistent: open_id,
@@ -391,21 +403,20 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
         ctx.server.oplocks.contend_handles(key, open_id);
     }
     let mut contexts = contexts;
-    let oplock_level = match granted_caching {
-        Granted::Oplock(level) => level,
+    let oplock_level = match &granted_caching {
+        Granted::Oplock(level) => *level,
         Granted::Lease {
             state,
             epoch,
             breaking,
             version,
         } => {
-            if let Some(c) = lease_response(&req.contexts, state, epoch, breaking, version) {
+            if let Some(c) = lease_response(&req.contexts, *state, *epoch, *breaking, *version) {
                 contexts.push(c);
             }
             oplock_level::LEASE
         }
     };
-    ctx.chain_file_id = Some(file_id);
     let create_action = if created {
         CreateAction::Created
     } else {
@@ -417,6 +428,14 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
             _ => CreateAction::Opened,
         }
     };
+    contexts.extend(create_durable::grant(
+        ctx,
+        &open,
+        &durable,
+        &granted_caching,
+        create_action,
+    ));
+    ctx.chain_file_id = Some(file_id);
     CreateResponse {
         oplock_level,
         create_action,
@@ -637,7 +656,7 @@ fn requested_caching(ctx: &Ctx<'_>, req: &CreateRequest) -> Result<Want, NtStatu
 
 /// The lease context of the response (MS-SMB2 2.2.14.2.10/11), in the
 /// version the client asked in.
-fn lease_response(
+pub(super) fn lease_response(
     requested: &[CreateContext],
     state: u32,
     epoch: u16,
@@ -679,7 +698,10 @@ fn lease_response(
 
 /// Breaks to this open's holder are sealed when its session or tree
 /// requires encryption.
-fn break_cipher(session: &Session, tree: &Tree) -> Option<std::sync::Arc<SessionCipher>> {
+pub(super) fn break_cipher(
+    session: &Session,
+    tree: &Tree,
+) -> Option<std::sync::Arc<SessionCipher>> {
     match &*lock(&session.state) {
         SessionState::Valid(auth) if auth.encrypt_data || tree.encrypt_data => auth.cipher.clone(),
         _ => None,

@@ -21,16 +21,23 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             ctx.conn.peer
         );
     }
-    close_session(ctx.server, &session);
+    end_session(ctx.server, &session);
+    // What still waits in the session (on its kept durable opens) ends.
+    ctx.conn
+        .pending
+        .end_all(NtStatus::CANCELLED, |p| p.session_id() == session.id);
     encode_empty(out);
     Ok(NtStatus::SUCCESS)
 }
 
-/// Closes every open of the session and forgets its trees.
-pub fn close_session(server: &Server, session: &Session) {
+/// Ends a session (LOGOFF, the loss of its connection, a logon that
+/// replaces it): its durable opens are kept for a reconnect (MS-SMB2
+/// 3.3.5.6, 3.3.7.1), the others close, and its trees go.
+pub fn end_session(server: &Server, session: &Session) {
+    server.sessions.forget(session.id);
     let opens: Vec<_> = lock(&session.opens).drain().map(|(_, o)| o).collect();
     for open in opens {
-        super::close::release(server, &open);
+        crate::durable::keep_or_close(server, &open);
     }
     lock(&session.trees).clear();
 }

@@ -36,6 +36,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             let exchange = ctx.server.auth.start_at(ctx.conn.local.ip());
             let s = Arc::new(Session::new(id, exchange, preauth));
             lock(&ctx.conn.sessions).insert(id, s.clone());
+            ctx.server.sessions.register(&s, ctx.conn);
             s
         }
         Some(s) => {
@@ -74,7 +75,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
                 // right password, so that guessing learns nothing.
                 if let Err(status) = backed_off(ctx, &res.user) {
                     drop(state);
-                    lock(&ctx.conn.sessions).remove(&session.id);
+                    forget_session(ctx, session.id);
                     return Err(status);
                 }
                 ctx.server
@@ -95,7 +96,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
                     Err(e) => {
                         tracing::error!("{}: cannot derive signing key: {e}", ctx.conn.peer);
                         drop(state);
-                        lock(&ctx.conn.sessions).remove(&session.id);
+                        forget_session(ctx, session.id);
                         return Err(NtStatus::LOGON_FAILURE);
                     }
                 }
@@ -116,7 +117,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
                                 ctx.conn.peer
                             );
                             drop(state);
-                            lock(&ctx.conn.sessions).remove(&session.id);
+                            forget_session(ctx, session.id);
                             return Err(NtStatus::LOGON_FAILURE);
                         }
                     }
@@ -125,7 +126,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             };
             if cipher.is_none() && ctx.server.config.refuse_clear_sessions() {
                 drop(state);
-                lock(&ctx.conn.sessions).remove(&session.id);
+                forget_session(ctx, session.id);
                 tracing::warn!(
                     "session logon of {}\\{} from {} refused: encryption is required and this \
                      session cannot encrypt ({})",
@@ -206,7 +207,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         }
         Err(e) => {
             drop(state);
-            lock(&ctx.conn.sessions).remove(&session.id);
+            forget_session(ctx, session.id);
             let status = match &e {
                 AuthError::Malformed(_) => NtStatus::INVALID_PARAMETER,
                 AuthError::NotSupported(_) => NtStatus::NOT_SUPPORTED,
@@ -229,15 +230,18 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
 }
 
 /// MS-SMB2 3.3.5.5.3: a logon that names its PreviousSessionId replaces
-/// that session of the same user: it is logged off, its opens close and
-/// what waits on them ends (a pending CHANGE_NOTIFY with
-/// STATUS_NOTIFY_CLEANUP, smbtorture smb2.notify.session-reconnect). Only
-/// sessions of this connection are known to it; one of another user stays.
+/// that session of the same user, on whichever connection holds it (a
+/// client that lost its connection often reconnects before the server
+/// notices the loss). The old session ends as at LOGOFF: later requests on
+/// it get USER_SESSION_DELETED, its durable opens are kept for the client
+/// to reclaim, its other opens close and what waits on them ends (a
+/// pending CHANGE_NOTIFY with STATUS_NOTIFY_CLEANUP, smbtorture
+/// smb2.notify.session-reconnect). A session of another user stays.
 fn end_previous_session(ctx: &Ctx<'_>, session: &Session, previous_id: u64) {
     if previous_id == 0 || previous_id == session.id {
         return;
     }
-    let Some(previous) = ctx.conn.session(previous_id) else {
+    let Some((previous, conn)) = ctx.server.sessions.find(previous_id) else {
         return;
     };
     let who = |s: &Session| match &*lock(&s.state) {
@@ -249,8 +253,18 @@ fn end_previous_session(ctx: &Ctx<'_>, session: &Session, previous_id: u64) {
     if who(&previous).is_none() || who(&previous) != who(session) {
         return;
     }
-    lock(&ctx.conn.sessions).remove(&previous_id);
-    super::logoff::close_session(ctx.server, &previous);
+    if lock(&conn.sessions).remove(&previous_id).is_none() {
+        return;
+    }
+    super::logoff::end_session(ctx.server, &previous);
+    conn.pending
+        .end_all(NtStatus::CANCELLED, |p| p.session_id() == previous_id);
+}
+
+/// A logon that failed leaves no session behind.
+fn forget_session(ctx: &Ctx<'_>, id: u64) {
+    lock(&ctx.conn.sessions).remove(&id);
+    ctx.server.sessions.forget(id);
 }
 
 /// `limits.max_sessions_per_connection` and `limits.max_logons_in_progress`:

@@ -104,8 +104,8 @@ pub fn handle_disconnect(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> H
         let mut table = lock(&session.opens);
         let ids: Vec<u64> = table
             .values()
-            .filter(|o| o.tree_id == tree.id)
-            .map(|o| o.volatile_id)
+            .filter(|o| o.tree_id() == tree.id)
+            .map(|o| o.volatile_id())
             .collect();
         ids.iter().filter_map(|id| table.remove(id)).collect()
     };

@@ -1,0 +1,280 @@
+//! Durable handles (MS-SMB2 3.3.5.9.6-12, 3.3.7.1): an open granted
+//! durability outlives its connection. When the connection drops, the open
+//! stays with its share modes, byte-range locks, oplock or lease and file
+//! position, reachable by nobody, until its client reconnects and reclaims
+//! it (DHnC / DH2C), or its timeout runs out, or another client's open
+//! needs what it holds (a break sent to a disconnected holder closes it
+//! instead, as Windows does). LOGOFF, TREE_DISCONNECT and CLOSE close a
+//! durable open like any other.
+//!
+//! This table keeps the disconnected opens and the CreateGuids of every
+//! v2 durable open (replay detection, reconnect by CreateGuid); a scavenger
+//! task closes what expired.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::server::Server;
+use crate::session::{lock, Open};
+
+/// Who opened a durable handle (MS-SMB2 Open.DurableOwner): only the same
+/// user may reclaim it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Owner {
+    pub user: String,
+    pub domain: String,
+}
+
+/// The durability an open was granted.
+#[derive(Clone, Debug)]
+pub struct Durable {
+    /// v2 (DH2Q) opens: the client's CreateGuid; None for v1 (DHnQ).
+    pub create_guid: Option<[u8; 16]>,
+    /// How long the open is kept after its connection is lost.
+    pub timeout: Duration,
+    pub persistent: bool,
+    pub owner: Owner,
+    /// The ClientGuid of the connection that opened it.
+    pub client_guid: [u8; 16],
+    /// What the CREATE that made it did: a replay of that CREATE answers
+    /// the same.
+    pub create_action: nimbus_wire::create::CreateAction,
+}
+
+impl Durable {
+    fn guid_key(&self) -> Option<GuidKey> {
+        self.create_guid.map(|g| (self.client_guid, g))
+    }
+}
+
+/// (ClientGuid, CreateGuid): a CreateGuid is unique per client.
+type GuidKey = ([u8; 16], [u8; 16]);
+
+/// How many disconnected opens may be kept.
+#[derive(Clone, Copy, Debug)]
+pub struct KeepLimits {
+    pub total: usize,
+    pub per_user: usize,
+}
+
+struct Kept {
+    open: Arc<Open>,
+    expires: Instant,
+    owner: Owner,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Disconnected opens by open id (FileId.Persistent).
+    disconnected: HashMap<u64, Kept>,
+    /// Expiry order of the disconnected opens.
+    expiries: BTreeSet<(Instant, u64)>,
+    per_user: HashMap<Owner, usize>,
+    /// Every v2 durable open, connected or not, by CreateGuid.
+    by_guid: HashMap<GuidKey, u64>,
+}
+
+/// Why an open was not kept at its disconnect.
+#[derive(Debug, PartialEq, Eq)]
+pub enum NotKept {
+    NotDurable,
+    /// `[limits] max_durable_handles` or `max_durable_handles_per_user`.
+    TooMany,
+}
+
+pub struct DurableOpens {
+    inner: Mutex<Inner>,
+    limits: KeepLimits,
+    /// Wakes the scavenger when an earlier expiry is added.
+    wake: tokio::sync::Notify,
+}
+
+impl DurableOpens {
+    pub fn new(limits: KeepLimits) -> DurableOpens {
+        DurableOpens {
+            inner: Mutex::new(Inner::default()),
+            limits,
+            wake: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// `open` was granted durability: a v2 open's CreateGuid now names it.
+    pub fn granted(&self, open: &Open, durable: Durable) {
+        if let Some(k) = durable.guid_key() {
+            lock(&self.inner).by_guid.insert(k, open.open_id);
+        }
+        *lock(&open.durable) = Some(durable);
+    }
+
+    /// The open id a v2 durable open of this client holds under
+    /// `create_guid`, connected or not.
+    pub fn by_create_guid(&self, client_guid: [u8; 16], create_guid: [u8; 16]) -> Option<u64> {
+        lock(&self.inner)
+            .by_guid
+            .get(&(client_guid, create_guid))
+            .copied()
+    }
+
+    /// Keeps `open` after its connection was lost, if it is durable and
+    /// the limits allow; otherwise the caller closes it.
+    pub fn disconnect(&self, open: &Arc<Open>, now: Instant) -> Result<(), NotKept> {
+        let Some(d) = lock(&open.durable).clone() else {
+            return Err(NotKept::NotDurable);
+        };
+        let mut inner = lock(&self.inner);
+        let user_count = inner.per_user.get(&d.owner).copied().unwrap_or(0);
+        if inner.disconnected.len() >= self.limits.total || user_count >= self.limits.per_user {
+            drop(inner);
+            log_too_many(&d.owner, self.limits);
+            return Err(NotKept::TooMany);
+        }
+        let expires = now + d.timeout;
+        let earliest = inner.expiries.first().map(|(t, _)| *t);
+        inner.expiries.insert((expires, open.open_id));
+        *inner.per_user.entry(d.owner.clone()).or_default() += 1;
+        inner.disconnected.insert(
+            open.open_id,
+            Kept {
+                open: open.clone(),
+                expires,
+                owner: d.owner,
+            },
+        );
+        drop(inner);
+        if earliest.is_none_or(|t| expires < t) {
+            self.wake.notify_one();
+        }
+        Ok(())
+    }
+
+    /// The disconnected open `open_id`, left in place (a reconnect checks
+    /// it before it `claim`s it).
+    pub fn find_disconnected(&self, open_id: u64) -> Option<Arc<Open>> {
+        lock(&self.inner)
+            .disconnected
+            .get(&open_id)
+            .map(|k| k.open.clone())
+    }
+
+    /// Takes the disconnected open `open_id` out of the table; None when
+    /// another reconnect, its expiry or a purge took it first.
+    pub fn claim(&self, open_id: u64) -> Option<Arc<Open>> {
+        let mut inner = lock(&self.inner);
+        let kept = inner.disconnected.remove(&open_id)?;
+        inner.forget_kept(open_id, &kept);
+        Some(kept.open)
+    }
+
+    /// How many opens are kept disconnected.
+    pub fn disconnected_count(&self) -> usize {
+        lock(&self.inner).disconnected.len()
+    }
+
+    /// An open is closed for good: its CreateGuid is free again.
+    pub fn closed(&self, open: &Open) {
+        let Some(k) = lock(&open.durable).as_ref().and_then(Durable::guid_key) else {
+            return;
+        };
+        let mut inner = lock(&self.inner);
+        if inner.by_guid.get(&k) == Some(&open.open_id) {
+            inner.by_guid.remove(&k);
+        }
+    }
+
+    /// Closes the disconnected open `open_id` (its timeout ran out, or
+    /// another client's open needs what it holds). False when it is not
+    /// disconnected (reclaimed meanwhile, or closed already).
+    pub fn purge(&self, server: &Server, open_id: u64) -> bool {
+        let Some(open) = self.claim(open_id) else {
+            return false;
+        };
+        tracing::debug!(
+            "durable open {open_id} ({}) closed while disconnected",
+            open.path()
+        );
+        crate::handlers::close::release(server, &open);
+        true
+    }
+
+    /// The disconnected opens whose timeout ran out by `now`.
+    fn expired(&self, now: Instant) -> Vec<u64> {
+        let inner = lock(&self.inner);
+        inner
+            .expiries
+            .iter()
+            .take_while(|(t, _)| *t <= now)
+            .map(|(_, id)| *id)
+            .collect()
+    }
+
+    fn next_expiry(&self) -> Option<Instant> {
+        lock(&self.inner).expiries.first().map(|(t, _)| *t)
+    }
+
+    /// Closes disconnected opens as their timeouts run out, for as long as
+    /// the server runs.
+    pub async fn scavenge(server: Arc<Server>) {
+        let this = &server.durables;
+        loop {
+            // Registered before the table is read, so an earlier expiry
+            // added meanwhile wakes the wait below.
+            let wake = this.wake.notified();
+            for id in this.expired(Instant::now()) {
+                this.purge(&server, id);
+            }
+            match this.next_expiry() {
+                Some(at) => {
+                    let _ = tokio::time::timeout_at(at.into(), wake).await;
+                }
+                None => wake.await,
+            }
+        }
+    }
+}
+
+impl Inner {
+    fn forget_kept(&mut self, open_id: u64, kept: &Kept) {
+        self.expiries.remove(&(kept.expires, open_id));
+        if let Some(n) = self.per_user.get_mut(&kept.owner) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_user.remove(&kept.owner);
+            }
+        }
+    }
+}
+
+fn log_too_many(owner: &Owner, limits: KeepLimits) {
+    static LAST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    if LAST.swap(now, std::sync::atomic::Ordering::Relaxed) != now {
+        tracing::warn!(
+            "a durable open of {}\\{} was closed at its disconnect: {} are kept server-wide at \
+             most ([limits] max_durable_handles) and {} per user (max_durable_handles_per_user)",
+            owner.domain,
+            owner.user,
+            limits.total,
+            limits.per_user
+        );
+    }
+}
+
+/// An open whose session ended: kept for a reconnect if it is durable (and
+/// the limits allow), closed otherwise.
+pub fn keep_or_close(server: &Server, open: &Arc<Open>) {
+    // Breaks to it from now on close it instead of waiting for a client.
+    server.oplocks.detach(open.open_id);
+    match server.durables.disconnect(open, Instant::now()) {
+        Ok(()) => {
+            // A break sent before the loss can no longer be acknowledged,
+            // and whoever waits for it should not wait out the timeout.
+            if server.oplocks.open_breaking(open.file_key, open.open_id) {
+                server.durables.purge(server, open.open_id);
+            }
+        }
+        Err(_) => crate::handlers::close::release(server, open),
+    }
+}

@@ -1,0 +1,395 @@
+//! The durable handle side of CREATE: which durable context a request
+//! carries (MS-SMB2 3.3.5.9.6, 3.3.5.9.10), granting durability to a new
+//! open, replaying a CREATE by its CreateGuid, and reclaiming a
+//! disconnected durable open (3.3.5.9.7, 3.3.5.9.12).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nimbus_state::caching::{self, Granted};
+use nimbus_wire::create::{
+    context_name, CreateAction, CreateContext, CreateRequest, CreateResponse,
+};
+use nimbus_wire::durable::{self as wire, ReconnectV2, RequestV2, ResponseV2};
+use nimbus_wire::header::flags;
+use nimbus_wire::oplock::{oplock_level, LeaseContext};
+use nimbus_wire::{FileId, NtStatus};
+
+use crate::dispatch::Ctx;
+use crate::dosinfo::DosInfo;
+use crate::durable::{Durable, Owner};
+use crate::fileinfo::{file_info, times_and_sizes};
+use crate::oplocks::Route;
+use crate::session::{lock, Open, SessionState};
+
+/// The durable context of a CREATE, checked for combinations the spec
+/// refuses.
+#[derive(Clone, Copy, Debug)]
+pub enum DurableAsk {
+    None,
+    /// DHnQ: durable if a batch oplock or a handle-caching lease is granted.
+    V1,
+    /// DH2Q (3.x).
+    V2(RequestV2),
+    /// DHnC or DH2C: reclaim a disconnected open; nothing else of the
+    /// request is acted on.
+    Reconnect(Reconnect),
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum Reconnect {
+    V1(FileId),
+    V2(ReconnectV2),
+}
+
+fn find<'a>(req: &'a CreateRequest, name: &[u8]) -> Option<&'a CreateContext> {
+    req.contexts.iter().find(|c| c.name.as_slice() == name)
+}
+
+impl DurableAsk {
+    /// Reads the durable contexts of `req`. v2 contexts are for 3.x only
+    /// and ignored below it. A v1 reconnect ignores a v1 request beside it
+    /// (3.3.5.9.7); every other mix of two kinds is INVALID_PARAMETER, as
+    /// is a context of the wrong size.
+    pub fn parse(req: &CreateRequest, smb3: bool) -> Result<DurableAsk, NtStatus> {
+        let bad = |_| NtStatus::INVALID_PARAMETER;
+        let q1 = find(req, context_name::DURABLE_HANDLE_REQUEST);
+        let c1 = find(req, context_name::DURABLE_HANDLE_RECONNECT);
+        let (q2, c2) = if smb3 {
+            (
+                find(req, context_name::DURABLE_HANDLE_REQUEST_V2),
+                find(req, context_name::DURABLE_HANDLE_RECONNECT_V2),
+            )
+        } else {
+            (None, None)
+        };
+        if (q2.is_some() || c2.is_some()) && (q1.is_some() || c1.is_some())
+            || (q2.is_some() && c2.is_some())
+        {
+            return Err(NtStatus::INVALID_PARAMETER);
+        }
+        Ok(if let Some(c) = c1 {
+            DurableAsk::Reconnect(Reconnect::V1(
+                wire::parse_reconnect_v1(&c.data).map_err(bad)?,
+            ))
+        } else if let Some(c) = c2 {
+            DurableAsk::Reconnect(Reconnect::V2(ReconnectV2::parse(&c.data).map_err(bad)?))
+        } else if let Some(c) = q2 {
+            DurableAsk::V2(RequestV2::parse(&c.data).map_err(bad)?)
+        } else if let Some(c) = q1 {
+            wire::parse_request_v1(&c.data).map_err(bad)?;
+            DurableAsk::V1
+        } else {
+            DurableAsk::None
+        })
+    }
+}
+
+/// Who the request's session is logged on as.
+fn owner(ctx: &Ctx<'_>) -> Result<Owner, NtStatus> {
+    match &*lock(&ctx.session()?.state) {
+        SessionState::Valid(a) => Ok(Owner {
+            user: a.user.to_lowercase(),
+            domain: a.domain.to_lowercase(),
+        }),
+        _ => Err(NtStatus::ACCESS_DENIED),
+    }
+}
+
+/// Whether what the open caches makes it durable (MS-SMB2 3.3.5.9.6): a
+/// batch oplock, or a lease with handle caching.
+fn caching_allows(granted: &Granted) -> bool {
+    match granted {
+        Granted::Oplock(level) => *level == oplock_level::BATCH,
+        Granted::Lease { state, .. } => state & caching::HANDLE != 0,
+    }
+}
+
+/// Grants durability to a new open as `ask` asks and its caching allows;
+/// returns the response context to add.
+pub fn grant(
+    ctx: &Ctx<'_>,
+    open: &Open,
+    ask: &DurableAsk,
+    granted: &Granted,
+    create_action: CreateAction,
+) -> Option<CreateContext> {
+    if open.is_dir || !caching_allows(granted) {
+        return None;
+    }
+    let limits = &ctx.server.config.limits;
+    let (create_guid, timeout) = match ask {
+        DurableAsk::V1 => (None, limits.durable_handle_timeout),
+        DurableAsk::V2(r) => {
+            let timeout = match r.timeout_ms {
+                0 => limits.durable_handle_timeout,
+                ms => Duration::from_millis(ms as u64).min(limits.max_durable_handle_timeout),
+            };
+            (Some(r.create_guid), timeout)
+        }
+        _ => return None,
+    };
+    let owner = owner(ctx).ok()?;
+    let client_guid = ctx.conn.negotiated()?.client_guid;
+    ctx.server.durables.granted(
+        open,
+        Durable {
+            create_guid,
+            timeout,
+            persistent: false,
+            owner,
+            client_guid,
+            create_action,
+        },
+    );
+    let mut data = Vec::with_capacity(ResponseV2::LEN);
+    let name = match ask {
+        DurableAsk::V2(_) => {
+            open.replay_eligible.store(true, Ordering::Relaxed);
+            ResponseV2 {
+                timeout_ms: timeout.as_millis().min(u32::MAX as u128) as u32,
+                flags: 0,
+            }
+            .encode(&mut data);
+            context_name::DURABLE_HANDLE_REQUEST_V2
+        }
+        _ => {
+            wire::encode_response_v1(&mut data);
+            context_name::DURABLE_HANDLE_REQUEST
+        }
+    };
+    Some(CreateContext {
+        name: name.to_vec(),
+        data,
+    })
+}
+
+/// The lease context a request carries, if any.
+fn lease_asked(req: &CreateRequest) -> Option<LeaseContext> {
+    find(req, context_name::REQUEST_LEASE).and_then(|c| LeaseContext::parse(&c.data).ok())
+}
+
+/// A CREATE with a DH2Q whose CreateGuid names an open of this client that
+/// is still replay-eligible (MS-SMB2 3.3.5.9.10): with the replay flag it
+/// is answered with that open, as the first CREATE was; without it, the
+/// client reused a CreateGuid (DUPLICATE_OBJECTID). Ok(None): no such
+/// open, go on with a new one.
+pub fn replay(
+    ctx: &mut Ctx<'_>,
+    req: &CreateRequest,
+    r: &RequestV2,
+    out: &mut Vec<u8>,
+) -> Result<Option<NtStatus>, NtStatus> {
+    let Some(neg) = ctx.conn.negotiated() else {
+        return Ok(None);
+    };
+    let Some(open_id) = ctx
+        .server
+        .durables
+        .by_create_guid(neg.client_guid, r.create_guid)
+    else {
+        return Ok(None);
+    };
+    let Some(open) = ctx.server.opens.get(open_id) else {
+        return Ok(None);
+    };
+    if !open.replay_eligible.load(Ordering::Relaxed) {
+        return Ok(None);
+    }
+    let session = ctx.session()?.clone();
+    let in_session = lock(&session.opens)
+        .get(&open.volatile_id())
+        .is_some_and(|o| Arc::ptr_eq(o, &open));
+    if ctx.hdr.flags & flags::REPLAY_OPERATION == 0 || !in_session {
+        return Err(NtStatus::DUPLICATE_OBJECTID);
+    }
+    let (held, lease) = ctx.server.oplocks.held_by(open.file_key, open.open_id);
+    let asked_lease = (req.requested_oplock_level == oplock_level::LEASE)
+        .then(|| lease_asked(req))
+        .flatten();
+    let mut contexts = Vec::new();
+    let level = match (asked_lease, lease, held) {
+        (
+            Some(asked),
+            Some(id),
+            Granted::Lease {
+                state,
+                epoch,
+                version,
+                ..
+            },
+        ) if asked.lease_key == id.key => {
+            contexts.extend(super::create::lease_response(
+                &req.contexts,
+                state,
+                epoch,
+                false,
+                version,
+            ));
+            oplock_level::LEASE
+        }
+        // A replay naming another lease, or a lease the open does not
+        // hold, is not the CREATE it claims to repeat.
+        (Some(_), _, _) => return Err(NtStatus::ACCESS_DENIED),
+        // The level the replay asks for is the one reported (Windows and
+        // Samba agree; smbtorture smb2.replay.replay-dhv2-oplock2).
+        (None, _, _) => match req.requested_oplock_level {
+            l @ (oplock_level::II | oplock_level::EXCLUSIVE | oplock_level::BATCH) => l,
+            _ => oplock_level::NONE,
+        },
+    };
+    let d = lock(&open.durable)
+        .clone()
+        .ok_or(NtStatus::DUPLICATE_OBJECTID)?;
+    if matches!(level, oplock_level::BATCH | oplock_level::LEASE) {
+        let mut data = Vec::with_capacity(ResponseV2::LEN);
+        ResponseV2 {
+            timeout_ms: d.timeout.as_millis().min(u32::MAX as u128) as u32,
+            flags: 0,
+        }
+        .encode(&mut data);
+        contexts.push(CreateContext {
+            name: context_name::DURABLE_HANDLE_REQUEST_V2.to_vec(),
+            data,
+        });
+    }
+    let st = open
+        .handle
+        .stat()
+        .map_err(|e| crate::errors::vfs_status(&e))?;
+    let info = file_info(&st, &DosInfo::load(&open.handle), false);
+    let file_id = FileId {
+        persistent: open.open_id,
+        volatile: open.volatile_id(),
+    };
+    ctx.chain_file_id = Some(file_id);
+    CreateResponse {
+        oplock_level: level,
+        create_action: d.create_action,
+        info: times_and_sizes(&info),
+        file_id,
+        contexts,
+    }
+    .encode(out);
+    Ok(Some(NtStatus::SUCCESS))
+}
+
+/// Reclaims a disconnected durable open for the session and tree of this
+/// request (MS-SMB2 3.3.5.9.7 and 3.3.5.9.12). The open comes back as it
+/// was left: its access, share modes, locks, oplock or lease, position;
+/// the request's own access, disposition and options are not looked at.
+pub fn reconnect(
+    ctx: &mut Ctx<'_>,
+    req: &CreateRequest,
+    how: Reconnect,
+    out: &mut Vec<u8>,
+) -> Result<NtStatus, NtStatus> {
+    let tree = ctx.tree()?.clone();
+    let session = ctx.session()?.clone();
+    let (file_id, create_guid) = match how {
+        Reconnect::V1(id) => (id, None),
+        Reconnect::V2(r) => (r.file_id, Some(r.create_guid)),
+    };
+    let not_found = NtStatus::OBJECT_NAME_NOT_FOUND;
+    let open = ctx
+        .server
+        .durables
+        .find_disconnected(file_id.persistent)
+        .ok_or(not_found)?;
+    let d = lock(&open.durable).clone().ok_or(not_found)?;
+    // A v1 open has no CreateGuid: only an all-zero one names it.
+    if create_guid.is_some_and(|g| g != d.create_guid.unwrap_or([0; 16])) {
+        return Err(not_found);
+    }
+    if !Arc::ptr_eq(&open.share, &tree.share) {
+        return Err(not_found);
+    }
+    let neg = ctx.conn.negotiated().ok_or(not_found)?;
+    let (held, lease) = ctx.server.oplocks.held_by(open.file_key, open.open_id);
+    if let Some(id) = lease {
+        // A leased open is reclaimed only by its client, naming its lease
+        // and its file.
+        let asked = lease_asked(req).ok_or(not_found)?;
+        if asked.lease_key != id.key || neg.client_guid != id.client {
+            return Err(not_found);
+        }
+        if !same_name(&req.name, &open.path()) {
+            return Err(NtStatus::INVALID_PARAMETER);
+        }
+    }
+    if owner(ctx)? != d.owner {
+        return Err(NtStatus::ACCESS_DENIED);
+    }
+    let st = open
+        .handle
+        .stat()
+        .map_err(|e| crate::errors::vfs_status(&e))?;
+    let info = times_and_sizes(&file_info(&st, &DosInfo::load(&open.handle), false));
+    // Another reconnect, the open's expiry or a purge may have come first.
+    let open = ctx.server.durables.claim(open.open_id).ok_or(not_found)?;
+    let volatile = {
+        let mut opens = lock(&session.opens);
+        let v = ctx
+            .server
+            .new_volatile_id(open.open_id, |id| opens.contains_key(&id));
+        open.reattach(tree.id, v);
+        opens.insert(v, open.clone());
+        v
+    };
+    let file_id = FileId {
+        persistent: open.open_id,
+        volatile,
+    };
+    ctx.server.oplocks.attach(
+        open.open_id,
+        Route {
+            conn: Arc::downgrade(ctx.conn),
+            session_id: session.id,
+            file_id,
+            seal: super::create::break_cipher(&session, &tree),
+        },
+    );
+    tracing::debug!(
+        "durable open {} ({}) reclaimed from {}",
+        open.open_id,
+        open.path(),
+        ctx.conn.peer
+    );
+    let mut contexts = Vec::new();
+    let level = match held {
+        Granted::Oplock(level) => level,
+        Granted::Lease {
+            state,
+            epoch,
+            breaking,
+            version,
+        } => {
+            contexts.extend(super::create::lease_response(
+                &req.contexts,
+                state,
+                epoch,
+                breaking,
+                version,
+            ));
+            oplock_level::LEASE
+        }
+    };
+    ctx.chain_file_id = Some(file_id);
+    CreateResponse {
+        oplock_level: level,
+        create_action: CreateAction::Opened,
+        info,
+        file_id,
+        contexts,
+    }
+    .encode(out);
+    Ok(NtStatus::SUCCESS)
+}
+
+/// Whether the name of a reconnect names the open's file (share-relative,
+/// any case, either separator).
+fn same_name(asked: &str, path: &str) -> bool {
+    let asked = asked.trim_start_matches('\\').replace('\\', "/");
+    asked.to_lowercase() == path.to_lowercase()
+}
