@@ -182,8 +182,34 @@ impl Ctx<'_> {
         }
         open.replay_eligible
             .store(false, std::sync::atomic::Ordering::Relaxed);
+        self.check_channel_sequence(&open)?;
         self.chain_file_id = Some(id);
         Ok(open)
+    }
+}
+
+impl Ctx<'_> {
+    /// MS-SMB2 3.3.5.2.10: a WRITE, SET_INFO or IOCTL whose ChannelSequence
+    /// is older than the open's (more than 0x7FFF behind, in 16-bit
+    /// arithmetic) comes from a channel the client has since failed over
+    /// from, and must not overwrite what the newer channel did:
+    /// FILE_NOT_AVAILABLE. A newer one becomes the open's.
+    fn check_channel_sequence(&self, open: &Open) -> Result<(), NtStatus> {
+        use std::sync::atomic::Ordering;
+        let modifies = matches!(
+            Command::from_u16(self.hdr.command),
+            Some(Command::Write | Command::SetInfo | Command::Ioctl)
+        );
+        if !modifies || !self.conn.negotiated().is_some_and(|n| n.dialect.is_smb3()) {
+            return Ok(());
+        }
+        let asked = self.hdr.channel_sequence();
+        let r =
+            open.channel_sequence
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |current| {
+                    (asked.wrapping_sub(current) <= 0x7FFF).then_some(asked)
+                });
+        r.map(|_| ()).map_err(|_| NtStatus::FILE_NOT_AVAILABLE)
     }
 }
 

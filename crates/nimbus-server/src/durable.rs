@@ -12,9 +12,10 @@
 //! task closes what expired.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
+use crate::pending::PendingRequest;
 use crate::server::Server;
 use crate::session::{lock, Open};
 
@@ -29,27 +30,25 @@ pub struct Owner {
 /// The durability an open was granted.
 #[derive(Clone, Debug)]
 pub struct Durable {
-    /// v2 (DH2Q) opens: the client's CreateGuid; None for v1 (DHnQ).
-    pub create_guid: Option<[u8; 16]>,
     /// How long the open is kept after its connection is lost.
     pub timeout: Duration,
     pub persistent: bool,
     pub owner: Owner,
-    /// The ClientGuid of the connection that opened it.
-    pub client_guid: [u8; 16],
-    /// What the CREATE that made it did: a replay of that CREATE answers
-    /// the same.
-    pub create_action: nimbus_wire::create::CreateAction,
 }
 
-impl Durable {
-    fn guid_key(&self) -> Option<GuidKey> {
-        self.create_guid.map(|g| (self.client_guid, g))
-    }
-}
+/// (ClientGuid, CreateGuid) of a CREATE with a DH2Q context: a CreateGuid
+/// is unique per client (MS-SMB2 3.3.5.9.10).
+pub type GuidKey = ([u8; 16], [u8; 16]);
 
-/// (ClientGuid, CreateGuid): a CreateGuid is unique per client.
-type GuidKey = ([u8; 16], [u8; 16]);
+/// What a CreateGuid names.
+#[derive(Clone)]
+pub enum GuidEntry {
+    /// The open its CREATE made.
+    Open(u64),
+    /// Its CREATE waits for breaks (answered STATUS_PENDING): a replay of
+    /// it meanwhile gets STATUS_FILE_NOT_AVAILABLE.
+    Pending(Weak<PendingRequest>),
+}
 
 /// How many disconnected opens may be kept.
 #[derive(Clone, Copy, Debug)]
@@ -71,8 +70,9 @@ struct Inner {
     /// Expiry order of the disconnected opens.
     expiries: BTreeSet<(Instant, u64)>,
     per_user: HashMap<Owner, usize>,
-    /// Every v2 durable open, connected or not, by CreateGuid.
-    by_guid: HashMap<GuidKey, u64>,
+    /// Every open made by a CREATE with a DH2Q context (durable or not,
+    /// connected or not), and such CREATEs still waiting, by CreateGuid.
+    by_guid: HashMap<GuidKey, GuidEntry>,
 }
 
 /// Why an open was not kept at its disconnect.
@@ -99,21 +99,38 @@ impl DurableOpens {
         }
     }
 
-    /// `open` was granted durability: a v2 open's CreateGuid now names it.
+    /// `open` was granted durability.
     pub fn granted(&self, open: &Open, durable: Durable) {
-        if let Some(k) = durable.guid_key() {
-            lock(&self.inner).by_guid.insert(k, open.open_id);
-        }
         *lock(&open.durable) = Some(durable);
     }
 
-    /// The open id a v2 durable open of this client holds under
-    /// `create_guid`, connected or not.
-    pub fn by_create_guid(&self, client_guid: [u8; 16], create_guid: [u8; 16]) -> Option<u64> {
+    /// A CREATE with a DH2Q context made `open`: its CreateGuid names it.
+    pub fn name_open(&self, open: &Open) {
+        if let Some(r) = &open.replay {
+            lock(&self.inner)
+                .by_guid
+                .insert(r.key, GuidEntry::Open(open.open_id));
+        }
+    }
+
+    /// A CREATE with a DH2Q context waits as `request`.
+    pub fn name_pending(&self, key: GuidKey, request: &Arc<PendingRequest>) {
         lock(&self.inner)
             .by_guid
-            .get(&(client_guid, create_guid))
-            .copied()
+            .insert(key, GuidEntry::Pending(Arc::downgrade(request)));
+    }
+
+    /// What `key` names; a waiting CREATE that ended meanwhile (cancelled,
+    /// its connection gone) names nothing.
+    pub fn by_create_guid(&self, key: GuidKey) -> Option<GuidEntry> {
+        let mut inner = lock(&self.inner);
+        match inner.by_guid.get(&key)? {
+            GuidEntry::Pending(r) if r.upgrade().is_none_or(|r| r.is_done()) => {
+                inner.by_guid.remove(&key);
+                None
+            }
+            e => Some(e.clone()),
+        }
     }
 
     /// Keeps `open` after its connection was lost, if it is durable and
@@ -173,12 +190,12 @@ impl DurableOpens {
 
     /// An open is closed for good: its CreateGuid is free again.
     pub fn closed(&self, open: &Open) {
-        let Some(k) = lock(&open.durable).as_ref().and_then(Durable::guid_key) else {
+        let Some(r) = &open.replay else {
             return;
         };
         let mut inner = lock(&self.inner);
-        if inner.by_guid.get(&k) == Some(&open.open_id) {
-            inner.by_guid.remove(&k);
+        if matches!(inner.by_guid.get(&r.key), Some(GuidEntry::Open(id)) if *id == open.open_id) {
+            inner.by_guid.remove(&r.key);
         }
     }
 

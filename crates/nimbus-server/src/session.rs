@@ -127,12 +127,24 @@ pub struct Open {
     /// Kept through a lost connection for a reconnect (MS-SMB2
     /// Open.IsDurable and what goes with it); None for other opens.
     pub durable: Mutex<Option<crate::durable::Durable>>,
+    /// Made by a CREATE with a DH2Q context: what a replay of that CREATE
+    /// needs.
+    pub replay: Option<ReplayOf>,
     /// A CREATE replayed with this open's CreateGuid gets this open back
     /// (MS-SMB2 Open.IsReplayEligible); cleared by the first other request
     /// on it, after which the client is known to have had the response.
     pub replay_eligible: AtomicBool,
+    /// MS-SMB2 Open.ChannelSequence (3.x): a WRITE, SET_INFO or IOCTL
+    /// naming an older one is refused (3.3.5.2.10).
+    pub channel_sequence: std::sync::atomic::AtomicU16,
     /// This open's place in the server-wide count of open files.
     pub _file_slot: OpenFileSlot,
+}
+
+/// The CREATE that made an open, as a replay of it is answered.
+pub struct ReplayOf {
+    pub key: crate::durable::GuidKey,
+    pub create_action: nimbus_wire::create::CreateAction,
 }
 
 /// What an `Open` is made of; `Open::new` adds the state every open
@@ -151,6 +163,8 @@ pub struct NewOpen {
     pub mode: u32,
     pub parent_lease: Option<LeaseId>,
     pub file_slot: OpenFileSlot,
+    pub replay: Option<ReplayOf>,
+    pub channel_sequence: u16,
 }
 
 impl Open {
@@ -172,7 +186,9 @@ impl Open {
             parent_lease: n.parent_lease,
             wrote: AtomicBool::new(false),
             durable: Mutex::new(None),
-            replay_eligible: AtomicBool::new(false),
+            replay_eligible: AtomicBool::new(n.replay.is_some()),
+            replay: n.replay,
+            channel_sequence: std::sync::atomic::AtomicU16::new(n.channel_sequence),
             _file_slot: n.file_slot,
         }
     }

@@ -118,6 +118,12 @@ pub fn chain_offsets(msg: &[u8], max: usize) -> impl Iterator<Item = usize> + '_
 }
 
 impl Header {
+    /// MS-SMB2 2.2.1.2: in a 3.x request the Status field holds the
+    /// ChannelSequence (low 16 bits) and 16 reserved bits.
+    pub fn channel_sequence(&self) -> u16 {
+        self.status.0 as u16
+    }
+
     pub fn parse(msg: &[u8]) -> WireResult<Header> {
         let mut r = Reader::new(msg);
         if r.array::<4>()? != PROTOCOL_ID {

@@ -22,7 +22,7 @@ use crate::fileinfo::{file_info, is_readonly, times_and_sizes};
 use crate::names::to_vfs_path;
 use crate::oplocks::Route;
 use crate::security::SessionCipher;
-use crate::session::{lock, NewOpen, Open, Session, SessionState, Tree};
+use crate::session::{lock, NewOpen, Open, ReplayOf, Session, SessionState, Tree};
 
 /// Why one attempt at a CREATE did not finish.
 enum Failed {
@@ -65,12 +65,16 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
         // A reconnect acts on nothing else the request says: not even its
         // fixed fields are checked (clients send them zeroed).
         DurableAsk::Reconnect(how) => return Ok(create_durable::reconnect(ctx, &req, how, out)?),
-        DurableAsk::V2(r) => {
-            if let Some(status) = create_durable::replay(ctx, &req, &r, out)? {
-                return Ok(status);
-            }
-        }
         _ => {}
+    }
+    let replay_key = match (durable, ctx.conn.negotiated()) {
+        (DurableAsk::V2(r), Some(n)) => Some((n.client_guid, r.create_guid)),
+        _ => None,
+    };
+    if let Some(key) = replay_key {
+        if let Some(status) = create_durable::replay(ctx, &req, key, out)? {
+            return Ok(status);
+        }
     }
     check_request(&req)?;
     let options = req.create_options;
@@ -247,7 +251,14 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
             if !ctx.server.oplocks.is_breaking(key) {
                 return Err(Failed::Raced);
             }
-            return super::deferred::defer(ctx, key, body, handle).map_err(Failed::Status);
+            let status = super::deferred::defer(ctx, key, body, handle).map_err(Failed::Status)?;
+            // A replay of this CREATE while it waits is told to come back.
+            if let (Some(k), Some(request)) =
+                (replay_key, ctx.resumed.as_ref().or(ctx.interim.as_ref()))
+            {
+                ctx.server.durables.name_pending(k, request);
+            }
+            return Ok(status);
         }
         if ask.sharing_violation {
             return Err(NtStatus::SHARING_VIOLATION.into());
@@ -357,6 +368,17 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
     }
 
     let info = file_info(&st, &dos, false);
+    let create_action = if created {
+        CreateAction::Created
+    } else {
+        match disposition {
+            CreateDisposition::Supersede => CreateAction::Superseded,
+            CreateDisposition::Overwrite | CreateDisposition::OverwriteIf => {
+                CreateAction::Overwritten
+            }
+            _ => CreateAction::Opened,
+        }
+    };
     let mut opens = lock(&session.opens);
     let volatile_id = ctx
         .server
@@ -381,6 +403,8 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
                 | opt::DELETE_ON_CLOSE),
         parent_lease,
         file_slot,
+        replay: replay_key.map(|key| ReplayOf { key, create_action }),
+        channel_sequence: ctx.hdr.channel_sequence(),
     }));
     ctx.server.opens.register(&open);
     opens.insert(volatile_id, open.clone());
@@ -417,24 +441,13 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
             oplock_level::LEASE
         }
     };
-    let create_action = if created {
-        CreateAction::Created
-    } else {
-        match disposition {
-            CreateDisposition::Supersede => CreateAction::Superseded,
-            CreateDisposition::Overwrite | CreateDisposition::OverwriteIf => {
-                CreateAction::Overwritten
-            }
-            _ => CreateAction::Opened,
-        }
-    };
     contexts.extend(create_durable::grant(
         ctx,
         &open,
         &durable,
         &granted_caching,
-        create_action,
     ));
+    ctx.server.durables.name_open(&open);
     ctx.chain_file_id = Some(file_id);
     CreateResponse {
         oplock_level,

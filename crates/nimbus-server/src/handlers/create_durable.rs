@@ -11,6 +11,7 @@ use nimbus_state::caching::{self, Granted};
 use nimbus_wire::create::{
     context_name, CreateAction, CreateContext, CreateRequest, CreateResponse,
 };
+
 use nimbus_wire::durable::{self as wire, ReconnectV2, RequestV2, ResponseV2};
 use nimbus_wire::header::flags;
 use nimbus_wire::oplock::{oplock_level, LeaseContext};
@@ -18,7 +19,7 @@ use nimbus_wire::{FileId, NtStatus};
 
 use crate::dispatch::Ctx;
 use crate::dosinfo::DosInfo;
-use crate::durable::{Durable, Owner};
+use crate::durable::{Durable, GuidEntry, GuidKey, Owner};
 use crate::fileinfo::{file_info, times_and_sizes};
 use crate::oplocks::Route;
 use crate::session::{lock, Open, SessionState};
@@ -113,40 +114,31 @@ pub fn grant(
     open: &Open,
     ask: &DurableAsk,
     granted: &Granted,
-    create_action: CreateAction,
 ) -> Option<CreateContext> {
     if open.is_dir || !caching_allows(granted) {
         return None;
     }
     let limits = &ctx.server.config.limits;
-    let (create_guid, timeout) = match ask {
-        DurableAsk::V1 => (None, limits.durable_handle_timeout),
-        DurableAsk::V2(r) => {
-            let timeout = match r.timeout_ms {
-                0 => limits.durable_handle_timeout,
-                ms => Duration::from_millis(ms as u64).min(limits.max_durable_handle_timeout),
-            };
-            (Some(r.create_guid), timeout)
-        }
+    let timeout = match ask {
+        DurableAsk::V1 => limits.durable_handle_timeout,
+        DurableAsk::V2(r) => match r.timeout_ms {
+            0 => limits.durable_handle_timeout,
+            ms => Duration::from_millis(ms as u64).min(limits.max_durable_handle_timeout),
+        },
         _ => return None,
     };
     let owner = owner(ctx).ok()?;
-    let client_guid = ctx.conn.negotiated()?.client_guid;
     ctx.server.durables.granted(
         open,
         Durable {
-            create_guid,
             timeout,
             persistent: false,
             owner,
-            client_guid,
-            create_action,
         },
     );
     let mut data = Vec::with_capacity(ResponseV2::LEN);
     let name = match ask {
         DurableAsk::V2(_) => {
-            open.replay_eligible.store(true, Ordering::Relaxed);
             ResponseV2 {
                 timeout_ms: timeout.as_millis().min(u32::MAX as u128) as u32,
                 flags: 0,
@@ -173,23 +165,27 @@ fn lease_asked(req: &CreateRequest) -> Option<LeaseContext> {
 /// A CREATE with a DH2Q whose CreateGuid names an open of this client that
 /// is still replay-eligible (MS-SMB2 3.3.5.9.10): with the replay flag it
 /// is answered with that open, as the first CREATE was; without it, the
-/// client reused a CreateGuid (DUPLICATE_OBJECTID). Ok(None): no such
-/// open, go on with a new one.
+/// client reused a CreateGuid (DUPLICATE_OBJECTID). A CreateGuid whose
+/// CREATE still waits for breaks gets FILE_NOT_AVAILABLE: the client may
+/// try again once that one is answered. Ok(None): no such open, go on
+/// with a new one.
 pub fn replay(
     ctx: &mut Ctx<'_>,
     req: &CreateRequest,
-    r: &RequestV2,
+    key: GuidKey,
     out: &mut Vec<u8>,
 ) -> Result<Option<NtStatus>, NtStatus> {
-    let Some(neg) = ctx.conn.negotiated() else {
-        return Ok(None);
-    };
-    let Some(open_id) = ctx
-        .server
-        .durables
-        .by_create_guid(neg.client_guid, r.create_guid)
-    else {
-        return Ok(None);
+    let open_id = match ctx.server.durables.by_create_guid(key) {
+        None => return Ok(None),
+        Some(GuidEntry::Open(id)) => id,
+        Some(GuidEntry::Pending(waiting)) => {
+            // The waiting CREATE itself, run again once its breaks ended.
+            let me = ctx.resumed.as_ref().map(|r| r.async_id());
+            if waiting.upgrade().map(|w| w.async_id()) == me {
+                return Ok(None);
+            }
+            return Err(NtStatus::FILE_NOT_AVAILABLE);
+        }
     };
     let Some(open) = ctx.server.opens.get(open_id) else {
         return Ok(None);
@@ -197,11 +193,18 @@ pub fn replay(
     if !open.replay_eligible.load(Ordering::Relaxed) {
         return Ok(None);
     }
+    let Some(create_action) = open.replay.as_ref().map(|r| r.create_action) else {
+        return Ok(None);
+    };
     let session = ctx.session()?.clone();
     let in_session = lock(&session.opens)
         .get(&open.volatile_id())
         .is_some_and(|o| Arc::ptr_eq(o, &open));
     if ctx.hdr.flags & flags::REPLAY_OPERATION == 0 || !in_session {
+        tracing::debug!(
+            "CreateGuid of open {open_id} reused (replay flag {}, same session {in_session})",
+            ctx.hdr.flags & flags::REPLAY_OPERATION != 0
+        );
         return Err(NtStatus::DUPLICATE_OBJECTID);
     }
     let (held, lease) = ctx.server.oplocks.held_by(open.file_key, open.open_id);
@@ -239,10 +242,9 @@ pub fn replay(
             _ => oplock_level::NONE,
         },
     };
-    let d = lock(&open.durable)
-        .clone()
-        .ok_or(NtStatus::DUPLICATE_OBJECTID)?;
-    if matches!(level, oplock_level::BATCH | oplock_level::LEASE) {
+    let durable = lock(&open.durable).clone();
+    if let Some(d) = durable.filter(|_| matches!(level, oplock_level::BATCH | oplock_level::LEASE))
+    {
         let mut data = Vec::with_capacity(ResponseV2::LEN);
         ResponseV2 {
             timeout_ms: d.timeout.as_millis().min(u32::MAX as u128) as u32,
@@ -266,7 +268,7 @@ pub fn replay(
     ctx.chain_file_id = Some(file_id);
     CreateResponse {
         oplock_level: level,
-        create_action: d.create_action,
+        create_action,
         info: times_and_sizes(&info),
         file_id,
         contexts,
@@ -299,7 +301,8 @@ pub fn reconnect(
         .ok_or(not_found)?;
     let d = lock(&open.durable).clone().ok_or(not_found)?;
     // A v1 open has no CreateGuid: only an all-zero one names it.
-    if create_guid.is_some_and(|g| g != d.create_guid.unwrap_or([0; 16])) {
+    let open_guid = open.replay.as_ref().map_or([0; 16], |r| r.key.1);
+    if create_guid.is_some_and(|g| g != open_guid) {
         return Err(not_found);
     }
     if !Arc::ptr_eq(&open.share, &tree.share) {
