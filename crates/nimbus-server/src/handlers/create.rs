@@ -61,11 +61,10 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
     };
     let smb3 = ctx.conn.negotiated().is_some_and(|n| n.dialect.is_smb3());
     let durable = DurableAsk::parse(&req, smb3)?;
-    match durable {
-        // A reconnect acts on nothing else the request says: not even its
-        // fixed fields are checked (clients send them zeroed).
-        DurableAsk::Reconnect(how) => return Ok(create_durable::reconnect(ctx, &req, how, out)?),
-        _ => {}
+    // A reconnect acts on nothing else the request says: not even its
+    // fixed fields are checked (clients send them zeroed).
+    if let DurableAsk::Reconnect(how) = durable {
+        return Ok(create_durable::reconnect(ctx, &req, how, out)?);
     }
     let replay_key = match (durable, ctx.conn.negotiated()) {
         (DurableAsk::V2(r), Some(n)) => Some((n.client_guid, r.create_guid)),
