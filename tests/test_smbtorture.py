@@ -51,13 +51,21 @@ SUITES = [
     "smb2.oplock",
     "smb2.lease",
     "smb2.rename",
+    "smb2.durable-open",
+    "smb2.durable-v2-open",
+    "smb2.durable-v2-delay",
+    "smb2.replay",
 ]
 KNOWN_FAILURES = Path(__file__).resolve().parent / "smbtorture" / "known-failures.txt"
 EXPECTED_SKIPS = Path(__file__).resolve().parent / "smbtorture" / "expected-skips.txt"
 SUITE_TIMEOUT = int(os.environ.get("NIMBUS_TORTURE_TIMEOUT", "180"))
 # Suites that wait out break acknowledgement timeouts (35 s, as on Windows
 # and Samba) several times take longer.
-SUITE_TIMEOUTS = {"smb2.lease": max(SUITE_TIMEOUT, 420), "smb2.oplock": max(SUITE_TIMEOUT, 300)}
+SUITE_TIMEOUTS = {
+    "smb2.lease": max(SUITE_TIMEOUT, 420),
+    "smb2.oplock": max(SUITE_TIMEOUT, 300),
+    "smb2.replay": max(SUITE_TIMEOUT, 300),
+}
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 _OUTCOMES = {

@@ -30,6 +30,15 @@ impl OpenRegistry {
         lock(&self.opens).get(&open_id).and_then(Weak::upgrade)
     }
 
+    /// Every open that `pred` picks.
+    pub fn matching(&self, pred: impl Fn(&Open) -> bool) -> Vec<Arc<Open>> {
+        lock(&self.opens)
+            .values()
+            .filter_map(Weak::upgrade)
+            .filter(|o| pred(o))
+            .collect()
+    }
+
     /// Whether `open_id` is open (not yet released).
     pub fn contains(&self, open_id: u64) -> bool {
         lock(&self.opens).contains_key(&open_id)

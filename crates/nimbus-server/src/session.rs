@@ -134,6 +134,12 @@ pub struct Open {
     /// (MS-SMB2 Open.IsReplayEligible); cleared by the first other request
     /// on it, after which the client is known to have had the response.
     pub replay_eligible: AtomicBool,
+    /// MS-SMB2 Open.AppInstanceId: a later durable CREATE of the same file
+    /// under the same id (an application failed over to another client
+    /// node) closes this open.
+    pub app_instance: Option<[u8; 16]>,
+    /// The session it belongs to (a reclaimed durable open moves).
+    session_id: AtomicU64,
     /// MS-SMB2 Open.ChannelSequence (3.x): a WRITE, SET_INFO or IOCTL
     /// naming an older one is refused (3.3.5.2.10).
     pub channel_sequence: std::sync::atomic::AtomicU16,
@@ -165,6 +171,8 @@ pub struct NewOpen {
     pub file_slot: OpenFileSlot,
     pub replay: Option<ReplayOf>,
     pub channel_sequence: u16,
+    pub app_instance: Option<[u8; 16]>,
+    pub session_id: u64,
 }
 
 impl Open {
@@ -189,6 +197,8 @@ impl Open {
             replay_eligible: AtomicBool::new(n.replay.is_some()),
             replay: n.replay,
             channel_sequence: std::sync::atomic::AtomicU16::new(n.channel_sequence),
+            app_instance: n.app_instance,
+            session_id: AtomicU64::new(n.session_id),
             _file_slot: n.file_slot,
         }
     }
@@ -205,9 +215,14 @@ impl Open {
         self.tree_id.load(Ordering::Relaxed)
     }
 
-    /// A reclaimed durable open is reached through its new tree under a
-    /// new volatile id.
-    pub fn reattach(&self, tree_id: u32, volatile_id: u64) {
+    pub fn session_id(&self) -> u64 {
+        self.session_id.load(Ordering::Relaxed)
+    }
+
+    /// A reclaimed durable open is reached through its new session and
+    /// tree under a new volatile id.
+    pub fn reattach(&self, session_id: u64, tree_id: u32, volatile_id: u64) {
+        self.session_id.store(session_id, Ordering::Relaxed);
         self.tree_id.store(tree_id, Ordering::Relaxed);
         self.volatile_id.store(volatile_id, Ordering::Relaxed);
     }

@@ -233,6 +233,10 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
     // (their cached writes flushed, their cached handles closed), and the
     // CREATE waits for their acknowledgements.
     let mut registered = None;
+    let app_instance = create_durable::app_instance(&req, &durable);
+    if let (Some(key), Some(id)) = (existing_key, app_instance) {
+        create_durable::close_app_instance(ctx, key, id);
+    }
     if let Some(key) = existing_key {
         ask.has_byte_range_locks = ctx.server.locks.has_locks(key);
         match ctx.server.share_modes.add_open(key, record) {
@@ -404,6 +408,8 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
         file_slot,
         replay: replay_key.map(|key| ReplayOf { key, create_action }),
         channel_sequence: ctx.hdr.channel_sequence(),
+        app_instance,
+        session_id: session.id,
     }));
     ctx.server.opens.register(&open);
     opens.insert(volatile_id, open.clone());

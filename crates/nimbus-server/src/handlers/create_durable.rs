@@ -336,7 +336,7 @@ pub fn reconnect(
         let v = ctx
             .server
             .new_volatile_id(open.open_id, |id| opens.contains_key(&id));
-        open.reattach(tree.id, v);
+        open.reattach(session.id, tree.id, v);
         opens.insert(v, open.clone());
         v
     };
@@ -395,4 +395,51 @@ pub fn reconnect(
 fn same_name(asked: &str, path: &str) -> bool {
     let asked = asked.trim_start_matches('\\').replace('\\', "/");
     asked.to_lowercase() == path.to_lowercase()
+}
+
+/// The AppInstanceId of a CREATE (MS-SMB2 2.2.13.2.13), heeded beside a
+/// DH2Q context on 3.x only.
+pub fn app_instance(req: &CreateRequest, ask: &DurableAsk) -> Option<[u8; 16]> {
+    if !matches!(ask, DurableAsk::V2(_)) {
+        return None;
+    }
+    let c = find(req, context_name::APP_INSTANCE_ID)?;
+    // StructureSize (20), Reserved, AppInstanceId.
+    if c.data.len() != 20 || c.data[..2] != 20u16.to_le_bytes() {
+        return None;
+    }
+    c.data[4..20].try_into().ok()
+}
+
+/// MS-SMB2 3.3.5.9.13: a durable CREATE of `file` under AppInstanceId `id`
+/// closes the other opens of that file made under the same id, without a
+/// break: the application moved to another client node and its old
+/// handles must not keep the file from it.
+pub fn close_app_instance(ctx: &Ctx<'_>, file: nimbus_state::FileKey, id: [u8; 16]) {
+    let server = ctx.server;
+    let old = server
+        .opens
+        .matching(|o| o.file_key == file && o.app_instance == Some(id));
+    for open in old {
+        if server.durables.purge(server, open.open_id) {
+            continue;
+        }
+        let Some((session, _)) = server.sessions.find(open.session_id()) else {
+            continue;
+        };
+        let removed = {
+            let mut opens = lock(&session.opens);
+            match opens.get(&open.volatile_id()) {
+                Some(o) if Arc::ptr_eq(o, &open) => opens.remove(&open.volatile_id()),
+                _ => None,
+            }
+        };
+        if let Some(open) = removed {
+            tracing::debug!(
+                "open {} closed by a CREATE of its AppInstanceId",
+                open.open_id
+            );
+            super::close::release(server, &open);
+        }
+    }
 }
