@@ -219,6 +219,8 @@ class Security:
     limits: dict[str, int] = field(default_factory=dict)
     # shares with guest_ok = true (nimbus only)
     guest_shares: set[str] = field(default_factory=set)
+    # more users of the user database, (name, password) (nimbus only)
+    extra_users: list[tuple[str, str]] = field(default_factory=list)
 
     def needs_config_file(self) -> bool:
         return (
@@ -300,6 +302,8 @@ class ServerFactory:
     def _start_nimbus(self, base, shares, share_paths, log_path, security: Security, nofile: int | None = None) -> Server:
         db = base / "users.db"
         add_user(db)
+        for name, password in security.extra_users:
+            add_user(db, name, password)
         env = dict(os.environ, RUST_BACKTRACE="1", NO_COLOR="1")  # plain log lines in the file
         verbose = ["-v"] if os.environ.get("NIMBUS_TEST_VERBOSE") == "1" else []
         last_error = None

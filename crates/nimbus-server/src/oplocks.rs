@@ -58,8 +58,9 @@ pub trait Notifier: Send + Sync {
 #[derive(Default)]
 pub struct LocalNotifier {
     routes: Mutex<HashMap<u64, Destination>>,
-    /// What a break to a disconnected durable open does instead: the
-    /// server closes that open (MS-SMB2 3.3.4.6-7 have no client to ask).
+    /// What a break that needs acknowledgement does to a disconnected
+    /// durable open instead: the server closes that open (MS-SMB2 3.3.4.6-7
+    /// have no client to ask).
     on_disconnected: std::sync::OnceLock<Box<dyn Fn(u64) + Send + Sync>>,
 }
 
@@ -87,11 +88,21 @@ impl Notifier for LocalNotifier {
         };
         match dest {
             Destination::Client(route) => Outbound { order, route }.send(),
-            Destination::Disconnected => {
+            // A break the holder must acknowledge (it caches writes or
+            // handles) cannot be, so the open goes; a break to none of
+            // read caching needs no answer and only changes the state the
+            // client finds when it reclaims the open.
+            Destination::Disconnected if order.ack_required => {
+                tracing::debug!(
+                    "break {:#x} -> {:#x} of disconnected open {open_id}: closing it",
+                    order.from,
+                    order.to
+                );
                 if let Some(f) = self.on_disconnected.get() {
                     f(open_id);
                 }
             }
+            Destination::Disconnected => {}
         }
     }
 }

@@ -298,6 +298,7 @@ pub fn reconnect(
         .server
         .durables
         .find_disconnected(file_id.persistent)
+        .or_else(|| disconnect_if_closing(ctx, file_id.persistent))
         .ok_or(not_found)?;
     let d = lock(&open.durable).clone().ok_or(not_found)?;
     // A v1 open has no CreateGuid: only an all-zero one names it.
@@ -388,6 +389,31 @@ pub fn reconnect(
     }
     .encode(out);
     Ok(NtStatus::SUCCESS)
+}
+
+/// A client reconnects as soon as it sees its connection fail; the server
+/// may not have finished tearing that connection down. A durable open
+/// still attached to a connection that is closing is disconnected now,
+/// rather than answering the reconnect OBJECT_NAME_NOT_FOUND.
+fn disconnect_if_closing(ctx: &Ctx<'_>, open_id: u64) -> Option<Arc<Open>> {
+    let server = ctx.server;
+    let open = server.opens.get(open_id)?;
+    if !open.is_durable() {
+        return None;
+    }
+    let (session, conn) = server.sessions.find(open.session_id())?;
+    if !conn.is_closing() {
+        return None;
+    }
+    let removed = {
+        let mut opens = lock(&session.opens);
+        match opens.get(&open.volatile_id()) {
+            Some(o) if Arc::ptr_eq(o, &open) => opens.remove(&open.volatile_id()),
+            _ => None,
+        }
+    }?;
+    crate::durable::keep_or_close(server, &removed);
+    server.durables.find_disconnected(open_id)
 }
 
 /// Whether the name of a reconnect names the open's file (share-relative,
