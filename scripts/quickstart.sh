@@ -40,4 +40,4 @@ echo "  smbclient //127.0.0.1/demo -p 4450 -U demo%demo-password -m SMB3_11"
 echo
 echo "Stop the server with Ctrl-C."
 echo
-exec "$nimbus" serve --listen 127.0.0.1:4450 --share demo=./demo/share --user-db ./demo/users.db
+exec "$nimbus" serve --listen 127.0.0.1:4450 --share demo=./demo/share --user-db ./demo/users.db --state-dir ./demo/state

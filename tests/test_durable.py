@@ -391,3 +391,60 @@ def test_bad_durable_limits_are_refused_naming_the_key(tmp_path, value):
     r = run_nimbus("config", "check", str(conf), check=False)
     assert r.returncode != 0
     assert "limits.durable_handle_timeout_secs" in r.stdout + r.stderr
+
+
+def test_damaged_or_misplaced_state_store_stops_the_start_naming_the_path(tmp_path):
+    """A store that cannot be opened is a reason not to start: never a
+    panic, never a silently empty store in its place."""
+    import subprocess
+
+    from conftest import add_user, nimbus_binary
+
+    db = tmp_path / "users.db"
+    add_user(db)
+    share = tmp_path / "share"
+    share.mkdir()
+    state = tmp_path / "state"
+    state.mkdir()
+    damaged = state / "state.redb"
+    damaged.write_bytes(b"this is not a redb file" * 10)
+    not_a_dir = tmp_path / "plain-file"
+    not_a_dir.write_text("x")
+    for state_dir, expect in ((state, str(damaged)), (not_a_dir, str(not_a_dir))):
+        r = subprocess.run(
+            [str(nimbus_binary()), "serve", "--listen", "127.0.0.1:0", "--user-db", str(db), "--share", f"data={share}", "--state-dir", str(state_dir)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        out = r.stdout + r.stderr
+        assert r.returncode != 0, out
+        assert expect in out, out
+        assert "panicked" not in out, out
+    assert damaged.read_bytes() == b"this is not a redb file" * 10
+
+
+def test_state_dir_is_created_private_and_reused(tmp_path):
+    import subprocess
+
+    from conftest import add_user, free_port, nimbus_binary, wait_for_port
+
+    db = tmp_path / "users.db"
+    add_user(db)
+    share = tmp_path / "share"
+    share.mkdir()
+    state = tmp_path / "demo" / "state"
+    for _ in range(2):
+        port = free_port()
+        proc = subprocess.Popen(
+            [str(nimbus_binary()), "serve", "--listen", f"127.0.0.1:{port}", "--user-db", str(db), "--share", f"data={share}", "--state-dir", str(state)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            wait_for_port("127.0.0.1", port, proc)
+        finally:
+            proc.kill()
+            proc.wait(timeout=10)
+        assert (state / "state.redb").is_file()
+        assert state.stat().st_mode & 0o777 == 0o700

@@ -65,6 +65,9 @@ pub struct ShareConfig {
 pub struct Config {
     pub listen: Vec<SocketAddr>,
     pub user_db: PathBuf,
+    /// Where the state that must outlive the process is kept (a redb
+    /// store); None: nowhere, and nothing outlives it.
+    pub state_dir: Option<PathBuf>,
     pub signing: SigningPolicy,
     /// Server-wide encryption policy: the default of every share (and of
     /// IPC$); see `Config::share_encryption`.
@@ -90,6 +93,7 @@ impl Default for Config {
         Config {
             listen: vec![SocketAddr::from(([127, 0, 0, 1], 445))],
             user_db: PathBuf::from("users.db"),
+            state_dir: None,
             signing: SigningPolicy::Required,
             encryption: EncryptionPolicy::Off,
             ciphers: CipherAlgorithm::ALL.to_vec(),
@@ -129,6 +133,7 @@ impl std::error::Error for ConfigError {}
 struct RawConfig {
     listen: Option<Vec<String>>,
     user_db: Option<PathBuf>,
+    state_dir: Option<PathBuf>,
     server_name: Option<String>,
     server_aliases: Option<Vec<String>>,
     workgroup: Option<String>,
@@ -229,7 +234,7 @@ impl Config {
             vec![err(
                 &format!("line {line}"),
                 msg,
-                "see README.md for the keys: listen, user_db, server_name, server_aliases, workgroup, [security] signing/encryption/ciphers/fips, [limits] (see README), [[share]] name/path/read_only/guest_ok/encryption",
+                "see README.md for the keys: listen, user_db, state_dir, server_name, server_aliases, workgroup, [security] signing/encryption/ciphers/fips, [limits] (see README), [[share]] name/path/read_only/guest_ok/encryption",
             )]
         })?;
         let mut errors = Vec::new();
@@ -260,6 +265,9 @@ impl Config {
         }
         if let Some(db) = raw.user_db {
             cfg.user_db = resolve(db);
+        }
+        if let Some(dir) = raw.state_dir {
+            cfg.state_dir = Some(resolve(dir));
         }
         if let Some(n) = raw.server_name {
             cfg.server_name = n;
@@ -431,12 +439,13 @@ mod tests {
     fn parses_the_documented_example() {
         let dir = std::env::temp_dir();
         let text = format!(
-            "listen = [\"127.0.0.1:4450\"]\nuser_db = \"users.db\"\n[security]\nsigning = \"required\"\n[[share]]\nname = \"data\"\npath = \"{}\"\nread_only = false\n",
+            "listen = [\"127.0.0.1:4450\"]\nuser_db = \"users.db\"\nstate_dir = \"state\"\n[security]\nsigning = \"required\"\n[[share]]\nname = \"data\"\npath = \"{}\"\nread_only = false\n",
             dir.display()
         );
         let cfg = Config::from_toml("t.toml", &text, Some(Path::new("/etc/nimbus"))).unwrap();
         assert_eq!(cfg.listen, vec!["127.0.0.1:4450".parse().unwrap()]);
         assert_eq!(cfg.user_db, PathBuf::from("/etc/nimbus/users.db"));
+        assert_eq!(cfg.state_dir, Some(PathBuf::from("/etc/nimbus/state")));
         assert_eq!(cfg.shares.len(), 1);
         assert_eq!(cfg.signing, SigningPolicy::Required);
     }

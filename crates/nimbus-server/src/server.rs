@@ -33,6 +33,8 @@ pub enum StartError {
         reason: String,
     },
     Runtime(String),
+    /// The state directory or its store could not be opened.
+    State(String),
 }
 
 impl std::fmt::Display for StartError {
@@ -45,6 +47,10 @@ impl std::fmt::Display for StartError {
             }
             StartError::Bind { addr, reason } => write!(f, "cannot listen on {addr}: {reason}"),
             StartError::Runtime(e) => write!(f, "{e}"),
+            StartError::State(e) => write!(
+                f,
+                "{e} (state_dir in the configuration, or --state-dir, names the directory)"
+            ),
         }
     }
 }
@@ -96,6 +102,8 @@ pub struct Server {
     pub durables: crate::durable::DurableOpens,
     /// Every session, found by id from any connection.
     pub sessions: crate::session_registry::SessionRegistry,
+    /// The store on disk in `state_dir`, for what must outlive the process.
+    pub disk_store: Option<Arc<dyn StateStore>>,
     next_session_id: AtomicU64,
     next_open_id: AtomicU64,
     /// Volatile FileIds equal the open id instead of being random: only for
@@ -203,6 +211,17 @@ impl Server {
         // One store for every kind of per-file record (memory on one node).
         let store: Arc<dyn StateStore> = Arc::new(MemoryStore::new());
         let max_inotify_watches = config.limits.max_inotify_watches;
+        // Opened before anything is served: a damaged or unwritable store is
+        // a reason not to start, never a silently empty one.
+        let disk_store = match &config.state_dir {
+            Some(dir) => {
+                let s = nimbus_state::RedbStore::open(dir)
+                    .map_err(|e| StartError::State(e.to_string()))?;
+                tracing::info!("state store {}", s.path().display());
+                Some(Arc::new(s) as Arc<dyn StateStore>)
+            }
+            None => None,
+        };
         let keep = crate::durable::KeepLimits {
             total: config.limits.max_durable_handles,
             per_user: config.limits.max_durable_handles_per_user,
@@ -224,6 +243,7 @@ impl Server {
             notify: crate::notify::ChangeNotify::new(max_inotify_watches),
             durables: crate::durable::DurableOpens::new(keep),
             sessions: Default::default(),
+            disk_store,
             next_session_id: AtomicU64::new(1),
             next_open_id: AtomicU64::new(1),
             predictable_file_ids: AtomicBool::new(false),

@@ -1,18 +1,24 @@
 //! Protocol state that more than one open (and, in a cluster, more than one
 //! node) must agree on. `StateStore` is the transactional key-value seam;
-//! `memory` is the single-node backend; `share_modes` keeps the opens of each
+//! `memory` is the single-node backend for what dies with the process,
+//! `redb_store` the one on disk for what must outlive it; `share_modes` keeps the opens of each
 //! file on top of it. Session keys and other secrets never go in here.
 
 pub mod byte_range;
 pub mod caching;
+/// The suite every `StateStore` backend passes.
+#[cfg(any(test, feature = "conformance"))]
+pub mod conformance;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod memory;
 pub mod records;
+pub mod redb_store;
 pub mod share_modes;
 pub mod store;
 
 pub use byte_range::{LockError, LockRange, RangeLock};
 pub use memory::MemoryStore;
+pub use redb_store::RedbStore;
 pub use share_modes::{FileKey, FileRecord, OpenRecord, ShareModes, SharingError};
 pub use store::{StateError, StateStore, Versioned};

@@ -75,40 +75,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn compare_and_set_semantics() {
-        let s = MemoryStore::new();
-        assert_eq!(s.get(b"a").unwrap(), None);
-        let v1 = s
-            .compare_and_set(b"a", None, Some(b"1".to_vec()))
-            .unwrap()
-            .unwrap();
-        // Creating again fails: the key exists.
-        assert_eq!(
-            s.compare_and_set(b"a", None, Some(b"x".to_vec())).unwrap(),
-            None
-        );
-        // A stale version fails.
-        assert_eq!(
-            s.compare_and_set(b"a", Some(v1 + 1), Some(b"x".to_vec()))
-                .unwrap(),
-            None
-        );
-        let v2 = s
-            .compare_and_set(b"a", Some(v1), Some(b"2".to_vec()))
-            .unwrap()
-            .unwrap();
-        assert!(v2 > v1);
-        assert_eq!(s.get(b"a").unwrap().unwrap().value, b"2");
-        s.compare_and_set(b"ab", None, Some(vec![])).unwrap();
-        s.compare_and_set(b"b", None, Some(vec![])).unwrap();
-        let keys: Vec<_> = s
-            .scan_prefix(b"a")
-            .unwrap()
-            .into_iter()
-            .map(|(k, _)| k)
-            .collect();
-        assert_eq!(keys, vec![b"a".to_vec(), b"ab".to_vec()]);
-        assert_eq!(s.compare_and_set(b"a", Some(v2), None).unwrap(), Some(0));
-        assert_eq!(s.get(b"a").unwrap(), None);
+    fn conforms() {
+        crate::conformance::run_all(&MemoryStore::new());
     }
 }

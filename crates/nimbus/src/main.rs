@@ -73,6 +73,10 @@ struct ServeArgs {
     /// User database file (see `nimbus user add`).
     #[arg(long)]
     user_db: Option<PathBuf>,
+    /// Directory of the state that must outlive the process (durable and
+    /// persistent handles); created with mode 0700.
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
     /// required: every authenticated request must be signed; auto: sign when the client asks.
     #[arg(long, value_parser = ["required", "auto"])]
     signing: Option<String>,
@@ -187,6 +191,9 @@ fn build_config(args: &ServeArgs) -> Result<Config, String> {
     }
     if let Some(db) = &args.user_db {
         cfg.user_db = db.clone();
+    }
+    if let Some(dir) = &args.state_dir {
+        cfg.state_dir = Some(dir.clone());
     }
     if let Some(s) = &args.signing {
         cfg.signing = if s == "auto" {

@@ -1,0 +1,167 @@
+//! What every `StateStore` backend must do, as one suite each backend's
+//! tests run (memory and redb here; etcd in the cluster): compare-and-set
+//! on versions, deletes, prefix scans in key order, records whole after
+//! the generic update loop, and refusal of damaged records.
+
+use crate::records::{self, Record};
+use crate::store::{StateError, StateStore};
+
+/// Runs every check against `store`, which must start empty.
+pub fn run_all(store: &dyn StateStore) {
+    compare_and_set(store);
+    scans_in_key_order(store);
+    updates_through_records(store);
+    concurrent_updates_lose_nothing(store);
+}
+
+fn compare_and_set(s: &dyn StateStore) {
+    assert_eq!(s.get(b"cas/a").unwrap(), None);
+    let v1 = s
+        .compare_and_set(b"cas/a", None, Some(b"1".to_vec()))
+        .unwrap()
+        .expect("created");
+    // Creating again fails: the key exists.
+    assert_eq!(
+        s.compare_and_set(b"cas/a", None, Some(b"x".to_vec()))
+            .unwrap(),
+        None
+    );
+    // A stale or made-up version fails.
+    assert_eq!(
+        s.compare_and_set(b"cas/a", Some(v1 + 1), Some(b"x".to_vec()))
+            .unwrap(),
+        None
+    );
+    let v2 = s
+        .compare_and_set(b"cas/a", Some(v1), Some(b"2".to_vec()))
+        .unwrap()
+        .expect("updated");
+    assert!(v2 > v1, "versions rise");
+    assert_eq!(s.get(b"cas/a").unwrap().unwrap().value, b"2");
+    assert_eq!(s.get(b"cas/a").unwrap().unwrap().version, v2);
+    // An empty value is a value, not a delete.
+    s.compare_and_set(b"cas/empty", None, Some(vec![]))
+        .unwrap()
+        .unwrap();
+    assert_eq!(s.get(b"cas/empty").unwrap().unwrap().value, b"");
+    // Deleting needs the current version, and deletes.
+    assert_eq!(s.compare_and_set(b"cas/a", Some(v1), None).unwrap(), None);
+    assert_eq!(
+        s.compare_and_set(b"cas/a", Some(v2), None).unwrap(),
+        Some(0)
+    );
+    assert_eq!(s.get(b"cas/a").unwrap(), None);
+    // A deleted key can be created again, with a new version.
+    let v3 = s
+        .compare_and_set(b"cas/a", None, Some(b"3".to_vec()))
+        .unwrap()
+        .unwrap();
+    assert!(v3 > v2);
+}
+
+fn scans_in_key_order(s: &dyn StateStore) {
+    for k in [&b"scan/b"[..], b"scan/a", b"scan/ab", b"scan0", b"scam/z"] {
+        s.compare_and_set(k, None, Some(k.to_vec()))
+            .unwrap()
+            .unwrap();
+    }
+    let keys: Vec<Vec<u8>> = s
+        .scan_prefix(b"scan/")
+        .unwrap()
+        .into_iter()
+        .map(|(k, v)| {
+            assert_eq!(k, v.value, "each key with its own value");
+            k
+        })
+        .collect();
+    assert_eq!(
+        keys,
+        vec![b"scan/a".to_vec(), b"scan/ab".to_vec(), b"scan/b".to_vec()]
+    );
+    assert!(s.scan_prefix(b"nothing/").unwrap().is_empty());
+    // Binary keys, high bytes included, sort as bytes.
+    s.compare_and_set(b"bin/\xff", None, Some(vec![1]))
+        .unwrap()
+        .unwrap();
+    s.compare_and_set(b"bin/\x00", None, Some(vec![0]))
+        .unwrap()
+        .unwrap();
+    let bin: Vec<u8> = s
+        .scan_prefix(b"bin/")
+        .unwrap()
+        .into_iter()
+        .map(|(_, v)| v.value[0])
+        .collect();
+    assert_eq!(bin, vec![0, 1]);
+}
+
+/// A counter record with the usual layout byte in front.
+#[derive(Default, Debug, PartialEq)]
+struct Counter(u32);
+
+impl Record for Counter {
+    fn encode(&self) -> Vec<u8> {
+        let mut v = vec![1u8];
+        v.extend_from_slice(&self.0.to_le_bytes());
+        v
+    }
+    fn decode(bytes: &[u8]) -> Result<Self, StateError> {
+        match bytes {
+            [1, a, b, c, d] => Ok(Counter(u32::from_le_bytes([*a, *b, *c, *d]))),
+            _ => Err(StateError::Corrupt("counter")),
+        }
+    }
+    fn is_empty(&self) -> bool {
+        self.0 == 0
+    }
+}
+
+fn updates_through_records(s: &dyn StateStore) {
+    let key = b"rec/counter";
+    for _ in 0..3 {
+        records::update::<Counter, _, StateError>(s, key, |c| {
+            c.0 += 1;
+            Ok(())
+        })
+        .unwrap();
+    }
+    assert_eq!(records::read::<Counter>(s, key).unwrap(), Counter(3));
+    // A rule that refuses changes nothing.
+    let refused = records::update::<Counter, (), StateError>(s, key, |c| {
+        c.0 = 99;
+        Err(StateError::Corrupt("refused"))
+    });
+    assert!(refused.is_err());
+    assert_eq!(records::read::<Counter>(s, key).unwrap(), Counter(3));
+    // An empty record is deleted.
+    records::update::<Counter, _, StateError>(s, key, |c| {
+        c.0 = 0;
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(s.get(key).unwrap(), None);
+    // A damaged value is an error, never a default.
+    s.compare_and_set(b"rec/damaged", None, Some(vec![9, 9]))
+        .unwrap()
+        .unwrap();
+    assert!(records::read::<Counter>(s, b"rec/damaged").is_err());
+    assert!(records::update::<Counter, _, StateError>(s, b"rec/damaged", |_| Ok(())).is_err());
+}
+
+fn concurrent_updates_lose_nothing(s: &dyn StateStore) {
+    let key = b"rec/concurrent";
+    std::thread::scope(|scope| {
+        for _ in 0..4 {
+            scope.spawn(|| {
+                for _ in 0..25 {
+                    records::update::<Counter, _, StateError>(s, key, |c| {
+                        c.0 += 1;
+                        Ok(())
+                    })
+                    .unwrap();
+                }
+            });
+        }
+    });
+    assert_eq!(records::read::<Counter>(s, key).unwrap(), Counter(100));
+}
