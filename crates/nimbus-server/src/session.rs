@@ -140,12 +140,21 @@ pub struct Open {
     pub app_instance: Option<[u8; 16]>,
     /// The session it belongs to (a reclaimed durable open moves).
     session_id: AtomicU64,
+    /// MS-SMB2 Open.LockSequenceArray: per bucket (1..=64), the sequence
+    /// number of the last LOCK that succeeded with it, or NO_LOCK_SEQUENCE;
+    /// kept by durable opens, whose client may replay a LOCK it sent before
+    /// a reconnect (3.3.5.14).
+    pub lock_sequences: Mutex<[u8; 64]>,
     /// MS-SMB2 Open.ChannelSequence (3.x): a WRITE, SET_INFO or IOCTL
     /// naming an older one is refused (3.3.5.2.10).
     pub channel_sequence: std::sync::atomic::AtomicU16,
     /// This open's place in the server-wide count of open files.
     pub _file_slot: OpenFileSlot,
 }
+
+/// An entry of `Open::lock_sequences` that holds no sequence number (they
+/// are 4 bits).
+pub const NO_LOCK_SEQUENCE: u8 = 0xFF;
 
 /// The CREATE that made an open, as a replay of it is answered.
 pub struct ReplayOf {
@@ -198,6 +207,7 @@ impl Open {
             replay: n.replay,
             channel_sequence: std::sync::atomic::AtomicU16::new(n.channel_sequence),
             app_instance: n.app_instance,
+            lock_sequences: Mutex::new([NO_LOCK_SEQUENCE; 64]),
             session_id: AtomicU64::new(n.session_id),
             _file_slot: n.file_slot,
         }

@@ -18,6 +18,8 @@ pub mod ctl_code {
     pub const FSCTL_VALIDATE_NEGOTIATE_INFO: u32 = 0x0014_0204;
     pub const FSCTL_GET_REPARSE_POINT: u32 = 0x0009_00A8;
     pub const FSCTL_CREATE_OR_GET_OBJECT_ID: u32 = 0x0009_00C0;
+    /// MS-SMB2 2.2.31.3: makes an open resilient.
+    pub const FSCTL_LMR_REQUEST_RESILIENCY: u32 = 0x0014_01D4;
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

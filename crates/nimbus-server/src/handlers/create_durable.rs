@@ -88,7 +88,7 @@ impl DurableAsk {
 }
 
 /// Who the request's session is logged on as.
-fn owner(ctx: &Ctx<'_>) -> Result<Owner, NtStatus> {
+pub(crate) fn owner(ctx: &Ctx<'_>) -> Result<Owner, NtStatus> {
     match &*lock(&ctx.session()?.state) {
         SessionState::Valid(a) => Ok(Owner {
             user: a.user.to_lowercase(),

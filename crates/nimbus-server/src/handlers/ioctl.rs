@@ -44,6 +44,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             object_id(&mut output, st.dev, st.ino);
         }
         // Not a DFS server: clients then use the path as it is.
+        ctl_code::FSCTL_LMR_REQUEST_RESILIENCY => request_resiliency(ctx, &req)?,
         ctl_code::FSCTL_DFS_GET_REFERRALS => return Err(NtStatus::NOT_FOUND),
         // No named pipes are served on IPC$.
         ctl_code::FSCTL_PIPE_TRANSCEIVE => return Err(NtStatus::NOT_SUPPORTED),
@@ -65,6 +66,40 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
 
 /// MS-SMB2 3.3.5.15.12: the client proves the NEGOTIATE was not tampered
 /// with; any mismatch means a downgrade attack and ends the connection.
+/// MS-SMB2 3.3.5.15.9: a resilient open is kept through a lost
+/// connection for the time asked (at most `max_durable_handle_timeout`),
+/// like a durable one, and its LOCKs are checked for replays.
+fn request_resiliency(ctx: &mut Ctx<'_>, req: &IoctlRequest<'_>) -> Result<(), NtStatus> {
+    let neg = ctx.conn.negotiated().ok_or(NtStatus::INVALID_PARAMETER)?;
+    if neg.dialect == nimbus_wire::negotiate::Dialect::Smb202 {
+        return Err(NtStatus::INVALID_DEVICE_REQUEST);
+    }
+    let open = ctx.open(req.file_id)?;
+    // NETWORK_RESILIENCY_REQUEST (MS-SMB2 2.2.31.3): Timeout, Reserved.
+    let timeout_ms = match req.input.get(..8) {
+        Some(b) => u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        None => return Err(NtStatus::INVALID_PARAMETER),
+    };
+    let limits = &ctx.server.config.limits;
+    let timeout = match timeout_ms {
+        0 => limits.durable_handle_timeout,
+        ms => std::time::Duration::from_millis(ms as u64),
+    };
+    if timeout > limits.max_durable_handle_timeout {
+        return Err(NtStatus::INVALID_PARAMETER);
+    }
+    let owner = super::create_durable::owner(ctx)?;
+    ctx.server.durables.granted(
+        &open,
+        crate::durable::Durable {
+            timeout,
+            persistent: false,
+            owner,
+        },
+    );
+    Ok(())
+}
+
 fn validate_negotiate(
     ctx: &mut Ctx<'_>,
     input: &[u8],

@@ -12,6 +12,7 @@ use nimbus_wire::NtStatus;
 use super::malformed;
 use crate::dispatch::{Ctx, HandlerResult};
 use crate::locks::Outcome;
+use crate::session::{lock, Open, NO_LOCK_SEQUENCE};
 
 /// What the elements of one request ask for, once validated.
 enum Asked {
@@ -58,6 +59,39 @@ fn validate(locks: &[LockElement]) -> Result<Asked, NtStatus> {
 pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
     let req = LockRequest::parse(body).map_err(malformed)?;
     let open = ctx.open(req.file_id)?;
+    let bucket = lock_sequence_bucket(&open, req.lock_sequence);
+    if let Some((i, seq)) = bucket {
+        let mut buckets = lock(&open.lock_sequences);
+        if buckets[i] == seq {
+            // The client sent this LOCK before: it took effect, and is not
+            // done twice.
+            drop(buckets);
+            encode_lock_response(out);
+            return Ok(NtStatus::SUCCESS);
+        }
+        // Until this one succeeds, a replay of it is no replay.
+        buckets[i] = NO_LOCK_SEQUENCE;
+    }
+    let result = run(ctx, &open, &req, out);
+    if let (Some((i, seq)), Ok(NtStatus::SUCCESS)) = (bucket, &result) {
+        lock(&open.lock_sequences)[i] = seq;
+    }
+    result
+}
+
+/// MS-SMB2 3.3.5.14: the LockSequence of a LOCK on a durable open names a
+/// bucket (index 1 to 64, the bits above the low four) and a sequence
+/// number (the low four bits); other indexes, and other opens, are not
+/// checked. Returns the bucket's place and the number.
+fn lock_sequence_bucket(open: &Open, lock_sequence: u32) -> Option<(usize, u8)> {
+    let index = (lock_sequence >> 4) as usize;
+    if !(1..=64).contains(&index) || !open.is_durable() {
+        return None;
+    }
+    Some((index - 1, (lock_sequence & 0xF) as u8))
+}
+
+fn run(ctx: &mut Ctx<'_>, open: &Open, req: &LockRequest, out: &mut Vec<u8>) -> HandlerResult {
     let asked = validate(&req.locks)?;
     let server = ctx.server.clone();
     let file = open.file_key;
