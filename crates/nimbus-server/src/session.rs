@@ -79,6 +79,15 @@ impl Session {
     pub fn open(&self, volatile: u64) -> Option<Arc<Open>> {
         lock(&self.opens).get(&volatile).cloned()
     }
+
+    /// Takes `open` out of the session, if it is still there.
+    pub fn take_open(&self, open: &Arc<Open>) -> Option<Arc<Open>> {
+        let mut opens = lock(&self.opens);
+        match opens.get(&open.volatile_id()) {
+            Some(o) if Arc::ptr_eq(o, open) => opens.remove(&open.volatile_id()),
+            _ => None,
+        }
+    }
 }
 
 pub struct Tree {

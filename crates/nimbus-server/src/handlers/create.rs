@@ -432,20 +432,8 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
         ctx.server.oplocks.contend_handles(key, open_id);
     }
     let mut contexts = contexts;
-    let oplock_level = match &granted_caching {
-        Granted::Oplock(level) => *level,
-        Granted::Lease {
-            state,
-            epoch,
-            breaking,
-            version,
-        } => {
-            if let Some(c) = lease_response(&req.contexts, *state, *epoch, *breaking, *version) {
-                contexts.push(c);
-            }
-            oplock_level::LEASE
-        }
-    };
+    let (oplock_level, lease) = caching_response(&req.contexts, &granted_caching);
+    contexts.extend(lease);
     contexts.extend(create_durable::grant(
         ctx,
         &open,
@@ -670,6 +658,26 @@ fn requested_caching(ctx: &Ctx<'_>, req: &CreateRequest) -> Result<Want, NtStatu
             .then_some(lease.parent_key),
         epoch: if version == 2 { lease.epoch } else { 0 },
     })
+}
+
+/// The OplockLevel of a CREATE response for what the open caches, and the
+/// lease context to answer with when that is a lease.
+pub(super) fn caching_response(
+    requested: &[CreateContext],
+    granted: &Granted,
+) -> (u8, Option<CreateContext>) {
+    match *granted {
+        Granted::Oplock(level) => (level, None),
+        Granted::Lease {
+            state,
+            epoch,
+            breaking,
+            version,
+        } => (
+            oplock_level::LEASE,
+            lease_response(requested, state, epoch, breaking, version),
+        ),
+    }
 }
 
 /// The lease context of the response (MS-SMB2 2.2.14.2.10/11), in the

@@ -360,25 +360,8 @@ pub fn reconnect(
         open.path(),
         ctx.conn.peer
     );
-    let mut contexts = Vec::new();
-    let level = match held {
-        Granted::Oplock(level) => level,
-        Granted::Lease {
-            state,
-            epoch,
-            breaking,
-            version,
-        } => {
-            contexts.extend(super::create::lease_response(
-                &req.contexts,
-                state,
-                epoch,
-                breaking,
-                version,
-            ));
-            oplock_level::LEASE
-        }
-    };
+    let (level, lease) = super::create::caching_response(&req.contexts, &held);
+    let contexts: Vec<CreateContext> = lease.into_iter().collect();
     ctx.chain_file_id = Some(file_id);
     CreateResponse {
         oplock_level: level,
@@ -405,13 +388,7 @@ fn disconnect_if_closing(ctx: &Ctx<'_>, open_id: u64) -> Option<Arc<Open>> {
     if !conn.is_closing() {
         return None;
     }
-    let removed = {
-        let mut opens = lock(&session.opens);
-        match opens.get(&open.volatile_id()) {
-            Some(o) if Arc::ptr_eq(o, &open) => opens.remove(&open.volatile_id()),
-            _ => None,
-        }
-    }?;
+    let removed = session.take_open(&open)?;
     crate::durable::keep_or_close(server, &removed);
     server.durables.find_disconnected(open_id)
 }
@@ -453,14 +430,7 @@ pub fn close_app_instance(ctx: &Ctx<'_>, file: nimbus_state::FileKey, id: [u8; 1
         let Some((session, _)) = server.sessions.find(open.session_id()) else {
             continue;
         };
-        let removed = {
-            let mut opens = lock(&session.opens);
-            match opens.get(&open.volatile_id()) {
-                Some(o) if Arc::ptr_eq(o, &open) => opens.remove(&open.volatile_id()),
-                _ => None,
-            }
-        };
-        if let Some(open) = removed {
+        if let Some(open) = session.take_open(&open) {
             tracing::debug!(
                 "open {} closed by a CREATE of its AppInstanceId",
                 open.open_id
