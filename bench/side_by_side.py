@@ -22,7 +22,8 @@ Metadata: smbtorture `smb2.bench.path-contention-shared` at each --nprocs
 (opens and closes of one shared path from N connections; the median of its
 per-second open rates, the first second dropped), bench/meta_loop.py
 (open, stat, close of many files, one directory per connection, nothing
-contended), bench/lock_loop.py, and bench/lease_break.py (the latency of an
+contended), bench/durable_loop.py (open/close with and without a durable
+v2 handle), bench/lock_loop.py, and bench/lease_break.py (the latency of an
 open that breaks another client's RWH lease, which that client acknowledges
 at once: median and p99).
 
@@ -52,6 +53,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 sys.path.insert(0, str(BENCH))
+import durable_loop  # noqa: E402
 import lease_break  # noqa: E402
 import lock_loop  # noqa: E402
 import meta_loop  # noqa: E402
@@ -245,6 +247,19 @@ def lease_round_trip(server: Server, iterations: int) -> tuple[float, float]:
         sys.exit(f"lease_break against {server.name}: {e}")
 
 
+def open_close_loop(server: Server, mode: str, workers: int, files: int, seconds: int) -> tuple[float, float]:
+    """bench/durable_loop.py; returns (open+close pairs per second, server
+    CPU microseconds per pair)."""
+    server.settle()
+    before = server.cpu()
+    try:
+        done, rate = durable_loop.run("127.0.0.1", server.port, SHARE, USER, PASSWORD, mode, workers, files, seconds)
+    except (durable_loop.BenchError, RuntimeError) as e:
+        sys.exit(f"durable_loop against {server.name}: {e}")
+    server.settle()
+    return rate, (server.cpu() - before) * 1e6 / done
+
+
 def metadata_loop(server: Server, workers: int, files: int, seconds: int) -> tuple[float, float]:
     """bench/meta_loop.py; returns (requests per second, server CPU
     microseconds per request)."""
@@ -300,7 +315,7 @@ def report(args, results: dict) -> list[str]:
                 if s and n:
                     lines.append(f"| {op} | {mode} | {s[0]:.0f} | {n[0]:.0f} | {ratio(n[0], s[0])} | {s[1]:.3f} | {n[1]:.3f} | {ratio(n[1], s[1])} |")
         lines.append("")
-    if any(k[0] in ("contention", "loop", "lock") for k in med):
+    if any(k[0] in ("contention", "loop", "lock", "open_close") for k in med):
         lines += [
             f"### Metadata ({args.seconds} s per run)",
             "",
@@ -314,6 +329,10 @@ def report(args, results: dict) -> list[str]:
         s, n = med.get(("loop", "Samba")), med.get(("loop", "Nimbus"))
         if s and n:
             lines.append(f"| meta_loop, {args.meta_workers} connections (create/query/close requests) | {s[0]:.0f} | {n[0]:.0f} | {ratio(n[0], s[0])} | {s[1]:.1f} | {n[1]:.1f} | {ratio(n[1], s[1])} |")
+        for mode, what in (("plain", "batch oplock"), ("durable", "batch oplock + durable v2 handle")):
+            s, n = med.get(("open_close", mode, "Samba")), med.get(("open_close", mode, "Nimbus"))
+            if s and n:
+                lines.append(f"| durable_loop {mode}, {args.meta_workers} connections, {what} (open+close pairs) | {s[0]:.0f} | {n[0]:.0f} | {ratio(n[0], s[0])} | {s[1]:.1f} | {n[1]:.1f} | {ratio(n[1], s[1])} |")
         for conns in args.lock_conns:
             s, n = med.get(("lock", conns, "Samba")), med.get(("lock", conns, "Nimbus"))
             if s and n:
@@ -396,7 +415,7 @@ def main() -> int:
     ap.add_argument("--lock-conns", type=int, nargs="+", default=[4, 16], help="lock_loop connection counts")
     ap.add_argument("--lease-iterations", type=int, default=300, help="opens per lease_break run")
     ap.add_argument("--modes", nargs="+", default=list(PROTECTION), choices=list(PROTECTION))
-    ap.add_argument("--only", choices=["throughput", "metadata"], help="run one half")
+    ap.add_argument("--only", choices=["throughput", "metadata", "durable"], help="run one half (or only the durable_loop rows)")
     ap.add_argument("--nimbus", default=str(REPO / "target" / "release" / "nimbus"))
     ap.add_argument("--output", default=str(REPO / "BENCHMARKS.md"))
     ap.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
@@ -435,7 +454,7 @@ def main() -> int:
             for rnd in range(args.rounds):
                 order = servers if rnd % 2 == 0 else servers[::-1]
                 print(f"round {rnd + 1} of {args.rounds}", flush=True)
-                if args.only != "metadata":
+                if args.only in (None, "throughput"):
                     for op in ("get", "put"):
                         if op == "put":
                             # Unmeasured: the first put after a series of gets
@@ -448,7 +467,13 @@ def main() -> int:
                                 r = transfer(s, mode, op, source, size)
                                 results.setdefault(("xfer", op, mode, s.name), []).append(r)
                                 print(f"  {op} {mode:<11} {s.name:<6} {r[0]:7.0f} MiB/s {r[1]:6.3f} s/GiB", flush=True)
-                if args.only != "throughput":
+                if args.only in (None, "metadata", "durable"):
+                    for mode in ("plain", "durable"):
+                        for s in order:
+                            r = open_close_loop(s, mode, args.meta_workers, 200, args.seconds)
+                            results.setdefault(("open_close", mode, s.name), []).append(r)
+                            print(f"  durable_loop {mode:<7} {s.name:<6} {r[0]:7.0f} pairs/s {r[1]:7.1f} µs/pair", flush=True)
+                if args.only in (None, "metadata"):
                     for n_procs in args.nprocs:
                         for s in order:
                             r = path_contention(s, n_procs, args.seconds)
