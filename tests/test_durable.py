@@ -448,3 +448,26 @@ def test_state_dir_is_created_private_and_reused(tmp_path):
             proc.wait(timeout=10)
         assert (state / "state.redb").is_file()
         assert state.stat().st_mode & 0o777 == 0o700
+
+
+def test_kept_handles_are_bounded_per_user(server_factory):
+    """[limits] max_durable_handles_per_user: a durable handle beyond it is
+    closed when its connection is lost (its lock freed), the others kept."""
+    srv = server_factory.start(security=Security(limits={"max_durable_handles_per_user": 1}))
+    guid = uuid.uuid4()
+    first = Client(srv, guid)
+    handles = []
+    for name in ("kept-a.txt", "kept-b.txt"):
+        create_guid, key = uuid.uuid4(), os.urandom(16)
+        f, _ = durable_open(first, name, create_guid, key)
+        first.lock(f.file_id, 0, 1, LockFlags.SMB2_LOCKFLAG_EXCLUSIVE_LOCK | LockFlags.SMB2_LOCKFLAG_FAIL_IMMEDIATELY)
+        handles.append((name, f.file_id, create_guid, key))
+    first.drop()
+    again = Client(srv, guid)
+    try:
+        results = [reconnect_status(again, name, fid, cg, key) for name, fid, cg, key in handles]
+        # One of the two was kept (whichever the teardown reached first).
+        assert sorted(results) == sorted([NtStatus.STATUS_SUCCESS, STATUS_OBJECT_NAME_NOT_FOUND]), results
+    finally:
+        again.close()
+    assert "max_durable_handles_per_user" in srv.log_tail(200)
