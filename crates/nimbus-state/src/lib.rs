@@ -9,6 +9,7 @@ pub mod caching;
 /// The suite every `StateStore` backend passes.
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
+pub mod durable_record;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod memory;

@@ -242,15 +242,15 @@ impl Record for LockList {
     }
 }
 
-fn put_len(w: &mut Vec<u8>, n: usize) {
+pub(crate) fn put_len(w: &mut Vec<u8>, n: usize) {
     w.extend_from_slice(&u32::try_from(n).unwrap_or(u32::MAX).to_le_bytes());
 }
 
 /// Reads a record front to back; running out is `Corrupt`, never a panic.
-struct Cursor<'a>(&'a [u8]);
+pub(crate) struct Cursor<'a>(pub(crate) &'a [u8]);
 
 impl Cursor<'_> {
-    fn take(&mut self, n: usize) -> Result<&[u8], StateError> {
+    pub(crate) fn take(&mut self, n: usize) -> Result<&[u8], StateError> {
         if self.0.len() < n {
             return Err(StateError::Corrupt("record truncated"));
         }
@@ -259,17 +259,17 @@ impl Cursor<'_> {
         Ok(head)
     }
 
-    fn array<const N: usize>(&mut self) -> Result<[u8; N], StateError> {
+    pub(crate) fn array<const N: usize>(&mut self) -> Result<[u8; N], StateError> {
         let mut a = [0; N];
         a.copy_from_slice(self.take(N)?);
         Ok(a)
     }
 
-    fn u8(&mut self) -> Result<u8, StateError> {
+    pub(crate) fn u8(&mut self) -> Result<u8, StateError> {
         Ok(self.array::<1>()?[0])
     }
 
-    fn flag(&mut self) -> Result<bool, StateError> {
+    pub(crate) fn flag(&mut self) -> Result<bool, StateError> {
         match self.u8()? {
             0 => Ok(false),
             1 => Ok(true),
@@ -277,21 +277,21 @@ impl Cursor<'_> {
         }
     }
 
-    fn u16(&mut self) -> Result<u16, StateError> {
+    pub(crate) fn u16(&mut self) -> Result<u16, StateError> {
         Ok(u16::from_le_bytes(self.array()?))
     }
 
-    fn u32(&mut self) -> Result<u32, StateError> {
+    pub(crate) fn u32(&mut self) -> Result<u32, StateError> {
         Ok(u32::from_le_bytes(self.array()?))
     }
 
-    fn u64(&mut self) -> Result<u64, StateError> {
+    pub(crate) fn u64(&mut self) -> Result<u64, StateError> {
         Ok(u64::from_le_bytes(self.array()?))
     }
 
     /// A count of items at least `min_size` bytes each: one the rest of
     /// the record cannot hold is refused before anything is allocated.
-    fn len(&mut self, min_size: usize) -> Result<usize, StateError> {
+    pub(crate) fn len(&mut self, min_size: usize) -> Result<usize, StateError> {
         let n = self.u32()? as usize;
         if n.saturating_mul(min_size) > self.0.len() {
             return Err(StateError::Corrupt("record count"));

@@ -1,0 +1,370 @@
+//! The record of a persistent (or, later, any durable) open: everything a
+//! server needs to rebuild the open after a restart, or on another node,
+//! so that its client can reclaim it (MS-SMB2 3.3.5.9.12). Never a session
+//! key: the client authenticates again and only the owner's name is kept.
+//!
+//! One versioned encoding (a layout byte first), shared by every store
+//! backend like the other records; a damaged or foreign value decodes to
+//! an error, never a panic or a default.
+
+use crate::byte_range::LockRange;
+use crate::caching::LeaseId;
+use crate::records::{put_len, Cursor, Record};
+use crate::share_modes::FileKey;
+use crate::store::StateError;
+
+/// Key prefix of open records: `open/` then the open id, big-endian (a scan
+/// lists them in id order).
+pub const OPEN_PREFIX: &[u8] = b"open/";
+
+/// Layout 1 of an open record.
+const OPEN_V1: u8 = 1;
+
+/// Strings (share name, path, user, domain) longer than this are refused:
+/// no name a server accepts comes near it.
+const MAX_STRING: usize = 64 * 1024;
+
+/// What the open caches, as its client will find it on reclaim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Caching {
+    #[default]
+    Nothing,
+    /// An oplock of this level (MS-SMB2 2.2.13 RequestedOplockLevel).
+    Oplock(u8),
+    Lease {
+        id: LeaseId,
+        state: u32,
+        epoch: u16,
+        version: u8,
+    },
+}
+
+/// Whether the client has been told about the open: a record written but
+/// never answered (the server stopped in between) is dropped at start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Answered {
+    #[default]
+    Not,
+    Yes,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DurableOpen {
+    pub open_id: u64,
+    pub file: FileKey,
+    pub share: String,
+    /// Share-relative, '/'-separated.
+    pub path: String,
+    pub access: u32,
+    pub share_access: u32,
+    /// CreateOptions kept with the open (write-through, delete-on-close...).
+    pub mode: u32,
+    pub position: u64,
+    pub delete_on_close: bool,
+    pub owner_user: String,
+    pub owner_domain: String,
+    pub client_guid: [u8; 16],
+    pub create_guid: [u8; 16],
+    /// Reclaim window after a restart or a lost connection.
+    pub timeout_ms: u32,
+    pub caching: Caching,
+    pub locks: Vec<LockRange>,
+    pub lock_sequences: [u8; 64],
+    pub create_action: u8,
+    pub answered: Answered,
+}
+
+impl Default for DurableOpen {
+    fn default() -> Self {
+        DurableOpen {
+            open_id: 0,
+            file: FileKey { dev: 0, ino: 0 },
+            share: String::new(),
+            path: String::new(),
+            access: 0,
+            share_access: 0,
+            mode: 0,
+            position: 0,
+            delete_on_close: false,
+            owner_user: String::new(),
+            owner_domain: String::new(),
+            client_guid: [0; 16],
+            create_guid: [0; 16],
+            timeout_ms: 0,
+            caching: Caching::Nothing,
+            locks: Vec::new(),
+            lock_sequences: [0xFF; 64],
+            create_action: 0,
+            answered: Answered::Not,
+        }
+    }
+}
+
+impl DurableOpen {
+    pub fn key(open_id: u64) -> Vec<u8> {
+        let mut k = OPEN_PREFIX.to_vec();
+        k.extend_from_slice(&open_id.to_be_bytes());
+        k
+    }
+}
+
+fn put_str(w: &mut Vec<u8>, s: &str) {
+    put_len(w, s.len());
+    w.extend_from_slice(s.as_bytes());
+}
+
+fn get_str(r: &mut Cursor<'_>) -> Result<String, StateError> {
+    let n = r.len(1)?;
+    if n > MAX_STRING {
+        return Err(StateError::Corrupt("open record string length"));
+    }
+    String::from_utf8(r.take(n)?.to_vec()).map_err(|_| StateError::Corrupt("open record string"))
+}
+
+impl Record for DurableOpen {
+    fn encode(&self) -> Vec<u8> {
+        let mut w = Vec::with_capacity(256 + self.path.len() + self.locks.len() * 17);
+        w.push(OPEN_V1);
+        w.extend_from_slice(&self.open_id.to_le_bytes());
+        w.extend_from_slice(&self.file.dev.to_le_bytes());
+        w.extend_from_slice(&self.file.ino.to_le_bytes());
+        put_str(&mut w, &self.share);
+        put_str(&mut w, &self.path);
+        w.extend_from_slice(&self.access.to_le_bytes());
+        w.extend_from_slice(&self.share_access.to_le_bytes());
+        w.extend_from_slice(&self.mode.to_le_bytes());
+        w.extend_from_slice(&self.position.to_le_bytes());
+        w.push(self.delete_on_close as u8);
+        put_str(&mut w, &self.owner_user);
+        put_str(&mut w, &self.owner_domain);
+        w.extend_from_slice(&self.client_guid);
+        w.extend_from_slice(&self.create_guid);
+        w.extend_from_slice(&self.timeout_ms.to_le_bytes());
+        match self.caching {
+            Caching::Nothing => w.push(0),
+            Caching::Oplock(level) => {
+                w.push(1);
+                w.push(level);
+            }
+            Caching::Lease {
+                id,
+                state,
+                epoch,
+                version,
+            } => {
+                w.push(2);
+                w.extend_from_slice(&id.client);
+                w.extend_from_slice(&id.key);
+                w.extend_from_slice(&state.to_le_bytes());
+                w.extend_from_slice(&epoch.to_le_bytes());
+                w.push(version);
+            }
+        }
+        put_len(&mut w, self.locks.len());
+        for l in &self.locks {
+            w.extend_from_slice(&l.offset.to_le_bytes());
+            w.extend_from_slice(&l.length.to_le_bytes());
+            w.push(l.exclusive as u8);
+        }
+        w.extend_from_slice(&self.lock_sequences);
+        w.push(self.create_action);
+        w.push(match self.answered {
+            Answered::Not => 0,
+            Answered::Yes => 1,
+        });
+        w
+    }
+
+    fn decode(bytes: &[u8]) -> Result<DurableOpen, StateError> {
+        let mut r = Cursor(bytes);
+        if r.u8()? != OPEN_V1 {
+            return Err(StateError::Corrupt("open record layout"));
+        }
+        let open_id = r.u64()?;
+        let file = FileKey {
+            dev: r.u64()?,
+            ino: r.u64()?,
+        };
+        let share = get_str(&mut r)?;
+        let path = get_str(&mut r)?;
+        let access = r.u32()?;
+        let share_access = r.u32()?;
+        let mode = r.u32()?;
+        let position = r.u64()?;
+        let delete_on_close = r.flag()?;
+        let owner_user = get_str(&mut r)?;
+        let owner_domain = get_str(&mut r)?;
+        let client_guid = r.array()?;
+        let create_guid = r.array()?;
+        let timeout_ms = r.u32()?;
+        let caching = match r.u8()? {
+            0 => Caching::Nothing,
+            1 => Caching::Oplock(r.u8()?),
+            2 => Caching::Lease {
+                id: LeaseId {
+                    client: r.array()?,
+                    key: r.array()?,
+                },
+                state: r.u32()?,
+                epoch: r.u16()?,
+                version: r.u8()?,
+            },
+            _ => return Err(StateError::Corrupt("open record caching")),
+        };
+        let n = r.len(17)?;
+        let mut locks = Vec::with_capacity(n);
+        for _ in 0..n {
+            locks.push(LockRange {
+                offset: r.u64()?,
+                length: r.u64()?,
+                exclusive: r.flag()?,
+            });
+        }
+        let lock_sequences = r.array()?;
+        let create_action = r.u8()?;
+        let answered = match r.u8()? {
+            0 => Answered::Not,
+            1 => Answered::Yes,
+            _ => return Err(StateError::Corrupt("open record answered")),
+        };
+        if !r.0.is_empty() {
+            return Err(StateError::Corrupt("open record trailing bytes"));
+        }
+        Ok(DurableOpen {
+            open_id,
+            file,
+            share,
+            path,
+            access,
+            share_access,
+            mode,
+            position,
+            delete_on_close,
+            owner_user,
+            owner_domain,
+            client_guid,
+            create_guid,
+            timeout_ms,
+            caching,
+            locks,
+            lock_sequences,
+            create_action,
+            answered,
+        })
+    }
+
+    /// An open record is never empty: it is deleted when its open closes.
+    fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records;
+    use crate::{MemoryStore, StateStore};
+
+    fn sample() -> DurableOpen {
+        let mut seqs = [0xFF; 64];
+        seqs[0] = 3;
+        seqs[63] = 15;
+        DurableOpen {
+            open_id: 0x0102_0304_0506_0708,
+            file: FileKey { dev: 2049, ino: 77 },
+            share: "ca".into(),
+            path: "dir/Ledger Ü.xlsx".into(),
+            access: 0x0012_019F,
+            share_access: 0x3,
+            mode: 0x20,
+            position: 4096,
+            delete_on_close: false,
+            owner_user: "alice".into(),
+            owner_domain: "NIMBUS".into(),
+            client_guid: [7; 16],
+            create_guid: [9; 16],
+            timeout_ms: 60_000,
+            caching: Caching::Lease {
+                id: LeaseId {
+                    client: [7; 16],
+                    key: [5; 16],
+                },
+                state: 0x3,
+                epoch: 4,
+                version: 2,
+            },
+            locks: vec![
+                LockRange {
+                    offset: 0,
+                    length: 100,
+                    exclusive: true,
+                },
+                LockRange {
+                    offset: u64::MAX - 1,
+                    length: 1,
+                    exclusive: false,
+                },
+            ],
+            lock_sequences: seqs,
+            create_action: 2,
+            answered: Answered::Yes,
+        }
+    }
+
+    #[test]
+    fn round_trips() {
+        let r = sample();
+        assert_eq!(DurableOpen::decode(&r.encode()).unwrap(), r);
+        let plain = DurableOpen {
+            caching: Caching::Oplock(9),
+            locks: vec![],
+            answered: Answered::Not,
+            ..sample()
+        };
+        assert_eq!(DurableOpen::decode(&plain.encode()).unwrap(), plain);
+        let nothing = DurableOpen::default();
+        assert_eq!(DurableOpen::decode(&nothing.encode()).unwrap(), nothing);
+    }
+
+    #[test]
+    fn damage_is_an_error_never_a_panic() {
+        let bytes = sample().encode();
+        for n in 0..bytes.len() {
+            assert!(DurableOpen::decode(&bytes[..n]).is_err(), "{n} bytes");
+        }
+        let mut v = bytes.clone();
+        v[0] = 2;
+        assert!(DurableOpen::decode(&v).is_err(), "unknown layout");
+        let mut v = bytes.clone();
+        v.push(0);
+        assert!(DurableOpen::decode(&v).is_err(), "trailing bytes");
+        // A string length beyond the record (or beyond any real name).
+        let mut v = vec![OPEN_V1];
+        v.extend_from_slice(&[0; 24]);
+        v.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert!(DurableOpen::decode(&v).is_err(), "huge string");
+        // Every single-byte change decodes to an error or to some record,
+        // never a panic.
+        for i in 0..bytes.len() {
+            let mut v = bytes.clone();
+            v[i] ^= 0xA5;
+            let _ = DurableOpen::decode(&v);
+        }
+    }
+
+    #[test]
+    fn kept_in_a_store_by_open_id() {
+        let store = MemoryStore::new();
+        let r = sample();
+        let key = DurableOpen::key(r.open_id);
+        assert!(key.starts_with(OPEN_PREFIX));
+        records::update::<DurableOpen, _, StateError>(&store, &key, |rec| {
+            *rec = r.clone();
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(records::read::<DurableOpen>(&store, &key).unwrap(), r);
+        let listed = store.scan_prefix(OPEN_PREFIX).unwrap();
+        assert_eq!(listed.len(), 1);
+    }
+}
