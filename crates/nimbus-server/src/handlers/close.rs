@@ -10,7 +10,8 @@ use super::malformed;
 use crate::dispatch::{Ctx, HandlerResult};
 use crate::dosinfo::DosInfo;
 use crate::fileinfo::{file_info, times_and_sizes};
-use crate::server::Server;
+use crate::server::{Server, Share};
+use nimbus_state::FileKey;
 use crate::session::{lock, Open};
 
 pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
@@ -73,6 +74,22 @@ pub fn release(server: &Server, open: &Open) {
     // Its oplock or its share of a lease goes last: CREATEs waiting for its
     // break acknowledgement go on, and must find its share modes gone.
     server.oplocks.forget(open.file_key, open.open_id);
+}
+
+/// A CREATE that was counted among a file's opens and then did not go on
+/// (it waits for breaks, or failed after) found itself the last open of a
+/// delete-pending file: the file goes now, as it would have at the close
+/// of the open before it.
+pub fn delete_abandoned(server: &Server, share: &Share, path: &str, is_dir: bool, file: FileKey) {
+    let Some(fs) = share.fs.as_ref() else {
+        return;
+    };
+    let _own = server.notify.own_change(share, &[path]);
+    match fs.remove_if(path, is_dir, (file.dev, file.ino)) {
+        Ok(()) => server.notify.removed(share, path, is_dir),
+        Err(VfsError::Changed) | Err(VfsError::NotFound) => {}
+        Err(e) => tracing::warn!("delete-on-close of {path} failed: {e}"),
+    }
 }
 
 /// Returns whether the file was removed.

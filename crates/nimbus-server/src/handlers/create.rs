@@ -247,7 +247,7 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
         let contention = ctx.server.oplocks.contend(key, &ask);
         if contention.wait {
             if !ask.sharing_violation {
-                let _ = ctx.server.share_modes.remove_open(key, open_id);
+                abandon(ctx, &share, &path, is_dir, key, open_id);
             }
             // The breaks went to disconnected durable opens, which closed
             // instead: nothing is left to wait for.
@@ -269,7 +269,7 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
         registered = Some(key);
     }
     let unregister = |key: FileKey| {
-        let _ = ctx.server.share_modes.remove_open(key, open_id);
+        abandon(ctx, &share, &path, is_dir, key, open_id);
         ctx.server.oplocks.forget(key, open_id);
     };
 
@@ -451,6 +451,21 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
     }
     .encode(out);
     Ok(NtStatus::SUCCESS)
+}
+
+/// Takes a CREATE that did not go on out of the file's opens; if that left
+/// a delete-pending file without opens, the file goes (as at a close).
+fn abandon(
+    ctx: &Ctx<'_>,
+    share: &crate::server::Share,
+    path: &str,
+    is_dir: bool,
+    key: FileKey,
+    open_id: u64,
+) {
+    if let Ok(true) = ctx.server.share_modes.remove_open(key, open_id) {
+        super::close::delete_abandoned(ctx.server, share, path, is_dir, key);
+    }
 }
 
 /// Access bits no object type defines (MS-DTYP 2.4.3 ACCESS_MASK: bits

@@ -720,15 +720,27 @@ impl ChangeNotify {
             Err(_) => true,
         };
         if gone {
-            self.report(
-                fs.root_path(),
-                &[Change {
-                    action: NotifyAction::Removed,
-                    filter: name_filter(open.is_dir),
-                    path: &path,
-                }],
-            );
+            self.removed(&open.share, &path, open.is_dir);
         }
+    }
+
+    /// `path` of `share` was removed through SMB: watches of its directory
+    /// see it REMOVED.
+    pub fn removed(&self, share: &Share, path: &str, is_dir: bool) {
+        if self.nobody_watches() {
+            return;
+        }
+        let Some(fs) = share.fs.as_ref() else {
+            return;
+        };
+        self.report(
+            fs.root_path(),
+            &[Change {
+                action: NotifyAction::Removed,
+                filter: name_filter(is_dir),
+                path,
+            }],
+        );
     }
 
     /// `open` closed and other opens of its file remain: if it is a
