@@ -1,6 +1,7 @@
 //! MS-SMB2 3.3.5.10 Receiving an SMB2 CLOSE Request, and the release of an
 //! open (share modes, delete-on-close) that every way of closing shares.
 
+use nimbus_state::FileKey;
 use nimbus_vfs::VfsError;
 use nimbus_wire::close::{CloseRequest, CloseResponse, FLAG_POSTQUERY_ATTRIB};
 use nimbus_wire::create::FileTimesAndSizes;
@@ -11,7 +12,6 @@ use crate::dispatch::{Ctx, HandlerResult};
 use crate::dosinfo::DosInfo;
 use crate::fileinfo::{file_info, times_and_sizes};
 use crate::server::{Server, Share};
-use nimbus_state::FileKey;
 use crate::session::{lock, Open};
 
 pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
