@@ -58,6 +58,9 @@ pub struct ShareConfig {
     pub guest_ok: bool,
     /// Overrides the server-wide `[security] encryption` for this share.
     pub encryption: Option<EncryptionPolicy>,
+    /// Continuously available (MS-SMB2 Share.IsCA): 3.x clients may ask
+    /// for persistent handles, kept in `state_dir` through a restart.
+    pub continuous_availability: bool,
 }
 
 /// The validated configuration the server runs with.
@@ -162,6 +165,8 @@ struct RawShare {
     #[serde(default)]
     guest_ok: bool,
     encryption: Option<String>,
+    #[serde(default)]
+    continuous_availability: bool,
 }
 
 const ENCRYPTION_FIX: &str =
@@ -234,7 +239,7 @@ impl Config {
             vec![err(
                 &format!("line {line}"),
                 msg,
-                "see README.md for the keys: listen, user_db, state_dir, server_name, server_aliases, workgroup, [security] signing/encryption/ciphers/fips, [limits] (see README), [[share]] name/path/read_only/guest_ok/encryption",
+                "see README.md for the keys: listen, user_db, state_dir, server_name, server_aliases, workgroup, [security] signing/encryption/ciphers/fips, [limits] (see README), [[share]] name/path/read_only/guest_ok/encryption/continuous_availability",
             )]
         })?;
         let mut errors = Vec::new();
@@ -356,7 +361,18 @@ impl Config {
                 read_only: s.read_only,
                 guest_ok: s.guest_ok,
                 encryption,
+                continuous_availability: s.continuous_availability,
             });
+            if s.continuous_availability && cfg.state_dir.is_none() {
+                errors.push(err(
+                    &format!("share[{i}].continuous_availability"),
+                    "a continuously available share keeps its persistent handles in the state \
+                     directory, and none is configured"
+                        .into(),
+                    "set the top-level key state_dir = \"/var/lib/nimbus\" (a directory only \
+                     the server can read), or remove continuous_availability",
+                ));
+            }
         }
         let wants_encryption = cfg.encryption != EncryptionPolicy::Off
             || cfg
@@ -503,6 +519,7 @@ mod tests {
             read_only: false,
             guest_ok: false,
             encryption: Some(EncryptionPolicy::Off),
+            continuous_availability: false,
         });
         assert!(!cfg.encrypt_whole_session());
         assert!(!cfg.refuse_clear_sessions());

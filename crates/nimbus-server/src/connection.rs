@@ -121,6 +121,8 @@ pub struct Outgoing {
     /// once it is written, their final responses may follow (never before,
     /// or the client would see an interim for a finished request).
     pub interims: Vec<Arc<crate::pending::PendingRequest>>,
+    /// Run once the frame is written.
+    pub on_sent: Vec<crate::dispatch::OnSent>,
 }
 
 impl Outgoing {
@@ -129,11 +131,17 @@ impl Outgoing {
             buf,
             start,
             interims: Vec::new(),
+            on_sent: Vec::new(),
         }
     }
 
     pub fn with_interims(mut self, interims: Vec<Arc<crate::pending::PendingRequest>>) -> Outgoing {
         self.interims = interims;
+        self
+    }
+
+    pub fn with_on_sent(mut self, on_sent: Vec<crate::dispatch::OnSent>) -> Outgoing {
+        self.on_sent = on_sent;
         self
     }
 }
@@ -482,7 +490,7 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slo
             // was processed (a pending LOCK ended by a CLOSE) goes out
             // before that frame's response, as the client expects. What
             // they may hold is bounded (see `send_unsolicited`).
-            let (out, in_flight) = tokio::select! {
+            let (mut out, in_flight) = tokio::select! {
                 biased;
                 r = async_rx.recv(), if async_open => match r {
                     Some(out) => (out, None),
@@ -505,6 +513,9 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slo
             }
             for request in &out.interims {
                 request.interim_written();
+            }
+            for f in std::mem::take(&mut out.on_sent) {
+                f();
             }
             writer_conn.pool.give(out.buf);
             drop(in_flight);

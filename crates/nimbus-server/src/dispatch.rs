@@ -27,6 +27,8 @@ use crate::session::{lock, Open, Session, SessionState, Tree};
 /// still carries a body. An `Err` becomes an SMB2 ERROR response.
 pub type HandlerResult = Result<NtStatus, NtStatus>;
 type Handler = fn(&mut Ctx<'_>, &[u8], &mut Vec<u8>) -> HandlerResult;
+/// Something to do once a response is on its way to the client.
+pub type OnSent = Box<dyn FnOnce() + Send>;
 
 /// What a command needs before its handler may run (MS-SMB2 3.3.5.2.9,
 /// 3.3.5.2.11): a valid session, and a tree connect.
@@ -105,6 +107,9 @@ pub struct Ctx<'a> {
     pub went_async: Option<u64>,
     /// The request `go_async` registered.
     pub interim: Option<Arc<PendingRequest>>,
+    /// Run once this request's response has been written to the socket
+    /// (a persistent open's record is marked answered).
+    pub on_sent: Vec<OnSent>,
     /// A request already answered STATUS_PENDING that is being run again
     /// (a CREATE retried once the breaks it waited for ended): if it must
     /// wait once more, it waits as this same request.
@@ -299,6 +304,8 @@ pub(crate) struct Chain {
     session_ok: bool,
     /// Requests of the chain answered with an interim response.
     interims: Vec<Arc<PendingRequest>>,
+    /// What the chain's handlers asked to run once the frame is sent.
+    on_sent: Vec<OnSent>,
 }
 
 /// Processes one received frame; returns the frame to send back (if any).
@@ -457,7 +464,11 @@ fn run_chain(
         }
         let len = out.len() - 4;
         out[..4].copy_from_slice(&nimbus_wire::nbss::frame_header(len));
-        return Some(Outgoing::new(out, 0).with_interims(chain.interims));
+        return Some(
+            Outgoing::new(out, 0)
+                .with_interims(chain.interims)
+                .with_on_sent(chain.on_sent),
+        );
     }
     // Sign each response over its bytes including its padding.
     for i in 0..responses.len() {
@@ -474,7 +485,11 @@ fn run_chain(
     let len = out.len() - RESPONSE_START;
     let start = RESPONSE_START - 4;
     out[start..RESPONSE_START].copy_from_slice(&nimbus_wire::nbss::frame_header(len));
-    Some(Outgoing::new(out, start).with_interims(chain.interims))
+    Some(
+        Outgoing::new(out, start)
+            .with_interims(chain.interims)
+            .with_on_sent(chain.on_sent),
+    )
 }
 
 /// What runs the rest of a chain after its request `request` completes:
@@ -607,6 +622,7 @@ fn handle_one(
         went_async: None,
         interim: None,
         resumed: None,
+        on_sent: Vec::new(),
     };
     let mut sign_session: Option<Arc<Session>> = None;
     let result = check_and_run(
@@ -647,6 +663,7 @@ fn handle_one(
     if let (Some(_), Some(request)) = (async_id, ctx.interim.take()) {
         chain.interims.push(request);
     }
+    chain.on_sent.append(&mut ctx.on_sent);
     if async_id.is_some() {
         out.truncate(body_start);
         encode_error(out, &[]);

@@ -34,6 +34,9 @@ pub struct Durable {
     pub timeout: Duration,
     pub persistent: bool,
     pub owner: Owner,
+    /// Persistent opens: the CREATE's response has been written (a record
+    /// of one never answered is dropped at start).
+    pub answered: bool,
 }
 
 /// (ClientGuid, CreateGuid) of a CREATE with a DH2Q context: a CreateGuid
@@ -181,6 +184,16 @@ impl DurableOpens {
         let kept = inner.disconnected.remove(&open_id)?;
         inner.forget_kept(open_id, &kept);
         Some(kept.open)
+    }
+
+    /// Whether a persistent open of `file` waits for its client to
+    /// reclaim it: other clients' conflicting opens are refused meanwhile
+    /// (STATUS_FILE_NOT_AVAILABLE) rather than closing it.
+    pub fn persistent_waits(&self, file: nimbus_state::FileKey) -> bool {
+        lock(&self.inner)
+            .disconnected
+            .values()
+            .any(|k| k.open.file_key == file && k.open.is_persistent())
     }
 
     /// How many opens are kept disconnected.

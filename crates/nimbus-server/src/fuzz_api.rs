@@ -50,6 +50,7 @@ pub fn server(dir: &Path) -> Result<Arc<Server>, String> {
             read_only: false,
             guest_ok: true,
             encryption: None,
+            continuous_availability: false,
         }],
         ..Config::default()
     };

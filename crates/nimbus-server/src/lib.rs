@@ -28,6 +28,7 @@ mod open_files;
 mod open_registry;
 mod oplocks;
 mod pending;
+mod persist;
 mod security;
 mod server;
 mod session;

@@ -37,6 +37,18 @@ pub enum Outcome {
     Waiting,
 }
 
+impl Outcome {
+    /// Ok when granted; the refusal otherwise (a request that could wait
+    /// was not asked to).
+    pub fn granted(self) -> Result<(), NtStatus> {
+        match self {
+            Outcome::Granted => Ok(()),
+            Outcome::Refused(s) => Err(s),
+            Outcome::Waiting => Err(NtStatus::LOCK_NOT_GRANTED),
+        }
+    }
+}
+
 #[derive(Default)]
 struct Local {
     /// Files whose record holds at least one lock.
@@ -236,6 +248,27 @@ impl ByteRangeLocks {
             local.waiting.remove(&file);
         }
         found
+    }
+
+    /// The ranges `owner` holds on `file` (a persistent open's record
+    /// keeps them).
+    pub fn held_by(&self, file: FileKey, owner: u64) -> Vec<LockRange> {
+        match records::read::<LockList>(&*self.store, &file.record_key(LOCKS_PREFIX)) {
+            Ok(list) => list
+                .0
+                .iter()
+                .filter(|l| l.owner == owner)
+                .map(|l| LockRange {
+                    offset: l.offset,
+                    length: l.length,
+                    exclusive: l.exclusive,
+                })
+                .collect(),
+            Err(e) => {
+                store_failed(file, e);
+                Vec::new()
+            }
+        }
     }
 
     /// Whether the file has any byte-range lock (no read or handle caching

@@ -61,8 +61,11 @@ pub struct LocalNotifier {
     /// What a break that needs acknowledgement does to a disconnected
     /// durable open instead: the server closes that open (MS-SMB2 3.3.4.6-7
     /// have no client to ask).
-    on_disconnected: std::sync::OnceLock<Box<dyn Fn(u64) + Send + Sync>>,
+    on_disconnected: std::sync::OnceLock<DisconnectedBreak>,
 }
+
+/// What the server does with a break for a disconnected durable open.
+type DisconnectedBreak = Box<dyn Fn(u64, BreakOrder) + Send + Sync>;
 
 #[derive(Clone)]
 enum Destination {
@@ -99,7 +102,7 @@ impl Notifier for LocalNotifier {
                     order.to
                 );
                 if let Some(f) = self.on_disconnected.get() {
-                    f(open_id);
+                    f(open_id, order);
                 }
             }
             Destination::Disconnected => {}
@@ -280,7 +283,7 @@ impl Oplocks {
 
     /// Sets what a break to a disconnected durable open does (the server
     /// closes that open); once, at start.
-    pub fn on_disconnected_break(&self, f: Box<dyn Fn(u64) + Send + Sync>) {
+    pub fn on_disconnected_break(&self, f: DisconnectedBreak) {
         let _ = self.notifier.on_disconnected.set(f);
     }
 
@@ -294,6 +297,18 @@ impl Oplocks {
     /// connection.
     pub fn attach(&self, open_id: u64, route: Route) {
         self.notifier.register(open_id, route);
+    }
+
+    /// Acknowledges `order` on behalf of a holder that cannot (a
+    /// persistent open waiting for its client): its state goes to what the
+    /// break asked at once.
+    pub fn acknowledge_for(&self, file: FileKey, open_id: u64, order: BreakOrder) {
+        let _ = match order.holder {
+            Holder::Lease(id) => self.ack_lease(id, order.to),
+            Holder::Oplock(_) => {
+                Some(self.ack_oplock(file, open_id, caching::oplock_level(order.to)))
+            }
+        };
     }
 
     /// Whether breaks on `file` await acknowledgement.

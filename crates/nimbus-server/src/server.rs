@@ -67,6 +67,8 @@ pub struct Share {
     pub encryption: EncryptionPolicy,
     /// FILETIME reported as the volume's creation time.
     pub created: u64,
+    /// Continuously available: persistent handles may be granted here.
+    pub continuous_availability: bool,
 }
 
 impl Share {
@@ -176,6 +178,7 @@ impl Server {
                 guest_ok: s.guest_ok,
                 encryption: config.share_encryption(Some(s)),
                 created: start_time,
+                continuous_availability: s.continuous_availability,
             }));
         }
         shares.push(Arc::new(Share {
@@ -185,6 +188,7 @@ impl Server {
             guest_ok: false,
             encryption: config.share_encryption(None),
             created: start_time,
+            continuous_availability: false,
         }));
         let auth = Authenticator::new(
             provider.clone(),
@@ -254,12 +258,35 @@ impl Server {
         let weak = Arc::downgrade(&server);
         server
             .oplocks
-            .on_disconnected_break(Box::new(move |open_id| {
-                if let Some(s) = weak.upgrade() {
-                    s.durables.purge(&s, open_id);
+            .on_disconnected_break(Box::new(move |open_id, order| {
+                let Some(s) = weak.upgrade() else {
+                    return;
+                };
+                // A persistent open stays for its client: the break is
+                // taken as acknowledged instead (its write caching goes).
+                match s.durables.find_disconnected(open_id) {
+                    Some(open) if open.is_persistent() => {
+                        s.oplocks.acknowledge_for(open.file_key, open_id, order)
+                    }
+                    _ => {
+                        s.durables.purge(&s, open_id);
+                    }
                 }
             }));
+        // Persistent handles of the last run wait for their clients.
+        let restored =
+            crate::persist::restore(&server).map_err(|e| StartError::State(e.to_string()))?;
+        if restored > 0 {
+            tracing::info!("{restored} persistent handle(s) restored from the state store");
+        }
         Ok(server)
+    }
+
+    /// Whether 3.x clients are offered persistent handles (MS-SMB2
+    /// SMB2_GLOBAL_CAP_PERSISTENT_HANDLES): some share is continuously
+    /// available, and there is a store on disk to keep them in.
+    pub fn offers_persistent_handles(&self) -> bool {
+        self.disk_store.is_some() && self.shares.iter().any(|s| s.continuous_availability)
     }
 
     pub fn find_share(&self, name: &str) -> Option<Arc<Share>> {
@@ -280,6 +307,12 @@ impl Server {
 
     pub fn new_open_id(&self) -> u64 {
         self.next_open_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// An open id restored from the store: new opens get higher ones.
+    pub fn reserve_open_id(&self, id: u64) {
+        self.next_open_id
+            .fetch_max(id.saturating_add(1), Ordering::Relaxed);
     }
 
     /// The volatile half of a new open's FileId, one that `taken` (the

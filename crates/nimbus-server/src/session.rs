@@ -122,6 +122,8 @@ pub struct Open {
     pub path: Mutex<String>,
     pub is_dir: bool,
     pub access: u32,
+    /// ShareAccess it was opened with (a persistent open's record keeps it).
+    pub share_access: u32,
     pub file_key: FileKey,
     pub delete_on_close: AtomicBool,
     pub position: AtomicU64,
@@ -191,6 +193,7 @@ pub struct NewOpen {
     pub channel_sequence: u16,
     pub app_instance: Option<[u8; 16]>,
     pub session_id: u64,
+    pub share_access: u32,
 }
 
 impl Open {
@@ -204,6 +207,7 @@ impl Open {
             path: Mutex::new(n.path),
             is_dir: n.is_dir,
             access: n.access,
+            share_access: n.share_access,
             file_key: n.file_key,
             delete_on_close: AtomicBool::new(n.delete_on_close),
             position: AtomicU64::new(0),
@@ -248,5 +252,9 @@ impl Open {
 
     pub fn is_durable(&self) -> bool {
         lock(&self.durable).is_some()
+    }
+
+    pub fn is_persistent(&self) -> bool {
+        lock(&self.durable).as_ref().is_some_and(|d| d.persistent)
     }
 }

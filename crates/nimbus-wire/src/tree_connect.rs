@@ -19,6 +19,10 @@ pub mod share_flags {
     pub const ENCRYPT_DATA: u32 = 0x0000_8000;
 }
 
+/// MS-SMB2 2.2.10 Capabilities: the share is continuously available
+/// (persistent handles may be asked for).
+pub const SHARE_CAP_CONTINUOUS_AVAILABILITY: u32 = 0x0000_0010;
+
 /// MS-SMB2 2.2.9: with EXTENSION_PRESENT (3.1.1) the path offset is
 /// relative to the extension; the server reads PathOffset either way.
 pub const FLAG_EXTENSION_PRESENT: u16 = 0x0004;

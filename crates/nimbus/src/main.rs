@@ -214,6 +214,7 @@ fn build_config(args: &ServeArgs) -> Result<Config, String> {
                 read_only: false,
                 guest_ok: false,
                 encryption: None,
+                continuous_availability: false,
             });
         }
     }

@@ -42,6 +42,7 @@ pub fn release(server: &Server, open: &Open) {
     server.locks.release_open(open.file_key, open.open_id);
     server.opens.forget(open.open_id);
     server.durables.closed(open);
+    crate::persist::forget(server, open);
     // Its changes kept for the close are reported; its watch ends.
     server.notify.closed(open);
     let sm = &server.share_modes;

@@ -241,6 +241,12 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
         ask.has_byte_range_locks = ctx.server.locks.has_locks(key);
         match ctx.server.share_modes.add_open(key, record) {
             Ok(()) => {}
+            // A persistent open waits for its client to reclaim it after a
+            // restart or a lost connection: it is not taken from it
+            // (MS-SMB2 3.3.5.9: STATUS_FILE_NOT_AVAILABLE).
+            Err(SharingError::Violation) if ctx.server.durables.persistent_waits(key) => {
+                return Err(NtStatus::FILE_NOT_AVAILABLE.into())
+            }
             Err(SharingError::Violation) => ask.sharing_violation = true,
             Err(e) => return Err(sharing_status(&e).into()),
         }
@@ -410,6 +416,7 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
         channel_sequence: ctx.hdr.channel_sequence(),
         app_instance,
         session_id: session.id,
+        share_access: req.share_access & 0x7,
     }));
     ctx.server.opens.register(&open);
     opens.insert(volatile_id, open.clone());

@@ -110,12 +110,22 @@ fn caching_allows(granted: &Granted) -> bool {
 /// Grants durability to a new open as `ask` asks and its caching allows;
 /// returns the response context to add.
 pub fn grant(
-    ctx: &Ctx<'_>,
-    open: &Open,
+    ctx: &mut Ctx<'_>,
+    open: &Arc<Open>,
     ask: &DurableAsk,
     granted: &Granted,
 ) -> Option<CreateContext> {
-    if open.is_dir || !caching_allows(granted) {
+    // A persistent handle (MS-SMB2 3.3.5.9.10): asked for on a
+    // continuously available share, granted whatever is cached.
+    let persistent = match ask {
+        DurableAsk::V2(r) => {
+            r.flags & wire::FLAG_PERSISTENT != 0
+                && open.share.continuous_availability
+                && ctx.server.disk_store.is_some()
+        }
+        _ => false,
+    };
+    if open.is_dir || !(persistent || caching_allows(granted)) {
         return None;
     }
     let limits = &ctx.server.config.limits;
@@ -132,16 +142,40 @@ pub fn grant(
         open,
         Durable {
             timeout,
-            persistent: false,
+            persistent,
             owner,
+            answered: false,
         },
     );
+    // Its record is on disk before the client hears of it; marked
+    // answered once the response is written. A store that fails leaves a
+    // durable handle that is not persistent, and the client is told so.
+    let persistent = persistent
+        && match crate::persist::save(ctx.server, open) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::error!(
+                    "persistent open {} not recorded ({e}): granted as durable only",
+                    open.open_id
+                );
+                if let Some(d) = lock(&open.durable).as_mut() {
+                    d.persistent = false;
+                }
+                false
+            }
+        };
+    if persistent {
+        let server = ctx.server.clone();
+        let open = open.clone();
+        ctx.on_sent
+            .push(Box::new(move || crate::persist::answered(&server, &open)));
+    }
     let mut data = Vec::with_capacity(ResponseV2::LEN);
     let name = match ask {
         DurableAsk::V2(_) => {
             ResponseV2 {
                 timeout_ms: timeout.as_millis().min(u32::MAX as u128) as u32,
-                flags: 0,
+                flags: if persistent { wire::FLAG_PERSISTENT } else { 0 },
             }
             .encode(&mut data);
             context_name::DURABLE_HANDLE_REQUEST_V2
@@ -197,10 +231,17 @@ pub fn replay(
         return Ok(None);
     };
     let session = ctx.session()?.clone();
-    let in_session = lock(&session.opens)
+    let mut in_session = lock(&session.opens)
         .get(&open.volatile_id())
         .is_some_and(|o| Arc::ptr_eq(o, &open));
-    if ctx.hdr.flags & flags::REPLAY_OPERATION == 0 || !in_session {
+    let replaying = ctx.hdr.flags & flags::REPLAY_OPERATION != 0;
+    if replaying && !in_session {
+        // A replay from a new connection after the first one was lost
+        // (MS-SMB2 3.2.7.1): the open kept for its client comes to this
+        // session, as a reconnect would bring it.
+        in_session = reclaim_for_replay(ctx, &open)?;
+    }
+    if !replaying || !in_session {
         tracing::debug!(
             "CreateGuid of open {open_id} reused (replay flag {}, same session {in_session})",
             ctx.hdr.flags & flags::REPLAY_OPERATION != 0
@@ -248,7 +289,7 @@ pub fn replay(
         let mut data = Vec::with_capacity(ResponseV2::LEN);
         ResponseV2 {
             timeout_ms: d.timeout.as_millis().min(u32::MAX as u128) as u32,
-            flags: 0,
+            flags: if d.persistent { wire::FLAG_PERSISTENT } else { 0 },
         }
         .encode(&mut data);
         contexts.push(CreateContext {
@@ -288,7 +329,6 @@ pub fn reconnect(
     out: &mut Vec<u8>,
 ) -> Result<NtStatus, NtStatus> {
     let tree = ctx.tree()?.clone();
-    let session = ctx.session()?.clone();
     let (file_id, create_guid) = match how {
         Reconnect::V1(id) => (id, None),
         Reconnect::V2(r) => (r.file_id, Some(r.create_guid)),
@@ -332,6 +372,53 @@ pub fn reconnect(
     let info = times_and_sizes(&file_info(&st, &DosInfo::load(&open.handle), false));
     // Another reconnect, the open's expiry or a purge may have come first.
     let open = ctx.server.durables.claim(open.open_id).ok_or(not_found)?;
+    let file_id = attach(ctx, &open)?;
+    tracing::debug!(
+        "durable open {} ({}) reclaimed from {}",
+        open.open_id,
+        open.path(),
+        ctx.conn.peer
+    );
+    let (level, lease) = super::create::caching_response(&req.contexts, &held);
+    let contexts: Vec<CreateContext> = lease.into_iter().collect();
+    ctx.chain_file_id = Some(file_id);
+    CreateResponse {
+        oplock_level: level,
+        create_action: CreateAction::Opened,
+        info,
+        file_id,
+        contexts,
+    }
+    .encode(out);
+    Ok(NtStatus::SUCCESS)
+}
+
+/// A replayed CREATE names a disconnected durable open of its own user on
+/// the request's share: it is claimed for the request's session.
+fn reclaim_for_replay(ctx: &Ctx<'_>, open: &Arc<Open>) -> Result<bool, NtStatus> {
+    let server = ctx.server;
+    let Some(d) = lock(&open.durable).clone() else {
+        return Ok(false);
+    };
+    if server.durables.find_disconnected(open.open_id).is_none()
+        || !Arc::ptr_eq(&open.share, &ctx.tree()?.share)
+        || owner(ctx)? != d.owner
+    {
+        return Ok(false);
+    }
+    let Some(open) = server.durables.claim(open.open_id) else {
+        return Ok(false);
+    };
+    attach(ctx, &open)?;
+    Ok(true)
+}
+
+/// Puts a claimed disconnected open in the request's session and tree
+/// under a new volatile id, with breaks going to this connection; returns
+/// its FileId.
+fn attach(ctx: &Ctx<'_>, open: &Arc<Open>) -> Result<FileId, NtStatus> {
+    let session = ctx.session()?.clone();
+    let tree = ctx.tree()?.clone();
     let volatile = {
         let mut opens = lock(&session.opens);
         let v = ctx
@@ -354,24 +441,7 @@ pub fn reconnect(
             seal: super::create::break_cipher(&session, &tree),
         },
     );
-    tracing::debug!(
-        "durable open {} ({}) reclaimed from {}",
-        open.open_id,
-        open.path(),
-        ctx.conn.peer
-    );
-    let (level, lease) = super::create::caching_response(&req.contexts, &held);
-    let contexts: Vec<CreateContext> = lease.into_iter().collect();
-    ctx.chain_file_id = Some(file_id);
-    CreateResponse {
-        oplock_level: level,
-        create_action: CreateAction::Opened,
-        info,
-        file_id,
-        contexts,
-    }
-    .encode(out);
-    Ok(NtStatus::SUCCESS)
+    Ok(file_id)
 }
 
 /// A client reconnects as soon as it sees its connection fail; the server

@@ -108,6 +108,7 @@ impl Resume {
             went_async: None,
             interim: None,
             resumed: Some(self.request.clone()),
+            on_sent: Vec::new(),
         };
         let mut out = Vec::new();
         let opens_a_file = self.hdr.command == Command::Create as u16;
@@ -118,7 +119,13 @@ impl Resume {
                 if let Some(id) = opened {
                     self.request.set_file_id(id);
                 }
-                if !self.request.complete(status, |o| o.extend_from_slice(&out)) {
+                if self.request.complete(status, |o| o.extend_from_slice(&out)) {
+                    // Queued for the writer: as good as sent for what
+                    // waits on it (the final response goes out next).
+                    for f in std::mem::take(&mut ctx.on_sent) {
+                        f();
+                    }
+                } else {
                     // Cancelled while it ran: the open it made is not the
                     // client's; close it again.
                     if let Some(id) = opened {

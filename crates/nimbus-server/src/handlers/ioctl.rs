@@ -95,6 +95,7 @@ fn request_resiliency(ctx: &mut Ctx<'_>, req: &IoctlRequest<'_>) -> Result<(), N
             timeout,
             persistent: false,
             owner,
+            answered: true,
         },
     );
     Ok(())

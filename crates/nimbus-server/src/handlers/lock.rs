@@ -76,6 +76,9 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     if let (Some((i, seq)), Ok(NtStatus::SUCCESS)) = (bucket, &result) {
         lock(&open.lock_sequences)[i] = seq;
     }
+    if let Ok(NtStatus::SUCCESS) = result {
+        crate::persist::changed(ctx.server, &open);
+    }
     result
 }
 

@@ -94,6 +94,9 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         // Directory leases (MS-SMB2 3.3.5.4): 3.x only, as v2 lease
         // contexts are.
         caps |= capabilities::DIRECTORY_LEASING;
+        if ctx.server.offers_persistent_handles() {
+            caps |= capabilities::PERSISTENT_HANDLES;
+        }
     }
     if matches!(dialect, Dialect::Smb300 | Dialect::Smb302)
         && req.capabilities & capabilities::ENCRYPTION != 0

@@ -64,6 +64,13 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         );
         return Err(NtStatus::INSUFFICIENT_RESOURCES);
     }
+    // MS-SMB2 2.2.10: SMB2_SHARE_CAP_CONTINUOUS_AVAILABILITY, for 3.x.
+    let smb3 = ctx.conn.negotiated().is_some_and(|n| n.dialect.is_smb3());
+    let capabilities = if smb3 && share.continuous_availability && ctx.server.disk_store.is_some() {
+        nimbus_wire::tree_connect::SHARE_CAP_CONTINUOUS_AVAILABILITY
+    } else {
+        0
+    };
     let id = session.next_tree_id();
     let share_type = if share.is_ipc() {
         ShareType::Pipe
@@ -86,7 +93,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     TreeConnectResponse {
         share_type,
         share_flags: flags,
-        capabilities: 0,
+        capabilities,
         maximal_access,
     }
     .encode(out);

@@ -1,0 +1,334 @@
+//! Persistent handles (MS-SMB2 3.3.5.9.10 with SMB2_DHANDLE_FLAG_PERSISTENT,
+//! on a continuously available share): the open's record goes to the store
+//! on disk (`state_dir`) before its CREATE is answered, follows its locks,
+//! is marked answered once the response is written, and goes when the open
+//! closes. At start, every answered record is opened again and kept
+//! disconnected for its client to reclaim; a record never answered (the
+//! server stopped between writing it and sending the response) is dropped.
+//!
+//! What a restart loses on purpose: write caching. A restored open holds
+//! its lease without W (an oplock no more than level II): its client
+//! flushes what it cached when it reconnects, and nobody waits on a break
+//! it cannot acknowledge meanwhile.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nimbus_state::caching::{self, Granted, OpenAsk, Want};
+use nimbus_state::durable_record::{Answered, Caching, DurableOpen, OPEN_PREFIX};
+use nimbus_state::{records, FileKey, OpenRecord, StateError};
+use nimbus_vfs::{CreateMode, Kind, OpenOptions};
+use nimbus_wire::create::CreateAction;
+use nimbus_wire::fscc::access;
+use nimbus_wire::FileId;
+
+use crate::durable::{Durable, Owner};
+use crate::oplocks::Route;
+use crate::server::Server;
+use crate::session::{lock, NewOpen, Open, ReplayOf};
+
+/// Writes `open`'s record as it stands now. Errors are the caller's: a
+/// CREATE whose record could not be written is answered without the
+/// persistent flag.
+pub fn save(server: &Server, open: &Open) -> Result<(), StateError> {
+    let Some(store) = server.disk_store.as_ref() else {
+        return Err(StateError::Unavailable("no state_dir".into()));
+    };
+    // Held until the record is written: two saves of one open (a LOCK's
+    // and the answered mark's) write in turn, the later one seeing all the
+    // earlier one did.
+    let guard = lock(&open.durable);
+    let Some(d) = guard.as_ref().filter(|d| d.persistent) else {
+        return Ok(());
+    };
+    let (granted, lease) = server.oplocks.held_by(open.file_key, open.open_id);
+    let caching = match (granted, lease) {
+        (
+            Granted::Lease {
+                state,
+                epoch,
+                version,
+                ..
+            },
+            Some(id),
+        ) => Caching::Lease {
+            id,
+            state,
+            epoch,
+            version,
+        },
+        (Granted::Oplock(level), _) if level != caching::OPLOCK_NONE => Caching::Oplock(level),
+        _ => Caching::Nothing,
+    };
+    let (client_guid, create_guid, create_action) = match &open.replay {
+        Some(r) => (r.key.0, r.key.1, r.create_action as u8),
+        None => ([0; 16], [0; 16], CreateAction::Opened as u8),
+    };
+    let record = DurableOpen {
+        open_id: open.open_id,
+        file: open.file_key,
+        share: open.share.name.clone(),
+        path: open.path(),
+        access: open.access,
+        share_access: open.share_access,
+        mode: open.mode.load(std::sync::atomic::Ordering::Relaxed),
+        position: open.position.load(std::sync::atomic::Ordering::Relaxed),
+        delete_on_close: open
+            .delete_on_close
+            .load(std::sync::atomic::Ordering::Relaxed),
+        owner_user: d.owner.user.clone(),
+        owner_domain: d.owner.domain.clone(),
+        client_guid,
+        create_guid,
+        timeout_ms: d.timeout.as_millis().min(u32::MAX as u128) as u32,
+        caching,
+        locks: server.locks.held_by(open.file_key, open.open_id),
+        lock_sequences: *lock(&open.lock_sequences),
+        create_action,
+        answered: if d.answered {
+            Answered::Yes
+        } else {
+            Answered::Not
+        },
+    };
+    let written = records::update::<DurableOpen, _, StateError>(
+        &**store,
+        &DurableOpen::key(open.open_id),
+        |r| {
+            *r = record.clone();
+            Ok(())
+        },
+    );
+    drop(guard);
+    written
+}
+
+/// Saves a persistent open after a change (its locks); a store that fails
+/// is logged: the change itself stands, the record is behind.
+pub fn changed(server: &Server, open: &Open) {
+    if !open.is_persistent() {
+        return;
+    }
+    if let Err(e) = save(server, open) {
+        tracing::error!("persistent open {}: record not updated: {e}", open.open_id);
+    }
+}
+
+/// The CREATE's response was written: the record now names a handle the
+/// client knows.
+pub fn answered(server: &Server, open: &Open) {
+    if let Some(d) = lock(&open.durable).as_mut() {
+        d.answered = true;
+    }
+    changed(server, open);
+}
+
+/// `open` closed for good: its record goes.
+pub fn forget(server: &Server, open: &Open) {
+    if !open.is_persistent() {
+        return;
+    }
+    let Some(store) = server.disk_store.as_ref() else {
+        return;
+    };
+    let key = DurableOpen::key(open.open_id);
+    let r = (|| {
+        let Some(current) = store.get(&key)? else {
+            return Ok(());
+        };
+        store.compare_and_set(&key, Some(current.version), None)?;
+        Ok::<(), StateError>(())
+    })();
+    if let Err(e) = r {
+        tracing::error!("persistent open {}: record not removed: {e}", open.open_id);
+    }
+}
+
+/// At start: every answered record becomes a disconnected open again,
+/// kept for its timeout (from now) for its client to reclaim. Returns how
+/// many were restored.
+pub fn restore(server: &Arc<Server>) -> Result<usize, StateError> {
+    let Some(store) = server.disk_store.clone() else {
+        return Ok(0);
+    };
+    let now = Instant::now();
+    let mut restored = 0;
+    for (key, v) in store.scan_prefix(OPEN_PREFIX)? {
+        let record = match <DurableOpen as records::Record>::decode(&v.value) {
+            Ok(r) => r,
+            Err(e) => {
+                // Never silently: the operator sees which record and why.
+                tracing::error!(
+                    "state store: open record {} unreadable: {e}; dropped",
+                    hex(&key)
+                );
+                let _ = store.compare_and_set(&key, Some(v.version), None);
+                continue;
+            }
+        };
+        server.reserve_open_id(record.open_id);
+        match reopen(server, &record, now) {
+            Ok(()) => restored += 1,
+            Err(why) => {
+                tracing::warn!(
+                    "persistent open {} of {} not restored: {why}; its record is dropped",
+                    record.open_id,
+                    record.path
+                );
+                let _ = store.compare_and_set(&key, Some(v.version), None);
+            }
+        }
+    }
+    Ok(restored)
+}
+
+fn reopen(server: &Arc<Server>, r: &DurableOpen, now: Instant) -> Result<(), String> {
+    if r.answered != Answered::Yes {
+        return Err("its CREATE was never answered".into());
+    }
+    let share = server
+        .find_share(&r.share)
+        .filter(|s| s.continuous_availability)
+        .ok_or_else(|| {
+            format!(
+                "share \"{}\" is gone or no longer continuously available",
+                r.share
+            )
+        })?;
+    let fs = share.fs.as_ref().ok_or("not a disk share")?;
+    let write_rights = access::FILE_WRITE_DATA | access::FILE_APPEND_DATA;
+    let opts = OpenOptions {
+        read: r.access & (access::FILE_READ_DATA | access::FILE_EXECUTE) != 0,
+        write: r.access & write_rights != 0,
+        mode: CreateMode::OpenExisting,
+        kind: Kind::File,
+        perm: 0o644,
+        append_only: r.access & write_rights == access::FILE_APPEND_DATA,
+        expect: Some((r.file.dev, r.file.ino)),
+    };
+    let (handle, st, _) = fs
+        .open(&r.path, &opts)
+        .map_err(|e| format!("the file cannot be opened again: {e}"))?;
+    let file = FileKey {
+        dev: st.dev,
+        ino: st.ino,
+    };
+    let slot = server.open_files.reserve().ok_or("too many open files")?;
+    server
+        .share_modes
+        .add_open(
+            file,
+            OpenRecord {
+                open_id: r.open_id,
+                access: r.access,
+                share_access: r.share_access,
+            },
+        )
+        .map_err(|e| format!("share modes: {e:?}"))?;
+    let replay = (r.create_guid != [0; 16]).then_some(ReplayOf {
+        key: (r.client_guid, r.create_guid),
+        create_action: match r.create_action {
+            0 => CreateAction::Superseded,
+            2 => CreateAction::Created,
+            3 => CreateAction::Overwritten,
+            _ => CreateAction::Opened,
+        },
+    });
+    let open = Arc::new(Open::new(NewOpen {
+        volatile_id: server.new_volatile_id(r.open_id, |_| false),
+        open_id: r.open_id,
+        tree_id: 0,
+        share: share.clone(),
+        handle,
+        path: r.path.clone(),
+        is_dir: false,
+        access: r.access,
+        file_key: file,
+        delete_on_close: r.delete_on_close,
+        mode: r.mode,
+        parent_lease: None,
+        file_slot: slot,
+        replay,
+        channel_sequence: 0,
+        app_instance: None,
+        session_id: 0,
+        share_access: r.share_access,
+    }));
+    open.position
+        .store(r.position, std::sync::atomic::Ordering::Relaxed);
+    *lock(&open.lock_sequences) = r.lock_sequences;
+    if !r.locks.is_empty() {
+        server
+            .locks
+            .lock(file, r.open_id, r.locks.clone(), None)
+            .granted()
+            .map_err(|s| format!("its byte-range locks: {s:?}"))?;
+    }
+    // Its caching comes back without write caching (see the module text).
+    let want = match r.caching {
+        Caching::Nothing => Want::Nothing,
+        Caching::Oplock(_) => Want::Oplock(caching::OPLOCK_II),
+        Caching::Lease {
+            id,
+            state,
+            epoch,
+            version,
+        } => Want::Lease {
+            id,
+            state: state & !caching::WRITE,
+            version,
+            parent_key: None,
+            epoch,
+        },
+    };
+    let ask = OpenAsk {
+        open_id: r.open_id,
+        access: r.access,
+        overwrite: false,
+        sharing_violation: false,
+        is_dir: false,
+        has_byte_range_locks: false,
+        want,
+    };
+    server.oplocks.contend(file, &ask);
+    let route = Route {
+        conn: std::sync::Weak::new(),
+        session_id: 0,
+        file_id: FileId {
+            persistent: r.open_id,
+            volatile: open.volatile_id(),
+        },
+        seal: None,
+    };
+    server.oplocks.admit(file, &ask, route);
+    server.opens.register(&open);
+    server.durables.granted(
+        &open,
+        Durable {
+            timeout: Duration::from_millis(r.timeout_ms as u64),
+            persistent: true,
+            owner: Owner {
+                user: r.owner_user.clone(),
+                domain: r.owner_domain.clone(),
+            },
+            answered: true,
+        },
+    );
+    server.durables.name_open(&open);
+    server.oplocks.detach(r.open_id);
+    server
+        .durables
+        .disconnect(&open, now)
+        .map_err(|e| format!("{e:?}"))?;
+    tracing::info!(
+        "persistent open {} of {} restored; its client has {} ms to reclaim it",
+        r.open_id,
+        r.path,
+        r.timeout_ms
+    );
+    Ok(())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

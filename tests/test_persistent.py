@@ -1,0 +1,294 @@
+"""Persistent handles (issue 14) across `kill -9` of the server.
+
+On a continuously available share (`continuous_availability = true`, with
+`state_dir` set) a client opens a file with a persistent handle (DH2Q with
+SMB2_DHANDLE_FLAG_PERSISTENT), writes and locks a range. The server is
+killed with SIGKILL and started again on the same state directory. Until
+the handle's timeout runs out, another client's conflicting open is refused
+with STATUS_FILE_NOT_AVAILABLE; the owner reconnects, authenticates again
+and reclaims the handle with its lock and data. Without a reclaim, the
+handle goes at the timeout and the file is free.
+
+Waits are on the server's answers (a refused open is retried until it is
+not), never on a sleep alone.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from conftest import add_user, free_port, nimbus_binary, toml_str, wait_for_port
+from smbprotocol.open import (
+    CreateDisposition,
+    CreateOptions,
+    FileAttributes,
+    ImpersonationLevel,
+    LockFlags,
+    Open,
+    RequestedOplockLevel,
+)
+from test_durable import (
+    ACCESS,
+    READ,
+    HANDLE,
+    SHARE_ALL,
+    STATUS_LOCK_NOT_GRANTED,
+    Client,
+    context,
+    lease,
+    of_type,
+    reconnect,
+    status_of,
+)
+from smbprotocol.create_contexts import (
+    CreateContextName,
+    DurableHandleFlags,
+    SMB2CreateDurableHandleReconnectV2,
+    SMB2CreateDurableHandleRequestV2,
+    SMB2CreateDurableHandleResponseV2,
+)
+
+STATUS_FILE_NOT_AVAILABLE = 0xC0000467
+USER, PASSWORD = "alice", "Al1ce-Secret!"
+EXCLUSIVE = LockFlags.SMB2_LOCKFLAG_EXCLUSIVE_LOCK | LockFlags.SMB2_LOCKFLAG_FAIL_IMMEDIATELY
+
+
+@dataclass
+class Node:
+    host: str
+    port: int
+    share: str
+    user: str
+    password: str
+
+
+class CaServer:
+    """nimbus with one continuously available share and a state directory,
+    killed and restarted by the test."""
+
+    def __init__(self, base: Path):
+        self.base = base
+        self.db = base / "users.db"
+        add_user(self.db, USER, PASSWORD)
+        self.share = base / "ca"
+        self.share.mkdir()
+        self.state = base / "state"
+        self.proc = None
+        self.port = 0
+
+    def start(self) -> Node:
+        self.port = free_port()
+        conf = self.base / "nimbus.toml"
+        conf.write_text(
+            "\n".join(
+                [
+                    f"listen = [{toml_str(f'127.0.0.1:{self.port}')}]",
+                    f"user_db = {toml_str(str(self.db))}",
+                    f"state_dir = {toml_str(str(self.state))}",
+                    "",
+                    "[[share]]",
+                    'name = "ca"',
+                    f"path = {toml_str(str(self.share))}",
+                    "continuous_availability = true",
+                ]
+            )
+            + "\n"
+        )
+        log = open(self.base / "nimbus.log", "ab")
+        self.proc = subprocess.Popen([str(nimbus_binary()), "serve", "--config", str(conf), "-v"], stdout=log, stderr=subprocess.STDOUT)
+        wait_for_port("127.0.0.1", self.port, self.proc)
+        return Node("127.0.0.1", self.port, "ca", USER, PASSWORD)
+
+    def kill9(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def log(self) -> str:
+        return (self.base / "nimbus.log").read_text(errors="replace")
+
+
+def persistent_open(client: Client, name: str, create_guid: uuid.UUID, key: bytes, timeout_ms: int) -> Open:
+    d = SMB2CreateDurableHandleRequestV2()
+    d["timeout"] = timeout_ms
+    d["flags"] = DurableHandleFlags.SMB2_DHANDLE_FLAG_PERSISTENT
+    d["create_guid"] = create_guid
+    f = Open(client.tree, name)
+    contexts = f.create(
+        ImpersonationLevel.Impersonation,
+        ACCESS,
+        FileAttributes.FILE_ATTRIBUTE_NORMAL,
+        SHARE_ALL,
+        CreateDisposition.FILE_OPEN_IF,
+        CreateOptions.FILE_NON_DIRECTORY_FILE,
+        create_contexts=[context(CreateContextName.SMB2_CREATE_DURABLE_HANDLE_REQUEST_V2, d), lease(key, READ | HANDLE)],
+        oplock_level=RequestedOplockLevel.SMB2_OPLOCK_LEVEL_LEASE,
+    )
+    granted = of_type(contexts, SMB2CreateDurableHandleResponseV2)
+    assert granted, f"no durable handle: {contexts}"
+    assert granted[0]["flags"].has_flag(DurableHandleFlags.SMB2_DHANDLE_FLAG_PERSISTENT), "not persistent"
+    return f
+
+
+def persistent_reconnect(client: Client, name: str, file_id: bytes, create_guid: uuid.UUID, key: bytes) -> Open:
+    d = SMB2CreateDurableHandleReconnectV2()
+    d["file_id"] = file_id
+    d["create_guid"] = create_guid
+    d["flags"] = DurableHandleFlags.SMB2_DHANDLE_FLAG_PERSISTENT
+    f = Open(client.tree, name)
+    f.create(
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        create_contexts=[context(CreateContextName.SMB2_CREATE_DURABLE_HANDLE_RECONNECT_V2, d), lease(key, 0)],
+        oplock_level=RequestedOplockLevel.SMB2_OPLOCK_LEVEL_LEASE,
+    )
+    return f
+
+
+def exclusive_open_status(client: Client, name: str) -> int:
+    """An open that shares nothing: it conflicts with any other open."""
+
+    def go():
+        f = Open(client.tree, name)
+        f.create(
+            ImpersonationLevel.Impersonation,
+            ACCESS,
+            FileAttributes.FILE_ATTRIBUTE_NORMAL,
+            0,
+            CreateDisposition.FILE_OPEN,
+            CreateOptions.FILE_NON_DIRECTORY_FILE,
+        )
+        f.close()
+
+    return status_of(go)
+
+
+def test_persistent_handle_survives_kill_9_with_its_lock(tmp_path):
+    srv = CaServer(tmp_path)
+    try:
+        node = srv.start()
+        guid, create_guid, key = uuid.uuid4(), uuid.uuid4(), os.urandom(16)
+        first = Client(node, guid)
+        assert first.tree.is_ca_share, "the share does not advertise continuous availability"
+        f = persistent_open(first, "ledger.dat", create_guid, key, timeout_ms=30_000)
+        payload = b"written before the crash " * 50
+        f.write(payload, 0)
+        first.lock(f.file_id, 0, 100, EXCLUSIVE)
+        file_id = f.file_id
+        srv.kill9()
+
+        node = srv.start()
+        assert "restored" in srv.log()
+        # Another client may not take the file from the reclaiming one.
+        other = Client(node, uuid.uuid4())
+        try:
+            assert exclusive_open_status(other, "ledger.dat") == STATUS_FILE_NOT_AVAILABLE
+            # The owner reconnects, logs on again and reclaims it.
+            again = Client(node, guid)
+            try:
+                g = persistent_reconnect(again, "ledger.dat", file_id, create_guid, key)
+                assert g.read(0, len(payload)) == payload
+                # Its lock came back: a compatible open of another client
+                # cannot take the range.
+                h = Open(other.tree, "ledger.dat")
+                h.create(
+                    ImpersonationLevel.Impersonation,
+                    ACCESS,
+                    FileAttributes.FILE_ATTRIBUTE_NORMAL,
+                    SHARE_ALL,
+                    CreateDisposition.FILE_OPEN,
+                    CreateOptions.FILE_NON_DIRECTORY_FILE,
+                )
+                assert status_of(lambda: other.lock(h.file_id, 10, 10, EXCLUSIVE)) == STATUS_LOCK_NOT_GRANTED
+                h.close()
+                g.close()
+            finally:
+                again.close()
+            # Closed, its record is gone: a restart restores nothing.
+            srv.kill9()
+            srv.start()
+            assert srv.log().count("restored from the state store") == 1
+        finally:
+            other.close()
+    finally:
+        srv.stop()
+
+
+def test_unreclaimed_persistent_handle_frees_the_file_at_its_timeout(tmp_path):
+    srv = CaServer(tmp_path)
+    try:
+        node = srv.start()
+        first = Client(node, uuid.uuid4())
+        f = persistent_open(first, "left.dat", uuid.uuid4(), os.urandom(16), timeout_ms=2_000)
+        first.lock(f.file_id, 0, 10, EXCLUSIVE)
+        srv.kill9()
+
+        node = srv.start()
+        restarted = time.monotonic()
+        other = Client(node, uuid.uuid4())
+        try:
+            assert exclusive_open_status(other, "left.dat") == STATUS_FILE_NOT_AVAILABLE
+            deadline = restarted + 20
+            while (status := exclusive_open_status(other, "left.dat")) == STATUS_FILE_NOT_AVAILABLE:
+                assert time.monotonic() < deadline, "the persistent handle outlived its timeout"
+                time.sleep(0.05)
+            assert status == 0
+            assert time.monotonic() - restarted >= 1.0
+        finally:
+            other.close()
+    finally:
+        srv.stop()
+
+
+def test_continuous_availability_needs_a_state_dir(tmp_path):
+    db = tmp_path / "users.db"
+    add_user(db, USER, PASSWORD)
+    share = tmp_path / "ca"
+    share.mkdir()
+    conf = tmp_path / "nimbus.toml"
+    conf.write_text(f'[[share]]\nname = "ca"\npath = {toml_str(str(share))}\ncontinuous_availability = true\n')
+    r = subprocess.run([str(nimbus_binary()), "config", "check", str(conf)], capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0
+    assert "share[0].continuous_availability" in r.stdout + r.stderr
+    assert "state_dir" in r.stdout + r.stderr
+
+
+def test_smbtorture_persistent_tests_on_a_ca_share(tmp_path, samba_client_conf):
+    """smbtorture's persistent-handle tests pick their expectations from
+    the share: on a continuously available one, every open asking for a
+    persistent handle gets one (durable-v2-open.persistent-open-*), and a
+    replay from a new connection gets its persistent open back
+    (replay.replay5, which skips on other shares)."""
+    import shutil
+
+    import pytest
+    from test_smbtorture import run_smbtorture
+
+    if not shutil.which("smbtorture"):
+        pytest.skip("smbtorture (samba-testsuite) not installed")
+    srv = CaServer(tmp_path)
+    try:
+        node = srv.start()
+        for test in (
+            "smb2.durable-v2-open.persistent-open-oplock",
+            "smb2.durable-v2-open.persistent-open-lease",
+            "smb2.replay.replay5",
+        ):
+            run = run_smbtorture(node, test, samba_client_conf, tmp_path / f"{test}.log", timeout=120)
+            assert run.outcomes.get(test) == "pass", f"{test}: {run.outcomes} {run.details.get(test, '')}"
+    finally:
+        srv.stop()
