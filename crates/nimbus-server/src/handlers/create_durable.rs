@@ -289,7 +289,11 @@ pub fn replay(
         let mut data = Vec::with_capacity(ResponseV2::LEN);
         ResponseV2 {
             timeout_ms: d.timeout.as_millis().min(u32::MAX as u128) as u32,
-            flags: if d.persistent { wire::FLAG_PERSISTENT } else { 0 },
+            flags: if d.persistent {
+                wire::FLAG_PERSISTENT
+            } else {
+                0
+            },
         }
         .encode(&mut data);
         contexts.push(CreateContext {
