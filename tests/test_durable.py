@@ -146,10 +146,11 @@ def dh2q(create_guid: uuid.UUID, timeout_ms: int = 0) -> SMB2CreateContextReques
     return context(CreateContextName.SMB2_CREATE_DURABLE_HANDLE_REQUEST_V2, d)
 
 
-def dh2c(file_id: bytes, create_guid: uuid.UUID) -> SMB2CreateContextRequest:
+def dh2c(file_id: bytes, create_guid: uuid.UUID, flags: int = 0) -> SMB2CreateContextRequest:
     d = SMB2CreateDurableHandleReconnectV2()
     d["file_id"] = file_id
     d["create_guid"] = create_guid
+    d["flags"] = flags
     return context(CreateContextName.SMB2_CREATE_DURABLE_HANDLE_RECONNECT_V2, d)
 
 
@@ -187,9 +188,10 @@ def durable_open(client: Client, name: str, create_guid: uuid.UUID, lease_key: b
     return f, granted[0]["timeout"].get_value()
 
 
-def reconnect(client: Client, name: str, file_id: bytes, create_guid: uuid.UUID, lease_key: bytes) -> Open:
-    """Reclaims a durable handle; the request's fixed fields are zero, as
-    clients send them (MS-SMB2 3.2.4.4 sets them from the open)."""
+def reconnect(client: Client, name: str, file_id: bytes, create_guid: uuid.UUID, lease_key: bytes, flags: int = 0) -> Open:
+    """Reclaims a durable handle (`flags`: DH2C flags, e.g. persistent);
+    the request's fixed fields are zero, as clients send them (MS-SMB2
+    3.2.4.4 sets them from the open)."""
     f = Open(client.tree, name)
     f.create(
         0,
@@ -198,7 +200,7 @@ def reconnect(client: Client, name: str, file_id: bytes, create_guid: uuid.UUID,
         0,
         0,
         0,
-        create_contexts=[dh2c(file_id, create_guid), lease(lease_key, 0)],
+        create_contexts=[dh2c(file_id, create_guid, flags), lease(lease_key, 0)],
         oplock_level=RequestedOplockLevel.SMB2_OPLOCK_LEVEL_LEASE,
     )
     return f

@@ -49,7 +49,6 @@ from test_durable import (
 from smbprotocol.create_contexts import (
     CreateContextName,
     DurableHandleFlags,
-    SMB2CreateDurableHandleReconnectV2,
     SMB2CreateDurableHandleRequestV2,
     SMB2CreateDurableHandleResponseV2,
 )
@@ -141,22 +140,7 @@ def persistent_open(client: Client, name: str, create_guid: uuid.UUID, key: byte
 
 
 def persistent_reconnect(client: Client, name: str, file_id: bytes, create_guid: uuid.UUID, key: bytes) -> Open:
-    d = SMB2CreateDurableHandleReconnectV2()
-    d["file_id"] = file_id
-    d["create_guid"] = create_guid
-    d["flags"] = DurableHandleFlags.SMB2_DHANDLE_FLAG_PERSISTENT
-    f = Open(client.tree, name)
-    f.create(
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        create_contexts=[context(CreateContextName.SMB2_CREATE_DURABLE_HANDLE_RECONNECT_V2, d), lease(key, 0)],
-        oplock_level=RequestedOplockLevel.SMB2_OPLOCK_LEVEL_LEASE,
-    )
-    return f
+    return reconnect(client, name, file_id, create_guid, key, flags=DurableHandleFlags.SMB2_DHANDLE_FLAG_PERSISTENT)
 
 
 def exclusive_open_status(client: Client, name: str) -> int:
