@@ -514,8 +514,10 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slo
             for request in &out.interims {
                 request.interim_written();
             }
+            // They may write to the disk store (a persistent open marked
+            // answered): never on the writer's runtime thread.
             for f in std::mem::take(&mut out.on_sent) {
-                f();
+                tokio::task::spawn_blocking(f);
             }
             writer_conn.pool.give(out.buf);
             drop(in_flight);

@@ -21,9 +21,11 @@ pub trait Record: Default {
     fn is_empty(&self) -> bool;
 }
 
-/// Retries of a compare-and-set loop before giving up: contention on one
-/// file's record is short-lived, so a handful is plenty.
-const CAS_RETRIES: usize = 64;
+/// Retries of a compare-and-set loop before giving up. Contention on one
+/// file's record is short-lived, but a store that commits concurrent
+/// writers together (redb's group commit) lets only one of them win each
+/// round, so a writer may lose many rounds in a row; each loss yields.
+const CAS_RETRIES: usize = 1024;
 
 /// Applies `f` to the record under `key` atomically: `f` sees the current
 /// value (the default when there is none) and may refuse with its error;
@@ -50,6 +52,7 @@ pub fn update<R: Record, T, E: From<StateError>>(
         if store.compare_and_set(key, expected, value)?.is_some() {
             return Ok(out);
         }
+        std::thread::yield_now();
     }
     Err(StateError::Unavailable("too much contention on one record".into()).into())
 }

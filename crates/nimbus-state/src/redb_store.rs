@@ -1,14 +1,17 @@
 //! Single-node backend on disk: one redb file in the server's state
 //! directory, for the records that must outlive the process (durable and
-//! persistent handles). Every compare-and-set is one redb write
-//! transaction, committed (fsync) before it returns, so a crash at any
-//! point leaves each record either as it was or as written, never half.
+//! persistent handles). Every compare-and-set is committed (fsync) before
+//! it returns, in a redb write transaction it shares with the others made
+//! meanwhile (group commit: one fsync for many concurrent opens), so a
+//! crash at any point leaves each record either as it was or as written,
+//! never half.
 //!
 //! Layout: table `records` maps a key to its version (u64, little endian)
 //! followed by the value; table `meta` holds the last version handed out,
 //! so versions keep rising across restarts.
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
@@ -24,6 +27,10 @@ pub const FILE_NAME: &str = "state.redb";
 pub struct RedbStore {
     db: Database,
     path: PathBuf,
+    /// Compare-and-sets waiting for the next commit, and whether one is
+    /// under way (see `compare_and_set`).
+    group: Mutex<Group>,
+    done: Condvar,
 }
 
 /// Why the store could not be opened; names the path, for the operator.
@@ -91,7 +98,12 @@ impl RedbStore {
                 ),
             )
         })?;
-        let store = RedbStore { db, path };
+        let store = RedbStore {
+            db,
+            path,
+            group: Mutex::new(Group::default()),
+            done: Condvar::new(),
+        };
         // Both tables exist from the first open on, so that reads never
         // meet a missing table.
         let txn = store
@@ -111,6 +123,99 @@ impl RedbStore {
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// Applies `batch` in order in one write transaction and commits it;
+    /// the answer of each op (a failed commit fails them all).
+    fn commit_batch(&self, batch: &[Op]) -> Vec<Result<Option<u64>, StateError>> {
+        let fail_all = |e: StateError| batch.iter().map(|_| Err(e.clone_message())).collect();
+        let txn = match self.db.begin_write() {
+            Ok(t) => t,
+            Err(e) => return fail_all(unavailable(e)),
+        };
+        let mut answers = Vec::with_capacity(batch.len());
+        {
+            let mut table = match txn.open_table(RECORDS) {
+                Ok(t) => t,
+                Err(e) => return fail_all(unavailable(e)),
+            };
+            let mut meta = match txn.open_table(META) {
+                Ok(t) => t,
+                Err(e) => return fail_all(unavailable(e)),
+            };
+            for op in batch {
+                answers.push(apply(&mut table, &mut meta, op));
+            }
+        }
+        // Nothing was written (every op refused or failed): no commit.
+        if answers.iter().all(|a| !matches!(a, Ok(Some(_)))) {
+            drop(txn);
+            return answers;
+        }
+        match txn.commit() {
+            Ok(()) => answers,
+            Err(e) => fail_all(unavailable(e)),
+        }
+    }
+}
+
+/// One op of a compare-and-set, within a write transaction.
+fn apply(
+    table: &mut redb::Table<&[u8], &[u8]>,
+    meta: &mut redb::Table<&str, u64>,
+    op: &Op,
+) -> Result<Option<u64>, StateError> {
+    let current = match table.get(op.key.as_slice()).map_err(unavailable)? {
+        Some(v) => Some(split(v.value())?.version),
+        None => None,
+    };
+    if current != op.expected {
+        return Ok(None);
+    }
+    match &op.value {
+        Some(value) => {
+            let last = meta
+                .get(LAST_VERSION)
+                .map_err(unavailable)?
+                .map(|v| v.value())
+                .unwrap_or(0);
+            let version = last + 1;
+            meta.insert(LAST_VERSION, version).map_err(unavailable)?;
+            let mut stored = Vec::with_capacity(8 + value.len());
+            stored.extend_from_slice(&version.to_le_bytes());
+            stored.extend_from_slice(value);
+            table
+                .insert(op.key.as_slice(), stored.as_slice())
+                .map_err(unavailable)?;
+            Ok(Some(version))
+        }
+        None => {
+            table.remove(op.key.as_slice()).map_err(unavailable)?;
+            Ok(Some(0))
+        }
+    }
+}
+
+/// A compare-and-set waiting for a group commit.
+struct Op {
+    key: Vec<u8>,
+    expected: Option<u64>,
+    value: Option<Vec<u8>>,
+    slot: Arc<Slot>,
+}
+
+#[derive(Default)]
+struct Slot {
+    answer: Mutex<Option<Result<Option<u64>, StateError>>>,
+}
+
+#[derive(Default)]
+struct Group {
+    queue: Vec<Op>,
+    committing: bool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl StateStore for RedbStore {
@@ -121,46 +226,53 @@ impl StateStore for RedbStore {
         found.map(|v| split(v.value())).transpose()
     }
 
+    /// Group commit: a caller that finds no commit under way becomes the
+    /// leader and applies every compare-and-set queued so far in one write
+    /// transaction with one fsync; the others wait for its commit. Each
+    /// still sees the versions the ones queued before it left, so the
+    /// answers are those of the calls made one after the other.
     fn compare_and_set(
         &self,
         key: &[u8],
         expected: Option<u64>,
         value: Option<Vec<u8>>,
     ) -> Result<Option<u64>, StateError> {
-        let txn = self.db.begin_write().map_err(unavailable)?;
-        let written = {
-            let mut table = txn.open_table(RECORDS).map_err(unavailable)?;
-            let current = match table.get(key).map_err(unavailable)? {
-                Some(v) => Some(split(v.value())?.version),
-                None => None,
-            };
-            if current != expected {
-                return Ok(None);
+        let slot = Arc::new(Slot::default());
+        let mut g = lock(&self.group);
+        g.queue.push(Op {
+            key: key.to_vec(),
+            expected,
+            value,
+            slot: slot.clone(),
+        });
+        loop {
+            if let Some(answer) = lock(&slot.answer).take() {
+                return answer;
             }
-            match value {
-                Some(value) => {
-                    let mut meta = txn.open_table(META).map_err(unavailable)?;
-                    let last = meta
-                        .get(LAST_VERSION)
-                        .map_err(unavailable)?
-                        .map(|v| v.value())
-                        .unwrap_or(0);
-                    let version = last + 1;
-                    meta.insert(LAST_VERSION, version).map_err(unavailable)?;
-                    let mut stored = Vec::with_capacity(8 + value.len());
-                    stored.extend_from_slice(&version.to_le_bytes());
-                    stored.extend_from_slice(&value);
-                    table.insert(key, stored.as_slice()).map_err(unavailable)?;
-                    version
-                }
-                None => {
-                    table.remove(key).map_err(unavailable)?;
-                    0
-                }
+            if !g.committing {
+                break;
             }
-        };
-        txn.commit().map_err(unavailable)?;
-        Ok(Some(written))
+            g = self.done.wait(g).unwrap_or_else(|p| p.into_inner());
+        }
+        // Leader: take what is queued (this call's op among it), commit it
+        // without holding the queue, hand out the answers.
+        g.committing = true;
+        let batch = std::mem::take(&mut g.queue);
+        drop(g);
+        let answers = self.commit_batch(&batch);
+        for (op, answer) in batch.iter().zip(answers) {
+            *lock(&op.slot.answer) = Some(answer);
+        }
+        let mut g = lock(&self.group);
+        g.committing = false;
+        drop(g);
+        self.done.notify_all();
+        let answer = lock(&slot.answer).take();
+        answer.unwrap_or_else(|| {
+            Err(StateError::Unavailable(
+                "group commit lost an answer".into(),
+            ))
+        })
     }
 
     fn scan_prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Versioned)>, StateError> {

@@ -31,6 +31,16 @@ impl fmt::Display for StateError {
 
 impl std::error::Error for StateError {}
 
+impl StateError {
+    /// The same error for another caller (errors carry no handles).
+    pub fn clone_message(&self) -> StateError {
+        match self {
+            StateError::Unavailable(why) => StateError::Unavailable(why.clone()),
+            StateError::Corrupt(what) => StateError::Corrupt(what),
+        }
+    }
+}
+
 pub trait StateStore: Send + Sync {
     fn get(&self, key: &[u8]) -> Result<Option<Versioned>, StateError>;
 
