@@ -27,6 +27,7 @@ from smbprotocol import Dialects
 from smbprotocol.connection import Connection
 from smbprotocol.create_contexts import (
     CreateContextName,
+    DurableHandleFlags,
     SMB2CreateContextRequest,
     SMB2CreateDurableHandleReconnectV2,
     SMB2CreateDurableHandleRequestV2,
@@ -139,9 +140,10 @@ def context(name: bytes, data) -> SMB2CreateContextRequest:
     return c
 
 
-def dh2q(create_guid: uuid.UUID, timeout_ms: int = 0) -> SMB2CreateContextRequest:
+def dh2q(create_guid: uuid.UUID, timeout_ms: int = 0, flags: int = 0) -> SMB2CreateContextRequest:
     d = SMB2CreateDurableHandleRequestV2()
     d["timeout"] = timeout_ms
+    d["flags"] = flags
     d["create_guid"] = create_guid
     return context(CreateContextName.SMB2_CREATE_DURABLE_HANDLE_REQUEST_V2, d)
 
@@ -167,9 +169,11 @@ def of_type(contexts, kind):
     return [c for c in contexts or [] if isinstance(c, kind)]
 
 
-def durable_open(client: Client, name: str, create_guid: uuid.UUID, lease_key: bytes, timeout_ms: int = 0):
-    """Opens `name` with an RH lease and a durable v2 handle; returns the
-    Open and the granted timeout in milliseconds."""
+def durable_open(client: Client, name: str, create_guid: uuid.UUID, lease_key: bytes, timeout_ms: int = 0, persistent: bool = False):
+    """Opens `name` with an RH lease and a durable v2 handle (persistent,
+    when asked, and then checked to be); returns the Open and the granted
+    timeout in milliseconds."""
+    flags = DurableHandleFlags.SMB2_DHANDLE_FLAG_PERSISTENT if persistent else 0
     f = Open(client.tree, name)
     contexts = f.create(
         ImpersonationLevel.Impersonation,
@@ -178,11 +182,13 @@ def durable_open(client: Client, name: str, create_guid: uuid.UUID, lease_key: b
         SHARE_ALL,
         CreateDisposition.FILE_OPEN_IF,
         CreateOptions.FILE_NON_DIRECTORY_FILE,
-        create_contexts=[dh2q(create_guid, timeout_ms), lease(lease_key, READ | HANDLE)],
+        create_contexts=[dh2q(create_guid, timeout_ms, flags), lease(lease_key, READ | HANDLE)],
         oplock_level=RequestedOplockLevel.SMB2_OPLOCK_LEVEL_LEASE,
     )
     granted = of_type(contexts, SMB2CreateDurableHandleResponseV2)
     assert granted, f"no durable handle granted: {contexts}"
+    if persistent:
+        assert granted[0]["flags"].has_flag(DurableHandleFlags.SMB2_DHANDLE_FLAG_PERSISTENT), "not persistent"
     leases = of_type(contexts, SMB2CreateResponseLeaseV2)
     assert leases and leases[0]["lease_state"].get_value() == READ | HANDLE
     return f, granted[0]["timeout"].get_value()

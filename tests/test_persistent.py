@@ -31,27 +31,17 @@ from smbprotocol.open import (
     ImpersonationLevel,
     LockFlags,
     Open,
-    RequestedOplockLevel,
 )
 from test_durable import (
     ACCESS,
-    READ,
-    HANDLE,
-    SHARE_ALL,
     STATUS_LOCK_NOT_GRANTED,
     Client,
-    context,
-    lease,
-    of_type,
+    durable_open,
+    plain_open,
     reconnect,
     status_of,
 )
-from smbprotocol.create_contexts import (
-    CreateContextName,
-    DurableHandleFlags,
-    SMB2CreateDurableHandleRequestV2,
-    SMB2CreateDurableHandleResponseV2,
-)
+from smbprotocol.create_contexts import DurableHandleFlags
 
 STATUS_FILE_NOT_AVAILABLE = 0xC0000467
 USER, PASSWORD = "alice", "Al1ce-Secret!"
@@ -118,25 +108,7 @@ class CaServer:
 
 
 def persistent_open(client: Client, name: str, create_guid: uuid.UUID, key: bytes, timeout_ms: int) -> Open:
-    d = SMB2CreateDurableHandleRequestV2()
-    d["timeout"] = timeout_ms
-    d["flags"] = DurableHandleFlags.SMB2_DHANDLE_FLAG_PERSISTENT
-    d["create_guid"] = create_guid
-    f = Open(client.tree, name)
-    contexts = f.create(
-        ImpersonationLevel.Impersonation,
-        ACCESS,
-        FileAttributes.FILE_ATTRIBUTE_NORMAL,
-        SHARE_ALL,
-        CreateDisposition.FILE_OPEN_IF,
-        CreateOptions.FILE_NON_DIRECTORY_FILE,
-        create_contexts=[context(CreateContextName.SMB2_CREATE_DURABLE_HANDLE_REQUEST_V2, d), lease(key, READ | HANDLE)],
-        oplock_level=RequestedOplockLevel.SMB2_OPLOCK_LEVEL_LEASE,
-    )
-    granted = of_type(contexts, SMB2CreateDurableHandleResponseV2)
-    assert granted, f"no durable handle: {contexts}"
-    assert granted[0]["flags"].has_flag(DurableHandleFlags.SMB2_DHANDLE_FLAG_PERSISTENT), "not persistent"
-    return f
+    return durable_open(client, name, create_guid, key, timeout_ms, persistent=True)[0]
 
 
 def persistent_reconnect(client: Client, name: str, file_id: bytes, create_guid: uuid.UUID, key: bytes) -> Open:
@@ -188,15 +160,7 @@ def test_persistent_handle_survives_kill_9_with_its_lock(tmp_path):
                 assert g.read(0, len(payload)) == payload
                 # Its lock came back: a compatible open of another client
                 # cannot take the range.
-                h = Open(other.tree, "ledger.dat")
-                h.create(
-                    ImpersonationLevel.Impersonation,
-                    ACCESS,
-                    FileAttributes.FILE_ATTRIBUTE_NORMAL,
-                    SHARE_ALL,
-                    CreateDisposition.FILE_OPEN,
-                    CreateOptions.FILE_NON_DIRECTORY_FILE,
-                )
+                h = plain_open(other, "ledger.dat")
                 assert status_of(lambda: other.lock(h.file_id, 10, 10, EXCLUSIVE)) == STATUS_LOCK_NOT_GRANTED
                 h.close()
                 g.close()

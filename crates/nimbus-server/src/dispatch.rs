@@ -185,8 +185,15 @@ impl Ctx<'_> {
         if open.open_id != id.persistent || open.tree_id() != self.hdr.tree_id {
             return Err(NtStatus::FILE_CLOSED);
         }
-        open.replay_eligible
-            .store(false, std::sync::atomic::Ordering::Relaxed);
+        // Written only on the first request after the CREATE: every READ
+        // and WRITE must not dirty a shared cache line for it.
+        if open
+            .replay_eligible
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            open.replay_eligible
+                .store(false, std::sync::atomic::Ordering::Relaxed);
+        }
         self.check_channel_sequence(&open)?;
         self.chain_file_id = Some(id);
         Ok(open)
@@ -201,6 +208,12 @@ impl Ctx<'_> {
     /// FILE_NOT_AVAILABLE. A newer one becomes the open's.
     fn check_channel_sequence(&self, open: &Open) -> Result<(), NtStatus> {
         use std::sync::atomic::Ordering;
+        let asked = self.hdr.channel_sequence();
+        // The usual case, and every 2.x request (whose Status field is 0,
+        // as the CREATE's was): the open's own sequence, nothing to check.
+        if open.channel_sequence.load(Ordering::Acquire) == asked {
+            return Ok(());
+        }
         let modifies = matches!(
             Command::from_u16(self.hdr.command),
             Some(Command::Write | Command::SetInfo | Command::Ioctl)
@@ -208,7 +221,6 @@ impl Ctx<'_> {
         if !modifies || !self.conn.negotiated().is_some_and(|n| n.dialect.is_smb3()) {
             return Ok(());
         }
-        let asked = self.hdr.channel_sequence();
         let r =
             open.channel_sequence
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |current| {

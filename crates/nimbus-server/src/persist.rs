@@ -160,7 +160,7 @@ pub fn restore(server: &Arc<Server>) -> Result<usize, StateError> {
                 // Never silently: the operator sees which record and why.
                 tracing::error!(
                     "state store: open record {} unreadable: {e}; dropped",
-                    hex(&key)
+                    crate::oplocks::hex(&key)
                 );
                 let _ = store.compare_and_set(&key, Some(v.version), None);
                 continue;
@@ -327,8 +327,4 @@ fn reopen(server: &Arc<Server>, r: &DurableOpen, now: Instant) -> Result<(), Str
         r.timeout_ms
     );
     Ok(())
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
