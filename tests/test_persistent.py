@@ -164,12 +164,27 @@ def test_persistent_handle_survives_kill_9_with_its_lock(tmp_path):
                 assert status_of(lambda: other.lock(h.file_id, 10, 10, EXCLUSIVE)) == STATUS_LOCK_NOT_GRANTED
                 h.close()
                 g.close()
+                # Closed, its record goes. The removal is not waited for
+                # (it reaches the disk within milliseconds, or with the next
+                # durable write), nor is an open's "answered" mark: a
+                # persistent open of another file is such a write, and a
+                # second one takes the first one's mark along,
+                # deterministically.
+                persistent_open(again, "marker.dat", uuid.uuid4(), os.urandom(16), timeout_ms=30_000)
+                persistent_open(again, "marker2.dat", uuid.uuid4(), os.urandom(16), timeout_ms=30_000)
+                srv.kill9()
             finally:
                 again.close()
-            # Closed, its record is gone: a restart restores nothing.
-            srv.kill9()
-            srv.start()
-            assert srv.log().count("restored from the state store") == 1
+            node = srv.start()
+            log = srv.log()
+            assert log.count("of ledger.dat restored") == 1  # the first restart's
+            assert "of marker.dat restored" in log
+            third = Client(node, uuid.uuid4())
+            try:
+                assert exclusive_open_status(third, "ledger.dat") == 0  # STATUS_SUCCESS
+                assert exclusive_open_status(third, "marker.dat") == STATUS_FILE_NOT_AVAILABLE
+            finally:
+                third.close()
         finally:
             other.close()
     finally:

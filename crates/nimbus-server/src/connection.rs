@@ -514,10 +514,12 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slo
             for request in &out.interims {
                 request.interim_written();
             }
-            // They may write to the disk store (a persistent open marked
-            // answered): never on the writer's runtime thread.
+            // In place: they must not wait for the disk (a persistent
+            // open's answered mark is a `Durability::Soon` write, made in
+            // memory); a hand-over to the blocking pool cost more CPU than
+            // the mark itself.
             for f in std::mem::take(&mut out.on_sent) {
-                tokio::task::spawn_blocking(f);
+                f();
             }
             writer_conn.pool.give(out.buf);
             drop(in_flight);
@@ -548,7 +550,7 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slo
         if conn.is_closing() {
             break;
         }
-        if crate::dispatch::is_quick(&frame, &limits) {
+        if crate::dispatch::is_quick(&frame, &limits, &conn) {
             // In place, on this task: no thread hand-over (see is_quick).
             if let Some(out) = run_frame(&conn, frame, allowance) {
                 if tx.send((out, in_flight)).await.is_err() {

@@ -108,7 +108,8 @@ pub struct Ctx<'a> {
     /// The request `go_async` registered.
     pub interim: Option<Arc<PendingRequest>>,
     /// Run once this request's response has been written to the socket
-    /// (a persistent open's record is marked answered).
+    /// (a persistent open's record is marked answered), on the writer's
+    /// runtime thread: they must not wait for the disk.
     pub on_sent: Vec<OnSent>,
     /// A request already answered STATUS_PENDING that is being run again
     /// (a CREATE retried once the breaks it waited for ended): if it must
@@ -273,23 +274,46 @@ const QUICK_FRAME_MAX: usize = 16 * 1024;
 /// call that is slow after all (unlinking a huge file on delete-on-close,
 /// truncating one on overwrite, a hung network file system) holds one
 /// runtime worker meanwhile; the other workers take over its queued tasks.
-pub fn is_quick(frame: &[u8], limits: &Limits) -> bool {
+/// CREATE and LOCK on a continuously available share go to the pool too:
+/// they may wait for the state store's fsync (a persistent handle's record
+/// is on disk before the client hears of it), and many of them waiting
+/// together is what lets one commit serve them all.
+pub fn is_quick(frame: &[u8], limits: &Limits, conn: &Connection) -> bool {
     if frame.len() > QUICK_FRAME_MAX || frame.starts_with(&TRANSFORM_PROTOCOL_ID) {
         return false;
     }
     chain_offsets(frame, limits.max_compound_requests).all(|off| {
         let command = u16::from_le_bytes([frame[off + 12], frame[off + 13]]);
-        !matches!(
-            Command::from_u16(command),
+        match Command::from_u16(command) {
             Some(
                 Command::Read
-                    | Command::Write
-                    | Command::Flush
-                    | Command::QueryDirectory
-                    | Command::Ioctl
-            )
-        )
+                | Command::Write
+                | Command::Flush
+                | Command::QueryDirectory
+                | Command::Ioctl,
+            ) => false,
+            Some(Command::Create | Command::Lock) => !on_ca_share(frame, off, conn),
+            _ => true,
+        }
     })
+}
+
+/// Whether the request at `off` (or, for a related request naming no tree,
+/// the frame's first) is on a tree of a continuously available share.
+fn on_ca_share(frame: &[u8], off: usize, conn: &Connection) -> bool {
+    let ids = |at: usize| {
+        let mut tree = [0u8; 4];
+        let mut session = [0u8; 8];
+        tree.copy_from_slice(&frame[at + 36..at + 40]);
+        session.copy_from_slice(&frame[at + 40..at + 48]);
+        (u32::from_le_bytes(tree), u64::from_le_bytes(session))
+    };
+    let ca = |(tree, session): (u32, u64)| {
+        conn.session(session)
+            .and_then(|s| lock(&s.trees).get(&tree).cloned())
+            .map(|t| t.share.continuous_availability)
+    };
+    ca(ids(off)).or_else(|| ca(ids(0))).unwrap_or(false)
 }
 
 /// The session whose keys decrypted a request frame; they encrypt the

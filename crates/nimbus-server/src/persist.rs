@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use nimbus_state::caching::{self, Granted, OpenAsk, Want};
 use nimbus_state::durable_record::{Answered, Caching, DurableOpen, OPEN_PREFIX};
-use nimbus_state::{records, FileKey, OpenRecord, StateError};
+use nimbus_state::{records, Durability, FileKey, OpenRecord, StateError};
 use nimbus_vfs::{CreateMode, Kind, OpenOptions};
 use nimbus_wire::create::CreateAction;
 use nimbus_wire::fscc::access;
@@ -27,10 +27,14 @@ use crate::oplocks::Route;
 use crate::server::Server;
 use crate::session::{lock, NewOpen, Open, ReplayOf};
 
-/// Writes `open`'s record as it stands now. Errors are the caller's: a
-/// CREATE whose record could not be written is answered without the
-/// persistent flag.
+/// Writes `open`'s record as it stands now, on disk before it returns.
+/// Errors are the caller's: a CREATE whose record could not be written is
+/// answered without the persistent flag.
 pub fn save(server: &Server, open: &Open) -> Result<(), StateError> {
+    save_with(server, open, Durability::Now)
+}
+
+fn save_with(server: &Server, open: &Open, durability: Durability) -> Result<(), StateError> {
     let Some(store) = server.disk_store.as_ref() else {
         return Err(StateError::Unavailable("no state_dir".into()));
     };
@@ -91,9 +95,10 @@ pub fn save(server: &Server, open: &Open) -> Result<(), StateError> {
             Answered::Not
         },
     };
-    let written = records::update::<DurableOpen, _, StateError>(
+    let written = records::update_with::<DurableOpen, _, StateError>(
         &**store,
         &DurableOpen::key(open.open_id),
+        durability,
         |r| {
             *r = record.clone();
             Ok(())
@@ -103,27 +108,38 @@ pub fn save(server: &Server, open: &Open) -> Result<(), StateError> {
     written
 }
 
-/// Saves a persistent open after a change (its locks); a store that fails
-/// is logged: the change itself stands, the record is behind.
+/// Saves a persistent open after a change (its locks), on disk before it
+/// returns; a store that fails is logged: the change itself stands, the
+/// record is behind.
 pub fn changed(server: &Server, open: &Open) {
+    changed_with(server, open, Durability::Now)
+}
+
+fn changed_with(server: &Server, open: &Open, durability: Durability) {
     if !open.is_persistent() {
         return;
     }
-    if let Err(e) = save(server, open) {
+    if let Err(e) = save_with(server, open, durability) {
         tracing::error!("persistent open {}: record not updated: {e}", open.open_id);
     }
 }
 
 /// The CREATE's response was written: the record now names a handle the
-/// client knows.
+/// client knows. The mark need not wait for the disk (`Durability::Soon`):
+/// the record itself already is there, and a crash within the store's
+/// flush delay costs only what a crash before the response was written
+/// would have, the handle dropped at start.
 pub fn answered(server: &Server, open: &Open) {
     if let Some(d) = lock(&open.durable).as_mut() {
         d.answered = true;
     }
-    changed(server, open);
+    changed_with(server, open, Durability::Soon);
 }
 
-/// `open` closed for good: its record goes.
+/// `open` closed for good: its record goes. Without waiting for the disk
+/// (`Durability::Soon`): a crash within the store's flush delay brings the
+/// handle back at start, where, never reclaimed, it expires with its
+/// timeout.
 pub fn forget(server: &Server, open: &Open) {
     if !open.is_persistent() {
         return;
@@ -136,7 +152,7 @@ pub fn forget(server: &Server, open: &Open) {
         let Some(current) = store.get(&key)? else {
             return Ok(());
         };
-        store.compare_and_set(&key, Some(current.version), None)?;
+        store.compare_and_set_with(&key, Some(current.version), None, Durability::Soon)?;
         Ok::<(), StateError>(())
     })();
     if let Err(e) = r {
@@ -327,4 +343,110 @@ fn reopen(server: &Arc<Server>, r: &DurableOpen, now: Instant) -> Result<(), Str
         r.timeout_ms
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::MetadataExt;
+    use std::path::Path;
+
+    use nimbus_auth::UserDb;
+    use nimbus_crypto::CryptoProvider;
+    use nimbus_state::RedbStore;
+
+    use super::*;
+    use crate::config::{Config, ShareConfig};
+
+    /// The record of an open of `name` in `share_dir` as a CREATE leaves it.
+    fn record(share_dir: &Path, open_id: u64, name: &str, answered: Answered) -> DurableOpen {
+        let path = share_dir.join(name);
+        std::fs::write(&path, b"data").unwrap();
+        let st = std::fs::metadata(&path).unwrap();
+        DurableOpen {
+            open_id,
+            file: FileKey {
+                dev: st.dev(),
+                ino: st.ino(),
+            },
+            share: "ca".into(),
+            path: name.into(),
+            access: access::FILE_READ_DATA,
+            share_access: 1,
+            owner_user: "alice".into(),
+            timeout_ms: 60_000,
+            answered,
+            ..DurableOpen::default()
+        }
+    }
+
+    /// A record written for a CREATE whose answer never left (the server
+    /// died in between) is dropped at start; an answered one comes back
+    /// as a handle waiting for its client.
+    #[test]
+    fn start_drops_records_never_answered_and_restores_the_others() {
+        let dir = std::env::temp_dir().join(format!("nimbus-persist-start-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let share_dir = dir.join("share");
+        let state_dir = dir.join("state");
+        std::fs::create_dir_all(&share_dir).unwrap();
+        {
+            let store = RedbStore::open(&state_dir).unwrap();
+            for r in [
+                record(&share_dir, 7, "answered.txt", Answered::Yes),
+                record(&share_dir, 8, "never.txt", Answered::Not),
+            ] {
+                records::update::<DurableOpen, _, StateError>(
+                    &store,
+                    &DurableOpen::key(r.open_id),
+                    |slot| {
+                        *slot = r.clone();
+                        Ok(())
+                    },
+                )
+                .unwrap();
+            }
+        }
+        let db_path = dir.join("users.db");
+        let mut db = UserDb::load_or_empty(&db_path).unwrap();
+        db.add(
+            "alice",
+            "Al1ce-Secret!",
+            &CryptoProvider::default_provider(),
+        )
+        .unwrap();
+        db.save(&db_path).unwrap();
+        let config = Config {
+            listen: vec![std::net::SocketAddr::from(([127, 0, 0, 1], 0))],
+            user_db: db_path,
+            state_dir: Some(state_dir.clone()),
+            shares: vec![ShareConfig {
+                name: "ca".into(),
+                path: share_dir,
+                read_only: false,
+                guest_ok: false,
+                encryption: None,
+                continuous_availability: true,
+            }],
+            ..Config::default()
+        };
+        let server = Server::new(config).unwrap();
+        let store = server.disk_store.clone().unwrap();
+        let left: Vec<u64> = store
+            .scan_prefix(OPEN_PREFIX)
+            .unwrap()
+            .iter()
+            .map(|(_, v)| {
+                <DurableOpen as records::Record>::decode(&v.value)
+                    .unwrap()
+                    .open_id
+            })
+            .collect();
+        assert_eq!(left, vec![7]);
+        assert_eq!(server.durables.disconnected_count(), 1);
+        assert!(server.durables.find_disconnected(7).is_some());
+        assert!(server.durables.find_disconnected(8).is_none());
+        drop(store);
+        drop(server);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -371,6 +371,16 @@ impl Server {
         Ok(())
     }
 
+    /// Before the process exits on a signal: what the stores hold only in
+    /// memory for a few milliseconds goes to disk.
+    pub fn shutdown(&self) {
+        if let Some(store) = &self.disk_store {
+            if let Err(e) = store.flush() {
+                tracing::error!("state store: last flush failed: {e}");
+            }
+        }
+    }
+
     async fn accept_loop(self: Arc<Self>, listener: TcpListener) {
         loop {
             match listener.accept().await {

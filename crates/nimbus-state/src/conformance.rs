@@ -4,14 +4,40 @@
 //! the generic update loop, and refusal of damaged records.
 
 use crate::records::{self, Record};
-use crate::store::{StateError, StateStore};
+use crate::store::{Durability, StateError, StateStore};
 
 /// Runs every check against `store`, which must start empty.
 pub fn run_all(store: &dyn StateStore) {
     compare_and_set(store);
+    soon_writes_are_writes(store);
     scans_in_key_order(store);
     updates_through_records(store);
     concurrent_updates_lose_nothing(store);
+}
+
+/// A `Durability::Soon` write is the same compare-and-set, seen at once.
+fn soon_writes_are_writes(s: &dyn StateStore) {
+    let soon = Durability::Soon;
+    let v1 = s
+        .compare_and_set_with(b"soon/a", None, Some(b"1".to_vec()), soon)
+        .unwrap()
+        .expect("created");
+    assert_eq!(
+        s.compare_and_set_with(b"soon/a", None, Some(b"x".to_vec()), soon)
+            .unwrap(),
+        None
+    );
+    assert_eq!(s.get(b"soon/a").unwrap().unwrap().value, b"1");
+    let v2 = s
+        .compare_and_set(b"soon/a", Some(v1), Some(b"2".to_vec()))
+        .unwrap()
+        .expect("a durable write after a soon one sees its version");
+    assert_eq!(
+        s.compare_and_set_with(b"soon/a", Some(v2), None, soon)
+            .unwrap(),
+        Some(0)
+    );
+    assert_eq!(s.get(b"soon/a").unwrap(), None);
 }
 
 fn compare_and_set(s: &dyn StateStore) {

@@ -12,6 +12,7 @@ pub mod conformance;
 pub mod durable_record;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
+pub mod journal;
 pub mod memory;
 pub mod records;
 pub mod redb_store;
@@ -22,4 +23,4 @@ pub use byte_range::{LockError, LockRange, RangeLock};
 pub use memory::MemoryStore;
 pub use redb_store::RedbStore;
 pub use share_modes::{FileKey, FileRecord, OpenRecord, ShareModes, SharingError};
-pub use store::{StateError, StateStore, Versioned};
+pub use store::{Durability, StateError, StateStore, Versioned};

@@ -11,7 +11,7 @@
 use crate::byte_range::RangeLock;
 use crate::caching::{Breaking, FileCaching, Grant, Holder, LeaseId, OpenEntry};
 use crate::share_modes::FileKey;
-use crate::store::{StateError, StateStore};
+use crate::store::{Durability, StateError, StateStore};
 
 /// A value kept under one key.
 pub trait Record: Default {
@@ -33,6 +33,16 @@ const CAS_RETRIES: usize = 1024;
 pub fn update<R: Record, T, E: From<StateError>>(
     store: &dyn StateStore,
     key: &[u8],
+    f: impl FnMut(&mut R) -> Result<T, E>,
+) -> Result<T, E> {
+    update_with(store, key, Durability::Now, f)
+}
+
+/// `update` with the durability the write needs.
+pub fn update_with<R: Record, T, E: From<StateError>>(
+    store: &dyn StateStore,
+    key: &[u8],
+    durability: Durability,
     mut f: impl FnMut(&mut R) -> Result<T, E>,
 ) -> Result<T, E> {
     for _ in 0..CAS_RETRIES {
@@ -49,7 +59,10 @@ pub fn update<R: Record, T, E: From<StateError>>(
             return Ok(out);
         }
         let expected = current.as_ref().map(|v| v.version);
-        if store.compare_and_set(key, expected, value)?.is_some() {
+        if store
+            .compare_and_set_with(key, expected, value, durability)?
+            .is_some()
+        {
             return Ok(out);
         }
         std::thread::yield_now();

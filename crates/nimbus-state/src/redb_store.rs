@@ -1,36 +1,101 @@
 //! Single-node backend on disk: one redb file in the server's state
 //! directory, for the records that must outlive the process (durable and
-//! persistent handles). Every compare-and-set is committed (fsync) before
-//! it returns, in a redb write transaction it shares with the others made
-//! meanwhile (group commit: one fsync for many concurrent opens), so a
-//! crash at any point leaves each record either as it was or as written,
-//! never half.
+//! persistent handles).
+//!
+//! The records live in memory, where every read and compare-and-set is
+//! decided (they are few: the handles kept for reconnection, bounded by
+//! `max_durable_handles`), and are written behind to redb. A write asked
+//! for `Durability::Now` returns once it and every write before it are
+//! committed (fsync); the writes made meanwhile by other callers go in the
+//! same redb transaction (group commit: one fsync for many concurrent
+//! opens). A write asked for `Durability::Soon` returns at once and goes
+//! to disk with the next durable commit, or with the flusher's at most
+//! `FLUSH_DELAY` later; several writes of one key before a commit reach
+//! the disk as the last of them (a handle opened, marked answered and
+//! closed between two commits costs one insert and one delete).
+//!
+//! A durable commit is one entry appended to the write-ahead journal
+//! (`journal.rs`, file `state.journal`) and one `fdatasync`, after which
+//! redb takes the same changes without waiting for the disk; redb is made
+//! durable when the journal is full and at start, after the journal's
+//! entries are replayed into it. Each commit moves the store from one
+//! state the memory had to a later one as a whole, so a crash at any point
+//! leaves it as the store was at some moment, never half a record. A commit that fails
+//! leaves memory ahead of the disk: the store then refuses every call
+//! (`Unavailable`, naming the error) rather than answer from a state the
+//! disk may never hold.
+//!
+//! Readers see a write as soon as it is made, before it is durable; only
+//! the writer that asked for `Now` is told it is on disk.
 //!
 //! Layout: table `records` maps a key to its version (u64, little endian)
 //! followed by the value; table `meta` holds the last version handed out,
 //! so versions keep rising across restarts.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
-use crate::store::{StateError, StateStore, Versioned};
+use crate::journal::{Batch, Journal};
+use crate::store::{Durability, StateError, StateStore, Versioned};
 
 const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("records");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const LAST_VERSION: &str = "last_version";
+/// The journal epoch whose entries come after what redb holds durably.
+const JOURNAL_EPOCH: &str = "journal_epoch";
+
+/// The file name of the journal inside the state directory.
+pub const JOURNAL_FILE_NAME: &str = "state.journal";
 
 /// The file name of the store inside the state directory.
 pub const FILE_NAME: &str = "state.redb";
 
+/// How long a `Durability::Soon` write may stay off the disk when no
+/// durable write comes to take it along.
+/// Short, as it is the window in which a crash loses an acknowledged
+/// close or "answered" mark when the server is otherwise idle; under load
+/// the next durable write comes sooner.
+pub const FLUSH_DELAY: Duration = Duration::from_millis(2);
+
 pub struct RedbStore {
+    inner: Arc<Inner>,
+    flusher: Option<std::thread::JoinHandle<()>>,
+}
+
+struct Inner {
     db: Database,
     path: PathBuf,
-    /// Compare-and-sets waiting for the next commit, and whether one is
-    /// under way (see `compare_and_set`).
-    group: Mutex<Group>,
-    done: Condvar,
+    /// Used by the one commit under way (`State::committing`).
+    journal: Mutex<Journal>,
+    state: Mutex<State>,
+    /// Signalled when a commit ends.
+    changed: Condvar,
+    /// Signalled when a write starts waiting for the flusher, and at stop
+    /// (its own, so that commits do not wake it).
+    flush_due: Condvar,
+}
+
+struct State {
+    records: BTreeMap<Vec<u8>, Versioned>,
+    last_version: u64,
+    /// What changed since the last commit: each key's latest value (None:
+    /// deleted).
+    unwritten: Batch,
+    /// Writes made so far, and how many of them the disk holds.
+    made: u64,
+    on_disk: u64,
+    /// A commit is under way (one at a time).
+    committing: bool,
+    /// When the oldest write not on disk was made.
+    unflushed_since: Option<Instant>,
+    /// Why the store refuses service (a failed commit).
+    failed: Option<String>,
+    /// The store is being dropped: the flusher commits what is left.
+    stopping: bool,
 }
 
 /// Why the store could not be opened; names the path, for the operator.
@@ -70,10 +135,11 @@ fn split(stored: &[u8]) -> Result<Versioned, StateError> {
 
 impl RedbStore {
     /// Opens (or creates) the store in directory `dir`, creating the
-    /// directory with mode 0700 when it does not exist. A file that is not
-    /// a store, or a damaged one, is an error naming it: never an empty
-    /// store in its place.
+    /// directory with mode 0700 when it does not exist, and reads its
+    /// records into memory. A file that is not a store, or a damaged one,
+    /// is an error naming it: never an empty store in its place.
     pub fn open(dir: &Path) -> Result<RedbStore, OpenError> {
+        let path = dir.join(FILE_NAME);
         let fail = |path: &Path, reason: String| OpenError {
             path: path.to_path_buf(),
             reason,
@@ -88,7 +154,6 @@ impl RedbStore {
         } else if !dir.is_dir() {
             return Err(fail(dir, "is not a directory".into()));
         }
-        let path = dir.join(FILE_NAME);
         let db = Database::create(&path).map_err(|e| {
             fail(
                 &path,
@@ -98,196 +163,357 @@ impl RedbStore {
                 ),
             )
         })?;
-        let store = RedbStore {
-            db,
-            path,
-            group: Mutex::new(Group::default()),
-            done: Condvar::new(),
+        let err = |e: &dyn std::fmt::Display| fail(&path, e.to_string());
+        let mut records = BTreeMap::new();
+        let (mut last_version, epoch) = {
+            let txn = db.begin_read().map_err(|e| err(&e))?;
+            // A store made by an older Nimbus has no meta table yet.
+            match txn.open_table(RECORDS) {
+                Ok(table) => {
+                    for entry in table.iter().map_err(|e| err(&e))? {
+                        let (k, v) = entry.map_err(|e| err(&e))?;
+                        let v = split(v.value()).map_err(|e| err(&e))?;
+                        records.insert(k.value().to_vec(), v);
+                    }
+                }
+                Err(redb::TableError::TableDoesNotExist(_)) => {}
+                Err(e) => return Err(err(&e)),
+            }
+            match txn.open_table(META) {
+                Ok(meta) => {
+                    let get = |k: &str| -> Result<u64, OpenError> {
+                        Ok(meta
+                            .get(k)
+                            .map_err(|e| err(&e))?
+                            .map(|v| v.value())
+                            .unwrap_or(0))
+                    };
+                    (get(LAST_VERSION)?, get(JOURNAL_EPOCH)? as u32)
+                }
+                Err(redb::TableError::TableDoesNotExist(_)) => (0, 0),
+                Err(e) => return Err(err(&e)),
+            }
         };
-        // Both tables exist from the first open on, so that reads never
-        // meet a missing table.
-        let txn = store
-            .db
-            .begin_write()
-            .map_err(|e| fail(&store.path, e.to_string()))?;
-        {
-            txn.open_table(RECORDS)
-                .map_err(|e| fail(&store.path, e.to_string()))?;
-            txn.open_table(META)
-                .map_err(|e| fail(&store.path, e.to_string()))?;
+        // What the journal holds beyond redb's last durable state: replayed
+        // into memory, then made durable in redb with the next epoch, which
+        // starts the journal afresh.
+        let journal_path = dir.join(JOURNAL_FILE_NAME);
+        let jerr = |e: &dyn std::fmt::Display| fail(&journal_path, e.to_string());
+        let mut journal = Journal::open(&journal_path).map_err(|e| jerr(&e))?;
+        let mut replayed = Batch::new();
+        for batch in journal.read(epoch).map_err(|e| jerr(&e))? {
+            for (key, value) in batch {
+                match &value {
+                    Some(v) => {
+                        last_version = last_version.max(v.version);
+                        records.insert(key.clone(), v.clone());
+                    }
+                    None => {
+                        records.remove(&key);
+                    }
+                }
+                replayed.insert(key, value);
+            }
         }
-        txn.commit().map_err(|e| fail(&store.path, e.to_string()))?;
-        Ok(store)
+        let next_epoch = epoch.wrapping_add(1);
+        checkpoint(&db, &replayed, last_version, next_epoch).map_err(|e| err(&e))?;
+        journal.restart(next_epoch);
+        let inner = Arc::new(Inner {
+            db,
+            path: path.clone(),
+            journal: Mutex::new(journal),
+            state: Mutex::new(State {
+                records,
+                last_version,
+                unwritten: BTreeMap::new(),
+                made: 0,
+                on_disk: 0,
+                committing: false,
+                unflushed_since: None,
+                failed: None,
+                stopping: false,
+            }),
+            changed: Condvar::new(),
+            flush_due: Condvar::new(),
+        });
+        let flusher = {
+            let inner = inner.clone();
+            std::thread::Builder::new()
+                .name("nimbus-state-flush".into())
+                .spawn(move || inner.flush_loop())
+                .map_err(|e| fail(&path, format!("cannot start its flusher: {e}")))?
+        };
+        Ok(RedbStore {
+            inner,
+            flusher: Some(flusher),
+        })
     }
 
     pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Applies `batch` in order in one write transaction and commits it;
-    /// the answer of each op (a failed commit fails them all).
-    fn commit_batch(&self, batch: &[Op]) -> Vec<Result<Option<u64>, StateError>> {
-        let fail_all = |e: StateError| batch.iter().map(|_| Err(e.clone_message())).collect();
-        let txn = match self.db.begin_write() {
-            Ok(t) => t,
-            Err(e) => return fail_all(unavailable(e)),
-        };
-        let mut answers = Vec::with_capacity(batch.len());
-        {
-            let mut table = match txn.open_table(RECORDS) {
-                Ok(t) => t,
-                Err(e) => return fail_all(unavailable(e)),
-            };
-            let mut meta = match txn.open_table(META) {
-                Ok(t) => t,
-                Err(e) => return fail_all(unavailable(e)),
-            };
-            for op in batch {
-                answers.push(apply(&mut table, &mut meta, op));
-            }
-        }
-        // Nothing was written (every op refused or failed): no commit.
-        if answers.iter().all(|a| !matches!(a, Ok(Some(_)))) {
-            drop(txn);
-            return answers;
-        }
-        match txn.commit() {
-            Ok(()) => answers,
-            Err(e) => fail_all(unavailable(e)),
-        }
+        &self.inner.path
     }
 }
 
-/// One op of a compare-and-set, within a write transaction.
-fn apply(
-    table: &mut redb::Table<&[u8], &[u8]>,
-    meta: &mut redb::Table<&str, u64>,
-    op: &Op,
-) -> Result<Option<u64>, StateError> {
-    let current = match table.get(op.key.as_slice()).map_err(unavailable)? {
-        Some(v) => Some(split(v.value())?.version),
-        None => None,
-    };
-    if current != op.expected {
-        return Ok(None);
-    }
-    match &op.value {
-        Some(value) => {
-            let last = meta
-                .get(LAST_VERSION)
-                .map_err(unavailable)?
-                .map(|v| v.value())
-                .unwrap_or(0);
-            let version = last + 1;
-            meta.insert(LAST_VERSION, version).map_err(unavailable)?;
-            let mut stored = Vec::with_capacity(8 + value.len());
-            stored.extend_from_slice(&version.to_le_bytes());
-            stored.extend_from_slice(value);
-            table
-                .insert(op.key.as_slice(), stored.as_slice())
-                .map_err(unavailable)?;
-            Ok(Some(version))
-        }
-        None => {
-            table.remove(op.key.as_slice()).map_err(unavailable)?;
-            Ok(Some(0))
+impl Drop for RedbStore {
+    /// Stops the flusher, which puts what is pending on disk first.
+    fn drop(&mut self) {
+        lock(&self.inner.state).stopping = true;
+        self.inner.flush_due.notify_all();
+        if let Some(t) = self.flusher.take() {
+            let _ = t.join();
         }
     }
-}
-
-/// A compare-and-set waiting for a group commit.
-struct Op {
-    key: Vec<u8>,
-    expected: Option<u64>,
-    value: Option<Vec<u8>>,
-    slot: Arc<Slot>,
-}
-
-#[derive(Default)]
-struct Slot {
-    answer: Mutex<Option<Result<Option<u64>, StateError>>>,
-}
-
-#[derive(Default)]
-struct Group {
-    queue: Vec<Op>,
-    committing: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-impl StateStore for RedbStore {
-    fn get(&self, key: &[u8]) -> Result<Option<Versioned>, StateError> {
-        let txn = self.db.begin_read().map_err(unavailable)?;
-        let table = txn.open_table(RECORDS).map_err(unavailable)?;
-        let found = table.get(key).map_err(unavailable)?;
-        found.map(|v| split(v.value())).transpose()
+impl State {
+    fn refuse(&self) -> Result<(), StateError> {
+        match &self.failed {
+            Some(why) => Err(StateError::Unavailable(format!(
+                "a commit failed earlier ({why}); restart the server"
+            ))),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Applies `batch` to the tables of `txn` (and the epoch, when given).
+fn write_batch(
+    txn: &redb::WriteTransaction,
+    batch: &Batch,
+    last_version: u64,
+    epoch: Option<u32>,
+) -> Result<(), StateError> {
+    let mut table = txn.open_table(RECORDS).map_err(unavailable)?;
+    let mut meta = txn.open_table(META).map_err(unavailable)?;
+    let mut stored = Vec::new();
+    for (key, value) in batch {
+        match value {
+            Some(v) => {
+                stored.clear();
+                stored.extend_from_slice(&v.version.to_le_bytes());
+                stored.extend_from_slice(&v.value);
+                table
+                    .insert(key.as_slice(), stored.as_slice())
+                    .map_err(unavailable)?;
+            }
+            None => {
+                table.remove(key.as_slice()).map_err(unavailable)?;
+            }
+        }
+    }
+    meta.insert(LAST_VERSION, last_version)
+        .map_err(unavailable)?;
+    if let Some(epoch) = epoch {
+        meta.insert(JOURNAL_EPOCH, epoch as u64)
+            .map_err(unavailable)?;
+    }
+    Ok(())
+}
+
+/// One durable redb commit of `batch` that also ends the journal's epoch:
+/// from here on redb holds everything, and the journal starts `epoch`.
+fn checkpoint(
+    db: &Database,
+    batch: &Batch,
+    last_version: u64,
+    epoch: u32,
+) -> Result<(), StateError> {
+    let txn = db.begin_write().map_err(unavailable)?;
+    write_batch(&txn, batch, last_version, Some(epoch))?;
+    txn.commit().map_err(unavailable)
+}
+
+impl Inner {
+    fn wait<'a>(&self, g: std::sync::MutexGuard<'a, State>) -> std::sync::MutexGuard<'a, State> {
+        self.changed.wait(g).unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Group commit: a caller that finds no commit under way becomes the
-    /// leader and applies every compare-and-set queued so far in one write
-    /// transaction with one fsync; the others wait for its commit. Each
-    /// still sees the versions the ones queued before it left, so the
-    /// answers are those of the calls made one after the other.
+    /// Returns once the disk holds the first `upto` writes: commits them
+    /// itself when no commit is under way (taking along every write made
+    /// meanwhile), or waits for the commit that is.
+    fn make_durable<'a>(
+        &'a self,
+        mut g: std::sync::MutexGuard<'a, State>,
+        upto: u64,
+    ) -> Result<std::sync::MutexGuard<'a, State>, StateError> {
+        loop {
+            g.refuse()?;
+            if g.on_disk >= upto {
+                return Ok(g);
+            }
+            if !g.committing {
+                break;
+            }
+            g = self.wait(g);
+        }
+        g.committing = true;
+        let batch = std::mem::take(&mut g.unwritten);
+        let made = g.made;
+        let last_version = g.last_version;
+        drop(g);
+        let result = self.commit(&batch, last_version);
+        let mut g = lock(&self.state);
+        g.committing = false;
+        match result {
+            Ok(()) => {
+                g.on_disk = made;
+                g.unflushed_since = (!g.unwritten.is_empty()).then(Instant::now);
+                if g.unflushed_since.is_some() {
+                    self.flush_due.notify_one();
+                }
+            }
+            Err(e) => {
+                tracing::error!("state store {}: commit failed: {e}", self.path.display());
+                g.failed = Some(e.to_string());
+            }
+        }
+        self.changed.notify_all();
+        g.refuse()?;
+        Ok(g)
+    }
+
+    /// Makes `batch` durable: one journal entry, then redb without
+    /// waiting for the disk; or, when the journal is full, a checkpoint.
+    fn commit(&self, batch: &Batch, last_version: u64) -> Result<(), StateError> {
+        let mut journal = lock(&self.journal);
+        if journal.append(batch).map_err(unavailable)? {
+            let mut txn = self.db.begin_write().map_err(unavailable)?;
+            txn.set_durability(redb::Durability::None)
+                .map_err(unavailable)?;
+            write_batch(&txn, batch, last_version, None)?;
+            return txn.commit().map_err(unavailable);
+        }
+        let next = journal.epoch.wrapping_add(1);
+        checkpoint(&self.db, batch, last_version, next)?;
+        journal.restart(next);
+        Ok(())
+    }
+
+    fn compare_and_set(
+        &self,
+        key: &[u8],
+        expected: Option<u64>,
+        value: Option<Vec<u8>>,
+        durability: Durability,
+    ) -> Result<Option<u64>, StateError> {
+        let mut g = lock(&self.state);
+        g.refuse()?;
+        if g.records.get(key).map(|v| v.version) != expected {
+            return Ok(None);
+        }
+        let (version, stored) = match value {
+            Some(value) => {
+                g.last_version += 1;
+                let v = Versioned {
+                    version: g.last_version,
+                    value,
+                };
+                g.records.insert(key.to_vec(), v.clone());
+                (v.version, Some(v))
+            }
+            None => {
+                g.records.remove(key);
+                (0, None)
+            }
+        };
+        g.unwritten.insert(key.to_vec(), stored);
+        g.made += 1;
+        let made = g.made;
+        match durability {
+            Durability::Now => {
+                drop(self.make_durable(g, made)?);
+            }
+            Durability::Soon => {
+                if g.unflushed_since.is_none() {
+                    g.unflushed_since = Some(Instant::now());
+                    drop(g);
+                    self.flush_due.notify_one();
+                }
+            }
+        }
+        Ok(Some(version))
+    }
+
+    /// The flusher: once a `Soon` write has waited `FLUSH_DELAY` without
+    /// a durable commit taking it along, commits it; at stop, commits
+    /// what is left and returns.
+    fn flush_loop(&self) {
+        let mut g = lock(&self.state);
+        loop {
+            let pending = g.made > g.on_disk && g.failed.is_none();
+            let due = g.unflushed_since.map(|t| t + FLUSH_DELAY);
+            if pending && (g.stopping || due.is_some_and(|d| Instant::now() >= d)) {
+                let made = g.made;
+                g = match self.make_durable(g, made) {
+                    Ok(g) => g,
+                    // Logged by make_durable; the store now refuses service.
+                    Err(_) => lock(&self.state),
+                };
+                continue;
+            }
+            if g.stopping {
+                return;
+            }
+            g = match due {
+                Some(due) if pending => {
+                    let wait = due.saturating_duration_since(Instant::now());
+                    self.flush_due
+                        .wait_timeout(g, wait)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0
+                }
+                _ => self.flush_due.wait(g).unwrap_or_else(|p| p.into_inner()),
+            };
+        }
+    }
+}
+
+impl StateStore for RedbStore {
+    fn get(&self, key: &[u8]) -> Result<Option<Versioned>, StateError> {
+        let g = lock(&self.inner.state);
+        g.refuse()?;
+        Ok(g.records.get(key).cloned())
+    }
+
     fn compare_and_set(
         &self,
         key: &[u8],
         expected: Option<u64>,
         value: Option<Vec<u8>>,
     ) -> Result<Option<u64>, StateError> {
-        let slot = Arc::new(Slot::default());
-        let mut g = lock(&self.group);
-        g.queue.push(Op {
-            key: key.to_vec(),
-            expected,
-            value,
-            slot: slot.clone(),
-        });
-        loop {
-            if let Some(answer) = lock(&slot.answer).take() {
-                return answer;
-            }
-            if !g.committing {
-                break;
-            }
-            g = self.done.wait(g).unwrap_or_else(|p| p.into_inner());
-        }
-        // Leader: take what is queued (this call's op among it), commit it
-        // without holding the queue, hand out the answers.
-        g.committing = true;
-        let batch = std::mem::take(&mut g.queue);
-        drop(g);
-        let answers = self.commit_batch(&batch);
-        for (op, answer) in batch.iter().zip(answers) {
-            *lock(&op.slot.answer) = Some(answer);
-        }
-        let mut g = lock(&self.group);
-        g.committing = false;
-        drop(g);
-        self.done.notify_all();
-        let answer = lock(&slot.answer).take();
-        answer.unwrap_or_else(|| {
-            Err(StateError::Unavailable(
-                "group commit lost an answer".into(),
-            ))
-        })
+        self.inner
+            .compare_and_set(key, expected, value, Durability::Now)
+    }
+
+    fn compare_and_set_with(
+        &self,
+        key: &[u8],
+        expected: Option<u64>,
+        value: Option<Vec<u8>>,
+        durability: Durability,
+    ) -> Result<Option<u64>, StateError> {
+        self.inner.compare_and_set(key, expected, value, durability)
+    }
+
+    fn flush(&self) -> Result<(), StateError> {
+        let g = lock(&self.inner.state);
+        let made = g.made;
+        drop(self.inner.make_durable(g, made)?);
+        Ok(())
     }
 
     fn scan_prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Versioned)>, StateError> {
-        let txn = self.db.begin_read().map_err(unavailable)?;
-        let table = txn.open_table(RECORDS).map_err(unavailable)?;
-        let mut out = Vec::new();
-        for entry in table.range(prefix..).map_err(unavailable)? {
-            let (k, v) = entry.map_err(unavailable)?;
-            let k = k.value();
-            if !k.starts_with(prefix) {
-                break;
-            }
-            out.push((k.to_vec(), split(v.value())?));
-        }
-        Ok(out)
+        let g = lock(&self.inner.state);
+        g.refuse()?;
+        Ok(g.records
+            .range(prefix.to_vec()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect())
     }
 }
 
@@ -333,6 +559,140 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(v2 > v1);
+        drop(s);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Runs `child` in a copy of this test binary that then dies without
+    /// unwinding (as kill -9 would leave the store), and returns when it
+    /// has.
+    fn in_a_process_that_aborts(test: &str, dir: &Path) {
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", test, "--nocapture", "--test-threads=1"])
+            .env("NIMBUS_REDB_CHILD_DIR", dir)
+            .status()
+            .unwrap();
+        assert!(!status.success(), "the child aborts");
+    }
+
+    #[test]
+    fn durable_writes_survive_an_abort_and_soon_ones_the_flush_delay() {
+        if let Some(dir) = std::env::var_os("NIMBUS_REDB_CHILD_DIR") {
+            // The child: one write of each kind, then death without Drop.
+            let s = RedbStore::open(Path::new(&dir)).unwrap();
+            s.compare_and_set(b"o/now", None, Some(b"now".to_vec()))
+                .unwrap()
+                .unwrap();
+            s.compare_and_set_with(b"o/soon", None, Some(b"soon".to_vec()), Durability::Soon)
+                .unwrap()
+                .unwrap();
+            // Seen at once, before it is on disk.
+            assert_eq!(s.get(b"o/soon").unwrap().unwrap().value, b"soon");
+            // The flusher puts it on disk within FLUSH_DELAY; wait for it
+            // to say so (bounded), then die.
+            let until = Instant::now() + Duration::from_secs(10);
+            let behind = || {
+                let g = lock(&s.inner.state);
+                g.made > g.on_disk
+            };
+            while behind() && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            std::process::abort();
+        }
+        let dir = temp_dir("abort");
+        in_a_process_that_aborts(
+            "redb_store::tests::durable_writes_survive_an_abort_and_soon_ones_the_flush_delay",
+            &dir,
+        );
+        let s = RedbStore::open(&dir).unwrap();
+        assert_eq!(s.get(b"o/now").unwrap().unwrap().value, b"now");
+        assert_eq!(s.get(b"o/soon").unwrap().unwrap().value, b"soon");
+        drop(s);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn journal_checkpoints_lose_nothing_at_an_abort() {
+        if let Some(dir) = std::env::var_os("NIMBUS_REDB_CHILD_DIR") {
+            // Enough to fill the journal twice over: two checkpoints, then
+            // entries of a third epoch, then death without Drop.
+            let s = RedbStore::open(Path::new(&dir)).unwrap();
+            let big = vec![0x5Au8; 100 << 10];
+            let mut versions = Vec::new();
+            for i in 0..100u32 {
+                let key = format!("big/{i:03}");
+                versions.push(
+                    s.compare_and_set(key.as_bytes(), None, Some(big.clone()))
+                        .unwrap()
+                        .unwrap(),
+                );
+            }
+            for (i, v) in versions.iter().enumerate().filter(|(i, _)| i % 2 == 0) {
+                let key = format!("big/{i:03}");
+                s.compare_and_set(key.as_bytes(), Some(*v), None)
+                    .unwrap()
+                    .unwrap();
+            }
+            std::process::abort();
+        }
+        let dir = temp_dir("checkpoints");
+        in_a_process_that_aborts(
+            "redb_store::tests::journal_checkpoints_lose_nothing_at_an_abort",
+            &dir,
+        );
+        let s = RedbStore::open(&dir).unwrap();
+        let left = s.scan_prefix(b"big/").unwrap();
+        let names: Vec<String> = left
+            .iter()
+            .map(|(k, _)| String::from_utf8(k.clone()).unwrap())
+            .collect();
+        let odd: Vec<String> = (0..100)
+            .filter(|i| i % 2 == 1)
+            .map(|i| format!("big/{i:03}"))
+            .collect();
+        assert_eq!(names, odd);
+        assert!(left.iter().all(|(_, v)| v.value == vec![0x5Au8; 100 << 10]));
+        // And again after a clean reopen: the checkpoint at start kept it.
+        drop(s);
+        let s = RedbStore::open(&dir).unwrap();
+        assert_eq!(s.scan_prefix(b"big/").unwrap().len(), 50);
+        drop(s);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn soon_writes_are_ordered_with_durable_ones_and_kept_at_drop() {
+        let dir = temp_dir("soon");
+        let s = RedbStore::open(&dir).unwrap();
+        let v1 = s
+            .compare_and_set_with(b"o/1", None, Some(b"a".to_vec()), Durability::Soon)
+            .unwrap()
+            .unwrap();
+        // A durable compare-and-set sees the version the Soon one left.
+        let v2 = s
+            .compare_and_set(b"o/1", Some(v1), Some(b"b".to_vec()))
+            .unwrap()
+            .unwrap();
+        assert!(v2 > v1);
+        // ...and takes it to disk: nothing is left for the flusher.
+        {
+            let g = lock(&s.inner.state);
+            assert_eq!(g.made, g.on_disk);
+        }
+        s.compare_and_set_with(b"o/1", Some(v2), None, Durability::Soon)
+            .unwrap()
+            .unwrap();
+        s.compare_and_set_with(b"o/2", None, Some(b"c".to_vec()), Durability::Soon)
+            .unwrap()
+            .unwrap();
+        drop(s);
+        let s = RedbStore::open(&dir).unwrap();
+        assert_eq!(s.get(b"o/1").unwrap(), None);
+        assert_eq!(s.get(b"o/2").unwrap().unwrap().value, b"c");
+        // An explicit flush with nothing pending costs no commit and fails
+        // nothing.
+        s.flush().unwrap();
         drop(s);
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -41,6 +41,22 @@ impl StateError {
     }
 }
 
+/// How soon a write must be on stable storage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// Before the call returns: for what a client is about to be told
+    /// (a persistent handle granted, a lock taken).
+    Now,
+    /// With the next `Now` write or within a short, backend-defined delay
+    /// (a few milliseconds), but visible to every reader and ordered with
+    /// every other write at once. For writes whose loss in a crash within
+    /// that delay costs at most a record that expires on its own (a close
+    /// seen again as a handle nobody reclaims) or one dropped at start (an
+    /// "answered" mark): a backend that is always durable treats it as
+    /// `Now`.
+    Soon,
+}
+
 pub trait StateStore: Send + Sync {
     fn get(&self, key: &[u8]) -> Result<Option<Versioned>, StateError>;
 
@@ -54,6 +70,24 @@ pub trait StateStore: Send + Sync {
         expected: Option<u64>,
         value: Option<Vec<u8>>,
     ) -> Result<Option<u64>, StateError>;
+
+    /// `compare_and_set` with the durability the write needs.
+    fn compare_and_set_with(
+        &self,
+        key: &[u8],
+        expected: Option<u64>,
+        value: Option<Vec<u8>>,
+        durability: Durability,
+    ) -> Result<Option<u64>, StateError> {
+        let _ = durability;
+        self.compare_and_set(key, expected, value)
+    }
+
+    /// Puts every `Durability::Soon` write made so far on stable storage
+    /// (at shutdown).
+    fn flush(&self) -> Result<(), StateError> {
+        Ok(())
+    }
 
     /// Every record whose key starts with `prefix`, in key order.
     fn scan_prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Versioned)>, StateError>;

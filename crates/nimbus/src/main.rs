@@ -241,11 +241,12 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
-    rt.block_on(async move {
+    let running = server.clone();
+    let result = rt.block_on(async move {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .map_err(|e| format!("cannot watch for SIGTERM: {e}"))?;
         tokio::select! {
-            r = server.run() => r.map_err(|e| e.to_string()),
+            r = running.run() => r.map_err(|e| e.to_string()),
             _ = tokio::signal::ctrl_c() => {
                 tracing::info!("interrupted; shutting down");
                 Ok(())
@@ -255,7 +256,9 @@ fn serve(args: ServeArgs) -> Result<(), String> {
                 Ok(())
             }
         }
-    })
+    });
+    server.shutdown();
+    result
 }
 
 fn read_password(stdin: bool) -> Result<String, String> {
