@@ -66,6 +66,9 @@ if [ "$install" -eq 1 ]; then
     # smbclient and smbtorture (samba-testsuite) are the real clients the
     # integration tests drive.
     apt_install smbclient samba-testsuite
+    # A real three-member etcd cluster (etcd-server, and etcdctl from
+    # etcd-client) backs the cluster tests and the etcd store's own.
+    apt_install etcd-server etcd-client
     ensure_build_deps
     ensure_rust_lint_tools
     ensure_test_venv

@@ -63,6 +63,24 @@ pub struct ShareConfig {
     pub continuous_availability: bool,
 }
 
+/// `[cluster]`: this node is one of several serving the same shares, with
+/// the protocol state they share in etcd.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterConfig {
+    /// Client URLs of the etcd members (`http://HOST:PORT`).
+    pub etcd: Vec<String>,
+    /// Unique, stable name of this node.
+    pub node: String,
+    /// Where clients reach this node.
+    pub advertise: SocketAddr,
+    /// How long this node's membership outlives its last renewal (a dead
+    /// node's records become reclaimable after it).
+    pub node_ttl_secs: u32,
+}
+
+/// The default of `[cluster] node_ttl_secs`.
+pub const DEFAULT_NODE_TTL_SECS: u32 = 10;
+
 /// The validated configuration the server runs with.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -89,6 +107,8 @@ pub struct Config {
     pub workgroup: String,
     /// Bounds on what clients may make the server hold (`[limits]`).
     pub limits: Limits,
+    /// `[cluster]`, or None: a single node with its embedded store.
+    pub cluster: Option<ClusterConfig>,
 }
 
 impl Default for Config {
@@ -106,6 +126,7 @@ impl Default for Config {
             server_aliases: Vec::new(),
             workgroup: "WORKGROUP".into(),
             limits: Limits::default(),
+            cluster: None,
         }
     }
 }
@@ -144,6 +165,16 @@ struct RawConfig {
     limits: Option<RawLimits>,
     #[serde(default)]
     share: Vec<RawShare>,
+    cluster: Option<RawCluster>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCluster {
+    etcd: Option<Vec<String>>,
+    node: Option<String>,
+    advertise: Option<String>,
+    node_ttl_secs: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -167,6 +198,74 @@ struct RawShare {
     encryption: Option<String>,
     #[serde(default)]
     continuous_availability: bool,
+}
+
+/// Validates `[cluster]`; each problem goes to `fail` (key, problem, fix).
+fn cluster_config(
+    c: RawCluster,
+    fail: &mut dyn FnMut(&str, String, &str),
+) -> Option<ClusterConfig> {
+    const ETCD_FIX: &str =
+        "list the etcd client URLs, e.g. etcd = [\"http://127.0.0.1:2379\", \"http://127.0.0.1:22379\"]";
+    let etcd = c.etcd.unwrap_or_default();
+    if etcd.is_empty() {
+        fail("cluster.etcd", "no etcd endpoint given".into(), ETCD_FIX);
+    }
+    let mut ok = !etcd.is_empty();
+    for (i, url) in etcd.iter().enumerate() {
+        if let Err(e) = nimbus_state::etcd_store::parse_endpoint(url) {
+            fail(&format!("cluster.etcd[{i}]"), e.0, ETCD_FIX);
+            ok = false;
+        }
+    }
+    let node = c.node.unwrap_or_default();
+    let node_ok = !node.is_empty()
+        && node.len() <= 63
+        && node
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
+    if !node_ok {
+        fail(
+            "cluster.node",
+            format!("\"{node}\" is not a node name"),
+            "give each node a unique, stable name of 1 to 63 letters, digits, '-', '_' or '.', \
+             e.g. node = \"n1\"",
+        );
+        ok = false;
+    }
+    let advertise = match c.advertise.as_deref().map(str::parse::<SocketAddr>) {
+        Some(Ok(a)) if !a.ip().is_unspecified() => Some(a),
+        other => {
+            fail(
+                "cluster.advertise",
+                match other {
+                    None => "missing".into(),
+                    Some(_) => format!(
+                        "\"{}\" is not an address clients can reach",
+                        c.advertise.as_deref().unwrap_or_default()
+                    ),
+                },
+                "write the address and port clients use for this node, e.g. advertise = \"127.0.0.2:4450\"",
+            );
+            None
+        }
+    };
+    let ttl = c.node_ttl_secs.unwrap_or(DEFAULT_NODE_TTL_SECS);
+    if !(2..=300).contains(&ttl) {
+        fail(
+            "cluster.node_ttl_secs",
+            format!("{ttl} is out of range"),
+            "write a number of seconds from 2 to 300 (default 10)",
+        );
+        ok = false;
+    }
+    Some(ClusterConfig {
+        etcd,
+        node,
+        advertise: advertise?,
+        node_ttl_secs: ttl,
+    })
+    .filter(|_| ok)
 }
 
 const ENCRYPTION_FIX: &str =
@@ -239,7 +338,7 @@ impl Config {
             vec![err(
                 &format!("line {line}"),
                 msg,
-                "see README.md for the keys: listen, user_db, state_dir, server_name, server_aliases, workgroup, [security] signing/encryption/ciphers/fips, [limits] (see README), [[share]] name/path/read_only/guest_ok/encryption/continuous_availability",
+                "see README.md for the keys: listen, user_db, state_dir, server_name, server_aliases, workgroup, [security] signing/encryption/ciphers/fips, [limits] (see README), [[share]] name/path/read_only/guest_ok/encryption/continuous_availability, [cluster] etcd/node/advertise/node_ttl_secs",
             )]
         })?;
         let mut errors = Vec::new();
@@ -386,6 +485,11 @@ impl Config {
                 "list at least one cipher, e.g. ciphers = [\"AES-128-GCM\"]",
             ));
         }
+        if let Some(c) = raw.cluster {
+            cfg.cluster = cluster_config(c, &mut |key, problem, fix| {
+                errors.push(err(key, problem, fix))
+            });
+        }
         errors.extend(cfg.validate_shares(file));
         if errors.is_empty() {
             Ok(cfg)
@@ -464,6 +568,53 @@ mod tests {
         assert_eq!(cfg.state_dir, Some(PathBuf::from("/etc/nimbus/state")));
         assert_eq!(cfg.shares.len(), 1);
         assert_eq!(cfg.signing, SigningPolicy::Required);
+    }
+
+    #[test]
+    fn cluster_section_with_the_documented_keys() {
+        let dir = std::env::temp_dir();
+        let text = format!(
+            "[[share]]\nname = \"data\"\npath = \"{}\"\n[cluster]\n\
+             etcd = [\"http://127.0.0.1:2379\", \"http://127.0.0.1:22379\", \"http://127.0.0.1:32379\"]\n\
+             node = \"n1\"\nadvertise = \"127.0.0.2:4450\"\n",
+            dir.display()
+        );
+        let cfg = Config::from_toml("t.toml", &text, None).unwrap();
+        let c = cfg.cluster.unwrap();
+        assert_eq!(c.etcd.len(), 3);
+        assert_eq!(c.node, "n1");
+        assert_eq!(c.advertise, "127.0.0.2:4450".parse().unwrap());
+        assert_eq!(c.node_ttl_secs, DEFAULT_NODE_TTL_SECS);
+        // Without [cluster]: a single node, as before.
+        let single = format!("[[share]]\nname = \"data\"\npath = \"{}\"\n", dir.display());
+        assert!(Config::from_toml("t.toml", &single, None)
+            .unwrap()
+            .cluster
+            .is_none());
+    }
+
+    #[test]
+    fn cluster_problems_name_their_keys() {
+        let text = "[cluster]\netcd = [\"https://e:2379\", \"e:2379\"]\nnode = \"a b\"\n\
+                    advertise = \"0.0.0.0:445\"\nnode_ttl_secs = 1\n";
+        let errs = Config::from_toml("c.toml", text, None).unwrap_err();
+        let keys: Vec<_> = errs.iter().map(|e| e.key.as_str()).collect();
+        for k in [
+            "cluster.etcd[0]",
+            "cluster.etcd[1]",
+            "cluster.node",
+            "cluster.advertise",
+            "cluster.node_ttl_secs",
+        ] {
+            assert!(keys.contains(&k), "{k} missing from {keys:?}");
+        }
+        assert!(errs.iter().any(|e| e.problem.contains("TLS")));
+        let empty = Config::from_toml("c.toml", "[cluster]\n", None).unwrap_err();
+        let keys: Vec<_> = empty.iter().map(|e| e.key.as_str()).collect();
+        assert!(keys.contains(&"cluster.etcd") && keys.contains(&"cluster.node"));
+        assert!(keys.contains(&"cluster.advertise"));
+        let unknown = Config::from_toml("c.toml", "[cluster]\nnodes = \"x\"\n", None).unwrap_err();
+        assert!(unknown[0].problem.contains("unknown field"), "{unknown:?}");
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! and return typed responses or an NTSTATUS.
 
 mod admission;
+pub mod cluster;
 pub mod config;
 mod connection;
 mod credits;

@@ -35,6 +35,8 @@ pub enum StartError {
     Runtime(String),
     /// The state directory or its store could not be opened.
     State(String),
+    /// `[cluster]`: etcd out of reach, or the node name taken.
+    Cluster(String),
 }
 
 impl std::fmt::Display for StartError {
@@ -46,7 +48,7 @@ impl std::fmt::Display for StartError {
                 write!(f, "share \"{name}\": path {path}: {reason}")
             }
             StartError::Bind { addr, reason } => write!(f, "cannot listen on {addr}: {reason}"),
-            StartError::Runtime(e) => write!(f, "{e}"),
+            StartError::Runtime(e) | StartError::Cluster(e) => write!(f, "{e}"),
             StartError::State(e) => write!(
                 f,
                 "{e} (state_dir in the configuration, or --state-dir, names the directory)"
@@ -106,6 +108,8 @@ pub struct Server {
     pub sessions: crate::session_registry::SessionRegistry,
     /// The store on disk in `state_dir`, for what must outlive the process.
     pub disk_store: Option<Arc<dyn StateStore>>,
+    /// This node's membership of its cluster (`[cluster]`), or None.
+    pub cluster: Option<Arc<crate::cluster::Membership>>,
     next_session_id: AtomicU64,
     next_open_id: AtomicU64,
     /// Volatile FileIds equal the open id instead of being random: only for
@@ -226,6 +230,14 @@ impl Server {
             }
             None => None,
         };
+        // Joined before anything is served: a node that cannot reach etcd,
+        // or whose name another node holds, does not start.
+        let cluster = match &config.cluster {
+            Some(c) => Some(Arc::new(
+                crate::cluster::Membership::join(c).map_err(StartError::Cluster)?,
+            )),
+            None => None,
+        };
         let keep = crate::durable::KeepLimits {
             total: config.limits.max_durable_handles,
             per_user: config.limits.max_durable_handles_per_user,
@@ -248,6 +260,7 @@ impl Server {
             durables: crate::durable::DurableOpens::new(keep),
             sessions: Default::default(),
             disk_store,
+            cluster,
             next_session_id: AtomicU64::new(1),
             next_open_id: AtomicU64::new(1),
             predictable_file_ids: AtomicBool::new(false),
@@ -361,6 +374,9 @@ impl Server {
         }
         let mut tasks = Vec::new();
         tokio::spawn(crate::durable::DurableOpens::scavenge(self.clone()));
+        if let Some(m) = &self.cluster {
+            tokio::spawn(m.clone().keep_alive());
+        }
         for l in listeners {
             let server = self.clone();
             tasks.push(tokio::spawn(async move { server.accept_loop(l).await }));
@@ -371,9 +387,13 @@ impl Server {
         Ok(())
     }
 
-    /// Before the process exits on a signal: what the stores hold only in
-    /// memory for a few milliseconds goes to disk.
+    /// Before the process exits on a signal: the node leaves its cluster,
+    /// and what the stores hold only in memory for a few milliseconds goes
+    /// to disk.
     pub fn shutdown(&self) {
+        if let Some(m) = &self.cluster {
+            m.leave();
+        }
         if let Some(store) = &self.disk_store {
             if let Err(e) = store.flush() {
                 tracing::error!("state store: last flush failed: {e}");

@@ -10,6 +10,7 @@ pub mod caching;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 pub mod durable_record;
+pub mod etcd_store;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod journal;
@@ -20,6 +21,7 @@ pub mod share_modes;
 pub mod store;
 
 pub use byte_range::{LockError, LockRange, RangeLock};
+pub use etcd_store::EtcdStore;
 pub use memory::MemoryStore;
 pub use redb_store::RedbStore;
 pub use share_modes::{FileKey, FileRecord, OpenRecord, ShareModes, SharingError};

@@ -1,0 +1,689 @@
+//! The cluster's backend: records in etcd, through the JSON gateway every
+//! etcd v3 server offers on its client URLs (`POST /v3/kv/range`,
+//! `/v3/kv/txn`, `/v3/lease/...`), over plain HTTP/1.1 with keep-alive.
+//!
+//! Why the gateway and not gRPC: the `StateStore` interface is synchronous
+//! (its callers are request handlers on the blocking pool), the Rust gRPC
+//! clients for etcd (etcd-client on tonic) need their own async runtime
+//! and protoc at build time, and the calls that reach etcd are few by
+//! design (ownership caching keeps the common case local). The JSON
+//! encoding costs microseconds; etcd's Raft round trip costs milliseconds.
+//!
+//! Versions are etcd's `mod_revision`: unique and rising across the whole
+//! cluster, so a compare-and-set on it detects any other writer on any
+//! node. Reads are linearizable (etcd's default), so a decision made on a
+//! read is made on the cluster's latest state. Every call is bounded by
+//! `timeout` per endpoint; an endpoint that fails is skipped for the next
+//! one, and when none answers the call fails `Unavailable`.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine;
+use serde_json::{json, Value};
+
+use crate::store::{StateError, StateStore, Versioned};
+
+/// Largest gateway response read (a scan of many records); beyond it the
+/// call fails rather than allocate without bound.
+const MAX_RESPONSE: usize = 64 << 20;
+
+/// Keep-alive connections kept per store.
+const POOL: usize = 16;
+
+pub struct EtcdStore {
+    endpoints: Vec<Endpoint>,
+    /// Prepended to every key: one etcd cluster may serve several Nimbus
+    /// clusters, or other users.
+    prefix: Vec<u8>,
+    timeout: Duration,
+    idle: Mutex<Vec<Conn>>,
+}
+
+#[derive(Clone, Debug)]
+struct Endpoint {
+    /// As configured, for messages.
+    url: String,
+    host: String,
+    addr: SocketAddr,
+}
+
+struct Conn {
+    endpoint: usize,
+    stream: BufReader<TcpStream>,
+}
+
+/// Why an endpoint could not be used: a message for the operator.
+#[derive(Debug)]
+pub struct EndpointError(pub String);
+
+impl std::fmt::Display for EndpointError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Parses `http://host:port` (the only scheme the store speaks so far).
+pub fn parse_endpoint(url: &str) -> Result<(String, SocketAddr), EndpointError> {
+    let rest = match url.strip_prefix("http://") {
+        Some(r) => r,
+        None if url.starts_with("https://") => {
+            return Err(EndpointError(format!(
+                "\"{url}\": TLS to etcd is not supported yet; use an http:// client URL \
+                 on a trusted network"
+            )))
+        }
+        None => {
+            return Err(EndpointError(format!(
+                "\"{url}\": expected http://HOST:PORT"
+            )))
+        }
+    };
+    let hostport = rest.trim_end_matches('/');
+    if hostport.is_empty() || hostport.contains('/') {
+        return Err(EndpointError(format!(
+            "\"{url}\": expected http://HOST:PORT"
+        )));
+    }
+    let addr = hostport
+        .to_socket_addrs()
+        .map_err(|e| EndpointError(format!("\"{url}\": {e}")))?
+        .next()
+        .ok_or_else(|| EndpointError(format!("\"{url}\": no address")))?;
+    Ok((hostport.to_string(), addr))
+}
+
+fn unavailable(why: impl std::fmt::Display) -> StateError {
+    StateError::Unavailable(why.to_string())
+}
+
+/// An int64 field of a gateway response: a JSON string (proto3 JSON), a
+/// number, or absent (zero).
+fn int(v: &Value) -> Result<i64, StateError> {
+    match v {
+        Value::Null => Ok(0),
+        Value::String(s) => s
+            .parse()
+            .map_err(|_| StateError::Corrupt("etcd: integer field not a number")),
+        Value::Number(n) => n
+            .as_i64()
+            .ok_or(StateError::Corrupt("etcd: integer field out of range")),
+        _ => Err(StateError::Corrupt("etcd: integer field of another type")),
+    }
+}
+
+fn bytes(v: &Value) -> Result<Vec<u8>, StateError> {
+    match v {
+        Value::Null => Ok(Vec::new()),
+        Value::String(s) => B64
+            .decode(s)
+            .map_err(|_| StateError::Corrupt("etcd: bytes field not base64")),
+        _ => Err(StateError::Corrupt("etcd: bytes field of another type")),
+    }
+}
+
+/// The smallest key above every key that starts with `prefix` (etcd's
+/// range_end for a prefix scan); all 0xFF (or empty): to the end.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xFF {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+impl EtcdStore {
+    /// A store on the etcd cluster at `urls` (client URLs), its keys under
+    /// `prefix`. Connects lazily; `check` proves the cluster answers.
+    pub fn new(
+        urls: &[String],
+        prefix: &[u8],
+        timeout: Duration,
+    ) -> Result<EtcdStore, EndpointError> {
+        if urls.is_empty() {
+            return Err(EndpointError("no etcd endpoints".into()));
+        }
+        let endpoints = urls
+            .iter()
+            .map(|u| {
+                let (host, addr) = parse_endpoint(u)?;
+                Ok(Endpoint {
+                    url: u.clone(),
+                    host,
+                    addr,
+                })
+            })
+            .collect::<Result<Vec<_>, EndpointError>>()?;
+        Ok(EtcdStore {
+            endpoints,
+            prefix: prefix.to_vec(),
+            timeout,
+            idle: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// One linearizable read, to prove the cluster is reachable and has a
+    /// leader (a read of a missing key is fine).
+    pub fn check(&self) -> Result<(), StateError> {
+        self.get(b"\0check").map(|_| ())
+    }
+
+    fn full_key(&self, key: &[u8]) -> Vec<u8> {
+        let mut k = Vec::with_capacity(self.prefix.len() + key.len());
+        k.extend_from_slice(&self.prefix);
+        k.extend_from_slice(key);
+        k
+    }
+
+    fn lock_idle(&self) -> std::sync::MutexGuard<'_, Vec<Conn>> {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn connect(&self, endpoint: usize) -> std::io::Result<Conn> {
+        let stream = TcpStream::connect_timeout(&self.endpoints[endpoint].addr, self.timeout)?;
+        stream.set_read_timeout(Some(self.timeout))?;
+        stream.set_write_timeout(Some(self.timeout))?;
+        stream.set_nodelay(true)?;
+        Ok(Conn {
+            endpoint,
+            stream: BufReader::new(stream),
+        })
+    }
+
+    /// POSTs `body` to `path` and returns the decoded answer: on a pooled
+    /// connection when one is idle (retried once on a fresh one, as the
+    /// server may have closed it meanwhile), then on each endpoint in
+    /// turn.
+    pub fn call(&self, path: &str, body: &Value) -> Result<Value, StateError> {
+        let body = serde_json::to_vec(body).map_err(unavailable)?;
+        let mut errors = Vec::new();
+        let pooled = self.lock_idle().pop();
+        let first = pooled.as_ref().map(|c| c.endpoint).unwrap_or(0);
+        if let Some(mut conn) = pooled {
+            match self.exchange(&mut conn, path, &body) {
+                Ok(Answer::Ok(v)) => {
+                    self.give_back(conn);
+                    return Ok(v);
+                }
+                Ok(Answer::Refused(why)) => {
+                    self.give_back(conn);
+                    return Err(unavailable(why));
+                }
+                Err(_) => {} // a stale keep-alive connection: dial afresh
+            }
+        }
+        let n = self.endpoints.len();
+        for i in 0..n {
+            let endpoint = (first + i) % n;
+            let mut conn = match self.connect(endpoint) {
+                Ok(c) => c,
+                Err(e) => {
+                    errors.push(format!("{}: {e}", self.endpoints[endpoint].url));
+                    continue;
+                }
+            };
+            match self.exchange(&mut conn, path, &body) {
+                Ok(Answer::Ok(v)) => {
+                    self.give_back(conn);
+                    return Ok(v);
+                }
+                // etcd answered with an error (no leader, a request it
+                // refuses): another member may do better.
+                Ok(Answer::Refused(why)) => {
+                    errors.push(format!("{}: {why}", self.endpoints[endpoint].url));
+                }
+                Err(e) => errors.push(format!("{}: {e}", self.endpoints[endpoint].url)),
+            }
+        }
+        Err(unavailable(format!(
+            "etcd: no endpoint answered ({})",
+            errors.join("; ")
+        )))
+    }
+
+    fn give_back(&self, conn: Conn) {
+        let mut idle = self.lock_idle();
+        if idle.len() < POOL {
+            idle.push(conn);
+        }
+    }
+
+    fn exchange(&self, conn: &mut Conn, path: &str, body: &[u8]) -> std::io::Result<Answer> {
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n",
+            self.endpoints[conn.endpoint].host,
+            body.len()
+        );
+        let s = conn.stream.get_mut();
+        s.write_all(head.as_bytes())?;
+        s.write_all(body)?;
+        let (status, payload) = read_response(&mut conn.stream)?;
+        let value: Value = serde_json::from_slice(&payload)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+        if status == 200 {
+            Ok(Answer::Ok(value))
+        } else {
+            let msg = value
+                .get("error")
+                .or_else(|| value.get("message"))
+                .and_then(Value::as_str)
+                .unwrap_or("no message")
+                .to_string();
+            Ok(Answer::Refused(format!("HTTP {status}: {msg}")))
+        }
+    }
+
+    /// Grants a lease of `ttl_secs`; records put under it go when it
+    /// expires (a node's membership and ownership keys).
+    pub fn grant_lease(&self, ttl_secs: i64) -> Result<i64, StateError> {
+        let v = self.call("/v3/lease/grant", &json!({ "TTL": ttl_secs }))?;
+        let id = int(&v["ID"])?;
+        if id == 0 {
+            return Err(unavailable(format!("etcd granted no lease: {v}")));
+        }
+        Ok(id)
+    }
+
+    /// Renews lease `id`; Ok(false) when it had already expired.
+    pub fn keep_alive(&self, id: i64) -> Result<bool, StateError> {
+        let v = self.call("/v3/lease/keepalive", &json!({ "ID": id.to_string() }))?;
+        Ok(int(&v["result"]["TTL"])? > 0)
+    }
+
+    pub fn revoke_lease(&self, id: i64) -> Result<(), StateError> {
+        self.call("/v3/lease/revoke", &json!({ "ID": id.to_string() }))
+            .map(|_| ())
+    }
+
+    /// Creates `key` with `value` under lease `lease` if no live record
+    /// has it: Ok(false) when one does.
+    pub fn create_with_lease(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        lease: i64,
+    ) -> Result<bool, StateError> {
+        let k = B64.encode(self.full_key(key));
+        let v = self.call(
+            "/v3/kv/txn",
+            &json!({
+                "compare": [{"key": k, "target": "CREATE", "result": "EQUAL", "create_revision": "0"}],
+                "success": [{"request_put": {"key": k, "value": B64.encode(value), "lease": lease.to_string()}}],
+            }),
+        )?;
+        Ok(v["succeeded"].as_bool().unwrap_or(false))
+    }
+}
+
+enum Answer {
+    Ok(Value),
+    /// etcd answered with an error status.
+    Refused(String),
+}
+
+fn bad(why: &str) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, why.to_string())
+}
+
+/// Reads one HTTP/1.1 response: status and body (Content-Length or
+/// chunked), bounded by `MAX_RESPONSE`.
+fn read_response(r: &mut BufReader<TcpStream>) -> std::io::Result<(u16, Vec<u8>)> {
+    let mut line = String::new();
+    let read_line = |r: &mut BufReader<TcpStream>, line: &mut String| -> std::io::Result<()> {
+        line.clear();
+        let n = r.by_ref().take(8192).read_line(line)?;
+        if n == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "connection closed",
+            ));
+        }
+        Ok(())
+    };
+    read_line(r, &mut line)?;
+    let status: u16 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| bad("bad HTTP status line"))?;
+    let mut length = None;
+    let mut chunked = false;
+    loop {
+        read_line(r, &mut line)?;
+        let l = line.trim_end();
+        if l.is_empty() {
+            break;
+        }
+        if let Some((name, value)) = l.split_once(':') {
+            let value = value.trim();
+            if name.eq_ignore_ascii_case("content-length") {
+                length = Some(
+                    value
+                        .parse::<usize>()
+                        .map_err(|_| bad("bad Content-Length"))?,
+                );
+            } else if name.eq_ignore_ascii_case("transfer-encoding") {
+                chunked = value.eq_ignore_ascii_case("chunked");
+            }
+        }
+    }
+    let mut body = Vec::new();
+    if chunked {
+        loop {
+            read_line(r, &mut line)?;
+            let size = usize::from_str_radix(line.trim().split(';').next().unwrap_or(""), 16)
+                .map_err(|_| bad("bad chunk size"))?;
+            if body.len() + size > MAX_RESPONSE {
+                return Err(bad("etcd response too large"));
+            }
+            if size == 0 {
+                // Trailers, then the blank line.
+                loop {
+                    read_line(r, &mut line)?;
+                    if line.trim_end().is_empty() {
+                        break;
+                    }
+                }
+                break;
+            }
+            let start = body.len();
+            body.resize(start + size, 0);
+            r.read_exact(&mut body[start..])?;
+            read_line(r, &mut line)?;
+        }
+    } else {
+        let length = length.ok_or_else(|| bad("response without a length"))?;
+        if length > MAX_RESPONSE {
+            return Err(bad("etcd response too large"));
+        }
+        body.resize(length, 0);
+        r.read_exact(&mut body)?;
+    }
+    Ok((status, body))
+}
+
+impl StateStore for EtcdStore {
+    fn get(&self, key: &[u8]) -> Result<Option<Versioned>, StateError> {
+        let v = self.call(
+            "/v3/kv/range",
+            &json!({ "key": B64.encode(self.full_key(key)) }),
+        )?;
+        match v["kvs"].as_array().and_then(|kvs| kvs.first()) {
+            None => Ok(None),
+            Some(kv) => Ok(Some(Versioned {
+                version: int(&kv["mod_revision"])? as u64,
+                value: bytes(&kv["value"])?,
+            })),
+        }
+    }
+
+    fn compare_and_set(
+        &self,
+        key: &[u8],
+        expected: Option<u64>,
+        value: Option<Vec<u8>>,
+    ) -> Result<Option<u64>, StateError> {
+        let k = B64.encode(self.full_key(key));
+        let compare = match expected {
+            None => {
+                json!({"key": k, "target": "CREATE", "result": "EQUAL", "create_revision": "0"})
+            }
+            Some(v) => {
+                json!({"key": k, "target": "MOD", "result": "EQUAL", "mod_revision": v.to_string()})
+            }
+        };
+        let op = match &value {
+            Some(value) => json!({"request_put": {"key": k, "value": B64.encode(value)}}),
+            None => json!({"request_delete_range": {"key": k}}),
+        };
+        let v = self.call(
+            "/v3/kv/txn",
+            &json!({ "compare": [compare], "success": [op] }),
+        )?;
+        if !v["succeeded"].as_bool().unwrap_or(false) {
+            return Ok(None);
+        }
+        match value {
+            // The transaction's revision is the key's new mod_revision.
+            Some(_) => Ok(Some(int(&v["header"]["revision"])? as u64)),
+            None => Ok(Some(0)),
+        }
+    }
+
+    fn scan_prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Versioned)>, StateError> {
+        let full = self.full_key(prefix);
+        let v = self.call(
+            "/v3/kv/range",
+            &json!({
+                "key": B64.encode(&full),
+                "range_end": B64.encode(prefix_end(&full)),
+                "sort_order": "ASCEND",
+                "sort_target": "KEY",
+            }),
+        )?;
+        let mut out = Vec::new();
+        for kv in v["kvs"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
+            let key = bytes(&kv["key"])?;
+            let Some(key) = key.strip_prefix(self.prefix.as_slice()) else {
+                return Err(StateError::Corrupt(
+                    "etcd: a key outside the store's prefix",
+                ));
+            };
+            out.push((
+                key.to_vec(),
+                Versioned {
+                    version: int(&kv["mod_revision"])? as u64,
+                    value: bytes(&kv["value"])?,
+                },
+            ));
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_parse_or_say_why_not() {
+        assert_eq!(
+            parse_endpoint("http://127.0.0.1:2379").unwrap().1,
+            "127.0.0.1:2379".parse().unwrap()
+        );
+        assert!(parse_endpoint("http://127.0.0.1:2379/").is_ok());
+        let e = parse_endpoint("https://127.0.0.1:2379").unwrap_err();
+        assert!(e.0.contains("TLS"), "{e}");
+        assert!(parse_endpoint("127.0.0.1:2379").is_err());
+        assert!(parse_endpoint("http://").is_err());
+        assert!(parse_endpoint("http://h:1/v3").is_err());
+        assert!(EtcdStore::new(&[], b"/n/", Duration::from_secs(1)).is_err());
+    }
+
+    #[test]
+    fn prefix_ends_are_the_next_key() {
+        assert_eq!(prefix_end(b"/n/a"), b"/n/b");
+        assert_eq!(prefix_end(&[1, 0xFF]), vec![2]);
+        assert_eq!(prefix_end(&[0xFF, 0xFF]), vec![0]);
+    }
+
+    #[test]
+    fn gateway_integers_come_as_strings_numbers_or_nothing() {
+        assert_eq!(int(&json!("42")).unwrap(), 42);
+        assert_eq!(int(&json!(42)).unwrap(), 42);
+        assert_eq!(int(&Value::Null).unwrap(), 0);
+        assert!(int(&json!("x")).is_err());
+        assert!(int(&json!([1])).is_err());
+        assert_eq!(bytes(&json!("aGk=")).unwrap(), b"hi");
+        assert!(bytes(&json!("!!")).is_err());
+    }
+
+    /// A real 3-member etcd cluster on loopback, in a temp dir, stopped
+    /// (and removed) on drop.
+    struct Cluster {
+        dir: std::path::PathBuf,
+        members: Vec<std::process::Child>,
+        urls: Vec<String>,
+    }
+
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    }
+
+    impl Cluster {
+        fn start(name: &str) -> Cluster {
+            let dir =
+                std::env::temp_dir().join(format!("nimbus-etcd-{name}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
+            let initial = ports
+                .iter()
+                .enumerate()
+                .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
+                .collect::<Vec<_>>()
+                .join(",");
+            let mut members = Vec::new();
+            for (i, (client, peer)) in ports.iter().enumerate() {
+                let log = std::fs::File::create(dir.join(format!("m{i}.log"))).unwrap();
+                let child = std::process::Command::new("etcd")
+                    .args([
+                        "--name".into(),
+                        format!("m{i}"),
+                        "--data-dir".into(),
+                        dir.join(format!("m{i}")).display().to_string(),
+                        "--listen-client-urls".into(),
+                        format!("http://127.0.0.1:{client}"),
+                        "--advertise-client-urls".into(),
+                        format!("http://127.0.0.1:{client}"),
+                        "--listen-peer-urls".into(),
+                        format!("http://127.0.0.1:{peer}"),
+                        "--initial-advertise-peer-urls".into(),
+                        format!("http://127.0.0.1:{peer}"),
+                        "--initial-cluster".into(),
+                        initial.clone(),
+                        "--initial-cluster-state".into(),
+                        "new".into(),
+                        "--initial-cluster-token".into(),
+                        format!("nimbus-{name}-{}", std::process::id()),
+                        "--heartbeat-interval".into(),
+                        "50".into(),
+                        "--election-timeout".into(),
+                        "500".into(),
+                    ])
+                    .stdout(log.try_clone().unwrap())
+                    .stderr(log)
+                    .spawn()
+                    .expect("etcd (Debian package etcd-server; scripts/test.sh installs it)");
+                members.push(child);
+            }
+            let urls: Vec<String> = ports
+                .iter()
+                .map(|(c, _)| format!("http://127.0.0.1:{c}"))
+                .collect();
+            let cluster = Cluster { dir, members, urls };
+            // Ready when a linearizable read succeeds (a leader exists).
+            let store = EtcdStore::new(&cluster.urls, b"/ready/", Duration::from_secs(2)).unwrap();
+            let until = std::time::Instant::now() + Duration::from_secs(30);
+            while let Err(e) = store.check() {
+                assert!(
+                    std::time::Instant::now() < until,
+                    "etcd cluster not ready: {e}"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            cluster
+        }
+    }
+
+    impl Drop for Cluster {
+        fn drop(&mut self) {
+            for m in &mut self.members {
+                let _ = m.kill();
+                let _ = m.wait();
+            }
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    /// The conformance suite against a real cluster, each member's
+    /// endpoint first in turn of one store (reads and writes go through
+    /// different members), and a second store under another prefix that
+    /// sees none of it.
+    #[test]
+    fn conforms_on_a_real_three_member_cluster() {
+        let cluster = Cluster::start("conformance");
+        let store =
+            EtcdStore::new(&cluster.urls, b"/nimbus-test/", Duration::from_secs(5)).unwrap();
+        crate::conformance::run_all(&store);
+        let mut rotated = cluster.urls.clone();
+        rotated.rotate_left(1);
+        let other_member =
+            EtcdStore::new(&rotated, b"/nimbus-test/", Duration::from_secs(5)).unwrap();
+        assert_eq!(
+            other_member.scan_prefix(b"").unwrap(),
+            store.scan_prefix(b"").unwrap()
+        );
+        let elsewhere = EtcdStore::new(&cluster.urls, b"/other/", Duration::from_secs(5)).unwrap();
+        assert!(elsewhere.scan_prefix(b"").unwrap().is_empty());
+    }
+
+    /// A record under a lease is there while the lease is kept alive and
+    /// gone once it is revoked; a second create of a live key is refused.
+    #[test]
+    fn leases_hold_records_and_take_them_along() {
+        let cluster = Cluster::start("leases");
+        let store =
+            EtcdStore::new(&cluster.urls, b"/nimbus-test/", Duration::from_secs(5)).unwrap();
+        let lease = store.grant_lease(30).unwrap();
+        assert!(store
+            .create_with_lease(b"nodes/n1", b"127.0.0.2:4450", lease)
+            .unwrap());
+        assert!(!store
+            .create_with_lease(b"nodes/n1", b"elsewhere", lease)
+            .unwrap());
+        assert!(store.keep_alive(lease).unwrap());
+        assert_eq!(
+            store.get(b"nodes/n1").unwrap().unwrap().value,
+            b"127.0.0.2:4450"
+        );
+        store.revoke_lease(lease).unwrap();
+        assert_eq!(store.get(b"nodes/n1").unwrap(), None);
+        assert!(!store.keep_alive(lease).unwrap());
+    }
+
+    /// With every member gone, calls fail `Unavailable` within the
+    /// timeout, never hang.
+    #[test]
+    fn a_cluster_that_is_gone_is_unavailable_not_a_hang() {
+        let mut cluster = Cluster::start("gone");
+        let store =
+            EtcdStore::new(&cluster.urls, b"/nimbus-test/", Duration::from_millis(500)).unwrap();
+        store
+            .compare_and_set(b"k", None, Some(b"v".to_vec()))
+            .unwrap();
+        for m in &mut cluster.members {
+            m.kill().unwrap();
+            m.wait().unwrap();
+        }
+        let t = std::time::Instant::now();
+        match store.get(b"k") {
+            Err(StateError::Unavailable(why)) => {
+                assert!(why.contains("no endpoint answered"), "{why}")
+            }
+            other => panic!("expected Unavailable, got {other:?}"),
+        }
+        assert!(t.elapsed() < Duration::from_secs(10));
+    }
+}

@@ -1,0 +1,175 @@
+"""Cluster mode, first step (issue 15): three Nimbus nodes on 127.0.0.1,
+127.0.0.2 and 127.0.0.3 join a real three-member etcd cluster with the
+`[cluster]` keys, serve one shared directory, keep their membership under
+an etcd lease, leave at SIGTERM, drop out when killed, register again when
+their lease is lost, and refuse to start without etcd or with a name
+another running node holds.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+import uuid
+from base64 import b64decode
+from pathlib import Path
+
+import pytest
+import smbclient
+
+from conftest import PASSWORD, USER, add_user, free_port, nimbus_binary, toml_str, wait_for_port
+from etcd_cluster import EtcdCluster, etcd_cluster  # noqa: F401  (the fixture)
+
+TTL = 2  # [cluster] node_ttl_secs in these tests: expiry within seconds
+WAIT = 20.0  # bound of every wait on the cluster's state
+
+
+class Node:
+    """One Nimbus node of the test cluster."""
+
+    def __init__(self, base: Path, name: str, host: str, etcd: list[str], share: Path, user_db: Path):
+        self.name, self.host, self.port = name, host, free_port()
+        self.dir = base / name
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.conf = self.dir / "nimbus.toml"
+        self.log_path = self.dir / "nimbus.log"
+        self.conf.write_text(
+            "\n".join(
+                [
+                    f"listen = [{toml_str(f'{host}:{self.port}')}]",
+                    f"user_db = {toml_str(str(user_db))}",
+                    "[[share]]",
+                    'name = "data"',
+                    f"path = {toml_str(str(share))}",
+                    "[cluster]",
+                    "etcd = [" + ", ".join(toml_str(e) for e in etcd) + "]",
+                    f"node = {toml_str(name)}",
+                    f"advertise = {toml_str(f'{host}:{self.port}')}",
+                    f"node_ttl_secs = {TTL}",
+                ]
+            )
+            + "\n"
+        )
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> Node:
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([str(nimbus_binary()), "serve", "--config", str(self.conf)], stdout=log, stderr=subprocess.STDOUT)
+        wait_for_port(self.host, self.port, self.proc)
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+def members(cluster: EtcdCluster) -> dict[str, dict]:
+    """The membership records in etcd: node name -> advertise address and lease."""
+    out = json.loads(cluster.etcdctl("get", "--prefix", "/nimbus/nodes/", "-w", "json") or "{}")
+    found = {}
+    for kv in out.get("kvs", []):
+        name = b64decode(kv["key"]).decode()[len("/nimbus/nodes/"):]
+        found[name] = {"advertise": b64decode(kv["value"]).decode(), "lease": kv.get("lease", 0)}
+    return found
+
+
+def wait_until(what: str, check) -> None:
+    deadline = time.monotonic() + WAIT
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {WAIT:.0f} s: {what}", pytrace=False)
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def nodes(tmp_path, etcd_cluster):  # noqa: F811  (pytest's fixture injection)
+    share = tmp_path / "shared"
+    share.mkdir()
+    db = tmp_path / "users.db"
+    add_user(db)
+    made = [Node(tmp_path, f"n{i + 1}", f"127.0.0.{i + 1}", etcd_cluster.endpoints, share, db) for i in range(3)]
+    try:
+        yield made
+    finally:
+        for n in made:
+            n.stop()
+
+
+def unc(node: Node, name: str) -> str:
+    return rf"\\{node.host}\data\{name}"
+
+
+def test_three_nodes_join_and_serve_one_directory(nodes, etcd_cluster):  # noqa: F811
+    for n in nodes:
+        n.start()
+    assert members(etcd_cluster) == {
+        n.name: {"advertise": f"{n.host}:{n.port}", "lease": members(etcd_cluster)[n.name]["lease"]} for n in nodes
+    }
+    assert all(m["lease"] for m in members(etcd_cluster).values()), "membership records live under a lease"
+    payload = uuid.uuid4().bytes * 100
+    for n in nodes:
+        smbclient.register_session(n.host, username=USER, password=PASSWORD, port=n.port)
+    try:
+        with smbclient.open_file(unc(nodes[0], "from-n1.bin"), mode="wb", port=nodes[0].port) as f:
+            f.write(payload)
+        for n in nodes[1:]:
+            with smbclient.open_file(unc(n, "from-n1.bin"), mode="rb", port=n.port) as f:
+                assert f.read() == payload
+    finally:
+        smbclient.reset_connection_cache()
+    assert 'joined as node "n2"' in nodes[1].log()
+
+
+def test_a_killed_node_drops_out_and_sigterm_leaves_at_once(nodes, etcd_cluster):  # noqa: F811
+    for n in nodes:
+        n.start()
+    nodes[2].proc.send_signal(signal.SIGKILL)
+    nodes[2].proc.wait(timeout=10)
+    # Nobody renews n3's lease: its record goes within the TTL.
+    wait_until("n3's record expires", lambda: "n3" not in members(etcd_cluster))
+    nodes[1].proc.send_signal(signal.SIGTERM)
+    assert nodes[1].proc.wait(timeout=10) == 0
+    # Revoked at shutdown: gone by the time the process has exited.
+    assert set(members(etcd_cluster)) == {"n1"}
+    assert 'node "n2" left' in nodes[1].log()
+
+
+def test_a_node_registers_again_when_its_lease_is_lost(nodes, etcd_cluster):  # noqa: F811
+    n1 = nodes[0].start()
+    lease = members(etcd_cluster)["n1"]["lease"]
+    # As if etcd had been out of reach for longer than the TTL.
+    etcd_cluster.etcdctl("lease", "revoke", format(int(lease), "x"))
+    wait_until("n1 registers again", lambda: members(etcd_cluster).get("n1", {}).get("lease") not in (None, lease))
+    assert "registering again" in n1.log()
+    assert n1.proc.poll() is None
+
+
+def test_a_name_another_running_node_holds_is_refused(nodes, etcd_cluster):  # noqa: F811
+    nodes[0].start()
+    twin = nodes[1]
+    twin.conf.write_text(twin.conf.read_text().replace('node = "n2"', 'node = "n1"'))
+    proc = subprocess.run([str(nimbus_binary()), "serve", "--config", str(twin.conf)], capture_output=True, text=True, timeout=TTL + 30)
+    assert proc.returncode != 0
+    assert 'another running node is registered as "n1"' in proc.stderr + proc.stdout
+    # The running node keeps its record.
+    assert members(etcd_cluster)["n1"]["advertise"] == f"{nodes[0].host}:{nodes[0].port}"
+
+
+def test_a_node_without_etcd_does_not_start(tmp_path):
+    share = tmp_path / "shared"
+    share.mkdir()
+    db = tmp_path / "users.db"
+    add_user(db)
+    dead = f"http://127.0.0.1:{free_port()}"
+    node = Node(tmp_path, "n1", "127.0.0.1", [dead], share, db)
+    proc = subprocess.run([str(nimbus_binary()), "serve", "--config", str(node.conf)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    out = proc.stderr + proc.stdout
+    assert "[cluster] etcd: the cluster does not answer" in out, out
+    assert dead in out
