@@ -197,23 +197,34 @@ impl EtcdStore {
     }
 
     /// POSTs `body` to `path` and returns the decoded answer: on a pooled
-    /// connection when one is idle (retried once on a fresh one, as the
-    /// server may have closed it meanwhile), then on each endpoint in
-    /// turn.
-    pub fn call(&self, path: &str, body: &Value) -> Result<Value, StateError> {
+    /// connection when one is idle (a stale one, closed by the server
+    /// meanwhile, is replaced by a fresh one), then on each endpoint in
+    /// turn. A call that is not `idempotent` (a transaction) moves on to
+    /// another endpoint only when it cannot have been applied (no
+    /// connection, or closed before any answer): after a timeout or an
+    /// error answer its outcome is unknown, and it fails `Unavailable`
+    /// rather than risk applying it twice.
+    pub fn call(&self, path: &str, body: &Value, idempotent: bool) -> Result<Value, StateError> {
         let body = serde_json::to_vec(body).map_err(unavailable)?;
         let mut errors = Vec::new();
         let pooled = self.lock_idle().pop();
         let first = pooled.as_ref().map(|c| c.endpoint).unwrap_or(0);
+        let unknown = |url: &str, why: String| {
+            unavailable(format!(
+                "etcd {url}: {why}; the request's outcome is unknown"
+            ))
+        };
         if let Some(mut conn) = pooled {
+            let url = &self.endpoints[conn.endpoint].url;
             match self.exchange(&mut conn, path, &body) {
                 Ok(Answer::Ok(v)) => {
                     self.give_back(conn);
                     return Ok(v);
                 }
-                Ok(Answer::Refused(why)) => {
-                    self.give_back(conn);
-                    return Err(unavailable(why));
+                Ok(Answer::Refused(why)) if !idempotent => return Err(unknown(url, why)),
+                Ok(Answer::Refused(why)) => errors.push(format!("{url}: {why}")),
+                Err(e) if !idempotent && !nothing_applied(&e) => {
+                    return Err(unknown(url, e.to_string()))
                 }
                 Err(_) => {} // a stale keep-alive connection: dial afresh
             }
@@ -221,10 +232,11 @@ impl EtcdStore {
         let n = self.endpoints.len();
         for i in 0..n {
             let endpoint = (first + i) % n;
+            let url = &self.endpoints[endpoint].url;
             let mut conn = match self.connect(endpoint) {
                 Ok(c) => c,
                 Err(e) => {
-                    errors.push(format!("{}: {e}", self.endpoints[endpoint].url));
+                    errors.push(format!("{url}: {e}"));
                     continue;
                 }
             };
@@ -233,12 +245,14 @@ impl EtcdStore {
                     self.give_back(conn);
                     return Ok(v);
                 }
-                // etcd answered with an error (no leader, a request it
-                // refuses): another member may do better.
-                Ok(Answer::Refused(why)) => {
-                    errors.push(format!("{}: {why}", self.endpoints[endpoint].url));
+                Ok(Answer::Refused(why)) if !idempotent => return Err(unknown(url, why)),
+                // etcd answered with an error (no leader, say): another
+                // member may do better.
+                Ok(Answer::Refused(why)) => errors.push(format!("{url}: {why}")),
+                Err(e) if !idempotent && !nothing_applied(&e) => {
+                    return Err(unknown(url, e.to_string()))
                 }
-                Err(e) => errors.push(format!("{}: {e}", self.endpoints[endpoint].url)),
+                Err(e) => errors.push(format!("{url}: {e}")),
             }
         }
         Err(unavailable(format!(
@@ -283,7 +297,7 @@ impl EtcdStore {
     /// Grants a lease of `ttl_secs`; records put under it go when it
     /// expires (a node's membership and ownership keys).
     pub fn grant_lease(&self, ttl_secs: i64) -> Result<i64, StateError> {
-        let v = self.call("/v3/lease/grant", &json!({ "TTL": ttl_secs }))?;
+        let v = self.call("/v3/lease/grant", &json!({ "TTL": ttl_secs }), false)?;
         let id = int(&v["ID"])?;
         if id == 0 {
             return Err(unavailable(format!("etcd granted no lease: {v}")));
@@ -293,12 +307,16 @@ impl EtcdStore {
 
     /// Renews lease `id`; Ok(false) when it had already expired.
     pub fn keep_alive(&self, id: i64) -> Result<bool, StateError> {
-        let v = self.call("/v3/lease/keepalive", &json!({ "ID": id.to_string() }))?;
+        let v = self.call(
+            "/v3/lease/keepalive",
+            &json!({ "ID": id.to_string() }),
+            true,
+        )?;
         Ok(int(&v["result"]["TTL"])? > 0)
     }
 
     pub fn revoke_lease(&self, id: i64) -> Result<(), StateError> {
-        self.call("/v3/lease/revoke", &json!({ "ID": id.to_string() }))
+        self.call("/v3/lease/revoke", &json!({ "ID": id.to_string() }), true)
             .map(|_| ())
     }
 
@@ -317,9 +335,27 @@ impl EtcdStore {
                 "compare": [{"key": k, "target": "CREATE", "result": "EQUAL", "create_revision": "0"}],
                 "success": [{"request_put": {"key": k, "value": B64.encode(value), "lease": lease.to_string()}}],
             }),
+            false,
         )?;
         Ok(v["succeeded"].as_bool().unwrap_or(false))
     }
+}
+
+/// Whether a failed exchange cannot have reached etcd: the connection was
+/// refused, or closed before the first byte of an answer (a keep-alive
+/// connection the server had closed). `read_response` reports a cut-short
+/// answer as `InvalidData`, never as one of these.
+fn nothing_applied(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(
+        e.kind(),
+        UnexpectedEof
+            | ConnectionReset
+            | ConnectionAborted
+            | ConnectionRefused
+            | BrokenPipe
+            | NotConnected
+    )
 }
 
 enum Answer {
@@ -347,7 +383,16 @@ fn read_response(r: &mut BufReader<TcpStream>) -> std::io::Result<(u16, Vec<u8>)
         }
         Ok(())
     };
+    // Closed before the first byte: the request was not taken (see
+    // `nothing_applied`).
     read_line(r, &mut line)?;
+    // From here on, anything cut short is an answer lost half-way.
+    let cut = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => e,
+        _ => bad(&format!("answer cut short: {e}")),
+    };
+    let read_line =
+        |r: &mut BufReader<TcpStream>, line: &mut String| read_line(r, line).map_err(cut);
     let status: u16 = line
         .split_whitespace()
         .nth(1)
@@ -380,7 +425,7 @@ fn read_response(r: &mut BufReader<TcpStream>) -> std::io::Result<(u16, Vec<u8>)
             read_line(r, &mut line)?;
             let size = usize::from_str_radix(line.trim().split(';').next().unwrap_or(""), 16)
                 .map_err(|_| bad("bad chunk size"))?;
-            if body.len() + size > MAX_RESPONSE {
+            if size > MAX_RESPONSE - body.len() {
                 return Err(bad("etcd response too large"));
             }
             if size == 0 {
@@ -395,7 +440,7 @@ fn read_response(r: &mut BufReader<TcpStream>) -> std::io::Result<(u16, Vec<u8>)
             }
             let start = body.len();
             body.resize(start + size, 0);
-            r.read_exact(&mut body[start..])?;
+            r.read_exact(&mut body[start..]).map_err(cut)?;
             read_line(r, &mut line)?;
         }
     } else {
@@ -404,7 +449,7 @@ fn read_response(r: &mut BufReader<TcpStream>) -> std::io::Result<(u16, Vec<u8>)
             return Err(bad("etcd response too large"));
         }
         body.resize(length, 0);
-        r.read_exact(&mut body)?;
+        r.read_exact(&mut body).map_err(cut)?;
     }
     Ok((status, body))
 }
@@ -414,6 +459,7 @@ impl StateStore for EtcdStore {
         let v = self.call(
             "/v3/kv/range",
             &json!({ "key": B64.encode(self.full_key(key)) }),
+            true,
         )?;
         match v["kvs"].as_array().and_then(|kvs| kvs.first()) {
             None => Ok(None),
@@ -446,6 +492,7 @@ impl StateStore for EtcdStore {
         let v = self.call(
             "/v3/kv/txn",
             &json!({ "compare": [compare], "success": [op] }),
+            false,
         )?;
         if !v["succeeded"].as_bool().unwrap_or(false) {
             return Ok(None);
@@ -467,6 +514,7 @@ impl StateStore for EtcdStore {
                 "sort_order": "ASCEND",
                 "sort_target": "KEY",
             }),
+            true,
         )?;
         let mut out = Vec::new();
         for kv in v["kvs"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
@@ -505,6 +553,44 @@ mod tests {
         assert!(parse_endpoint("http://").is_err());
         assert!(parse_endpoint("http://h:1/v3").is_err());
         assert!(EtcdStore::new(&[], b"/n/", Duration::from_secs(1)).is_err());
+    }
+
+    /// A transaction sent to a member that never answers may have been
+    /// applied: it fails "outcome unknown" and is not sent to another
+    /// member; a read, which may be repeated, is.
+    #[test]
+    fn a_write_without_an_answer_is_not_sent_again_elsewhere() {
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        other.set_nonblocking(true).unwrap();
+        let urls = [&silent, &other].map(|l| format!("http://{}", l.local_addr().unwrap()));
+        // Accepts and holds its connections, answering nothing.
+        let held = std::thread::spawn(move || {
+            let mut kept = Vec::new();
+            for _ in 0..2 {
+                kept.push(silent.accept().unwrap().0);
+            }
+            kept
+        });
+        let store = EtcdStore::new(&urls, b"/t/", Duration::from_millis(300)).unwrap();
+        match store.compare_and_set(b"k", None, Some(b"v".to_vec())) {
+            Err(StateError::Unavailable(why)) => {
+                assert!(why.contains("outcome is unknown"), "{why}")
+            }
+            other => panic!("expected Unavailable, got {other:?}"),
+        }
+        assert!(other.accept().is_err(), "the write went to a second member");
+        match store.get(b"k") {
+            Err(StateError::Unavailable(why)) => {
+                assert!(why.contains("no endpoint answered"), "{why}")
+            }
+            other => panic!("expected Unavailable, got {other:?}"),
+        }
+        assert!(
+            other.accept().is_ok(),
+            "the read was not tried on the next member"
+        );
+        drop(held.join().unwrap());
     }
 
     #[test]
