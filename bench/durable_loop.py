@@ -22,8 +22,6 @@ second.
 
 from __future__ import annotations
 
-import argparse
-import os
 import struct
 import sys
 import time
@@ -108,16 +106,11 @@ def run(host: str, port: int, share: str, user: str, password: str, mode: str, w
     """Runs the loop; returns (pairs done, open+close pairs per second)."""
     args = dict(host=host, port=port, share=share, user=user, password=password, files=files, seconds=seconds, mode=mode)
     done = meta_loop.run_workers(_worker, args, workers, seconds)
-    return sum(n for n, _ in done), sum(n / t for n, t in done)
+    return meta_loop.totals(done)
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--share", required=True)
-    ap.add_argument("--user", required=True)
-    ap.add_argument("--password", default=os.environ.get("BENCH_PASSWORD", ""))
+    ap = meta_loop.client_parser(__doc__)
     ap.add_argument("--mode", choices=["durable", "persistent", "plain"], default="durable")
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--files", type=int, default=200)

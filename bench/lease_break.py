@@ -31,8 +31,6 @@ Message layouts for leases are tests/test_oplocks.py's (it tests them).
 
 from __future__ import annotations
 
-import argparse
-import os
 import statistics
 import struct
 import sys
@@ -137,12 +135,7 @@ def run(host: str, port: int, share: str, user: str, password: str, iterations: 
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--share", required=True)
-    ap.add_argument("--user", required=True)
-    ap.add_argument("--password", default=os.environ.get("BENCH_PASSWORD", ""))
+    ap = meta_loop.client_parser(__doc__)
     ap.add_argument("--iterations", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=WARMUP)
     a = ap.parse_args()

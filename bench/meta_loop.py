@@ -156,21 +156,33 @@ def run_workers(worker, args: dict, workers: int, seconds: float) -> list[tuple[
     return done
 
 
-def run(host: str, port: int, share: str, user: str, password: str, workers: int = 4, files: int = 200, seconds: float = 10.0) -> tuple[int, float]:
-    """Runs the loop; returns (requests done, requests per second) over all
-    workers. CREATE, QUERY_INFO and CLOSE each count one."""
-    args = dict(host=host, port=port, share=share, user=user, password=password, files=files, seconds=seconds)
-    done = run_workers(_worker, args, workers, seconds)
-    return sum(n for n, _ in done), sum(n / t for n, t in done)
-
-
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def client_parser(doc: str) -> argparse.ArgumentParser:
+    """The command line every loop of bench/ shares: where the server is
+    and whom to log on as (the password also from BENCH_PASSWORD)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--share", required=True)
     ap.add_argument("--user", required=True)
     ap.add_argument("--password", default=os.environ.get("BENCH_PASSWORD", ""))
+    return ap
+
+
+def totals(done: list[tuple[int, float]]) -> tuple[int, float]:
+    """Workers' (operations, seconds) as (operations, operations per second)."""
+    return sum(n for n, _ in done), sum(n / t for n, t in done)
+
+
+def run(host: str, port: int, share: str, user: str, password: str, workers: int = 4, files: int = 200, seconds: float = 10.0) -> tuple[int, float]:
+    """Runs the loop; returns (requests done, requests per second) over all
+    workers. CREATE, QUERY_INFO and CLOSE each count one."""
+    args = dict(host=host, port=port, share=share, user=user, password=password, files=files, seconds=seconds)
+    done = run_workers(_worker, args, workers, seconds)
+    return totals(done)
+
+
+def main() -> int:
+    ap = client_parser(__doc__)
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--files", type=int, default=200)
     ap.add_argument("--seconds", type=float, default=10.0)

@@ -31,17 +31,23 @@ from smbprotocol.open import (
     ImpersonationLevel,
     LockFlags,
     Open,
+    SMB2LockElement,
+    SMB2LockRequest,
 )
+from smbprotocol.header import NtStatus
 from test_durable import (
     ACCESS,
+    SHARE_ALL,
     STATUS_LOCK_NOT_GRANTED,
     Client,
+    dh2c,
+    dh2q,
     durable_open,
     plain_open,
     reconnect,
     status_of,
 )
-from smbprotocol.create_contexts import DurableHandleFlags
+from smbprotocol.create_contexts import DurableHandleFlags, SMB2CreateDurableHandleResponseV2
 
 STATUS_FILE_NOT_AVAILABLE = 0xC0000467
 USER, PASSWORD = "alice", "Al1ce-Secret!"
@@ -253,5 +259,84 @@ def test_smbtorture_persistent_tests_on_a_ca_share(tmp_path, samba_client_conf):
         ):
             run = run_smbtorture(node, test, samba_client_conf, tmp_path / f"{test}.log", timeout=120)
             assert run.outcomes.get(test) == "pass", f"{test}: {run.outcomes} {run.details.get(test, '')}"
+    finally:
+        srv.stop()
+
+
+def persistent_open_uncached(client: Client, name: str, create_guid: uuid.UUID) -> Open:
+    """A persistent handle with no lease or oplock: nothing of it is ever
+    broken (the python client leaves breaks unacknowledged)."""
+    f = Open(client.tree, name)
+    contexts = f.create(
+        ImpersonationLevel.Impersonation,
+        ACCESS,
+        FileAttributes.FILE_ATTRIBUTE_NORMAL,
+        SHARE_ALL,
+        CreateDisposition.FILE_OPEN_IF,
+        CreateOptions.FILE_NON_DIRECTORY_FILE,
+        create_contexts=[dh2q(create_guid, 30_000, DurableHandleFlags.SMB2_DHANDLE_FLAG_PERSISTENT)],
+    )
+    granted = [c for c in contexts or [] if isinstance(c, SMB2CreateDurableHandleResponseV2)]
+    assert granted and granted[0]["flags"].has_flag(DurableHandleFlags.SMB2_DHANDLE_FLAG_PERSISTENT)
+    return f
+
+
+def reconnect_uncached(client: Client, name: str, file_id: bytes, create_guid: uuid.UUID) -> Open:
+    f = Open(client.tree, name)
+    f.create(0, 0, 0, 0, 0, 0, create_contexts=[dh2c(file_id, create_guid, DurableHandleFlags.SMB2_DHANDLE_FLAG_PERSISTENT)])
+    return f
+
+
+def test_blocking_lock_granted_later_survives_kill_9(tmp_path):
+    """A blocking LOCK on a persistent handle that waits for another
+    client's unlock is written to the handle's record before it is
+    answered, like one granted at once: after `kill -9` the reclaimed
+    handle has it."""
+    srv = CaServer(tmp_path)
+    try:
+        node = srv.start()
+        guid, create_guid = uuid.uuid4(), uuid.uuid4()
+        owner = Client(node, guid)
+        holder = Client(node, uuid.uuid4())
+        f = persistent_open_uncached(owner, "ledger.dat", create_guid)
+        file_id = f.file_id
+        h = plain_open(holder, "ledger.dat")
+        holder.lock(h.file_id, 0, 100, EXCLUSIVE)
+        element = SMB2LockElement()
+        element["offset"], element["length"] = 0, 100
+        element["flags"] = LockFlags.SMB2_LOCKFLAG_EXCLUSIVE_LOCK  # blocking
+        req = SMB2LockRequest()
+        req["file_id"] = file_id
+        req["locks"] = [element]
+        request = owner.conn.send(req, owner.session.session_id, owner.tree.tree_connect_id)
+        # Waits for the server's interim answer (STATUS_PENDING, with an
+        # AsyncId): the lock is queued behind the holder's.
+        deadline = time.monotonic() + 10
+        while request.async_id is None:
+            assert time.monotonic() < deadline, "no interim response to the blocking LOCK"
+            time.sleep(0.01)
+        assert request.response["status"].get_value() == NtStatus.STATUS_PENDING
+        unlock = SMB2LockElement()
+        unlock["offset"], unlock["length"] = 0, 100
+        unlock["flags"] = LockFlags.SMB2_LOCKFLAG_UNLOCK
+        ureq = SMB2LockRequest()
+        ureq["file_id"] = h.file_id
+        ureq["locks"] = [unlock]
+        holder.conn.receive(holder.conn.send(ureq, holder.session.session_id, holder.tree.tree_connect_id))
+        final = owner.conn.receive(request)
+        assert final["status"].get_value() == NtStatus.STATUS_SUCCESS
+        srv.kill9()
+        holder.close()
+
+        node = srv.start()
+        again = Client(node, guid)
+        other = Client(node, uuid.uuid4())
+        try:
+            reconnect_uncached(again, "ledger.dat", file_id, create_guid)
+            o = plain_open(other, "ledger.dat")
+            assert status_of(lambda: other.lock(o.file_id, 10, 10, EXCLUSIVE)) == STATUS_LOCK_NOT_GRANTED
+        finally:
+            other.close()
+            again.close()
     finally:
         srv.stop()

@@ -292,7 +292,9 @@ pub fn is_quick(frame: &[u8], limits: &Limits, conn: &Connection) -> bool {
                 | Command::QueryDirectory
                 | Command::Ioctl,
             ) => false,
-            Some(Command::Create | Command::Lock) => !on_ca_share(frame, off, conn),
+            Some(Command::Create | Command::Lock) => {
+                !(conn.server.offers_persistent_handles() && on_ca_share(frame, off, conn))
+            }
             _ => true,
         }
     })

@@ -22,12 +22,21 @@ use nimbus_wire::NtStatus;
 
 use crate::pending::PendingRequest;
 
+/// Run when a waiting request is granted, before it is answered (what the
+/// LOCK handler does after a lock granted at once: the lock sequence, a
+/// persistent open's record).
+pub type OnGrant = Box<dyn FnOnce() + Send + Sync>;
+
 /// A blocking LOCK request waiting for its ranges.
 struct Waiter {
     owner: u64,
     ranges: Vec<LockRange>,
     request: Arc<PendingRequest>,
+    on_grant: OnGrant,
 }
+
+/// A waiter granted, to be answered once the local lock is released.
+type Granted = (Arc<PendingRequest>, OnGrant);
 
 /// What a lock request came to.
 pub enum Outcome {
@@ -101,7 +110,7 @@ impl ByteRangeLocks {
         local: &mut Local,
         file: FileKey,
         mut f: impl FnMut(&mut Vec<RangeLock>) -> T,
-    ) -> Result<(T, Vec<Arc<PendingRequest>>), StateError> {
+    ) -> Result<(T, Vec<Granted>), StateError> {
         let asks: Vec<(u64, &[LockRange])> = local
             .waiting
             .get(&file)
@@ -125,7 +134,8 @@ impl ByteRangeLocks {
         if let Some(queue) = local.waiting.get_mut(&file) {
             // Indices in ascending order: take from the back.
             for i in granted.into_iter().rev() {
-                done.push(queue.remove(i).request);
+                let w = queue.remove(i);
+                done.push((w.request, w.on_grant));
             }
             done.reverse();
             if queue.is_empty() {
@@ -136,13 +146,14 @@ impl ByteRangeLocks {
     }
 
     /// Grants `ranges` to open `owner` now, or refuses, or (when `wait` is
-    /// given) queues the request until they can be granted.
+    /// given) queues the request until they can be granted: `wait` makes
+    /// it pending and says what to do when it is granted.
     pub fn lock(
         &self,
         file: FileKey,
         owner: u64,
         ranges: Vec<LockRange>,
-        wait: Option<&mut dyn FnMut() -> Option<Arc<PendingRequest>>>,
+        wait: Option<&mut dyn FnMut() -> Option<Granted>>,
     ) -> Outcome {
         let mut local = self.write();
         let tried = self.change(&mut local, file, |list| {
@@ -152,11 +163,12 @@ impl ByteRangeLocks {
             Err(e) => Outcome::Refused(store_failed(file, e)),
             Ok((Ok(()), _)) => Outcome::Granted,
             Ok((Err(LockError::Conflict), _)) if wait.is_some() => match wait.and_then(|w| w()) {
-                Some(request) => {
+                Some((request, on_grant)) => {
                     local.waiting.entry(file).or_default().push(Waiter {
                         owner,
                         ranges,
                         request,
+                        on_grant,
                     });
                     Outcome::Waiting
                 }
@@ -315,8 +327,9 @@ fn grant_waiters(locks: &mut Vec<RangeLock>, asks: &[(u64, &[LockRange])]) -> Ve
     granted
 }
 
-fn answer(granted: Vec<Arc<PendingRequest>>) {
-    for r in granted {
+fn answer(granted: Vec<Granted>) {
+    for (r, on_grant) in granted {
+        on_grant();
         r.complete(NtStatus::SUCCESS, nimbus_wire::lock::encode_lock_response);
     }
 }

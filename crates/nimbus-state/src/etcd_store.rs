@@ -209,49 +209,38 @@ impl EtcdStore {
         let mut errors = Vec::new();
         let pooled = self.lock_idle().pop();
         let first = pooled.as_ref().map(|c| c.endpoint).unwrap_or(0);
-        let unknown = |url: &str, why: String| {
-            unavailable(format!(
-                "etcd {url}: {why}; the request's outcome is unknown"
-            ))
-        };
-        if let Some(mut conn) = pooled {
-            let url = &self.endpoints[conn.endpoint].url;
-            match self.exchange(&mut conn, path, &body) {
-                Ok(Answer::Ok(v)) => {
-                    self.give_back(conn);
-                    return Ok(v);
-                }
-                Ok(Answer::Refused(why)) if !idempotent => return Err(unknown(url, why)),
-                Ok(Answer::Refused(why)) => errors.push(format!("{url}: {why}")),
-                Err(e) if !idempotent && !nothing_applied(&e) => {
-                    return Err(unknown(url, e.to_string()))
-                }
-                Err(_) => {} // a stale keep-alive connection: dial afresh
-            }
-        }
         let n = self.endpoints.len();
-        for i in 0..n {
-            let endpoint = (first + i) % n;
-            let url = &self.endpoints[endpoint].url;
-            let mut conn = match self.connect(endpoint) {
-                Ok(c) => c,
-                Err(e) => {
-                    errors.push(format!("{url}: {e}"));
-                    continue;
-                }
+        let dials = (0..n).map(|i| Attempt::Dial((first + i) % n));
+        for attempt in pooled.map(Attempt::Pooled).into_iter().chain(dials) {
+            let mut conn = match attempt {
+                Attempt::Pooled(conn) => conn,
+                Attempt::Dial(endpoint) => match self.connect(endpoint) {
+                    Ok(conn) => conn,
+                    Err(e) => {
+                        errors.push(format!("{}: {e}", self.endpoints[endpoint].url));
+                        continue;
+                    }
+                },
+            };
+            let url = &self.endpoints[conn.endpoint].url;
+            let unknown = |why: String| {
+                unavailable(format!(
+                    "etcd {url}: {why}; the request's outcome is unknown"
+                ))
             };
             match self.exchange(&mut conn, path, &body) {
                 Ok(Answer::Ok(v)) => {
                     self.give_back(conn);
                     return Ok(v);
                 }
-                Ok(Answer::Refused(why)) if !idempotent => return Err(unknown(url, why)),
-                // etcd answered with an error (no leader, say): another
-                // member may do better.
-                Ok(Answer::Refused(why)) => errors.push(format!("{url}: {why}")),
+                Ok(Answer::Refused(why)) if !idempotent => return Err(unknown(why)),
                 Err(e) if !idempotent && !nothing_applied(&e) => {
-                    return Err(unknown(url, e.to_string()))
+                    return Err(unknown(e.to_string()))
                 }
+                // etcd answered with an error (no leader, say): another
+                // member may do better; a pooled connection that fails
+                // this way was one the server had closed: dial afresh.
+                Ok(Answer::Refused(why)) => errors.push(format!("{url}: {why}")),
                 Err(e) => errors.push(format!("{url}: {e}")),
             }
         }
@@ -356,6 +345,13 @@ fn nothing_applied(e: &std::io::Error) -> bool {
             | BrokenPipe
             | NotConnected
     )
+}
+
+/// Where a call tries its request: an idle kept-alive connection first,
+/// then a fresh one to each endpoint in turn.
+enum Attempt {
+    Pooled(Conn),
+    Dial(usize),
 }
 
 enum Answer {

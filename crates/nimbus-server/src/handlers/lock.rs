@@ -11,7 +11,7 @@ use nimbus_wire::NtStatus;
 
 use super::malformed;
 use crate::dispatch::{Ctx, HandlerResult};
-use crate::locks::Outcome;
+use crate::locks::{OnGrant, Outcome};
 use crate::session::{lock, Open, NO_LOCK_SEQUENCE};
 
 /// What the elements of one request ask for, once validated.
@@ -72,7 +72,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         // Until this one succeeds, a replay of it is no replay.
         buckets[i] = NO_LOCK_SEQUENCE;
     }
-    let result = run(ctx, &open, &req, out);
+    let result = run(ctx, &open, bucket, &req, out);
     if let (Some((i, seq)), Ok(NtStatus::SUCCESS)) = (bucket, &result) {
         lock(&open.lock_sequences)[i] = seq;
     }
@@ -94,7 +94,13 @@ fn lock_sequence_bucket(open: &Open, lock_sequence: u32) -> Option<(usize, u8)> 
     Some((index - 1, (lock_sequence & 0xF) as u8))
 }
 
-fn run(ctx: &mut Ctx<'_>, open: &Open, req: &LockRequest, out: &mut Vec<u8>) -> HandlerResult {
+fn run(
+    ctx: &mut Ctx<'_>,
+    open: &Arc<Open>,
+    bucket: Option<(usize, u8)>,
+    req: &LockRequest,
+    out: &mut Vec<u8>,
+) -> HandlerResult {
     let asked = validate(&req.locks)?;
     let server = ctx.server.clone();
     let file = open.file_key;
@@ -112,7 +118,7 @@ fn run(ctx: &mut Ctx<'_>, open: &Open, req: &LockRequest, out: &mut Vec<u8>) -> 
             }
             let mut wait = || {
                 let server = server.clone();
-                ctx.go_async(move |request: &Arc<_>| {
+                let request = ctx.go_async(move |request: &Arc<_>| {
                     let request = Arc::downgrade(request);
                     Box::new(move |status| {
                         if let Some(request) = request.upgrade() {
@@ -122,7 +128,17 @@ fn run(ctx: &mut Ctx<'_>, open: &Open, req: &LockRequest, out: &mut Vec<u8>) -> 
                             request.complete(status, |_| {});
                         }
                     })
-                })
+                })?;
+                // Granted later: what `handle` does for a lock granted at
+                // once, before the client hears of it.
+                let (server, open) = (ctx.server.clone(), open.clone());
+                let on_grant: OnGrant = Box::new(move || {
+                    if let Some((i, seq)) = bucket {
+                        lock(&open.lock_sequences)[i] = seq;
+                    }
+                    crate::persist::changed(&server, &open);
+                });
+                Some((request, on_grant))
             };
             // A byte-range lock ends others' read caching (MS-FSA 2.1.5.7).
             server.oplocks.contend_readers(file, owner);
