@@ -37,17 +37,21 @@ from smbprotocol.open import (
 from smbprotocol.header import NtStatus
 from test_durable import (
     ACCESS,
+    HANDLE,
+    READ,
     SHARE_ALL,
     STATUS_LOCK_NOT_GRANTED,
     Client,
     dh2c,
     dh2q,
+    lease,
     durable_open,
     plain_open,
     reconnect,
     status_of,
 )
-from smbprotocol.create_contexts import DurableHandleFlags, SMB2CreateDurableHandleResponseV2
+from smbprotocol.create_contexts import DurableHandleFlags, SMB2CreateDurableHandleResponseV2, SMB2CreateResponseLeaseV2
+from smbprotocol.open import RequestedOplockLevel
 
 STATUS_FILE_NOT_AVAILABLE = 0xC0000467
 USER, PASSWORD = "alice", "Al1ce-Secret!"
@@ -337,6 +341,66 @@ def test_blocking_lock_granted_later_survives_kill_9(tmp_path):
             assert status_of(lambda: other.lock(o.file_id, 10, 10, EXCLUSIVE)) == STATUS_LOCK_NOT_GRANTED
         finally:
             other.close()
+            again.close()
+    finally:
+        srv.stop()
+
+
+def wait_for_closed_connections(srv: CaServer, count: int, timeout: float = 20.0) -> None:
+    """Waits until the server has logged `count` torn-down connections (its
+    opens released or kept by then)."""
+    deadline = time.monotonic() + timeout
+    while srv.log().count(" closed") < count:
+        assert time.monotonic() < deadline, "the server did not notice the lost connection"
+        time.sleep(0.02)
+
+
+def test_lease_broken_while_disconnected_is_not_restored_after_kill_9(tmp_path):
+    """The record follows the lease's breaks. A persistent handle with an RH
+    lease loses its connection; another client writes the file, which
+    breaks the lease to none (the server acknowledges for the absent
+    holder). After `kill -9` and a restart the reclaimed handle holds no
+    lease state: caching it gave up does not come back."""
+    srv = CaServer(tmp_path)
+    try:
+        node = srv.start()
+        guid, create_guid, key = uuid.uuid4(), uuid.uuid4(), os.urandom(16)
+        owner = Client(node, guid)
+        f = persistent_open(owner, "shared.dat", create_guid, key, timeout_ms=30_000)
+        f.write(b"owner's data", 0)
+        file_id = f.file_id
+        closed_before = srv.log().count(" closed")
+        owner.drop()
+        wait_for_closed_connections(srv, closed_before + 1)
+        writer = Client(node, uuid.uuid4())
+        try:
+            h = plain_open(writer, "shared.dat")
+            h.write(b"WRITER", 0)
+            h.close()
+            # Later durable writes carry the lowered record to the disk
+            # (it is not waited for on its own), deterministically.
+            persistent_open(writer, "marker.dat", uuid.uuid4(), os.urandom(16), timeout_ms=30_000)
+            persistent_open(writer, "marker2.dat", uuid.uuid4(), os.urandom(16), timeout_ms=30_000)
+        finally:
+            writer.close()
+        srv.kill9()
+
+        node = srv.start()
+        assert "of shared.dat restored" in srv.log()
+        again = Client(node, guid)
+        try:
+            g = Open(again.tree, "shared.dat")
+            contexts = g.create(
+                0, 0, 0, 0, 0, 0,
+                create_contexts=[dh2c(file_id, create_guid, DurableHandleFlags.SMB2_DHANDLE_FLAG_PERSISTENT), lease(key, 0)],
+                oplock_level=RequestedOplockLevel.SMB2_OPLOCK_LEVEL_LEASE,
+            )
+            leases = [c for c in contexts or [] if isinstance(c, SMB2CreateResponseLeaseV2)]
+            state = leases[0]["lease_state"].get_value() if leases else 0
+            assert state & (READ | HANDLE) == 0, f"the reclaimed handle got back lease state {state:#x}"
+            assert g.read(0, 6) == b"WRITER"
+            g.close()
+        finally:
             again.close()
     finally:
         srv.stop()

@@ -37,6 +37,9 @@ pub struct Durable {
     /// Persistent opens: the CREATE's response has been written (a record
     /// of one never answered is dropped at start).
     pub answered: bool,
+    /// Persistent opens: closed, the record removed; a save racing the
+    /// close (a break acknowledged by another client) writes nothing.
+    pub forgotten: bool,
 }
 
 /// (ClientGuid, CreateGuid) of a CREATE with a DH2Q context: a CreateGuid

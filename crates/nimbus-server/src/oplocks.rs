@@ -67,6 +67,11 @@ pub struct LocalNotifier {
 /// What the server does with a break for a disconnected durable open.
 type DisconnectedBreak = Box<dyn Fn(u64, BreakOrder) + Send + Sync>;
 
+/// What the server does when the caching some opens hold changed without
+/// a CREATE of theirs (a break sent, acknowledged or timed out): their
+/// persistent records follow.
+pub type CachingChanged = Box<dyn Fn(&[u64]) + Send + Sync>;
+
 #[derive(Clone)]
 enum Destination {
     Client(Route),
@@ -161,6 +166,8 @@ struct Summary {
     has_grants: bool,
     empty: bool,
     breaking: bool,
+    /// The opens whose caching the change altered, when watched.
+    changed: Vec<u64>,
 }
 
 impl Summary {
@@ -169,8 +176,30 @@ impl Summary {
             has_grants: !s.grants.is_empty(),
             empty: s.is_empty(),
             breaking: s.breaking(),
+            changed: Vec::new(),
         }
     }
+}
+
+/// Each open's caching state in `s` (an open without a grant holds none).
+fn caching_of(s: &FileCaching) -> Vec<(u64, u32)> {
+    s.grants
+        .iter()
+        .flat_map(|g| g.opens.iter().map(move |o| (*o, g.state)))
+        .collect()
+}
+
+/// The opens of `after` whose caching differs from `before`'s.
+fn changed_opens(before: &[(u64, u32)], after: &FileCaching) -> Vec<u64> {
+    let now = caching_of(after);
+    let state_in =
+        |list: &[(u64, u32)], id: u64| list.iter().find(|(o, _)| *o == id).map_or(0, |(_, st)| *st);
+    after
+        .opens
+        .iter()
+        .map(|o| o.open_id)
+        .filter(|id| state_in(before, *id) != state_in(&now, *id))
+        .collect()
 }
 
 /// A break to send, and the open whose client receives it.
@@ -196,6 +225,9 @@ pub struct Oplocks {
     store: Arc<dyn StateStore>,
     notifier: Arc<LocalNotifier>,
     break_timeout: Duration,
+    /// Told of opens whose caching changed, once set (a server with
+    /// persistent handles); unset, nothing is watched.
+    on_changed: Arc<std::sync::OnceLock<CachingChanged>>,
     /// How many directories hold a lease, read without the lock: while
     /// none does, a change to a file costs no look-up of its directory.
     dir_leases: AtomicUsize,
@@ -213,14 +245,21 @@ fn record_key(file: FileKey) -> Vec<u8> {
 
 /// Applies a rule to `file`'s record in `store`. A store that fails is
 /// logged and the rule's effect is lost: callers then grant no caching.
+/// With `watch`, the summary names the opens whose caching changed.
 fn apply<T>(
     store: &dyn StateStore,
     file: FileKey,
+    watch: bool,
     mut f: impl FnMut(&mut FileCaching) -> T,
 ) -> Option<(T, Summary)> {
     let r = records::update::<FileCaching, _, StateError>(store, &record_key(file), |s| {
+        let before = if watch { caching_of(s) } else { Vec::new() };
         let out = f(s);
-        Ok((out, Summary::of(s)))
+        let mut summary = Summary::of(s);
+        if watch {
+            summary.changed = changed_opens(&before, s);
+        }
+        Ok((out, summary))
     });
     match r {
         Ok(v) => Some(v),
@@ -238,8 +277,18 @@ impl Oplocks {
             store,
             notifier: Arc::new(LocalNotifier::default()),
             break_timeout,
+            on_changed: Arc::new(std::sync::OnceLock::new()),
             dir_leases: AtomicUsize::new(0),
         }
+    }
+
+    /// Sets what is told of opens whose caching changed; once, at start.
+    pub fn on_caching_changed(&self, f: CachingChanged) {
+        let _ = self.on_changed.set(f);
+    }
+
+    fn watching(&self) -> bool {
+        self.on_changed.get().is_some()
     }
 
     /// Sends what an open of `file` requires of other holders first. When
@@ -248,9 +297,9 @@ impl Oplocks {
     /// that a racing open cannot be granted write caching beside it); it
     /// must be `admit`ted or `forget`ten.
     pub fn contend(&self, file: FileKey, ask: &OpenAsk) -> Contention {
-        let (contention, sends) = {
+        let (contention, sends, changed) = {
             let mut t = lock(&self.table);
-            let Some(((c, to), summary)) = apply(&*self.store, file, |s| {
+            let Some(((c, to), summary)) = apply(&*self.store, file, self.watching(), |s| {
                 let c = s.contend(ask);
                 if !c.wait && !ask.sharing_violation {
                     s.opens.push(caching::OpenEntry {
@@ -266,9 +315,10 @@ impl Oplocks {
             let sends = self.prepare_breaks(&mut t, file, to);
             t.settle(file, &summary);
             self.count_dirs(&t);
-            (c, sends)
+            (c, sends, summary.changed)
         };
         self.send(sends);
+        self.tell(changed);
         contention
     }
 
@@ -364,7 +414,7 @@ impl Oplocks {
             }
         }
         let ask = &ask;
-        let Some((granted, summary)) = apply(&*self.store, file, |s| {
+        let Some((granted, summary)) = apply(&*self.store, file, self.watching(), |s| {
             s.opens.retain(|o| o.open_id != ask.open_id);
             s.admit(ask)
         }) else {
@@ -379,6 +429,12 @@ impl Oplocks {
         }
         t.settle(file, &summary);
         self.count_dirs(&t);
+        drop(t);
+        // The new open's own record is written by its CREATE; a lease it
+        // joined changed for the lease's other opens.
+        let mut changed = summary.changed;
+        changed.retain(|id| *id != ask.open_id);
+        self.tell(changed);
         granted
     }
 
@@ -386,25 +442,27 @@ impl Oplocks {
     /// Wakes the requests waiting on a break that went with it.
     pub fn forget(&self, file: FileKey, open_id: u64) {
         self.notifier.unregister(open_id);
-        let woken = {
+        let (woken, changed) = {
             let mut t = lock(&self.table);
-            let Some(((ended_break, gone), summary)) = apply(&*self.store, file, |s| {
-                // The leases this open shared, to see which went with it.
-                let shared: Vec<LeaseId> = s
-                    .grants
-                    .iter()
-                    .filter_map(|g| match g.holder {
-                        Holder::Lease(id) if g.opens.contains(&open_id) => Some(id),
-                        _ => None,
-                    })
-                    .collect();
-                let ended = s.remove_open(open_id);
-                let gone: Vec<LeaseId> = shared
-                    .into_iter()
-                    .filter(|id| s.grant(Holder::Lease(*id)).is_none())
-                    .collect();
-                (ended, gone)
-            }) else {
+            let Some(((ended_break, gone), summary)) =
+                apply(&*self.store, file, self.watching(), |s| {
+                    // The leases this open shared, to see which went with it.
+                    let shared: Vec<LeaseId> = s
+                        .grants
+                        .iter()
+                        .filter_map(|g| match g.holder {
+                            Holder::Lease(id) if g.opens.contains(&open_id) => Some(id),
+                            _ => None,
+                        })
+                        .collect();
+                    let ended = s.remove_open(open_id);
+                    let gone: Vec<LeaseId> = shared
+                        .into_iter()
+                        .filter(|id| s.grant(Holder::Lease(*id)).is_none())
+                        .collect();
+                    (ended, gone)
+                })
+            else {
                 return;
             };
             let woken = match t.files.get_mut(&file) {
@@ -418,8 +476,9 @@ impl Oplocks {
             for id in gone {
                 t.lease_files.remove(&id);
             }
-            woken
+            (woken, summary.changed)
         };
+        self.tell(changed);
         wake(woken);
     }
 
@@ -475,9 +534,9 @@ impl Oplocks {
         file: FileKey,
         mut f: impl FnMut(&mut FileCaching) -> Result<Acked, AckError>,
     ) -> AckOutcome {
-        let (outcome, sends, woken) = {
+        let (outcome, sends, woken, changed) = {
             let mut t = lock(&self.table);
-            let Some((r, summary)) = apply(&*self.store, file, |s| {
+            let Some((r, summary)) = apply(&*self.store, file, self.watching(), |s| {
                 f(s).map(|acked| {
                     let follow: Vec<BreakOrder> = acked.follow_up.into_iter().collect();
                     (acked, targets(s, &follow))
@@ -495,9 +554,10 @@ impl Oplocks {
             };
             let sends = self.prepare_breaks(&mut t, file, to);
             t.settle(file, &summary);
-            (AckOutcome::Done(acked), sends, woken)
+            (AckOutcome::Done(acked), sends, woken, summary.changed)
         };
         self.send(sends);
+        self.tell(changed);
         wake(woken);
         outcome
     }
@@ -542,12 +602,12 @@ impl Oplocks {
         file: FileKey,
         mut rule: impl FnMut(&mut FileCaching) -> T,
     ) -> T::Extra {
-        let (extra, sends) = {
+        let (extra, sends, changed) = {
             let mut t = lock(&self.table);
             if !t.granted.contains(&file) {
                 return T::Extra::default();
             }
-            let Some(((extra, to), summary)) = apply(&*self.store, file, |s| {
+            let Some(((extra, to), summary)) = apply(&*self.store, file, self.watching(), |s| {
                 let (breaks, extra) = rule(s).split();
                 (extra, targets(s, &breaks))
             }) else {
@@ -555,9 +615,10 @@ impl Oplocks {
             };
             let sends = self.prepare_breaks(&mut t, file, to);
             t.settle(file, &summary);
-            (extra, sends)
+            (extra, sends, summary.changed)
         };
         self.send(sends);
+        self.tell(changed);
         extra
     }
 
@@ -583,6 +644,7 @@ impl Oplocks {
     fn start_timer(&self, file: FileKey, holder: Holder, serial: u64) {
         let table = Arc::downgrade(&self.table);
         let store = self.store.clone();
+        let on_changed = self.on_changed.clone();
         let after = self.break_timeout;
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
@@ -592,7 +654,7 @@ impl Oplocks {
             let Some(table) = table.upgrade() else {
                 return;
             };
-            let woken = {
+            let (woken, changed) = {
                 let mut t = lock(&table);
                 let Some(local) = t.files.get_mut(&file) else {
                     return;
@@ -601,11 +663,13 @@ impl Oplocks {
                     return;
                 }
                 local.break_serial.remove(&holder);
-                let Some((changed, summary)) = apply(&*store, file, |s| s.break_timed_out(holder))
+                let watch = on_changed.get().is_some();
+                let Some((timed_out, summary)) =
+                    apply(&*store, file, watch, |s| s.break_timed_out(holder))
                 else {
                     return;
                 };
-                if !changed {
+                if !timed_out {
                     return;
                 }
                 log_timeout(holder, after);
@@ -614,10 +678,21 @@ impl Oplocks {
                     _ => Vec::new(),
                 };
                 t.settle(file, &summary);
-                woken
+                (woken, summary.changed)
             };
+            if let (Some(f), false) = (on_changed.get(), changed.is_empty()) {
+                f(&changed);
+            }
             wake(woken);
         });
+    }
+
+    /// Tells the server of opens whose caching changed. Outside the table
+    /// lock: the server reads the caching state back.
+    fn tell(&self, changed: Vec<u64>) {
+        if let (Some(f), false) = (self.on_changed.get(), changed.is_empty()) {
+            f(&changed);
+        }
     }
 
     fn send(&self, sends: Vec<Target>) {
@@ -845,5 +920,50 @@ mod tests {
         assert!(oplocks.lease_fits(id, Some(x)) && !oplocks.lease_fits(id, Some(y)));
         oplocks.forget(x, 1);
         assert!(oplocks.lease_fits(id, Some(y)));
+    }
+
+    #[test]
+    fn the_server_is_told_when_a_break_lowers_an_opens_caching() {
+        let oplocks = Oplocks::new(Duration::from_secs(35), Arc::new(MemoryStore::new()));
+        let told = Arc::new(Mutex::new(Vec::<u64>::new()));
+        let sink = told.clone();
+        oplocks.on_caching_changed(Box::new(move |ids| lock(&sink).extend_from_slice(ids)));
+        let id = LeaseId {
+            client: [1; 16],
+            key: [2; 16],
+        };
+        let x = FileKey { dev: 1, ino: 1 };
+        let ask = OpenAsk {
+            open_id: 1,
+            access: 0x3,
+            overwrite: false,
+            sharing_violation: false,
+            is_dir: false,
+            has_byte_range_locks: false,
+            want: Want::Lease {
+                id,
+                state: caching::READ | caching::HANDLE,
+                version: 2,
+                parent_key: None,
+                epoch: 0,
+            },
+        };
+        oplocks.contend(x, &ask);
+        oplocks.admit(x, &ask, route());
+        // Its own grant is its CREATE's to record.
+        assert!(lock(&told).is_empty());
+        // Another open writes: RH must be acknowledged before it goes, and
+        // until then the holder still caches it.
+        oplocks.contend_readers(x, 2);
+        assert!(lock(&told).is_empty());
+        assert!(matches!(
+            oplocks.ack_lease(id, 0),
+            Some(AckOutcome::Done(_))
+        ));
+        assert_eq!(*lock(&told), vec![1]);
+        // Closing it tells nothing about it.
+        lock(&told).clear();
+        oplocks.forget(x, 1);
+        assert!(lock(&told).is_empty());
     }
 }

@@ -1,8 +1,10 @@
 //! Persistent handles (MS-SMB2 3.3.5.9.10 with SMB2_DHANDLE_FLAG_PERSISTENT,
 //! on a continuously available share): the open's record goes to the store
-//! on disk (`state_dir`) before its CREATE is answered, follows its locks,
-//! is marked answered once the response is written, and goes when the open
-//! closes. At start, every answered record is opened again and kept
+//! on disk (`state_dir`) before its CREATE is answered, follows its locks
+//! (on disk before the LOCK is answered), its caching (a lease or oplock
+//! broken, acknowledged or timed out), position and mode (those without
+//! waiting for the disk), is marked answered once the response is written,
+//! and goes when the open closes. At start, every answered record is opened again and kept
 //! disconnected for its client to reclaim; a record never answered (the
 //! server stopped between writing it and sending the response) is dropped.
 //!
@@ -42,7 +44,7 @@ fn save_with(server: &Server, open: &Open, durability: Durability) -> Result<(),
     // and the answered mark's) write in turn, the later one seeing all the
     // earlier one did.
     let guard = lock(&open.durable);
-    let Some(d) = guard.as_ref().filter(|d| d.persistent) else {
+    let Some(d) = guard.as_ref().filter(|d| d.persistent && !d.forgotten) else {
         return Ok(());
     };
     let (granted, lease) = server.oplocks.held_by(open.file_key, open.open_id);
@@ -115,6 +117,14 @@ pub fn changed(server: &Server, open: &Open) {
     changed_with(server, open, Durability::Now)
 }
 
+/// Saves a persistent open after a change the client did not wait on the
+/// disk for (its caching lowered by a break, its position or mode set),
+/// without waiting for the disk: the write rides with the next durable
+/// commit, or the store's flush a few milliseconds later.
+pub fn changed_soon(server: &Server, open: &Open) {
+    changed_with(server, open, Durability::Soon)
+}
+
 fn changed_with(server: &Server, open: &Open, durability: Durability) {
     if !open.is_persistent() {
         return;
@@ -141,8 +151,13 @@ pub fn answered(server: &Server, open: &Open) {
 /// handle back at start, where, never reclaimed, it expires with its
 /// timeout.
 pub fn forget(server: &Server, open: &Open) {
-    if !open.is_persistent() {
-        return;
+    // Marked under the lock saves hold while they write: a save that
+    // started first is on the store before the removal, a later one
+    // writes nothing.
+    let mut guard = lock(&open.durable);
+    match guard.as_mut() {
+        Some(d) if d.persistent => d.forgotten = true,
+        _ => return,
     }
     let Some(store) = server.disk_store.as_ref() else {
         return;
@@ -155,6 +170,7 @@ pub fn forget(server: &Server, open: &Open) {
         store.compare_and_set_with(&key, Some(current.version), None, Durability::Soon)?;
         Ok::<(), StateError>(())
     })();
+    drop(guard);
     if let Err(e) = r {
         tracing::error!("persistent open {}: record not removed: {e}", open.open_id);
     }
@@ -328,6 +344,7 @@ fn reopen(server: &Arc<Server>, r: &DurableOpen, now: Instant) -> Result<(), Str
                 domain: r.owner_domain.clone(),
             },
             answered: true,
+            forgotten: false,
         },
     );
     server.durables.name_open(&open);

@@ -286,6 +286,21 @@ impl Server {
                     }
                 }
             }));
+        // A persistent open's record follows the caching it holds: a lease
+        // broken from RH to R must not come back with H after a restart.
+        if server.offers_persistent_handles() {
+            let weak = Arc::downgrade(&server);
+            server.oplocks.on_caching_changed(Box::new(move |open_ids| {
+                let Some(s) = weak.upgrade() else {
+                    return;
+                };
+                for id in open_ids {
+                    if let Some(open) = s.opens.get(*id) {
+                        crate::persist::changed_soon(&s, &open);
+                    }
+                }
+            }));
+        }
         // Persistent handles of the last run wait for their clients.
         let restored =
             crate::persist::restore(&server).map_err(|e| StartError::State(e.to_string()))?;

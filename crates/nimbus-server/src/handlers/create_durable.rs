@@ -145,6 +145,7 @@ pub fn grant(
             persistent,
             owner,
             answered: false,
+            forgotten: false,
         },
     );
     // Its record is on disk before the client hears of it; marked

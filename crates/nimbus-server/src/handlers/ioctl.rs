@@ -96,6 +96,7 @@ fn request_resiliency(ctx: &mut Ctx<'_>, req: &IoctlRequest<'_>) -> Result<(), N
             persistent: false,
             owner,
             answered: true,
+            forgotten: false,
         },
     );
     Ok(())

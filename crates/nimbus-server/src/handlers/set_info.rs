@@ -243,6 +243,7 @@ fn set_file_info(
                 return Err(NtStatus::INVALID_PARAMETER);
             }
             open.position.store(pos, Ordering::Relaxed);
+            crate::persist::changed_soon(ctx.server, open);
         }
         file_class::MODE => {
             // MS-FSCC 2.4.26: only these mode bits may be set.
@@ -251,6 +252,7 @@ fn set_file_info(
                 return Err(NtStatus::INVALID_PARAMETER);
             }
             open.mode.store(m, Ordering::Relaxed);
+            crate::persist::changed_soon(ctx.server, open);
         }
         file_class::END_OF_FILE => {
             require(open, access::FILE_WRITE_DATA)?;
