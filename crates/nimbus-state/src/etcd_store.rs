@@ -102,7 +102,7 @@ fn unavailable(why: impl std::fmt::Display) -> StateError {
 
 /// An int64 field of a gateway response: a JSON string (proto3 JSON), a
 /// number, or absent (zero).
-fn int(v: &Value) -> Result<i64, StateError> {
+pub(crate) fn int(v: &Value) -> Result<i64, StateError> {
     match v {
         Value::Null => Ok(0),
         Value::String(s) => s
@@ -115,7 +115,7 @@ fn int(v: &Value) -> Result<i64, StateError> {
     }
 }
 
-fn bytes(v: &Value) -> Result<Vec<u8>, StateError> {
+pub(crate) fn bytes(v: &Value) -> Result<Vec<u8>, StateError> {
     match v {
         Value::Null => Ok(Vec::new()),
         Value::String(s) => B64
@@ -330,6 +330,129 @@ impl EtcdStore {
     }
 }
 
+/// One condition of a transaction (`EtcdStore::txn`), on a key of the
+/// store (its prefix added).
+pub enum Cmp<'a> {
+    /// No live record has the key.
+    Absent(&'a [u8]),
+    /// The key's record is at this version (mod_revision); None: absent.
+    Version(&'a [u8], Option<u64>),
+    /// The key's record holds this value.
+    Value(&'a [u8], &'a [u8]),
+}
+
+/// One operation of a transaction.
+pub enum Op<'a> {
+    /// Writes the record, under a lease when `lease` is not 0.
+    Put(&'a [u8], &'a [u8], i64),
+    Delete(&'a [u8]),
+    /// Reads the record; its answer is in `TxnOutcome::reads`.
+    Get(&'a [u8]),
+}
+
+/// What a transaction did.
+#[derive(Debug)]
+pub struct TxnOutcome {
+    pub succeeded: bool,
+    /// The store's revision after it (a write's records carry it).
+    pub revision: u64,
+    /// The records the branch taken read, one per `Op::Get`, in order.
+    pub reads: Vec<Option<Versioned>>,
+}
+
+impl EtcdStore {
+    /// One atomic transaction: if every condition of `cmps` holds, the
+    /// `success` operations, otherwise the `failure` ones. Never sent twice
+    /// (see `call`).
+    pub fn txn(
+        &self,
+        cmps: &[Cmp<'_>],
+        success: &[Op<'_>],
+        failure: &[Op<'_>],
+    ) -> Result<TxnOutcome, StateError> {
+        let key = |k: &[u8]| B64.encode(self.full_key(k));
+        let compare: Vec<Value> = cmps
+            .iter()
+            .map(|c| match c {
+                Cmp::Absent(k) | Cmp::Version(k, None) => {
+                    json!({"key": key(k), "target": "CREATE", "result": "EQUAL", "create_revision": "0"})
+                }
+                Cmp::Version(k, Some(v)) => {
+                    json!({"key": key(k), "target": "MOD", "result": "EQUAL", "mod_revision": v.to_string()})
+                }
+                Cmp::Value(k, v) => {
+                    json!({"key": key(k), "target": "VALUE", "result": "EQUAL", "value": B64.encode(v)})
+                }
+            })
+            .collect();
+        let ops = |ops: &[Op<'_>]| -> Vec<Value> {
+            ops.iter()
+                .map(|o| match o {
+                    Op::Put(k, v, 0) => json!({"request_put": {"key": key(k), "value": B64.encode(v)}}),
+                    Op::Put(k, v, lease) => json!({"request_put": {"key": key(k), "value": B64.encode(v), "lease": lease.to_string()}}),
+                    Op::Delete(k) => json!({"request_delete_range": {"key": key(k)}}),
+                    Op::Get(k) => json!({"request_range": {"key": key(k)}}),
+                })
+                .collect()
+        };
+        let v = self.call(
+            "/v3/kv/txn",
+            &json!({ "compare": compare, "success": ops(success), "failure": ops(failure) }),
+            false,
+        )?;
+        let mut reads = Vec::new();
+        for r in v["responses"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
+            if let Some(range) = r.get("response_range") {
+                reads.push(first_record(range)?);
+            }
+        }
+        Ok(TxnOutcome {
+            succeeded: v["succeeded"].as_bool().unwrap_or(false),
+            revision: int(&v["header"]["revision"])? as u64,
+            reads,
+        })
+    }
+
+    /// The store's current revision (a watch started after it sees every
+    /// later change).
+    pub fn revision(&self) -> Result<u64, StateError> {
+        let v = self.call(
+            "/v3/kv/range",
+            &json!({ "key": B64.encode(self.full_key(b"\0revision")) }),
+            true,
+        )?;
+        Ok(int(&v["header"]["revision"])? as u64)
+    }
+
+    /// Changes to the keys under `prefix` from `start_revision` on; see
+    /// `Watch::next`.
+    pub fn watch(&self, prefix: &[u8], start_revision: u64) -> crate::etcd_watch::Watch {
+        let full = self.full_key(prefix);
+        crate::etcd_watch::Watch::new(
+            self.endpoints
+                .iter()
+                .map(|e| (e.host.clone(), e.addr))
+                .collect(),
+            self.prefix.clone(),
+            B64.encode(&full),
+            B64.encode(prefix_end(&full)),
+            start_revision,
+            self.timeout,
+        )
+    }
+}
+
+/// The first record of a range answer.
+fn first_record(range: &Value) -> Result<Option<Versioned>, StateError> {
+    match range["kvs"].as_array().and_then(|kvs| kvs.first()) {
+        None => Ok(None),
+        Some(kv) => Ok(Some(Versioned {
+            version: int(&kv["mod_revision"])? as u64,
+            value: bytes(&kv["value"])?,
+        })),
+    }
+}
+
 /// Whether a failed exchange cannot have reached etcd: the connection was
 /// refused, or closed before the first byte of an answer (a keep-alive
 /// connection the server had closed). `read_response` reports a cut-short
@@ -457,13 +580,7 @@ impl StateStore for EtcdStore {
             &json!({ "key": B64.encode(self.full_key(key)) }),
             true,
         )?;
-        match v["kvs"].as_array().and_then(|kvs| kvs.first()) {
-            None => Ok(None),
-            Some(kv) => Ok(Some(Versioned {
-                version: int(&kv["mod_revision"])? as u64,
-                value: bytes(&kv["value"])?,
-            })),
-        }
+        first_record(&v)
     }
 
     fn compare_and_set(
@@ -535,6 +652,7 @@ impl StateStore for EtcdStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::etcd_test_cluster::Cluster;
 
     #[test]
     fn endpoints_parse_or_say_why_not() {
@@ -605,98 +723,6 @@ mod tests {
         assert!(int(&json!([1])).is_err());
         assert_eq!(bytes(&json!("aGk=")).unwrap(), b"hi");
         assert!(bytes(&json!("!!")).is_err());
-    }
-
-    /// A real 3-member etcd cluster on loopback, in a temp dir, stopped
-    /// (and removed) on drop.
-    struct Cluster {
-        dir: std::path::PathBuf,
-        members: Vec<std::process::Child>,
-        urls: Vec<String>,
-    }
-
-    fn free_port() -> u16 {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    }
-
-    impl Cluster {
-        fn start(name: &str) -> Cluster {
-            let dir =
-                std::env::temp_dir().join(format!("nimbus-etcd-{name}-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&dir);
-            std::fs::create_dir_all(&dir).unwrap();
-            let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
-            let initial = ports
-                .iter()
-                .enumerate()
-                .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
-                .collect::<Vec<_>>()
-                .join(",");
-            let mut members = Vec::new();
-            for (i, (client, peer)) in ports.iter().enumerate() {
-                let log = std::fs::File::create(dir.join(format!("m{i}.log"))).unwrap();
-                let child = std::process::Command::new("etcd")
-                    .args([
-                        "--name".into(),
-                        format!("m{i}"),
-                        "--data-dir".into(),
-                        dir.join(format!("m{i}")).display().to_string(),
-                        "--listen-client-urls".into(),
-                        format!("http://127.0.0.1:{client}"),
-                        "--advertise-client-urls".into(),
-                        format!("http://127.0.0.1:{client}"),
-                        "--listen-peer-urls".into(),
-                        format!("http://127.0.0.1:{peer}"),
-                        "--initial-advertise-peer-urls".into(),
-                        format!("http://127.0.0.1:{peer}"),
-                        "--initial-cluster".into(),
-                        initial.clone(),
-                        "--initial-cluster-state".into(),
-                        "new".into(),
-                        "--initial-cluster-token".into(),
-                        format!("nimbus-{name}-{}", std::process::id()),
-                        "--heartbeat-interval".into(),
-                        "50".into(),
-                        "--election-timeout".into(),
-                        "500".into(),
-                    ])
-                    .stdout(log.try_clone().unwrap())
-                    .stderr(log)
-                    .spawn()
-                    .expect("etcd (Debian package etcd-server; scripts/test.sh installs it)");
-                members.push(child);
-            }
-            let urls: Vec<String> = ports
-                .iter()
-                .map(|(c, _)| format!("http://127.0.0.1:{c}"))
-                .collect();
-            let cluster = Cluster { dir, members, urls };
-            // Ready when a linearizable read succeeds (a leader exists).
-            let store = EtcdStore::new(&cluster.urls, b"/ready/", Duration::from_secs(2)).unwrap();
-            let until = std::time::Instant::now() + Duration::from_secs(30);
-            while let Err(e) = store.check() {
-                assert!(
-                    std::time::Instant::now() < until,
-                    "etcd cluster not ready: {e}"
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            cluster
-        }
-    }
-
-    impl Drop for Cluster {
-        fn drop(&mut self) {
-            for m in &mut self.members {
-                let _ = m.kill();
-                let _ = m.wait();
-            }
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
     }
 
     /// The conformance suite against a real cluster, each member's

@@ -6,11 +6,15 @@
 
 pub mod byte_range;
 pub mod caching;
+pub mod cluster_store;
 /// The suite every `StateStore` backend passes.
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 pub mod durable_record;
 pub mod etcd_store;
+#[cfg(test)]
+mod etcd_test_cluster;
+pub mod etcd_watch;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod journal;

@@ -1,0 +1,756 @@
+//! The store of a cluster node: per-file ownership over etcd (issue 15,
+//! ARCHITECTURE.md "State"), so that a file used from one node costs no
+//! etcd round trip per open, and a file used from several is decided on
+//! etcd's linearizable records.
+//!
+//! Keys under the `clustered` prefixes are one file's records (`prefix`
+//! then the file's 16-byte key, the file's "group"). For each group:
+//! - **Owned** by this node: `own/<group>` in etcd names this node's
+//!   incarnation, under its lease; the records live in this node's memory
+//!   and etcd's copy is stale. Reads and compare-and-sets are local.
+//! - **Shared** (no `own/<group>`): etcd holds the records; every
+//!   compare-and-set is an etcd transaction that also checks nobody owns
+//!   the group.
+//! - **Owned by another node**: this node writes `release/<owner>/<group>`;
+//!   the owner, watching its `release/` range, writes its records back and
+//!   deletes `own/<group>` in one transaction; the group is then shared.
+//!   An owner that died loses `own/<group>` with its lease.
+//!
+//! A node takes a group when its records name no other live node's opens
+//! (`claimable`): the first open of a file, and a file every other node
+//! has let go of. Groups this node owns and nobody has open are given back
+//! after a while (`sweep`), so that etcd holds one key per file in use.
+//!
+//! Versions: etcd's mod_revisions for shared records, and versions with
+//! the top bit set for owned ones, so that a version read in one state
+//! never matches in the other: a compare-and-set that raced a change of
+//! ownership fails and its caller reads again. Keys outside the clustered
+//! prefixes stay in this node's memory.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::etcd_store::{Cmp, Op};
+use crate::memory::MemoryStore;
+use crate::store::{StateError, StateStore, Versioned};
+use crate::EtcdStore;
+
+/// Key prefix of ownership records.
+pub const OWN_PREFIX: &[u8] = b"own/";
+/// Key prefix of hand-back requests: `release/<owner>/<group>`.
+pub const RELEASE_PREFIX: &[u8] = b"release/";
+
+/// Versions of owned records carry this bit; etcd revisions never do.
+const LOCAL_VERSION: u64 = 1 << 63;
+
+/// Whether a record (key, value) names only opens this node may decide
+/// alone (its own, or those of nodes that are gone).
+pub type Claimable = Box<dyn Fn(&[u8], &[u8]) -> bool + Send + Sync>;
+
+enum Group {
+    Owned {
+        records: BTreeMap<Vec<u8>, Versioned>,
+        /// Since when no record of the group exists (None: some does).
+        empty_since: Option<Instant>,
+    },
+    /// Being written back to etcd: callers wait.
+    Releasing,
+}
+
+pub struct ClusterStore {
+    etcd: Arc<EtcdStore>,
+    local: MemoryStore,
+    clustered: Vec<&'static [u8]>,
+    /// This node's incarnation, as `own/` records name it.
+    me: Vec<u8>,
+    lease: AtomicI64,
+    claimable: Claimable,
+    groups: Mutex<HashMap<Vec<u8>, Group>>,
+    changed: Condvar,
+    next_version: AtomicU64,
+    /// How long to wait for another node to hand a group over before the
+    /// operation fails (its lease must have expired by then).
+    handover_timeout: Duration,
+}
+
+/// What etcd said about a group this node does not own.
+enum Found {
+    Taken,
+    Shared(Option<Versioned>),
+    OwnedBy(Vec<u8>),
+    /// The records changed between two looks: look again.
+    Retry,
+}
+
+/// How many times one read looks again after losing a race.
+const FIND_TRIES: usize = 64;
+
+fn key_of(prefix: &[u8], group: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(prefix.len() + group.len());
+    k.extend_from_slice(prefix);
+    k.extend_from_slice(group);
+    k
+}
+
+/// `release/<owner>/<group>`.
+pub fn release_key(owner: &[u8], group: &[u8]) -> Vec<u8> {
+    let mut k = RELEASE_PREFIX.to_vec();
+    k.extend_from_slice(owner);
+    k.push(b'/');
+    k.extend_from_slice(group);
+    k
+}
+
+impl ClusterStore {
+    /// A store deciding the records under `clustered` by ownership, as
+    /// incarnation `me` holding etcd lease `lease`.
+    pub fn new(
+        etcd: Arc<EtcdStore>,
+        clustered: Vec<&'static [u8]>,
+        me: &str,
+        lease: i64,
+        claimable: Claimable,
+        handover_timeout: Duration,
+    ) -> ClusterStore {
+        ClusterStore {
+            etcd,
+            local: MemoryStore::new(),
+            clustered,
+            me: me.as_bytes().to_vec(),
+            lease: AtomicI64::new(lease),
+            claimable,
+            groups: Mutex::new(HashMap::new()),
+            changed: Condvar::new(),
+            next_version: AtomicU64::new(1),
+            handover_timeout,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<Vec<u8>, Group>> {
+        self.groups.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn group<'k>(&self, key: &'k [u8]) -> Option<&'k [u8]> {
+        self.clustered
+            .iter()
+            .find_map(|p| key.strip_prefix(*p))
+            .filter(|g| !g.is_empty())
+    }
+
+    fn local_version(&self) -> u64 {
+        LOCAL_VERSION | self.next_version.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// How many groups this node owns now.
+    pub fn owned(&self) -> usize {
+        self.lock()
+            .values()
+            .filter(|g| matches!(g, Group::Owned { .. }))
+            .count()
+    }
+
+    /// Whether this node owns the group `group` now.
+    pub fn owns(&self, group: &[u8]) -> bool {
+        matches!(self.lock().get(group), Some(Group::Owned { .. }))
+    }
+
+    /// Waits while `group` is being written back; returns the guard.
+    fn settled(&self, group: &[u8]) -> MutexGuard<'_, HashMap<Vec<u8>, Group>> {
+        let mut g = self.lock();
+        while matches!(g.get(group), Some(Group::Releasing)) {
+            g = self.changed.wait(g).unwrap_or_else(|p| p.into_inner());
+        }
+        g
+    }
+
+    /// Reads `group` from etcd, taking it when nobody owns it and its
+    /// records are claimable; `key`'s record when it stays shared.
+    fn find(&self, group: &[u8], key: &[u8]) -> Result<Found, StateError> {
+        let own = key_of(OWN_PREFIX, group);
+        let keys: Vec<Vec<u8>> = self.clustered.iter().map(|p| key_of(p, group)).collect();
+        let lease = self.lease.load(Ordering::SeqCst);
+        // The common case, a file nobody has records of: taken in one
+        // transaction.
+        let mut cmps = vec![Cmp::Absent(&own)];
+        cmps.extend(keys.iter().map(|k| Cmp::Absent(k)));
+        let mut reads = vec![Op::Get(&own)];
+        reads.extend(keys.iter().map(|k| Op::Get(k)));
+        let t = self
+            .etcd
+            .txn(&cmps, &[Op::Put(&own, &self.me, lease)], &reads)?;
+        if t.succeeded {
+            self.adopt(group, BTreeMap::new());
+            return Ok(Found::Taken);
+        }
+        let [owner, records @ ..] = t.reads.as_slice() else {
+            return Err(StateError::Unavailable(
+                "etcd: short transaction answer".into(),
+            ));
+        };
+        if let Some(owner) = owner {
+            return Ok(Found::OwnedBy(owner.value.clone()));
+        }
+        let present: Vec<(&Vec<u8>, &Versioned)> = keys
+            .iter()
+            .zip(records)
+            .filter_map(|(k, r)| r.as_ref().map(|r| (k, r)))
+            .collect();
+        if present.iter().all(|(k, r)| (self.claimable)(k, &r.value)) {
+            let mut cmps = vec![Cmp::Absent(&own)];
+            cmps.extend(
+                keys.iter()
+                    .zip(records)
+                    .map(|(k, r)| Cmp::Version(k, r.as_ref().map(|r| r.version))),
+            );
+            let t = self
+                .etcd
+                .txn(&cmps, &[Op::Put(&own, &self.me, lease)], &[])?;
+            if t.succeeded {
+                let records = present
+                    .into_iter()
+                    .map(|(k, r)| {
+                        (
+                            k.clone(),
+                            Versioned {
+                                version: self.local_version(),
+                                value: r.value.clone(),
+                            },
+                        )
+                    })
+                    .collect();
+                self.adopt(group, records);
+                return Ok(Found::Taken);
+            }
+            return Ok(Found::Retry);
+        }
+        let mine = keys.iter().position(|k| k.as_slice() == key);
+        Ok(Found::Shared(mine.and_then(|i| records[i].clone())))
+    }
+
+    fn adopt(&self, group: &[u8], records: BTreeMap<Vec<u8>, Versioned>) {
+        let empty_since = records.is_empty().then(Instant::now);
+        self.lock().insert(
+            group.to_vec(),
+            Group::Owned {
+                records,
+                empty_since,
+            },
+        );
+        self.changed.notify_all();
+    }
+
+    /// Asks `owner` to hand `group` over and waits until it has (or its
+    /// lease expired).
+    fn ask_release(&self, owner: &[u8], group: &[u8]) -> Result<(), StateError> {
+        let own = key_of(OWN_PREFIX, group);
+        if owner == self.me.as_slice() {
+            // Named as owner by etcd but not in memory: a hand-back whose
+            // answer was lost. The records in etcd are the last written.
+            self.etcd
+                .txn(&[Cmp::Value(&own, owner)], &[Op::Delete(&own)], &[])?;
+            return Ok(());
+        }
+        let request = release_key(owner, group);
+        let lease = self.lease.load(Ordering::SeqCst);
+        self.etcd
+            .txn(&[], &[Op::Put(&request, &self.me, lease)], &[])?;
+        let deadline = Instant::now() + self.handover_timeout;
+        let mut pause = Duration::from_millis(1);
+        loop {
+            match self.etcd.get(&own)? {
+                Some(v) if v.value == owner => {}
+                _ => return Ok(()),
+            }
+            if Instant::now() >= deadline {
+                return Err(StateError::Unavailable(format!(
+                    "node incarnation {} did not hand over a file within {:?}",
+                    String::from_utf8_lossy(owner),
+                    self.handover_timeout
+                )));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(50));
+        }
+    }
+
+    /// Hands `group` back to etcd (another node asked for it): its records
+    /// written, `own/<group>` and the request deleted, in one transaction.
+    /// A group this node does not own only has its request removed.
+    pub fn release(&self, group: &[u8]) -> Result<(), StateError> {
+        let request = release_key(&self.me, group);
+        let records = {
+            let mut g = self.settled(group);
+            match g.remove(group) {
+                Some(Group::Owned { records, .. }) => {
+                    g.insert(group.to_vec(), Group::Releasing);
+                    records
+                }
+                other => {
+                    if let Some(o) = other {
+                        g.insert(group.to_vec(), o);
+                    }
+                    drop(g);
+                    self.etcd.txn(&[], &[Op::Delete(&request)], &[])?;
+                    return Ok(());
+                }
+            }
+        };
+        let r = self.write_back(group, &records, &[Op::Delete(&request)]);
+        let mut g = self.lock();
+        match r {
+            Ok(()) => {
+                g.remove(group);
+            }
+            Err(_) => {
+                let empty_since = records.is_empty().then(Instant::now);
+                g.insert(
+                    group.to_vec(),
+                    Group::Owned {
+                        records,
+                        empty_since,
+                    },
+                );
+            }
+        }
+        drop(g);
+        self.changed.notify_all();
+        r
+    }
+
+    /// Writes `records` of `group` to etcd and deletes its ownership, if
+    /// this node still owns it there.
+    fn write_back(
+        &self,
+        group: &[u8],
+        records: &BTreeMap<Vec<u8>, Versioned>,
+        also: &[Op<'_>],
+    ) -> Result<(), StateError> {
+        let own = key_of(OWN_PREFIX, group);
+        let keys: Vec<Vec<u8>> = self.clustered.iter().map(|p| key_of(p, group)).collect();
+        let mut ops: Vec<Op<'_>> = keys
+            .iter()
+            .map(|k| match records.get(k) {
+                Some(v) => Op::Put(k, &v.value, 0),
+                None => Op::Delete(k),
+            })
+            .collect();
+        ops.push(Op::Delete(&own));
+        let t = self.etcd.txn(&[Cmp::Value(&own, &self.me)], &ops, &[])?;
+        if !t.succeeded {
+            tracing::error!(
+                "cluster: a file's ownership was lost before its records were written back"
+            );
+        }
+        if !also.is_empty() {
+            self.etcd.txn(&[], also, &[])?;
+        }
+        Ok(())
+    }
+
+    /// Gives back the groups that have had no record for `idle`: etcd keeps
+    /// ownership records only for files in use.
+    pub fn sweep(&self, idle: Duration) -> usize {
+        let now = Instant::now();
+        let idle_groups: Vec<Vec<u8>> = {
+            let mut g = self.lock();
+            let picked: Vec<Vec<u8>> = g
+                .iter()
+                .filter_map(|(k, v)| match v {
+                    Group::Owned {
+                        records,
+                        empty_since: Some(t),
+                    } if records.is_empty() && now.duration_since(*t) >= idle => Some(k.clone()),
+                    _ => None,
+                })
+                .collect();
+            for k in &picked {
+                g.insert(k.clone(), Group::Releasing);
+            }
+            picked
+        };
+        let mut done = 0;
+        for group in &idle_groups {
+            let ok = self.write_back(group, &BTreeMap::new(), &[]).is_ok();
+            let mut g = self.lock();
+            if ok {
+                g.remove(group);
+                done += 1;
+            } else {
+                g.insert(
+                    group.clone(),
+                    Group::Owned {
+                        records: BTreeMap::new(),
+                        empty_since: Some(now),
+                    },
+                );
+            }
+        }
+        self.changed.notify_all();
+        done
+    }
+
+    /// The node registered again under a new lease (its old one expired
+    /// while etcd was out of reach): each group it still owns in memory
+    /// is written to etcd under the new lease if nobody took it meanwhile,
+    /// and dropped otherwise (another node decides it now).
+    pub fn rebind(&self, lease: i64) {
+        self.lease.store(lease, Ordering::SeqCst);
+        let groups: Vec<Vec<u8>> = self.lock().keys().cloned().collect();
+        for group in groups {
+            let own = key_of(OWN_PREFIX, &group);
+            let r = self
+                .etcd
+                .txn(&[Cmp::Absent(&own)], &[Op::Put(&own, &self.me, lease)], &[]);
+            if !matches!(r, Ok(t) if t.succeeded) {
+                tracing::error!("cluster: a file owned before the lease expired was taken over");
+                self.lock().remove(&group);
+            }
+        }
+        self.changed.notify_all();
+    }
+}
+
+impl ClusterStore {
+    /// Hands over what other nodes ask for, until `stop`: the requests
+    /// already in etcd, then those a watch on `release/<me>/` brings. A
+    /// hand-back that fails (etcd out of reach) is tried again.
+    pub fn serve_releases(&self, stop: &std::sync::atomic::AtomicBool) {
+        let prefix = release_key(&self.me, b"");
+        let mut pending: Vec<Vec<u8>> = Vec::new();
+        let mut watch = None;
+        while !stop.load(Ordering::SeqCst) {
+            let w = match watch.as_mut() {
+                Some(w) => w,
+                None => {
+                    // Start from now, after reading what is already asked.
+                    let start = match self.etcd.revision() {
+                        Ok(r) => r + 1,
+                        Err(e) => {
+                            tracing::warn!("cluster: watching hand-over requests: {e}");
+                            std::thread::sleep(Duration::from_millis(200));
+                            continue;
+                        }
+                    };
+                    match self.etcd.scan_prefix(&prefix) {
+                        Ok(all) => pending.extend(all.into_iter().filter_map(|(k, _)| {
+                            k.strip_prefix(prefix.as_slice()).map(<[u8]>::to_vec)
+                        })),
+                        Err(e) => {
+                            tracing::warn!("cluster: reading hand-over requests: {e}");
+                            std::thread::sleep(Duration::from_millis(200));
+                            continue;
+                        }
+                    }
+                    watch.insert(self.etcd.watch(&prefix, start))
+                }
+            };
+            match w.next(Duration::from_millis(250)) {
+                Ok(batch) => {
+                    if batch.resync {
+                        watch = None;
+                    }
+                    pending.extend(batch.events.into_iter().filter_map(|e| {
+                        e.value?;
+                        e.key.strip_prefix(prefix.as_slice()).map(<[u8]>::to_vec)
+                    }));
+                }
+                Err(e) => {
+                    tracing::warn!("cluster: watching hand-over requests: {e}");
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            }
+            pending.sort();
+            pending.dedup();
+            pending.retain(|group| match self.release(group) {
+                Ok(()) => false,
+                Err(e) => {
+                    tracing::warn!("cluster: handing a file over: {e}");
+                    true
+                }
+            });
+        }
+    }
+}
+
+impl StateStore for ClusterStore {
+    fn get(&self, key: &[u8]) -> Result<Option<Versioned>, StateError> {
+        let Some(group) = self.group(key) else {
+            return self.local.get(key);
+        };
+        for _ in 0..FIND_TRIES {
+            {
+                let g = self.settled(group);
+                if let Some(Group::Owned { records, .. }) = g.get(group) {
+                    return Ok(records.get(key).cloned());
+                }
+            }
+            match self.find(group, key)? {
+                Found::Taken | Found::Retry => continue,
+                Found::Shared(v) => return Ok(v),
+                Found::OwnedBy(owner) => self.ask_release(&owner, group)?,
+            }
+        }
+        Err(StateError::Unavailable(
+            "too much contention on one file's ownership".into(),
+        ))
+    }
+
+    fn compare_and_set(
+        &self,
+        key: &[u8],
+        expected: Option<u64>,
+        value: Option<Vec<u8>>,
+    ) -> Result<Option<u64>, StateError> {
+        let Some(group) = self.group(key) else {
+            return self.local.compare_and_set(key, expected, value);
+        };
+        {
+            let mut g = self.settled(group);
+            if let Some(Group::Owned {
+                records,
+                empty_since,
+            }) = g.get_mut(group)
+            {
+                if records.get(key).map(|v| v.version) != expected {
+                    return Ok(None);
+                }
+                let version = match value {
+                    Some(value) => {
+                        let version = self.local_version();
+                        records.insert(key.to_vec(), Versioned { version, value });
+                        version
+                    }
+                    None => {
+                        records.remove(key);
+                        0
+                    }
+                };
+                *empty_since = records.is_empty().then(Instant::now);
+                return Ok(Some(version));
+            }
+        }
+        // A version read while the group was owned here: stale now.
+        if expected.is_some_and(|v| v & LOCAL_VERSION != 0) {
+            return Ok(None);
+        }
+        // Shared: etcd decides, provided nobody took the group meanwhile.
+        let own = key_of(OWN_PREFIX, group);
+        let op = match &value {
+            Some(v) => Op::Put(key, v, 0),
+            None => Op::Delete(key),
+        };
+        let t = self.etcd.txn(
+            &[Cmp::Absent(&own), Cmp::Version(key, expected)],
+            &[op],
+            &[],
+        )?;
+        if !t.succeeded {
+            return Ok(None);
+        }
+        Ok(Some(if value.is_some() { t.revision } else { 0 }))
+    }
+
+    fn scan_prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Versioned)>, StateError> {
+        // Scans are of node-local records (persistent opens live in the
+        // node's store on disk); a clustered prefix is not scanned.
+        self.local.scan_prefix(prefix)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::etcd_test_cluster::Cluster;
+    use std::sync::atomic::AtomicBool;
+
+    const G: &[u8] = b"0123456789abcdef";
+
+    fn file_key() -> Vec<u8> {
+        key_of(b"file/", G)
+    }
+
+    /// A node: its store, its lease, and its hand-over thread.
+    struct Node {
+        store: Arc<ClusterStore>,
+        etcd: Arc<EtcdStore>,
+        lease: i64,
+        stop: Arc<AtomicBool>,
+        server: Option<std::thread::JoinHandle<()>>,
+    }
+
+    impl Node {
+        /// Node `me`: records are comma-separated entries, each starting
+        /// with the incarnation of the node that wrote it; a record is
+        /// claimable when every entry is this node's or one in `gone`.
+        fn start(urls: &[String], me: &'static str, gone: &'static [&'static str]) -> Node {
+            let etcd =
+                Arc::new(EtcdStore::new(urls, b"/nimbus-test/", Duration::from_secs(5)).unwrap());
+            let lease = etcd.grant_lease(30).unwrap();
+            let claimable: Claimable = Box::new(move |_k, v| {
+                String::from_utf8_lossy(v)
+                    .split(',')
+                    .all(|e| e.starts_with(me) || gone.iter().any(|g| e.starts_with(g)))
+            });
+            let store = Arc::new(ClusterStore::new(
+                etcd.clone(),
+                vec![b"file/"],
+                me,
+                lease,
+                claimable,
+                Duration::from_secs(10),
+            ));
+            let stop = Arc::new(AtomicBool::new(false));
+            let (s, st) = (store.clone(), stop.clone());
+            let server = Some(std::thread::spawn(move || s.serve_releases(&st)));
+            Node {
+                store,
+                etcd,
+                lease,
+                stop,
+                server,
+            }
+        }
+
+        fn set(&self, value: &str) {
+            crate::records::update::<Raw, _, StateError>(&*self.store, &file_key(), |r| {
+                r.0 = value.as_bytes().to_vec();
+                Ok(())
+            })
+            .unwrap();
+        }
+
+        fn read(&self) -> String {
+            String::from_utf8(
+                crate::records::read::<Raw>(&*self.store, &file_key())
+                    .unwrap()
+                    .0,
+            )
+            .unwrap()
+        }
+    }
+
+    impl Drop for Node {
+        fn drop(&mut self) {
+            self.stop.store(true, Ordering::SeqCst);
+            if let Some(t) = self.server.take() {
+                let _ = t.join();
+            }
+        }
+    }
+
+    /// A record that is its bytes.
+    #[derive(Default, Clone)]
+    struct Raw(Vec<u8>);
+
+    impl crate::records::Record for Raw {
+        fn encode(&self) -> Vec<u8> {
+            self.0.clone()
+        }
+        fn decode(b: &[u8]) -> Result<Self, StateError> {
+            Ok(Raw(b.to_vec()))
+        }
+        fn is_empty(&self) -> bool {
+            self.0.is_empty()
+        }
+    }
+
+    #[test]
+    fn ownership_moves_between_nodes_through_etcd() {
+        let cluster = Cluster::start("ownership");
+        let one = Node::start(&cluster.urls, "1", &[]);
+        let two = Node::start(&cluster.urls, "2", &[]);
+        let raw = EtcdStore::new(&cluster.urls, b"/nimbus-test/", Duration::from_secs(5)).unwrap();
+
+        // The first writer takes the file: its record stays in memory.
+        one.set("1a");
+        assert!(one.store.owns(G));
+        assert_eq!(raw.get(&file_key()).unwrap(), None);
+        assert_eq!(
+            raw.get(&key_of(OWN_PREFIX, G)).unwrap().unwrap().value,
+            b"1"
+        );
+        // A version read while owned does not match once the file moved.
+        let stale = one.store.get(&file_key()).unwrap().unwrap().version;
+
+        // The second node asks for it: the first hands it back, and the
+        // record (naming node 1's open) is shared in etcd.
+        assert_eq!(two.read(), "1a");
+        assert!(!one.store.owns(G) && !two.store.owns(G));
+        assert_eq!(raw.get(&file_key()).unwrap().unwrap().value, b"1a");
+        assert_eq!(raw.get(&key_of(OWN_PREFIX, G)).unwrap(), None);
+        assert_eq!(raw.scan_prefix(RELEASE_PREFIX).unwrap(), vec![]);
+        assert_eq!(
+            one.store
+                .compare_and_set(&file_key(), Some(stale), Some(b"lost".to_vec()))
+                .unwrap(),
+            None
+        );
+
+        // Both write through etcd while both have entries.
+        two.set("1a,2b");
+        assert_eq!(one.read(), "1a,2b");
+        assert!(!one.store.owns(G) && !two.store.owns(G));
+        one.set("2b");
+        // Only node 2's entry is left: its next look takes the file.
+        assert_eq!(two.read(), "2b");
+        assert!(two.store.owns(G));
+        two.set("2b,2c");
+        assert_eq!(raw.get(&file_key()).unwrap().unwrap().value, b"2b");
+
+        // Node 2 dies: its ownership goes with its lease, and node 1 (for
+        // which node 2 is not gone) finds the record as node 2 last wrote
+        // it to etcd, shared.
+        two.etcd.revoke_lease(two.lease).unwrap();
+        assert_eq!(one.read(), "2b");
+        assert!(!one.store.owns(G));
+
+        // A node for which the dead node is gone takes the file back, and
+        // gives it up once nothing of it is left.
+        let three = Node::start(&cluster.urls, "3", &["2"]);
+        three.set("3x");
+        assert!(three.store.owns(G));
+        three.set("");
+        assert_eq!(three.store.sweep(Duration::ZERO), 1);
+        assert!(!three.store.owns(G));
+        assert_eq!(raw.get(&key_of(OWN_PREFIX, G)).unwrap(), None);
+        assert_eq!(raw.get(&file_key()).unwrap(), None);
+        drop(one);
+    }
+
+    #[test]
+    fn watch_delivers_changes_in_order_from_a_revision() {
+        let cluster = Cluster::start("watch");
+        let etcd = EtcdStore::new(&cluster.urls, b"/nimbus-test/", Duration::from_secs(5)).unwrap();
+        let start = etcd.revision().unwrap() + 1;
+        etcd.compare_and_set(b"w/a", None, Some(b"1".to_vec()))
+            .unwrap();
+        etcd.compare_and_set(b"other", None, Some(b"x".to_vec()))
+            .unwrap();
+        let mut w = etcd.watch(b"w/", start);
+        let v = etcd.get(b"w/a").unwrap().unwrap().version;
+        etcd.compare_and_set(b"w/a", Some(v), None).unwrap();
+        let mut events = Vec::new();
+        let until = Instant::now() + Duration::from_secs(10);
+        while events.len() < 2 && Instant::now() < until {
+            events.extend(w.next(Duration::from_millis(200)).unwrap().events);
+        }
+        assert_eq!(events.len(), 2, "{events:?}");
+        assert_eq!(
+            (events[0].key.as_slice(), events[0].value.as_deref()),
+            (&b"w/a"[..], Some(&b"1"[..]))
+        );
+        assert_eq!(
+            (events[1].key.as_slice(), events[1].value.as_deref()),
+            (&b"w/a"[..], None)
+        );
+        assert!(events[0].revision < events[1].revision);
+        // Nothing more comes, and a wait with nothing is short and empty.
+        assert!(w
+            .next(Duration::from_millis(100))
+            .unwrap()
+            .events
+            .is_empty());
+    }
+}
