@@ -173,3 +173,103 @@ def test_a_node_without_etcd_does_not_start(tmp_path):
     out = proc.stderr + proc.stdout
     assert "[cluster] etcd: the cluster does not answer" in out, out
     assert dead in out
+
+
+# Share modes across nodes (issue 15, step 2): each file's opens are decided
+# by the node that owns the file, or on etcd while several nodes use it.
+
+from smbprotocol.exceptions import SMBResponseException  # noqa: E402
+from smbprotocol.open import CreateDisposition, CreateOptions, FileAttributes, ImpersonationLevel, Open, ShareAccess  # noqa: E402
+from test_durable import ACCESS, SHARE_ALL, Client  # noqa: E402
+
+STATUS_SHARING_VIOLATION = 0xC0000043
+
+
+class Target:
+    """What test_durable's Client connects to: one node's share."""
+
+    def __init__(self, node: Node):
+        self.host, self.port, self.share, self.user, self.password = node.host, node.port, "data", USER, PASSWORD
+
+
+def open_status(client: Client, name: str, share: int) -> tuple[int, Open | None]:
+    f = Open(client.tree, name)
+    try:
+        f.create(
+            ImpersonationLevel.Impersonation,
+            ACCESS,
+            FileAttributes.FILE_ATTRIBUTE_NORMAL,
+            share,
+            CreateDisposition.FILE_OPEN_IF,
+            CreateOptions.FILE_NON_DIRECTORY_FILE,
+        )
+        return 0, f
+    except SMBResponseException as e:
+        return e.status, None
+
+
+def etcd_keys(cluster: EtcdCluster, prefix: str) -> list[str]:
+    out = json.loads(cluster.etcdctl("get", "--prefix", prefix, "--keys-only", "-w", "json") or "{}")
+    return [b64decode(kv["key"]).decode(errors="replace") for kv in out.get("kvs", [])]
+
+
+def test_share_modes_hold_across_nodes(nodes, etcd_cluster):  # noqa: F811
+    for n in nodes:
+        n.start()
+    a, b, c = (Client(Target(n), uuid.uuid4()) for n in nodes)
+    try:
+        status, held = open_status(a, "exclusive.txt", 0)
+        assert status == 0
+        # n1 alone uses the file: it owns it, and etcd holds no record of
+        # its opens.
+        assert len(etcd_keys(etcd_cluster, "/nimbus/own/")) == 1
+        assert etcd_keys(etcd_cluster, "/nimbus/file/") == []
+        # Clients of the other nodes are refused: n1 hands the file over and
+        # its open is decided on etcd from then on.
+        assert open_status(b, "exclusive.txt", SHARE_ALL)[0] == STATUS_SHARING_VIOLATION
+        assert open_status(c, "exclusive.txt", SHARE_ALL)[0] == STATUS_SHARING_VIOLATION
+        assert len(etcd_keys(etcd_cluster, "/nimbus/file/")) == 1
+        assert etcd_keys(etcd_cluster, "/nimbus/release/") == []
+        held.close()
+        # Closed on n1: n2 may open it, and n3 may share it with n2.
+        status, on_b = open_status(b, "exclusive.txt", ShareAccess.FILE_SHARE_READ | ShareAccess.FILE_SHARE_WRITE)
+        assert status == 0
+        status, on_c = open_status(c, "exclusive.txt", ShareAccess.FILE_SHARE_READ | ShareAccess.FILE_SHARE_WRITE)
+        assert status == 0
+        # ...but n1's client may not open it without sharing.
+        assert open_status(a, "exclusive.txt", 0)[0] == STATUS_SHARING_VIOLATION
+        on_b.write(b"from n2", 0)
+        assert on_c.read(0, 7) == b"from n2"
+        on_b.close()
+        on_c.close()
+        status, again = open_status(a, "exclusive.txt", 0)
+        assert status == 0
+        again.close()
+    finally:
+        for cl in (a, b, c):
+            cl.close()
+
+
+def test_a_killed_nodes_opens_stop_holding_its_files(nodes, etcd_cluster):  # noqa: F811
+    for n in nodes:
+        n.start()
+    a, b = Client(Target(nodes[0]), uuid.uuid4()), Client(Target(nodes[1]), uuid.uuid4())
+    try:
+        assert open_status(a, "orphan.txt", 0)[0] == 0
+        assert open_status(b, "orphan.txt", SHARE_ALL)[0] == STATUS_SHARING_VIOLATION
+        nodes[0].proc.send_signal(signal.SIGKILL)
+        nodes[0].proc.wait(timeout=10)
+        # Once n1's lease has expired its open is a dead node's: n2's next
+        # open drops it. Polled on n2's answers.
+        deadline = time.monotonic() + WAIT
+        while True:
+            status, f = open_status(b, "orphan.txt", 0)
+            if status == 0:
+                f.close()
+                break
+            assert status == STATUS_SHARING_VIOLATION, hex(status)
+            assert time.monotonic() < deadline, "the killed node's open still holds the file"
+            time.sleep(0.2)
+        assert "n1" not in members(etcd_cluster)
+    finally:
+        b.close()

@@ -7,15 +7,24 @@
 //! again without a restart. SIGTERM revokes the lease: the node leaves at
 //! once.
 //!
-//! What is not here yet (issue 15, later steps): the protocol state of
-//! opens, share modes, leases and locks in etcd with per-file ownership,
-//! and failover of persistent handles.
+//! Each run of a node is an incarnation, numbered from a counter in etcd
+//! and registered as `incarnations/<n>` under the node's lease: open ids
+//! (the persistent half of FileIds) are `n << 40 | counter`, unique across
+//! the cluster and its restarts, and an open whose incarnation record is
+//! gone belongs to a node that died (`is_gone`).
+//!
+//! Share modes are decided through `ClusterStore` (per-file ownership over
+//! etcd); what is not here yet (issue 15, later steps): leases, oplocks,
+//! byte-range locks and notify across nodes, and failover of persistent
+//! handles.
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use nimbus_state::cluster_store::ClusterStore;
 use nimbus_state::{EtcdStore, StateError, StateStore};
 
 use crate::config::ClusterConfig;
@@ -25,6 +34,26 @@ pub const KEY_PREFIX: &[u8] = b"/nimbus/";
 
 /// Key prefix of the membership records.
 pub const NODES_PREFIX: &[u8] = b"nodes/";
+
+/// Key prefix of the incarnation records; the counter they are drawn from.
+pub const INCARNATIONS_PREFIX: &[u8] = b"incarnations/";
+const INCARNATION_COUNTER: &[u8] = b"incarnation-counter";
+
+/// Open ids are `incarnation << OPEN_ID_SHIFT | counter`.
+pub const OPEN_ID_SHIFT: u32 = 40;
+/// Incarnations fit in the 24 bits above the counter.
+const MAX_INCARNATION: u64 = (1 << (64 - OPEN_ID_SHIFT)) - 1;
+
+/// The incarnation an open id was made by (0: a node without a cluster).
+pub fn incarnation_of(open_id: u64) -> u64 {
+    open_id >> OPEN_ID_SHIFT
+}
+
+fn incarnation_key(n: u64) -> Vec<u8> {
+    let mut k = INCARNATIONS_PREFIX.to_vec();
+    k.extend_from_slice(n.to_string().as_bytes());
+    k
+}
 
 /// How long one etcd call may take on one endpoint.
 const CALL_TIMEOUT: Duration = Duration::from_secs(3);
@@ -36,6 +65,53 @@ pub struct Membership {
     ttl: Duration,
     /// The lease the membership record lives under (0: none).
     lease: AtomicI64,
+    /// This run's number (see the module's comment).
+    incarnation: AtomicU64,
+    /// Incarnations of earlier runs whose persistent opens this node
+    /// restored: registered under its lease, alive while it is.
+    adopted: Mutex<HashSet<u64>>,
+    /// Incarnations found gone: they never come back.
+    gone: Mutex<HashSet<u64>>,
+    /// The store whose ownerships live under the lease.
+    owned: OnceLock<Arc<ClusterStore>>,
+    /// Set at shutdown: the ownership threads end.
+    stopping: Arc<AtomicBool>,
+}
+
+/// How often ownerships of files nobody has open are looked for, and how
+/// long such a file is kept (a file opened again soon costs no etcd call).
+const SWEEP_EVERY: Duration = Duration::from_secs(5);
+const SWEEP_IDLE: Duration = Duration::from_secs(30);
+
+/// How long an operation waits for another node to hand a file over:
+/// past it, that node's lease has expired and etcd took its ownership.
+fn handover_timeout(ttl: Duration) -> Duration {
+    ttl * 2 + Duration::from_secs(2)
+}
+
+/// The store share modes are decided in: per-file ownership over etcd,
+/// under this node's lease. A file's record may be taken when every open
+/// it names is this node's or a gone node's.
+pub fn owned_store(m: &Arc<Membership>) -> Arc<ClusterStore> {
+    let me = m.clone();
+    let claimable: nimbus_state::cluster_store::Claimable = Box::new(move |_key, value| {
+        use nimbus_state::records::Record;
+        match nimbus_state::FileRecord::decode(value) {
+            Ok(r) => r.opens.iter().all(|o| {
+                let n = incarnation_of(o.open_id);
+                n == me.incarnation() || me.is_gone(n)
+            }),
+            Err(_) => false,
+        }
+    });
+    Arc::new(ClusterStore::new(
+        m.store.clone(),
+        vec![nimbus_state::share_modes::OPENS_PREFIX],
+        &m.incarnation().to_string(),
+        m.lease(),
+        claimable,
+        handover_timeout(m.ttl),
+    ))
 }
 
 /// A member as etcd lists it.
@@ -72,6 +148,11 @@ impl Membership {
             advertise: cfg.advertise,
             ttl: Duration::from_secs(cfg.node_ttl_secs as u64),
             lease: AtomicI64::new(0),
+            incarnation: AtomicU64::new(0),
+            adopted: Mutex::new(HashSet::new()),
+            gone: Mutex::new(HashSet::new()),
+            owned: OnceLock::new(),
+            stopping: Arc::new(AtomicBool::new(false)),
         };
         let until = Instant::now() + m.ttl + Duration::from_secs(1);
         loop {
@@ -89,13 +170,119 @@ impl Membership {
             }
             std::thread::sleep(Duration::from_millis(200));
         }
+        let n = m
+            .new_incarnation()
+            .map_err(|e| format!("[cluster]: numbering this run: {e}"))?;
+        m.incarnation.store(n, Ordering::SeqCst);
+        m.put_incarnations()
+            .map_err(|e| format!("[cluster]: registering this run: {e}"))?;
         tracing::info!(
-            "cluster: joined as node \"{}\" (clients reach it at {}), lease {}s",
+            "cluster: joined as node \"{}\" (clients reach it at {}), lease {}s, incarnation {n}",
             m.node,
             m.advertise,
             m.ttl.as_secs()
         );
         Ok(m)
+    }
+
+    /// Draws the next number from the cluster's counter.
+    fn new_incarnation(&self) -> Result<u64, StateError> {
+        loop {
+            let current = self.store.get(INCARNATION_COUNTER)?;
+            let last = match &current {
+                Some(v) => std::str::from_utf8(&v.value)
+                    .ok()
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .ok_or(StateError::Corrupt("incarnation counter"))?,
+                None => 0,
+            };
+            let next = last + 1;
+            if next > MAX_INCARNATION {
+                return Err(StateError::Unavailable(format!(
+                    "the cluster's incarnation counter is exhausted ({last}); \
+                     reset key {}incarnation-counter in etcd with every node stopped",
+                    String::from_utf8_lossy(KEY_PREFIX)
+                )));
+            }
+            if self
+                .store
+                .compare_and_set(
+                    INCARNATION_COUNTER,
+                    current.map(|v| v.version),
+                    Some(next.to_string().into_bytes()),
+                )?
+                .is_some()
+            {
+                return Ok(next);
+            }
+        }
+    }
+
+    /// This run's incarnation record, and those of the runs it adopted,
+    /// under the current lease.
+    fn put_incarnations(&self) -> Result<(), StateError> {
+        let lease = self.lease.load(Ordering::SeqCst);
+        let mut all = vec![self.incarnation()];
+        all.extend(crate::session::lock(&self.adopted).iter().copied());
+        for n in all {
+            self.store.txn(
+                &[],
+                &[nimbus_state::etcd_store::Op::Put(
+                    &incarnation_key(n),
+                    self.node.as_bytes(),
+                    lease,
+                )],
+                &[],
+            )?;
+        }
+        Ok(())
+    }
+
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation.load(Ordering::SeqCst)
+    }
+
+    pub fn lease(&self) -> i64 {
+        self.lease.load(Ordering::SeqCst)
+    }
+
+    /// Sets the store whose ownerships follow the lease; once.
+    pub fn set_owned_store(&self, store: Arc<ClusterStore>) {
+        let _ = self.owned.set(store);
+    }
+
+    /// Takes an earlier run's opens over (persistent handles restored at
+    /// start): its incarnation lives on under this node's lease.
+    pub fn adopt(&self, incarnation: u64) -> Result<(), StateError> {
+        if incarnation == 0 || incarnation == self.incarnation() {
+            return Ok(());
+        }
+        if crate::session::lock(&self.adopted).insert(incarnation) {
+            self.put_incarnations()?;
+        }
+        Ok(())
+    }
+
+    /// Whether the opens of `incarnation` belong to a run that is over
+    /// (its node died or left, and nobody adopted them). An etcd that does
+    /// not answer proves nothing: not gone.
+    pub fn is_gone(&self, incarnation: u64) -> bool {
+        if incarnation == 0
+            || incarnation == self.incarnation()
+            || crate::session::lock(&self.adopted).contains(&incarnation)
+        {
+            return false;
+        }
+        if crate::session::lock(&self.gone).contains(&incarnation) {
+            return true;
+        }
+        match self.store.get(&incarnation_key(incarnation)) {
+            Ok(None) => {
+                crate::session::lock(&self.gone).insert(incarnation);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// One try: a new lease and the record under it. Ok(false): a live
@@ -132,7 +319,14 @@ impl Membership {
                              than node_ttl_secs); registering again",
                             m.node
                         );
-                        m.register()
+                        let registered = m.register()?;
+                        if registered {
+                            m.put_incarnations()?;
+                            if let Some(s) = m.owned.get() {
+                                s.rebind(m.lease());
+                            }
+                        }
+                        Ok(registered)
                     }
                     Err(e) => Err(e),
                 }
@@ -150,8 +344,38 @@ impl Membership {
         }
     }
 
+    /// Starts the threads that hand files over to other nodes on request
+    /// and give back ownerships nobody uses, for as long as the process
+    /// runs.
+    pub fn serve_ownership(self: Arc<Self>) {
+        let Some(store) = self.owned.get().cloned() else {
+            return;
+        };
+        let s = store.clone();
+        let stop = self.stopping.clone();
+        let spawned = std::thread::Builder::new()
+            .name("nimbus-handover".into())
+            .spawn(move || s.serve_releases(&stop));
+        if let Err(e) = spawned {
+            tracing::error!("cluster: cannot start the hand-over thread: {e}");
+        }
+        let stop = self.stopping.clone();
+        let spawned = std::thread::Builder::new()
+            .name("nimbus-sweep".into())
+            .spawn(move || {
+                while !stop.load(Ordering::SeqCst) {
+                    std::thread::sleep(SWEEP_EVERY);
+                    store.sweep(SWEEP_IDLE);
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::error!("cluster: cannot start the ownership sweep: {e}");
+        }
+    }
+
     /// Leaves the cluster (at shutdown): the record goes at once.
     pub fn leave(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
         let lease = self.lease.swap(0, Ordering::SeqCst);
         if lease != 0 {
             match self.store.revoke_lease(lease) {

@@ -274,7 +274,9 @@ const QUICK_FRAME_MAX: usize = 16 * 1024;
 /// call that is slow after all (unlinking a huge file on delete-on-close,
 /// truncating one on overwrite, a hung network file system) holds one
 /// runtime worker meanwhile; the other workers take over its queued tasks.
-/// CREATE and LOCK on a continuously available share go to the pool too:
+/// On a cluster node, the commands that read or change share modes go to
+/// the pool (they may wait on etcd). CREATE and LOCK on a continuously
+/// available share go to the pool too:
 /// they may wait for the state store's fsync (a persistent handle's record
 /// is on disk before the client hears of it), and many of them waiting
 /// together is what lets one commit serve them all.
@@ -292,6 +294,17 @@ pub fn is_quick(frame: &[u8], limits: &Limits, conn: &Connection) -> bool {
                 | Command::QueryDirectory
                 | Command::Ioctl,
             ) => false,
+            // A cluster node may decide a file's share modes on etcd:
+            // every command that reads or changes them may wait on it.
+            Some(
+                Command::Create
+                | Command::Close
+                | Command::SetInfo
+                | Command::QueryInfo
+                | Command::ChangeNotify
+                | Command::Logoff
+                | Command::TreeDisconnect,
+            ) if conn.server.cluster.is_some() => false,
             Some(Command::Create | Command::Lock) => {
                 !(conn.server.offers_persistent_handles() && on_ca_share(frame, off, conn))
             }

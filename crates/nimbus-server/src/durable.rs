@@ -253,8 +253,17 @@ impl DurableOpens {
             // Registered before the table is read, so an earlier expiry
             // added meanwhile wakes the wait below.
             let wake = this.wake.notified();
-            for id in this.expired(Instant::now()) {
-                this.purge(&server, id);
+            let expired = this.expired(Instant::now());
+            if !expired.is_empty() {
+                // Closing may wait on the state store (etcd on a cluster
+                // node, the disk for persistent records).
+                let s = server.clone();
+                let _ = tokio::task::spawn_blocking(move || {
+                    for id in expired {
+                        s.durables.purge(&s, id);
+                    }
+                })
+                .await;
             }
             match this.next_expiry() {
                 Some(at) => {

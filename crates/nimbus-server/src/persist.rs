@@ -228,6 +228,13 @@ fn reopen(server: &Arc<Server>, r: &DurableOpen, now: Instant) -> Result<(), Str
             )
         })?;
     let fs = share.fs.as_ref().ok_or("not a disk share")?;
+    // An open of this node's earlier run: that run's incarnation lives on
+    // under this node's lease, so other nodes do not take its entries for
+    // a dead node's.
+    if let Some(m) = &server.cluster {
+        m.adopt(crate::cluster::incarnation_of(r.open_id))
+            .map_err(|e| format!("cannot adopt its node incarnation: {e}"))?;
+    }
     let write_rights = access::FILE_WRITE_DATA | access::FILE_APPEND_DATA;
     let opts = OpenOptions {
         read: r.access & (access::FILE_READ_DATA | access::FILE_EXECUTE) != 0,

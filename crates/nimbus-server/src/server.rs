@@ -238,6 +238,25 @@ impl Server {
             )),
             None => None,
         };
+        // A cluster node decides share modes through per-file ownership
+        // over etcd; everything else about a file stays in its memory (for
+        // now: leases, oplocks and locks are this node's alone).
+        let share_modes = match &cluster {
+            Some(m) => {
+                let owned = crate::cluster::owned_store(m);
+                m.set_owned_store(owned.clone());
+                let m2 = m.clone();
+                ShareModes::with_liveness(
+                    owned,
+                    Arc::new(move |open_id| m2.is_gone(crate::cluster::incarnation_of(open_id))),
+                )
+            }
+            None => ShareModes::new(store.clone()),
+        };
+        let first_open_id = cluster
+            .as_ref()
+            .map_or(0, |m| m.incarnation() << crate::cluster::OPEN_ID_SHIFT)
+            + 1;
         let keep = crate::durable::KeepLimits {
             total: config.limits.max_durable_handles,
             per_user: config.limits.max_durable_handles_per_user,
@@ -247,7 +266,7 @@ impl Server {
             provider,
             auth,
             shares,
-            share_modes: ShareModes::new(store.clone()),
+            share_modes,
             guid,
             start_time,
             admission: Arc::new(Admission::default()),
@@ -262,7 +281,7 @@ impl Server {
             disk_store,
             cluster,
             next_session_id: AtomicU64::new(1),
-            next_open_id: AtomicU64::new(1),
+            next_open_id: AtomicU64::new(first_open_id),
             predictable_file_ids: AtomicBool::new(false),
         });
         // A break for a durable open whose client is gone closes that open
@@ -391,6 +410,7 @@ impl Server {
         tokio::spawn(crate::durable::DurableOpens::scavenge(self.clone()));
         if let Some(m) = &self.cluster {
             tokio::spawn(m.clone().keep_alive());
+            m.clone().serve_ownership();
         }
         for l in listeners {
             let server = self.clone();

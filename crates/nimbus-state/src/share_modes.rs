@@ -16,7 +16,7 @@ pub struct FileKey {
 }
 
 /// Key prefix of a file's opens and share modes.
-const OPENS_PREFIX: &[u8] = b"file/";
+pub const OPENS_PREFIX: &[u8] = b"file/";
 
 /// Layout 1 of a share-mode record.
 const SHARE_MODES_V1: u8 = 1;
@@ -130,13 +130,27 @@ pub fn compatible(existing: &OpenRecord, access: u32, share: u32) -> bool {
     !conflict(access, existing.share_access) && !conflict(existing.access, share)
 }
 
+/// Whether an open belongs to a cluster node that is gone (its entries
+/// are stale: nobody will close them).
+pub type Gone = Arc<dyn Fn(u64) -> bool + Send + Sync>;
+
 pub struct ShareModes {
     store: Arc<dyn StateStore>,
+    gone: Option<Gone>,
 }
 
 impl ShareModes {
     pub fn new(store: Arc<dyn StateStore>) -> Self {
-        ShareModes { store }
+        ShareModes { store, gone: None }
+    }
+
+    /// Share modes of a cluster node: an open that conflicts with one of a
+    /// node that is gone drops that stale entry instead of failing.
+    pub fn with_liveness(store: Arc<dyn StateStore>, gone: Gone) -> Self {
+        ShareModes {
+            store,
+            gone: Some(gone),
+        }
     }
 
     /// Applies `f` to the file's record atomically; `f` may refuse.
@@ -151,6 +165,20 @@ impl ShareModes {
     /// Registers a new open after checking it against the existing ones.
     pub fn add_open(&self, key: FileKey, open: OpenRecord) -> Result<(), SharingError> {
         self.update(key, |rec| {
+            // A restored open registers again under its old id.
+            rec.opens.retain(|o| o.open_id != open.open_id);
+            if let Some(gone) = &self.gone {
+                let before = rec.opens.len();
+                rec.opens.retain(|o| {
+                    (compatible(o, open.access, open.share_access) && !rec.delete_pending)
+                        || !gone(o.open_id)
+                });
+                // Every open of a delete-pending file was a dead node's:
+                // the deletion went with it.
+                if rec.opens.len() < before && rec.opens.is_empty() {
+                    rec.delete_pending = false;
+                }
+            }
             if rec.delete_pending {
                 return Err(SharingError::DeletePending);
             }
@@ -241,6 +269,26 @@ mod tests {
         assert!(sm.remove_open(K, 2).unwrap());
         // The record is gone, so a new file with the same inode starts clean.
         assert_eq!(sm.record(K).unwrap(), FileRecord::default());
+    }
+
+    #[test]
+    fn stale_entries_of_gone_nodes_give_way() {
+        // Opens of "incarnation" 9 (ids 900..) belong to a node that is gone.
+        let sm =
+            ShareModes::with_liveness(Arc::new(MemoryStore::new()), Arc::new(|id: u64| id >= 900));
+        sm.add_open(K, open(900, READ_DATA | DELETE, 0)).unwrap();
+        sm.set_delete_pending(K, true).unwrap();
+        // The stale entry and its delete-pending give way.
+        sm.add_open(K, open(1, READ_DATA, SHARE_READ)).unwrap();
+        let rec = sm.record(K).unwrap();
+        assert_eq!(rec.opens, vec![open(1, READ_DATA, SHARE_READ)]);
+        assert!(!rec.delete_pending);
+        // A stale conflicting entry goes; a live one still refuses.
+        sm.add_open(K, open(901, WRITE_DATA, 7)).unwrap_err();
+        assert!(matches!(
+            sm.add_open(K, open(3, WRITE_DATA, 7)),
+            Err(SharingError::Violation)
+        ));
     }
 
     #[test]
