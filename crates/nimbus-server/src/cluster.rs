@@ -72,6 +72,10 @@ pub struct Membership {
     adopted: Mutex<HashSet<u64>>,
     /// Incarnations found gone: they never come back.
     gone: Mutex<HashSet<u64>>,
+    /// Incarnations found alive, and when: a file shared between nodes
+    /// checks the other nodes' opens on every change, and an answer a
+    /// moment old only delays dropping a dead node's entries by that much.
+    alive: Mutex<std::collections::HashMap<u64, Instant>>,
     /// The store whose ownerships live under the lease.
     owned: OnceLock<Arc<ClusterStore>>,
     /// Set at shutdown: the ownership threads end.
@@ -82,6 +86,9 @@ pub struct Membership {
 /// long such a file is kept (a file opened again soon costs no etcd call).
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
 const SWEEP_IDLE: Duration = Duration::from_secs(30);
+
+/// How long an incarnation found alive is taken to be, without asking.
+const ALIVE_FOR: Duration = Duration::from_secs(1);
 
 /// How long an operation waits for another node to hand a file over:
 /// past it, that node's lease has expired and etcd took its ownership.
@@ -151,6 +158,7 @@ impl Membership {
             incarnation: AtomicU64::new(0),
             adopted: Mutex::new(HashSet::new()),
             gone: Mutex::new(HashSet::new()),
+            alive: Mutex::new(std::collections::HashMap::new()),
             owned: OnceLock::new(),
             stopping: Arc::new(AtomicBool::new(false)),
         };
@@ -276,12 +284,26 @@ impl Membership {
         if crate::session::lock(&self.gone).contains(&incarnation) {
             return true;
         }
+        let fresh = |at: &Instant| at.elapsed() < ALIVE_FOR;
+        if crate::session::lock(&self.alive)
+            .get(&incarnation)
+            .is_some_and(fresh)
+        {
+            return false;
+        }
         match self.store.get(&incarnation_key(incarnation)) {
             Ok(None) => {
+                crate::session::lock(&self.alive).remove(&incarnation);
                 crate::session::lock(&self.gone).insert(incarnation);
                 true
             }
-            _ => false,
+            Ok(Some(_)) => {
+                let mut alive = crate::session::lock(&self.alive);
+                alive.retain(|_, at| fresh(at));
+                alive.insert(incarnation, Instant::now());
+                false
+            }
+            Err(_) => false,
         }
     }
 

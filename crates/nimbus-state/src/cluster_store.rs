@@ -337,14 +337,13 @@ impl ClusterStore {
             })
             .collect();
         ops.push(Op::Delete(&own));
-        let t = self.etcd.txn(&[Cmp::Value(&own, &self.me)], &ops, &[])?;
+        ops.extend(also.iter().copied());
+        // `also` happens either way, in the same round trip.
+        let t = self.etcd.txn(&[Cmp::Value(&own, &self.me)], &ops, also)?;
         if !t.succeeded {
             tracing::error!(
                 "cluster: a file's ownership was lost before its records were written back"
             );
-        }
-        if !also.is_empty() {
-            self.etcd.txn(&[], also, &[])?;
         }
         Ok(())
     }

@@ -342,6 +342,7 @@ pub enum Cmp<'a> {
 }
 
 /// One operation of a transaction.
+#[derive(Clone, Copy)]
 pub enum Op<'a> {
     /// Writes the record, under a lease when `lease` is not 0.
     Put(&'a [u8], &'a [u8], i64),
