@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import smbclient
 
+import rawsmb
 from conftest import PASSWORD, USER, add_user, free_port, nimbus_binary, toml_str, wait_for_port
 from etcd_cluster import EtcdCluster, etcd_cluster  # noqa: F401  (the fixture)
 
@@ -31,6 +32,7 @@ class Node:
 
     def __init__(self, base: Path, name: str, host: str, etcd: list[str], share: Path, user_db: Path):
         self.name, self.host, self.port = name, host, free_port()
+        self.share = share
         self.dir = base / name
         self.dir.mkdir(parents=True, exist_ok=True)
         self.conf = self.dir / "nimbus.toml"
@@ -43,6 +45,11 @@ class Node:
                     "[[share]]",
                     'name = "data"',
                     f"path = {toml_str(str(share))}",
+                    # The same directory for anonymous raw clients.
+                    "[[share]]",
+                    'name = "pub"',
+                    f"path = {toml_str(str(share))}",
+                    "guest_ok = true",
                     "[cluster]",
                     "etcd = [" + ", ".join(toml_str(e) for e in etcd) + "]",
                     f"node = {toml_str(name)}",
@@ -181,6 +188,24 @@ def test_a_node_without_etcd_does_not_start(tmp_path):
 from smbprotocol.exceptions import SMBResponseException  # noqa: E402
 from smbprotocol.open import CreateDisposition, CreateOptions, FileAttributes, ImpersonationLevel, Open, ShareAccess  # noqa: E402
 from test_durable import ACCESS, SHARE_ALL, Client  # noqa: E402
+from test_locks import (  # noqa: E402
+    CLOSE,
+    EXCLUSIVE,
+    FAIL_IMMEDIATELY,
+    LOCK,
+    READ,
+    SHARED,
+    STATUS_FILE_LOCK_CONFLICT,
+    STATUS_LOCK_NOT_GRANTED,
+    STATUS_PENDING,
+    UNLOCK,
+    WRITE,
+    close_body,
+    lock_body,
+    message_id,
+    write_body,
+)
+from test_locks import Client as LockClient  # noqa: E402
 
 STATUS_SHARING_VIOLATION = 0xC0000043
 
@@ -272,4 +297,57 @@ def test_a_killed_nodes_opens_stop_holding_its_files(nodes, etcd_cluster):  # no
             time.sleep(0.2)
         assert "n1" not in members(etcd_cluster)
     finally:
+        b.close()
+
+
+def test_byte_range_locks_hold_across_nodes(nodes):
+    for n in nodes:
+        n.start()
+    (nodes[0].share / "locked.bin").write_bytes(bytes(100))
+    a, b = LockClient(nodes[0]), LockClient(nodes[1])
+    try:
+        fa, fb = a.open("locked.bin"), b.open("locked.bin")
+        assert rawsmb.status(a.call(LOCK, lock_body(fa, (0, 10, EXCLUSIVE)))) == 0
+        # n2's client is refused, and its reads and writes into the range
+        # conflict; outside it they go on.
+        assert rawsmb.status(b.call(LOCK, lock_body(fb, (5, 1, EXCLUSIVE | FAIL_IMMEDIATELY)))) == STATUS_LOCK_NOT_GRANTED
+        assert rawsmb.status(b.call(READ, rawsmb.read_body(fb, 5, 5))) == STATUS_FILE_LOCK_CONFLICT
+        assert rawsmb.status(b.call(WRITE, write_body(fb, 5, b"XXXXX"))) == STATUS_FILE_LOCK_CONFLICT
+        assert rawsmb.status(b.call(WRITE, write_body(fb, 50, b"XXXXX"))) == 0
+        # A blocking request on n2 waits for n1's unlock, and is granted by it.
+        mid = b.send(LOCK, lock_body(fb, (5, 10, EXCLUSIVE)))
+        interim = b.recv()
+        assert (message_id(interim), rawsmb.status(interim)) == (mid, STATUS_PENDING)
+        assert rawsmb.status(a.call(LOCK, lock_body(fa, (0, 10, UNLOCK)))) == 0
+        final = b.recv()
+        assert (message_id(final), rawsmb.status(final)) == (mid, 0)
+        assert rawsmb.status(a.call(LOCK, lock_body(fa, (14, 1, SHARED | FAIL_IMMEDIATELY)))) == STATUS_LOCK_NOT_GRANTED
+        assert rawsmb.status(a.call(WRITE, write_body(fa, 5, b"YYYYY"))) == STATUS_FILE_LOCK_CONFLICT
+        # Closing the handle on n2 lets n1's client in.
+        assert rawsmb.status(b.call(CLOSE, close_body(fb))) == 0
+        assert rawsmb.status(a.call(LOCK, lock_body(fa, (14, 1, EXCLUSIVE | FAIL_IMMEDIATELY)))) == 0
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_killed_nodes_locks_give_way_to_a_waiting_request(nodes):
+    for n in nodes:
+        n.start()
+    (nodes[0].share / "held.bin").write_bytes(bytes(100))
+    a, b = LockClient(nodes[0]), LockClient(nodes[1])
+    try:
+        fa, fb = a.open("held.bin"), b.open("held.bin")
+        assert rawsmb.status(b.call(LOCK, lock_body(fb, (0, 10, EXCLUSIVE)))) == 0
+        mid = a.send(LOCK, lock_body(fa, (0, 10, EXCLUSIVE)))
+        assert rawsmb.status(a.recv()) == STATUS_PENDING
+        nodes[1].proc.send_signal(signal.SIGKILL)
+        nodes[1].proc.wait(timeout=10)
+        # Once n2's lease has expired, its lock is a dead node's: n1's
+        # waiting request gets the range (the answer is waited for).
+        a.s.settimeout(WAIT)
+        final = a.recv()
+        assert (message_id(final), rawsmb.status(final)) == (mid, 0)
+    finally:
+        a.close()
         b.close()

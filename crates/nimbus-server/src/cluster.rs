@@ -13,10 +13,10 @@
 //! the cluster and its restarts, and an open whose incarnation record is
 //! gone belongs to a node that died (`is_gone`).
 //!
-//! Share modes are decided through `ClusterStore` (per-file ownership over
-//! etcd); what is not here yet (issue 15, later steps): leases, oplocks,
-//! byte-range locks and notify across nodes, and failover of persistent
-//! handles.
+//! Share modes and byte-range locks are decided through `ClusterStore`
+//! (per-file ownership over etcd); what is not here yet (issue 15, later
+//! steps): leases, oplocks and notify across nodes, and failover of
+//! persistent handles.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -96,24 +96,31 @@ fn handover_timeout(ttl: Duration) -> Duration {
     ttl * 2 + Duration::from_secs(2)
 }
 
-/// The store share modes are decided in: per-file ownership over etcd,
-/// under this node's lease. A file's record may be taken when every open
-/// it names is this node's or a gone node's.
+/// The store share modes and byte-range locks are decided in: per-file
+/// ownership over etcd, under this node's lease. A file may be taken when
+/// every open its records name (opens in the share-mode record, lock
+/// holders in the lock record) is this node's or a gone node's.
 pub fn owned_store(m: &Arc<Membership>) -> Arc<ClusterStore> {
+    use nimbus_state::records::{LockList, Record, LOCKS_PREFIX};
+    use nimbus_state::share_modes::OPENS_PREFIX;
     let me = m.clone();
-    let claimable: nimbus_state::cluster_store::Claimable = Box::new(move |_key, value| {
-        use nimbus_state::records::Record;
-        match nimbus_state::FileRecord::decode(value) {
-            Ok(r) => r.opens.iter().all(|o| {
-                let n = incarnation_of(o.open_id);
-                n == me.incarnation() || me.is_gone(n)
-            }),
-            Err(_) => false,
+    let claimable: nimbus_state::cluster_store::Claimable = Box::new(move |key, value| {
+        let ours = |open_id: u64| {
+            let n = incarnation_of(open_id);
+            n == me.incarnation() || me.is_gone(n)
+        };
+        if key.starts_with(OPENS_PREFIX) {
+            nimbus_state::FileRecord::decode(value)
+                .is_ok_and(|r| r.opens.iter().all(|o| ours(o.open_id)))
+        } else if key.starts_with(LOCKS_PREFIX) {
+            LockList::decode(value).is_ok_and(|l| l.0.iter().all(|l| ours(l.owner)))
+        } else {
+            false
         }
     });
     Arc::new(ClusterStore::new(
         m.store.clone(),
-        vec![nimbus_state::share_modes::OPENS_PREFIX],
+        vec![OPENS_PREFIX, LOCKS_PREFIX],
         &m.incarnation().to_string(),
         m.lease(),
         claimable,
@@ -392,6 +399,70 @@ impl Membership {
             });
         if let Err(e) = spawned {
             tracing::error!("cluster: cannot start the ownership sweep: {e}");
+        }
+    }
+
+    /// Starts a thread (named `name`) that calls `changed` with the key of
+    /// every record under `prefix` another node (or this one) changes in
+    /// etcd, and `tick` once per `every` and whenever changes may have been
+    /// missed (the watch fell behind etcd's compaction), for as long as the
+    /// process runs.
+    pub fn watch_records(
+        self: Arc<Self>,
+        name: &str,
+        prefix: &'static [u8],
+        every: Duration,
+        changed: impl Fn(&[u8]) + Send + 'static,
+        tick: impl Fn() + Send + 'static,
+    ) {
+        let stop = self.stopping.clone();
+        let thread = name.to_owned();
+        let name = name.to_owned();
+        let spawned = std::thread::Builder::new()
+            .name(thread.clone())
+            .spawn(move || {
+                let mut watch = None;
+                let mut last_tick = Instant::now();
+                while !stop.load(Ordering::SeqCst) {
+                    let w = match watch.as_mut() {
+                        Some(w) => w,
+                        None => match self.store.revision() {
+                            // From now on; what came before is covered by
+                            // the tick.
+                            Ok(r) => {
+                                tick();
+                                last_tick = Instant::now();
+                                watch.insert(self.store.watch(prefix, r + 1))
+                            }
+                            Err(e) => {
+                                tracing::warn!("cluster: watching {}: {e}", name);
+                                std::thread::sleep(Duration::from_millis(200));
+                                continue;
+                            }
+                        },
+                    };
+                    match w.next(every) {
+                        Ok(batch) => {
+                            if batch.resync {
+                                watch = None;
+                            }
+                            for e in &batch.events {
+                                changed(&e.key);
+                            }
+                        }
+                        Err(e) => {
+                            tracing::warn!("cluster: watching {}: {e}", name);
+                            std::thread::sleep(Duration::from_millis(200));
+                        }
+                    }
+                    if last_tick.elapsed() >= every {
+                        tick();
+                        last_tick = Instant::now();
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::error!("cluster: cannot start the {thread} thread: {e}");
         }
     }
 

@@ -294,10 +294,11 @@ pub fn is_quick(frame: &[u8], limits: &Limits, conn: &Connection) -> bool {
                 | Command::QueryDirectory
                 | Command::Ioctl,
             ) => false,
-            // A cluster node may decide a file's share modes on etcd:
-            // every command that reads or changes them may wait on it.
+            // A cluster node may decide a file's share modes and locks on
+            // etcd: every command that reads or changes them may wait on it.
             Some(
                 Command::Create
+                | Command::Lock
                 | Command::Close
                 | Command::SetInfo
                 | Command::QueryInfo

@@ -10,12 +10,20 @@
 //! after a conflict cannot miss the unlock that frees its range; files
 //! with no lock are known locally, so READ and WRITE on them (every data
 //! request checks) cost no look-up in the store.
+//!
+//! On a cluster node the records of a file several nodes use are decided
+//! on etcd (`ClusterStore`): what this node remembers is then no proof
+//! that a file has no lock, so READ and WRITE of such a file read the
+//! record; another node's unlock reaches this node's waiters through
+//! `retry` (a watch on the lock records calls it), and locks of a node
+//! that is gone are dropped when they stand in the way.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use nimbus_state::byte_range::{self, LockError, LockRange, RangeLock};
 use nimbus_state::records::{self, LockList, LOCKS_PREFIX};
+use nimbus_state::share_modes::Gone;
 use nimbus_state::{FileKey, StateError, StateStore};
 use nimbus_wire::lock::{lock_flags, LockElement};
 use nimbus_wire::NtStatus;
@@ -68,6 +76,9 @@ struct Local {
 
 pub struct ByteRangeLocks {
     store: Arc<dyn StateStore>,
+    /// On a cluster node: whether a lock's holder is an open of a node
+    /// that is gone (its lock is stale: nobody will unlock it).
+    gone: Option<Gone>,
     local: RwLock<Local>,
 }
 
@@ -89,8 +100,28 @@ impl ByteRangeLocks {
     pub fn new(store: Arc<dyn StateStore>) -> ByteRangeLocks {
         ByteRangeLocks {
             store,
+            gone: None,
             local: RwLock::new(Local::default()),
         }
+    }
+
+    /// The locks of a cluster node: a lock of a node that is gone gives
+    /// way to a request it stands in the way of.
+    pub fn with_liveness(store: Arc<dyn StateStore>, gone: Gone) -> ByteRangeLocks {
+        ByteRangeLocks {
+            gone: Some(gone),
+            ..ByteRangeLocks::new(store)
+        }
+    }
+
+    /// Drops the locks of gone nodes' opens; whether any went.
+    fn purge_gone(&self, list: &mut Vec<RangeLock>) -> bool {
+        let Some(gone) = &self.gone else {
+            return false;
+        };
+        let before = list.len();
+        list.retain(|l| !gone(l.owner));
+        list.len() != before
     }
 
     fn write(&self) -> RwLockWriteGuard<'_, Local> {
@@ -121,7 +152,10 @@ impl ByteRangeLocks {
             &file.record_key(LOCKS_PREFIX),
             |list| {
                 let out = f(&mut list.0);
-                let granted = grant_waiters(&mut list.0, &asks);
+                let mut granted = grant_waiters(&mut list.0, &asks);
+                if granted.len() < asks.len() && self.purge_gone(&mut list.0) {
+                    granted = grant_waiters(&mut list.0, &asks);
+                }
                 Ok((out, granted, !list.0.is_empty()))
             },
         )?;
@@ -157,7 +191,11 @@ impl ByteRangeLocks {
     ) -> Outcome {
         let mut local = self.write();
         let tried = self.change(&mut local, file, |list| {
-            byte_range::try_lock(list, owner, &ranges).map(|granted| *list = granted)
+            let mut tried = byte_range::try_lock(list, owner, &ranges);
+            if tried == Err(LockError::Conflict) && self.purge_gone(list) {
+                tried = byte_range::try_lock(list, owner, &ranges);
+            }
+            tried.map(|granted| *list = granted)
         });
         match tried {
             Err(e) => Outcome::Refused(store_failed(file, e)),
@@ -262,6 +300,29 @@ impl ByteRangeLocks {
         found
     }
 
+    /// The file's locks may have changed elsewhere (another cluster node):
+    /// its waiting requests whose ranges are free now are granted.
+    pub fn retry(&self, file: FileKey) {
+        let mut local = self.write();
+        if !local.waiting.contains_key(&file) {
+            return;
+        }
+        match self.change(&mut local, file, |_| ()) {
+            Ok(((), done)) => {
+                drop(local);
+                answer(done);
+            }
+            Err(e) => {
+                store_failed(file, e);
+            }
+        }
+    }
+
+    /// The files with waiting requests.
+    pub fn waiting_files(&self) -> Vec<FileKey> {
+        self.read().waiting.keys().copied().collect()
+    }
+
     /// The ranges `owner` holds on `file` (a persistent open's record
     /// keeps them).
     pub fn held_by(&self, file: FileKey, owner: u64) -> Vec<LockRange> {
@@ -286,7 +347,20 @@ impl ByteRangeLocks {
     /// Whether the file has any byte-range lock (no read or handle caching
     /// is granted on such a file).
     pub fn has_locks(&self, file: FileKey) -> bool {
-        self.read().locked.contains(&file)
+        if self.read().locked.contains(&file) {
+            return true;
+        }
+        let key = file.record_key(LOCKS_PREFIX);
+        if self.store.is_local(&key) {
+            return false;
+        }
+        match records::read::<LockList>(&*self.store, &key) {
+            Ok(list) => !list.0.is_empty(),
+            Err(e) => {
+                store_failed(file, e);
+                true
+            }
+        }
     }
 
     /// Whether a READ or WRITE by `owner` runs into another lock. A store
@@ -300,11 +374,11 @@ impl ByteRangeLocks {
         length: u64,
         write: bool,
     ) -> bool {
-        let local = self.read();
-        if !local.locked.contains(&file) {
+        let key = file.record_key(LOCKS_PREFIX);
+        if !self.read().locked.contains(&file) && self.store.is_local(&key) {
             return false;
         }
-        match records::read::<LockList>(&*self.store, &file.record_key(LOCKS_PREFIX)) {
+        match records::read::<LockList>(&*self.store, &key) {
             Ok(list) => byte_range::io_conflicts(&list.0, owner, offset, length, write),
             Err(e) => {
                 store_failed(file, e);

@@ -3,10 +3,11 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use nimbus_auth::{AuthConfig, Authenticator, UserDb};
 use nimbus_crypto::{CipherAlgorithm, CryptoProvider};
-use nimbus_state::{MemoryStore, ShareModes, StateStore};
+use nimbus_state::{FileKey, MemoryStore, ShareModes, StateStore};
 use nimbus_vfs::LocalFs;
 use nimbus_wire::fscc::unix_to_filetime;
 use tokio::net::TcpListener;
@@ -238,20 +239,26 @@ impl Server {
             )),
             None => None,
         };
-        // A cluster node decides share modes through per-file ownership
-        // over etcd; everything else about a file stays in its memory (for
-        // now: leases, oplocks and locks are this node's alone).
-        let share_modes = match &cluster {
+        // A cluster node decides share modes and byte-range locks through
+        // per-file ownership over etcd; everything else about a file stays
+        // in its memory (for now: leases and oplocks are this node's
+        // alone).
+        let (share_modes, locks) = match &cluster {
             Some(m) => {
                 let owned = crate::cluster::owned_store(m);
                 m.set_owned_store(owned.clone());
                 let m2 = m.clone();
-                ShareModes::with_liveness(
-                    owned,
-                    Arc::new(move |open_id| m2.is_gone(crate::cluster::incarnation_of(open_id))),
+                let gone: nimbus_state::share_modes::Gone =
+                    Arc::new(move |open_id| m2.is_gone(crate::cluster::incarnation_of(open_id)));
+                (
+                    ShareModes::with_liveness(owned.clone(), gone.clone()),
+                    ByteRangeLocks::with_liveness(owned, gone),
                 )
             }
-            None => ShareModes::new(store.clone()),
+            None => (
+                ShareModes::new(store.clone()),
+                ByteRangeLocks::new(store.clone()),
+            ),
         };
         let first_open_id = cluster
             .as_ref()
@@ -272,7 +279,7 @@ impl Server {
             admission: Arc::new(Admission::default()),
             logon_guard,
             open_files: OpenFiles::new(open_cap),
-            locks: ByteRangeLocks::new(store.clone()),
+            locks,
             oplocks: Oplocks::new(break_timeout, store.clone()),
             opens: OpenRegistry::default(),
             notify: crate::notify::ChangeNotify::new(max_inotify_watches),
@@ -411,6 +418,27 @@ impl Server {
         if let Some(m) = &self.cluster {
             tokio::spawn(m.clone().keep_alive());
             m.clone().serve_ownership();
+            // Waiting LOCK requests hear of unlocks on other nodes through
+            // etcd, and of locks a gone node left behind once a second.
+            let (on_change, on_tick) = (Arc::downgrade(&self), Arc::downgrade(&self));
+            m.clone().watch_records(
+                "nimbus-lockwatch",
+                nimbus_state::records::LOCKS_PREFIX,
+                Duration::from_secs(1),
+                move |key| {
+                    let file = FileKey::from_record_key(nimbus_state::records::LOCKS_PREFIX, key);
+                    if let (Some(s), Some(file)) = (on_change.upgrade(), file) {
+                        s.locks.retry(file);
+                    }
+                },
+                move || {
+                    if let Some(s) = on_tick.upgrade() {
+                        for file in s.locks.waiting_files() {
+                            s.locks.retry(file);
+                        }
+                    }
+                },
+            );
         }
         for l in listeners {
             let server = self.clone();

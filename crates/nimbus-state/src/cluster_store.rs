@@ -551,6 +551,12 @@ impl StateStore for ClusterStore {
         Ok(Some(if value.is_some() { t.revision } else { 0 }))
     }
 
+    /// Owned groups and node-local keys change only here; a shared
+    /// group's records may change on any node.
+    fn is_local(&self, key: &[u8]) -> bool {
+        self.group(key).is_none_or(|group| self.owns(group))
+    }
+
     fn scan_prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Versioned)>, StateError> {
         // Scans are of node-local records (persistent opens live in the
         // node's store on disk); a clustered prefix is not scanned.

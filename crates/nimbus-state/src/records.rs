@@ -89,6 +89,17 @@ impl FileKey {
         k.extend_from_slice(&self.ino.to_be_bytes());
         k
     }
+
+    /// The file a record key under `prefix` is about (None: not such a
+    /// key).
+    pub fn from_record_key(prefix: &[u8], key: &[u8]) -> Option<FileKey> {
+        let id: &[u8; 16] = key.strip_prefix(prefix)?.try_into().ok()?;
+        let (dev, ino) = id.split_at(8);
+        Some(FileKey {
+            dev: u64::from_be_bytes(dev.try_into().ok()?),
+            ino: u64::from_be_bytes(ino.try_into().ok()?),
+        })
+    }
 }
 
 /// Key prefix of a file's oplocks and leases.
@@ -321,6 +332,18 @@ mod tests {
     use super::*;
     use crate::caching::{OpenAsk, Want, HANDLE, OPLOCK_BATCH, READ, WRITE};
     use crate::MemoryStore;
+
+    #[test]
+    fn a_record_key_names_its_file_again() {
+        let f = FileKey {
+            dev: 0x0102_0304_0506_0708,
+            ino: u64::MAX - 5,
+        };
+        let key = f.record_key(LOCKS_PREFIX);
+        assert_eq!(FileKey::from_record_key(LOCKS_PREFIX, &key), Some(f));
+        assert_eq!(FileKey::from_record_key(CACHING_PREFIX, &key), None);
+        assert_eq!(FileKey::from_record_key(LOCKS_PREFIX, &key[..20]), None);
+    }
 
     fn sample() -> FileCaching {
         let mut f = FileCaching::default();

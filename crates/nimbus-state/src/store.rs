@@ -89,6 +89,15 @@ pub trait StateStore: Send + Sync {
         Ok(())
     }
 
+    /// Whether every change of `key` goes through this store object now,
+    /// so that a caller may trust what it remembers of the record (a file
+    /// it saw without byte-range locks has none). True for a node's own
+    /// store; false for a record other cluster nodes may be changing.
+    fn is_local(&self, key: &[u8]) -> bool {
+        let _ = key;
+        true
+    }
+
     /// Every record whose key starts with `prefix`, in key order.
     fn scan_prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Versioned)>, StateError>;
 }
