@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import signal
+import struct
 import subprocess
 import time
 import uuid
@@ -200,6 +201,7 @@ from test_locks import (  # noqa: E402
     STATUS_PENDING,
     UNLOCK,
     WRITE,
+    async_id,
     close_body,
     lock_body,
     message_id,
@@ -350,4 +352,99 @@ def test_a_killed_nodes_locks_give_way_to_a_waiting_request(nodes):
         assert (message_id(final), rawsmb.status(final)) == (mid, 0)
     finally:
         a.close()
+        b.close()
+
+
+# --------------------------------------------------------------------------
+# oplocks and leases across nodes (raw clients: every break, interim and
+# final response is seen as sent; races are sequenced by those messages)
+
+import test_oplocks as ol  # noqa: E402
+
+
+def test_a_lease_break_crosses_nodes_and_the_create_waits_for_the_acknowledgement(nodes):
+    for n in nodes:
+        n.start()
+    (nodes[0].share / "leased.txt").write_bytes(b"cached on n1\n")
+    key_a, key_b = uuid.uuid4().bytes, uuid.uuid4().bytes
+    a, b = ol.Smb311Client(nodes[0], uuid.uuid4().bytes), ol.Smb311Client(nodes[1], uuid.uuid4().bytes)
+    try:
+        resp = a.create("leased.txt", oplock=ol.LEVEL_LEASE, contexts=ol.lease_context(key_a, ol.R | ol.W | ol.H))
+        assert rawsmb.status(resp) == 0
+        assert ol.lease_of(resp) == (key_a, ol.R | ol.W | ol.H, 0, 1)
+        # A client of n2 opens the file: n1's client is told to give up
+        # write caching, and n2 holds the CREATE until it acknowledges.
+        a.s.settimeout(WAIT)
+        mid, aid = b.start_create("leased.txt", oplock=ol.LEVEL_LEASE, contexts=ol.lease_context(key_b, ol.R | ol.W | ol.H))
+        brk = a.recv()
+        assert ol.command_of(brk) == ol.OPLOCK_BREAK and message_id(brk) == ol.BREAK_MESSAGE_ID
+        _, epoch, flags, key, current, new = struct.unpack_from("<HHI16sII", ol.body_of(brk))
+        assert (flags, key, current, new, epoch) == (ol.LEASE_BREAK_ACK_REQUIRED, key_a, ol.R | ol.W | ol.H, ol.R | ol.H, 2)
+        b.assert_nothing_pending()  # still waiting for n1's client
+        assert rawsmb.status(a.call(ol.OPLOCK_BREAK, ol.lease_ack_body(key_a, ol.R | ol.H))) == 0
+        b.s.settimeout(WAIT)
+        final = b.final(mid, aid)
+        assert rawsmb.status(final) == 0
+        assert ol.lease_of(final) == (key_b, ol.R | ol.H, 0, 1)
+        # A write through n2 takes n1's client's caching away (RH cannot
+        # stay beside another writer); the write does not wait for it.
+        fb = ol.file_id_of(final)
+        assert rawsmb.status(b.call(WRITE, write_body(fb, 0, b"X"))) == 0
+        brk = a.recv()
+        _, _, flags, key, current, new = struct.unpack_from("<HHI16sII", ol.body_of(brk))
+        assert (flags, key, current, new) == (ol.LEASE_BREAK_ACK_REQUIRED, key_a, ol.R | ol.H, 0)
+        # Acknowledged on n1, a break n2 started.
+        assert rawsmb.status(a.call(ol.OPLOCK_BREAK, ol.lease_ack_body(key_a, 0))) == 0
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_batch_oplock_holder_closing_on_one_node_lets_the_other_nodes_create_go_on(nodes):
+    for n in nodes:
+        n.start()
+    (nodes[0].share / "batch.txt").write_bytes(b"batch\n")
+    a, b = ol.Client(nodes[0]), ol.Client(nodes[2])
+    try:
+        resp = a.create("batch.txt", oplock=ol.LEVEL_BATCH)
+        assert rawsmb.status(resp) == 0 and ol.oplock_level_of(resp) == ol.LEVEL_BATCH
+        fa = ol.file_id_of(resp)
+        a.s.settimeout(WAIT)
+        mid, aid = b.start_create("batch.txt", oplock=ol.LEVEL_BATCH)
+        ol.assert_oplock_break(a.recv(), fa, ol.LEVEL_II)
+        # The holder closes instead of acknowledging: n3's CREATE goes on
+        # and gets the batch oplock the closed open gave up.
+        assert rawsmb.status(a.call(CLOSE, close_body(fa))) == 0
+        b.s.settimeout(WAIT)
+        final = b.final(mid, aid)
+        assert rawsmb.status(final) == 0
+        assert ol.oplock_level_of(final) == ol.LEVEL_BATCH
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_killed_nodes_lease_does_not_hold_up_an_open_elsewhere(nodes):
+    for n in nodes:
+        n.start()
+    (nodes[0].share / "orphan.txt").write_bytes(b"orphan\n")
+    a = ol.Smb311Client(nodes[1], uuid.uuid4().bytes)
+    resp = a.create("orphan.txt", oplock=ol.LEVEL_LEASE, contexts=ol.lease_context(uuid.uuid4().bytes, ol.R | ol.W | ol.H))
+    assert ol.lease_of(resp)[1] == ol.R | ol.W | ol.H
+    nodes[1].proc.send_signal(signal.SIGKILL)
+    nodes[1].proc.wait(timeout=10)
+    a.close()
+    b = ol.Smb311Client(nodes[0], uuid.uuid4().bytes)
+    try:
+        # Until n2's lease expires its client's open may still be alive
+        # (the CREATE then waits for a break it cannot answer); after it,
+        # the dead node's grant is dropped and the open is granted RWH.
+        b.s.settimeout(WAIT)
+        mid = b.send(rawsmb.CREATE, ol.create_body("orphan.txt", oplock=ol.LEVEL_LEASE, contexts=ol.lease_context(uuid.uuid4().bytes, ol.R | ol.W | ol.H)))
+        resp = b.recv()
+        if rawsmb.status(resp) == ol.STATUS_PENDING:
+            resp = b.final(mid, async_id(resp))
+        assert rawsmb.status(resp) == 0
+        assert ol.lease_of(resp)[1] == ol.R | ol.W | ol.H
+    finally:
         b.close()

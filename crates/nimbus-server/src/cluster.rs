@@ -13,10 +13,14 @@
 //! the cluster and its restarts, and an open whose incarnation record is
 //! gone belongs to a node that died (`is_gone`).
 //!
-//! Share modes and byte-range locks are decided through `ClusterStore`
-//! (per-file ownership over etcd); what is not here yet (issue 15, later
-//! steps): leases, oplocks and notify across nodes, and failover of
-//! persistent handles.
+//! Share modes, byte-range locks, oplocks and leases are decided through
+//! `ClusterStore` (per-file ownership over etcd). A break for an open of
+//! another node is a message to it: `msg/<node>/<sender incarnation>-<n>`
+//! (the node named by the open's incarnation record),
+//! under the sender's lease, which the receiver watches, delivers to its
+//! client and deletes. What is not here yet (issue 15, later steps):
+//! directory leases and notify across nodes, and failover of persistent
+//! handles.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -39,6 +43,9 @@ pub const NODES_PREFIX: &[u8] = b"nodes/";
 pub const INCARNATIONS_PREFIX: &[u8] = b"incarnations/";
 const INCARNATION_COUNTER: &[u8] = b"incarnation-counter";
 
+/// Key prefix of the messages between nodes: `msg/<node>/...`.
+pub const MSG_PREFIX: &[u8] = b"msg/";
+
 /// Open ids are `incarnation << OPEN_ID_SHIFT | counter`.
 pub const OPEN_ID_SHIFT: u32 = 40;
 /// Incarnations fit in the 24 bits above the counter.
@@ -47,6 +54,13 @@ const MAX_INCARNATION: u64 = (1 << (64 - OPEN_ID_SHIFT)) - 1;
 /// The incarnation an open id was made by (0: a node without a cluster).
 pub fn incarnation_of(open_id: u64) -> u64 {
     open_id >> OPEN_ID_SHIFT
+}
+
+fn message_box(node: &str) -> Vec<u8> {
+    let mut k = MSG_PREFIX.to_vec();
+    k.extend_from_slice(node.as_bytes());
+    k.push(b'/');
+    k
 }
 
 fn incarnation_key(n: u64) -> Vec<u8> {
@@ -80,6 +94,8 @@ pub struct Membership {
     owned: OnceLock<Arc<ClusterStore>>,
     /// Set at shutdown: the ownership threads end.
     stopping: Arc<AtomicBool>,
+    /// Numbers the messages this run sends.
+    next_message: AtomicU64,
 }
 
 /// How often ownerships of files nobody has open are looked for, and how
@@ -96,12 +112,16 @@ fn handover_timeout(ttl: Duration) -> Duration {
     ttl * 2 + Duration::from_secs(2)
 }
 
-/// The store share modes and byte-range locks are decided in: per-file
-/// ownership over etcd, under this node's lease. A file may be taken when
-/// every open its records name (opens in the share-mode record, lock
-/// holders in the lock record) is this node's or a gone node's.
+/// The store share modes, byte-range locks, oplocks and leases are decided
+/// in: per-file ownership over etcd, under this node's lease. A file may be
+/// taken when every open its records name (opens in the share-mode record,
+/// lock holders in the lock record, opens and holders in the caching
+/// record) is this node's or a gone node's, and no break is under way (a
+/// request on another node waits for its acknowledgement, and hears of it
+/// through etcd).
 pub fn owned_store(m: &Arc<Membership>) -> Arc<ClusterStore> {
-    use nimbus_state::records::{LockList, Record, LOCKS_PREFIX};
+    use nimbus_state::caching::FileCaching;
+    use nimbus_state::records::{LockList, Record, CACHING_PREFIX, LOCKS_PREFIX};
     use nimbus_state::share_modes::OPENS_PREFIX;
     let me = m.clone();
     let claimable: nimbus_state::cluster_store::Claimable = Box::new(move |key, value| {
@@ -114,13 +134,19 @@ pub fn owned_store(m: &Arc<Membership>) -> Arc<ClusterStore> {
                 .is_ok_and(|r| r.opens.iter().all(|o| ours(o.open_id)))
         } else if key.starts_with(LOCKS_PREFIX) {
             LockList::decode(value).is_ok_and(|l| l.0.iter().all(|l| ours(l.owner)))
+        } else if key.starts_with(CACHING_PREFIX) {
+            FileCaching::decode(value).is_ok_and(|c| {
+                !c.breaking()
+                    && c.opens.iter().all(|o| ours(o.open_id))
+                    && c.grants.iter().all(|g| g.opens.iter().all(|o| ours(*o)))
+            })
         } else {
             false
         }
     });
     Arc::new(ClusterStore::new(
         m.store.clone(),
-        vec![OPENS_PREFIX, LOCKS_PREFIX],
+        vec![OPENS_PREFIX, LOCKS_PREFIX, CACHING_PREFIX],
         &m.incarnation().to_string(),
         m.lease(),
         claimable,
@@ -168,6 +194,7 @@ impl Membership {
             alive: Mutex::new(std::collections::HashMap::new()),
             owned: OnceLock::new(),
             stopping: Arc::new(AtomicBool::new(false)),
+            next_message: AtomicU64::new(1),
         };
         let until = Instant::now() + m.ttl + Duration::from_secs(1);
         loop {
@@ -410,7 +437,7 @@ impl Membership {
     pub fn watch_records(
         self: Arc<Self>,
         name: &str,
-        prefix: &'static [u8],
+        prefix: Vec<u8>,
         every: Duration,
         changed: impl Fn(&[u8]) + Send + 'static,
         tick: impl Fn() + Send + 'static,
@@ -432,7 +459,7 @@ impl Membership {
                             Ok(r) => {
                                 tick();
                                 last_tick = Instant::now();
-                                watch.insert(self.store.watch(prefix, r + 1))
+                                watch.insert(self.store.watch(&prefix, r + 1))
                             }
                             Err(e) => {
                                 tracing::warn!("cluster: watching {}: {e}", name);
@@ -463,6 +490,71 @@ impl Membership {
             });
         if let Err(e) = spawned {
             tracing::error!("cluster: cannot start the {thread} thread: {e}");
+        }
+    }
+
+    /// This node's message box, `msg/<node>/`: messages for the opens of
+    /// this run and of the runs it adopted.
+    pub fn inbox(&self) -> Vec<u8> {
+        message_box(&self.node)
+    }
+
+    /// Sends a break for `open_id` to the node serving it. Under this
+    /// node's lease: if this node dies first, the break goes with it (the
+    /// request that caused it died too, and any other waiter ends the
+    /// break itself after the timeout). An open of this run, or of one it
+    /// adopted, has no other node to go to: nothing is sent.
+    pub fn send_break(&self, open_id: u64, order: &nimbus_state::caching::BreakOrder) {
+        let to = incarnation_of(open_id);
+        if to == 0 || to == self.incarnation() || crate::session::lock(&self.adopted).contains(&to)
+        {
+            return;
+        }
+        // The node that runs (or adopted) that incarnation.
+        let node = match self.store.get(&incarnation_key(to)) {
+            Ok(Some(v)) => String::from_utf8_lossy(&v.value).into_owned(),
+            Ok(None) => return, // gone: its opens are dropped where in the way
+            Err(e) => {
+                tracing::warn!("cluster: break for open {open_id:#x} not sent: {e}");
+                return;
+            }
+        };
+        let n = self.next_message.fetch_add(1, Ordering::Relaxed);
+        let mut key = message_box(&node);
+        key.extend_from_slice(format!("{}-{n}", self.incarnation()).as_bytes());
+        let value = nimbus_state::records::encode_break(open_id, order);
+        let put = nimbus_state::etcd_store::Op::Put(&key, &value, self.lease());
+        if let Err(e) = self.store.txn(&[], &[put], &[]) {
+            tracing::warn!("cluster: break for open {open_id:#x} not sent: {e}");
+        }
+    }
+
+    /// Takes the message under `key` out of this node's box: its break,
+    /// once (a message another thread took already, or a damaged one,
+    /// gives None).
+    pub fn take_break(&self, key: &[u8]) -> Option<(u64, nimbus_state::caching::BreakOrder)> {
+        let v = self.store.get(key).ok()??;
+        match self.store.compare_and_set(key, Some(v.version), None) {
+            Ok(Some(_)) => {}
+            _ => return None,
+        }
+        match nimbus_state::records::decode_break(&v.value) {
+            Ok(m) => Some(m),
+            Err(e) => {
+                tracing::warn!("cluster: message {}: {e}", String::from_utf8_lossy(key));
+                None
+            }
+        }
+    }
+
+    /// The keys of the messages waiting in this node's box.
+    pub fn pending_messages(&self) -> Vec<Vec<u8>> {
+        match self.store.scan_prefix(&self.inbox()) {
+            Ok(found) => found.into_iter().map(|(k, _)| k).collect(),
+            Err(e) => {
+                tracing::warn!("cluster: reading messages: {e}");
+                Vec::new()
+            }
         }
     }
 

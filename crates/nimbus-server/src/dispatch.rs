@@ -274,8 +274,8 @@ const QUICK_FRAME_MAX: usize = 16 * 1024;
 /// call that is slow after all (unlinking a huge file on delete-on-close,
 /// truncating one on overwrite, a hung network file system) holds one
 /// runtime worker meanwhile; the other workers take over its queued tasks.
-/// On a cluster node, the commands that read or change share modes go to
-/// the pool (they may wait on etcd). CREATE and LOCK on a continuously
+/// On a cluster node, the commands that read or change share modes,
+/// locks or caching state go to the pool (they may wait on etcd). CREATE and LOCK on a continuously
 /// available share go to the pool too:
 /// they may wait for the state store's fsync (a persistent handle's record
 /// is on disk before the client hears of it), and many of them waiting
@@ -294,8 +294,9 @@ pub fn is_quick(frame: &[u8], limits: &Limits, conn: &Connection) -> bool {
                 | Command::QueryDirectory
                 | Command::Ioctl,
             ) => false,
-            // A cluster node may decide a file's share modes and locks on
-            // etcd: every command that reads or changes them may wait on it.
+            // A cluster node may decide a file's share modes, locks and
+            // caching on etcd: every command that reads or changes them
+            // may wait on it.
             Some(
                 Command::Create
                 | Command::Lock
@@ -303,6 +304,7 @@ pub fn is_quick(frame: &[u8], limits: &Limits, conn: &Connection) -> bool {
                 | Command::SetInfo
                 | Command::QueryInfo
                 | Command::ChangeNotify
+                | Command::OplockBreak
                 | Command::Logoff
                 | Command::TreeDisconnect,
             ) if conn.server.cluster.is_some() => false,

@@ -16,13 +16,14 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nimbus_state::caching::{
     self, AckError, Acked, BreakOrder, Contention, FileCaching, Granted, Holder, LeaseId, OpenAsk,
     Want,
 };
 use nimbus_state::records::{self, CACHING_PREFIX};
+use nimbus_state::share_modes::Gone;
 use nimbus_state::{FileKey, StateError, StateStore};
 use nimbus_wire::header::{flags, Command, Header};
 use nimbus_wire::oplock::{LeaseBreakNotification, OplockBreak, LEASE_BREAK_ACK_REQUIRED};
@@ -119,7 +120,13 @@ impl Notifier for LocalNotifier {
 struct Waiter {
     async_id: u64,
     wake: Box<dyn FnOnce() + Send>,
+    /// When it was parked: a waiter whose breaks were sent by a node that
+    /// died meanwhile (no timer left anywhere) ends them itself.
+    since: Instant,
 }
+
+/// Sends a break to the node that serves an open this node does not.
+pub type Forward = Box<dyn Fn(u64, BreakOrder) + Send + Sync>;
 
 /// What this node keeps about one file beside its record.
 #[derive(Default)]
@@ -231,6 +238,11 @@ pub struct Oplocks {
     /// How many directories hold a lease, read without the lock: while
     /// none does, a change to a file costs no look-up of its directory.
     dir_leases: AtomicUsize,
+    /// On a cluster node: whether an open belongs to a node that is gone
+    /// (its grants hold nothing any more).
+    gone: Option<Gone>,
+    /// On a cluster node: how a break reaches another node's open.
+    forward: std::sync::OnceLock<Forward>,
 }
 
 /// What an acknowledgement came to.
@@ -279,7 +291,50 @@ impl Oplocks {
             break_timeout,
             on_changed: Arc::new(std::sync::OnceLock::new()),
             dir_leases: AtomicUsize::new(0),
+            gone: None,
+            forward: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The oplocks of a cluster node: `store` is shared with other nodes,
+    /// and the grants of opens `gone` names are dropped when they are in
+    /// the way.
+    pub fn with_liveness(
+        break_timeout: Duration,
+        store: Arc<dyn StateStore>,
+        gone: Gone,
+    ) -> Oplocks {
+        Oplocks {
+            gone: Some(gone),
+            ..Oplocks::new(break_timeout, store)
+        }
+    }
+
+    /// Sets how breaks reach other nodes' opens; once, at start.
+    pub fn on_forward(&self, f: Forward) {
+        let _ = self.forward.set(f);
+    }
+
+    /// Delivers a break another node sent for an open of this one.
+    pub fn deliver_here(&self, open_id: u64, order: BreakOrder) {
+        self.notifier.deliver(open_id, order);
+    }
+
+    /// Drops the opens of gone nodes from `s`; whether a break ended with
+    /// them.
+    fn purge_gone(&self, s: &mut FileCaching) -> bool {
+        let Some(gone) = &self.gone else {
+            return false;
+        };
+        let mut ids: Vec<u64> = s.opens.iter().map(|o| o.open_id).collect();
+        ids.extend(s.grants.iter().flat_map(|g| g.opens.iter().copied()));
+        ids.sort_unstable();
+        ids.dedup();
+        let mut ended = false;
+        for id in ids.into_iter().filter(|id| gone(*id)) {
+            ended |= s.remove_open(id);
+        }
+        ended
     }
 
     /// Sets what is told of opens whose caching changed; once, at start.
@@ -300,6 +355,7 @@ impl Oplocks {
         let (contention, sends, changed) = {
             let mut t = lock(&self.table);
             let Some(((c, to), summary)) = apply(&*self.store, file, self.watching(), |s| {
+                self.purge_gone(s);
                 let c = s.contend(ask);
                 if !c.wait && !ask.sharing_violation {
                     s.opens.push(caching::OpenEntry {
@@ -486,6 +542,9 @@ impl Oplocks {
     /// they ended already (acknowledged between the request's check and
     /// now), it is retried at once.
     pub fn wait(&self, file: FileKey, async_id: u64, wake_fn: Box<dyn FnOnce() + Send>) {
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let _ = RUNTIME.set(rt);
+        }
         let now = {
             let mut t = lock(&self.table);
             let breaking = records::read::<FileCaching>(&*self.store, &record_key(file))
@@ -495,6 +554,7 @@ impl Oplocks {
                 t.files.entry(file).or_default().waiters.push(Waiter {
                     async_id,
                     wake: wake_fn,
+                    since: Instant::now(),
                 });
                 None
             } else {
@@ -504,6 +564,59 @@ impl Oplocks {
         if let Some(w) = now {
             spawn(w);
         }
+    }
+
+    /// Looks again at a file whose requests wait for breaks another node
+    /// may have ended (its record changed in etcd, or once a second): they
+    /// go on once nothing on the file is breaking. A gone node's grants
+    /// are dropped, and breaks older than the timeout (their sender died
+    /// with its timer) are taken as done.
+    pub fn retry(&self, file: FileKey) {
+        let (woken, changed) = {
+            let mut t = lock(&self.table);
+            let Some(oldest) = t
+                .files
+                .get(&file)
+                .and_then(|l| l.waiters.iter().map(|w| w.since).min())
+            else {
+                return;
+            };
+            let overdue = oldest.elapsed() > self.break_timeout + Duration::from_secs(1);
+            let Some(((), summary)) = apply(&*self.store, file, self.watching(), |s| {
+                self.purge_gone(s);
+                if overdue {
+                    let breaking: Vec<Holder> = s
+                        .grants
+                        .iter()
+                        .filter(|g| g.breaking.is_some())
+                        .map(|g| g.holder)
+                        .collect();
+                    for h in breaking {
+                        s.break_timed_out(h);
+                    }
+                }
+            }) else {
+                return;
+            };
+            let woken = match t.files.get_mut(&file) {
+                Some(local) if !summary.breaking => std::mem::take(&mut local.waiters),
+                _ => Vec::new(),
+            };
+            t.settle(file, &summary);
+            (woken, summary.changed)
+        };
+        self.tell(changed);
+        wake(woken);
+    }
+
+    /// The files with requests waiting for breaks.
+    pub fn waiting_files(&self) -> Vec<FileKey> {
+        lock(&self.table)
+            .files
+            .iter()
+            .filter(|(_, l)| !l.waiters.is_empty())
+            .map(|(k, _)| *k)
+            .collect()
     }
 
     /// Takes a waiting request out (cancelled, or its connection went).
@@ -604,7 +717,9 @@ impl Oplocks {
     ) -> T::Extra {
         let (extra, sends, changed) = {
             let mut t = lock(&self.table);
-            if !t.granted.contains(&file) {
+            // Grants of another node's clients are in a record this node
+            // does not own: it is read.
+            if !t.granted.contains(&file) && self.store.is_local(&record_key(file)) {
                 return T::Extra::default();
             }
             let Some(((extra, to), summary)) = apply(&*self.store, file, self.watching(), |s| {
@@ -697,7 +812,11 @@ impl Oplocks {
 
     fn send(&self, sends: Vec<Target>) {
         for (order, open_id) in sends {
-            self.notifier.deliver(open_id, order);
+            let here = lock(&self.notifier.routes).contains_key(&open_id);
+            match self.forward.get() {
+                Some(forward) if !here => forward(open_id, order),
+                _ => self.notifier.deliver(open_id, order),
+            }
         }
     }
 }
@@ -844,12 +963,22 @@ impl Outbound {
     }
 }
 
+/// The runtime waiting requests run on again, for wake-ups that come from
+/// outside it (a cluster node's watch thread).
+static RUNTIME: std::sync::OnceLock<tokio::runtime::Handle> = std::sync::OnceLock::new();
+
+/// Runs a woken request again, on the runtime's blocking pool: it may
+/// touch the disk and, on a cluster node, wait on etcd.
 fn spawn(f: Box<dyn FnOnce() + Send>) {
-    match tokio::runtime::Handle::try_current() {
-        Ok(rt) => {
-            rt.spawn(async move { f() });
+    let rt = tokio::runtime::Handle::try_current()
+        .ok()
+        .or_else(|| RUNTIME.get().cloned());
+    match rt {
+        Some(rt) => {
+            let _ = RUNTIME.set(rt.clone());
+            rt.spawn_blocking(f);
         }
-        Err(_) => f(),
+        None => f(),
     }
 }
 

@@ -239,25 +239,30 @@ impl Server {
             )),
             None => None,
         };
-        // A cluster node decides share modes and byte-range locks through
-        // per-file ownership over etcd; everything else about a file stays
-        // in its memory (for now: leases and oplocks are this node's
-        // alone).
-        let (share_modes, locks) = match &cluster {
+        // A cluster node decides share modes, byte-range locks, oplocks
+        // and leases through per-file ownership over etcd.
+        let (share_modes, locks, oplocks) = match &cluster {
             Some(m) => {
                 let owned = crate::cluster::owned_store(m);
                 m.set_owned_store(owned.clone());
                 let m2 = m.clone();
                 let gone: nimbus_state::share_modes::Gone =
                     Arc::new(move |open_id| m2.is_gone(crate::cluster::incarnation_of(open_id)));
+                let oplocks = Oplocks::with_liveness(break_timeout, owned.clone(), gone.clone());
+                let m3 = m.clone();
+                oplocks.on_forward(Box::new(move |open_id, order| {
+                    m3.send_break(open_id, &order)
+                }));
                 (
                     ShareModes::with_liveness(owned.clone(), gone.clone()),
                     ByteRangeLocks::with_liveness(owned, gone),
+                    oplocks,
                 )
             }
             None => (
                 ShareModes::new(store.clone()),
                 ByteRangeLocks::new(store.clone()),
+                Oplocks::new(break_timeout, store.clone()),
             ),
         };
         let first_open_id = cluster
@@ -280,7 +285,7 @@ impl Server {
             logon_guard,
             open_files: OpenFiles::new(open_cap),
             locks,
-            oplocks: Oplocks::new(break_timeout, store.clone()),
+            oplocks,
             opens: OpenRegistry::default(),
             notify: crate::notify::ChangeNotify::new(max_inotify_watches),
             durables: crate::durable::DurableOpens::new(keep),
@@ -423,7 +428,7 @@ impl Server {
             let (on_change, on_tick) = (Arc::downgrade(&self), Arc::downgrade(&self));
             m.clone().watch_records(
                 "nimbus-lockwatch",
-                nimbus_state::records::LOCKS_PREFIX,
+                nimbus_state::records::LOCKS_PREFIX.to_vec(),
                 Duration::from_secs(1),
                 move |key| {
                     let file = FileKey::from_record_key(nimbus_state::records::LOCKS_PREFIX, key);
@@ -435,6 +440,52 @@ impl Server {
                     if let Some(s) = on_tick.upgrade() {
                         for file in s.locks.waiting_files() {
                             s.locks.retry(file);
+                        }
+                    }
+                },
+            );
+            // CREATEs and renames waiting for breaks hear of
+            // acknowledgements on other nodes the same way.
+            let (on_change, on_tick) = (Arc::downgrade(&self), Arc::downgrade(&self));
+            m.clone().watch_records(
+                "nimbus-breakwatch",
+                nimbus_state::records::CACHING_PREFIX.to_vec(),
+                Duration::from_secs(1),
+                move |key| {
+                    let file = FileKey::from_record_key(nimbus_state::records::CACHING_PREFIX, key);
+                    if let (Some(s), Some(file)) = (on_change.upgrade(), file) {
+                        s.oplocks.retry(file);
+                    }
+                },
+                move || {
+                    if let Some(s) = on_tick.upgrade() {
+                        for file in s.oplocks.waiting_files() {
+                            s.oplocks.retry(file);
+                        }
+                    }
+                },
+            );
+            // Breaks other nodes send for this node's opens.
+            let (on_change, on_tick) = (Arc::downgrade(&self), Arc::downgrade(&self));
+            let (m1, m2) = (m.clone(), m.clone());
+            m.clone().watch_records(
+                "nimbus-inbox",
+                m.inbox(),
+                Duration::from_secs(1),
+                move |key| {
+                    if let (Some(s), Some((open_id, order))) =
+                        (on_change.upgrade(), m1.take_break(key))
+                    {
+                        s.oplocks.deliver_here(open_id, order);
+                    }
+                },
+                move || {
+                    let Some(s) = on_tick.upgrade() else {
+                        return;
+                    };
+                    for key in m2.pending_messages() {
+                        if let Some((open_id, order)) = m2.take_break(&key) {
+                            s.oplocks.deliver_here(open_id, order);
                         }
                     }
                 },

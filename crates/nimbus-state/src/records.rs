@@ -9,7 +9,7 @@
 //! replicated database in a cluster.
 
 use crate::byte_range::RangeLock;
-use crate::caching::{Breaking, FileCaching, Grant, Holder, LeaseId, OpenEntry};
+use crate::caching::{BreakOrder, Breaking, FileCaching, Grant, Holder, LeaseId, OpenEntry};
 use crate::share_modes::FileKey;
 use crate::store::{Durability, StateError, StateStore};
 
@@ -119,17 +119,7 @@ impl Record for FileCaching {
         }
         put_len(&mut w, self.grants.len());
         for g in &self.grants {
-            match g.holder {
-                Holder::Oplock(open_id) => {
-                    w.push(0);
-                    w.extend_from_slice(&open_id.to_le_bytes());
-                }
-                Holder::Lease(id) => {
-                    w.push(1);
-                    w.extend_from_slice(&id.client);
-                    w.extend_from_slice(&id.key);
-                }
-            }
+            put_holder(&mut w, g.holder);
             w.extend_from_slice(&g.state.to_le_bytes());
             match g.breaking {
                 None => w.push(0),
@@ -173,14 +163,7 @@ impl Record for FileCaching {
         let n = r.len(22)?;
         let mut grants = Vec::with_capacity(n);
         for _ in 0..n {
-            let holder = match r.u8()? {
-                0 => Holder::Oplock(r.u64()?),
-                1 => Holder::Lease(LeaseId {
-                    client: r.array()?,
-                    key: r.array()?,
-                }),
-                _ => return Err(StateError::Corrupt("caching record holder")),
-            };
+            let holder = get_holder(&mut r)?;
             let state = r.u32()?;
             let breaking = if r.flag()? {
                 Some(Breaking {
@@ -269,6 +252,71 @@ impl Record for LockList {
     }
 }
 
+/// Layout 1 of a break sent to another cluster node.
+const BREAK_V1: u8 = 1;
+
+/// A break for open `open_id`, to be delivered by the node that serves it
+/// (a cluster node's message to another): the open, then the order.
+pub fn encode_break(open_id: u64, b: &BreakOrder) -> Vec<u8> {
+    let mut w = Vec::with_capacity(64);
+    w.push(BREAK_V1);
+    w.extend_from_slice(&open_id.to_le_bytes());
+    put_holder(&mut w, b.holder);
+    w.extend_from_slice(&b.from.to_le_bytes());
+    w.extend_from_slice(&b.to.to_le_bytes());
+    w.push(b.ack_required as u8);
+    w.extend_from_slice(&b.epoch.to_le_bytes());
+    w.push(b.version);
+    w
+}
+
+/// The open and order `encode_break` wrote.
+pub fn decode_break(bytes: &[u8]) -> Result<(u64, BreakOrder), StateError> {
+    let mut r = Cursor(bytes);
+    if r.u8()? != BREAK_V1 {
+        return Err(StateError::Corrupt("break message layout"));
+    }
+    let open_id = r.u64()?;
+    let holder = get_holder(&mut r)?;
+    let order = BreakOrder {
+        holder,
+        from: r.u32()?,
+        to: r.u32()?,
+        ack_required: r.flag()?,
+        epoch: r.u16()?,
+        version: r.u8()?,
+    };
+    if !r.0.is_empty() {
+        return Err(StateError::Corrupt("break message trailing bytes"));
+    }
+    Ok((open_id, order))
+}
+
+fn put_holder(w: &mut Vec<u8>, holder: Holder) {
+    match holder {
+        Holder::Oplock(open_id) => {
+            w.push(0);
+            w.extend_from_slice(&open_id.to_le_bytes());
+        }
+        Holder::Lease(id) => {
+            w.push(1);
+            w.extend_from_slice(&id.client);
+            w.extend_from_slice(&id.key);
+        }
+    }
+}
+
+fn get_holder(r: &mut Cursor<'_>) -> Result<Holder, StateError> {
+    Ok(match r.u8()? {
+        0 => Holder::Oplock(r.u64()?),
+        1 => Holder::Lease(LeaseId {
+            client: r.array()?,
+            key: r.array()?,
+        }),
+        _ => return Err(StateError::Corrupt("caching record holder")),
+    })
+}
+
 pub(crate) fn put_len(w: &mut Vec<u8>, n: usize) {
     w.extend_from_slice(&u32::try_from(n).unwrap_or(u32::MAX).to_le_bytes());
 }
@@ -332,6 +380,42 @@ mod tests {
     use super::*;
     use crate::caching::{OpenAsk, Want, HANDLE, OPLOCK_BATCH, READ, WRITE};
     use crate::MemoryStore;
+
+    #[test]
+    fn a_break_message_reads_back_and_damage_is_an_error() {
+        let orders = [
+            BreakOrder {
+                holder: Holder::Oplock(7 << 40 | 3),
+                from: READ | WRITE | HANDLE,
+                to: READ,
+                ack_required: true,
+                epoch: 0,
+                version: 0,
+            },
+            BreakOrder {
+                holder: Holder::Lease(LeaseId {
+                    client: [9; 16],
+                    key: [4; 16],
+                }),
+                from: READ | HANDLE,
+                to: 0,
+                ack_required: true,
+                epoch: 513,
+                version: 2,
+            },
+        ];
+        for b in orders {
+            let bytes = encode_break(42, &b);
+            assert_eq!(decode_break(&bytes).unwrap(), (42, b));
+            for cut in 0..bytes.len() {
+                assert!(decode_break(&bytes[..cut]).is_err());
+            }
+            let mut longer = bytes.clone();
+            longer.push(0);
+            assert!(decode_break(&longer).is_err());
+        }
+        assert!(decode_break(&[2, 0, 0]).is_err());
+    }
 
     #[test]
     fn a_record_key_names_its_file_again() {
