@@ -9,6 +9,7 @@ another running node holds.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import struct
 import subprocess
@@ -51,6 +52,12 @@ class Node:
                     'name = "pub"',
                     f"path = {toml_str(str(share))}",
                     "guest_ok = true",
+                    # All nodes share one local directory here: the kernel
+                    # would show each node the others' changes too, which a
+                    # shared file system's does not. Changes reach other
+                    # nodes' watches through etcd alone.
+                    "[limits]",
+                    "max_inotify_watches = 0",
                     "[cluster]",
                     "etcd = [" + ", ".join(toml_str(e) for e in etcd) + "]",
                     f"node = {toml_str(name)}",
@@ -64,7 +71,10 @@ class Node:
 
     def start(self) -> Node:
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([str(nimbus_binary()), "serve", "--config", str(self.conf)], stdout=log, stderr=subprocess.STDOUT)
+        env = dict(os.environ, NIMBUS_LOG="info,nimbus_server::cluster_notify=debug")
+        self.proc = subprocess.Popen(
+            [str(nimbus_binary()), "serve", "--config", str(self.conf)], stdout=log, stderr=subprocess.STDOUT, env=env
+        )
         wait_for_port(self.host, self.port, self.proc)
         return self
 
@@ -447,4 +457,41 @@ def test_a_killed_nodes_lease_does_not_hold_up_an_open_elsewhere(nodes):
         assert rawsmb.status(resp) == 0
         assert ol.lease_of(resp)[1] == ol.R | ol.W | ol.H
     finally:
+        b.close()
+
+
+# --------------------------------------------------------------------------
+# change notify across nodes
+
+import test_notify as tn  # noqa: E402
+
+
+def test_change_notify_crosses_nodes(nodes):
+    for n in nodes:
+        n.start()
+    (nodes[0].share / "watched").mkdir()
+    a, b = tn.Client(nodes[0]), tn.Client(nodes[1])
+    try:
+        d = a.watch("watched")
+        mid, _ = a.start_notify(d, tn.NAMES)
+        # n1 registered the watch before answering STATUS_PENDING; n2
+        # hears of it through its etcd watch (logged when it does).
+        wait_until("n2 knows n1 watches", lambda: 'node "n1" watches data/watched' in nodes[1].log())
+        a.s.settimeout(WAIT)
+        b.touch(r"watched\made-on-n2.txt")
+        assert tn.changes(a.final(mid)) == [(tn.ADDED, "made-on-n2.txt")]
+        # A rename on n2: both names in one response on n1.
+        mid, _ = a.start_notify(d, tn.NAMES)
+        b.rename(r"watched\made-on-n2.txt", r"watched\renamed.txt")
+        assert tn.changes(a.final(mid)) == [(tn.OLD_NAME, "made-on-n2.txt"), (tn.NEW_NAME, "renamed.txt")]
+        # A change outside the watched directory is not reported.
+        b.touch("elsewhere.txt")
+        mid, _ = a.start_notify(d, tn.NAMES)
+        b.delete(r"watched\renamed.txt")
+        assert tn.changes(a.final(mid)) == [(tn.REMOVED, "renamed.txt")]
+        # Its handle closed, n1's watch is withdrawn from the other nodes.
+        assert a.close_file(d) == 0
+        wait_until("n2 knows n1 stopped watching", lambda: 'node "n1" no longer watches data/watched' in nodes[1].log())
+    finally:
+        a.close()
         b.close()

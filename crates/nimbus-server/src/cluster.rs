@@ -519,31 +519,28 @@ impl Membership {
                 return;
             }
         };
-        let n = self.next_message.fetch_add(1, Ordering::Relaxed);
-        let mut key = message_box(&node);
-        key.extend_from_slice(format!("{}-{n}", self.incarnation()).as_bytes());
         let value = nimbus_state::records::encode_break(open_id, order);
-        let put = nimbus_state::etcd_store::Op::Put(&key, &value, self.lease());
-        if let Err(e) = self.store.txn(&[], &[put], &[]) {
+        if let Err(e) = self.post(&node, &value) {
             tracing::warn!("cluster: break for open {open_id:#x} not sent: {e}");
         }
     }
 
-    /// Takes the message under `key` out of this node's box: its break,
-    /// once (a message another thread took already, or a damaged one,
-    /// gives None).
-    pub fn take_break(&self, key: &[u8]) -> Option<(u64, nimbus_state::caching::BreakOrder)> {
+    /// Puts a message into `node`'s box, under this node's lease.
+    pub fn post(&self, node: &str, value: &[u8]) -> Result<(), StateError> {
+        let n = self.next_message.fetch_add(1, Ordering::Relaxed);
+        let mut key = message_box(node);
+        key.extend_from_slice(format!("{}-{n}", self.incarnation()).as_bytes());
+        let put = nimbus_state::etcd_store::Op::Put(&key, value, self.lease());
+        self.store.txn(&[], &[put], &[]).map(|_| ())
+    }
+
+    /// Takes the message under `key` out of this node's box, once (a
+    /// message another thread took already gives None).
+    pub fn take_message(&self, key: &[u8]) -> Option<Vec<u8>> {
         let v = self.store.get(key).ok()??;
         match self.store.compare_and_set(key, Some(v.version), None) {
-            Ok(Some(_)) => {}
-            _ => return None,
-        }
-        match nimbus_state::records::decode_break(&v.value) {
-            Ok(m) => Some(m),
-            Err(e) => {
-                tracing::warn!("cluster: message {}: {e}", String::from_utf8_lossy(key));
-                None
-            }
+            Ok(Some(_)) => Some(v.value),
+            _ => None,
         }
     }
 

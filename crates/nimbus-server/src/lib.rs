@@ -5,6 +5,7 @@
 
 mod admission;
 pub mod cluster;
+mod cluster_notify;
 pub mod config;
 mod connection;
 mod credits;

@@ -111,6 +111,8 @@ pub struct Server {
     pub disk_store: Option<Arc<dyn StateStore>>,
     /// This node's membership of its cluster (`[cluster]`), or None.
     pub cluster: Option<Arc<crate::cluster::Membership>>,
+    /// A cluster node's way to other nodes' change notify watches.
+    notify_relay: Option<Arc<crate::cluster_notify::NotifyRelay>>,
     next_session_id: AtomicU64,
     next_open_id: AtomicU64,
     /// Volatile FileIds equal the open id instead of being random: only for
@@ -269,6 +271,17 @@ impl Server {
             .as_ref()
             .map_or(0, |m| m.incarnation() << crate::cluster::OPEN_ID_SHIFT)
             + 1;
+        let notify_relay = cluster.as_ref().map(|m| {
+            let roots = shares
+                .iter()
+                .filter_map(|s| Some((s.fs.as_ref()?.root_path().to_path_buf(), s.name.clone())))
+                .collect();
+            Arc::new(crate::cluster_notify::NotifyRelay::new(m.clone(), roots))
+        });
+        let notify = crate::notify::ChangeNotify::new(max_inotify_watches);
+        if let Some(r) = &notify_relay {
+            notify.set_relay(r.clone());
+        }
         let keep = crate::durable::KeepLimits {
             total: config.limits.max_durable_handles,
             per_user: config.limits.max_durable_handles_per_user,
@@ -287,11 +300,12 @@ impl Server {
             locks,
             oplocks,
             opens: OpenRegistry::default(),
-            notify: crate::notify::ChangeNotify::new(max_inotify_watches),
+            notify,
             durables: crate::durable::DurableOpens::new(keep),
             sessions: Default::default(),
             disk_store,
             cluster,
+            notify_relay,
             next_session_id: AtomicU64::new(1),
             next_open_id: AtomicU64::new(first_open_id),
             predictable_file_ids: AtomicBool::new(false),
@@ -465,7 +479,7 @@ impl Server {
                     }
                 },
             );
-            // Breaks other nodes send for this node's opens.
+            // Breaks and changes other nodes send for this node's clients.
             let (on_change, on_tick) = (Arc::downgrade(&self), Arc::downgrade(&self));
             let (m1, m2) = (m.clone(), m.clone());
             m.clone().watch_records(
@@ -473,10 +487,8 @@ impl Server {
                 m.inbox(),
                 Duration::from_secs(1),
                 move |key| {
-                    if let (Some(s), Some((open_id, order))) =
-                        (on_change.upgrade(), m1.take_break(key))
-                    {
-                        s.oplocks.deliver_here(open_id, order);
+                    if let (Some(s), Some(msg)) = (on_change.upgrade(), m1.take_message(key)) {
+                        s.on_message(&msg);
                     }
                 },
                 move || {
@@ -484,12 +496,23 @@ impl Server {
                         return;
                     };
                     for key in m2.pending_messages() {
-                        if let Some((open_id, order)) = m2.take_break(&key) {
-                            s.oplocks.deliver_here(open_id, order);
+                        if let Some(msg) = m2.take_message(&key) {
+                            s.on_message(&msg);
                         }
                     }
                 },
             );
+            // Which directories other nodes watch for changes.
+            if let Some(relay) = &self.notify_relay {
+                let (r1, r2) = (relay.clone(), relay.clone());
+                m.clone().watch_records(
+                    "nimbus-notifywatch",
+                    crate::cluster_notify::NOTIFY_PREFIX.to_vec(),
+                    Duration::from_secs(10),
+                    move |key| r1.seen(key),
+                    move || r2.reload(),
+                );
+            }
         }
         for l in listeners {
             let server = self.clone();
@@ -499,6 +522,32 @@ impl Server {
             let _ = t.await;
         }
         Ok(())
+    }
+
+    /// A message from another cluster node: a break for one of this node's
+    /// opens, or changes for its watches.
+    fn on_message(&self, msg: &[u8]) {
+        if msg.first() == Some(&crate::cluster_notify::CHANGES_V1) {
+            let Some(relay) = &self.notify_relay else {
+                return;
+            };
+            if let Some((root, changes)) = relay.receive(msg) {
+                let changes: Vec<crate::notify::Change<'_>> = changes
+                    .iter()
+                    .map(|(action, filter, path)| crate::notify::Change {
+                        action: *action,
+                        filter: *filter,
+                        path,
+                    })
+                    .collect();
+                self.notify.deliver_local(root, &changes);
+            }
+            return;
+        }
+        match nimbus_state::records::decode_break(msg) {
+            Ok((open_id, order)) => self.oplocks.deliver_here(open_id, order),
+            Err(e) => tracing::warn!("cluster: message from another node: {e}"),
+        }
     }
 
     /// Before the process exits on a signal: the node leaves its cluster,

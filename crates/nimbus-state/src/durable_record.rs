@@ -114,7 +114,7 @@ fn put_str(w: &mut Vec<u8>, s: &str) {
 }
 
 fn get_str(r: &mut Cursor<'_>) -> Result<String, StateError> {
-    let n = r.len(1)?;
+    let n = r.count(1)?;
     if n > MAX_STRING {
         return Err(StateError::Corrupt("open record string length"));
     }
@@ -211,7 +211,7 @@ impl Record for DurableOpen {
             },
             _ => return Err(StateError::Corrupt("open record caching")),
         };
-        let n = r.len(17)?;
+        let n = r.count(17)?;
         let mut locks = Vec::with_capacity(n);
         for _ in 0..n {
             locks.push(LockRange {

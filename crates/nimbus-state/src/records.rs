@@ -151,7 +151,7 @@ impl Record for FileCaching {
         if r.u8()? != CACHING_V1 {
             return Err(StateError::Corrupt("caching record layout"));
         }
-        let n = r.len(9)?;
+        let n = r.count(9)?;
         let mut opens = Vec::with_capacity(n);
         for _ in 0..n {
             opens.push(OpenEntry {
@@ -160,7 +160,7 @@ impl Record for FileCaching {
             });
         }
         // The smallest grant: oplock holder, no break, no parent, no opens.
-        let n = r.len(22)?;
+        let n = r.count(22)?;
         let mut grants = Vec::with_capacity(n);
         for _ in 0..n {
             let holder = get_holder(&mut r)?;
@@ -176,7 +176,7 @@ impl Record for FileCaching {
             let epoch = r.u16()?;
             let version = r.u8()?;
             let parent_key = if r.flag()? { Some(r.array()?) } else { None };
-            let k = r.len(8)?;
+            let k = r.count(8)?;
             let mut grant_opens = Vec::with_capacity(k);
             for _ in 0..k {
                 grant_opens.push(r.u64()?);
@@ -231,7 +231,7 @@ impl Record for LockList {
         if r.u8()? != LOCKS_V1 {
             return Err(StateError::Corrupt("lock record layout"));
         }
-        let n = r.len(25)?;
+        let n = r.count(25)?;
         let mut locks = Vec::with_capacity(n);
         for _ in 0..n {
             locks.push(RangeLock {
@@ -322,10 +322,10 @@ pub(crate) fn put_len(w: &mut Vec<u8>, n: usize) {
 }
 
 /// Reads a record front to back; running out is `Corrupt`, never a panic.
-pub(crate) struct Cursor<'a>(pub(crate) &'a [u8]);
+pub struct Cursor<'a>(pub &'a [u8]);
 
 impl Cursor<'_> {
-    pub(crate) fn take(&mut self, n: usize) -> Result<&[u8], StateError> {
+    pub fn take(&mut self, n: usize) -> Result<&[u8], StateError> {
         if self.0.len() < n {
             return Err(StateError::Corrupt("record truncated"));
         }
@@ -334,17 +334,17 @@ impl Cursor<'_> {
         Ok(head)
     }
 
-    pub(crate) fn array<const N: usize>(&mut self) -> Result<[u8; N], StateError> {
+    pub fn array<const N: usize>(&mut self) -> Result<[u8; N], StateError> {
         let mut a = [0; N];
         a.copy_from_slice(self.take(N)?);
         Ok(a)
     }
 
-    pub(crate) fn u8(&mut self) -> Result<u8, StateError> {
+    pub fn u8(&mut self) -> Result<u8, StateError> {
         Ok(self.array::<1>()?[0])
     }
 
-    pub(crate) fn flag(&mut self) -> Result<bool, StateError> {
+    pub fn flag(&mut self) -> Result<bool, StateError> {
         match self.u8()? {
             0 => Ok(false),
             1 => Ok(true),
@@ -352,21 +352,21 @@ impl Cursor<'_> {
         }
     }
 
-    pub(crate) fn u16(&mut self) -> Result<u16, StateError> {
+    pub fn u16(&mut self) -> Result<u16, StateError> {
         Ok(u16::from_le_bytes(self.array()?))
     }
 
-    pub(crate) fn u32(&mut self) -> Result<u32, StateError> {
+    pub fn u32(&mut self) -> Result<u32, StateError> {
         Ok(u32::from_le_bytes(self.array()?))
     }
 
-    pub(crate) fn u64(&mut self) -> Result<u64, StateError> {
+    pub fn u64(&mut self) -> Result<u64, StateError> {
         Ok(u64::from_le_bytes(self.array()?))
     }
 
     /// A count of items at least `min_size` bytes each: one the rest of
     /// the record cannot hold is refused before anything is allocated.
-    pub(crate) fn len(&mut self, min_size: usize) -> Result<usize, StateError> {
+    pub fn count(&mut self, min_size: usize) -> Result<usize, StateError> {
         let n = self.u32()? as usize;
         if n.saturating_mul(min_size) > self.0.len() {
             return Err(StateError::Corrupt("record count"));

@@ -173,7 +173,7 @@ impl ChangeNotify {
         match notice {
             Notice::Changes(events) => {
                 for ev in &events {
-                    self.report(&ev.root, &changes_of(ev));
+                    self.deliver_local(&ev.root, &changes_of(ev));
                     // Watches of a directory renamed on disk follow it,
                     // as they follow one renamed through SMB.
                     if let (true, FsChange::Renamed { from }) = (ev.is_dir, &ev.change) {

@@ -21,6 +21,13 @@
 //! `report`; `disk` says how, and how a change made through SMB, which
 //! inotify sees too, is reported once.
 //!
+//! On a cluster node, changes made through SMB reach the watches of other
+//! nodes too, through a `Relay` (`crate::cluster_notify`): this node tells
+//! it which directories it watches, and hands it every change its handlers
+//! report; the relay hands other nodes' changes back to `deliver_local`.
+//! Changes seen on disk stay on the node that saw them (on a shared file
+//! system each node's kernel sees its own).
+//!
 //! One mutex over every watch: a change looks up its directory and that
 //! directory's ancestors in a map, and changes are metadata operations, far
 //! rarer than reads and writes. Requests are completed after the mutex is
@@ -61,6 +68,18 @@ pub const MAX_BUFFERED_TOTAL: usize = 64 * 1024 * 1024;
 /// Memory an entry takes beyond its wire bytes (its struct; the name's heap
 /// bytes are about its UTF-16 length).
 const ENTRY_OVERHEAD: usize = std::mem::size_of::<Entry>();
+
+/// Carries changes between cluster nodes.
+pub trait Relay: Send + Sync {
+    /// Whether another node watches anything: changes are then worked out
+    /// even while this node watches nothing.
+    fn anyone_watches(&self) -> bool;
+    /// What this node watches of `dir` on the share at `root` now: None
+    /// (nothing any more), or whether some watch covers its whole tree.
+    fn watching(&self, root: &Path, dir: &str, tree: Option<bool>);
+    /// Changes made through SMB on this node, for other nodes' watches.
+    fn publish(&self, root: &Path, changes: &[Change<'_>]);
+}
 
 /// What a CHANGE_NOTIFY request comes to.
 pub enum Answer {
@@ -156,6 +175,8 @@ pub struct ChangeNotify {
     disk: OnceLock<Option<DirWatcher>>,
     /// `[limits] max_inotify_watches`.
     max_disk_watches: usize,
+    /// On a cluster node: the way to other nodes' watches.
+    relay: OnceLock<Arc<dyn Relay>>,
 }
 
 fn share_root(share: &Share) -> Option<&Path> {
@@ -164,7 +185,7 @@ fn share_root(share: &Share) -> Option<&Path> {
 
 /// The directory part of a share-relative path ("" for the share root);
 /// None for the root itself, which is in no directory of the share.
-fn parent_of(path: &str) -> Option<&str> {
+pub(crate) fn parent_of(path: &str) -> Option<&str> {
     (!path.is_empty()).then(|| crate::names::parent(path))
 }
 
@@ -204,6 +225,15 @@ impl Watch {
 }
 
 impl Watches {
+    /// What this node watches of `dir` under `root` (see `Relay::watching`).
+    fn watch_state(&self, root: &Path, dir: &str) -> Option<bool> {
+        let ids = self.by_dir.get(root)?.get(dir)?;
+        let tree = ids
+            .iter()
+            .any(|id| self.by_open.get(id).is_some_and(|w| w.recursive));
+        (!ids.is_empty()).then_some(tree)
+    }
+
     fn remove_from_dir(&mut self, root: &Path, dir: &str, open_id: u64) {
         if let Some(dirs) = self.by_dir.get_mut(root) {
             if let Some(ids) = dirs.get_mut(dir) {
@@ -293,6 +323,26 @@ impl ChangeNotify {
             at_close: RwLock::default(),
             disk: OnceLock::new(),
             max_disk_watches,
+            relay: OnceLock::new(),
+        }
+    }
+
+    /// Sets the way to other cluster nodes' watches; once, at start.
+    pub fn set_relay(&self, relay: Arc<dyn Relay>) {
+        let _ = self.relay.set(relay);
+    }
+
+    /// Tells the relay what this node now watches of these directories.
+    fn tell_relay(&self, root: &Path, dirs: &[String]) {
+        let Some(relay) = self.relay.get() else {
+            return;
+        };
+        let states: Vec<Option<bool>> = {
+            let w = self.watches();
+            dirs.iter().map(|d| w.watch_state(root, d)).collect()
+        };
+        for (dir, state) in dirs.iter().zip(states) {
+            relay.watching(root, dir, state);
         }
     }
 
@@ -301,6 +351,11 @@ impl ChangeNotify {
     }
 
     fn nobody_watches(&self) -> bool {
+        self.nobody_here() && self.relay.get().is_none_or(|r| !r.anyone_watches())
+    }
+
+    /// No watch on this node.
+    fn nobody_here(&self) -> bool {
         self.watch_count.load(Ordering::Acquire) == 0
     }
 
@@ -352,6 +407,9 @@ impl ChangeNotify {
             }
         };
         if created {
+            // Other nodes learn of the watch before its client hears that
+            // its request waits.
+            self.tell_relay(root, std::slice::from_ref(&dir));
             // Before the client hears that its request waits: a change it
             // makes on disk after that is seen. Outside the mutex, for a
             // tree is walked.
@@ -404,11 +462,20 @@ impl ChangeNotify {
         watch.waiting.len() != before
     }
 
-    /// Reports `changes` on the share at `root` to every watch they
-    /// concern, as one batch: a rename's old and new names reach a watch
-    /// together.
+    /// Reports `changes` made through SMB on the share at `root` to every
+    /// watch they concern, on this node and (through the relay) others.
     pub fn report(&self, root: &Path, changes: &[Change<'_>]) {
-        if self.nobody_watches() {
+        self.deliver_local(root, changes);
+        if let Some(relay) = self.relay.get() {
+            relay.publish(root, changes);
+        }
+    }
+
+    /// Reports `changes` on the share at `root` to every watch of this
+    /// node they concern, as one batch: a rename's old and new names reach
+    /// a watch together.
+    pub fn deliver_local(&self, root: &Path, changes: &[Change<'_>]) {
+        if self.nobody_here() {
             return;
         }
         let done = {
@@ -539,6 +606,13 @@ impl ChangeNotify {
 
     /// Watches of directory `from` and beneath it now watch under `to`.
     fn move_watches(&self, root: &Path, from: &str, to: &str) {
+        let dirs = self.move_watches_locked(root, from, to);
+        self.tell_relay(root, &dirs);
+    }
+
+    /// `move_watches` under the mutex; the directories whose watches moved,
+    /// old and new names.
+    fn move_watches_locked(&self, root: &Path, from: &str, to: &str) -> Vec<String> {
         let mut w = self.watches();
         let prefix = format!("{from}/");
         let moved: Vec<(u64, String, String)> = w
@@ -554,7 +628,10 @@ impl ChangeNotify {
                 Some((id, watch.dir.clone(), new))
             })
             .collect();
+        let mut dirs = Vec::new();
         for (id, old, new) in moved {
+            dirs.push(old.clone());
+            dirs.push(new.clone());
             w.remove_from_dir(root, &old, id);
             w.by_dir
                 .entry(root.to_path_buf())
@@ -566,6 +643,9 @@ impl ChangeNotify {
                 watch.dir = new;
             }
         }
+        dirs.sort();
+        dirs.dedup();
+        dirs
     }
 
     /// SET_INFO of `class` with `buffer` succeeded on `open` (the rename
@@ -672,7 +752,7 @@ impl ChangeNotify {
         if let Some(filter) = kept {
             self.modified(open, filter);
         }
-        if self.nobody_watches() {
+        if self.nobody_here() {
             return;
         }
         for waiter in self.end_watch(open.open_id) {
@@ -695,8 +775,10 @@ impl ChangeNotify {
             self.watch_count.fetch_sub(1, Ordering::AcqRel);
             w.buffered -= watch.memory();
             w.remove_from_dir(&watch.root, &watch.dir, open_id);
-            (watch.waiting, watch.disk)
+            (watch.waiting, (watch.disk, watch.root, watch.dir))
         };
+        let (sub, root, dir) = sub;
+        self.tell_relay(&root, &[dir]);
         if let (Some(sub), Some(disk)) = (sub, self.disk_watcher()) {
             disk.unsubscribe(sub);
         }
@@ -748,7 +830,7 @@ impl ChangeNotify {
     /// with STATUS_DELETE_PENDING (smbtorture smb2.notify.rmdir1-4), as do
     /// later ones (the handler checks).
     pub fn still_open(&self, server: &Server, open: &Open) {
-        if !open.is_dir || self.nobody_watches() {
+        if !open.is_dir || self.nobody_here() {
             return;
         }
         let pending = server

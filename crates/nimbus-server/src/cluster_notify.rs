@@ -1,0 +1,357 @@
+//! Change notify across cluster nodes (issue 15): the `Relay` of a cluster
+//! node.
+//!
+//! **Who watches what.** A node that watches a directory (some handle's
+//! CHANGE_NOTIFY) registers `notify/<node>/<share>/<dir>` in etcd, under
+//! its lease, with "1" when a watch covers the directory's tree; the key
+//! goes when its last watch of that directory ends, or with the node. It
+//! is written before the client hears that its request waits. Every node
+//! keeps a copy of the other nodes' registrations, filled by a scan and
+//! kept by a watch on `notify/`, so that a change costs no etcd call while
+//! nobody elsewhere watches its directory.
+//!
+//! **Changes.** A change made through SMB whose directory (or an ancestor,
+//! for a tree watch) another node watches goes to that node as a message
+//! (`Membership::post`), one per node and batch, so that a rename's two
+//! names arrive together; the receiver hands it to its own watches, which
+//! apply their filters. Changes seen on disk are not relayed: on a shared
+//! file system each node's kernel sees only its own.
+//!
+//! A registration made a moment before a change on another node may not
+//! have reached that node's copy yet (etcd's watch delivers it within
+//! milliseconds): such a change is missed as one made a moment earlier
+//! would be.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+
+use nimbus_state::records::Cursor;
+use nimbus_state::{StateError, StateStore};
+use nimbus_wire::notify::NotifyAction;
+
+use crate::cluster::Membership;
+use crate::notify::{parent_of, Change, Relay};
+
+/// Key prefix of the registrations.
+pub const NOTIFY_PREFIX: &[u8] = b"notify/";
+
+/// First byte of a change message (a break message starts with 1).
+pub const CHANGES_V1: u8 = 0x10;
+
+/// Changes as they travel: (action, filter, share-relative path).
+pub type OwnedChange = (NotifyAction, u32, String);
+
+pub struct NotifyRelay {
+    m: Arc<Membership>,
+    /// Share roots on this node, and the names all nodes know them by.
+    shares: Vec<(PathBuf, String)>,
+    /// Other nodes' registrations: (share, directory) to node to tree.
+    remote: RwLock<HashMap<(String, String), HashMap<String, bool>>>,
+    /// How many registrations `remote` holds, read without its lock.
+    remote_count: AtomicUsize,
+}
+
+fn registration_key(node: &str, share: &str, dir: &str) -> Vec<u8> {
+    format!(
+        "{}{node}/{share}/{dir}",
+        String::from_utf8_lossy(NOTIFY_PREFIX)
+    )
+    .into_bytes()
+}
+
+/// (node, share, directory) of a registration key.
+fn parse_key(key: &[u8]) -> Option<(String, String, String)> {
+    let rest = std::str::from_utf8(key.strip_prefix(NOTIFY_PREFIX)?).ok()?;
+    let (node, rest) = rest.split_once('/')?;
+    let (share, dir) = rest.split_once('/')?;
+    Some((node.to_owned(), share.to_owned(), dir.to_owned()))
+}
+
+impl NotifyRelay {
+    pub fn new(m: Arc<Membership>, shares: Vec<(PathBuf, String)>) -> NotifyRelay {
+        NotifyRelay {
+            m,
+            shares,
+            remote: RwLock::new(HashMap::new()),
+            remote_count: AtomicUsize::new(0),
+        }
+    }
+
+    fn share_of(&self, root: &Path) -> Option<&str> {
+        self.shares
+            .iter()
+            .find(|(r, _)| r == root)
+            .map(|(_, n)| n.as_str())
+    }
+
+    fn root_of(&self, share: &str) -> Option<&Path> {
+        self.shares
+            .iter()
+            .find(|(_, n)| n == share)
+            .map(|(r, _)| r.as_path())
+    }
+
+    fn write(
+        &self,
+    ) -> std::sync::RwLockWriteGuard<'_, HashMap<(String, String), HashMap<String, bool>>> {
+        self.remote.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn recount(&self, remote: &HashMap<(String, String), HashMap<String, bool>>) {
+        let n = remote.values().map(HashMap::len).sum();
+        self.remote_count.store(n, Ordering::Release);
+    }
+
+    /// A registration changed in etcd (watch event): its current value is
+    /// read back and kept.
+    pub fn seen(&self, key: &[u8]) {
+        let Some((node, share, dir)) = parse_key(key) else {
+            return;
+        };
+        if node == self.m.node {
+            return;
+        }
+        let value = match self.m.store.get(key) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!("cluster: reading notify registration: {e}");
+                return;
+            }
+        };
+        match &value {
+            Some(_) => tracing::debug!("cluster: node \"{node}\" watches {share}/{dir}"),
+            None => tracing::debug!("cluster: node \"{node}\" no longer watches {share}/{dir}"),
+        }
+        let mut remote = self.write();
+        let entry = remote.entry((share, dir));
+        match value {
+            Some(v) => {
+                entry.or_default().insert(node, v.value == b"1");
+            }
+            None => {
+                if let std::collections::hash_map::Entry::Occupied(mut e) = entry {
+                    e.get_mut().remove(&node);
+                    if e.get().is_empty() {
+                        e.remove();
+                    }
+                }
+            }
+        }
+        self.recount(&remote);
+    }
+
+    /// Reads every registration again (at start, and when the watch may
+    /// have missed changes).
+    pub fn reload(&self) {
+        let found = match self.m.store.scan_prefix(NOTIFY_PREFIX) {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!("cluster: reading notify registrations: {e}");
+                return;
+            }
+        };
+        let mut fresh: HashMap<(String, String), HashMap<String, bool>> = HashMap::new();
+        for (key, v) in found {
+            if let Some((node, share, dir)) = parse_key(&key) {
+                if node != self.m.node {
+                    fresh
+                        .entry((share, dir))
+                        .or_default()
+                        .insert(node, v.value == b"1");
+                }
+            }
+        }
+        let mut remote = self.write();
+        *remote = fresh;
+        self.recount(&remote);
+    }
+
+    /// A change message from another node: its share's root and changes.
+    pub fn receive(&self, bytes: &[u8]) -> Option<(&Path, Vec<OwnedChange>)> {
+        match decode_changes(bytes) {
+            Ok((share, changes)) => Some((self.root_of(&share)?, changes)),
+            Err(e) => {
+                tracing::warn!("cluster: change message: {e}");
+                None
+            }
+        }
+    }
+}
+
+impl Relay for NotifyRelay {
+    fn anyone_watches(&self) -> bool {
+        self.remote_count.load(Ordering::Acquire) != 0
+    }
+
+    fn watching(&self, root: &Path, dir: &str, tree: Option<bool>) {
+        let Some(share) = self.share_of(root) else {
+            return;
+        };
+        let key = registration_key(&self.m.node, share, dir);
+        let op = match tree {
+            Some(t) => {
+                nimbus_state::etcd_store::Op::Put(&key, if t { b"1" } else { b"0" }, self.m.lease())
+            }
+            None => nimbus_state::etcd_store::Op::Delete(&key),
+        };
+        if let Err(e) = self.m.store.txn(&[], &[op], &[]) {
+            tracing::warn!("cluster: notify registration of {share}/{dir}: {e}");
+        }
+    }
+
+    fn publish(&self, root: &Path, changes: &[Change<'_>]) {
+        if !self.anyone_watches() {
+            return;
+        }
+        let Some(share) = self.share_of(root) else {
+            return;
+        };
+        // The changes each other node watches, in order.
+        let mut per_node: Vec<(String, Vec<usize>)> = Vec::new();
+        {
+            let remote = self.remote.read().unwrap_or_else(|p| p.into_inner());
+            for (i, c) in changes.iter().enumerate() {
+                let Some(mut dir) = parent_of(c.path) else {
+                    continue;
+                };
+                let mut direct = true;
+                loop {
+                    let key = (share.to_owned(), dir.to_owned());
+                    for (node, tree) in remote.get(&key).into_iter().flatten() {
+                        if !(direct || *tree) {
+                            continue;
+                        }
+                        match per_node.iter_mut().find(|(n, _)| n == node) {
+                            Some((_, list)) if list.last() == Some(&i) => {}
+                            Some((_, list)) => list.push(i),
+                            None => per_node.push((node.clone(), vec![i])),
+                        }
+                    }
+                    match parent_of(dir) {
+                        Some(up) => dir = up,
+                        None => break,
+                    }
+                    direct = false;
+                }
+            }
+        }
+        for (node, picked) in per_node {
+            let batch: Vec<&Change<'_>> = picked.iter().map(|&i| &changes[i]).collect();
+            if let Err(e) = self.m.post(&node, &encode_changes(share, &batch)) {
+                tracing::warn!("cluster: changes for node \"{node}\" not sent: {e}");
+            }
+        }
+    }
+}
+
+/// A change message: the tag, the share's name, then each change's action,
+/// filter and path (lengths little-endian).
+fn encode_changes(share: &str, changes: &[&Change<'_>]) -> Vec<u8> {
+    let mut w = vec![CHANGES_V1];
+    put_str(&mut w, share);
+    w.extend_from_slice(&(changes.len() as u32).to_le_bytes());
+    for c in changes {
+        w.extend_from_slice(&(c.action as u32).to_le_bytes());
+        w.extend_from_slice(&c.filter.to_le_bytes());
+        put_str(&mut w, c.path);
+    }
+    w
+}
+
+fn put_str(w: &mut Vec<u8>, s: &str) {
+    w.extend_from_slice(&(s.len() as u32).to_le_bytes());
+    w.extend_from_slice(s.as_bytes());
+}
+
+fn get_str(r: &mut Cursor<'_>) -> Result<String, StateError> {
+    let n = r.u32()? as usize;
+    String::from_utf8(r.take(n)?.to_vec()).map_err(|_| StateError::Corrupt("change message name"))
+}
+
+fn decode_changes(bytes: &[u8]) -> Result<(String, Vec<OwnedChange>), StateError> {
+    let mut r = Cursor(bytes);
+    if r.u8()? != CHANGES_V1 {
+        return Err(StateError::Corrupt("change message layout"));
+    }
+    let share = get_str(&mut r)?;
+    // Each change takes 12 bytes at least.
+    let n = r.count(12)?;
+    let mut changes = Vec::with_capacity(n);
+    for _ in 0..n {
+        let action =
+            NotifyAction::from_u32(r.u32()?).ok_or(StateError::Corrupt("change message action"))?;
+        let filter = r.u32()?;
+        changes.push((action, filter, get_str(&mut r)?));
+    }
+    if !r.0.is_empty() {
+        return Err(StateError::Corrupt("change message trailing bytes"));
+    }
+    Ok((share, changes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_change_message_reads_back_and_damage_is_an_error() {
+        let changes = [
+            Change {
+                action: NotifyAction::RenamedOldName,
+                filter: 0x1,
+                path: "dir/old name.txt",
+            },
+            Change {
+                action: NotifyAction::RenamedNewName,
+                filter: 0x1,
+                path: "dir/nouveau-é.txt",
+            },
+        ];
+        let refs: Vec<&Change<'_>> = changes.iter().collect();
+        let bytes = encode_changes("data", &refs);
+        let (share, got) = decode_changes(&bytes).unwrap();
+        assert_eq!(share, "data");
+        assert_eq!(
+            got,
+            vec![
+                (
+                    NotifyAction::RenamedOldName,
+                    1,
+                    "dir/old name.txt".to_owned()
+                ),
+                (
+                    NotifyAction::RenamedNewName,
+                    1,
+                    "dir/nouveau-é.txt".to_owned()
+                ),
+            ]
+        );
+        for cut in 0..bytes.len() {
+            assert!(decode_changes(&bytes[..cut]).is_err());
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(decode_changes(&longer).is_err());
+        // A count far beyond the message allocates nothing for it.
+        let mut huge = vec![CHANGES_V1];
+        put_str(&mut huge, "data");
+        huge.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert!(decode_changes(&huge).is_err());
+    }
+
+    #[test]
+    fn a_registration_key_names_node_share_and_directory() {
+        let key = registration_key("n2", "data", "a/b c");
+        assert_eq!(
+            parse_key(&key),
+            Some(("n2".into(), "data".into(), "a/b c".into()))
+        );
+        assert_eq!(
+            parse_key(&registration_key("n1", "pub", "")),
+            Some(("n1".into(), "pub".into(), String::new()))
+        );
+        assert_eq!(parse_key(b"notify/n1"), None);
+    }
+}
