@@ -71,7 +71,7 @@ class Node:
 
     def start(self) -> Node:
         log = open(self.log_path, "ab")
-        env = dict(os.environ, NIMBUS_LOG="info,nimbus_server::cluster_notify=debug")
+        env = dict(os.environ, NIMBUS_LOG="info,nimbus_server::cluster_registry=debug")
         self.proc = subprocess.Popen(
             [str(nimbus_binary()), "serve", "--config", str(self.conf)], stdout=log, stderr=subprocess.STDOUT, env=env
         )
@@ -476,7 +476,7 @@ def test_change_notify_crosses_nodes(nodes):
         mid, _ = a.start_notify(d, tn.NAMES)
         # n1 registered the watch before answering STATUS_PENDING; n2
         # hears of it through its etcd watch (logged when it does).
-        wait_until("n2 knows n1 watches", lambda: 'node "n1" watches data/watched' in nodes[1].log())
+        wait_until("n2 knows n1 watches", lambda: 'node "n1" registered watch of data/watched' in nodes[1].log())
         a.s.settimeout(WAIT)
         b.touch(r"watched\made-on-n2.txt")
         assert tn.changes(a.final(mid)) == [(tn.ADDED, "made-on-n2.txt")]
@@ -491,7 +491,31 @@ def test_change_notify_crosses_nodes(nodes):
         assert tn.changes(a.final(mid)) == [(tn.REMOVED, "renamed.txt")]
         # Its handle closed, n1's watch is withdrawn from the other nodes.
         assert a.close_file(d) == 0
-        wait_until("n2 knows n1 stopped watching", lambda: 'node "n1" no longer watches data/watched' in nodes[1].log())
+        wait_until("n2 knows n1 stopped watching", lambda: 'node "n1" withdrew watch of data/watched' in nodes[1].log())
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_directory_lease_on_one_node_breaks_when_a_file_is_made_in_it_on_another(nodes):
+    for n in nodes:
+        n.start()
+    (nodes[0].share / "listed").mkdir()
+    a, b = ol.Smb311Client(nodes[0], uuid.uuid4().bytes), ol.Smb311Client(nodes[2], uuid.uuid4().bytes)
+    try:
+        dir_key = ol.directory_leased(nodes[0], a, "listed")
+        # n1 registered the lease before granting it; n3 hears of it through
+        # its etcd watch (logged when it does).
+        wait_until("n3 knows of n1's directory lease", lambda: 'node "n1" registered lease on directory' in nodes[2].log())
+        a.s.settimeout(WAIT)
+        resp = b.create(r"listed\new.txt")
+        assert rawsmb.status(resp) == 0  # a directory lease break makes nobody wait
+        assert ol.lease_break_of(a.recv()) == (2, ol.LEASE_BREAK_ACK_REQUIRED, dir_key, ol.R | ol.H, 0)
+        assert rawsmb.status(a.call(ol.OPLOCK_BREAK, ol.lease_ack_body(dir_key, 0))) == 0
+        # The lease holds nothing now: another change sends nothing.
+        assert rawsmb.status(b.call(CLOSE, close_body(ol.file_id_of(resp)))) == 0
+        assert rawsmb.status(b.create(r"listed\other.txt")) == 0
+        a.assert_nothing_pending()
     finally:
         a.close()
         b.close()

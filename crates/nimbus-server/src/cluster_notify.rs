@@ -2,13 +2,13 @@
 //! node.
 //!
 //! **Who watches what.** A node that watches a directory (some handle's
-//! CHANGE_NOTIFY) registers `notify/<node>/<share>/<dir>` in etcd, under
-//! its lease, with "1" when a watch covers the directory's tree; the key
-//! goes when its last watch of that directory ends, or with the node. It
-//! is written before the client hears that its request waits. Every node
-//! keeps a copy of the other nodes' registrations, filled by a scan and
-//! kept by a watch on `notify/`, so that a change costs no etcd call while
-//! nobody elsewhere watches its directory.
+//! CHANGE_NOTIFY) registers `notify/<node>/<share>/<dir>` in etcd
+//! (`crate::cluster_registry`), with "1" when a watch covers the
+//! directory's tree; the key goes when its last watch of that directory
+//! ends, or with the node. It is written before the client hears that its
+//! request waits. Every node keeps a copy of the other nodes'
+//! registrations, so that a change costs no etcd call while nobody
+//! elsewhere watches its directory.
 //!
 //! **Changes.** A change made through SMB whose directory (or an ancestor,
 //! for a tree watch) another node watches goes to that node as a message
@@ -16,25 +16,19 @@
 //! names arrive together; the receiver hands it to its own watches, which
 //! apply their filters. Changes seen on disk are not relayed: on a shared
 //! file system each node's kernel sees only its own.
-//!
-//! A registration made a moment before a change on another node may not
-//! have reached that node's copy yet (etcd's watch delivers it within
-//! milliseconds): such a change is missed as one made a moment earlier
-//! would be.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use nimbus_state::records::Cursor;
-use nimbus_state::{StateError, StateStore};
+use nimbus_state::StateError;
 use nimbus_wire::notify::NotifyAction;
 
 use crate::cluster::Membership;
+use crate::cluster_registry::Registry;
 use crate::notify::{parent_of, Change, Relay};
 
-/// Key prefix of the registrations.
+/// Key prefix of the registrations: `notify/<node>/<share>/<dir>`.
 pub const NOTIFY_PREFIX: &[u8] = b"notify/";
 
 /// First byte of a change message (a break message starts with 1).
@@ -47,36 +41,26 @@ pub struct NotifyRelay {
     m: Arc<Membership>,
     /// Share roots on this node, and the names all nodes know them by.
     shares: Vec<(PathBuf, String)>,
-    /// Other nodes' registrations: (share, directory) to node to tree.
-    remote: RwLock<HashMap<(String, String), HashMap<String, bool>>>,
-    /// How many registrations `remote` holds, read without its lock.
-    remote_count: AtomicUsize,
+    /// Items `<share>/<dir>`, valued "1" when a watch covers the tree.
+    registry: Arc<Registry>,
 }
 
-fn registration_key(node: &str, share: &str, dir: &str) -> Vec<u8> {
-    format!(
-        "{}{node}/{share}/{dir}",
-        String::from_utf8_lossy(NOTIFY_PREFIX)
-    )
-    .into_bytes()
-}
-
-/// (node, share, directory) of a registration key.
-fn parse_key(key: &[u8]) -> Option<(String, String, String)> {
-    let rest = std::str::from_utf8(key.strip_prefix(NOTIFY_PREFIX)?).ok()?;
-    let (node, rest) = rest.split_once('/')?;
-    let (share, dir) = rest.split_once('/')?;
-    Some((node.to_owned(), share.to_owned(), dir.to_owned()))
+fn item(share: &str, dir: &str) -> String {
+    format!("{share}/{dir}")
 }
 
 impl NotifyRelay {
     pub fn new(m: Arc<Membership>, shares: Vec<(PathBuf, String)>) -> NotifyRelay {
         NotifyRelay {
+            registry: Arc::new(Registry::new(m.clone(), NOTIFY_PREFIX, "watch of")),
             m,
             shares,
-            remote: RwLock::new(HashMap::new()),
-            remote_count: AtomicUsize::new(0),
         }
+    }
+
+    /// Keeps the copy of other nodes' watches (a thread).
+    pub fn follow(&self) {
+        self.registry.follow("nimbus-notifywatch");
     }
 
     fn share_of(&self, root: &Path) -> Option<&str> {
@@ -93,81 +77,6 @@ impl NotifyRelay {
             .map(|(r, _)| r.as_path())
     }
 
-    fn write(
-        &self,
-    ) -> std::sync::RwLockWriteGuard<'_, HashMap<(String, String), HashMap<String, bool>>> {
-        self.remote.write().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn recount(&self, remote: &HashMap<(String, String), HashMap<String, bool>>) {
-        let n = remote.values().map(HashMap::len).sum();
-        self.remote_count.store(n, Ordering::Release);
-    }
-
-    /// A registration changed in etcd (watch event): its current value is
-    /// read back and kept.
-    pub fn seen(&self, key: &[u8]) {
-        let Some((node, share, dir)) = parse_key(key) else {
-            return;
-        };
-        if node == self.m.node {
-            return;
-        }
-        let value = match self.m.store.get(key) {
-            Ok(v) => v,
-            Err(e) => {
-                tracing::warn!("cluster: reading notify registration: {e}");
-                return;
-            }
-        };
-        match &value {
-            Some(_) => tracing::debug!("cluster: node \"{node}\" watches {share}/{dir}"),
-            None => tracing::debug!("cluster: node \"{node}\" no longer watches {share}/{dir}"),
-        }
-        let mut remote = self.write();
-        let entry = remote.entry((share, dir));
-        match value {
-            Some(v) => {
-                entry.or_default().insert(node, v.value == b"1");
-            }
-            None => {
-                if let std::collections::hash_map::Entry::Occupied(mut e) = entry {
-                    e.get_mut().remove(&node);
-                    if e.get().is_empty() {
-                        e.remove();
-                    }
-                }
-            }
-        }
-        self.recount(&remote);
-    }
-
-    /// Reads every registration again (at start, and when the watch may
-    /// have missed changes).
-    pub fn reload(&self) {
-        let found = match self.m.store.scan_prefix(NOTIFY_PREFIX) {
-            Ok(f) => f,
-            Err(e) => {
-                tracing::warn!("cluster: reading notify registrations: {e}");
-                return;
-            }
-        };
-        let mut fresh: HashMap<(String, String), HashMap<String, bool>> = HashMap::new();
-        for (key, v) in found {
-            if let Some((node, share, dir)) = parse_key(&key) {
-                if node != self.m.node {
-                    fresh
-                        .entry((share, dir))
-                        .or_default()
-                        .insert(node, v.value == b"1");
-                }
-            }
-        }
-        let mut remote = self.write();
-        *remote = fresh;
-        self.recount(&remote);
-    }
-
     /// A change message from another node: its share's root and changes.
     pub fn receive(&self, bytes: &[u8]) -> Option<(&Path, Vec<OwnedChange>)> {
         match decode_changes(bytes) {
@@ -182,22 +91,13 @@ impl NotifyRelay {
 
 impl Relay for NotifyRelay {
     fn anyone_watches(&self) -> bool {
-        self.remote_count.load(Ordering::Acquire) != 0
+        self.registry.any()
     }
 
     fn watching(&self, root: &Path, dir: &str, tree: Option<bool>) {
-        let Some(share) = self.share_of(root) else {
-            return;
-        };
-        let key = registration_key(&self.m.node, share, dir);
-        let op = match tree {
-            Some(t) => {
-                nimbus_state::etcd_store::Op::Put(&key, if t { b"1" } else { b"0" }, self.m.lease())
-            }
-            None => nimbus_state::etcd_store::Op::Delete(&key),
-        };
-        if let Err(e) = self.m.store.txn(&[], &[op], &[]) {
-            tracing::warn!("cluster: notify registration of {share}/{dir}: {e}");
+        if let Some(share) = self.share_of(root) {
+            let value: Option<&[u8]> = tree.map(|t| if t { &b"1"[..] } else { &b"0"[..] });
+            self.registry.set_mine(&item(share, dir), value);
         }
     }
 
@@ -211,16 +111,15 @@ impl Relay for NotifyRelay {
         // The changes each other node watches, in order.
         let mut per_node: Vec<(String, Vec<usize>)> = Vec::new();
         {
-            let remote = self.remote.read().unwrap_or_else(|p| p.into_inner());
+            let others = self.registry.others();
             for (i, c) in changes.iter().enumerate() {
                 let Some(mut dir) = parent_of(c.path) else {
                     continue;
                 };
                 let mut direct = true;
                 loop {
-                    let key = (share.to_owned(), dir.to_owned());
-                    for (node, tree) in remote.get(&key).into_iter().flatten() {
-                        if !(direct || *tree) {
+                    for (node, tree) in others.get(&item(share, dir)).into_iter().flatten() {
+                        if !(direct || tree.as_slice() == b"1") {
                             continue;
                         }
                         match per_node.iter_mut().find(|(n, _)| n == node) {
@@ -339,19 +238,5 @@ mod tests {
         put_str(&mut huge, "data");
         huge.extend_from_slice(&u32::MAX.to_le_bytes());
         assert!(decode_changes(&huge).is_err());
-    }
-
-    #[test]
-    fn a_registration_key_names_node_share_and_directory() {
-        let key = registration_key("n2", "data", "a/b c");
-        assert_eq!(
-            parse_key(&key),
-            Some(("n2".into(), "data".into(), "a/b c".into()))
-        );
-        assert_eq!(
-            parse_key(&registration_key("n1", "pub", "")),
-            Some(("n1".into(), "pub".into(), String::new()))
-        );
-        assert_eq!(parse_key(b"notify/n1"), None);
     }
 }

@@ -5,14 +5,58 @@
 //! size, times or attributes (a write is counted when its handle closes,
 //! as Windows does: smbtorture smb2.lease.v2_request checks that a write
 //! alone breaks nothing). The rules are `caching::contend_children`; this
-//! module only finds the directory a change happened in.
+//! module only finds the directory a change happened in, and on a cluster
+//! node knows which directories other nodes' clients hold leases on.
+
+use std::sync::Arc;
 
 use nimbus_state::caching::LeaseId;
 use nimbus_state::FileKey;
 use nimbus_vfs::LocalFs;
 
+use crate::cluster::Membership;
+use crate::cluster_registry::Registry;
+use crate::oplocks::DirLeasesElsewhere;
 use crate::server::Server;
 use crate::session::Open;
+
+/// Key prefix of a cluster node's directory leases:
+/// `dirlease/<node>/<dev>-<ino>` (hexadecimal).
+pub const DIRLEASE_PREFIX: &[u8] = b"dirlease/";
+
+/// The directory leases of a cluster's nodes (`crate::cluster_registry`):
+/// a change made on one node inside a directory another node's client
+/// holds a lease on breaks that lease through the directory's caching
+/// record, which the cluster store shares between them.
+pub struct ClusterDirLeases(Arc<Registry>);
+
+fn item(dir: FileKey) -> String {
+    format!("{:x}-{:x}", dir.dev, dir.ino)
+}
+
+impl ClusterDirLeases {
+    /// Registers this node's leases and keeps a copy of the others' (a
+    /// watch thread).
+    pub fn start(m: Arc<Membership>) -> Arc<ClusterDirLeases> {
+        let registry = Arc::new(Registry::new(m, DIRLEASE_PREFIX, "lease on directory"));
+        registry.follow("nimbus-dirleases");
+        Arc::new(ClusterDirLeases(registry))
+    }
+}
+
+impl DirLeasesElsewhere for ClusterDirLeases {
+    fn any(&self) -> bool {
+        self.0.any()
+    }
+
+    fn holds(&self, dir: FileKey) -> bool {
+        self.0.others().contains_key(&item(dir))
+    }
+
+    fn set_mine(&self, dir: FileKey, held: bool) {
+        self.0.set_mine(&item(dir), held.then_some(&b"1"[..]));
+    }
+}
 
 /// `path` (relative to the share root of `fs`) was created, removed,
 /// renamed or changed by a client whose open named `by` as its parent

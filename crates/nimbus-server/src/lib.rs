@@ -6,6 +6,7 @@
 mod admission;
 pub mod cluster;
 mod cluster_notify;
+mod cluster_registry;
 pub mod config;
 mod connection;
 mod credits;

@@ -128,6 +128,17 @@ struct Waiter {
 /// Sends a break to the node that serves an open this node does not.
 pub type Forward = Box<dyn Fn(u64, BreakOrder) + Send + Sync>;
 
+/// The directory leases of other cluster nodes, and the way to tell them
+/// of this node's (`crate::dir_leases::ClusterDirLeases`).
+pub trait DirLeasesElsewhere: Send + Sync {
+    /// Whether another node holds a lease on any directory.
+    fn any(&self) -> bool;
+    /// Whether another node holds a lease on `dir`.
+    fn holds(&self, dir: FileKey) -> bool;
+    /// This node holds a lease on `dir` now, or no more.
+    fn set_mine(&self, dir: FileKey, held: bool);
+}
+
 /// What this node keeps about one file beside its record.
 #[derive(Default)]
 struct Local {
@@ -147,6 +158,9 @@ struct Table {
     lease_files: HashMap<LeaseId, FileKey>,
     /// Directories that hold a lease: changes inside them must break it.
     dirs: HashSet<FileKey>,
+    /// Directories that came into `dirs` or left it since other cluster
+    /// nodes were last told.
+    dirs_touched: Vec<FileKey>,
     next_serial: u64,
 }
 
@@ -160,7 +174,9 @@ impl Table {
             self.granted.remove(&file);
         }
         if state.empty {
-            self.dirs.remove(&file);
+            if self.dirs.remove(&file) {
+                self.dirs_touched.push(file);
+            }
             if self.files.get(&file).is_some_and(|l| l.waiters.is_empty()) {
                 self.files.remove(&file);
             }
@@ -243,6 +259,10 @@ pub struct Oplocks {
     gone: Option<Gone>,
     /// On a cluster node: how a break reaches another node's open.
     forward: std::sync::OnceLock<Forward>,
+    /// On a cluster node: the directory leases of the others.
+    elsewhere: std::sync::OnceLock<Arc<dyn DirLeasesElsewhere>>,
+    /// Orders the telling of other nodes (see `publish_dirs`).
+    publishing: Mutex<()>,
 }
 
 /// What an acknowledgement came to.
@@ -293,6 +313,30 @@ impl Oplocks {
             dir_leases: AtomicUsize::new(0),
             gone: None,
             forward: std::sync::OnceLock::new(),
+            elsewhere: std::sync::OnceLock::new(),
+            publishing: Mutex::new(()),
+        }
+    }
+
+    /// Sets where other nodes' directory leases are known; once, at start.
+    pub fn set_elsewhere(&self, e: Arc<dyn DirLeasesElsewhere>) {
+        let _ = self.elsewhere.set(e);
+    }
+
+    /// Tells other nodes whether this node still holds leases on the
+    /// directories `touched` names. Each is told the state it has when
+    /// told, one at a time: whoever tells last tells the latest.
+    fn publish_dirs(&self, touched: Vec<FileKey>) {
+        let Some(e) = self.elsewhere.get() else {
+            return;
+        };
+        if touched.is_empty() {
+            return;
+        }
+        let _order = lock(&self.publishing);
+        for dir in touched {
+            let held = lock(&self.table).dirs.contains(&dir);
+            e.set_mine(dir, held);
         }
     }
 
@@ -479,13 +523,16 @@ impl Oplocks {
         self.notifier.register(ask.open_id, route);
         if let Want::Lease { id, .. } = ask.want {
             t.lease_files.insert(id, file);
-            if ask.is_dir {
-                t.dirs.insert(file);
+            if ask.is_dir && t.dirs.insert(file) {
+                t.dirs_touched.push(file);
             }
         }
         t.settle(file, &summary);
         self.count_dirs(&t);
+        let touched = std::mem::take(&mut t.dirs_touched);
         drop(t);
+        // Other nodes learn of a directory lease before its client does.
+        self.publish_dirs(touched);
         // The new open's own record is written by its CREATE; a lease it
         // joined changed for the lease's other opens.
         let mut changed = summary.changed;
@@ -498,7 +545,7 @@ impl Oplocks {
     /// Wakes the requests waiting on a break that went with it.
     pub fn forget(&self, file: FileKey, open_id: u64) {
         self.notifier.unregister(open_id);
-        let (woken, changed) = {
+        let (woken, changed, touched) = {
             let mut t = lock(&self.table);
             let Some(((ended_break, gone), summary)) =
                 apply(&*self.store, file, self.watching(), |s| {
@@ -532,8 +579,10 @@ impl Oplocks {
             for id in gone {
                 t.lease_files.remove(&id);
             }
-            (woken, summary.changed)
+            let touched = std::mem::take(&mut t.dirs_touched);
+            (woken, summary.changed, touched)
         };
+        self.publish_dirs(touched);
         self.tell(changed);
         wake(woken);
     }
@@ -691,9 +740,10 @@ impl Oplocks {
         })
     }
 
-    /// Whether any directory holds a lease now.
+    /// Whether any directory holds a lease now, here or on another node.
     pub fn has_dir_leases(&self) -> bool {
         self.dir_leases.load(Ordering::Acquire) != 0
+            || self.elsewhere.get().is_some_and(|e| e.any())
     }
 
     fn count_dirs(&self, t: &Table) {
@@ -704,6 +754,10 @@ impl Oplocks {
     /// except the one `by` names (the client's own parent lease). Nobody
     /// waits for these acknowledgements.
     pub fn contend_children(&self, dir: FileKey, by: Option<LeaseId>) {
+        let here = lock(&self.table).dirs.contains(&dir);
+        if !here && !self.elsewhere.get().is_some_and(|e| e.holds(dir)) {
+            return;
+        }
         self.contend_with(dir, |s| s.contend_children(by));
     }
 

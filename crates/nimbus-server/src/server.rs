@@ -251,6 +251,7 @@ impl Server {
                 let gone: nimbus_state::share_modes::Gone =
                     Arc::new(move |open_id| m2.is_gone(crate::cluster::incarnation_of(open_id)));
                 let oplocks = Oplocks::with_liveness(break_timeout, owned.clone(), gone.clone());
+                oplocks.set_elsewhere(crate::dir_leases::ClusterDirLeases::start(m.clone()));
                 let m3 = m.clone();
                 oplocks.on_forward(Box::new(move |open_id, order| {
                     m3.send_break(open_id, &order)
@@ -504,14 +505,7 @@ impl Server {
             );
             // Which directories other nodes watch for changes.
             if let Some(relay) = &self.notify_relay {
-                let (r1, r2) = (relay.clone(), relay.clone());
-                m.clone().watch_records(
-                    "nimbus-notifywatch",
-                    crate::cluster_notify::NOTIFY_PREFIX.to_vec(),
-                    Duration::from_secs(10),
-                    move |key| r1.seen(key),
-                    move || r2.reload(),
-                );
+                relay.follow();
             }
         }
         for l in listeners {

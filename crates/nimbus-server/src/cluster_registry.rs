@@ -1,0 +1,186 @@
+//! What each cluster node is interested in, known to every node without an
+//! etcd call: `<prefix><node>/<item>` keys under the registering node's
+//! lease (so they go with it), and on every node a copy of the other
+//! nodes' keys, filled by a scan and kept by a watch on the prefix
+//! (`Membership::watch_records`). Change notify registers the directories
+//! its clients watch; oplocks the directories its clients hold leases on.
+//!
+//! A registration reaches the other nodes' copies within the latency of an
+//! etcd watch (milliseconds): something another node does in that moment
+//! is handled as if it had come a moment before the registration.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard};
+
+use nimbus_state::etcd_store::Op;
+use nimbus_state::StateStore;
+
+use crate::cluster::Membership;
+
+/// Item to node to the value that node registered.
+pub type Entries = HashMap<String, HashMap<String, Vec<u8>>>;
+
+/// `<prefix><node>/<item>`.
+fn key_of(prefix: &[u8], node: &str, item: &str) -> Vec<u8> {
+    let mut k = prefix.to_vec();
+    k.extend_from_slice(node.as_bytes());
+    k.push(b'/');
+    k.extend_from_slice(item.as_bytes());
+    k
+}
+
+/// (node, item) of a key under `prefix` (node names hold no '/'; items may).
+fn parse<'k>(prefix: &[u8], key: &'k [u8]) -> Option<(&'k str, &'k str)> {
+    std::str::from_utf8(key.strip_prefix(prefix)?)
+        .ok()?
+        .split_once('/')
+}
+
+pub struct Registry {
+    m: Arc<Membership>,
+    prefix: &'static [u8],
+    /// What the registrations are of, for log lines.
+    what: &'static str,
+    others: RwLock<Entries>,
+    /// How many registrations `others` holds, read without its lock.
+    count: AtomicUsize,
+}
+
+impl Registry {
+    pub fn new(m: Arc<Membership>, prefix: &'static [u8], what: &'static str) -> Registry {
+        Registry {
+            m,
+            prefix,
+            what,
+            others: RwLock::new(HashMap::new()),
+            count: AtomicUsize::new(0),
+        }
+    }
+
+    fn key(&self, node: &str, item: &str) -> Vec<u8> {
+        key_of(self.prefix, node, item)
+    }
+
+    fn parse<'k>(&self, key: &'k [u8]) -> Option<(&'k str, &'k str)> {
+        parse(self.prefix, key)
+    }
+
+    /// Registers `item` for this node with `value`, or withdraws it (None).
+    pub fn set_mine(&self, item: &str, value: Option<&[u8]>) {
+        let key = self.key(&self.m.node, item);
+        let op = match value {
+            Some(v) => Op::Put(&key, v, self.m.lease()),
+            None => Op::Delete(&key),
+        };
+        if let Err(e) = self.m.store.txn(&[], &[op], &[]) {
+            tracing::warn!("cluster: registering {} {item}: {e}", self.what);
+        }
+    }
+
+    /// Whether another node registered anything.
+    pub fn any(&self) -> bool {
+        self.count.load(Ordering::Acquire) != 0
+    }
+
+    /// The other nodes' registrations.
+    pub fn others(&self) -> RwLockReadGuard<'_, Entries> {
+        self.others.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn replace(&self, f: impl FnOnce(&mut Entries)) {
+        let mut others = self.others.write().unwrap_or_else(|p| p.into_inner());
+        f(&mut others);
+        let n = others.values().map(HashMap::len).sum();
+        self.count.store(n, Ordering::Release);
+    }
+
+    /// A registration changed in etcd (a watch event): its current value
+    /// is read back and kept.
+    pub fn seen(&self, key: &[u8]) {
+        let Some((node, item)) = self.parse(key) else {
+            return;
+        };
+        if node == self.m.node {
+            return;
+        }
+        let value = match self.m.store.get(key) {
+            Ok(v) => v.map(|v| v.value),
+            Err(e) => {
+                tracing::warn!("cluster: reading {} registration: {e}", self.what);
+                return;
+            }
+        };
+        match &value {
+            Some(_) => tracing::debug!("cluster: node \"{node}\" registered {} {item}", self.what),
+            None => tracing::debug!("cluster: node \"{node}\" withdrew {} {item}", self.what),
+        }
+        self.replace(|others| match value {
+            Some(v) => {
+                others
+                    .entry(item.to_owned())
+                    .or_default()
+                    .insert(node.to_owned(), v);
+            }
+            None => {
+                if let Some(nodes) = others.get_mut(item) {
+                    nodes.remove(node);
+                    if nodes.is_empty() {
+                        others.remove(item);
+                    }
+                }
+            }
+        });
+    }
+
+    /// Reads every registration again (at start, and when the watch may
+    /// have missed changes).
+    pub fn reload(&self) {
+        let found = match self.m.store.scan_prefix(self.prefix) {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!("cluster: reading {} registrations: {e}", self.what);
+                return;
+            }
+        };
+        let mut fresh = Entries::new();
+        for (key, v) in found {
+            if let Some((node, item)) = self.parse(&key) {
+                if node != self.m.node {
+                    fresh
+                        .entry(item.to_owned())
+                        .or_default()
+                        .insert(node.to_owned(), v.value);
+                }
+            }
+        }
+        self.replace(|others| *others = fresh);
+    }
+
+    /// Keeps the copy for as long as the process runs (a watch thread).
+    pub fn follow(self: &Arc<Self>, name: &str) {
+        let (a, b) = (self.clone(), self.clone());
+        self.m.clone().watch_records(
+            name,
+            self.prefix.to_vec(),
+            std::time::Duration::from_secs(10),
+            move |key| a.seen(key),
+            move || b.reload(),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_registration_key_names_its_node_and_item_again() {
+        let k = key_of(b"notify/", "n2", "data/a/b c");
+        assert_eq!(k, b"notify/n2/data/a/b c");
+        assert_eq!(parse(b"notify/", &k), Some(("n2", "data/a/b c")));
+        assert_eq!(parse(b"notify/", b"notify/n1/data/"), Some(("n1", "data/")));
+        assert_eq!(parse(b"notify/", b"notify/n1"), None);
+        assert_eq!(parse(b"dirlease/", &k), None);
+    }
+}
