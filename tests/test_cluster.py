@@ -161,11 +161,27 @@ def test_a_killed_node_drops_out_and_sigterm_leaves_at_once(nodes, etcd_cluster)
 def test_a_node_registers_again_when_its_lease_is_lost(nodes, etcd_cluster):  # noqa: F811
     n1 = nodes[0].start()
     lease = members(etcd_cluster)["n1"]["lease"]
-    # As if etcd had been out of reach for longer than the TTL.
-    etcd_cluster.etcdctl("lease", "revoke", format(int(lease), "x"))
-    wait_until("n1 registers again", lambda: members(etcd_cluster).get("n1", {}).get("lease") not in (None, lease))
-    assert "registering again" in n1.log()
-    assert n1.proc.poll() is None
+    # A client's watch is registered under the node's lease.
+    (n1.share / "watched").mkdir()
+    watcher = tn.Client(n1)
+    try:
+        watcher.start_notify(watcher.watch("watched"), tn.NAMES)
+
+        def watch_lease():
+            out = json.loads(etcd_cluster.etcdctl("get", "/nimbus/notify/n1/data/watched", "-w", "json") or "{}")
+            return [kv.get("lease", 0) for kv in out.get("kvs", [])]
+
+        assert watch_lease() == [lease]
+        # As if etcd had been out of reach for longer than the TTL.
+        etcd_cluster.etcdctl("lease", "revoke", format(int(lease), "x"))
+        wait_until("n1 registers again", lambda: members(etcd_cluster).get("n1", {}).get("lease") not in (None, lease))
+        assert "registering again" in n1.log()
+        assert n1.proc.poll() is None
+        # What lived under the old lease is put back under the new one.
+        new_lease = members(etcd_cluster)["n1"]["lease"]
+        wait_until("the watch is registered again", lambda: watch_lease() == [new_lease])
+    finally:
+        watcher.close()
 
 
 def test_a_name_another_running_node_holds_is_refused(nodes, etcd_cluster):  # noqa: F811

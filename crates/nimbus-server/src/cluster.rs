@@ -96,7 +96,13 @@ pub struct Membership {
     stopping: Arc<AtomicBool>,
     /// Numbers the messages this run sends.
     next_message: AtomicU64,
+    /// Run after the node registered again under a new lease (what lived
+    /// under the old one is gone from etcd).
+    on_new_lease: Mutex<Vec<NewLease>>,
 }
+
+/// Puts back what a node keeps under its lease, given the new lease.
+pub type NewLease = Box<dyn Fn(i64) + Send + Sync>;
 
 /// How often ownerships of files nobody has open are looked for, and how
 /// long such a file is kept (a file opened again soon costs no etcd call).
@@ -195,6 +201,7 @@ impl Membership {
             owned: OnceLock::new(),
             stopping: Arc::new(AtomicBool::new(false)),
             next_message: AtomicU64::new(1),
+            on_new_lease: Mutex::new(Vec::new()),
         };
         let until = Instant::now() + m.ttl + Duration::from_secs(1);
         loop {
@@ -381,6 +388,9 @@ impl Membership {
                             if let Some(s) = m.owned.get() {
                                 s.rebind(m.lease());
                             }
+                            for f in crate::session::lock(&m.on_new_lease).iter() {
+                                f(m.lease());
+                            }
                         }
                         Ok(registered)
                     }
@@ -491,6 +501,11 @@ impl Membership {
         if let Err(e) = spawned {
             tracing::error!("cluster: cannot start the {thread} thread: {e}");
         }
+    }
+
+    /// Adds what to run after the node registered again under a new lease.
+    pub fn on_new_lease(&self, f: NewLease) {
+        crate::session::lock(&self.on_new_lease).push(f);
     }
 
     /// This node's message box, `msg/<node>/`: messages for the opens of

@@ -52,7 +52,7 @@ fn item(share: &str, dir: &str) -> String {
 impl NotifyRelay {
     pub fn new(m: Arc<Membership>, shares: Vec<(PathBuf, String)>) -> NotifyRelay {
         NotifyRelay {
-            registry: Arc::new(Registry::new(m.clone(), NOTIFY_PREFIX, "watch of")),
+            registry: Registry::new(m.clone(), NOTIFY_PREFIX, "watch of"),
             m,
             shares,
         }

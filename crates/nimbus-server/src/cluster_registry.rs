@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
 use nimbus_state::etcd_store::Op;
 use nimbus_state::StateStore;
@@ -45,16 +45,46 @@ pub struct Registry {
     others: RwLock<Entries>,
     /// How many registrations `others` holds, read without its lock.
     count: AtomicUsize,
+    /// This node's registrations, to put back under a new lease.
+    mine: Mutex<HashMap<String, Vec<u8>>>,
 }
 
 impl Registry {
-    pub fn new(m: Arc<Membership>, prefix: &'static [u8], what: &'static str) -> Registry {
-        Registry {
-            m,
+    /// A registry under `prefix`; this node's registrations are put back
+    /// when it registers again under a new lease.
+    pub fn new(m: Arc<Membership>, prefix: &'static [u8], what: &'static str) -> Arc<Registry> {
+        let r = Arc::new(Registry {
+            m: m.clone(),
             prefix,
             what,
             others: RwLock::new(HashMap::new()),
             count: AtomicUsize::new(0),
+            mine: Mutex::new(HashMap::new()),
+        });
+        let weak = Arc::downgrade(&r);
+        m.on_new_lease(Box::new(move |_| {
+            if let Some(r) = weak.upgrade() {
+                r.put_back();
+            }
+        }));
+        r
+    }
+
+    /// Puts this node's registrations back (they went with its old lease).
+    fn put_back(&self) {
+        let mine: Vec<(String, Vec<u8>)> = crate::session::lock(&self.mine)
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for (item, value) in mine {
+            let key = self.key(&self.m.node, &item);
+            if let Err(e) = self
+                .m
+                .store
+                .txn(&[], &[Op::Put(&key, &value, self.m.lease())], &[])
+            {
+                tracing::warn!("cluster: registering {} {item} again: {e}", self.what);
+            }
         }
     }
 
@@ -68,6 +98,13 @@ impl Registry {
 
     /// Registers `item` for this node with `value`, or withdraws it (None).
     pub fn set_mine(&self, item: &str, value: Option<&[u8]>) {
+        {
+            let mut mine = crate::session::lock(&self.mine);
+            match value {
+                Some(v) => mine.insert(item.to_owned(), v.to_vec()),
+                None => mine.remove(item),
+            };
+        }
         let key = self.key(&self.m.node, item);
         let op = match value {
             Some(v) => Op::Put(&key, v, self.m.lease()),

@@ -38,7 +38,7 @@ impl ClusterDirLeases {
     /// Registers this node's leases and keeps a copy of the others' (a
     /// watch thread).
     pub fn start(m: Arc<Membership>) -> Arc<ClusterDirLeases> {
-        let registry = Arc::new(Registry::new(m, DIRLEASE_PREFIX, "lease on directory"));
+        let registry = Registry::new(m, DIRLEASE_PREFIX, "lease on directory");
         registry.follow("nimbus-dirleases");
         Arc::new(ClusterDirLeases(registry))
     }
