@@ -52,6 +52,12 @@ class Node:
                     'name = "pub"',
                     f"path = {toml_str(str(share))}",
                     "guest_ok = true",
+                    # And as a continuously available share: persistent
+                    # handles, kept in etcd.
+                    "[[share]]",
+                    'name = "ca"',
+                    f"path = {toml_str(str(share))}",
+                    "continuous_availability = true",
                     # All nodes share one local directory here: the kernel
                     # would show each node the others' changes too, which a
                     # shared file system's does not. Changes reach other
@@ -71,7 +77,7 @@ class Node:
 
     def start(self) -> Node:
         log = open(self.log_path, "ab")
-        env = dict(os.environ, NIMBUS_LOG="info,nimbus_server::cluster_registry=debug")
+        env = dict(os.environ, NIMBUS_LOG="info,nimbus_server::cluster_registry=debug,nimbus_server::failover=debug,nimbus_server::cluster=debug")
         self.proc = subprocess.Popen(
             [str(nimbus_binary()), "serve", "--config", str(self.conf)], stdout=log, stderr=subprocess.STDOUT, env=env
         )
@@ -535,3 +541,85 @@ def test_a_directory_lease_on_one_node_breaks_when_a_file_is_made_in_it_on_anoth
     finally:
         a.close()
         b.close()
+
+
+# --------------------------------------------------------------------------
+# persistent handles across nodes: failover after kill -9
+
+from smbprotocol.open import LockFlags  # noqa: E402
+from test_durable import plain_open, status_of  # noqa: E402
+from test_persistent import STATUS_FILE_NOT_AVAILABLE, exclusive_open_status, persistent_open, persistent_reconnect  # noqa: E402
+
+STATUS_LOCK_NOT_GRANTED_ = 0xC0000055
+LOCK_EXCLUSIVE = LockFlags.SMB2_LOCKFLAG_EXCLUSIVE_LOCK | LockFlags.SMB2_LOCKFLAG_FAIL_IMMEDIATELY
+
+
+class CaTarget:
+    """test_durable's Client on one node's continuously available share."""
+
+    def __init__(self, node: Node):
+        self.host, self.port, self.share, self.user, self.password = node.host, node.port, "ca", USER, PASSWORD
+
+
+def test_a_persistent_handle_is_reclaimed_on_another_node_after_kill_9(nodes, etcd_cluster):  # noqa: F811
+    for n in nodes:
+        n.start()
+    guid, create_guid, key = uuid.uuid4(), uuid.uuid4(), os.urandom(16)
+    first = Client(CaTarget(nodes[0]), guid)
+    assert first.tree.is_ca_share, "the share does not advertise continuous availability"
+    f = persistent_open(first, "ledger.dat", create_guid, key, timeout_ms=60_000)
+    payload = b"acknowledged before n1 died " * 40
+    f.write(payload, 0)
+    first.lock(f.file_id, 0, 100, LOCK_EXCLUSIVE)
+    file_id = f.file_id
+    nodes[0].proc.send_signal(signal.SIGKILL)
+    nodes[0].proc.wait(timeout=10)
+    first.drop()
+    wait_until("n1's membership expires", lambda: "n1" not in members(etcd_cluster))
+    other = Client(CaTarget(nodes[2]), uuid.uuid4())
+    again = None
+    try:
+        # n1 is gone, its persistent open is not: nobody else takes the file.
+        assert exclusive_open_status(other, "ledger.dat") == STATUS_FILE_NOT_AVAILABLE
+        # The owner reconnects to n2 (as Windows does when name resolution
+        # gives it another address) and reclaims its handle there.
+        again = Client(CaTarget(nodes[1]), guid)
+        g = persistent_reconnect(again, "ledger.dat", file_id, create_guid, key)
+        assert g.read(0, len(payload)) == payload
+        assert "taken over from a gone node" in nodes[1].log()
+        # Its lock came back with it: another client's lock on the range is
+        # refused, its compatible open is not.
+        h = plain_open(other, "ledger.dat")
+        assert status_of(lambda: other.lock(h.file_id, 10, 10, LOCK_EXCLUSIVE)) == STATUS_LOCK_NOT_GRANTED_
+        h.close()
+        # Closed by its owner on n2, the handle frees the file everywhere.
+        g.close()
+        assert exclusive_open_status(other, "ledger.dat") == 0
+    finally:
+        other.close()
+        if again:
+            again.close()
+
+
+def test_an_unreclaimed_persistent_handle_of_a_killed_node_frees_its_file_at_its_timeout(nodes, etcd_cluster):  # noqa: F811
+    for n in nodes:
+        n.start()
+    first = Client(CaTarget(nodes[0]), uuid.uuid4())
+    f = persistent_open(first, "abandoned.dat", uuid.uuid4(), os.urandom(16), timeout_ms=3_000)
+    # Answered: the record's "answered" mark is written as the response
+    # goes out, before the next response on the connection.
+    f.write(b"x", 0)
+    nodes[0].proc.send_signal(signal.SIGKILL)
+    nodes[0].proc.wait(timeout=10)
+    first.drop()
+    wait_until("n1's membership expires", lambda: "n1" not in members(etcd_cluster))
+    other = Client(CaTarget(nodes[1]), uuid.uuid4())
+    try:
+        assert exclusive_open_status(other, "abandoned.dat") == STATUS_FILE_NOT_AVAILABLE
+        # Nobody reclaims it: once its timeout has run out (counted from
+        # when the nodes saw it orphaned), a node closes it and the file is
+        # free. Each try is answered; the refusal is retried until it ends.
+        wait_until("the file is free", lambda: exclusive_open_status(other, "abandoned.dat") == 0)
+        assert any("was not reclaimed in time; closed" in n.log() for n in nodes[1:])
+    finally:
+        other.close()

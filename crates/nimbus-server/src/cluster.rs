@@ -99,6 +99,13 @@ pub struct Membership {
     /// Run after the node registered again under a new lease (what lived
     /// under the old one is gone from etcd).
     on_new_lease: Mutex<Vec<NewLease>>,
+    /// This node's persistent opens: their files' records stay in etcd
+    /// (never owned), so that they outlive the node.
+    pinned: Mutex<HashSet<u64>>,
+    /// Opens of gone nodes found with a persistent record, and when.
+    with_record: Mutex<std::collections::HashMap<u64, Instant>>,
+    /// Opens of gone nodes found without one: it never comes back.
+    without_record: Mutex<HashSet<u64>>,
 }
 
 /// Puts back what a node keeps under its lease, given the new lease.
@@ -131,9 +138,15 @@ pub fn owned_store(m: &Arc<Membership>) -> Arc<ClusterStore> {
     use nimbus_state::share_modes::OPENS_PREFIX;
     let me = m.clone();
     let claimable: nimbus_state::cluster_store::Claimable = Box::new(move |key, value| {
+        // A persistent open, this node's or a gone node's waiting for its
+        // client, keeps its file's records in etcd: they must outlive any
+        // one node.
         let ours = |open_id: u64| {
-            let n = incarnation_of(open_id);
-            n == me.incarnation() || me.is_gone(n)
+            if incarnation_of(open_id) == me.incarnation() {
+                !me.is_pinned(open_id)
+            } else {
+                me.open_is_gone(open_id)
+            }
         };
         if key.starts_with(OPENS_PREFIX) {
             nimbus_state::FileRecord::decode(value)
@@ -202,6 +215,9 @@ impl Membership {
             stopping: Arc::new(AtomicBool::new(false)),
             next_message: AtomicU64::new(1),
             on_new_lease: Mutex::new(Vec::new()),
+            pinned: Mutex::new(HashSet::new()),
+            with_record: Mutex::new(std::collections::HashMap::new()),
+            without_record: Mutex::new(HashSet::new()),
         };
         let until = Instant::now() + m.ttl + Duration::from_secs(1);
         loop {
@@ -338,10 +354,86 @@ impl Membership {
                 crate::session::lock(&self.gone).insert(incarnation);
                 true
             }
-            Ok(Some(_)) => {
+            Ok(Some(v)) => {
+                tracing::debug!(
+                    "cluster: incarnation {incarnation} alive ({})",
+                    String::from_utf8_lossy(&v.value)
+                );
                 let mut alive = crate::session::lock(&self.alive);
                 alive.retain(|_, at| fresh(at));
                 alive.insert(incarnation, Instant::now());
+                false
+            }
+            Err(e) => {
+                tracing::debug!("cluster: is incarnation {incarnation} gone? etcd: {e}");
+                false
+            }
+        }
+    }
+
+    /// `open_id` is a persistent open of this node: its file's records
+    /// stay in etcd.
+    pub fn pin(&self, open_id: u64) {
+        crate::session::lock(&self.pinned).insert(open_id);
+    }
+
+    /// Makes sure `file`'s records are in etcd, not owned by this node.
+    pub fn share_file(&self, file: nimbus_state::FileKey) -> Result<(), StateError> {
+        match self.owned.get() {
+            Some(s) if s.owns(&file.record_key(&[])) => s.release(&file.record_key(&[])),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the node is leaving (its threads end).
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+
+    /// `open_id` closed for good.
+    pub fn unpin(&self, open_id: u64) {
+        crate::session::lock(&self.pinned).remove(&open_id);
+    }
+
+    pub fn is_pinned(&self, open_id: u64) -> bool {
+        crate::session::lock(&self.pinned).contains(&open_id)
+    }
+
+    /// Whether an open is over for good: its node is gone, and it is not a
+    /// persistent open whose record waits in etcd for its client (those
+    /// keep their share modes, locks and caching until reclaimed or
+    /// expired: `crate::failover`). An etcd that does not answer proves
+    /// nothing: not gone.
+    pub fn open_is_gone(&self, open_id: u64) -> bool {
+        if !self.is_gone(incarnation_of(open_id)) {
+            return false;
+        }
+        if crate::session::lock(&self.without_record).contains(&open_id) {
+            return true;
+        }
+        let fresh = |at: &Instant| at.elapsed() < ALIVE_FOR;
+        if crate::session::lock(&self.with_record)
+            .get(&open_id)
+            .is_some_and(fresh)
+        {
+            return false;
+        }
+        let key = nimbus_state::durable_record::DurableOpen::key(open_id);
+        match self.store.get(&key) {
+            Ok(None) => {
+                crate::session::lock(&self.with_record).remove(&open_id);
+                let mut without = crate::session::lock(&self.without_record);
+                // Bounded: forgetting costs one more look-up, nothing else.
+                if without.len() >= 1 << 16 {
+                    without.clear();
+                }
+                without.insert(open_id);
+                true
+            }
+            Ok(Some(_)) => {
+                let mut with = crate::session::lock(&self.with_record);
+                with.retain(|_, at| fresh(at));
+                with.insert(open_id, Instant::now());
                 false
             }
             Err(_) => false,
@@ -519,25 +611,34 @@ impl Membership {
     /// request that caused it died too, and any other waiter ends the
     /// break itself after the timeout). An open of this run, or of one it
     /// adopted, has no other node to go to: nothing is sent.
-    pub fn send_break(&self, open_id: u64, order: &nimbus_state::caching::BreakOrder) {
-        let to = incarnation_of(open_id);
+    /// Returns false when no node serves the open (see `Forward`).
+    pub fn send_break(&self, open_id: u64, order: &nimbus_state::caching::BreakOrder) -> bool {
+        let mut to = incarnation_of(open_id);
+        // A gone node's persistent open another node took over.
+        if self.is_gone(to) {
+            match crate::failover::holder_of(self, open_id) {
+                Some(h) => to = h,
+                None => return self.open_is_gone(open_id),
+            }
+        }
         if to == 0 || to == self.incarnation() || crate::session::lock(&self.adopted).contains(&to)
         {
-            return;
+            return true;
         }
         // The node that runs (or adopted) that incarnation.
         let node = match self.store.get(&incarnation_key(to)) {
             Ok(Some(v)) => String::from_utf8_lossy(&v.value).into_owned(),
-            Ok(None) => return, // gone: its opens are dropped where in the way
+            Ok(None) => return true, // gone: its opens are dropped where in the way
             Err(e) => {
                 tracing::warn!("cluster: break for open {open_id:#x} not sent: {e}");
-                return;
+                return true;
             }
         };
         let value = nimbus_state::records::encode_break(open_id, order);
         if let Err(e) = self.post(&node, &value) {
             tracing::warn!("cluster: break for open {open_id:#x} not sent: {e}");
         }
+        true
     }
 
     /// Puts a message into `node`'s box, under this node's lease.

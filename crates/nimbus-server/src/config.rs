@@ -437,6 +437,8 @@ impl Config {
             Ok(l) => cfg.limits = l,
             Err(e) => errors.extend(e),
         }
+        // A cluster node keeps persistent handles in etcd instead.
+        let clustered = raw.cluster.is_some();
         for (i, s) in raw.share.into_iter().enumerate() {
             let encryption = match s
                 .encryption
@@ -462,11 +464,11 @@ impl Config {
                 encryption,
                 continuous_availability: s.continuous_availability,
             });
-            if s.continuous_availability && cfg.state_dir.is_none() {
+            if s.continuous_availability && cfg.state_dir.is_none() && !clustered {
                 errors.push(err(
                     &format!("share[{i}].continuous_availability"),
                     "a continuously available share keeps its persistent handles in the state \
-                     directory, and none is configured"
+                     directory (in etcd on a cluster node), and none is configured"
                         .into(),
                     "set the top-level key state_dir = \"/var/lib/nimbus\" (a directory only \
                      the server can read), or remove continuous_availability",

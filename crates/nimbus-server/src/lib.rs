@@ -16,6 +16,7 @@ mod dispatch;
 mod dosinfo;
 mod durable;
 mod errors;
+mod failover;
 mod fileinfo;
 #[doc(hidden)]
 #[cfg(feature = "fuzzing")]

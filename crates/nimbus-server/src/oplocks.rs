@@ -125,8 +125,15 @@ struct Waiter {
     since: Instant,
 }
 
-/// Sends a break to the node that serves an open this node does not.
-pub type Forward = Box<dyn Fn(u64, BreakOrder) + Send + Sync>;
+/// Sends a break to the node that serves an open this node does not;
+/// false when no node does (a gone node's persistent open nobody took
+/// over yet: its client cannot answer, so the break is taken as
+/// acknowledged, as for a disconnected persistent open on one node).
+pub type Forward = Box<dyn Fn(u64, BreakOrder) -> bool + Send + Sync>;
+
+/// Whether an open is stranded: a gone node's persistent open nobody took
+/// over (its breaks are taken as acknowledged).
+pub type Stranded = Box<dyn Fn(u64) -> bool + Send + Sync>;
 
 /// The directory leases of other cluster nodes, and the way to tell them
 /// of this node's (`crate::dir_leases::ClusterDirLeases`).
@@ -259,6 +266,8 @@ pub struct Oplocks {
     gone: Option<Gone>,
     /// On a cluster node: how a break reaches another node's open.
     forward: std::sync::OnceLock<Forward>,
+    /// On a cluster node: which opens no node serves now.
+    stranded: std::sync::OnceLock<Stranded>,
     /// On a cluster node: the directory leases of the others.
     elsewhere: std::sync::OnceLock<Arc<dyn DirLeasesElsewhere>>,
     /// Orders the telling of other nodes (see `publish_dirs`).
@@ -313,6 +322,7 @@ impl Oplocks {
             dir_leases: AtomicUsize::new(0),
             gone: None,
             forward: std::sync::OnceLock::new(),
+            stranded: std::sync::OnceLock::new(),
             elsewhere: std::sync::OnceLock::new(),
             publishing: Mutex::new(()),
         }
@@ -354,9 +364,19 @@ impl Oplocks {
         }
     }
 
-    /// Sets how breaks reach other nodes' opens; once, at start.
-    pub fn on_forward(&self, f: Forward) {
+    /// Sets how breaks reach other nodes' opens, and which opens no node
+    /// serves; once, at start.
+    pub fn on_forward(&self, f: Forward, stranded: Stranded) {
         let _ = self.forward.set(f);
+        let _ = self.stranded.set(stranded);
+    }
+
+    /// Takes a break nobody can receive as acknowledged with what it asked.
+    fn ack_stranded(&self, file: FileKey, order: BreakOrder) {
+        let _ = self.ack(file, |s| match order.holder {
+            Holder::Lease(id) => s.ack_lease(id, order.to),
+            Holder::Oplock(o) => s.ack_oplock(o, caching::oplock_level(order.to)),
+        });
     }
 
     /// Delivers a break another node sent for an open of this one.
@@ -417,7 +437,7 @@ impl Oplocks {
             self.count_dirs(&t);
             (c, sends, summary.changed)
         };
-        self.send(sends);
+        self.send(file, sends);
         self.tell(changed);
         contention
     }
@@ -441,6 +461,23 @@ impl Oplocks {
     /// go to the handler set by `on_disconnected_break`.
     pub fn detach(&self, open_id: u64) {
         lock(&self.notifier.routes).insert(open_id, Destination::Disconnected);
+    }
+
+    /// A persistent open of a gone cluster node is taken over here
+    /// (`crate::failover`): its grant is in the file's record already;
+    /// this node learns its lease and keeps it disconnected.
+    pub fn take_over(&self, file: FileKey, open_id: u64) {
+        let s = records::read::<FileCaching>(&*self.store, &record_key(file)).unwrap_or_default();
+        {
+            let mut t = lock(&self.table);
+            for g in s.grants.iter().filter(|g| g.opens.contains(&open_id)) {
+                if let Holder::Lease(id) = g.holder {
+                    t.lease_files.insert(id, file);
+                }
+                t.granted.insert(file);
+            }
+        }
+        self.detach(open_id);
     }
 
     /// A disconnected durable open was reclaimed: breaks go to its new
@@ -656,6 +693,28 @@ impl Oplocks {
         };
         self.tell(changed);
         wake(woken);
+        // Breaks sent while their node still looked alive, to opens no
+        // node serves now.
+        if let Some(stranded) = self.stranded.get() {
+            let s =
+                records::read::<FileCaching>(&*self.store, &record_key(file)).unwrap_or_default();
+            for g in s.grants.iter() {
+                let Some(b) = g.breaking else { continue };
+                if !g.opens.is_empty() && g.opens.iter().all(|o| stranded(*o)) {
+                    self.ack_stranded(
+                        file,
+                        BreakOrder {
+                            holder: g.holder,
+                            from: g.state,
+                            to: b.sent,
+                            ack_required: true,
+                            epoch: g.epoch,
+                            version: g.version,
+                        },
+                    );
+                }
+            }
+        }
     }
 
     /// The files with requests waiting for breaks.
@@ -718,7 +777,7 @@ impl Oplocks {
             t.settle(file, &summary);
             (AckOutcome::Done(acked), sends, woken, summary.changed)
         };
-        self.send(sends);
+        self.send(file, sends);
         self.tell(changed);
         wake(woken);
         outcome
@@ -786,7 +845,7 @@ impl Oplocks {
             t.settle(file, &summary);
             (extra, sends, summary.changed)
         };
-        self.send(sends);
+        self.send(file, sends);
         self.tell(changed);
         extra
     }
@@ -864,13 +923,21 @@ impl Oplocks {
         }
     }
 
-    fn send(&self, sends: Vec<Target>) {
+    fn send(&self, file: FileKey, sends: Vec<Target>) {
+        let mut stranded = Vec::new();
         for (order, open_id) in sends {
             let here = lock(&self.notifier.routes).contains_key(&open_id);
             match self.forward.get() {
-                Some(forward) if !here => forward(open_id, order),
+                Some(forward) if !here => {
+                    if !forward(open_id, order) && order.ack_required {
+                        stranded.push(order);
+                    }
+                }
                 _ => self.notifier.deliver(open_id, order),
             }
+        }
+        for order in stranded {
+            self.ack_stranded(file, order);
         }
     }
 }

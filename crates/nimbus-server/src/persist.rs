@@ -97,6 +97,12 @@ fn save_with(server: &Server, open: &Open, durability: Durability) -> Result<(),
             Answered::Not
         },
     };
+    // On a cluster node the file's records stay in etcd from now on, so
+    // that they outlive this node (`crate::failover`).
+    if let Some(m) = &server.cluster {
+        m.pin(open.open_id);
+        m.share_file(open.file_key)?;
+    }
     let written = records::update_with::<DurableOpen, _, StateError>(
         &**store,
         &DurableOpen::key(open.open_id),
@@ -139,11 +145,22 @@ fn changed_with(server: &Server, open: &Open, durability: Durability) {
 /// the record itself already is there, and a crash within the store's
 /// flush delay costs only what a crash before the response was written
 /// would have, the handle dropped at start.
+///
+/// On a cluster node the mark is an etcd write: the connection's writer
+/// waits for it (the next response goes out after it, so a client that
+/// heard of anything later on the connection has an answered record), and
+/// lets the runtime move its other tasks to another worker meanwhile.
 pub fn answered(server: &Server, open: &Open) {
     if let Some(d) = lock(&open.durable).as_mut() {
         d.answered = true;
     }
-    changed_with(server, open, Durability::Soon);
+    let multi_thread = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if server.cluster.is_some() && multi_thread {
+        tokio::task::block_in_place(|| changed_with(server, open, Durability::Soon));
+    } else {
+        changed_with(server, open, Durability::Soon);
+    }
 }
 
 /// `open` closed for good: its record goes. Without waiting for the disk
@@ -174,6 +191,7 @@ pub fn forget(server: &Server, open: &Open) {
     if let Err(e) = r {
         tracing::error!("persistent open {}: record not removed: {e}", open.open_id);
     }
+    crate::failover::closed(server, open.open_id);
 }
 
 /// At start: every answered record becomes a disconnected open again,

@@ -224,7 +224,7 @@ impl Server {
         let max_inotify_watches = config.limits.max_inotify_watches;
         // Opened before anything is served: a damaged or unwritable store is
         // a reason not to start, never a silently empty one.
-        let disk_store = match &config.state_dir {
+        let mut disk_store = match &config.state_dir {
             Some(dir) => {
                 let s = nimbus_state::RedbStore::open(dir)
                     .map_err(|e| StartError::State(e.to_string()))?;
@@ -241,6 +241,11 @@ impl Server {
             )),
             None => None,
         };
+        // A cluster node keeps persistent handles in etcd, where they
+        // outlive it (`crate::failover`), whatever `state_dir` says.
+        if let Some(m) = &cluster {
+            disk_store = Some(m.store.clone() as Arc<dyn StateStore>);
+        }
         // A cluster node decides share modes, byte-range locks, oplocks
         // and leases through per-file ownership over etcd.
         let (share_modes, locks, oplocks) = match &cluster {
@@ -249,13 +254,14 @@ impl Server {
                 m.set_owned_store(owned.clone());
                 let m2 = m.clone();
                 let gone: nimbus_state::share_modes::Gone =
-                    Arc::new(move |open_id| m2.is_gone(crate::cluster::incarnation_of(open_id)));
+                    Arc::new(move |open_id| m2.open_is_gone(open_id));
                 let oplocks = Oplocks::with_liveness(break_timeout, owned.clone(), gone.clone());
                 oplocks.set_elsewhere(crate::dir_leases::ClusterDirLeases::start(m.clone()));
-                let m3 = m.clone();
-                oplocks.on_forward(Box::new(move |open_id, order| {
-                    m3.send_break(open_id, &order)
-                }));
+                let (m3, m4) = (m.clone(), m.clone());
+                oplocks.on_forward(
+                    Box::new(move |open_id, order| m3.send_break(open_id, &order)),
+                    Box::new(move |open_id| crate::failover::is_stranded(&m4, open_id)),
+                );
                 (
                     ShareModes::with_liveness(owned.clone(), gone.clone()),
                     ByteRangeLocks::with_liveness(owned, gone),
@@ -347,9 +353,14 @@ impl Server {
                 }
             }));
         }
-        // Persistent handles of the last run wait for their clients.
-        let restored =
-            crate::persist::restore(&server).map_err(|e| StartError::State(e.to_string()))?;
+        // Persistent handles of the last run wait for their clients; a
+        // cluster node's are taken over by whichever node their client
+        // reconnects to.
+        let restored = if server.cluster.is_some() {
+            0
+        } else {
+            crate::persist::restore(&server).map_err(|e| StartError::State(e.to_string()))?
+        };
         if restored > 0 {
             tracing::info!("{restored} persistent handle(s) restored from the state store");
         }
@@ -480,6 +491,24 @@ impl Server {
                     }
                 },
             );
+            // Persistent opens of gone nodes nobody reclaimed in time.
+            let weak = Arc::downgrade(&self);
+            let spawned = std::thread::Builder::new()
+                .name("nimbus-orphans".into())
+                .spawn(move || {
+                    let mut orphans = crate::failover::Orphans::default();
+                    loop {
+                        std::thread::sleep(Duration::from_secs(2));
+                        let Some(s) = weak.upgrade() else { return };
+                        if s.cluster.as_ref().is_none_or(|m| m.is_stopping()) {
+                            return;
+                        }
+                        crate::failover::sweep_orphans(&s, &mut orphans);
+                    }
+                });
+            if let Err(e) = spawned {
+                tracing::error!("cluster: cannot start the orphan sweep: {e}");
+            }
             // Breaks and changes other nodes send for this node's clients.
             let (on_change, on_tick) = (Arc::downgrade(&self), Arc::downgrade(&self));
             let (m1, m2) = (m.clone(), m.clone());

@@ -244,7 +244,10 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
             // A persistent open waits for its client to reclaim it after a
             // restart or a lost connection: it is not taken from it
             // (MS-SMB2 3.3.5.9: STATUS_FILE_NOT_AVAILABLE).
-            Err(SharingError::Violation) if ctx.server.durables.persistent_waits(key) => {
+            Err(SharingError::Violation)
+                if ctx.server.durables.persistent_waits(key)
+                    || crate::failover::waits_for_reclaim(ctx.server, key) =>
+            {
                 return Err(NtStatus::FILE_NOT_AVAILABLE.into())
             }
             Err(SharingError::Violation) => ask.sharing_violation = true,

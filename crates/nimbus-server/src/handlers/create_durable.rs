@@ -339,11 +339,18 @@ pub fn reconnect(
         Reconnect::V2(r) => (r.file_id, Some(r.create_guid)),
     };
     let not_found = NtStatus::OBJECT_NAME_NOT_FOUND;
+    // On a cluster node, an open of a node that died is taken over here
+    // first (`crate::failover`).
     let open = ctx
         .server
         .durables
         .find_disconnected(file_id.persistent)
         .or_else(|| disconnect_if_closing(ctx, file_id.persistent))
+        .or_else(|| {
+            crate::failover::claim(ctx.server, file_id.persistent)
+                .then(|| ctx.server.durables.find_disconnected(file_id.persistent))
+                .flatten()
+        })
         .ok_or(not_found)?;
     let d = lock(&open.durable).clone().ok_or(not_found)?;
     // A v1 open has no CreateGuid: only an all-zero one names it.
