@@ -717,6 +717,13 @@ fn handle_one(
     if let (Some(_), Some(request)) = (async_id, ctx.interim.take()) {
         chain.interims.push(request);
     }
+    // A CANCEL that came while this request ran (on the blocking pool)
+    // ends it now that it waits; its final response follows the interim.
+    if let Some(id) = async_id {
+        if conn.pending.cancelled_early(hdr.session_id, hdr.message_id) {
+            conn.pending.cancel(hdr.session_id, Some(id), hdr.message_id);
+        }
+    }
     chain.on_sent.append(&mut ctx.on_sent);
     if async_id.is_some() {
         out.truncate(body_start);

@@ -73,7 +73,16 @@ pub type Canceller = Box<dyn Fn(NtStatus) + Send + Sync>;
 #[derive(Default)]
 pub struct PendingTable {
     entries: std::sync::Mutex<HashMap<u64, Entry>>,
+    /// CANCELs by MessageId that found nothing yet: (session, message).
+    /// The request may still be running on the blocking pool (a request
+    /// waiting on the disk or on etcd, an encrypted frame): when it goes
+    /// async, it is cancelled at once. MessageIds are never reused on a
+    /// connection; the oldest are forgotten past `EARLY_CANCELS`.
+    early: std::sync::Mutex<std::collections::VecDeque<(u64, u64)>>,
 }
+
+/// How many unmatched CANCELs a connection remembers.
+const EARLY_CANCELS: usize = 64;
 
 struct Entry {
     request: Arc<PendingRequest>,
@@ -99,9 +108,23 @@ impl PendingTable {
         lock(&self.entries).remove(&async_id);
     }
 
+    /// Whether a CANCEL by MessageId came for this request before it went
+    /// async (it is then cancelled as soon as its interim is on its way).
+    pub fn cancelled_early(&self, session_id: u64, message_id: u64) -> bool {
+        let mut early = lock(&self.early);
+        match early.iter().position(|e| *e == (session_id, message_id)) {
+            Some(i) => {
+                early.remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// CANCEL of an async request (by AsyncId), or of one still known by
     /// its MessageId (MS-SMB2 3.3.5.16); only requests of `session_id`.
-    /// Whether one was found.
+    /// Whether one was found; a CANCEL by MessageId that finds nothing is
+    /// remembered for a request still running (`cancelled_early`).
     pub fn cancel(&self, session_id: u64, async_id: Option<u64>, message_id: u64) -> bool {
         let found = {
             let entries = lock(&self.entries);
@@ -121,7 +144,16 @@ impl PendingTable {
                 cancel(NtStatus::CANCELLED);
                 true
             }
-            None => false,
+            None => {
+                if async_id.is_none() {
+                    let mut early = lock(&self.early);
+                    if early.len() >= EARLY_CANCELS {
+                        early.pop_front();
+                    }
+                    early.push_back((session_id, message_id));
+                }
+                false
+            }
         }
     }
 

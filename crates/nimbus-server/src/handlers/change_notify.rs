@@ -78,6 +78,13 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             encode_change_notify_response(out, &data);
             Ok(status)
         }
-        Answer::Waiting => Ok(NtStatus::PENDING),
+        Answer::Waiting => {
+            // The directory may have become delete-pending while this
+            // request was being set up (the close that would have ended it
+            // found no request waiting yet): it ends now, after its
+            // interim response.
+            server.notify.still_open(&server, &open);
+            Ok(NtStatus::PENDING)
+        }
     }
 }
