@@ -211,6 +211,50 @@ pub struct Connection {
     /// not waited for.
     not_reading: AtomicBool,
     close_notify: Notify,
+    /// A cluster node's metadata requests of this connection, run on the
+    /// blocking pool one after another in the order they came.
+    serial: Arc<Serial>,
+}
+
+/// A job of the serial queue.
+type Job = Box<dyn FnOnce() + Send>;
+
+/// Runs jobs on the blocking pool one at a time, in the order submitted,
+/// with no thread of its own while idle. A cluster node's CREATE, SET_INFO,
+/// CLOSE, LOCK... may wait on etcd, so they cannot run in place as on a
+/// single node; running them in order keeps what a client sees the same
+/// (a rename's break is sent before a later CREATE of the same connection
+/// is answered, as smbtorture smb2.lease.rename_wait expects).
+#[derive(Default)]
+struct Serial {
+    queue: Mutex<(std::collections::VecDeque<Job>, bool)>,
+}
+
+impl Serial {
+    fn submit(self: &Arc<Self>, job: Job) {
+        {
+            let mut q = lock(&self.queue);
+            q.0.push_back(job);
+            if q.1 {
+                return;
+            }
+            q.1 = true;
+        }
+        let me = self.clone();
+        tokio::task::spawn_blocking(move || loop {
+            let job = {
+                let mut q = lock(&me.queue);
+                match q.0.pop_front() {
+                    Some(j) => j,
+                    None => {
+                        q.1 = false;
+                        return;
+                    }
+                }
+            };
+            job();
+        });
+    }
 }
 
 impl Connection {
@@ -239,6 +283,7 @@ impl Connection {
             closing: AtomicBool::new(false),
             not_reading: AtomicBool::new(false),
             close_notify: Notify::new(),
+            serial: Arc::default(),
         })
     }
 
@@ -559,15 +604,21 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slo
             }
             continue;
         }
+        let ordered = crate::dispatch::is_ordered(&frame, &limits, &conn);
         let conn2 = conn.clone();
         let tx2 = tx.clone();
-        tokio::task::spawn_blocking(move || {
+        let job = move || {
             if let Some(out) = run_frame(&conn2, frame, allowance) {
                 if tx2.blocking_send((out, in_flight)).is_err() {
                     conn2.close();
                 }
             }
-        });
+        };
+        if ordered {
+            conn.serial.submit(Box::new(job));
+        } else {
+            tokio::task::spawn_blocking(job);
+        }
     }
     conn.close();
     drop(tx);

@@ -316,6 +316,30 @@ pub fn is_quick(frame: &[u8], limits: &Limits, conn: &Connection) -> bool {
     })
 }
 
+/// Whether a frame that is not quick must run after the connection's
+/// earlier such frames (`Connection`'s serial queue): on a cluster node,
+/// a frame of metadata commands only, which would run in place, in order,
+/// on a single node. Data transfer, listings and IOCTLs, and encrypted
+/// frames (which cannot be looked into), run side by side as before.
+pub fn is_ordered(frame: &[u8], limits: &Limits, conn: &Connection) -> bool {
+    if conn.server.cluster.is_none() || frame.starts_with(&TRANSFORM_PROTOCOL_ID) {
+        return false;
+    }
+    chain_offsets(frame, limits.max_compound_requests).all(|off| {
+        let command = u16::from_le_bytes([frame[off + 12], frame[off + 13]]);
+        !matches!(
+            Command::from_u16(command),
+            Some(
+                Command::Read
+                    | Command::Write
+                    | Command::Flush
+                    | Command::QueryDirectory
+                    | Command::Ioctl
+            )
+        )
+    })
+}
+
 /// Whether the request at `off` (or, for a related request naming no tree,
 /// the frame's first) is on a tree of a continuously available share.
 fn on_ca_share(frame: &[u8], off: usize, conn: &Connection) -> bool {
@@ -721,7 +745,8 @@ fn handle_one(
     // ends it now that it waits; its final response follows the interim.
     if let Some(id) = async_id {
         if conn.pending.cancelled_early(hdr.session_id, hdr.message_id) {
-            conn.pending.cancel(hdr.session_id, Some(id), hdr.message_id);
+            conn.pending
+                .cancel(hdr.session_id, Some(id), hdr.message_id);
         }
     }
     chain.on_sent.append(&mut ctx.on_sent);
@@ -746,6 +771,8 @@ fn handle_one(
         message_id: hdr.message_id,
         async_id: async_id.unwrap_or(0),
         tree_id: ctx.response_tree_id.unwrap_or(hdr.tree_id),
+        // The request's own value (see the field).
+        reserved: hdr.reserved,
         session_id: ctx.response_session_id,
         signature: [0; 16],
     };
@@ -942,6 +969,7 @@ fn smb1_negotiate(conn: &Arc<Connection>, frame: &[u8]) -> Option<Outgoing> {
         message_id: 0,
         async_id: 0,
         tree_id: 0,
+        reserved: nimbus_wire::header::DEFAULT_RESERVED,
         session_id: 0,
         signature: [0; 16],
     };

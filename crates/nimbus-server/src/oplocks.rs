@@ -1047,6 +1047,7 @@ impl Outbound {
             message_id: u64::MAX,
             async_id: 0,
             tree_id: 0,
+            reserved: nimbus_wire::header::DEFAULT_RESERVED,
             session_id,
             signature: [0; 16],
         };

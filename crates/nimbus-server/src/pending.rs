@@ -254,6 +254,7 @@ impl PendingRequest {
             message_id: r.message_id,
             async_id: r.async_id,
             tree_id: 0,
+            reserved: 0,
             session_id: r.session_id,
             signature: [0; 16],
         };

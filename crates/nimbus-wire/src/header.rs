@@ -92,9 +92,18 @@ pub struct Header {
     /// Async form: AsyncId; sync form: (TreeId << 32) | ProcessId.
     pub async_id: u64,
     pub tree_id: u32,
+    /// Sync form: the Reserved field (Windows' ProcessId, 0xFEFF). A
+    /// response carries its request's value back, as Samba and Windows do:
+    /// a client may check the signature of a response against a header
+    /// with its own value there (the Rust `smb` crate does).
+    pub reserved: u32,
     pub session_id: u64,
     pub signature: [u8; 16],
 }
+
+/// The Reserved value of messages that answer no request (breaks), as
+/// Windows sends it.
+pub const DEFAULT_RESERVED: u32 = 0xFEFF;
 
 /// Offsets of the SMB2 headers of a compound message (MS-SMB2 3.2.4.1.4,
 /// NextCommand), at most `max` of them. Lenient: it stops at the first
@@ -139,11 +148,11 @@ impl Header {
         let flags = r.u32()?;
         let next_command = r.u32()?;
         let message_id = r.u64()?;
-        let (async_id, tree_id) = if flags & flags::ASYNC_COMMAND != 0 {
-            (r.u64()?, 0)
+        let (async_id, reserved, tree_id) = if flags & flags::ASYNC_COMMAND != 0 {
+            (r.u64()?, 0, 0)
         } else {
-            let _process_id = r.u32()?;
-            (0, r.u32()?)
+            let reserved = r.u32()?;
+            (0, reserved, r.u32()?)
         };
         let session_id = r.u64()?;
         let signature = r.array()?;
@@ -157,6 +166,7 @@ impl Header {
             message_id,
             async_id,
             tree_id,
+            reserved,
             session_id,
             signature,
         })
@@ -190,8 +200,8 @@ impl Header {
         if self.is_async() {
             slot[32..40].copy_from_slice(&self.async_id.to_le_bytes());
         } else {
-            // Sync form: ProcessId (0xFEFF, as Windows sends), then TreeId.
-            slot[32..36].copy_from_slice(&0xFEFFu32.to_le_bytes());
+            // Sync form: Reserved (see the field), then TreeId.
+            slot[32..36].copy_from_slice(&self.reserved.to_le_bytes());
             slot[36..40].copy_from_slice(&self.tree_id.to_le_bytes());
         }
         slot[40..48].copy_from_slice(&self.session_id.to_le_bytes());
@@ -237,6 +247,7 @@ mod tests {
             message_id: 7,
             async_id: 0,
             tree_id: 5,
+            reserved: 0x1234_5678,
             session_id: 0x1122334455667788,
             signature: [9; 16],
         };
@@ -247,6 +258,7 @@ mod tests {
 
         h.flags |= flags::ASYNC_COMMAND;
         h.tree_id = 0;
+        h.reserved = 0;
         h.async_id = 0xABCD;
         out.clear();
         h.write(&mut out);
@@ -266,6 +278,7 @@ mod tests {
             message_id: 0,
             async_id: 0,
             tree_id: 0,
+            reserved: 0,
             session_id: 0,
             signature: [0; 16],
         }

@@ -242,11 +242,25 @@ impl PreauthIntegrity {
 /// MS-SMB2 2.2.3.1.2 SMB2_ENCRYPTION_CAPABILITIES and
 /// 2.2.3.1.7 SMB2_SIGNING_CAPABILITIES.
 pub fn parse_id_list(data: &[u8]) -> WireResult<Vec<u16>> {
-    let mut r = Reader::new(data);
-    let count = r.u16()? as usize;
-    if count == 0 {
+    let ids = parse_ids(data)?;
+    if ids.is_empty() {
         return Err(WireError::Invalid("empty algorithm list"));
     }
+    Ok(ids)
+}
+
+/// MS-SMB2 2.2.3.1.2 SMB2_ENCRYPTION_CAPABILITIES as a server takes it: a
+/// CipherCount of 0 (which 2.2.3.1.2 forbids a client to send, and which
+/// some clients send when they do not want encryption) is read as no
+/// cipher in common, the case 3.3.5.4 answers with cipher id 0 and no
+/// error, as Samba does; only a list its length cannot hold is malformed.
+pub fn parse_cipher_list(data: &[u8]) -> WireResult<Vec<u16>> {
+    parse_ids(data)
+}
+
+fn parse_ids(data: &[u8]) -> WireResult<Vec<u16>> {
+    let mut r = Reader::new(data);
+    let count = r.u16()? as usize;
     (0..count).map(|_| r.u16()).collect()
 }
 
@@ -393,6 +407,11 @@ mod tests {
         assert_eq!(pre.hash_algorithms, vec![HASH_SHA512]);
         assert_eq!(pre.salt.len(), 32);
         assert_eq!(parse_id_list(&req.contexts[1].data).unwrap(), vec![2, 1]);
+        // An empty cipher list is no cipher in common; a short one is
+        // malformed; an empty signing list stays an error.
+        assert_eq!(parse_cipher_list(&[0, 0]).unwrap(), Vec::<u16>::new());
+        assert!(parse_cipher_list(&[2, 0, 1, 0]).is_err());
+        assert!(parse_id_list(&[0, 0]).is_err());
     }
 
     #[test]

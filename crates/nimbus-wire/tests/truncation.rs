@@ -84,6 +84,7 @@ fn header(flags: u32) -> Vec<u8> {
         message_id: 9,
         async_id: 0x77,
         tree_id: 3,
+        reserved: 0xFEFF,
         session_id: 0x4000_0000_0001,
         signature: [0xAB; 16],
     }

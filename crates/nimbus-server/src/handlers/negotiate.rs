@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use nimbus_crypto::{CipherAlgorithm, SigningAlgorithm};
 use nimbus_wire::negotiate::{
-    capabilities, context_type, id_list_context, parse_id_list, security_mode, Dialect,
-    NegotiateRequest, NegotiateResponse, PreauthIntegrity, DIALECT_WILDCARD, HASH_SHA512,
+    capabilities, context_type, id_list_context, parse_cipher_list, parse_id_list, security_mode,
+    Dialect, NegotiateRequest, NegotiateResponse, PreauthIntegrity, DIALECT_WILDCARD, HASH_SHA512,
 };
 use nimbus_wire::NtStatus;
 
@@ -137,7 +137,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
                     );
                 }
                 context_type::ENCRYPTION_CAPABILITIES => {
-                    let offered = parse_id_list(&c.data).map_err(malformed)?;
+                    let offered = parse_cipher_list(&c.data).map_err(malformed)?;
                     // The server's order decides (MS-SMB2 3.3.5.4 lets the
                     // server pick any common cipher); id 0 means "none".
                     cipher = ctx
