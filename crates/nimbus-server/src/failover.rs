@@ -31,14 +31,9 @@ use nimbus_state::durable_record::{Answered, DurableOpen, OPEN_PREFIX};
 use nimbus_state::etcd_store::{Cmp, Op};
 use nimbus_state::records::Record;
 use nimbus_state::{FileKey, OpenRecord, StateStore};
-use nimbus_vfs::{CreateMode, Kind, OpenOptions};
-use nimbus_wire::create::CreateAction;
-use nimbus_wire::fscc::access;
 
 use crate::cluster::incarnation_of;
-use crate::durable::{Durable, Owner};
 use crate::server::Server;
-use crate::session::{NewOpen, Open, ReplayOf};
 
 /// Key prefix of the claims: `holder/<open id>` (8 bytes, big-endian).
 pub const HOLDER_PREFIX: &[u8] = b"holder/";
@@ -141,33 +136,7 @@ pub fn closed(server: &Server, open_id: u64) {
 /// in etcd already (its file's records are shared); only what this node
 /// keeps about its own opens is set up.
 fn take_over(server: &Arc<Server>, r: &DurableOpen, since: Instant) -> Result<(), String> {
-    let share = server
-        .find_share(&r.share)
-        .filter(|s| s.continuous_availability)
-        .ok_or_else(|| {
-            format!(
-                "share \"{}\" is not a continuously available share here",
-                r.share
-            )
-        })?;
-    let fs = share.fs.as_ref().ok_or("not a disk share")?;
-    let write_rights = access::FILE_WRITE_DATA | access::FILE_APPEND_DATA;
-    let opts = OpenOptions {
-        read: r.access & (access::FILE_READ_DATA | access::FILE_EXECUTE) != 0,
-        write: r.access & write_rights != 0,
-        mode: CreateMode::OpenExisting,
-        kind: Kind::File,
-        perm: 0o644,
-        append_only: r.access & write_rights == access::FILE_APPEND_DATA,
-        expect: Some((r.file.dev, r.file.ino)),
-    };
-    let (handle, st, _) = fs
-        .open(&r.path, &opts)
-        .map_err(|e| format!("the file cannot be opened again: {e}"))?;
-    let file = FileKey {
-        dev: st.dev,
-        ino: st.ino,
-    };
+    let (share, handle, file) = crate::persist::open_file_again(server, r)?;
     // Its share-mode entry is in etcd unless something dropped it; then it
     // is put back (or the take-over fails on the conflict).
     let listed = server
@@ -189,58 +158,9 @@ fn take_over(server: &Arc<Server>, r: &DurableOpen, since: Instant) -> Result<()
             .map_err(|e| format!("share modes: {e:?}"))?;
     }
     let slot = server.open_files.reserve().ok_or("too many open files")?;
-    let replay = (r.create_guid != [0; 16]).then_some(ReplayOf {
-        key: (r.client_guid, r.create_guid),
-        create_action: match r.create_action {
-            0 => CreateAction::Superseded,
-            2 => CreateAction::Created,
-            3 => CreateAction::Overwritten,
-            _ => CreateAction::Opened,
-        },
-    });
-    let open = Arc::new(Open::new(NewOpen {
-        volatile_id: server.new_volatile_id(r.open_id, |_| false),
-        open_id: r.open_id,
-        tree_id: 0,
-        share: share.clone(),
-        handle,
-        path: r.path.clone(),
-        is_dir: false,
-        access: r.access,
-        file_key: file,
-        delete_on_close: r.delete_on_close,
-        mode: r.mode,
-        parent_lease: None,
-        file_slot: slot,
-        replay,
-        channel_sequence: 0,
-        app_instance: None,
-        session_id: 0,
-        share_access: r.share_access,
-    }));
-    open.position
-        .store(r.position, std::sync::atomic::Ordering::Relaxed);
-    *crate::session::lock(&open.lock_sequences) = r.lock_sequences;
+    let open = crate::persist::open_of_record(server, r, share, handle, file, slot);
     server.oplocks.take_over(file, r.open_id);
-    server.opens.register(&open);
-    server.durables.granted(
-        &open,
-        Durable {
-            timeout: Duration::from_millis(r.timeout_ms as u64),
-            persistent: true,
-            owner: Owner {
-                user: r.owner_user.clone(),
-                domain: r.owner_domain.clone(),
-            },
-            answered: true,
-            forgotten: false,
-        },
-    );
-    server.durables.name_open(&open);
-    server
-        .durables
-        .disconnect(&open, since)
-        .map_err(|e| format!("{e:?}"))
+    crate::persist::wait_for_client(server, &open, r, since)
 }
 
 /// Persistent records of gone nodes that nobody reclaimed, with when this

@@ -19,14 +19,14 @@ use std::time::{Duration, Instant};
 use nimbus_state::caching::{self, Granted, OpenAsk, Want};
 use nimbus_state::durable_record::{Answered, Caching, DurableOpen, OPEN_PREFIX};
 use nimbus_state::{records, Durability, FileKey, OpenRecord, StateError};
-use nimbus_vfs::{CreateMode, Kind, OpenOptions};
+use nimbus_vfs::{CreateMode, FileHandle, Kind, OpenOptions};
 use nimbus_wire::create::CreateAction;
 use nimbus_wire::fscc::access;
 use nimbus_wire::FileId;
 
 use crate::durable::{Durable, Owner};
 use crate::oplocks::Route;
-use crate::server::Server;
+use crate::server::{Server, Share};
 use crate::session::{lock, NewOpen, Open, ReplayOf};
 
 /// Writes `open`'s record as it stands now, on disk before it returns.
@@ -236,16 +236,6 @@ fn reopen(server: &Arc<Server>, r: &DurableOpen, now: Instant) -> Result<(), Str
     if r.answered != Answered::Yes {
         return Err("its CREATE was never answered".into());
     }
-    let share = server
-        .find_share(&r.share)
-        .filter(|s| s.continuous_availability)
-        .ok_or_else(|| {
-            format!(
-                "share \"{}\" is gone or no longer continuously available",
-                r.share
-            )
-        })?;
-    let fs = share.fs.as_ref().ok_or("not a disk share")?;
     // An open of this node's earlier run: that run's incarnation lives on
     // under this node's lease, so other nodes do not take its entries for
     // a dead node's.
@@ -253,23 +243,7 @@ fn reopen(server: &Arc<Server>, r: &DurableOpen, now: Instant) -> Result<(), Str
         m.adopt(crate::cluster::incarnation_of(r.open_id))
             .map_err(|e| format!("cannot adopt its node incarnation: {e}"))?;
     }
-    let write_rights = access::FILE_WRITE_DATA | access::FILE_APPEND_DATA;
-    let opts = OpenOptions {
-        read: r.access & (access::FILE_READ_DATA | access::FILE_EXECUTE) != 0,
-        write: r.access & write_rights != 0,
-        mode: CreateMode::OpenExisting,
-        kind: Kind::File,
-        perm: 0o644,
-        append_only: r.access & write_rights == access::FILE_APPEND_DATA,
-        expect: Some((r.file.dev, r.file.ino)),
-    };
-    let (handle, st, _) = fs
-        .open(&r.path, &opts)
-        .map_err(|e| format!("the file cannot be opened again: {e}"))?;
-    let file = FileKey {
-        dev: st.dev,
-        ino: st.ino,
-    };
+    let (share, handle, file) = open_file_again(server, r)?;
     let slot = server.open_files.reserve().ok_or("too many open files")?;
     server
         .share_modes
@@ -282,38 +256,7 @@ fn reopen(server: &Arc<Server>, r: &DurableOpen, now: Instant) -> Result<(), Str
             },
         )
         .map_err(|e| format!("share modes: {e:?}"))?;
-    let replay = (r.create_guid != [0; 16]).then_some(ReplayOf {
-        key: (r.client_guid, r.create_guid),
-        create_action: match r.create_action {
-            0 => CreateAction::Superseded,
-            2 => CreateAction::Created,
-            3 => CreateAction::Overwritten,
-            _ => CreateAction::Opened,
-        },
-    });
-    let open = Arc::new(Open::new(NewOpen {
-        volatile_id: server.new_volatile_id(r.open_id, |_| false),
-        open_id: r.open_id,
-        tree_id: 0,
-        share: share.clone(),
-        handle,
-        path: r.path.clone(),
-        is_dir: false,
-        access: r.access,
-        file_key: file,
-        delete_on_close: r.delete_on_close,
-        mode: r.mode,
-        parent_lease: None,
-        file_slot: slot,
-        replay,
-        channel_sequence: 0,
-        app_instance: None,
-        session_id: 0,
-        share_access: r.share_access,
-    }));
-    open.position
-        .store(r.position, std::sync::atomic::Ordering::Relaxed);
-    *lock(&open.lock_sequences) = r.lock_sequences;
+    let open = open_of_record(server, r, share, handle, file, slot);
     if !r.locks.is_empty() {
         server
             .locks
@@ -358,9 +301,108 @@ fn reopen(server: &Arc<Server>, r: &DurableOpen, now: Instant) -> Result<(), Str
         seal: None,
     };
     server.oplocks.admit(file, &ask, route);
-    server.opens.register(&open);
+    wait_for_client(server, &open, r, now)?;
+    tracing::info!(
+        "persistent open {} of {} restored; its client has {} ms to reclaim it",
+        r.open_id,
+        r.path,
+        r.timeout_ms
+    );
+    Ok(())
+}
+
+/// Opens the file of record `r` again on its share, which must still be
+/// continuously available; the file must be the one the record names.
+pub(crate) fn open_file_again(
+    server: &Server,
+    r: &DurableOpen,
+) -> Result<(Arc<Share>, FileHandle, FileKey), String> {
+    let share = server
+        .find_share(&r.share)
+        .filter(|s| s.continuous_availability)
+        .ok_or_else(|| {
+            format!(
+                "share \"{}\" is gone or no longer continuously available",
+                r.share
+            )
+        })?;
+    let fs = share.fs.as_ref().ok_or("not a disk share")?;
+    let write_rights = access::FILE_WRITE_DATA | access::FILE_APPEND_DATA;
+    let opts = OpenOptions {
+        read: r.access & (access::FILE_READ_DATA | access::FILE_EXECUTE) != 0,
+        write: r.access & write_rights != 0,
+        mode: CreateMode::OpenExisting,
+        kind: Kind::File,
+        perm: 0o644,
+        append_only: r.access & write_rights == access::FILE_APPEND_DATA,
+        expect: Some((r.file.dev, r.file.ino)),
+    };
+    let (handle, st, _) = fs
+        .open(&r.path, &opts)
+        .map_err(|e| format!("the file cannot be opened again: {e}"))?;
+    let file = FileKey {
+        dev: st.dev,
+        ino: st.ino,
+    };
+    Ok((share, handle, file))
+}
+
+/// The open record `r` describes, on `handle` (its position, mode and lock
+/// sequences as recorded); nothing knows of it yet.
+pub(crate) fn open_of_record(
+    server: &Server,
+    r: &DurableOpen,
+    share: Arc<Share>,
+    handle: FileHandle,
+    file: FileKey,
+    file_slot: crate::open_files::OpenFileSlot,
+) -> Arc<Open> {
+    let replay = (r.create_guid != [0; 16]).then_some(ReplayOf {
+        key: (r.client_guid, r.create_guid),
+        create_action: match r.create_action {
+            0 => CreateAction::Superseded,
+            2 => CreateAction::Created,
+            3 => CreateAction::Overwritten,
+            _ => CreateAction::Opened,
+        },
+    });
+    let open = Arc::new(Open::new(NewOpen {
+        volatile_id: server.new_volatile_id(r.open_id, |_| false),
+        open_id: r.open_id,
+        tree_id: 0,
+        share,
+        handle,
+        path: r.path.clone(),
+        is_dir: false,
+        access: r.access,
+        file_key: file,
+        delete_on_close: r.delete_on_close,
+        mode: r.mode,
+        parent_lease: None,
+        file_slot,
+        replay,
+        channel_sequence: 0,
+        app_instance: None,
+        session_id: 0,
+        share_access: r.share_access,
+    }));
+    open.position
+        .store(r.position, std::sync::atomic::Ordering::Relaxed);
+    *lock(&open.lock_sequences) = r.lock_sequences;
+    open
+}
+
+/// Registers `open` (of record `r`) as a persistent open whose client is
+/// gone, kept for its timeout from `since`.
+pub(crate) fn wait_for_client(
+    server: &Server,
+    open: &Arc<Open>,
+    r: &DurableOpen,
+    since: Instant,
+) -> Result<(), String> {
+    server.opens.register(open);
     server.durables.granted(
-        &open,
+        open,
         Durable {
             timeout: Duration::from_millis(r.timeout_ms as u64),
             persistent: true,
@@ -372,19 +414,12 @@ fn reopen(server: &Arc<Server>, r: &DurableOpen, now: Instant) -> Result<(), Str
             forgotten: false,
         },
     );
-    server.durables.name_open(&open);
+    server.durables.name_open(open);
     server.oplocks.detach(r.open_id);
     server
         .durables
-        .disconnect(&open, now)
-        .map_err(|e| format!("{e:?}"))?;
-    tracing::info!(
-        "persistent open {} of {} restored; its client has {} ms to reclaim it",
-        r.open_id,
-        r.path,
-        r.timeout_ms
-    );
-    Ok(())
+        .disconnect(open, since)
+        .map_err(|e| format!("{e:?}"))
 }
 
 #[cfg(test)]

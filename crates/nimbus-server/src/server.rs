@@ -450,46 +450,22 @@ impl Server {
             tokio::spawn(m.clone().keep_alive());
             m.clone().serve_ownership();
             // Waiting LOCK requests hear of unlocks on other nodes through
-            // etcd, and of locks a gone node left behind once a second.
-            let (on_change, on_tick) = (Arc::downgrade(&self), Arc::downgrade(&self));
-            m.clone().watch_records(
-                "nimbus-lockwatch",
-                nimbus_state::records::LOCKS_PREFIX.to_vec(),
-                Duration::from_secs(1),
-                move |key| {
-                    let file = FileKey::from_record_key(nimbus_state::records::LOCKS_PREFIX, key);
-                    if let (Some(s), Some(file)) = (on_change.upgrade(), file) {
-                        s.locks.retry(file);
-                    }
-                },
-                move || {
-                    if let Some(s) = on_tick.upgrade() {
-                        for file in s.locks.waiting_files() {
-                            s.locks.retry(file);
-                        }
-                    }
-                },
-            );
+            // etcd, and of locks a gone node left behind once a second;
             // CREATEs and renames waiting for breaks hear of
-            // acknowledgements on other nodes the same way.
-            let (on_change, on_tick) = (Arc::downgrade(&self), Arc::downgrade(&self));
-            m.clone().watch_records(
+            // acknowledgements the same way.
+            self.watch_waiters(
+                m,
+                "nimbus-lockwatch",
+                nimbus_state::records::LOCKS_PREFIX,
+                |s, file| s.locks.retry(file),
+                |s| s.locks.waiting_files(),
+            );
+            self.watch_waiters(
+                m,
                 "nimbus-breakwatch",
-                nimbus_state::records::CACHING_PREFIX.to_vec(),
-                Duration::from_secs(1),
-                move |key| {
-                    let file = FileKey::from_record_key(nimbus_state::records::CACHING_PREFIX, key);
-                    if let (Some(s), Some(file)) = (on_change.upgrade(), file) {
-                        s.oplocks.retry(file);
-                    }
-                },
-                move || {
-                    if let Some(s) = on_tick.upgrade() {
-                        for file in s.oplocks.waiting_files() {
-                            s.oplocks.retry(file);
-                        }
-                    }
-                },
+                nimbus_state::records::CACHING_PREFIX,
+                |s, file| s.oplocks.retry(file),
+                |s| s.oplocks.waiting_files(),
             );
             // Persistent opens of gone nodes nobody reclaimed in time.
             let weak = Arc::downgrade(&self);
@@ -545,6 +521,39 @@ impl Server {
             let _ = t.await;
         }
         Ok(())
+    }
+
+    /// Starts a thread that calls `retry` for each file whose record under
+    /// `prefix` changes in etcd, and for every file `waiting` names once a
+    /// second.
+    fn watch_waiters(
+        self: &Arc<Self>,
+        m: &Arc<crate::cluster::Membership>,
+        name: &str,
+        prefix: &'static [u8],
+        retry: fn(&Server, FileKey),
+        waiting: fn(&Server) -> Vec<FileKey>,
+    ) {
+        let (on_change, on_tick) = (Arc::downgrade(self), Arc::downgrade(self));
+        m.clone().watch_records(
+            name,
+            prefix.to_vec(),
+            Duration::from_secs(1),
+            move |key| {
+                if let (Some(s), Some(file)) =
+                    (on_change.upgrade(), FileKey::from_record_key(prefix, key))
+                {
+                    retry(&s, file);
+                }
+            },
+            move || {
+                if let Some(s) = on_tick.upgrade() {
+                    for file in waiting(&s) {
+                        retry(&s, file);
+                    }
+                }
+            },
+        );
     }
 
     /// A message from another cluster node: a break for one of this node's
