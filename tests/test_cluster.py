@@ -623,3 +623,45 @@ def test_an_unreclaimed_persistent_handle_of_a_killed_node_frees_its_file_at_its
         assert any("was not reclaimed in time; closed" in n.log() for n in nodes[1:])
     finally:
         other.close()
+
+
+# --------------------------------------------------------------------------
+# nimbus status
+
+
+def nimbus_status(node: Node, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(nimbus_binary()), "status", "--config", str(node.conf), *args], capture_output=True, text=True, timeout=30)
+
+
+def status_reports(node: Node) -> dict[str, dict]:
+    out = nimbus_status(node, "--json")
+    assert out.returncode == 0, out.stderr
+    return {r["node"]: r for r in json.loads(out.stdout)}
+
+
+def test_nimbus_status_shows_every_node_with_its_sessions_and_opens(nodes):
+    for n in nodes:
+        n.start()
+    (nodes[0].share / "held.txt").write_bytes(b"held open on n2\n")
+    a = LockClient(nodes[1])
+    try:
+        a.open("held.txt")
+        # Figures are published every 2 s: wait for the one that shows the open.
+        wait_until("n2's figures show its open", lambda: status_reports(nodes[0]).get("n2", {}).get("open_files", 0) >= 1)
+        reports = status_reports(nodes[0])
+        assert set(reports) == {"n1", "n2", "n3"}
+        assert all(r["health"] == "up" for r in reports.values())
+        assert reports["n2"]["sessions"] >= 1 and reports["n2"]["listen"] == [f"{nodes[1].host}:{nodes[1].port}"]
+        assert reports["n2"]["owned_files"] >= 1  # the file is decided in n2's memory
+        assert reports["n1"]["open_files"] == 0
+        # The same as a table, from any node's configuration; one node alone.
+        table = nimbus_status(nodes[2]).stdout.splitlines()
+        assert table[0].split()[:2] == ["NODE", "HEALTH"] and len(table) == 4
+        assert [r["node"] for r in json.loads(nimbus_status(nodes[0], "--node", "n2", "--json").stdout)] == ["n2"]
+        assert 'no node "n9"' in nimbus_status(nodes[0], "--node", "n9").stderr
+    finally:
+        a.close()
+    # A killed node leaves the list with its lease.
+    nodes[2].proc.send_signal(signal.SIGKILL)
+    nodes[2].proc.wait(timeout=10)
+    wait_until("n3 leaves the status", lambda: "n3" not in status_reports(nodes[0]))

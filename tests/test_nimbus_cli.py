@@ -155,3 +155,39 @@ def test_serve_refuses_port_in_use(tmp_path):
         port = taken.getsockname()[1]
         out = _serve_should_refuse(["serve", "--listen", f"127.0.0.1:{port}", "--share", f"data={share}", "--user-db", str(db)])
     assert str(port) in out, out
+
+
+def test_status_of_a_single_node_with_a_state_dir(tmp_path):
+    import json
+    import time
+
+    from conftest import wait_for_port
+
+    share = tmp_path / "share"
+    share.mkdir()
+    db = tmp_path / "users.db"
+    add_user(db, USER, PASSWORD)
+    port = free_port()
+    conf = write_config(tmp_path / "nimbus.toml", port, db, [("data", share, False)])
+    # Without a state directory there is nowhere to read from: the message says so.
+    refused = run_nimbus("status", "--config", str(conf), check=False)
+    assert refused.returncode != 0 and "state_dir" in refused.stderr
+    conf.write_text(conf.read_text().replace("[security]", f'state_dir = "{tmp_path / "state"}"\n\n[security]', 1))
+    proc = subprocess.Popen([str(nimbus_binary()), "serve", "--config", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port("127.0.0.1", port, proc)
+        deadline = time.monotonic() + 20
+        while True:  # the first figures are written as the server starts
+            out = run_nimbus("status", "--config", str(conf), "--json", check=False)
+            if out.returncode == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert out.returncode == 0, out.stderr
+        (report,) = json.loads(out.stdout)
+        assert report["health"] == "up" and report["listen"] == [f"127.0.0.1:{port}"]
+        assert report["open_files"] == 0 and report["sessions"] == 0
+        table = run_nimbus("status", "--config", str(conf)).stdout.splitlines()
+        assert table[0].split()[:2] == ["NODE", "HEALTH"] and table[1].split()[:2] == ["(single)", "up"]
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)

@@ -377,6 +377,11 @@ impl Membership {
         crate::session::lock(&self.pinned).insert(open_id);
     }
 
+    /// How many files this node owns (decides in its memory).
+    pub fn owned_files(&self) -> usize {
+        self.owned.get().map_or(0, |s| s.owned())
+    }
+
     /// Makes sure `file`'s records are in etcd, not owned by this node.
     pub fn share_file(&self, file: nimbus_state::FileKey) -> Result<(), StateError> {
         match self.owned.get() {

@@ -37,6 +37,7 @@ mod security;
 mod server;
 mod session;
 mod session_registry;
+pub mod status;
 
 pub use config::{Config, ConfigError, ShareConfig, SigningPolicy};
 pub use server::{Server, StartError};

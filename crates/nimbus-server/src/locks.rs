@@ -318,6 +318,11 @@ impl ByteRangeLocks {
         }
     }
 
+    /// How many files this node knows to hold byte-range locks.
+    pub fn locked_files(&self) -> usize {
+        self.read().locked.len()
+    }
+
     /// The files with waiting requests.
     pub fn waiting_files(&self) -> Vec<FileKey> {
         self.read().waiting.keys().copied().collect()

@@ -39,6 +39,15 @@ impl OpenRegistry {
             .collect()
     }
 
+    /// How many opens the server has.
+    pub fn len(&self) -> usize {
+        lock(&self.opens).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// Whether `open_id` is open (not yet released).
     pub fn contains(&self, open_id: u64) -> bool {
         lock(&self.opens).contains_key(&open_id)

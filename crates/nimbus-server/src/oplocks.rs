@@ -799,6 +799,11 @@ impl Oplocks {
         })
     }
 
+    /// How many leases this node's opens hold.
+    pub fn lease_count(&self) -> usize {
+        lock(&self.table).lease_files.len()
+    }
+
     /// Whether any directory holds a lease now, here or on another node.
     pub fn has_dir_leases(&self) -> bool {
         self.dir_leases.load(Ordering::Acquire) != 0

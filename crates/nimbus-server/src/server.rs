@@ -446,6 +446,7 @@ impl Server {
         }
         let mut tasks = Vec::new();
         tokio::spawn(crate::durable::DurableOpens::scavenge(self.clone()));
+        tokio::spawn(crate::status::publish_forever(self.clone()));
         if let Some(m) = &self.cluster {
             tokio::spawn(m.clone().keep_alive());
             m.clone().serve_ownership();

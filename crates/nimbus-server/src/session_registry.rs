@@ -24,6 +24,15 @@ impl SessionRegistry {
         lock(&self.sessions).insert(session.id, (Arc::downgrade(session), Arc::downgrade(conn)));
     }
 
+    /// How many sessions are logged on.
+    pub fn len(&self) -> usize {
+        lock(&self.sessions).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     pub fn forget(&self, id: u64) {
         lock(&self.sessions).remove(&id);
     }

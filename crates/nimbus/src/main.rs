@@ -41,6 +41,20 @@ enum Cmd {
         #[command(subcommand)]
         command: ConfigCmd,
     },
+    /// Show the running servers of a configuration: every node of its
+    /// cluster (or one), or the single node; sessions, open files, handles
+    /// waiting for their clients, leases, locked and owned files.
+    Status {
+        /// The configuration file the servers run with.
+        #[arg(long)]
+        config: PathBuf,
+        /// Only this cluster node.
+        #[arg(long)]
+        node: Option<String>,
+        /// JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Measure this machine.
     Bench {
         #[command(subcommand)]
@@ -131,6 +145,14 @@ fn main() -> ExitCode {
         Cmd::Config {
             command: ConfigCmd::Check { file },
         } => config_check(&file),
+        Cmd::Status { config, node, json } => nimbus_server::status::read(&config, node.as_deref())
+            .map(|reports| {
+                if json {
+                    println!("{}", nimbus_server::status::json(&reports));
+                } else {
+                    print!("{}", nimbus_server::status::table(&reports));
+                }
+            }),
         Cmd::Bench {
             command: BenchCmd::Crypto { millis },
         } => {
