@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use nimbus_state::durable_record::{Answered, DurableOpen, OPEN_PREFIX};
 use nimbus_state::etcd_store::{Cmp, Op};
 use nimbus_state::records::Record;
-use nimbus_state::{FileKey, OpenRecord, StateStore};
+use nimbus_state::{FileKey, StateStore};
 
 use crate::cluster::incarnation_of;
 use crate::server::Server;
@@ -137,26 +137,9 @@ pub fn closed(server: &Server, open_id: u64) {
 /// keeps about its own opens is set up.
 fn take_over(server: &Arc<Server>, r: &DurableOpen, since: Instant) -> Result<(), String> {
     let (share, handle, file) = crate::persist::open_file_again(server, r)?;
-    // Its share-mode entry is in etcd unless something dropped it; then it
-    // is put back (or the take-over fails on the conflict).
-    let listed = server
-        .share_modes
-        .record(file)
-        .map(|rec| rec.opens.iter().any(|o| o.open_id == r.open_id))
-        .map_err(|e| format!("share modes: {e:?}"))?;
-    if !listed {
-        server
-            .share_modes
-            .add_open(
-                file,
-                OpenRecord {
-                    open_id: r.open_id,
-                    access: r.access,
-                    share_access: r.share_access,
-                },
-            )
-            .map_err(|e| format!("share modes: {e:?}"))?;
-    }
+    // Its share-mode entry is in etcd; put again, it stays (or comes back,
+    // if something dropped it; the take-over fails on a conflict).
+    crate::persist::add_share_mode(server, r, file)?;
     let slot = server.open_files.reserve().ok_or("too many open files")?;
     let open = crate::persist::open_of_record(server, r, share, handle, file, slot);
     server.oplocks.take_over(file, r.open_id);

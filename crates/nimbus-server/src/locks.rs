@@ -349,16 +349,23 @@ impl ByteRangeLocks {
         }
     }
 
+    /// Whether other cluster nodes may change `file`'s locks, so that this
+    /// node's memory of which files are locked does not settle it. Never on
+    /// a single node: READ and WRITE then ask nothing of the store.
+    fn shared(&self, file: FileKey) -> bool {
+        self.gone.is_some() && !self.store.is_local(&file.record_key(LOCKS_PREFIX))
+    }
+
     /// Whether the file has any byte-range lock (no read or handle caching
     /// is granted on such a file).
     pub fn has_locks(&self, file: FileKey) -> bool {
         if self.read().locked.contains(&file) {
             return true;
         }
-        let key = file.record_key(LOCKS_PREFIX);
-        if self.store.is_local(&key) {
+        if !self.shared(file) {
             return false;
         }
+        let key = file.record_key(LOCKS_PREFIX);
         match records::read::<LockList>(&*self.store, &key) {
             Ok(list) => !list.0.is_empty(),
             Err(e) => {
@@ -379,10 +386,10 @@ impl ByteRangeLocks {
         length: u64,
         write: bool,
     ) -> bool {
-        let key = file.record_key(LOCKS_PREFIX);
-        if !self.read().locked.contains(&file) && self.store.is_local(&key) {
+        if !self.read().locked.contains(&file) && !self.shared(file) {
             return false;
         }
+        let key = file.record_key(LOCKS_PREFIX);
         match records::read::<LockList>(&*self.store, &key) {
             Ok(list) => byte_range::io_conflicts(&list.0, owner, offset, length, write),
             Err(e) => {

@@ -245,17 +245,7 @@ fn reopen(server: &Arc<Server>, r: &DurableOpen, now: Instant) -> Result<(), Str
     }
     let (share, handle, file) = open_file_again(server, r)?;
     let slot = server.open_files.reserve().ok_or("too many open files")?;
-    server
-        .share_modes
-        .add_open(
-            file,
-            OpenRecord {
-                open_id: r.open_id,
-                access: r.access,
-                share_access: r.share_access,
-            },
-        )
-        .map_err(|e| format!("share modes: {e:?}"))?;
+    add_share_mode(server, r, file)?;
     let open = open_of_record(server, r, share, handle, file, slot);
     if !r.locks.is_empty() {
         server
@@ -309,6 +299,26 @@ fn reopen(server: &Arc<Server>, r: &DurableOpen, now: Instant) -> Result<(), Str
         r.timeout_ms
     );
     Ok(())
+}
+
+/// Puts record `r`'s share-mode entry on `file` (again: an entry of the
+/// same open id is replaced, so one still there is kept as it is).
+pub(crate) fn add_share_mode(
+    server: &Server,
+    r: &DurableOpen,
+    file: FileKey,
+) -> Result<(), String> {
+    server
+        .share_modes
+        .add_open(
+            file,
+            OpenRecord {
+                open_id: r.open_id,
+                access: r.access,
+                share_access: r.share_access,
+            },
+        )
+        .map_err(|e| format!("share modes: {e:?}"))
 }
 
 /// Opens the file of record `r` again on its share, which must still be
