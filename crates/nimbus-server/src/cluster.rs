@@ -371,6 +371,13 @@ impl Membership {
         }
     }
 
+    /// `is_gone` without trusting that `incarnation` was seen alive in the
+    /// last second: a client reconnects right after its node left.
+    pub fn is_gone_now(&self, incarnation: u64) -> bool {
+        crate::session::lock(&self.alive).remove(&incarnation);
+        self.is_gone(incarnation)
+    }
+
     /// `open_id` is a persistent open of this node: its file's records
     /// stay in etcd.
     pub fn pin(&self, open_id: u64) {

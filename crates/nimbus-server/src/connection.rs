@@ -21,6 +21,7 @@ use tokio::time::timeout;
 use crate::admission::ConnectionSlot;
 use crate::credits::CreditWindow;
 use crate::dir_budget::EntryBudget;
+use crate::drain::Stage;
 use crate::limits::Limits;
 use crate::pending::PendingTable;
 use crate::server::Server;
@@ -519,6 +520,9 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slo
     let local = stream.local_addr().unwrap_or(peer);
     let (mut rd, mut wr) = stream.into_split();
     let limits = server.config.limits.clone();
+    let stopping = server.clone();
+    let live = stopping.drain.connection_started();
+    let mut stage = stopping.drain.watch();
     let (tx, mut rx) = mpsc::channel::<(Outgoing, InFlight)>(limits.max_outstanding_requests);
     let conn = Connection::new(server, peer, local, slot);
     tracing::debug!("connection from {peer}");
@@ -569,7 +573,7 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slo
             writer_conn.pool.give(out.buf);
             drop(in_flight);
         }
-        let _ = wr.shutdown().await;
+        wr
     });
 
     let memory_kib = kib(limits.max_connection_memory_bytes);
@@ -582,6 +586,8 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slo
         let read = tokio::select! {
             r = read_frame(&conn, &mut rd, &limits, &budget) => r,
             _ = conn.close_notify.notified() => break,
+            // The server stops: no more requests are read (`crate::drain`).
+            _ = crate::drain::reached(&mut stage, Stage::Draining) => break,
         };
         let (frame, in_flight, allowance) = match read {
             Ok(Some(f)) => f,
@@ -633,10 +639,15 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slo
     } else {
         CLOSE_GRACE
     };
-    if timeout(grace, &mut writer).await.is_err() {
-        writer.abort();
-        let _ = writer.await;
-    }
+    let mut wr = match timeout(grace, &mut writer).await {
+        Ok(Ok(wr)) => Some(wr),
+        Ok(Err(_)) => None,
+        Err(_) => {
+            writer.abort();
+            let _ = writer.await;
+            None
+        }
+    };
     // Wait for requests still being processed before releasing the
     // connection's opens.
     let _ = budget
@@ -645,6 +656,15 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slo
         .await;
     let conn2 = conn.clone();
     let _ = tokio::task::spawn_blocking(move || conn2.teardown()).await;
+    drop(live);
+    // A stopping server closes the socket only once it has done what must
+    // come before the client reconnects elsewhere (`crate::drain`).
+    if stopping.drain.stage() != Stage::Serving {
+        crate::drain::reached(&mut stage, Stage::Released).await;
+    }
+    if let Some(wr) = wr.as_mut() {
+        let _ = wr.shutdown().await;
+    }
     tracing::debug!("connection from {peer} closed");
 }
 

@@ -33,11 +33,16 @@ pub struct Durable {
     /// How long the open is kept after its connection is lost.
     pub timeout: Duration,
     pub persistent: bool,
+    /// Its record is in the state store (`crate::persist`): every
+    /// persistent open, and on a cluster node a durable open that a leaving
+    /// node handed back (`crate::failover`). Its changes follow it there,
+    /// and its close removes it.
+    pub in_store: bool,
     pub owner: Owner,
-    /// Persistent opens: the CREATE's response has been written (a record
-    /// of one never answered is dropped at start).
+    /// Opens with a record: the CREATE's response has been written (a
+    /// record of one never answered is dropped at start).
     pub answered: bool,
-    /// Persistent opens: closed, the record removed; a save racing the
+    /// Opens with a record: closed, the record removed; a save racing the
     /// close (a break acknowledged by another client) writes nothing.
     pub forgotten: bool,
 }
@@ -187,6 +192,15 @@ impl DurableOpens {
         let kept = inner.disconnected.remove(&open_id)?;
         inner.forget_kept(open_id, &kept);
         Some(kept.open)
+    }
+
+    /// Every open kept disconnected now.
+    pub fn all_disconnected(&self) -> Vec<Arc<Open>> {
+        lock(&self.inner)
+            .disconnected
+            .values()
+            .map(|k| k.open.clone())
+            .collect()
     }
 
     /// Whether a persistent open of `file` waits for its client to

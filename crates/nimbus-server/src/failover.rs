@@ -1,6 +1,7 @@
-//! Persistent handles across cluster nodes (issue 15, failover): a client
-//! whose node died reconnects to another node and reclaims its persistent
-//! handles there, with their locks and caching.
+//! Durable and persistent handles across cluster nodes (issue 15,
+//! failover and elasticity): a client whose node died or left reconnects
+//! to another node and reclaims its handles there, with their locks and
+//! caching.
 //!
 //! **What outlives a node.** A cluster node keeps persistent open records
 //! (`open/<open id>`, as `crate::persist` writes them) in etcd, not under
@@ -11,9 +12,18 @@
 //! (`Membership::open_is_gone`): other clients' conflicting opens and
 //! locks are refused meanwhile.
 //!
-//! **Reclaim.** The durable reconnect (DH2C) of such an open, on any node,
-//! finds no open there and asks `claim`: the node takes the open by
-//! creating `holder/<open id>` under its lease (only while the record's
+//! **Leaving.** A node that leaves on SIGTERM first closes its
+//! connections, which leaves its durable opens disconnected, then writes a
+//! record of each (`hand_back`) and shares their files, and only then
+//! gives up its lease: to the other nodes its durable opens are then what a
+//! dead node's persistent opens are, with one difference that comes from
+//! MS-SMB2 itself: a break that reaches a durable open whose client is away
+//! closes it (`close_handed_back`), where a persistent one waits for its
+//! client.
+//!
+//! **Reclaim.** The durable reconnect (DHnC or DH2C) of such an open, on
+//! any node, finds no open there and asks `claim`: the node takes the open
+//! by creating `holder/<open id>` under its lease (only while the record's
 //! node is gone and nobody holds it), opens the file again and keeps the
 //! open disconnected with its state as etcd has it; the reconnect then goes
 //! on as on one node. A node that dies holding it lets it go with its
@@ -44,14 +54,16 @@ fn holder_key(open_id: u64) -> Vec<u8> {
     k
 }
 
-/// Takes persistent open `open_id` of a gone node for this one, if nobody
-/// holds it: it is then a disconnected open here, waiting for its client.
-/// Whether it now is.
+/// Takes open `open_id` of a gone node (its record in etcd) for this one,
+/// if nobody holds it: it is then a disconnected open here, waiting for
+/// its client. Whether it now is.
 pub fn claim(server: &Arc<Server>, open_id: u64) -> bool {
     let Some(m) = &server.cluster else {
         return false;
     };
-    if !m.is_gone(incarnation_of(open_id)) {
+    // Asked of etcd again: a client reconnects within a second of its node
+    // leaving, while this node may still remember that node alive.
+    if !m.is_gone_now(incarnation_of(open_id)) {
         return false;
     }
     let key = DurableOpen::key(open_id);
@@ -73,31 +85,44 @@ pub fn claim(server: &Arc<Server>, open_id: u64) -> bool {
         Ok(t) if t.succeeded => {}
         Ok(_) => return false,
         Err(e) => {
-            tracing::warn!("cluster: claiming persistent open {open_id:#x}: {e}");
+            tracing::warn!("cluster: claiming open {open_id:#x}: {e}");
             return false;
         }
     }
     match take_over(server, &record, Instant::now()) {
         Ok(()) => {
             tracing::info!(
-                "cluster: persistent open {open_id:#x} of {} taken over from a gone node; \
+                "cluster: {} open {open_id:#x} of {} taken over from a gone node; \
                  its client has {} ms to reclaim it",
+                kind(&record),
                 record.path,
                 record.timeout_ms
             );
             true
         }
         Err(why) => {
-            tracing::warn!("cluster: persistent open {open_id:#x} not taken over: {why}");
+            tracing::warn!(
+                "cluster: {} open {open_id:#x} not taken over: {why}",
+                kind(&record)
+            );
             let _ = m.store.txn(&[], &[Op::Delete(&holder)], &[]);
             false
         }
     }
 }
 
+fn kind(r: &DurableOpen) -> &'static str {
+    if r.persistent {
+        "persistent"
+    } else {
+        "durable"
+    }
+}
+
 /// Whether `file` has a persistent open of a gone node that waits for its
 /// client to reclaim it (no node has taken it over yet): a conflicting
-/// open is then told STATUS_FILE_NOT_AVAILABLE, as on one node.
+/// open is then told STATUS_FILE_NOT_AVAILABLE, as on one node. (A durable
+/// one is closed by the break the conflicting open sends instead.)
 pub fn waits_for_reclaim(server: &Server, file: FileKey) -> bool {
     let Some(m) = &server.cluster else {
         return false;
@@ -105,14 +130,84 @@ pub fn waits_for_reclaim(server: &Server, file: FileKey) -> bool {
     let Ok(rec) = server.share_modes.record(file) else {
         return false;
     };
-    rec.opens.iter().any(|o| is_stranded(m, o.open_id))
+    rec.opens
+        .iter()
+        .any(|o| stranded_record(m, o.open_id).is_some_and(|r| r.persistent))
 }
 
-/// Whether `open_id` is a gone node's persistent open no node took over.
+/// Whether `open_id` is a gone node's open with a record that no node took
+/// over.
 pub fn is_stranded(m: &crate::cluster::Membership, open_id: u64) -> bool {
-    m.is_gone(incarnation_of(open_id))
-        && !m.open_is_gone(open_id)
-        && matches!(m.store.get(&holder_key(open_id)), Ok(None))
+    stranded_record(m, open_id).is_some()
+}
+
+/// The record of `open_id` when it is a gone node's open no node took
+/// over. An etcd that does not answer proves nothing: None.
+fn stranded_record(m: &crate::cluster::Membership, open_id: u64) -> Option<DurableOpen> {
+    if !m.is_gone(incarnation_of(open_id)) || m.open_is_gone(open_id) {
+        return None;
+    }
+    let v = m.store.get(&DurableOpen::key(open_id)).ok()??;
+    let r = DurableOpen::decode(&v.value).ok()?;
+    matches!(m.store.get(&holder_key(open_id)), Ok(None)).then_some(r)
+}
+
+/// A break for `open_id`, which no node serves. A durable open handed back
+/// by a node that left is closed, as a break closes a disconnected durable
+/// open on one node (MS-SMB2 3.3.4.6 sends it nowhere, and the open that
+/// caused it must not wait out the break timeout): taken here and closed,
+/// which ends the break. Whether it was. A persistent one is left to wait
+/// for its client (its break is taken as acknowledged by the caller).
+pub fn close_handed_back(server: &Arc<Server>, open_id: u64) -> bool {
+    let Some(m) = &server.cluster else {
+        return false;
+    };
+    match stranded_record(m, open_id) {
+        Some(r) if !r.persistent => {}
+        _ => return false,
+    }
+    if !claim(server, open_id) {
+        return false;
+    }
+    tracing::info!("cluster: durable open {open_id:#x} of a node that left closed by a break");
+    server.durables.purge(server, open_id)
+}
+
+/// When this node leaves (SIGTERM), after its connections are closed: each
+/// durable open left waiting for its client gets a record in etcd, its
+/// file's state goes back to etcd, and its open id stays live there once
+/// this node's lease is gone (`Membership::open_is_gone`), for the client
+/// to reclaim on another node. Persistent opens have their records
+/// already. Returns how many were handed back.
+pub fn hand_back(server: &Arc<Server>) -> usize {
+    if server.cluster.is_none() {
+        return 0;
+    }
+    let mut handed = 0;
+    for open in server.durables.all_disconnected() {
+        {
+            let mut d = crate::session::lock(&open.durable);
+            match d.as_mut() {
+                Some(d) if !d.in_store && !d.forgotten => {
+                    d.in_store = true;
+                    // Its CREATE was answered: the connection's responses
+                    // were all written before it closed.
+                    d.answered = true;
+                }
+                _ => continue,
+            }
+        }
+        match crate::persist::save(server, &open) {
+            Ok(()) => handed += 1,
+            Err(e) => tracing::warn!(
+                "cluster: durable open {:#x} of {} not handed back: {e}; \
+                 its client cannot reclaim it on another node",
+                open.open_id,
+                open.path()
+            ),
+        }
+    }
+    handed
 }
 
 /// The incarnation that holds a gone node's open now, if one took it over.
@@ -146,7 +241,7 @@ fn take_over(server: &Arc<Server>, r: &DurableOpen, since: Instant) -> Result<()
     crate::persist::wait_for_client(server, &open, r, since)
 }
 
-/// Persistent records of gone nodes that nobody reclaimed, with when this
+/// Records of gone nodes' opens that nobody reclaimed, with when this
 /// node first saw each: after its timeout from then, it is taken and
 /// closed.
 #[derive(Default)]
@@ -154,7 +249,7 @@ pub struct Orphans {
     seen: HashMap<u64, Instant>,
 }
 
-/// One look for orphaned persistent records (every few seconds).
+/// One look for orphaned open records (every few seconds).
 pub fn sweep_orphans(server: &Arc<Server>, orphans: &mut Orphans) {
     let Some(m) = &server.cluster else {
         return;
@@ -165,7 +260,7 @@ pub fn sweep_orphans(server: &Arc<Server>, orphans: &mut Orphans) {
     ) {
         (Ok(r), Ok(h)) => (r, h),
         (Err(e), _) | (_, Err(e)) => {
-            tracing::warn!("cluster: looking for orphaned persistent opens: {e}");
+            tracing::warn!("cluster: looking for orphaned durable opens: {e}");
             return;
         }
     };
@@ -196,7 +291,8 @@ pub fn sweep_orphans(server: &Arc<Server>, orphans: &mut Orphans) {
         // Its time is up: taken here and closed at once.
         if claim(server, open_id) {
             tracing::info!(
-                "cluster: persistent open {open_id:#x} of {} was not reclaimed in time; closed",
+                "cluster: {} open {open_id:#x} of {} was not reclaimed in time; closed",
+                kind(&r),
                 r.path
             );
             server.durables.purge(server, open_id);

@@ -14,6 +14,7 @@ mod dir_budget;
 mod dir_leases;
 mod dispatch;
 mod dosinfo;
+mod drain;
 mod durable;
 mod errors;
 mod failover;

@@ -44,7 +44,7 @@ fn save_with(server: &Server, open: &Open, durability: Durability) -> Result<(),
     // and the answered mark's) write in turn, the later one seeing all the
     // earlier one did.
     let guard = lock(&open.durable);
-    let Some(d) = guard.as_ref().filter(|d| d.persistent && !d.forgotten) else {
+    let Some(d) = guard.as_ref().filter(|d| d.in_store && !d.forgotten) else {
         return Ok(());
     };
     let (granted, lease) = server.oplocks.held_by(open.file_key, open.open_id);
@@ -96,6 +96,7 @@ fn save_with(server: &Server, open: &Open, durability: Durability) -> Result<(),
         } else {
             Answered::Not
         },
+        persistent: d.persistent,
     };
     // On a cluster node the file's records stay in etcd from now on, so
     // that they outlive this node (`crate::failover`).
@@ -132,11 +133,11 @@ pub fn changed_soon(server: &Server, open: &Open) {
 }
 
 fn changed_with(server: &Server, open: &Open, durability: Durability) {
-    if !open.is_persistent() {
+    if !open.has_record() {
         return;
     }
     if let Err(e) = save_with(server, open, durability) {
-        tracing::error!("persistent open {}: record not updated: {e}", open.open_id);
+        tracing::error!("durable open {}: record not updated: {e}", open.open_id);
     }
 }
 
@@ -173,7 +174,7 @@ pub fn forget(server: &Server, open: &Open) {
     // writes nothing.
     let mut guard = lock(&open.durable);
     match guard.as_mut() {
-        Some(d) if d.persistent => d.forgotten = true,
+        Some(d) if d.in_store => d.forgotten = true,
         _ => return,
     }
     let Some(store) = server.disk_store.as_ref() else {
@@ -189,7 +190,7 @@ pub fn forget(server: &Server, open: &Open) {
     })();
     drop(guard);
     if let Err(e) = r {
-        tracing::error!("persistent open {}: record not removed: {e}", open.open_id);
+        tracing::error!("durable open {}: record not removed: {e}", open.open_id);
     }
     crate::failover::closed(server, open.open_id);
 }
@@ -322,14 +323,15 @@ pub(crate) fn add_share_mode(
 }
 
 /// Opens the file of record `r` again on its share, which must still be
-/// continuously available; the file must be the one the record names.
+/// continuously available for a persistent open; the file must be the one
+/// the record names.
 pub(crate) fn open_file_again(
     server: &Server,
     r: &DurableOpen,
 ) -> Result<(Arc<Share>, FileHandle, FileKey), String> {
     let share = server
         .find_share(&r.share)
-        .filter(|s| s.continuous_availability)
+        .filter(|s| s.continuous_availability || !r.persistent)
         .ok_or_else(|| {
             format!(
                 "share \"{}\" is gone or no longer continuously available",
@@ -402,8 +404,8 @@ pub(crate) fn open_of_record(
     open
 }
 
-/// Registers `open` (of record `r`) as a persistent open whose client is
-/// gone, kept for its timeout from `since`.
+/// Registers `open` (of record `r`) as an open whose client is gone, kept
+/// for its timeout from `since`, its record in the store.
 pub(crate) fn wait_for_client(
     server: &Server,
     open: &Arc<Open>,
@@ -415,7 +417,8 @@ pub(crate) fn wait_for_client(
         open,
         Durable {
             timeout: Duration::from_millis(r.timeout_ms as u64),
-            persistent: true,
+            persistent: r.persistent,
+            in_store: true,
             owner: Owner {
                 user: r.owner_user.clone(),
                 domain: r.owner_domain.clone(),

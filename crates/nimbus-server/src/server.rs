@@ -107,6 +107,8 @@ pub struct Server {
     pub durables: crate::durable::DurableOpens,
     /// Every session, found by id from any connection.
     pub sessions: crate::session_registry::SessionRegistry,
+    /// Stopping without losing what clients were told (`crate::drain`).
+    pub drain: crate::drain::Drain,
     /// The store on disk in `state_dir`, for what must outlive the process.
     pub disk_store: Option<Arc<dyn StateStore>>,
     /// This node's membership of its cluster (`[cluster]`), or None.
@@ -257,11 +259,6 @@ impl Server {
                     Arc::new(move |open_id| m2.open_is_gone(open_id));
                 let oplocks = Oplocks::with_liveness(break_timeout, owned.clone(), gone.clone());
                 oplocks.set_elsewhere(crate::dir_leases::ClusterDirLeases::start(m.clone()));
-                let (m3, m4) = (m.clone(), m.clone());
-                oplocks.on_forward(
-                    Box::new(move |open_id, order| m3.send_break(open_id, &order)),
-                    Box::new(move |open_id| crate::failover::is_stranded(&m4, open_id)),
-                );
                 (
                     ShareModes::with_liveness(owned.clone(), gone.clone()),
                     ByteRangeLocks::with_liveness(owned, gone),
@@ -310,6 +307,7 @@ impl Server {
             notify,
             durables: crate::durable::DurableOpens::new(keep),
             sessions: Default::default(),
+            drain: Default::default(),
             disk_store,
             cluster,
             notify_relay,
@@ -338,9 +336,32 @@ impl Server {
                     }
                 }
             }));
-        // A persistent open's record follows the caching it holds: a lease
-        // broken from RH to R must not come back with H after a restart.
-        if server.offers_persistent_handles() {
+        // Breaks for other nodes' opens go there as messages; one for an
+        // open no node serves is taken as acknowledged (a persistent open
+        // waiting for its client), or closes it (a durable one a leaving
+        // node handed back: `crate::failover`).
+        if let Some(m) = &server.cluster {
+            let (m3, m4) = (m.clone(), m.clone());
+            let (w3, w4) = (Arc::downgrade(&server), Arc::downgrade(&server));
+            server.oplocks.on_forward(
+                Box::new(move |open_id, order| {
+                    m3.send_break(open_id, &order)
+                        || w3
+                            .upgrade()
+                            .is_some_and(|s| crate::failover::close_handed_back(&s, open_id))
+                }),
+                Box::new(move |open_id| {
+                    crate::failover::is_stranded(&m4, open_id)
+                        && !w4
+                            .upgrade()
+                            .is_some_and(|s| crate::failover::close_handed_back(&s, open_id))
+                }),
+            );
+        }
+        // A record follows the caching its open holds: a lease broken from
+        // RH to R must not come back with H after a restart or on another
+        // node.
+        if server.offers_persistent_handles() || server.cluster.is_some() {
             let weak = Arc::downgrade(&server);
             server.oplocks.on_caching_changed(Box::new(move |open_ids| {
                 let Some(s) = weak.upgrade() else {
@@ -583,13 +604,50 @@ impl Server {
         }
     }
 
-    /// Before the process exits on a signal: the node leaves its cluster,
-    /// and what the stores hold only in memory for a few milliseconds goes
-    /// to disk.
-    pub fn shutdown(&self) {
-        if let Some(m) = &self.cluster {
-            m.leave();
+    /// On SIGTERM or Ctrl-C, before `shutdown`: no more requests are taken,
+    /// those already read are answered, every connection's sessions end,
+    /// and a cluster node hands its durable opens back to etcd and leaves;
+    /// only then do the sockets close (`crate::drain`). A connection whose
+    /// requests do not finish within `within` is not waited for.
+    pub async fn stop(self: &Arc<Self>, within: Duration) {
+        let open = self.drain.live();
+        if !self.drain.begin(within).await {
+            tracing::warn!(
+                "stopping: {} of {open} connection(s) did not finish their requests within {}s",
+                self.drain.live(),
+                within.as_secs()
+            );
         }
+        if self.cluster.is_some() {
+            let s = self.clone();
+            let handed = tokio::task::spawn_blocking(move || {
+                let n = crate::failover::hand_back(&s);
+                s.leave_cluster();
+                n
+            })
+            .await
+            .unwrap_or(0);
+            tracing::info!(
+                "stopping: {handed} durable handle(s) handed back for their clients to \
+                 reclaim on another node"
+            );
+        }
+        self.drain.release();
+    }
+
+    fn leave_cluster(&self) {
+        if let Some(m) = &self.cluster {
+            if !m.is_stopping() {
+                m.leave();
+            }
+        }
+    }
+
+    /// Before the process exits on a signal: the node leaves its cluster
+    /// (if `stop` has not), and what the stores hold only in memory for a
+    /// few milliseconds goes to disk.
+    pub fn shutdown(&self) {
+        self.leave_cluster();
         if let Some(store) = &self.disk_store {
             if let Err(e) = store.flush() {
                 tracing::error!("state store: last flush failed: {e}");
@@ -598,8 +656,15 @@ impl Server {
     }
 
     async fn accept_loop(self: Arc<Self>, listener: TcpListener) {
+        let mut stage = self.drain.watch();
         loop {
-            match listener.accept().await {
+            let accepted = tokio::select! {
+                a = listener.accept() => a,
+                // Stopping: the listener closes, a client's new connection
+                // is refused and goes to another node.
+                _ = crate::drain::reached(&mut stage, crate::drain::Stage::Draining) => return,
+            };
+            match accepted {
                 Ok((stream, peer)) => {
                     let slot = match self.admission.admit(peer.ip(), &self.config.limits) {
                         Ok(slot) => slot,

@@ -257,4 +257,10 @@ impl Open {
     pub fn is_persistent(&self) -> bool {
         lock(&self.durable).as_ref().is_some_and(|d| d.persistent)
     }
+
+    /// Whether the open's record is in the state store (see
+    /// `Durable::in_store`).
+    pub fn has_record(&self) -> bool {
+        lock(&self.durable).as_ref().is_some_and(|d| d.in_store)
+    }
 }

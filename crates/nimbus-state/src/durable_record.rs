@@ -1,7 +1,8 @@
-//! The record of a persistent (or, later, any durable) open: everything a
-//! server needs to rebuild the open after a restart, or on another node,
-//! so that its client can reclaim it (MS-SMB2 3.3.5.9.12). Never a session
-//! key: the client authenticates again and only the owner's name is kept.
+//! The record of a persistent open, or of a durable one a cluster node
+//! handed back when it left: everything a server needs to rebuild the open
+//! after a restart, or on another node, so that its client can reclaim it
+//! (MS-SMB2 3.3.5.9.12). Never a session key: the client authenticates
+//! again and only the owner's name is kept.
 //!
 //! One versioned encoding (a layout byte first), shared by every store
 //! backend like the other records; a damaged or foreign value decodes to
@@ -17,8 +18,13 @@ use crate::store::StateError;
 /// lists them in id order).
 pub const OPEN_PREFIX: &[u8] = b"open/";
 
-/// Layout 1 of an open record.
+/// Layout 1 of an open record: a persistent open's.
 const OPEN_V1: u8 = 1;
+/// Layout 2: layout 1 and then whether the open is persistent. Written only
+/// for opens that are not (durable opens a leaving node handed back), so a
+/// persistent open's record reads the same to a node that knows layout 1
+/// alone.
+const OPEN_V2: u8 = 2;
 
 /// Strings (share name, path, user, domain) longer than this are refused:
 /// no name a server accepts comes near it.
@@ -72,6 +78,9 @@ pub struct DurableOpen {
     pub lock_sequences: [u8; 64],
     pub create_action: u8,
     pub answered: Answered,
+    /// A persistent open (kept whatever breaks it is sent), or a durable
+    /// one (closed by a break that reaches it while its client is away).
+    pub persistent: bool,
 }
 
 impl Default for DurableOpen {
@@ -96,6 +105,7 @@ impl Default for DurableOpen {
             lock_sequences: [0xFF; 64],
             create_action: 0,
             answered: Answered::Not,
+            persistent: true,
         }
     }
 }
@@ -124,7 +134,7 @@ fn get_str(r: &mut Cursor<'_>) -> Result<String, StateError> {
 impl Record for DurableOpen {
     fn encode(&self) -> Vec<u8> {
         let mut w = Vec::with_capacity(256 + self.path.len() + self.locks.len() * 17);
-        w.push(OPEN_V1);
+        w.push(if self.persistent { OPEN_V1 } else { OPEN_V2 });
         w.extend_from_slice(&self.open_id.to_le_bytes());
         w.extend_from_slice(&self.file.dev.to_le_bytes());
         w.extend_from_slice(&self.file.ino.to_le_bytes());
@@ -172,12 +182,16 @@ impl Record for DurableOpen {
             Answered::Not => 0,
             Answered::Yes => 1,
         });
+        if !self.persistent {
+            w.push(0);
+        }
         w
     }
 
     fn decode(bytes: &[u8]) -> Result<DurableOpen, StateError> {
         let mut r = Cursor(bytes);
-        if r.u8()? != OPEN_V1 {
+        let layout = r.u8()?;
+        if layout != OPEN_V1 && layout != OPEN_V2 {
             return Err(StateError::Corrupt("open record layout"));
         }
         let open_id = r.u64()?;
@@ -227,6 +241,7 @@ impl Record for DurableOpen {
             1 => Answered::Yes,
             _ => return Err(StateError::Corrupt("open record answered")),
         };
+        let persistent = layout == OPEN_V1 || r.flag()?;
         if !r.0.is_empty() {
             return Err(StateError::Corrupt("open record trailing bytes"));
         }
@@ -250,6 +265,7 @@ impl Record for DurableOpen {
             lock_sequences,
             create_action,
             answered,
+            persistent,
         })
     }
 
@@ -308,6 +324,7 @@ mod tests {
             lock_sequences: seqs,
             create_action: 2,
             answered: Answered::Yes,
+            persistent: true,
         }
     }
 
@@ -324,6 +341,28 @@ mod tests {
         assert_eq!(DurableOpen::decode(&plain.encode()).unwrap(), plain);
         let nothing = DurableOpen::default();
         assert_eq!(DurableOpen::decode(&nothing.encode()).unwrap(), nothing);
+        let handed_back = DurableOpen {
+            persistent: false,
+            ..sample()
+        };
+        let bytes = handed_back.encode();
+        assert_eq!(bytes[0], OPEN_V2);
+        assert_eq!(DurableOpen::decode(&bytes).unwrap(), handed_back);
+    }
+
+    /// A persistent open's record keeps layout 1 byte for byte: a node
+    /// that knows no later layout reads it as before.
+    #[test]
+    fn a_persistent_record_keeps_layout_1() {
+        let r = sample();
+        let bytes = r.encode();
+        assert_eq!(bytes[0], OPEN_V1);
+        let v2 = DurableOpen {
+            persistent: false,
+            ..sample()
+        }
+        .encode();
+        assert_eq!(&v2[1..], [&bytes[1..], &[0u8][..]].concat());
     }
 
     #[test]
@@ -333,8 +372,14 @@ mod tests {
             assert!(DurableOpen::decode(&bytes[..n]).is_err(), "{n} bytes");
         }
         let mut v = bytes.clone();
-        v[0] = 2;
+        v[0] = 3;
         assert!(DurableOpen::decode(&v).is_err(), "unknown layout");
+        let mut v = bytes.clone();
+        v[0] = OPEN_V2;
+        assert!(
+            DurableOpen::decode(&v).is_err(),
+            "layout 2 without its flag"
+        );
         let mut v = bytes.clone();
         v.push(0);
         assert!(DurableOpen::decode(&v).is_err(), "trailing bytes");

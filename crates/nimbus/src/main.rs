@@ -256,6 +256,9 @@ fn build_config(args: &ServeArgs) -> Result<Config, String> {
     Ok(cfg)
 }
 
+/// How long a stopping server waits for its connections' requests.
+const STOP_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+
 fn serve(args: ServeArgs) -> Result<(), String> {
     let cfg = build_config(&args)?;
     let server = Server::new(cfg).map_err(|e| e.to_string())?;
@@ -268,16 +271,19 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .map_err(|e| format!("cannot watch for SIGTERM: {e}"))?;
         tokio::select! {
-            r = running.run() => r.map_err(|e| e.to_string()),
-            _ = tokio::signal::ctrl_c() => {
-                tracing::info!("interrupted; shutting down");
-                Ok(())
-            }
-            _ = term.recv() => {
-                tracing::info!("terminated; shutting down");
-                Ok(())
-            }
+            r = running.clone().run() => return r.map_err(|e| e.to_string()),
+            _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; shutting down"),
+            _ = term.recv() => tracing::info!("terminated; shutting down"),
         }
+        // Requests already read are answered and a cluster node hands its
+        // durable handles on before the sockets close; a second signal
+        // does not wait for that.
+        tokio::select! {
+            _ = running.stop(STOP_WITHIN) => {}
+            _ = tokio::signal::ctrl_c() => tracing::warn!("interrupted again; not waiting"),
+            _ = term.recv() => tracing::warn!("terminated again; not waiting"),
+        }
+        Ok(())
     });
     server.shutdown();
     result

@@ -143,6 +143,7 @@ pub fn grant(
         Durable {
             timeout,
             persistent,
+            in_store: persistent,
             owner,
             answered: false,
             forgotten: false,
@@ -161,6 +162,7 @@ pub fn grant(
                 );
                 if let Some(d) = lock(&open.durable).as_mut() {
                     d.persistent = false;
+                    d.in_store = false;
                 }
                 false
             }

@@ -94,6 +94,7 @@ fn request_resiliency(ctx: &mut Ctx<'_>, req: &IoctlRequest<'_>) -> Result<(), N
         crate::durable::Durable {
             timeout,
             persistent: false,
+            in_store: false,
             owner,
             answered: true,
             forgotten: false,
