@@ -14,16 +14,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_listening(port: int, proc: subprocess.Popen, name: str, timeout: float = 20.0) -> None:
-    """Returns once 127.0.0.1:port accepts connections; raises if `proc`
-    exits first or `timeout` seconds pass."""
+def wait_listening(port: int, proc: subprocess.Popen, name: str, timeout: float = 20.0, host: str = "127.0.0.1") -> None:
+    """Returns once host:port accepts connections; raises if `proc` exits
+    first or `timeout` seconds pass."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{name} exited with status {proc.returncode} before listening")
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            socket.create_connection((host, port), timeout=0.5).close()
             return
         except OSError:
             time.sleep(0.05)
-    raise TimeoutError(f"{name} did not listen on 127.0.0.1:{port} within {timeout:.0f} s")
+    raise TimeoutError(f"{name} did not listen on {host}:{port} within {timeout:.0f} s")

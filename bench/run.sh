@@ -7,6 +7,9 @@
 #   bash bench/run.sh                  the whole benchmark (about 10 minutes)
 #   bash bench/run.sh --no-write       print only
 #   bash bench/run.sh --help           the options of side_by_side.py
+#   bash bench/run.sh --cluster [...]  a three-node cluster against one node
+#                                      and Samba (bench/cluster_contention.py,
+#                                      about 8 minutes; its --help for options)
 #
 # Needs root, or sudo: smbd serves files as the logged-on user.
 set -euo pipefail
@@ -15,13 +18,29 @@ set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
 cd "$NIMBUS_ROOT"
 
+cluster=0
+if [ "${1:-}" = "--cluster" ]; then
+    cluster=1
+    shift
+fi
+
 section "Checking dependencies"
 apt_install samba smbclient samba-testsuite
+if [ "$cluster" = 1 ]; then
+    apt_install etcd-server etcd-client
+fi
 ensure_build_deps
 ensure_test_venv
 
 section "Building nimbus (release)"
 cargo build --release -p nimbus
+
+if [ "$cluster" = 1 ]; then
+    section "A three-node cluster against one node and Samba"
+    as_root "$NIMBUS_VENV/bin/python3" bench/cluster_contention.py \
+        --nimbus "$NIMBUS_TARGET_DIR/release/nimbus" "$@"
+    exit 0
+fi
 
 section "Nimbus against Samba"
 as_root "$NIMBUS_VENV/bin/python3" bench/side_by_side.py \

@@ -1,0 +1,270 @@
+#!/usr/bin/env python3
+"""Open/close rates of a three-node Nimbus cluster against one Nimbus node
+and one Samba smbd, same machine, same client, same run (issue 15).
+
+    bash bench/run.sh --cluster [--seconds 5] [--nprocs 1 4 16 64] [--no-write]
+
+The seed workload of the Samba team's cluster talk: smbtorture
+`smb2.bench.path-contention-shared` (open and close of one path, as fast
+as each connection can, for --seconds), at each --nprocs, in two cases:
+
+- **distinct**: nprocs smbtorture processes, each opening its own file
+  through one connection; on the cluster, process i goes to node i mod 3.
+  Nothing is contended: each file is used from one node alone.
+- **shared**: one smbtorture process with nprocs connections opening one
+  file; on the cluster its connections are spread over the three nodes
+  (`--option=torture:unclist=...`). Every open is contended across nodes.
+
+Rows: the cluster (3 nodes on 127.0.0.1-3 on one 3-member etcd cluster,
+all on this machine), one Nimbus node (embedded store), one smbd; each
+rate is the sum over processes of the median of smbtorture's per-second
+open rates (the first second dropped). For the cluster, etcd
+transactions per open: etcd's revision advance during the run (every
+write transaction advances it by one), less what the idle cluster writes
+in the same time, over the opens counted. The ceiling a design with one
+etcd transaction per open would hit is this machine's `etcdctl check
+perf` write rate, printed beside.
+
+Writes its table into BENCHMARKS.md between the cluster markers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(REPO / "tests"))
+from etcd_cluster import EtcdCluster  # noqa: E402
+from netutil import free_port, wait_listening  # noqa: E402
+from side_by_side import PASSWORD, SHARE, USER, start_nimbus, start_smbd  # noqa: E402
+
+MARK_BEGIN = "<!-- cluster: begin (written by bench/cluster_contention.py) -->"
+MARK_END = "<!-- cluster: end -->"
+HOSTS = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+
+
+class Target:
+    """Where smbtorture goes: one address, or the three nodes."""
+
+    def __init__(self, name: str, hosts: list[str], port: int, share_dir: Path, etcd: EtcdCluster | None = None):
+        self.name, self.hosts, self.port, self.share_dir, self.etcd = name, hosts, port, share_dir, etcd
+
+    def revision(self) -> int:
+        out = json.loads(self.etcd.etcdctl("endpoint", "status", "-w", "json"))
+        return max(int(m["Status"]["header"]["revision"]) for m in out)
+
+
+def start_cluster(nimbus: str, state: Path, share_dir: Path, etcd: EtcdCluster) -> tuple[Target, list[subprocess.Popen]]:
+    """Three nodes, one port on three loopback addresses (smbtorture's
+    unclist names hosts; the port is one for all)."""
+    db = state / "users.db"
+    subprocess.run([nimbus, "user", "add", USER, "--db", str(db), "--password-stdin"], input=PASSWORD + "\n", text=True, check=True, capture_output=True)
+    port = free_port()
+    procs = []
+    for i, host in enumerate(HOSTS):
+        name = f"n{i + 1}"
+        conf = state / f"{name}.toml"
+        conf.write_text(
+            "\n".join(
+                [
+                    f'listen = ["{host}:{port}"]',
+                    f"user_db = {json.dumps(str(db))}",
+                    "[security]",
+                    'signing = "auto"',
+                    "[[share]]",
+                    f'name = "{SHARE}"',
+                    f"path = {json.dumps(str(share_dir))}",
+                    "[limits]",
+                    "max_inotify_watches = 0",
+                    "[cluster]",
+                    "etcd = [" + ", ".join(json.dumps(e) for e in etcd.endpoints) + "]",
+                    f'node = "{name}"',
+                    f'advertise = "{host}:{port}"',
+                ]
+            )
+            + "\n"
+        )
+        log = open(state / f"{name}.log", "wb")
+        procs.append(subprocess.Popen([nimbus, "serve", "--config", str(conf)], stdout=log, stderr=subprocess.STDOUT))
+        try:
+            wait_listening(port, procs[-1], name, host=host)
+        except (RuntimeError, TimeoutError) as e:
+            for p in procs:
+                p.kill()
+            sys.exit(f"{e}:\n{(state / f'{name}.log').read_text(errors='replace')[-2000:]}")
+    return Target("Nimbus, 3-node cluster", HOSTS, port, share_dir, etcd), procs
+
+
+def torture(target: Target, host: str, path: str, nprocs: int, seconds: int, unclist: Path | None) -> subprocess.Popen:
+    args = [
+        "smbtorture", f"//{host}/{SHARE}", "-p", str(target.port), "-U", f"{USER}%{PASSWORD}",
+        "smb2.bench.path-contention-shared",
+        f"--option=torture:bench_path={path}", f"--option=torture:nprocs={nprocs}",
+        f"--option=torture:timelimit={seconds}",
+    ]  # fmt: skip
+    if unclist:
+        args.append(f"--option=torture:unclist={unclist}")
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def rate_of(proc: subprocess.Popen, seconds: int, what: str) -> tuple[float, int]:
+    """(median per-second open rate, opens counted) of one smbtorture run."""
+    out, _ = proc.communicate(timeout=seconds + 300)
+    rates = [int(r) for r in re.findall(r"open\[num/s=(\d+)", out)]
+    if proc.returncode != 0 or "success: path-contention-shared" not in out or len(rates) < 2:
+        sys.exit(f"smbtorture ({what}) failed:\n{out[-3000:]}")
+    return statistics.median(rates[1:]), sum(rates)
+
+
+def run_case(target: Target, case: str, nprocs: int, seconds: int, work: Path, idle_writes_per_s: float) -> dict:
+    before = target.revision() if target.etcd else 0
+    started = time.monotonic()
+    if case == "distinct":
+        for i in range(nprocs):
+            (target.share_dir / f"own-{i}.dat").write_bytes(b"x")
+        procs = [torture(target, target.hosts[i % len(target.hosts)], f"own-{i}.dat", 1, seconds, None) for i in range(nprocs)]
+    else:
+        (target.share_dir / "shared.dat").write_bytes(b"x")
+        unclist = None
+        if len(target.hosts) > 1:
+            unclist = work / "unclist"
+            unclist.write_text("".join(f"//{h}/{SHARE}\n" for h in target.hosts))
+        procs = [torture(target, target.hosts[0], "shared.dat", nprocs, seconds, unclist)]
+    results = [rate_of(p, seconds, f"{target.name}, {case}, nprocs {nprocs}") for p in procs]
+    elapsed = time.monotonic() - started
+    row = {"rate": sum(r for r, _ in results)}
+    if target.etcd:
+        opens = sum(n for _, n in results)
+        writes = target.revision() - before - idle_writes_per_s * elapsed
+        row["txn_per_open"] = max(writes, 0) / max(opens, 1)
+    return row
+
+
+def idle_write_rate(target: Target, seconds: float = 5.0) -> float:
+    before = target.revision()
+    time.sleep(seconds)
+    return (target.revision() - before) / seconds
+
+
+def check_perf(etcd: EtcdCluster) -> str:
+    out = etcd.etcdctl("check", "perf", "--load=s", timeout=180)
+    m = re.search(r"Throughput is (\d+) writes/s", out)
+    return f"{m.group(1)} writes/s" if m else out.strip().splitlines()[-1]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=int, default=5, help="length of each smbtorture run")
+    ap.add_argument("--nprocs", type=int, nargs="+", default=[1, 4, 16, 64])
+    ap.add_argument("--nimbus", default=str(REPO / "target" / "release" / "nimbus"))
+    ap.add_argument("--output", default=str(REPO / "BENCHMARKS.md"))
+    ap.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
+    ap.add_argument("--no-check-perf", action="store_true", help="skip etcdctl check perf (60 s)")
+    ap.add_argument("--cases", nargs="+", default=["distinct", "shared"], choices=["distinct", "shared"])
+    ap.add_argument("--keep", action="store_true", help="keep the work directory (logs) under /dev/shm")
+    args = ap.parse_args()
+    for tool in ("smbtorture", "etcd", "etcdctl"):
+        if not shutil.which(tool):
+            sys.exit(f"{tool} not found: run through bash bench/run.sh --cluster, which installs it")
+
+    results: dict[tuple[str, str, int], dict] = {}
+    keep = contextlib.nullcontext(tempfile.mkdtemp(prefix="nimbus-cluster-bench-", dir="/dev/shm"))
+    with keep if args.keep else tempfile.TemporaryDirectory(prefix="nimbus-cluster-bench-", dir="/dev/shm") as tmp:
+        work = Path(tmp)
+        etcd = EtcdCluster(work / "etcd")
+        etcd.start()
+        cluster_procs: list[subprocess.Popen] = []
+        try:
+            names = {"cluster": "Nimbus, 3-node cluster", "single": "Nimbus, one node", "samba": "Samba, one node"}
+            for kind in ("cluster", "single", "samba"):
+                state = work / kind
+                share = work / f"{kind}-share"
+                state.mkdir()
+                share.mkdir()
+                server = None
+                if kind == "cluster":
+                    target, cluster_procs = start_cluster(args.nimbus, state, share, etcd)
+                    idle = idle_write_rate(target)
+                else:
+                    server = start_nimbus(args.nimbus, state, share) if kind == "single" else start_smbd(state, share)
+                    target = Target(names[kind], ["127.0.0.1"], server.port, share)
+                    idle = 0.0
+                try:
+                    for case in args.cases:
+                        for n in args.nprocs:
+                            results[(kind, case, n)] = row = run_case(target, case, n, args.seconds, work, idle)
+                            extra = f", {row['txn_per_open']:.3f} etcd txn/open" if "txn_per_open" in row else ""
+                            print(f"{names[kind]:24} {case:8} nprocs {n:3}: {row['rate']:8.0f} opens/s{extra}", flush=True)
+                finally:
+                    if server:
+                        server.stop()
+                    for p in cluster_procs:
+                        p.terminate()
+                        p.wait(timeout=20)
+                    cluster_procs = []
+            perf = "not measured" if args.no_check_perf else check_perf(etcd)
+        finally:
+            etcd.stop()
+
+    table = render(results, args.nprocs, perf, args.seconds)
+    print(table)
+    if not args.no_write:
+        write(Path(args.output), table)
+    return 0
+
+
+def render(results: dict, nprocs: list[int], perf: str, seconds: int) -> str:
+    rev = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    lines = [
+        f"## A three-node cluster against one node and Samba ({date.today().isoformat()}, nimbus {rev or '(no git)'})",
+        "",
+        "`bash bench/run.sh --cluster` (bench/cluster_contention.py): smbtorture",
+        f"`smb2.bench.path-contention-shared`, {seconds} s per run, opens per second (sum over",
+        "processes of each one's median second). *distinct*: one file per process, process i on",
+        "node i mod 3. *shared*: one file, the connections spread over the three nodes",
+        "(`torture:unclist`). All three nodes, the three etcd members, Samba and the client share",
+        f"this machine's 2 cores. etcd ceiling (`etcdctl check perf`, same cluster): {perf}.",
+        "",
+        "| case | nprocs | 3-node cluster | etcd txn/open | one Nimbus node | Samba | cluster / one node | cluster / Samba |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for case in ("distinct", "shared"):
+        for n in nprocs:
+            if ("cluster", case, n) not in results:
+                continue
+            c, s, b = results[("cluster", case, n)], results[("single", case, n)], results[("samba", case, n)]
+            lines.append(
+                f"| {case} | {n} | {c['rate']:.0f} | {c['txn_per_open']:.3f} | {s['rate']:.0f} | {b['rate']:.0f} | "
+                f"{c['rate'] / max(s['rate'], 1):.2f} | {c['rate'] / max(b['rate'], 1):.2f} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def write(path: Path, table: str) -> None:
+    text = path.read_text() if path.exists() else ""
+    block = f"{MARK_BEGIN}\n{table}{MARK_END}\n"
+    if MARK_BEGIN in text and MARK_END in text:
+        head, rest = text.split(MARK_BEGIN, 1)
+        tail = rest.split(MARK_END, 1)[1].lstrip("\n")
+        text = head + block + "\n" + tail
+    else:
+        text = text.rstrip("\n") + "\n\n" + block
+    path.write_text(text)
+    print(f"written to {path}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
