@@ -522,7 +522,11 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slo
     let limits = server.config.limits.clone();
     let stopping = server.clone();
     let live = stopping.drain.connection_started();
+    // One wait for the server's stop per connection, not one per frame.
     let mut stage = stopping.drain.watch();
+    let mut until_drain = stopping.drain.watch();
+    let draining = async move { crate::drain::reached(&mut until_drain, Stage::Draining).await };
+    tokio::pin!(draining);
     let (tx, mut rx) = mpsc::channel::<(Outgoing, InFlight)>(limits.max_outstanding_requests);
     let conn = Connection::new(server, peer, local, slot);
     tracing::debug!("connection from {peer}");
@@ -587,7 +591,7 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slo
             r = read_frame(&conn, &mut rd, &limits, &budget) => r,
             _ = conn.close_notify.notified() => break,
             // The server stops: no more requests are read (`crate::drain`).
-            _ = crate::drain::reached(&mut stage, Stage::Draining) => break,
+            _ = &mut draining => break,
         };
         let (frame, in_flight, allowance) = match read {
             Ok(Some(f)) => f,
