@@ -212,8 +212,8 @@ pub struct Connection {
     /// not waited for.
     not_reading: AtomicBool,
     close_notify: Notify,
-    /// A cluster node's metadata requests of this connection, run on the
-    /// blocking pool one after another in the order they came.
+    /// A cluster node's metadata requests of this connection that wait on
+    /// the blocking pool, run one after another in the order they came.
     serial: Arc<Serial>,
 }
 
@@ -221,17 +221,25 @@ pub struct Connection {
 type Job = Box<dyn FnOnce() + Send>;
 
 /// Runs jobs on the blocking pool one at a time, in the order submitted,
-/// with no thread of its own while idle. A cluster node's CREATE, SET_INFO,
-/// CLOSE, LOCK... may wait on etcd, so they cannot run in place as on a
-/// single node; running them in order keeps what a client sees the same
-/// (a rename's break is sent before a later CREATE of the same connection
-/// is answered, as smbtorture smb2.lease.rename_wait expects).
+/// with no thread of its own while idle. On a cluster node, a CREATE or
+/// LOCK on a continuously available share waits for etcd on the pool
+/// (`dispatch::is_quick`); the metadata requests that follow it on the
+/// connection queue behind it rather than overtake it, which keeps what a
+/// client sees the same as on a single node (a rename's break is sent
+/// before a later CREATE of the same connection is answered, as smbtorture
+/// smb2.lease.rename_wait expects).
 #[derive(Default)]
 struct Serial {
     queue: Mutex<(std::collections::VecDeque<Job>, bool)>,
 }
 
 impl Serial {
+    /// Whether no job is queued or running: a request run now elsewhere
+    /// overtakes none.
+    fn is_idle(&self) -> bool {
+        !lock(&self.queue).1
+    }
+
     fn submit(self: &Arc<Self>, job: Job) {
         {
             let mut q = lock(&self.queue);
@@ -301,6 +309,12 @@ impl Connection {
     pub fn close(&self) {
         self.closing.store(true, Ordering::SeqCst);
         self.close_notify.notify_one();
+    }
+
+    /// Whether none of this connection's ordered requests is queued or
+    /// running (`dispatch::is_ordered`).
+    pub fn ordered_queue_is_empty(&self) -> bool {
+        self.serial.is_idle()
     }
 
     pub fn is_closing(&self) -> bool {

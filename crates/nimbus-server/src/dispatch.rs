@@ -274,12 +274,16 @@ const QUICK_FRAME_MAX: usize = 16 * 1024;
 /// call that is slow after all (unlinking a huge file on delete-on-close,
 /// truncating one on overwrite, a hung network file system) holds one
 /// runtime worker meanwhile; the other workers take over its queued tasks.
-/// On a cluster node, the commands that read or change share modes,
-/// locks or caching state go to the pool (they may wait on etcd). CREATE and LOCK on a continuously
-/// available share go to the pool too:
+/// CREATE and LOCK on a continuously available share go to the pool:
 /// they may wait for the state store's fsync (a persistent handle's record
 /// is on disk before the client hears of it), and many of them waiting
 /// together is what lets one commit serve them all.
+///
+/// A cluster node decides the files it owns from memory, so its metadata
+/// commands run in place too; when one needs etcd after all, it waits off
+/// the worker (`nimbus_state::blocking`). They stay in order with the
+/// connection's requests queued before them (`is_ordered`): while that
+/// queue holds any, they join it.
 pub fn is_quick(frame: &[u8], limits: &Limits, conn: &Connection) -> bool {
     if frame.len() > QUICK_FRAME_MAX || frame.starts_with(&TRANSFORM_PROTOCOL_ID) {
         return false;
@@ -294,23 +298,12 @@ pub fn is_quick(frame: &[u8], limits: &Limits, conn: &Connection) -> bool {
                 | Command::QueryDirectory
                 | Command::Ioctl,
             ) => false,
-            // A cluster node may decide a file's share modes, locks and
-            // caching on etcd: every command that reads or changes them
-            // may wait on it.
-            Some(
-                Command::Create
-                | Command::Lock
-                | Command::Close
-                | Command::SetInfo
-                | Command::QueryInfo
-                | Command::ChangeNotify
-                | Command::OplockBreak
-                | Command::Logoff
-                | Command::TreeDisconnect,
-            ) if conn.server.cluster.is_some() => false,
-            Some(Command::Create | Command::Lock) => {
-                !(conn.server.offers_persistent_handles() && on_ca_share(frame, off, conn))
+            Some(Command::Create | Command::Lock)
+                if conn.server.offers_persistent_handles() && on_ca_share(frame, off, conn) =>
+            {
+                false
             }
+            _ if conn.server.cluster.is_some() => conn.ordered_queue_is_empty(),
             _ => true,
         }
     })

@@ -52,6 +52,7 @@ fn spelling_in(fs: &LocalFs, dir: &str, name: &str) -> Option<String> {
     // The listing grows with the directory: let the runtime move this
     // worker's other tasks elsewhere meanwhile (a no-op off the runtime's
     // workers), and keep only the names that could be meant.
-    let names = tokio::task::block_in_place(|| handle.find_names(|n| eq_ignore_case(n, name)));
+    let names =
+        nimbus_state::blocking::off_worker(|| handle.find_names(|n| eq_ignore_case(n, name)));
     pick_ignoring_case(&names.ok()?, name).map(str::to_string)
 }

@@ -155,13 +155,7 @@ pub fn answered(server: &Server, open: &Open) {
     if let Some(d) = lock(&open.durable).as_mut() {
         d.answered = true;
     }
-    let multi_thread = tokio::runtime::Handle::try_current()
-        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-    if server.cluster.is_some() && multi_thread {
-        tokio::task::block_in_place(|| changed_with(server, open, Durability::Soon));
-    } else {
-        changed_with(server, open, Durability::Soon);
-    }
+    changed_with(server, open, Durability::Soon);
 }
 
 /// `open` closed for good: its record goes. Without waiting for the disk

@@ -57,6 +57,31 @@ enum Group {
     },
     /// Being written back to etcd: callers wait.
     Releasing,
+    /// One thread of this node is looking the group up in etcd and may
+    /// take it; the others only read it meanwhile (`peek`). Two lookups
+    /// that may take it would race: the second would find this node named
+    /// owner in etcd but not yet in memory, take that for a lost hand-back
+    /// and delete the ownership the first had just taken, leaving this
+    /// node deciding the file from memory while another node may take it.
+    Finding,
+}
+
+/// Ends a `Group::Finding` however the lookup ended (a taken group is
+/// `Owned` by then and stays so).
+struct FindingMark<'a> {
+    store: &'a ClusterStore,
+    group: &'a [u8],
+}
+
+impl Drop for FindingMark<'_> {
+    fn drop(&mut self) {
+        let mut g = self.store.lock();
+        if matches!(g.get(self.group), Some(Group::Finding)) {
+            g.remove(self.group);
+        }
+        drop(g);
+        self.store.changed.notify_all();
+    }
 }
 
 pub struct ClusterStore {
@@ -156,11 +181,27 @@ impl ClusterStore {
         matches!(self.lock().get(group), Some(Group::Owned { .. }))
     }
 
-    /// Waits while `group` is being written back; returns the guard.
+    /// Waits while `group` is being written back or taken; returns the
+    /// guard.
     fn settled(&self, group: &[u8]) -> MutexGuard<'_, HashMap<Vec<u8>, Group>> {
+        self.settled_while(group, |g| matches!(g, Group::Releasing | Group::Finding))
+    }
+
+    /// Waits while `group` is being written back; returns the guard.
+    fn written_back(&self, group: &[u8]) -> MutexGuard<'_, HashMap<Vec<u8>, Group>> {
+        self.settled_while(group, |g| matches!(g, Group::Releasing))
+    }
+
+    fn settled_while(
+        &self,
+        group: &[u8],
+        busy: impl Fn(&Group) -> bool,
+    ) -> MutexGuard<'_, HashMap<Vec<u8>, Group>> {
         let mut g = self.lock();
-        while matches!(g.get(group), Some(Group::Releasing)) {
-            g = self.changed.wait(g).unwrap_or_else(|p| p.into_inner());
+        while g.get(group).is_some_and(&busy) {
+            g = crate::blocking::off_worker(|| {
+                self.changed.wait(g).unwrap_or_else(|p| p.into_inner())
+            });
         }
         g
     }
@@ -229,6 +270,21 @@ impl ClusterStore {
         Ok(Found::Shared(mine.and_then(|i| records[i].clone())))
     }
 
+    /// Reads `group` from etcd without taking it (another thread of this
+    /// node is looking it up and may): its owner, or `key`'s record when
+    /// nobody owns it.
+    fn peek(&self, group: &[u8], key: &[u8]) -> Result<Found, StateError> {
+        let own = key_of(OWN_PREFIX, group);
+        let t = self.etcd.txn(&[], &[Op::Get(&own), Op::Get(key)], &[])?;
+        match t.reads.as_slice() {
+            [Some(owner), _] => Ok(Found::OwnedBy(owner.value.clone())),
+            [None, record] => Ok(Found::Shared(record.clone())),
+            _ => Err(StateError::Unavailable(
+                "etcd: short transaction answer".into(),
+            )),
+        }
+    }
+
     fn adopt(&self, group: &[u8], records: BTreeMap<Vec<u8>, Versioned>) {
         let empty_since = records.is_empty().then(Instant::now);
         self.lock().insert(
@@ -270,7 +326,7 @@ impl ClusterStore {
                     self.handover_timeout
                 )));
             }
-            std::thread::sleep(pause);
+            crate::blocking::off_worker(|| std::thread::sleep(pause));
             pause = (pause * 2).min(Duration::from_millis(50));
         }
     }
@@ -396,7 +452,12 @@ impl ClusterStore {
     /// and dropped otherwise (another node decides it now).
     pub fn rebind(&self, lease: i64) {
         self.lease.store(lease, Ordering::SeqCst);
-        let groups: Vec<Vec<u8>> = self.lock().keys().cloned().collect();
+        let groups: Vec<Vec<u8>> = self
+            .lock()
+            .iter()
+            .filter(|(_, v)| matches!(v, Group::Owned { .. }))
+            .map(|(k, _)| k.clone())
+            .collect();
         for group in groups {
             let own = key_of(OWN_PREFIX, &group);
             let r = self
@@ -479,16 +540,32 @@ impl StateStore for ClusterStore {
             return self.local.get(key);
         };
         for _ in 0..FIND_TRIES {
-            {
-                let g = self.settled(group);
-                if let Some(Group::Owned { records, .. }) = g.get(group) {
-                    return Ok(records.get(key).cloned());
+            let may_take = {
+                let mut g = self.written_back(group);
+                match g.get(group) {
+                    Some(Group::Owned { records, .. }) => return Ok(records.get(key).cloned()),
+                    Some(Group::Finding) => false,
+                    _ => {
+                        g.insert(group.to_vec(), Group::Finding);
+                        true
+                    }
                 }
-            }
-            match self.find(group, key)? {
-                Found::Taken | Found::Retry => continue,
-                Found::Shared(v) => return Ok(v),
-                Found::OwnedBy(owner) => self.ask_release(&owner, group)?,
+            };
+            if may_take {
+                let _mark = FindingMark { store: self, group };
+                match self.find(group, key)? {
+                    Found::Taken | Found::Retry => continue,
+                    Found::Shared(v) => return Ok(v),
+                    Found::OwnedBy(owner) => self.ask_release(&owner, group)?,
+                }
+            } else {
+                match self.peek(group, key)? {
+                    Found::Shared(v) => return Ok(v),
+                    // Taken by the lookup under way: wait for its outcome.
+                    Found::OwnedBy(owner) if owner == self.me => drop(self.settled(group)),
+                    Found::OwnedBy(owner) => self.ask_release(&owner, group)?,
+                    Found::Taken | Found::Retry => continue,
+                }
             }
         }
         Err(StateError::Unavailable(
@@ -506,7 +583,10 @@ impl StateStore for ClusterStore {
             return self.local.compare_and_set(key, expected, value);
         };
         {
-            let mut g = self.settled(group);
+            // Not waiting for a lookup under way: should it take the group,
+            // etcd refuses the write below (the group is owned) and the
+            // caller reads again, here.
+            let mut g = self.written_back(group);
             if let Some(Group::Owned {
                 records,
                 empty_since,
@@ -722,6 +802,43 @@ mod tests {
         assert_eq!(raw.get(&key_of(OWN_PREFIX, G)).unwrap(), None);
         assert_eq!(raw.get(&file_key()).unwrap(), None);
         drop(one);
+    }
+
+    #[test]
+    fn threads_of_one_node_taking_a_file_at_once_leave_it_owned_in_etcd() {
+        // Requests of several connections of one node look up a file nobody
+        // owns at the same moment: whichever takes it, the node must end
+        // up named its owner in etcd as well as in memory (a second lookup
+        // used to take the first one's fresh ownership for a lost
+        // hand-back and delete it).
+        let cluster = Cluster::start("race");
+        let one = Node::start(&cluster.urls, "1", &[]);
+        let raw = EtcdStore::new(&cluster.urls, b"/nimbus-test/", Duration::from_secs(5)).unwrap();
+        for round in 0..40u32 {
+            let group = format!("race-{round:011}").into_bytes();
+            let key = key_of(b"file/", &group);
+            let start = Arc::new(std::sync::Barrier::new(4));
+            let threads: Vec<_> = (0..4)
+                .map(|_| {
+                    let (store, key, start) = (one.store.clone(), key.clone(), start.clone());
+                    std::thread::spawn(move || {
+                        start.wait();
+                        store.get(&key)
+                    })
+                })
+                .collect();
+            for t in threads {
+                assert_eq!(t.join().unwrap().unwrap(), None);
+            }
+            assert!(one.store.owns(&group), "round {round}");
+            assert_eq!(
+                raw.get(&key_of(OWN_PREFIX, &group))
+                    .unwrap()
+                    .map(|v| v.value),
+                Some(b"1".to_vec()),
+                "round {round}: owned in memory but not in etcd"
+            );
+        }
     }
 
     #[test]

@@ -206,6 +206,15 @@ impl EtcdStore {
     /// rather than risk applying it twice.
     pub fn call(&self, path: &str, body: &Value, idempotent: bool) -> Result<Value, StateError> {
         let body = serde_json::to_vec(body).map_err(unavailable)?;
+        crate::blocking::off_worker(|| self.call_blocking(path, &body, idempotent))
+    }
+
+    fn call_blocking(
+        &self,
+        path: &str,
+        body: &[u8],
+        idempotent: bool,
+    ) -> Result<Value, StateError> {
         let mut errors = Vec::new();
         let pooled = self.lock_idle().pop();
         let first = pooled.as_ref().map(|c| c.endpoint).unwrap_or(0);
@@ -228,7 +237,7 @@ impl EtcdStore {
                     "etcd {url}: {why}; the request's outcome is unknown"
                 ))
             };
-            match self.exchange(&mut conn, path, &body) {
+            match self.exchange(&mut conn, path, body) {
                 Ok(Answer::Ok(v)) => {
                     self.give_back(conn);
                     return Ok(v);

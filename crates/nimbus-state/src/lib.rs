@@ -4,6 +4,7 @@
 //! `redb_store` the one on disk for what must outlive it; `share_modes` keeps the opens of each
 //! file on top of it. Session keys and other secrets never go in here.
 
+pub mod blocking;
 pub mod byte_range;
 pub mod caching;
 pub mod cluster_store;

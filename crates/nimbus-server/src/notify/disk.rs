@@ -125,7 +125,7 @@ impl ChangeNotify {
         // order (a CLOSE after it must find its watch), so the walk stays
         // there, and the runtime moves the worker's other tasks away.
         let sub = if tree {
-            off_worker(subscribe)
+            nimbus_state::blocking::off_worker(subscribe)
         } else {
             subscribe()
         };
@@ -201,16 +201,6 @@ impl ChangeNotify {
         for c in done {
             c.send();
         }
-    }
-}
-
-/// Runs `f`, which may take a while, telling the runtime when on one of
-/// its workers (only a multi-thread runtime can take the others' tasks).
-fn off_worker<T>(f: impl FnOnce() -> T) -> T {
-    use tokio::runtime::{Handle, RuntimeFlavor};
-    match Handle::try_current() {
-        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
-        _ => f(),
     }
 }
 
