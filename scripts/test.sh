@@ -69,6 +69,10 @@ if [ "$install" -eq 1 ]; then
     # A real three-member etcd cluster (etcd-server, and etcdctl from
     # etcd-client) backs the cluster tests and the etcd store's own.
     apt_install etcd-server etcd-client
+    # A real MIT KDC for the Kerberos logons: krb5kdc and kdb5_util
+    # (krb5-kdc), kadmin.local (krb5-admin-server), kinit (krb5-user); the
+    # server loads libgssapi_krb5.so.2 (libgssapi-krb5-2) at run time.
+    apt_install krb5-kdc krb5-admin-server krb5-user libgssapi-krb5-2
     ensure_build_deps
     ensure_rust_lint_tools
     ensure_test_venv

@@ -1,5 +1,6 @@
 //! The authentication acceptor: SPNEGO (RFC 4178, MS-SPNG) around an NTLMv2
-//! acceptor (MS-NLMP 3.2). One [`AuthExchange`] per SESSION_SETUP exchange.
+//! acceptor (MS-NLMP 3.2) and, when configured, Kerberos (`kerberos`).
+//! One [`AuthExchange`] per SESSION_SETUP exchange.
 
 use std::fmt;
 use std::net::IpAddr;
@@ -10,8 +11,9 @@ use nimbus_crypto::{ct_eq, CryptoProvider, NtlmPrimitives};
 use zeroize::Zeroizing;
 
 use crate::binding::{self, ServerNames};
+use crate::kerberos::{self, KerberosAcceptor};
 use crate::ntlm::{self, av, flags, Direction, MIC_OFFSET};
-use crate::spnego::{self, NegState, OID_NTLMSSP};
+use crate::spnego::{self, NegState, OID_KRB5, OID_MS_KRB5, OID_NTLMSSP};
 use crate::userdb::{utf16le, Reload, Reloader, UserDb};
 
 /// Largest security token accepted. SMB2 SESSION_SETUP buffers from real
@@ -58,6 +60,29 @@ struct Shared {
     /// the same HMACs as known ones (no user-enumeration timing oracle).
     /// Random per acceptor; an unknown user fails whatever it computes.
     dummy_hash: Zeroizing<[u8; 16]>,
+    kerberos: Option<KerberosAcceptor>,
+}
+
+impl Shared {
+    /// NTLM is offered and accepted: the provider has its primitives (not
+    /// FIPS) and the Kerberos configuration does not turn it off.
+    fn ntlm_allowed(&self) -> bool {
+        self.provider.ntlm().is_some() && self.kerberos.as_ref().is_none_or(|k| k.ntlm)
+    }
+
+    /// The mechanisms offered, in order of preference.
+    fn offered(&self) -> Vec<&'static [u8]> {
+        let mut mechs = Vec::new();
+        if self.kerberos.is_some() {
+            mechs.extend([OID_MS_KRB5, OID_KRB5]);
+        }
+        // Without Kerberos NTLM stays listed even when the provider cannot
+        // do it (FIPS): the logon then fails with a log line saying why.
+        if self.ntlm_allowed() || mechs.is_empty() {
+            mechs.push(OID_NTLMSSP);
+        }
+        mechs
+    }
 }
 
 impl Authenticator {
@@ -68,6 +93,16 @@ impl Authenticator {
         provider: Arc<CryptoProvider>,
         users: Arc<RwLock<UserDb>>,
         config: AuthConfig,
+    ) -> Self {
+        Self::with_kerberos(provider, users, config, None)
+    }
+
+    /// An acceptor that also (or, with `ntlm` off, only) accepts Kerberos.
+    pub fn with_kerberos(
+        provider: Arc<CryptoProvider>,
+        users: Arc<RwLock<UserDb>>,
+        config: AuthConfig,
+        kerberos: Option<KerberosAcceptor>,
     ) -> Self {
         let reloader = Reloader::for_db(&users.read().unwrap_or_else(|p| p.into_inner()));
         let names = ServerNames::new(&config, ServerNames::system_host_name().as_deref());
@@ -81,14 +116,17 @@ impl Authenticator {
                 reloader,
                 names,
                 dummy_hash,
+                kerberos,
             }),
         }
     }
 
     /// SPNEGO NegTokenInit2 for the SMB2 NEGOTIATE response security buffer
-    /// (MS-SPNG 3.2.5.2): mechTypes = [NTLMSSP] and the fixed hint name.
+    /// (MS-SPNG 3.2.5.2): the mechanisms offered ([MS-KRB5, KRB5] when
+    /// Kerberos is configured, then NTLMSSP unless it is off) and the fixed
+    /// hint name.
     pub fn negotiate_token(&self) -> Vec<u8> {
-        spnego::build_server_init()
+        spnego::build_server_init(&self.shared.offered())
     }
 
     /// Begins one SESSION_SETUP exchange whose connection's local address
@@ -134,6 +172,11 @@ pub struct AuthResult {
     /// ExportedSessionKey (MS-NLMP 3.1.5.1.2), the SMB2 session key; all
     /// zero for guest and anonymous logons, which cannot sign.
     pub session_key: Zeroizing<[u8; 16]>,
+    /// The whole key the mechanism agreed on (MS-SMB2 3.3.5.5.3
+    /// Session.FullSessionKey): 32 bytes for a Kerberos AES-256 subkey, from
+    /// which 3.1.1's AES-256 ciphers derive their keys; for NTLM the same
+    /// 16 bytes as `session_key`.
+    pub full_session_key: Zeroizing<Vec<u8>>,
     /// Logged on as guest (unknown user with `allow_guest`).
     pub guest: bool,
     /// Anonymous logon (with `allow_guest`).
@@ -187,6 +230,17 @@ pub enum AuthError {
     AnonymousRefused,
     /// The crypto provider offers no NTLM primitives (FIPS mode).
     NtlmDisabled,
+    /// NTLM is turned off by configuration (`[kerberos] ntlm = false`).
+    NtlmTurnedOff,
+    /// A Kerberos logon failed: a bad ticket (the GSS-API library's reason:
+    /// clock skew, a key not in the keytab, a replay...) or a principal
+    /// with no user.
+    Kerberos {
+        /// The client's principal, if it got that far.
+        principal: String,
+        /// Why (for the log, never for the client).
+        reason: String,
+    },
 }
 
 impl fmt::Display for AuthError {
@@ -211,6 +265,16 @@ impl fmt::Display for AuthError {
             }
             AuthError::NtlmDisabled => {
                 f.write_str("NTLM is disabled: the crypto provider (FIPS) offers no MD4/MD5/RC4")
+            }
+            AuthError::NtlmTurnedOff => f.write_str(
+                "NTLM logon refused: NTLM is turned off ([kerberos] ntlm = false); the client \
+                 must log on with Kerberos",
+            ),
+            AuthError::Kerberos { principal, reason } if principal.is_empty() => {
+                write!(f, "Kerberos logon refused: {reason}")
+            }
+            AuthError::Kerberos { principal, reason } => {
+                write!(f, "Kerberos logon of {principal:?} refused: {reason}")
             }
         }
     }
@@ -237,8 +301,21 @@ struct Pending {
     flags: u32,
 }
 
+/// A Kerberos exchange between legs.
+struct KerberosPending {
+    gss: nimbus_gssapi::AcceptContext,
+    /// The client's MechTypeList as received, for mechListMIC.
+    mech_types: Vec<u8>,
+    /// Kerberos was not the client's first choice: RFC 4178 5 makes the
+    /// mechListMIC exchange mandatory.
+    mic_required: bool,
+    /// The context is established; what is left is the client's MIC.
+    established: Option<Box<kerberos::KerberosLogon>>,
+}
+
 enum State {
     Start,
+    AwaitKerberos(Box<KerberosPending>),
     /// SPNEGO chose NTLMSSP but the client has not sent an NTLM NEGOTIATE.
     AwaitNtlmNegotiate(SpnegoCtx),
     AwaitAuthenticate(Box<Pending>),
@@ -281,6 +358,7 @@ impl AuthExchange {
             State::Start => self.step_start(input),
             State::AwaitNtlmNegotiate(ctx) => self.step_await_negotiate(ctx, input),
             State::AwaitAuthenticate(p) => self.step_authenticate(*p, input),
+            State::AwaitKerberos(k) => self.step_kerberos(*k, input),
             State::Finished => Err(AuthError::Malformed(
                 "authentication exchange already finished",
             )),
@@ -292,7 +370,9 @@ impl AuthExchange {
             // A client that got no token in NEGOTIATE starts with an empty
             // buffer; offer our mechanisms, as Samba and Windows do.
             self.state = State::Start;
-            return Ok(AuthStep::Continue(spnego::build_server_init()));
+            return Ok(AuthStep::Continue(spnego::build_server_init(
+                &self.shared.offered(),
+            )));
         }
         if input.starts_with(ntlm::SIGNATURE) {
             let (challenge, pending) = self.ntlm_negotiate(None, input)?;
@@ -308,9 +388,28 @@ impl AuthExchange {
     /// Handles a NegTokenInit (RFC 4178 4.2.1).
     fn spnego_init(&mut self, input: &[u8]) -> Result<AuthStep, AuthError> {
         let init = spnego::parse_init(input).map_err(AuthError::Malformed)?;
-        let pos = init.ntlm_position().ok_or(AuthError::NotSupported(
-            "the client offers no mechanism this server has (NTLMSSP)",
-        ))?;
+        // The client's first mechanism this server accepts.
+        let kerberos = init
+            .kerberos_position()
+            .filter(|_| self.shared.kerberos.is_some());
+        let ntlm_pos = init.ntlm_position();
+        if let Some((kpos, oid)) = kerberos {
+            if ntlm_pos.is_none_or(|n| kpos < n) || !self.shared.ntlm_allowed() {
+                return self.kerberos_init(&init, kpos, oid);
+            }
+        }
+        let pos = match ntlm_pos {
+            Some(_) if !self.shared.ntlm_allowed() && self.shared.kerberos.is_some() => {
+                return Err(AuthError::NtlmTurnedOff)
+            }
+            Some(p) => p,
+            None => {
+                return Err(AuthError::NotSupported(
+                    "the client offers no mechanism this server has (NTLMSSP, or Kerberos \
+                     when configured)",
+                ))
+            }
+        };
         let ctx = SpnegoCtx {
             mech_types: init.mech_types_raw.to_vec(),
             ntlm_preferred: pos == 0,
@@ -374,7 +473,145 @@ impl AuthExchange {
     }
 
     fn ntlm(&self) -> Result<&dyn NtlmPrimitives, AuthError> {
+        if self.shared.kerberos.as_ref().is_some_and(|k| !k.ntlm) {
+            return Err(AuthError::NtlmTurnedOff);
+        }
         self.shared.provider.ntlm().ok_or(AuthError::NtlmDisabled)
+    }
+
+    /// Kerberos chosen from a NegTokenInit: the optimistic token is
+    /// accepted when Kerberos is the client's first choice; otherwise the
+    /// client is told to start it (and both sides then sign the mechanism
+    /// list, RFC 4178 5).
+    fn kerberos_init(
+        &mut self,
+        init: &spnego::NegTokenInit<'_>,
+        pos: usize,
+        oid: &'static [u8],
+    ) -> Result<AuthStep, AuthError> {
+        let Some(k) = &self.shared.kerberos else {
+            return Err(AuthError::NotSupported("Kerberos is not configured"));
+        };
+        let pending = KerberosPending {
+            gss: k.context(),
+            mech_types: init.mech_types_raw.to_vec(),
+            mic_required: pos != 0,
+            established: None,
+        };
+        match init.mech_token {
+            Some(tok) if pos == 0 => self.kerberos_token(pending, tok, Some(oid), None),
+            _ => {
+                let state = if pending.mic_required {
+                    NegState::RequestMic
+                } else {
+                    NegState::AcceptIncomplete
+                };
+                self.state = State::AwaitKerberos(Box::new(pending));
+                Ok(AuthStep::Continue(spnego::build_resp(
+                    state,
+                    Some(oid),
+                    None,
+                    None,
+                )))
+            }
+        }
+    }
+
+    /// A NegTokenResp of a Kerberos exchange: the next context token, or
+    /// the client's mechListMIC.
+    fn step_kerberos(&mut self, p: KerberosPending, input: &[u8]) -> Result<AuthStep, AuthError> {
+        let resp = spnego::parse_resp(input).map_err(AuthError::Malformed)?;
+        match resp.response_token {
+            Some(tok) if p.established.is_none() => {
+                self.kerberos_token(p, tok, None, resp.mech_list_mic)
+            }
+            _ => self.kerberos_finish(p, Vec::new(), resp.mech_list_mic, None),
+        }
+    }
+
+    /// Feeds one Kerberos token to the GSS-API context.
+    fn kerberos_token(
+        &mut self,
+        mut p: KerberosPending,
+        token: &[u8],
+        oid: Option<&'static [u8]>,
+        client_mic: Option<&[u8]>,
+    ) -> Result<AuthStep, AuthError> {
+        let refused = |e: nimbus_gssapi::GssError| AuthError::Kerberos {
+            principal: String::new(),
+            reason: e.to_string(),
+        };
+        let accepted = p.gss.step(token).map_err(refused)?;
+        if !accepted.complete {
+            self.state = State::AwaitKerberos(Box::new(p));
+            return Ok(AuthStep::Continue(spnego::build_resp(
+                NegState::AcceptIncomplete,
+                oid,
+                Some(&accepted.output),
+                None,
+            )));
+        }
+        let users = self.shared.users.read().unwrap_or_else(|e| e.into_inner());
+        let logon = kerberos::logon(&p.gss, k_map(&self.shared), &users)
+            .map_err(|(principal, reason)| AuthError::Kerberos { principal, reason })?;
+        drop(users);
+        p.established = Some(Box::new(logon));
+        if p.mic_required && client_mic.is_none() {
+            // Our MIC now; the client's comes in its next token.
+            let mic = p.gss.get_mic(&p.mech_types).map_err(refused)?;
+            self.state = State::AwaitKerberos(Box::new(p));
+            return Ok(AuthStep::Continue(spnego::build_resp(
+                NegState::AcceptIncomplete,
+                oid,
+                Some(&accepted.output),
+                Some(&mic),
+            )));
+        }
+        self.kerberos_finish(p, accepted.output, client_mic, oid)
+    }
+
+    /// Completes an established Kerberos exchange, checking the client's
+    /// mechListMIC when one is required or sent. `oid` names the mechanism
+    /// in the first answer of the exchange.
+    fn kerberos_finish(
+        &mut self,
+        p: KerberosPending,
+        output: Vec<u8>,
+        client_mic: Option<&[u8]>,
+        oid: Option<&'static [u8]>,
+    ) -> Result<AuthStep, AuthError> {
+        let Some(logon) = p.established else {
+            return Err(AuthError::Malformed(
+                "NegTokenResp without a Kerberos token",
+            ));
+        };
+        let refuse = |reason: String| AuthError::Kerberos {
+            principal: logon.user.clone(),
+            reason,
+        };
+        match client_mic {
+            Some(mic) => p
+                .gss
+                .verify_mic(&p.mech_types, mic)
+                .map_err(|e| refuse(format!("bad SPNEGO mechListMIC: {e}")))?,
+            None if p.mic_required => {
+                return Err(refuse(
+                    "missing SPNEGO mechListMIC after choosing a non-preferred mechanism".into(),
+                ))
+            }
+            None => {}
+        }
+        let token = (!output.is_empty()).then_some(&output[..]);
+        let logon = *logon;
+        Ok(AuthStep::Complete(AuthResult {
+            output: spnego::build_resp(NegState::AcceptCompleted, oid, token, None),
+            user: logon.user,
+            domain: logon.realm,
+            session_key: logon.session_key,
+            full_session_key: logon.full_session_key,
+            guest: false,
+            anonymous: false,
+        }))
     }
 
     /// Answers an NTLMSSP NEGOTIATE with a CHALLENGE (MS-NLMP 3.2.5.1.1).
@@ -746,11 +983,21 @@ impl AuthExchange {
     }
 }
 
+/// The principal map of a configured Kerberos acceptor.
+fn k_map(shared: &Shared) -> &kerberos::PrincipalMap {
+    static NONE: std::sync::OnceLock<kerberos::PrincipalMap> = std::sync::OnceLock::new();
+    match &shared.kerberos {
+        Some(k) => k.map(),
+        None => NONE.get_or_init(kerberos::PrincipalMap::default),
+    }
+}
+
 fn result(v: Verified, output: Vec<u8>) -> AuthResult {
     AuthResult {
         output,
         user: v.user,
         domain: v.domain,
+        full_session_key: Zeroizing::new(v.session_key.to_vec()),
         session_key: v.session_key,
         guest: v.guest,
         anonymous: v.anonymous,

@@ -1,4 +1,5 @@
-//! nimbus-auth: the user database and the SPNEGO / NTLMv2 acceptor.
+//! nimbus-auth: the user database and the SPNEGO acceptor (NTLMv2, and
+//! Kerberos through the system's GSS-API).
 //!
 //! This crate knows tokens, not SMB: the server hands it the security buffer
 //! of each SESSION_SETUP request and gets back a token to send and, at the
@@ -11,9 +12,12 @@
 mod acceptor;
 mod binding;
 mod der;
+mod kerberos;
 mod ntlm;
 mod spnego;
 mod userdb;
 
 pub use acceptor::{AuthConfig, AuthError, AuthExchange, AuthResult, AuthStep, Authenticator};
+pub use kerberos::{KerberosAcceptor, PrincipalMap};
+pub use nimbus_gssapi::GssError;
 pub use userdb::{NtHash, UserDb, UserDbError};

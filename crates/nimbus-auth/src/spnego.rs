@@ -10,6 +10,12 @@ pub(crate) const OID_SPNEGO: &[u8] = &[0x2b, 0x06, 0x01, 0x05, 0x05, 0x02];
 /// DER of OID 1.3.6.1.4.1.311.2.2.10 (NTLMSSP), value octets only.
 pub(crate) const OID_NTLMSSP: &[u8] = &[0x2b, 0x06, 0x01, 0x04, 0x01, 0x82, 0x37, 0x02, 0x02, 0x0a];
 
+/// DER of OID 1.2.840.113554.1.2.2 (Kerberos V5, RFC 4121), value octets only.
+pub(crate) const OID_KRB5: &[u8] = &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x12, 0x01, 0x02, 0x02];
+/// DER of OID 1.2.840.48018.1.2.2, the Kerberos OID Windows sends first
+/// (MS-SPNG 3.3.5.1: a mistyped copy of the above, treated the same).
+pub(crate) const OID_MS_KRB5: &[u8] = &[0x2a, 0x86, 0x48, 0x82, 0xf7, 0x12, 0x01, 0x02, 0x02];
+
 /// Most mechanisms a client may offer; real clients offer at most five.
 const MAX_MECHS: usize = 32;
 
@@ -39,6 +45,17 @@ impl NegTokenInit<'_> {
     /// Position of NTLMSSP among the offered mechanisms.
     pub fn ntlm_position(&self) -> Option<usize> {
         self.mechs.iter().position(|m| *m == OID_NTLMSSP)
+    }
+
+    /// Position and OID of the first Kerberos mechanism offered (either
+    /// spelling of its OID).
+    pub fn kerberos_position(&self) -> Option<(usize, &'static [u8])> {
+        self.mechs.iter().enumerate().find_map(|(i, m)| {
+            [OID_MS_KRB5, OID_KRB5]
+                .into_iter()
+                .find(|k| k == m)
+                .map(|k| (i, k))
+        })
     }
 }
 
@@ -167,9 +184,12 @@ pub(crate) fn build_resp(
 }
 
 /// The NegTokenInit2 a server puts in its SMB2 NEGOTIATE response
-/// (MS-SPNG 2.2.1, 3.2.5.2): mechTypes = [NTLMSSP] and the fixed hintName.
-pub(crate) fn build_server_init() -> Vec<u8> {
-    let mech_types = constructed(TAG_SEQUENCE, &[&tlv(TAG_OID, OID_NTLMSSP)]);
+/// (MS-SPNG 2.2.1, 3.2.5.2): the mechanisms offered, in order of
+/// preference, and the fixed hintName.
+pub(crate) fn build_server_init(mechs: &[&[u8]]) -> Vec<u8> {
+    let oids: Vec<Vec<u8>> = mechs.iter().map(|m| tlv(TAG_OID, m)).collect();
+    let oids: Vec<&[u8]> = oids.iter().map(Vec::as_slice).collect();
+    let mech_types = constructed(TAG_SEQUENCE, &oids);
     let hint = tlv(TAG_GENERAL_STRING, b"not_defined_in_RFC4178@please_ignore");
     let neg_hints = constructed(TAG_SEQUENCE, &[&tlv(context(0), &hint)]);
     let init2 = constructed(
@@ -196,11 +216,29 @@ pub(crate) fn build_client_init(mechs: &[&[u8]], mech_token: Option<&[u8]>) -> V
 mod tests {
     use super::*;
 
+    #[test]
+    fn kerberos_is_found_under_either_oid_and_offered_first() {
+        let init = build_client_init(&[OID_NTLMSSP, OID_KRB5, OID_MS_KRB5], None);
+        let p = parse_init(&init).unwrap();
+        assert_eq!(p.kerberos_position(), Some((1, OID_KRB5)));
+        let init = build_client_init(&[OID_MS_KRB5, OID_KRB5, OID_NTLMSSP], None);
+        assert_eq!(
+            parse_init(&init).unwrap().kerberos_position(),
+            Some((0, OID_MS_KRB5))
+        );
+        let init = build_client_init(&[OID_NTLMSSP], None);
+        assert_eq!(parse_init(&init).unwrap().kerberos_position(), None);
+        // What the server offers parses back in its order.
+        let offer = build_server_init(&[OID_MS_KRB5, OID_KRB5, OID_NTLMSSP]);
+        let p = parse_init(&offer).unwrap();
+        assert_eq!(p.mechs, vec![OID_MS_KRB5, OID_KRB5, OID_NTLMSSP]);
+    }
+
     /// The NegTokenInit2 Windows and Samba servers send, byte for byte
     /// (mechTypes = [NTLMSSP] only, fixed hint).
     #[test]
     fn server_init_layout() {
-        let t = build_server_init();
+        let t = build_server_init(&[OID_NTLMSSP]);
         let want = "6048\
                     06062b0601050502\
                     a03e303c\

@@ -78,6 +78,22 @@ pub struct ClusterConfig {
     pub node_ttl_secs: u32,
 }
 
+/// `[kerberos]`: Kerberos logons with the keys of a keytab.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KerberosConfig {
+    /// The keytab holding the service principal's keys.
+    pub keytab: PathBuf,
+    /// The principal to accept tickets for; None: any cifs/ key of the
+    /// keytab.
+    pub principal: Option<String>,
+    /// Offer and accept NTLM too (never with fips = true).
+    pub ntlm: bool,
+    /// Principal (`name@REALM`, case-insensitive) to user name.
+    pub user_map: Vec<(String, String)>,
+    /// Take `alice@REALM` for user `alice` when the map does not name it.
+    pub map_by_name: bool,
+}
+
 /// The default of `[cluster] node_ttl_secs`.
 pub const DEFAULT_NODE_TTL_SECS: u32 = 10;
 
@@ -109,6 +125,8 @@ pub struct Config {
     pub limits: Limits,
     /// `[cluster]`, or None: a single node with its embedded store.
     pub cluster: Option<ClusterConfig>,
+    /// `[kerberos]`, or None: NTLM logons only.
+    pub kerberos: Option<KerberosConfig>,
 }
 
 impl Default for Config {
@@ -127,6 +145,7 @@ impl Default for Config {
             workgroup: "WORKGROUP".into(),
             limits: Limits::default(),
             cluster: None,
+            kerberos: None,
         }
     }
 }
@@ -166,6 +185,18 @@ struct RawConfig {
     #[serde(default)]
     share: Vec<RawShare>,
     cluster: Option<RawCluster>,
+    kerberos: Option<RawKerberos>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawKerberos {
+    keytab: Option<PathBuf>,
+    principal: Option<String>,
+    ntlm: Option<bool>,
+    #[serde(default)]
+    user_map: std::collections::BTreeMap<String, String>,
+    map_by_name: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -268,6 +299,84 @@ fn cluster_config(
     .filter(|_| ok)
 }
 
+/// Validates `[kerberos]`; each problem goes to `fail` (key, problem, fix).
+/// The keytab must exist and be readable by its owner only: whoever reads
+/// it can pose as this server to every client.
+fn kerberos_config(
+    k: RawKerberos,
+    fips: bool,
+    resolve: &dyn Fn(PathBuf) -> PathBuf,
+    fail: &mut dyn FnMut(&str, String, &str),
+) -> Option<KerberosConfig> {
+    const KEYTAB_FIX: &str = "make a keytab for cifs/<host> (kadmin: ktadd -k FILE cifs/HOST), \
+         write keytab = \"/etc/nimbus/cifs.keytab\" and chmod 600 it";
+    let Some(keytab) = k.keytab.map(resolve) else {
+        fail("kerberos.keytab", "missing".into(), KEYTAB_FIX);
+        return None;
+    };
+    let mut ok = true;
+    match std::fs::metadata(&keytab) {
+        Err(e) => {
+            fail(
+                "kerberos.keytab",
+                format!("{}: {e}", keytab.display()),
+                KEYTAB_FIX,
+            );
+            ok = false;
+        }
+        Ok(m) if !m.is_file() => {
+            fail(
+                "kerberos.keytab",
+                format!("{} is not a file", keytab.display()),
+                KEYTAB_FIX,
+            );
+            ok = false;
+        }
+        Ok(m) => {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = m.permissions().mode() & 0o777;
+            if mode & 0o077 != 0 {
+                fail(
+                    "kerberos.keytab",
+                    format!(
+                        "{} is readable by others than its owner (mode {mode:o}): anyone who \
+                         reads it can pose as this server",
+                        keytab.display()
+                    ),
+                    &format!("chmod 600 {}", keytab.display()),
+                );
+                ok = false;
+            }
+        }
+    }
+    if let Some(p) = &k.principal {
+        if !p.to_ascii_lowercase().starts_with("cifs/") || !p.contains('@') {
+            fail(
+                "kerberos.principal",
+                format!("\"{p}\" is not a cifs/ service principal with a realm"),
+                "write principal = \"cifs/files.example.test@EXAMPLE.TEST\", or leave it out to \
+                 accept any cifs/ key of the keytab",
+            );
+            ok = false;
+        }
+    }
+    if fips && k.ntlm == Some(true) {
+        fail(
+            "kerberos.ntlm",
+            "NTLM cannot be turned on with fips = true (it needs MD4, MD5 and RC4)".into(),
+            "remove ntlm = true, or set [security] fips = false",
+        );
+        ok = false;
+    }
+    ok.then(|| KerberosConfig {
+        keytab,
+        principal: k.principal,
+        ntlm: !fips && k.ntlm.unwrap_or(true),
+        user_map: k.user_map.into_iter().collect(),
+        map_by_name: k.map_by_name.unwrap_or(true),
+    })
+}
+
 const ENCRYPTION_FIX: &str =
     "write encryption = \"off\", encryption = \"desired\" or encryption = \"required\"";
 
@@ -338,7 +447,7 @@ impl Config {
             vec![err(
                 &format!("line {line}"),
                 msg,
-                "see README.md for the keys: listen, user_db, state_dir, server_name, server_aliases, workgroup, [security] signing/encryption/ciphers/fips, [limits] (see README), [[share]] name/path/read_only/guest_ok/encryption/continuous_availability, [cluster] etcd/node/advertise/node_ttl_secs",
+                "see README.md for the keys: listen, user_db, state_dir, server_name, server_aliases, workgroup, [security] signing/encryption/ciphers/fips, [limits] (see README), [[share]] name/path/read_only/guest_ok/encryption/continuous_availability, [cluster] etcd/node/advertise/node_ttl_secs, [kerberos] keytab/principal/ntlm/map_by_name/user_map",
             )]
         })?;
         let mut errors = Vec::new();
@@ -489,6 +598,11 @@ impl Config {
         }
         if let Some(c) = raw.cluster {
             cfg.cluster = cluster_config(c, &mut |key, problem, fix| {
+                errors.push(err(key, problem, fix))
+            });
+        }
+        if let Some(k) = raw.kerberos {
+            cfg.kerberos = kerberos_config(k, cfg.fips, &resolve, &mut |key, problem, fix| {
                 errors.push(err(key, problem, fix))
             });
         }
@@ -696,6 +810,39 @@ mod tests {
         let text = "[security]\nencryption = \"required\"\nciphers = []\n";
         let errs = Config::from_toml("e.toml", text, None).unwrap_err();
         assert_eq!(errs[0].key, "security.ciphers");
+    }
+
+    #[test]
+    fn kerberos_settings_are_checked_and_name_their_key() {
+        let dir = std::env::temp_dir().join(format!("nimbus-krb-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let keytab = dir.join("cifs.keytab");
+        std::fs::write(&keytab, b"\x05\x02").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&keytab, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let text = "[kerberos]\nkeytab = \"cifs.keytab\"\n[kerberos.user_map]\n\"ops/admin@R.TEST\" = \"alice\"\n";
+        let cfg = Config::from_toml("k.toml", text, Some(&dir)).unwrap();
+        let k = cfg.kerberos.unwrap();
+        assert_eq!(
+            k.keytab, keytab,
+            "relative to the configuration's directory"
+        );
+        assert!(k.ntlm && k.map_by_name && k.principal.is_none());
+        assert_eq!(
+            k.user_map,
+            vec![("ops/admin@R.TEST".into(), "alice".into())]
+        );
+
+        std::fs::set_permissions(&keytab, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let text = "[kerberos]\nkeytab = \"cifs.keytab\"\nprincipal = \"host/x@R\"\n";
+        let errs = Config::from_toml("k.toml", text, Some(&dir)).unwrap_err();
+        let keys: Vec<_> = errs.iter().map(|e| e.key.as_str()).collect();
+        assert_eq!(keys, vec!["kerberos.keytab", "kerberos.principal"]);
+        assert!(errs[0].fix.contains("chmod 600"), "{}", errs[0]);
+
+        let errs = Config::from_toml("k.toml", "[kerberos]\nntlm = false\n", None).unwrap_err();
+        assert_eq!(errs[0].key, "kerberos.keytab");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

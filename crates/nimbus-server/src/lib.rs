@@ -41,4 +41,4 @@ mod session_registry;
 pub mod status;
 
 pub use config::{Config, ConfigError, ShareConfig, SigningPolicy};
-pub use server::{Server, StartError};
+pub use server::{kerberos_acceptor, Server, StartError};

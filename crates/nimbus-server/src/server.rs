@@ -38,6 +38,8 @@ pub enum StartError {
     State(String),
     /// `[cluster]`: etcd out of reach, or the node name taken.
     Cluster(String),
+    /// `[kerberos]`: the keytab cannot be used.
+    Kerberos(String),
 }
 
 impl std::fmt::Display for StartError {
@@ -50,6 +52,10 @@ impl std::fmt::Display for StartError {
             }
             StartError::Bind { addr, reason } => write!(f, "cannot listen on {addr}: {reason}"),
             StartError::Runtime(e) | StartError::Cluster(e) => write!(f, "{e}"),
+            StartError::Kerberos(e) => write!(
+                f,
+                "[kerberos]: {e} (keytab and principal in the configuration name the keys)"
+            ),
             StartError::State(e) => write!(
                 f,
                 "{e} (state_dir in the configuration, or --state-dir, names the directory)"
@@ -199,7 +205,11 @@ impl Server {
             created: start_time,
             continuous_availability: false,
         }));
-        let auth = Authenticator::new(
+        let kerberos = match &config.kerberos {
+            Some(k) => Some(kerberos_acceptor(k).map_err(StartError::Kerberos)?),
+            None => None,
+        };
+        let auth = Authenticator::with_kerberos(
             provider.clone(),
             Arc::new(RwLock::new(users)),
             AuthConfig {
@@ -210,6 +220,7 @@ impl Server {
                 allow_guest: config.shares.iter().any(|s| s.guest_ok),
                 aliases: config.server_aliases.clone(),
             },
+            kerberos,
         );
         let mut guid = [0u8; 16];
         provider.fill_random(&mut guid);
@@ -688,4 +699,18 @@ impl Server {
             }
         }
     }
+}
+
+/// The Kerberos acceptor of `[kerberos]`: the keytab's keys, acquired now so
+/// that a keytab that cannot serve is a reason not to start.
+pub fn kerberos_acceptor(
+    k: &crate::config::KerberosConfig,
+) -> Result<nimbus_auth::KerberosAcceptor, String> {
+    let map = nimbus_auth::PrincipalMap {
+        explicit: k.user_map.iter().cloned().collect(),
+        explicit_only: !k.map_by_name,
+    };
+    let keytab = k.keytab.to_string_lossy();
+    nimbus_auth::KerberosAcceptor::new(&keytab, k.principal.as_deref(), k.ntlm, map)
+        .map_err(|e| format!("keytab {keytab}: {e}"))
 }

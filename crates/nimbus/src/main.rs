@@ -175,6 +175,20 @@ fn main() -> ExitCode {
 fn config_check(file: &Path) -> Result<(), String> {
     match Config::from_file(file) {
         Ok(cfg) => {
+            // The keytab must hold the keys the server would accept with:
+            // acquiring them now finds a wrong or empty keytab before a
+            // client does.
+            if let Some(k) = &cfg.kerberos {
+                if let Err(e) = nimbus_server::kerberos_acceptor(k) {
+                    eprintln!(
+                        "{}: kerberos.keytab: {e} (fix: add the cifs/ principal's keys to it, \
+                         e.g. kadmin: ktadd -k {} cifs/HOST)",
+                        file.display(),
+                        k.keytab.display()
+                    );
+                    return Err(format!("1 problem(s) in {}", file.display()));
+                }
+            }
             println!(
                 "{}: OK ({} share(s), listening on {})",
                 file.display(),

@@ -103,11 +103,19 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             };
             let cipher = match neg.cipher {
                 Some(alg) if !unauthenticated => {
+                    // MS-SMB2 3.3.5.5.3: AES-256 keys derive from the whole
+                    // key the mechanism agreed on (32 bytes for a Kerberos
+                    // AES-256 subkey), the others from its first 16 bytes.
+                    let key = if alg.key_len() == 32 {
+                        &res.full_session_key[..]
+                    } else {
+                        &res.session_key[..]
+                    };
                     match SessionCipher::derive(
                         &ctx.server.provider,
                         neg.dialect,
                         alg,
-                        &res.session_key[..],
+                        key,
                         preauth,
                     ) {
                         Ok(c) => Some(Arc::new(c)),

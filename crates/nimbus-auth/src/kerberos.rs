@@ -1,0 +1,150 @@
+//! Kerberos logons (MS-SMB2 3.3.5.5.3 with a Kerberos token, RFC 4121)
+//! through the system's GSS-API (`nimbus-gssapi`): the acceptor's keys
+//! come from a keytab, the client's principal is mapped to a user of the
+//! user database, and the session key the two sides agreed on becomes the
+//! SMB session key.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use nimbus_gssapi::{AcceptContext, AcceptorCred, GssError};
+use zeroize::Zeroizing;
+
+use crate::userdb::UserDb;
+
+/// How client principals become user names.
+#[derive(Clone, Debug, Default)]
+pub struct PrincipalMap {
+    /// `principal@REALM` (case-insensitive) to user name; consulted first.
+    pub explicit: HashMap<String, String>,
+    /// Refuse principals the explicit map does not name, instead of
+    /// taking `alice@REALM` for user `alice`.
+    pub explicit_only: bool,
+}
+
+impl PrincipalMap {
+    /// The user `principal` logs on as, before the database is asked
+    /// whether that user exists. A principal with an instance
+    /// (`alice/admin@REALM`) is never shortened to a user name: only the
+    /// explicit map can name one for it.
+    pub fn user_for(&self, principal: &str) -> Option<String> {
+        if let Some(u) = self
+            .explicit
+            .iter()
+            .find(|(p, _)| p.eq_ignore_ascii_case(principal))
+            .map(|(_, u)| u.clone())
+        {
+            return Some(u);
+        }
+        if self.explicit_only {
+            return None;
+        }
+        let (name, _realm) = principal.rsplit_once('@')?;
+        (!name.is_empty() && !name.contains('/')).then(|| name.to_string())
+    }
+}
+
+/// The Kerberos side of the acceptor.
+pub struct KerberosAcceptor {
+    cred: Arc<AcceptorCred>,
+    /// Offer and accept NTLM besides Kerberos.
+    pub ntlm: bool,
+    map: PrincipalMap,
+}
+
+impl KerberosAcceptor {
+    /// An acceptor with the keys of `keytab` for `principal` (any key of
+    /// the keytab when None). Fails with the library's reason.
+    pub fn new(
+        keytab: &str,
+        principal: Option<&str>,
+        ntlm: bool,
+        map: PrincipalMap,
+    ) -> Result<KerberosAcceptor, GssError> {
+        Ok(KerberosAcceptor {
+            cred: AcceptorCred::from_keytab(keytab, principal)?,
+            ntlm,
+            map,
+        })
+    }
+
+    pub(crate) fn context(&self) -> AcceptContext {
+        AcceptContext::new(self.cred.clone())
+    }
+
+    pub(crate) fn map(&self) -> &PrincipalMap {
+        &self.map
+    }
+}
+
+/// An established context's logon: who, and the keys.
+pub(crate) struct KerberosLogon {
+    pub user: String,
+    pub realm: String,
+    pub session_key: Zeroizing<[u8; 16]>,
+    pub full_session_key: Zeroizing<Vec<u8>>,
+}
+
+/// Why a Kerberos logon is refused, for the log.
+pub(crate) fn logon(
+    gss: &AcceptContext,
+    map: &PrincipalMap,
+    users: &UserDb,
+) -> Result<KerberosLogon, (String, String)> {
+    let principal = gss
+        .client()
+        .map_err(|e| (String::new(), format!("client principal unreadable: {e}")))?;
+    let fail = |why: String| (principal.clone(), why);
+    // Any key of the keytab decrypts tickets; only a file-service one is
+    // for this server (a host/ key in the same keytab must not serve SMB).
+    let target = gss.target().map_err(|e| fail(e.to_string()))?;
+    if !target.to_ascii_lowercase().starts_with("cifs/") {
+        return Err(fail(format!(
+            "the ticket is for {target:?}, not a cifs/ principal"
+        )));
+    }
+    let wanted = map
+        .user_for(&principal)
+        .ok_or_else(|| fail("no user is mapped to this principal ([kerberos] user_map)".into()))?;
+    let user = users
+        .canonical_name(&wanted)
+        .ok_or_else(|| fail(format!("user {wanted:?} is not in the user database")))?
+        .to_string();
+    let full = gss.session_key().map_err(|e| fail(e.to_string()))?;
+    // MS-SMB2 3.3.5.5.3: the first 16 bytes, zero-padded if shorter.
+    let mut key = Zeroizing::new([0u8; 16]);
+    let n = full.len().min(16);
+    key[..n].copy_from_slice(&full[..n]);
+    let realm = principal
+        .rsplit_once('@')
+        .map(|(_, r)| r.to_string())
+        .unwrap_or_default();
+    Ok(KerberosLogon {
+        user,
+        realm,
+        session_key: key,
+        full_session_key: full,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn principals_map_to_users_by_name_or_by_the_explicit_map() {
+        let mut map = PrincipalMap::default();
+        assert_eq!(map.user_for("alice@EXAMPLE.TEST").as_deref(), Some("alice"));
+        assert_eq!(map.user_for("alice/admin@EXAMPLE.TEST"), None);
+        assert_eq!(map.user_for("@EXAMPLE.TEST"), None);
+        assert_eq!(map.user_for("noatsign"), None);
+        map.explicit
+            .insert("Alice/Admin@EXAMPLE.TEST".into(), "root-ish".into());
+        assert_eq!(
+            map.user_for("alice/admin@example.test").as_deref(),
+            Some("root-ish")
+        );
+        map.explicit_only = true;
+        assert_eq!(map.user_for("bob@EXAMPLE.TEST"), None);
+    }
+}

@@ -1,0 +1,240 @@
+"""Kerberos logons (issue 16, first step): a real MIT KDC (krb5-kdc) in a
+temp dir on loopback, a keytab for cifs/localhost, and Debian's smbclient
+with --use-kerberos=required against `nimbus serve` with `[kerberos]`:
+signed and encrypted SMB 3.1.1 sessions; an unknown principal, a ticket
+for a key the server does not have, a principal of another service and an
+NTLM logon with `ntlm = false` are each refused with a log line that says
+why; `nimbus serve` refuses a keytab others can read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import PASSWORD, USER, add_user, free_port, in_ci, nimbus_binary, toml_str, wait_for_port
+from kdc import HOST, REALM, Kdc, have_kdc
+
+TIMEOUT = 60
+
+pytestmark = [
+    pytest.mark.nimbus_only,
+    pytest.mark.requires_tool("smbclient", "smbclient"),
+    pytest.mark.requires_tool("krb5kdc", "krb5-kdc"),
+    pytest.mark.requires_tool("kadmin.local", "krb5-admin-server"),
+    pytest.mark.requires_tool("kinit", "krb5-user"),
+]
+
+
+@pytest.fixture(scope="module")
+def kdc(tmp_path_factory):
+    if not have_kdc() and not in_ci():
+        pytest.skip("MIT KDC not installed (apt-get install krb5-kdc krb5-admin-server krb5-user)")
+    k = Kdc(tmp_path_factory.mktemp("kdc"))
+    yield k
+    k.stop()
+
+
+class KrbServer:
+    """`nimbus serve` with [kerberos] on 127.0.0.1 (clients name it localhost)."""
+
+    def __init__(self, base: Path, kdc: Kdc, keytab: Path, *, ntlm: bool = True, extra: str = "", encryption: str | None = None):
+        self.base = base
+        self.port = free_port()
+        self.share = base / "share"
+        self.share.mkdir(parents=True, exist_ok=True)
+        self.user_db = base / "users.db"
+        add_user(self.user_db)  # USER, the principal the tests log on as
+        conf = base / "nimbus.toml"
+        lines = [
+            f"listen = [{toml_str(f'127.0.0.1:{self.port}')}]",
+            f"user_db = {toml_str(str(self.user_db))}",
+            "[security]",
+            'signing = "required"',
+        ]
+        if encryption:
+            lines.append(f"encryption = {toml_str(encryption)}")
+        lines += [
+            "[[share]]",
+            'name = "data"',
+            f"path = {toml_str(str(self.share))}",
+            "[kerberos]",
+            f"keytab = {toml_str(str(keytab))}",
+            f"ntlm = {'true' if ntlm else 'false'}",
+            extra,
+        ]
+        conf.write_text("\n".join(lines) + "\n")
+        self.log_path = base / "nimbus.log"
+        self.proc = subprocess.Popen(
+            [str(nimbus_binary()), "serve", "--config", str(conf)],
+            stdout=open(self.log_path, "wb"),
+            stderr=subprocess.STDOUT,
+            env=kdc.env,
+        )
+        wait_for_port("127.0.0.1", self.port, self.proc)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def start(kdc, tmp_path):
+    servers = []
+
+    def go(keytab: Path, **kw) -> KrbServer:
+        s = KrbServer(tmp_path / f"server{len(servers)}", kdc, keytab, **kw)
+        servers.append(s)
+        return s
+
+    yield go
+    for s in servers:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def keytab(kdc):
+    return kdc.service_keytab(kdc.dir / "cifs.keytab")
+
+
+@pytest.fixture(scope="module")
+def tickets(kdc, tmp_path_factory):
+    """The environment of a client logged on as USER@REALM."""
+    ccache = tmp_path_factory.mktemp("ccache") / "user"
+    return kdc.kinit(USER, kdc.user(USER), ccache)
+
+
+def smbclient(server: KrbServer, env: dict, conf: Path, cwd: Path, commands: str, *, protection: str = "sign", kerberos: str = "required", extra: tuple = ()) -> tuple[int, str]:
+    # smbclient takes the service principal from the UNC's host name
+    # (cifs/files.nimbus.test, never for "localhost" or an address); -I
+    # gives the address it connects to.
+    cmd = [
+        "smbclient", f"//{HOST}/data", "-I", "127.0.0.1", "-p", str(server.port),
+        f"--use-kerberos={kerberos}", f"--use-krb5-ccache={env['KRB5CCNAME']}", "-m", "SMB3_11",
+        f"--client-protection={protection}",
+        "-s", str(conf), *extra, "-c", commands,
+    ]  # fmt: skip
+    p = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL)
+    return p.returncode, p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("protection", ["sign", "encrypt"])
+def test_smbclient_logs_on_with_a_kerberos_ticket_and_moves_data(start, keytab, tickets, samba_client_conf, tmp_path, protection):
+    server = start(keytab)
+    data = os.urandom(3 * 1024 * 1024 + 17)
+    (tmp_path / "up.bin").write_bytes(data)
+    rc, out = smbclient(server, tickets, samba_client_conf, tmp_path, "put up.bin k.bin; get k.bin down.bin", protection=protection)
+    assert rc == 0, out + server.log()[-3000:]
+    assert hashlib.sha256((tmp_path / "down.bin").read_bytes()).digest() == hashlib.sha256(data).digest()
+    assert (server.share / "k.bin").read_bytes() == data
+    log = server.log()
+    # The session is the mapped user's, and signed or encrypted with keys
+    # from the ticket's session key.
+    assert f"user {REALM}\\{USER} from" in log, log[-3000:]
+    if protection == "encrypt":
+        assert "encryption Aes" in log
+
+
+def test_an_encryption_only_server_serves_kerberos_with_aes_256(start, keytab, tickets, samba_client_conf, tmp_path):
+    # AES-256 ciphers derive their keys from the whole 32-byte session key
+    # of an aes256-cts ticket (MS-SMB2 3.3.5.5.3), not its first 16 bytes:
+    # a wrong key would fail the first encrypted response.
+    server = start(keytab, encryption="required", extra="")
+    (tmp_path / "f.txt").write_text("hello\n")
+    rc, out = smbclient(server, tickets, samba_client_conf, tmp_path, "put f.txt; ls", protection="encrypt", extra=("--option=client smb encrypt=required", "--option=client smb3 encryption algorithms=AES-256-GCM"))
+    assert rc == 0, out + server.log()[-3000:]
+    assert "f.txt" in out
+    assert "Aes256Gcm" in server.log()
+
+
+def test_a_principal_without_a_user_is_refused(kdc, start, keytab, samba_client_conf, tmp_path):
+    server = start(keytab)
+    env = kdc.kinit("stranger", kdc.user("stranger"), tmp_path / "cc")
+    rc, out = smbclient(server, env, samba_client_conf, tmp_path, "ls")
+    assert rc != 0 and "NT_STATUS_LOGON_FAILURE" in out, out
+    assert 'Kerberos logon of "stranger@NIMBUS.TEST" refused: user "stranger" is not in the user database' in server.log()
+
+
+def test_a_principal_mapped_by_user_map_logs_on_as_that_user(kdc, start, keytab, tickets, samba_client_conf, tmp_path):
+    server = start(keytab, extra=f"map_by_name = false\n[kerberos.user_map]\n{toml_str('ops/admin@' + REALM)} = {toml_str(USER)}")
+    env = kdc.kinit("ops/admin", kdc.user("ops/admin"), tmp_path / "cc")
+    rc, out = smbclient(server, env, samba_client_conf, tmp_path, "ls")
+    assert rc == 0, out + server.log()[-2000:]
+    assert f"user {REALM}\\{USER} from" in server.log()
+    # With map_by_name = false, a principal the map does not name is
+    # refused even though a user of its name exists.
+    rc, out = smbclient(server, tickets, samba_client_conf, tmp_path, "ls")
+    assert rc != 0, out
+    assert f'Kerberos logon of "{USER}@{REALM}" refused: no user is mapped' in server.log()
+
+
+def test_a_ticket_for_a_key_the_server_does_not_have_is_refused(kdc, start, tickets, samba_client_conf, tmp_path):
+    # The server's keytab holds an older key of cifs/localhost: the KDC
+    # issues tickets for the new one, which the server cannot decrypt.
+    stale = tmp_path / "stale.keytab"
+    kdc.kadmin(f"ktadd -k {stale} cifs/{HOST}")
+    stale.chmod(0o600)
+    kdc.kadmin(f"ktadd -k {kdc.dir / 'cifs.keytab'} cifs/{HOST}")  # new kvno, in the shared keytab
+    server = start(stale)
+    env = dict(tickets)
+    rc, out = smbclient(server, env, samba_client_conf, tmp_path, "ls")
+    assert rc != 0, out
+    assert "Kerberos logon refused: gss_accept_sec_context:" in server.log(), server.log()[-2000:]
+
+
+def test_ntlm_is_refused_when_turned_off_and_kerberos_still_works(start, keytab, tickets, samba_client_conf, tmp_path):
+    server = start(keytab, ntlm=False)
+    cmd = ["smbclient", f"//{HOST}/data", "-I", "127.0.0.1", "-p", str(server.port), "-U", f"{USER}%{PASSWORD}", "--use-kerberos=off", "-m", "SMB3_11", "-s", str(samba_client_conf), "-c", "ls"]
+    p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL)
+    assert p.returncode != 0, p.stdout + p.stderr
+    assert "NTLM is turned off ([kerberos] ntlm = false)" in server.log()
+    rc, out = smbclient(server, tickets, samba_client_conf, tmp_path, "ls")
+    assert rc == 0, out + server.log()[-2000:]
+
+
+def test_a_keytab_others_can_read_is_refused_at_start(kdc, keytab, tmp_path):
+    loose = tmp_path / "loose.keytab"
+    loose.write_bytes(keytab.read_bytes())
+    loose.chmod(0o644)
+    conf = tmp_path / "n.toml"
+    db = tmp_path / "users.db"
+    add_user(db)
+    conf.write_text(
+        f"listen = [{toml_str('127.0.0.1:' + str(free_port()))}]\nuser_db = {toml_str(str(db))}\n"
+        f"[[share]]\nname = \"data\"\npath = {toml_str(str(tmp_path))}\n"
+        f"[kerberos]\nkeytab = {toml_str(str(loose))}\n"
+    )
+    p = subprocess.run([str(nimbus_binary()), "config", "check", str(conf)], capture_output=True, text=True, timeout=30, env=kdc.env)
+    assert p.returncode != 0
+    assert "kerberos.keytab" in p.stderr + p.stdout and "chmod 600" in p.stderr + p.stdout, p.stderr + p.stdout
+
+
+def test_config_check_finds_a_keytab_without_the_principal(kdc, keytab, tmp_path):
+    db = tmp_path / "users.db"
+    add_user(db)
+    conf = tmp_path / "n.toml"
+    conf.write_text(
+        f"listen = [{toml_str('127.0.0.1:' + str(free_port()))}]\nuser_db = {toml_str(str(db))}\n"
+        f"[[share]]\nname = \"data\"\npath = {toml_str(str(tmp_path))}\n"
+        f"[kerberos]\nkeytab = {toml_str(str(keytab))}\nprincipal = {toml_str('cifs/other.nimbus.test@' + REALM)}\n"
+    )
+    p = subprocess.run([str(nimbus_binary()), "config", "check", str(conf)], capture_output=True, text=True, timeout=30, env=kdc.env)
+    assert p.returncode != 0, p.stdout
+    assert "kerberos.keytab" in p.stderr and "ktadd" in p.stderr, p.stderr
+    # The right principal passes.
+    conf.write_text(conf.read_text().replace("cifs/other.nimbus.test", f"cifs/{HOST}"))
+    p = subprocess.run([str(nimbus_binary()), "config", "check", str(conf)], capture_output=True, text=True, timeout=30, env=kdc.env)
+    assert p.returncode == 0, p.stderr
