@@ -40,6 +40,10 @@ class Kdc:
             "  rdns = false\n"
             "  dns_canonicalize_hostname = false\n"
             "  udp_preference_limit = 1\n"
+            # MIT adds the allowed clock skew to a context's lifetime (the
+            # GSS expiry a server enforces is ticket end + skew): 2 s keeps
+            # the ticket-expiry test short.
+            "  clockskew = 2\n"
             "[realms]\n"
             f"  {REALM} = {{\n    kdc = 127.0.0.1:{self.port}\n  }}\n"
             "[domain_realm]\n"

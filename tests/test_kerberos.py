@@ -13,6 +13,8 @@ import hashlib
 import os
 import signal
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -238,3 +240,37 @@ def test_config_check_finds_a_keytab_without_the_principal(kdc, keytab, tmp_path
     conf.write_text(conf.read_text().replace("cifs/other.nimbus.test", f"cifs/{HOST}"))
     p = subprocess.run([str(nimbus_binary()), "config", "check", str(conf)], capture_output=True, text=True, timeout=30, env=kdc.env)
     assert p.returncode == 0, p.stderr
+
+
+def test_a_session_ends_with_its_ticket_and_only_letting_go_still_works(kdc, start, keytab, tickets, samba_client_conf, tmp_path):
+    # MS-SMB2 3.3.5.2.9: past the ticket's end the session answers
+    # NETWORK_SESSION_EXPIRED (the client must re-authenticate with a new
+    # ticket). The wait is the ticket's own lifetime, not a race; `tickets`
+    # made the principal and its keytab.
+    server = start(keytab)
+    env = kdc.kinit(USER, kdc.dir / f"{USER}.keytab", tmp_path / "short", "-l", "4s")
+    # Interactive smbclient, its output line-buffered (stdbuf) so that the
+    # test sees the first listing before it waits.
+    cmd = [
+        "stdbuf", "-oL", "smbclient", f"//{HOST}/data", "-I", "127.0.0.1", "-p", str(server.port),
+        "--use-kerberos=required", f"--use-krb5-ccache={env['KRB5CCNAME']}", "-m", "SMB3_11",
+        "--client-protection=sign", "-s", str(samba_client_conf),
+    ]  # fmt: skip
+    p = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    killer = threading.Timer(TIMEOUT / 2, p.kill)
+    killer.start()
+    try:
+        p.stdin.write("ls\n")
+        p.stdin.flush()
+        first = ""
+        while "blocks of size" not in first:
+            line = p.stdout.readline()
+            assert line, first + server.log()[-2000:]
+            first += line
+        # The ticket (4 s, plus the 2 s of clock skew MIT allows) ends;
+        # the session's next request is refused.
+        time.sleep(7)
+        out, _ = p.communicate("ls\nquit\n", timeout=TIMEOUT)
+    finally:
+        killer.cancel()
+    assert "NT_STATUS_NETWORK_SESSION_EXPIRED" in out, first + out + server.log()[-2000:]

@@ -55,6 +55,7 @@ SUITES = [
     "smb2.durable-v2-open",
     "smb2.durable-v2-delay",
     "smb2.replay",
+    "smb2.session",
 ]
 KNOWN_FAILURES = Path(__file__).resolve().parent / "smbtorture" / "known-failures.txt"
 EXPECTED_SKIPS = Path(__file__).resolve().parent / "smbtorture" / "expected-skips.txt"

@@ -177,6 +177,10 @@ pub struct AuthResult {
     /// which 3.1.1's AES-256 ciphers derive their keys; for NTLM the same
     /// 16 bytes as `session_key`.
     pub full_session_key: Zeroizing<Vec<u8>>,
+    /// How long the logon stays valid: the Kerberos ticket's remaining
+    /// life (MS-SMB2 3.3.5.5.3 Session.ExpirationTime); None for NTLM,
+    /// whose logons do not expire.
+    pub expires_in: Option<std::time::Duration>,
     /// Logged on as guest (unknown user with `allow_guest`).
     pub guest: bool,
     /// Anonymous logon (with `allow_guest`).
@@ -609,6 +613,7 @@ impl AuthExchange {
             domain: logon.realm,
             session_key: logon.session_key,
             full_session_key: logon.full_session_key,
+            expires_in: logon.expires_in,
             guest: false,
             anonymous: false,
         }))
@@ -801,6 +806,15 @@ impl AuthExchange {
         if a.nt_response.len() < 16 + ntlm::CLIENT_CHALLENGE_FIXED {
             return Err(AuthError::Malformed("NTLMv2 response too short"));
         }
+        // A client challenge whose AV pairs do not parse is malformed
+        // whoever sent it (STATUS_INVALID_PARAMETER, as Samba answers the
+        // NetApp-style response of smbtorture smb2.session.ntlmssp_bug14932),
+        // found before any hash is computed.
+        ntlm::find_av_pair(
+            &a.nt_response[16 + ntlm::CLIENT_CHALLENGE_FIXED..],
+            av::FLAGS,
+        )
+        .map_err(AuthError::Malformed)?;
         if user.is_empty() {
             return Err(AuthError::LogonFailure {
                 user,
@@ -998,6 +1012,7 @@ fn result(v: Verified, output: Vec<u8>) -> AuthResult {
         user: v.user,
         domain: v.domain,
         full_session_key: Zeroizing::new(v.session_key.to_vec()),
+        expires_in: None,
         session_key: v.session_key,
         guest: v.guest,
         anonymous: v.anonymous,

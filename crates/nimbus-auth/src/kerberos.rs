@@ -83,6 +83,8 @@ pub(crate) struct KerberosLogon {
     pub realm: String,
     pub session_key: Zeroizing<[u8; 16]>,
     pub full_session_key: Zeroizing<Vec<u8>>,
+    /// The ticket's remaining life; None when the library says indefinite.
+    pub expires_in: Option<std::time::Duration>,
 }
 
 /// Why a Kerberos logon is refused, for the log.
@@ -119,11 +121,14 @@ pub(crate) fn logon(
         .rsplit_once('@')
         .map(|(_, r)| r.to_string())
         .unwrap_or_default();
+    // GSS_C_INDEFINITE (all ones) means no end.
+    let life = gss.lifetime_secs();
     Ok(KerberosLogon {
         user,
         realm,
         session_key: key,
         full_session_key: full,
+        expires_in: (life != u32::MAX).then(|| std::time::Duration::from_secs(life.into())),
     })
 }
 

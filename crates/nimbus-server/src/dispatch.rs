@@ -4,6 +4,7 @@
 //! (signed) responses. Handlers never see signing or credits.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use nimbus_wire::codec::Put;
 use nimbus_wire::header::{
@@ -882,6 +883,23 @@ fn check_and_run<'a>(
                         );
                         return Err(NtStatus::ACCESS_DENIED);
                     }
+                }
+                // MS-SMB2 3.3.5.2.9: once the logon's ticket has ended, the
+                // client must re-authenticate; what only lets go of state
+                // still runs. The answer is signed: the keys stay good.
+                let expired = auth.expires.is_some_and(|t| Instant::now() >= t);
+                if expired
+                    && !matches!(
+                        cmd,
+                        Some(
+                            Command::SessionSetup
+                                | Command::Logoff
+                                | Command::Close
+                                | Command::Lock
+                        )
+                    )
+                {
+                    return Err(NtStatus::NETWORK_SESSION_EXPIRED);
                 }
                 if auth.encrypt_data && !encrypted {
                     // MS-SMB2 3.3.5.2.9: Session.EncryptData and

@@ -44,6 +44,10 @@ pub struct Authenticated {
     pub cipher: Option<Arc<SessionCipher>>,
     /// Session.EncryptData: every request must arrive encrypted.
     pub encrypt_data: bool,
+    /// Session.ExpirationTime (the Kerberos ticket's end): past it, only
+    /// SESSION_SETUP (re-authentication), LOGOFF, CLOSE and LOCK are
+    /// served (MS-SMB2 3.3.5.2.9). None: never.
+    pub expires: Option<std::time::Instant>,
 }
 
 pub struct Session {
@@ -51,6 +55,9 @@ pub struct Session {
     pub state: Mutex<SessionState>,
     pub trees: Mutex<HashMap<u32, Arc<Tree>>>,
     pub opens: Mutex<HashMap<u64, Arc<Open>>>,
+    /// A re-authentication of this valid session under way (MS-SMB2
+    /// 3.3.5.5.2), between its legs.
+    pub reauth: Mutex<Option<AuthExchange>>,
     next_tree_id: AtomicU32,
 }
 
@@ -64,6 +71,7 @@ impl Session {
             }),
             trees: Mutex::new(HashMap::new()),
             opens: Mutex::new(HashMap::new()),
+            reauth: Mutex::new(None),
             next_tree_id: AtomicU32::new(1),
         }
     }

@@ -17,6 +17,7 @@ pub mod oplock_break;
 pub mod query_directory;
 pub mod query_info;
 pub mod read;
+pub mod session_reauth;
 pub mod session_setup;
 pub mod set_info;
 pub mod tree_connect;

@@ -39,14 +39,12 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             ctx.server.sessions.register(&s, ctx.conn);
             s
         }
-        Some(s) => {
-            if s.is_valid() {
-                // Re-authentication of an established session is not
-                // supported yet; the session stays as it was.
-                return Err(NtStatus::REQUEST_NOT_ACCEPTED);
-            }
-            s.clone()
+        Some(s) if s.is_valid() => {
+            let s = s.clone();
+            ctx.response_session_id = s.id;
+            return super::session_reauth::handle(ctx, s, req.security_buffer, out);
         }
+        Some(s) => s.clone(),
     };
     ctx.response_session_id = session.id;
     let mut state = lock(&session.state);
@@ -161,7 +159,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
                 flags |= session_flags::ENCRYPT_DATA;
             }
             tracing::info!(
-                "session logon: user {}\\{} from {} ({:?}, signing {}, encryption {})",
+                "session logon: user {}\\{} from {} ({:?}, signing {}, encryption {}{})",
                 res.domain,
                 if res.anonymous {
                     "(anonymous)"
@@ -180,6 +178,10 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
                     (Some(c), false) => format!("{:?} available", c.algorithm()),
                     (None, _) => "off".into(),
                 },
+                match res.expires_in {
+                    Some(d) => format!(", ticket ends in {}s", d.as_secs()),
+                    None => String::new(),
+                },
             );
             let has_signer = signer.is_some();
             // An anonymous (null) session proves nothing about the client:
@@ -196,6 +198,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
                 signing_required,
                 cipher,
                 encrypt_data,
+                expires: res.expires_in.map(|d| Instant::now() + d),
             });
             drop(state);
             if !unauthenticated {
@@ -216,25 +219,33 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         Err(e) => {
             drop(state);
             forget_session(ctx, session.id);
-            let status = match &e {
-                AuthError::Malformed(_) => NtStatus::INVALID_PARAMETER,
-                AuthError::NotSupported(_) => NtStatus::NOT_SUPPORTED,
-                _ => NtStatus::LOGON_FAILURE,
-            };
             tracing::warn!("session logon refused from {}: {e}", ctx.conn.peer);
-            if let AuthError::LogonFailure { user, .. } = &e {
-                let blocked = backed_off(ctx, user);
-                ctx.server.logon_guard.failed(
-                    user,
-                    ctx.conn.peer.ip(),
-                    Instant::now(),
-                    &ctx.server.config.limits,
-                );
-                blocked?;
-            }
-            Err(status)
+            Err(refused(ctx, &e))
         }
     }
+}
+
+/// The status a failed exchange gets; a wrong password counts against the
+/// user and address (and a backed-off one is told so).
+pub(super) fn refused(ctx: &Ctx<'_>, e: &AuthError) -> NtStatus {
+    let status = match e {
+        AuthError::Malformed(_) => NtStatus::INVALID_PARAMETER,
+        AuthError::NotSupported(_) => NtStatus::NOT_SUPPORTED,
+        _ => NtStatus::LOGON_FAILURE,
+    };
+    if let AuthError::LogonFailure { user, .. } = e {
+        let blocked = backed_off(ctx, user);
+        ctx.server.logon_guard.failed(
+            user,
+            ctx.conn.peer.ip(),
+            Instant::now(),
+            &ctx.server.config.limits,
+        );
+        if let Err(s) = blocked {
+            return s;
+        }
+    }
+    status
 }
 
 /// MS-SMB2 3.3.5.5.3: a logon that names its PreviousSessionId replaces
