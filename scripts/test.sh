@@ -116,7 +116,7 @@ export NIMBUS_BIN=$NIMBUS_TARGET_DIR/release/nimbus
 
 step "Integration tests (pytest tests/)"
 set +e
-"$NIMBUS_VENV/bin/python3" -m pytest -v tests/ ${pytest_args[@]+"${pytest_args[@]}"}
+"$NIMBUS_VENV/bin/python3" -m pytest -v --durations=30 tests/ ${pytest_args[@]+"${pytest_args[@]}"}
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then
