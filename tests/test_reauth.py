@@ -1,7 +1,8 @@
 """Session re-authentication (issue 16, MS-SMB2 3.3.5.5.2), with Python
 smbprotocol against the real server: the same user re-authenticates a
-session that goes on with its open files and its first keys; another user,
-or a wrong password, ends the session (its files close, later requests get
+session that goes on with its open files and its first keys; another user
+(answered LOGON_FAILURE, as a wrong password is), or a wrong password, ends
+the session (its files close, later requests get
 USER_SESSION_DELETED). smbtorture smb2.session.reauth1/6 and
 smb2.notify.invalid-reauth check the same-user and failure cases too
 (tests/test_smbtorture.py).
@@ -102,7 +103,9 @@ def test_another_user_ends_the_session_and_closes_its_files(bob_server, alice):
     f.write(b"alice's", 0)
     with pytest.raises(SMBResponseException) as e:
         reauthenticate(session, *BOB)
-    assert e.value.status == NtStatus.STATUS_ACCESS_DENIED
+    # Answered as a wrong password would be: re-authentication must not
+    # tell a right password for another user from a wrong one.
+    assert e.value.status == NtStatus.STATUS_LOGON_FAILURE
     # The session is gone: bob did not inherit alice's open file.
     assert_session_deleted(session, f)
     assert "ended the session: not its user" in bob_server.log_tail()

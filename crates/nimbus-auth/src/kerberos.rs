@@ -24,10 +24,12 @@ pub struct PrincipalMap {
 
 impl PrincipalMap {
     /// The user `principal` logs on as, before the database is asked
-    /// whether that user exists. A principal with an instance
-    /// (`alice/admin@REALM`) is never shortened to a user name: only the
-    /// explicit map can name one for it.
-    pub fn user_for(&self, principal: &str) -> Option<String> {
+    /// whether that user exists. By name only in `home_realm` (the realm of
+    /// the service principal): `alice@OTHER.REALM`, from a realm this one
+    /// trusts, is not the local `alice` unless the explicit map says so. A
+    /// principal with an instance (`alice/admin@REALM`) is never shortened
+    /// to a user name either.
+    pub fn user_for(&self, principal: &str, home_realm: &str) -> Option<String> {
         if let Some(u) = self
             .explicit
             .iter()
@@ -39,8 +41,9 @@ impl PrincipalMap {
         if self.explicit_only {
             return None;
         }
-        let (name, _realm) = principal.rsplit_once('@')?;
-        (!name.is_empty() && !name.contains('/')).then(|| name.to_string())
+        let (name, realm) = principal.rsplit_once('@')?;
+        (!name.is_empty() && !name.contains('/') && realm.eq_ignore_ascii_case(home_realm))
+            .then(|| name.to_string())
     }
 }
 
@@ -105,8 +108,9 @@ pub(crate) fn logon(
             "the ticket is for {target:?}, not a cifs/ principal"
         )));
     }
+    let home_realm = target.rsplit_once('@').map(|(_, r)| r).unwrap_or_default();
     let wanted = map
-        .user_for(&principal)
+        .user_for(&principal, home_realm)
         .ok_or_else(|| fail("no user is mapped to this principal ([kerberos] user_map)".into()))?;
     let user = users
         .canonical_name(&wanted)
@@ -138,18 +142,34 @@ mod tests {
 
     #[test]
     fn principals_map_to_users_by_name_or_by_the_explicit_map() {
+        const HOME: &str = "EXAMPLE.TEST";
         let mut map = PrincipalMap::default();
-        assert_eq!(map.user_for("alice@EXAMPLE.TEST").as_deref(), Some("alice"));
-        assert_eq!(map.user_for("alice/admin@EXAMPLE.TEST"), None);
-        assert_eq!(map.user_for("@EXAMPLE.TEST"), None);
-        assert_eq!(map.user_for("noatsign"), None);
+        assert_eq!(
+            map.user_for("alice@EXAMPLE.TEST", HOME).as_deref(),
+            Some("alice")
+        );
+        assert_eq!(
+            map.user_for("alice@example.test", HOME).as_deref(),
+            Some("alice")
+        );
+        // Another realm's alice is not ours.
+        assert_eq!(map.user_for("alice@OTHER.TEST", HOME), None);
+        assert_eq!(map.user_for("alice/admin@EXAMPLE.TEST", HOME), None);
+        assert_eq!(map.user_for("@EXAMPLE.TEST", HOME), None);
+        assert_eq!(map.user_for("noatsign", HOME), None);
         map.explicit
             .insert("Alice/Admin@EXAMPLE.TEST".into(), "root-ish".into());
         assert_eq!(
-            map.user_for("alice/admin@example.test").as_deref(),
+            map.user_for("alice/admin@example.test", HOME).as_deref(),
             Some("root-ish")
         );
         map.explicit_only = true;
-        assert_eq!(map.user_for("bob@EXAMPLE.TEST"), None);
+        map.explicit
+            .insert("carol@OTHER.TEST".into(), "carol".into());
+        assert_eq!(
+            map.user_for("carol@OTHER.TEST", HOME).as_deref(),
+            Some("carol")
+        );
+        assert_eq!(map.user_for("bob@EXAMPLE.TEST", HOME), None);
     }
 }

@@ -471,12 +471,31 @@ impl Membership {
     /// Renews the lease every third of the TTL, for as long as the server
     /// runs; an expired lease (etcd was out of reach for longer than the
     /// TTL) is replaced by a new registration.
-    pub async fn keep_alive(self: Arc<Self>) {
+    ///
+    /// On a thread of its own, not the async runtime: a request waiting on
+    /// etcd while it holds a lock others want can keep the runtime's workers
+    /// busy for as long as a hand-over takes (up to twice the TTL), and the
+    /// lease must not lapse meanwhile.
+    pub fn keep_alive(self: Arc<Self>) {
         let period = self.ttl / 3;
+        let spawned = std::thread::Builder::new()
+            .name("nimbus-lease".into())
+            .spawn(move || self.renew_every(period));
+        if let Err(e) = spawned {
+            tracing::error!("cluster: cannot start the lease renewal thread: {e}");
+        }
+    }
+
+    fn renew_every(self: Arc<Self>, period: Duration) {
         loop {
-            tokio::time::sleep(period).await;
+            std::thread::sleep(period);
+            if self.is_stopping() {
+                // The node left: its lease is revoked, not to be renewed or
+                // replaced by a new registration.
+                return;
+            }
             let m = self.clone();
-            let renewed = tokio::task::spawn_blocking(move || {
+            let renewed = (move || {
                 let lease = m.lease.load(Ordering::SeqCst);
                 match m.store.keep_alive(lease) {
                     Ok(true) => Ok(true),
@@ -500,16 +519,14 @@ impl Membership {
                     }
                     Err(e) => Err(e),
                 }
-            })
-            .await;
+            })();
             match renewed {
-                Ok(Ok(true)) => {}
-                Ok(Ok(false)) => tracing::error!(
+                Ok(true) => {}
+                Ok(false) => tracing::error!(
                     "cluster: node \"{}\" cannot register again: another node holds its name",
                     self.node
                 ),
-                Ok(Err(e)) => tracing::warn!("cluster: lease renewal failed: {e}"),
-                Err(e) => tracing::error!("cluster: lease renewal task failed: {e}"),
+                Err(e) => tracing::warn!("cluster: lease renewal failed: {e}"),
             }
         }
     }

@@ -304,6 +304,9 @@ pub fn is_quick(frame: &[u8], limits: &Limits, conn: &Connection) -> bool {
             {
                 false
             }
+            // CANCEL must reach what waits in the queue; ECHO keeps the
+            // connection alive.
+            Some(Command::Cancel | Command::Echo) => true,
             _ if conn.server.cluster.is_some() => conn.ordered_queue_is_empty(),
             _ => true,
         }

@@ -15,7 +15,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError, Weak};
 use std::time::{Duration, Instant};
 
 use nimbus_state::caching::{
@@ -312,6 +312,21 @@ fn apply<T>(
 }
 
 impl Oplocks {
+    /// The node's caching table. On a cluster node whoever holds it may be
+    /// waiting on etcd (a file being handed over from another node, up to
+    /// twice the node TTL): a request that finds it taken waits off its
+    /// runtime worker, so that one slow hand-over does not stop the whole
+    /// runtime (other connections' reads and writes, the writers, accept).
+    fn table(&self) -> MutexGuard<'_, Table> {
+        match self.table.try_lock() {
+            Ok(t) => t,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => {
+                nimbus_state::blocking::off_worker(|| lock(&self.table))
+            }
+        }
+    }
+
     pub fn new(break_timeout: Duration, store: Arc<dyn StateStore>) -> Oplocks {
         Oplocks {
             table: Arc::new(Mutex::new(Table::default())),
@@ -345,7 +360,7 @@ impl Oplocks {
         }
         let _order = lock(&self.publishing);
         for dir in touched {
-            let held = lock(&self.table).dirs.contains(&dir);
+            let held = self.table().dirs.contains(&dir);
             e.set_mine(dir, held);
         }
     }
@@ -417,7 +432,7 @@ impl Oplocks {
     /// must be `admit`ted or `forget`ten.
     pub fn contend(&self, file: FileKey, ask: &OpenAsk) -> Contention {
         let (contention, sends, changed) = {
-            let mut t = lock(&self.table);
+            let mut t = self.table();
             let Some(((c, to), summary)) = apply(&*self.store, file, self.watching(), |s| {
                 self.purge_gone(s);
                 let c = s.contend(ask);
@@ -445,7 +460,7 @@ impl Oplocks {
     /// Whether `lease` may be used on `file` (None: a file about to be
     /// created): a lease key names one file (MS-SMB2 3.3.5.9.8).
     pub fn lease_fits(&self, lease: LeaseId, file: Option<FileKey>) -> bool {
-        match lock(&self.table).lease_files.get(&lease) {
+        match self.table().lease_files.get(&lease) {
             None => true,
             Some(k) => Some(*k) == file,
         }
@@ -469,7 +484,7 @@ impl Oplocks {
     pub fn take_over(&self, file: FileKey, open_id: u64) {
         let s = records::read::<FileCaching>(&*self.store, &record_key(file)).unwrap_or_default();
         {
-            let mut t = lock(&self.table);
+            let mut t = self.table();
             for g in s.grants.iter().filter(|g| g.opens.contains(&open_id)) {
                 if let Holder::Lease(id) = g.holder {
                     t.lease_files.insert(id, file);
@@ -539,7 +554,7 @@ impl Oplocks {
 
     /// Records an open that went ahead and returns what it was granted.
     pub fn admit(&self, file: FileKey, ask: &OpenAsk, route: Route) -> Granted {
-        let mut t = lock(&self.table);
+        let mut t = self.table();
         let mut ask = *ask;
         if let Want::Lease { id, .. } = ask.want {
             // `lease_fits` was asked before the file was opened; a CREATE
@@ -583,7 +598,7 @@ impl Oplocks {
     pub fn forget(&self, file: FileKey, open_id: u64) {
         self.notifier.unregister(open_id);
         let (woken, changed, touched) = {
-            let mut t = lock(&self.table);
+            let mut t = self.table();
             let Some(((ended_break, gone), summary)) =
                 apply(&*self.store, file, self.watching(), |s| {
                     // The leases this open shared, to see which went with it.
@@ -632,7 +647,7 @@ impl Oplocks {
             let _ = RUNTIME.set(rt);
         }
         let now = {
-            let mut t = lock(&self.table);
+            let mut t = self.table();
             let breaking = records::read::<FileCaching>(&*self.store, &record_key(file))
                 .map(|s| s.breaking())
                 .unwrap_or(false);
@@ -659,7 +674,7 @@ impl Oplocks {
     /// with its timer) are taken as done.
     pub fn retry(&self, file: FileKey) {
         let (woken, changed) = {
-            let mut t = lock(&self.table);
+            let mut t = self.table();
             let Some(oldest) = t
                 .files
                 .get(&file)
@@ -719,7 +734,7 @@ impl Oplocks {
 
     /// The files with requests waiting for breaks.
     pub fn waiting_files(&self) -> Vec<FileKey> {
-        lock(&self.table)
+        self.table()
             .files
             .iter()
             .filter(|(_, l)| !l.waiters.is_empty())
@@ -729,7 +744,7 @@ impl Oplocks {
 
     /// Takes a waiting request out (cancelled, or its connection went).
     pub fn withdraw(&self, file: FileKey, async_id: u64) {
-        let mut t = lock(&self.table);
+        let mut t = self.table();
         if let Some(local) = t.files.get_mut(&file) {
             local.waiters.retain(|w| w.async_id != async_id);
             if local.waiters.is_empty() && local.break_serial.is_empty() {
@@ -746,7 +761,7 @@ impl Oplocks {
     /// OPLOCK_BREAK acknowledgement of a lease; None when the lease is
     /// unknown.
     pub fn ack_lease(&self, id: LeaseId, state: u32) -> Option<AckOutcome> {
-        let file = *lock(&self.table).lease_files.get(&id)?;
+        let file = *self.table().lease_files.get(&id)?;
         Some(self.ack(file, |s| s.ack_lease(id, state)))
     }
 
@@ -756,7 +771,7 @@ impl Oplocks {
         mut f: impl FnMut(&mut FileCaching) -> Result<Acked, AckError>,
     ) -> AckOutcome {
         let (outcome, sends, woken, changed) = {
-            let mut t = lock(&self.table);
+            let mut t = self.table();
             let Some((r, summary)) = apply(&*self.store, file, self.watching(), |s| {
                 f(s).map(|acked| {
                     let follow: Vec<BreakOrder> = acked.follow_up.into_iter().collect();
@@ -801,7 +816,7 @@ impl Oplocks {
 
     /// How many leases this node's opens hold.
     pub fn lease_count(&self) -> usize {
-        lock(&self.table).lease_files.len()
+        self.table().lease_files.len()
     }
 
     /// Whether any directory holds a lease now, here or on another node.
@@ -818,7 +833,7 @@ impl Oplocks {
     /// except the one `by` names (the client's own parent lease). Nobody
     /// waits for these acknowledgements.
     pub fn contend_children(&self, dir: FileKey, by: Option<LeaseId>) {
-        let here = lock(&self.table).dirs.contains(&dir);
+        let here = self.table().dirs.contains(&dir);
         if !here && !self.elsewhere.get().is_some_and(|e| e.holds(dir)) {
             return;
         }
@@ -834,7 +849,7 @@ impl Oplocks {
         mut rule: impl FnMut(&mut FileCaching) -> T,
     ) -> T::Extra {
         let (extra, sends, changed) = {
-            let mut t = lock(&self.table);
+            let mut t = self.table();
             // Grants of another node's clients are in a record this node
             // does not own: it is read. A single node (no liveness to ask)
             // owns every record, and asks nothing per WRITE.

@@ -480,7 +480,7 @@ impl Server {
         tokio::spawn(crate::durable::DurableOpens::scavenge(self.clone()));
         tokio::spawn(crate::status::publish_forever(self.clone()));
         if let Some(m) = &self.cluster {
-            tokio::spawn(m.clone().keep_alive());
+            m.clone().keep_alive();
             m.clone().serve_ownership();
             // Waiting LOCK requests hear of unlocks on other nodes through
             // etcd, and of locks a gone node left behind once a second;

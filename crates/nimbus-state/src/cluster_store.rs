@@ -63,7 +63,8 @@ enum Group {
     /// owner in etcd but not yet in memory, take that for a lost hand-back
     /// and delete the ownership the first had just taken, leaving this
     /// node deciding the file from memory while another node may take it.
-    Finding,
+    /// The token tells this lookup's mark from a later lookup's.
+    Finding(u64),
 }
 
 /// Ends a `Group::Finding` however the lookup ended (a taken group is
@@ -71,12 +72,13 @@ enum Group {
 struct FindingMark<'a> {
     store: &'a ClusterStore,
     group: &'a [u8],
+    token: u64,
 }
 
 impl Drop for FindingMark<'_> {
     fn drop(&mut self) {
         let mut g = self.store.lock();
-        if matches!(g.get(self.group), Some(Group::Finding)) {
+        if matches!(g.get(self.group), Some(Group::Finding(t)) if *t == self.token) {
             g.remove(self.group);
         }
         drop(g);
@@ -184,7 +186,7 @@ impl ClusterStore {
     /// Waits while `group` is being written back or taken; returns the
     /// guard.
     fn settled(&self, group: &[u8]) -> MutexGuard<'_, HashMap<Vec<u8>, Group>> {
-        self.settled_while(group, |g| matches!(g, Group::Releasing | Group::Finding))
+        self.settled_while(group, |g| matches!(g, Group::Releasing | Group::Finding(_)))
     }
 
     /// Waits while `group` is being written back; returns the guard.
@@ -335,9 +337,25 @@ impl ClusterStore {
     /// written, `own/<group>` and the request deleted, in one transaction.
     /// A group this node does not own only has its request removed.
     pub fn release(&self, group: &[u8]) -> Result<(), StateError> {
+        self.release_or_defer(group, true).map(|_| ())
+    }
+
+    /// `release`; with `wait_for_lookup` false, a group this node is
+    /// looking up right now is left for later (Ok(false)) instead of waited
+    /// for: that lookup may itself wait for another node's hand-over
+    /// thread, which may be waiting for this one's (each node handing
+    /// requests over one at a time).
+    fn release_or_defer(&self, group: &[u8], wait_for_lookup: bool) -> Result<bool, StateError> {
         let request = release_key(&self.me, group);
         let records = {
-            let mut g = self.settled(group);
+            let mut g = if wait_for_lookup {
+                self.settled(group)
+            } else {
+                self.written_back(group)
+            };
+            if matches!(g.get(group), Some(Group::Finding(_))) {
+                return Ok(false);
+            }
             match g.remove(group) {
                 Some(Group::Owned { records, .. }) => {
                     g.insert(group.to_vec(), Group::Releasing);
@@ -349,7 +367,7 @@ impl ClusterStore {
                     }
                     drop(g);
                     self.etcd.txn(&[], &[Op::Delete(&request)], &[])?;
-                    return Ok(());
+                    return Ok(true);
                 }
             }
         };
@@ -372,7 +390,7 @@ impl ClusterStore {
         }
         drop(g);
         self.changed.notify_all();
-        r
+        r.map(|()| true)
     }
 
     /// Writes `records` of `group` to etcd and deletes its ownership, if
@@ -523,8 +541,8 @@ impl ClusterStore {
             }
             pending.sort();
             pending.dedup();
-            pending.retain(|group| match self.release(group) {
-                Ok(()) => false,
+            pending.retain(|group| match self.release_or_defer(group, false) {
+                Ok(handled) => !handled,
                 Err(e) => {
                     tracing::warn!("cluster: handing a file over: {e}");
                     true
@@ -540,19 +558,25 @@ impl StateStore for ClusterStore {
             return self.local.get(key);
         };
         for _ in 0..FIND_TRIES {
+            // Some(token): this thread's lookup may take the group.
             let may_take = {
                 let mut g = self.written_back(group);
                 match g.get(group) {
                     Some(Group::Owned { records, .. }) => return Ok(records.get(key).cloned()),
-                    Some(Group::Finding) => false,
+                    Some(Group::Finding(_)) => None,
                     _ => {
-                        g.insert(group.to_vec(), Group::Finding);
-                        true
+                        let token = self.next_version.fetch_add(1, Ordering::Relaxed);
+                        g.insert(group.to_vec(), Group::Finding(token));
+                        Some(token)
                     }
                 }
             };
-            if may_take {
-                let _mark = FindingMark { store: self, group };
+            if let Some(token) = may_take {
+                let _mark = FindingMark {
+                    store: self,
+                    group,
+                    token,
+                };
                 match self.find(group, key)? {
                     Found::Taken | Found::Retry => continue,
                     Found::Shared(v) => return Ok(v),

@@ -13,6 +13,12 @@
 //! does a failed exchange (MS-SMB2 3.3.5.5.3: the session is removed):
 //! its opens close as at LOGOFF and later requests on it get
 //! STATUS_USER_SESSION_DELETED.
+//!
+//! Re-authentication is a logon like any other for the logon guard: a
+//! backed-off name or address is refused even with the right password,
+//! and a right password for another user is answered exactly as a wrong
+//! one (LOGON_FAILURE, counted as a failure), so that re-authenticating a
+//! guest session cannot be used to test passwords past the back-off.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -44,6 +50,13 @@ pub fn handle(
             Ok(NtStatus::MORE_PROCESSING_REQUIRED)
         }
         Ok(AuthStep::Complete(res)) => {
+            let real_user = !res.guest && !res.anonymous;
+            if real_user {
+                if let Err(status) = super::session_setup::backed_off(ctx, &res.user) {
+                    end(ctx, &session);
+                    return Err(status);
+                }
+            }
             let (who, flags) = match &mut *lock(&session.state) {
                 SessionState::Valid(a) => {
                     let same = !a.guest
@@ -73,9 +86,23 @@ pub fn handle(
                         res.user.as_str()
                     }
                 );
+                if real_user {
+                    ctx.server.logon_guard.failed(
+                        &res.user,
+                        ctx.conn.peer.ip(),
+                        Instant::now(),
+                        &ctx.server.config.limits,
+                    );
+                }
                 end(ctx, &session);
-                return Err(NtStatus::ACCESS_DENIED);
+                return Err(NtStatus::LOGON_FAILURE);
             };
+            ctx.server
+                .logon_guard
+                .succeeded(&res.user, ctx.conn.peer.ip());
+            // Proves the (unchanged) key to the client, as a first logon's
+            // final response does.
+            ctx.sign_with = Some(session.clone());
             tracing::info!(
                 "session re-authenticated: user {who} from {}",
                 ctx.conn.peer

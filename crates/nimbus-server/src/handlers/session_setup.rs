@@ -313,7 +313,7 @@ fn refuse_beyond_session_limits(ctx: &Ctx<'_>) -> Result<(), NtStatus> {
 
 /// Refuses a logon while its user name or the client's address is backed
 /// off after failed logons (`limits.max_failed_logons_per_*`).
-fn backed_off(ctx: &Ctx<'_>, user: &str) -> Result<(), NtStatus> {
+pub(super) fn backed_off(ctx: &Ctx<'_>, user: &str) -> Result<(), NtStatus> {
     let limits = &ctx.server.config.limits;
     let peer = ctx.conn.peer;
     let (scope, key, status, remaining) =
