@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -274,3 +275,63 @@ def test_a_session_ends_with_its_ticket_and_only_letting_go_still_works(kdc, sta
     finally:
         killer.cancel()
     assert "NT_STATUS_NETWORK_SESSION_EXPIRED" in out, first + out + server.log()[-2000:]
+
+
+def loopback_host_name() -> tuple[str, str]:
+    """This machine's name and the loopback address it resolves to (Debian
+    puts `127.0.1.1 <hostname>` in /etc/hosts). smbtorture, unlike
+    smbclient, cannot be given an address besides the name, and refuses
+    Kerberos for "localhost" and for addresses."""
+    name = socket.gethostname()
+    try:
+        addr = socket.gethostbyname(name)
+    except OSError as e:
+        addr = f"unresolved ({e})"
+    if not addr.startswith("127."):
+        message = f"host name {name!r} resolves to {addr}, not a loopback address (Debian's /etc/hosts has 127.0.1.1 {name})"
+        if in_ci():
+            pytest.fail(message)
+        pytest.skip(message)
+    return name, addr
+
+
+@pytest.mark.requires_tool("smbtorture", "samba-testsuite")
+def test_smbtorture_expiry_and_re_authentication_with_kerberos(kdc, tmp_path, samba_client_conf):
+    # smbtorture's Kerberos-only session tests: it logs on with a 4 s ticket
+    # (gensec_gssapi:requested_life_time), waits it out, expects
+    # NETWORK_SESSION_EXPIRED for everything but LOGOFF, CLOSE, unlock,
+    # ECHO and CANCEL, then re-authenticates (expire1*) or logs off.
+    name, addr = loopback_host_name()
+    kdc.krb5_conf.write_text(kdc.krb5_conf.read_text().replace("[domain_realm]\n", f"[domain_realm]\n  {name} = {REALM}\n"))
+    keytab = kdc.service_keytab(tmp_path / "host.keytab", f"cifs/{name}")
+    password = "T0rture-Kerberos!"
+    kdc.kadmin(f"addprinc -pw {password} torturer")
+    base = tmp_path / "server"
+    base.mkdir()
+    (base / "share").mkdir()
+    db = base / "users.db"
+    add_user(db, "torturer", password)
+    port = free_port()
+    conf = base / "nimbus.toml"
+    conf.write_text(
+        f"listen = [{toml_str(f'{addr}:{port}')}]\nuser_db = {toml_str(str(db))}\n"
+        f"[[share]]\nname = \"data\"\npath = {toml_str(str(base / 'share'))}\n"
+        f"[kerberos]\nkeytab = {toml_str(str(keytab))}\n"
+    )
+    log = base / "nimbus.log"
+    proc = subprocess.Popen([str(nimbus_binary()), "serve", "--config", str(conf)], stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=kdc.env)
+    try:
+        wait_for_port(addr, port, proc)
+        tests = ["expire1s", "expire2e", "expire_disconnect", "reauth1"]
+        cmd = [
+            "smbtorture", f"//{name}/data", "-p", str(port), "-k", "yes", "-U", f"torturer@{REALM}%{password}",
+            "-s", str(samba_client_conf), "--target=samba3", *[f"smb2.session.{t}" for t in tests],
+        ]  # fmt: skip
+        p = subprocess.run(cmd, env=kdc.env, capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
+        out = p.stdout + p.stderr
+        for t in tests:
+            assert f"success: {t}" in out, out[-4000:] + log.read_text(errors="replace")[-2000:]
+        assert "ticket ends in" in log.read_text(errors="replace")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
