@@ -20,10 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PASSWORD, USER, add_user, free_port, in_ci, nimbus_binary, toml_str, wait_for_port
+from conftest import PASSWORD, USER, add_user, free_port, in_ci, nimbus_binary, run_nimbus, toml_str, wait_for_port
 from kdc import HOST, REALM, Kdc, have_kdc
 
 TIMEOUT = 60
+# The server looks at the user database file at most once a second.
+RELOAD_WAIT = 1.3
 
 pytestmark = [
     pytest.mark.nimbus_only,
@@ -120,16 +122,19 @@ def tickets(kdc, tmp_path_factory):
     return kdc.kinit(USER, kdc.user(USER), ccache)
 
 
-def smbclient(server: KrbServer, env: dict, conf: Path, cwd: Path, commands: str, *, protection: str = "sign", kerberos: str = "required", extra: tuple = ()) -> tuple[int, str]:
+def smbclient_args(server: KrbServer, env: dict, conf: Path, *, protection: str = "sign", kerberos: str = "required") -> list[str]:
     # smbclient takes the service principal from the UNC's host name
     # (cifs/files.nimbus.test, never for "localhost" or an address); -I
     # gives the address it connects to.
-    cmd = [
+    return [
         "smbclient", f"//{HOST}/data", "-I", "127.0.0.1", "-p", str(server.port),
         f"--use-kerberos={kerberos}", f"--use-krb5-ccache={env['KRB5CCNAME']}", "-m", "SMB3_11",
-        f"--client-protection={protection}",
-        "-s", str(conf), *extra, "-c", commands,
+        f"--client-protection={protection}", "-s", str(conf),
     ]  # fmt: skip
+
+
+def smbclient(server: KrbServer, env: dict, conf: Path, cwd: Path, commands: str, *, protection: str = "sign", kerberos: str = "required", extra: tuple = ()) -> tuple[int, str]:
+    cmd = [*smbclient_args(server, env, conf, protection=protection, kerberos=kerberos), *extra, "-c", commands]
     p = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL)
     return p.returncode, p.stdout + p.stderr
 
@@ -252,11 +257,7 @@ def test_a_session_ends_with_its_ticket_and_only_letting_go_still_works(kdc, sta
     env = kdc.kinit(USER, kdc.dir / f"{USER}.keytab", tmp_path / "short", "-l", "4s")
     # Interactive smbclient, its output line-buffered (stdbuf) so that the
     # test sees the first listing before it waits.
-    cmd = [
-        "stdbuf", "-oL", "smbclient", f"//{HOST}/data", "-I", "127.0.0.1", "-p", str(server.port),
-        "--use-kerberos=required", f"--use-krb5-ccache={env['KRB5CCNAME']}", "-m", "SMB3_11",
-        "--client-protection=sign", "-s", str(samba_client_conf),
-    ]  # fmt: skip
+    cmd = ["stdbuf", "-oL", *smbclient_args(server, env, samba_client_conf)]
     p = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     killer = threading.Timer(TIMEOUT / 2, p.kill)
     killer.start()
@@ -335,3 +336,15 @@ def test_smbtorture_expiry_and_re_authentication_with_kerberos(kdc, tmp_path, sa
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+def test_a_user_removed_from_the_database_logs_on_with_a_ticket_no_more(kdc, start, keytab, tickets, samba_client_conf, tmp_path):
+    # The Kerberos path reloads the user database as the NTLM path does.
+    server = start(keytab)
+    rc, out = smbclient(server, tickets, samba_client_conf, tmp_path, "ls")
+    assert rc == 0, out + server.log()[-2000:]
+    run_nimbus("user", "del", USER, "--db", str(server.user_db))
+    time.sleep(RELOAD_WAIT)
+    rc, out = smbclient(server, tickets, samba_client_conf, tmp_path, "ls")
+    assert rc != 0, out
+    assert f'user "{USER}" is not in the user database' in server.log()

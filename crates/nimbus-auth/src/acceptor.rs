@@ -555,8 +555,15 @@ impl AuthExchange {
                 None,
             )));
         }
+        let Some(k) = &self.shared.kerberos else {
+            return Err(AuthError::NotSupported("Kerberos is not configured"));
+        };
+        // The database as an NTLM logon sees it: a user removed a moment
+        // ago logs on no more with a ticket than with a password.
+        self.reload_users();
         let users = self.shared.users.read().unwrap_or_else(|e| e.into_inner());
-        let logon = kerberos::logon(&p.gss, k_map(&self.shared), &users)
+        let logon = k
+            .logon(&p.gss, &users)
             .map_err(|(principal, reason)| AuthError::Kerberos { principal, reason })?;
         drop(users);
         p.established = Some(Box::new(logon));
@@ -994,15 +1001,6 @@ impl AuthExchange {
             binding::check_channel_bindings(ntlm, cb).map_err(|reason| refuse(reason, hex))?;
         }
         Ok(())
-    }
-}
-
-/// The principal map of a configured Kerberos acceptor.
-fn k_map(shared: &Shared) -> &kerberos::PrincipalMap {
-    static NONE: std::sync::OnceLock<kerberos::PrincipalMap> = std::sync::OnceLock::new();
-    match &shared.kerberos {
-        Some(k) => k.map(),
-        None => NONE.get_or_init(kerberos::PrincipalMap::default),
     }
 }
 

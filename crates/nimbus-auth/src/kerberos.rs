@@ -75,8 +75,14 @@ impl KerberosAcceptor {
         AcceptContext::new(self.cred.clone())
     }
 
-    pub(crate) fn map(&self) -> &PrincipalMap {
-        &self.map
+    /// The logon of an established context: its principal mapped to a
+    /// user of `users`, and the keys. Err: (principal, why refused).
+    pub(crate) fn logon(
+        &self,
+        gss: &AcceptContext,
+        users: &UserDb,
+    ) -> Result<KerberosLogon, (String, String)> {
+        logon(gss, &self.map, users)
     }
 }
 
@@ -90,8 +96,7 @@ pub(crate) struct KerberosLogon {
     pub expires_in: Option<std::time::Duration>,
 }
 
-/// Why a Kerberos logon is refused, for the log.
-pub(crate) fn logon(
+fn logon(
     gss: &AcceptContext,
     map: &PrincipalMap,
     users: &UserDb,

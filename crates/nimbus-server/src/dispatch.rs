@@ -889,24 +889,10 @@ fn check_and_run<'a>(
                 }
                 // MS-SMB2 3.3.5.2.9: once the logon's ticket has ended, the
                 // client must re-authenticate; what only lets go of state
-                // (LOGOFF, CLOSE, a LOCK that unlocks; ECHO and CANCEL
-                // too) still runs, as on
-                // Windows (smbtorture smb2.session.expire2s: an unlock
-                // succeeds, a new lock is EXPIRED). The answer is signed:
-                // the keys stay good.
-                let expired = auth.expires.is_some_and(|t| Instant::now() >= t);
-                let lets_go = match cmd {
-                    Some(
-                        Command::SessionSetup
-                        | Command::Logoff
-                        | Command::Close
-                        | Command::Echo
-                        | Command::Cancel,
-                    ) => true,
-                    Some(Command::Lock) => is_unlock(msg),
-                    _ => false,
-                };
-                if expired && !lets_go {
+                // still runs, as on Windows (smbtorture
+                // smb2.session.expire2s: an unlock succeeds, a new lock is
+                // EXPIRED). The answer is signed: the keys stay good.
+                if auth.expires.is_some_and(|t| Instant::now() >= t) && !lets_go(cmd, msg) {
                     return Err(NtStatus::NETWORK_SESSION_EXPIRED);
                 }
                 if auth.encrypt_data && !encrypted {
@@ -965,14 +951,22 @@ fn check_and_run<'a>(
     (spec.handler)(ctx, body, out)
 }
 
-/// Whether a LOCK request's first element unlocks (MS-SMB2 2.2.26: the
-/// elements start 24 bytes into the body, Flags 16 bytes into each; a
-/// request mixes no unlocks with locks).
-fn is_unlock(msg: &[u8]) -> bool {
-    let at = HEADER_SIZE + 24 + 16;
-    msg.get(at..at + 4)
-        .map(|f| u32::from_le_bytes([f[0], f[1], f[2], f[3]]))
-        .is_some_and(|f| f & nimbus_wire::lock::lock_flags::UNLOCK != 0)
+/// The commands an expired session still serves: re-authentication,
+/// LOGOFF, CLOSE, a LOCK that only unlocks, ECHO and CANCEL.
+fn lets_go(cmd: Option<Command>, msg: &[u8]) -> bool {
+    use nimbus_wire::lock::{lock_flags, LockRequest};
+    match cmd {
+        Some(
+            Command::SessionSetup
+            | Command::Logoff
+            | Command::Close
+            | Command::Echo
+            | Command::Cancel,
+        ) => true,
+        Some(Command::Lock) => LockRequest::parse(&msg[HEADER_SIZE..])
+            .is_ok_and(|r| r.locks.iter().all(|l| l.flags & lock_flags::UNLOCK != 0)),
+        _ => false,
+    }
 }
 
 /// MS-SMB2 3.3.5.3.1: an SMB1 negotiate that offers SMB2 gets an SMB2

@@ -12,7 +12,6 @@ use crate::session::{lock, Session, SessionState};
 pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
     parse_empty(body).map_err(malformed)?;
     let session = ctx.session()?.clone();
-    lock(&ctx.conn.sessions).remove(&session.id);
     if let SessionState::Valid(auth) = &*lock(&session.state) {
         tracing::info!(
             "session logoff: user {}\\{} from {}",
@@ -21,13 +20,21 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             ctx.conn.peer
         );
     }
-    end_session(ctx.server, &session);
-    // What still waits in the session (on its kept durable opens) ends.
+    end_on_connection(ctx, &session);
+    encode_empty(out);
+    Ok(NtStatus::SUCCESS)
+}
+
+/// Ends a session of the request's connection as LOGOFF does (also a
+/// failed or foreign re-authentication): gone from the connection, its
+/// opens released, and what still waits in it (on its kept durable opens)
+/// ended.
+pub fn end_on_connection(ctx: &Ctx<'_>, session: &Session) {
+    lock(&ctx.conn.sessions).remove(&session.id);
+    end_session(ctx.server, session);
     ctx.conn
         .pending
         .end_all(NtStatus::CANCELLED, |p| p.session_id() == session.id);
-    encode_empty(out);
-    Ok(NtStatus::SUCCESS)
 }
 
 /// Ends a session (LOGOFF, the loss of its connection, a logon that

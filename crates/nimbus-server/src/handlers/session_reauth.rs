@@ -130,9 +130,5 @@ pub fn handle(
 /// with its key, which the client holds.
 fn end(ctx: &mut Ctx<'_>, session: &Arc<Session>) {
     ctx.sign_with = Some(session.clone());
-    lock(&ctx.conn.sessions).remove(&session.id);
-    super::logoff::end_session(ctx.server, session);
-    ctx.conn
-        .pending
-        .end_all(NtStatus::CANCELLED, |p| p.session_id() == session.id);
+    super::logoff::end_on_connection(ctx, session);
 }
