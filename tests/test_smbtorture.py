@@ -22,6 +22,14 @@ test is in both.
 
 NIMBUS_TORTURE_TIMEOUT (seconds, default 180; smbd needs at most 11) bounds each
 suite.
+
+The suites run NIMBUS_TORTURE_LANES (default 3) at a time, each against its
+own server: most of a suite's time is smbtorture waiting on purpose (a
+second for a break that must not come, 200 ms per completion filter of
+smb2.notify.mask, a 35 s break timeout), not work, so lanes cut the wall
+time without loading the machine. The first suite test of the module
+starts every selected suite, longest first; each test then waits for its
+own suite's result.
 """
 
 from __future__ import annotations
@@ -29,12 +37,14 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from conftest import require_tool
+from conftest import _SERVERS, ServerFactory, require_tool
 
 SUITES = [
     "smb2.connect",
@@ -68,6 +78,16 @@ SUITE_TIMEOUTS = {
     "smb2.replay": max(SUITE_TIMEOUT, 300),
 }
 
+LANES = max(1, int(os.environ.get("NIMBUS_TORTURE_LANES", "3")))
+# Seconds each suite took against nimbus (measured), to start the longest
+# first; suites not named here count as short.
+SUITE_DURATIONS = {
+    "smb2.lease": 200,
+    "smb2.oplock": 110,
+    "smb2.replay": 85,
+    "smb2.notify": 80,
+}
+
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 _OUTCOMES = {
     "success": PASS,
@@ -94,6 +114,9 @@ class SuiteRun:
     timed_out: bool = False
     returncode: int | None = None
     output: str = ""
+    log_path: Path | None = None
+    server: object = None  # the conftest.Server it ran against, when it had one of its own
+    server_problems: list[str] = field(default_factory=list)  # the server died during the suite
 
 
 def parse_subunit(text: str) -> SuiteRun:
@@ -252,8 +275,48 @@ def run_smbtorture(server, suite: str, client_conf: Path, log_path: Path, timeou
         if not pending:
             break
     result.output = "\n".join(logs)
+    result.log_path = log_path
     log_path.write_text(result.output)
     return result
+
+
+class SuiteLanes:
+    """Runs suites `lanes` at a time on threads: `run_one(suite)` runs one
+    and returns its SuiteRun; `result(suite)` waits for it.
+
+    Suites start longest first (SUITE_DURATIONS), so the long ones do not
+    end up last in a lane.
+    """
+
+    def __init__(self, run_one, lanes: int = LANES):
+        self._run_one = run_one
+        self._pool = ThreadPoolExecutor(max_workers=lanes, thread_name_prefix="smbtorture")
+        self._futures: dict[str, Future] = {}
+        self._lock = threading.Lock()
+
+    def start(self, suites: list[str]) -> None:
+        with self._lock:
+            for suite in sorted(suites, key=lambda s: -SUITE_DURATIONS.get(s, 0)):
+                if suite not in self._futures:
+                    self._futures[suite] = self._pool.submit(self._run_one, suite)
+
+    def result(self, suite: str) -> SuiteRun:
+        self.start([suite])
+        return self._futures[suite].result()
+
+    def close(self) -> None:
+        # Suites already running are bounded by their own timeouts.
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def selected_suites(request) -> list[str]:
+    """The suites of the tests of this module that this pytest run will run."""
+    suites = []
+    for item in request.session.items:
+        callspec = getattr(item, "callspec", None)
+        if item.module is request.module and request.fixturename in getattr(item, "fixturenames", ()) and callspec and "suite" in callspec.params:
+            suites.append(callspec.params["suite"])
+    return suites
 
 
 def first_line(text: str) -> str:
@@ -367,21 +430,48 @@ def test_judge_of_an_empty_list():
     assert problems == ["`smbtorture --list s` listed no test"]
 
 
-@require_tool("smbtorture", "samba-testsuite")  # skipped when missing; fails under CI=true
-@pytest.mark.parametrize("suite", SUITES)
-def test_smbtorture_suite(server, suite, samba_client_conf, tmp_path):
-    known, _ = load_known_failures()
-    skips, _ = load_expected_skips()
-    listed = list_tests(suite)
-    log_path = tmp_path / f"{suite}.subunit"
-    run = run_smbtorture(server, suite, samba_client_conf, log_path, SUITE_TIMEOUTS.get(suite, SUITE_TIMEOUT))
+@pytest.fixture(scope="module")
+def suite_runs(request, tmp_path_factory, samba_client_conf):
+    """Every selected suite, LANES at a time, each against a fresh server."""
+    base = tmp_path_factory.mktemp("smbtorture")
 
+    def run_one(suite: str) -> SuiteRun:
+        workdir = base / suite
+        workdir.mkdir()
+        factory = ServerFactory(request, workdir)
+        srv = factory.start()
+        try:
+            run = run_smbtorture(srv, suite, samba_client_conf, workdir / f"{suite}.subunit", SUITE_TIMEOUTS.get(suite, SUITE_TIMEOUT))
+        finally:
+            died = factory.stop_all()
+        run.server, run.server_problems = srv, died
+        return run
+
+    lanes = SuiteLanes(run_one)
+    lanes.start(selected_suites(request))
+    yield lanes
+    lanes.close()
+
+
+def report(request, suite: str, run: SuiteRun, listed: list[str], where: str = "") -> None:
+    """Print a suite's outcomes; a failing test's report gets its server's log tail."""
+    if run.server is not None:
+        request.node.stash.setdefault(_SERVERS, []).append(run.server)
     counts = {k: sum(1 for v in run.outcomes.values() if v == k) for k in (PASS, FAIL, SKIP)}
-    print(f"{suite}: {counts[PASS]} passed, {counts[FAIL]} failed, {counts[SKIP]} skipped of {len(listed)} listed; output in {log_path}")
+    print(f"{suite}{where}: {counts[PASS]} passed, {counts[FAIL]} failed, {counts[SKIP]} skipped of {len(listed)} listed; output in {run.log_path}")
     for name, outcome in sorted(run.outcomes.items()):
         print(f"  {outcome:4}  {name}" + (f"  ({first_line(run.details[name])})" if outcome != PASS else ""))
     for name in run.crashed_in:
         print(f"  smbtorture died during {name}; it was started again on the tests after it")
 
-    problems = judge(suite, listed, run, known, skips)
+
+@require_tool("smbtorture", "samba-testsuite")  # skipped when missing; fails under CI=true
+@pytest.mark.parametrize("suite", SUITES)
+def test_smbtorture_suite(request, suite_runs, suite):
+    known, _ = load_known_failures()
+    skips, _ = load_expected_skips()
+    listed = list_tests(suite)
+    run = suite_runs.result(suite)
+    report(request, suite, run, listed)
+    problems = run.server_problems + judge(suite, listed, run, known, skips)
     assert not problems, f"smbtorture {suite}:\n" + "\n".join(problems)

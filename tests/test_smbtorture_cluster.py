@@ -9,11 +9,16 @@ first. The other two nodes are members throughout: every file smbtorture
 opens is decided through the cluster store (ownership, hand-over when
 idle ownerships are swept), every break and change notify path runs the
 cluster code.
+
+Suites run ts.LANES at a time as in tests/test_smbtorture.py; each lane has
+a share of its own (one directory each on the shared file system), so that
+suites running at once cannot meet in each other's file names.
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,8 +46,11 @@ def cluster_node(tmp_path_factory):
     base = tmp_path_factory.mktemp("torture-cluster")
     etcd = EtcdCluster(base / "etcd")
     etcd.start()
-    share = base / "shared"
-    share.mkdir()
+    share_names = ["data"] + [f"data{n}" for n in range(2, ts.LANES + 1)]
+    shares = []
+    for name in share_names:
+        shares += ["[[share]]", f"name = {toml_str(name)}", f"path = {toml_str(str(base / 'shared' / name))}"]
+        (base / "shared" / name).mkdir(parents=True)
     db = base / "users.db"
     add_user(db)
     procs = []
@@ -61,9 +69,7 @@ def cluster_node(tmp_path_factory):
                         f"user_db = {toml_str(str(db))}",
                         "[security]",
                         'signing = "required"',
-                        "[[share]]",
-                        'name = "data"',
-                        f"path = {toml_str(str(share))}",
+                        *shares,
                         "[cluster]",
                         "etcd = [" + ", ".join(toml_str(e) for e in etcd.endpoints) + "]",
                         f"node = \"n{i + 1}\"",
@@ -79,7 +85,7 @@ def cluster_node(tmp_path_factory):
             procs.append(proc)
             wait_for_port(host, port, proc)
         host, port = ports[0]
-        yield NodeTarget(host=host, port=port, share="data", user=USER, password=PASSWORD)
+        yield [NodeTarget(host=host, port=port, share=name, user=USER, password=PASSWORD) for name in share_names]
     finally:
         for p in procs:
             if p.poll() is None:
@@ -88,18 +94,36 @@ def cluster_node(tmp_path_factory):
         etcd.stop()
 
 
+@pytest.fixture(scope="module")
+def cluster_suite_runs(request, cluster_node, tmp_path_factory, samba_client_conf):
+    """Every selected suite against the first node, a share per lane."""
+    base = tmp_path_factory.mktemp("smbtorture-cluster")
+    free = queue.Queue()
+    for target in cluster_node:
+        free.put(target)
+
+    def run_one(suite: str) -> ts.SuiteRun:
+        workdir = base / suite
+        workdir.mkdir()
+        target = free.get()
+        try:
+            return ts.run_smbtorture(target, suite, samba_client_conf, workdir / f"{suite}.subunit", ts.SUITE_TIMEOUTS.get(suite, ts.SUITE_TIMEOUT))
+        finally:
+            free.put(target)
+
+    lanes = ts.SuiteLanes(run_one, len(cluster_node))
+    lanes.start(ts.selected_suites(request))
+    yield lanes
+    lanes.close()
+
+
 @require_tool("smbtorture", "samba-testsuite")  # skipped when missing; fails under CI=true
 @pytest.mark.parametrize("suite", ts.SUITES)
-def test_smbtorture_suite_against_a_cluster_node(cluster_node, suite, samba_client_conf, tmp_path):
+def test_smbtorture_suite_against_a_cluster_node(request, cluster_suite_runs, suite):
     known, _ = ts.load_known_failures()
     skips, _ = ts.load_expected_skips()
     listed = ts.list_tests(suite)
-    log_path = tmp_path / f"{suite}.subunit"
-    run = ts.run_smbtorture(cluster_node, suite, samba_client_conf, log_path, ts.SUITE_TIMEOUTS.get(suite, ts.SUITE_TIMEOUT))
-    counts = {k: sum(1 for v in run.outcomes.values() if v == k) for k in (ts.PASS, ts.FAIL, ts.SKIP)}
-    print(f"{suite} on a cluster node: {counts[ts.PASS]} passed, {counts[ts.FAIL]} failed, {counts[ts.SKIP]} skipped of {len(listed)} listed")
-    for name, outcome in sorted(run.outcomes.items()):
-        if outcome != ts.PASS:
-            print(f"  {outcome:4}  {name}  ({ts.first_line(run.details[name])})")
+    run = cluster_suite_runs.result(suite)
+    ts.report(request, suite, run, listed, " on a cluster node")
     problems = ts.judge(suite, listed, run, known, skips)
     assert not problems, f"smbtorture {suite} against a cluster node:\n" + "\n".join(problems)
