@@ -63,7 +63,7 @@ trap summary EXIT
 
 if [ "$install" -eq 1 ]; then
     step "Installing test dependencies"
-    # smbclient and smbtorture (samba-testsuite) are the real clients the
+    # smbclient (with rpcclient) and smbtorture (samba-testsuite) are the real clients the
     # integration tests drive.
     apt_install smbclient samba-testsuite
     # A real three-member etcd cluster (etcd-server, and etcdctl from

@@ -221,6 +221,9 @@ class Security:
     guest_shares: set[str] = field(default_factory=set)
     # more users of the user database, (name, password) (nimbus only)
     extra_users: list[tuple[str, str]] = field(default_factory=list)
+    # share name -> its `comment`, and the top-level server_comment (nimbus only)
+    share_comments: dict[str, str] = field(default_factory=dict)
+    server_comment: str | None = None
 
     def needs_config_file(self) -> bool:
         return (
@@ -229,6 +232,8 @@ class Security:
             or bool(self.share_encryption)
             or bool(self.limits)
             or bool(self.guest_shares)
+            or bool(self.share_comments)
+            or self.server_comment is not None
         )
 
 
@@ -237,6 +242,10 @@ def write_config(path: Path, port: int, user_db: Path, shares: list[tuple[str, P
     lines = [
         f"listen = [{toml_str(f'127.0.0.1:{port}')}]",
         f"user_db = {toml_str(str(user_db))}",
+    ]
+    if security.server_comment is not None:
+        lines.append(f"server_comment = {toml_str(security.server_comment)}")
+    lines += [
         "",
         "[security]",
         f"signing = {toml_str(security.signing)}",
@@ -259,6 +268,8 @@ def write_config(path: Path, port: int, user_db: Path, shares: list[tuple[str, P
             lines.append(f"encryption = {toml_str(security.share_encryption[name])}")
         if name in security.guest_shares:
             lines.append("guest_ok = true")
+        if name in security.share_comments:
+            lines.append(f"comment = {toml_str(security.share_comments[name])}")
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -349,6 +360,8 @@ class ServerFactory:
             pytest.skip("[limits] are not mapped to smb.conf by the samba target")
         if security.guest_shares:
             pytest.skip("guest shares are not mapped to smb.conf by the samba target")
+        if security.share_comments or security.server_comment is not None:
+            pytest.skip("share and server comments are not mapped to smb.conf by the samba target")
         options = {}
         if security.encryption is not None:
             options["server smb encrypt"] = {"off": "off", "desired": "desired", "required": "required"}[security.encryption]

@@ -61,6 +61,8 @@ pub struct ShareConfig {
     /// Continuously available (MS-SMB2 Share.IsCA): 3.x clients may ask
     /// for persistent handles, kept in `state_dir` through a restart.
     pub continuous_availability: bool,
+    /// Shown beside the share's name when clients list the shares.
+    pub comment: String,
 }
 
 /// `[cluster]`: this node is one of several serving the same shares, with
@@ -121,6 +123,8 @@ pub struct Config {
     /// NTLM logons naming them as target are not taken for relays.
     pub server_aliases: Vec<String>,
     pub workgroup: String,
+    /// The server's description, shown when clients browse it.
+    pub server_comment: String,
     /// Bounds on what clients may make the server hold (`[limits]`).
     pub limits: Limits,
     /// `[cluster]`, or None: a single node with its embedded store.
@@ -143,6 +147,7 @@ impl Default for Config {
             server_name: "NIMBUS".into(),
             server_aliases: Vec::new(),
             workgroup: "WORKGROUP".into(),
+            server_comment: "Nimbus file server".into(),
             limits: Limits::default(),
             cluster: None,
             kerberos: None,
@@ -180,6 +185,7 @@ struct RawConfig {
     server_name: Option<String>,
     server_aliases: Option<Vec<String>>,
     workgroup: Option<String>,
+    server_comment: Option<String>,
     security: Option<RawSecurity>,
     limits: Option<RawLimits>,
     #[serde(default)]
@@ -229,6 +235,8 @@ struct RawShare {
     encryption: Option<String>,
     #[serde(default)]
     continuous_availability: bool,
+    #[serde(default)]
+    comment: String,
 }
 
 /// Validates `[cluster]`; each problem goes to `fail` (key, problem, fix).
@@ -447,7 +455,7 @@ impl Config {
             vec![err(
                 &format!("line {line}"),
                 msg,
-                "see README.md for the keys: listen, user_db, state_dir, server_name, server_aliases, workgroup, [security] signing/encryption/ciphers/fips, [limits] (see README), [[share]] name/path/read_only/guest_ok/encryption/continuous_availability, [cluster] etcd/node/advertise/node_ttl_secs, [kerberos] keytab/principal/ntlm/map_by_name/user_map",
+                "see README.md for the keys: listen, user_db, state_dir, server_name, server_aliases, workgroup, server_comment, [security] signing/encryption/ciphers/fips, [limits] (see README), [[share]] name/path/read_only/guest_ok/encryption/continuous_availability/comment, [cluster] etcd/node/advertise/node_ttl_secs, [kerberos] keytab/principal/ntlm/map_by_name/user_map",
             )]
         })?;
         let mut errors = Vec::new();
@@ -490,6 +498,9 @@ impl Config {
         }
         if let Some(w) = raw.workgroup {
             cfg.workgroup = w;
+        }
+        if let Some(c) = raw.server_comment {
+            cfg.server_comment = c;
         }
         if let Some(sec) = raw.security {
             if let Some(s) = sec.signing {
@@ -572,6 +583,7 @@ impl Config {
                 guest_ok: s.guest_ok,
                 encryption,
                 continuous_availability: s.continuous_availability,
+                comment: s.comment,
             });
             if s.continuous_availability && cfg.state_dir.is_none() && !clustered {
                 errors.push(err(
@@ -787,6 +799,7 @@ mod tests {
             guest_ok: false,
             encryption: Some(EncryptionPolicy::Off),
             continuous_availability: false,
+            comment: String::new(),
         });
         assert!(!cfg.encrypt_whole_session());
         assert!(!cfg.refuse_clear_sessions());

@@ -50,6 +50,7 @@ pub fn server(dir: &Path) -> Result<Arc<Server>, String> {
             read_only: false,
             guest_ok: true,
             encryption: None,
+            comment: String::new(),
             continuous_availability: false,
         }],
         ..Config::default()
@@ -217,4 +218,79 @@ pub fn search_pattern(pattern: &str, name: &str) -> Option<bool> {
     assert!(pattern.encode_utf16().count() <= crate::names::MAX_COMPONENT_UTF16);
     assert!(!pattern.contains(['\\', '/']));
     Some(compiled.matches(name))
+}
+
+/// One RPC pipe of IPC$ fed attacker-chosen writes: the first byte picks
+/// the service, then each write is a 2-byte length and that many bytes
+/// (cut short at the end). After each write every answer is read in
+/// pieces of a size the input chooses; each answer must be one whole PDU
+/// whose header gives its length, and a pipe closed by a protocol error
+/// must refuse every later write.
+pub fn rpc_pipe(data: &[u8]) -> PipeRun {
+    use nimbus_rpc::{Host, Pipe, Service, ShareEntry, ShareKind};
+    let mut run = PipeRun::default();
+    let Some((&first, mut rest)) = data.split_first() else {
+        return run;
+    };
+    let share = |name: &str, kind| ShareEntry {
+        name: name.into(),
+        kind,
+        comment: format!("{name} comment"),
+        current_uses: 1,
+        encrypt_data: false,
+    };
+    let host = Host {
+        name: "NIMBUS".into(),
+        workgroup: "WORKGROUP".into(),
+        comment: "fuzz".into(),
+        shares: vec![
+            share("data", ShareKind::Disk),
+            share("IPC$", ShareKind::Ipc),
+        ],
+        may_enumerate: first & 2 == 0,
+    };
+    let service = if first & 1 == 0 {
+        Service::Srvsvc
+    } else {
+        Service::Wkssvc
+    };
+    let mut pipe = Pipe::new(service);
+    let mut closed = false;
+    while rest.len() >= 2 {
+        let n = (u16::from_le_bytes([rest[0], rest[1]]) as usize).min(rest.len() - 2);
+        let chunk = &rest[2..2 + n];
+        rest = &rest[2 + n..];
+        let wrote = pipe.write(chunk, &host);
+        assert!(!(closed && wrote.is_ok()), "a closed pipe took a write");
+        closed |= wrote.is_err();
+        run.closed = closed;
+        let piece = 1 + (n % 97) * 64;
+        let mut message = Vec::new();
+        while let Some(r) = pipe.read(piece) {
+            assert!(r.data.len() <= piece);
+            message.extend_from_slice(&r.data);
+            if r.more {
+                continue;
+            }
+            assert!(
+                message.len() >= nimbus_rpc::pdu::HEADER_LEN,
+                "answer shorter than a header"
+            );
+            let frag = u16::from_le_bytes([message[8], message[9]]) as usize;
+            assert_eq!(frag, message.len(), "frag_length disagrees with the answer");
+            assert!(frag <= nimbus_rpc::pipe::MAX_FRAG as usize);
+            run.answers.push(message[2]);
+            message.clear();
+        }
+        assert!(message.is_empty(), "an answer was cut short");
+    }
+    run
+}
+
+/// What `rpc_pipe` saw: the PDU type of each answer, and whether the
+/// pipe was closed by a protocol error.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct PipeRun {
+    pub answers: Vec<u8>,
+    pub closed: bool,
 }

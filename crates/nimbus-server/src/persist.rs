@@ -509,6 +509,7 @@ mod tests {
                 read_only: false,
                 guest_ok: false,
                 encryption: None,
+                comment: String::new(),
                 continuous_availability: true,
             }],
             ..Config::default()

@@ -78,6 +78,8 @@ pub struct Share {
     pub created: u64,
     /// Continuously available: persistent handles may be granted here.
     pub continuous_availability: bool,
+    /// Shown beside the name when clients list the shares.
+    pub comment: String,
 }
 
 impl Share {
@@ -194,6 +196,7 @@ impl Server {
                 encryption: config.share_encryption(Some(s)),
                 created: start_time,
                 continuous_availability: s.continuous_availability,
+                comment: s.comment.clone(),
             }));
         }
         shares.push(Arc::new(Share {
@@ -204,6 +207,8 @@ impl Server {
             encryption: config.share_encryption(None),
             created: start_time,
             continuous_availability: false,
+            // As Windows describes its IPC$.
+            comment: "Remote IPC".into(),
         }));
         let kerberos = match &config.kerberos {
             Some(k) => Some(kerberos_acceptor(k).map_err(StartError::Kerberos)?),

@@ -55,6 +55,9 @@ pub struct Session {
     pub state: Mutex<SessionState>,
     pub trees: Mutex<HashMap<u32, Arc<Tree>>>,
     pub opens: Mutex<HashMap<u64, Arc<Open>>>,
+    /// Named pipes open on IPC$, by volatile id (kept apart from the
+    /// file opens: no share modes, locks or caching).
+    pub pipes: Mutex<HashMap<u64, Arc<PipeOpen>>>,
     /// A re-authentication of this valid session under way (MS-SMB2
     /// 3.3.5.5.2), between its legs.
     pub reauth: Mutex<Option<AuthExchange>>,
@@ -71,6 +74,7 @@ impl Session {
             }),
             trees: Mutex::new(HashMap::new()),
             opens: Mutex::new(HashMap::new()),
+            pipes: Mutex::new(HashMap::new()),
             reauth: Mutex::new(None),
             next_tree_id: AtomicU32::new(1),
         }
@@ -96,6 +100,14 @@ impl Session {
             _ => None,
         }
     }
+}
+
+/// An open of a named pipe on IPC$ (srvsvc, wkssvc): the RPC
+/// association of the client with that service.
+pub struct PipeOpen {
+    pub file_id: nimbus_wire::FileId,
+    pub tree_id: u32,
+    pub pipe: Mutex<nimbus_rpc::Pipe>,
 }
 
 pub struct Tree {

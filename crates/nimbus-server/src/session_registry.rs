@@ -37,6 +37,21 @@ impl SessionRegistry {
         lock(&self.sessions).remove(&id);
     }
 
+    /// How many tree connects each share has now, by share name.
+    pub fn trees_by_share(&self) -> std::collections::HashMap<String, u32> {
+        let sessions: Vec<Arc<Session>> = lock(&self.sessions)
+            .values()
+            .filter_map(|(s, _)| s.upgrade())
+            .collect();
+        let mut uses = std::collections::HashMap::new();
+        for s in sessions {
+            for t in lock(&s.trees).values() {
+                *uses.entry(t.share.name.clone()).or_insert(0) += 1;
+            }
+        }
+        uses
+    }
+
     /// The session `id` and its connection, while both exist.
     pub fn find(&self, id: u64) -> Option<(Arc<Session>, Arc<Connection>)> {
         let (s, c) = lock(&self.sessions).get(&id).cloned()?;

@@ -11,12 +11,12 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use nimbus_server::fuzz_api::{search_pattern, security_layer, server, Harness};
+use nimbus_server::fuzz_api::{rpc_pipe, search_pattern, security_layer, server, Harness};
 use nimbus_wire::header::chain_offsets;
 use nimbus_wire::{Header, NtStatus};
 
 /// Every fuzz target, each with its directory under fuzz/regressions/.
-const TARGETS: [&str; 7] = [
+const TARGETS: [&str; 8] = [
     "connection",
     "security_layer",
     "wire_decoders",
@@ -24,6 +24,7 @@ const TARGETS: [&str; 7] = [
     "auth_tokens",
     "search_pattern",
     "state_rules",
+    "rpc_pipe",
 ];
 
 fn fuzz_dir(sub: &str) -> PathBuf {
@@ -479,5 +480,67 @@ fn state_rules_regressions() {
     assert_present("state_rules", &found, &fixed);
     for (_name, input) in &found {
         nimbus_state::fuzzing::state_rules(input);
+    }
+}
+
+/// PDU types of the RPC answers (C706 12.6.3.1).
+const RESPONSE: u8 = 2;
+const FAULT: u8 = 3;
+const BIND_ACK: u8 = 12;
+
+#[test]
+fn rpc_pipe_seeds_are_answered_and_findings_refused() {
+    let seeds = inputs("seeds/rpc_pipe");
+    assert_present_in(
+        "seeds/rpc_pipe",
+        &seeds,
+        &[
+            "srvsvc-enum-levels",
+            "srvsvc-fragmented",
+            "srvsvc-getinfo",
+            "srvsvc-serverinfo",
+            "wkssvc-getinfo",
+        ],
+    );
+    for (name, data) in &seeds {
+        let run = rpc_pipe(data);
+        assert!(!run.closed, "{name}: pipe closed");
+        assert_eq!(run.answers.first(), Some(&BIND_ACK), "{name}");
+        assert!(
+            run.answers.len() > 1 && run.answers[1..].iter().all(|t| *t == RESPONSE),
+            "{name}: {:?}",
+            run.answers
+        );
+    }
+    let found = regressions("rpc_pipe");
+    assert_present(
+        "rpc_pipe",
+        &found,
+        &[
+            "bind-context-count-past-the-end",
+            "frag-length-below-header",
+            "fragment-out-of-order",
+            "string-longer-than-its-maximum",
+        ],
+    );
+    for (name, data) in &found {
+        let run = rpc_pipe(data);
+        match name.as_str() {
+            "fragment-out-of-order" => assert_eq!(
+                run,
+                nimbus_server::fuzz_api::PipeRun {
+                    answers: vec![BIND_ACK, FAULT],
+                    closed: true
+                },
+                "{name}"
+            ),
+            "string-longer-than-its-maximum" => {
+                assert_eq!(run.answers, vec![BIND_ACK, FAULT], "{name}")
+            }
+            "frag-length-below-header" | "bind-context-count-past-the-end" => {
+                assert!(run.closed && run.answers.is_empty(), "{name}: {run:?}")
+            }
+            _ => {}
+        }
     }
 }

@@ -250,6 +250,7 @@ fn build_config(args: &ServeArgs) -> Result<Config, String> {
                 read_only: false,
                 guest_ok: false,
                 encryption: None,
+                comment: String::new(),
                 continuous_availability: false,
             });
         }

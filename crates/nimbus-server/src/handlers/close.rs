@@ -16,6 +16,9 @@ use crate::session::{lock, Open};
 
 pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
     let req = CloseRequest::parse(body).map_err(malformed)?;
+    if super::pipe::on_ipc(ctx) {
+        return super::pipe::close(ctx, &req, out);
+    }
     let open = ctx.open(req.file_id)?;
     lock(&ctx.session()?.opens).remove(&open.volatile_id());
     let info = if req.flags & FLAG_POSTQUERY_ATTRIB != 0 {

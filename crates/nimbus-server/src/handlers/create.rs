@@ -56,8 +56,8 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
     let session = ctx.session()?.clone();
     let share = tree.share.clone();
     let Some(fs) = share.fs.as_ref() else {
-        // IPC$ serves no named pipes (no RPC services yet).
-        return Err(NtStatus::OBJECT_NAME_NOT_FOUND.into());
+        // IPC$: its names are named pipes.
+        return Ok(super::pipe::create(ctx, &req, out)?);
     };
     let smb3 = ctx.conn.negotiated().is_some_and(|n| n.dialect.is_smb3());
     let durable = DurableAsk::parse(&req, smb3)?;

@@ -46,8 +46,10 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         // Not a DFS server: clients then use the path as it is.
         ctl_code::FSCTL_LMR_REQUEST_RESILIENCY => request_resiliency(ctx, &req)?,
         ctl_code::FSCTL_DFS_GET_REFERRALS => return Err(NtStatus::NOT_FOUND),
-        // No named pipes are served on IPC$.
-        ctl_code::FSCTL_PIPE_TRANSCEIVE => return Err(NtStatus::NOT_SUPPORTED),
+        ctl_code::FSCTL_PIPE_TRANSCEIVE if super::pipe::on_ipc(ctx) => {
+            return super::pipe::transceive(ctx, &req, out);
+        }
+        ctl_code::FSCTL_PIPE_TRANSCEIVE => return Err(NtStatus::INVALID_DEVICE_REQUEST),
         _ => {
             // File-system controls act on an open: a stale handle is
             // reported as such before the code is judged.

@@ -14,6 +14,7 @@ pub mod lock;
 pub mod logoff;
 pub mod negotiate;
 pub mod oplock_break;
+pub mod pipe;
 pub mod query_directory;
 pub mod query_info;
 pub mod read;

@@ -11,6 +11,9 @@ use crate::errors::vfs_status;
 
 pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
     let req = ReadRequest::parse(body).map_err(malformed)?;
+    if super::pipe::on_ipc(ctx) {
+        return super::pipe::read(ctx, &req, out);
+    }
     let open = ctx.open(req.file_id)?;
     if open.is_dir {
         return Err(NtStatus::INVALID_DEVICE_REQUEST);

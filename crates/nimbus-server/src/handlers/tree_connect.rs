@@ -107,6 +107,7 @@ pub fn handle_disconnect(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> H
     let session = ctx.session()?.clone();
     let tree = ctx.tree()?.clone();
     lock(&session.trees).remove(&tree.id);
+    lock(&session.pipes).retain(|_, p| p.tree_id != tree.id);
     let opens: Vec<_> = {
         let mut table = lock(&session.opens);
         let ids: Vec<u64> = table

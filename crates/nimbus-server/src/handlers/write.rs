@@ -15,6 +15,9 @@ const MAX_FILE_SIZE: u64 = 0xFFF_FFFF_0000;
 
 pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
     let req = WriteRequest::parse(body).map_err(malformed)?;
+    if super::pipe::on_ipc(ctx) {
+        return super::pipe::write(ctx, &req, out);
+    }
     let open = ctx.open(req.file_id)?;
     if open.is_dir {
         return Err(NtStatus::INVALID_DEVICE_REQUEST);

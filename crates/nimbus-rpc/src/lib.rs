@@ -1,0 +1,136 @@
+//! DCE/RPC over SMB named pipes (MS-RPCE, C706), for the services a
+//! client browsing a server asks IPC$ for: srvsvc (MS-SRVS: shares,
+//! server information) and wkssvc (MS-WKST: workstation information).
+//!
+//! The crate does no I/O. The server opens a [`Pipe`] for a CREATE of
+//! `srvsvc` or `wkssvc` on IPC$, hands it what the client writes (WRITE,
+//! or FSCTL_PIPE_TRANSCEIVE) and returns what it has to read, one PDU per
+//! message, with a [`Host`] describing the server as the caller may see
+//! it.
+//!
+//! No published crate fit: `dcerpc` and its `ms-ndr` are client stacks
+//! (an SMB client, tokio and NTLM come with them) and young; what a
+//! server needs here is a small PDU codec and an NDR writer for four
+//! calls, kept short and fuzzed.
+
+pub mod ndr;
+pub mod pdu;
+pub mod pipe;
+pub mod srvsvc;
+pub mod wkssvc;
+
+pub use pipe::{Pipe, PipeError, ReadResult};
+
+/// Why a PDU or a stub was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RpcError {
+    /// The PDU breaks C706/MS-RPCE (what, for the log).
+    Protocol(&'static str),
+    /// The stub does not decode as the operation's parameters.
+    BadStub,
+}
+
+/// C706 Appendix E and MS-RPCE 2.2.2.11: the fault statuses used here.
+pub mod fault {
+    pub const OP_RNG_ERROR: u32 = 0x1C01_0002;
+    pub const UNK_IF: u32 = 0x1C01_0003;
+    pub const PROTO_ERROR: u32 = 0x1C01_000B;
+    /// RPC_X_BAD_STUB_DATA, as Windows answers a stub that does not decode.
+    pub const BAD_STUB_DATA: u32 = 0x0000_06F7;
+}
+
+/// Win32 error codes the calls return (MS-ERREF 2.2).
+pub mod werror {
+    pub const OK: u32 = 0;
+    pub const ACCESS_DENIED: u32 = 5;
+    pub const INVALID_LEVEL: u32 = 124;
+    pub const MORE_DATA: u32 = 234;
+    pub const NET_NAME_NOT_FOUND: u32 = 2310;
+}
+
+/// What a share is, for its `shi*_type` (MS-SRVS 2.2.2.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShareKind {
+    Disk,
+    Ipc,
+}
+
+/// One share as the services report it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShareEntry {
+    pub name: String,
+    pub kind: ShareKind,
+    pub comment: String,
+    /// Tree connects to it now, on this server.
+    pub current_uses: u32,
+    /// Data is encrypted on it (SHI1005_FLAGS_ENCRYPT_DATA).
+    pub encrypt_data: bool,
+}
+
+/// The server as the calling session may see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Host {
+    /// NetBIOS name, as the server's `server_name`.
+    pub name: String,
+    pub workgroup: String,
+    pub comment: String,
+    /// Every share, IPC$ included, in the order the server lists them.
+    pub shares: Vec<ShareEntry>,
+    /// The caller may list the shares (an authenticated user, or a guest
+    /// where guests are served).
+    pub may_enumerate: bool,
+}
+
+/// The interface a pipe serves, chosen by the pipe's name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Service {
+    Srvsvc,
+    Wkssvc,
+}
+
+impl Service {
+    /// The service behind a pipe name as a CREATE on IPC$ gives it.
+    pub fn by_pipe_name(name: &str) -> Option<Service> {
+        let name = name.trim_start_matches('\\');
+        let name = if name.len() > 5 && name[..5].eq_ignore_ascii_case("PIPE\\") {
+            &name[5..]
+        } else {
+            name
+        };
+        if name.eq_ignore_ascii_case("srvsvc") {
+            Some(Service::Srvsvc)
+        } else if name.eq_ignore_ascii_case("wkssvc") {
+            Some(Service::Wkssvc)
+        } else {
+            None
+        }
+    }
+
+    /// The port spec a BIND_ACK names.
+    pub fn endpoint(self) -> &'static str {
+        match self {
+            Service::Srvsvc => "\\PIPE\\srvsvc",
+            Service::Wkssvc => "\\PIPE\\wkssvc",
+        }
+    }
+
+    pub fn interface(self) -> pdu::SyntaxId {
+        match self {
+            Service::Srvsvc => srvsvc::INTERFACE,
+            Service::Wkssvc => wkssvc::INTERFACE,
+        }
+    }
+
+    /// Runs one call: its response stub, or a fault status.
+    pub fn call(self, opnum: u16, stub: &[u8], host: &Host) -> Result<Vec<u8>, u32> {
+        let result = match self {
+            Service::Srvsvc => srvsvc::call(opnum, stub, host),
+            Service::Wkssvc => wkssvc::call(opnum, stub, host),
+        };
+        match result {
+            Ok(Some(out)) => Ok(out),
+            Ok(None) => Err(fault::OP_RNG_ERROR),
+            Err(_) => Err(fault::BAD_STUB_DATA),
+        }
+    }
+}

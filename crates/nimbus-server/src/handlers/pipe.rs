@@ -1,0 +1,188 @@
+//! The SMB2 commands on a named pipe of IPC$: CREATE (MS-SMB2 3.3.5.9,
+//! a pipe name instead of a path), WRITE and READ (3.3.5.13, 3.3.5.12),
+//! FSCTL_PIPE_TRANSCEIVE (3.3.5.15.4) and CLOSE. The pipes carry DCE/RPC
+//! for share browsing (nimbus-rpc: srvsvc, wkssvc); an answer longer than
+//! the client's read is returned in parts with STATUS_BUFFER_OVERFLOW,
+//! as a message-mode pipe does.
+
+use std::sync::{Arc, Mutex};
+
+use nimbus_rpc::{Host, Pipe, Service, ShareEntry, ShareKind};
+use nimbus_wire::close::{CloseRequest, CloseResponse};
+use nimbus_wire::create::{CreateAction, CreateRequest, CreateResponse, FileTimesAndSizes};
+use nimbus_wire::fscc::attributes;
+use nimbus_wire::ioctl::{encode_ioctl_response, IoctlRequest};
+use nimbus_wire::read::{encode_read_response_head, ReadRequest};
+use nimbus_wire::write::{encode_write_response, WriteRequest};
+use nimbus_wire::{FileId, NtStatus};
+
+use super::check_credit_charge;
+use crate::config::EncryptionPolicy;
+use crate::dispatch::{Ctx, HandlerResult};
+use crate::session::{lock, PipeOpen, SessionState};
+
+/// Whether the request runs on IPC$, whose file ids are pipes.
+pub fn on_ipc(ctx: &Ctx<'_>) -> bool {
+    ctx.tree.as_ref().is_some_and(|t| t.share.is_ipc())
+}
+
+pub fn create(ctx: &mut Ctx<'_>, req: &CreateRequest, out: &mut Vec<u8>) -> HandlerResult {
+    let Some(service) = Service::by_pipe_name(&req.name) else {
+        tracing::debug!("{}: no pipe \"{}\" on IPC$", ctx.conn.peer, req.name);
+        return Err(NtStatus::OBJECT_NAME_NOT_FOUND);
+    };
+    let session = ctx.session()?.clone();
+    let tree_id = ctx.tree()?.id;
+    let limit = ctx.server.config.limits.max_open_files_per_session;
+    let mut pipes = lock(&session.pipes);
+    let opens = lock(&session.opens);
+    if pipes.len() + opens.len() >= limit {
+        return Err(NtStatus::TOO_MANY_OPENED_FILES);
+    }
+    let persistent = ctx.server.new_open_id();
+    let volatile = ctx.server.new_volatile_id(persistent, |id| {
+        pipes.contains_key(&id) || opens.contains_key(&id)
+    });
+    drop(opens);
+    let file_id = FileId {
+        persistent,
+        volatile,
+    };
+    pipes.insert(
+        volatile,
+        Arc::new(PipeOpen {
+            file_id,
+            tree_id,
+            pipe: Mutex::new(Pipe::new(service)),
+        }),
+    );
+    drop(pipes);
+    ctx.chain_file_id = Some(file_id);
+    CreateResponse {
+        oplock_level: 0,
+        create_action: CreateAction::Opened,
+        info: FileTimesAndSizes {
+            allocation_size: 4096,
+            file_attributes: attributes::NORMAL,
+            ..FileTimesAndSizes::default()
+        },
+        file_id,
+        contexts: Vec::new(),
+    }
+    .encode(out);
+    Ok(NtStatus::SUCCESS)
+}
+
+/// The pipe a request names, on the tree it runs on.
+fn find(ctx: &mut Ctx<'_>, id: FileId) -> Result<Arc<PipeOpen>, NtStatus> {
+    let id = if id == FileId::RELATED {
+        match (ctx.related, ctx.chain_file_id) {
+            (true, Some(prev)) => prev,
+            _ => return Err(NtStatus::FILE_CLOSED),
+        }
+    } else {
+        id
+    };
+    let pipe = lock(&ctx.session()?.pipes)
+        .get(&id.volatile)
+        .cloned()
+        .ok_or(NtStatus::FILE_CLOSED)?;
+    if pipe.file_id != id || Some(pipe.tree_id) != ctx.tree.as_ref().map(|t| t.id) {
+        return Err(NtStatus::FILE_CLOSED);
+    }
+    ctx.chain_file_id = Some(id);
+    Ok(pipe)
+}
+
+/// The server as this session may see it through srvsvc and wkssvc.
+fn host(ctx: &Ctx<'_>) -> Result<Host, NtStatus> {
+    let server = ctx.server;
+    let guest = match &*lock(&ctx.session()?.state) {
+        SessionState::Valid(a) => a.guest,
+        SessionState::InProgress { .. } => return Err(NtStatus::USER_SESSION_DELETED),
+    };
+    let uses = server.sessions.trees_by_share();
+    Ok(Host {
+        name: server.config.server_name.to_uppercase(),
+        workgroup: server.config.workgroup.to_uppercase(),
+        comment: server.config.server_comment.clone(),
+        shares: server
+            .shares
+            .iter()
+            .map(|s| ShareEntry {
+                name: s.name.clone(),
+                kind: if s.is_ipc() {
+                    ShareKind::Ipc
+                } else {
+                    ShareKind::Disk
+                },
+                comment: s.comment.clone(),
+                current_uses: uses.get(&s.name).copied().unwrap_or(0),
+                encrypt_data: s.encryption != EncryptionPolicy::Off,
+            })
+            .collect(),
+        // Guests see the list only where the server serves guests at all,
+        // as anonymous enumeration is refused on Windows.
+        may_enumerate: !guest || server.shares.iter().any(|s| s.guest_ok),
+    })
+}
+
+pub fn write(ctx: &mut Ctx<'_>, req: &WriteRequest<'_>, out: &mut Vec<u8>) -> HandlerResult {
+    let open = find(ctx, req.file_id)?;
+    check_credit_charge(ctx, req.data.len() as u32)?;
+    let host = host(ctx)?;
+    if let Err(e) = lock(&open.pipe).write(req.data, &host) {
+        tracing::info!("{}: RPC pipe closed: {}", ctx.conn.peer, e.0);
+        return Err(NtStatus::PIPE_DISCONNECTED);
+    }
+    encode_write_response(out, req.data.len() as u32);
+    Ok(NtStatus::SUCCESS)
+}
+
+pub fn read(ctx: &mut Ctx<'_>, req: &ReadRequest, out: &mut Vec<u8>) -> HandlerResult {
+    let open = find(ctx, req.file_id)?;
+    check_credit_charge(ctx, req.length)?;
+    // Every answer is queued by the write it answers: nothing queued is
+    // nothing to wait for.
+    let Some(r) = lock(&open.pipe).read(req.length as usize) else {
+        return Err(NtStatus::PIPE_EMPTY);
+    };
+    encode_read_response_head(out, r.data.len() as u32);
+    out.extend_from_slice(&r.data);
+    Ok(if r.more {
+        NtStatus::BUFFER_OVERFLOW
+    } else {
+        NtStatus::SUCCESS
+    })
+}
+
+/// MS-SMB2 3.3.5.15.4: a write and a read of the answer in one request.
+pub fn transceive(ctx: &mut Ctx<'_>, req: &IoctlRequest<'_>, out: &mut Vec<u8>) -> HandlerResult {
+    let open = find(ctx, req.file_id)?;
+    let host = host(ctx)?;
+    let mut pipe = lock(&open.pipe);
+    if let Err(e) = pipe.write(req.input, &host) {
+        tracing::info!("{}: RPC pipe closed: {}", ctx.conn.peer, e.0);
+        return Err(NtStatus::PIPE_DISCONNECTED);
+    }
+    let r = pipe.read(req.max_output_response as usize);
+    drop(pipe);
+    let (data, more) = r.map_or((Vec::new(), false), |r| (r.data, r.more));
+    encode_ioctl_response(out, req.ctl_code, open.file_id, &data);
+    Ok(if more {
+        NtStatus::BUFFER_OVERFLOW
+    } else {
+        NtStatus::SUCCESS
+    })
+}
+
+pub fn close(ctx: &mut Ctx<'_>, req: &CloseRequest, out: &mut Vec<u8>) -> HandlerResult {
+    let open = find(ctx, req.file_id)?;
+    lock(&ctx.session()?.pipes).remove(&open.file_id.volatile);
+    CloseResponse {
+        flags: 0,
+        info: FileTimesAndSizes::default(),
+    }
+    .encode(out);
+    Ok(NtStatus::SUCCESS)
+}
