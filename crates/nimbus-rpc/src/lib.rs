@@ -48,6 +48,13 @@ pub mod werror {
     pub const NET_NAME_NOT_FOUND: u32 = 2310;
 }
 
+/// MS-SRVS 2.2.2.6 and MS-WKST 2.2.1.4: the platform id of the NT family.
+pub(crate) const PLATFORM_ID_NT: u32 = 500;
+/// The version reported by both services: that of the Windows releases
+/// whose SMB dialects Nimbus speaks (3.1.1).
+pub(crate) const VERSION_MAJOR: u32 = 10;
+pub(crate) const VERSION_MINOR: u32 = 0;
+
 /// What a share is, for its `shi*_type` (MS-SRVS 2.2.2.4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ShareKind {

@@ -3,7 +3,9 @@
 
 use crate::ndr::{Reader, Writer};
 use crate::pdu::SyntaxId;
-use crate::{werror, Host, RpcError, ShareEntry, ShareKind};
+use crate::{
+    werror, Host, RpcError, ShareEntry, ShareKind, PLATFORM_ID_NT, VERSION_MAJOR, VERSION_MINOR,
+};
 
 /// MS-SRVS 1.9: 4b324fc8-1670-01d3-1278-5a47bf6ee188 version 3.0.
 pub const INTERFACE: SyntaxId = SyntaxId {
@@ -29,17 +31,12 @@ const STYPE_IPC: u32 = 3;
 const STYPE_SPECIAL: u32 = 0x8000_0000;
 /// MS-SRVS 2.2.4.29 SHARE_INFO_1005 flags.
 const SHI1005_FLAGS_ENCRYPT_DATA: u32 = 0x8000;
-/// MS-SRVS 2.2.2.6 platform id, and 2.2.2.7 server types: a workstation
-/// and server of the NT family.
-const PLATFORM_ID_NT: u32 = 500;
+/// MS-SRVS 2.2.2.7 server types: a workstation and server of the NT
+/// family.
 const SV_TYPE_WORKSTATION: u32 = 0x1;
 const SV_TYPE_SERVER: u32 = 0x2;
 const SV_TYPE_NT: u32 = 0x1000;
 const SV_TYPE_SERVER_NT: u32 = 0x8000;
-/// The version reported: that of the Windows releases whose SMB dialects
-/// Nimbus speaks (3.1.1).
-const VERSION_MAJOR: u32 = 10;
-const VERSION_MINOR: u32 = 0;
 /// No limit on a share's connections (SHARE_INFO_2 shi2_max_uses).
 const UNLIMITED_USES: u32 = u32::MAX;
 

@@ -3,7 +3,7 @@
 
 use crate::ndr::{Reader, Writer};
 use crate::pdu::SyntaxId;
-use crate::{werror, Host, RpcError};
+use crate::{werror, Host, RpcError, PLATFORM_ID_NT, VERSION_MAJOR, VERSION_MINOR};
 
 /// MS-WKST 1.9: 6bffd098-a112-3610-9833-46c3f87e345a version 1.0.
 pub const INTERFACE: SyntaxId = SyntaxId {
@@ -18,10 +18,6 @@ pub const INTERFACE: SyntaxId = SyntaxId {
 pub mod opnum {
     pub const NETR_WKSTA_GET_INFO: u16 = 0;
 }
-
-const PLATFORM_ID_NT: u32 = 500;
-const VERSION_MAJOR: u32 = 10;
-const VERSION_MINOR: u32 = 0;
 
 /// Runs one wkssvc call; None for an operation not served.
 pub fn call(opnum: u16, stub: &[u8], host: &Host) -> Result<Option<Vec<u8>>, RpcError> {
