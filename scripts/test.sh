@@ -114,6 +114,19 @@ cargo build --release
 export NIMBUS_BIN=$NIMBUS_TARGET_DIR/release/nimbus
 [ -x "$NIMBUS_BIN" ] || die "the release build made no $NIMBUS_BIN"
 
+# The FIPS build (AWS-LC's FIPS module), in a target dir of its own so that
+# the two binaries do not rebuild each other: tests/test_kerberos.py logs on
+# to it with Kerberos and checks that it refuses NTLM and CCM.
+step "cargo build --release --features fips (target/fips)"
+if [ "$install" -eq 1 ]; then
+    ensure_fips_build_deps
+elif ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then
+    export PATH="$PATH:/usr/local/go/bin"
+fi
+CARGO_TARGET_DIR=$NIMBUS_TARGET_DIR/fips cargo build --release -p nimbus --features fips
+export NIMBUS_FIPS_BIN=$NIMBUS_TARGET_DIR/fips/release/nimbus
+[ -x "$NIMBUS_FIPS_BIN" ] || die "the FIPS build made no $NIMBUS_FIPS_BIN"
+
 step "Integration tests (pytest tests/)"
 set +e
 "$NIMBUS_VENV/bin/python3" -m pytest -v --durations=30 tests/ ${pytest_args[@]+"${pytest_args[@]}"}

@@ -4,7 +4,10 @@ with --use-kerberos=required against `nimbus serve` with `[kerberos]`:
 signed and encrypted SMB 3.1.1 sessions; an unknown principal, a ticket
 for a key the server does not have, a principal of another service and an
 NTLM logon with `ntlm = false` are each refused with a log line that says
-why; `nimbus serve` refuses a keytab others can read.
+why; `nimbus serve` refuses a keytab others can read. The FIPS build
+(`--features fips`, NIMBUS_FIPS_BIN, built by scripts/test.sh) with
+`fips = true` serves an encrypted Kerberos session and refuses NTLM and a
+CCM-only client, each with its reason in the log.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ def kdc(tmp_path_factory):
 class KrbServer:
     """`nimbus serve` with [kerberos] on 127.0.0.1 (clients name it localhost)."""
 
-    def __init__(self, base: Path, kdc: Kdc, keytab: Path, *, ntlm: bool = True, extra: str = "", encryption: str | None = None):
+    def __init__(self, base: Path, kdc: Kdc, keytab: Path, *, ntlm: bool = True, extra: str = "", encryption: str | None = None, fips_binary: Path | None = None):
         self.base = base
         self.port = free_port()
         self.share = base / "share"
@@ -64,19 +67,22 @@ class KrbServer:
         ]
         if encryption:
             lines.append(f"encryption = {toml_str(encryption)}")
+        if fips_binary is not None:
+            lines.append("fips = true")
         lines += [
             "[[share]]",
             'name = "data"',
             f"path = {toml_str(str(self.share))}",
             "[kerberos]",
             f"keytab = {toml_str(str(keytab))}",
-            f"ntlm = {'true' if ntlm else 'false'}",
-            extra,
         ]
+        if fips_binary is None:  # with fips = true NTLM is off, and ntlm = true an error
+            lines.append(f"ntlm = {'true' if ntlm else 'false'}")
+        lines.append(extra)
         conf.write_text("\n".join(lines) + "\n")
         self.log_path = base / "nimbus.log"
         self.proc = subprocess.Popen(
-            [str(nimbus_binary()), "serve", "--config", str(conf)],
+            [str(fips_binary or nimbus_binary()), "serve", "--config", str(conf)],
             stdout=open(self.log_path, "wb"),
             stderr=subprocess.STDOUT,
             env=kdc.env,
@@ -348,3 +354,44 @@ def test_a_user_removed_from_the_database_logs_on_with_a_ticket_no_more(kdc, sta
     rc, out = smbclient(server, tickets, samba_client_conf, tmp_path, "ls")
     assert rc != 0, out
     assert f'user "{USER}" is not in the user database' in server.log()
+
+
+def fips_binary() -> Path:
+    """The `--features fips` build scripts/test.sh makes (NIMBUS_FIPS_BIN)."""
+    env = os.environ.get("NIMBUS_FIPS_BIN")
+    path = Path(env) if env else Path(__file__).resolve().parent.parent / "target" / "fips" / "release" / "nimbus"
+    if not path.is_file():
+        message = f"no FIPS build at {path} (CARGO_TARGET_DIR=target/fips cargo build --release -p nimbus --features fips)"
+        if in_ci():
+            pytest.fail(message + "; CI=true: scripts/test.sh builds it", pytrace=False)
+        pytest.skip(message)
+    return path
+
+
+def test_a_fips_build_serves_kerberos_with_encryption_and_refuses_ntlm_and_ccm(start, keytab, tickets, samba_client_conf, tmp_path):
+    server = start(keytab, encryption="required", fips_binary=fips_binary())
+    log = server.log()
+    assert "FIPS mode" in log and "Kerberos logons only" in log, log
+    # CCM has no FIPS-approved implementation in the provider: not offered,
+    # and the start-up log says so.
+    assert "AES-128-CCM" in log and "no approved implementation" in log, log
+
+    data = os.urandom(2 * 1024 * 1024 + 5)
+    (tmp_path / "up.bin").write_bytes(data)
+    rc, out = smbclient(server, tickets, samba_client_conf, tmp_path, "put up.bin f.bin; get f.bin down.bin", protection="encrypt")
+    assert rc == 0, out + server.log()[-3000:]
+    assert (tmp_path / "down.bin").read_bytes() == data
+    session = [line for line in server.log().splitlines() if f"user {REALM}\\{USER} from" in line]
+    assert session and "encryption Aes" in session[-1] and "Ccm" not in session[-1], server.log()[-3000:]
+    assert "signing AesGmac" in session[-1] or "signing AesCmac" in session[-1], session[-1]
+
+    # A client that encrypts with CCM only finds no cipher in common on a
+    # server that requires encryption.
+    rc, out = smbclient(server, tickets, samba_client_conf, tmp_path, "ls", protection="encrypt", extra=("--option=client smb3 encryption algorithms=AES-128-CCM",))
+    assert rc != 0, out
+
+    # NTLM is refused, with the reason in the log.
+    cmd = ["smbclient", f"//{HOST}/data", "-I", "127.0.0.1", "-p", str(server.port), "-U", f"{USER}%{PASSWORD}", "--use-kerberos=off", "-m", "SMB3_11", "-s", str(samba_client_conf), "-c", "ls"]
+    p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL)
+    assert p.returncode != 0, p.stdout + p.stderr
+    assert "FIPS mode ([security] fips = true) turns NTLM off" in server.log(), server.log()[-3000:]

@@ -70,6 +70,16 @@ impl Shared {
         self.provider.ntlm().is_some() && self.kerberos.as_ref().is_none_or(|k| k.ntlm)
     }
 
+    /// Why an NTLM logon is refused when `ntlm_allowed` is false: the
+    /// provider (FIPS) first, as it is why the configuration has NTLM off.
+    fn ntlm_refusal(&self) -> AuthError {
+        if self.provider.ntlm().is_none() {
+            AuthError::NtlmDisabled
+        } else {
+            AuthError::NtlmTurnedOff
+        }
+    }
+
     /// The mechanisms offered, in order of preference.
     fn offered(&self) -> Vec<&'static [u8]> {
         let mut mechs = Vec::new();
@@ -267,9 +277,11 @@ impl fmt::Display for AuthError {
             AuthError::AnonymousRefused => {
                 f.write_str("anonymous logon refused (guest access is off)")
             }
-            AuthError::NtlmDisabled => {
-                f.write_str("NTLM is disabled: the crypto provider (FIPS) offers no MD4/MD5/RC4")
-            }
+            AuthError::NtlmDisabled => f.write_str(
+                "NTLM logon refused: FIPS mode ([security] fips = true) turns NTLM off, as it \
+                     needs MD4, MD5 and RC4, which FIPS does not approve; the client must log on \
+                     with Kerberos",
+            ),
             AuthError::NtlmTurnedOff => f.write_str(
                 "NTLM logon refused: NTLM is turned off ([kerberos] ntlm = false); the client \
                  must log on with Kerberos",
@@ -404,7 +416,7 @@ impl AuthExchange {
         }
         let pos = match ntlm_pos {
             Some(_) if !self.shared.ntlm_allowed() && self.shared.kerberos.is_some() => {
-                return Err(AuthError::NtlmTurnedOff)
+                return Err(self.shared.ntlm_refusal())
             }
             Some(p) => p,
             None => {
@@ -477,8 +489,8 @@ impl AuthExchange {
     }
 
     fn ntlm(&self) -> Result<&dyn NtlmPrimitives, AuthError> {
-        if self.shared.kerberos.as_ref().is_some_and(|k| !k.ntlm) {
-            return Err(AuthError::NtlmTurnedOff);
+        if !self.shared.ntlm_allowed() {
+            return Err(self.shared.ntlm_refusal());
         }
         self.shared.provider.ntlm().ok_or(AuthError::NtlmDisabled)
     }

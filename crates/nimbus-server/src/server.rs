@@ -148,12 +148,20 @@ impl Server {
                         .into(),
                 )
             })?;
-            tracing::warn!(
-                "FIPS mode: crypto provider \"{}\" (AWS-LC FIPS module only). NTLM logon is \
-                 disabled: it needs MD4, MD5 and RC4, which FIPS does not approve; only Kerberos \
-                 could log on, and this build has no Kerberos yet, so no user can log on",
-                p.name()
-            );
+            if config.kerberos.is_some() {
+                tracing::info!(
+                    "FIPS mode: crypto provider \"{}\" (AWS-LC FIPS module only); Kerberos logons \
+                     only: NTLM needs MD4, MD5 and RC4, which FIPS does not approve",
+                    p.name()
+                );
+            } else {
+                tracing::warn!(
+                    "FIPS mode: crypto provider \"{}\" (AWS-LC FIPS module only). NTLM logon is \
+                     disabled (it needs MD4, MD5 and RC4, which FIPS does not approve) and no \
+                     [kerberos] is configured, so no user can log on",
+                    p.name()
+                );
+            }
             p
         } else {
             CryptoProvider::default_provider()
