@@ -297,6 +297,25 @@ def test_slow_loris_one_byte_a_second_is_closed(hostile):
     bystander.check()
 
 
+def test_the_frame_timeout_covers_header_and_body_together(hostile):
+    # A header completed just inside the frame timeout gives the body no
+    # fresh allowance: the frame as a whole must arrive within it, counted
+    # from its first byte (before, the body got a timeout of its own, and a
+    # trickling client held the connection twice as long).
+    srv, bystander = hostile
+    message = rawsmb.frame(rawsmb.header(rawsmb.NEGOTIATE, 0) + rawsmb.negotiate_body([0x0210]))
+    limit = HOSTILE_LIMITS["frame_timeout_secs"]
+    with raw(srv) as s:
+        started = time.monotonic()
+        s.sendall(message[:3])
+        time.sleep(limit - 0.7)
+        s.sendall(message[3:5])  # the header's last byte and one of the body
+        assert rawsmb.is_closed(s, timeout=limit + 3), "the body got a frame timeout of its own"
+        assert time.monotonic() - started < limit + 0.9
+    assert "frame not complete within" in srv.log_tail()
+    bystander.check()
+
+
 def test_client_that_never_logs_on_is_closed(hostile):
     srv, bystander = hostile
     with raw(srv) as s:

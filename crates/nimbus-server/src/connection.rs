@@ -448,9 +448,13 @@ async fn read_frame(
             limits.frame_timeout
         ))
     };
+    // One allowance for the whole frame, header and body, from its first
+    // byte: a client trickling bytes gets frame_timeout, not one per part.
+    let first_byte = tokio::time::Instant::now();
     timeout(limits.frame_timeout, rd.read_exact(&mut head[1..]))
         .await
         .map_err(|_| slow())??;
+    let left = limits.frame_timeout.saturating_sub(first_byte.elapsed());
     let len = match frame_length(head, limits.max_frame_bytes) {
         Ok(Some(len)) => len,
         Ok(None) => return Ok(None),
@@ -469,7 +473,9 @@ async fn read_frame(
         .map_err(closed)?;
     let mut frame = conn.pool.take(len);
     frame.reserve_exact(len);
-    timeout(limits.frame_timeout, read_to_len(rd, &mut frame, len))
+    // The wait for budget above is the server's, not the client's: only
+    // the time the client itself took counts against it.
+    timeout(left, read_to_len(rd, &mut frame, len))
         .await
         .map_err(|_| slow())??;
     // Room for the responses, as much as the requests may ask for (never
