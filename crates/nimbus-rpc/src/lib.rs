@@ -88,6 +88,25 @@ pub struct Host {
     pub may_enumerate: bool,
 }
 
+/// Where a pipe gets the server's description when a call needs it: a
+/// `Host`, or a closure that builds one (the server's walks its sessions,
+/// so it is not built for a BIND or a fragment).
+pub trait HostSource {
+    fn host(&self) -> Host;
+}
+
+impl HostSource for Host {
+    fn host(&self) -> Host {
+        self.clone()
+    }
+}
+
+impl<F: Fn() -> Host> HostSource for F {
+    fn host(&self) -> Host {
+        self()
+    }
+}
+
 /// The interface a pipe serves, chosen by the pipe's name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Service {

@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use crate::pdu::{
     self, flags, ptype, reason, result, Bind, BindAck, ContextResult, Header, Request, SyntaxId,
 };
-use crate::{fault, Host, RpcError, Service};
+use crate::{fault, HostSource, RpcError, Service};
 
 /// The largest fragment this end sends and accepts (the value Windows
 /// and Samba offer).
@@ -94,16 +94,23 @@ impl Pipe {
     /// Takes what the client wrote: every complete PDU in it is answered
     /// (answers queue for `read`). A protocol error closes the pipe; the
     /// answers queued before it can still be read.
-    pub fn write(&mut self, data: &[u8], host: &Host) -> Result<(), PipeError> {
+    pub fn write<H: HostSource + ?Sized>(
+        &mut self,
+        data: &[u8],
+        host: &H,
+    ) -> Result<(), PipeError> {
         if self.closed {
             return Err(PipeError(
                 "the pipe was closed by an earlier protocol error",
             ));
         }
-        self.input.extend_from_slice(data);
+        // Taken out of self while its PDUs are answered, so that each is
+        // handled in place rather than copied.
+        let mut input = std::mem::take(&mut self.input);
+        input.extend_from_slice(data);
         let mut at = 0;
         let outcome = loop {
-            let rest = &self.input[at..];
+            let rest = &input[at..];
             if rest.len() < pdu::HEADER_LEN {
                 break Ok(());
             }
@@ -116,22 +123,21 @@ impl Pipe {
             if rest.len() < len {
                 break Ok(());
             }
-            let pdu = rest[..len].to_vec();
             at += len;
-            if let Err(e) = self.pdu(&hdr, &pdu, host) {
+            if let Err(e) = self.pdu(&hdr, &rest[..len], host) {
                 break Err(e);
             }
             if self.queued > MAX_QUEUED {
                 break Err(PipeError("answers written for but not read"));
             }
         };
-        self.input.drain(..at);
         if let Err(e) = outcome {
             self.closed = true;
-            self.input = Vec::new();
             self.call = None;
             return Err(e);
         }
+        input.drain(..at);
+        self.input = input;
         Ok(())
     }
 
@@ -156,7 +162,12 @@ impl Pipe {
         self.output.push_back(pdu);
     }
 
-    fn pdu(&mut self, hdr: &Header, pdu: &[u8], host: &Host) -> Result<(), PipeError> {
+    fn pdu<H: HostSource + ?Sized>(
+        &mut self,
+        hdr: &Header,
+        pdu: &[u8],
+        host: &H,
+    ) -> Result<(), PipeError> {
         let auth = hdr.auth_length as usize;
         let body_end = pdu
             .len()
@@ -297,7 +308,12 @@ impl Pipe {
             .collect()
     }
 
-    fn request(&mut self, hdr: &Header, body: &[u8], host: &Host) -> Result<(), PipeError> {
+    fn request<H: HostSource + ?Sized>(
+        &mut self,
+        hdr: &Header,
+        body: &[u8],
+        host: &H,
+    ) -> Result<(), PipeError> {
         let req = Request::parse(hdr, body).map_err(|_| PipeError("malformed REQUEST"))?;
         let Some(a) = self.association.as_ref() else {
             return Err(PipeError("REQUEST before BIND"));
@@ -365,7 +381,8 @@ impl Pipe {
             self.push(out);
             return Ok(());
         }
-        match self.service.call(call.opnum, &call.stub, host) {
+        // The server is described only for a call that runs.
+        match self.service.call(call.opnum, &call.stub, &host.host()) {
             Ok(stub) => self.respond(call.call_id, call.context_id, &stub),
             Err(status) => {
                 let mut out = Vec::new();
@@ -445,7 +462,7 @@ fn accepted(bind: &Bind, results: &[ContextResult]) -> Vec<u16> {
 mod tests {
     use super::*;
     use crate::ndr::{Reader, Writer};
-    use crate::{srvsvc, werror, ShareEntry, ShareKind};
+    use crate::{srvsvc, werror, Host, ShareEntry, ShareKind};
 
     const NDR64: SyntaxId = SyntaxId {
         uuid: [

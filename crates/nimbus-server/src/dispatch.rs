@@ -166,17 +166,22 @@ impl Ctx<'_> {
         self.tree.as_ref().ok_or(NtStatus::NETWORK_NAME_DELETED)
     }
 
+    /// A request's FileId, the "previous file" id of a related compound
+    /// request (MS-SMB2 3.3.5.2.7.2) resolved to the file it stands for.
+    pub fn resolve_file_id(&self, id: FileId) -> Result<FileId, NtStatus> {
+        if id != FileId::RELATED {
+            return Ok(id);
+        }
+        match (self.related, self.chain_file_id) {
+            (true, Some(prev)) => Ok(prev),
+            _ => Err(NtStatus::FILE_CLOSED),
+        }
+    }
+
     /// Resolves a request's FileId, including the "previous file" id of a
     /// related compound request (MS-SMB2 3.3.5.2.7.2).
     pub fn open(&mut self, id: FileId) -> Result<Arc<Open>, NtStatus> {
-        let id = if id == FileId::RELATED {
-            match (self.related, self.chain_file_id) {
-                (true, Some(prev)) => prev,
-                _ => return Err(NtStatus::FILE_CLOSED),
-            }
-        } else {
-            id
-        };
+        let id = self.resolve_file_id(id)?;
         let open = self
             .session()?
             .open(id.volatile)

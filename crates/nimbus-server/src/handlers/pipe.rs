@@ -75,14 +75,7 @@ pub fn create(ctx: &mut Ctx<'_>, req: &CreateRequest, out: &mut Vec<u8>) -> Hand
 
 /// The pipe a request names, on the tree it runs on.
 fn find(ctx: &mut Ctx<'_>, id: FileId) -> Result<Arc<PipeOpen>, NtStatus> {
-    let id = if id == FileId::RELATED {
-        match (ctx.related, ctx.chain_file_id) {
-            (true, Some(prev)) => prev,
-            _ => return Err(NtStatus::FILE_CLOSED),
-        }
-    } else {
-        id
-    };
+    let id = ctx.resolve_file_id(id)?;
     let pipe = lock(&ctx.session()?.pipes)
         .get(&id.volatile)
         .cloned()
@@ -94,36 +87,39 @@ fn find(ctx: &mut Ctx<'_>, id: FileId) -> Result<Arc<PipeOpen>, NtStatus> {
     Ok(pipe)
 }
 
-/// The server as this session may see it through srvsvc and wkssvc.
-fn host(ctx: &Ctx<'_>) -> Result<Host, NtStatus> {
+/// What builds the server's description as this session may see it
+/// through srvsvc and wkssvc, when a call needs it.
+fn host<'a>(ctx: &Ctx<'a>) -> Result<impl Fn() -> Host + 'a, NtStatus> {
     let server = ctx.server;
     let guest = match &*lock(&ctx.session()?.state) {
         SessionState::Valid(a) => a.guest,
         SessionState::InProgress { .. } => return Err(NtStatus::USER_SESSION_DELETED),
     };
-    let uses = server.sessions.trees_by_share();
-    Ok(Host {
-        name: server.config.server_name.to_uppercase(),
-        workgroup: server.config.workgroup.to_uppercase(),
-        comment: server.config.server_comment.clone(),
-        shares: server
-            .shares
-            .iter()
-            .map(|s| ShareEntry {
-                name: s.name.clone(),
-                kind: if s.is_ipc() {
-                    ShareKind::Ipc
-                } else {
-                    ShareKind::Disk
-                },
-                comment: s.comment.clone(),
-                current_uses: uses.get(&s.name).copied().unwrap_or(0),
-                encrypt_data: s.encryption != EncryptionPolicy::Off,
-            })
-            .collect(),
-        // Guests see the list only where the server serves guests at all,
-        // as anonymous enumeration is refused on Windows.
-        may_enumerate: !guest || server.shares.iter().any(|s| s.guest_ok),
+    Ok(move || {
+        let uses = server.sessions.trees_by_share();
+        Host {
+            name: server.config.server_name.to_uppercase(),
+            workgroup: server.config.workgroup.to_uppercase(),
+            comment: server.config.server_comment.clone(),
+            shares: server
+                .shares
+                .iter()
+                .map(|s| ShareEntry {
+                    name: s.name.clone(),
+                    kind: if s.is_ipc() {
+                        ShareKind::Ipc
+                    } else {
+                        ShareKind::Disk
+                    },
+                    comment: s.comment.clone(),
+                    current_uses: uses.get(&s.name).copied().unwrap_or(0),
+                    encrypt_data: s.encryption != EncryptionPolicy::Off,
+                })
+                .collect(),
+            // Guests see the list only where the server serves guests at
+            // all, as anonymous enumeration is refused on Windows.
+            may_enumerate: !guest || server.shares.iter().any(|s| s.guest_ok),
+        }
     })
 }
 
