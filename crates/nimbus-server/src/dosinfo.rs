@@ -12,9 +12,12 @@ pub const XATTR_NAME: &str = "user.nimbus.dosinfo";
 const VERSION: u8 = 1;
 const ENCODED_LEN: usize = 1 + 4 + 8 + 8 + 8 + 4;
 
-/// Attributes kept here. DIRECTORY lives in the file type and a file's
+/// Attributes kept here that a client sets with the others (CREATE,
+/// FileBasicInformation). DIRECTORY lives in the file type and a file's
 /// READONLY in its permission bits (a directory's READONLY is kept here);
-/// the others have no POSIX meaning.
+/// the others have no POSIX meaning. SPARSE_FILE is kept here too, but
+/// only FSCTL_SET_SPARSE sets or clears it (MS-FSA 2.1.5.14.2 ignores it in
+/// FileBasicInformation; a CREATE cannot make a file sparse).
 pub const STORED_ATTRIBUTES: u32 = attributes::HIDDEN
     | attributes::SYSTEM
     | attributes::ARCHIVE
@@ -81,8 +84,9 @@ impl DosInfo {
         let sec = u64_at(21).unwrap_or(0) as i64;
         let nsec = u32_at(29).unwrap_or(0);
         DosInfo {
-            attributes: (attrs != u32::MAX)
-                .then_some(attrs & (STORED_ATTRIBUTES | attributes::READONLY)),
+            attributes: (attrs != u32::MAX).then_some(
+                attrs & (STORED_ATTRIBUTES | attributes::READONLY | attributes::SPARSE_FILE),
+            ),
             create_time: (create != 0).then_some(create),
             change_time: (change != 0).then_some(ChangeTime {
                 filetime: change,

@@ -38,11 +38,11 @@ impl Access {
         }
     }
 
-    fn can_read(self) -> bool {
+    pub(crate) fn can_read(self) -> bool {
         matches!(self, Access::Read | Access::ReadWrite)
     }
 
-    fn can_write(self) -> bool {
+    pub(crate) fn can_write(self) -> bool {
         matches!(self, Access::Write | Access::ReadWrite)
     }
 }
@@ -52,10 +52,10 @@ impl Access {
 pub struct FileHandle {
     fd: OwnedFd,
     is_dir: bool,
-    access: Access,
+    pub(crate) access: Access,
 }
 
-fn check_offset(offset: u64) -> VfsResult<i64> {
+pub(crate) fn check_offset(offset: u64) -> VfsResult<i64> {
     i64::try_from(offset).map_err(|_| VfsError::InvalidParameter)
 }
 
@@ -77,7 +77,7 @@ impl FileHandle {
         FileHandle { fd, is_dir, access }
     }
 
-    fn raw(&self) -> RawFd {
+    pub(crate) fn raw(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
 
@@ -94,7 +94,7 @@ impl FileHandle {
         self.is_dir
     }
 
-    fn check_io(&self, allowed: bool) -> VfsResult<()> {
+    pub(crate) fn check_io(&self, allowed: bool) -> VfsResult<()> {
         if self.is_dir {
             Err(VfsError::IsADirectory)
         } else if !allowed {

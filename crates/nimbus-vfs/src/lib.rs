@@ -11,6 +11,7 @@
 //! change notify.
 
 mod error;
+mod extents;
 mod handle;
 mod local;
 mod path;

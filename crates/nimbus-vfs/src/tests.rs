@@ -754,3 +754,119 @@ fn has_entries_sees_any_name() {
     std::fs::write(s.share().join("d").join(odd), b"").unwrap();
     assert!(dir(fs).has_entries().unwrap());
 }
+
+fn pattern(len: usize, seed: u32) -> Vec<u8> {
+    (0..len as u32)
+        .map(|i| (i.wrapping_mul(31).wrapping_add(seed) % 251) as u8)
+        .collect()
+}
+
+#[test]
+fn copy_from_between_files_and_within_one() {
+    let s = Scratch::new();
+    let fs = &s.fs;
+    let data = pattern(3 << 20, 7);
+    write_file(fs, "src", &data);
+    let (src, _, _) = fs
+        .open(
+            "src",
+            &opts(true, false, CreateMode::OpenExisting, Kind::File),
+        )
+        .unwrap();
+    let (dst, _, _) = fs.open("dst", &rw(CreateMode::CreateNew)).unwrap();
+    // A copy past the end of the file leaves a hole before it.
+    assert_eq!(dst.copy_from(&src, 1000, 5000, 2 << 20).unwrap(), 2 << 20);
+    let got = read_file(fs, "dst");
+    assert_eq!(got.len(), 5000 + (2 << 20));
+    assert!(got[..5000].iter().all(|b| *b == 0));
+    assert_eq!(&got[5000..], &data[1000..1000 + (2 << 20)]);
+    // The source ends first: the copy is short.
+    assert_eq!(dst.copy_from(&src, (3 << 20) - 10, 0, 100).unwrap(), 10);
+    assert_eq!(dst.copy_from(&src, 1 << 40, 0, 100).unwrap(), 0);
+    assert_eq!(dst.copy_from(&src, 0, 0, 0).unwrap(), 0);
+    // Access: the source must be readable, the target writable.
+    assert_err!(src.copy_from(&dst, 0, 0, 10), VfsError::AccessDenied);
+    assert_err!(
+        dst.copy_from(&src, u64::MAX - 5, 0, 10),
+        VfsError::InvalidParameter
+    );
+
+    // Within one file, overlapping both ways: as if read whole first.
+    let (same, _, _) = fs.open("same", &rw(CreateMode::CreateNew)).unwrap();
+    let small = pattern(4 << 20, 3);
+    same.write_at(&small, 0).unwrap();
+    assert_eq!(same.copy_from(&same, 0, 1 << 20, 3 << 20).unwrap(), 3 << 20);
+    let mut want = small.clone();
+    want.copy_within(0..3 << 20, 1 << 20);
+    assert_eq!(read_file(fs, "same"), want);
+    assert_eq!(
+        same.copy_from(&same, 1 << 20, 100, 3 << 20).unwrap(),
+        3 << 20
+    );
+    want.copy_within(1 << 20..4 << 20, 100);
+    assert_eq!(read_file(fs, "same"), want);
+    // Overlapping past the end of the source copies what it holds.
+    assert_eq!(
+        same.copy_from(&same, (4 << 20) - 50, (4 << 20) - 20, 100)
+            .unwrap(),
+        50
+    );
+    assert_eq!(same.stat().unwrap().size, (4 << 20) + 30);
+}
+
+#[test]
+fn holes_zeroing_and_data_ranges() {
+    let s = Scratch::new();
+    let fs = &s.fs;
+    let (h, _, _) = fs.open("sparse", &rw(CreateMode::CreateNew)).unwrap();
+    let block = 64 * 1024u64;
+    // Ten 128 KiB pieces, the first half of each punched out.
+    for i in 0..10u64 {
+        h.write_at(&pattern(2 * block as usize, i as u32), i * 2 * block)
+            .unwrap();
+        h.punch_hole(i * 2 * block, block).unwrap();
+    }
+    assert_eq!(h.stat().unwrap().size, 20 * block);
+    let (ranges, more) = h.data_ranges(0, 20 * block, 100).unwrap();
+    assert!(!more);
+    let want: Vec<(u64, u64)> = (0..10u64).map(|i| (i * 2 * block + block, block)).collect();
+    assert_eq!(ranges, want);
+    // Clipped to the range asked about, and to `max` with the flag set.
+    let (ranges, more) = h.data_ranges(block + 10, 3 * block + 5, 100).unwrap();
+    assert_eq!(ranges, [(block + 10, block - 10), (3 * block, 5)]);
+    assert!(!more);
+    let (ranges, more) = h.data_ranges(0, 20 * block, 3).unwrap();
+    assert_eq!(ranges.len(), 3);
+    assert!(more);
+    assert_eq!(h.data_ranges(20 * block, 21 * block, 10).unwrap().0, []);
+    assert_eq!(h.data_ranges(0, block, 10).unwrap().0, []);
+
+    // Punched and zeroed bytes read as zeros; the size never changes.
+    let mut buf = vec![1u8; block as usize];
+    h.read_at(&mut buf, 0).unwrap();
+    assert!(buf.iter().all(|b| *b == 0));
+    h.zero_range(block, 100).unwrap();
+    let mut buf = vec![1u8; 200];
+    h.read_at(&mut buf, block).unwrap();
+    assert!(buf[..100].iter().all(|b| *b == 0));
+    assert_eq!(
+        &buf[100..],
+        &pattern(2 * block as usize, 0)[block as usize + 100..block as usize + 200]
+    );
+    h.punch_hole(19 * block, 5 * block).unwrap();
+    h.zero_range(19 * block, 5 * block).unwrap();
+    assert_eq!(h.stat().unwrap().size, 20 * block);
+    h.punch_hole(0, 0).unwrap();
+    assert_err!(h.punch_hole(u64::MAX - 1, 10), VfsError::InvalidParameter);
+
+    let (ro, _, _) = fs
+        .open(
+            "sparse",
+            &opts(true, false, CreateMode::OpenExisting, Kind::File),
+        )
+        .unwrap();
+    assert_err!(ro.punch_hole(0, 10), VfsError::AccessDenied);
+    assert_err!(ro.zero_range(0, 10), VfsError::AccessDenied);
+    // The last piece's data was punched out above.
+    assert_eq!(ro.data_ranges(0, 20 * block, 100).unwrap().0.len(), 9);
+}

@@ -9,6 +9,7 @@ pub mod dtyp;
 pub mod durable;
 pub mod file_id;
 pub mod fscc;
+pub mod fsctl;
 pub mod header;
 pub mod info;
 pub mod ioctl;

@@ -121,7 +121,9 @@ fn set_basic(open: &Open, buf: &[u8]) -> Result<(), NtStatus> {
         } else {
             STORED_ATTRIBUTES
         };
-        dos.attributes = Some(a & stored_mask);
+        // Only FSCTL_SET_SPARSE changes SPARSE_FILE.
+        let sparse = before.stored_or_default(open.is_dir) & attributes::SPARSE_FILE;
+        dos.attributes = Some(a & stored_mask | sparse);
         if !open.is_dir {
             let st = open.handle.stat().map_err(vfs)?;
             let want_ro = a & attributes::READONLY != 0;

@@ -8,10 +8,11 @@ use nimbus_wire::NtStatus;
 use super::{check_credit_charge, malformed};
 use crate::dispatch::{Ctx, HandlerResult};
 use crate::errors::vfs_status;
+use crate::session::Open;
 
 /// The largest file size NTFS supports (0xFFFFFFF0000); writes that would
 /// end beyond it fail as they do on Windows.
-const MAX_FILE_SIZE: u64 = 0xFFF_FFFF_0000;
+pub(super) const MAX_FILE_SIZE: u64 = 0xFFF_FFFF_0000;
 
 pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
     let req = WriteRequest::parse(body).map_err(malformed)?;
@@ -35,38 +36,51 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         return Err(NtStatus::INVALID_PARAMETER);
     }
     let offset = req.offset;
-    // MS-FSA 2.1.5.3: nor written where another open holds any lock, or
-    // where a shared lock (its own included) stands.
-    let locks = &ctx.server.locks;
-    if locks.io_conflicts(
-        open.file_key,
-        open.open_id,
-        offset,
-        req.data.len() as u64,
-        true,
-    ) {
+    let n = change_data(ctx, &open, offset, req.data.len() as u64, || {
+        let n = open
+            .handle
+            .write_at(req.data, offset)
+            .map_err(|e| vfs_status(&e))?;
+        if req.flags & WRITEFLAG_WRITE_THROUGH != 0 {
+            open.handle.sync().map_err(|e| vfs_status(&e))?;
+        }
+        open.position
+            .store(offset + n as u64, std::sync::atomic::Ordering::Relaxed);
+        Ok(n)
+    })?;
+    encode_write_response(out, n as u32);
+    Ok(NtStatus::SUCCESS)
+}
+
+/// Every change to a file's data goes through here, WRITE or FSCTL (server
+/// side copy, zeroing): nothing is written where another open holds any
+/// lock, or where a shared lock (its own included) stands (MS-FSA
+/// 2.1.5.3); other holders' cached reads go stale (MS-FSA 2.1.4.12); the
+/// change is reported when the open closes (`wrote`), not again by the
+/// disk watch.
+pub(super) fn change_data<T>(
+    ctx: &Ctx<'_>,
+    open: &Open,
+    offset: u64,
+    len: u64,
+    write: impl FnOnce() -> Result<T, NtStatus>,
+) -> Result<T, NtStatus> {
+    if ctx
+        .server
+        .locks
+        .io_conflicts(open.file_key, open.open_id, offset, len, true)
+    {
         return Err(NtStatus::FILE_LOCK_CONFLICT);
     }
-    // Other holders' cached reads go stale (MS-FSA 2.1.4.12).
     ctx.server
         .oplocks
         .contend_readers(open.file_key, open.open_id);
-    // Reported at close by `wrote`, not by the disk watch.
-    let own = ctx.server.notify.own_change_of(&open);
-    let n = open
-        .handle
-        .write_at(req.data, offset)
-        .map_err(|e| vfs_status(&e))?;
-    if req.flags & WRITEFLAG_WRITE_THROUGH != 0 {
-        open.handle.sync().map_err(|e| vfs_status(&e))?;
-    }
-    open.position
-        .store(offset + n as u64, std::sync::atomic::Ordering::Relaxed);
+    let own = ctx.server.notify.own_change_of(open);
+    let result = write()?;
     drop(own);
-    ctx.server.notify.wrote(&open);
+    ctx.server.notify.wrote(open);
     if !open.wrote.load(std::sync::atomic::Ordering::Relaxed) {
         open.wrote.store(true, std::sync::atomic::Ordering::Relaxed);
     }
-    encode_write_response(out, n as u32);
-    Ok(NtStatus::SUCCESS)
+    Ok(result)
 }

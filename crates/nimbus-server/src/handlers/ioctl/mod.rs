@@ -1,4 +1,9 @@
-//! MS-SMB2 3.3.5.15 Receiving an SMB2 IOCTL Request.
+//! MS-SMB2 3.3.5.15 Receiving an SMB2 IOCTL Request. The FSCTLs that act on
+//! a file's data have modules of their own: server-side copy (`copychunk`)
+//! and sparse files (`sparse`).
+
+mod copychunk;
+mod sparse;
 
 use nimbus_wire::ioctl::{
     ctl_code, encode_ioctl_response, encode_network_interfaces, encode_validate_negotiate_response,
@@ -22,9 +27,14 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             .min(u32::MAX as usize) as u32,
     )?;
     let mut output = Vec::new();
+    let mut status = NtStatus::SUCCESS;
     match req.ctl_code {
         ctl_code::FSCTL_VALIDATE_NEGOTIATE_INFO => validate_negotiate(ctx, req.input, &mut output)?,
         ctl_code::FSCTL_QUERY_NETWORK_INTERFACE_INFO => {
+            // MS-SMB2 3.3.5.15.11: asked of the server, not of an open.
+            if req.file_id != nimbus_wire::FileId::RELATED {
+                return Err(NtStatus::INVALID_PARAMETER);
+            }
             encode_network_interfaces(
                 &mut output,
                 &[NetworkInterface {
@@ -43,13 +53,26 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
                 .map_err(|e| crate::errors::vfs_status(&e))?;
             object_id(&mut output, st.dev, st.ino);
         }
-        // Not a DFS server: clients then use the path as it is.
         ctl_code::FSCTL_LMR_REQUEST_RESILIENCY => request_resiliency(ctx, &req)?,
+        // Not a DFS server: clients then use the path as it is.
         ctl_code::FSCTL_DFS_GET_REFERRALS => return Err(NtStatus::NOT_FOUND),
         ctl_code::FSCTL_PIPE_TRANSCEIVE if super::pipe::on_ipc(ctx) => {
             return super::pipe::transceive(ctx, &req, out);
         }
         ctl_code::FSCTL_PIPE_TRANSCEIVE => return Err(NtStatus::INVALID_DEVICE_REQUEST),
+        ctl_code::FSCTL_SRV_REQUEST_RESUME_KEY => {
+            copychunk::request_resume_key(ctx, &req, &mut output)?
+        }
+        ctl_code::FSCTL_SRV_COPYCHUNK | ctl_code::FSCTL_SRV_COPYCHUNK_WRITE => {
+            return copychunk::copy_chunk(ctx, &req, out);
+        }
+        ctl_code::FSCTL_SET_SPARSE => sparse::set_sparse(ctx, &req)?,
+        ctl_code::FSCTL_SET_ZERO_DATA => sparse::set_zero_data(ctx, &req)?,
+        ctl_code::FSCTL_QUERY_ALLOCATED_RANGES => {
+            status = sparse::query_allocated_ranges(ctx, &req, &mut output)?
+        }
+        ctl_code::FSCTL_GET_COMPRESSION => sparse::get_compression(ctx, &req, &mut output)?,
+        ctl_code::FSCTL_SET_COMPRESSION => sparse::set_compression(ctx, &req)?,
         _ => {
             // File-system controls act on an open: a stale handle is
             // reported as such before the code is judged.
@@ -63,7 +86,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         return Err(NtStatus::BUFFER_TOO_SMALL);
     }
     encode_ioctl_response(out, req.ctl_code, req.file_id, &output);
-    Ok(NtStatus::SUCCESS)
+    Ok(status)
 }
 
 /// MS-SMB2 3.3.5.15.12: the client proves the NEGOTIATE was not tampered
