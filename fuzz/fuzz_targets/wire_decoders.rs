@@ -5,14 +5,14 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use nimbus_wire::{close, create, fscc, header, info, ioctl, negotiate, query_directory, read};
+use nimbus_wire::{close, create, fscc, fsctl, header, info, ioctl, negotiate, query_directory, read};
 use nimbus_wire::{session_setup, simple, smb1, transform, tree_connect, write, HEADER_SIZE};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&which, input)) = data.split_first() else {
         return;
     };
-    match which % 25 {
+    match which % 30 {
         0 => {
             if let Ok(h) = header::Header::parse(input) {
                 let mut slot = [0u8; HEADER_SIZE];
@@ -50,6 +50,25 @@ fuzz_target!(|data: &[u8]| {
         21 => drop(transform::TransformHeader::parse(input)),
         22 => drop(smb1::smb1_negotiate_offer(input)),
         23 => drop(nimbus_wire::lock::LockRequest::parse(input)),
+        24 => {
+            // The chunks are decoded lazily: never more than announced, nor
+            // more than the buffer holds.
+            if let Ok(c) = fsctl::CopyChunkCopy::parse(input) {
+                let n = c.chunks().count();
+                assert!(n as u64 <= u64::from(c.chunk_count));
+                assert!(n <= input.len() / fsctl::CopyChunk::LEN);
+                assert_eq!(c.has_all_chunks(), n as u64 == u64::from(c.chunk_count));
+            }
+        }
+        25 => drop(fsctl::ZeroDataInformation::parse(input)),
+        26 => drop(fsctl::AllocatedRange::parse(input)),
+        27 => drop(fsctl::CopyChunkResponse::parse(input)),
+        28 => {
+            let _ = (
+                fsctl::parse_compression_state(input),
+                fsctl::set_sparse_requested(input),
+            );
+        }
         _ => drop(simple::parse_empty(input)),
     }
 });

@@ -254,10 +254,11 @@ fn security_layer_regressions() {
 /// keep the selectors in step): whether the selected decoder accepted the
 /// input.
 fn wire_decoders(data: &[u8]) -> Option<bool> {
-    use nimbus_wire::{close, create, fscc, header, info, ioctl, negotiate, query_directory};
+    use nimbus_wire::query_directory;
+    use nimbus_wire::{close, create, fscc, fsctl, header, info, ioctl, negotiate};
     use nimbus_wire::{read, session_setup, simple, smb1, transform, tree_connect, write};
     let (&which, input) = data.split_first()?;
-    Some(match which % 25 {
+    Some(match which % 30 {
         0 => {
             let parsed = header::Header::parse(input);
             if let Ok(h) = &parsed {
@@ -290,6 +291,20 @@ fn wire_decoders(data: &[u8]) -> Option<bool> {
         21 => transform::TransformHeader::parse(input).is_ok(),
         22 => smb1::smb1_negotiate_offer(input) != smb1::Smb1Offer::None,
         23 => nimbus_wire::lock::LockRequest::parse(input).is_ok(),
+        24 => match fsctl::CopyChunkCopy::parse(input) {
+            Ok(c) => {
+                let n = c.chunks().count();
+                assert!(n as u64 <= u64::from(c.chunk_count));
+                assert!(n <= input.len() / fsctl::CopyChunk::LEN);
+                assert_eq!(c.has_all_chunks(), n as u64 == u64::from(c.chunk_count));
+                true
+            }
+            Err(_) => false,
+        },
+        25 => fsctl::ZeroDataInformation::parse(input).is_ok(),
+        26 => fsctl::AllocatedRange::parse(input).is_ok(),
+        27 => fsctl::CopyChunkResponse::parse(input).is_ok(),
+        28 => fsctl::parse_compression_state(input).is_ok(),
         _ => simple::parse_empty(input).is_ok(),
     })
 }
