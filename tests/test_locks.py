@@ -175,6 +175,32 @@ def test_holder_closing_its_handle_grants_the_waiter(clients):
     assert (message_id(final), rawsmb.status(final)) == (mid, 0)
 
 
+def test_a_close_sent_right_behind_writes_does_not_overtake_them(clients, srv):
+    """WRITEs run on the blocking pool, a CLOSE in place: sent in one burst,
+    the CLOSE must still wait for the WRITEs that came before it (each
+    would otherwise fail with FILE_CLOSED), and they must all succeed."""
+    a, _ = clients
+    fid = a.open("burst.bin")
+    pieces = [bytes([i]) * 60000 for i in range(1, 9)]
+    burst, writes = b"", []
+    for i, piece in enumerate(pieces):
+        mid = a.mid
+        a.mid += 1
+        hdr = rawsmb.header(WRITE, mid, credit_request=8, session_id=a.sid, tree_id=a.tid)
+        burst += rawsmb.frame(hdr + write_body(fid, i * 60000, piece))
+        writes.append(mid)
+    close_mid = a.mid
+    a.mid += 1
+    burst += rawsmb.frame(rawsmb.header(CLOSE, close_mid, credit_request=8, session_id=a.sid, tree_id=a.tid) + close_body(fid))
+    a.s.sendall(burst)
+    statuses = {}
+    for _ in range(len(writes) + 1):
+        resp = a.recv()
+        statuses[message_id(resp)] = rawsmb.status(resp)
+    assert statuses == {mid: 0 for mid in [*writes, close_mid]}, {m: hex(s) for m, s in statuses.items()}
+    assert (srv.share_path / "burst.bin").read_bytes() == b"".join(pieces)
+
+
 def test_reads_and_writes_into_another_opens_lock_conflict(clients, srv):
     a, b = clients
     fa, fb = a.open("f.bin"), b.open("f.bin")

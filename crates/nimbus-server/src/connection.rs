@@ -215,6 +215,9 @@ pub struct Connection {
     /// A cluster node's metadata requests of this connection that wait on
     /// the blocking pool, run one after another in the order they came.
     serial: Arc<Serial>,
+    /// The frames on the blocking pool, for the commands that end handles
+    /// to wait for those that came before them (`crate::arrivals`).
+    pub arrivals: Arc<crate::arrivals::Arrivals>,
 }
 
 /// A job of the serial queue.
@@ -293,6 +296,7 @@ impl Connection {
             not_reading: AtomicBool::new(false),
             close_notify: Notify::new(),
             serial: Arc::default(),
+            arrivals: Arc::default(),
         })
     }
 
@@ -505,9 +509,14 @@ async fn read_frame(
 /// Processes one frame, gives its buffer back to the pool and returns the
 /// response to send. A panic in request handling closes this connection
 /// only.
-fn run_frame(conn: &Arc<Connection>, mut frame: Vec<u8>, allowance: usize) -> Option<Outgoing> {
+fn run_frame(
+    conn: &Arc<Connection>,
+    mut frame: Vec<u8>,
+    allowance: usize,
+    arrival: Option<u64>,
+) -> Option<Outgoing> {
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        crate::dispatch::process_frame(conn, &mut frame, allowance)
+        crate::dispatch::process_frame(conn, &mut frame, allowance, arrival)
     }));
     conn.pool.give(frame);
     result.unwrap_or_else(|_| {
@@ -625,9 +634,13 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slo
         if conn.is_closing() {
             break;
         }
-        if crate::dispatch::is_quick(&frame, &limits, &conn) {
+        // A CLOSE, TREE_DISCONNECT or LOGOFF waits for the frames already on
+        // the pool (`crate::arrivals`): on the pool too, not here.
+        if crate::dispatch::is_quick(&frame, &limits, &conn)
+            && !(conn.arrivals.any_running() && crate::dispatch::ends_handles(&frame, &limits))
+        {
             // In place, on this task: no thread hand-over (see is_quick).
-            if let Some(out) = run_frame(&conn, frame, allowance) {
+            if let Some(out) = run_frame(&conn, frame, allowance, None) {
                 if tx.send((out, in_flight)).await.is_err() {
                     break;
                 }
@@ -637,8 +650,13 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slo
         let ordered = crate::dispatch::is_ordered(&frame, &limits, &conn);
         let conn2 = conn.clone();
         let tx2 = tx.clone();
+        let arrival = conn.arrivals.start();
         let job = move || {
-            if let Some(out) = run_frame(&conn2, frame, allowance) {
+            let seq = arrival.seq();
+            let out = run_frame(&conn2, frame, allowance, Some(seq));
+            // Finished: commands that end handles stop waiting for it.
+            drop(arrival);
+            if let Some(out) = out {
                 if tx2.blocking_send((out, in_flight)).is_err() {
                     conn2.close();
                 }

@@ -386,6 +386,9 @@ pub(crate) struct Chain {
     interims: Vec<Arc<PendingRequest>>,
     /// What the chain's handlers asked to run once the frame is sent.
     on_sent: Vec<OnSent>,
+    /// The frame's arrival number, if it runs on the blocking pool
+    /// (`crate::arrivals`).
+    arrival: Option<u64>,
 }
 
 /// Processes one received frame; returns the frame to send back (if any).
@@ -396,6 +399,7 @@ pub fn process_frame(
     conn: &Arc<Connection>,
     frame: &mut [u8],
     allowance: usize,
+    arrival: Option<u64>,
 ) -> Option<Outgoing> {
     if frame.starts_with(&SMB1_PROTOCOL_ID) {
         return smb1_negotiate(conn, frame);
@@ -413,6 +417,7 @@ pub fn process_frame(
     let chain = Chain {
         encrypted_for: encrypted.as_ref().map(|e| e.session_id),
         sealed_by: encrypted.as_ref().map(|e| e.cipher.clone()),
+        arrival,
         ..Chain::default()
     };
     run_chain(conn, frame, chain, allowance, true)
@@ -953,7 +958,33 @@ fn check_and_run<'a>(
     }
     ctx.msg = msg;
     let body = &msg[HEADER_SIZE..];
+    if ends_handles_command(Some(cmd)) {
+        if let Some(seq) = chain.arrival {
+            conn.arrivals.wait_for_earlier(seq);
+        }
+    }
     (spec.handler)(ctx, body, out)
+}
+
+fn ends_handles_command(cmd: Option<Command>) -> bool {
+    matches!(
+        cmd,
+        Some(Command::Close | Command::TreeDisconnect | Command::Logoff)
+    )
+}
+
+/// Whether a frame holds a CLOSE, TREE_DISCONNECT or LOGOFF, which must
+/// not overtake the connection's frames already on the blocking pool
+/// (`crate::arrivals`). An encrypted frame cannot be looked into: it runs
+/// on the pool, and waits there if it holds one.
+pub fn ends_handles(frame: &[u8], limits: &Limits) -> bool {
+    !frame.starts_with(&TRANSFORM_PROTOCOL_ID)
+        && chain_offsets(frame, limits.max_compound_requests).any(|off| {
+            ends_handles_command(Command::from_u16(u16::from_le_bytes([
+                frame[off + 12],
+                frame[off + 13],
+            ])))
+        })
 }
 
 /// The commands an expired session still serves: re-authentication,

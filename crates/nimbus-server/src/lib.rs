@@ -4,6 +4,7 @@
 //! and return typed responses or an NTSTATUS.
 
 mod admission;
+mod arrivals;
 pub mod cluster;
 mod cluster_notify;
 mod cluster_registry;
