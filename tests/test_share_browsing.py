@@ -16,6 +16,9 @@ named pipes, DCE/RPC on them, driven by the clients people browse with.
 
 from __future__ import annotations
 
+import grp
+import os
+import pwd
 import re
 import struct
 import subprocess
@@ -144,6 +147,38 @@ def test_rpcclient_server_and_share_information(browsing_server, samba_client_co
 
 
 @require_tool("smbclient", "smbclient")
+def test_rpcclient_names_sids_and_finds_sids_for_names(browsing_server, samba_client_conf):
+    """lsarpc: the SIDs nimbus puts in security descriptors (S-1-22-1-UID,
+    S-1-22-2-GID, Everyone) get names, and names get SIDs."""
+    srv, conf = browsing_server, samba_client_conf
+    uid, gid = os.getuid(), os.getgid()
+    user, group = pwd.getpwuid(uid).pw_name, grp.getgrgid(gid).gr_name
+    unused = next(u for u in range(3_999_999_999, 4_000_000_100) if not has_uid(u))
+    out = rpcclient(srv, conf, f"lookupsids S-1-22-1-{uid} S-1-22-2-{gid} S-1-1-0 S-1-5-18 S-1-22-1-{unused}")
+    assert f"S-1-22-1-{uid} Unix User\\{user} (1)" in out, out
+    assert f"S-1-22-2-{gid} Unix Group\\{group} (4)" in out, out
+    assert "S-1-1-0 \\Everyone (5)" in out, out
+    assert "S-1-5-18 NT AUTHORITY\\SYSTEM (5)" in out, out
+    assert f"S-1-22-1-{unused} *unknown*\\*unknown* (8)" in out, out
+    out = rpcclient(srv, conf, f"lookupnames {user} Everyone")
+    assert f"{user} S-1-22-1-{uid} (User: 1)" in out, out
+    assert "Everyone S-1-1-0 (Well-known Group: 5)" in out, out
+    # LookupSids3, without a policy handle.
+    out = rpcclient(srv, conf, f"lookupsids3 S-1-22-1-{uid}")
+    assert f"S-1-22-1-{uid} {user} (1)" in out, out
+    # A server in a workgroup: its name, no domain SID.
+    out = rpcclient(srv, conf, "lsaquery")
+    assert "Domain Name: WORKGROUP" in out and "Domain Sid: (NULL SID)" in out, out
+
+
+def has_uid(uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)
+        return True
+    except KeyError:
+        return False
+
+
 def test_guests_list_shares_only_where_guests_are_served(server_factory, samba_client_conf):
     srv = server_factory.start([("data", False), ("public", False)], security=Security(guest_shares={"public"}))
     rc, out = smbclient_list(srv, samba_client_conf, auth=("-U", "nobody-known%x"))
@@ -258,7 +293,7 @@ def test_a_broken_rpc_stream_closes_only_its_pipe(ipc, bad):
     assert f.read(0, 2) == b"ok"
 
 
-@pytest.mark.parametrize("name", ["spoolss", "srvsvc\\..\\x", "", "lsarpc-not-a-pipe"])
+@pytest.mark.parametrize("name", ["spoolss", "srvsvc\\..\\x", "", "lsarpc-not-a-pipe", "samr"])
 def test_unknown_pipe_names_are_not_found(ipc, name):
     tree, _ = ipc
     assert status_of(lambda: open_pipe(tree, name)) == STATUS_OBJECT_NAME_NOT_FOUND

@@ -1,5 +1,5 @@
-//! DCE/RPC on an IPC$ pipe (PDUs, fragments, NDR stubs of srvsvc and
-//! wkssvc) on attacker-chosen writes: see `fuzz_api::rpc_pipe`.
+//! DCE/RPC on an IPC$ pipe (PDUs, fragments, NDR stubs of srvsvc, wkssvc
+//! and lsarpc) on attacker-chosen writes: see `fuzz_api::rpc_pipe`.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

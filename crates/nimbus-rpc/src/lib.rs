@@ -1,24 +1,28 @@
 //! DCE/RPC over SMB named pipes (MS-RPCE, C706), for the services a
 //! client browsing a server asks IPC$ for: srvsvc (MS-SRVS: shares,
-//! server information) and wkssvc (MS-WKST: workstation information).
+//! server information), wkssvc (MS-WKST: workstation information) and
+//! lsarpc (MS-LSAT: the names of the SIDs in security descriptors).
 //!
 //! The crate does no I/O. The server opens a [`Pipe`] for a CREATE of
-//! `srvsvc` or `wkssvc` on IPC$, hands it what the client writes (WRITE,
+//! `srvsvc`, `wkssvc` or `lsarpc` on IPC$, hands it what the client writes (WRITE,
 //! or FSCTL_PIPE_TRANSCEIVE) and returns what it has to read, one PDU per
 //! message, with a [`Host`] describing the server as the caller may see
 //! it.
 //!
 //! No published crate fit: `dcerpc` and its `ms-ndr` are client stacks
 //! (an SMB client, tokio and NTLM come with them) and young; what a
-//! server needs here is a small PDU codec and an NDR writer for four
-//! calls, kept short and fuzzed.
+//! server needs here is a small PDU codec and an NDR writer for a
+//! handful of calls, kept short and fuzzed.
 
+pub mod lsarpc;
 pub mod ndr;
 pub mod pdu;
 pub mod pipe;
 pub mod srvsvc;
 pub mod wkssvc;
 
+pub use lsarpc::{Account, SidNameUse};
+pub use nimbus_wire::dtyp::Sid;
 pub use pipe::{Pipe, PipeError, ReadResult};
 
 /// Why a PDU or a stub was refused.
@@ -90,9 +94,25 @@ pub struct Host {
 
 /// Where a pipe gets the server's description when a call needs it: a
 /// `Host`, or a closure that builds one (the server's walks its sessions,
-/// so it is not built for a BIND or a fragment).
+/// so it is not built for a BIND or a fragment); and the accounts lsarpc
+/// translates, beyond the well-known ones it knows itself.
 pub trait HostSource {
     fn host(&self) -> Host;
+
+    /// The caller may translate SIDs and names: whoever may list the
+    /// shares.
+    fn may_look_up(&self) -> bool {
+        self.host().may_enumerate
+    }
+
+    fn account_by_sid(&self, _sid: &Sid) -> Option<Account> {
+        None
+    }
+
+    /// `domain` as the client wrote it (`DOMAIN\name`), if it did.
+    fn account_by_name(&self, _domain: Option<&str>, _name: &str) -> Option<Account> {
+        None
+    }
 }
 
 impl HostSource for Host {
@@ -112,6 +132,7 @@ impl<F: Fn() -> Host> HostSource for F {
 pub enum Service {
     Srvsvc,
     Wkssvc,
+    Lsarpc,
 }
 
 impl Service {
@@ -127,6 +148,8 @@ impl Service {
             Some(Service::Srvsvc)
         } else if name.eq_ignore_ascii_case("wkssvc") {
             Some(Service::Wkssvc)
+        } else if name.eq_ignore_ascii_case("lsarpc") || name.eq_ignore_ascii_case("lsass") {
+            Some(Service::Lsarpc)
         } else {
             None
         }
@@ -137,6 +160,8 @@ impl Service {
         match self {
             Service::Srvsvc => "\\PIPE\\srvsvc",
             Service::Wkssvc => "\\PIPE\\wkssvc",
+            // Windows' name for the process behind lsarpc.
+            Service::Lsarpc => "\\PIPE\\lsass",
         }
     }
 
@@ -144,14 +169,23 @@ impl Service {
         match self {
             Service::Srvsvc => srvsvc::INTERFACE,
             Service::Wkssvc => wkssvc::INTERFACE,
+            Service::Lsarpc => lsarpc::INTERFACE,
         }
     }
 
-    /// Runs one call: its response stub, or a fault status.
-    pub fn call(self, opnum: u16, stub: &[u8], host: &Host) -> Result<Vec<u8>, u32> {
+    /// Runs one call: its response stub, or a fault status. `handles`
+    /// are the pipe's open LSA policy handles.
+    pub fn call<H: HostSource + ?Sized>(
+        self,
+        opnum: u16,
+        stub: &[u8],
+        host: &H,
+        handles: &mut lsarpc::PolicyHandles,
+    ) -> Result<Vec<u8>, u32> {
         let result = match self {
-            Service::Srvsvc => srvsvc::call(opnum, stub, host),
-            Service::Wkssvc => wkssvc::call(opnum, stub, host),
+            Service::Srvsvc => srvsvc::call(opnum, stub, &host.host()),
+            Service::Wkssvc => wkssvc::call(opnum, stub, &host.host()),
+            Service::Lsarpc => lsarpc::call(opnum, stub, host, handles),
         };
         match result {
             Ok(Some(out)) => Ok(out),

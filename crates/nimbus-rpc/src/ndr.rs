@@ -6,6 +6,8 @@
 //! Alignment is relative to the start of the stub data, which every PDU
 //! places at an 8-aligned offset.
 
+use nimbus_wire::dtyp::Sid;
+
 use crate::RpcError;
 
 /// Longest string accepted from a client, in UTF-16 code units. Server,
@@ -53,6 +55,58 @@ impl Writer {
     pub fn u32(&mut self, v: u32) {
         self.align(4);
         self.buf.extend_from_slice(&v.to_le_bytes());
+    }
+
+    pub fn u16(&mut self, v: u16) {
+        self.align(2);
+        self.buf.extend_from_slice(&v.to_le_bytes());
+    }
+
+    pub fn u8(&mut self, v: u8) {
+        self.buf.push(v);
+    }
+
+    /// Bytes as they are (a context handle, a GUID).
+    pub fn bytes(&mut self, b: &[u8]) {
+        self.buf.extend_from_slice(b);
+    }
+
+    /// MS-DTYP 2.3.10 RPC_UNICODE_STRING where it stands: Length and
+    /// MaximumLength in bytes, then the pointer to the units, which NDR
+    /// defers (`unicode_string_units`). An empty string still points to
+    /// an empty array.
+    pub fn unicode_string_header(&mut self, s: &str) {
+        let bytes = (s.encode_utf16().count() * 2).min(u16::MAX as usize - 1) as u16;
+        // The structure holds a pointer: it is 4-aligned, whatever precedes
+        // it (a 16-bit SID_NAME_USE in a translated name).
+        self.align(4);
+        self.u16(bytes);
+        self.u16(bytes);
+        self.pointer();
+    }
+
+    /// The deferred units of an RPC_UNICODE_STRING: a conformant varying
+    /// array, no terminating NUL.
+    pub fn unicode_string_units(&mut self, s: &str) {
+        let units: Vec<u16> = s.encode_utf16().take(u16::MAX as usize / 2).collect();
+        self.u32(units.len() as u32);
+        self.u32(0);
+        self.u32(units.len() as u32);
+        for u in units {
+            self.buf.extend_from_slice(&u.to_le_bytes());
+        }
+    }
+
+    /// MS-DTYP 2.4.2.3 RPC_SID, a conformant structure: the count of
+    /// sub-authorities first, as its conformance.
+    pub fn sid(&mut self, sid: &Sid) {
+        self.u32(sid.sub_authorities.len() as u32);
+        self.u8(1);
+        self.u8(sid.sub_authorities.len() as u8);
+        self.bytes(&sid.authority.to_be_bytes()[2..]);
+        for s in &sid.sub_authorities {
+            self.u32(*s);
+        }
     }
 
     /// A non-null unique (or full) pointer: its referent id. The caller
@@ -115,6 +169,76 @@ impl<'a> Reader<'a> {
         self.align(4)?;
         let b = self.take(4)?;
         Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    pub fn u16(&mut self) -> Result<u16, RpcError> {
+        self.align(2)?;
+        let b = self.take(2)?;
+        Ok(u16::from_le_bytes([b[0], b[1]]))
+    }
+
+    pub fn u8(&mut self) -> Result<u8, RpcError> {
+        Ok(self.take(1)?[0])
+    }
+
+    pub fn bytes(&mut self, n: usize) -> Result<&'a [u8], RpcError> {
+        self.take(n)
+    }
+
+    /// Bytes not read yet: what bounds any count the stub announces.
+    pub fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+
+    /// An RPC_UNICODE_STRING where it stands: (Length, MaximumLength,
+    /// whether its units follow where NDR defers them).
+    pub fn unicode_string_header(&mut self) -> Result<(u16, u16, bool), RpcError> {
+        self.align(4)?;
+        let len = self.u16()?;
+        let max = self.u16()?;
+        let present = self.pointer()?;
+        if len > max || len % 2 != 0 {
+            return Err(RpcError::BadStub);
+        }
+        Ok((len, max, present))
+    }
+
+    /// The deferred units of an RPC_UNICODE_STRING whose header gave
+    /// `len` bytes.
+    pub fn unicode_string_units(&mut self, len: u16) -> Result<String, RpcError> {
+        let max = self.u32()?;
+        let offset = self.u32()?;
+        let actual = self.u32()?;
+        if max > MAX_STRING_UNITS || offset != 0 || actual > max || actual * 2 != u32::from(len) {
+            return Err(RpcError::BadStub);
+        }
+        let bytes = self.take(actual as usize * 2)?;
+        let units: Vec<u16> = bytes
+            .chunks_exact(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+            .collect();
+        String::from_utf16(&units).map_err(|_| RpcError::BadStub)
+    }
+
+    /// An RPC_SID (see `Writer::sid`); at most 15 sub-authorities, as
+    /// MS-DTYP 2.4.2.2 allows.
+    pub fn sid(&mut self) -> Result<Sid, RpcError> {
+        let conformance = self.u32()?;
+        let revision = self.u8()?;
+        let count = self.u8()?;
+        if revision != 1 || count > 15 || u32::from(count) != conformance {
+            return Err(RpcError::BadStub);
+        }
+        let auth = self.take(6)?;
+        let mut authority = [0u8; 8];
+        authority[2..].copy_from_slice(auth);
+        let sub_authorities = (0..count)
+            .map(|_| self.u32())
+            .collect::<Result<Vec<u32>, RpcError>>()?;
+        Ok(Sid {
+            authority: u64::from_be_bytes(authority),
+            sub_authorities,
+        })
     }
 
     /// A unique pointer's referent id: whether a pointee follows.

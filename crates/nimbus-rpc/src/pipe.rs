@@ -66,6 +66,8 @@ pub struct Pipe {
     read_at: usize,
     queued: usize,
     closed: bool,
+    /// LSA policy handles opened on this pipe.
+    policy_handles: crate::lsarpc::PolicyHandles,
 }
 
 impl Pipe {
@@ -79,6 +81,7 @@ impl Pipe {
             read_at: 0,
             queued: 0,
             closed: false,
+            policy_handles: Default::default(),
         }
     }
 
@@ -382,7 +385,10 @@ impl Pipe {
             return Ok(());
         }
         // The server is described only for a call that runs.
-        match self.service.call(call.opnum, &call.stub, &host.host()) {
+        let answer = self
+            .service
+            .call(call.opnum, &call.stub, host, &mut self.policy_handles);
+        match answer {
             Ok(stub) => self.respond(call.call_id, call.context_id, &stub),
             Err(status) => {
                 let mut out = Vec::new();

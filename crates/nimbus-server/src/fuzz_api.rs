@@ -249,7 +249,9 @@ pub fn rpc_pipe(data: &[u8]) -> PipeRun {
         ],
         may_enumerate: first & 2 == 0,
     };
-    let service = if first & 1 == 0 {
+    let service = if first & 4 != 0 {
+        Service::Lsarpc
+    } else if first & 1 == 0 {
         Service::Srvsvc
     } else {
         Service::Wkssvc

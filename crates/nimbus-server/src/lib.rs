@@ -3,6 +3,7 @@
 //! command. Handlers never call a crypto library; they see typed requests
 //! and return typed responses or an NTSTATUS.
 
+mod accounts;
 mod admission;
 mod arrivals;
 pub mod cluster;

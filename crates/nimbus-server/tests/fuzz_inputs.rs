@@ -510,6 +510,7 @@ fn rpc_pipe_seeds_are_answered_and_findings_refused() {
         "seeds/rpc_pipe",
         &seeds,
         &[
+            "lsarpc-lookups",
             "srvsvc-enum-levels",
             "srvsvc-fragmented",
             "srvsvc-getinfo",

@@ -56,6 +56,22 @@ impl Sid {
     }
 }
 
+/// MS-DTYP 2.4.2.1: the string form, S-1-22-1-1000 (the authority in
+/// hexadecimal when it does not fit 32 bits).
+impl std::fmt::Display for Sid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.authority >> 32 == 0 {
+            write!(f, "S-1-{}", self.authority)?;
+        } else {
+            write!(f, "S-1-0x{:012X}", self.authority)?;
+        }
+        for s in &self.sub_authorities {
+            write!(f, "-{s}")?;
+        }
+        Ok(())
+    }
+}
+
 /// MS-DTYP 2.4.7 SECURITY_INFORMATION bits.
 pub mod security_information {
     pub const OWNER: u32 = 0x1;
@@ -158,6 +174,17 @@ pub fn posix_security_descriptor(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sid_string_form() {
+        assert_eq!(Sid::unix_user(1000).to_string(), "S-1-22-1-1000");
+        assert_eq!(Sid::everyone().to_string(), "S-1-1-0");
+        let big = Sid {
+            authority: 0x1_0000_0000,
+            sub_authorities: vec![],
+        };
+        assert_eq!(big.to_string(), "S-1-0x000100000000");
+    }
 
     #[test]
     fn sid_encoding() {

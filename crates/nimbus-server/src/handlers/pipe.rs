@@ -1,13 +1,14 @@
 //! The SMB2 commands on a named pipe of IPC$: CREATE (MS-SMB2 3.3.5.9,
 //! a pipe name instead of a path), WRITE and READ (3.3.5.13, 3.3.5.12),
 //! FSCTL_PIPE_TRANSCEIVE (3.3.5.15.4) and CLOSE. The pipes carry DCE/RPC
-//! for share browsing (nimbus-rpc: srvsvc, wkssvc); an answer longer than
+//! for share browsing and name lookups (nimbus-rpc: srvsvc, wkssvc,
+//! lsarpc); an answer longer than
 //! the client's read is returned in parts with STATUS_BUFFER_OVERFLOW,
 //! as a message-mode pipe does.
 
 use std::sync::{Arc, Mutex};
 
-use nimbus_rpc::{Host, Pipe, Service, ShareEntry, ShareKind};
+use nimbus_rpc::{Account, Host, HostSource, Pipe, Service, ShareEntry, ShareKind, Sid};
 use nimbus_wire::close::{CloseRequest, CloseResponse};
 use nimbus_wire::create::{CreateAction, CreateRequest, CreateResponse, FileTimesAndSizes};
 use nimbus_wire::fscc::attributes;
@@ -87,15 +88,28 @@ fn find(ctx: &mut Ctx<'_>, id: FileId) -> Result<Arc<PipeOpen>, NtStatus> {
     Ok(pipe)
 }
 
-/// What builds the server's description as this session may see it
-/// through srvsvc and wkssvc, when a call needs it.
-fn host<'a>(ctx: &Ctx<'a>) -> Result<impl Fn() -> Host + 'a, NtStatus> {
-    let server = ctx.server;
+/// The server as this session may see it through the pipes: its
+/// description for srvsvc and wkssvc, built only when a call needs it, and
+/// the Unix accounts lsarpc names.
+struct View<'a> {
+    server: &'a std::sync::Arc<crate::server::Server>,
+    guest: bool,
+}
+
+fn view<'a>(ctx: &Ctx<'a>) -> Result<View<'a>, NtStatus> {
     let guest = match &*lock(&ctx.session()?.state) {
         SessionState::Valid(a) => a.guest,
         SessionState::InProgress { .. } => return Err(NtStatus::USER_SESSION_DELETED),
     };
-    Ok(move || {
+    Ok(View {
+        server: ctx.server,
+        guest,
+    })
+}
+
+impl HostSource for View<'_> {
+    fn host(&self) -> Host {
+        let server = self.server;
         let uses = server.sessions.trees_by_share();
         Host {
             name: server.config.server_name.to_uppercase(),
@@ -116,17 +130,30 @@ fn host<'a>(ctx: &Ctx<'a>) -> Result<impl Fn() -> Host + 'a, NtStatus> {
                     encrypt_data: s.encryption != EncryptionPolicy::Off,
                 })
                 .collect(),
-            // Guests see the list only where the server serves guests at
-            // all, as anonymous enumeration is refused on Windows.
-            may_enumerate: !guest || server.shares.iter().any(|s| s.guest_ok),
+            may_enumerate: self.may_look_up(),
         }
-    })
+    }
+
+    /// Guests see the list, and translate names, only where the server
+    /// serves guests at all, as anonymous enumeration is refused on
+    /// Windows.
+    fn may_look_up(&self) -> bool {
+        !self.guest || self.server.shares.iter().any(|s| s.guest_ok)
+    }
+
+    fn account_by_sid(&self, sid: &Sid) -> Option<Account> {
+        crate::accounts::by_sid(sid)
+    }
+
+    fn account_by_name(&self, domain: Option<&str>, name: &str) -> Option<Account> {
+        crate::accounts::by_name(domain, name)
+    }
 }
 
 pub fn write(ctx: &mut Ctx<'_>, req: &WriteRequest<'_>, out: &mut Vec<u8>) -> HandlerResult {
     let open = find(ctx, req.file_id)?;
     check_credit_charge(ctx, req.data.len() as u32)?;
-    let host = host(ctx)?;
+    let host = view(ctx)?;
     if let Err(e) = lock(&open.pipe).write(req.data, &host) {
         tracing::info!("{}: RPC pipe closed: {}", ctx.conn.peer, e.0);
         return Err(NtStatus::PIPE_DISCONNECTED);
@@ -155,7 +182,7 @@ pub fn read(ctx: &mut Ctx<'_>, req: &ReadRequest, out: &mut Vec<u8>) -> HandlerR
 /// MS-SMB2 3.3.5.15.4: a write and a read of the answer in one request.
 pub fn transceive(ctx: &mut Ctx<'_>, req: &IoctlRequest<'_>, out: &mut Vec<u8>) -> HandlerResult {
     let open = find(ctx, req.file_id)?;
-    let host = host(ctx)?;
+    let host = view(ctx)?;
     let mut pipe = lock(&open.pipe);
     if let Err(e) = pipe.write(req.input, &host) {
         tracing::info!("{}: RPC pipe closed: {}", ctx.conn.peer, e.0);
