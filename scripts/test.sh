@@ -127,6 +127,14 @@ CARGO_TARGET_DIR=$NIMBUS_TARGET_DIR/fips cargo build --release -p nimbus --featu
 export NIMBUS_FIPS_BIN=$NIMBUS_TARGET_DIR/fips/release/nimbus
 [ -x "$NIMBUS_FIPS_BIN" ] || die "the FIPS build made no $NIMBUS_FIPS_BIN"
 
+# The Rust `smb` crate (smb-rs) as a client: tests/test_interop.py logs on
+# with it. A crate of its own (interop/smb-rs, not in the workspace), built
+# into target/interop.
+step "cargo build --release (interop/smb-rs, target/interop)"
+CARGO_TARGET_DIR=$NIMBUS_TARGET_DIR/interop cargo build --release --manifest-path interop/smb-rs/Cargo.toml
+export NIMBUS_SMBRS_BIN=$NIMBUS_TARGET_DIR/interop/release/nimbus-smb-rs-check
+[ -x "$NIMBUS_SMBRS_BIN" ] || die "the interop build made no $NIMBUS_SMBRS_BIN"
+
 step "Integration tests (pytest tests/)"
 set +e
 "$NIMBUS_VENV/bin/python3" -m pytest -v --durations=30 tests/ ${pytest_args[@]+"${pytest_args[@]}"}

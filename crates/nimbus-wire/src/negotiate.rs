@@ -251,9 +251,9 @@ pub fn parse_id_list(data: &[u8]) -> WireResult<Vec<u16>> {
 
 /// MS-SMB2 2.2.3.1.2 SMB2_ENCRYPTION_CAPABILITIES as a server takes it: a
 /// CipherCount of 0 (which 2.2.3.1.2 forbids a client to send, and which
-/// some clients send when they do not want encryption) is read as no
-/// cipher in common, the case 3.3.5.4 answers with cipher id 0 and no
-/// error, as Samba does; only a list its length cannot hold is malformed.
+/// some clients send when they do not want encryption) is an empty list,
+/// not an error (the NEGOTIATE handler answers it as no context at all);
+/// only a list its length cannot hold is malformed.
 pub fn parse_cipher_list(data: &[u8]) -> WireResult<Vec<u16>> {
     parse_ids(data)
 }

@@ -138,6 +138,16 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
                 }
                 context_type::ENCRYPTION_CAPABILITIES => {
                     let offered = parse_cipher_list(&c.data).map_err(malformed)?;
+                    // An empty list (which MS-SMB2 2.2.3.1.2 forbids, and
+                    // which the Rust `smb` crate sends when it wants no
+                    // encryption) offers nothing: answered as if the
+                    // context were absent, with no context back. That
+                    // client cannot decode a cipher id of 0, and Samba
+                    // ignores the context of a client that does not set
+                    // SMB2_GLOBAL_CAP_ENCRYPTION, as that one does not.
+                    if offered.is_empty() {
+                        continue;
+                    }
                     // The server's order decides (MS-SMB2 3.3.5.4 lets the
                     // server pick any common cipher); id 0 means "none".
                     cipher = ctx
