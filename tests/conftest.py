@@ -284,10 +284,11 @@ class ServerFactory:
         self.servers: list[Server] = []
         self.count = 0
 
-    def start(self, shares: list[tuple[str, bool]] | None = None, signing: str = "required", security: Security | None = None, nofile: int | None = None) -> Server:
+    def start(self, shares: list[tuple[str, bool]] | None = None, signing: str = "required", security: Security | None = None, nofile: int | None = None, paths: dict[str, Path] | None = None) -> Server:
         """Start a server with the given shares (name, read_only); the first is Server.share.
 
-        Each share gets an empty directory beneath the test's temp dir.
+        Each share gets an empty directory beneath the test's temp dir, or
+        the existing directory `paths` gives for its name.
         `security` gives encryption settings (and overrides `signing`).
         `nofile` starts nimbus with that descriptor limit, soft and hard.
         """
@@ -298,6 +299,9 @@ class ServerFactory:
         base.mkdir()
         share_paths = {}
         for name, _ro in shares:
+            if paths and name in paths:
+                share_paths[name] = paths[name]
+                continue
             p = base / "shares" / name
             p.mkdir(parents=True)
             share_paths[name] = p

@@ -18,6 +18,7 @@ pub fn vfs_status(e: &VfsError) -> NtStatus {
         VfsError::Busy => NtStatus::SHARING_VIOLATION,
         VfsError::InvalidParameter => NtStatus::INVALID_PARAMETER,
         VfsError::TooManyEntries => NtStatus::INSUFFICIENT_RESOURCES,
+        VfsError::Unsupported => NtStatus::NOT_SUPPORTED,
         // The name the open knew now names another file (changed outside
         // SMB): the file the client means is not found under it.
         VfsError::Changed => NtStatus::OBJECT_NAME_NOT_FOUND,

@@ -76,7 +76,9 @@ pub fn times_and_sizes(info: &FileInfo) -> FileTimesAndSizes {
     }
 }
 
-pub fn volume_info(fs: &FsStat, share_name: &str, created: u64) -> VolumeInfo {
+/// `block_cloning`: the file system shares extents, so
+/// FSCTL_DUPLICATE_EXTENTS_TO_FILE is offered.
+pub fn volume_info(fs: &FsStat, share_name: &str, created: u64, block_cloning: bool) -> VolumeInfo {
     // Report allocation units of one "sector" of the fs block size, so the
     // numbers multiply back to the real byte counts.
     let bytes_per_sector = 512u32;
@@ -94,7 +96,12 @@ pub fn volume_info(fs: &FsStat, share_name: &str, created: u64) -> VolumeInfo {
         fs_attributes: fs_attributes::CASE_SENSITIVE_SEARCH
             | fs_attributes::CASE_PRESERVED_NAMES
             | fs_attributes::UNICODE_ON_DISK
-            | fs_attributes::SUPPORTS_SPARSE_FILES,
+            | fs_attributes::SUPPORTS_SPARSE_FILES
+            | if block_cloning {
+                fs_attributes::SUPPORTS_BLOCK_REFCOUNTING
+            } else {
+                0
+            },
         fs_name: "NTFS".into(),
     }
 }

@@ -39,6 +39,8 @@ pub enum VfsError {
     /// The name no longer refers to the object the caller expected: it was
     /// replaced or renamed meanwhile.
     Changed,
+    /// The file system cannot do this (share extents, for one).
+    Unsupported,
     /// Any other I/O error.
     Io(io::Error),
 }
@@ -104,6 +106,7 @@ impl fmt::Display for VfsError {
             VfsError::InvalidParameter => f.write_str("invalid parameter"),
             VfsError::TooManyEntries => f.write_str("too many directory entries"),
             VfsError::Changed => f.write_str("the name now refers to another object"),
+            VfsError::Unsupported => f.write_str("not supported by the file system"),
             VfsError::Io(e) => write!(f, "I/O error: {e}"),
         }
     }

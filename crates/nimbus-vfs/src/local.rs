@@ -21,6 +21,9 @@ use crate::{FsStat, Kind, OpenOptions, Stat};
 pub struct LocalFs {
     root_fd: OwnedFd,
     root: PathBuf,
+    /// Whether the file system shares extents, found out once, when first
+    /// asked.
+    clones: std::sync::OnceLock<bool>,
 }
 
 impl LocalFs {
@@ -41,7 +44,16 @@ impl LocalFs {
         Ok(LocalFs {
             root_fd,
             root: root.to_path_buf(),
+            clones: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Whether files here can share extents (`FileHandle::clone_from`): the
+    /// file system's FILE_SUPPORTS_BLOCK_REFCOUNTING.
+    pub fn can_clone(&self) -> bool {
+        *self
+            .clones
+            .get_or_init(|| crate::extents::can_clone_in(self.root()))
     }
 
     /// The directory this share was created on.

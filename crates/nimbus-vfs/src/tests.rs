@@ -870,3 +870,35 @@ fn holes_zeroing_and_data_ranges() {
     // The last piece's data was punched out above.
     assert_eq!(ro.data_ranges(0, 20 * block, 100).unwrap().0.len(), 9);
 }
+
+#[test]
+fn cloning_works_or_says_it_is_unsupported() {
+    let s = Scratch::new();
+    let fs = &s.fs;
+    let data = pattern(64 * 1024, 9);
+    write_file(fs, "src", &data);
+    let (src, _, _) = fs
+        .open(
+            "src",
+            &opts(true, false, CreateMode::OpenExisting, Kind::File),
+        )
+        .unwrap();
+    let (dst, _, _) = fs.open("dst", &rw(CreateMode::CreateNew)).unwrap();
+    dst.set_len(data.len() as u64).unwrap();
+    let r = dst.clone_from(&src, 0, 0, data.len() as u64);
+    // The answer is the same whether asked once for the share or per call:
+    // the temporary files of the probe leave nothing behind.
+    if fs.can_clone() {
+        r.unwrap();
+        assert_eq!(read_file(fs, "dst"), data);
+    } else {
+        assert_err!(r, VfsError::Unsupported);
+    }
+    assert_eq!(
+        std::fs::read_dir(s.share()).unwrap().count(),
+        2,
+        "only src and dst in the share"
+    );
+    dst.clone_from(&src, 0, 0, 0).unwrap();
+    assert_err!(src.clone_from(&dst, 0, 0, 10), VfsError::AccessDenied);
+}

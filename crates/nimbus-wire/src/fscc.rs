@@ -144,6 +144,7 @@ pub mod fs_attributes {
     pub const UNICODE_ON_DISK: u32 = 0x0000_0004;
     pub const PERSISTENT_ACLS: u32 = 0x0000_0008;
     pub const SUPPORTS_SPARSE_FILES: u32 = 0x0000_0040;
+    pub const SUPPORTS_BLOCK_REFCOUNTING: u32 = 0x0800_0000;
 }
 
 /// Seconds between 1601-01-01 (FILETIME epoch) and 1970-01-01.

@@ -82,7 +82,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         info_type::FILESYSTEM => {
             let fs = open.share.fs.as_ref().ok_or(NtStatus::INVALID_PARAMETER)?;
             let st = fs.statfs().map_err(|e| vfs_status(&e))?;
-            let vol = volume_info(&st, &open.share.name, open.share.created);
+            let vol = volume_info(&st, &open.share.name, open.share.created, fs.can_clone());
             encode_fs_class(req.info_class, &vol).ok_or(NtStatus::INVALID_INFO_CLASS)?
         }
         info_type::SECURITY => {

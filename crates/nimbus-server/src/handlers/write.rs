@@ -72,6 +72,17 @@ pub(super) fn change_data<T>(
     {
         return Err(NtStatus::FILE_LOCK_CONFLICT);
     }
+    change_data_past_locks(ctx, open, write)
+}
+
+/// `change_data` without the byte-range lock check: block cloning
+/// (FSCTL_DUPLICATE_EXTENTS_TO_FILE) is not held up by locks, on Windows
+/// and Samba alike.
+pub(super) fn change_data_past_locks<T>(
+    ctx: &Ctx<'_>,
+    open: &Open,
+    write: impl FnOnce() -> Result<T, NtStatus>,
+) -> Result<T, NtStatus> {
     ctx.server
         .oplocks
         .contend_readers(open.file_key, open.open_id);

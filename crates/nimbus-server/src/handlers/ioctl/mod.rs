@@ -1,7 +1,8 @@
 //! MS-SMB2 3.3.5.15 Receiving an SMB2 IOCTL Request. The FSCTLs that act on
-//! a file's data have modules of their own: server-side copy (`copychunk`)
-//! and sparse files (`sparse`).
+//! a file's data have modules of their own: server-side copy (`copychunk`),
+//! block cloning (`clone`) and sparse files (`sparse`).
 
+mod clone;
 mod copychunk;
 mod sparse;
 
@@ -66,6 +67,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         ctl_code::FSCTL_SRV_COPYCHUNK | ctl_code::FSCTL_SRV_COPYCHUNK_WRITE => {
             return copychunk::copy_chunk(ctx, &req, out);
         }
+        ctl_code::FSCTL_DUPLICATE_EXTENTS_TO_FILE => clone::duplicate_extents(ctx, &req)?,
         ctl_code::FSCTL_SET_SPARSE => sparse::set_sparse(ctx, &req)?,
         ctl_code::FSCTL_SET_ZERO_DATA => sparse::set_zero_data(ctx, &req)?,
         ctl_code::FSCTL_QUERY_ALLOCATED_RANGES => {

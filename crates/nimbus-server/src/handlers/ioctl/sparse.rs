@@ -32,7 +32,7 @@ fn require(open: &Open, rights: u32) -> Result<(), NtStatus> {
     }
 }
 
-fn is_sparse(open: &Open) -> bool {
+pub(super) fn is_sparse(open: &Open) -> bool {
     DosInfo::load(&open.handle).stored_or_default(false) & attributes::SPARSE_FILE != 0
 }
 
