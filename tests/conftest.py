@@ -65,6 +65,19 @@ def in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("true", "1")
 
 
+def built_binary(env: str, default: Path, build: str) -> Path:
+    """A program scripts/test.sh builds besides nimbus: the path in `env`,
+    else `default`. Missing, the test is skipped, saying how to build it;
+    under CI=true it fails instead (scripts/test.sh builds it there)."""
+    path = Path(os.environ[env]) if os.environ.get(env) else default
+    if not path.is_file():
+        message = f"no {path} ({build})"
+        if in_ci():
+            pytest.fail(message + "; CI=true: scripts/test.sh builds it", pytrace=False)
+        pytest.skip(message)
+    return path
+
+
 def require_tool(name: str, package: str) -> pytest.MarkDecorator:
     """Mark tests (or a module, as `pytestmark`) that run the program `name`.
 

@@ -19,14 +19,13 @@ messages (tests/rawsmb.py) so that exactly the bytes in question are sent.
 
 from __future__ import annotations
 
-import os
 import struct
 import subprocess
 from pathlib import Path
 
 import pytest
 import rawsmb
-from conftest import in_ci
+from conftest import built_binary
 
 ENCRYPTION_CAPABILITIES = 0x0002
 
@@ -100,14 +99,11 @@ def test_an_empty_cipher_list_negotiates_no_encryption(server):
 
 def smbrs_binary() -> Path:
     """The smb-rs client scripts/test.sh builds (NIMBUS_SMBRS_BIN)."""
-    env = os.environ.get("NIMBUS_SMBRS_BIN")
-    path = Path(env) if env else Path(__file__).resolve().parent.parent / "target" / "interop" / "release" / "nimbus-smb-rs-check"
-    if not path.is_file():
-        message = f"no smb-rs client at {path} (CARGO_TARGET_DIR=target/interop cargo build --release --manifest-path interop/smb-rs/Cargo.toml)"
-        if in_ci():
-            pytest.fail(message + "; CI=true: scripts/test.sh builds it", pytrace=False)
-        pytest.skip(message)
-    return path
+    return built_binary(
+        "NIMBUS_SMBRS_BIN",
+        Path(__file__).resolve().parent.parent / "target" / "interop" / "release" / "nimbus-smb-rs-check",
+        "CARGO_TARGET_DIR=target/interop cargo build --release --manifest-path interop/smb-rs/Cargo.toml",
+    )
 
 
 @pytest.mark.nimbus_only

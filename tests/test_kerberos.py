@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PASSWORD, USER, add_user, free_port, in_ci, nimbus_binary, run_nimbus, toml_str, wait_for_port
+from conftest import PASSWORD, USER, add_user, built_binary, free_port, in_ci, nimbus_binary, run_nimbus, toml_str, wait_for_port
 from kdc import HOST, REALM, Kdc, have_kdc
 
 TIMEOUT = 60
@@ -358,14 +358,11 @@ def test_a_user_removed_from_the_database_logs_on_with_a_ticket_no_more(kdc, sta
 
 def fips_binary() -> Path:
     """The `--features fips` build scripts/test.sh makes (NIMBUS_FIPS_BIN)."""
-    env = os.environ.get("NIMBUS_FIPS_BIN")
-    path = Path(env) if env else Path(__file__).resolve().parent.parent / "target" / "fips" / "release" / "nimbus"
-    if not path.is_file():
-        message = f"no FIPS build at {path} (CARGO_TARGET_DIR=target/fips cargo build --release -p nimbus --features fips)"
-        if in_ci():
-            pytest.fail(message + "; CI=true: scripts/test.sh builds it", pytrace=False)
-        pytest.skip(message)
-    return path
+    return built_binary(
+        "NIMBUS_FIPS_BIN",
+        Path(__file__).resolve().parent.parent / "target" / "fips" / "release" / "nimbus",
+        "CARGO_TARGET_DIR=target/fips cargo build --release -p nimbus --features fips",
+    )
 
 
 def test_a_fips_build_serves_kerberos_with_encryption_and_refuses_ntlm_and_ccm(start, keytab, tickets, samba_client_conf, tmp_path):

@@ -260,6 +260,36 @@ impl Domains {
     }
 }
 
+/// A lookup refused as a whole: no domains, no translations, nothing
+/// mapped.
+fn refused_lookup(status: u32) -> Vec<u8> {
+    let mut w = Writer::new();
+    w.null_pointer(); // ReferencedDomains
+    w.u32(0); // the translations: Entries
+    w.null_pointer(); // and the array
+    w.u32(0); // MappedCount
+    w.u32(status);
+    w.into_bytes()
+}
+
+/// Each item's account, if it has one, with the index of its domain in
+/// the list the answer refers to.
+fn translate<T>(
+    items: &[T],
+    mut find: impl FnMut(&T) -> Option<Account>,
+) -> (Domains, Vec<Option<(Account, i32)>>) {
+    let mut domains = Domains::default();
+    let found = items
+        .iter()
+        .map(|item| {
+            let a = find(item)?;
+            let i = domains.index_of(&a);
+            Some((a, i))
+        })
+        .collect();
+    (domains, found)
+}
+
 fn mapped_status(mapped: usize, asked: usize) -> u32 {
     if mapped == asked {
         status::SUCCESS
@@ -324,7 +354,6 @@ fn lookup_sids<H: HostSource + ?Sized>(
     }
     skip_lookup_tail(&mut r, flavour)?;
 
-    let mut w = Writer::new();
     let refusal = if !handle_ok {
         Some(if flavour == Flavour::V3 {
             status::ACCESS_DENIED
@@ -337,22 +366,12 @@ fn lookup_sids<H: HostSource + ?Sized>(
         None
     };
     if let Some(s) = refusal {
-        w.null_pointer(); // ReferencedDomains
-        w.u32(0); // TranslatedNames: Entries
-        w.null_pointer(); // and Names
-        w.u32(0); // MappedCount
-        w.u32(s);
-        return Ok(w.into_bytes());
+        return Ok(refused_lookup(s));
     }
-    let mut domains = Domains::default();
-    let found: Vec<Option<(Account, i32)>> = sids
-        .iter()
-        .map(|sid| {
-            let a = sid.as_ref().and_then(|s| account_by_sid(host, s))?;
-            let i = domains.index_of(&a);
-            Some((a, i))
-        })
-        .collect();
+    let (domains, found) = translate(&sids, |sid| {
+        sid.as_ref().and_then(|s| account_by_sid(host, s))
+    });
+    let mut w = Writer::new();
     let mapped = found.iter().filter(|f| f.is_some()).count();
     domains.write(&mut w);
     // LSAPR_TRANSLATED_NAMES(_EX): Entries, a pointer to the array; each
@@ -417,7 +436,6 @@ fn lookup_names<H: HostSource + ?Sized>(
     }
     skip_lookup_tail(&mut r, flavour)?;
 
-    let mut w = Writer::new();
     let refusal = if !handle_ok {
         Some(status::INVALID_HANDLE)
     } else if count > MAX_NAMES {
@@ -426,22 +444,10 @@ fn lookup_names<H: HostSource + ?Sized>(
         None
     };
     if let Some(s) = refusal {
-        w.null_pointer();
-        w.u32(0);
-        w.null_pointer();
-        w.u32(0);
-        w.u32(s);
-        return Ok(w.into_bytes());
+        return Ok(refused_lookup(s));
     }
-    let mut domains = Domains::default();
-    let found: Vec<Option<(Account, i32)>> = names
-        .iter()
-        .map(|n| {
-            let a = account_by_name(host, n)?;
-            let i = domains.index_of(&a);
-            Some((a, i))
-        })
-        .collect();
+    let (domains, found) = translate(&names, |n| account_by_name(host, n));
+    let mut w = Writer::new();
     let mapped = found.iter().filter(|f| f.is_some()).count();
     domains.write(&mut w);
     // LSAPR_TRANSLATED_SIDS(_EX): Entries, a pointer to the array; each
