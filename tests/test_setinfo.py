@@ -312,6 +312,27 @@ def test_readonly_attribute_stops_writes_through_new_opens(server, tree, f):
     assert (server.share_path / "test.dat").read_bytes() == CONTENT
 
 
+@pytest.mark.parametrize("attribute", [HIDDEN, SYSTEM, HIDDEN | SYSTEM], ids=["HIDDEN", "SYSTEM", "both"])
+def test_overwriting_a_hidden_or_system_file_must_ask_for_its_attributes(server, tree, f, attribute):
+    """MS-FSA 2.1.5.1.2.1, as Windows and Samba answer (smbtorture
+    smb2.dosmode): an overwrite that leaves out HIDDEN or SYSTEM the file
+    has is ACCESS_DENIED, and the file is untouched; one that names them
+    goes ahead."""
+    set_info(f, FileInformationClass.FILE_BASIC_INFORMATION, basic_info(attributes=attribute))
+    f.close()
+    for disposition in (CreateDisposition.FILE_OVERWRITE, CreateDisposition.FILE_OVERWRITE_IF, CreateDisposition.FILE_SUPERSEDE):
+        with pytest.raises(SMBResponseException) as e:
+            open_file(tree, "test.dat", disposition=disposition)
+        assert e.value.status == NtStatus.STATUS_ACCESS_DENIED, status_name(e.value.status)
+        assert (server.share_path / "test.dat").read_bytes() == CONTENT
+    # Naming them (with others) overwrites; plain opens need nothing.
+    open_file(tree, "test.dat").close()
+    g = open_file(tree, "test.dat", disposition=CreateDisposition.FILE_OVERWRITE_IF, attributes=attribute | ARCHIVE)
+    assert all_info(g).attributes & attribute == attribute
+    g.close()
+    assert (server.share_path / "test.dat").read_bytes() == b""
+
+
 @pytest.mark.nimbus_only  # smbd answers STATUS_SUCCESS and ignores it; smbtorture expects this refusal (Windows)
 def test_directory_attribute_on_a_file_refused(f):
     set_info(f, FileInformationClass.FILE_BASIC_INFORMATION, basic_info(attributes=HIDDEN))

@@ -191,6 +191,9 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
             return Err(NtStatus::CANNOT_DELETE.into());
         }
     }
+    if truncating && !creating {
+        overwrite_keeps_attributes(fs, &path, req.file_attributes)?;
+    }
     if is_dir {
         // Data rights mean nothing on a directory; keep them for sharing only.
         granted &= !access::SYNCHRONIZE;
@@ -543,6 +546,36 @@ fn check_request(req: &CreateRequest) -> Result<(), NtStatus> {
     // request with more is not one a client makes.
     if req.contexts.len() > MAX_CREATE_CONTEXTS {
         return Err(NtStatus::INVALID_PARAMETER);
+    }
+    Ok(())
+}
+
+/// MS-FSA 2.1.5.1.2.1: overwriting or superseding a HIDDEN or SYSTEM file
+/// must ask for those attributes again, or it is ACCESS_DENIED (as from
+/// Windows and Samba: smbtorture smb2.dosmode), so that a program
+/// rewriting a file does not strip them unawares. The file's attributes
+/// are read through an attribute-only open; a file that cannot be opened
+/// so is left to the open proper to report.
+fn overwrite_keeps_attributes(
+    fs: &nimbus_vfs::LocalFs,
+    path: &str,
+    requested: u32,
+) -> Result<(), NtStatus> {
+    let probe = OpenOptions {
+        read: false,
+        write: false,
+        mode: CreateMode::OpenExisting,
+        kind: Kind::File,
+        perm: 0,
+        append_only: false,
+        expect: None,
+    };
+    let Ok((handle, _, _)) = fs.open(path, &probe) else {
+        return Ok(());
+    };
+    let held = DosInfo::load(&handle).stored_or_default(false);
+    if held & (attributes::HIDDEN | attributes::SYSTEM) & !requested != 0 {
+        return Err(NtStatus::ACCESS_DENIED);
     }
     Ok(())
 }
