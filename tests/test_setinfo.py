@@ -333,6 +333,17 @@ def test_overwriting_a_hidden_or_system_file_must_ask_for_its_attributes(server,
     assert (server.share_path / "test.dat").read_bytes() == b""
 
 
+def test_a_new_file_is_not_created_readonly_and_delete_on_close(server, tree):
+    """MS-FSA 2.1.5.1.1 (smbtorture smb2.delete-on-close-perms.READONLY):
+    STATUS_CANNOT_DELETE, and no file is left behind."""
+    with pytest.raises(SMBResponseException) as e:
+        open_file(tree, "ro-doc.dat", disposition=CreateDisposition.FILE_CREATE, options=CreateOptions.FILE_NON_DIRECTORY_FILE | CreateOptions.FILE_DELETE_ON_CLOSE, attributes=READONLY)
+    assert e.value.status == NtStatus.STATUS_CANNOT_DELETE, status_name(e.value.status)
+    assert not (server.share_path / "ro-doc.dat").exists()
+    open_file(tree, "ro-doc.dat", disposition=CreateDisposition.FILE_CREATE, attributes=READONLY).close()
+    assert (server.share_path / "ro-doc.dat").exists()
+
+
 @pytest.mark.nimbus_only  # smbd answers STATUS_SUCCESS and ignores it; smbtorture expects this refusal (Windows)
 def test_directory_attribute_on_a_file_refused(f):
     set_info(f, FileInformationClass.FILE_BASIC_INFORMATION, basic_info(attributes=HIDDEN))

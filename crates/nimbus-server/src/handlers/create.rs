@@ -191,6 +191,11 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
             return Err(NtStatus::CANNOT_DELETE.into());
         }
     }
+    // MS-FSA 2.1.5.1.1: nor is a new file created READONLY and
+    // delete-on-close at once (smbtorture smb2.delete-on-close-perms.READONLY).
+    if readonly_attr && creating && !is_dir && delete_on_close {
+        return Err(NtStatus::CANNOT_DELETE.into());
+    }
     if truncating && !creating {
         overwrite_keeps_attributes(fs, &path, req.file_attributes)?;
     }
