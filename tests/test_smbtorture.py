@@ -67,6 +67,14 @@ SUITES = [
     "smb2.replay",
     "smb2.session",
     "smb2.ioctl",
+    "smb2.timestamps",
+    "smb2.delete-on-close-perms",
+    "smb2.fileid",
+    "smb2.dosmode",
+    "smb2.winattr",
+    "smb2.streams",
+    "smb2.ea",
+    "vfs.fruit",
 ]
 KNOWN_FAILURES = Path(__file__).resolve().parent / "smbtorture" / "known-failures.txt"
 EXPECTED_SKIPS = Path(__file__).resolve().parent / "smbtorture" / "expected-skips.txt"
