@@ -12,7 +12,7 @@ fuzz_target!(|data: &[u8]| {
     let Some((&which, input)) = data.split_first() else {
         return;
     };
-    match which % 30 {
+    match which % 32 {
         0 => {
             if let Ok(h) = header::Header::parse(input) {
                 let mut slot = [0u8; HEADER_SIZE];
@@ -69,6 +69,8 @@ fuzz_target!(|data: &[u8]| {
                 fsctl::set_sparse_requested(input),
             );
         }
+        29 => drop(nimbus_wire::ea::parse_full_ea_list(input)),
+        30 => drop(nimbus_wire::ea::parse_get_ea_list(input)),
         _ => drop(simple::parse_empty(input)),
     }
 });

@@ -97,6 +97,7 @@ pub fn volume_info(fs: &FsStat, share_name: &str, created: u64, block_cloning: b
             | fs_attributes::CASE_PRESERVED_NAMES
             | fs_attributes::UNICODE_ON_DISK
             | fs_attributes::SUPPORTS_SPARSE_FILES
+            | fs_attributes::SUPPORTS_EXTENDED_ATTRIBUTES
             | if block_cloning {
                 fs_attributes::SUPPORTS_BLOCK_REFCOUNTING
             } else {

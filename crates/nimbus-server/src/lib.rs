@@ -18,6 +18,7 @@ mod dispatch;
 mod dosinfo;
 mod drain;
 mod durable;
+mod eas;
 mod errors;
 mod failover;
 mod fileinfo;

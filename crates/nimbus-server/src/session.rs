@@ -155,6 +155,9 @@ pub struct Open {
     /// Data was written through this open: its directory's leases break
     /// when it closes.
     pub wrote: AtomicBool,
+    /// The next extended attribute a FileFullEaInformation query without
+    /// SL_RESTART_SCAN returns (0-based).
+    pub ea_index: AtomicU32,
     /// Kept through a lost connection for a reconnect (MS-SMB2
     /// Open.IsDurable and what goes with it); None for other opens.
     pub durable: Mutex<Option<crate::durable::Durable>>,
@@ -235,6 +238,7 @@ impl Open {
             dir_enum: Mutex::new(None),
             parent_lease: n.parent_lease,
             wrote: AtomicBool::new(false),
+            ea_index: AtomicU32::new(0),
             durable: Mutex::new(None),
             replay_eligible: AtomicBool::new(n.replay.is_some()),
             replay: n.replay,

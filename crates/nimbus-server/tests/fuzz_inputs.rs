@@ -258,7 +258,7 @@ fn wire_decoders(data: &[u8]) -> Option<bool> {
     use nimbus_wire::{close, create, fscc, fsctl, header, info, ioctl, negotiate};
     use nimbus_wire::{read, session_setup, simple, smb1, transform, tree_connect, write};
     let (&which, input) = data.split_first()?;
-    Some(match which % 30 {
+    Some(match which % 32 {
         0 => {
             let parsed = header::Header::parse(input);
             if let Ok(h) = &parsed {
@@ -305,6 +305,8 @@ fn wire_decoders(data: &[u8]) -> Option<bool> {
         26 => fsctl::AllocatedRange::parse(input).is_ok(),
         27 => fsctl::CopyChunkResponse::parse(input).is_ok(),
         28 => fsctl::parse_compression_state(input).is_ok(),
+        29 => nimbus_wire::ea::parse_full_ea_list(input).is_ok(),
+        30 => nimbus_wire::ea::parse_get_ea_list(input).is_ok(),
         _ => simple::parse_empty(input).is_ok(),
     })
 }

@@ -324,6 +324,53 @@ impl FileHandle {
         Ok(())
     }
 
+    /// Removes the extended attribute `name`; one that is not there is no
+    /// error.
+    pub fn remove_xattr(&self, name: &str) -> VfsResult<()> {
+        let cname = sys::cstring(name)?;
+        let r = if self.access == Access::Path {
+            let p = self.proc_path();
+            sys::cvt_retry(|| {
+                // SAFETY: p and cname are NUL-terminated.
+                unsafe { libc::removexattr(p.as_ptr(), cname.as_ptr()) }
+            })
+        } else {
+            sys::cvt_retry(|| {
+                // SAFETY: cname is NUL-terminated.
+                unsafe { libc::fremovexattr(self.raw(), cname.as_ptr()) }
+            })
+        };
+        match r {
+            Ok(_) => Ok(()),
+            Err(VfsError::Io(e)) if e.raw_os_error() == Some(libc::ENODATA) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The names of the extended attributes that start with `prefix`, in
+    /// the order the file system lists them.
+    pub fn list_xattrs(&self, prefix: &str) -> VfsResult<Vec<String>> {
+        let raw = if self.access == Access::Path {
+            let p = self.proc_path();
+            sys::read_xattr(|buf, len| {
+                // SAFETY: p is NUL-terminated; buf has len writable bytes (or is null with len 0).
+                unsafe { libc::listxattr(p.as_ptr(), buf.cast(), len) }
+            })?
+        } else {
+            sys::read_xattr(|buf, len| {
+                // SAFETY: buf has len writable bytes (or is null with len 0).
+                unsafe { libc::flistxattr(self.raw(), buf.cast(), len) }
+            })?
+        };
+        Ok(raw
+            .unwrap_or_default()
+            .split(|b| *b == 0)
+            .filter_map(|n| std::str::from_utf8(n).ok())
+            .filter(|n| !n.is_empty() && n.starts_with(prefix))
+            .map(str::to_string)
+            .collect())
+    }
+
     /// Reads the extended attribute `name` of the directory entry `entry` (one component,
     /// not followed if a symlink), as [`FileHandle::get_xattr`] does. Needs a directory handle.
     pub fn entry_xattr(&self, entry: &str, name: &str) -> VfsResult<Option<Vec<u8>>> {

@@ -144,6 +144,7 @@ pub mod fs_attributes {
     pub const UNICODE_ON_DISK: u32 = 0x0000_0004;
     pub const PERSISTENT_ACLS: u32 = 0x0000_0008;
     pub const SUPPORTS_SPARSE_FILES: u32 = 0x0000_0040;
+    pub const SUPPORTS_EXTENDED_ATTRIBUTES: u32 = 0x0080_0000;
     pub const SUPPORTS_BLOCK_REFCOUNTING: u32 = 0x0800_0000;
 }
 
@@ -225,6 +226,9 @@ pub struct OpenView<'a> {
     /// The name relative to the share root, backslash-separated, with a
     /// leading backslash as Windows reports it.
     pub name: &'a str,
+    /// MS-FSCC 2.4.12 EaSize: the length of the file's EAs as one
+    /// FILE_FULL_EA_INFORMATION list.
+    pub ea_size: u32,
 }
 
 /// Encodes a file information class (MS-FSCC 2.4). Returns None for a
@@ -235,7 +239,7 @@ pub fn encode_file_class(class: u8, info: &FileInfo, open: &OpenView<'_>) -> Opt
         file_class::BASIC => info.put_basic(&mut out),
         file_class::STANDARD => info.put_standard(&mut out),
         file_class::INTERNAL => out.put_u64(info.file_id),
-        file_class::EA => out.put_u32(0),
+        file_class::EA => out.put_u32(open.ea_size),
         file_class::ACCESS => out.put_u32(open.access_flags),
         file_class::POSITION => out.put_u64(open.position),
         file_class::MODE => out.put_u32(open.mode),
@@ -251,7 +255,7 @@ pub fn encode_file_class(class: u8, info: &FileInfo, open: &OpenView<'_>) -> Opt
             info.put_basic(&mut out);
             info.put_standard(&mut out);
             out.put_u64(info.file_id);
-            out.put_u32(0); // EaSize
+            out.put_u32(open.ea_size);
             out.put_u32(open.access_flags);
             out.put_u64(open.position);
             out.put_u32(open.mode);

@@ -7,6 +7,7 @@ pub mod codec;
 pub mod create;
 pub mod dtyp;
 pub mod durable;
+pub mod ea;
 pub mod file_id;
 pub mod fscc;
 pub mod fsctl;

@@ -102,8 +102,14 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
         match c.name.as_slice() {
             // Previous versions (snapshots) are not served.
             context_name::TIMEWARP_TOKEN => return Err(NtStatus::OBJECT_NAME_NOT_FOUND.into()),
+            // The EAs a new or overwritten file gets: checked here, before
+            // anything is created, set once it is.
             context_name::EA_BUFFER if !c.data.is_empty() => {
-                return Err(NtStatus::EAS_NOT_SUPPORTED.into())
+                let list = nimbus_wire::ea::parse_full_ea_list(&c.data)
+                    .map_err(|_| NtStatus::EA_LIST_INCONSISTENT)?;
+                if list.iter().any(|ea| !crate::eas::valid_name(ea.name)) {
+                    return Err(NtStatus::INVALID_EA_NAME.into());
+                }
             }
             _ => {}
         }
@@ -369,6 +375,20 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
         req.file_attributes,
         created || truncating,
     );
+    if created || truncating {
+        let ea_buffer = req
+            .contexts
+            .iter()
+            .find(|c| c.name.as_slice() == context_name::EA_BUFFER && !c.data.is_empty());
+        if let Some(c) = ea_buffer {
+            // Decoded and its names checked above.
+            if let Ok(list) = nimbus_wire::ea::parse_full_ea_list(&c.data) {
+                if let Err(status) = crate::eas::apply(&handle, &list) {
+                    tracing::debug!("{}: EAs of a new file not set: {status}", ctx.conn.peer);
+                }
+            }
+        }
+    }
     let contexts = response_contexts(
         &req.contexts,
         &st,

@@ -176,7 +176,7 @@ fn set_file_info(
     // again by the disk watch.
     let touches_disk = matches!(
         class,
-        file_class::BASIC | file_class::END_OF_FILE | file_class::ALLOCATION
+        file_class::BASIC | file_class::END_OF_FILE | file_class::ALLOCATION | file_class::FULL_EA
     );
     let _own = touches_disk
         .then(|| ctx.server.notify.own_change_of(open))
@@ -285,7 +285,12 @@ fn set_file_info(
                 open.handle.allocate(size).map_err(vfs)?;
             }
         }
-        file_class::FULL_EA => return Err(NtStatus::EAS_NOT_SUPPORTED),
+        file_class::FULL_EA => {
+            require(open, access::FILE_WRITE_EA)?;
+            let list = nimbus_wire::ea::parse_full_ea_list(buf)
+                .map_err(|_| NtStatus::EA_LIST_INCONSISTENT)?;
+            crate::eas::apply(&open.handle, &list)?;
+        }
         _ => return Err(NtStatus::INVALID_INFO_CLASS),
     }
     ctx.server.notify.info_set(open, class, buf);

@@ -675,6 +675,7 @@ impl ChangeNotify {
                 Err(_) => 0,
             },
             file_class::END_OF_FILE | file_class::ALLOCATION => cf::SIZE | cf::LAST_WRITE,
+            file_class::FULL_EA => cf::EA,
             _ => 0,
         };
         if filter != 0 {
