@@ -5,8 +5,12 @@
 //! a handle that request has not reached yet, or the request the client
 //! sent first fails with FILE_CLOSED (smbtorture smb2.ioctl.bug14769 sends
 //! an IOCTL and a CLOSE together). So every frame handed to the pool gets
-//! an arrival number, and those commands wait until every frame that
-//! arrived before theirs has finished.
+//! an arrival number, and those commands wait until every frame of data
+//! commands that arrived before theirs has finished. Frames that may wait
+//! on another client (a CREATE held for a break, a blocking LOCK) and
+//! encrypted frames, which cannot be looked into before they run, are not
+//! waited for: a CLOSE held behind a CREATE that waits for a break this
+//! very CLOSE would settle would wait out the break timeout.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Condvar, Mutex};
@@ -65,6 +69,15 @@ impl Arrivals {
             arrivals: self.clone(),
             seq,
         }
+    }
+
+    /// A number for a frame that is not waited for (see `data_only`), so
+    /// that it can wait for those before it.
+    pub fn number(&self) -> u64 {
+        let mut s = self.lock();
+        let seq = s.next;
+        s.next += 1;
+        seq
     }
 
     /// Whether any frame is on the pool now: a frame that ends handles,

@@ -650,9 +650,21 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slo
         let ordered = crate::dispatch::is_ordered(&frame, &limits, &conn);
         let conn2 = conn.clone();
         let tx2 = tx.clone();
-        let arrival = conn.arrivals.start();
+        // Only frames of data commands are waited for: they never wait on
+        // another client themselves, so a CLOSE behind them cannot be held
+        // by something that needs the CLOSE (a CREATE waiting for a break
+        // this connection's CLOSE would settle). Every frame still gets its
+        // number, to wait for those before it.
+        let arrival = if crate::dispatch::data_only(&frame, &limits) {
+            Ok(conn.arrivals.start())
+        } else {
+            Err(conn.arrivals.number())
+        };
         let job = move || {
-            let seq = arrival.seq();
+            let seq = match &arrival {
+                Ok(a) => a.seq(),
+                Err(seq) => *seq,
+            };
             let out = run_frame(&conn2, frame, allowance, Some(seq));
             // Finished: commands that end handles stop waiting for it.
             drop(arrival);

@@ -973,6 +973,25 @@ fn ends_handles_command(cmd: Option<Command>) -> bool {
     )
 }
 
+/// Whether a plaintext frame holds only data commands (READ, WRITE, FLUSH,
+/// QUERY_DIRECTORY, IOCTL), which never wait on another client: the
+/// frames a CLOSE behind them waits for (`crate::arrivals`).
+pub fn data_only(frame: &[u8], limits: &Limits) -> bool {
+    !frame.starts_with(&TRANSFORM_PROTOCOL_ID)
+        && chain_offsets(frame, limits.max_compound_requests).all(|off| {
+            matches!(
+                Command::from_u16(u16::from_le_bytes([frame[off + 12], frame[off + 13]])),
+                Some(
+                    Command::Read
+                        | Command::Write
+                        | Command::Flush
+                        | Command::QueryDirectory
+                        | Command::Ioctl
+                )
+            )
+        })
+}
+
 /// Whether a frame holds a CLOSE, TREE_DISCONNECT or LOGOFF, which must
 /// not overtake the connection's frames already on the blocking pool
 /// (`crate::arrivals`). An encrypted frame cannot be looked into: it runs
