@@ -5,7 +5,7 @@
 //! capitals), its value the EA's flags byte followed by the EA's value.
 
 use nimbus_vfs::{FileHandle, VfsError};
-use nimbus_wire::ea::{encode_full_ea_list, full_ea_len, FullEa};
+use nimbus_wire::ea::{full_ea_len, FullEa};
 use nimbus_wire::NtStatus;
 
 use crate::errors::vfs_status;
@@ -68,9 +68,12 @@ pub fn load(handle: &FileHandle) -> Result<Vec<Ea>, NtStatus> {
 /// MS-FSCC 2.4.12 FileEaInformation's EaSize: the length of the file's EAs
 /// as one FILE_FULL_EA_INFORMATION list (0 when it has none).
 pub fn size_of(eas: &[Ea]) -> u32 {
-    let mut list = Vec::new();
-    encode_full_ea_list(eas.iter().map(Ea::full), &mut list);
-    list.len() as u32
+    // Each entry after the first starts 4-byte aligned; the last is not
+    // padded.
+    let total = eas.iter().fold(0usize, |size, e| {
+        size.next_multiple_of(4) + full_ea_len(e.name.len(), e.value.len())
+    });
+    total as u32
 }
 
 /// Applies a FILE_FULL_EA_INFORMATION list: an empty value removes the EA,
@@ -148,6 +151,24 @@ fn undo(handle: &FileHandle, before: &[Ea], written: &[String]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn size_is_the_encoded_lists_length() {
+        let ea = |name: &str, len: usize| Ea {
+            flags: 0,
+            name: name.to_string(),
+            value: vec![7; len],
+        };
+        for eas in [
+            vec![],
+            vec![ea("A", 1)],
+            vec![ea("A", 2), ea("BC", 0), ea("DEF", 5)],
+        ] {
+            let mut list = Vec::new();
+            nimbus_wire::ea::encode_full_ea_list(eas.iter().map(Ea::full), &mut list);
+            assert_eq!(size_of(&eas) as usize, list.len());
+        }
+    }
 
     #[test]
     fn names_follow_ms_fscc() {

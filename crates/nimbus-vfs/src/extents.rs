@@ -11,6 +11,11 @@ use crate::sys;
 /// zeroing by writing.
 const COPY_PIECE: usize = 1 << 20;
 
+/// A buffer for `len` bytes moved in pieces: one piece at most.
+fn piece_buffer(len: u64) -> Vec<u8> {
+    vec![0u8; usize::try_from(len).map_or(COPY_PIECE, |l| l.min(COPY_PIECE))]
+}
+
 /// Errors after which a copy is done by reading and writing instead:
 /// the kernel cannot copy between these two files (another file system,
 /// overlapping ranges of one file, an old kernel).
@@ -145,7 +150,7 @@ impl FileHandle {
         dst_offset: u64,
         len: u64,
     ) -> VfsResult<u64> {
-        let mut buf = vec![0u8; usize::try_from(len).unwrap_or(COPY_PIECE).min(COPY_PIECE)];
+        let mut buf = piece_buffer(len);
         let mut done = 0u64;
         while done < len {
             let want = usize::try_from(len - done)
@@ -177,7 +182,7 @@ impl FileHandle {
         // Only what the source holds is copied: clip to its end first.
         let size = src.stat()?.size;
         let len = len.min(size.saturating_sub(src_offset));
-        let mut buf = vec![0u8; usize::try_from(len).unwrap_or(COPY_PIECE).min(COPY_PIECE)];
+        let mut buf = piece_buffer(len);
         let mut left = len;
         while left > 0 {
             let piece = left.min(buf.len() as u64);
@@ -238,7 +243,7 @@ impl FileHandle {
     }
 
     fn write_zeros(&self, offset: u64, len: u64) -> VfsResult<()> {
-        let zeros = vec![0u8; usize::try_from(len).unwrap_or(COPY_PIECE).min(COPY_PIECE)];
+        let zeros = piece_buffer(len);
         let mut done = 0u64;
         while done < len {
             let n = (len - done).min(zeros.len() as u64) as usize;

@@ -26,6 +26,15 @@ pub mod write;
 
 use nimbus_wire::{NtStatus, WireError};
 
+/// The open was granted one of `rights`, or the request is ACCESS_DENIED.
+pub fn require(open: &crate::session::Open, rights: u32) -> Result<(), NtStatus> {
+    if open.access & rights == 0 {
+        Err(NtStatus::ACCESS_DENIED)
+    } else {
+        Ok(())
+    }
+}
+
 /// Malformed request bodies are STATUS_INVALID_PARAMETER (MS-SMB2 3.3.5.2.6).
 pub fn malformed(_: WireError) -> NtStatus {
     NtStatus::INVALID_PARAMETER

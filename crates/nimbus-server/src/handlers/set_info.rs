@@ -13,7 +13,7 @@ use nimbus_wire::fscc::{
 use nimbus_wire::info::{encode_set_info_response, info_type, SetInfoRequest};
 use nimbus_wire::NtStatus;
 
-use super::malformed;
+use super::{malformed, require};
 use crate::dispatch::{Ctx, HandlerResult};
 use crate::dosinfo::{ChangeTime, DosInfo, STORED_ATTRIBUTES};
 use crate::errors::{sharing_status, vfs_status};
@@ -26,14 +26,6 @@ const DISPOSITION_EX_DELETE: u32 = 0x1;
 const DISPOSITION_EX_IGNORE_READONLY: u32 = 0x10;
 /// MS-FSCC 2.4.38.2 FILE_RENAME_INFORMATION_EX flags.
 const RENAME_EX_REPLACE_IF_EXISTS: u32 = 0x1;
-
-fn require(open: &Open, rights: u32) -> Result<(), NtStatus> {
-    if open.access & rights == 0 {
-        Err(NtStatus::ACCESS_DENIED)
-    } else {
-        Ok(())
-    }
-}
 
 pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
     let req = SetInfoRequest::parse(body).map_err(malformed)?;

@@ -21,16 +21,9 @@ use nimbus_wire::NtStatus;
 use crate::dispatch::Ctx;
 use crate::dosinfo::DosInfo;
 use crate::errors::vfs_status;
+use crate::handlers::require;
 use crate::handlers::write::change_data;
 use crate::session::Open;
-
-fn require(open: &Open, rights: u32) -> Result<(), NtStatus> {
-    if open.access & rights == 0 {
-        Err(NtStatus::ACCESS_DENIED)
-    } else {
-        Ok(())
-    }
-}
 
 pub(super) fn is_sparse(open: &Open) -> bool {
     DosInfo::load(&open.handle).stored_or_default(false) & attributes::SPARSE_FILE != 0
