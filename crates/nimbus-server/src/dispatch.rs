@@ -542,6 +542,11 @@ fn run_chain(
     if responses.is_empty() {
         return None;
     }
+    // The last response of a compound is padded to 8 bytes like the others
+    // (as Windows and Samba send it; smbtorture smb2.compound.compound-padding).
+    if requests > 1 {
+        out.align_to_from(RESPONSE_START, 8);
+    }
     if let (Some(session_id), Some(cipher)) = (chain.encrypted_for, chain.sealed_by.as_ref()) {
         // Encrypted responses are not also signed (MS-SMB2 3.3.4.1.4).
         if let Err(err) = cipher.seal(session_id, &mut out[4..]) {

@@ -5,6 +5,7 @@ use nimbus_wire::create::FileTimesAndSizes;
 use nimbus_wire::fscc::{attributes, fs_attributes, unix_to_filetime, FileInfo, VolumeInfo};
 
 use crate::dosinfo::DosInfo;
+use crate::session::Open;
 
 fn ft(t: Timespec) -> u64 {
     unix_to_filetime(t.sec, t.nsec)
@@ -62,6 +63,35 @@ pub fn file_info(st: &Stat, dos: &DosInfo, delete_pending: bool) -> FileInfo {
         file_id: st.ino,
         volume_serial: st.dev,
     }
+}
+
+/// What a named stream looks like to a query (MS-FSA 2.1.5.12): its file's
+/// times, attributes and id, its own sizes, and never a directory (a
+/// directory's streams are data like a file's).
+pub fn stream_info(base: &Stat, dos: &DosInfo, stream: &Stat, delete_pending: bool) -> FileInfo {
+    let mut info = file_info(base, dos, delete_pending);
+    info.end_of_file = stream.size;
+    info.allocation_size = stream.alloc_size;
+    info.is_directory = false;
+    info.attributes &= !attributes::DIRECTORY;
+    if info.attributes == 0 {
+        info.attributes = attributes::NORMAL;
+    }
+    info
+}
+
+/// What an open's file (or stream) looks like to a query now.
+pub fn open_info(open: &Open, delete_pending: bool) -> Result<FileInfo, nimbus_vfs::VfsError> {
+    let st = open.handle.stat()?;
+    Ok(match &open.stream {
+        None => file_info(&st, &DosInfo::load(&open.handle), delete_pending),
+        Some(s) => stream_info(
+            &s.base.stat()?,
+            &DosInfo::load(&s.base),
+            &st,
+            delete_pending,
+        ),
+    })
 }
 
 pub fn times_and_sizes(info: &FileInfo) -> FileTimesAndSizes {

@@ -6,17 +6,69 @@ use nimbus_wire::NtStatus;
 /// Characters never valid in a file name component (MS-FSCC 2.1.5.2).
 const INVALID_CHARS: &[char] = &['*', '?', '<', '>', '"', '|', ':'];
 
+/// Which data stream of a file a name means (MS-FSCC 2.1.5.3:
+/// `file:stream:$DATA`, the type optional and in any case).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Stream {
+    /// No stream was named: the file (or directory) itself.
+    Unnamed,
+    /// `file::$DATA`: the unnamed data stream, named explicitly (which a
+    /// directory does not have).
+    UnnamedData,
+    /// A named stream, spelled as given.
+    Named(String),
+}
+
+/// The longest stream name, in UTF-16 code units (as a file name).
+const MAX_STREAM_UTF16: usize = 255;
+
+/// Splits `file:stream:type` into the file's name and its stream. Only
+/// `$DATA` streams exist; an empty or other type, an empty name without a
+/// type (`file:`) and a name with a path separator are OBJECT_NAME_INVALID.
+/// Any other character, wildcards and control characters included, may be
+/// in a stream name (smbtorture smb2.streams.names2 probes them all).
+fn split_stream(name: &str) -> Result<(&str, Stream), NtStatus> {
+    let Some((file, spec)) = name.split_once(':') else {
+        return Ok((name, Stream::Unnamed));
+    };
+    let (stream, kind) = match spec.split_once(':') {
+        Some((stream, kind)) => (stream, Some(kind)),
+        None => (spec, None),
+    };
+    if kind.is_some_and(|k| !k.eq_ignore_ascii_case("$DATA")) {
+        return Err(NtStatus::OBJECT_NAME_INVALID);
+    }
+    if stream.is_empty() {
+        return match kind {
+            Some(_) => Ok((file, Stream::UnnamedData)),
+            None => Err(NtStatus::OBJECT_NAME_INVALID),
+        };
+    }
+    if stream.contains(['\\', '/', '\0']) || stream.encode_utf16().count() > MAX_STREAM_UTF16 {
+        return Err(NtStatus::OBJECT_NAME_INVALID);
+    }
+    Ok((file, Stream::Named(stream.to_string())))
+}
+
 /// Turns a CREATE or rename name (`dir\file.txt`) into a VFS path
 /// (`dir/file.txt`). The share root is "". A trailing `::$DATA` (the
-/// unnamed data stream) is accepted; other streams are not supported.
+/// unnamed data stream) is accepted; a named stream is not (see
+/// [`to_vfs_path_and_stream`]).
 pub fn to_vfs_path(name: &str) -> Result<String, NtStatus> {
-    let mut name = name.strip_prefix('\\').unwrap_or(name);
-    if let Some(stripped) = name.strip_suffix("::$DATA") {
-        name = stripped;
+    match to_vfs_path_and_stream(name)? {
+        (path, Stream::Unnamed | Stream::UnnamedData) => Ok(path),
+        (_, Stream::Named(_)) => Err(NtStatus::OBJECT_NAME_INVALID),
     }
+}
+
+/// [`to_vfs_path`] of a name that may end in a stream: the file's path and
+/// the stream meant.
+pub fn to_vfs_path_and_stream(name: &str) -> Result<(String, Stream), NtStatus> {
+    let name = name.strip_prefix('\\').unwrap_or(name);
+    let (name, stream) = split_stream(name)?;
     let name = name.strip_suffix('\\').unwrap_or(name);
     if name.is_empty() {
-        return Ok(String::new());
+        return Ok((String::new(), stream));
     }
     let mut out = String::with_capacity(name.len());
     for comp in name.split('\\') {
@@ -28,9 +80,6 @@ pub fn to_vfs_path(name: &str) -> Result<String, NtStatus> {
             // an attempt to walk out of a directory.
             return Err(NtStatus::OBJECT_PATH_SYNTAX_BAD);
         }
-        if comp.contains(':') {
-            return Err(NtStatus::OBJECT_NAME_INVALID);
-        }
         if comp
             .chars()
             .any(|c| INVALID_CHARS.contains(&c) || (c as u32) < 0x20 || c == '/')
@@ -40,12 +89,16 @@ pub fn to_vfs_path(name: &str) -> Result<String, NtStatus> {
         if comp.len() > 255 {
             return Err(NtStatus::OBJECT_NAME_INVALID);
         }
+        // The share's store of named streams is the server's own.
+        if out.is_empty() && eq_ignore_case(comp, nimbus_vfs::STORE_DIR) {
+            return Err(NtStatus::OBJECT_NAME_INVALID);
+        }
         if !out.is_empty() {
             out.push('/');
         }
         out.push_str(comp);
     }
-    Ok(out)
+    Ok((out, stream))
 }
 
 /// The name of a VFS path as Windows reports it (`\dir\file.txt`).
@@ -391,6 +444,57 @@ mod tests {
         assert_eq!(to_vfs_path("f:stream"), Err(NtStatus::OBJECT_NAME_INVALID));
         assert_eq!(to_smb_name("a/b"), "\\a\\b");
         assert_eq!(parent("a/b/c"), "a/b");
+        assert_eq!(
+            to_vfs_path(".NIMBUS-streams\\x"),
+            Err(NtStatus::OBJECT_NAME_INVALID)
+        );
+        assert_eq!(
+            to_vfs_path("d\\.nimbus-streams"),
+            Ok("d/.nimbus-streams".into())
+        );
+    }
+
+    /// The stream forms smbtorture smb2.streams.io, names and names2 use.
+    #[test]
+    fn stream_names() {
+        let named = |s: &str| Stream::Named(s.to_string());
+        let split = |n: &str| to_vfs_path_and_stream(n);
+        assert_eq!(split("d\\f"), Ok(("d/f".into(), Stream::Unnamed)));
+        assert_eq!(
+            split("d\\f::$DATA"),
+            Ok(("d/f".into(), Stream::UnnamedData))
+        );
+        assert_eq!(split("f::$dAtA"), Ok(("f".into(), Stream::UnnamedData)));
+        assert_eq!(split("f:Stream One"), Ok(("f".into(), named("Stream One"))));
+        assert_eq!(split("f:S:$DaTa"), Ok(("f".into(), named("S"))));
+        assert_eq!(
+            split("f:?Stream*:$DATA"),
+            Ok(("f".into(), named("?Stream*")))
+        );
+        assert_eq!(
+            split("f:\u{5}Stream\n One"),
+            Ok(("f".into(), named("\u{5}Stream\n One")))
+        );
+        assert_eq!(split(":s"), Ok((String::new(), named("s"))));
+        for bad in [
+            "f:",
+            "f:s:",
+            "f:s:$FOO",
+            "f:s:?D*a",
+            "f:s:$DATAx",
+            "f:Stream:0x3A:$DATA",
+            "f:a/b",
+            "f:a\\b",
+            "d\\stream*:?Stream*:$DATA",
+            "d:s\\f",
+        ] {
+            assert_eq!(split(bad), Err(NtStatus::OBJECT_NAME_INVALID), "{bad}");
+        }
+        assert_eq!(
+            split(&format!("f:{}", "x".repeat(256))),
+            Err(NtStatus::OBJECT_NAME_INVALID)
+        );
+        assert!(split(&format!("f:{}", "x".repeat(255))).is_ok());
     }
 
     #[test]

@@ -391,6 +391,8 @@ pub(crate) fn open_of_record(
         app_instance: None,
         session_id: 0,
         share_access: r.share_access,
+        // Opens of named streams are never made durable.
+        stream: None,
     }));
     open.position
         .store(r.position, std::sync::atomic::Ordering::Relaxed);

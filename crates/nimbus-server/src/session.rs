@@ -184,6 +184,21 @@ pub struct Open {
     pub channel_sequence: std::sync::atomic::AtomicU16,
     /// This open's place in the server-wide count of open files.
     pub _file_slot: OpenFileSlot,
+    /// Set when the open is of a named stream: `handle` reads and writes
+    /// the stream, the file's metadata is its base's.
+    pub stream: Option<StreamOf>,
+}
+
+/// The named stream an open is of (MS-FSCC 2.1.5.3). Its share modes,
+/// oplocks and locks are its own (`Open::file_key` is the stream's); its
+/// times, attributes, EAs and file id are those of the file it belongs to.
+pub struct StreamOf {
+    /// As created (a rename changes it); without `:$DATA`.
+    pub name: Mutex<String>,
+    /// An attribute-only handle of the file the stream belongs to.
+    pub base: FileHandle,
+    pub base_key: FileKey,
+    pub base_is_dir: bool,
 }
 
 /// An entry of `Open::lock_sequences` that holds no sequence number (they
@@ -217,6 +232,7 @@ pub struct NewOpen {
     pub app_instance: Option<[u8; 16]>,
     pub session_id: u64,
     pub share_access: u32,
+    pub stream: Option<StreamOf>,
 }
 
 impl Open {
@@ -247,7 +263,25 @@ impl Open {
             lock_sequences: Mutex::new([NO_LOCK_SEQUENCE; 64]),
             session_id: AtomicU64::new(n.session_id),
             _file_slot: n.file_slot,
+            stream: n.stream,
         }
+    }
+
+    /// The handle of the file's metadata (times, attributes, EAs): the
+    /// base file's for an open of a named stream.
+    pub fn meta(&self) -> &FileHandle {
+        self.stream.as_ref().map_or(&self.handle, |s| &s.base)
+    }
+
+    /// The name a client sees for this open, as FileNameInformation gives
+    /// it: `\dir\file`, or `\dir\file:stream` without `:$DATA`.
+    pub fn smb_name(&self) -> String {
+        let mut name = crate::names::to_smb_name(&self.path());
+        if let Some(s) = &self.stream {
+            name.push(':');
+            name.push_str(&lock(&s.name));
+        }
+        name
     }
 
     pub fn path(&self) -> String {

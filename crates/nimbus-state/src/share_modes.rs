@@ -117,8 +117,21 @@ const SHARE_DELETE: u32 = 0x4;
 /// conflicts (MS-FSA 2.1.5.1.2).
 const SHARING_RIGHTS: u32 = READ_DATA | WRITE_DATA | APPEND_DATA | EXECUTE | DELETE;
 
+/// Set in `OpenRecord::share_access` of the entry an open of one of a
+/// file's named streams leaves among the opens of the file itself. Such an
+/// entry keeps the file while the stream is open (a delete-pending file
+/// goes when the last of them closes, and cannot be opened meanwhile), and
+/// keeps a DELETE open of the file out unless the stream shares delete
+/// (MS-FSA 2.1.5.1.2: a file is deleted with its streams). Nothing else of
+/// the file is shared with it: its own opens conflict only among
+/// themselves. Record it with `access` 0.
+pub const STREAM_OPEN: u32 = 0x8000_0000;
+
 /// Whether an open with `access` and `share` may coexist with `existing`.
 pub fn compatible(existing: &OpenRecord, access: u32, share: u32) -> bool {
+    if existing.share_access & STREAM_OPEN != 0 {
+        return access & DELETE == 0 || existing.share_access & SHARE_DELETE != 0;
+    }
     if existing.access & SHARING_RIGHTS == 0 || access & SHARING_RIGHTS == 0 {
         return true;
     }
@@ -232,6 +245,31 @@ mod tests {
             access,
             share_access: share,
         }
+    }
+
+    #[test]
+    fn a_stream_open_keeps_out_only_a_delete_it_does_not_share() {
+        let sm = ShareModes::new(Arc::new(MemoryStore::new()));
+        // A stream opened with no sharing at all, and one sharing delete.
+        sm.add_open(K, open(1, 0, STREAM_OPEN)).unwrap();
+        assert!(sm.add_open(K, open(2, WRITE_DATA | READ_DATA, 0x7)).is_ok());
+        assert!(matches!(
+            sm.add_open(K, open(3, DELETE, SHARE_DELETE)),
+            Err(SharingError::Violation)
+        ));
+        sm.remove_open(K, 1).unwrap();
+        sm.add_open(K, open(4, 0, STREAM_OPEN | SHARE_DELETE))
+            .unwrap();
+        assert!(sm.add_open(K, open(5, DELETE, 0x7)).is_ok());
+        // The file is deleted when the stream, its last open, goes.
+        sm.set_delete_pending(K, true).unwrap();
+        assert!(!sm.remove_open(K, 2).unwrap());
+        assert!(!sm.remove_open(K, 5).unwrap());
+        assert!(matches!(
+            sm.add_open(K, open(6, 0, STREAM_OPEN)),
+            Err(SharingError::DeletePending)
+        ));
+        assert!(sm.remove_open(K, 4).unwrap());
     }
 
     #[test]

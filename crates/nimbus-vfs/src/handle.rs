@@ -307,18 +307,24 @@ impl FileHandle {
 
     /// Sets the extended attribute `name` to `value`, creating or replacing it.
     pub fn set_xattr(&self, name: &str, value: &[u8]) -> VfsResult<()> {
+        self.set_xattr_with(name, value, 0)
+    }
+
+    /// [`FileHandle::set_xattr`] with `setxattr(2)` flags: `XATTR_CREATE`
+    /// fails with `Exists` when the attribute is already there.
+    pub(crate) fn set_xattr_with(&self, name: &str, value: &[u8], flags: i32) -> VfsResult<()> {
         let cname = sys::cstring(name)?;
         let ptr = value.as_ptr().cast();
         if self.access == Access::Path {
             let p = self.proc_path();
             sys::cvt_retry(|| {
                 // SAFETY: p and cname are NUL-terminated; value is readable for its length.
-                unsafe { libc::setxattr(p.as_ptr(), cname.as_ptr(), ptr, value.len(), 0) }
+                unsafe { libc::setxattr(p.as_ptr(), cname.as_ptr(), ptr, value.len(), flags) }
             })?;
         } else {
             sys::cvt_retry(|| {
                 // SAFETY: cname is NUL-terminated; value is readable for its length.
-                unsafe { libc::fsetxattr(self.raw(), cname.as_ptr(), ptr, value.len(), 0) }
+                unsafe { libc::fsetxattr(self.raw(), cname.as_ptr(), ptr, value.len(), flags) }
             })?;
         }
         Ok(())

@@ -15,6 +15,7 @@ mod extents;
 mod handle;
 mod local;
 mod path;
+mod streams;
 mod sys;
 mod watch;
 
@@ -24,6 +25,7 @@ mod tests;
 pub use error::{VfsError, VfsResult};
 pub use handle::FileHandle;
 pub use local::LocalFs;
+pub use streams::{Streams, STORE_DIR};
 pub use watch::{DirWatcher, FsChange, FsEvent, Notice, OwnChange, Subscription};
 
 /// A point in time as seconds and nanoseconds since the Unix epoch.

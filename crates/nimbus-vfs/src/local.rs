@@ -61,7 +61,7 @@ impl LocalFs {
         &self.root
     }
 
-    fn root(&self) -> RawFd {
+    pub(crate) fn root(&self) -> RawFd {
         self.root_fd.as_raw_fd()
     }
 
@@ -245,10 +245,12 @@ impl LocalFs {
         let Some((parent, name)) = self.parent_and_name(path)? else {
             return Err(VfsError::IsADirectory);
         };
+        let going = self.streams_going(parent.as_raw_fd(), &name);
         sys::cvt_retry(|| {
             // SAFETY: name is NUL-terminated; parent is a valid directory descriptor.
             unsafe { libc::unlinkat(parent.as_raw_fd(), name.as_ptr(), 0) }
         })?;
+        self.streams_gone(going);
         Ok(())
     }
 
@@ -257,6 +259,7 @@ impl LocalFs {
         let Some((parent, name)) = self.parent_and_name(path)? else {
             return Err(VfsError::AccessDenied);
         };
+        let going = self.streams_going(parent.as_raw_fd(), &name);
         sys::cvt_retry(|| {
             // SAFETY: name is NUL-terminated; parent is a valid directory descriptor.
             unsafe { libc::unlinkat(parent.as_raw_fd(), name.as_ptr(), libc::AT_REMOVEDIR) }
@@ -265,6 +268,7 @@ impl LocalFs {
             VfsError::Exists => VfsError::NotEmpty,
             e => e,
         })?;
+        self.streams_gone(going);
         Ok(())
     }
 
@@ -281,6 +285,7 @@ impl LocalFs {
             return Err(VfsError::Changed);
         }
         let flags = if is_dir { libc::AT_REMOVEDIR } else { 0 };
+        let going = self.streams_going(parent.as_raw_fd(), &name);
         sys::cvt_retry(|| {
             // SAFETY: name is NUL-terminated; parent is a valid directory descriptor.
             unsafe { libc::unlinkat(parent.as_raw_fd(), name.as_ptr(), flags) }
@@ -289,6 +294,7 @@ impl LocalFs {
             VfsError::Exists if is_dir => VfsError::NotEmpty,
             e => e,
         })?;
+        self.streams_gone(going);
         Ok(())
     }
 
@@ -334,13 +340,20 @@ impl LocalFs {
             return Err(VfsError::Changed);
         }
         if replace {
+            let mut going = None;
             if let Ok(dst) = sys::fstat_raw_at(tp, &tname) {
                 let same = dst.st_dev == src.st_dev && dst.st_ino == src.st_ino;
                 if dst.st_mode & libc::S_IFMT == libc::S_IFDIR && !same {
                     return Err(VfsError::AccessDenied);
                 }
+                if !same {
+                    going = self.streams_going(tp, &tname);
+                }
             }
-            return renameat2(fp, &fname, tp, &tname, 0).map_err(rename_error);
+            renameat2(fp, &fname, tp, &tname, 0).map_err(rename_error)?;
+            // The file replaced is gone, and its streams with it.
+            self.streams_gone(going);
+            return Ok(());
         }
         match renameat2(fp, &fname, tp, &tname, libc::RENAME_NOREPLACE) {
             Ok(()) => Ok(()),

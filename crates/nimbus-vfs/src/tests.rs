@@ -902,3 +902,119 @@ fn cloning_works_or_says_it_is_unsupported() {
     dst.clone_from(&src, 0, 0, 0).unwrap();
     assert_err!(src.clone_from(&dst, 0, 0, 10), VfsError::AccessDenied);
 }
+
+/// Every file directory in the store of named streams.
+fn stream_dirs(s: &Scratch) -> Vec<PathBuf> {
+    let store = s.share().join(crate::STORE_DIR);
+    let Ok(buckets) = std::fs::read_dir(&store) else {
+        return Vec::new();
+    };
+    buckets
+        .flat_map(|b| std::fs::read_dir(b.unwrap().path()).unwrap())
+        .map(|e| e.unwrap().path())
+        .collect()
+}
+
+#[test]
+fn streams_are_files_of_their_own_that_go_with_their_file() {
+    let s = Scratch::new();
+    let rw = opts(true, true, CreateMode::OpenOrCreate, Kind::File);
+    let (base, _, _) = s.fs.open("f", &rw).unwrap();
+    assert!(s.fs.streams(&base, false).unwrap().is_none());
+    let streams = s.fs.streams(&base, true).unwrap().unwrap();
+    // Larger than any extended attribute, and names no file name could be.
+    let big = vec![7u8; 300_000];
+    let (h, _, created) = streams.open("Big", &rw).unwrap();
+    assert!(created);
+    h.write_at(&big, 0).unwrap();
+    streams.open("..", &rw).unwrap();
+    let mut names = streams.names().unwrap();
+    names.sort();
+    assert_eq!(names, ["..", "Big"]);
+    let sizes: Vec<u64> = {
+        let mut l = streams.list().unwrap();
+        l.sort_by(|a, b| a.0.cmp(&b.0));
+        l.iter().map(|(_, st)| st.size).collect()
+    };
+    assert_eq!(sizes, [0, 300_000]);
+    // The same store is found again through the file, after a rename too.
+    s.fs.rename("f", "g", false).unwrap();
+    let again = s.fs.streams(&base, false).unwrap().unwrap();
+    let mut buf = vec![0u8; 300_000];
+    let (h2, st, created) = again
+        .open(
+            "Big",
+            &opts(true, false, CreateMode::OpenExisting, Kind::File),
+        )
+        .unwrap();
+    assert!(!created);
+    assert_eq!(h2.read_at(&mut buf, 0).unwrap(), 300_000);
+    assert_eq!(buf, big);
+    // A stream is removed only while it is the file it was.
+    assert!(matches!(
+        again.remove_if("Big", (st.dev, st.ino + 1)),
+        Err(VfsError::Changed)
+    ));
+    again.remove_if("Big", (st.dev, st.ino)).unwrap();
+    assert_eq!(again.names().unwrap(), [".."]);
+    // Removing the file's last name removes its streams.
+    assert_eq!(stream_dirs(&s).len(), 1);
+    s.fs.unlink("g").unwrap();
+    assert!(stream_dirs(&s).is_empty());
+}
+
+#[test]
+fn a_copy_with_the_files_xattrs_does_not_share_its_streams() {
+    let s = Scratch::new();
+    let rw = opts(true, true, CreateMode::OpenOrCreate, Kind::File);
+    let (a, _, _) = s.fs.open("a", &rw).unwrap();
+    let streams = s.fs.streams(&a, true).unwrap().unwrap();
+    streams
+        .open("s", &rw)
+        .unwrap()
+        .0
+        .write_at(b"of a", 0)
+        .unwrap();
+    // As `cp -a` copies a file: its data and its extended attributes.
+    std::fs::write(s.share().join("b"), b"").unwrap();
+    let id = a.get_xattr("user.nimbus.streams").unwrap().unwrap();
+    let (b, _, _) = s.fs.open("b", &rw).unwrap();
+    b.set_xattr("user.nimbus.streams", &id).unwrap();
+    assert!(s.fs.streams(&b, false).unwrap().is_none());
+    let own = s.fs.streams(&b, true).unwrap().unwrap();
+    assert!(own.names().unwrap().is_empty());
+    assert_ne!(b.get_xattr("user.nimbus.streams").unwrap().unwrap(), id);
+    // Removing the copy leaves the original's streams alone.
+    s.fs.unlink("b").unwrap();
+    assert_eq!(streams.names().unwrap(), ["s"]);
+    // An overwrite of the original drops them.
+    s.fs.remove_streams(&a).unwrap();
+    assert!(s.fs.streams(&a, false).unwrap().is_none());
+    assert!(stream_dirs(&s).is_empty());
+}
+
+#[test]
+fn a_hard_linked_file_keeps_its_streams_until_its_last_name_goes() {
+    let s = Scratch::new();
+    let rw = opts(true, true, CreateMode::OpenOrCreate, Kind::File);
+    let (a, _, _) = s.fs.open("a", &rw).unwrap();
+    s.fs.streams(&a, true)
+        .unwrap()
+        .unwrap()
+        .open("s", &rw)
+        .unwrap();
+    std::fs::hard_link(s.share().join("a"), s.share().join("b")).unwrap();
+    s.fs.remove_if("a", false, {
+        let st = a.stat().unwrap();
+        (st.dev, st.ino)
+    })
+    .unwrap();
+    assert_eq!(
+        s.fs.streams(&a, false).unwrap().unwrap().names().unwrap(),
+        ["s"]
+    );
+    // Replaced by a rename: its last name is gone.
+    std::fs::write(s.share().join("c"), b"").unwrap();
+    s.fs.rename("c", "b", true).unwrap();
+    assert!(stream_dirs(&s).is_empty());
+}

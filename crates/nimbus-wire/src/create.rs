@@ -30,6 +30,12 @@ impl CreateDisposition {
             _ => return None,
         })
     }
+
+    /// Whether a missing file is created (MS-SMB2 2.2.13 CreateDisposition).
+    pub fn creates(self) -> bool {
+        use CreateDisposition::*;
+        matches!(self, Supersede | Create | OpenIf | OverwriteIf)
+    }
 }
 
 /// MS-SMB2 2.2.14 CreateAction.

@@ -231,6 +231,39 @@ pub struct OpenView<'a> {
     pub ea_size: u32,
 }
 
+/// One data stream of a file, as FileStreamInformation lists it.
+#[derive(Clone, Debug)]
+pub struct StreamEntry<'a> {
+    /// `::$DATA` for the unnamed stream, `:name:$DATA` for the others.
+    pub name: &'a str,
+    pub size: u64,
+    pub allocation_size: u64,
+}
+
+/// MS-FSCC 2.4.44 FILE_STREAM_INFORMATION entries: NextEntryOffset (u32,
+/// 0 in the last), StreamNameLength (u32, bytes), StreamSize (u64),
+/// StreamAllocationSize (u64), StreamName (UTF-16LE); each entry after the
+/// first starts 8-byte aligned.
+pub fn encode_stream_information(entries: &[StreamEntry<'_>], out: &mut Vec<u8>) {
+    let start = out.len();
+    let mut last: Option<usize> = None;
+    for e in entries {
+        if let Some(prev) = last {
+            let at = start + (out.len() - start).next_multiple_of(8);
+            out.resize(at, 0);
+            let next = (at - prev) as u32;
+            out[prev..prev + 4].copy_from_slice(&next.to_le_bytes());
+        }
+        last = Some(out.len());
+        let name = crate::codec::utf16le(e.name);
+        out.put_u32(0);
+        out.put_u32(name.len() as u32);
+        out.put_u64(e.size);
+        out.put_u64(e.allocation_size);
+        out.extend_from_slice(&name);
+    }
+}
+
 /// Encodes a file information class (MS-FSCC 2.4). Returns None for a
 /// class the server does not serve.
 pub fn encode_file_class(class: u8, info: &FileInfo, open: &OpenView<'_>) -> Option<Vec<u8>> {
@@ -273,12 +306,12 @@ pub fn encode_file_class(class: u8, info: &FileInfo, open: &OpenView<'_>) -> Opt
         file_class::STREAM => {
             // MS-FSCC 2.4.44: a directory has no unnamed data stream.
             if !info.is_directory {
-                let name = crate::codec::utf16le("::$DATA");
-                out.put_u32(0);
-                out.put_u32(name.len() as u32);
-                out.put_u64(info.end_of_file);
-                out.put_u64(info.allocation_size);
-                out.extend_from_slice(&name);
+                let unnamed = StreamEntry {
+                    name: "::$DATA",
+                    size: info.end_of_file,
+                    allocation_size: info.allocation_size,
+                };
+                encode_stream_information(&[unnamed], &mut out);
             }
         }
         file_class::COMPRESSION => {
@@ -533,6 +566,43 @@ mod tests {
         assert_eq!(unix_to_filetime(0, 0), 116_444_736_000_000_000);
         assert_eq!(filetime_to_unix(116_444_736_000_000_001), (0, 100));
         assert_eq!(unix_to_filetime(i64::MIN / 2, 0), 0);
+    }
+
+    /// Two entries laid out by hand from MS-FSCC 2.4.44: `::$DATA` (14
+    /// bytes of name, so the entry is 38 bytes and the next starts at 40)
+    /// and `:ab:$DATA`.
+    #[test]
+    fn stream_information_entries_are_8_byte_aligned_and_chained() {
+        let mut out = Vec::new();
+        let entries = [
+            StreamEntry {
+                name: "::$DATA",
+                size: 5,
+                allocation_size: 4096,
+            },
+            StreamEntry {
+                name: ":ab:$DATA",
+                size: 0,
+                allocation_size: 0,
+            },
+        ];
+        encode_stream_information(&entries, &mut out);
+        let mut want = Vec::new();
+        want.extend_from_slice(&40u32.to_le_bytes());
+        want.extend_from_slice(&14u32.to_le_bytes());
+        want.extend_from_slice(&5u64.to_le_bytes());
+        want.extend_from_slice(&4096u64.to_le_bytes());
+        for c in "::$DATA".encode_utf16() {
+            want.extend_from_slice(&c.to_le_bytes());
+        }
+        want.extend_from_slice(&[0, 0]);
+        want.extend_from_slice(&0u32.to_le_bytes());
+        want.extend_from_slice(&18u32.to_le_bytes());
+        want.extend_from_slice(&[0; 16]);
+        for c in ":ab:$DATA".encode_utf16() {
+            want.extend_from_slice(&c.to_le_bytes());
+        }
+        assert_eq!(out, want);
     }
 
     #[test]

@@ -9,8 +9,7 @@ use nimbus_wire::NtStatus;
 
 use super::malformed;
 use crate::dispatch::{Ctx, HandlerResult};
-use crate::dosinfo::DosInfo;
-use crate::fileinfo::{file_info, times_and_sizes};
+use crate::fileinfo::{open_info, times_and_sizes};
 use crate::server::{Server, Share};
 use crate::session::{lock, Open};
 
@@ -22,8 +21,8 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     let open = ctx.open(req.file_id)?;
     lock(&ctx.session()?.opens).remove(&open.volatile_id());
     let info = if req.flags & FLAG_POSTQUERY_ATTRIB != 0 {
-        match open.handle.stat() {
-            Ok(st) => times_and_sizes(&file_info(&st, &DosInfo::load(&open.handle), false)),
+        match open_info(&open, false) {
+            Ok(info) => times_and_sizes(&info),
             Err(_) => FileTimesAndSizes::default(),
         }
     } else {
@@ -58,6 +57,10 @@ pub fn release(server: &Server, open: &Open) {
         server.oplocks.contend_handles(open.file_key, open.open_id);
     }
     let deleted = match sm.remove_open(open.file_key, open.open_id) {
+        Ok(true) if open.stream.is_some() => {
+            delete_stream(open);
+            false
+        }
         Ok(true) => {
             let deleted = delete_file(server, open);
             server.notify.deleted(open);
@@ -72,6 +75,9 @@ pub fn release(server: &Server, open: &Open) {
             false
         }
     };
+    // A stream's open was also one of its file's: the last of those of a
+    // delete-pending file deletes the file.
+    let deleted = deleted || release_base(server, open);
     if deleted || open.wrote.load(std::sync::atomic::Ordering::Relaxed) {
         crate::dir_leases::open_changed(server, open);
     }
@@ -93,6 +99,50 @@ pub fn delete_abandoned(server: &Server, share: &Share, path: &str, is_dir: bool
         Ok(()) => server.notify.removed(share, path, is_dir),
         Err(VfsError::Changed) | Err(VfsError::NotFound) => {}
         Err(e) => tracing::warn!("delete-on-close of {path} failed: {e}"),
+    }
+}
+
+/// Takes a stream's open out of its file's opens (create_stream::BaseEntry);
+/// returns whether that deleted the file.
+fn release_base(server: &Server, open: &Open) -> bool {
+    let Some(stream) = &open.stream else {
+        return false;
+    };
+    match server
+        .share_modes
+        .remove_open(stream.base_key, open.open_id)
+    {
+        Ok(true) => {
+            delete_abandoned(
+                server,
+                &open.share,
+                &open.path(),
+                stream.base_is_dir,
+                stream.base_key,
+            );
+            true
+        }
+        Ok(false) => false,
+        Err(e) => {
+            tracing::error!("releasing open {} of a stream: {:?}", open.open_id, e);
+            false
+        }
+    }
+}
+
+/// Deletes a delete-pending stream at its last close; its file stays.
+fn delete_stream(open: &Open) {
+    let (Some(fs), Some(stream)) = (open.share.fs.as_ref(), &open.stream) else {
+        return;
+    };
+    let name = crate::session::lock(&stream.name).clone();
+    let identity = (open.file_key.dev, open.file_key.ino);
+    let removed = fs
+        .streams(&stream.base, false)
+        .and_then(|s| s.map_or(Ok(()), |s| s.remove_if(&name, identity)));
+    match removed {
+        Ok(()) | Err(VfsError::Changed) | Err(VfsError::NotFound) => {}
+        Err(e) => tracing::warn!("delete-on-close of stream {name}: {e}"),
     }
 }
 

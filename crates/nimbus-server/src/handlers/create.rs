@@ -14,15 +14,16 @@ use nimbus_wire::oplock::{lease_flags, oplock_level, LeaseContext};
 use nimbus_wire::{FileId, NtStatus};
 
 use super::create_durable::{self, DurableAsk};
+use super::create_stream;
 use super::malformed;
 use crate::dispatch::{Ctx, HandlerResult};
 use crate::dosinfo::{DosInfo, STORED_ATTRIBUTES};
 use crate::errors::{sharing_status, vfs_status};
-use crate::fileinfo::{file_info, is_readonly, times_and_sizes};
-use crate::names::to_vfs_path;
+use crate::fileinfo::{file_info, is_readonly, stream_info, times_and_sizes};
+use crate::names::{to_vfs_path_and_stream, Stream};
 use crate::oplocks::Route;
 use crate::security::SessionCipher;
-use crate::session::{lock, NewOpen, Open, ReplayOf, Session, SessionState, Tree};
+use crate::session::{lock, NewOpen, Open, ReplayOf, Session, SessionState, StreamOf, Tree};
 
 /// Why one attempt at a CREATE did not finish.
 enum Failed {
@@ -115,14 +116,39 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
         }
     }
     let mut want = requested_caching(ctx, &req)?;
-    let path = crate::lookup::resolve(fs, &to_vfs_path(&req.name)?);
+    let (path, stream) = to_vfs_path_and_stream(&req.name)?;
+    let path = crate::lookup::resolve(fs, &path);
+    // A stream is a file's data, never a directory.
+    if want_dir && stream != Stream::Unnamed {
+        return Err(NtStatus::NOT_A_DIRECTORY.into());
+    }
 
-    let existing = match fs.stat(&path) {
-        Ok(st) => Some(st),
-        Err(VfsError::NotFound) => None,
-        Err(e) => return Err(vfs_status(&e).into()),
+    // For a named stream: the file it belongs to (made now if missing and
+    // the stream is to be created), and the stream as spelled on disk.
+    let mut base = None;
+    let mut stream_name = None;
+    let existing = if let Stream::Named(name) = &stream {
+        let may_create = !share.read_only && tree.maximal_access & access::FILE_WRITE_DATA != 0;
+        let mut b = create_stream::open_base(fs, &path, disposition, may_create)?;
+        let found = b.find(name)?;
+        if found.is_none() && may_create && disposition.creates() {
+            b.make_streams(fs)?;
+        }
+        stream_name = Some(found.as_ref().map_or(name.clone(), |(n, _)| n.clone()));
+        base = Some(b);
+        found.map(|(_, st)| st)
+    } else {
+        match fs.stat(&path) {
+            Ok(st) => Some(st),
+            Err(VfsError::NotFound) => None,
+            Err(e) => return Err(vfs_status(&e).into()),
+        }
     };
     if let Some(st) = &existing {
+        // A directory has no unnamed data stream.
+        if st.is_dir && stream == Stream::UnnamedData {
+            return Err(NtStatus::FILE_IS_A_DIRECTORY.into());
+        }
         if st.is_dir && want_file {
             return Err(NtStatus::FILE_IS_A_DIRECTORY.into());
         }
@@ -161,9 +187,11 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
         }),
         _ => None,
     };
-    let readonly_attr = match &existing {
-        Some(st) => is_readonly(st.mode),
-        None => req.file_attributes & attributes::READONLY != 0,
+    // READONLY is the file's, whichever of its streams is opened.
+    let readonly_attr = match (&base, &existing) {
+        (Some(b), _) => !b.stat.is_dir && is_readonly(b.stat.mode),
+        (None, Some(st)) => is_readonly(st.mode),
+        (None, None) => req.file_attributes & attributes::READONLY != 0,
     };
 
     // Access: what was asked (MAXIMUM_ALLOWED: all the tree allows), never
@@ -202,7 +230,7 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
     if readonly_attr && creating && !is_dir && delete_on_close {
         return Err(NtStatus::CANNOT_DELETE.into());
     }
-    if truncating && !creating {
+    if truncating && !creating && base.is_none() {
         overwrite_keeps_attributes(fs, &path, req.file_attributes)?;
     }
     if is_dir {
@@ -247,6 +275,18 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
     // (their cached writes flushed, their cached handles closed), and the
     // CREATE waits for their acknowledgements.
     let mut registered = None;
+    // A stream's open is also one of its file's (create_stream::BaseEntry).
+    let base_entry = match &base {
+        Some(b) => Some(create_stream::BaseEntry::add(
+            ctx.server,
+            &share,
+            &path,
+            b,
+            open_id,
+            req.share_access,
+        )?),
+        None => None,
+    };
     let app_instance = create_durable::app_instance(&req, &durable);
     if let (Some(key), Some(id)) = (existing_key, app_instance) {
         create_durable::close_app_instance(ctx, key, id);
@@ -292,7 +332,10 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
         registered = Some(key);
     }
     let unregister = |key: FileKey| {
-        abandon(ctx, &share, &path, is_dir, key, open_id);
+        match (&base, &stream_name) {
+            (Some(b), Some(name)) => abandon_stream(ctx, b, name, key, open_id),
+            _ => abandon(ctx, &share, &path, is_dir, key, open_id),
+        }
         ctx.server.oplocks.forget(key, open_id);
     };
 
@@ -341,7 +384,14 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
     let own = (mode != CreateMode::OpenExisting)
         .then(|| ctx.server.notify.own_change(&share, &[&path]))
         .flatten();
-    let (handle, st, created) = match fs.open(&path, &opts) {
+    let opened = match (&base, &stream_name) {
+        (Some(b), Some(name)) => match &b.streams {
+            Some(streams) => streams.open(name, &opts),
+            None => Err(VfsError::NotFound),
+        },
+        _ => fs.open(&path, &opts),
+    };
+    let (handle, st, created) = match opened {
         Ok(r) => r,
         Err(e) => {
             if let Some(key) = registered {
@@ -369,12 +419,24 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
             .map_err(|e| sharing_status(&e))?;
     }
 
-    let dos = settle_dos_info(
-        &handle,
-        st.is_dir,
-        req.file_attributes,
-        created || truncating,
-    );
+    // What the file's metadata is read and written through: for a stream,
+    // its file's handle (the stream has none of its own).
+    let meta = base.as_ref().map_or(&handle, |b| &b.handle);
+    let dos = match &base {
+        Some(b) => settle_dos_info(&b.handle, b.stat.is_dir, req.file_attributes, b.created),
+        None => settle_dos_info(
+            &handle,
+            st.is_dir,
+            req.file_attributes,
+            created || truncating,
+        ),
+    };
+    // Overwriting or superseding a file leaves it only its unnamed stream.
+    if truncating && !created && base.is_none() {
+        if let Err(e) = fs.remove_streams(&handle) {
+            tracing::warn!("{}: streams of an overwritten file: {e}", ctx.conn.peer);
+        }
+    }
     if created || truncating {
         let ea_buffer = req
             .contexts
@@ -383,7 +445,7 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
         if let Some(c) = ea_buffer {
             // Decoded and its names checked above.
             if let Ok(list) = nimbus_wire::ea::parse_full_ea_list(&c.data) {
-                if let Err(status) = crate::eas::apply(&handle, &list) {
+                if let Err(status) = crate::eas::apply(meta, &list) {
                     tracing::debug!("{}: EAs of a new file not set: {status}", ctx.conn.peer);
                 }
             }
@@ -391,7 +453,7 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
     }
     let contexts = response_contexts(
         &req.contexts,
-        &st,
+        base.as_ref().map_or(&st, |b| &b.stat),
         granted,
         max,
         &handle,
@@ -399,15 +461,30 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
     );
     // An allocation size context may have changed the space on disk.
     let st = handle.stat().unwrap_or(st);
-    ctx.server
-        .notify
-        .opened(&share, &path, st.is_dir, created, truncating);
+    // A stream's changes are its file's only when the file was made for
+    // it: streams have no names in their directory.
+    let (dir_changed, file_created) = match &base {
+        Some(b) => (b.created, b.created),
+        None => (created || truncating, created),
+    };
+    if base.is_none() || dir_changed {
+        ctx.server.notify.opened(
+            &share,
+            &path,
+            st.is_dir,
+            file_created,
+            truncating && base.is_none(),
+        );
+    }
     drop(own);
-    if created || truncating {
+    if dir_changed {
         crate::dir_leases::child_changed(ctx.server, fs, &path, parent_lease);
     }
 
-    let info = file_info(&st, &dos, false);
+    let info = match &base {
+        Some(b) => stream_info(&b.stat, &dos, &st, false),
+        None => file_info(&st, &dos, false),
+    };
     let create_action = if created {
         CreateAction::Created
     } else {
@@ -448,7 +525,16 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
         app_instance,
         session_id: session.id,
         share_access: req.share_access & 0x7,
+        stream: base.map(|b| StreamOf {
+            name: std::sync::Mutex::new(stream_name.unwrap_or_default()),
+            base: b.handle,
+            base_key: b.key,
+            base_is_dir: b.stat.is_dir,
+        }),
     }));
+    if let Some(entry) = base_entry {
+        entry.keep();
+    }
     ctx.server.opens.register(&open);
     opens.insert(volatile_id, open.clone());
     drop(opens);
@@ -472,13 +558,17 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
     let mut contexts = contexts;
     let (oplock_level, lease) = caching_response(&req.contexts, &granted_caching);
     contexts.extend(lease);
-    contexts.extend(create_durable::grant(
-        ctx,
-        &open,
-        &durable,
-        &granted_caching,
-    ));
-    ctx.server.durables.name_open(&open);
+    // Opens of named streams are not made durable: a reconnect, a restart
+    // or another cluster node reopens a file by its name alone.
+    if open.stream.is_none() {
+        contexts.extend(create_durable::grant(
+            ctx,
+            &open,
+            &durable,
+            &granted_caching,
+        ));
+        ctx.server.durables.name_open(&open);
+    }
     ctx.chain_file_id = Some(file_id);
     CreateResponse {
         oplock_level,
@@ -503,6 +593,22 @@ fn abandon(
 ) {
     if let Ok(true) = ctx.server.share_modes.remove_open(key, open_id) {
         super::close::delete_abandoned(ctx.server, share, path, is_dir, key);
+    }
+}
+
+/// `abandon` for a stream: its file's entry goes with the guard that holds
+/// it; a delete-pending stream left without opens goes now.
+fn abandon_stream(
+    ctx: &Ctx<'_>,
+    base: &create_stream::Base,
+    name: &str,
+    key: FileKey,
+    open_id: u64,
+) {
+    if let Ok(true) = ctx.server.share_modes.remove_open(key, open_id) {
+        if let Some(streams) = &base.streams {
+            let _ = streams.remove_if(name, (key.dev, key.ino));
+        }
     }
 }
 

@@ -6,6 +6,7 @@ pub mod change_notify;
 pub mod close;
 pub mod create;
 pub mod create_durable;
+pub mod create_stream;
 pub mod deferred;
 pub mod echo;
 pub mod flush;

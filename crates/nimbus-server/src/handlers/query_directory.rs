@@ -177,7 +177,8 @@ fn list(open: &Open, search: &SearchPattern, max: usize) -> Result<Vec<DirEntry>
             );
             return Ok(out);
         }
-        if let Ok(stat) = fs.stat(&join(&dir, pattern)) {
+        let hidden = dir.is_empty() && pattern == nimbus_vfs::STORE_DIR;
+        if let (false, Ok(stat)) = (hidden, fs.stat(&join(&dir, pattern))) {
             out.push(DirEntry {
                 name: pattern.to_string(),
                 stat,
@@ -194,7 +195,13 @@ fn list(open: &Open, search: &SearchPattern, max: usize) -> Result<Vec<DirEntry>
         .handle
         .read_dir_at_most(max)
         .map_err(|e| vfs_status(&e))?;
-    out.extend(entries.into_iter().filter(|e| search.matches(&e.name)));
+    // The share's store of named streams is the server's own.
+    let at_root = dir.is_empty();
+    out.extend(
+        entries
+            .into_iter()
+            .filter(|e| search.matches(&e.name) && !(at_root && e.name == nimbus_vfs::STORE_DIR)),
+    );
     Ok(out)
 }
 

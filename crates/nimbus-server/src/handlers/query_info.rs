@@ -5,7 +5,8 @@ use std::sync::atomic::Ordering;
 
 use nimbus_wire::dtyp::posix_security_descriptor;
 use nimbus_wire::fscc::{
-    access, encode_file_class, encode_fs_class, file_class, fs_class, OpenView,
+    access, encode_file_class, encode_fs_class, encode_stream_information, file_class, fs_class,
+    OpenView, StreamEntry,
 };
 use nimbus_wire::info::{info_type, QueryInfoRequest};
 use nimbus_wire::query_directory::encode_output_buffer_response;
@@ -13,11 +14,9 @@ use nimbus_wire::NtStatus;
 
 use super::{check_credit_charge, malformed};
 use crate::dispatch::{Ctx, HandlerResult};
-use crate::dosinfo::DosInfo;
 use crate::eas::{self, Ea};
 use crate::errors::vfs_status;
-use crate::fileinfo::{file_info, volume_info};
-use crate::names::to_smb_name;
+use crate::fileinfo::{open_info, volume_info};
 use crate::session::Open;
 
 /// Size of the fixed part of a variable-length class: a buffer at least
@@ -57,22 +56,35 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             if needs_read_attributes && open.access & access::FILE_READ_ATTRIBUTES == 0 {
                 return Err(NtStatus::ACCESS_DENIED);
             }
+            // MS-SMB2 3.3.5.20.1: the normalized name is a 3.1.1 class.
+            if req.info_class == file_class::NORMALIZED_NAME
+                && ctx
+                    .conn
+                    .negotiated()
+                    .is_none_or(|n| n.dialect != nimbus_wire::negotiate::Dialect::Smb311)
+            {
+                return Err(NtStatus::NOT_SUPPORTED);
+            }
             if req.info_class == file_class::FULL_EA {
                 return full_ea_information(&open, &req, out);
             }
             let ea_size = if matches!(req.info_class, file_class::EA | file_class::ALL) {
-                eas::size_of(&eas::load(&open.handle)?)
+                eas::size_of(&eas::load(open.meta())?)
             } else {
                 0
             };
-            let st = open.handle.stat().map_err(|e| vfs_status(&e))?;
-            let pending = ctx
-                .server
-                .share_modes
-                .record(open.file_key)
-                .map(|r| r.delete_pending)
-                .unwrap_or(false);
-            let name = to_smb_name(&open.path());
+            let pending_of = |key| {
+                ctx.server
+                    .share_modes
+                    .record(key)
+                    .map(|r| r.delete_pending)
+                    .unwrap_or(false)
+            };
+            // A stream is delete-pending with its file too.
+            let pending = pending_of(open.file_key)
+                || open.stream.as_ref().is_some_and(|s| pending_of(s.base_key));
+            let info = open_info(&open, pending).map_err(|e| vfs_status(&e))?;
+            let name = open.smb_name();
             let view = OpenView {
                 access_flags: open.access,
                 position: open.position.load(Ordering::Relaxed),
@@ -84,12 +96,12 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
                 },
                 ea_size,
             };
-            encode_file_class(
-                req.info_class,
-                &file_info(&st, &DosInfo::load(&open.handle), pending),
-                &view,
-            )
-            .ok_or(NtStatus::INVALID_INFO_CLASS)?
+            if req.info_class == file_class::STREAM {
+                stream_information(&open)?
+            } else {
+                encode_file_class(req.info_class, &info, &view)
+                    .ok_or(NtStatus::INVALID_INFO_CLASS)?
+            }
         }
         info_type::FILESYSTEM => {
             let fs = open.share.fs.as_ref().ok_or(NtStatus::INVALID_PARAMETER)?;
@@ -101,7 +113,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             if open.access & access::READ_CONTROL == 0 {
                 return Err(NtStatus::ACCESS_DENIED);
             }
-            let st = open.handle.stat().map_err(|e| vfs_status(&e))?;
+            let st = open.meta().stat().map_err(|e| vfs_status(&e))?;
             let sd = posix_security_descriptor(
                 st.uid,
                 st.gid,
@@ -132,6 +144,42 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     }
 }
 
+/// FileStreamInformation (MS-FSA 2.1.5.12.29, no access needed): the
+/// file's unnamed data stream (a directory has none) and its named ones,
+/// whichever of them the open is of.
+fn stream_information(open: &Open) -> Result<Vec<u8>, NtStatus> {
+    let vfs = |e: nimbus_vfs::VfsError| vfs_status(&e);
+    let meta = open.meta();
+    let base = meta.stat().map_err(vfs)?;
+    let mut names = Vec::new();
+    if !base.is_dir {
+        names.push(("::$DATA".to_string(), base.size, base.alloc_size));
+    }
+    let fs = open.share.fs.as_ref().ok_or(NtStatus::INVALID_PARAMETER)?;
+    if let Some(streams) = fs.streams(meta, false).map_err(vfs)? {
+        let mut named = streams.list().map_err(vfs)?;
+        // In the order they were made, where the file system keeps birth
+        // times; by name where it does not.
+        named.sort_by_key(|(name, st)| (st.btime.map(|t| (t.sec, t.nsec)), name.clone()));
+        names.extend(
+            named
+                .into_iter()
+                .map(|(n, st)| (format!(":{n}:$DATA"), st.size, st.alloc_size)),
+        );
+    }
+    let entries: Vec<StreamEntry<'_>> = names
+        .iter()
+        .map(|(name, size, alloc)| StreamEntry {
+            name,
+            size: *size,
+            allocation_size: *alloc,
+        })
+        .collect();
+    let mut out = Vec::new();
+    encode_stream_information(&entries, &mut out);
+    Ok(out)
+}
+
 /// MS-SMB2 2.2.37 Flags of a QUERY_INFO for FileFullEaInformation.
 const SL_RESTART_SCAN: u32 = 0x1;
 const SL_RETURN_SINGLE_ENTRY: u32 = 0x2;
@@ -152,7 +200,7 @@ fn full_ea_information(
         return Err(NtStatus::ACCESS_DENIED);
     }
     let limit = req.output_buffer_length as usize;
-    let stored = eas::load(&open.handle)?;
+    let stored = eas::load(open.meta())?;
     let (picked, start) = if !req.input.is_empty() {
         let names = nimbus_wire::ea::parse_get_ea_list(req.input)
             .map_err(|_| NtStatus::EA_LIST_INCONSISTENT)?;

@@ -2,7 +2,7 @@
 
 use std::sync::atomic::Ordering;
 
-use nimbus_state::share_modes::compatible;
+use nimbus_state::share_modes::{compatible, STREAM_OPEN};
 use nimbus_state::{FileKey, OpenRecord};
 use nimbus_vfs::{Timespec, VfsError};
 use nimbus_wire::codec::{utf16le_to_string, Reader};
@@ -18,8 +18,8 @@ use crate::dispatch::{Ctx, HandlerResult};
 use crate::dosinfo::{ChangeTime, DosInfo, STORED_ATTRIBUTES};
 use crate::errors::{sharing_status, vfs_status};
 use crate::fileinfo::is_readonly;
-use crate::names::{join, parent, to_vfs_path};
-use crate::session::Open;
+use crate::names::{eq_ignore_case, join, parent, to_vfs_path, to_vfs_path_and_stream, Stream};
+use crate::session::{lock, Open, StreamOf};
 
 /// MS-FSCC 2.4.11 FILE_DISPOSITION_INFORMATION_EX flags.
 const DISPOSITION_EX_DELETE: u32 = 0x1;
@@ -67,6 +67,9 @@ fn explicit_time(ft: u64) -> Option<u64> {
 fn set_basic(open: &Open, buf: &[u8]) -> Result<(), NtStatus> {
     let vfs = |e: VfsError| vfs_status(&e);
     require(open, access::FILE_WRITE_ATTRIBUTES)?;
+    // A stream's times and attributes are its file's.
+    let meta = open.meta();
+    let is_dir = open.stream.as_ref().map_or(open.is_dir, |s| s.base_is_dir);
     let b = SetBasicInfo::parse(buf).map_err(malformed)?;
     let times = [
         b.creation_time,
@@ -80,8 +83,8 @@ fn set_basic(open: &Open, buf: &[u8]) -> Result<(), NtStatus> {
     }
     let a = b.attributes;
     if a & !(attributes::SETTABLE | attributes::DIRECTORY) != 0
-        || (!open.is_dir && a & attributes::DIRECTORY != 0)
-        || (open.is_dir && a & attributes::TEMPORARY != 0)
+        || (!is_dir && a & attributes::DIRECTORY != 0)
+        || (is_dir && a & attributes::TEMPORARY != 0)
     {
         return Err(NtStatus::INVALID_PARAMETER);
     }
@@ -90,15 +93,15 @@ fn set_basic(open: &Open, buf: &[u8]) -> Result<(), NtStatus> {
         to_timespec(b.last_write_time),
     );
     if atime.is_some() || mtime.is_some() {
-        open.handle.set_times(atime, mtime).map_err(vfs)?;
+        meta.set_times(atime, mtime).map_err(vfs)?;
     }
-    let mut dos = DosInfo::load(&open.handle);
+    let mut dos = DosInfo::load(meta);
     let before = dos;
     if let Some(ct) = explicit_time(b.creation_time) {
         dos.create_time = Some(ct);
     }
     if let Some(ct) = explicit_time(b.change_time) {
-        let st = open.handle.stat().map_err(vfs)?;
+        let st = meta.stat().map_err(vfs)?;
         dos.change_time = Some(ChangeTime {
             filetime: ct,
             mtime_stamp: st.mtime,
@@ -108,16 +111,16 @@ fn set_basic(open: &Open, buf: &[u8]) -> Result<(), NtStatus> {
     if a != 0 {
         // Directories keep READONLY with the other attributes: on Windows
         // it does not stop creating files in them, unlike a POSIX mode.
-        let stored_mask = if open.is_dir {
+        let stored_mask = if is_dir {
             STORED_ATTRIBUTES | attributes::READONLY
         } else {
             STORED_ATTRIBUTES
         };
         // Only FSCTL_SET_SPARSE changes SPARSE_FILE.
-        let sparse = before.stored_or_default(open.is_dir) & attributes::SPARSE_FILE;
+        let sparse = before.stored_or_default(is_dir) & attributes::SPARSE_FILE;
         dos.attributes = Some(a & stored_mask | sparse);
-        if !open.is_dir {
-            let st = open.handle.stat().map_err(vfs)?;
+        if !is_dir {
+            let st = meta.stat().map_err(vfs)?;
             let want_ro = a & attributes::READONLY != 0;
             if want_ro != is_readonly(st.mode) {
                 new_mode = Some(if want_ro {
@@ -135,7 +138,7 @@ fn set_basic(open: &Open, buf: &[u8]) -> Result<(), NtStatus> {
         set_mode(open, new_mode)?;
     }
     if dos != before {
-        dos.save(&open.handle).map_err(vfs)?;
+        dos.save(meta).map_err(vfs)?;
     }
     if !clearing_readonly {
         set_mode(open, new_mode)?;
@@ -145,7 +148,7 @@ fn set_basic(open: &Open, buf: &[u8]) -> Result<(), NtStatus> {
 
 fn set_mode(open: &Open, mode: Option<u32>) -> Result<(), NtStatus> {
     match mode {
-        Some(m) => open.handle.set_mode(m).map_err(|e| vfs_status(&e)),
+        Some(m) => open.meta().set_mode(m).map_err(|e| vfs_status(&e)),
         None => Ok(()),
     }
 }
@@ -209,7 +212,8 @@ fn set_file_info(
                 )
             };
             if delete {
-                let st = open.handle.stat().map_err(vfs)?;
+                // READONLY is the file's, whichever stream is deleted.
+                let st = open.meta().stat().map_err(vfs)?;
                 if is_readonly(st.mode) && !st.is_dir && !ignore_ro {
                     return Err(NtStatus::CANNOT_DELETE);
                 }
@@ -281,7 +285,7 @@ fn set_file_info(
             require(open, access::FILE_WRITE_EA)?;
             let list = nimbus_wire::ea::parse_full_ea_list(buf)
                 .map_err(|_| NtStatus::EA_LIST_INCONSISTENT)?;
-            crate::eas::apply(&open.handle, &list)?;
+            crate::eas::apply(open.meta(), &list)?;
         }
         _ => return Err(NtStatus::INVALID_INFO_CLASS),
     }
@@ -305,6 +309,14 @@ fn rename(
     replace: bool,
 ) -> Result<Option<FileKey>, NtStatus> {
     let fs = open.share.fs.as_ref().ok_or(NtStatus::INVALID_PARAMETER)?;
+    if let Some(stream) = &open.stream {
+        return rename_stream(ctx, open, stream, new_name, replace).map(|()| None);
+    }
+    if new_name.starts_with(':') {
+        // Naming the unnamed data stream: not a rename Nimbus can do
+        // (MS-FSA 2.1.5.15.11.1 lets NTFS turn it into a named stream).
+        return Err(NtStatus::INVALID_PARAMETER);
+    }
     let from = open.path();
     let to = to_vfs_path(new_name)?;
     // The target directory may be spelled in another case; the new name
@@ -338,6 +350,16 @@ fn rename(
             return Err(NtStatus::SHARING_VIOLATION);
         }
     }
+    // A file with open streams keeps its name (Windows, and smbtorture
+    // smb2.streams.basefile-rename-with-open-stream).
+    let own = ctx
+        .server
+        .share_modes
+        .record(open.file_key)
+        .map_err(|e| sharing_status(&e))?;
+    if own.opens.iter().any(|o| o.share_access & STREAM_OPEN != 0) {
+        return Err(NtStatus::ACCESS_DENIED);
+    }
     // A directory with open files beneath it keeps its name (MS-FSA
     // 2.1.5.15.14; smbtorture smb2.rename.rename_dir_openfile).
     if open.is_dir && ctx.server.opens.open_below(fs.root_path(), &from) {
@@ -352,17 +374,8 @@ fn rename(
             if target.is_dir {
                 return Err(NtStatus::ACCESS_DENIED);
             }
-            let key = FileKey {
-                dev: target.dev,
-                ino: target.ino,
-            };
             // A file someone holds open cannot be replaced.
-            let rec = ctx
-                .server
-                .share_modes
-                .record(key)
-                .map_err(|e| sharing_status(&e))?;
-            if !rec.opens.is_empty() {
+            if held_open(ctx, &target)? {
                 return Err(NtStatus::ACCESS_DENIED);
             }
         }
@@ -395,6 +408,86 @@ fn rename(
     crate::dir_leases::child_changed(ctx.server, fs, &from, open.parent_lease);
     crate::dir_leases::child_changed(ctx.server, fs, &to, open.parent_lease);
     Ok(None)
+}
+
+/// Whether anyone has the file (or stream) open.
+fn held_open(ctx: &Ctx<'_>, st: &nimbus_vfs::Stat) -> Result<bool, NtStatus> {
+    let key = FileKey {
+        dev: st.dev,
+        ino: st.ino,
+    };
+    let rec = ctx
+        .server
+        .share_modes
+        .record(key)
+        .map_err(|e| sharing_status(&e))?;
+    Ok(!rec.opens.is_empty())
+}
+
+/// MS-FSA 2.1.5.15.11.1 FileRenameInformation of a named stream: the new
+/// name is `:name[:$DATA]` (a path is SHARING_VIOLATION, as Windows
+/// answers: smbtorture smb2.streams.rename2). An existing stream is
+/// replaced only with ReplaceIfExists, only when nobody has it open and
+/// only when it is empty (INVALID_PARAMETER otherwise). Renaming a stream
+/// to `::$DATA`, making it the file's data, is not done.
+fn rename_stream(
+    ctx: &mut Ctx<'_>,
+    open: &Open,
+    stream: &StreamOf,
+    new_name: &str,
+    replace: bool,
+) -> Result<(), NtStatus> {
+    let fs = open.share.fs.as_ref().ok_or(NtStatus::INVALID_PARAMETER)?;
+    let vfs = |e: VfsError| vfs_status(&e);
+    if !new_name.starts_with(':') {
+        return Err(NtStatus::SHARING_VIOLATION);
+    }
+    let to = match to_vfs_path_and_stream(new_name)? {
+        (path, Stream::Named(to)) if path.is_empty() => to,
+        (_, Stream::UnnamedData) => return Err(NtStatus::NOT_SUPPORTED),
+        _ => return Err(NtStatus::OBJECT_NAME_INVALID),
+    };
+    let streams = fs
+        .streams(&stream.base, false)
+        .map_err(vfs)?
+        .ok_or(NtStatus::OBJECT_NAME_NOT_FOUND)?;
+    let from = lock(&stream.name).clone();
+    if to == from {
+        return Ok(());
+    }
+    let names = streams.names().map_err(vfs)?;
+    let existing = names
+        .iter()
+        .find(|n| **n == to)
+        .or_else(|| names.iter().find(|n| eq_ignore_case(n, &to)))
+        .filter(|n| !eq_ignore_case(n, &from));
+    if let Some(target) = existing {
+        if !replace {
+            return Err(NtStatus::OBJECT_NAME_COLLISION);
+        }
+        let st = streams.stat(target).map_err(vfs)?;
+        if held_open(ctx, &st)? {
+            return Err(NtStatus::SHARING_VIOLATION);
+        }
+        if st.size != 0 {
+            return Err(NtStatus::INVALID_PARAMETER);
+        }
+        if *target != to {
+            // Replaced under its own spelling, then named as asked.
+            streams.rename(&from, target, true).map_err(vfs)?;
+            streams.rename(target, &to, false).map_err(vfs)?;
+            *lock(&stream.name) = to;
+            return Ok(());
+        }
+    }
+    // A change of case only replaces the stream itself.
+    let replace = existing.is_some() || eq_ignore_case(&to, &from);
+    streams.rename(&from, &to, replace).map_err(|e| match e {
+        VfsError::Exists => NtStatus::OBJECT_NAME_COLLISION,
+        e => vfs_status(&e),
+    })?;
+    *lock(&stream.name) = to;
+    Ok(())
 }
 
 /// FILE_ADD_FILE (MS-SMB2 2.2.13.1.2), and the share access of the open a

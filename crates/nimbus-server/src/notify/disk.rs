@@ -173,6 +173,10 @@ impl ChangeNotify {
         match notice {
             Notice::Changes(events) => {
                 for ev in &events {
+                    // The store of named streams is the server's own.
+                    if ev.path.split('/').next() == Some(nimbus_vfs::STORE_DIR) {
+                        continue;
+                    }
                     self.deliver_local(&ev.root, &changes_of(ev));
                     // Watches of a directory renamed on disk follow it,
                     // as they follow one renamed through SMB.

@@ -1,0 +1,138 @@
+"""Named streams (issue 17, item 3): `file:stream:$DATA`, with Debian's
+smbclient and raw CREATE/QUERY_INFO through smbprotocol. smbtorture's
+smb2.streams suite (tests/test_smbtorture.py) checks the protocol rules
+case by case; these tests check what a user and an administrator see.
+
+- A stream holds more than an extended attribute can (a megabyte here),
+  reads back byte-identical, and is listed by FileStreamInformation beside
+  `::$DATA`, with its size.
+- Streams live in `.nimbus-streams` at the share root, which no client
+  sees in a listing or can open; a file's streams follow it through a
+  rename, go with an overwrite, and go with the file when it is deleted.
+- A copy made on the server's disk with its extended attributes (`cp -a`)
+  does not share the original's streams.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import subprocess
+
+import pytest
+from smbprotocol.exceptions import SMBResponseException
+from smbprotocol.open import CreateDisposition
+from test_eas import ALL_ACCESS, SUCCESS, open_file, query, tree
+
+pytestmark = pytest.mark.nimbus_only
+
+STREAM_INFO = 22
+OBJECT_NAME_INVALID = 0xC0000033
+OBJECT_NAME_NOT_FOUND = 0xC0000034
+
+
+def streams_of(f) -> dict[str, int]:
+    """FileStreamInformation (MS-FSCC 2.4.44): stream name -> size."""
+    status, buf = query(f, STREAM_INFO)
+    assert status == SUCCESS
+    out, at = {}, 0
+    while buf:
+        nxt, name_len, size = struct.unpack_from("<IIQ", buf, at)
+        out[buf[at + 24 : at + 24 + name_len].decode("utf-16-le")] = size
+        if nxt == 0:
+            return out
+        at += nxt
+    return out
+
+
+def create_status(t, name: str, disposition=CreateDisposition.FILE_OPEN) -> int:
+    try:
+        open_file(t, name, ALL_ACCESS, disposition).close()
+        return SUCCESS
+    except SMBResponseException as e:
+        return e.status
+
+
+def store_dirs(share_path) -> list:
+    store = share_path / ".nimbus-streams"
+    return [d for bucket in store.iterdir() for d in bucket.iterdir()] if store.exists() else []
+
+
+def smbclient(server, commands: str) -> str:
+    proc = subprocess.run(
+        ["smbclient", f"//{server.host}/{server.share}", "-p", str(server.port), "-U", f"{server.user}%{server.password}", "-c", commands],
+        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def test_smbclient_puts_and_gets_a_stream_larger_than_an_xattr(server, tmp_path):
+    payload = os.urandom(1024 * 1024 + 123)
+    (tmp_path / "fork").write_bytes(payload)
+    (tmp_path / "data").write_bytes(b"file data")
+    smbclient(server, f"put {tmp_path / 'data'} doc.txt; put {tmp_path / 'fork'} doc.txt:Resource; get doc.txt:Resource {tmp_path / 'back'}; get doc.txt {tmp_path / 'data.back'}")
+    assert (tmp_path / "back").read_bytes() == payload
+    assert (tmp_path / "data.back").read_bytes() == b"file data"
+    # The file itself holds its own data only.
+    assert (server.share_path / "doc.txt").read_bytes() == b"file data"
+    with tree(server) as t:
+        f = open_file(t, "doc.txt")
+        assert streams_of(f) == {"::$DATA": 9, ":Resource:$DATA": len(payload)}
+        f.close()
+        # The same list through a handle of the stream, named in any case.
+        s = open_file(t, "DOC.TXT:resource:$data")
+        assert streams_of(s) == {"::$DATA": 9, ":Resource:$DATA": len(payload)}
+        s.close()
+
+
+def test_the_store_is_hidden_and_streams_follow_renames_and_go_with_their_file(server):
+    with tree(server) as t:
+        f = open_file(t, "a.txt:Zone.Identifier", disposition=CreateDisposition.FILE_CREATE)
+        f.write(b"[ZoneTransfer]\r\nZoneId=3\r\n", 0)
+        f.close()
+        (one,) = store_dirs(server.share_path)
+        # Not listed, not to be opened, whatever the case.
+        listing = smbclient(server, "ls")
+        assert ".nimbus-streams" not in listing and "a.txt" in listing
+        assert create_status(t, ".nimbus-streams") == OBJECT_NAME_INVALID
+        assert create_status(t, ".NIMBUS-STREAMS\\x") == OBJECT_NAME_INVALID
+        # A rename keeps them; a missing stream is not found.
+        smbclient(server, "rename a.txt b.txt")
+        g = open_file(t, "b.txt:Zone.Identifier")
+        assert g.read(0, 100) == b"[ZoneTransfer]\r\nZoneId=3\r\n"
+        g.close()
+        assert create_status(t, "b.txt:Other") == OBJECT_NAME_NOT_FOUND
+        # Deleting the file deletes its streams.
+        smbclient(server, "del b.txt")
+        assert not one.exists() and store_dirs(server.share_path) == []
+        assert create_status(t, "b.txt:Zone.Identifier") == OBJECT_NAME_NOT_FOUND
+
+
+def test_an_overwrite_leaves_a_file_only_its_unnamed_stream(server):
+    with tree(server) as t:
+        for name in ("o.txt:one", "o.txt:two"):
+            open_file(t, name, disposition=CreateDisposition.FILE_CREATE).close()
+        f = open_file(t, "o.txt", disposition=CreateDisposition.FILE_OVERWRITE_IF)
+        assert streams_of(f) == {"::$DATA": 0}
+        f.close()
+        assert store_dirs(server.share_path) == []
+
+
+def test_a_copy_made_with_its_xattrs_does_not_share_the_originals_streams(server):
+    with tree(server) as t:
+        f = open_file(t, "orig.txt:s", disposition=CreateDisposition.FILE_CREATE)
+        f.write(b"original", 0)
+        f.close()
+        # An administrator's copy on the server's disk, extended attributes and all.
+        shutil.copy2(server.share_path / "orig.txt", server.share_path / "copy.txt")
+        assert os.getxattr(server.share_path / "copy.txt", "user.nimbus.streams")
+        assert create_status(t, "copy.txt:s") == OBJECT_NAME_NOT_FOUND
+        c = open_file(t, "copy.txt:s", disposition=CreateDisposition.FILE_CREATE)
+        c.write(b"the copy's", 0)
+        c.close()
+        o = open_file(t, "orig.txt:s")
+        assert o.read(0, 100) == b"original"
+        o.close()
+        assert len(store_dirs(server.share_path)) == 2
