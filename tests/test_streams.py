@@ -11,6 +11,9 @@ case by case; these tests check what a user and an administrator see.
   rename, go with an overwrite, and go with the file when it is deleted.
 - A copy made on the server's disk with its extended attributes (`cp -a`)
   does not share the original's streams.
+- `smbclient allinfo` shows a file's 8.3 name and streams, the 8.3 name
+  opens the file, and FileIdBothDirectoryInformation carries it with the
+  file's EaSize.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ import subprocess
 
 import pytest
 from smbprotocol.exceptions import SMBResponseException
-from smbprotocol.open import CreateDisposition
-from test_eas import ALL_ACCESS, SUCCESS, open_file, query, tree
+from smbprotocol.file_info import FileInformationClass
+from smbprotocol.open import CreateDisposition, CreateOptions, FileAttributes, ImpersonationLevel, Open
+from test_eas import ALL_ACCESS, SUCCESS, ea_size, full_ea_list, open_file, query, set_eas, tree
 
 pytestmark = pytest.mark.nimbus_only
 
@@ -136,3 +140,28 @@ def test_a_copy_made_with_its_xattrs_does_not_share_the_originals_streams(server
         assert o.read(0, 100) == b"original"
         o.close()
         assert len(store_dirs(server.share_path)) == 2
+
+
+def test_smbclient_allinfo_shows_the_8dot3_name_and_streams_and_the_short_name_opens_the_file(server, tmp_path):
+    (tmp_path / "data").write_bytes(b"report")
+    (tmp_path / "zone").write_bytes(b"[ZoneTransfer]\r\nZoneId=3\r\n")
+    out = smbclient(server, f'put {tmp_path / "data"} "Long File Name.docx"; put {tmp_path / "zone"} "Long File Name.docx:Zone.Identifier"; allinfo "Long File Name.docx"')
+    altname = next(line.split(": ", 1)[1].strip() for line in out.splitlines() if line.startswith("altname:"))
+    assert altname.startswith("LO") and altname.endswith("~1.DOC") and len(altname) == 12
+    assert "stream: [::$DATA], 6 bytes" in out
+    assert "stream: [:Zone.Identifier:$DATA], 26 bytes" in out
+    # The 8.3 name reaches the file (as old programs open it), in any case.
+    smbclient(server, f"get {altname.lower()} {tmp_path / 'back'}")
+    assert (tmp_path / "back").read_bytes() == b"report"
+    # The directory classes with a ShortName carry it, and the EaSize.
+    with tree(server) as t:
+        f = open_file(t, "Long File Name.docx")
+        assert set_eas(f, full_ea_list((b"AUTHOR", b"someone", 0))) == SUCCESS
+        size = ea_size(f)
+        f.close()
+        d = Open(t, "")
+        d.create(ImpersonationLevel.Impersonation, 0x1 | 0x80 | 0x100000, FileAttributes.FILE_ATTRIBUTE_DIRECTORY, 0x7, CreateDisposition.FILE_OPEN, CreateOptions.FILE_DIRECTORY_FILE)
+        (entry,) = d.query_directory("long file name.docx", FileInformationClass.FILE_ID_BOTH_DIRECTORY_INFORMATION)
+        assert entry["short_name"].get_value().decode("utf-16-le") == altname
+        assert entry["ea_size"].get_value() == size > 0
+        d.close()

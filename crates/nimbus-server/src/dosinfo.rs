@@ -120,14 +120,6 @@ impl DosInfo {
         }
     }
 
-    /// Of a directory entry, through its directory's handle.
-    pub fn load_entry(dir: &FileHandle, name: &str) -> DosInfo {
-        match dir.entry_xattr(name, XATTR_NAME) {
-            Ok(Some(buf)) => DosInfo::decode(&buf),
-            _ => DosInfo::default(),
-        }
-    }
-
     pub fn save(&self, handle: &FileHandle) -> Result<(), VfsError> {
         handle.set_xattr(XATTR_NAME, &self.encode())
     }

@@ -6,7 +6,7 @@
 
 use nimbus_vfs::{CreateMode, Kind, LocalFs, OpenOptions};
 
-use crate::names::{eq_ignore_case, join, pick_ignoring_case};
+use crate::names::{dos_name, eq_ignore_case, join, may_be_dos_name, pick_ignoring_case};
 
 /// `path` with every component that exists under another case replaced by
 /// its on-disk spelling; components that exist in no case are kept as given
@@ -52,7 +52,16 @@ fn spelling_in(fs: &LocalFs, dir: &str, name: &str) -> Option<String> {
     // The listing grows with the directory: let the runtime move this
     // worker's other tasks elsewhere meanwhile (a no-op off the runtime's
     // workers), and keep only the names that could be meant.
-    let names =
-        nimbus_state::blocking::off_worker(|| handle.find_names(|n| eq_ignore_case(n, name)));
-    pick_ignoring_case(&names.ok()?, name).map(str::to_string)
+    // A made 8.3 name (crate::names::dos_name) reaches its long name.
+    let short = may_be_dos_name(name);
+    let names = nimbus_state::blocking::off_worker(|| {
+        handle.find_names(|n| {
+            eq_ignore_case(n, name) || (short && eq_ignore_case(&dos_name(n), name))
+        })
+    })
+    .ok()?;
+    if let Some(found) = pick_ignoring_case(&names, name) {
+        return Some(found.to_string());
+    }
+    names.into_iter().min()
 }

@@ -101,6 +101,74 @@ pub fn to_vfs_path_and_stream(name: &str) -> Result<(String, Stream), NtStatus> 
     Ok((out, stream))
 }
 
+/// Characters an 8.3 name may hold besides letters and digits (MS-FSCC
+/// 2.1.5.2.1).
+const DOS_SPECIALS: &str = "$%'-_@~`!(){}^#&";
+
+fn dos_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || DOS_SPECIALS.contains(c)
+}
+
+/// Whether `name` is a valid 8.3 name as it stands (MS-FSCC 2.1.5.2.1): 1
+/// to 8 characters, then optionally a dot and 1 to 3 more, all of the DOS
+/// set.
+fn is_8dot3(name: &str) -> bool {
+    let (base, ext) = match name.split_once('.') {
+        Some((b, e)) => (b, Some(e)),
+        None => (name, None),
+    };
+    (1..=8).contains(&base.len())
+        && base.chars().all(dos_char)
+        && ext.is_none_or(|e| (1..=3).contains(&e.len()) && e.chars().all(dos_char))
+}
+
+/// The 8.3 name (MS-FSCC 2.1.5.2.1) of a file named `long`, as
+/// FileAlternateNameInformation and the directory classes with a short
+/// name report it: the name itself in capitals where it is one, otherwise
+/// made from it, Windows' way for names that collide often: two
+/// characters of the name, four hex digits of a hash of the whole name
+/// (ignoring case), `~1`, and three characters of its extension
+/// (`testsmb2_file.dat` is `TE8C1B~1.DAT`). It depends on the name alone,
+/// not on what else the directory holds, so every node and every restart
+/// gives the same one, and `lookup` finds the file by it; two names of one
+/// directory may share one (1 in 65536 when their first two characters
+/// and extension agree), and then it reaches the smaller.
+pub fn dos_name(long: &str) -> String {
+    if is_8dot3(long) {
+        return long.to_ascii_uppercase();
+    }
+    let (base, ext) = match long.rsplit_once('.') {
+        Some((b, e)) if !b.is_empty() => (b, e),
+        _ => (long, ""),
+    };
+    let keep = |s: &str, n: usize| -> String {
+        s.chars()
+            .filter(|c| dos_char(*c))
+            .take(n)
+            .map(|c| c.to_ascii_uppercase())
+            .collect()
+    };
+    // FNV-1a over the name as compared (lower case), folded to 16 bits.
+    let mut h: u32 = 0x811c_9dc5;
+    for b in long.to_lowercase().bytes() {
+        h = (h ^ u32::from(b)).wrapping_mul(0x0100_0193);
+    }
+    let hash = (h >> 16) ^ (h & 0xffff);
+    let mut out = format!("{}{hash:04X}~1", keep(base, 2));
+    let ext = keep(ext, 3);
+    if !ext.is_empty() {
+        out.push('.');
+        out.push_str(&ext);
+    }
+    out
+}
+
+/// Whether a name a client gave may be a made 8.3 name (`dos_name` of a
+/// longer one), to look for when no file has it as its name.
+pub fn may_be_dos_name(name: &str) -> bool {
+    name.contains('~') && is_8dot3(name)
+}
+
 /// The name of a VFS path as Windows reports it (`\dir\file.txt`).
 pub fn to_smb_name(path: &str) -> String {
     let mut s = String::with_capacity(path.len() + 1);
@@ -452,6 +520,34 @@ mod tests {
             to_vfs_path("d\\.nimbus-streams"),
             Ok("d/.nimbus-streams".into())
         );
+    }
+
+    #[test]
+    fn dos_names() {
+        assert_eq!(dos_name("README.TXT"), "README.TXT");
+        assert_eq!(dos_name("abc.txt"), "ABC.TXT");
+        assert_eq!(dos_name("$x~1"), "$X~1");
+        for long in [
+            "testsmb2_file.dat",
+            "Long File Name.docx",
+            ".bashrc",
+            "a.b.c",
+            "ÄÖÜ.txt",
+            "name.",
+        ] {
+            let short = dos_name(long);
+            assert!(is_8dot3(&short), "{long} -> {short}");
+            assert!(may_be_dos_name(&short), "{long} -> {short}");
+            // The same whatever the case it is asked in.
+            assert_eq!(dos_name(&long.to_uppercase()), short);
+        }
+        assert!(dos_name("Long File Name.docx").starts_with("LO"));
+        assert!(dos_name("Long File Name.docx").ends_with("~1.DOC"));
+        assert_ne!(
+            dos_name("Long File Name 1.docx"),
+            dos_name("Long File Name 2.docx")
+        );
+        assert!(!may_be_dos_name("plain.txt"));
     }
 
     /// The stream forms smbtorture smb2.streams.io, names and names2 use.

@@ -377,9 +377,10 @@ impl FileHandle {
             .collect())
     }
 
-    /// Reads the extended attribute `name` of the directory entry `entry` (one component,
-    /// not followed if a symlink), as [`FileHandle::get_xattr`] does. Needs a directory handle.
-    pub fn entry_xattr(&self, entry: &str, name: &str) -> VfsResult<Option<Vec<u8>>> {
+    /// An attribute-only handle (`O_PATH`) of the directory entry `entry`
+    /// (one component, not followed if a symlink), for its extended
+    /// attributes. Needs a directory handle.
+    pub fn entry(&self, entry: &str) -> VfsResult<FileHandle> {
         if !self.is_dir {
             return Err(VfsError::NotADirectory);
         }
@@ -400,7 +401,7 @@ impl FileHandle {
         // SAFETY: fd is a fresh descriptor owned by nobody else.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         let is_dir = sys::fstat_raw(fd.as_raw_fd())?.st_mode & libc::S_IFMT == libc::S_IFDIR;
-        FileHandle::new(fd, is_dir, Access::Path).get_xattr(name)
+        Ok(FileHandle::new(fd, is_dir, Access::Path))
     }
 
     /// All entries of a directory except "." and "..", each with an lstat-like stat.

@@ -334,6 +334,11 @@ pub fn encode_file_class(class: u8, info: &FileInfo, open: &OpenView<'_>) -> Opt
 #[derive(Clone, Debug)]
 pub struct DirectoryEntry<'a> {
     pub name: &'a str,
+    /// Its 8.3 name where that differs from `name`, else "" (at most 12
+    /// characters are sent).
+    pub short_name: &'a str,
+    /// MS-FSCC 2.4.14 EaSize (as FileEaInformation gives it).
+    pub ea_size: u32,
     pub info: &'a FileInfo,
 }
 
@@ -375,24 +380,29 @@ pub fn encode_directory_entry(class: u8, e: &DirectoryEntry<'_>, out: &mut Vec<u
     out.put_u32(name.len() as u32);
     match class {
         file_class::DIRECTORY => {}
-        file_class::FULL_DIRECTORY => out.put_u32(0),
+        file_class::FULL_DIRECTORY => out.put_u32(e.ea_size),
         file_class::ID_FULL_DIRECTORY => {
-            out.put_u32(0); // EaSize
+            out.put_u32(e.ea_size);
             out.put_u32(0);
             out.put_u64(i.file_id);
         }
         file_class::BOTH_DIRECTORY | file_class::ID_BOTH_DIRECTORY => {
-            out.put_u32(0); // EaSize
-            out.put_u8(0); // ShortNameLength: no 8.3 names
+            out.put_u32(e.ea_size);
+            // ShortNameLength, Reserved1, ShortName (12 UTF-16 units).
+            let mut short = Vec::with_capacity(24);
+            put_utf16le(&mut short, e.short_name);
+            short.truncate(24);
+            out.put_u8(short.len() as u8);
             out.put_u8(0);
-            out.put_zeros(24);
+            out.extend_from_slice(&short);
+            out.put_zeros(24 - short.len());
             if class == file_class::ID_BOTH_DIRECTORY {
                 out.put_u16(0);
                 out.put_u64(i.file_id);
             }
         }
         file_class::ID_EXTD_DIRECTORY => {
-            out.put_u32(0); // EaSize
+            out.put_u32(e.ea_size);
             out.put_u32(0); // ReparsePointTag
             out.put_u64(i.file_id);
             out.put_u64(0);
@@ -635,6 +645,8 @@ mod tests {
         let info = FileInfo::default();
         let e = DirectoryEntry {
             name: "",
+            short_name: "",
+            ea_size: 0,
             info: &info,
         };
         let size = |c| {

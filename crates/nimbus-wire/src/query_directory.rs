@@ -149,7 +149,12 @@ mod tests {
         let mut entry = Vec::new();
         crate::fscc::encode_directory_entry(
             class,
-            &crate::fscc::DirectoryEntry { name, info: &info },
+            &crate::fscc::DirectoryEntry {
+                name,
+                short_name: "",
+                ea_size: 0,
+                info: &info,
+            },
             &mut entry,
         );
         let mut out = Vec::new();

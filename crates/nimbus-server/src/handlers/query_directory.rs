@@ -2,16 +2,19 @@
 
 use nimbus_vfs::{DirEntry, Stat};
 use nimbus_wire::codec::{Put, HEADER_SIZE};
-use nimbus_wire::fscc::{access, encode_directory_entry, is_directory_class, DirectoryEntry};
+use nimbus_wire::fscc::{
+    access, encode_directory_entry, file_class, is_directory_class, DirectoryEntry,
+};
 use nimbus_wire::query_directory::{flags, QueryDirectoryRequest};
 use nimbus_wire::NtStatus;
 
 use super::{check_credit_charge, malformed};
 use crate::dispatch::{Ctx, HandlerResult};
 use crate::dosinfo::DosInfo;
+use crate::eas;
 use crate::errors::vfs_status;
 use crate::fileinfo::file_info;
-use crate::names::{has_wildcards, join, parent, SearchPattern};
+use crate::names::{dos_name, has_wildcards, join, parent, SearchPattern};
 use crate::session::{lock, DirEnum, Open};
 
 pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
@@ -83,13 +86,15 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     out.put_u32(0);
     let data_start = out.len();
     let mut last_entry: Option<usize> = None;
+    // Only FileDirectoryInformation and FileNamesInformation have no EaSize.
+    let with_eas = !matches!(req.info_class, file_class::DIRECTORY | file_class::NAMES);
     let mut count = 0usize;
     while en.pos < en.entries.len() {
         // Entries listed by an earlier request may have been deleted or
         // changed since: look again, and skip the ones that are gone, as a
         // server reading the directory lazily would (MS-FSA 2.1.5.6.3 does
         // not return names that no longer exist).
-        let Some((stat, dos)) = current(&open, &en.entries[en.pos], !restart) else {
+        let Some(listed) = current(&open, &en.entries[en.pos], !restart, with_eas) else {
             en.pos += 1;
             continue;
         };
@@ -102,11 +107,29 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         };
         let before = out.len();
         out.resize(entry_start, 0);
-        let info = file_info(&stat, &dos, false);
+        let info = file_info(&listed.stat, &listed.dos, false);
+        // Only the classes that carry one need the 8.3 name.
+        let short = if matches!(
+            req.info_class,
+            file_class::BOTH_DIRECTORY | file_class::ID_BOTH_DIRECTORY
+        ) && e.name != "."
+            && e.name != ".."
+        {
+            let dos = dos_name(&e.name);
+            if dos == e.name {
+                String::new()
+            } else {
+                dos
+            }
+        } else {
+            String::new()
+        };
         encode_directory_entry(
             req.info_class,
             &DirectoryEntry {
                 name: &e.name,
+                short_name: &short,
+                ea_size: listed.ea_size,
                 info: &info,
             },
             out,
@@ -145,12 +168,25 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
 
 /// The metadata of a listed entry: as listed, or (`refresh`) as it is now;
 /// None if it no longer exists.
-fn current(open: &Open, e: &DirEntry, refresh: bool) -> Option<(Stat, DosInfo)> {
+fn current(open: &Open, e: &DirEntry, refresh: bool, with_eas: bool) -> Option<Listed> {
+    let of = |handle: &nimbus_vfs::FileHandle| Listed {
+        stat: e.stat.clone(),
+        dos: DosInfo::load(handle),
+        ea_size: if with_eas {
+            eas::load(handle).map_or(0, |l| eas::size_of(&l))
+        } else {
+            0
+        },
+    };
     if e.name == "." {
-        return Some((e.stat.clone(), DosInfo::load(&open.handle)));
+        return Some(of(&open.handle));
     }
     if e.name == ".." {
-        return Some((e.stat.clone(), DosInfo::default()));
+        return Some(Listed {
+            stat: e.stat.clone(),
+            dos: DosInfo::default(),
+            ea_size: 0,
+        });
     }
     let stat = if refresh {
         let fs = open.share.fs.as_ref()?;
@@ -158,7 +194,23 @@ fn current(open: &Open, e: &DirEntry, refresh: bool) -> Option<(Stat, DosInfo)> 
     } else {
         e.stat.clone()
     };
-    Some((stat, DosInfo::load_entry(&open.handle, &e.name)))
+    let listed = match open.handle.entry(&e.name) {
+        Ok(h) => of(&h),
+        Err(_) => Listed {
+            stat: e.stat.clone(),
+            dos: DosInfo::default(),
+            ea_size: 0,
+        },
+    };
+    Some(Listed { stat, ..listed })
+}
+
+/// What a listing says of one entry.
+struct Listed {
+    stat: Stat,
+    dos: DosInfo,
+    /// MS-FSCC 2.4.14 and the classes after it: EaSize.
+    ea_size: u32,
 }
 
 /// The entries of a directory that match `search`, "." and ".." first.

@@ -17,6 +17,7 @@ use crate::dispatch::{Ctx, HandlerResult};
 use crate::eas::{self, Ea};
 use crate::errors::vfs_status;
 use crate::fileinfo::{open_info, volume_info};
+use crate::names::dos_name;
 use crate::session::Open;
 
 /// Size of the fixed part of a variable-length class: a buffer at least
@@ -30,6 +31,8 @@ fn fixed_part(info_type: u8, class: u8) -> Option<usize> {
         // smb2.getinfo.qfile_buffercheck checks both.
         (info_type::FILE, file_class::ALL) => Some(104),
         (info_type::FILE, file_class::NAME | file_class::NORMALIZED_NAME) => Some(4),
+        // As FileStreamInformation: 4 + 2, rounded up (qfile_buffercheck).
+        (info_type::FILE, file_class::ALTERNATE_NAME) => Some(8),
         (info_type::FILE, file_class::STREAM) => Some(32),
         // Windows asks for the fixed part rounded up to 8 bytes: 24 for
         // FileFsVolumeInformation (18 + label), 16 for FileFsAttributeInformation.
@@ -98,6 +101,8 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             };
             if req.info_class == file_class::STREAM {
                 stream_information(&open)?
+            } else if req.info_class == file_class::ALTERNATE_NAME {
+                alternate_name(&open)
             } else {
                 encode_file_class(req.info_class, &info, &view)
                     .ok_or(NtStatus::INVALID_INFO_CLASS)?
@@ -178,6 +183,24 @@ fn stream_information(open: &Open) -> Result<Vec<u8>, NtStatus> {
     let mut out = Vec::new();
     encode_stream_information(&entries, &mut out);
     Ok(out)
+}
+
+/// FileAlternateNameInformation (MS-FSCC 2.4.5, laid out as
+/// FILE_NAME_INFORMATION): the 8.3 name of the file's last component (of
+/// the file a stream belongs to), empty for the share root.
+fn alternate_name(open: &Open) -> Vec<u8> {
+    let path = open.path();
+    let leaf = path.rsplit('/').next().unwrap_or("");
+    let short = if leaf.is_empty() {
+        String::new()
+    } else {
+        dos_name(leaf)
+    };
+    let name = nimbus_wire::codec::utf16le(&short);
+    let mut out = Vec::with_capacity(4 + name.len());
+    out.extend_from_slice(&(name.len() as u32).to_le_bytes());
+    out.extend_from_slice(&name);
+    out
 }
 
 /// MS-SMB2 2.2.37 Flags of a QUERY_INFO for FileFullEaInformation.
