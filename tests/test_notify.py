@@ -40,8 +40,10 @@ STATUS_INTERNAL_ERROR = 0xC00000E5
 FILE_NAME, DIR_NAME, ATTRIBUTES, SIZE, LAST_WRITE = 0x1, 0x2, 0x4, 0x8, 0x10
 NAMES = FILE_NAME | DIR_NAME
 WATCH_TREE = 0x0001
+STREAM_NAME, STREAM_SIZE, STREAM_WRITE = 0x200, 0x400, 0x800
 # MS-FSCC 2.4.42 Action.
 ADDED, REMOVED, MODIFIED, OLD_NAME, NEW_NAME = 1, 2, 3, 4, 5
+ADDED_STREAM, REMOVED_STREAM, MODIFIED_STREAM = 6, 7, 8
 
 # MS-SMB2 2.2.13 CREATE values.
 OPEN, CREATE, OPEN_IF = 1, 2, 3
@@ -372,6 +374,29 @@ def test_attribute_changes_and_writes_are_modified(clients):
     close_mid = b.send(CLOSE, struct.pack("<HHI16s", 24, 0, 0, f))
     assert rawsmb.status(b.recv()) == 0 and close_mid
     assert changes(a.final(mid)) == [(MODIFIED, "f")]
+
+
+def test_named_streams_are_added_modified_and_removed_under_the_stream_filters(clients):
+    a, b = clients
+    b.touch(r"d\f")
+    d = a.watch("d")
+    mid, _ = a.start_notify(d, STREAM_NAME | STREAM_SIZE | STREAM_WRITE)
+    s = b.create(r"d\f:Zone.Identifier", disposition=CREATE)
+    assert changes(a.final(mid)) == [(ADDED_STREAM, "f:Zone.Identifier")]
+    # Data written to a stream is the stream's, reported at its close.
+    mid, _ = a.start_notify(d, STREAM_NAME | STREAM_SIZE | STREAM_WRITE)
+    assert rawsmb.status(b.call(WRITE, write_body(s, 0, b"ZoneId=3"))) == 0
+    assert b.close_file(s) == 0
+    assert changes(a.final(mid)) == [(MODIFIED_STREAM, "f:Zone.Identifier")]
+    mid, _ = a.start_notify(d, STREAM_NAME | STREAM_SIZE | STREAM_WRITE)
+    b.delete(r"d\f:Zone.Identifier")
+    assert changes(a.final(mid)) == [(REMOVED_STREAM, "f:Zone.Identifier")]
+    # A watch of names alone (another handle: a handle's first filter
+    # holds) hears nothing of streams.
+    mid, _ = a.start_notify(a.watch("d"), NAMES)
+    assert b.close_file(b.create(r"d\f:other", disposition=CREATE)) == 0
+    b.touch(r"d\g")
+    assert changes(a.final(mid)) == [(ADDED, "g")]
 
 
 def test_a_deleted_watched_directory_ends_the_wait_with_delete_pending(clients):

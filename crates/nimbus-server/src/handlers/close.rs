@@ -58,7 +58,7 @@ pub fn release(server: &Server, open: &Open) {
     }
     let deleted = match sm.remove_open(open.file_key, open.open_id) {
         Ok(true) if open.stream.is_some() => {
-            delete_stream(open);
+            delete_stream(server, open);
             false
         }
         Ok(true) => {
@@ -131,7 +131,7 @@ fn release_base(server: &Server, open: &Open) -> bool {
 }
 
 /// Deletes a delete-pending stream at its last close; its file stays.
-fn delete_stream(open: &Open) {
+fn delete_stream(server: &Server, open: &Open) {
     let (Some(fs), Some(stream)) = (open.share.fs.as_ref(), &open.stream) else {
         return;
     };
@@ -141,7 +141,10 @@ fn delete_stream(open: &Open) {
         .streams(&stream.base, false)
         .and_then(|s| s.map_or(Ok(()), |s| s.remove_if(&name, identity)));
     match removed {
-        Ok(()) | Err(VfsError::Changed) | Err(VfsError::NotFound) => {}
+        Ok(()) => server
+            .notify
+            .stream_named(&open.share, &open.path(), &name, false),
+        Err(VfsError::Changed) | Err(VfsError::NotFound) => {}
         Err(e) => tracing::warn!("delete-on-close of stream {name}: {e}"),
     }
 }

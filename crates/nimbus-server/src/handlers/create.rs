@@ -476,6 +476,9 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
             truncating && base.is_none(),
         );
     }
+    if let (true, Some(name)) = (created, &stream_name) {
+        ctx.server.notify.stream_named(&share, &path, name, true);
+    }
     drop(own);
     if dir_changed {
         crate::dir_leases::child_changed(ctx.server, fs, &path, parent_lease);

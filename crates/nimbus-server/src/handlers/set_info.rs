@@ -476,6 +476,7 @@ fn rename_stream(
             // Replaced under its own spelling, then named as asked.
             streams.rename(&from, target, true).map_err(vfs)?;
             streams.rename(target, &to, false).map_err(vfs)?;
+            stream_renamed(ctx, open, &from, &to);
             *lock(&stream.name) = to;
             return Ok(());
         }
@@ -486,8 +487,17 @@ fn rename_stream(
         VfsError::Exists => NtStatus::OBJECT_NAME_COLLISION,
         e => vfs_status(&e),
     })?;
+    stream_renamed(ctx, open, &from, &to);
     *lock(&stream.name) = to;
     Ok(())
+}
+
+/// A stream renamed is one name removed and one added, to watchers.
+fn stream_renamed(ctx: &Ctx<'_>, open: &Open, from: &str, to: &str) {
+    let path = open.path();
+    let notify = &ctx.server.notify;
+    notify.stream_named(&open.share, &path, from, false);
+    notify.stream_named(&open.share, &path, to, true);
 }
 
 /// FILE_ADD_FILE (MS-SMB2 2.2.13.1.2), and the share access of the open a

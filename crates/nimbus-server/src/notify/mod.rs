@@ -683,7 +683,10 @@ impl ChangeNotify {
         }
     }
 
-    /// Reports a MODIFIED entry for `open`'s file now.
+    /// Reports a MODIFIED entry for `open`'s file now. Of an open of a
+    /// named stream, the size and data written are the stream's (MODIFIED
+    /// STREAM, under STREAM_SIZE and STREAM_WRITE, named `file:stream`);
+    /// the rest (times, attributes, EAs) its file's.
     pub fn modified(&self, open: &Open, filter: u32) {
         if self.nobody_watches() {
             return;
@@ -692,12 +695,65 @@ impl ChangeNotify {
             return;
         };
         let path = open.path();
+        let Some(stream) = &open.stream else {
+            self.report(
+                root,
+                &[Change {
+                    action: NotifyAction::Modified,
+                    filter,
+                    path: &path,
+                }],
+            );
+            return;
+        };
+        let named = format!("{path}:{}", crate::session::lock(&stream.name));
+        let mut changes = Vec::with_capacity(2);
+        let mut of_stream = 0;
+        if filter & cf::SIZE != 0 {
+            of_stream |= cf::STREAM_SIZE;
+        }
+        if filter & cf::LAST_WRITE != 0 {
+            of_stream |= cf::STREAM_WRITE;
+        }
+        if of_stream != 0 {
+            changes.push(Change {
+                action: NotifyAction::ModifiedStream,
+                filter: of_stream,
+                path: &named,
+            });
+        }
+        if filter & !cf::SIZE != 0 {
+            changes.push(Change {
+                action: NotifyAction::Modified,
+                filter: filter & !cf::SIZE,
+                path: &path,
+            });
+        }
+        self.report(root, &changes);
+    }
+
+    /// The named stream `stream` of the file at `path` was made (`added`)
+    /// or removed: ADDED_STREAM or REMOVED_STREAM under STREAM_NAME, named
+    /// `file:stream` (MS-FSCC 2.7.1).
+    pub fn stream_named(&self, share: &Share, path: &str, stream: &str, added: bool) {
+        if self.nobody_watches() {
+            return;
+        }
+        let Some(root) = share_root(share) else {
+            return;
+        };
+        let named = format!("{path}:{stream}");
+        let action = if added {
+            NotifyAction::AddedStream
+        } else {
+            NotifyAction::RemovedStream
+        };
         self.report(
             root,
             &[Change {
-                action: NotifyAction::Modified,
-                filter,
-                path: &path,
+                action,
+                filter: cf::STREAM_NAME,
+                path: &named,
             }],
         );
     }
