@@ -220,6 +220,33 @@ pub fn search_pattern(pattern: &str, name: &str) -> Option<bool> {
     Some(compiled.matches(name))
 }
 
+/// A CREATE name (names.rs) split into a share path and a stream: false
+/// if refused. An accepted one has no component that leaves its directory,
+/// holds a separator, or reaches the share's store of streams; a stream
+/// name is never empty and holds no separator; every component has an 8.3
+/// name (`dos_name`) that is one.
+pub fn create_name(name: &str) -> bool {
+    use crate::names::{dos_name, eq_ignore_case, is_8dot3, to_vfs_path_and_stream, Stream};
+    let Ok((path, stream)) = to_vfs_path_and_stream(name) else {
+        return false;
+    };
+    for (i, comp) in path.split('/').filter(|c| !c.is_empty()).enumerate() {
+        assert!(comp != "." && comp != "..", "{name:?}");
+        assert!(!comp.contains(['\\', '\0', ':']), "{name:?}");
+        assert!(comp.len() <= 255, "{name:?}");
+        assert!(
+            i > 0 || !eq_ignore_case(comp, nimbus_vfs::STORE_DIR),
+            "{name:?}"
+        );
+        let dos = dos_name(comp);
+        assert!(is_8dot3(&dos) && dos.len() <= 12, "{comp:?} -> {dos:?}");
+    }
+    if let Stream::Named(s) = &stream {
+        assert!(!s.is_empty() && !s.contains(['\\', '/', '\0']), "{name:?}");
+    }
+    true
+}
+
 /// One RPC pipe of IPC$ fed attacker-chosen writes: the first byte picks
 /// the service, then each write is a 2-byte length and that many bytes
 /// (cut short at the end). After each write every answer is read in

@@ -112,7 +112,7 @@ fn dos_char(c: char) -> bool {
 /// Whether `name` is a valid 8.3 name as it stands (MS-FSCC 2.1.5.2.1): 1
 /// to 8 characters, then optionally a dot and 1 to 3 more, all of the DOS
 /// set.
-fn is_8dot3(name: &str) -> bool {
+pub(crate) fn is_8dot3(name: &str) -> bool {
     let (base, ext) = match name.split_once('.') {
         Some((b, e)) => (b, Some(e)),
         None => (name, None),

@@ -11,18 +11,21 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use nimbus_server::fuzz_api::{rpc_pipe, search_pattern, security_layer, server, Harness};
+use nimbus_server::fuzz_api::{
+    create_name, rpc_pipe, search_pattern, security_layer, server, Harness,
+};
 use nimbus_wire::header::chain_offsets;
 use nimbus_wire::{Header, NtStatus};
 
 /// Every fuzz target, each with its directory under fuzz/regressions/.
-const TARGETS: [&str; 8] = [
+const TARGETS: [&str; 9] = [
     "connection",
     "security_layer",
     "wire_decoders",
     "nbss_framer",
     "auth_tokens",
     "search_pattern",
+    "create_name",
     "state_rules",
     "rpc_pipe",
 ];
@@ -400,6 +403,38 @@ fn split_pattern(data: &[u8]) -> (String, String) {
         String::from_utf8_lossy(pattern).into_owned(),
         String::from_utf8_lossy(name).chars().take(1024).collect(),
     )
+}
+
+#[test]
+fn create_name_seeds_and_regressions() {
+    let seeds = inputs("seeds/create_name");
+    let expected: [(&str, bool); 6] = [
+        ("plain", true),
+        ("stream", true),
+        ("unnamed-data", true),
+        ("bad-type", false),
+        ("third-colon", false),
+        ("store", false),
+    ];
+    let names: Vec<&str> = expected.iter().map(|(n, _)| *n).collect();
+    assert_present_in("seeds/create_name", &seeds, &names);
+    // A stream name past 255 characters is refused; a capital I with a dot
+    // (lower-cased to two characters, one ASCII) still gets an 8.3 name.
+    let found = regressions("create_name");
+    assert_present(
+        "create_name",
+        &found,
+        &["stream-name-300", "dotted-capital-i"],
+    );
+    for (name, input) in seeds.iter().chain(&found) {
+        let accepted = create_name(&String::from_utf8_lossy(input));
+        if let Some((_, want)) = expected.iter().find(|(n, _)| n == name) {
+            assert_eq!(accepted, *want, "{name}");
+        }
+        if name == "stream-name-300" {
+            assert!(!accepted);
+        }
+    }
 }
 
 #[test]
