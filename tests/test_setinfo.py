@@ -504,3 +504,61 @@ def test_rename_into_a_subdirectory(server, f):
     f.close()
     assert listing(server) == ["sub"]
     assert (server.share_path / "sub" / "moved.dat").read_bytes() == CONTENT
+
+
+# --------------------------------------------------------------------------
+# The delayed write-time update (Windows 2016 and Samba; smbtorture
+# smb2.timestamps.delayed-*): the steps that need no waiting.
+
+
+def disk_write_time(server, name: str = "test.dat") -> int:
+    return EPOCH_AS_FILETIME + (server.share_path / name).stat().st_mtime_ns // 100
+
+
+def test_a_write_moves_the_write_time_at_a_flush_not_at_once(server, tree, f):
+    before = all_info(f).last_write_time
+    f.write(b"new data", 0)
+    # Not at once: the time shown, and the disk's, stay.
+    assert all_info(f).last_write_time == before
+    if server.kind == "nimbus":  # Samba keeps the time it shows in memory
+        assert disk_write_time(server) == before
+    # FLUSH makes the pending update; a close with nothing written since
+    # leaves it.
+    f.flush()
+    flushed = all_info(f).last_write_time
+    assert flushed > before
+    f.close()
+    g = open_file(tree, "test.dat")
+    assert all_info(g).last_write_time == flushed
+    # A write, then a close: the close moves it.
+    g.write(b"more", 0)
+    assert all_info(g).last_write_time == flushed
+    g.close()
+    h = open_file(tree, "test.dat")
+    assert all_info(h).last_write_time > flushed
+    h.close()
+
+
+def test_a_write_time_set_explicitly_stays_through_its_own_handles_writes(tree, f):
+    # Set through another handle once this one's write moved the time
+    # (here by setting the size): this one's close, with nothing written
+    # since, leaves it (smbtorture delayed-write-vs-seteof).
+    f.write(b"x", 0)
+    set_info(f, FileInformationClass.FILE_END_OF_FILE_INFORMATION, struct.pack("<Q", len(CONTENT)))
+    other = open_file(tree, "test.dat")
+    wanted = base_filetime()
+    set_info(other, FileInformationClass.FILE_BASIC_INFORMATION, basic_info(write=wanted))
+    other.close()
+    f.close()
+    g = open_file(tree, "test.dat")
+    assert all_info(g).last_write_time == wanted
+    # Set through a handle, then written through it: it stays (MS-FSA
+    # Open.UserSetModificationTime).
+    again = wanted + 10_000_000
+    set_info(g, FileInformationClass.FILE_BASIC_INFORMATION, basic_info(write=again))
+    g.write(b"y", 1)
+    assert all_info(g).last_write_time == again
+    g.close()
+    h = open_file(tree, "test.dat")
+    assert all_info(h).last_write_time == again
+    h.close()

@@ -42,6 +42,7 @@ mod server;
 mod session;
 mod session_registry;
 pub mod status;
+mod write_times;
 
 pub use config::{Config, ConfigError, ShareConfig, SigningPolicy};
 pub use server::{kerberos_acceptor, Server, StartError};

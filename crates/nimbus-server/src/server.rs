@@ -110,6 +110,9 @@ pub struct Server {
     pub opens: OpenRegistry,
     /// Change notify: watches on open directories and the changes for them.
     pub notify: crate::notify::ChangeNotify,
+    /// Files whose write time moves later than their data (Windows'
+    /// delayed write-time update).
+    pub write_times: crate::write_times::WriteTimes,
     /// Durable opens kept after their connection was lost, and the
     /// CreateGuids of v2 durable opens.
     pub durables: crate::durable::DurableOpens,
@@ -329,6 +332,7 @@ impl Server {
             oplocks,
             opens: OpenRegistry::default(),
             notify,
+            write_times: Default::default(),
             durables: crate::durable::DurableOpens::new(keep),
             sessions: Default::default(),
             drain: Default::default(),

@@ -20,6 +20,8 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     }
     let open = ctx.open(req.file_id)?;
     lock(&ctx.session()?.opens).remove(&open.volatile_id());
+    release(ctx.server, &open);
+    // After the release: the write time a close sets is in its answer.
     let info = if req.flags & FLAG_POSTQUERY_ATTRIB != 0 {
         match open_info(&open, false) {
             Ok(info) => times_and_sizes(&info),
@@ -28,7 +30,6 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     } else {
         FileTimesAndSizes::default()
     };
-    release(ctx.server, &open);
     CloseResponse {
         flags: req.flags & FLAG_POSTQUERY_ATTRIB,
         info,
@@ -40,6 +41,8 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
 /// Drops an open from the share-mode table; when it was the last open of a
 /// delete-pending file, deletes the file.
 pub fn release(server: &Server, open: &Open) {
+    // A handle that wrote sets the write time as it goes.
+    server.write_times.closing(open);
     // Its byte-range locks go with the handle; its waiting LOCKs end.
     server.locks.release_open(open.file_key, open.open_id);
     server.opens.forget(open.open_id);

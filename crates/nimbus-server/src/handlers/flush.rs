@@ -17,6 +17,8 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     }
     // Acknowledged data must survive a crash once FLUSH succeeds.
     open.handle.sync().map_err(|e| vfs_status(&e))?;
+    // A pending write-time update is made too.
+    ctx.server.write_times.flush(&open);
     encode_empty(out);
     Ok(NtStatus::SUCCESS)
 }

@@ -86,6 +86,8 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             // A stream is delete-pending with its file too.
             let pending = pending_of(open.file_key)
                 || open.stream.as_ref().is_some_and(|s| pending_of(s.base_key));
+            // A delayed write-time update now due is made first.
+            ctx.server.write_times.settle(&open);
             let info = open_info(&open, pending).map_err(|e| vfs_status(&e))?;
             let name = open.smb_name();
             let view = OpenView {

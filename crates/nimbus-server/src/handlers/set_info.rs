@@ -64,7 +64,7 @@ fn explicit_time(ft: u64) -> Option<u64> {
 }
 
 /// MS-FSA 2.1.5.15.1 FileBasicInformation.
-fn set_basic(open: &Open, buf: &[u8]) -> Result<(), NtStatus> {
+fn set_basic(ctx: &Ctx<'_>, open: &Open, buf: &[u8]) -> Result<(), NtStatus> {
     let vfs = |e: VfsError| vfs_status(&e);
     require(open, access::FILE_WRITE_ATTRIBUTES)?;
     // A stream's times and attributes are its file's.
@@ -94,6 +94,13 @@ fn set_basic(open: &Open, buf: &[u8]) -> Result<(), NtStatus> {
     );
     if atime.is_some() || mtime.is_some() {
         meta.set_times(atime, mtime).map_err(vfs)?;
+    }
+    // A write time set stays through this file's pending update and
+    // closes; setting anything else makes a pending update now (as
+    // Windows 2016 does, even for all-zero times).
+    match mtime {
+        Some(t) => ctx.server.write_times.set_explicitly(open, t),
+        None => ctx.server.write_times.flush(open),
     }
     let mut dos = DosInfo::load(meta);
     let before = dos;
@@ -177,7 +184,7 @@ fn set_file_info(
         .then(|| ctx.server.notify.own_change_of(open))
         .flatten();
     match class {
-        file_class::BASIC => set_basic(open, buf)?,
+        file_class::BASIC => set_basic(ctx, open, buf)?,
         file_class::RENAME | file_class::RENAME_EX => {
             require(open, access::DELETE)?;
             let (replace, root, name) = if class == file_class::RENAME {
@@ -262,6 +269,7 @@ fn set_file_info(
                 .oplocks
                 .contend_readers(open.file_key, open.open_id);
             open.handle.set_len(eof).map_err(vfs)?;
+            ctx.server.write_times.size_set(open);
         }
         file_class::ALLOCATION => {
             require(open, access::FILE_WRITE_DATA)?;
@@ -280,6 +288,7 @@ fn set_file_info(
             } else {
                 open.handle.allocate(size).map_err(vfs)?;
             }
+            ctx.server.write_times.size_set(open);
         }
         file_class::FULL_EA => {
             require(open, access::FILE_WRITE_EA)?;
