@@ -273,6 +273,12 @@ impl Open {
         self.stream.as_ref().map_or(&self.handle, |s| &s.base)
     }
 
+    /// The file whose metadata this open shows: the base file's for an
+    /// open of a named stream.
+    pub fn meta_key(&self) -> FileKey {
+        self.stream.as_ref().map_or(self.file_key, |s| s.base_key)
+    }
+
     /// The name a client sees for this open, as FileNameInformation gives
     /// it: `\dir\file`, or `\dir\file:stream` without `:$DATA`.
     pub fn smb_name(&self) -> String {

@@ -24,7 +24,11 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     // After the release: the write time a close sets is in its answer.
     let info = if req.flags & FLAG_POSTQUERY_ATTRIB != 0 {
         match open_info(&open, false) {
-            Ok(info) => times_and_sizes(&info),
+            Ok(mut info) => {
+                // Another writer's update may still be pending.
+                ctx.server.write_times.adjust(open.meta_key(), &mut info);
+                times_and_sizes(&info)
+            }
             Err(_) => FileTimesAndSizes::default(),
         }
     } else {

@@ -107,7 +107,12 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         };
         let before = out.len();
         out.resize(entry_start, 0);
-        let info = file_info(&listed.stat, &listed.dos, false);
+        let mut info = file_info(&listed.stat, &listed.dos, false);
+        let file = nimbus_state::FileKey {
+            dev: listed.stat.dev,
+            ino: listed.stat.ino,
+        };
+        ctx.server.write_times.adjust(file, &mut info);
         // Only the classes that carry one need the 8.3 name.
         let short = if matches!(
             req.info_class,

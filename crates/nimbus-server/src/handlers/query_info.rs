@@ -88,7 +88,8 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
                 || open.stream.as_ref().is_some_and(|s| pending_of(s.base_key));
             // A delayed write-time update now due is made first.
             ctx.server.write_times.settle(&open);
-            let info = open_info(&open, pending).map_err(|e| vfs_status(&e))?;
+            let mut info = open_info(&open, pending).map_err(|e| vfs_status(&e))?;
+            ctx.server.write_times.adjust(open.meta_key(), &mut info);
             let name = open.smb_name();
             let view = OpenView {
                 access_flags: open.access,

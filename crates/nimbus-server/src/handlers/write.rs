@@ -88,10 +88,8 @@ pub(super) fn change_data_past_locks<T>(
         .contend_readers(open.file_key, open.open_id);
     let own = ctx.server.notify.own_change_of(open);
     // The write time clients see moves later, not with the data.
-    let shown = ctx.server.write_times.before_write(open);
-    let result = write();
-    ctx.server.write_times.after_write(open, shown);
-    let result = result?;
+    ctx.server.write_times.before_write(open);
+    let result = write()?;
     drop(own);
     ctx.server.notify.wrote(open);
     if !open.wrote.load(std::sync::atomic::Ordering::Relaxed) {
