@@ -327,19 +327,22 @@ pub fn is_ordered(frame: &[u8], limits: &Limits, conn: &Connection) -> bool {
     if conn.server.cluster.is_none() || frame.starts_with(&TRANSFORM_PROTOCOL_ID) {
         return false;
     }
-    chain_offsets(frame, limits.max_compound_requests).all(|off| {
-        let command = u16::from_le_bytes([frame[off + 12], frame[off + 13]]);
-        !matches!(
-            Command::from_u16(command),
-            Some(
-                Command::Read
-                    | Command::Write
-                    | Command::Flush
-                    | Command::QueryDirectory
-                    | Command::Ioctl
-            )
+    chain_offsets(frame, limits.max_compound_requests).all(|off| !is_data_command(frame, off))
+}
+
+/// Whether the request at `off` of a chain moves data or lists (READ,
+/// WRITE, FLUSH, QUERY_DIRECTORY, IOCTL): it never waits on another client.
+fn is_data_command(frame: &[u8], off: usize) -> bool {
+    matches!(
+        Command::from_u16(u16::from_le_bytes([frame[off + 12], frame[off + 13]])),
+        Some(
+            Command::Read
+                | Command::Write
+                | Command::Flush
+                | Command::QueryDirectory
+                | Command::Ioctl
         )
-    })
+    )
 }
 
 /// Whether the request at `off` (or, for a related request naming no tree,
@@ -983,18 +986,7 @@ fn ends_handles_command(cmd: Option<Command>) -> bool {
 /// frames a CLOSE behind them waits for (`crate::arrivals`).
 pub fn data_only(frame: &[u8], limits: &Limits) -> bool {
     !frame.starts_with(&TRANSFORM_PROTOCOL_ID)
-        && chain_offsets(frame, limits.max_compound_requests).all(|off| {
-            matches!(
-                Command::from_u16(u16::from_le_bytes([frame[off + 12], frame[off + 13]])),
-                Some(
-                    Command::Read
-                        | Command::Write
-                        | Command::Flush
-                        | Command::QueryDirectory
-                        | Command::Ioctl
-                )
-            )
-        })
+        && chain_offsets(frame, limits.max_compound_requests).all(|off| is_data_command(frame, off))
 }
 
 /// Whether a frame holds a CLOSE, TREE_DISCONNECT or LOGOFF, which must
