@@ -131,6 +131,25 @@ impl Authenticator {
         }
     }
 
+    /// The server's machine SID, under which its users' SIDs are.
+    pub fn machine_sid(&self) -> crate::MachineSid {
+        self.users().machine_sid(&self.shared.provider)
+    }
+
+    /// The RID of user `name` (as it logged on), if it is in the database.
+    pub fn user_rid(&self, name: &str) -> Option<u32> {
+        self.users().rid(name)
+    }
+
+    /// The name of the user with RID `rid`.
+    pub fn user_of_rid(&self, rid: u32) -> Option<String> {
+        self.users().name_of_rid(rid).map(str::to_owned)
+    }
+
+    fn users(&self) -> std::sync::RwLockReadGuard<'_, UserDb> {
+        self.shared.users.read().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// SPNEGO NegTokenInit2 for the SMB2 NEGOTIATE response security buffer
     /// (MS-SPNG 3.2.5.2): the mechanisms offered ([MS-KRB5, KRB5] when
     /// Kerberos is configured, then NTLMSSP unless it is off) and the fixed

@@ -20,4 +20,4 @@ mod userdb;
 pub use acceptor::{AuthConfig, AuthError, AuthExchange, AuthResult, AuthStep, Authenticator};
 pub use kerberos::{KerberosAcceptor, PrincipalMap};
 pub use nimbus_gssapi::GssError;
-pub use userdb::{NtHash, UserDb, UserDbError};
+pub use userdb::{MachineSid, NtHash, UserDb, UserDbError, FIRST_USER_RID};

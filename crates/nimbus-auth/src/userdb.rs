@@ -1,12 +1,22 @@
 //! The local user database: user name -> NT hash (MD4 of the UTF-16LE
 //! password, MS-NLMP 3.3.1 NTOWFv1). Passwords themselves are never stored.
 //!
+//! It is also the server's account database (the SAM of a Windows
+//! server): the server's machine SID, and each user's relative id (RID),
+//! which together make the SID that names the user in security
+//! descriptors. Those must never change once descriptors use them.
+//!
 //! File format (text, UTF-8):
 //! ```text
-//! # nimbus user database v1
-//! alice:8846f7eaee8fb117ad06bdd830b7586c
+//! # nimbus user database v2
+//! machine-sid S-1-5-21-3623811015-3361044348-30300820
+//! alice:8846f7eaee8fb117ad06bdd830b7586c:1000
 //! ```
-//! Lines after the header may also be empty or start with `#`.
+//! Lines after the header may also be empty or start with `#`. Version 1
+//! files (no machine SID, `name:hash` lines) still load: a user without a
+//! RID gets the next free one in name order, and a database without a
+//! machine SID uses one derived from its path (see [`UserDb::machine_sid`]);
+//! the next `nimbus user add` writes both down.
 //!
 //! The file holds password equivalents (an NT hash is all NTLM needs to log
 //! on), so it must be private to its owner: a file that group or others may
@@ -23,7 +33,11 @@ use std::time::{Duration, Instant};
 use nimbus_crypto::CryptoProvider;
 use zeroize::{Zeroize, ZeroizeOnDrop};
 
-const HEADER: &str = "# nimbus user database v1";
+const HEADER: &str = "# nimbus user database v2";
+const HEADER_V1: &str = "# nimbus user database v1";
+const MACHINE_SID_KEY: &str = "machine-sid ";
+/// The first RID of an ordinary account (Windows reserves those below).
+pub const FIRST_USER_RID: u32 = 1000;
 /// Longest user name accepted (Windows allows 20 for SAM accounts, UPNs up
 /// to 256 characters: take the larger).
 const MAX_NAME_CHARS: usize = 256;
@@ -109,7 +123,7 @@ impl fmt::Display for UserDbError {
             UserDbError::Parse { path, line, reason } => write!(
                 f,
                 "user database {}, line {line}: {reason} (each line must be \
-                 `name:<32 hex digits of the NT hash>` after the header `{HEADER}`; fix or delete \
+                 `name:<32 hex digits of the NT hash>:<RID>` after the header `{HEADER}`; fix or delete \
                  the line, then re-add the user with `nimbus user add`)",
                 path.display()
             ),
@@ -145,6 +159,52 @@ struct Entry {
     /// The name as given when the user was added.
     name: String,
     hash: NtHash,
+    /// The relative id: the last sub-authority of the user's SID.
+    rid: u32,
+}
+
+/// The three sub-authorities after S-1-5-21 that identify this server's
+/// accounts (MS-DTYP 2.4.2.4: a machine's local accounts live under
+/// S-1-5-21-X-Y-Z).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MachineSid(pub [u32; 3]);
+
+impl fmt::Display for MachineSid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let [a, b, c] = self.0;
+        write!(f, "S-1-5-21-{a}-{b}-{c}")
+    }
+}
+
+impl MachineSid {
+    /// Parses `S-1-5-21-X-Y-Z`.
+    pub fn parse(text: &str) -> Option<MachineSid> {
+        let rest = text.trim().strip_prefix("S-1-5-21-")?;
+        let mut parts = rest.split('-').map(|p| p.parse::<u32>().ok());
+        let sid = MachineSid([parts.next()??, parts.next()??, parts.next()??]);
+        parts.next().is_none().then_some(sid)
+    }
+
+    /// A new random machine SID (as Windows makes one at installation).
+    fn random(provider: &CryptoProvider) -> MachineSid {
+        let mut bytes = [0u8; 12];
+        provider.fill_random(&mut bytes);
+        MachineSid(std::array::from_fn(|i| {
+            u32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().unwrap_or_default())
+        }))
+    }
+
+    /// The machine SID of a database that has none written down: derived
+    /// from where the database is, so that the server and the next `nimbus
+    /// user add` agree on it without either writing anything.
+    fn of_path(provider: &CryptoProvider, path: &Path) -> MachineSid {
+        let path = fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
+        let digest =
+            provider.sha512(&[b"nimbus machine SID\0", path.as_os_str().as_encoded_bytes()]);
+        MachineSid(std::array::from_fn(|i| {
+            u32::from_le_bytes(digest[4 * i..4 * i + 4].try_into().unwrap_or_default())
+        }))
+    }
 }
 
 /// User name -> NT hash. Lookup is case-insensitive (like Windows account
@@ -152,6 +212,8 @@ struct Entry {
 #[derive(Default)]
 pub struct UserDb {
     users: HashMap<String, Entry>,
+    /// As written in the file; None for a version 1 file or a new database.
+    machine_sid: Option<MachineSid>,
     /// The file this was loaded from, and its identity then (for reloads).
     source: Option<(PathBuf, FileStamp)>,
 }
@@ -269,20 +331,59 @@ impl UserDb {
         };
         let mut lines = text.lines().enumerate();
         match lines.next() {
-            Some((_, first)) if first.trim_end() == HEADER => {}
+            Some((_, first)) if [HEADER, HEADER_V1].contains(&first.trim_end()) => {}
             _ => return Err(err(1, format!("the first line must be `{HEADER}`"))),
         }
         let mut db = UserDb::new();
+        let mut rids = std::collections::HashSet::new();
         for (i, raw) in lines {
             let line_no = i + 1;
             let line = raw.trim_end_matches('\r');
             if line.trim().is_empty() || line.starts_with('#') {
                 continue;
             }
-            let (name, hex) = line
+            // User lines always hold a ':'; this one never does.
+            if let Some(sid) = line
+                .strip_prefix(MACHINE_SID_KEY)
+                .filter(|_| !line.contains(':'))
+            {
+                if db.machine_sid.is_some() {
+                    return Err(err(line_no, "a second machine-sid line".into()));
+                }
+                db.machine_sid = Some(MachineSid::parse(sid).ok_or_else(|| {
+                    err(
+                        line_no,
+                        format!("{sid:?} is not a machine SID of the form S-1-5-21-X-Y-Z"),
+                    )
+                })?);
+                continue;
+            }
+            let (name, rest) = line
                 .split_once(':')
                 .ok_or_else(|| err(line_no, "no ':' between name and hash".into()))?;
             check_name(name).map_err(|r| err(line_no, r.into()))?;
+            let (hex, rid) = match rest.split_once(':') {
+                Some((hex, rid)) => {
+                    let rid = rid
+                        .trim()
+                        .parse::<u32>()
+                        .ok()
+                        .filter(|r| *r >= FIRST_USER_RID)
+                        .ok_or_else(|| {
+                            err(
+                                line_no,
+                                format!(
+                                    "the RID {rid:?} is not a number of at least {FIRST_USER_RID}"
+                                ),
+                            )
+                        })?;
+                    if !rids.insert(rid) {
+                        return Err(err(line_no, format!("the RID {rid} appears twice")));
+                    }
+                    (hex, rid)
+                }
+                None => (rest, 0),
+            };
             let hash = parse_hex16(hex.trim())
                 .ok_or_else(|| err(line_no, "the hash is not 32 hexadecimal digits".into()))?;
             let key = fold(name);
@@ -294,8 +395,22 @@ impl UserDb {
                 Entry {
                     name: name.to_owned(),
                     hash,
+                    rid,
                 },
             );
+        }
+        // Users from a version 1 line: the next free RIDs, in name order,
+        // so that every reader of the same file gives the same ones.
+        let mut unnumbered: Vec<&mut Entry> =
+            db.users.values_mut().filter(|e| e.rid == 0).collect();
+        unnumbered.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut next = rids
+            .iter()
+            .max()
+            .map_or(FIRST_USER_RID, |m| m.saturating_add(1));
+        for e in unnumbered {
+            e.rid = next;
+            next = next.saturating_add(1);
         }
         Ok(db)
     }
@@ -310,6 +425,9 @@ impl UserDb {
         let mut text = String::with_capacity(64 + self.users.len() * 48);
         text.push_str(HEADER);
         text.push('\n');
+        if let Some(sid) = self.machine_sid {
+            text.push_str(&format!("{MACHINE_SID_KEY}{sid}\n"));
+        }
         let mut entries: Vec<&Entry> = self.users.values().collect();
         entries.sort_by(|a, b| a.name.cmp(&b.name));
         for e in entries {
@@ -318,7 +436,7 @@ impl UserDb {
             for b in e.hash.as_bytes() {
                 text.push_str(&format!("{b:02x}"));
             }
-            text.push('\n');
+            text.push_str(&format!(":{}\n", e.rid));
         }
         let text = zeroize::Zeroizing::new(text);
 
@@ -383,14 +501,59 @@ impl UserDb {
         let ntlm = provider.ntlm().ok_or(UserDbError::NtlmUnavailable)?;
         let utf16 = zeroize::Zeroizing::new(utf16le(password));
         let hash = NtHash(ntlm.md4(&utf16));
+        // The SID a database gets when its first user is written down; one
+        // read from a file keeps the one the server has been using.
+        if self.machine_sid.is_none() {
+            self.machine_sid = Some(match &self.source {
+                Some((path, _)) => MachineSid::of_path(provider, path),
+                None => MachineSid::random(provider),
+            });
+        }
+        // A new password keeps the account (and so its SID); a new user
+        // gets the next RID, never one a removed user had while a higher
+        // one is in use.
+        let rid = match self.users.get(&fold(name)) {
+            Some(e) => e.rid,
+            None => self
+                .users
+                .values()
+                .map(|e| e.rid)
+                .max()
+                .map_or(FIRST_USER_RID, |m| m.saturating_add(1)),
+        };
         self.users.insert(
             fold(name),
             Entry {
                 name: name.to_owned(),
                 hash,
+                rid,
             },
         );
         Ok(())
+    }
+
+    /// The server's machine SID: as written in the file, or for a database
+    /// that has none yet, the one derived from its path (an in-memory
+    /// database without a file: S-1-5-21-0-0-0).
+    pub fn machine_sid(&self, provider: &CryptoProvider) -> MachineSid {
+        match (self.machine_sid, &self.source) {
+            (Some(sid), _) => sid,
+            (None, Some((path, _))) => MachineSid::of_path(provider, path),
+            (None, None) => MachineSid([0; 3]),
+        }
+    }
+
+    /// The RID of `name` (case-insensitive).
+    pub fn rid(&self, name: &str) -> Option<u32> {
+        self.users.get(&fold(name)).map(|e| e.rid)
+    }
+
+    /// The stored name of the user with RID `rid`.
+    pub fn name_of_rid(&self, rid: u32) -> Option<&str> {
+        self.users
+            .values()
+            .find(|e| e.rid == rid)
+            .map(|e| e.name.as_str())
     }
 
     /// Removes `name` (case-insensitive); true if it was there.
@@ -767,7 +930,7 @@ mod tests {
         db.add("Alice", "a", &p).unwrap();
         db.save(&path).unwrap();
         let text = fs::read_to_string(&path).unwrap();
-        assert!(text.starts_with("# nimbus user database v1\n"));
+        assert!(text.starts_with("# nimbus user database v2\nmachine-sid S-1-5-21-"));
         assert!(!text.contains(":a\n"));
         #[cfg(unix)]
         {
@@ -794,6 +957,57 @@ mod tests {
     }
 
     #[test]
+    fn rids_and_machine_sid() {
+        let p = CryptoProvider::default_provider();
+        let path = Path::new("/etc/nimbus/users.db");
+        // Version 1: RIDs in name order, no machine SID written.
+        let v1 = "# nimbus user database v1\nzed:a4f49c406510bdcab6824ee7c30fd852\n\
+                  amy:a4f49c406510bdcab6824ee7c30fd852\n";
+        let db = UserDb::parse(path, v1).unwrap();
+        assert_eq!((db.rid("amy"), db.rid("ZED")), (Some(1000), Some(1001)));
+        assert_eq!(db.name_of_rid(1001), Some("zed"));
+        assert!(db.machine_sid.is_none());
+        // Version 2: RIDs as written; unnumbered lines come after them.
+        let v2 = "# nimbus user database v2\nmachine-sid S-1-5-21-1-2-3\n\
+                  bob:a4f49c406510bdcab6824ee7c30fd852:1007\n\
+                  al:a4f49c406510bdcab6824ee7c30fd852\n";
+        let mut db = UserDb::parse(path, v2).unwrap();
+        assert_eq!(db.machine_sid(&p), MachineSid([1, 2, 3]));
+        assert_eq!((db.rid("bob"), db.rid("al")), (Some(1007), Some(1008)));
+        // A new user gets the next RID; a new password keeps the old one.
+        db.add("cy", "c", &p).unwrap();
+        db.add("bob", "new", &p).unwrap();
+        assert_eq!((db.rid("cy"), db.rid("bob")), (Some(1009), Some(1007)));
+        assert_eq!(db.machine_sid(&p), MachineSid([1, 2, 3]));
+        // A new database gets a random machine SID, kept on save.
+        let dir = tmpdir("sid");
+        let file = dir.join("users.db");
+        let mut fresh = UserDb::new();
+        fresh.add("x", "y", &p).unwrap();
+        let sid = fresh.machine_sid(&p);
+        assert_ne!(sid, MachineSid([0; 3]));
+        fresh.save(&file).unwrap();
+        assert_eq!(UserDb::load(&file).unwrap().machine_sid(&p), sid);
+        assert_eq!(MachineSid::parse(&sid.to_string()), Some(sid));
+        // A version 1 file's derived SID is the one its next save writes.
+        fs::write(&file, v1).unwrap();
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            fs::set_permissions(&file, fs::Permissions::from_mode(0o600)).unwrap();
+        }
+        let mut old = UserDb::load(&file).unwrap();
+        let derived = old.machine_sid(&p);
+        old.add("new", "n", &p).unwrap();
+        old.save(&file).unwrap();
+        let reread = UserDb::load(&file).unwrap();
+        assert_eq!(reread.machine_sid(&p), derived);
+        assert_eq!(reread.rid("amy"), Some(1000));
+        assert_eq!(reread.rid("new"), Some(1002));
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
     fn parse_errors_name_the_line() {
         let path = Path::new("/etc/nimbus/users.db");
         let cases = [
@@ -804,6 +1018,12 @@ mod tests {
             ("# nimbus user database v1\n:a4f49c406510bdcab6824ee7c30fd852\n", 2),
             (
                 "# nimbus user database v1\na:a4f49c406510bdcab6824ee7c30fd852\nA:a4f49c406510bdcab6824ee7c30fd852\n",
+                3,
+            ),
+            ("# nimbus user database v2\nmachine-sid S-1-5-21-1-2\n", 2),
+            ("# nimbus user database v2\na:a4f49c406510bdcab6824ee7c30fd852:999\n", 2),
+            (
+                "# nimbus user database v2\na:a4f49c406510bdcab6824ee7c30fd852:1000\nb:a4f49c406510bdcab6824ee7c30fd852:1000\n",
                 3,
             ),
         ];

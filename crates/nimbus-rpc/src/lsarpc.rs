@@ -489,7 +489,7 @@ fn sid(authority: u64, subs: &[u32]) -> Sid {
 fn well_known() -> Vec<Account> {
     let nt = "NT AUTHORITY";
     let builtin = "BUILTIN";
-    let table: [(&str, Sid, &str, u32, SidNameUse); 9] = [
+    let table: [(&str, Sid, &str, u32, SidNameUse); 11] = [
         ("", sid(1, &[]), "Everyone", 0, SidNameUse::WellKnownGroup),
         (
             "",
@@ -529,6 +529,14 @@ fn well_known() -> Vec<Account> {
             SidNameUse::Alias,
         ),
         (builtin, sid(5, &[32]), "Users", 545, SidNameUse::Alias),
+        (builtin, sid(5, &[32]), "Guests", 546, SidNameUse::Alias),
+        (
+            "",
+            sid(3, &[]),
+            "OWNER RIGHTS",
+            4,
+            SidNameUse::WellKnownGroup,
+        ),
     ];
     table
         .into_iter()

@@ -3,6 +3,11 @@
 //! without a Windows account); lsarpc names them `Unix User\name` and
 //! `Unix Group\name` from the server's user and group databases, through
 //! getpwuid_r and its kin so that every NSS source counts.
+//!
+//! The users of the user database are the server's own accounts,
+//! S-1-5-21-<machine>-<RID>, named `SERVER\name` as a Windows server names
+//! its local accounts (with its Guest and its "None" group, the primary
+//! group of every user).
 
 use std::ffi::{CStr, CString};
 
@@ -178,6 +183,66 @@ fn group_id(name: &str) -> Option<(String, u32)> {
         });
         (rc, found)
     })
+}
+
+/// The server's own accounts: users of the user database, Guest, None.
+pub fn machine_by_sid(
+    auth: &nimbus_auth::Authenticator,
+    server_name: &str,
+    sid: &Sid,
+) -> Option<Account> {
+    use crate::acl::token::{machine_rid, GUESTS_GROUP_RID, GUEST_RID, NONE_GROUP_RID};
+    let machine = auth.machine_sid();
+    let rid = machine_rid(machine, sid)?;
+    let (name, kind) = match rid {
+        GUEST_RID => ("Guest".to_string(), SidNameUse::User),
+        NONE_GROUP_RID => ("None".to_string(), SidNameUse::Group),
+        GUESTS_GROUP_RID => ("Guests".to_string(), SidNameUse::Group),
+        rid => (auth.user_of_rid(rid)?, SidNameUse::User),
+    };
+    Some(machine_account(machine, server_name, name, rid, kind))
+}
+
+/// The server's account of that name, in its own domain (or none given).
+pub fn machine_by_name(
+    auth: &nimbus_auth::Authenticator,
+    server_name: &str,
+    domain: Option<&str>,
+    name: &str,
+) -> Option<Account> {
+    if domain.is_some_and(|d| !d.eq_ignore_ascii_case(server_name)) {
+        return None;
+    }
+    let machine = auth.machine_sid();
+    let rid = auth.user_rid(name)?;
+    let stored = auth.user_of_rid(rid)?;
+    Some(machine_account(
+        machine,
+        server_name,
+        stored,
+        rid,
+        SidNameUse::User,
+    ))
+}
+
+fn machine_account(
+    machine: nimbus_auth::MachineSid,
+    server_name: &str,
+    name: String,
+    rid: u32,
+    kind: SidNameUse,
+) -> Account {
+    let [a, b, c] = machine.0;
+    Account {
+        domain: server_name.to_uppercase(),
+        domain_sid: Sid {
+            authority: 5,
+            sub_authorities: vec![21, a, b, c],
+        },
+        name,
+        rid,
+        kind,
+    }
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 //! and return typed responses or an NTSTATUS.
 
 mod accounts;
+mod acl;
 mod admission;
 mod arrivals;
 pub mod cluster;

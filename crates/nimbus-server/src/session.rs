@@ -33,6 +33,8 @@ pub enum SessionState {
 }
 
 pub struct Authenticated {
+    /// The SIDs the session acts with in access checks.
+    pub token: Arc<crate::acl::Token>,
     pub user: String,
     pub domain: String,
     pub guest: bool,
@@ -82,6 +84,14 @@ impl Session {
 
     pub fn next_tree_id(&self) -> u32 {
         self.next_tree_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The SIDs of a logged-on session (None while it logs on).
+    pub fn token(&self) -> Option<Arc<crate::acl::Token>> {
+        match &*lock(&self.state) {
+            SessionState::Valid(a) => Some(a.token.clone()),
+            _ => None,
+        }
     }
 
     pub fn is_valid(&self) -> bool {

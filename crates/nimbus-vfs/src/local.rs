@@ -240,6 +240,23 @@ impl LocalFs {
         }
     }
 
+    /// Reads the extended attribute `name` of what `path` names (a final
+    /// symlink inside the share is followed, as `stat` does); `None` when
+    /// it has none. One lookup, for checks made before a file is opened.
+    pub fn get_xattr(&self, path: &str, name: &str) -> VfsResult<Option<Vec<u8>>> {
+        let p = SharePath::parse(path)?;
+        let fd = match p.split_last()? {
+            None => openat2_beneath(self.root(), c".", libc::O_PATH, 0),
+            Some(_) => openat2_beneath(self.root(), &p.full()?, libc::O_PATH, 0),
+        }
+        .map_err(|e| match e {
+            libc::ENOENT => VfsError::NotFound,
+            libc::ENOTDIR => VfsError::PathNotFound,
+            e => resolve_error(e),
+        })?;
+        FileHandle::new(fd, false, Access::Path).get_xattr(name)
+    }
+
     /// Removes a non-directory (a symlink itself, never its target).
     pub fn unlink(&self, path: &str) -> VfsResult<()> {
         let Some((parent, name)) = self.parent_and_name(path)? else {

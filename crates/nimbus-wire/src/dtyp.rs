@@ -1,8 +1,10 @@
 //! MS-DTYP 2.4 security structures: SIDs, ACLs and self-relative security
-//! descriptors, enough to describe a POSIX owner, group and mode.
+//! descriptors (the codec is in `security_descriptor`), and the descriptor
+//! that describes a POSIX owner, group and mode.
 
 use crate::codec::Put;
 use crate::fscc::access;
+use crate::security_descriptor::{ace_flags, ace_type, control, Ace, Acl, SecurityDescriptor};
 
 /// MS-DTYP 2.4.2.2 SID.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -80,10 +82,6 @@ pub mod security_information {
     pub const SACL: u32 = 0x8;
 }
 
-/// MS-DTYP 2.4.4.1 ACE_HEADER AceFlags for inheritance.
-const OBJECT_INHERIT_ACE: u8 = 0x01;
-const CONTAINER_INHERIT_ACE: u8 = 0x02;
-
 /// Maps three POSIX permission bits onto file access rights.
 fn rights_from_rwx(bits: u32, is_dir: bool) -> u32 {
     let mut mask = 0;
@@ -102,73 +100,39 @@ fn rights_from_rwx(bits: u32, is_dir: bool) -> u32 {
     mask
 }
 
-/// Builds a self-relative SECURITY_DESCRIPTOR (MS-DTYP 2.4.6) for a file
-/// with the given POSIX owner, group and mode, holding only the parts that
-/// `wanted` (SECURITY_INFORMATION bits) asks for.
+/// The descriptor shown for a file that has none stored: `owner`, its
+/// POSIX group, and its mode as three allow ACEs (owner, group, Everyone).
 pub fn posix_security_descriptor(
-    uid: u32,
+    owner: Sid,
     gid: u32,
     mode: u32,
     is_dir: bool,
-    wanted: u32,
-) -> Vec<u8> {
-    let owner = Sid::unix_user(uid);
+) -> SecurityDescriptor {
     let group = Sid::unix_group(gid);
-    let mut control: u16 = 0x8000; // SE_SELF_RELATIVE
-    let mut body = Vec::new();
-    let mut offsets = [0u32; 4]; // owner, group, sacl, dacl
-    const FIXED: usize = 20;
-    if wanted & security_information::OWNER != 0 {
-        offsets[0] = (FIXED + body.len()) as u32;
-        owner.write(&mut body);
+    let inherit = if is_dir {
+        ace_flags::OBJECT_INHERIT | ace_flags::CONTAINER_INHERIT
+    } else {
+        0
+    };
+    let allow = |sid: &Sid, mask| Ace::new(ace_type::ACCESS_ALLOWED, inherit, mask, sid.clone());
+    let aces = vec![
+        allow(
+            &owner,
+            rights_from_rwx(mode >> 6, is_dir)
+                | access::READ_CONTROL
+                | access::WRITE_DAC
+                | access::FILE_WRITE_ATTRIBUTES,
+        ),
+        allow(&group, rights_from_rwx(mode >> 3, is_dir)),
+        allow(&Sid::everyone(), rights_from_rwx(mode, is_dir)),
+    ];
+    SecurityDescriptor {
+        control: control::SELF_RELATIVE | control::DACL_PRESENT,
+        owner: Some(owner),
+        group: Some(group),
+        sacl: None,
+        dacl: Some(Acl::new(aces)),
     }
-    if wanted & security_information::GROUP != 0 {
-        offsets[1] = (FIXED + body.len()) as u32;
-        group.write(&mut body);
-    }
-    if wanted & security_information::DACL != 0 {
-        control |= 0x0004; // SE_DACL_PRESENT
-        offsets[3] = (FIXED + body.len()) as u32;
-        let inherit = if is_dir {
-            OBJECT_INHERIT_ACE | CONTAINER_INHERIT_ACE
-        } else {
-            0
-        };
-        let aces = [
-            (
-                owner,
-                rights_from_rwx(mode >> 6, is_dir)
-                    | access::READ_CONTROL
-                    | access::WRITE_DAC
-                    | access::FILE_WRITE_ATTRIBUTES,
-            ),
-            (group, rights_from_rwx(mode >> 3, is_dir)),
-            (Sid::everyone(), rights_from_rwx(mode, is_dir)),
-        ];
-        let mut acl = Vec::new();
-        for (sid, mask) in &aces {
-            acl.put_u8(0); // ACCESS_ALLOWED_ACE_TYPE
-            acl.put_u8(inherit);
-            acl.put_u16((8 + sid.len()) as u16);
-            acl.put_u32(*mask);
-            sid.write(&mut acl);
-        }
-        body.put_u8(2); // ACL_REVISION
-        body.put_u8(0);
-        body.put_u16((8 + acl.len()) as u16);
-        body.put_u16(aces.len() as u16);
-        body.put_u16(0);
-        body.extend_from_slice(&acl);
-    }
-    let mut out = Vec::with_capacity(FIXED + body.len());
-    out.put_u8(1);
-    out.put_u8(0);
-    out.put_u16(control);
-    for o in offsets {
-        out.put_u32(o);
-    }
-    out.extend_from_slice(&body);
-    out
 }
 
 #[cfg(test)]
@@ -195,17 +159,19 @@ mod tests {
 
     #[test]
     fn descriptor_layout() {
-        let sd = posix_security_descriptor(1000, 1000, 0o644, false, 0x7);
+        let sd = posix_security_descriptor(Sid::unix_user(1000), 1000, 0o644, false).encode(0x7);
         assert_eq!(sd[0], 1);
         assert_eq!(u16::from_le_bytes([sd[2], sd[3]]), 0x8004);
-        let owner_off = u32::from_le_bytes(sd[4..8].try_into().unwrap()) as usize;
-        assert_eq!(owner_off, 20);
-        assert_eq!(&sd[owner_off..owner_off + 8], &[1, 2, 0, 0, 0, 0, 0, 22]);
+        // Windows' order: DACL, then owner, then group.
         let dacl_off = u32::from_le_bytes(sd[16..20].try_into().unwrap()) as usize;
+        assert_eq!(dacl_off, 20);
         let acl_size = u16::from_le_bytes([sd[dacl_off + 2], sd[dacl_off + 3]]) as usize;
-        assert_eq!(dacl_off + acl_size, sd.len());
+        let owner_off = u32::from_le_bytes(sd[4..8].try_into().unwrap()) as usize;
+        assert_eq!(owner_off, dacl_off + acl_size);
+        assert_eq!(&sd[owner_off..owner_off + 8], &[1, 2, 0, 0, 0, 0, 0, 22]);
         // Owner only: no DACL.
-        let sd = posix_security_descriptor(0, 0, 0o600, false, 0x1);
+        let sd = posix_security_descriptor(Sid::unix_user(0), 0, 0o600, false).encode(0x1);
         assert_eq!(u32::from_le_bytes(sd[16..20].try_into().unwrap()), 0);
+        assert_eq!(u16::from_le_bytes([sd[2], sd[3]]), 0x8000);
     }
 }

@@ -35,6 +35,10 @@ pub mod access {
     pub const FILE_DELETE_CHILD: u32 = 0x0000_0040;
     pub const FILE_READ_ATTRIBUTES: u32 = 0x0000_0080;
     pub const FILE_WRITE_ATTRIBUTES: u32 = 0x0000_0100;
+    /// The same bits under their directory names (MS-SMB2 2.2.13.1.2).
+    pub const FILE_LIST_DIRECTORY: u32 = FILE_READ_DATA;
+    pub const FILE_ADD_FILE: u32 = FILE_WRITE_DATA;
+    pub const FILE_ADD_SUBDIRECTORY: u32 = FILE_APPEND_DATA;
     pub const DELETE: u32 = 0x0001_0000;
     pub const READ_CONTROL: u32 = 0x0002_0000;
     pub const WRITE_DAC: u32 = 0x0004_0000;

@@ -21,6 +21,7 @@ pub mod notify;
 pub mod oplock;
 pub mod query_directory;
 pub mod read;
+pub mod security_descriptor;
 pub mod session_setup;
 pub mod simple;
 pub mod smb1;

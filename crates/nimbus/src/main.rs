@@ -117,6 +117,10 @@ enum UserCmd {
     List {
         #[arg(long)]
         db: PathBuf,
+        /// Also print each user's SID (S-1-5-21-<machine>-<RID>), the name
+        /// security descriptors use for the user.
+        #[arg(long)]
+        sids: bool,
     },
 }
 
@@ -356,10 +360,14 @@ fn user(cmd: UserCmd) -> Result<(), String> {
             users.save(&db).map_err(|e| e.to_string())?;
             println!("user {name} removed from {}", db.display());
         }
-        UserCmd::List { db } => {
+        UserCmd::List { db, sids } => {
             let users = UserDb::load(&db).map_err(|e| e.to_string())?;
+            let machine = users.machine_sid(&provider);
             for n in users.names() {
-                println!("{n}");
+                match users.rid(&n).filter(|_| sids) {
+                    Some(rid) => println!("{n} {machine}-{rid}"),
+                    None => println!("{n}"),
+                }
             }
         }
     }

@@ -14,6 +14,7 @@ use nimbus_wire::oplock::{lease_flags, oplock_level, LeaseContext};
 use nimbus_wire::{FileId, NtStatus};
 
 use super::create_durable::{self, DurableAsk};
+use super::create_security;
 use super::create_stream;
 use super::malformed;
 use crate::dispatch::{Ctx, HandlerResult};
@@ -115,6 +116,8 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
             _ => {}
         }
     }
+    // The descriptor a new file is to get (checked before anything is made).
+    let given_sd = create_security::given(&req.contexts)?;
     let mut want = requested_caching(ctx, &req)?;
     let (path, stream) = to_vfs_path_and_stream(&req.name)?;
     let path = crate::lookup::resolve(fs, &path);
@@ -194,10 +197,28 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
         (None, None) => req.file_attributes & attributes::READONLY != 0,
     };
 
-    // Access: what was asked (MAXIMUM_ALLOWED: all the tree allows), never
-    // more than the tree allows, and no data writes to a read-only file.
+    // Windows permissions: what the file's stored descriptor grants (for a
+    // stream, its file's), or for a new file what its directory allows and
+    // the descriptor it gets.
+    let token = session.token().ok_or(NtStatus::USER_SESSION_DELETED)?;
+    let security = create_security::decide(
+        fs,
+        &create_security::Ask {
+            path: &path,
+            is_new: base.as_ref().map_or(creating, |b| b.created),
+            is_dir: base.as_ref().map_or(is_dir, |b| b.stat.is_dir),
+            desired,
+            truncating,
+            given: given_sd.as_ref(),
+        },
+        &token,
+    )?;
+
+    // Access: what was asked (MAXIMUM_ALLOWED: all the tree and the
+    // descriptor allow), never more than they allow, and no data writes to
+    // a read-only file.
     let write_rights = access::FILE_WRITE_DATA | access::FILE_APPEND_DATA;
-    let max = tree.maximal_access;
+    let max = tree.maximal_access & security.limit;
     let mut granted = if desired & access::MAXIMUM_ALLOWED != 0 {
         let mut g = (desired & !access::MAXIMUM_ALLOWED) | max;
         if readonly_attr && !creating && !is_dir {
@@ -431,6 +452,15 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
             created || truncating,
         ),
     };
+    // A new file's descriptor, before any other client can open it by name
+    // and be checked against it.
+    if let Some(sd) = &security.assign {
+        if base.as_ref().map_or(created, |b| b.created) {
+            if let Err(e) = crate::acl::store::write(meta, sd) {
+                tracing::warn!("{}: security descriptor of {path}: {e}", ctx.conn.peer);
+            }
+        }
+    }
     // Overwriting or superseding a file leaves it only its unnamed stream.
     if truncating && !created && base.is_none() {
         if let Err(e) = fs.remove_streams(&handle) {

@@ -142,11 +142,15 @@ impl HostSource for View<'_> {
     }
 
     fn account_by_sid(&self, sid: &Sid) -> Option<Account> {
-        crate::accounts::by_sid(sid)
+        let server = self.server;
+        crate::accounts::machine_by_sid(&server.auth, &server.config.server_name, sid)
+            .or_else(|| crate::accounts::by_sid(sid))
     }
 
     fn account_by_name(&self, domain: Option<&str>, name: &str) -> Option<Account> {
-        crate::accounts::by_name(domain, name)
+        let server = self.server;
+        crate::accounts::machine_by_name(&server.auth, &server.config.server_name, domain, name)
+            .or_else(|| crate::accounts::by_name(domain, name))
     }
 }
 

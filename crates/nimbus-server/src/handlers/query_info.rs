@@ -3,7 +3,6 @@
 
 use std::sync::atomic::Ordering;
 
-use nimbus_wire::dtyp::posix_security_descriptor;
 use nimbus_wire::fscc::{
     access, encode_file_class, encode_fs_class, encode_stream_information, file_class, fs_class,
     OpenView, StreamEntry,
@@ -118,17 +117,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             encode_fs_class(req.info_class, &vol).ok_or(NtStatus::INVALID_INFO_CLASS)?
         }
         info_type::SECURITY => {
-            if open.access & access::READ_CONTROL == 0 {
-                return Err(NtStatus::ACCESS_DENIED);
-            }
-            let st = open.meta().stat().map_err(|e| vfs_status(&e))?;
-            let sd = posix_security_descriptor(
-                st.uid,
-                st.gid,
-                st.mode,
-                st.is_dir,
-                req.additional_information,
-            );
+            let sd = super::security_info::query(ctx, &open, req.additional_information)?;
             if sd.len() > limit {
                 // MS-SMB2 3.3.5.20.3: tell the client the size it needs.
                 ctx.error_data = (sd.len() as u32).to_le_bytes().to_vec();

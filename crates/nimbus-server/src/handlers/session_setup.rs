@@ -190,7 +190,9 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             if !res.anonymous {
                 ctx.conn.logged_on();
             }
+            let token = std::sync::Arc::new(logon_token(ctx, &res));
             *state = SessionState::Valid(Authenticated {
+                token,
                 user: res.user,
                 domain: res.domain,
                 guest: unauthenticated,
@@ -342,4 +344,19 @@ pub(super) fn backed_off(ctx: &Ctx<'_>, user: &str) -> Result<(), NtStatus> {
         remaining.as_secs_f64().ceil()
     );
     Err(status)
+}
+
+/// The SIDs the session acts with (crate::acl::token): a user of the user
+/// database is S-1-5-21-<machine>-<RID>; one removed since it logged on
+/// acts as a guest.
+fn logon_token(ctx: &Ctx<'_>, res: &nimbus_auth::AuthResult) -> crate::acl::Token {
+    use crate::acl::Token;
+    let auth = &ctx.server.auth;
+    if res.anonymous {
+        return Token::anonymous();
+    }
+    match auth.user_rid(&res.user).filter(|_| !res.guest) {
+        Some(rid) => Token::user(auth.machine_sid(), rid),
+        None => Token::guest(auth.machine_sid()),
+    }
 }

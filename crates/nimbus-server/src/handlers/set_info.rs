@@ -36,9 +36,11 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
                 return super::deferred::defer(ctx, file, body, handle);
             }
         }
-        // Security descriptors cannot be stored on POSIX modes faithfully,
-        // and quotas are not kept.
-        info_type::SECURITY | info_type::QUOTA => return Err(NtStatus::NOT_SUPPORTED),
+        info_type::SECURITY => {
+            super::security_info::set(ctx, &open, req.additional_information, req.buffer)?
+        }
+        // Quotas are not kept.
+        info_type::QUOTA => return Err(NtStatus::NOT_SUPPORTED),
         info_type::FILESYSTEM => return Err(NtStatus::INVALID_INFO_CLASS),
         _ => return Err(NtStatus::INVALID_PARAMETER),
     }
@@ -338,6 +340,13 @@ fn rename(
     if to == from {
         return Ok(None);
     }
+    // The new name's directory must let this user add it (its stored
+    // descriptor, if it has one: crate::acl).
+    let token = ctx
+        .session()?
+        .token()
+        .ok_or(NtStatus::USER_SESSION_DELETED)?;
+    super::create_security::may_add_to(fs, parent(&to), open.is_dir, &token)?;
     // Adding a name to a directory opens it, implicitly, to add a file
     // (FILE_ADD_FILE, the WRITE_DATA bit) sharing read and write only: an
     // open of the target's directory that holds DELETE access, or that
