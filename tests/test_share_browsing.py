@@ -25,7 +25,7 @@ import subprocess
 import uuid
 
 import pytest
-from conftest import PASSWORD, USER, Security, require_tool
+from conftest import PASSWORD, USER, Security, require_tool, run_nimbus
 from smbprotocol.connection import Connection
 from smbprotocol.exceptions import SMBResponseException
 from smbprotocol.open import CreateDisposition, FilePipePrinterAccessMask, ImpersonationLevel, Open, ShareAccess
@@ -169,6 +169,29 @@ def test_rpcclient_names_sids_and_finds_sids_for_names(browsing_server, samba_cl
     # A server in a workgroup: its name, no domain SID.
     out = rpcclient(srv, conf, "lsaquery")
     assert "Domain Name: WORKGROUP" in out and "Domain Sid: (NULL SID)" in out, out
+
+
+@require_tool("smbclient", "smbclient")
+def test_rpcclient_names_the_servers_own_accounts(browsing_server, samba_client_conf):
+    """The users of the user database are the server's accounts,
+    S-1-5-21-<machine>-<RID> as `nimbus user list --sids` prints them, named
+    SERVER\\user both ways, with the server's None group beside them."""
+    srv, conf = browsing_server, samba_client_conf
+    listed = run_nimbus("user", "list", "--db", str(srv.log_path.parent / "users.db"), "--sids").stdout
+    sid = dict(line.split(" ", 1) for line in listed.splitlines())[USER]
+    assert re.fullmatch(r"S-1-5-21-\d+-\d+-\d+-1000", sid), listed
+    machine = sid.rsplit("-", 1)[0]
+    out = rpcclient(srv, conf, f"lookupnames {USER}")
+    assert f"{USER} {sid} (User: 1)" in out, out
+    out = rpcclient(srv, conf, f"lookupsids {sid} {machine}-513 {machine}-4242")
+    m = re.search(rf"{re.escape(sid)} (\S+)\\{USER} \(1\)", out)
+    assert m, out
+    server_name = m[1]
+    assert f"{machine}-513 {server_name}\\None (2)" in out, out
+    assert f"{machine}-4242 *unknown*\\*unknown* (8)" in out, out
+    # rpcclient's command line takes a backslash as an escape: doubled.
+    out = rpcclient(srv, conf, f"lookupnames {server_name}\\\\{USER}")
+    assert sid in out, out
 
 
 def has_uid(uid: int) -> bool:

@@ -72,6 +72,7 @@ SUITES = [
     "smb2.fileid",
     "smb2.dosmode",
     "smb2.winattr",
+    "smb2.acls",
     "smb2.streams",
     "smb2.ea",
     "vfs.fruit",

@@ -247,6 +247,40 @@ pub fn create_name(name: &str) -> bool {
     true
 }
 
+/// A security descriptor as a client sends it (SET_INFO, the SD_BUFFER
+/// create context): false if refused. One that parses must encode to bytes
+/// that parse to the same descriptor, survive the store's encoding, and
+/// go through the access check, the inheritance of a new file and
+/// directory below it, and a SET_INFO merge, for a user and a guest,
+/// without panicking; the access check never grants more than a file's
+/// rights, nor a privilege.
+pub fn security_descriptor(data: &[u8]) -> bool {
+    use crate::acl::{assign, check, store, Token};
+    use nimbus_auth::MachineSid;
+    use nimbus_wire::security_descriptor::SecurityDescriptor;
+    let Ok(sd) = SecurityDescriptor::parse(data) else {
+        return false;
+    };
+    let again = SecurityDescriptor::parse(&sd.encode_all()).expect("an encoded descriptor parses");
+    assert_eq!(again, sd);
+    assert_eq!(store::decode(&store::encode(&sd), "fuzz"), sd);
+    let machine = MachineSid([1, 2, 3]);
+    for token in [Token::user(machine, 1000), Token::guest(machine)] {
+        let rights = check::granted(&sd, &token);
+        assert_eq!(rights & !check::ALL_RIGHTS, 0, "{rights:#x}");
+        for is_dir in [false, true] {
+            if let Ok(child) = assign::for_new_file(Some(&sd), None, &token, is_dir) {
+                let _ = SecurityDescriptor::parse(&child.encode_all());
+            }
+            let _ = assign::for_new_file(None, Some(&sd), &token, is_dir);
+        }
+        for info in [0x1, 0x4, 0x7, 0xF] {
+            let _ = assign::with_changes(&sd, &sd, info, &token);
+        }
+    }
+    true
+}
+
 /// One RPC pipe of IPC$ fed attacker-chosen writes: the first byte picks
 /// the service, then each write is a 2-byte length and that many bytes
 /// (cut short at the end). After each write every answer is read in

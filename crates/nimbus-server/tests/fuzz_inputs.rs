@@ -12,13 +12,13 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use nimbus_server::fuzz_api::{
-    create_name, rpc_pipe, search_pattern, security_layer, server, Harness,
+    create_name, rpc_pipe, search_pattern, security_descriptor, security_layer, server, Harness,
 };
 use nimbus_wire::header::chain_offsets;
 use nimbus_wire::{Header, NtStatus};
 
 /// Every fuzz target, each with its directory under fuzz/regressions/.
-const TARGETS: [&str; 9] = [
+const TARGETS: [&str; 10] = [
     "connection",
     "security_layer",
     "wire_decoders",
@@ -28,6 +28,7 @@ const TARGETS: [&str; 9] = [
     "create_name",
     "state_rules",
     "rpc_pipe",
+    "security_descriptor",
 ];
 
 fn fuzz_dir(sub: &str) -> PathBuf {
@@ -593,6 +594,30 @@ fn rpc_pipe_seeds_are_answered_and_findings_refused() {
             "frag-length-below-header" | "bind-context-count-past-the-end" => {
                 assert!(run.closed && run.answers.is_empty(), "{name}: {run:?}")
             }
+            _ => {}
+        }
+    }
+}
+
+#[test]
+fn security_descriptor_regressions() {
+    let seeds = inputs("seeds/security_descriptor");
+    let found = regressions("security_descriptor");
+    assert_present_in(
+        "seeds/security_descriptor",
+        &seeds,
+        &["inherit-creator-owner", "null-dacl", "object-ace"],
+    );
+    assert_present(
+        "security_descriptor",
+        &found,
+        &["ace-count-65535", "sid-16-subauthorities"],
+    );
+    for (name, input) in seeds.iter().chain(&found) {
+        let accepted = security_descriptor(input);
+        match name.as_str() {
+            "ace-count-65535" | "sid-16-subauthorities" => assert!(!accepted, "{name}"),
+            "inherit-creator-owner" | "null-dacl" | "object-ace" => assert!(accepted, "{name}"),
             _ => {}
         }
     }

@@ -88,6 +88,20 @@ fn inherited_aces(parent: &Acl, is_dir: bool, owner: &Sid, group: &Sid, auto: bo
     out
 }
 
+/// `acl` as Windows stores a DACL it is given: generic rights in the ACEs
+/// that apply to the object itself and pass nothing on are mapped to file
+/// rights (smbtorture smb2.acls.CREATOR and GENERIC read them back so);
+/// inheritable ones keep them, for the children to map.
+fn with_generic_mapped(acl: &Acl) -> Acl {
+    let mut out = acl.clone();
+    for a in &mut out.aces {
+        if a.flags & ace_flags::INHERITANCE == 0 {
+            a.mask = access::map_generic(a.mask);
+        }
+    }
+    out
+}
+
 /// The DACL of a file created with nothing to inherit and no DACL given:
 /// the creator and SYSTEM in full control (a Windows token's default DACL).
 fn default_dacl(owner: &Sid) -> Acl {
@@ -144,7 +158,7 @@ pub fn for_new_file(
                     aces.extend(from_parent);
                     Some(Acl::new(aces))
                 }
-                other => other.clone(),
+                other => other.as_ref().map(with_generic_mapped),
             }
         }
         None if !from_parent.is_empty() => {
@@ -214,9 +228,21 @@ pub fn with_changes(
         out.control &= !dacl_bits;
         // A DACL_PRESENT bit left out means "no DACL": stored as a null one
         // (MS-DTYP: both grant everything; Windows shows it as null).
-        out.control |= (new.control & dacl_bits) | control::DACL_PRESENT;
+        // PROTECTED is kept as sent; AUTO_INHERITED only when the client
+        // also asks for auto-inheritance (AUTO_INHERIT_REQ, itself never
+        // stored), as Windows keeps them (smbtorture smb2.acls.INHERITFLAGS).
+        let auto_asked = control::DACL_AUTO_INHERITED | control::DACL_AUTO_INHERIT_REQ;
+        let auto = if new.control & auto_asked == auto_asked {
+            control::DACL_AUTO_INHERITED
+        } else {
+            0
+        };
+        out.control |= (new.control & (control::DACL_PROTECTED | control::DACL_DEFAULTED))
+            | auto
+            | control::DACL_PRESENT;
+        out.control &= !control::DACL_AUTO_INHERIT_REQ;
         out.dacl = if new.control & control::DACL_PRESENT != 0 {
-            new.dacl.clone()
+            new.dacl.as_ref().map(with_generic_mapped)
         } else {
             None
         };
@@ -359,6 +385,18 @@ mod tests {
         let out = with_changes(&current, &new, si::DACL, &bob).unwrap();
         assert_eq!(out.owner, current.owner);
         assert_eq!(out.dacl, Some(Acl::new(vec![])));
+        // Generic rights are mapped where they apply to the file itself.
+        new.dacl = Some(Acl::new(vec![
+            ace(0, access::GENERIC_READ, well_known::everyone()),
+            ace(
+                ace_flags::OBJECT_INHERIT,
+                access::GENERIC_READ,
+                well_known::everyone(),
+            ),
+        ]));
+        let out = with_changes(&current, &new, si::DACL, &bob).unwrap();
+        let masks: Vec<u32> = out.dacl.unwrap().aces.iter().map(|a| a.mask).collect();
+        assert_eq!(masks, [access::FILE_GENERIC_READ, access::GENERIC_READ]);
         // Taking ownership without a privilege: refused; writing the
         // current owner back: allowed.
         assert_eq!(
