@@ -48,9 +48,13 @@ for t in "${targets[@]}"; do
         -timeout=10 -print_final_stats=1 2>&1 | tee "artifacts/$t/last-run.log" | grep -E '^(#[0-9]+ +DONE|==|SUMMARY|artifact_prefix|Test unit written|stat::)'; then
         :
     fi
-    if ls "artifacts/$t"/crash-* "artifacts/$t"/timeout-* "artifacts/$t"/oom-* >/dev/null 2>&1; then
-        failed+=("$t")
-    fi
+    # One pattern at a time: ls of several fails when any one matches nothing.
+    for kind in crash timeout oom; do
+        if compgen -G "artifacts/$t/$kind-*" >/dev/null; then
+            failed+=("$t")
+            break
+        fi
+    done
 done
 
 if [ ${#failed[@]} -gt 0 ]; then

@@ -247,8 +247,10 @@ impl Acl {
                 .get(at..at + 4)
                 .ok_or(SdError::Acl("an ACE runs past AclSize"))?;
             let ace_size = usize::from(u16::from_le_bytes([head[2], head[3]]));
-            if ace_size < 8 {
-                return Err(SdError::Acl("AceSize is smaller than an ACE"));
+            // Windows keeps ACEs 4-byte aligned (RtlValidAcl): a size that
+            // is not could not be written back as it came.
+            if ace_size < 8 || ace_size % 4 != 0 {
+                return Err(SdError::Acl("AceSize is not a multiple of 4 of at least 8"));
             }
             let ace_bytes = body
                 .get(at..at + ace_size)
@@ -515,6 +517,13 @@ mod tests {
         let mut b = good;
         b[3] &= 0x7F;
         assert!(SecurityDescriptor::parse(&b).is_err());
+        // An ACE size that is not a multiple of 4.
+        let mut b = sample().encode_all();
+        b[20 + 8 + 2] += 1;
+        assert!(matches!(
+            SecurityDescriptor::parse(&b),
+            Err(SdError::Acl(_))
+        ));
         // Every truncation is refused or parses (never panics).
         let good = sample().encode_all();
         for n in 0..good.len() {

@@ -49,7 +49,10 @@ pub fn granted(sd: &SecurityDescriptor, token: &Token) -> u32 {
             _ => {}
         }
     }
-    granted & !access::ACCESS_SYSTEM_SECURITY & !access::MAXIMUM_ALLOWED
+    // An ACE may carry any bit; only the rights a file has are granted
+    // (never ACCESS_SYSTEM_SECURITY, which needs a privilege, nor the
+    // reserved bits, which would show up in MxAc and FileAccessInformation).
+    granted & ALL_RIGHTS
 }
 
 #[cfg(test)]
