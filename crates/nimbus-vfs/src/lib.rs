@@ -24,7 +24,7 @@ mod tests;
 
 pub use error::{VfsError, VfsResult};
 pub use handle::FileHandle;
-pub use local::LocalFs;
+pub use local::{LocalFs, Lookup};
 pub use streams::{Streams, STORE_DIR};
 pub use watch::{DirWatcher, FsChange, FsEvent, Notice, OwnChange, Subscription};
 

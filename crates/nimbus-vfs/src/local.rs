@@ -240,6 +240,48 @@ impl LocalFs {
         }
     }
 
+    /// What a CREATE looks up about `path` before it decides: the entry's
+    /// stat (None: there is none), its extended attribute `xattr`, and when
+    /// the entry is missing that of its directory, which decides about a
+    /// new file. Three system calls on the way of `stat` alone (the parent
+    /// lookup, statx, getxattrat): the attributes come from the descriptor
+    /// of the parent already open.
+    pub fn lookup(&self, path: &str, xattr: &str) -> VfsResult<Lookup> {
+        let cx = sys::cstring(xattr)?;
+        let p = SharePath::parse(path)?;
+        let Some((parent, name)) = p.split_last()? else {
+            return Ok(Lookup {
+                stat: Some(sys::stat_fd(self.root())?),
+                xattr: sys::getxattr_at(self.root(), c".", &cx)?,
+                parent_xattr: None,
+            });
+        };
+        let parent = self.open_parent(&parent)?;
+        match sys::stat_at(parent.as_raw_fd(), &name, libc::AT_SYMLINK_NOFOLLOW) {
+            Ok(st) if !st.is_symlink => Ok(Lookup {
+                xattr: sys::getxattr_at(parent.as_raw_fd(), &name, &cx)?,
+                stat: Some(st),
+                parent_xattr: None,
+            }),
+            // A symlink: described (and its attribute read) as `stat`
+            // describes it, through the target when it stays inside.
+            Ok(_) => Ok(Lookup {
+                stat: Some(self.stat(path)?),
+                xattr: match self.get_xattr(path, xattr) {
+                    Err(VfsError::NotFound | VfsError::PathNotFound | VfsError::Escape) => None,
+                    r => r?,
+                },
+                parent_xattr: None,
+            }),
+            Err(libc::ENOENT) => Ok(Lookup {
+                stat: None,
+                xattr: None,
+                parent_xattr: sys::getxattr_at(parent.as_raw_fd(), c".", &cx)?,
+            }),
+            Err(e) => Err(VfsError::from_errno(e)),
+        }
+    }
+
     /// Reads the extended attribute `name` of what `path` names (a final
     /// symlink inside the share is followed, as `stat` does); `None` when
     /// it has none. One lookup, for checks made before a file is opened.
@@ -254,7 +296,7 @@ impl LocalFs {
             libc::ENOTDIR => VfsError::PathNotFound,
             e => resolve_error(e),
         })?;
-        FileHandle::new(fd, false, Access::Path).get_xattr(name)
+        sys::getxattr_at(fd.as_raw_fd(), c"", &sys::cstring(name)?)
     }
 
     /// Removes a non-directory (a symlink itself, never its target).
@@ -468,4 +510,13 @@ fn rename_error(errno: i32) -> VfsError {
         libc::EEXIST | libc::ENOTEMPTY => VfsError::Exists,
         e => VfsError::from_errno(e),
     }
+}
+
+/// What [`LocalFs::lookup`] found.
+#[derive(Debug)]
+pub struct Lookup {
+    pub stat: Option<Stat>,
+    pub xattr: Option<Vec<u8>>,
+    /// The directory's attribute, read when the entry is missing.
+    pub parent_xattr: Option<Vec<u8>>,
 }

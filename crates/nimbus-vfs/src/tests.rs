@@ -1018,3 +1018,106 @@ fn a_hard_linked_file_keeps_its_streams_until_its_last_name_goes() {
     s.fs.rename("c", "b", true).unwrap();
     assert!(stream_dirs(&s).is_empty());
 }
+
+/// Sets `user.t` on a path of the scratch directory (outside the VFS).
+fn set_user_t(path: &std::path::Path, value: &[u8]) {
+    let p = CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: both strings are NUL-terminated; value is readable for its length.
+    let r = unsafe {
+        libc::lsetxattr(
+            p.as_ptr(),
+            c"user.t".as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+}
+
+#[test]
+fn lookup_reads_the_entrys_attribute_or_its_directorys() {
+    let s = Scratch::new();
+    mkdir(&s.fs, "d");
+    write_file(&s.fs, "d/f", b"x");
+    set_user_t(&s.share().join("d"), b"dir");
+    set_user_t(&s.share().join("d/f"), b"file");
+    set_user_t(&s.share(), b"root");
+    set_user_t(&s.outside().join("secret"), b"outside");
+    let fs = &s.fs;
+    let found = fs.lookup("d/f", "user.t").unwrap();
+    assert_eq!(found.stat.map(|st| st.size), Some(1));
+    assert_eq!(found.xattr.as_deref(), Some(&b"file"[..]));
+    assert!(found.parent_xattr.is_none());
+    let missing = fs.lookup("d/new", "user.t").unwrap();
+    assert!(missing.stat.is_none() && missing.xattr.is_none());
+    assert_eq!(missing.parent_xattr.as_deref(), Some(&b"dir"[..]));
+    assert_eq!(
+        fs.lookup("", "user.t").unwrap().xattr.as_deref(),
+        Some(&b"root"[..])
+    );
+    assert_eq!(
+        fs.lookup("new", "user.t").unwrap().parent_xattr.as_deref(),
+        Some(&b"root"[..])
+    );
+    assert!(fs.lookup("d/f", "user.none").unwrap().xattr.is_none());
+    assert!(matches!(
+        fs.lookup("nodir/f", "user.t"),
+        Err(VfsError::PathNotFound)
+    ));
+    // A symlink inside reads its target's; one that leaves reads nothing
+    // from outside.
+    symlink("d/f", s.share().join("in")).unwrap();
+    symlink("../outside/secret", s.share().join("out")).unwrap();
+    assert_eq!(
+        fs.lookup("in", "user.t").unwrap().xattr.as_deref(),
+        Some(&b"file"[..])
+    );
+    let out = fs.lookup("out", "user.t").unwrap();
+    assert!(out.stat.unwrap().is_symlink);
+    assert_ne!(out.xattr.as_deref(), Some(&b"outside"[..]));
+    // The path without getxattrat gives the same answers.
+    let parent = s.fs.root();
+    let name = CString::new("in").unwrap();
+    assert_eq!(
+        crate::sys::getxattr_by_proc(parent, &CString::new("d").unwrap(), c"user.t")
+            .unwrap()
+            .as_deref(),
+        Some(&b"dir"[..])
+    );
+    assert!(crate::sys::getxattr_by_proc(parent, &name, c"user.t")
+        .unwrap()
+        .is_none());
+    assert_eq!(
+        crate::sys::getxattr_by_proc(parent, c"", c"user.t")
+            .unwrap()
+            .as_deref(),
+        Some(&b"root"[..])
+    );
+    assert_eq!(
+        fs.get_xattr("d", "user.t").unwrap().as_deref(),
+        Some(&b"dir"[..])
+    );
+}
+
+#[test]
+fn get_xattr_reads_files_and_directories() {
+    let s = Scratch::new();
+    mkdir(&s.fs, "d");
+    write_file(&s.fs, "d/f", b"x");
+    set_user_t(&s.share().join("d/f"), b"file");
+    set_user_t(&s.share().join("d"), b"dir");
+    assert_eq!(
+        s.fs.get_xattr("d/f", "user.t").unwrap().as_deref(),
+        Some(&b"file"[..])
+    );
+    assert_eq!(
+        s.fs.get_xattr("d", "user.t").unwrap().as_deref(),
+        Some(&b"dir"[..])
+    );
+    assert!(s.fs.get_xattr("d/f", "user.none").unwrap().is_none());
+    assert!(matches!(
+        s.fs.get_xattr("d/g", "user.t"),
+        Err(VfsError::NotFound)
+    ));
+}

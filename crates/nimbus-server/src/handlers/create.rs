@@ -130,6 +130,7 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
     // the stream is to be created), and the stream as spelled on disk.
     let mut base = None;
     let mut stream_name = None;
+    let mut known_sds: (create_security::Known, create_security::Known) = (None, None);
     let existing = if let Stream::Named(name) = &stream {
         let may_create = !share.read_only && tree.maximal_access & access::FILE_WRITE_DATA != 0;
         let mut b = create_stream::open_base(fs, &path, disposition, may_create)?;
@@ -141,11 +142,14 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
         base = Some(b);
         found.map(|(_, st)| st)
     } else {
-        match fs.stat(&path) {
-            Ok(st) => Some(st),
-            Err(VfsError::NotFound) => None,
-            Err(e) => return Err(vfs_status(&e).into()),
-        }
+        // The file and its stored descriptor (or, when it is missing, its
+        // directory's) in one lookup.
+        let found = fs
+            .lookup(&path, crate::acl::store::XATTR_NAME)
+            .map_err(|e| vfs_status(&e))?;
+        let parent_read = found.stat.is_none();
+        known_sds = (Some(found.xattr), parent_read.then_some(found.parent_xattr));
+        found.stat
     };
     if let Some(st) = &existing {
         // A directory has no unnamed data stream.
@@ -210,6 +214,8 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
             desired,
             truncating,
             given: given_sd.as_ref(),
+            own: known_sds.0,
+            parent: known_sds.1,
         },
         &token,
     )?;

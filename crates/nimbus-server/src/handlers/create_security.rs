@@ -59,6 +59,21 @@ fn stored(fs: &LocalFs, path: &str) -> Result<Option<SecurityDescriptor>, NtStat
     store::read(fs, path).map_err(|e| vfs_status(&e))
 }
 
+/// A stored descriptor's bytes read already (by `LocalFs::lookup`, with
+/// the file's stat), or None when it is still to be read.
+pub type Known = Option<Option<Vec<u8>>>;
+
+fn stored_or_known(
+    fs: &LocalFs,
+    path: &str,
+    known: &Known,
+) -> Result<Option<SecurityDescriptor>, NtStatus> {
+    match known {
+        Some(value) => Ok(value.as_ref().map(|v| store::decode(v, path))),
+        None => stored(fs, path),
+    }
+}
+
 /// The decision for a CREATE of `path` (for a stream: its file's path).
 /// `is_new`: the CREATE makes the object (for a stream, the file).
 pub struct Ask<'a> {
@@ -69,6 +84,10 @@ pub struct Ask<'a> {
     pub desired: u32,
     pub truncating: bool,
     pub given: Option<&'a SecurityDescriptor>,
+    /// The object's own descriptor, and (for a new one) its directory's,
+    /// if looked up with its stat.
+    pub own: Known,
+    pub parent: Known,
 }
 
 /// Whether a directory with descriptor `dir` (None: none stored) lets the
@@ -97,7 +116,7 @@ pub fn decide(fs: &LocalFs, ask: &Ask<'_>, token: &Token) -> Result<Security, Nt
         return Err(NtStatus::PRIVILEGE_NOT_HELD);
     }
     if ask.is_new {
-        let parent_sd = stored(fs, parent(ask.path))?;
+        let parent_sd = stored_or_known(fs, parent(ask.path), &ask.parent)?;
         may_add(parent_sd.as_ref(), ask.is_dir, token)?;
         let assign = if parent_sd.is_some() || ask.given.is_some() {
             Some(assign::for_new_file(
@@ -114,7 +133,7 @@ pub fn decide(fs: &LocalFs, ask: &Ask<'_>, token: &Token) -> Result<Security, Nt
             assign,
         });
     }
-    let Some(sd) = stored(fs, ask.path)? else {
+    let Some(sd) = stored_or_known(fs, ask.path, &ask.own)? else {
         return Ok(Security::UNLIMITED);
     };
     let mut allowed = check::granted(&sd, token);
