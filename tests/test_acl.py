@@ -27,6 +27,7 @@ import contextlib
 import os
 import shutil
 import struct
+import time
 import uuid
 
 import pytest
@@ -463,3 +464,41 @@ def test_descriptor_follows_rename_and_another_server_process(two_users, server_
         assert create_status(tb, "moved.txt", READ_DATA, disposition=CreateDisposition.FILE_OPEN) == NtStatus.STATUS_ACCESS_DENIED
     assert sd["owner"] == alice
     assert sd["dacl"] == [(ALLOW, 0, FILE_ALL_ACCESS, alice), (DENY, 0, READ_DATA, bob)]
+
+
+def test_a_group_of_the_server_is_granted_as_a_whole(two_users):
+    """`nimbus group set` makes a group of the user database; an ACE for
+    it applies to its members from their next logon, to nobody else."""
+    srv, sids = two_users
+    db = srv.log_path.parent / "users.db"
+    run_nimbus("group", "set", "editors", "--db", str(db), "--members", USER)
+    listed = run_nimbus("group", "list", "--db", str(db)).stdout.split()
+    assert listed[0] == "editors" and listed[2] == USER, listed
+    editors = listed[1]
+    assert editors.rsplit("-", 1)[0] == sids[USER].rsplit("-", 1)[0]
+    with smb_tree(srv, USER, PASSWORD) as ta, smb_tree(srv, *BOB) as tb:
+        f = create(ta, "shared.txt", READ_CONTROL | WRITE_DAC, CreateDisposition.FILE_CREATE)
+        set_sd(f, descriptor(acl(ace(ALLOW, 0, FILE_GENERIC_READ | FILE_GENERIC_WRITE, editors), ace(ALLOW, 0, FILE_GENERIC_READ, EVERYONE))))
+        f.close()
+        w = create(ta, "shared.txt", GENERIC_WRITE, CreateDisposition.FILE_OPEN)
+        w.write(b"edited", 0)
+        w.close()
+        assert create_status(tb, "shared.txt", GENERIC_WRITE, disposition=CreateDisposition.FILE_OPEN) == NtStatus.STATUS_ACCESS_DENIED
+        assert create_status(tb, "shared.txt", GENERIC_READ, disposition=CreateDisposition.FILE_OPEN) == NtStatus.STATUS_SUCCESS
+    # bob joins: his next logon carries the group, once the server has
+    # reloaded the database (it looks at most once a second, at a logon).
+    run_nimbus("group", "set", "editors", "--db", str(db), "--members", f"{USER},{BOB[0]}")
+    reloads = srv.log_path.read_text().count("changed: reloaded")
+    deadline = time.monotonic() + 10
+    while srv.log_path.read_text().count("changed: reloaded") == reloads:
+        assert time.monotonic() < deadline, "the server did not reload its user database"
+        time.sleep(0.2)
+        with smb_tree(srv, *BOB):
+            pass
+    with smb_tree(srv, *BOB) as tb:
+        w = create(tb, "shared.txt", GENERIC_WRITE, CreateDisposition.FILE_OPEN)
+        w.write(b"by bob", 0)
+        w.close()
+    assert (srv.share_path / "shared.txt").read_bytes() == b"by bob"
+    bad = run_nimbus("group", "set", "x", "--db", str(db), "--members", "nobody", check=False)
+    assert bad.returncode != 0 and "nobody" in bad.stderr

@@ -22,6 +22,7 @@ import pwd
 import re
 import struct
 import subprocess
+import time
 import uuid
 
 import pytest
@@ -192,6 +193,19 @@ def test_rpcclient_names_the_servers_own_accounts(browsing_server, samba_client_
     # rpcclient's command line takes a backslash as an escape: doubled.
     out = rpcclient(srv, conf, f"lookupnames {server_name}\\\\{USER}")
     assert sid in out, out
+    # The server's groups are its local groups (aliases).
+    db = str(srv.log_path.parent / "users.db")
+    run_nimbus("group", "set", "editors", "--db", db, "--members", USER)
+    group_sid = run_nimbus("group", "list", "--db", db).stdout.split()[1]
+    assert group_sid == f"{machine}-1001", group_sid
+    # The server reloads the database at a logon, at most once a second:
+    # each rpcclient logs on anew.
+    deadline = time.monotonic() + 10
+    while "*unknown*" in (out := rpcclient(srv, conf, f"lookupsids {group_sid}")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert f"{group_sid} {server_name}\\editors (4)" in out, out
+    out = rpcclient(srv, conf, "lookupnames editors")
+    assert group_sid in out, out
 
 
 def has_uid(uid: int) -> bool:

@@ -146,6 +146,21 @@ impl Authenticator {
         self.users().name_of_rid(rid).map(str::to_owned)
     }
 
+    /// The RIDs of the server's groups user `name` is a member of.
+    pub fn group_rids_of(&self, name: &str) -> Vec<u32> {
+        self.users().group_rids_of(name)
+    }
+
+    /// The RID of the server's group `name`.
+    pub fn group_rid(&self, name: &str) -> Option<u32> {
+        self.users().group_rid(name)
+    }
+
+    /// The name of the server's group with RID `rid`.
+    pub fn group_of_rid(&self, rid: u32) -> Option<String> {
+        self.users().group_of_rid(rid).map(str::to_owned)
+    }
+
     fn users(&self) -> std::sync::RwLockReadGuard<'_, UserDb> {
         self.shared.users.read().unwrap_or_else(|e| e.into_inner())
     }

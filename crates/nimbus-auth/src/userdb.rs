@@ -11,7 +11,11 @@
 //! # nimbus user database v2
 //! machine-sid S-1-5-21-3623811015-3361044348-30300820
 //! alice:8846f7eaee8fb117ad06bdd830b7586c:1000
+//! [groups]
+//! staff:1001:alice,bob
 //! ```
+//! After the `[groups]` line, each line is a group of the server: its name,
+//! its RID (from the same numbers as the users') and its members.
 //! Lines after the header may also be empty or start with `#`. Version 1
 //! files (no machine SID, `name:hash` lines) still load: a user without a
 //! RID gets the next free one in name order, and a database without a
@@ -36,6 +40,8 @@ use zeroize::{Zeroize, ZeroizeOnDrop};
 const HEADER: &str = "# nimbus user database v2";
 const HEADER_V1: &str = "# nimbus user database v1";
 const MACHINE_SID_KEY: &str = "machine-sid ";
+/// The line after which groups follow.
+const GROUPS_SECTION: &str = "[groups]";
 /// The first RID of an ordinary account (Windows reserves those below).
 pub const FIRST_USER_RID: u32 = 1000;
 /// Longest user name accepted (Windows allows 20 for SAM accounts, UPNs up
@@ -102,6 +108,13 @@ pub enum UserDbError {
         /// Why.
         reason: &'static str,
     },
+    /// A group names a member that is not a user of the database.
+    UnknownMember {
+        /// The group.
+        group: String,
+        /// The name that is no user.
+        member: String,
+    },
     /// The file may be read or written by group or others.
     Permissions {
         /// The database file.
@@ -134,6 +147,11 @@ impl fmt::Display for UserDbError {
             UserDbError::InvalidName { name, reason } => {
                 write!(f, "invalid user name {name:?}: {reason}")
             }
+            UserDbError::UnknownMember { group, member } => write!(
+                f,
+                "group {group:?}: {member:?} is not a user of the database (add it with `nimbus \
+                 user add {member}` first)"
+            ),
             UserDbError::Permissions { path, mode } => write!(
                 f,
                 "user database {}: mode {mode:04o} lets group or others read or write it, and it \
@@ -161,6 +179,15 @@ struct Entry {
     hash: NtHash,
     /// The relative id: the last sub-authority of the user's SID.
     rid: u32,
+}
+
+/// A group of the server's users.
+#[derive(Clone, Debug)]
+struct Group {
+    name: String,
+    rid: u32,
+    /// Members as stored (users' names).
+    members: Vec<String>,
 }
 
 /// The three sub-authorities after S-1-5-21 that identify this server's
@@ -212,6 +239,8 @@ impl MachineSid {
 #[derive(Default)]
 pub struct UserDb {
     users: HashMap<String, Entry>,
+    /// Groups by folded name.
+    groups: HashMap<String, Group>,
     /// As written in the file; None for a version 1 file or a new database.
     machine_sid: Option<MachineSid>,
     /// The file this was loaded from, and its identity then (for reloads).
@@ -249,6 +278,19 @@ fn check_name(name: &str) -> Result<(), &'static str> {
     }
     if name.chars().count() > MAX_NAME_CHARS {
         return Err("the name is longer than 256 characters");
+    }
+    Ok(())
+}
+
+/// Why `name` cannot be a group name: a user name that the group line can
+/// hold (no ',' between members).
+fn check_group_name(name: &str) -> Result<(), &'static str> {
+    check_name(name)?;
+    if name.contains(',') {
+        return Err("the name contains ',', which separates the members of a group in the file");
+    }
+    if name == GROUPS_SECTION {
+        return Err("the name is the line that starts the groups in the file");
     }
     Ok(())
 }
@@ -336,10 +378,20 @@ impl UserDb {
         }
         let mut db = UserDb::new();
         let mut rids = std::collections::HashSet::new();
+        let mut in_groups = false;
+        let mut group_lines = Vec::new();
         for (i, raw) in lines {
             let line_no = i + 1;
             let line = raw.trim_end_matches('\r');
             if line.trim().is_empty() || line.starts_with('#') {
+                continue;
+            }
+            if line == GROUPS_SECTION {
+                in_groups = true;
+                continue;
+            }
+            if in_groups {
+                group_lines.push((line_no, line));
                 continue;
             }
             // User lines always hold a ':'; this one never does.
@@ -399,6 +451,53 @@ impl UserDb {
                 },
             );
         }
+        for (line_no, line) in group_lines {
+            let mut fields = line.splitn(3, ':');
+            let (Some(name), Some(rid), Some(members)) =
+                (fields.next(), fields.next(), fields.next())
+            else {
+                return Err(err(
+                    line_no,
+                    "a group line is `name:RID:member,member,...`".into(),
+                ));
+            };
+            check_group_name(name).map_err(|r| err(line_no, r.into()))?;
+            let rid = rid
+                .trim()
+                .parse::<u32>()
+                .ok()
+                .filter(|r| *r >= FIRST_USER_RID)
+                .ok_or_else(|| {
+                    err(
+                        line_no,
+                        format!("the RID {rid:?} is not a number of at least {FIRST_USER_RID}"),
+                    )
+                })?;
+            if !rids.insert(rid) {
+                return Err(err(line_no, format!("the RID {rid} appears twice")));
+            }
+            let key = fold(name);
+            if db.users.contains_key(&key) || db.groups.contains_key(&key) {
+                return Err(err(
+                    line_no,
+                    format!("{name:?} names a user or group already"),
+                ));
+            }
+            let members = members
+                .split(',')
+                .map(str::trim)
+                .filter(|m| !m.is_empty())
+                .map(str::to_owned)
+                .collect();
+            db.groups.insert(
+                key,
+                Group {
+                    name: name.to_owned(),
+                    rid,
+                    members,
+                },
+            );
+        }
         // Users from a version 1 line: the next free RIDs, in name order,
         // so that every reader of the same file gives the same ones.
         let mut unnumbered: Vec<&mut Entry> =
@@ -437,6 +536,15 @@ impl UserDb {
                 text.push_str(&format!("{b:02x}"));
             }
             text.push_str(&format!(":{}\n", e.rid));
+        }
+        if !self.groups.is_empty() {
+            text.push_str(GROUPS_SECTION);
+            text.push('\n');
+            let mut groups: Vec<&Group> = self.groups.values().collect();
+            groups.sort_by(|a, b| a.name.cmp(&b.name));
+            for g in groups {
+                text.push_str(&format!("{}:{}:{}\n", g.name, g.rid, g.members.join(",")));
+            }
         }
         let text = zeroize::Zeroizing::new(text);
 
@@ -512,14 +620,15 @@ impl UserDb {
         // A new password keeps the account (and so its SID); a new user
         // gets the next RID, never one a removed user had while a higher
         // one is in use.
+        if self.groups.contains_key(&fold(name)) {
+            return Err(UserDbError::InvalidName {
+                name: name.to_owned(),
+                reason: "a group has that name",
+            });
+        }
         let rid = match self.users.get(&fold(name)) {
             Some(e) => e.rid,
-            None => self
-                .users
-                .values()
-                .map(|e| e.rid)
-                .max()
-                .map_or(FIRST_USER_RID, |m| m.saturating_add(1)),
+            None => self.next_rid(),
         };
         self.users.insert(
             fold(name),
@@ -556,9 +665,109 @@ impl UserDb {
             .map(|e| e.name.as_str())
     }
 
-    /// Removes `name` (case-insensitive); true if it was there.
+    /// Removes `name` (case-insensitive), and from its groups; true if it
+    /// was there.
     pub fn remove(&mut self, name: &str) -> bool {
-        self.users.remove(&fold(name)).is_some()
+        let key = fold(name);
+        for g in self.groups.values_mut() {
+            g.members.retain(|m| fold(m) != key);
+        }
+        self.users.remove(&key).is_some()
+    }
+
+    /// The RID the next account gets: above every user's and group's.
+    fn next_rid(&self) -> u32 {
+        self.users
+            .values()
+            .map(|e| e.rid)
+            .chain(self.groups.values().map(|g| g.rid))
+            .max()
+            .map_or(FIRST_USER_RID, |m| m.saturating_add(1))
+    }
+
+    /// Makes group `name` (or changes its members) with exactly `members`,
+    /// each a user of the database.
+    pub fn set_group(&mut self, name: &str, members: &[String]) -> Result<(), UserDbError> {
+        check_group_name(name).map_err(|reason| UserDbError::InvalidName {
+            name: name.to_owned(),
+            reason,
+        })?;
+        let key = fold(name);
+        if self.users.contains_key(&key) {
+            return Err(UserDbError::InvalidName {
+                name: name.to_owned(),
+                reason: "a user has that name",
+            });
+        }
+        let mut stored = Vec::new();
+        for m in members {
+            let user = self
+                .users
+                .get(&fold(m))
+                .ok_or_else(|| UserDbError::UnknownMember {
+                    group: name.to_owned(),
+                    member: m.clone(),
+                })?;
+            if !stored.contains(&user.name) {
+                stored.push(user.name.clone());
+            }
+        }
+        // An existing group keeps its RID and the spelling it was made with.
+        let (name, rid) = match self.groups.get(&key) {
+            Some(g) => (g.name.clone(), g.rid),
+            None => (name.to_owned(), self.next_rid()),
+        };
+        self.groups.insert(
+            key,
+            Group {
+                name,
+                rid,
+                members: stored,
+            },
+        );
+        Ok(())
+    }
+
+    /// Removes group `name`; true if it was there.
+    pub fn remove_group(&mut self, name: &str) -> bool {
+        self.groups.remove(&fold(name)).is_some()
+    }
+
+    /// Every group as (name, RID, members), sorted by name.
+    pub fn groups(&self) -> Vec<(String, u32, Vec<String>)> {
+        let mut v: Vec<_> = self
+            .groups
+            .values()
+            .map(|g| (g.name.clone(), g.rid, g.members.clone()))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// The RIDs of the groups `user` is a member of.
+    pub fn group_rids_of(&self, user: &str) -> Vec<u32> {
+        let key = fold(user);
+        let mut v: Vec<u32> = self
+            .groups
+            .values()
+            .filter(|g| g.members.iter().any(|m| fold(m) == key))
+            .map(|g| g.rid)
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// The RID of group `name`.
+    pub fn group_rid(&self, name: &str) -> Option<u32> {
+        self.groups.get(&fold(name)).map(|g| g.rid)
+    }
+
+    /// The stored name of the group with RID `rid`.
+    pub fn group_of_rid(&self, rid: u32) -> Option<&str> {
+        self.groups
+            .values()
+            .find(|g| g.rid == rid)
+            .map(|g| g.name.as_str())
     }
 
     /// All user names, as stored, sorted.
@@ -1008,6 +1217,52 @@ mod tests {
     }
 
     #[test]
+    fn groups_share_the_rids_and_survive_save_and_load() {
+        let p = CryptoProvider::default_provider();
+        let mut db = UserDb::new();
+        db.add("alice", "a", &p).unwrap();
+        db.add("bob", "b", &p).unwrap();
+        db.set_group("Staff", &["ALICE".to_string(), "bob".to_string()])
+            .unwrap();
+        assert_eq!(db.group_rid("staff"), Some(1002));
+        db.add("cy", "c", &p).unwrap();
+        assert_eq!(db.rid("cy"), Some(1003));
+        assert_eq!(db.group_rids_of("Alice"), vec![1002]);
+        assert!(db.group_rids_of("cy").is_empty());
+        // Names are one namespace; members must be users.
+        assert!(db.set_group("alice", &[]).is_err());
+        assert!(db.add("staff", "s", &p).is_err());
+        assert!(matches!(
+            db.set_group("x", &["nobody".to_string()]),
+            Err(UserDbError::UnknownMember { .. })
+        ));
+        assert!(db.set_group("a,b", &[]).is_err());
+        // New members keep the group's RID.
+        db.set_group("staff", &["cy".to_string()]).unwrap();
+        assert_eq!(db.group_rid("Staff"), Some(1002));
+        assert_eq!(db.group_rids_of("alice"), Vec::<u32>::new());
+        let dir = tmpdir("groups");
+        let file = dir.join("users.db");
+        db.set_group("staff", &["alice".to_string(), "cy".to_string()])
+            .unwrap();
+        db.save(&file).unwrap();
+        let text = fs::read_to_string(&file).unwrap();
+        assert!(text.contains("\n[groups]\nStaff:1002:alice,cy\n"), "{text}");
+        let mut again = UserDb::load(&file).unwrap();
+        assert_eq!(again.group_of_rid(1002), Some("Staff"));
+        assert_eq!(again.group_rids_of("cy"), vec![1002]);
+        // A removed user leaves its groups.
+        assert!(again.remove("cy"));
+        assert_eq!(
+            again.groups(),
+            vec![("Staff".to_string(), 1002, vec!["alice".to_string()])]
+        );
+        assert!(again.remove_group("STAFF"));
+        assert!(again.groups().is_empty());
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
     fn parse_errors_name_the_line() {
         let path = Path::new("/etc/nimbus/users.db");
         let cases = [
@@ -1025,6 +1280,15 @@ mod tests {
             (
                 "# nimbus user database v2\na:a4f49c406510bdcab6824ee7c30fd852:1000\nb:a4f49c406510bdcab6824ee7c30fd852:1000\n",
                 3,
+            ),
+            (
+                "# nimbus user database v2\na:a4f49c406510bdcab6824ee7c30fd852:1000\n[groups]\ng:1000:a\n",
+                4,
+            ),
+            ("# nimbus user database v2\n[groups]\ng:1001\n", 3),
+            (
+                "# nimbus user database v2\na:a4f49c406510bdcab6824ee7c30fd852:1000\n[groups]\nA:1001:\n",
+                4,
             ),
         ];
         for (text, want) in cases {

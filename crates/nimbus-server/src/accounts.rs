@@ -185,7 +185,9 @@ fn group_id(name: &str) -> Option<(String, u32)> {
     })
 }
 
-/// The server's own accounts: users of the user database, Guest, None.
+/// The server's own accounts: users and groups of the user database (its
+/// groups are local groups, "aliases" to lsarpc, as on a Windows server),
+/// Guest, None.
 pub fn machine_by_sid(
     auth: &nimbus_auth::Authenticator,
     server_name: &str,
@@ -198,7 +200,10 @@ pub fn machine_by_sid(
         GUEST_RID => ("Guest".to_string(), SidNameUse::User),
         NONE_GROUP_RID => ("None".to_string(), SidNameUse::Group),
         GUESTS_GROUP_RID => ("Guests".to_string(), SidNameUse::Group),
-        rid => (auth.user_of_rid(rid)?, SidNameUse::User),
+        rid => match auth.user_of_rid(rid) {
+            Some(user) => (user, SidNameUse::User),
+            None => (auth.group_of_rid(rid)?, SidNameUse::Alias),
+        },
     };
     Some(machine_account(machine, server_name, name, rid, kind))
 }
@@ -214,14 +219,24 @@ pub fn machine_by_name(
         return None;
     }
     let machine = auth.machine_sid();
-    let rid = auth.user_rid(name)?;
-    let stored = auth.user_of_rid(rid)?;
+    if let Some(rid) = auth.user_rid(name) {
+        let stored = auth.user_of_rid(rid)?;
+        return Some(machine_account(
+            machine,
+            server_name,
+            stored,
+            rid,
+            SidNameUse::User,
+        ));
+    }
+    let rid = auth.group_rid(name)?;
+    let stored = auth.group_of_rid(rid)?;
     Some(machine_account(
         machine,
         server_name,
         stored,
         rid,
-        SidNameUse::User,
+        SidNameUse::Alias,
     ))
 }
 

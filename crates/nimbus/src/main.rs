@@ -36,6 +36,12 @@ enum Cmd {
         #[command(subcommand)]
         command: UserCmd,
     },
+    /// Manage the server's groups (kept in the user database), which
+    /// security descriptors can grant or deny as a whole.
+    Group {
+        #[command(subcommand)]
+        command: GroupCmd,
+    },
     /// Validate a configuration file and report every problem.
     Config {
         #[command(subcommand)]
@@ -125,6 +131,31 @@ enum UserCmd {
 }
 
 #[derive(Subcommand)]
+enum GroupCmd {
+    /// Make a group, or give one its members anew.
+    Set {
+        name: String,
+        #[arg(long)]
+        db: PathBuf,
+        /// Its members, users of the database (comma-separated; none for
+        /// an empty group).
+        #[arg(long, value_delimiter = ',')]
+        members: Vec<String>,
+    },
+    /// Remove a group.
+    Del {
+        name: String,
+        #[arg(long)]
+        db: PathBuf,
+    },
+    /// List the groups: name, SID and members.
+    List {
+        #[arg(long)]
+        db: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
 enum ConfigCmd {
     /// Check a configuration file.
     Check { file: PathBuf },
@@ -146,6 +177,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Cmd::Serve(args) => serve(args),
         Cmd::User { command } => user(command),
+        Cmd::Group { command } => group(command),
         Cmd::Config {
             command: ConfigCmd::Check { file },
         } => config_check(&file),
@@ -332,6 +364,36 @@ fn read_password(stdin: bool) -> Result<String, String> {
         return Err("empty password".into());
     }
     Ok(pw)
+}
+
+fn group(cmd: GroupCmd) -> Result<(), String> {
+    let provider = CryptoProvider::default_provider();
+    match cmd {
+        GroupCmd::Set { name, db, members } => {
+            let mut users = UserDb::load(&db).map_err(|e| e.to_string())?;
+            users
+                .set_group(&name, &members)
+                .map_err(|e| e.to_string())?;
+            users.save(&db).map_err(|e| e.to_string())?;
+            println!("group {name} saved in {}", db.display());
+        }
+        GroupCmd::Del { name, db } => {
+            let mut users = UserDb::load(&db).map_err(|e| e.to_string())?;
+            if !users.remove_group(&name) {
+                return Err(format!("no group {name} in {}", db.display()));
+            }
+            users.save(&db).map_err(|e| e.to_string())?;
+            println!("group {name} removed from {}", db.display());
+        }
+        GroupCmd::List { db } => {
+            let users = UserDb::load(&db).map_err(|e| e.to_string())?;
+            let machine = users.machine_sid(&provider);
+            for (name, rid, members) in users.groups() {
+                println!("{name} {machine}-{rid} {}", members.join(","));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn user(cmd: UserCmd) -> Result<(), String> {

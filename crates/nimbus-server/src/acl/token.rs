@@ -83,18 +83,26 @@ pub struct Token {
 }
 
 impl Token {
-    /// A user of the user database.
+    /// A user of the user database, without groups of the server's own.
     pub fn user(machine: MachineSid, rid: u32) -> Token {
+        Token::member(machine, rid, &[])
+    }
+
+    /// A user of the user database, member of the server's groups with
+    /// the RIDs `groups`.
+    pub fn member(machine: MachineSid, rid: u32, groups: &[u32]) -> Token {
         let primary_group = account_sid(machine, NONE_GROUP_RID);
+        let mut all = vec![
+            primary_group.clone(),
+            well_known::everyone(),
+            well_known::builtin_users(),
+            well_known::network(),
+            well_known::authenticated_users(),
+        ];
+        all.extend(groups.iter().map(|g| account_sid(machine, *g)));
         Token {
             user: account_sid(machine, rid),
-            groups: vec![
-                primary_group.clone(),
-                well_known::everyone(),
-                well_known::builtin_users(),
-                well_known::network(),
-                well_known::authenticated_users(),
-            ],
+            groups: all,
             primary_group,
         }
     }
@@ -145,5 +153,8 @@ mod tests {
         assert_eq!(machine_rid(m, &t.user), Some(1000));
         assert_eq!(machine_rid(MachineSid([1, 2, 4]), &t.user), None);
         assert!(!Token::guest(m).contains(&well_known::authenticated_users()));
+        let staff = account_sid(m, 1007);
+        assert!(Token::member(m, 1000, &[1007]).contains(&staff));
+        assert!(!t.contains(&staff));
     }
 }

@@ -347,8 +347,10 @@ pub(super) fn backed_off(ctx: &Ctx<'_>, user: &str) -> Result<(), NtStatus> {
 }
 
 /// The SIDs the session acts with (crate::acl::token): a user of the user
-/// database is S-1-5-21-<machine>-<RID>; one removed since it logged on
-/// acts as a guest.
+/// database is S-1-5-21-<machine>-<RID>, with the groups of the database it
+/// is a member of at logon (as a Windows token, a change of membership
+/// counts from the next logon); one removed since it logged on acts as a
+/// guest.
 fn logon_token(ctx: &Ctx<'_>, res: &nimbus_auth::AuthResult) -> crate::acl::Token {
     use crate::acl::Token;
     let auth = &ctx.server.auth;
@@ -356,7 +358,7 @@ fn logon_token(ctx: &Ctx<'_>, res: &nimbus_auth::AuthResult) -> crate::acl::Toke
         return Token::anonymous();
     }
     match auth.user_rid(&res.user).filter(|_| !res.guest) {
-        Some(rid) => Token::user(auth.machine_sid(), rid),
+        Some(rid) => Token::member(auth.machine_sid(), rid, &auth.group_rids_of(&res.user)),
         None => Token::guest(auth.machine_sid()),
     }
 }
