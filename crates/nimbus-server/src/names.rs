@@ -71,7 +71,12 @@ pub fn to_vfs_path_and_stream(name: &str) -> Result<(String, Stream), NtStatus> 
         return Ok((String::new(), stream));
     }
     let mut out = String::with_capacity(name.len());
-    for comp in name.split('\\') {
+    // '/' separates components too, as Samba takes it: no Windows client
+    // sends one (it is no character of a file name, MS-FSCC 2.1.5.2), and
+    // smbtorture's smb2.timestamps names a file `dir/file` (Windows
+    // answers OBJECT_NAME_INVALID there, Samba opens `dir\file`). Every
+    // component is checked alike whichever separator came before it.
+    for comp in name.split(['\\', '/']) {
         if comp.is_empty() {
             return Err(NtStatus::OBJECT_NAME_INVALID);
         }
@@ -82,7 +87,7 @@ pub fn to_vfs_path_and_stream(name: &str) -> Result<(String, Stream), NtStatus> 
         }
         if comp
             .chars()
-            .any(|c| INVALID_CHARS.contains(&c) || (c as u32) < 0x20 || c == '/')
+            .any(|c| INVALID_CHARS.contains(&c) || (c as u32) < 0x20)
         {
             return Err(NtStatus::OBJECT_NAME_INVALID);
         }
@@ -508,7 +513,11 @@ mod tests {
         );
         assert_eq!(to_vfs_path("a\\\\b"), Err(NtStatus::OBJECT_NAME_INVALID));
         assert_eq!(to_vfs_path("a*b"), Err(NtStatus::OBJECT_NAME_INVALID));
-        assert_eq!(to_vfs_path("a/b"), Err(NtStatus::OBJECT_NAME_INVALID));
+        assert_eq!(to_vfs_path("a/b").unwrap(), "a/b");
+        assert_eq!(to_vfs_path("a/b\\c").unwrap(), "a/b/c");
+        assert_eq!(to_vfs_path("a//b"), Err(NtStatus::OBJECT_NAME_INVALID));
+        assert_eq!(to_vfs_path("a/../b"), Err(NtStatus::OBJECT_PATH_SYNTAX_BAD));
+        assert_eq!(to_vfs_path("/a"), Err(NtStatus::OBJECT_NAME_INVALID));
         assert_eq!(to_vfs_path("f:stream"), Err(NtStatus::OBJECT_NAME_INVALID));
         assert_eq!(to_smb_name("a/b"), "\\a\\b");
         assert_eq!(parent("a/b/c"), "a/b");
