@@ -234,6 +234,8 @@ class Security:
     guest_shares: set[str] = field(default_factory=set)
     # more users of the user database, (name, password) (nimbus only)
     extra_users: list[tuple[str, str]] = field(default_factory=list)
+    # shares with access_based_enumeration = true (nimbus only)
+    abe_shares: set[str] = field(default_factory=set)
     # share name -> its `comment`, and the top-level server_comment (nimbus only)
     share_comments: dict[str, str] = field(default_factory=dict)
     server_comment: str | None = None
@@ -245,6 +247,7 @@ class Security:
             or bool(self.share_encryption)
             or bool(self.limits)
             or bool(self.guest_shares)
+            or bool(self.abe_shares)
             or bool(self.share_comments)
             or self.server_comment is not None
         )
@@ -281,6 +284,8 @@ def write_config(path: Path, port: int, user_db: Path, shares: list[tuple[str, P
             lines.append(f"encryption = {toml_str(security.share_encryption[name])}")
         if name in security.guest_shares:
             lines.append("guest_ok = true")
+        if name in security.abe_shares:
+            lines.append("access_based_enumeration = true")
         if name in security.share_comments:
             lines.append(f"comment = {toml_str(security.share_comments[name])}")
     path.write_text("\n".join(lines) + "\n")
@@ -377,6 +382,8 @@ class ServerFactory:
             pytest.skip("[limits] are not mapped to smb.conf by the samba target")
         if security.guest_shares:
             pytest.skip("guest shares are not mapped to smb.conf by the samba target")
+        if security.abe_shares:
+            pytest.skip("access-based enumeration is not mapped to smb.conf by the samba target")
         if security.share_comments or security.server_comment is not None:
             pytest.skip("share and server comments are not mapped to smb.conf by the samba target")
         options = {}

@@ -502,3 +502,31 @@ def test_a_group_of_the_server_is_granted_as_a_whole(two_users):
     assert (srv.share_path / "shared.txt").read_bytes() == b"by bob"
     bad = run_nimbus("group", "set", "x", "--db", str(db), "--members", "nobody", check=False)
     assert bad.returncode != 0 and "nobody" in bad.stderr
+
+
+def test_access_based_enumeration_lists_only_what_the_user_may_read(server_factory):
+    """A share with `access_based_enumeration = true` leaves out of
+    listings what the user may not read (its TREE_CONNECT flag is checked by
+    smbtorture's smb2.acls.ACCESSBASED)."""
+    if server_factory.target != "nimbus":
+        pytest.skip("the users' SIDs come from nimbus user list")
+    srv = server_factory.start(security=Security(extra_users=[BOB], abe_shares={"data"}))
+    sids = user_sids(srv)
+    alice = sids[USER]
+    with smb_tree(srv, USER, PASSWORD) as ta, smb_tree(srv, *BOB) as tb:
+        for name in ("open.txt", "mine.txt"):
+            create(ta, name, GENERIC_WRITE, CreateDisposition.FILE_CREATE).close()
+        f = create(ta, "mine.txt", READ_CONTROL | WRITE_DAC, CreateDisposition.FILE_OPEN)
+        set_sd(f, descriptor(acl(ace(ALLOW, 0, FILE_ALL_ACCESS, alice))))
+        f.close()
+
+        def names(tree) -> set[str]:
+            d = create(tree, "", LIST_DIRECTORY | READ_ATTRIBUTES | SYNCHRONIZE, CreateDisposition.FILE_OPEN, directory=True)
+            try:
+                entries = d.query_directory("*", FileInformationClass.FILE_NAMES_INFORMATION)
+            finally:
+                d.close()
+            return {e["file_name"].get_value().decode("utf-16-le") for e in entries} - {".", ".."}
+
+        assert names(ta) == {"open.txt", "mine.txt"}
+        assert names(tb) == {"open.txt"}

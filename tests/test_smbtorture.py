@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from conftest import _SERVERS, ServerFactory, require_tool
+from conftest import _SERVERS, SHARE, Security, ServerFactory, require_tool
 
 SUITES = [
     "smb2.connect",
@@ -77,6 +77,7 @@ SUITES = [
     "smb2.ea",
     "vfs.fruit",
 ]
+ABE_SHARE = "hideunread"
 KNOWN_FAILURES = Path(__file__).resolve().parent / "smbtorture" / "known-failures.txt"
 EXPECTED_SKIPS = Path(__file__).resolve().parent / "smbtorture" / "expected-skips.txt"
 SUITE_TIMEOUT = int(os.environ.get("NIMBUS_TORTURE_TIMEOUT", "180"))
@@ -451,7 +452,11 @@ def suite_runs(request, tmp_path_factory, samba_client_conf):
         workdir = base / suite
         workdir.mkdir()
         factory = ServerFactory(request, workdir)
-        srv = factory.start()
+        # smb2.acls.ACCESSBASED lists a second share, "hideunread", with
+        # access-based enumeration (Samba's `hide unreadable`).
+        shares = [(SHARE, False), (ABE_SHARE, False)]
+        abe = Security(abe_shares={ABE_SHARE}) if factory.target == "nimbus" else None
+        srv = factory.start(shares, security=abe)
         try:
             run = run_smbtorture(srv, suite, samba_client_conf, workdir / f"{suite}.subunit", SUITE_TIMEOUTS.get(suite, SUITE_TIMEOUT))
         finally:

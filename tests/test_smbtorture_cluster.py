@@ -51,6 +51,9 @@ def cluster_node(tmp_path_factory):
     for name in share_names:
         shares += ["[[share]]", f"name = {toml_str(name)}", f"path = {toml_str(str(base / 'shared' / name))}"]
         (base / "shared" / name).mkdir(parents=True)
+    # smb2.acls.ACCESSBASED's second share, as in tests/test_smbtorture.py.
+    shares += ["[[share]]", f"name = {toml_str(ts.ABE_SHARE)}", f"path = {toml_str(str(base / 'shared' / ts.ABE_SHARE))}", "access_based_enumeration = true"]
+    (base / "shared" / ts.ABE_SHARE).mkdir(parents=True)
     db = base / "users.db"
     add_user(db)
     procs = []

@@ -63,6 +63,9 @@ pub struct ShareConfig {
     pub continuous_availability: bool,
     /// Shown beside the share's name when clients list the shares.
     pub comment: String,
+    /// Access-based enumeration (MS-SMB2 SHI1005_FLAGS_ACCESS_BASED_DIRECTORY_ENUM):
+    /// listings leave out what the user may not read.
+    pub access_based_enumeration: bool,
 }
 
 /// `[cluster]`: this node is one of several serving the same shares, with
@@ -237,6 +240,8 @@ struct RawShare {
     continuous_availability: bool,
     #[serde(default)]
     comment: String,
+    #[serde(default)]
+    access_based_enumeration: bool,
 }
 
 /// Validates `[cluster]`; each problem goes to `fail` (key, problem, fix).
@@ -455,7 +460,7 @@ impl Config {
             vec![err(
                 &format!("line {line}"),
                 msg,
-                "see README.md for the keys: listen, user_db, state_dir, server_name, server_aliases, workgroup, server_comment, [security] signing/encryption/ciphers/fips, [limits] (see README), [[share]] name/path/read_only/guest_ok/encryption/continuous_availability/comment, [cluster] etcd/node/advertise/node_ttl_secs, [kerberos] keytab/principal/ntlm/map_by_name/user_map",
+                "see README.md for the keys: listen, user_db, state_dir, server_name, server_aliases, workgroup, server_comment, [security] signing/encryption/ciphers/fips, [limits] (see README), [[share]] name/path/read_only/guest_ok/encryption/continuous_availability/comment/access_based_enumeration, [cluster] etcd/node/advertise/node_ttl_secs, [kerberos] keytab/principal/ntlm/map_by_name/user_map",
             )]
         })?;
         let mut errors = Vec::new();
@@ -584,6 +589,7 @@ impl Config {
                 encryption,
                 continuous_availability: s.continuous_availability,
                 comment: s.comment,
+                access_based_enumeration: s.access_based_enumeration,
             });
             if s.continuous_availability && cfg.state_dir.is_none() && !clustered {
                 errors.push(err(
@@ -800,6 +806,7 @@ mod tests {
             encryption: Some(EncryptionPolicy::Off),
             continuous_availability: false,
             comment: String::new(),
+            access_based_enumeration: false,
         });
         assert!(!cfg.encrypt_whole_session());
         assert!(!cfg.refuse_clear_sessions());

@@ -52,6 +52,7 @@ pub fn server(dir: &Path) -> Result<Arc<Server>, String> {
             encryption: None,
             comment: String::new(),
             continuous_availability: false,
+            access_based_enumeration: false,
         }],
         ..Config::default()
     };

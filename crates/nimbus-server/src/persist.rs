@@ -513,6 +513,7 @@ mod tests {
                 encryption: None,
                 comment: String::new(),
                 continuous_availability: true,
+                access_based_enumeration: false,
             }],
             ..Config::default()
         };

@@ -78,6 +78,8 @@ pub struct Share {
     pub created: u64,
     /// Continuously available: persistent handles may be granted here.
     pub continuous_availability: bool,
+    /// Listings leave out what the user may not read (crate::acl).
+    pub access_based_enumeration: bool,
     /// Shown beside the name when clients list the shares.
     pub comment: String,
 }
@@ -207,6 +209,7 @@ impl Server {
                 encryption: config.share_encryption(Some(s)),
                 created: start_time,
                 continuous_availability: s.continuous_availability,
+                access_based_enumeration: s.access_based_enumeration,
                 comment: s.comment.clone(),
             }));
         }
@@ -218,6 +221,7 @@ impl Server {
             encryption: config.share_encryption(None),
             created: start_time,
             continuous_availability: false,
+            access_based_enumeration: false,
             // As Windows describes its IPC$.
             comment: "Remote IPC".into(),
         }));

@@ -288,6 +288,7 @@ fn build_config(args: &ServeArgs) -> Result<Config, String> {
                 encryption: None,
                 comment: String::new(),
                 continuous_availability: false,
+                access_based_enumeration: false,
             });
         }
     }

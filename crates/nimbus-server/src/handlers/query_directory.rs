@@ -9,6 +9,7 @@ use nimbus_wire::query_directory::{flags, QueryDirectoryRequest};
 use nimbus_wire::NtStatus;
 
 use super::{check_credit_charge, malformed};
+use crate::acl::{check, store, Token};
 use crate::dispatch::{Ctx, HandlerResult};
 use crate::dosinfo::DosInfo;
 use crate::eas;
@@ -89,12 +90,19 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     // Only FileDirectoryInformation and FileNamesInformation have no EaSize.
     let with_eas = !matches!(req.info_class, file_class::DIRECTORY | file_class::NAMES);
     let mut count = 0usize;
+    // Access-based enumeration: what the user may not read is not listed.
+    let hide_from = if open.share.access_based_enumeration {
+        ctx.session()?.token()
+    } else {
+        None
+    };
     while en.pos < en.entries.len() {
         // Entries listed by an earlier request may have been deleted or
         // changed since: look again, and skip the ones that are gone, as a
         // server reading the directory lazily would (MS-FSA 2.1.5.6.3 does
         // not return names that no longer exist).
-        let Some(listed) = current(&open, &en.entries[en.pos], !restart, with_eas) else {
+        let entry = &en.entries[en.pos];
+        let Some(listed) = current(&open, entry, !restart, with_eas, hide_from.as_deref()) else {
             en.pos += 1;
             continue;
         };
@@ -173,7 +181,17 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
 
 /// The metadata of a listed entry: as listed, or (`refresh`) as it is now;
 /// None if it no longer exists.
-fn current(open: &Open, e: &DirEntry, refresh: bool, with_eas: bool) -> Option<Listed> {
+/// The entry as it is now; None when it is gone, or when `hide_from` (the
+/// session of a share with access-based enumeration) may not read it:
+/// its stored descriptor does not grant FILE_GENERIC_READ (SYNCHRONIZE
+/// aside), as Windows hides what a user has no Read permission on.
+fn current(
+    open: &Open,
+    e: &DirEntry,
+    refresh: bool,
+    with_eas: bool,
+    hide_from: Option<&Token>,
+) -> Option<Listed> {
     let of = |handle: &nimbus_vfs::FileHandle| Listed {
         stat: e.stat.clone(),
         dos: DosInfo::load(handle),
@@ -200,7 +218,18 @@ fn current(open: &Open, e: &DirEntry, refresh: bool, with_eas: bool) -> Option<L
         e.stat.clone()
     };
     let listed = match open.handle.entry(&e.name) {
-        Ok(h) => of(&h),
+        Ok(h) => {
+            if let Some(token) = hide_from {
+                let read = access::FILE_GENERIC_READ & !access::SYNCHRONIZE;
+                match store::read_handle(&h, &e.name) {
+                    Ok(Some(sd)) if check::granted(&sd, token) & read != read => return None,
+                    Ok(_) => {}
+                    // Unknown permissions: not shown.
+                    Err(_) => return None,
+                }
+            }
+            of(&h)
+        }
         Err(_) => Listed {
             stat: e.stat.clone(),
             dos: DosInfo::default(),

@@ -41,6 +41,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         return Err(NtStatus::ACCESS_DENIED);
     }
     let encrypt_data = share.encryption != EncryptionPolicy::Off && can_encrypt;
+    let access_based_enumeration = share.access_based_enumeration;
     if guest && !share.guest_ok && !share.is_ipc() {
         tracing::info!(
             "{}: guest refused on share \"{}\"",
@@ -89,6 +90,9 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     let mut flags = share_flags::MANUAL_CACHING;
     if encrypt_data {
         flags |= share_flags::ENCRYPT_DATA;
+    }
+    if access_based_enumeration {
+        flags |= share_flags::ACCESS_BASED_DIRECTORY_ENUM;
     }
     TreeConnectResponse {
         share_type,
