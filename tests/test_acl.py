@@ -530,3 +530,32 @@ def test_access_based_enumeration_lists_only_what_the_user_may_read(server_facto
 
         assert names(ta) == {"open.txt", "mine.txt"}
         assert names(tb) == {"open.txt"}
+
+
+def test_a_rename_may_not_replace_what_the_user_may_not_delete(two_users):
+    srv, sids = two_users
+    alice, bob = sids[USER], sids[BOB[0]]
+    dir_rights = LIST_DIRECTORY | ADD_FILE | TRAVERSE | READ_ATTRIBUTES | READ_CONTROL | SYNCHRONIZE
+    with smb_tree(srv, USER, PASSWORD) as ta, smb_tree(srv, *BOB) as tb:
+        d = create(ta, "box2", READ_CONTROL | WRITE_DAC, directory=True)
+        # Everyone may add files here, nobody but alice may delete them.
+        set_sd(d, descriptor(acl(ace(ALLOW, 0, dir_rights, EVERYONE), ace(ALLOW, OI, FILE_ALL_ACCESS, CREATOR_OWNER), ace(ALLOW, 0, FILE_ALL_ACCESS, alice))))
+        d.close()
+        t = create(ta, r"box2\target.txt", GENERIC_WRITE, CreateDisposition.FILE_CREATE)
+        t.write(b"alice's", 0)
+        t.close()
+        s = create(tb, r"box2\src.txt", GENERIC_WRITE | DELETE, CreateDisposition.FILE_CREATE)
+        s.write(b"bob's", 0)
+        req = SMB2SetInfoRequest()
+        req["info_type"] = InfoType.SMB2_0_INFO_FILE
+        req["file_info_class"] = FileInformationClass.FILE_RENAME_INFORMATION
+        req["file_id"] = s.file_id
+        name = r"box2\target.txt".encode("utf-16-le")
+        req["buffer"] = struct.pack("<B7xQI", 1, 0, len(name)) + name
+        conn = s.connection
+        with pytest.raises(SMBResponseException) as refused:
+            conn.receive(conn.send(req, tb.session.session_id, tb.tree_connect_id))
+        assert refused.value.status == NtStatus.STATUS_ACCESS_DENIED
+        s.close()
+    assert (srv.share_path / "box2" / "target.txt").read_bytes() == b"alice's"
+    assert (srv.share_path / "box2" / "src.txt").read_bytes() == b"bob's"
