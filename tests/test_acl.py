@@ -297,6 +297,9 @@ def test_a_dacl_decides_what_each_user_may_open(two_users):
         assert got & (WRITE_DATA | APPEND_DATA) == 0
         assert got & READ_DATA and got & READ_CONTROL
         assert got & WRITE_DAC == 0  # bob is not the owner
+        # Nor add a named stream to it, whatever access he asks for.
+        assert create_status(tb, "doc.txt:notes", READ_ATTRIBUTES, disposition=CreateDisposition.FILE_CREATE) == NtStatus.STATUS_ACCESS_DENIED
+        assert create_status(ta, "doc.txt:notes", READ_ATTRIBUTES, disposition=CreateDisposition.FILE_CREATE) == NtStatus.STATUS_SUCCESS
         # bob may not change the DACL either.
         assert create_status(tb, "doc.txt", WRITE_DAC, disposition=CreateDisposition.FILE_OPEN) == NtStatus.STATUS_ACCESS_DENIED
 

@@ -213,6 +213,7 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
             is_dir: base.as_ref().map_or(is_dir, |b| b.stat.is_dir),
             desired,
             truncating,
+            adds_stream: base.as_ref().is_some_and(|b| !b.created) && creating,
             given: given_sd.as_ref(),
             own: known_sds.0,
             parent: known_sds.1,

@@ -83,6 +83,9 @@ pub struct Ask<'a> {
     /// Generic rights mapped.
     pub desired: u32,
     pub truncating: bool,
+    /// A new named stream of an existing file: writing the file, it needs
+    /// FILE_WRITE_DATA on it, whatever the open asks for.
+    pub adds_stream: bool,
     pub given: Option<&'a SecurityDescriptor>,
     /// The object's own descriptor, and (for a new one) its directory's,
     /// if looked up with its stat.
@@ -171,7 +174,7 @@ pub fn decide(fs: &LocalFs, ask: &Ask<'_>, token: &Token) -> Result<Security, Nt
             allowed |= access::FILE_READ_ATTRIBUTES;
         }
     }
-    if ask.truncating && allowed & access::FILE_WRITE_DATA == 0 {
+    if (ask.truncating || ask.adds_stream) && allowed & access::FILE_WRITE_DATA == 0 {
         return Err(NtStatus::ACCESS_DENIED);
     }
     Ok(Security {
