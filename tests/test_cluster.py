@@ -841,3 +841,32 @@ def test_a_handed_back_durable_handle_gives_way_to_a_conflicting_open_on_another
         assert "closed by a break" in n1.log()
     finally:
         other.close()
+
+
+def test_a_dacl_set_through_one_node_holds_on_the_others(nodes, tmp_path):
+    """Security descriptors live with the files on the shared file system
+    and the users' SIDs come from the one user database: a DACL set through
+    n1 decides bob's and alice's opens through n2."""
+    from types import SimpleNamespace
+
+    import test_acl as acl
+
+    db = tmp_path / "users.db"
+    add_user(db, *acl.BOB)
+    for n in nodes[:2]:
+        n.start()
+    sids = dict(line.split(" ", 1) for line in subprocess.run([str(nimbus_binary()), "user", "list", "--db", str(db), "--sids"], capture_output=True, text=True, check=True).stdout.splitlines())
+    n1, n2 = (SimpleNamespace(host=n.host, port=n.port, share="data") for n in nodes[:2])
+    with acl.smb_tree(n1, USER, PASSWORD) as t1:
+        f = acl.create(t1, "team.txt", acl.READ_CONTROL | acl.WRITE_DAC | acl.WRITE_DATA, acl.CreateDisposition.FILE_CREATE)
+        f.write(b"n1", 0)
+        dacl = acl.acl(acl.ace(acl.DENY, 0, acl.WRITE_DATA | acl.APPEND_DATA, sids[acl.BOB[0]]), acl.ace(acl.ALLOW, 0, acl.FILE_ALL_ACCESS, acl.EVERYONE))
+        acl.set_sd(f, acl.descriptor(dacl))
+        f.close()
+    with acl.smb_tree(n2, *acl.BOB) as bob, acl.smb_tree(n2, USER, PASSWORD) as alice:
+        assert acl.create_status(bob, "team.txt", acl.GENERIC_WRITE, disposition=acl.CreateDisposition.FILE_OPEN) == acl.NtStatus.STATUS_ACCESS_DENIED
+        assert acl.create_status(bob, "team.txt", acl.GENERIC_READ, disposition=acl.CreateDisposition.FILE_OPEN) == acl.NtStatus.STATUS_SUCCESS
+        w = acl.create(alice, "team.txt", acl.GENERIC_WRITE, acl.CreateDisposition.FILE_OPEN)
+        w.write(b"n2", 0)
+        w.close()
+    assert (nodes[0].share / "team.txt").read_bytes() == b"n2"
