@@ -282,6 +282,21 @@ fn check_name(name: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
+/// A RID field of the file (a user's or a group's): a number of at least
+/// FIRST_USER_RID that no account before it has.
+fn new_rid(field: &str, seen: &mut std::collections::HashSet<u32>) -> Result<u32, String> {
+    let rid = field
+        .trim()
+        .parse::<u32>()
+        .ok()
+        .filter(|r| *r >= FIRST_USER_RID)
+        .ok_or_else(|| format!("the RID {field:?} is not a number of at least {FIRST_USER_RID}"))?;
+    if !seen.insert(rid) {
+        return Err(format!("the RID {rid} appears twice"));
+    }
+    Ok(rid)
+}
+
 /// Why `name` cannot be a group name: a user name that the group line can
 /// hold (no ',' between members).
 fn check_group_name(name: &str) -> Result<(), &'static str> {
@@ -416,22 +431,7 @@ impl UserDb {
             check_name(name).map_err(|r| err(line_no, r.into()))?;
             let (hex, rid) = match rest.split_once(':') {
                 Some((hex, rid)) => {
-                    let rid = rid
-                        .trim()
-                        .parse::<u32>()
-                        .ok()
-                        .filter(|r| *r >= FIRST_USER_RID)
-                        .ok_or_else(|| {
-                            err(
-                                line_no,
-                                format!(
-                                    "the RID {rid:?} is not a number of at least {FIRST_USER_RID}"
-                                ),
-                            )
-                        })?;
-                    if !rids.insert(rid) {
-                        return Err(err(line_no, format!("the RID {rid} appears twice")));
-                    }
+                    let rid = new_rid(rid, &mut rids).map_err(|r| err(line_no, r))?;
                     (hex, rid)
                 }
                 None => (rest, 0),
@@ -462,20 +462,7 @@ impl UserDb {
                 ));
             };
             check_group_name(name).map_err(|r| err(line_no, r.into()))?;
-            let rid = rid
-                .trim()
-                .parse::<u32>()
-                .ok()
-                .filter(|r| *r >= FIRST_USER_RID)
-                .ok_or_else(|| {
-                    err(
-                        line_no,
-                        format!("the RID {rid:?} is not a number of at least {FIRST_USER_RID}"),
-                    )
-                })?;
-            if !rids.insert(rid) {
-                return Err(err(line_no, format!("the RID {rid} appears twice")));
-            }
+            let rid = new_rid(rid, &mut rids).map_err(|r| err(line_no, r))?;
             let key = fold(name);
             if db.users.contains_key(&key) || db.groups.contains_key(&key) {
                 return Err(err(
