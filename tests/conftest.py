@@ -239,6 +239,10 @@ class Security:
     # share name -> its `comment`, and the top-level server_comment (nimbus only)
     share_comments: dict[str, str] = field(default_factory=dict)
     server_comment: str | None = None
+    # the top-level apple_model, the Mac model named in AAPL replies (nimbus only)
+    apple_model: str | None = None
+    # shares with apple_extensions = false (nimbus only)
+    no_apple_shares: set[str] = field(default_factory=set)
 
     def needs_config_file(self) -> bool:
         return (
@@ -250,6 +254,8 @@ class Security:
             or bool(self.abe_shares)
             or bool(self.share_comments)
             or self.server_comment is not None
+            or self.apple_model is not None
+            or bool(self.no_apple_shares)
         )
 
 
@@ -261,6 +267,8 @@ def write_config(path: Path, port: int, user_db: Path, shares: list[tuple[str, P
     ]
     if security.server_comment is not None:
         lines.append(f"server_comment = {toml_str(security.server_comment)}")
+    if security.apple_model is not None:
+        lines.append(f"apple_model = {toml_str(security.apple_model)}")
     lines += [
         "",
         "[security]",
@@ -286,6 +294,8 @@ def write_config(path: Path, port: int, user_db: Path, shares: list[tuple[str, P
             lines.append("guest_ok = true")
         if name in security.abe_shares:
             lines.append("access_based_enumeration = true")
+        if name in security.no_apple_shares:
+            lines.append("apple_extensions = false")
         if name in security.share_comments:
             lines.append(f"comment = {toml_str(security.share_comments[name])}")
     path.write_text("\n".join(lines) + "\n")
@@ -386,6 +396,8 @@ class ServerFactory:
             pytest.skip("access-based enumeration is not mapped to smb.conf by the samba target")
         if security.share_comments or security.server_comment is not None:
             pytest.skip("share and server comments are not mapped to smb.conf by the samba target")
+        if security.apple_model is not None or security.no_apple_shares:
+            pytest.skip("apple_model and apple_extensions are not mapped to smb.conf by the samba target")
         options = {}
         if security.encryption is not None:
             options["server smb encrypt"] = {"off": "off", "desired": "desired", "required": "required"}[security.encryption]

@@ -78,6 +78,8 @@ SUITES = [
     "vfs.fruit",
 ]
 ABE_SHARE = "hideunread"
+APPLE_MODEL = "MacSamba"
+NO_APPLE_SHARE = "nofruit"
 KNOWN_FAILURES = Path(__file__).resolve().parent / "smbtorture" / "known-failures.txt"
 EXPECTED_SKIPS = Path(__file__).resolve().parent / "smbtorture" / "expected-skips.txt"
 SUITE_TIMEOUT = int(os.environ.get("NIMBUS_TORTURE_TIMEOUT", "180"))
@@ -224,7 +226,7 @@ def _crash_summary(text: str) -> str:
     return ""
 
 
-def run_smbtorture(server, suite: str, client_conf: Path, log_path: Path, timeout: int = SUITE_TIMEOUT) -> SuiteRun:
+def run_smbtorture(server, suite: str, client_conf: Path, log_path: Path, timeout: int = SUITE_TIMEOUT, options: list[str] = ()) -> SuiteRun:
     """Run one suite within `timeout` seconds in all.
 
     When smbtorture itself dies during a test (it has crashed on answers it
@@ -245,6 +247,7 @@ def run_smbtorture(server, suite: str, client_conf: Path, log_path: Path, timeou
         "-s", str(client_conf),
         "--format=subunit",
         "--fullname",
+        *options,
     ]  # fmt: skip
     workdir = log_path.parent  # smbtorture leaves a smbtortureXXXXXX directory in its working directory
     all_tests = list_tests(suite)
@@ -455,10 +458,23 @@ def suite_runs(request, tmp_path_factory, samba_client_conf):
         # smb2.acls.ACCESSBASED lists a second share, "hideunread", with
         # access-based enumeration (Samba's `hide unreadable`).
         shares = [(SHARE, False), (ABE_SHARE, False)]
-        abe = Security(abe_shares={ABE_SHARE}) if factory.target == "nimbus" else None
-        srv = factory.start(shares, security=abe)
+        security, paths, options = None, None, []
+        if factory.target == "nimbus":
+            # vfs.fruit checks that the AAPL reply is 56 bytes long, the
+            # length Samba's default model string ("MacSamba", 8
+            # characters) gives: that model here; Nimbus's own default is
+            # Apple's "Xserve". Its "invalid AFP_AfpInfo" test writes
+            # through a second share of the same directory without Apple's
+            # extensions (torture:share2).
+            security = Security(abe_shares={ABE_SHARE}, apple_model=APPLE_MODEL, no_apple_shares={NO_APPLE_SHARE})
+            shares.append((NO_APPLE_SHARE, False))
+            data_dir = workdir / "data"
+            data_dir.mkdir()
+            paths = {SHARE: data_dir, NO_APPLE_SHARE: data_dir}
+            options = [f"--option=torture:share2={NO_APPLE_SHARE}"]
+        srv = factory.start(shares, security=security, paths=paths)
         try:
-            run = run_smbtorture(srv, suite, samba_client_conf, workdir / f"{suite}.subunit", SUITE_TIMEOUTS.get(suite, SUITE_TIMEOUT))
+            run = run_smbtorture(srv, suite, samba_client_conf, workdir / f"{suite}.subunit", SUITE_TIMEOUTS.get(suite, SUITE_TIMEOUT), options)
         finally:
             died = factory.stop_all()
         run.server, run.server_problems = srv, died

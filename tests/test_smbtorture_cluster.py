@@ -40,6 +40,10 @@ class NodeTarget:
     password: str
 
 
+def no_apple_share(share: str) -> str:
+    return f"{share}-{ts.NO_APPLE_SHARE}"
+
+
 @pytest.fixture(scope="module")
 def cluster_node(tmp_path_factory):
     require_etcd()
@@ -54,6 +58,10 @@ def cluster_node(tmp_path_factory):
     # smb2.acls.ACCESSBASED's second share, as in tests/test_smbtorture.py.
     shares += ["[[share]]", f"name = {toml_str(ts.ABE_SHARE)}", f"path = {toml_str(str(base / 'shared' / ts.ABE_SHARE))}", "access_based_enumeration = true"]
     (base / "shared" / ts.ABE_SHARE).mkdir(parents=True)
+    # vfs.fruit's torture:share2, as in tests/test_smbtorture.py: each
+    # lane's share's directory once more, without Apple's extensions.
+    for name in share_names:
+        shares += ["[[share]]", f"name = {toml_str(no_apple_share(name))}", f"path = {toml_str(str(base / 'shared' / name))}", "apple_extensions = false"]
     db = base / "users.db"
     add_user(db)
     procs = []
@@ -70,6 +78,7 @@ def cluster_node(tmp_path_factory):
                     [
                         f"listen = [{toml_str(f'{host}:{port}')}]",
                         f"user_db = {toml_str(str(db))}",
+                        f"apple_model = {toml_str(ts.APPLE_MODEL)}",
                         "[security]",
                         'signing = "required"',
                         *shares,
@@ -110,7 +119,8 @@ def cluster_suite_runs(request, cluster_node, tmp_path_factory, samba_client_con
         workdir.mkdir()
         target = free.get()
         try:
-            return ts.run_smbtorture(target, suite, samba_client_conf, workdir / f"{suite}.subunit", ts.SUITE_TIMEOUTS.get(suite, ts.SUITE_TIMEOUT))
+            options = [f"--option=torture:share2={no_apple_share(target.share)}"]
+            return ts.run_smbtorture(target, suite, samba_client_conf, workdir / f"{suite}.subunit", ts.SUITE_TIMEOUTS.get(suite, ts.SUITE_TIMEOUT), options)
         finally:
             free.put(target)
 

@@ -12,7 +12,7 @@ fuzz_target!(|data: &[u8]| {
     let Some((&which, input)) = data.split_first() else {
         return;
     };
-    match which % 32 {
+    match which % 34 {
         0 => {
             if let Ok(h) = header::Header::parse(input) {
                 let mut slot = [0u8; HEADER_SIZE];
@@ -71,6 +71,12 @@ fuzz_target!(|data: &[u8]| {
         }
         29 => drop(nimbus_wire::ea::parse_full_ea_list(input)),
         30 => drop(nimbus_wire::ea::parse_get_ea_list(input)),
-        _ => drop(simple::parse_empty(input)),
+        31 => drop(simple::parse_empty(input)),
+        32 => drop(nimbus_wire::apple::AaplRequest::parse(input)),
+        // An AppleDouble file a client wrote, whole or only its head.
+        _ => {
+            let _ = nimbus_wire::apple_double::parse(input, input.len() as u64);
+            let _ = nimbus_wire::apple_double::parse(&input[..input.len() / 2], input.len() as u64);
+        }
     }
 });

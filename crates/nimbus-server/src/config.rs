@@ -66,6 +66,9 @@ pub struct ShareConfig {
     /// Access-based enumeration (MS-SMB2 SHI1005_FLAGS_ACCESS_BASED_DIRECTORY_ENUM):
     /// listings leave out what the user may not read.
     pub access_based_enumeration: bool,
+    /// Apple's SMB extensions for macOS clients (`crate::apple`): the AAPL
+    /// create context and the AFP_AfpInfo / AFP_Resource stream rules.
+    pub apple_extensions: bool,
 }
 
 /// `[cluster]`: this node is one of several serving the same shares, with
@@ -128,6 +131,9 @@ pub struct Config {
     pub workgroup: String,
     /// The server's description, shown when clients browse it.
     pub server_comment: String,
+    /// The Mac model whose icon Finder shows for this server (the AAPL
+    /// create context's model string).
+    pub apple_model: String,
     /// Bounds on what clients may make the server hold (`[limits]`).
     pub limits: Limits,
     /// `[cluster]`, or None: a single node with its embedded store.
@@ -151,6 +157,7 @@ impl Default for Config {
             server_aliases: Vec::new(),
             workgroup: "WORKGROUP".into(),
             server_comment: "Nimbus file server".into(),
+            apple_model: DEFAULT_APPLE_MODEL.into(),
             limits: Limits::default(),
             cluster: None,
             kerberos: None,
@@ -189,6 +196,7 @@ struct RawConfig {
     server_aliases: Option<Vec<String>>,
     workgroup: Option<String>,
     server_comment: Option<String>,
+    apple_model: Option<String>,
     security: Option<RawSecurity>,
     limits: Option<RawLimits>,
     #[serde(default)]
@@ -242,7 +250,16 @@ struct RawShare {
     comment: String,
     #[serde(default)]
     access_based_enumeration: bool,
+    #[serde(default = "yes")]
+    apple_extensions: bool,
 }
+
+fn yes() -> bool {
+    true
+}
+
+/// An Apple server model Finder knows an icon for.
+pub const DEFAULT_APPLE_MODEL: &str = "Xserve";
 
 /// Validates `[cluster]`; each problem goes to `fail` (key, problem, fix).
 fn cluster_config(
@@ -460,7 +477,7 @@ impl Config {
             vec![err(
                 &format!("line {line}"),
                 msg,
-                "see README.md for the keys: listen, user_db, state_dir, server_name, server_aliases, workgroup, server_comment, [security] signing/encryption/ciphers/fips, [limits] (see README), [[share]] name/path/read_only/guest_ok/encryption/continuous_availability/comment/access_based_enumeration, [cluster] etcd/node/advertise/node_ttl_secs, [kerberos] keytab/principal/ntlm/map_by_name/user_map",
+                "see README.md for the keys: listen, user_db, state_dir, server_name, server_aliases, workgroup, server_comment, apple_model, [security] signing/encryption/ciphers/fips, [limits] (see README), [[share]] name/path/read_only/guest_ok/encryption/continuous_availability/comment/access_based_enumeration/apple_extensions, [cluster] etcd/node/advertise/node_ttl_secs, [kerberos] keytab/principal/ntlm/map_by_name/user_map",
             )]
         })?;
         let mut errors = Vec::new();
@@ -506,6 +523,19 @@ impl Config {
         }
         if let Some(c) = raw.server_comment {
             cfg.server_comment = c;
+        }
+        if let Some(m) = raw.apple_model {
+            // Sent in a 32-bit length as UTF-16; Finder shows a generic
+            // icon for a model it does not know, nothing for an empty one.
+            if m.is_empty() || m.chars().count() > 64 || m.chars().any(char::is_control) {
+                errors.push(err(
+                    "apple_model",
+                    format!("\"{m}\" is not a model name (1 to 64 printable characters)"),
+                    "name an Apple model, e.g. apple_model = \"Xserve\" (or \"RackMac\", \"MacPro\")",
+                ));
+            } else {
+                cfg.apple_model = m;
+            }
         }
         if let Some(sec) = raw.security {
             if let Some(s) = sec.signing {
@@ -590,6 +620,7 @@ impl Config {
                 continuous_availability: s.continuous_availability,
                 comment: s.comment,
                 access_based_enumeration: s.access_based_enumeration,
+                apple_extensions: s.apple_extensions,
             });
             if s.continuous_availability && cfg.state_dir.is_none() && !clustered {
                 errors.push(err(
@@ -807,6 +838,7 @@ mod tests {
             continuous_availability: false,
             comment: String::new(),
             access_based_enumeration: false,
+            apple_extensions: true,
         });
         assert!(!cfg.encrypt_whole_session());
         assert!(!cfg.refuse_clear_sessions());

@@ -218,6 +218,8 @@ pub struct Connection {
     /// The frames on the blocking pool, for the commands that end handles
     /// to wait for those that came before them (`crate::arrivals`).
     pub arrivals: Arc<crate::arrivals::Arrivals>,
+    /// What a Mac negotiated with the AAPL create context (crate::apple).
+    pub apple: crate::apple::AppleState,
 }
 
 /// A job of the serial queue.
@@ -297,6 +299,7 @@ impl Connection {
             close_notify: Notify::new(),
             serial: Arc::default(),
             arrivals: Arc::default(),
+            apple: Default::default(),
         })
     }
 

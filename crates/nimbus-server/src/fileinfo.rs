@@ -85,12 +85,19 @@ pub fn open_info(open: &Open, delete_pending: bool) -> Result<FileInfo, nimbus_v
     let st = open.handle.stat()?;
     Ok(match &open.stream {
         None => file_info(&st, &DosInfo::load(&open.handle), delete_pending),
-        Some(s) => stream_info(
-            &s.base.stat()?,
-            &DosInfo::load(&s.base),
-            &st,
-            delete_pending,
-        ),
+        Some(s) => {
+            let mut info = stream_info(
+                &s.base.stat()?,
+                &DosInfo::load(&s.base),
+                &st,
+                delete_pending,
+            );
+            // A Mac's AfpInfo is one record of fixed size, written or not.
+            if crate::apple::open_kind(open) == Some(crate::apple::AppleStream::AfpInfo) {
+                info.end_of_file = crate::apple::afp_info::REPORTED_SIZE;
+            }
+            info
+        }
     })
 }
 

@@ -53,6 +53,7 @@ pub fn server(dir: &Path) -> Result<Arc<Server>, String> {
             comment: String::new(),
             continuous_availability: false,
             access_based_enumeration: false,
+            apple_extensions: true,
         }],
         ..Config::default()
     };

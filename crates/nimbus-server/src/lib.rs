@@ -6,6 +6,7 @@
 mod accounts;
 mod acl;
 mod admission;
+mod apple;
 mod arrivals;
 pub mod cluster;
 mod cluster_notify;

@@ -514,6 +514,7 @@ mod tests {
                 comment: String::new(),
                 continuous_availability: true,
                 access_based_enumeration: false,
+                apple_extensions: true,
             }],
             ..Config::default()
         };

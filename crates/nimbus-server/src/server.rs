@@ -80,6 +80,8 @@ pub struct Share {
     pub continuous_availability: bool,
     /// Listings leave out what the user may not read (crate::acl).
     pub access_based_enumeration: bool,
+    /// Apple's extensions for macOS clients (crate::apple).
+    pub apple_extensions: bool,
     /// Shown beside the name when clients list the shares.
     pub comment: String,
 }
@@ -210,6 +212,7 @@ impl Server {
                 created: start_time,
                 continuous_availability: s.continuous_availability,
                 access_based_enumeration: s.access_based_enumeration,
+                apple_extensions: s.apple_extensions,
                 comment: s.comment.clone(),
             }));
         }
@@ -222,6 +225,7 @@ impl Server {
             created: start_time,
             continuous_availability: false,
             access_based_enumeration: false,
+            apple_extensions: false,
             // As Windows describes its IPC$.
             comment: "Remote IPC".into(),
         }));

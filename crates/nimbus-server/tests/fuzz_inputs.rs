@@ -262,7 +262,7 @@ fn wire_decoders(data: &[u8]) -> Option<bool> {
     use nimbus_wire::{close, create, fscc, fsctl, header, info, ioctl, negotiate};
     use nimbus_wire::{read, session_setup, simple, smb1, transform, tree_connect, write};
     let (&which, input) = data.split_first()?;
-    Some(match which % 32 {
+    Some(match which % 34 {
         0 => {
             let parsed = header::Header::parse(input);
             if let Ok(h) = &parsed {
@@ -311,7 +311,13 @@ fn wire_decoders(data: &[u8]) -> Option<bool> {
         28 => fsctl::parse_compression_state(input).is_ok(),
         29 => nimbus_wire::ea::parse_full_ea_list(input).is_ok(),
         30 => nimbus_wire::ea::parse_get_ea_list(input).is_ok(),
-        _ => simple::parse_empty(input).is_ok(),
+        31 => simple::parse_empty(input).is_ok(),
+        32 => nimbus_wire::apple::AaplRequest::parse(input).is_ok(),
+        _ => {
+            let half =
+                nimbus_wire::apple_double::parse(&input[..input.len() / 2], input.len() as u64);
+            nimbus_wire::apple_double::parse(input, input.len() as u64).is_ok() | half.is_ok()
+        }
     })
 }
 

@@ -2,6 +2,8 @@
 //! classes and MS-DTYP security descriptors. No I/O and no crypto here:
 //! every function turns bytes into typed values or back.
 
+pub mod apple;
+pub mod apple_double;
 pub mod close;
 pub mod codec;
 pub mod create;

@@ -289,6 +289,7 @@ fn build_config(args: &ServeArgs) -> Result<Config, String> {
                 comment: String::new(),
                 continuous_availability: false,
                 access_based_enumeration: false,
+                apple_extensions: true,
             });
         }
     }

@@ -75,6 +75,14 @@ pub fn release(server: &Server, open: &Open) {
         }
         Ok(false) => {
             server.notify.still_open(server, open);
+            // A Mac's AfpInfo created and never written goes with its last
+            // handle (crate::apple::afp_info).
+            if crate::apple::open_kind(open) == Some(crate::apple::AppleStream::AfpInfo)
+                && crate::apple::afp_info::holds_no_record(open)
+                && sm.record(open.file_key).is_ok_and(|r| r.opens.is_empty())
+            {
+                delete_stream(server, open);
+            }
             false
         }
         Err(e) => {
@@ -143,6 +151,14 @@ fn delete_stream(server: &Server, open: &Open) {
         return;
     };
     let name = crate::session::lock(&stream.name).clone();
+    // A macOS server ignores a request to delete a resource fork that
+    // holds data (Finder sends one when it did not mean to); an empty
+    // one goes.
+    if crate::apple::stream_kind(&open.share, &name) == Some(crate::apple::AppleStream::Resource)
+        && open.handle.stat().is_ok_and(|st| st.size > 0)
+    {
+        return;
+    }
     let identity = (open.file_key.dev, open.file_key.ino);
     let removed = fs
         .streams(&stream.base, false)

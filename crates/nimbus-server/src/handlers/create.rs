@@ -116,6 +116,9 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
             _ => {}
         }
     }
+    // A Mac's AAPL query: answered (and the connection's Apple semantics
+    // set) before anything is made, so that a bad one is refused cleanly.
+    let aapl_reply = crate::apple::negotiate(ctx.server, &ctx.conn.apple, &share, &req.contexts)?;
     // The descriptor a new file is to get (checked before anything is made).
     let given_sd = create_security::given(&req.contexts)?;
     let mut want = requested_caching(ctx, &req)?;
@@ -133,8 +136,25 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
     let mut known_sds: (create_security::Known, create_security::Known) = (None, None);
     let existing = if let Stream::Named(name) = &stream {
         let may_create = !share.read_only && tree.maximal_access & access::FILE_WRITE_DATA != 0;
+        // A Mac's stream of a file copied with an AppleDouble companion
+        // (`._name`) is that companion's content (crate::apple).
+        if may_create && crate::apple::stream_kind(&share, name).is_some() {
+            crate::apple::apple_double::convert(ctx.server, &share, fs, &path);
+        }
         let mut b = create_stream::open_base(fs, &path, disposition, may_create)?;
         let found = b.find(name)?;
+        // A stream that exists on disk but not for this client (an AfpInfo
+        // never written, an empty stream for a Mac: crate::apple) is not
+        // found by an open that does not create; one that creates gets it.
+        if let Some((spelled, st)) = &found {
+            if matches!(
+                disposition,
+                CreateDisposition::Open | CreateDisposition::Overwrite
+            ) && !crate::apple::stream_exists(&ctx.conn.apple, &share, spelled, st.size)
+            {
+                return Err(NtStatus::OBJECT_NAME_NOT_FOUND.into());
+            }
+        }
         if found.is_none() && may_create && disposition.creates() {
             b.make_streams(fs)?;
         }
@@ -599,6 +619,10 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
         ctx.server.oplocks.contend_handles(key, open_id);
     }
     let mut contexts = contexts;
+    contexts.extend(aapl_reply.map(|data| CreateContext {
+        name: nimbus_wire::apple::CONTEXT_NAME.to_vec(),
+        data,
+    }));
     let (oplock_level, lease) = caching_response(&req.contexts, &granted_caching);
     contexts.extend(lease);
     // Opens of named streams are not made durable: a reconnect, a restart

@@ -1,6 +1,7 @@
 //! MS-SMB2 3.3.5.18 Receiving an SMB2 QUERY_DIRECTORY Request.
 
 use nimbus_vfs::{DirEntry, Stat};
+use nimbus_wire::apple::ReaddirAttr;
 use nimbus_wire::codec::{Put, HEADER_SIZE};
 use nimbus_wire::fscc::{
     access, encode_directory_entry, file_class, is_directory_class, DirectoryEntry,
@@ -69,6 +70,12 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             }
             r => r?,
         };
+        // A Mac's listing shows the streams of files copied with
+        // AppleDouble companions, and not the companions (crate::apple).
+        let mut entries = entries;
+        if ctx.conn.apple.on(&open.share) && !open.share.read_only {
+            convert_apple_doubles(ctx, &open, &mut entries);
+        }
         lease.shrink_to(entries.len());
         *guard = Some(DirEnum {
             entries,
@@ -96,13 +103,29 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     } else {
         None
     };
+    // A Mac that asked for READ_DIR_ATTR gets Finder's fields in
+    // FileIdBothDirectoryInformation (crate::apple::readdir).
+    let token = ctx.session()?.token();
+    let apple = (req.info_class == file_class::ID_BOTH_DIRECTORY
+        && ctx.conn.apple.readdir_attr(&open.share))
+    .then(|| ReaddirAsk {
+        tree_max: ctx.tree().map_or(0, |t| t.maximal_access),
+        token: token.as_deref(),
+    });
     while en.pos < en.entries.len() {
         // Entries listed by an earlier request may have been deleted or
         // changed since: look again, and skip the ones that are gone, as a
         // server reading the directory lazily would (MS-FSA 2.1.5.6.3 does
         // not return names that no longer exist).
         let entry = &en.entries[en.pos];
-        let Some(listed) = current(&open, entry, !restart, with_eas, hide_from.as_deref()) else {
+        let Some(listed) = current(
+            &open,
+            entry,
+            !restart,
+            with_eas,
+            hide_from.as_deref(),
+            apple.as_ref(),
+        ) else {
             en.pos += 1;
             continue;
         };
@@ -147,6 +170,9 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             },
             out,
         );
+        if let Some(attrs) = &listed.apple {
+            attrs.patch_id_both_entry(&mut out[entry_start..]);
+        }
         if out.len() - data_start > limit {
             out.truncate(before);
             break;
@@ -191,6 +217,7 @@ fn current(
     refresh: bool,
     with_eas: bool,
     hide_from: Option<&Token>,
+    apple: Option<&ReaddirAsk<'_>>,
 ) -> Option<Listed> {
     let of = |handle: &nimbus_vfs::FileHandle| Listed {
         stat: e.stat.clone(),
@@ -200,6 +227,17 @@ fn current(
         } else {
             0
         },
+        apple: apple.and_then(|ask| {
+            let fs = open.share.fs.as_ref()?;
+            Some(crate::apple::readdir::attrs(
+                fs,
+                handle,
+                &e.name,
+                &e.stat,
+                ask.tree_max,
+                ask.token,
+            ))
+        }),
     };
     if e.name == "." {
         return Some(of(&open.handle));
@@ -209,6 +247,7 @@ fn current(
             stat: e.stat.clone(),
             dos: DosInfo::default(),
             ea_size: 0,
+            apple: None,
         });
     }
     let stat = if refresh {
@@ -234,6 +273,7 @@ fn current(
             stat: e.stat.clone(),
             dos: DosInfo::default(),
             ea_size: 0,
+            apple: None,
         },
     };
     Some(Listed { stat, ..listed })
@@ -245,6 +285,14 @@ struct Listed {
     dos: DosInfo,
     /// MS-FSCC 2.4.14 and the classes after it: EaSize.
     ea_size: u32,
+    /// READ_DIR_ATTR's fields, for a Mac that asked for them.
+    apple: Option<ReaddirAttr>,
+}
+
+/// What READ_DIR_ATTR's maximal access is computed from.
+struct ReaddirAsk<'a> {
+    tree_max: u32,
+    token: Option<&'a Token>,
 }
 
 /// The entries of a directory that match `search`, "." and ".." first.
@@ -312,4 +360,27 @@ fn dot_entries(open: &Open, fs: &nimbus_vfs::LocalFs, dir: &str) -> Vec<DirEntry
         });
     }
     v
+}
+
+/// Converts the AppleDouble companions (`._name`) listed beside their
+/// files, and leaves out of the listing those that were.
+fn convert_apple_doubles(ctx: &Ctx<'_>, open: &Open, entries: &mut Vec<DirEntry>) {
+    let Some(fs) = open.share.fs.as_ref() else {
+        return;
+    };
+    let prefix = crate::apple::apple_double::PREFIX;
+    let names: std::collections::HashSet<&str> = entries.iter().map(|e| e.name.as_str()).collect();
+    let dir = open.path();
+    let converted: std::collections::HashSet<String> = entries
+        .iter()
+        .filter_map(|e| e.name.strip_prefix(prefix))
+        .filter(|file| !file.is_empty() && names.contains(file))
+        .filter(|file| {
+            crate::apple::apple_double::convert(ctx.server, &open.share, fs, &join(&dir, file))
+        })
+        .map(|file| format!("{prefix}{file}"))
+        .collect();
+    if !converted.is_empty() {
+        entries.retain(|e| !converted.contains(&e.name));
+    }
 }

@@ -102,7 +102,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
                 ea_size,
             };
             if req.info_class == file_class::STREAM {
-                stream_information(&open)?
+                stream_information(&open, &ctx.conn.apple)?
             } else if req.info_class == file_class::ALTERNATE_NAME {
                 alternate_name(&open)
             } else {
@@ -144,7 +144,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
 /// FileStreamInformation (MS-FSA 2.1.5.12.29, no access needed): the
 /// file's unnamed data stream (a directory has none) and its named ones,
 /// whichever of them the open is of.
-fn stream_information(open: &Open) -> Result<Vec<u8>, NtStatus> {
+fn stream_information(open: &Open, apple: &crate::apple::AppleState) -> Result<Vec<u8>, NtStatus> {
     let vfs = |e: nimbus_vfs::VfsError| vfs_status(&e);
     let meta = open.meta();
     let base = meta.stat().map_err(vfs)?;
@@ -155,6 +155,8 @@ fn stream_information(open: &Open) -> Result<Vec<u8>, NtStatus> {
     let fs = open.share.fs.as_ref().ok_or(NtStatus::INVALID_PARAMETER)?;
     if let Some(streams) = fs.streams(meta, false).map_err(vfs)? {
         let mut named = streams.list().map_err(vfs)?;
+        // What exists only on disk is not shown (crate::apple).
+        named.retain(|(name, st)| crate::apple::stream_listed(apple, &open.share, name, st.size));
         // In the order they were made, where the file system keeps birth
         // times; by name where it does not.
         named.sort_by_key(|(name, st)| (st.btime.map(|t| (t.sec, t.nsec)), name.clone()));

@@ -42,6 +42,17 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     }
     let head = out.len();
     encode_read_response_head(out, 0);
+    // A Mac's AfpInfo is read as a whole record (crate::apple::afp_info).
+    if crate::apple::open_kind(&open) == Some(crate::apple::AppleStream::AfpInfo) {
+        let data = crate::apple::afp_info::read(&open, req.offset, req.length)?;
+        if (data.is_empty() && req.length > 0) || data.len() < req.minimum_count as usize {
+            out.truncate(head);
+            return Err(NtStatus::END_OF_FILE);
+        }
+        out.extend_from_slice(&data);
+        out[head + 4..head + 8].copy_from_slice(&(data.len() as u32).to_le_bytes());
+        return Ok(NtStatus::SUCCESS);
+    }
     let n = match open
         .handle
         .read_append(out, req.length as usize, req.offset)

@@ -56,7 +56,13 @@ pub fn query(ctx: &Ctx<'_>, open: &Open, wanted: u32) -> Result<Vec<u8>, NtStatu
         .session()?
         .token()
         .ok_or(NtStatus::USER_SESSION_DELETED)?;
-    Ok(current(open, &token)?.encode(wanted))
+    let mut sd = current(open, &token)?;
+    // A Mac reads the Unix owner, group and mode from the DACL.
+    if wanted & si::DACL != 0 && ctx.conn.apple.on(&open.share) {
+        let st = open.meta().stat().map_err(|e| vfs_status(&e))?;
+        crate::apple::nfs_ace::show(&mut sd, &st);
+    }
+    Ok(sd.encode(wanted))
 }
 
 /// Stores the parts `info` names of the descriptor in `buffer`.
@@ -65,7 +71,14 @@ pub fn set(ctx: &Ctx<'_>, open: &Open, info: u32, buffer: &[u8]) -> Result<(), N
     if open.access & need != need {
         return Err(NtStatus::ACCESS_DENIED);
     }
-    let new = SecurityDescriptor::parse(buffer).map_err(sd_status)?;
+    let mut new = SecurityDescriptor::parse(buffer).map_err(sd_status)?;
+    // The Unix owner, group and mode a Mac shows as ACEs are not stored;
+    // a mode among them is the mode it sets (crate::apple::nfs_ace).
+    if info & si::DACL != 0 && ctx.conn.apple.on(&open.share) {
+        if let Some(mode) = crate::apple::nfs_ace::take(&mut new) {
+            set_mode(open, mode)?;
+        }
+    }
     let token = ctx
         .session()?
         .token()
@@ -79,4 +92,17 @@ pub fn set(ctx: &Ctx<'_>, open: &Open, info: u32, buffer: &[u8]) -> Result<(), N
         .notify
         .modified(open, nimbus_wire::notify::completion_filter::SECURITY);
     Ok(())
+}
+
+/// The permission bits a Mac sets (chmod on its mount; no write bits is
+/// READONLY, as everywhere in Nimbus). The owner's read (and a directory's
+/// search) stays: the server acts on the disk as that owner, who of the
+/// share's users may read is the DACL's to say, and a file the server
+/// cannot read is lost to every one of them.
+fn set_mode(open: &Open, mode: u32) -> Result<(), NtStatus> {
+    let meta = open.meta();
+    let st = meta.stat().map_err(|e| vfs_status(&e))?;
+    let keep = if st.is_dir { 0o500 } else { 0o400 };
+    meta.set_mode((mode & 0o777) | keep)
+        .map_err(|e| vfs_status(&e))
 }

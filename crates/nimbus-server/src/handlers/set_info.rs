@@ -267,6 +267,10 @@ fn set_file_info(
             if open.is_dir {
                 return Err(NtStatus::INVALID_PARAMETER);
             }
+            // A Mac's AfpInfo keeps its size (crate::apple::afp_info).
+            if crate::apple::open_kind(open) == Some(crate::apple::AppleStream::AfpInfo) {
+                return crate::apple::afp_info::set_size(eof).map(|()| Waiting(None));
+            }
             ctx.server
                 .oplocks
                 .contend_readers(open.file_key, open.open_id);
@@ -278,6 +282,9 @@ fn set_file_info(
             let size = parse_u64(buf).map_err(malformed)?;
             if open.is_dir {
                 return Err(NtStatus::INVALID_PARAMETER);
+            }
+            if crate::apple::open_kind(open) == Some(crate::apple::AppleStream::AfpInfo) {
+                return crate::apple::afp_info::set_size(size).map(|()| Waiting(None));
             }
             let st = open.handle.stat().map_err(vfs)?;
             // Any change of allocation ends others' cached reads, as on
@@ -379,8 +386,12 @@ fn rename(
         return Err(NtStatus::ACCESS_DENIED);
     }
     // A directory with open files beneath it keeps its name (MS-FSA
-    // 2.1.5.15.14; smbtorture smb2.rename.rename_dir_openfile).
-    if open.is_dir && ctx.server.opens.open_below(fs.root_path(), &from) {
+    // 2.1.5.15.14; smbtorture smb2.rename.rename_dir_openfile), except for
+    // a Mac, whose own file systems rename it (the opens below follow it).
+    if open.is_dir
+        && !ctx.conn.apple.on(&open.share)
+        && ctx.server.opens.open_below(fs.root_path(), &from)
+    {
         return Err(NtStatus::ACCESS_DENIED);
     }
     let case_only = to.eq_ignore_ascii_case(&from);

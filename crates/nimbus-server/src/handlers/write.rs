@@ -36,6 +36,14 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         return Err(NtStatus::INVALID_PARAMETER);
     }
     let offset = req.offset;
+    // A Mac's AfpInfo is written as a whole record (crate::apple::afp_info).
+    if crate::apple::open_kind(&open) == Some(crate::apple::AppleStream::AfpInfo) {
+        let n = change_data(ctx, &open, 0, req.data.len() as u64, || {
+            crate::apple::afp_info::write(&open, offset, req.data)
+        })?;
+        encode_write_response(out, n as u32);
+        return Ok(NtStatus::SUCCESS);
+    }
     let n = change_data(ctx, &open, offset, req.data.len() as u64, || {
         let n = open
             .handle
@@ -58,7 +66,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
 /// 2.1.5.3); other holders' cached reads go stale (MS-FSA 2.1.4.12); the
 /// change is reported when the open closes (`wrote`), not again by the
 /// disk watch.
-pub(super) fn change_data<T>(
+pub(crate) fn change_data<T>(
     ctx: &Ctx<'_>,
     open: &Open,
     offset: u64,

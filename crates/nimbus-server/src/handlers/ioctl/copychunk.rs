@@ -102,6 +102,19 @@ pub fn copy_chunk(ctx: &mut Ctx<'_>, req: &IoctlRequest<'_>, out: &mut Vec<u8>) 
         return reply(out, limits, NtStatus::INVALID_PARAMETER);
     }
     check_access(req.ctl_code, &source, &target)?;
+    // A Mac's whole-file copy (crate::apple::copyfile).
+    if copy.chunk_count == 0 && ctx.conn.apple.copyfile(&target.share) {
+        return match crate::apple::copyfile::copy_whole(ctx, &source, &target) {
+            Ok(n) => {
+                let total = CopyChunkResponse {
+                    total_bytes_written: n.min(u64::from(u32::MAX)) as u32,
+                    ..CopyChunkResponse::default()
+                };
+                reply(out, total, NtStatus::SUCCESS)
+            }
+            Err(status) => reply(out, CopyChunkResponse::default(), status),
+        };
+    }
 
     let mut done = CopyChunkResponse::default();
     for chunk in copy.chunks() {
