@@ -6,8 +6,9 @@ for a key the server does not have, a principal of another service and an
 NTLM logon with `ntlm = false` are each refused with a log line that says
 why; `nimbus serve` refuses a keytab others can read. The FIPS build
 (`--features fips`, NIMBUS_FIPS_BIN, built by scripts/test.sh) with
-`fips = true` serves an encrypted Kerberos session and refuses NTLM and a
-CCM-only client, each with its reason in the log.
+`fips = true` serves an encrypted Kerberos session with an AES-256 session
+key and refuses NTLM and a CCM-only client, each with its reason in the
+log.
 """
 
 from __future__ import annotations
@@ -381,6 +382,11 @@ def test_a_fips_build_serves_kerberos_with_encryption_and_refuses_ntlm_and_ccm(s
     session = [line for line in server.log().splitlines() if f"user {REALM}\\{USER} from" in line]
     assert session and "encryption Aes" in session[-1] and "Ccm" not in session[-1], server.log()[-3000:]
     assert "signing AesGmac" in session[-1] or "signing AesCmac" in session[-1], session[-1]
+    # The session key's type, as the library names it, is one FIPS mode
+    # takes (any other is refused: nimbus-auth's unit tests). A client
+    # that offers AES-256 gets an AES-256 GSS-API subkey (RFC 4537) even
+    # with a weaker ticket, so smbclient cannot present another here.
+    assert session[-1].rstrip().endswith("key aes256-cts-hmac-sha1-96)"), session[-1]
 
     # A client that encrypts with CCM only finds no cipher in common on a
     # server that requires encryption.

@@ -225,6 +225,9 @@ pub struct AuthResult {
     /// life (MS-SMB2 3.3.5.5.3 Session.ExpirationTime); None for NTLM,
     /// whose logons do not expire.
     pub expires_in: Option<std::time::Duration>,
+    /// The Kerberos session key's type ("aes256-cts-hmac-sha1-96"); None
+    /// for NTLM.
+    pub key_type: Option<String>,
     /// Logged on as guest (unknown user with `allow_guest`).
     pub guest: bool,
     /// Anonymous logon (with `allow_guest`).
@@ -609,7 +612,7 @@ impl AuthExchange {
         self.reload_users();
         let users = self.shared.users.read().unwrap_or_else(|e| e.into_inner());
         let logon = k
-            .logon(&p.gss, &users)
+            .logon(&p.gss, &users, self.shared.provider.fips())
             .map_err(|(principal, reason)| AuthError::Kerberos { principal, reason })?;
         drop(users);
         p.established = Some(Box::new(logon));
@@ -667,6 +670,7 @@ impl AuthExchange {
             session_key: logon.session_key,
             full_session_key: logon.full_session_key,
             expires_in: logon.expires_in,
+            key_type: Some(logon.key_type),
             guest: false,
             anonymous: false,
         }))
@@ -1057,6 +1061,7 @@ fn result(v: Verified, output: Vec<u8>) -> AuthResult {
         domain: v.domain,
         full_session_key: Zeroizing::new(v.session_key.to_vec()),
         expires_in: None,
+        key_type: None,
         session_key: v.session_key,
         guest: v.guest,
         anonymous: v.anonymous,

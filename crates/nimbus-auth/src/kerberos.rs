@@ -76,13 +76,15 @@ impl KerberosAcceptor {
     }
 
     /// The logon of an established context: its principal mapped to a
-    /// user of `users`, and the keys. Err: (principal, why refused).
+    /// user of `users`, and the keys; in FIPS mode only with an AES-256
+    /// session key. Err: (principal, why refused).
     pub(crate) fn logon(
         &self,
         gss: &AcceptContext,
         users: &UserDb,
+        fips: bool,
     ) -> Result<KerberosLogon, (String, String)> {
-        logon(gss, &self.map, users)
+        logon(gss, &self.map, users, fips)
     }
 }
 
@@ -94,12 +96,52 @@ pub(crate) struct KerberosLogon {
     pub full_session_key: Zeroizing<Vec<u8>>,
     /// The ticket's remaining life; None when the library says indefinite.
     pub expires_in: Option<std::time::Duration>,
+    /// The session key's type, for logs.
+    pub key_type: String,
+}
+
+/// RFC 3962 / RFC 8009 AES-256 encryption types: aes256-cts-hmac-sha1-96
+/// and aes256-cts-hmac-sha384-192.
+const AES256_ENCTYPES: [i32; 2] = [18, 20];
+
+/// A Kerberos encryption type's name (RFC 3961 and successors), for logs.
+fn enctype_name(enctype: i32) -> &'static str {
+    match enctype {
+        1..=3 => "des",
+        16 => "des3-cbc-sha1",
+        17 => "aes128-cts-hmac-sha1-96",
+        18 => "aes256-cts-hmac-sha1-96",
+        19 => "aes128-cts-hmac-sha256-128",
+        20 => "aes256-cts-hmac-sha384-192",
+        23 => "rc4-hmac",
+        24 => "rc4-hmac-exp",
+        25 | 26 => "camellia",
+        _ => "unknown",
+    }
+}
+
+/// Why FIPS mode refuses a session key of `enctype` (None: it does not).
+/// FIPS approves no RC4 and no DES, and the keys SMB derives from a
+/// session key are only as strong as it: AES-256 only.
+fn fips_refusal(enctype: Option<i32>) -> Option<String> {
+    if enctype.is_some_and(|e| AES256_ENCTYPES.contains(&e)) {
+        return None;
+    }
+    let what = enctype.map_or("of an unknown type".to_string(), |e| {
+        format!("{} (enctype {e})", enctype_name(e))
+    });
+    Some(format!(
+        "the ticket's session key is {what}; FIPS mode ([security] fips = true) accepts \
+         AES-256 keys only (aes256-cts-hmac-sha1-96 or aes256-cts-hmac-sha384-192): give the \
+         service principal AES-256 keys and let the client ask for them"
+    ))
 }
 
 fn logon(
     gss: &AcceptContext,
     map: &PrincipalMap,
     users: &UserDb,
+    fips: bool,
 ) -> Result<KerberosLogon, (String, String)> {
     let principal = gss
         .client()
@@ -121,7 +163,14 @@ fn logon(
         .canonical_name(&wanted)
         .ok_or_else(|| fail(format!("user {wanted:?} is not in the user database")))?
         .to_string();
-    let full = gss.session_key().map_err(|e| fail(e.to_string()))?;
+    let (full, enctype) = gss
+        .session_key_and_enctype()
+        .map_err(|e| fail(e.to_string()))?;
+    if fips {
+        if let Some(why) = fips_refusal(enctype) {
+            return Err(fail(why));
+        }
+    }
     // MS-SMB2 3.3.5.5.3: the first 16 bytes, zero-padded if shorter.
     let mut key = Zeroizing::new([0u8; 16]);
     let n = full.len().min(16);
@@ -138,11 +187,27 @@ fn logon(
         session_key: key,
         full_session_key: full,
         expires_in: (life != u32::MAX).then(|| std::time::Duration::from_secs(life.into())),
+        key_type: enctype.map_or("unknown".into(), |e| enctype_name(e).to_string()),
     })
 }
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn fips_takes_aes_256_session_keys_only() {
+        use super::fips_refusal;
+        assert_eq!(fips_refusal(Some(18)), None);
+        assert_eq!(fips_refusal(Some(20)), None);
+        assert!(fips_refusal(Some(23))
+            .unwrap()
+            .contains("rc4-hmac (enctype 23)"));
+        assert!(fips_refusal(Some(17))
+            .unwrap()
+            .contains("aes128-cts-hmac-sha1-96 (enctype 17)"));
+        assert!(fips_refusal(Some(1)).unwrap().contains("des (enctype 1)"));
+        assert!(fips_refusal(None).unwrap().contains("of an unknown type"));
+    }
+
     use super::*;
 
     #[test]

@@ -547,6 +547,13 @@ impl AcceptContext {
     /// The context's session key (the subkey the two sides agreed on),
     /// from which SMB derives its signing and encryption keys.
     pub fn session_key(&self) -> Result<Zeroizing<Vec<u8>>, GssError> {
+        self.session_key_and_enctype().map(|(key, _)| key)
+    }
+
+    /// The session key and its Kerberos encryption type (RFC 3961 number:
+    /// 18 aes256-cts-hmac-sha1-96, 23 rc4-hmac, ...), when the library
+    /// names it (MIT does, as an OID after the key).
+    pub fn session_key_and_enctype(&self) -> Result<(Zeroizing<Vec<u8>>, Option<i32>), GssError> {
         let lib = lib()?;
         let mut min = 0;
         let mut set: *mut BufferSet = ptr::null_mut();
@@ -555,15 +562,19 @@ impl AcceptContext {
         // released below.
         let maj = unsafe { (lib.inquire_by_oid)(&mut min, self.ctx, &what, &mut set) };
         check(lib, "gss_inquire_sec_context_by_oid", maj, min)?;
-        let key = if set.is_null() {
-            None
+        let (key, enctype) = if set.is_null() {
+            (None, None)
         } else {
             // SAFETY: the library returned a set of `count` buffers; the
-            // first is the key.
+            // first is the key, the second (MIT) the OID of its type.
             unsafe {
                 let s = &*set;
-                (s.count > 0 && !s.elements.is_null())
-                    .then(|| Zeroizing::new(buffer_bytes(&*s.elements)))
+                let key = (s.count > 0 && !s.elements.is_null())
+                    .then(|| Zeroizing::new(buffer_bytes(&*s.elements)));
+                let enctype = (s.count > 1 && !s.elements.is_null())
+                    .then(|| enctype_of(&buffer_bytes(&*s.elements.add(1))))
+                    .flatten();
+                (key, enctype)
             }
         };
         if !set.is_null() {
@@ -581,6 +592,7 @@ impl AcceptContext {
             }
         }
         key.filter(|k| !k.is_empty())
+            .map(|k| (k, enctype))
             .ok_or(GssError::Argument("the context has no session key"))
     }
 
@@ -639,5 +651,45 @@ mod tests {
             Err(e) => panic!("{e}"),
             Ok(_) => panic!("accepted"),
         }
+    }
+}
+
+/// MIT's GSS_KRB5_SESSION_KEY_ENCTYPE_OID (1.2.840.113554.1.2.2.4), the
+/// encoded arcs a session key's type is appended to as one more arc.
+const SESSION_KEY_ENCTYPE_OID: &[u8] = b"\x2a\x86\x48\x86\xf7\x12\x01\x02\x02\x04";
+
+/// The encryption type named by an OID of SESSION_KEY_ENCTYPE_OID's arc.
+fn enctype_of(oid: &[u8]) -> Option<i32> {
+    let arc = oid.strip_prefix(SESSION_KEY_ENCTYPE_OID)?;
+    if arc.is_empty() || arc.len() > 5 {
+        return None;
+    }
+    // Base 128, high bit set on every byte but the last.
+    let mut value: u64 = 0;
+    for (i, &b) in arc.iter().enumerate() {
+        let last = i == arc.len() - 1;
+        if (b & 0x80 == 0) != last {
+            return None;
+        }
+        value = (value << 7) | u64::from(b & 0x7F);
+    }
+    i32::try_from(value).ok()
+}
+
+#[cfg(test)]
+mod enctype_tests {
+    use super::*;
+
+    #[test]
+    fn the_arc_after_mits_prefix_is_the_enctype() {
+        let with = |arc: &[u8]| [SESSION_KEY_ENCTYPE_OID, arc].concat();
+        assert_eq!(enctype_of(&with(&[18])), Some(18));
+        assert_eq!(enctype_of(&with(&[23])), Some(23));
+        // 0x81 0x00 is 128.
+        assert_eq!(enctype_of(&with(&[0x81, 0x00])), Some(128));
+        assert_eq!(enctype_of(&with(&[])), None);
+        assert_eq!(enctype_of(&with(&[0x81])), None);
+        assert_eq!(enctype_of(&with(&[0x01, 0x02])), None);
+        assert_eq!(enctype_of(b"\x2a\x86\x48"), None);
     }
 }

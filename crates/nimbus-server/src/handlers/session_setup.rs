@@ -178,9 +178,10 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
                     (Some(c), false) => format!("{:?} available", c.algorithm()),
                     (None, _) => "off".into(),
                 },
-                match res.expires_in {
-                    Some(d) => format!(", ticket ends in {}s", d.as_secs()),
-                    None => String::new(),
+                match (res.expires_in, &res.key_type) {
+                    (Some(d), Some(key)) => format!(", ticket ends in {}s, key {key}", d.as_secs()),
+                    (Some(d), None) => format!(", ticket ends in {}s", d.as_secs()),
+                    (None, _) => String::new(),
                 },
             );
             let has_signer = signer.is_some();
