@@ -521,3 +521,30 @@ def test_create_through_escaping_symlink_refused(symlink_server):
         with pytest.raises(SMBException):
             open_file(tree, "parent-link\\planted.txt", CreateDisposition.FILE_CREATE)
     assert not (symlink_server.share_path.parent / "planted.txt").exists(), "a file was created outside the share"
+
+
+def test_network_interface_info_lists_the_address_listened_on(server):
+    """FSCTL_QUERY_NETWORK_INTERFACE_INFO (MS-SMB2 2.2.32.5): the server
+    listens on 127.0.0.1 only, so that is the one address listed, with the
+    loopback interface's index and a speed."""
+    import socket
+    import struct
+
+    from smbprotocol.ioctl import CtlCode, IOCTLFlags, SMB2IOCTLRequest, SMB2IOCTLResponse
+
+    with smb_tree(server) as (conn, session, tree):
+        req = SMB2IOCTLRequest()
+        req["ctl_code"] = CtlCode.FSCTL_QUERY_NETWORK_INTERFACE_INFO
+        req["file_id"] = b"\xff" * 16
+        req["max_output_response"] = 8192
+        req["flags"] = IOCTLFlags.SMB2_0_IOCTL_IS_FSCTL
+        resp = conn.receive(conn.send(req, sid=session.session_id, tid=tree.tree_connect_id))
+        ioctl = SMB2IOCTLResponse()
+        ioctl.unpack(resp["data"].get_value())
+        out = ioctl["buffer"].get_value()
+    assert len(out) == 152
+    nxt, index, capability, _, speed, family = struct.unpack_from("<IIIIQH", out)
+    assert nxt == 0 and family == 0x0002
+    assert socket.inet_ntoa(out[28:32]) == "127.0.0.1"
+    assert index == socket.if_nametoindex("lo")
+    assert speed > 0 and capability & ~0x3 == 0

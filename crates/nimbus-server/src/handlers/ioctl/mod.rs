@@ -8,7 +8,7 @@ mod sparse;
 
 use nimbus_wire::ioctl::{
     ctl_code, encode_ioctl_response, encode_network_interfaces, encode_validate_negotiate_response,
-    IoctlRequest, NetworkInterface, ValidateNegotiateInfo, IOCTL_IS_FSCTL,
+    IoctlRequest, ValidateNegotiateInfo, IOCTL_IS_FSCTL,
 };
 use nimbus_wire::NtStatus;
 
@@ -38,12 +38,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             }
             encode_network_interfaces(
                 &mut output,
-                &[NetworkInterface {
-                    if_index: 1,
-                    capability: 0,
-                    link_speed: 10_000_000_000,
-                    addr: ctx.conn.local.ip(),
-                }],
+                &crate::interfaces::listed(&ctx.server.config.listen, ctx.conn.local.ip()),
             );
         }
         ctl_code::FSCTL_CREATE_OR_GET_OBJECT_ID => {
