@@ -73,6 +73,9 @@ if [ "$install" -eq 1 ]; then
     # (krb5-kdc), kadmin.local (krb5-admin-server), kinit (krb5-user); the
     # server loads libgssapi_krb5.so.2 (libgssapi-krb5-2) at run time.
     apt_install krb5-kdc krb5-admin-server krb5-user libgssapi-krb5-2
+    # smbprotocol's Kerberos logons need python-gssapi and krb5, built from
+    # source against MIT krb5's headers.
+    apt_install libkrb5-dev python3-dev
     # mkfs.xfs: block cloning is tested on an XFS file system with reflink,
     # loop-mounted by tests/test_server_side_copy.py.
     apt_install xfsprogs

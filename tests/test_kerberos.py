@@ -8,7 +8,8 @@ why; `nimbus serve` refuses a keytab others can read. The FIPS build
 (`--features fips`, NIMBUS_FIPS_BIN, built by scripts/test.sh) with
 `fips = true` serves an encrypted Kerberos session with an AES-256 session
 key and refuses NTLM and a CCM-only client, each with its reason in the
-log.
+log. Python's smbprotocol logs on with Kerberos too (a bare krb5 token, no
+SPNEGO around it), signed and encrypted.
 """
 
 from __future__ import annotations
@@ -398,3 +399,40 @@ def test_a_fips_build_serves_kerberos_with_encryption_and_refuses_ntlm_and_ccm(s
     p = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL)
     assert p.returncode != 0, p.stdout + p.stderr
     assert "FIPS mode ([security] fips = true) turns NTLM off" in server.log(), server.log()[-3000:]
+
+
+@pytest.mark.parametrize("encrypt", [False, True], ids=["signed", "encrypted"])
+def test_smbprotocol_logs_on_with_kerberos(start, keytab, tickets, tmp_path, monkeypatch, encrypt):
+    # Python's smbprotocol through pyspnego and python-gssapi (MIT krb5 in
+    # this process): the client's ticket cache and the realm's krb5.conf.
+    import uuid
+
+    import gssapi  # noqa: F401 (tests/requirements.txt; pyspnego needs it for Kerberos)
+
+    from smbprotocol.connection import Connection, Dialects
+    from smbprotocol.open import CreateDisposition, CreateOptions, FileAttributes, ImpersonationLevel, Open, ShareAccess
+    from smbprotocol.session import Session
+    from smbprotocol.tree import TreeConnect
+
+    monkeypatch.setenv("KRB5_CONFIG", tickets["KRB5_CONFIG"])
+    monkeypatch.setenv("KRB5CCNAME", tickets["KRB5CCNAME"])
+    server = start(keytab, encryption="required" if encrypt else None)
+    conn = Connection(uuid.uuid4(), "127.0.0.1", server.port, require_signing=True)
+    conn.connect(Dialects.SMB_3_1_1, timeout=TIMEOUT)
+    try:
+        session = Session(conn, auth_protocol="kerberos", require_encryption=encrypt, hostname_override=HOST)
+        session.connect()
+        tree = TreeConnect(session, rf"\\{HOST}\data")
+        tree.connect()
+        f = Open(tree, "krb.bin")
+        f.create(ImpersonationLevel.Impersonation, 0x12019F, FileAttributes.FILE_ATTRIBUTE_NORMAL, ShareAccess.FILE_SHARE_READ, CreateDisposition.FILE_OVERWRITE_IF, CreateOptions.FILE_NON_DIRECTORY_FILE)
+        data = os.urandom(300_000)
+        f.write(data, 0)
+        assert f.read(0, len(data)) == data
+        f.close()
+    finally:
+        conn.disconnect(close=True, timeout=TIMEOUT)
+    assert (server.share / "krb.bin").read_bytes() == data
+    session_line = [line for line in server.log().splitlines() if f"session logon: user {REALM}\\{USER} from" in line]
+    assert session_line and "key aes256-cts-hmac-sha1-96" in session_line[-1], server.log()[-3000:]
+    assert ("required" in session_line[-1]) == encrypt, session_line[-1]

@@ -364,6 +364,11 @@ struct KerberosPending {
     mic_required: bool,
     /// The context is established; what is left is the client's MIC.
     established: Option<Box<kerberos::KerberosLogon>>,
+    /// The client sent Kerberos tokens without SPNEGO around them (MS-SMB2
+    /// 3.3.5.5.3 hands the buffer to GSS-API as it is; Windows and Samba
+    /// take a bare krb5 token, and Python's smbprotocol sends one): the
+    /// answers are bare too.
+    raw: bool,
 }
 
 enum State {
@@ -432,10 +437,28 @@ impl AuthExchange {
             self.state = State::AwaitAuthenticate(Box::new(pending));
             return Ok(AuthStep::Continue(challenge));
         }
+        if spnego::initial_token_mech(input).is_some_and(|m| [OID_KRB5, OID_MS_KRB5].contains(&m)) {
+            return self.kerberos_raw(input);
+        }
         match input[0] {
             0x60 | 0xa0 => self.spnego_init(input),
             _ => Err(AuthError::Malformed("unknown security token")),
         }
+    }
+
+    /// A bare Kerberos initial token (no SPNEGO): accepted as it is.
+    fn kerberos_raw(&mut self, input: &[u8]) -> Result<AuthStep, AuthError> {
+        let Some(k) = &self.shared.kerberos else {
+            return Err(AuthError::NotSupported("Kerberos is not configured"));
+        };
+        let pending = KerberosPending {
+            gss: k.context(),
+            mech_types: Vec::new(),
+            mic_required: false,
+            established: None,
+            raw: true,
+        };
+        self.kerberos_token(pending, input, None, None)
     }
 
     /// Handles a NegTokenInit (RFC 4178 4.2.1).
@@ -550,6 +573,7 @@ impl AuthExchange {
             mech_types: init.mech_types_raw.to_vec(),
             mic_required: pos != 0,
             established: None,
+            raw: false,
         };
         match init.mech_token {
             Some(tok) if pos == 0 => self.kerberos_token(pending, tok, Some(oid), None),
@@ -573,6 +597,9 @@ impl AuthExchange {
     /// A NegTokenResp of a Kerberos exchange: the next context token, or
     /// the client's mechListMIC.
     fn step_kerberos(&mut self, p: KerberosPending, input: &[u8]) -> Result<AuthStep, AuthError> {
+        if p.raw {
+            return self.kerberos_token(p, input, None, None);
+        }
         let resp = spnego::parse_resp(input).map_err(AuthError::Malformed)?;
         match resp.response_token {
             Some(tok) if p.established.is_none() => {
@@ -595,6 +622,10 @@ impl AuthExchange {
             reason: e.to_string(),
         };
         let accepted = p.gss.step(token).map_err(refused)?;
+        if !accepted.complete && p.raw {
+            self.state = State::AwaitKerberos(Box::new(p));
+            return Ok(AuthStep::Continue(accepted.output));
+        }
         if !accepted.complete {
             self.state = State::AwaitKerberos(Box::new(p));
             return Ok(AuthStep::Continue(spnego::build_resp(
@@ -663,8 +694,13 @@ impl AuthExchange {
         }
         let token = (!output.is_empty()).then_some(&output[..]);
         let logon = *logon;
+        let output = if p.raw {
+            output
+        } else {
+            spnego::build_resp(NegState::AcceptCompleted, oid, token, None)
+        };
         Ok(AuthStep::Complete(AuthResult {
-            output: spnego::build_resp(NegState::AcceptCompleted, oid, token, None),
+            output,
             user: logon.user,
             domain: logon.realm,
             session_key: logon.session_key,

@@ -70,6 +70,14 @@ pub(crate) struct NegTokenResp<'a> {
 
 /// Parses an initial token: `[APPLICATION 0] { thisMech OID, [0] NegTokenInit }`
 /// (RFC 2743 3.1 framing), or a bare `[0] NegTokenInit` some clients send.
+/// The mechanism an RFC 2743 3.1 initial context token names (its
+/// [APPLICATION 0] framing and OID), if it is one.
+pub(crate) fn initial_token_mech(token: &[u8]) -> Option<&[u8]> {
+    let app = expect_only(token, 0x60).ok()?;
+    let (oid, _) = expect_tlv(app.value, TAG_OID).ok()?;
+    Some(oid.value)
+}
+
 pub(crate) fn parse_init(token: &[u8]) -> DerResult<NegTokenInit<'_>> {
     let choice = if token.first() == Some(&0x60) {
         let app = expect_only(token, 0x60)?;
@@ -215,6 +223,18 @@ pub(crate) fn build_client_init(mechs: &[&[u8]], mech_token: Option<&[u8]>) -> V
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_initial_token_names_its_mechanism() {
+        // A bare krb5 AP-REQ token: [APPLICATION 0] { krb5 OID, 01 00, AP-REQ }.
+        let krb5 = constructed(0x60, &[&tlv(TAG_OID, OID_KRB5), &[0x01, 0x00, 0x6e, 0x00]]);
+        assert_eq!(initial_token_mech(&krb5), Some(OID_KRB5));
+        let spnego = build_client_init(&[OID_KRB5], None);
+        assert_eq!(initial_token_mech(&spnego), Some(OID_SPNEGO));
+        assert_eq!(initial_token_mech(b"NTLMSSP\0"), None);
+        assert_eq!(initial_token_mech(&krb5[..3]), None);
+        assert_eq!(initial_token_mech(&[]), None);
+    }
 
     #[test]
     fn kerberos_is_found_under_either_oid_and_offered_first() {
