@@ -23,9 +23,10 @@ Metadata: smbtorture `smb2.bench.path-contention-shared` at each --nprocs
 per-second open rates, the first second dropped), bench/meta_loop.py
 (open, stat, close of many files, one directory per connection, nothing
 contended), bench/durable_loop.py (open/close with and without a durable
-v2 handle), bench/lock_loop.py, and bench/lease_break.py (the latency of an
+v2 handle), bench/lock_loop.py, bench/lease_break.py (the latency of an
 open that breaks another client's RWH lease, which that client acknowledges
-at once: median and p99).
+at once: median and p99), and bench/logon_loop.py (NTLMv2 logons: connect,
+negotiate, session setup, logoff; `--only logon` runs it alone).
 
 Prints a table of medians with Nimbus/Samba ratios and the targets of
 issue 4, and writes them with a description of the machine into
@@ -56,6 +57,7 @@ sys.path.insert(0, str(BENCH))
 import durable_loop  # noqa: E402
 import lease_break  # noqa: E402
 import lock_loop  # noqa: E402
+import logon_loop  # noqa: E402
 import meta_loop  # noqa: E402
 from netutil import free_port, wait_listening  # noqa: E402
 from samba_server import SambaShare, start_samba  # noqa: E402
@@ -270,6 +272,16 @@ def metadata_loop(server: Server, workers: int, files: int, seconds: int) -> tup
     return rate, (server.cpu() - before) * 1e6 / done
 
 
+def logon_rate(server: Server, workers: int, seconds: int) -> tuple[float, float]:
+    """bench/logon_loop.py; returns (logons per second, server CPU
+    microseconds per logon)."""
+    server.settle()
+    before = server.cpu()
+    done, rate = logon_loop.run("127.0.0.1", server.port, SHARE, USER, PASSWORD, workers, seconds)
+    server.settle()
+    return rate, (server.cpu() - before) * 1e6 / done
+
+
 # ---------------------------------------------------------------- report
 
 
@@ -351,6 +363,20 @@ def report(args, results: dict) -> list[str]:
             f"| lease break round trip (lease_break.py) | {s[0]:.0f} | {n[0]:.0f} | {ratio(n[0], s[0])} | {s[1]:.0f} | {n[1]:.0f} | {ratio(n[1], s[1])} |",
             "",
         ]
+    s, n = med.get(("logon", "Samba")), med.get(("logon", "Nimbus"))
+    if s and n:
+        lines += [
+            f"### Logons ({args.seconds} s per run, {args.meta_workers} client processes)",
+            "",
+            "NTLMv2 in SPNEGO, SMB 3.0.2, each logon on a new connection: NEGOTIATE, SESSION_SETUP (two",
+            "round trips), LOGOFF. The Python client spends more CPU per logon than either server, so the",
+            "rate is the client's as much as the server's: the server CPU per logon is the figure to compare.",
+            "",
+            "| test | Samba logons/s | Nimbus logons/s | ratio | Samba CPU µs/logon | Nimbus CPU µs/logon | ratio |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+            f"| logon_loop (NTLMv2) | {s[0]:.0f} | {n[0]:.0f} | {ratio(n[0], s[0])} | {s[1]:.0f} | {n[1]:.0f} | {ratio(n[1], s[1])} |",
+            "",
+        ]
     lines += ["### Targets (reported, not asserted)", ""] + [f"- {t}" for t in targets(med, args)] + [""]
     return lines
 
@@ -383,6 +409,10 @@ def targets(med: dict, args) -> list[str]:
         if s and n:
             r = n[0] / s[0]
             out.append(f"lock/unlock pairs ≥ 2 × Samba at {conns} connections: {r:.2f} × — {verdict(r >= 2)}")
+    s, n = med.get(("logon", "Samba")), med.get(("logon", "Nimbus"))
+    if s and n:
+        r = n[0] / s[0]
+        out.append(f"NTLM logons/s ≥ 2 × Samba (issue 16): {r:.2f} × — {verdict(r >= 2)} (server CPU per logon {n[1] / s[1]:.2f} × Samba's)")
     s, n = med.get(("lease", "Samba")), med.get(("lease", "Nimbus"))
     if s and n:
         r_median, r_p99 = n[0] / s[0], n[1] / s[1]
@@ -415,7 +445,7 @@ def main() -> int:
     ap.add_argument("--lock-conns", type=int, nargs="+", default=[4, 16], help="lock_loop connection counts")
     ap.add_argument("--lease-iterations", type=int, default=300, help="opens per lease_break run")
     ap.add_argument("--modes", nargs="+", default=list(PROTECTION), choices=list(PROTECTION))
-    ap.add_argument("--only", choices=["throughput", "metadata", "durable"], help="run one half (or only the durable_loop rows)")
+    ap.add_argument("--only", choices=["throughput", "metadata", "durable", "logon"], help="run one half (or only the durable_loop or logon_loop rows)")
     ap.add_argument("--nimbus", default=str(REPO / "target" / "release" / "nimbus"))
     ap.add_argument("--output", default=str(REPO / "BENCHMARKS.md"))
     ap.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
@@ -492,6 +522,11 @@ def main() -> int:
                         r = lease_round_trip(s, args.lease_iterations)
                         results.setdefault(("lease", s.name), []).append(r)
                         print(f"  lease_break {s.name:<6} median {r[0]:6.0f} µs p99 {r[1]:6.0f} µs", flush=True)
+                if args.only in (None, "metadata", "logon"):
+                    for s in order:
+                        r = logon_rate(s, args.meta_workers, args.seconds)
+                        results.setdefault(("logon", s.name), []).append(r)
+                        print(f"  logon_loop {s.name:<6} {r[0]:7.0f} logons/s {r[1]:7.0f} µs/logon", flush=True)
         finally:
             for s in servers:
                 s.stop()
