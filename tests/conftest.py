@@ -243,6 +243,8 @@ class Security:
     apple_model: str | None = None
     # shares with apple_extensions = false (nimbus only)
     no_apple_shares: set[str] = field(default_factory=set)
+    # the top-level multichannel switch (None: the default, on)
+    multichannel: bool | None = None
 
     def needs_config_file(self) -> bool:
         return (
@@ -256,6 +258,7 @@ class Security:
             or self.server_comment is not None
             or self.apple_model is not None
             or bool(self.no_apple_shares)
+            or self.multichannel is not None
         )
 
 
@@ -269,6 +272,8 @@ def write_config(path: Path, port: int, user_db: Path, shares: list[tuple[str, P
         lines.append(f"server_comment = {toml_str(security.server_comment)}")
     if security.apple_model is not None:
         lines.append(f"apple_model = {toml_str(security.apple_model)}")
+    if security.multichannel is not None:
+        lines.append(f"multichannel = {'true' if security.multichannel else 'false'}")
     lines += [
         "",
         "[security]",
@@ -398,6 +403,8 @@ class ServerFactory:
             pytest.skip("share and server comments are not mapped to smb.conf by the samba target")
         if security.apple_model is not None or security.no_apple_shares:
             pytest.skip("apple_model and apple_extensions are not mapped to smb.conf by the samba target")
+        if security.multichannel is not None:
+            pytest.skip("the multichannel switch is not mapped to smb.conf by the samba target")
         options = {}
         if security.encryption is not None:
             options["server smb encrypt"] = {"off": "off", "desired": "desired", "required": "required"}[security.encryption]

@@ -66,6 +66,7 @@ SUITES = [
     "smb2.durable-v2-delay",
     "smb2.replay",
     "smb2.session",
+    "smb2.multichannel",
     "smb2.ioctl",
     "smb2.timestamps",
     "smb2.delete-on-close-perms",
@@ -80,6 +81,8 @@ SUITES = [
 ABE_SHARE = "hideunread"
 APPLE_MODEL = "MacSamba"
 NO_APPLE_SHARE = "nofruit"
+# A second user, for smb2.session.bind_different_user (torture:user2name).
+USER2 = ("bob", "B0b-Torture-2!")
 KNOWN_FAILURES = Path(__file__).resolve().parent / "smbtorture" / "known-failures.txt"
 EXPECTED_SKIPS = Path(__file__).resolve().parent / "smbtorture" / "expected-skips.txt"
 SUITE_TIMEOUT = int(os.environ.get("NIMBUS_TORTURE_TIMEOUT", "180"))
@@ -466,12 +469,16 @@ def suite_runs(request, tmp_path_factory, samba_client_conf):
             # Apple's "Xserve". Its "invalid AFP_AfpInfo" test writes
             # through a second share of the same directory without Apple's
             # extensions (torture:share2).
-            security = Security(abe_shares={ABE_SHARE}, apple_model=APPLE_MODEL, no_apple_shares={NO_APPLE_SHARE})
+            security = Security(abe_shares={ABE_SHARE}, apple_model=APPLE_MODEL, no_apple_shares={NO_APPLE_SHARE}, extra_users=[USER2])
             shares.append((NO_APPLE_SHARE, False))
             data_dir = workdir / "data"
             data_dir.mkdir()
             paths = {SHARE: data_dir, NO_APPLE_SHARE: data_dir}
-            options = [f"--option=torture:share2={NO_APPLE_SHARE}"]
+            options = [
+                f"--option=torture:share2={NO_APPLE_SHARE}",
+                f"--option=torture:user2name={USER2[0]}",
+                f"--option=torture:user2password={USER2[1]}",
+            ]
         srv = factory.start(shares, security=security, paths=paths)
         try:
             run = run_smbtorture(srv, suite, samba_client_conf, workdir / f"{suite}.subunit", SUITE_TIMEOUTS.get(suite, SUITE_TIMEOUT), options)

@@ -64,6 +64,7 @@ def cluster_node(tmp_path_factory):
         shares += ["[[share]]", f"name = {toml_str(no_apple_share(name))}", f"path = {toml_str(str(base / 'shared' / name))}", "apple_extensions = false"]
     db = base / "users.db"
     add_user(db)
+    add_user(db, *ts.USER2)  # smb2.session.bind_different_user
     procs = []
     try:
         ports = []
@@ -119,7 +120,11 @@ def cluster_suite_runs(request, cluster_node, tmp_path_factory, samba_client_con
         workdir.mkdir()
         target = free.get()
         try:
-            options = [f"--option=torture:share2={no_apple_share(target.share)}"]
+            options = [
+                f"--option=torture:share2={no_apple_share(target.share)}",
+                f"--option=torture:user2name={ts.USER2[0]}",
+                f"--option=torture:user2password={ts.USER2[1]}",
+            ]
             return ts.run_smbtorture(target, suite, samba_client_conf, workdir / f"{suite}.subunit", ts.SUITE_TIMEOUTS.get(suite, ts.SUITE_TIMEOUT), options)
         finally:
             free.put(target)

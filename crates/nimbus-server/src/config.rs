@@ -134,6 +134,9 @@ pub struct Config {
     /// The Mac model whose icon Finder shows for this server (the AAPL
     /// create context's model string).
     pub apple_model: String,
+    /// SMB 3.x multichannel: clients may bind more connections to a
+    /// session (MS-SMB2 3.3.5.5); `multichannel = false` turns it off.
+    pub multichannel: bool,
     /// Bounds on what clients may make the server hold (`[limits]`).
     pub limits: Limits,
     /// `[cluster]`, or None: a single node with its embedded store.
@@ -158,6 +161,7 @@ impl Default for Config {
             workgroup: "WORKGROUP".into(),
             server_comment: "Nimbus file server".into(),
             apple_model: DEFAULT_APPLE_MODEL.into(),
+            multichannel: true,
             limits: Limits::default(),
             cluster: None,
             kerberos: None,
@@ -197,6 +201,7 @@ struct RawConfig {
     workgroup: Option<String>,
     server_comment: Option<String>,
     apple_model: Option<String>,
+    multichannel: Option<bool>,
     security: Option<RawSecurity>,
     limits: Option<RawLimits>,
     #[serde(default)]
@@ -477,7 +482,7 @@ impl Config {
             vec![err(
                 &format!("line {line}"),
                 msg,
-                "see README.md for the keys: listen, user_db, state_dir, server_name, server_aliases, workgroup, server_comment, apple_model, [security] signing/encryption/ciphers/fips, [limits] (see README), [[share]] name/path/read_only/guest_ok/encryption/continuous_availability/comment/access_based_enumeration/apple_extensions, [cluster] etcd/node/advertise/node_ttl_secs, [kerberos] keytab/principal/ntlm/map_by_name/user_map",
+                "see README.md for the keys: listen, user_db, state_dir, server_name, server_aliases, workgroup, server_comment, apple_model, multichannel, [security] signing/encryption/ciphers/fips, [limits] (see README), [[share]] name/path/read_only/guest_ok/encryption/continuous_availability/comment/access_based_enumeration/apple_extensions, [cluster] etcd/node/advertise/node_ttl_secs, [kerberos] keytab/principal/ntlm/map_by_name/user_map",
             )]
         })?;
         let mut errors = Vec::new();
@@ -536,6 +541,9 @@ impl Config {
             } else {
                 cfg.apple_model = m;
             }
+        }
+        if let Some(m) = raw.multichannel {
+            cfg.multichannel = m;
         }
         if let Some(sec) = raw.security {
             if let Some(s) = sec.signing {

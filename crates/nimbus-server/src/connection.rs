@@ -25,7 +25,7 @@ use crate::drain::Stage;
 use crate::limits::Limits;
 use crate::pending::PendingTable;
 use crate::server::Server;
-use crate::session::{lock, Session};
+use crate::session::{lock, Session, SigningKey};
 
 /// A connection that has sent nothing for this long gives its spare
 /// buffers back, so idle connections hold little memory.
@@ -183,6 +183,32 @@ impl UnsolicitedBudget {
     }
 }
 
+/// An entry of Connection.SessionTable: the session and, on a channel bound
+/// to it, Channel.SigningKey (MS-SMB2 3.3.1.14). None on the connection
+/// that made the session: its channel signs with Session.SigningKey.
+#[derive(Clone)]
+pub struct ChannelEntry {
+    pub session: Arc<Session>,
+    pub signer: Option<SigningKey>,
+}
+
+impl ChannelEntry {
+    pub fn first(session: Arc<Session>) -> Self {
+        ChannelEntry {
+            session,
+            signer: None,
+        }
+    }
+}
+
+/// A session binding under way on a connection: its authentication
+/// exchange and the 3.1.1 preauth hash of this connection's exchange,
+/// which the channel's signing key derives from (MS-SMB2 3.3.5.5.3).
+pub struct Binding {
+    pub exchange: nimbus_auth::AuthExchange,
+    pub preauth: [u8; 64],
+}
+
 pub struct Connection {
     pub server: Arc<Server>,
     pub peer: SocketAddr,
@@ -191,7 +217,12 @@ pub struct Connection {
     /// 3.1.1 Connection.PreauthIntegrityHashValue.
     pub preauth: Mutex<[u8; 64]>,
     pub credits: Mutex<CreditWindow>,
-    pub sessions: Mutex<HashMap<u64, Arc<Session>>>,
+    /// Connection.SessionTable: the sessions reachable on this connection,
+    /// with this channel's signing key.
+    pub sessions: Mutex<HashMap<u64, ChannelEntry>>,
+    /// Session bindings whose exchange is under way on this connection
+    /// (MS-SMB2 3.3.5.5), by session id.
+    pub bindings: Mutex<HashMap<u64, Binding>>,
     pub pool: BufferPool,
     /// Directory entries this connection's enumerations hold.
     pub dir_entries: Arc<EntryBudget>,
@@ -293,6 +324,7 @@ impl Connection {
             negotiated: Mutex::new(None),
             preauth: Mutex::new([0u8; 64]),
             sessions: Mutex::new(HashMap::new()),
+            bindings: Mutex::new(HashMap::new()),
             slot,
             closing: AtomicBool::new(false),
             not_reading: AtomicBool::new(false),
@@ -368,16 +400,55 @@ impl Connection {
     }
 
     pub fn session(&self, id: u64) -> Option<Arc<Session>> {
+        lock(&self.sessions).get(&id).map(|e| e.session.clone())
+    }
+
+    pub fn channel(&self, id: u64) -> Option<ChannelEntry> {
         lock(&self.sessions).get(&id).cloned()
     }
 
-    /// Releases every open of every session: share modes, delete-on-close.
+    /// The key that signs for session `id` on this connection: the
+    /// channel's own, or Session.SigningKey on the session's first one.
+    pub fn signing_key(&self, id: u64) -> Option<SigningKey> {
+        let entry = self.channel(id)?;
+        entry.signer.or_else(|| entry.session.signing_key())
+    }
+
+    /// Releases every open of every session that has no other channel:
+    /// share modes, delete-on-close. A session bound to other connections
+    /// too lives on there with its opens (MS-SMB2 3.3.7.1).
     pub(crate) fn teardown(&self) {
-        // Nothing pending is answered any more; each waiter is let go.
-        self.pending.end_all(NtStatus::CANCELLED, |_| true);
-        let sessions: Vec<_> = lock(&self.sessions).drain().map(|(_, s)| s).collect();
-        for s in sessions {
-            crate::handlers::logoff::end_session(&self.server, &s);
+        lock(&self.bindings).clear();
+        let sessions: Vec<_> = lock(&self.sessions)
+            .drain()
+            .map(|(_, e)| e.session)
+            .collect();
+        let (ended, survivors): (Vec<_>, Vec<_>) =
+            sessions.into_iter().partition(|s| s.leave(self));
+        let survivors: Vec<_> = survivors.into_iter().filter(|s| !s.has_ended()).collect();
+        // Nothing pending is answered here any more; each waiter is let
+        // go. A CREATE waiting for breaks in a session that lives on goes
+        // on waiting and opens its file: the client replays it on another
+        // channel, and is told FILE_NOT_AVAILABLE until it has, then gets
+        // the open (smbtorture smb2.replay.dhv2-pending2*-sane).
+        self.pending.end_all(NtStatus::CANCELLED, |p| {
+            p.command() != nimbus_wire::header::Command::Create as u16
+                || !survivors.iter().any(|s| s.id == p.session_id())
+        });
+        for s in &ended {
+            crate::handlers::logoff::end_session(&self.server, s);
+        }
+        for s in &survivors {
+            // Said once per session, not by each of its channels closing
+            // together (a client that goes away with all of them).
+            if s.connections().iter().any(|c| !c.is_closing()) {
+                tracing::info!(
+                    "{}: channel of session {:#x} lost; the session goes on on its other channels",
+                    self.peer,
+                    s.id
+                );
+                crate::oplocks::redeliver_breaks(&self.server, s);
+            }
         }
     }
 }
@@ -723,6 +794,111 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slo
         let _ = wr.shutdown().await;
     }
     tracing::debug!("connection from {peer} closed");
+}
+
+#[cfg(all(test, feature = "fuzzing"))]
+mod channel_tests {
+    //! Session.ChannelList bookkeeping (MS-SMB2 3.3.7.1, 3.3.5.6): which
+    //! connection loss or logoff ends a session bound to two connections.
+    use std::net::SocketAddr;
+    use std::sync::Arc;
+
+    use nimbus_crypto::SigningAlgorithm;
+    use nimbus_wire::negotiate::Dialect;
+
+    use super::{ChannelEntry, Connection, Negotiated};
+    use crate::server::Server;
+    use crate::session::{lock, Session};
+
+    fn server(name: &str) -> Arc<Server> {
+        let dir =
+            std::env::temp_dir().join(format!("nimbus-channels-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        crate::fuzz_api::server(&dir).expect("server")
+    }
+
+    fn connection(server: &Arc<Server>, port: u16) -> Arc<Connection> {
+        let peer = SocketAddr::from(([127, 0, 0, 1], port));
+        let slot = server
+            .admission
+            .admit(peer.ip(), &server.config.limits)
+            .expect("admitted");
+        Connection::new(server.clone(), peer, peer, slot)
+    }
+
+    /// A session made on `first` and bound to `second`.
+    fn bound_session(
+        server: &Arc<Server>,
+        first: &Arc<Connection>,
+        second: &Arc<Connection>,
+    ) -> Arc<Session> {
+        let origin = Arc::new(Negotiated {
+            dialect: Dialect::Smb311,
+            client_guid: [7; 16],
+            client_security_mode: 0,
+            client_capabilities: 0,
+            client_dialects: vec![Dialect::Smb311 as u16],
+            server_security_mode: 0,
+            server_capabilities: 0,
+            signing_algorithm: SigningAlgorithm::AesGmac,
+            cipher: None,
+            max_io: 65536,
+        });
+        let exchange = server.auth.start_at(first.local.ip());
+        let s = Arc::new(Session::new(42, exchange, [0; 64], origin, first));
+        lock(&first.sessions).insert(s.id, ChannelEntry::first(s.clone()));
+        server.sessions.register(&s);
+        assert!(s.add_channel(second, 32));
+        lock(&second.sessions).insert(s.id, ChannelEntry::first(s.clone()));
+        s
+    }
+
+    #[test]
+    fn losing_one_channel_keeps_the_session_losing_both_ends_it() {
+        let server = server("loss");
+        let (a, b) = (connection(&server, 50001), connection(&server, 50002));
+        let s = bound_session(&server, &a, &b);
+        assert_eq!(s.channel_count(), 2);
+        a.close();
+        a.teardown();
+        assert!(!s.has_ended());
+        assert!(b.session(s.id).is_some(), "still on the other channel");
+        assert!(server.sessions.find(s.id).is_some());
+        assert_eq!(s.connections().len(), 1);
+        b.close();
+        b.teardown();
+        assert!(s.has_ended());
+        assert!(
+            server.sessions.find(s.id).is_none(),
+            "gone from the GlobalSessionTable"
+        );
+        assert!(
+            !s.add_channel(&connection(&server, 50003), 32),
+            "an ended session takes no channel"
+        );
+    }
+
+    #[test]
+    fn logoff_on_one_channel_ends_the_session_on_all() {
+        let server = server("logoff");
+        let (a, b) = (connection(&server, 50011), connection(&server, 50012));
+        let s = bound_session(&server, &a, &b);
+        crate::handlers::logoff::end_everywhere(&server, &s);
+        assert!(s.has_ended());
+        assert!(a.session(s.id).is_none() && b.session(s.id).is_none());
+        // A second end (the other connection's loss) changes nothing.
+        b.teardown();
+        assert!(server.sessions.find(s.id).is_none());
+    }
+
+    #[test]
+    fn the_channel_limit_counts_the_first_connection() {
+        let server = server("limit");
+        let (a, b) = (connection(&server, 50021), connection(&server, 50022));
+        let s = bound_session(&server, &a, &b);
+        assert!(!s.add_channel(&connection(&server, 50023), 2));
+        assert!(s.add_channel(&connection(&server, 50024), 3));
+    }
 }
 
 #[cfg(test)]

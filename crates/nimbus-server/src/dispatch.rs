@@ -21,7 +21,7 @@ use crate::limits::Limits;
 use crate::pending::{Canceller, PendingRequest, Reply};
 use crate::security::SessionCipher;
 use crate::server::Server;
-use crate::session::{lock, Open, Session, SessionState, Tree};
+use crate::session::{lock, Open, Session, SessionState, SigningKey, Tree};
 
 /// Handlers append their response body to `out` and return the status to
 /// put in the header: SUCCESS, or a warning / MORE_PROCESSING_REQUIRED that
@@ -72,6 +72,14 @@ fn spec(cmd: Command) -> Spec {
 }
 
 /// Everything a handler may use about the request it serves.
+/// The 3.1.1 preauth hash a SESSION_SETUP exchange folds its messages
+/// into (MS-SMB2 3.3.5.5): a new session's, or a binding's on this
+/// connection (by session id).
+pub enum PreauthTarget {
+    Session(Arc<Session>),
+    Binding(u64),
+}
+
 pub struct Ctx<'a> {
     pub conn: &'a Arc<Connection>,
     pub server: &'a Arc<Server>,
@@ -89,9 +97,10 @@ pub struct Ctx<'a> {
     pub response_tree_id: Option<u32>,
     /// Sign the response with this session even if the request was not
     /// signed (the final SESSION_SETUP response).
-    pub sign_with: Option<Arc<Session>>,
-    /// After the response is built, fold it into this session's preauth hash.
-    pub preauth_session: Option<Arc<Session>>,
+    pub sign_with: Option<SigningKey>,
+    /// After the response is built, fold it into this exchange's preauth
+    /// hash (a non-final SESSION_SETUP response, MS-SMB2 3.3.5.5).
+    pub preauth_session: Option<PreauthTarget>,
     /// Close the connection after this request, without a response.
     pub disconnect: bool,
     /// ErrorData for an error response (e.g. the size BUFFER_TOO_SMALL needs).
@@ -99,8 +108,8 @@ pub struct Ctx<'a> {
     /// Bytes this request's response may still take from the room the
     /// connection reserved for the frame (see `response_allowance`).
     pub response_room: usize,
-    /// The session whose key verified the request's signature.
-    pub signed_by: Option<Arc<Session>>,
+    /// The key that verified the request's signature.
+    pub signed_by: Option<SigningKey>,
     /// The session and cipher that decrypted the request's frame.
     pub sealed_by: Option<(u64, Arc<SessionCipher>)>,
     /// Set by `go_async`: the request is answered STATUS_PENDING with this
@@ -212,7 +221,10 @@ impl Ctx<'_> {
     /// is older than the open's (more than 0x7FFF behind, in 16-bit
     /// arithmetic) comes from a channel the client has since failed over
     /// from, and must not overwrite what the newer channel did:
-    /// FILE_NOT_AVAILABLE. A newer one becomes the open's.
+    /// FILE_NOT_AVAILABLE. A newer one, on any request, becomes the open's
+    /// (as Samba does: a READ after a failover moves the open on too, and
+    /// smbtorture smb2.replay.replay4 expects a stale WRITE after it to
+    /// fail); an older one on a request that changes nothing is served.
     fn check_channel_sequence(&self, open: &Open) -> Result<(), NtStatus> {
         use std::sync::atomic::Ordering;
         let asked = self.hdr.channel_sequence();
@@ -221,19 +233,22 @@ impl Ctx<'_> {
         if open.channel_sequence.load(Ordering::Acquire) == asked {
             return Ok(());
         }
+        if !self.conn.negotiated().is_some_and(|n| n.dialect.is_smb3()) {
+            return Ok(());
+        }
         let modifies = matches!(
             Command::from_u16(self.hdr.command),
             Some(Command::Write | Command::SetInfo | Command::Ioctl)
         );
-        if !modifies || !self.conn.negotiated().is_some_and(|n| n.dialect.is_smb3()) {
-            return Ok(());
-        }
         let r =
             open.channel_sequence
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |current| {
                     (asked.wrapping_sub(current) <= 0x7FFF).then_some(asked)
                 });
-        r.map(|_| ()).map_err(|_| NtStatus::FILE_NOT_AVAILABLE)
+        match r {
+            Err(_) if modifies => Err(NtStatus::FILE_NOT_AVAILABLE),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -444,7 +459,7 @@ fn run_chain(
     let mut out = conn.pool.take(payload);
     out.resize(RESPONSE_START, 0);
     // (start of each response, session to sign it with)
-    let mut responses: Vec<(usize, Option<Arc<Session>>)> = Vec::new();
+    let mut responses: Vec<(usize, Option<SigningKey>)> = Vec::new();
     let mut offset = 0usize;
     let mut requests = 0usize;
     loop {
@@ -567,12 +582,8 @@ fn run_chain(
     for i in 0..responses.len() {
         let start = responses[i].0;
         let end = responses.get(i + 1).map(|r| r.0).unwrap_or(out.len());
-        if let Some(session) = &responses[i].1 {
-            if let SessionState::Valid(auth) = &*lock(&session.state) {
-                if let Some(signer) = &auth.signer {
-                    crate::security::sign(signer.as_ref(), &mut out[start..end]);
-                }
-            }
+        if let Some(signer) = &responses[i].1 {
+            crate::security::sign(signer.as_ref(), &mut out[start..end]);
         }
     }
     let len = out.len() - RESPONSE_START;
@@ -670,7 +681,7 @@ fn refuse(conn: &Connection, why: &str) -> Option<Outgoing> {
 }
 
 /// Handles one request of a chain and appends its response to `out`.
-/// Returns the session whose key signs the response, if it is to be signed.
+/// Returns the key that signs the response, if it is to be signed.
 fn handle_one(
     conn: &Arc<Connection>,
     msg: &mut [u8],
@@ -679,7 +690,7 @@ fn handle_one(
     out: &mut Vec<u8>,
     first: bool,
     response_room: usize,
-) -> Option<Arc<Session>> {
+) -> Option<SigningKey> {
     let start = out.len();
     out.resize(start + HEADER_SIZE, 0);
     let body_start = out.len();
@@ -717,7 +728,7 @@ fn handle_one(
         resumed: None,
         on_sent: Vec::new(),
     };
-    let mut sign_session: Option<Arc<Session>> = None;
+    let mut sign_session: Option<SigningKey> = None;
     let result = check_and_run(
         &mut ctx,
         msg,
@@ -793,7 +804,15 @@ fn handle_one(
     };
     write_header(&resp, &mut out[start..body_start]);
     let keyless_error = status == NtStatus::USER_SESSION_DELETED
-        || (status == NtStatus::INVALID_PARAMETER && related && sign_session.is_none());
+        || (status == NtStatus::INVALID_PARAMETER && related && sign_session.is_none())
+        || (hdr.command == Command::SessionSetup as u16
+            && sign_session.is_none()
+            && matches!(
+                status,
+                NtStatus::ACCESS_DENIED
+                    | NtStatus::NOT_SUPPORTED
+                    | NtStatus::REQUEST_OUT_OF_SEQUENCE
+            ));
     if keyless_error && hdr.is_signed() && chain.encrypted_for.is_none() {
         // No session key is at hand to sign with (the session is gone, or a
         // related request follows one without a session). The message stays
@@ -802,7 +821,9 @@ fn handle_one(
         // before it looks at the status, and skips verification for exactly
         // these statuses (smbXcli_base.c). Without the flag smbtorture
         // smb2.connect fails (logoff of a deleted session reads as
-        // ACCESS_DENIED). The flag protects nothing here, and the client
+        // ACCESS_DENIED; a binding signed with the wrong key, smbtorture
+        // smb2.session.bind_negative_*, would cost the client its
+        // connection). The flag protects nothing here, and the client
         // knows it: it never verifies these.
         let fl = resp.flags | flags::SIGNED;
         out[start + 16..start + 20].copy_from_slice(&fl.to_le_bytes());
@@ -820,14 +841,75 @@ fn handle_one(
             }
         }
     }
-    if let Some(session) = ctx.preauth_session.take() {
+    if let Some(target) = ctx.preauth_session.take() {
         if status == NtStatus::MORE_PROCESSING_REQUIRED {
-            if let SessionState::InProgress { preauth, .. } = &mut *lock(&session.state) {
-                *preauth = conn.server.provider.sha512(&[&preauth[..], &out[start..]]);
+            let response = &out[start..];
+            let fold = |preauth: &mut [u8; 64]| {
+                *preauth = conn.server.provider.sha512(&[&preauth[..], response]);
+            };
+            match target {
+                PreauthTarget::Session(session) => {
+                    if let SessionState::InProgress { preauth, .. } = &mut *lock(&session.state) {
+                        fold(preauth);
+                    }
+                }
+                PreauthTarget::Binding(id) => {
+                    // The client hashes the response it receives, which
+                    // (unlike a new logon's) is signed with the session's
+                    // key: hash it as it will go out.
+                    let mut signed = response.to_vec();
+                    if let Some(key) = &sign_session {
+                        crate::security::sign(key.as_ref(), &mut signed);
+                    }
+                    if let Some(b) = lock(&conn.bindings).get_mut(&id) {
+                        b.preauth = conn.server.provider.sha512(&[&b.preauth[..], &signed]);
+                    }
+                }
             }
         }
     }
     ctx.sign_with.take().or(sign_session)
+}
+
+/// Whether a SESSION_SETUP request asks to bind its session to this
+/// connection (SMB2_SESSION_FLAG_BINDING, MS-SMB2 2.2.5).
+fn is_binding(msg: &[u8]) -> bool {
+    msg.get(HEADER_SIZE + 2)
+        .is_some_and(|f| f & nimbus_wire::session_setup::FLAG_BINDING != 0)
+}
+
+/// MS-SMB2 3.3.5.2.4 for a binding request, whose session is not (yet) on
+/// this connection: it is found in the GlobalSessionTable and its signature
+/// checked with Session.SigningKey. Every answer before the binding ends
+/// (errors, MORE_PROCESSING legs) is signed with that key too (3.3.4.1.1).
+/// A binding request is never encrypted: the connection has no keys for
+/// the session yet; the session's encryption rule applies once bound.
+fn binding_session(
+    ctx: &mut Ctx<'_>,
+    msg: &mut [u8],
+    hdr: &Header,
+    session_id: u64,
+    encrypted: bool,
+    sign_session: &mut Option<SigningKey>,
+) -> Result<(), NtStatus> {
+    let session = ctx
+        .server
+        .sessions
+        .find(session_id)
+        .ok_or(NtStatus::USER_SESSION_DELETED)?;
+    if let (Some(key), true, false) = (session.signing_key(), hdr.is_signed(), encrypted) {
+        if !crate::security::verify(key.as_ref(), msg) {
+            tracing::warn!(
+                "{}: bad signature on a binding to session {session_id:#x}; refused",
+                ctx.conn.peer
+            );
+            return Err(NtStatus::ACCESS_DENIED);
+        }
+        *sign_session = Some(key.clone());
+        ctx.signed_by = Some(key);
+    }
+    ctx.session = Some(session);
+    Ok(())
 }
 
 /// The checks of MS-SMB2 3.3.5.2 that every request goes through, then the
@@ -842,7 +924,7 @@ fn check_and_run<'a>(
     related: bool,
     session_id: u64,
     tree_id: u32,
-    sign_session: &mut Option<Arc<Session>>,
+    sign_session: &mut Option<SigningKey>,
     out: &mut Vec<u8>,
 ) -> HandlerResult {
     let conn = ctx.conn;
@@ -873,16 +955,29 @@ fn check_and_run<'a>(
         );
         return Err(NtStatus::ACCESS_DENIED);
     }
-    if cmd != Some(Command::Negotiate) && session_id != 0 {
-        let session = conn
-            .session(session_id)
-            .ok_or(NtStatus::USER_SESSION_DELETED)?;
+    let channel = if cmd != Some(Command::Negotiate) && session_id != 0 {
+        match conn.channel(session_id) {
+            Some(channel) => Some(channel),
+            None if cmd == Some(Command::SessionSetup) && is_binding(msg) => {
+                binding_session(ctx, msg, hdr, session_id, encrypted, sign_session)?;
+                None
+            }
+            None => return Err(NtStatus::USER_SESSION_DELETED),
+        }
+    } else {
+        None
+    };
+    if let Some(channel) = channel {
+        let session = channel.session;
         let state = lock(&session.state);
         match &*state {
             SessionState::Valid(auth) => {
+                // This channel's key (MS-SMB2 3.3.5.2.4: Channel.SigningKey
+                // on 3.x; the session's own on its first connection).
+                let key = channel.signer.as_ref().or(auth.signer.as_ref());
                 // Encrypted requests are not signed: the AEAD tag already
                 // authenticated them (MS-SMB2 3.3.5.2.4).
-                if let (Some(signer), false) = (&auth.signer, encrypted) {
+                if let (Some(signer), false) = (key, encrypted) {
                     if hdr.is_signed() {
                         if !crate::security::verify(signer.as_ref(), msg) {
                             tracing::warn!(
@@ -894,8 +989,8 @@ fn check_and_run<'a>(
                             );
                             return Err(NtStatus::ACCESS_DENIED);
                         }
-                        *sign_session = Some(session.clone());
-                        ctx.signed_by = Some(session.clone());
+                        *sign_session = Some(signer.clone());
+                        ctx.signed_by = Some(signer.clone());
                     } else if auth.signing_required {
                         tracing::warn!(
                             "{}: unsigned command {:#x} on a session that requires signing; refused",

@@ -59,6 +59,9 @@ pub struct Limits {
     pub max_open_files: Option<usize>,
     /// Sessions one connection may hold, logged on or logging on.
     pub max_sessions_per_connection: usize,
+    /// Connections one session may be bound to (multichannel), its first
+    /// one included; 32 as on Windows.
+    pub max_channels_per_session: usize,
     /// Of those, sessions whose SESSION_SETUP exchange is unfinished (each
     /// holds its authentication state).
     pub max_logons_in_progress: usize,
@@ -112,6 +115,7 @@ impl Default for Limits {
             max_open_files_per_session: 16384,
             max_open_files: None,
             max_sessions_per_connection: 64,
+            max_channels_per_session: 32,
             max_logons_in_progress: 8,
             max_trees_per_session: 1024,
             max_pending_requests: 256,
@@ -158,6 +162,7 @@ pub struct RawLimits {
     max_open_files_per_session: Option<u64>,
     max_open_files: Option<u64>,
     max_sessions_per_connection: Option<u64>,
+    max_channels_per_session: Option<u64>,
     max_logons_in_progress: Option<u64>,
     max_trees_per_session: Option<u64>,
     max_pending_requests: Option<u64>,
@@ -374,6 +379,13 @@ impl RawLimits {
                 1,
                 65536,
                 d.max_sessions_per_connection as u64,
+            ) as usize,
+            max_channels_per_session: r.get(
+                "max_channels_per_session",
+                self.max_channels_per_session,
+                1,
+                256,
+                d.max_channels_per_session as u64,
             ) as usize,
             max_logons_in_progress: r.get(
                 "max_logons_in_progress",

@@ -31,18 +31,34 @@ use nimbus_wire::{FileId, NtStatus};
 
 use crate::connection::Connection;
 use crate::security::SessionCipher;
-use crate::session::lock;
+use crate::session::{lock, Session};
 
 /// How to reach the client of one open.
 #[derive(Clone)]
 pub struct Route {
+    /// The connection the open was made on; if it is gone, another
+    /// channel of the open's session (MS-SMB2 3.3.4.1.6).
     pub conn: Weak<Connection>,
+    pub session: Weak<Session>,
     pub session_id: u64,
     pub file_id: FileId,
     /// Seal breaks with this session's cipher (the session or the tree
     /// requires encryption); otherwise they go in the clear, unsigned, as
     /// Windows sends them.
     pub seal: Option<Arc<SessionCipher>>,
+}
+
+impl Route {
+    /// The connection a break goes on: the open's own while it lasts,
+    /// else the first live channel of its session (multichannel: the
+    /// session outlives a lost connection, MS-SMB2 3.3.4.1.6).
+    fn channel(&self) -> Option<Arc<Connection>> {
+        if let Some(conn) = self.conn.upgrade().filter(|c| !c.is_closing()) {
+            return Some(conn);
+        }
+        let session = self.session.upgrade()?;
+        session.connections().into_iter().find(|c| !c.is_closing())
+    }
 }
 
 /// Delivers break notifications to the client of an open. On one node
@@ -59,6 +75,9 @@ pub trait Notifier: Send + Sync {
 #[derive(Default)]
 pub struct LocalNotifier {
     routes: Mutex<HashMap<u64, Destination>>,
+    /// The last break each open was sent that needs an acknowledgement, to
+    /// send again on another channel if the one it went on is lost.
+    last_sent: Mutex<HashMap<u64, BreakOrder>>,
     /// What a break that needs acknowledgement does to a disconnected
     /// durable open instead: the server closes that open (MS-SMB2 3.3.4.6-7
     /// have no client to ask).
@@ -87,6 +106,7 @@ impl LocalNotifier {
 
     fn unregister(&self, open_id: u64) {
         lock(&self.routes).remove(&open_id);
+        lock(&self.last_sent).remove(&open_id);
     }
 }
 
@@ -96,7 +116,12 @@ impl Notifier for LocalNotifier {
             return;
         };
         match dest {
-            Destination::Client(route) => Outbound { order, route }.send(),
+            Destination::Client(route) => {
+                if order.ack_required {
+                    lock(&self.last_sent).insert(open_id, order);
+                }
+                Outbound { order, route }.send()
+            }
             // A break the holder must acknowledge (it caches writes or
             // handles) cannot be, so the open goes; a break to none of
             // read caching needs no answer and only changes the state the
@@ -964,6 +989,25 @@ impl Oplocks {
     }
 }
 
+/// A channel of `session` was lost (MS-SMB2 3.3.7.1) and the session
+/// lives on: breaks of its opens still awaiting acknowledgement are sent
+/// again on a remaining channel, as the lost one may never have delivered
+/// them (3.3.4.6-7: the server picks another connection of the session).
+pub fn redeliver_breaks(server: &crate::server::Server, session: &Session) {
+    let opens: Vec<_> = lock(&session.opens).values().cloned().collect();
+    let oplocks = &server.oplocks;
+    for open in opens {
+        let order = lock(&oplocks.notifier.last_sent)
+            .get(&open.open_id)
+            .copied();
+        if let Some(order) = order {
+            if oplocks.open_breaking(open.file_key, open.open_id) {
+                oplocks.notifier.deliver(open.open_id, order);
+            }
+        }
+    }
+}
+
 /// Unacknowledged breaks since the last log line, and that line's second:
 /// a client ignoring thousands of breaks gets one line a second, not one
 /// per break.
@@ -1038,12 +1082,9 @@ struct Outbound {
 
 impl Outbound {
     fn send(self) {
-        let Some(conn) = self.route.conn.upgrade() else {
+        let Some(conn) = self.route.channel() else {
             return;
         };
-        if conn.is_closing() {
-            return;
-        }
         let b = self.order;
         tracing::debug!(
             "{}: break {:?} from {:#x} to {:#x} (ack {})",
@@ -1140,6 +1181,7 @@ mod tests {
     fn route() -> Route {
         Route {
             conn: Weak::new(),
+            session: Weak::new(),
             session_id: 1,
             file_id: FileId {
                 persistent: 1,

@@ -21,7 +21,7 @@ use nimbus_wire::{FileId, NtStatus, HEADER_SIZE};
 
 use crate::connection::{Connection, Outgoing};
 use crate::security::SessionCipher;
-use crate::session::{lock, Session, SessionState};
+use crate::session::{lock, SigningKey};
 
 /// What the final response of a request needs from the request.
 pub struct Reply {
@@ -32,8 +32,9 @@ pub struct Reply {
     pub session_id: u64,
     /// Priority bits of the request, echoed.
     pub priority: u32,
-    /// Sign the final response with this session (the request was signed).
-    pub sign_with: Option<Arc<Session>>,
+    /// Sign the final response with this key, the one that verified the
+    /// request (the request was signed).
+    pub sign_with: Option<SigningKey>,
     /// Seal it for this session instead (the request came encrypted).
     pub seal_with: Option<(u64, Arc<SessionCipher>)>,
 }
@@ -227,6 +228,10 @@ impl PendingRequest {
         self.reply.session_id
     }
 
+    pub fn command(&self) -> u16 {
+        self.reply.command
+    }
+
     /// Sends the final response: `status` and, for a success, the body
     /// `body` writes (an error gets the SMB2 ERROR body). Only the first
     /// call sends; it returns whether it was this one.
@@ -305,13 +310,13 @@ fn run_later(then: Continuation, file_id: Option<FileId>, status: NtStatus) {
 
 /// Frames one message the server sends outside the reader's flow (the
 /// final response of an async request, an oplock or lease break): header,
-/// body, then signed with `sign_with`'s key or sealed with `seal_with`'s
+/// body, then signed with `sign_with` or sealed with `seal_with`'s
 /// cipher, and queued on the connection's writer.
 pub fn send_message(
     conn: &Connection,
     header: &Header,
     body: impl FnOnce(&mut Vec<u8>),
-    sign_with: Option<&Arc<Session>>,
+    sign_with: Option<&SigningKey>,
     seal_with: Option<&(u64, Arc<SessionCipher>)>,
 ) {
     if let Some(out) = build_message(conn, header, body, sign_with, seal_with) {
@@ -325,7 +330,7 @@ fn build_message(
     conn: &Connection,
     header: &Header,
     body: impl FnOnce(&mut Vec<u8>),
-    sign_with: Option<&Arc<Session>>,
+    sign_with: Option<&SigningKey>,
     seal_with: Option<&(u64, Arc<SessionCipher>)>,
 ) -> Option<Outgoing> {
     let start = 4 + TRANSFORM_HEADER_SIZE;
@@ -344,12 +349,8 @@ fn build_message(
         out[..4].copy_from_slice(&nimbus_wire::nbss::frame_header(len));
         Outgoing::new(out, 0)
     } else {
-        if let Some(session) = sign_with {
-            if let SessionState::Valid(auth) = &*lock(&session.state) {
-                if let Some(signer) = &auth.signer {
-                    crate::security::sign(signer.as_ref(), &mut out[start..]);
-                }
-            }
+        if let Some(signer) = sign_with {
+            crate::security::sign(signer.as_ref(), &mut out[start..]);
         }
         let len = out.len() - start;
         out[start - 4..start].copy_from_slice(&nimbus_wire::nbss::frame_header(len));

@@ -278,6 +278,7 @@ fn reopen(server: &Arc<Server>, r: &DurableOpen, now: Instant) -> Result<(), Str
     server.oplocks.contend(file, &ask);
     let route = Route {
         conn: std::sync::Weak::new(),
+        session: std::sync::Weak::new(),
         session_id: 0,
         file_id: FileId {
             persistent: r.open_id,

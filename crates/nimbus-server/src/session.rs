@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use nimbus_auth::AuthExchange;
 use nimbus_crypto::Signer;
@@ -11,6 +11,7 @@ use nimbus_state::caching::LeaseId;
 use nimbus_state::FileKey;
 use nimbus_vfs::{DirEntry, FileHandle};
 
+use crate::connection::{Connection, Negotiated};
 use crate::dir_budget::EntryLease;
 use crate::open_files::OpenFileSlot;
 use crate::security::SessionCipher;
@@ -21,6 +22,12 @@ use crate::server::Share;
 pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
+
+/// A signing key ready to sign and verify: Session.SigningKey or a bound
+/// channel's Channel.SigningKey (MS-SMB2 3.3.1.8, 3.3.1.14). Shared, so
+/// that a response is signed with the key its request was verified with
+/// even if it is sent long after (a pending request's final response).
+pub type SigningKey = Arc<dyn Signer>;
 
 pub enum SessionState {
     /// SESSION_SETUP exchange under way (MS-SMB2 3.3.5.5).
@@ -39,7 +46,7 @@ pub struct Authenticated {
     pub domain: String,
     pub guest: bool,
     /// None for guest and anonymous sessions, which cannot sign.
-    pub signer: Option<Box<dyn Signer>>,
+    pub signer: Option<SigningKey>,
     /// Every request must be signed (MS-SMB2 Session.SigningRequired).
     pub signing_required: bool,
     /// Encryption keys, if a cipher was negotiated and the session has a key.
@@ -63,11 +70,33 @@ pub struct Session {
     /// A re-authentication of this valid session under way (MS-SMB2
     /// 3.3.5.5.2), between its legs.
     pub reauth: Mutex<Option<AuthExchange>>,
+    /// What the connection that made the session negotiated: a channel
+    /// bound later must have negotiated the same dialect, cipher and
+    /// ClientGuid (MS-SMB2 3.3.5.5, Session.Connection).
+    pub origin: Arc<Negotiated>,
+    channels: Mutex<Channels>,
     next_tree_id: AtomicU32,
 }
 
+/// Session.ChannelList (MS-SMB2 3.3.1.8): the connections the session is
+/// reachable on, the one that made it first. The session ends when the
+/// last one goes (3.3.7.1) or when it is logged off on any of them.
+#[derive(Default)]
+struct Channels {
+    conns: Vec<Weak<Connection>>,
+    /// Ended (logged off, replaced, or its last channel lost): no channel
+    /// may be bound to it any more.
+    ended: bool,
+}
+
 impl Session {
-    pub fn new(id: u64, exchange: AuthExchange, preauth: [u8; 64]) -> Session {
+    pub fn new(
+        id: u64,
+        exchange: AuthExchange,
+        preauth: [u8; 64],
+        origin: Arc<Negotiated>,
+        conn: &Arc<Connection>,
+    ) -> Session {
         Session {
             id,
             state: Mutex::new(SessionState::InProgress {
@@ -78,7 +107,73 @@ impl Session {
             opens: Mutex::new(HashMap::new()),
             pipes: Mutex::new(HashMap::new()),
             reauth: Mutex::new(None),
+            origin,
+            channels: Mutex::new(Channels {
+                conns: vec![Arc::downgrade(conn)],
+                ended: false,
+            }),
             next_tree_id: AtomicU32::new(1),
+        }
+    }
+
+    /// The connections of the session's channels that still exist, first
+    /// channel first.
+    pub fn connections(&self) -> Vec<Arc<Connection>> {
+        lock(&self.channels)
+            .conns
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect()
+    }
+
+    pub fn channel_count(&self) -> usize {
+        lock(&self.channels).conns.len()
+    }
+
+    /// Adds `conn` as a channel (a completed binding); false if the session
+    /// ended meanwhile or already has `max` channels.
+    pub fn add_channel(&self, conn: &Arc<Connection>, max: usize) -> bool {
+        let mut ch = lock(&self.channels);
+        if ch.ended || ch.conns.len() >= max {
+            return false;
+        }
+        ch.conns.push(Arc::downgrade(conn));
+        true
+    }
+
+    /// Removes the channel of `conn` (its connection is gone): true if it
+    /// was the last one, and the session now ends (MS-SMB2 3.3.7.1).
+    pub fn leave(&self, conn: &Connection) -> bool {
+        let mut ch = lock(&self.channels);
+        ch.conns
+            .retain(|w| !std::ptr::eq(w.as_ptr(), conn) && w.strong_count() > 0);
+        if ch.conns.is_empty() && !ch.ended {
+            ch.ended = true;
+            return true;
+        }
+        false
+    }
+
+    /// Ends the session on every channel: the connections it was on, or
+    /// None if it had already ended.
+    pub fn end_channels(&self) -> Option<Vec<Arc<Connection>>> {
+        let mut ch = lock(&self.channels);
+        if ch.ended {
+            return None;
+        }
+        ch.ended = true;
+        Some(ch.conns.drain(..).filter_map(|w| w.upgrade()).collect())
+    }
+
+    pub fn has_ended(&self) -> bool {
+        lock(&self.channels).ended
+    }
+
+    /// Session.SigningKey, once logged on (not for guests).
+    pub fn signing_key(&self) -> Option<SigningKey> {
+        match &*lock(&self.state) {
+            SessionState::Valid(a) => a.signer.clone(),
+            SessionState::InProgress { .. } => None,
         }
     }
 

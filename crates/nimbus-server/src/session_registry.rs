@@ -1,18 +1,17 @@
-//! Every session of the server by id, with the connection that holds it,
-//! so that a logon naming its PreviousSessionId (MS-SMB2 3.3.5.5.3) ends
-//! that session wherever it is: a client that lost its connection
-//! reconnects before the server has noticed the loss, and its durable
-//! opens must be free for it to reclaim. Weak references: a session
-//! belongs to its connection; this table only finds it.
+//! MS-SMB2 GlobalSessionTable: every session of the server by id, so that
+//! a logon naming its PreviousSessionId (MS-SMB2 3.3.5.5.3) ends that
+//! session wherever it is (a client that lost its connection reconnects
+//! before the server has noticed the loss, and its durable opens must be
+//! free for it to reclaim), and a channel can be bound to a session made
+//! on another connection (3.3.5.5). Weak references: a session belongs to
+//! its channels' connections; this table only finds it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
-use crate::connection::Connection;
 use crate::session::{lock, Session};
 
-/// A session and the connection it lives on.
-type Entry = (Weak<Session>, Weak<Connection>);
+type Entry = Weak<Session>;
 
 #[derive(Default)]
 pub struct SessionRegistry {
@@ -20,8 +19,8 @@ pub struct SessionRegistry {
 }
 
 impl SessionRegistry {
-    pub fn register(&self, session: &Arc<Session>, conn: &Arc<Connection>) {
-        lock(&self.sessions).insert(session.id, (Arc::downgrade(session), Arc::downgrade(conn)));
+    pub fn register(&self, session: &Arc<Session>) {
+        lock(&self.sessions).insert(session.id, Arc::downgrade(session));
     }
 
     /// How many sessions are logged on.
@@ -41,7 +40,7 @@ impl SessionRegistry {
     pub fn trees_by_share(&self) -> std::collections::HashMap<String, u32> {
         let sessions: Vec<Arc<Session>> = lock(&self.sessions)
             .values()
-            .filter_map(|(s, _)| s.upgrade())
+            .filter_map(|s| s.upgrade())
             .collect();
         let mut uses = std::collections::HashMap::new();
         for s in sessions {
@@ -52,9 +51,8 @@ impl SessionRegistry {
         uses
     }
 
-    /// The session `id` and its connection, while both exist.
-    pub fn find(&self, id: u64) -> Option<(Arc<Session>, Arc<Connection>)> {
-        let (s, c) = lock(&self.sessions).get(&id).cloned()?;
-        Some((s.upgrade()?, c.upgrade()?))
+    /// The session `id`, while it exists.
+    pub fn find(&self, id: u64) -> Option<Arc<Session>> {
+        lock(&self.sessions).get(&id)?.upgrade()
     }
 }

@@ -607,6 +607,7 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
     };
     let route = Route {
         conn: std::sync::Arc::downgrade(ctx.conn),
+        session: std::sync::Arc::downgrade(&session),
         session_id: session.id,
         file_id,
         seal: break_cipher(&session, &tree),

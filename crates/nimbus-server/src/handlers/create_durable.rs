@@ -450,6 +450,7 @@ fn attach(ctx: &Ctx<'_>, open: &Arc<Open>) -> Result<FileId, NtStatus> {
         open.open_id,
         Route {
             conn: Arc::downgrade(ctx.conn),
+            session: Arc::downgrade(&session),
             session_id: session.id,
             file_id,
             seal: super::create::break_cipher(&session, &tree),
@@ -468,8 +469,9 @@ fn disconnect_if_closing(ctx: &Ctx<'_>, open_id: u64) -> Option<Arc<Open>> {
     if !open.is_durable() {
         return None;
     }
-    let (session, conn) = server.sessions.find(open.session_id())?;
-    if !conn.is_closing() {
+    let session = server.sessions.find(open.session_id())?;
+    // Disconnected only when no channel of the session is left.
+    if !session.connections().iter().all(|c| c.is_closing()) {
         return None;
     }
     let removed = session.take_open(&open)?;
@@ -510,7 +512,7 @@ pub fn close_app_instance(ctx: &Ctx<'_>, file: nimbus_state::FileKey, id: [u8; 1
         if server.durables.purge(server, open.open_id) {
             continue;
         }
-        let Some((session, _)) = server.sessions.find(open.session_id()) else {
+        let Some(session) = server.sessions.find(open.session_id()) else {
             continue;
         };
         if let Some(open) = session.take_open(&open) {

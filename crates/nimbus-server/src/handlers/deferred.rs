@@ -16,7 +16,7 @@ use crate::connection::Connection;
 use crate::dispatch::{Ctx, HandlerResult};
 use crate::pending::PendingRequest;
 use crate::security::SessionCipher;
-use crate::session::{lock, Session, Tree};
+use crate::session::{lock, Session, SigningKey, Tree};
 
 type Handler = fn(&mut Ctx<'_>, &[u8], &mut Vec<u8>) -> HandlerResult;
 
@@ -74,7 +74,7 @@ struct Resume {
     /// the "use the previous one" value).
     chain_file_id: Option<nimbus_wire::FileId>,
     related: bool,
-    signed_by: Option<Arc<Session>>,
+    signed_by: Option<SigningKey>,
     sealed_by: Option<(u64, Arc<SessionCipher>)>,
     body: Vec<u8>,
     handler: Handler,
@@ -83,7 +83,13 @@ struct Resume {
 
 impl Resume {
     fn run(self) {
-        if self.request.is_done() || self.conn.is_closing() || !self.session.is_valid() {
+        if self.request.is_done() || !self.session.is_valid() || self.session.has_ended() {
+            return;
+        }
+        // Its connection lost, a request of a session that lives on other
+        // channels still runs (MS-SMB2 3.3.7.1); its answer goes nowhere,
+        // and the client's replay on another channel finds what it did.
+        if self.conn.is_closing() && self.session.connections().iter().all(|c| c.is_closing()) {
             return;
         }
         let server = self.conn.server.clone();

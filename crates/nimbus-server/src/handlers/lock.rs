@@ -59,7 +59,11 @@ fn validate(locks: &[LockElement]) -> Result<Asked, NtStatus> {
 pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
     let req = LockRequest::parse(body).map_err(malformed)?;
     let open = ctx.open(req.file_id)?;
-    let bucket = lock_sequence_bucket(&open, req.lock_sequence);
+    let multichannel = ctx.conn.negotiated().is_some_and(|n| {
+        n.dialect.is_smb3()
+            && n.server_capabilities & nimbus_wire::negotiate::capabilities::MULTI_CHANNEL != 0
+    });
+    let bucket = lock_sequence_bucket(&open, req.lock_sequence, multichannel);
     if let Some((i, seq)) = bucket {
         let mut buckets = lock(&open.lock_sequences);
         if buckets[i] == seq {
@@ -82,13 +86,19 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     result
 }
 
-/// MS-SMB2 3.3.5.14: the LockSequence of a LOCK on a durable open names a
-/// bucket (index 1 to 64, the bits above the low four) and a sequence
-/// number (the low four bits); other indexes, and other opens, are not
-/// checked. Returns the bucket's place and the number.
-fn lock_sequence_bucket(open: &Open, lock_sequence: u32) -> Option<(usize, u8)> {
+/// MS-SMB2 3.3.5.14: the LockSequence of a LOCK on a durable open, or on
+/// any open of a 3.x connection to a multichannel server (a LOCK replayed
+/// on another channel after the first was lost), names a bucket (index 1
+/// to 64, the bits above the low four) and a sequence number (the low four
+/// bits); other indexes, and other opens, are not checked. Returns the
+/// bucket's place and the number.
+fn lock_sequence_bucket(
+    open: &Open,
+    lock_sequence: u32,
+    multichannel: bool,
+) -> Option<(usize, u8)> {
     let index = (lock_sequence >> 4) as usize;
-    if !(1..=64).contains(&index) || !open.is_durable() {
+    if !(1..=64).contains(&index) || !(open.is_durable() || multichannel) {
         return None;
     }
     Some((index - 1, (lock_sequence & 0xF) as u8))

@@ -1,6 +1,8 @@
 //! MS-SMB2 3.3.5.6 Receiving an SMB2 LOGOFF Request, and the release of a
 //! session's trees and opens that logoff, disconnect and teardown share.
 
+use std::sync::Arc;
+
 use nimbus_wire::simple::{encode_empty, parse_empty};
 use nimbus_wire::NtStatus;
 
@@ -20,21 +22,37 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             ctx.conn.peer
         );
     }
-    end_on_connection(ctx, &session);
+    end_everywhere(ctx.server, &session);
     encode_empty(out);
     Ok(NtStatus::SUCCESS)
 }
 
-/// Ends a session of the request's connection as LOGOFF does (also a
-/// failed or foreign re-authentication): gone from the connection, its
-/// opens released, and what still waits in it (on its kept durable opens)
+/// Ends a session as LOGOFF does (also a failed or foreign
+/// re-authentication, a logon naming it as its PreviousSessionId): gone
+/// from every connection it is bound to (MS-SMB2 3.3.5.6: the session is
+/// removed with all its channels), its opens released, and what still
+/// waits in it (on its kept durable opens) ended. Nothing if it already
 /// ended.
-pub fn end_on_connection(ctx: &Ctx<'_>, session: &Session) {
-    lock(&ctx.conn.sessions).remove(&session.id);
-    end_session(ctx.server, session);
-    ctx.conn
-        .pending
-        .end_all(NtStatus::CANCELLED, |p| p.session_id() == session.id);
+pub fn end_everywhere(server: &Server, session: &Session) {
+    let Some(conns) = session.end_channels() else {
+        return;
+    };
+    for conn in &conns {
+        let mut sessions = lock(&conn.sessions);
+        if sessions
+            .get(&session.id)
+            .is_some_and(|e| std::ptr::eq(Arc::as_ptr(&e.session), session))
+        {
+            sessions.remove(&session.id);
+        }
+        drop(sessions);
+        lock(&conn.bindings).remove(&session.id);
+    }
+    end_session(server, session);
+    for conn in &conns {
+        conn.pending
+            .end_all(NtStatus::CANCELLED, |p| p.session_id() == session.id);
+    }
 }
 
 /// Ends a session (LOGOFF, the loss of its connection, a logon that

@@ -21,6 +21,7 @@ pub mod query_directory;
 pub mod query_info;
 pub mod read;
 pub mod security_info;
+pub mod session_bind;
 pub mod session_reauth;
 pub mod session_setup;
 pub mod set_info;

@@ -97,6 +97,10 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         if ctx.server.offers_persistent_handles() {
             caps |= capabilities::PERSISTENT_HANDLES;
         }
+        if ctx.server.config.multichannel {
+            // Session binding (MS-SMB2 3.3.5.5, handlers::session_bind).
+            caps |= capabilities::MULTI_CHANNEL;
+        }
     }
     if matches!(dialect, Dialect::Smb300 | Dialect::Smb302)
         && req.capabilities & capabilities::ENCRYPTION != 0

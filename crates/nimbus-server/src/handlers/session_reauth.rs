@@ -102,7 +102,7 @@ pub fn handle(
                 .succeeded(&res.user, ctx.conn.peer.ip());
             // Proves the (unchanged) key to the client, as a first logon's
             // final response does.
-            ctx.sign_with = Some(session.clone());
+            ctx.sign_with = ctx.conn.signing_key(session.id);
             tracing::info!(
                 "session re-authenticated: user {who} from {}",
                 ctx.conn.peer
@@ -126,9 +126,9 @@ pub fn handle(
     }
 }
 
-/// Ends the session as LOGOFF does; the response still goes out signed
-/// with its key, which the client holds.
+/// Ends the session as LOGOFF does, on all its channels; the response
+/// still goes out signed with this channel's key, which the client holds.
 fn end(ctx: &mut Ctx<'_>, session: &Arc<Session>) {
-    ctx.sign_with = Some(session.clone());
-    super::logoff::end_on_connection(ctx, session);
+    ctx.sign_with = ctx.conn.signing_key(session.id);
+    super::logoff::end_everywhere(ctx.server, session);
 }

@@ -14,17 +14,23 @@ use nimbus_wire::NtStatus;
 
 use super::malformed;
 use crate::config::SigningPolicy;
+use crate::connection::ChannelEntry;
 use crate::dispatch::{Ctx, HandlerResult};
 use crate::logon_guard::BackedOff;
 use crate::security::{session_signer, SessionCipher};
-use crate::session::{lock, Authenticated, Session, SessionState};
+use crate::session::{lock, Authenticated, Session, SessionState, SigningKey};
 
 pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
     let req = SessionSetupRequest::parse(body).map_err(malformed)?;
     let neg = ctx.conn.negotiated().ok_or(NtStatus::INVALID_PARAMETER)?;
     if req.flags & FLAG_BINDING != 0 {
-        // Multichannel binding is not offered (no MULTI_CHANNEL capability).
-        return Err(NtStatus::REQUEST_NOT_ACCEPTED);
+        // A new channel for an existing session (multichannel). Binding
+        // "to" no session is malformed, as Samba answers it.
+        let Some(session) = ctx.session.clone() else {
+            return Err(NtStatus::INVALID_PARAMETER);
+        };
+        ctx.response_session_id = session.id;
+        return super::session_bind::handle(ctx, session, &req, out);
     }
     let session = match &ctx.session {
         None => {
@@ -34,9 +40,9 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             // The local address lets the NTLM acceptor tell whether an
             // MsvAvTargetName naming an IP address names this server.
             let exchange = ctx.server.auth.start_at(ctx.conn.local.ip());
-            let s = Arc::new(Session::new(id, exchange, preauth));
-            lock(&ctx.conn.sessions).insert(id, s.clone());
-            ctx.server.sessions.register(&s, ctx.conn);
+            let s = Arc::new(Session::new(id, exchange, preauth, neg.clone(), ctx.conn));
+            lock(&ctx.conn.sessions).insert(id, ChannelEntry::first(s.clone()));
+            ctx.server.sessions.register(&s);
             s
         }
         Some(s) if s.is_valid() => {
@@ -63,7 +69,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             }
             .encode(out);
             drop(state);
-            ctx.preauth_session = Some(session);
+            ctx.preauth_session = Some(crate::dispatch::PreauthTarget::Session(session));
             Ok(NtStatus::MORE_PROCESSING_REQUIRED)
         }
         Ok(AuthStep::Complete(res)) => {
@@ -90,7 +96,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
                     &res.session_key,
                     preauth,
                 ) {
-                    Ok(s) => Some(s),
+                    Ok(s) => Some(SigningKey::from(s)),
                     Err(e) => {
                         tracing::error!("{}: cannot derive signing key: {e}", ctx.conn.peer);
                         drop(state);
@@ -184,7 +190,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
                     (None, _) => String::new(),
                 },
             );
-            let has_signer = signer.is_some();
+            let final_signer = signer.clone();
             // An anonymous (null) session proves nothing about the client:
             // the connection stays under the logon deadline and counts as
             // unauthenticated until a user (or guest) logs on.
@@ -214,9 +220,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             .encode(out);
             // The final response proves the key to the client (required for
             // 3.1.1, where it also seals the preauth hash).
-            if has_signer {
-                ctx.sign_with = Some(session);
-            }
+            ctx.sign_with = final_signer;
             Ok(NtStatus::SUCCESS)
         }
         Err(e) => {
@@ -263,7 +267,7 @@ fn end_previous_session(ctx: &Ctx<'_>, session: &Session, previous_id: u64) {
     if previous_id == 0 || previous_id == session.id {
         return;
     }
-    let Some((previous, conn)) = ctx.server.sessions.find(previous_id) else {
+    let Some(previous) = ctx.server.sessions.find(previous_id) else {
         return;
     };
     let who = |s: &Session| match &*lock(&s.state) {
@@ -275,12 +279,7 @@ fn end_previous_session(ctx: &Ctx<'_>, session: &Session, previous_id: u64) {
     if who(&previous).is_none() || who(&previous) != who(session) {
         return;
     }
-    if lock(&conn.sessions).remove(&previous_id).is_none() {
-        return;
-    }
-    super::logoff::end_session(ctx.server, &previous);
-    conn.pending
-        .end_all(NtStatus::CANCELLED, |p| p.session_id() == previous_id);
+    super::logoff::end_everywhere(ctx.server, &previous);
 }
 
 /// A logon that failed leaves no session behind.
@@ -296,7 +295,8 @@ fn refuse_beyond_session_limits(ctx: &Ctx<'_>) -> Result<(), NtStatus> {
     let limits = &ctx.server.config.limits;
     let (total, in_progress) = {
         let sessions = lock(&ctx.conn.sessions);
-        let in_progress = sessions.values().filter(|s| !s.is_valid()).count();
+        let in_progress = sessions.values().filter(|e| !e.session.is_valid()).count()
+            + lock(&ctx.conn.bindings).len();
         (sessions.len(), in_progress)
     };
     let key = if total >= limits.max_sessions_per_connection {
