@@ -427,13 +427,14 @@ impl Connection {
             sessions.into_iter().partition(|s| s.leave(self));
         let survivors: Vec<_> = survivors.into_iter().filter(|s| !s.has_ended()).collect();
         // Nothing pending is answered here any more; each waiter is let
-        // go. A CREATE waiting for breaks in a session that lives on goes
-        // on waiting and opens its file: the client replays it on another
-        // channel, and is told FILE_NOT_AVAILABLE until it has, then gets
-        // the open (smbtorture smb2.replay.dhv2-pending2*-sane).
+        // go. A replayable CREATE waiting for breaks in a session that
+        // lives on goes on waiting and opens its file: the client replays
+        // it on another channel, and is told FILE_NOT_AVAILABLE until it
+        // has, then gets the open (smbtorture
+        // smb2.replay.dhv2-pending2*-sane). One the client cannot replay
+        // would only leave an open it never hears of.
         self.pending.end_all(NtStatus::CANCELLED, |p| {
-            p.command() != nimbus_wire::header::Command::Create as u16
-                || !survivors.iter().any(|s| s.id == p.session_id())
+            !p.is_replayable() || !survivors.iter().any(|s| s.id == p.session_id())
         });
         for s in &ended {
             crate::handlers::logoff::end_session(&self.server, s);
@@ -447,7 +448,7 @@ impl Connection {
                     self.peer,
                     s.id
                 );
-                crate::oplocks::redeliver_breaks(&self.server, s);
+                crate::oplocks::redeliver_breaks(&self.server, s, self);
             }
         }
     }

@@ -892,18 +892,23 @@ fn binding_session(
     encrypted: bool,
     sign_session: &mut Option<SigningKey>,
 ) -> Result<(), NtStatus> {
+    // A refused leg ends a binding exchange under way on this connection.
+    let refuse = |status: NtStatus| {
+        lock(&ctx.conn.bindings).remove(&session_id);
+        status
+    };
     let session = ctx
         .server
         .sessions
         .find(session_id)
-        .ok_or(NtStatus::USER_SESSION_DELETED)?;
+        .ok_or_else(|| refuse(NtStatus::USER_SESSION_DELETED))?;
     if let (Some(key), true, false) = (session.signing_key(), hdr.is_signed(), encrypted) {
         if !crate::security::verify(key.as_ref(), msg) {
             tracing::warn!(
                 "{}: bad signature on a binding to session {session_id:#x}; refused",
                 ctx.conn.peer
             );
-            return Err(NtStatus::ACCESS_DENIED);
+            return Err(refuse(NtStatus::ACCESS_DENIED));
         }
         *sign_session = Some(key.clone());
         ctx.signed_by = Some(key);

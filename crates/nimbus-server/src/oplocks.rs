@@ -75,9 +75,10 @@ pub trait Notifier: Send + Sync {
 #[derive(Default)]
 pub struct LocalNotifier {
     routes: Mutex<HashMap<u64, Destination>>,
-    /// The last break each open was sent that needs an acknowledgement, to
-    /// send again on another channel if the one it went on is lost.
-    last_sent: Mutex<HashMap<u64, BreakOrder>>,
+    /// The last break each open was sent that needs an acknowledgement,
+    /// and the connection it went on: sent again on another channel of the
+    /// open's session if that connection is lost (`redeliver_breaks`).
+    last_sent: Mutex<HashMap<u64, Sent>>,
     /// What a break that needs acknowledgement does to a disconnected
     /// durable open instead: the server closes that open (MS-SMB2 3.3.4.6-7
     /// have no client to ask).
@@ -105,10 +106,23 @@ impl LocalNotifier {
     }
 
     fn unregister(&self, open_id: u64) {
-        lock(&self.routes).remove(&open_id);
+        let mut routes = lock(&self.routes);
+        routes.remove(&open_id);
         lock(&self.last_sent).remove(&open_id);
     }
 }
+
+/// A break that awaits acknowledgement, as it was sent.
+#[derive(Clone)]
+struct Sent {
+    order: BreakOrder,
+    via: Weak<Connection>,
+    /// Order of sending, across all opens: of a lease's breaks (sent to
+    /// whichever of its opens comes first) only the latest is sent again.
+    serial: u64,
+}
+
+static SENT_SERIAL: AtomicU64 = AtomicU64::new(0);
 
 impl Notifier for LocalNotifier {
     fn deliver(&self, open_id: u64, order: BreakOrder) {
@@ -117,10 +131,23 @@ impl Notifier for LocalNotifier {
         };
         match dest {
             Destination::Client(route) => {
-                if order.ack_required {
-                    lock(&self.last_sent).insert(open_id, order);
+                let via = Outbound { order, route }.send();
+                if let (true, Some(via)) = (order.ack_required, via) {
+                    // Recorded only while the open is still routed (its
+                    // close unregisters it under the same lock).
+                    let routes = lock(&self.routes);
+                    if routes.contains_key(&open_id) {
+                        let serial = SENT_SERIAL.fetch_add(1, Ordering::Relaxed);
+                        lock(&self.last_sent).insert(
+                            open_id,
+                            Sent {
+                                order,
+                                via: Arc::downgrade(&via),
+                                serial,
+                            },
+                        );
+                    }
                 }
-                Outbound { order, route }.send()
             }
             // A break the holder must acknowledge (it caches writes or
             // handles) cannot be, so the open goes; a break to none of
@@ -989,21 +1016,37 @@ impl Oplocks {
     }
 }
 
-/// A channel of `session` was lost (MS-SMB2 3.3.7.1) and the session
-/// lives on: breaks of its opens still awaiting acknowledgement are sent
-/// again on a remaining channel, as the lost one may never have delivered
-/// them (3.3.4.6-7: the server picks another connection of the session).
-pub fn redeliver_breaks(server: &crate::server::Server, session: &Session) {
+/// Channel `lost` of `session` was lost (MS-SMB2 3.3.7.1) and the
+/// session lives on: the breaks of its opens that went out on that
+/// connection and still await acknowledgement are sent again on a
+/// remaining channel, as the lost one may never have delivered them
+/// (3.3.4.6-7: the server picks another connection of the session). Of
+/// one holder's breaks, only the latest.
+pub fn redeliver_breaks(server: &crate::server::Server, session: &Session, lost: &Connection) {
     let opens: Vec<_> = lock(&session.opens).values().cloned().collect();
     let oplocks = &server.oplocks;
-    for open in opens {
-        let order = lock(&oplocks.notifier.last_sent)
-            .get(&open.open_id)
-            .copied();
-        if let Some(order) = order {
-            if oplocks.open_breaking(open.file_key, open.open_id) {
-                oplocks.notifier.deliver(open.open_id, order);
+    let mut latest: HashMap<Holder, (u64, u64, FileKey, BreakOrder)> = HashMap::new();
+    {
+        let sent = lock(&oplocks.notifier.last_sent);
+        for open in &opens {
+            let Some(s) = sent.get(&open.open_id) else {
+                continue;
+            };
+            if !std::ptr::eq(s.via.as_ptr(), lost) {
+                continue;
             }
+            let entry = (s.serial, open.open_id, open.file_key, s.order);
+            match latest.get(&s.order.holder) {
+                Some(have) if have.0 > s.serial => {}
+                _ => {
+                    latest.insert(s.order.holder, entry);
+                }
+            }
+        }
+    }
+    for (_, open_id, file, order) in latest.into_values() {
+        if oplocks.open_breaking(file, open_id) {
+            oplocks.notifier.deliver(open_id, order);
         }
     }
 }
@@ -1081,10 +1124,9 @@ struct Outbound {
 }
 
 impl Outbound {
-    fn send(self) {
-        let Some(conn) = self.route.channel() else {
-            return;
-        };
+    /// Sends the break; the connection it went on, if any.
+    fn send(self) -> Option<Arc<Connection>> {
+        let conn = self.route.channel()?;
         let b = self.order;
         tracing::debug!(
             "{}: break {:?} from {:#x} to {:#x} (ack {})",
@@ -1145,6 +1187,7 @@ impl Outbound {
             None,
             seal.as_ref(),
         );
+        Some(conn)
     }
 }
 

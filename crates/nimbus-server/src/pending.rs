@@ -44,6 +44,10 @@ pub struct PendingRequest {
     reply: Reply,
     conn: Weak<Connection>,
     done: AtomicBool,
+    /// A CREATE the client can replay (a durable v2 CREATE with a
+    /// CreateGuid): it goes on if its channel is lost and its session
+    /// lives on another (`Connection::teardown`).
+    replayable: AtomicBool,
     /// The final response waits here until the interim response has been
     /// written: a request can finish (a break acknowledged at once) while
     /// its interim is still on its way to the writer.
@@ -178,6 +182,7 @@ impl PendingRequest {
             reply,
             conn: Arc::downgrade(conn),
             done: AtomicBool::new(false),
+            replayable: AtomicBool::new(false),
             gate: std::sync::Mutex::new(Gate::default()),
         })
     }
@@ -228,8 +233,12 @@ impl PendingRequest {
         self.reply.session_id
     }
 
-    pub fn command(&self) -> u16 {
-        self.reply.command
+    pub fn mark_replayable(&self) {
+        self.replayable.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_replayable(&self) -> bool {
+        self.replayable.load(Ordering::Relaxed)
     }
 
     /// Sends the final response: `status` and, for a success, the body

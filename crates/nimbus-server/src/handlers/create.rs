@@ -371,6 +371,7 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
                 (replay_key, ctx.resumed.as_ref().or(ctx.interim.as_ref()))
             {
                 ctx.server.durables.name_pending(k, request);
+                request.mark_replayable();
             }
             return Ok(status);
         }
@@ -560,6 +561,13 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
         }
     };
     let mut opens = lock(&session.opens);
+    if session.has_ended() {
+        // Logged off on another channel while this CREATE ran (its opens
+        // already released): none is added to it now.
+        drop(opens);
+        unregister(key);
+        return Err(NtStatus::USER_SESSION_DELETED.into());
+    }
     let volatile_id = ctx
         .server
         .new_volatile_id(open_id, |id| opens.contains_key(&id));

@@ -435,6 +435,13 @@ fn attach(ctx: &Ctx<'_>, open: &Arc<Open>) -> Result<FileId, NtStatus> {
     let tree = ctx.tree()?.clone();
     let volatile = {
         let mut opens = lock(&session.opens);
+        if session.has_ended() {
+            // Logged off on another channel meanwhile: the claimed open
+            // goes back to waiting for a reconnect.
+            drop(opens);
+            crate::durable::keep_or_close(ctx.server, open);
+            return Err(NtStatus::USER_SESSION_DELETED);
+        }
         let v = ctx
             .server
             .new_volatile_id(open.open_id, |id| opens.contains_key(&id));

@@ -39,6 +39,21 @@ pub fn handle(
     req: &SessionSetupRequest<'_>,
     out: &mut Vec<u8>,
 ) -> HandlerResult {
+    let id = session.id;
+    let result = bind(ctx, session, req, out);
+    if result.is_err() {
+        // A refused leg ends the exchange: a later binding starts afresh.
+        lock(&ctx.conn.bindings).remove(&id);
+    }
+    result
+}
+
+fn bind(
+    ctx: &mut Ctx<'_>,
+    session: Arc<Session>,
+    req: &SessionSetupRequest<'_>,
+    out: &mut Vec<u8>,
+) -> HandlerResult {
     let user = admissible(ctx, &session).inspect_err(|status| {
         tracing::debug!(
             "{}: binding to session {:#x} refused: {status}",
@@ -216,20 +231,26 @@ fn admissible(ctx: &Ctx<'_>, session: &Session) -> Result<String, NtStatus> {
 }
 
 /// A binding's exchange holds authentication state like a logon's, and
-/// counts against `limits.max_logons_in_progress`.
+/// its session is one more of the connection's: it counts against
+/// `limits.max_logons_in_progress` and `limits.max_sessions_per_connection`.
 fn refuse_beyond_logon_limit(ctx: &Ctx<'_>) -> Result<(), NtStatus> {
-    let limit = ctx.server.config.limits.max_logons_in_progress;
-    let in_progress = lock(&ctx.conn.sessions)
-        .values()
-        .filter(|e| !e.session.is_valid())
-        .count()
-        + lock(&ctx.conn.bindings).len();
-    if in_progress >= limit {
-        tracing::warn!(
-            "{}: session binding refused: {in_progress} logons under way (limits.max_logons_in_progress)",
-            ctx.conn.peer
-        );
-        return Err(NtStatus::REQUEST_NOT_ACCEPTED);
-    }
-    Ok(())
+    let limits = &ctx.server.config.limits;
+    let (total, in_progress) = {
+        let sessions = lock(&ctx.conn.sessions);
+        let bindings = lock(&ctx.conn.bindings).len();
+        let logging_on = sessions.values().filter(|e| !e.session.is_valid()).count();
+        (sessions.len() + bindings, logging_on + bindings)
+    };
+    let key = if total >= limits.max_sessions_per_connection {
+        "max_sessions_per_connection"
+    } else if in_progress >= limits.max_logons_in_progress {
+        "max_logons_in_progress"
+    } else {
+        return Ok(());
+    };
+    tracing::warn!(
+        "{}: session binding refused: {total} sessions, {in_progress} logons under way (limits.{key})",
+        ctx.conn.peer
+    );
+    Err(NtStatus::REQUEST_NOT_ACCEPTED)
 }
