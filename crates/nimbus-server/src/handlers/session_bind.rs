@@ -67,7 +67,7 @@ fn bind(
     let mut binding = match taken {
         Some(b) => b,
         None => {
-            refuse_beyond_logon_limit(ctx)?;
+            super::session_setup::refuse_beyond_session_limits(ctx)?;
             Binding {
                 exchange: ctx.server.auth.start_at(ctx.conn.local.ip()),
                 preauth: *lock(&ctx.conn.preauth),
@@ -228,29 +228,4 @@ fn admissible(ctx: &Ctx<'_>, session: &Session) -> Result<String, NtStatus> {
         return Err(NtStatus::INSUFFICIENT_RESOURCES);
     }
     Ok(user)
-}
-
-/// A binding's exchange holds authentication state like a logon's, and
-/// its session is one more of the connection's: it counts against
-/// `limits.max_logons_in_progress` and `limits.max_sessions_per_connection`.
-fn refuse_beyond_logon_limit(ctx: &Ctx<'_>) -> Result<(), NtStatus> {
-    let limits = &ctx.server.config.limits;
-    let (total, in_progress) = {
-        let sessions = lock(&ctx.conn.sessions);
-        let bindings = lock(&ctx.conn.bindings).len();
-        let logging_on = sessions.values().filter(|e| !e.session.is_valid()).count();
-        (sessions.len() + bindings, logging_on + bindings)
-    };
-    let key = if total >= limits.max_sessions_per_connection {
-        "max_sessions_per_connection"
-    } else if in_progress >= limits.max_logons_in_progress {
-        "max_logons_in_progress"
-    } else {
-        return Ok(());
-    };
-    tracing::warn!(
-        "{}: session binding refused: {total} sessions, {in_progress} logons under way (limits.{key})",
-        ctx.conn.peer
-    );
-    Err(NtStatus::REQUEST_NOT_ACCEPTED)
 }

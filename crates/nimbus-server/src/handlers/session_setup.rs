@@ -289,15 +289,16 @@ fn forget_session(ctx: &Ctx<'_>, id: u64) {
 }
 
 /// `limits.max_sessions_per_connection` and `limits.max_logons_in_progress`:
-/// a new SESSION_SETUP exchange is refused beyond them (each unfinished one
-/// holds its authentication state until the connection closes).
-fn refuse_beyond_session_limits(ctx: &Ctx<'_>) -> Result<(), NtStatus> {
+/// a new SESSION_SETUP exchange, a logon or a binding, is refused beyond
+/// them (each unfinished one holds its authentication state until the
+/// connection closes; a binding under way is a session in the making).
+pub(super) fn refuse_beyond_session_limits(ctx: &Ctx<'_>) -> Result<(), NtStatus> {
     let limits = &ctx.server.config.limits;
     let (total, in_progress) = {
         let sessions = lock(&ctx.conn.sessions);
-        let in_progress = sessions.values().filter(|e| !e.session.is_valid()).count()
-            + lock(&ctx.conn.bindings).len();
-        (sessions.len(), in_progress)
+        let bindings = lock(&ctx.conn.bindings).len();
+        let logging_on = sessions.values().filter(|e| !e.session.is_valid()).count();
+        (sessions.len() + bindings, logging_on + bindings)
     };
     let key = if total >= limits.max_sessions_per_connection {
         "max_sessions_per_connection"
