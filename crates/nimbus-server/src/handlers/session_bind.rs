@@ -22,7 +22,7 @@
 
 use std::sync::Arc;
 
-use nimbus_auth::{AuthStep, UserDb};
+use nimbus_auth::AuthStep;
 use nimbus_crypto::SigningAlgorithm;
 use nimbus_wire::negotiate::Dialect;
 use nimbus_wire::session_setup::{SessionSetupRequest, SessionSetupResponse};
@@ -89,20 +89,13 @@ fn bind(
             Ok(NtStatus::MORE_PROCESSING_REQUIRED)
         }
         Ok(AuthStep::Complete(res)) => {
-            let same_user = !res.guest
-                && !res.anonymous
-                && UserDb::canonical_key(&res.user) == UserDb::canonical_key(&user);
-            if !same_user {
+            if !super::session_setup::is_user(&res, &user) {
                 // MS-SMB2 3.3.5.5.3: the binding must authenticate the
                 // session's own user (Samba, Windows: ACCESS_DENIED).
                 tracing::warn!(
                     "{}: binding to session {id:#x} of {user} authenticated {:?} instead; refused",
                     ctx.conn.peer,
-                    if res.anonymous {
-                        "(anonymous)"
-                    } else {
-                        res.user.as_str()
-                    }
+                    super::session_setup::shown_name(&res)
                 );
                 return Err(NtStatus::ACCESS_DENIED);
             }

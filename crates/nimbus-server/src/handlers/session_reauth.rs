@@ -23,7 +23,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use nimbus_auth::{AuthStep, UserDb};
+use nimbus_auth::AuthStep;
 use nimbus_wire::session_setup::{session_flags, SessionSetupResponse};
 use nimbus_wire::NtStatus;
 
@@ -59,10 +59,7 @@ pub fn handle(
             }
             let (who, flags) = match &mut *lock(&session.state) {
                 SessionState::Valid(a) => {
-                    let same = !a.guest
-                        && !res.guest
-                        && !res.anonymous
-                        && UserDb::canonical_key(&a.user) == UserDb::canonical_key(&res.user);
+                    let same = !a.guest && super::session_setup::is_user(&res, &a.user);
                     let flags = if a.encrypt_data {
                         session_flags::ENCRYPT_DATA
                     } else {
@@ -80,11 +77,7 @@ pub fn handle(
                 tracing::warn!(
                     "{}: session re-authentication as {:?} ended the session: not its user",
                     ctx.conn.peer,
-                    if res.anonymous {
-                        "(anonymous)"
-                    } else {
-                        res.user.as_str()
-                    }
+                    super::session_setup::shown_name(&res)
                 );
                 if real_user {
                     ctx.server.logon_guard.failed(

@@ -167,11 +167,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             tracing::info!(
                 "session logon: user {}\\{} from {} ({:?}, signing {}, encryption {}{})",
                 res.domain,
-                if res.anonymous {
-                    "(anonymous)"
-                } else {
-                    res.user.as_str()
-                },
+                shown_name(&res),
                 ctx.conn.peer,
                 neg.dialect,
                 if signer.is_some() {
@@ -313,6 +309,23 @@ pub(super) fn refuse_beyond_session_limits(ctx: &Ctx<'_>) -> Result<(), NtStatus
         ctx.conn.peer
     );
     Err(NtStatus::REQUEST_NOT_ACCEPTED)
+}
+
+/// The name an exchange authenticated, as the log shows it.
+pub(super) fn shown_name(res: &nimbus_auth::AuthResult) -> &str {
+    if res.anonymous {
+        "(anonymous)"
+    } else {
+        &res.user
+    }
+}
+
+/// Whether an exchange authenticated `user` itself: not a guest, not
+/// anonymous (a re-authentication or a binding must, MS-SMB2 3.3.5.5.3).
+pub(super) fn is_user(res: &nimbus_auth::AuthResult, user: &str) -> bool {
+    !res.guest
+        && !res.anonymous
+        && nimbus_auth::UserDb::canonical_key(&res.user) == nimbus_auth::UserDb::canonical_key(user)
 }
 
 /// Refuses a logon while its user name or the client's address is backed
