@@ -18,6 +18,7 @@ import os
 import socket
 import struct
 import subprocess
+import time
 import uuid
 
 import pytest
@@ -429,3 +430,84 @@ def test_encrypted_message_for_unknown_session_or_too_short_closes_connection(se
     log = srv.log_tail()
     assert "shorter than its TRANSFORM header" in log
     assert "session 0xdead, which has no encryption keys" in log
+
+
+def test_encrypted_cancel_is_answered_before_the_request_after_it(server_factory):
+    """A CANCEL and the request right behind it, both sealed: the cancelled
+    CHANGE_NOTIFY's CANCELLED answer comes first, as smbtorture
+    smb2.session.expire2e expects (sealed frames used to run side by side on
+    the blocking pool, where the second request could be answered before
+    the CANCEL had run). Many rounds, so an order left to chance shows."""
+    from smbprotocol.change_notify import CompletionFilter, SMB2ChangeNotifyRequest
+    from smbprotocol.connection import SMB2Echo
+    from smbprotocol.open import (
+        CreateDisposition,
+        CreateOptions,
+        DirectoryAccessMask,
+        ImpersonationLevel,
+        Open,
+        ShareAccess,
+    )
+
+    srv = server_factory.start(security=Security(encryption="required"))
+    (srv.share_path / "watched").mkdir()
+    with encrypted_tree(srv, Dialects.SMB_3_1_1) as (conn, session, tree):
+        watched = Open(tree, "watched")
+        watched.create(
+            ImpersonationLevel.Impersonation,
+            DirectoryAccessMask.FILE_LIST_DIRECTORY | DirectoryAccessMask.SYNCHRONIZE,
+            0,
+            ShareAccess.FILE_SHARE_READ | ShareAccess.FILE_SHARE_WRITE | ShareAccess.FILE_SHARE_DELETE,
+            CreateDisposition.FILE_OPEN,
+            CreateOptions.FILE_DIRECTORY_FILE,
+        )
+        # The order responses arrive in, as (message id, status): seen
+        # where smbprotocol opens each sealed message.
+        arrived = []
+        genuine = conn._decrypt
+
+        def record(message):
+            plain = genuine(message)
+            arrived.append((struct.unpack_from("<Q", plain, 24)[0], struct.unpack_from("<I", plain, 8)[0]))
+            return plain
+
+        conn._decrypt = record
+        # The CANCEL is held back and goes out in one write with the ECHO
+        # behind it: the server reads both at once.
+        held = []
+        genuine_send = conn.transport.send
+
+        def send(message):
+            message = message.pack() if hasattr(message, "pack") else message
+            framed = struct.pack(">L", len(message)) + message
+            if not held:
+                held.append(framed)
+                return
+            with conn.transport._sock_lock:
+                conn.transport._sock.sendall(held.pop() + framed)
+
+        for _ in range(100):
+            ask = SMB2ChangeNotifyRequest()
+            ask["file_id"] = watched.file_id
+            ask["output_buffer_length"] = 4096
+            ask["completion_filter"] = CompletionFilter.FILE_NOTIFY_CHANGE_FILE_NAME
+            notify = conn.send(ask, sid=session.session_id, tid=tree.tree_connect_id)
+            notify_id = notify.message["message_id"].get_value()
+            # Its interim answer (an AsyncId) says it waits.
+            deadline = time.monotonic() + TIMEOUT
+            while notify.async_id is None:
+                assert time.monotonic() < deadline, "no interim response to the CHANGE_NOTIFY"
+                time.sleep(0.001)
+            conn.transport.send = send
+            notify.cancel()
+            echo = conn.send(SMB2Echo(), sid=session.session_id)
+            conn.transport.send = genuine_send
+            echo_id = echo.message["message_id"].get_value()
+            conn.receive(echo)
+            with pytest.raises(SMBResponseException) as excinfo:
+                conn.receive(notify)
+            assert excinfo.value.status == NtStatus.STATUS_CANCELLED
+            finals = [i for i, (mid, st) in enumerate(arrived) if mid == notify_id and st != NtStatus.STATUS_PENDING]
+            echoes = [i for i, (mid, _) in enumerate(arrived) if mid == echo_id]
+            assert finals and echoes and finals[0] < echoes[0], f"ECHO answered before the CANCELLED: {arrived[-4:]}"
+        watched.close()

@@ -21,6 +21,7 @@ use tokio::time::timeout;
 use crate::admission::ConnectionSlot;
 use crate::credits::CreditWindow;
 use crate::dir_budget::EntryBudget;
+use crate::dispatch::Unsealed;
 use crate::drain::Stage;
 use crate::limits::Limits;
 use crate::pending::PendingTable;
@@ -589,9 +590,10 @@ fn run_frame(
     mut frame: Vec<u8>,
     allowance: usize,
     arrival: Option<u64>,
+    unsealed: Option<Unsealed>,
 ) -> Option<Outgoing> {
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        crate::dispatch::process_frame(conn, &mut frame, allowance, arrival)
+        crate::dispatch::process_frame(conn, &mut frame, allowance, arrival, unsealed)
     }));
     conn.pool.give(frame);
     result.unwrap_or_else(|_| {
@@ -709,20 +711,27 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slo
         if conn.is_closing() {
             break;
         }
+        let mut frame = frame;
+        let Ok(unsealed) = crate::dispatch::unseal_small(&conn, &mut frame) else {
+            conn.pool.give(frame);
+            break;
+        };
+        let messages = crate::dispatch::messages(&frame, &unsealed);
         // A CLOSE, TREE_DISCONNECT or LOGOFF waits for the frames already on
         // the pool (`crate::arrivals`): on the pool too, not here.
-        if crate::dispatch::is_quick(&frame, &limits, &conn)
-            && !(conn.arrivals.any_running() && crate::dispatch::ends_handles(&frame, &limits))
-        {
+        let quick = crate::dispatch::is_quick(messages, &limits, &conn)
+            && !(conn.arrivals.any_running() && crate::dispatch::ends_handles(messages, &limits));
+        let ordered = crate::dispatch::is_ordered(messages, &limits, &conn);
+        let data_only = crate::dispatch::data_only(messages, &limits);
+        if quick {
             // In place, on this task: no thread hand-over (see is_quick).
-            if let Some(out) = run_frame(&conn, frame, allowance, None) {
+            if let Some(out) = run_frame(&conn, frame, allowance, None, unsealed) {
                 if tx.send((out, in_flight)).await.is_err() {
                     break;
                 }
             }
             continue;
         }
-        let ordered = crate::dispatch::is_ordered(&frame, &limits, &conn);
         let conn2 = conn.clone();
         let tx2 = tx.clone();
         // Only frames of data commands are waited for: they never wait on
@@ -730,7 +739,7 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slo
         // by something that needs the CLOSE (a CREATE waiting for a break
         // this connection's CLOSE would settle). Every frame still gets its
         // number, to wait for those before it.
-        let arrival = if crate::dispatch::data_only(&frame, &limits) {
+        let arrival = if data_only {
             Ok(conn.arrivals.start())
         } else {
             Err(conn.arrivals.number())
@@ -740,7 +749,7 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slo
                 Ok(a) => a.seq(),
                 Err(seq) => *seq,
             };
-            let out = run_frame(&conn2, frame, allowance, Some(seq));
+            let out = run_frame(&conn2, frame, allowance, Some(seq), unsealed);
             // Finished: commands that end handles stop waiting for it.
             drop(arrival);
             if let Some(out) = out {

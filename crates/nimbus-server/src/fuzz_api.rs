@@ -122,7 +122,7 @@ impl Harness {
     pub fn feed_frame(&mut self, frame: &mut [u8]) -> Option<Vec<u8>> {
         self.map_session_ids(frame);
         let allowance = response_allowance(frame, &self.conn.server.config.limits);
-        let out = process_frame(&self.conn, frame, allowance, None)?;
+        let out = process_frame(&self.conn, frame, allowance, None, None)?;
         let resp = out.buf[out.start..].to_vec();
         self.conn.pool.give(out.buf);
         self.note_sessions(&resp);

@@ -560,17 +560,18 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
             _ => CreateAction::Opened,
         }
     };
-    let mut opens = lock(&session.opens);
-    if session.has_ended() {
-        // Logged off on another channel while this CREATE ran (its opens
-        // already released): none is added to it now.
-        drop(opens);
-        unregister(key);
-        return Err(NtStatus::USER_SESSION_DELETED.into());
-    }
-    let volatile_id = ctx
-        .server
-        .new_volatile_id(open_id, |id| opens.contains_key(&id));
+    let volatile_id = {
+        let opens = lock(&session.opens);
+        if session.has_ended() {
+            // Logged off on another channel while this CREATE ran (its
+            // opens already released): none is added to it now.
+            drop(opens);
+            unregister(key);
+            return Err(NtStatus::USER_SESSION_DELETED.into());
+        }
+        ctx.server
+            .new_volatile_id(open_id, |id| opens.contains_key(&id))
+    };
     let open = Arc::new(Open::new(NewOpen {
         volatile_id,
         open_id,
@@ -607,8 +608,6 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
         entry.keep();
     }
     ctx.server.opens.register(&open);
-    opens.insert(volatile_id, open.clone());
-    drop(opens);
     let file_id = FileId {
         persistent: open_id,
         volatile: volatile_id,
@@ -645,6 +644,7 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
         ));
         ctx.server.durables.name_open(&open);
     }
+    join_session(ctx.server, &session, &open)?;
     ctx.chain_file_id = Some(file_id);
     CreateResponse {
         oplock_level,
@@ -655,6 +655,28 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
     }
     .encode(out);
     Ok(NtStatus::SUCCESS)
+}
+
+/// Puts a new open in its session, last: until then the end of the
+/// session (its last channel lost, a LOGOFF on another) cannot find it
+/// half made, its caching granted after the session let its opens go and
+/// its breaks routed to a connection that is gone (a break nobody could
+/// acknowledge held the next CREATE of its file for the whole break
+/// timeout). A session that ended meanwhile gets what its end would have
+/// done to the open: kept for a reconnect if durable, closed otherwise.
+fn join_session(
+    server: &crate::server::Server,
+    session: &Session,
+    open: &Arc<Open>,
+) -> Result<(), NtStatus> {
+    let mut opens = lock(&session.opens);
+    if !session.has_ended() && !opens.contains_key(&open.volatile_id()) {
+        opens.insert(open.volatile_id(), open.clone());
+        return Ok(());
+    }
+    drop(opens);
+    crate::durable::keep_or_close(server, open);
+    Err(NtStatus::USER_SESSION_DELETED)
 }
 
 /// Takes a CREATE that did not go on out of the file's opens; if that left

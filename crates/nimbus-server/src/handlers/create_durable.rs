@@ -429,26 +429,29 @@ fn reclaim_for_replay(ctx: &Ctx<'_>, open: &Arc<Open>) -> Result<bool, NtStatus>
 
 /// Puts a claimed disconnected open in the request's session and tree
 /// under a new volatile id, with breaks going to this connection; returns
-/// its FileId.
+/// its FileId. Its breaks are routed before the session holds it: the
+/// end of the session (its last channel lost meanwhile) then finds it
+/// whole and sends its breaks back to the disconnected handler, instead
+/// of leaving them routed to a connection that is gone.
 fn attach(ctx: &Ctx<'_>, open: &Arc<Open>) -> Result<FileId, NtStatus> {
     let session = ctx.session()?.clone();
     let tree = ctx.tree()?.clone();
-    let volatile = {
-        let mut opens = lock(&session.opens);
-        if session.has_ended() {
-            // Logged off on another channel meanwhile: the claimed open
-            // goes back to waiting for a reconnect.
-            drop(opens);
-            crate::durable::keep_or_close(ctx.server, open);
-            return Err(NtStatus::USER_SESSION_DELETED);
-        }
-        let v = ctx
-            .server
-            .new_volatile_id(open.open_id, |id| opens.contains_key(&id));
-        open.reattach(session.id, tree.id, v);
-        opens.insert(v, open.clone());
-        v
+    let ended = |open: &Arc<Open>| {
+        // Logged off on another channel meanwhile: the claimed open goes
+        // back to waiting for a reconnect.
+        crate::durable::keep_or_close(ctx.server, open);
+        Err(NtStatus::USER_SESSION_DELETED)
     };
+    let volatile = {
+        let opens = lock(&session.opens);
+        if session.has_ended() {
+            drop(opens);
+            return ended(open);
+        }
+        ctx.server
+            .new_volatile_id(open.open_id, |id| opens.contains_key(&id))
+    };
+    open.reattach(session.id, tree.id, volatile);
     let file_id = FileId {
         persistent: open.open_id,
         volatile,
@@ -463,6 +466,12 @@ fn attach(ctx: &Ctx<'_>, open: &Arc<Open>) -> Result<FileId, NtStatus> {
             seal: super::create::break_cipher(&session, &tree),
         },
     );
+    let mut opens = lock(&session.opens);
+    if session.has_ended() || opens.contains_key(&volatile) {
+        drop(opens);
+        return ended(open);
+    }
+    opens.insert(volatile, open.clone());
     Ok(file_id)
 }
 
