@@ -659,6 +659,18 @@ def test_nimbus_status_shows_every_node_with_its_sessions_and_opens(nodes):
         assert table[0].split()[:2] == ["NODE", "HEALTH"] and len(table) == 4
         assert [r["node"] for r in json.loads(nimbus_status(nodes[0], "--node", "n2", "--json").stdout)] == ["n2"]
         assert 'no node "n9"' in nimbus_status(nodes[0], "--node", "n9").stderr
+        # Its open file, listed by the node that holds it (a cluster node
+        # looks at its listing every 10 s), from another node's configuration.
+
+        def n2_opens():
+            (n2,) = json.loads(nimbus_status(nodes[2], "--node", "n2", "--files", "--json").stdout)
+            return [o for o in (n2.get("listing") or {}).get("opens", []) if o["path"] == "held.txt"]
+
+        wait_until("n2 lists held.txt", lambda: n2_opens())
+        (held,) = n2_opens()
+        assert held["share"] == "pub" and not held["disconnected"] and held["user"] == "(anonymous)"
+        files = nimbus_status(nodes[0], "--files").stdout
+        assert any(line.startswith("n2") and line.endswith("held.txt") for line in files.splitlines()), files
     finally:
         a.close()
     # A killed node leaves the list with its lease.

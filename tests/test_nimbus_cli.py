@@ -188,6 +188,60 @@ def test_status_of_a_single_node_with_a_state_dir(tmp_path):
         assert report["open_files"] == 0 and report["sessions"] == 0
         table = run_nimbus("status", "--config", str(conf)).stdout.splitlines()
         assert table[0].split()[:2] == ["NODE", "HEALTH"] and table[1].split()[:2] == ["(single)", "up"]
+        _lists_sessions_and_open_files(conf, port)
     finally:
         proc.kill()
         proc.wait(timeout=10)
+
+
+def _lists_sessions_and_open_files(conf, port):
+    """`nimbus status --sessions --files`: a signed 3.1.1 session with a
+    durable, leased open holding a byte-range lock, then the same open
+    waiting for its client once the connection is lost."""
+    import json
+    import time
+    import types
+    import uuid
+
+    from test_durable import Client, durable_open
+
+    def listing():
+        out = run_nimbus("status", "--config", str(conf), "--sessions", "--files", "--json")
+        (report,) = json.loads(out.stdout)
+        return report.get("listing") or {"sessions": [], "opens": []}
+
+    def wait_for(what, check):
+        deadline = time.monotonic() + 20
+        while not (found := check(listing())):
+            assert time.monotonic() < deadline, f"not listed within 20 s: {what}"
+            time.sleep(0.2)
+        return found
+
+    srv = types.SimpleNamespace(host="127.0.0.1", port=port, user=USER, password=PASSWORD, share="data")
+    client = Client(srv, uuid.uuid4())
+    try:
+        f, _ = durable_open(client, r"dir held.txt", uuid.uuid4(), uuid.uuid4().bytes)
+        client.lock(f.file_id, 0, 10, 0x2 | 0x10)  # exclusive, fail immediately
+        held = wait_for("the open with its lock", lambda l: [o for o in l["opens"] if o["locks"] == 1])
+        (session,) = wait_for("the session", lambda l: l["sessions"])
+        assert session["user"] == USER and session["dialect"] == "3.1.1"
+        assert session["protection"].startswith("signed") and session["shares"] == ["data"] and session["opens"] == 1
+        host, port_here = client.conn.transport._sock.getsockname()[:2]
+        assert session["clients"] == [f"{host}:{port_here}"], session
+        (o,) = held
+        assert (o["share"], o["path"], o["directory"]) == ("data", "dir held.txt", False)
+        assert o["session"] == session["id"] and o["user"] == session["user"]
+        assert (o["caching"], o["handle"], o["sharing"], o["disconnected"]) == ("lease RH", "durable", "RWD", False)
+        tables = run_nimbus("status", "--config", str(conf), "--sessions", "--files").stdout.split("\n\n")
+        assert len(tables) == 3 and tables[1].startswith("NODE") and session["id"] in tables[1]
+        (line,) = [t for t in tables[2].splitlines() if t.endswith("dir held.txt")]
+        assert "lease RH" in line and "durable" in line
+        # The connection is lost: the open waits for its client, the session is gone.
+        client.drop()
+        (o,) = wait_for("the open waiting for its client", lambda l: [o for o in l["opens"] if o["disconnected"]])
+        assert o["session"] == "" and o["user"] == USER and o["handle"] == "durable"
+        assert listing()["sessions"] == []
+        files = run_nimbus("status", "--config", str(conf), "--files").stdout
+        assert any("(waiting)" in t and t.endswith("dir held.txt") for t in files.splitlines()), files
+    finally:
+        client.close()

@@ -45,6 +45,7 @@ mod server;
 mod session;
 mod session_registry;
 pub mod status;
+pub mod status_listing;
 mod write_times;
 
 pub use config::{Config, ConfigError, ShareConfig, SigningPolicy};

@@ -51,6 +51,14 @@ impl SessionRegistry {
         uses
     }
 
+    /// Every session that exists now.
+    pub fn all(&self) -> Vec<Arc<Session>> {
+        lock(&self.sessions)
+            .values()
+            .filter_map(|s| s.upgrade())
+            .collect()
+    }
+
     /// The session `id`, while it exists.
     pub fn find(&self, id: u64) -> Option<Arc<Session>> {
         lock(&self.sessions).get(&id)?.upgrade()

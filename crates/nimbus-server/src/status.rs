@@ -10,6 +10,11 @@
 //! one node of it) from etcd, or the single node's file, and prints a table
 //! or JSON. A figure is as old as its `updated` time; a node whose last
 //! figures are older than `STALE_AFTER` is shown as not answering.
+//!
+//! Beside its figures a node publishes its listing of sessions and open
+//! files (`crate::status_listing`, for `--sessions` and `--files`): under
+//! `status-listing/<node>` or in `state_dir/status-listing.json`, and only
+//! when it changed.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -21,6 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
 use crate::server::Server;
+use crate::status_listing::{Listing, OpenLine, SessionLine};
 
 /// Key prefix of the cluster nodes' figures.
 pub const STATUS_PREFIX: &[u8] = b"status/";
@@ -33,6 +39,17 @@ pub const STALE_AFTER: Duration = Duration::from_secs(10);
 
 /// The file a single node writes in its state directory.
 pub const STATUS_FILE: &str = "status.json";
+
+/// Key prefix of the cluster nodes' listings.
+pub const LISTING_PREFIX: &[u8] = b"status-listing/";
+
+/// The file a single node writes its listing to.
+pub const LISTING_FILE: &str = "status-listing.json";
+
+/// A cluster node looks at its listing every this many rounds (10 s):
+/// each look reads the caching and locks of its opens, and those of files
+/// another node decides come from etcd.
+const CLUSTER_LISTING_ROUNDS: u32 = 5;
 
 /// One node's figures, as published.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -66,6 +83,21 @@ pub struct NodeReport {
     pub health: String,
     #[serde(flatten)]
     pub status: Option<NodeStatus>,
+    /// Its sessions and open files, when asked for (`--sessions`,
+    /// `--files`) and published.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listing: Option<Listing>,
+}
+
+/// What a node last published of its listing, so that an unchanged one is
+/// not written again.
+#[derive(Default)]
+pub struct Published {
+    listing: Vec<u8>,
+    /// The cluster lease it was put under: a node that registered again
+    /// (its old lease, and the keys under it, gone) puts it again.
+    lease: i64,
+    round: u32,
 }
 
 fn now_unix() -> u64 {
@@ -97,26 +129,54 @@ impl Server {
     }
 }
 
-/// Publishes this node's figures once (see the module text); errors are
-/// logged, the next round tries again.
-pub fn publish(server: &Server) {
+/// Publishes this node's figures once, and its listing if it changed
+/// since `last` (see the module text); errors are logged, the next round
+/// tries again.
+pub fn publish(server: &Server, last: &mut Published) {
     let status = server.status();
     let Ok(json) = serde_json::to_vec(&status) else {
         return;
     };
+    put(server, STATUS_PREFIX, STATUS_FILE, &json);
+    last.round = last.round.wrapping_add(1);
+    if server.cluster.is_some() && last.round % CLUSTER_LISTING_ROUNDS != 1 {
+        return;
+    }
+    let Ok(listing) = serde_json::to_vec(&server.listing()) else {
+        return;
+    };
+    let lease = server.cluster.as_ref().map_or(0, |m| m.lease());
+    if listing == last.listing && lease == last.lease {
+        return;
+    }
+    if put(server, LISTING_PREFIX, LISTING_FILE, &listing) {
+        last.listing = listing;
+        last.lease = lease;
+    }
+}
+
+/// Writes `value` under `prefix`<node> (a cluster node, under its lease)
+/// or to `file` in the state directory (through a temporary file, so a
+/// reader never sees half of it). Whether it was written.
+fn put(server: &Server, prefix: &[u8], file: &str, value: &[u8]) -> bool {
     if let Some(m) = &server.cluster {
-        let mut key = STATUS_PREFIX.to_vec();
+        let mut key = prefix.to_vec();
         key.extend_from_slice(m.node.as_bytes());
-        if let Err(e) = m.store.txn(&[], &[Op::Put(&key, &json, m.lease())], &[]) {
+        if let Err(e) = m.store.txn(&[], &[Op::Put(&key, value, m.lease())], &[]) {
             tracing::debug!("status: not published: {e}");
+            return false;
         }
+        true
     } else if let Some(dir) = &server.config.state_dir {
-        let tmp = dir.join(format!("{STATUS_FILE}.tmp"));
+        let tmp = dir.join(format!("{file}.tmp"));
         let written =
-            std::fs::write(&tmp, &json).and_then(|()| std::fs::rename(&tmp, dir.join(STATUS_FILE)));
-        if let Err(e) = written {
+            std::fs::write(&tmp, value).and_then(|()| std::fs::rename(&tmp, dir.join(file)));
+        if let Err(e) = &written {
             tracing::debug!("status: {} not written: {e}", dir.display());
         }
+        written.is_ok()
+    } else {
+        false
     }
 }
 
@@ -126,9 +186,17 @@ pub async fn publish_forever(server: Arc<Server>) {
     if server.cluster.is_none() && server.config.state_dir.is_none() {
         return;
     }
+    let mut last = Published::default();
     loop {
         let s = server.clone();
-        let _ = tokio::task::spawn_blocking(move || publish(&s)).await;
+        // A panic in one round (there should be none) starts the next
+        // one afresh: everything is published again.
+        last = tokio::task::spawn_blocking(move || {
+            publish(&s, &mut last);
+            last
+        })
+        .await
+        .unwrap_or_default();
         tokio::time::sleep(PUBLISH_EVERY).await;
     }
 }
@@ -142,8 +210,9 @@ fn health(status: &NodeStatus) -> &'static str {
 }
 
 /// What the servers of configuration `file` say: every node of its
-/// cluster (or the one named `only`), or the single node's file.
-pub fn read(file: &Path, only: Option<&str>) -> Result<Vec<NodeReport>, String> {
+/// cluster (or the one named `only`), or the single node's file; with
+/// `listings`, each node's sessions and open files too.
+pub fn read(file: &Path, only: Option<&str>, listings: bool) -> Result<Vec<NodeReport>, String> {
     let cfg = Config::from_file(file).map_err(|errors| {
         errors
             .iter()
@@ -152,7 +221,7 @@ pub fn read(file: &Path, only: Option<&str>) -> Result<Vec<NodeReport>, String> 
             .join("\n")
     })?;
     match &cfg.cluster {
-        Some(c) => read_cluster(&c.etcd, only),
+        Some(c) => read_cluster(&c.etcd, only, listings),
         None => {
             let dir = cfg.state_dir.as_ref().ok_or_else(|| {
                 format!(
@@ -161,12 +230,12 @@ pub fn read(file: &Path, only: Option<&str>) -> Result<Vec<NodeReport>, String> 
                     file.display()
                 )
             })?;
-            read_local(dir).map(|r| vec![r])
+            read_local(dir, listings).map(|r| vec![r])
         }
     }
 }
 
-fn read_local(dir: &Path) -> Result<NodeReport, String> {
+fn read_local(dir: &Path, listings: bool) -> Result<NodeReport, String> {
     let path: PathBuf = dir.join(STATUS_FILE);
     let bytes = std::fs::read(&path).map_err(|e| {
         format!(
@@ -176,14 +245,25 @@ fn read_local(dir: &Path) -> Result<NodeReport, String> {
     })?;
     let status: NodeStatus = serde_json::from_slice(&bytes)
         .map_err(|e| format!("{}: not a status file: {e}", path.display()))?;
+    // Written after the first figures: a server just started may not
+    // have one yet.
+    let listing = listings
+        .then(|| std::fs::read(dir.join(LISTING_FILE)).ok())
+        .flatten()
+        .and_then(|bytes| serde_json::from_slice(&bytes).ok());
     Ok(NodeReport {
         node: status.node.clone(),
         health: health(&status).into(),
         status: Some(status),
+        listing,
     })
 }
 
-fn read_cluster(etcd: &[String], only: Option<&str>) -> Result<Vec<NodeReport>, String> {
+fn read_cluster(
+    etcd: &[String],
+    only: Option<&str>,
+    listings: bool,
+) -> Result<Vec<NodeReport>, String> {
     let store = EtcdStore::new(etcd, crate::cluster::KEY_PREFIX, Duration::from_secs(3))
         .map_err(|e| format!("[cluster] etcd: {e}"))?;
     let members = store
@@ -192,6 +272,13 @@ fn read_cluster(etcd: &[String], only: Option<&str>) -> Result<Vec<NodeReport>, 
     let figures = store
         .scan_prefix(STATUS_PREFIX)
         .map_err(|e| format!("[cluster] etcd: {e}"))?;
+    let lists = if listings {
+        store
+            .scan_prefix(LISTING_PREFIX)
+            .map_err(|e| format!("[cluster] etcd: {e}"))?
+    } else {
+        Vec::new()
+    };
     let mut out = Vec::new();
     for (key, _) in members {
         let node = String::from_utf8_lossy(&key[crate::cluster::NODES_PREFIX.len()..]).into_owned();
@@ -202,10 +289,15 @@ fn read_cluster(etcd: &[String], only: Option<&str>) -> Result<Vec<NodeReport>, 
             .iter()
             .find(|(k, _)| k.strip_prefix(STATUS_PREFIX) == Some(node.as_bytes()))
             .and_then(|(_, v)| serde_json::from_slice::<NodeStatus>(&v.value).ok());
+        let listing = lists
+            .iter()
+            .find(|(k, _)| k.strip_prefix(LISTING_PREFIX) == Some(node.as_bytes()))
+            .and_then(|(_, v)| serde_json::from_slice::<Listing>(&v.value).ok());
         out.push(NodeReport {
             health: status.as_ref().map_or("starting", health).into(),
             node,
             status,
+            listing,
         });
     }
     if let (Some(o), true) = (only, out.is_empty()) {
@@ -229,11 +321,7 @@ pub fn table(reports: &[NodeReport]) -> String {
         let s = r.status.as_ref();
         let n = |f: fn(&NodeStatus) -> usize| s.map_or("-".into(), |s| f(s).to_string());
         rows.push([
-            if r.node.is_empty() {
-                "(single)".into()
-            } else {
-                r.node.clone()
-            },
+            node_name(r),
             r.health.clone(),
             s.map_or("-".into(), |s| s.listen.join(",")),
             n(|s| s.sessions),
@@ -244,11 +332,133 @@ pub fn table(reports: &[NodeReport]) -> String {
             n(|s| s.owned_files),
         ]);
     }
-    let widths: Vec<usize> = (0..rows[0].len())
-        .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
+    columns(&rows)
+}
+
+/// The name a node goes by in the tables.
+fn node_name(r: &NodeReport) -> String {
+    if r.node.is_empty() {
+        "(single)".into()
+    } else {
+        r.node.clone()
+    }
+}
+
+/// The sessions of the reports' listings, a line each.
+pub fn sessions_table(reports: &[NodeReport]) -> String {
+    let mut rows = vec![[
+        "NODE",
+        "SESSION",
+        "USER",
+        "CLIENT",
+        "DIALECT",
+        "PROTECTION",
+        "SHARES",
+        "OPENS",
+    ]
+    .map(String::from)];
+    let mut more = 0;
+    for r in reports {
+        let Some(l) = &r.listing else { continue };
+        more += l.more_sessions;
+        for s in &l.sessions {
+            let SessionLine {
+                id,
+                user,
+                clients,
+                dialect,
+                protection,
+                shares,
+                opens,
+            } = s;
+            rows.push([
+                node_name(r),
+                id.clone(),
+                user.clone(),
+                or_dash(clients.join(",")),
+                dialect.clone(),
+                protection.clone(),
+                or_dash(shares.join(",")),
+                opens.to_string(),
+            ]);
+        }
+    }
+    with_more(columns(&rows), more, "sessions")
+}
+
+/// The open files of the reports' listings, a line each; the path last,
+/// as it may hold spaces.
+pub fn files_table(reports: &[NodeReport]) -> String {
+    let mut rows = vec![[
+        "NODE", "SESSION", "USER", "SHARE", "ACCESS", "SHARING", "CACHING", "HANDLE", "LOCKS",
+        "PATH",
+    ]
+    .map(String::from)];
+    let mut more = 0;
+    for r in reports {
+        let Some(l) = &r.listing else { continue };
+        more += l.more_opens;
+        for o in &l.opens {
+            let OpenLine {
+                session,
+                user,
+                share,
+                path,
+                directory,
+                access,
+                sharing,
+                caching,
+                handle,
+                disconnected,
+                locks,
+            } = o;
+            rows.push([
+                node_name(r),
+                if *disconnected {
+                    "(waiting)".into()
+                } else {
+                    session.clone()
+                },
+                or_dash(user.clone()),
+                share.clone(),
+                access.clone(),
+                sharing.clone(),
+                caching.clone(),
+                or_dash(handle.clone()),
+                locks.to_string(),
+                if *directory {
+                    format!("{path}\\")
+                } else {
+                    path.clone()
+                },
+            ]);
+        }
+    }
+    with_more(columns(&rows), more, "open files")
+}
+
+fn or_dash(s: String) -> String {
+    if s.is_empty() {
+        "-".into()
+    } else {
+        s
+    }
+}
+
+fn with_more(mut table: String, more: usize, what: &str) -> String {
+    if more > 0 {
+        table.push_str(&format!("(and {more} more {what}, not listed)\n"));
+    }
+    table
+}
+
+/// Rows as left-aligned columns two spaces apart.
+fn columns<const N: usize>(rows: &[[String; N]]) -> String {
+    let widths: Vec<usize> = (0..N)
+        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
         .collect();
     let mut out = String::new();
-    for r in &rows {
+    for r in rows {
         let cells: Vec<String> = r
             .iter()
             .zip(&widths)
@@ -294,11 +504,13 @@ mod tests {
                 node: "n1".into(),
                 health: "up".into(),
                 status: Some(figures(now_unix())),
+                listing: None,
             },
             NodeReport {
                 node: "n2".into(),
                 health: "starting".into(),
                 status: None,
+                listing: None,
             },
         ]);
         let lines: Vec<&str> = t.lines().collect();
@@ -308,5 +520,55 @@ mod tests {
         assert!(
             lines[2].starts_with("n2") && lines[2].contains("starting") && lines[2].contains(" -")
         );
+    }
+
+    #[test]
+    fn listings_show_a_line_per_session_and_open_and_count_the_rest() {
+        let listing = Listing {
+            sessions: vec![SessionLine {
+                id: "0x0000000000000001".into(),
+                user: "alice".into(),
+                clients: vec!["127.0.0.1:50000".into(), "127.0.0.1:50002".into()],
+                dialect: "3.1.1".into(),
+                protection: "signed (AesGmac)".into(),
+                shares: vec!["data".into()],
+                opens: 1,
+            }],
+            opens: vec![OpenLine {
+                session: String::new(),
+                user: "alice".into(),
+                share: "data".into(),
+                path: "dir\\a file.txt".into(),
+                directory: false,
+                access: "0x0012019f".into(),
+                sharing: "RW-".into(),
+                caching: "lease RWH".into(),
+                handle: "durable".into(),
+                disconnected: true,
+                locks: 2,
+            }],
+            more_sessions: 0,
+            more_opens: 3,
+        };
+        let back: Listing = serde_json::from_slice(&serde_json::to_vec(&listing).unwrap()).unwrap();
+        assert_eq!(back, listing);
+        let reports = [NodeReport {
+            node: String::new(),
+            health: "up".into(),
+            status: Some(figures(now_unix())),
+            listing: Some(listing),
+        }];
+        let sessions: Vec<String> = sessions_table(&reports).lines().map(String::from).collect();
+        assert_eq!(sessions.len(), 2);
+        assert!(sessions[1].starts_with("(single)"));
+        assert!(
+            sessions[1].contains("alice")
+                && sessions[1].contains("127.0.0.1:50000,127.0.0.1:50002")
+        );
+        let files: Vec<String> = files_table(&reports).lines().map(String::from).collect();
+        assert_eq!(files.len(), 3);
+        assert!(files[1].contains("(waiting)") && files[1].contains("lease RWH"));
+        assert!(files[1].ends_with("dir\\a file.txt"));
+        assert_eq!(files[2], "(and 3 more open files, not listed)");
     }
 }

@@ -60,6 +60,14 @@ enum Cmd {
         /// JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// Each node's sessions too: user, client addresses, dialect,
+        /// protection, shares.
+        #[arg(long)]
+        sessions: bool,
+        /// Each node's open files too: user, share, access, sharing,
+        /// caching (oplock or lease), durable or persistent, locks, path.
+        #[arg(long)]
+        files: bool,
     },
     /// Measure this machine.
     Bench {
@@ -181,14 +189,27 @@ fn main() -> ExitCode {
         Cmd::Config {
             command: ConfigCmd::Check { file },
         } => config_check(&file),
-        Cmd::Status { config, node, json } => nimbus_server::status::read(&config, node.as_deref())
-            .map(|reports| {
+        Cmd::Status {
+            config,
+            node,
+            json,
+            sessions,
+            files,
+        } => nimbus_server::status::read(&config, node.as_deref(), sessions || files).map(
+            |reports| {
                 if json {
                     println!("{}", nimbus_server::status::json(&reports));
-                } else {
-                    print!("{}", nimbus_server::status::table(&reports));
+                    return;
                 }
-            }),
+                print!("{}", nimbus_server::status::table(&reports));
+                if sessions {
+                    print!("\n{}", nimbus_server::status::sessions_table(&reports));
+                }
+                if files {
+                    print!("\n{}", nimbus_server::status::files_table(&reports));
+                }
+            },
+        ),
         Cmd::Bench {
             command: BenchCmd::Crypto { millis },
         } => {
