@@ -398,6 +398,10 @@ pub(crate) struct Chain {
     file_id: Option<FileId>,
     /// A failed CREATE makes the related requests after it fail the same way.
     create_error: Option<NtStatus>,
+    /// The frame's first request claimed to follow another: it and the
+    /// related requests after it fail INVALID_PARAMETER (MS-SMB2
+    /// 3.3.5.2.7.2).
+    refused: bool,
     /// The previous request had a valid session (related requests use it).
     session_ok: bool,
     /// Requests of the chain answered with an interim response.
@@ -1068,6 +1072,14 @@ fn check_and_run<'a>(
     }
     let cmd = cmd.ok_or(NtStatus::INVALID_PARAMETER)?;
     if hdr.is_related() && first {
+        chain.refused = true;
+        return Err(NtStatus::INVALID_PARAMETER);
+    }
+    if related && chain.refused {
+        // Windows fails the related requests after it too, whatever they
+        // name (smbtorture smb2.compound.related9: a CLOSE and a SET_INFO
+        // of an open handle are not run); an unrelated one in the same
+        // frame is run (compound.invalid1).
         return Err(NtStatus::INVALID_PARAMETER);
     }
     if related {
