@@ -642,7 +642,6 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
             &durable,
             &granted_caching,
         ));
-        ctx.server.durables.name_open(&open);
     }
     join_session(ctx.server, &session, &open)?;
     ctx.chain_file_id = Some(file_id);
@@ -664,17 +663,32 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
 /// acknowledge held the next CREATE of its file for the whole break
 /// timeout). A session that ended meanwhile gets what its end would have
 /// done to the open: kept for a reconnect if durable, closed otherwise.
+/// Its CreateGuid names it only once it is in the session: a replay on
+/// another channel that finds it looks for it there (until then the
+/// replay is told FILE_NOT_AVAILABLE, as while the CREATE waited).
 fn join_session(
     server: &crate::server::Server,
     session: &Session,
     open: &Arc<Open>,
 ) -> Result<(), NtStatus> {
     let mut opens = lock(&session.opens);
-    if !session.has_ended() && !opens.contains_key(&open.volatile_id()) {
+    let joined = !session.has_ended() && !opens.contains_key(&open.volatile_id());
+    if joined {
         opens.insert(open.volatile_id(), open.clone());
-        return Ok(());
     }
     drop(opens);
+    // Opens of named streams are not made durable (see `handle`).
+    if open.stream.is_none() {
+        server.durables.name_open(open);
+        // Released meanwhile (the session's end took it, and it was not
+        // durable): its name goes too, as its release took it before.
+        if !server.opens.contains(open.open_id) {
+            server.durables.closed(open);
+        }
+    }
+    if joined {
+        return Ok(());
+    }
     crate::durable::keep_or_close(server, open);
     Err(NtStatus::USER_SESSION_DELETED)
 }
