@@ -719,11 +719,9 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slo
         let messages = crate::dispatch::messages(&frame, &unsealed);
         // A CLOSE, TREE_DISCONNECT or LOGOFF waits for the frames already on
         // the pool (`crate::arrivals`): on the pool too, not here.
-        let quick = crate::dispatch::is_quick(messages, &limits, &conn)
-            && !(conn.arrivals.any_running() && crate::dispatch::ends_handles(messages, &limits));
-        let ordered = crate::dispatch::is_ordered(messages, &limits, &conn);
-        let data_only = crate::dispatch::data_only(messages, &limits);
-        if quick {
+        if crate::dispatch::is_quick(messages, &limits, &conn)
+            && !(conn.arrivals.any_running() && crate::dispatch::ends_handles(messages, &limits))
+        {
             // In place, on this task: no thread hand-over (see is_quick).
             if let Some(out) = run_frame(&conn, frame, allowance, None, unsealed) {
                 if tx.send((out, in_flight)).await.is_err() {
@@ -732,6 +730,9 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slo
             }
             continue;
         }
+        // Looked at only for a frame that goes to the pool, before it does.
+        let ordered = crate::dispatch::is_ordered(messages, &limits, &conn);
+        let data_only = crate::dispatch::data_only(messages, &limits);
         let conn2 = conn.clone();
         let tx2 = tx.clone();
         // Only frames of data commands are waited for: they never wait on

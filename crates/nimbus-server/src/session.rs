@@ -197,6 +197,19 @@ impl Session {
         lock(&self.opens).get(&volatile).cloned()
     }
 
+    /// Puts a whole open (caching granted, breaks routed) in the session
+    /// under its volatile id; false if the session ended meanwhile (its
+    /// opens already let go) or the id is taken. The caller then does
+    /// with the open what the session's end would have done.
+    pub fn add_open(&self, open: &Arc<Open>) -> bool {
+        let mut opens = lock(&self.opens);
+        if self.has_ended() || opens.contains_key(&open.volatile_id()) {
+            return false;
+        }
+        opens.insert(open.volatile_id(), open.clone());
+        true
+    }
+
     /// Takes `open` out of the session, if it is still there.
     pub fn take_open(&self, open: &Arc<Open>) -> Option<Arc<Open>> {
         let mut opens = lock(&self.opens);

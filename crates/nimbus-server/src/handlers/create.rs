@@ -671,12 +671,7 @@ fn join_session(
     session: &Session,
     open: &Arc<Open>,
 ) -> Result<(), NtStatus> {
-    let mut opens = lock(&session.opens);
-    let joined = !session.has_ended() && !opens.contains_key(&open.volatile_id());
-    if joined {
-        opens.insert(open.volatile_id(), open.clone());
-    }
-    drop(opens);
+    let joined = session.add_open(open);
     // Opens of named streams are not made durable (see `handle`).
     if open.stream.is_none() {
         server.durables.name_open(open);

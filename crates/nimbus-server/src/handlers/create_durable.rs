@@ -466,12 +466,9 @@ fn attach(ctx: &Ctx<'_>, open: &Arc<Open>) -> Result<FileId, NtStatus> {
             seal: super::create::break_cipher(&session, &tree),
         },
     );
-    let mut opens = lock(&session.opens);
-    if session.has_ended() || opens.contains_key(&volatile) {
-        drop(opens);
+    if !session.add_open(open) {
         return ended(open);
     }
-    opens.insert(volatile, open.clone());
     Ok(file_id)
 }
 
