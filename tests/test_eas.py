@@ -10,6 +10,9 @@ SET_INFO/QUERY_INFO through smbprotocol.
   BUFFER_OVERFLOW when more remain, BUFFER_TOO_SMALL when none fits,
   NO_MORE_EAS at the end, SL_RESTART_SCAN / SL_INDEX_SPECIFIED /
   SL_RETURN_SINGLE_ENTRY; a list of names asks for those.
+- Names of the server's own extended attributes (`user.nimbus.*`, where
+  a file's security descriptor lives) are ACCESS_DENIED, and a stored
+  descriptor is never listed as an EA.
 - Bad names (INVALID_EA_NAME), malformed lists (EA_LIST_INCONSISTENT),
   more than the file system holds (EA_TOO_LARGE, nothing changed) and the
   READ_EA / WRITE_EA access rules.
@@ -195,22 +198,25 @@ def order_of(order, name):
     return next(e for e in order if e[0] == name)
 
 
-def test_the_ea_buffer_of_a_create_sets_eas(server):
+def ea_buffer_context(name: bytes, value: bytes) -> SMB2CreateContextRequest:
+    """An EA_BUFFER create context (MS-SMB2 2.2.13.2.1) holding one EA."""
     ea = SMB2CreateEABuffer()
-    ea["ea_name"] = b"Created.By\x00"
-    ea["ea_value"] = b"nimbus"
+    ea["ea_name"] = name + b"\x00"
+    ea["ea_value"] = value
     ctx = SMB2CreateContextRequest()
     ctx["buffer_name"] = CreateContextName.SMB2_CREATE_EA_BUFFER
     ctx["buffer_data"] = SMB2CreateEABuffer.pack_multiple([ea])
+    return ctx
+
+
+def test_the_ea_buffer_of_a_create_sets_eas(server):
+    ctx = ea_buffer_context(b"Created.By", b"nimbus")
     with tree(server) as t:
         f = open_file(t, "made.txt", disposition=CreateDisposition.FILE_CREATE, contexts=[ctx])
         assert parse_full_ea_list(query(f, FULL_EA)[1]) == [(b"CREATED.BY", b"nimbus", 0)]
         f.close()
         # A bad name in the buffer: nothing is created.
-        bad = SMB2CreateEABuffer()
-        bad["ea_name"] = b"bad:name\x00"
-        bad["ea_value"] = b"x"
-        ctx["buffer_data"] = SMB2CreateEABuffer.pack_multiple([bad])
+        ctx = ea_buffer_context(b"bad:name", b"x")
         with pytest.raises(SMBResponseException) as e:
             open_file(t, "not-made.txt", disposition=CreateDisposition.FILE_CREATE, contexts=[ctx])
         assert e.value.status == INVALID_EA_NAME
@@ -236,3 +242,42 @@ def test_bad_names_lists_sizes_and_access_are_refused(server):
         no_read = open_file(t, "bad.txt", access=WRITE_EA | READ_ATTRIBUTES)
         assert query(no_read, FULL_EA)[0] == ACCESS_DENIED
         assert ea_size(no_read) > 0  # EaSize needs no READ_EA
+
+
+def test_names_of_the_servers_own_attributes_are_refused_and_never_listed(server):
+    with tree(server) as t:
+        f = open_file(t, "own.txt")
+        assert set_eas(f, full_ea_list((b"VOID", b"testme", 0))) == SUCCESS
+        # A descriptor stored with the file (user.nimbus.sd) is not an EA.
+        assert set_security(f, everyone_full_control()) == SUCCESS
+        assert os.getxattr(server.share_path / "own.txt", "user.nimbus.sd")
+        names = [n for n, _, _ in parse_full_ea_list(query(f, FULL_EA, flags=SL_RESTART_SCAN)[1])]
+        assert names == [b"VOID"]
+        for name in (b"user.nimbus.sd", b"USER.NIMBUS.DOSINFO", b"User.Nimbus.anything"):
+            assert set_eas(f, full_ea_list((name, b"testme", 0))) == ACCESS_DENIED, name
+        f.close()
+        # Nor through a CREATE's EA buffer: nothing is created.
+        ctx = ea_buffer_context(b"user.nimbus.sd", b"x")
+        with pytest.raises(SMBResponseException) as e:
+            open_file(t, "not-made.txt", disposition=CreateDisposition.FILE_CREATE, contexts=[ctx])
+        assert e.value.status == ACCESS_DENIED
+    assert not (server.share_path / "not-made.txt").exists()
+
+
+def everyone_full_control() -> bytes:
+    """A self-relative descriptor (MS-DTYP 2.4.6) whose DACL allows
+    Everyone (S-1-1-0) everything."""
+    everyone = struct.pack("<BB", 1, 1) + (1).to_bytes(6, "big") + struct.pack("<I", 0)
+    allow = struct.pack("<BBHI", 0, 0, 8 + len(everyone), 0x1F01FF) + everyone
+    dacl = struct.pack("<BBHHH", 2, 0, 8 + len(allow), 1, 0) + allow
+    return struct.pack("<BBHIIII", 1, 0, 0x8004, 0, 0, 0, 20) + dacl
+
+
+def set_security(f: Open, sd: bytes) -> int:
+    req = SMB2SetInfoRequest()
+    req["info_type"] = 3
+    req["file_info_class"] = 0
+    req["additional_information"] = 0x4  # DACL_SECURITY_INFORMATION
+    req["file_id"] = f.file_id
+    req["buffer"] = sd
+    return call(f, req)[0]

@@ -478,6 +478,9 @@ def suite_runs(request, tmp_path_factory, samba_client_conf):
                 f"--option=torture:share2={NO_APPLE_SHARE}",
                 f"--option=torture:user2name={USER2[0]}",
                 f"--option=torture:user2password={USER2[1]}",
+                # smb2.ea.acl_xattr: the extended attribute a file's
+                # security descriptor is kept in (crate::acl::store).
+                "--option=torture:acl_xattr_name=user.nimbus.sd",
             ]
         srv = factory.start(shares, security=security, paths=paths)
         try:

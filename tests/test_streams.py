@@ -11,6 +11,9 @@ case by case; these tests check what a user and an administrator see.
   rename, go with an overwrite, and go with the file when it is deleted.
 - A copy made on the server's disk with its extended attributes (`cp -a`)
   does not share the original's streams.
+- A stream renamed to `::$DATA` becomes the file's data (the file id, EAs
+  and other streams stay), and its handle then reads and writes that data;
+  the rename is refused while the file has data or is open for it.
 - `smbclient allinfo` shows a file's 8.3 name and streams, the 8.3 name
   opens the file, and FileIdBothDirectoryInformation carries it with the
   file's EaSize.
@@ -26,14 +29,20 @@ import subprocess
 import pytest
 from smbprotocol.exceptions import SMBResponseException
 from smbprotocol.file_info import FileInformationClass
-from smbprotocol.open import CreateDisposition, CreateOptions, FileAttributes, ImpersonationLevel, Open
-from test_eas import ALL_ACCESS, SUCCESS, ea_size, full_ea_list, open_file, query, set_eas, tree
+from smbprotocol.open import CreateDisposition, CreateOptions, FileAttributes, ImpersonationLevel, Open, SMB2SetInfoRequest
+from test_eas import ALL_ACCESS, SUCCESS, call, ea_size, full_ea_list, open_file, parse_full_ea_list, query, set_eas, tree
 
 pytestmark = pytest.mark.nimbus_only
 
 STREAM_INFO = 22
 OBJECT_NAME_INVALID = 0xC0000033
 OBJECT_NAME_NOT_FOUND = 0xC0000034
+OBJECT_NAME_COLLISION = 0xC0000035
+SHARING_VIOLATION = 0xC0000043
+INVALID_PARAMETER = 0xC000000D
+RENAME_INFO = 10
+INTERNAL_INFO = 6
+FULL_EA_INFO = 15
 
 
 def streams_of(f) -> dict[str, int]:
@@ -165,3 +174,59 @@ def test_smbclient_allinfo_shows_the_8dot3_name_and_streams_and_the_short_name_o
         assert entry["short_name"].get_value().decode("utf-16-le") == altname
         assert entry["ea_size"].get_value() == size > 0
         d.close()
+
+
+def rename(f, new_name: str, replace: bool) -> int:
+    """SET_INFO FileRenameInformation (MS-FSCC 2.4.42.2, the SMB2 form)."""
+    name = new_name.encode("utf-16-le")
+    req = SMB2SetInfoRequest()
+    req["info_type"] = 1
+    req["file_info_class"] = RENAME_INFO
+    req["file_id"] = f.file_id
+    req["buffer"] = struct.pack("<B7xQI", int(replace), 0, len(name)) + name
+    return call(f, req)[0]
+
+
+def file_id(f) -> int:
+    status, buf = query(f, INTERNAL_INFO)
+    assert status == SUCCESS
+    return struct.unpack_from("<Q", buf)[0]
+
+
+def test_a_stream_renamed_to_the_unnamed_stream_becomes_the_files_data(server):
+    payload = os.urandom(300_000)
+    with tree(server) as t:
+        base = open_file(t, "r.txt", disposition=CreateDisposition.FILE_CREATE)
+        ident = file_id(base)
+        assert set_eas(base, full_ea_list((b"KEEP", b"me", 0))) == SUCCESS
+        base.close()
+        other = open_file(t, "r.txt:other", disposition=CreateDisposition.FILE_CREATE)
+        other.write(b"stays", 0)
+        other.close()
+        s = open_file(t, "r.txt:Doc", disposition=CreateDisposition.FILE_CREATE)
+        s.write(payload, 0)
+        # Replacing the file's data must be asked for.
+        assert rename(s, "::$DATA", replace=False) == OBJECT_NAME_COLLISION
+        # Someone holding the file's data open keeps it.
+        holder = open_file(t, "r.txt")
+        assert rename(s, "::$DATA", replace=True) == SHARING_VIOLATION
+        holder.close()
+        assert rename(s, "::$DATA", replace=True) == SUCCESS
+        # The handle is now one of the file's data: it reads it and writes it.
+        assert s.read(0, 5) == payload[:5]
+        s.write(b"HEAD", 0)
+        assert streams_of(s) == {"::$DATA": len(payload), ":other:$DATA": 5}
+        s.close()
+        assert (server.share_path / "r.txt").read_bytes() == b"HEAD" + payload[4:]
+        # Still the same file: its id, its EAs and its other stream stay.
+        f = open_file(t, "r.txt")
+        assert file_id(f) == ident
+        status, buf = query(f, FULL_EA_INFO, flags=0x1)
+        assert status == SUCCESS and parse_full_ea_list(buf) == [(b"KEEP", b"me", 0)]
+        f.close()
+        assert create_status(t, "r.txt:Doc") == OBJECT_NAME_NOT_FOUND
+        # A file that holds data keeps it: the stream is not made its data.
+        s2 = open_file(t, "r.txt:other")
+        assert rename(s2, "::$DATA", replace=True) == INVALID_PARAMETER
+        assert s2.read(0, 10) == b"stays"
+        s2.close()

@@ -45,6 +45,22 @@ pub fn valid_name(name: &[u8]) -> bool {
             .all(|&c| c > 0x1F && c < 0x7F && !b"\"*/:<>?\\|+,;=[]".contains(&c))
 }
 
+/// Whether an EA name is one of the server's own: its case-blind form
+/// begins with `USER.NIMBUS.`, the names of the extended attributes in
+/// which Nimbus keeps a file's security descriptor (`user.nimbus.sd`), DOS
+/// attributes, streams and EAs. Setting such an EA is ACCESS_DENIED, as
+/// Samba refuses an EA named after the attribute that holds its ACLs
+/// (smbtorture smb2.ea.acl_xattr). An EA's own extended attribute has a
+/// prefix of its own, so no EA could reach those attributes anyway; the
+/// refusal keeps a name that reads as the server's out of the files, where
+/// a tool that copies EAs to extended attributes one to one (or another
+/// server exporting the same directory, which maps `user.*` to EAs) would
+/// make it the real thing.
+pub fn reserved_name(name: &[u8]) -> bool {
+    const OWN: &[u8] = b"USER.NIMBUS.";
+    name.len() >= OWN.len() && name[..OWN.len()].eq_ignore_ascii_case(OWN)
+}
+
 /// The file's EAs, in the order the file system lists them.
 pub fn load(handle: &FileHandle) -> Result<Vec<Ea>, NtStatus> {
     let names = handle.list_xattrs(PREFIX).map_err(|e| vfs_status(&e))?;
@@ -84,6 +100,9 @@ pub fn size_of(eas: &[Ea]) -> u32 {
 pub fn apply(handle: &FileHandle, list: &[FullEa<'_>]) -> Result<(), NtStatus> {
     if list.iter().any(|ea| !valid_name(ea.name)) {
         return Err(NtStatus::INVALID_EA_NAME);
+    }
+    if list.iter().any(|ea| reserved_name(ea.name)) {
+        return Err(NtStatus::ACCESS_DENIED);
     }
     let before = load(handle)?;
     let mut after = before.clone();
@@ -167,6 +186,16 @@ mod tests {
             let mut list = Vec::new();
             nimbus_wire::ea::encode_full_ea_list(eas.iter().map(Ea::full), &mut list);
             assert_eq!(size_of(&eas) as usize, list.len());
+        }
+    }
+
+    #[test]
+    fn the_servers_own_names_are_reserved_in_any_case() {
+        for own in [&b"user.nimbus.sd"[..], b"USER.NIMBUS.EA.X", b"User.Nimbus."] {
+            assert!(reserved_name(own), "{own:?}");
+        }
+        for other in [&b"user.nimbus"[..], b"user.nimbusX.sd", b"security.NTACL", b"NIMBUS.SD"] {
+            assert!(!reserved_name(other), "{other:?}");
         }
     }
 

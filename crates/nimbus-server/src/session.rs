@@ -210,6 +210,19 @@ impl Session {
         true
     }
 
+    /// Puts `new` in the place of `old` (same volatile id), if `old` is
+    /// still there.
+    pub fn replace_open(&self, old: &Arc<Open>, new: Arc<Open>) -> bool {
+        let mut opens = lock(&self.opens);
+        match opens.get_mut(&old.volatile_id()) {
+            Some(o) if Arc::ptr_eq(o, old) => {
+                *o = new;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Takes `open` out of the session, if it is still there.
     pub fn take_open(&self, open: &Arc<Open>) -> Option<Arc<Open>> {
         let mut opens = lock(&self.opens);

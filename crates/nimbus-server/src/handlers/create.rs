@@ -112,6 +112,9 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
                 if list.iter().any(|ea| !crate::eas::valid_name(ea.name)) {
                     return Err(NtStatus::INVALID_EA_NAME.into());
                 }
+                if list.iter().any(|ea| crate::eas::reserved_name(ea.name)) {
+                    return Err(NtStatus::ACCESS_DENIED.into());
+                }
             }
             _ => {}
         }

@@ -25,6 +25,7 @@ pub mod session_bind;
 pub mod session_reauth;
 pub mod session_setup;
 pub mod set_info;
+pub mod stream_to_data;
 pub mod tree_connect;
 pub mod write;
 

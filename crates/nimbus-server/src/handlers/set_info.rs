@@ -461,7 +461,7 @@ fn held_open(ctx: &Ctx<'_>, st: &nimbus_vfs::Stat) -> Result<bool, NtStatus> {
 /// answers: smbtorture smb2.streams.rename2). An existing stream is
 /// replaced only with ReplaceIfExists, only when nobody has it open and
 /// only when it is empty (INVALID_PARAMETER otherwise). Renaming a stream
-/// to `::$DATA`, making it the file's data, is not done.
+/// to `::$DATA` makes it the file's data (`super::stream_to_data`).
 fn rename_stream(
     ctx: &mut Ctx<'_>,
     open: &Open,
@@ -476,7 +476,9 @@ fn rename_stream(
     }
     let to = match to_vfs_path_and_stream(new_name)? {
         (path, Stream::Named(to)) if path.is_empty() => to,
-        (_, Stream::UnnamedData) => return Err(NtStatus::NOT_SUPPORTED),
+        (path, Stream::UnnamedData) if path.is_empty() => {
+            return super::stream_to_data::rename(ctx, open, stream, replace);
+        }
         _ => return Err(NtStatus::OBJECT_NAME_INVALID),
     };
     let streams = fs
