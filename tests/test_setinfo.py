@@ -401,6 +401,24 @@ def test_allocation_zero_then_4096(server, f):
     assert (server.share_path / "test.dat").stat().st_size == 0
 
 
+@pytest.mark.nimbus_only  # the EAs' extended attribute is nimbus's layout
+def test_allocation_counts_the_data_not_a_block_of_extended_attributes(server, f):
+    # EAs too big for the inode get a block of their own (ext4, XFS), which
+    # st_blocks counts; AllocationSize is the data's (smbtorture
+    # smb2.setinfo sets it on a file with EAs).
+    name, value = b"BIG", b"x" * 3000
+    ea = struct.pack("<IBBH", 0, 0, len(name), len(value)) + name + b"\0" + value
+    set_info(f, FileInformationClass.FILE_FULL_EA_INFORMATION, ea)
+    set_info(f, FileInformationClass.FILE_ALLOCATION_INFORMATION, struct.pack("<Q", 0))
+    assert all_info(f).allocation_size == 0
+    on_disk = (server.share_path / "test.dat").stat().st_blocks * 512
+    set_info(f, FileInformationClass.FILE_ALLOCATION_INFORMATION, struct.pack("<Q", 4096))
+    assert (all_info(f).end_of_file, all_info(f).allocation_size) == (0, 4096)
+    # The block the test is about is there (unless the file system keeps
+    # extended attributes elsewhere).
+    assert on_disk in (0, 4096)
+
+
 def test_allocation_below_the_size_truncates(server, f):
     set_info(f, FileInformationClass.FILE_ALLOCATION_INFORMATION, struct.pack("<Q", 10))
     assert all_info(f).end_of_file == 10

@@ -194,7 +194,12 @@ mod tests {
         for own in [&b"user.nimbus.sd"[..], b"USER.NIMBUS.EA.X", b"User.Nimbus."] {
             assert!(reserved_name(own), "{own:?}");
         }
-        for other in [&b"user.nimbus"[..], b"user.nimbusX.sd", b"security.NTACL", b"NIMBUS.SD"] {
+        for other in [
+            &b"user.nimbus"[..],
+            b"user.nimbusX.sd",
+            b"security.NTACL",
+            b"NIMBUS.SD",
+        ] {
             assert!(!reserved_name(other), "{other:?}");
         }
     }

@@ -82,7 +82,9 @@ pub fn stream_info(base: &Stat, dos: &DosInfo, stream: &Stat, delete_pending: bo
 
 /// What an open's file (or stream) looks like to a query now.
 pub fn open_info(open: &Open, delete_pending: bool) -> Result<FileInfo, nimbus_vfs::VfsError> {
-    let st = open.handle.stat()?;
+    let mut st = open.handle.stat()?;
+    // The data's allocation, without a block of extended attributes.
+    st.alloc_size = open.handle.data_allocation(&st);
     Ok(match &open.stream {
         None => file_info(&st, &DosInfo::load(&open.handle), delete_pending),
         Some(s) => {

@@ -10,6 +10,7 @@
 //! [`DirWatcher`] watches directories for changes made outside the process (Linux inotify), for
 //! change notify.
 
+mod allocation;
 mod error;
 mod extents;
 mod handle;
