@@ -150,7 +150,11 @@ fn stream_information(open: &Open, apple: &crate::apple::AppleState) -> Result<V
     let base = meta.stat().map_err(vfs)?;
     let mut names = Vec::new();
     if !base.is_dir {
-        names.push(("::$DATA".to_string(), base.size, meta.data_allocation(&base)));
+        names.push((
+            "::$DATA".to_string(),
+            base.size,
+            meta.data_allocation(&base),
+        ));
     }
     let fs = open.share.fs.as_ref().ok_or(NtStatus::INVALID_PARAMETER)?;
     if let Some(streams) = fs.streams(meta, false).map_err(vfs)? {
