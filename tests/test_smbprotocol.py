@@ -430,6 +430,44 @@ def test_directory_of_10000_entries_listed_completely(server, info_class):
         d.close()
 
 
+def open_status(tree, name, disposition) -> int:
+    try:
+        f = open_file(tree, name, disposition)
+    except SMBResponseException as e:
+        return e.status
+    f.close()
+    return NtStatus.STATUS_SUCCESS
+
+
+def test_names_in_a_large_directory_match_without_case_whoever_made_them(server):
+    # A directory large enough for the server to index its names rather
+    # than list it for every new name (nimbus_vfs::NameIndex): changes made
+    # on the server's disk are seen at once all the same.
+    big = server.share_path / "many"
+    big.mkdir()
+    for i in range(1500):
+        (big / f"file-{i}.dat").touch()
+    with smb_tree(server) as (conn, session, tree):
+        # New names: the first one builds the index, later ones use it.
+        for i in range(20):
+            assert open_status(tree, f"many\\NEW-{i}.txt", CreateDisposition.FILE_CREATE) == NtStatus.STATUS_SUCCESS
+        assert open_status(tree, "many\\FILE-7.DAT", CreateDisposition.FILE_OPEN) == NtStatus.STATUS_SUCCESS
+        # Made on disk by someone else: found under any case, not duplicated.
+        (big / "Report.TXT").write_bytes(b"on disk")
+        assert open_status(tree, "many\\report.txt", CreateDisposition.FILE_OPEN_IF) == NtStatus.STATUS_SUCCESS
+        f = open_file(tree, "many\\REPORT.txt", CreateDisposition.FILE_OPEN)
+        assert f.read(0, 7) == b"on disk"
+        f.close()
+        assert not (big / "report.txt").exists()
+        # Renamed and removed on disk: the old names are gone at once.
+        (big / "Report.TXT").rename(big / "Renamed.TXT")
+        assert open_status(tree, "many\\report.txt", CreateDisposition.FILE_OPEN) == NtStatus.STATUS_OBJECT_NAME_NOT_FOUND
+        assert open_status(tree, "many\\RENAMED.txt", CreateDisposition.FILE_OPEN) == NtStatus.STATUS_SUCCESS
+        (big / "Renamed.TXT").unlink()
+        assert open_status(tree, "many\\renamed.txt", CreateDisposition.FILE_OPEN) == NtStatus.STATUS_OBJECT_NAME_NOT_FOUND
+    assert sorted(p.name for p in big.iterdir() if p.name.startswith("NEW")) == sorted(f"NEW-{i}.txt" for i in range(20))
+
+
 def test_query_directory_pattern_and_single_entry(server):
     for name in ("alpha.txt", "alps.txt", "beta.txt", "al.log"):
         (server.share_path / name).write_bytes(b"")

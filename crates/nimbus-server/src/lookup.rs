@@ -37,7 +37,10 @@ pub fn resolve(fs: &LocalFs, path: &str) -> String {
     resolved
 }
 
-/// The on-disk name in directory `dir` equal to `name` ignoring case.
+/// The on-disk name in directory `dir` equal to `name` ignoring case. A
+/// large directory's names are indexed (nimbus_vfs::NameIndex, kept from
+/// the kernel's change events), so that creating many new names in it
+/// does not list it each time; others are listed.
 fn spelling_in(fs: &LocalFs, dir: &str, name: &str) -> Option<String> {
     let opts = OpenOptions {
         read: false,
@@ -48,18 +51,31 @@ fn spelling_in(fs: &LocalFs, dir: &str, name: &str) -> Option<String> {
         append_only: false,
         expect: None,
     };
-    let (handle, _, _) = fs.open(dir, &opts).ok()?;
+    let (handle, st, _) = fs.open(dir, &opts).ok()?;
+    let key = (st.dev, st.ino);
+    // A made 8.3 name (crate::names::dos_name) reaches its long name: only
+    // a listing finds that.
+    let short = may_be_dos_name(name);
+    let index = fs.name_index();
+    if !short {
+        if let Some(spellings) = index.and_then(|i| i.spellings(key, name)) {
+            return pick_ignoring_case(&spellings, name).map(str::to_string);
+        }
+    }
     // The listing grows with the directory: let the runtime move this
     // worker's other tasks elsewhere meanwhile (a no-op off the runtime's
     // workers), and keep only the names that could be meant.
-    // A made 8.3 name (crate::names::dos_name) reaches its long name.
-    let short = may_be_dos_name(name);
+    let mut entries = 0usize;
     let names = nimbus_state::blocking::off_worker(|| {
         handle.find_names(|n| {
+            entries += 1;
             eq_ignore_case(n, name) || (short && eq_ignore_case(&dos_name(n), name))
         })
     })
     .ok()?;
+    if let Some(index) = index {
+        nimbus_state::blocking::off_worker(|| index.index(&handle, key, entries));
+    }
     if let Some(found) = pick_ignoring_case(&names, name) {
         return Some(found.to_string());
     }

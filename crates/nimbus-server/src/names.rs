@@ -497,6 +497,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_name_index_folds_as_names_compare() {
+        // nimbus_vfs::NameIndex keys names by `fold`; it must put together
+        // exactly the names eq_ignore_case takes for one.
+        let names = [
+            "a", "A", "file.TXT", "File.txt", "ß", "SS", "ss", "İ", "i̇", "i", "I", "Σ", "σ", "ς",
+            "ǅ", "ǆ", "Ǆ", "K", "k", "\u{212A}", "Ω", "\u{2126}", "",
+        ];
+        for a in names {
+            for b in names {
+                assert_eq!(
+                    eq_ignore_case(a, b),
+                    nimbus_vfs::fold(a) == nimbus_vfs::fold(b),
+                    "{a:?} {b:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn converts_names() {
         assert_eq!(to_vfs_path("").unwrap(), "");
         assert_eq!(to_vfs_path("\\").unwrap(), "");

@@ -15,6 +15,7 @@ mod error;
 mod extents;
 mod handle;
 mod local;
+mod name_index;
 mod path;
 mod streams;
 mod sys;
@@ -26,6 +27,7 @@ mod tests;
 pub use error::{VfsError, VfsResult};
 pub use handle::FileHandle;
 pub use local::{LocalFs, Lookup};
+pub use name_index::{fold, DirKey, NameIndex, MIN_ENTRIES};
 pub use streams::{Streams, STORE_DIR};
 pub use watch::{DirWatcher, FsChange, FsEvent, Notice, OwnChange, Subscription};
 

@@ -24,6 +24,9 @@ pub struct LocalFs {
     /// Whether the file system shares extents, found out once, when first
     /// asked.
     clones: std::sync::OnceLock<bool>,
+    /// The case-blind index of large directories (`crate::name_index`),
+    /// made when first asked for, where the file system allows one.
+    names: std::sync::OnceLock<Option<crate::name_index::NameIndex>>,
 }
 
 impl LocalFs {
@@ -45,7 +48,23 @@ impl LocalFs {
             root_fd,
             root: root.to_path_buf(),
             clones: std::sync::OnceLock::new(),
+            names: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The case-blind index of this share's large directories; None where
+    /// the file system's changes are not all seen by this machine's kernel
+    /// (`crate::name_index`), or without inotify.
+    pub fn name_index(&self) -> Option<&crate::name_index::NameIndex> {
+        self.names
+            .get_or_init(|| {
+                if crate::name_index::local_fs(self.root()) {
+                    crate::name_index::NameIndex::new()
+                } else {
+                    None
+                }
+            })
+            .as_ref()
     }
 
     /// Whether files here can share extents (`FileHandle::clone_from`): the

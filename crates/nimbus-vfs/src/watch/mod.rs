@@ -36,7 +36,7 @@
 //! does not understand are skipped; nothing in a record can panic it.
 
 mod events;
-mod raw;
+pub(crate) mod raw;
 mod table;
 
 #[cfg(test)]

@@ -61,11 +61,17 @@ impl Inotify {
     /// led elsewhere. Returns the watch descriptor (the same one for a
     /// directory already watched) or the errno.
     pub(crate) fn add(&self, dir: &OwnedFd) -> Result<i32, i32> {
-        let Ok(path) = CString::new(format!("/proc/self/fd/{}", dir.as_raw_fd())) else {
+        self.add_with(dir.as_raw_fd(), WATCH_MASK)
+    }
+
+    /// `add` of the directory open as descriptor `dir`, for the events of
+    /// `mask`.
+    pub(crate) fn add_with(&self, dir: RawFd, mask: u32) -> Result<i32, i32> {
+        let Ok(path) = CString::new(format!("/proc/self/fd/{dir}")) else {
             return Err(libc::EINVAL);
         };
         // SAFETY: path is NUL-terminated.
-        let wd = unsafe { libc::inotify_add_watch(self.raw(), path.as_ptr(), WATCH_MASK) };
+        let wd = unsafe { libc::inotify_add_watch(self.raw(), path.as_ptr(), mask) };
         if wd < 0 {
             Err(errno())
         } else {
