@@ -245,6 +245,8 @@ class Security:
     no_apple_shares: set[str] = field(default_factory=set)
     # the top-level multichannel switch (None: the default, on)
     multichannel: bool | None = None
+    # share name -> its `hide_files` patterns (nimbus only)
+    hide_files: dict[str, list[str]] = field(default_factory=dict)
 
     def needs_config_file(self) -> bool:
         return (
@@ -259,6 +261,7 @@ class Security:
             or self.apple_model is not None
             or bool(self.no_apple_shares)
             or self.multichannel is not None
+            or bool(self.hide_files)
         )
 
 
@@ -303,6 +306,8 @@ def write_config(path: Path, port: int, user_db: Path, shares: list[tuple[str, P
             lines.append("apple_extensions = false")
         if name in security.share_comments:
             lines.append(f"comment = {toml_str(security.share_comments[name])}")
+        if name in security.hide_files:
+            lines.append(f"hide_files = [{', '.join(toml_str(p) for p in security.hide_files[name])}]")
     path.write_text("\n".join(lines) + "\n")
     return path
 

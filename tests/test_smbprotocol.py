@@ -38,6 +38,8 @@ from smbprotocol.open import (
 from smbprotocol.session import Session
 from smbprotocol.tree import TreeConnect
 
+from conftest import Security
+
 TIMEOUT = 30
 KIB = 1024
 MIB = 1024 * KIB
@@ -466,6 +468,32 @@ def test_names_in_a_large_directory_match_without_case_whoever_made_them(server)
         (big / "Renamed.TXT").unlink()
         assert open_status(tree, "many\\renamed.txt", CreateDisposition.FILE_OPEN) == NtStatus.STATUS_OBJECT_NAME_NOT_FOUND
     assert sorted(p.name for p in big.iterdir() if p.name.startswith("NEW")) == sorted(f"NEW-{i}.txt" for i in range(20))
+
+
+@pytest.mark.nimbus_only  # hide_files is nimbus's key (Samba: "hide files")
+def test_dot_files_and_hide_files_are_shown_hidden(server_factory):
+    srv = server_factory.start(security=Security(hide_files={"data": ["*.tmp", "desktop.ini"]}))
+    for name in (".profile", "draft.TMP", "Desktop.ini", "plain.txt"):
+        (srv.share_path / name).write_bytes(b"x")
+    (srv.share_path / ".config").mkdir()
+    hidden = FileAttributes.FILE_ATTRIBUTE_HIDDEN
+    with smb_tree(srv) as (conn, session, tree):
+        d = open_directory(tree, "")
+        listed = {
+            e["file_name"].get_value().decode("utf-16-le"): e["file_attributes"].get_value()
+            for e in d.query_directory("*", FileInformationClass.FILE_ID_BOTH_DIRECTORY_INFORMATION, flags=QueryDirectoryFlags.SMB2_RESTART_SCANS)
+        }
+        d.close()
+        assert {n for n, a in listed.items() if a & hidden} == {".profile", "draft.TMP", "Desktop.ini", ".config"}
+        assert listed[".config"] & FileAttributes.FILE_ATTRIBUTE_DIRECTORY
+        # An open says the same; an overwrite that does not ask for HIDDEN
+        # is no attempt to strip it (it is not stored, so not refused).
+        f = open_file(tree, ".profile", CreateDisposition.FILE_OVERWRITE_IF)
+        assert f.file_attributes & hidden
+        f.close()
+        f = open_file(tree, "plain.txt", CreateDisposition.FILE_OPEN)
+        assert not f.file_attributes & hidden
+        f.close()
 
 
 def test_query_directory_pattern_and_single_entry(server):

@@ -81,6 +81,12 @@ SUITES = [
 ABE_SHARE = "hideunread"
 APPLE_MODEL = "MacSamba"
 NO_APPLE_SHARE = "nofruit"
+# smb2.dosmode: the names Samba's selftest share hides ("hide files =
+# /hidefile/"; names starting with a dot are hidden by default).
+HIDE_FILES = ["hidefile"]
+# smb2.ea.acl_xattr: the extended attribute a file's security descriptor is
+# kept in (crate::acl::store), which must never show as an EA.
+ACL_XATTR_OPTION = "--option=torture:acl_xattr_name=user.nimbus.sd"
 # A second user, for smb2.session.bind_different_user (torture:user2name).
 USER2 = ("bob", "B0b-Torture-2!")
 KNOWN_FAILURES = Path(__file__).resolve().parent / "smbtorture" / "known-failures.txt"
@@ -469,7 +475,7 @@ def suite_runs(request, tmp_path_factory, samba_client_conf):
             # Apple's "Xserve". Its "invalid AFP_AfpInfo" test writes
             # through a second share of the same directory without Apple's
             # extensions (torture:share2).
-            security = Security(abe_shares={ABE_SHARE}, apple_model=APPLE_MODEL, no_apple_shares={NO_APPLE_SHARE}, extra_users=[USER2])
+            security = Security(abe_shares={ABE_SHARE}, apple_model=APPLE_MODEL, no_apple_shares={NO_APPLE_SHARE}, extra_users=[USER2], hide_files={SHARE: HIDE_FILES})
             shares.append((NO_APPLE_SHARE, False))
             data_dir = workdir / "data"
             data_dir.mkdir()
@@ -478,9 +484,7 @@ def suite_runs(request, tmp_path_factory, samba_client_conf):
                 f"--option=torture:share2={NO_APPLE_SHARE}",
                 f"--option=torture:user2name={USER2[0]}",
                 f"--option=torture:user2password={USER2[1]}",
-                # smb2.ea.acl_xattr: the extended attribute a file's
-                # security descriptor is kept in (crate::acl::store).
-                "--option=torture:acl_xattr_name=user.nimbus.sd",
+                ACL_XATTR_OPTION,
             ]
         srv = factory.start(shares, security=security, paths=paths)
         try:

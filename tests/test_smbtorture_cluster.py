@@ -53,7 +53,8 @@ def cluster_node(tmp_path_factory):
     share_names = ["data"] + [f"data{n}" for n in range(2, ts.LANES + 1)]
     shares = []
     for name in share_names:
-        shares += ["[[share]]", f"name = {toml_str(name)}", f"path = {toml_str(str(base / 'shared' / name))}"]
+        hide = "hide_files = [" + ", ".join(toml_str(p) for p in ts.HIDE_FILES) + "]"
+        shares += ["[[share]]", f"name = {toml_str(name)}", f"path = {toml_str(str(base / 'shared' / name))}", hide]
         (base / "shared" / name).mkdir(parents=True)
     # smb2.acls.ACCESSBASED's second share, as in tests/test_smbtorture.py.
     shares += ["[[share]]", f"name = {toml_str(ts.ABE_SHARE)}", f"path = {toml_str(str(base / 'shared' / ts.ABE_SHARE))}", "access_based_enumeration = true"]
@@ -124,6 +125,7 @@ def cluster_suite_runs(request, cluster_node, tmp_path_factory, samba_client_con
                 f"--option=torture:share2={no_apple_share(target.share)}",
                 f"--option=torture:user2name={ts.USER2[0]}",
                 f"--option=torture:user2password={ts.USER2[1]}",
+                ts.ACL_XATTR_OPTION,
             ]
             return ts.run_smbtorture(target, suite, samba_client_conf, workdir / f"{suite}.subunit", ts.SUITE_TIMEOUTS.get(suite, ts.SUITE_TIMEOUT), options)
         finally:

@@ -69,6 +69,12 @@ pub struct ShareConfig {
     /// Apple's SMB extensions for macOS clients (`crate::apple`): the AAPL
     /// create context and the AFP_AfpInfo / AFP_Resource stream rules.
     pub apple_extensions: bool,
+    /// Names starting with a dot are shown with FILE_ATTRIBUTE_HIDDEN
+    /// (`crate::hide`).
+    pub hide_dot_files: bool,
+    /// Names shown with FILE_ATTRIBUTE_HIDDEN: search patterns (`*`, `?`)
+    /// matched against the last component without case.
+    pub hide_files: Vec<String>,
 }
 
 /// `[cluster]`: this node is one of several serving the same shares, with
@@ -257,6 +263,10 @@ struct RawShare {
     access_based_enumeration: bool,
     #[serde(default = "yes")]
     apple_extensions: bool,
+    #[serde(default = "yes")]
+    hide_dot_files: bool,
+    #[serde(default)]
+    hide_files: Vec<String>,
 }
 
 fn yes() -> bool {
@@ -482,7 +492,7 @@ impl Config {
             vec![err(
                 &format!("line {line}"),
                 msg,
-                "see README.md for the keys: listen, user_db, state_dir, server_name, server_aliases, workgroup, server_comment, apple_model, multichannel, [security] signing/encryption/ciphers/fips, [limits] (see README), [[share]] name/path/read_only/guest_ok/encryption/continuous_availability/comment/access_based_enumeration/apple_extensions, [cluster] etcd/node/advertise/node_ttl_secs, [kerberos] keytab/principal/ntlm/map_by_name/user_map",
+                "see README.md for the keys: listen, user_db, state_dir, server_name, server_aliases, workgroup, server_comment, apple_model, multichannel, [security] signing/encryption/ciphers/fips, [limits] (see README), [[share]] name/path/read_only/guest_ok/encryption/continuous_availability/comment/access_based_enumeration/apple_extensions/hide_dot_files/hide_files, [cluster] etcd/node/advertise/node_ttl_secs, [kerberos] keytab/principal/ntlm/map_by_name/user_map",
             )]
         })?;
         let mut errors = Vec::new();
@@ -629,7 +639,16 @@ impl Config {
                 comment: s.comment,
                 access_based_enumeration: s.access_based_enumeration,
                 apple_extensions: s.apple_extensions,
+                hide_dot_files: s.hide_dot_files,
+                hide_files: s.hide_files.clone(),
             });
+            if let Err(problem) = crate::hide::HideNames::new(s.hide_dot_files, &s.hide_files) {
+                errors.push(err(
+                    &format!("share[{i}].hide_files"),
+                    problem,
+                    "give names or patterns of one path component, e.g. hide_files = [\"*.tmp\", \"desktop.ini\"]",
+                ));
+            }
             if s.continuous_availability && cfg.state_dir.is_none() && !clustered {
                 errors.push(err(
                     &format!("share[{i}].continuous_availability"),
@@ -847,6 +866,8 @@ mod tests {
             comment: String::new(),
             access_based_enumeration: false,
             apple_extensions: true,
+            hide_dot_files: true,
+            hide_files: Vec::new(),
         });
         assert!(!cfg.encrypt_whole_session());
         assert!(!cfg.refuse_clear_sessions());
@@ -870,6 +891,19 @@ mod tests {
         let text = "[security]\nencryption = \"required\"\nciphers = []\n";
         let errs = Config::from_toml("e.toml", text, None).unwrap_err();
         assert_eq!(errs[0].key, "security.ciphers");
+    }
+
+    #[test]
+    fn hidden_names_are_read_and_a_bad_pattern_names_its_key() {
+        let text = "[[share]]\nname = \"x\"\npath = \"/tmp\"\nhide_files = [\"*.tmp\"]\n\
+                    [[share]]\nname = \"y\"\npath = \"/tmp\"\nhide_dot_files = false\n";
+        let cfg = Config::from_toml("h.toml", text, None).unwrap();
+        assert!(cfg.shares[0].hide_dot_files && !cfg.shares[1].hide_dot_files);
+        assert_eq!(cfg.shares[0].hide_files, ["*.tmp"]);
+        let text = "[[share]]\nname = \"x\"\npath = \"/tmp\"\nhide_files = [\"a\\\\b\"]\n";
+        let errs = Config::from_toml("h.toml", text, None).unwrap_err();
+        assert_eq!(errs[0].key, "share[0].hide_files");
+        assert!(errs[0].fix.contains("hide_files = ["), "{}", errs[0].fix);
     }
 
     #[test]

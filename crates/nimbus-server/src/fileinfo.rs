@@ -85,15 +85,21 @@ pub fn open_info(open: &Open, delete_pending: bool) -> Result<FileInfo, nimbus_v
     let mut st = open.handle.stat()?;
     // The data's allocation, without a block of extended attributes.
     st.alloc_size = open.handle.data_allocation(&st);
+    let mut info = open_info_of(open, &st, delete_pending)?;
+    open.share.hide.apply(&open.path(), &mut info);
+    Ok(info)
+}
+
+fn open_info_of(
+    open: &Open,
+    st: &Stat,
+    delete_pending: bool,
+) -> Result<FileInfo, nimbus_vfs::VfsError> {
     Ok(match &open.stream {
-        None => file_info(&st, &DosInfo::load(&open.handle), delete_pending),
+        None => file_info(st, &DosInfo::load(&open.handle), delete_pending),
         Some(s) => {
-            let mut info = stream_info(
-                &s.base.stat()?,
-                &DosInfo::load(&s.base),
-                &st,
-                delete_pending,
-            );
+            let mut info =
+                stream_info(&s.base.stat()?, &DosInfo::load(&s.base), st, delete_pending);
             // A Mac's AfpInfo is one record of fixed size, written or not.
             if crate::apple::open_kind(open) == Some(crate::apple::AppleStream::AfpInfo) {
                 info.end_of_file = crate::apple::afp_info::REPORTED_SIZE;

@@ -54,6 +54,8 @@ pub fn server(dir: &Path) -> Result<Arc<Server>, String> {
             continuous_availability: false,
             access_based_enumeration: false,
             apple_extensions: true,
+            hide_dot_files: true,
+            hide_files: Vec::new(),
         }],
         ..Config::default()
     };

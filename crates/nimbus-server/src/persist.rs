@@ -516,6 +516,8 @@ mod tests {
                 continuous_availability: true,
                 access_based_enumeration: false,
                 apple_extensions: true,
+                hide_dot_files: true,
+                hide_files: Vec::new(),
             }],
             ..Config::default()
         };

@@ -84,6 +84,8 @@ pub struct Share {
     pub apple_extensions: bool,
     /// Shown beside the name when clients list the shares.
     pub comment: String,
+    /// Names shown with FILE_ATTRIBUTE_HIDDEN (`crate::hide`).
+    pub hide: crate::hide::HideNames,
 }
 
 impl Share {
@@ -214,6 +216,9 @@ impl Server {
                 access_based_enumeration: s.access_based_enumeration,
                 apple_extensions: s.apple_extensions,
                 comment: s.comment.clone(),
+                // Checked with the configuration (share[i].hide_files).
+                hide: crate::hide::HideNames::new(s.hide_dot_files, &s.hide_files)
+                    .unwrap_or_else(|_| crate::hide::HideNames::none()),
             }));
         }
         shares.push(Arc::new(Share {
@@ -228,6 +233,7 @@ impl Server {
             apple_extensions: false,
             // As Windows describes its IPC$.
             comment: "Remote IPC".into(),
+            hide: crate::hide::HideNames::none(),
         }));
         let kerberos = match &config.kerberos {
             Some(k) => Some(kerberos_acceptor(k).map_err(StartError::Kerberos)?),

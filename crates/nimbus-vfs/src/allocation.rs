@@ -14,6 +14,8 @@
 //! file with more extents than that, or a file system without FIEMAP
 //! (tmpfs, which counts no attribute blocks anyway), keeps `st_blocks`.
 
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
 use crate::handle::FileHandle;
 use crate::Stat;
 
@@ -52,21 +54,41 @@ struct Request {
     extents: [Extent; BATCH],
 }
 
+/// Whether `st_blocks` may count more than data (see the module's comment).
+fn may_hold_more_than_data(st: &Stat) -> bool {
+    !st.is_dir && !st.is_symlink && st.alloc_size > st.size.div_ceil(BLOCK).saturating_mul(BLOCK)
+}
+
 impl FileHandle {
     /// The bytes of disk the file's data takes: `st.alloc_size` without
     /// blocks that hold no data (see the module's comment). `st` is this
-    /// handle's own stat.
+    /// handle's own stat. An attribute-only handle (O_PATH) cannot be
+    /// mapped: the file is opened again for reading through it.
     pub fn data_allocation(&self, st: &Stat) -> u64 {
-        if st.is_dir || st.alloc_size <= st.size.div_ceil(BLOCK).saturating_mul(BLOCK) {
+        if !may_hold_more_than_data(st) {
             return st.alloc_size;
         }
-        self.mapped_bytes()
-            .map_or(st.alloc_size, |mapped| mapped.min(st.alloc_size))
+        let mapped = mapped_bytes(self.raw()).or_else(|| {
+            let path = std::ffi::CString::new(format!("/proc/self/fd/{}", self.raw())).ok()?;
+            // The magic link names this very file; no name is looked up.
+            let flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC;
+            // SAFETY: path is NUL-terminated.
+            let fd = unsafe { libc::open(path.as_ptr(), flags) };
+            if fd < 0 {
+                return None;
+            }
+            // SAFETY: a fresh descriptor owned by nobody else.
+            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+            mapped_bytes(fd.as_raw_fd())
+        });
+        mapped.map_or(st.alloc_size, |mapped| mapped.min(st.alloc_size))
     }
+}
 
-    /// The total length of the file's data extents (written, unwritten or
-    /// delayed), if FIEMAP gives them all within ROUNDS calls.
-    fn mapped_bytes(&self) -> Option<u64> {
+/// The total length of the data extents (written, unwritten or delayed)
+/// of the file open as `fd`, if FIEMAP gives them all within ROUNDS calls.
+fn mapped_bytes(fd: RawFd) -> Option<u64> {
+    {
         let mut start = 0u64;
         let mut total = 0u64;
         for _ in 0..ROUNDS {
@@ -82,7 +104,7 @@ impl FileHandle {
             // SAFETY: the descriptor is ours and open; `req` is a struct
             // fiemap followed by room for the `extent_count` extents the
             // kernel may fill, and lives across the call.
-            let r = unsafe { libc::ioctl(self.raw(), FS_IOC_FIEMAP, &mut req) };
+            let r = unsafe { libc::ioctl(fd, FS_IOC_FIEMAP, &mut req) };
             if r < 0 {
                 return None;
             }

@@ -311,6 +311,8 @@ fn build_config(args: &ServeArgs) -> Result<Config, String> {
                 continuous_availability: false,
                 access_based_enumeration: false,
                 apple_extensions: true,
+                hide_dot_files: true,
+                hide_files: Vec::new(),
             });
         }
     }

@@ -545,10 +545,14 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
         crate::dir_leases::child_changed(ctx.server, fs, &path, parent_lease);
     }
 
+    let mut st = st;
+    // The data's allocation, as a query of the open reports it.
+    st.alloc_size = handle.data_allocation(&st);
     let mut info = match &base {
         Some(b) => stream_info(&b.stat, &dos, &st, false),
         None => file_info(&st, &dos, false),
     };
+    share.hide.apply(&path, &mut info);
     // Another open's write may not have moved the write time yet.
     let file = base.as_ref().map_or(key, |b| b.key);
     ctx.server.write_times.adjust(file, &mut info);

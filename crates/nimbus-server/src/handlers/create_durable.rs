@@ -18,9 +18,8 @@ use nimbus_wire::oplock::{oplock_level, LeaseContext};
 use nimbus_wire::{FileId, NtStatus};
 
 use crate::dispatch::Ctx;
-use crate::dosinfo::DosInfo;
 use crate::durable::{Durable, GuidEntry, GuidKey, Owner};
-use crate::fileinfo::{file_info, times_and_sizes};
+use crate::fileinfo::times_and_sizes;
 use crate::oplocks::Route;
 use crate::session::{lock, Open, SessionState};
 
@@ -304,11 +303,8 @@ pub fn replay(
             data,
         });
     }
-    let st = open
-        .handle
-        .stat()
-        .map_err(|e| crate::errors::vfs_status(&e))?;
-    let info = file_info(&st, &DosInfo::load(&open.handle), false);
+    let info =
+        crate::fileinfo::open_info(&open, false).map_err(|e| crate::errors::vfs_status(&e))?;
     let file_id = FileId {
         persistent: open.open_id,
         volatile: open.volatile_id(),
@@ -379,11 +375,9 @@ pub fn reconnect(
     if owner(ctx)? != d.owner {
         return Err(NtStatus::ACCESS_DENIED);
     }
-    let st = open
-        .handle
-        .stat()
-        .map_err(|e| crate::errors::vfs_status(&e))?;
-    let info = times_and_sizes(&file_info(&st, &DosInfo::load(&open.handle), false));
+    let info = times_and_sizes(
+        &crate::fileinfo::open_info(&open, false).map_err(|e| crate::errors::vfs_status(&e))?,
+    );
     // Another reconnect, the open's expiry or a purge may have come first.
     let open = ctx.server.durables.claim(open.open_id).ok_or(not_found)?;
     let file_id = attach(ctx, &open)?;

@@ -139,6 +139,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         let before = out.len();
         out.resize(entry_start, 0);
         let mut info = file_info(&listed.stat, &listed.dos, false);
+        open.share.hide.apply(&e.name, &mut info);
         let file = nimbus_state::FileKey {
             dev: listed.stat.dev,
             ino: listed.stat.ino,
@@ -250,7 +251,7 @@ fn current(
             apple: None,
         });
     }
-    let stat = if refresh {
+    let mut stat = if refresh {
         let fs = open.share.fs.as_ref()?;
         fs.stat(&join(&open.path(), &e.name)).ok()?
     } else {
@@ -258,6 +259,8 @@ fn current(
     };
     let listed = match open.handle.entry(&e.name) {
         Ok(h) => {
+            // The data's allocation, as a query of an open of it reports.
+            stat.alloc_size = h.data_allocation(&stat);
             if let Some(token) = hide_from {
                 let read = access::FILE_GENERIC_READ & !access::SYNCHRONIZE;
                 match store::read_handle(&h, &e.name) {
