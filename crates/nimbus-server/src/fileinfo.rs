@@ -86,7 +86,9 @@ pub fn open_info(open: &Open, delete_pending: bool) -> Result<FileInfo, nimbus_v
     // The data's allocation, without a block of extended attributes.
     st.alloc_size = open.handle.data_allocation(&st);
     let mut info = open_info_of(open, &st, delete_pending)?;
-    open.share.hide.apply(&open.path(), &mut info);
+    open.share
+        .hide
+        .apply(&crate::session::lock(&open.path), &mut info);
     Ok(info)
 }
 

@@ -151,6 +151,11 @@ impl NameIndex {
     /// indexed.
     pub fn spellings(&self, key: DirKey, name: &str) -> Option<Vec<String>> {
         let mut inner = lock(&self.inner);
+        if inner.dirs.is_empty() {
+            // Nothing indexed: no queue to read (what a directory left
+            // there, its IN_IGNORED, waits for the next index).
+            return None;
+        }
         inner.drain();
         inner.clock += 1;
         let now = inner.clock;
@@ -179,6 +184,9 @@ impl NameIndex {
     /// directory, one indexed already, or one too big for the bounds.
     /// Lists the directory once more (outside the lock).
     pub fn index(&self, dir: &FileHandle, key: DirKey, entries: usize) {
+        if entries < MIN_ENTRIES {
+            return; // the common case, without the lock
+        }
         {
             let mut inner = lock(&self.inner);
             if !(MIN_ENTRIES..=inner.max_names).contains(&entries) {
