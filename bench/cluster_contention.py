@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from datetime import date
 from pathlib import Path
 
@@ -54,6 +55,8 @@ from side_by_side import PASSWORD, SHARE, USER, start_nimbus, start_smbd  # noqa
 MARK_BEGIN = "<!-- cluster: begin (written by bench/cluster_contention.py) -->"
 MARK_END = "<!-- cluster: end -->"
 HOSTS = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+# etcd's count of answered key-value calls (Range, Txn, Put, DeleteRange).
+KV_REQUESTS = re.compile(r'^grpc_server_handled_total\{[^}]*grpc_service="etcdserverpb\.KV"[^}]*\} (\S+)$', re.M)
 
 
 class Target:
@@ -65,6 +68,15 @@ class Target:
     def revision(self) -> int:
         out = json.loads(self.etcd.etcdctl("endpoint", "status", "-w", "json"))
         return max(int(m["Status"]["header"]["revision"]) for m in out)
+
+    def requests(self) -> int:
+        """Key-value requests (reads and writes) the etcd members have
+        answered so far, from their Prometheus counters."""
+        total = 0
+        for url in self.etcd.endpoints:
+            text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+            total += sum(int(float(m.group(1))) for m in KV_REQUESTS.finditer(text))
+        return total
 
 
 def start_cluster(nimbus: str, state: Path, share_dir: Path, etcd: EtcdCluster) -> tuple[Target, list[subprocess.Popen]]:
@@ -129,8 +141,9 @@ def rate_of(proc: subprocess.Popen, seconds: int, what: str) -> tuple[float, int
     return statistics.median(rates[1:]), sum(rates)
 
 
-def run_case(target: Target, case: str, nprocs: int, seconds: int, work: Path, idle_writes_per_s: float) -> dict:
+def run_case(target: Target, case: str, nprocs: int, seconds: int, work: Path, idle: tuple[float, float]) -> dict:
     before = target.revision() if target.etcd else 0
+    requests_before = target.requests() if target.etcd else 0
     started = time.monotonic()
     if case == "distinct":
         for i in range(nprocs):
@@ -148,15 +161,19 @@ def run_case(target: Target, case: str, nprocs: int, seconds: int, work: Path, i
     row = {"rate": sum(r for r, _ in results)}
     if target.etcd:
         opens = sum(n for _, n in results)
-        writes = target.revision() - before - idle_writes_per_s * elapsed
+        writes = target.revision() - before - idle[0] * elapsed
+        requests = target.requests() - requests_before - idle[1] * elapsed
         row["txn_per_open"] = max(writes, 0) / max(opens, 1)
+        row["requests_per_open"] = max(requests, 0) / max(opens, 1)
     return row
 
 
-def idle_write_rate(target: Target, seconds: float = 5.0) -> float:
-    before = target.revision()
+def idle_rates(target: Target, seconds: float = 5.0) -> tuple[float, float]:
+    """What the idle cluster writes (transactions) and asks of etcd (key-value
+    requests) per second: subtracted from a run's counts."""
+    before, requests = target.revision(), target.requests()
     time.sleep(seconds)
-    return (target.revision() - before) / seconds
+    return (target.revision() - before) / seconds, (target.requests() - requests) / seconds
 
 
 def check_perf(etcd: EtcdCluster) -> str:
@@ -197,16 +214,20 @@ def main() -> int:
                 server = None
                 if kind == "cluster":
                     target, cluster_procs = start_cluster(args.nimbus, state, share, etcd)
-                    idle = idle_write_rate(target)
+                    idle = idle_rates(target)
                 else:
                     server = start_nimbus(args.nimbus, state, share) if kind == "single" else start_smbd(state, share)
                     target = Target(names[kind], ["127.0.0.1"], server.port, share)
-                    idle = 0.0
+                    idle = (0.0, 0.0)
                 try:
                     for case in args.cases:
                         for n in args.nprocs:
                             results[(kind, case, n)] = row = run_case(target, case, n, args.seconds, work, idle)
-                            extra = f", {row['txn_per_open']:.3f} etcd txn/open" if "txn_per_open" in row else ""
+                            extra = (
+                                f", {row['txn_per_open']:.3f} etcd txn/open, {row['requests_per_open']:.3f} etcd requests/open"
+                                if "txn_per_open" in row
+                                else ""
+                            )
                             print(f"{names[kind]:24} {case:8} nprocs {n:3}: {row['rate']:8.0f} opens/s{extra}", flush=True)
                 finally:
                     if server:
@@ -237,9 +258,12 @@ def render(results: dict, nprocs: list[int], perf: str, seconds: int) -> str:
         "node i mod 3. *shared*: one file, the connections spread over the three nodes",
         "(`torture:unclist`). All three nodes, the three etcd members, Samba and the client share",
         f"this machine's 2 cores. etcd ceiling (`etcdctl check perf`, same cluster): {perf}.",
+        "*etcd txn/open*: write transactions (etcd's revision advance) per open; *etcd",
+        "requests/open*: every key-value call, reads included (the members' Prometheus counters);",
+        "both less what the idle cluster does in the same time.",
         "",
-        "| case | nprocs | 3-node cluster | etcd txn/open | one Nimbus node | Samba | cluster / one node | cluster / Samba |",
-        "|---|---|---|---|---|---|---|---|",
+        "| case | nprocs | 3-node cluster | etcd txn/open | etcd requests/open | one Nimbus node | Samba | cluster / one node | cluster / Samba |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for case in ("distinct", "shared"):
         for n in nprocs:
@@ -247,7 +271,7 @@ def render(results: dict, nprocs: list[int], perf: str, seconds: int) -> str:
                 continue
             c, s, b = results[("cluster", case, n)], results[("single", case, n)], results[("samba", case, n)]
             lines.append(
-                f"| {case} | {n} | {c['rate']:.0f} | {c['txn_per_open']:.3f} | {s['rate']:.0f} | {b['rate']:.0f} | "
+                f"| {case} | {n} | {c['rate']:.0f} | {c['txn_per_open']:.3f} | {c['requests_per_open']:.3f} | {s['rate']:.0f} | {b['rate']:.0f} | "
                 f"{c['rate'] / max(s['rate'], 1):.2f} | {c['rate'] / max(b['rate'], 1):.2f} |"
             )
     return "\n".join(lines) + "\n"

@@ -220,7 +220,9 @@ def test_a_node_without_etcd_does_not_start(tmp_path):
 
 from smbprotocol.exceptions import SMBResponseException  # noqa: E402
 from smbprotocol.open import CreateDisposition, CreateOptions, FileAttributes, ImpersonationLevel, Open, ShareAccess  # noqa: E402
+from smbprotocol.file_info import FileInformationClass  # noqa: E402
 from test_durable import ACCESS, SHARE_ALL, Client  # noqa: E402
+from test_setinfo import set_info  # noqa: E402
 from test_locks import (  # noqa: E402
     CLOSE,
     EXCLUSIVE,
@@ -251,17 +253,17 @@ class Target:
         self.host, self.port, self.share, self.user, self.password = node.host, node.port, "data", USER, PASSWORD
 
 
-def open_status(client: Client, name: str, share: int) -> tuple[int, Open | None]:
+def open_status(
+    client: Client,
+    name: str,
+    share: int,
+    access: int = ACCESS,
+    disposition: int = CreateDisposition.FILE_OPEN_IF,
+    options: int = CreateOptions.FILE_NON_DIRECTORY_FILE,
+) -> tuple[int, Open | None]:
     f = Open(client.tree, name)
     try:
-        f.create(
-            ImpersonationLevel.Impersonation,
-            ACCESS,
-            FileAttributes.FILE_ATTRIBUTE_NORMAL,
-            share,
-            CreateDisposition.FILE_OPEN_IF,
-            CreateOptions.FILE_NON_DIRECTORY_FILE,
-        )
+        f.create(ImpersonationLevel.Impersonation, access, FileAttributes.FILE_ATTRIBUTE_NORMAL, share, disposition, options)
         return 0, f
     except SMBResponseException as e:
         return e.status, None
@@ -304,6 +306,69 @@ def test_share_modes_hold_across_nodes(nodes, etcd_cluster):  # noqa: F811
         status, again = open_status(a, "exclusive.txt", 0)
         assert status == 0
         again.close()
+    finally:
+        for cl in (a, b, c):
+            cl.close()
+
+
+READ_ATTRIBUTES = 0x80
+DELETE = 0x10000
+STATUS_DELETE_PENDING = 0xC0000056
+
+
+def attribute_open(client: Client, name: str) -> tuple[int, Open | None]:
+    """An open for attributes only, sharing nothing (Explorer's and
+    smbtorture smb2.bench.path-contention-shared's kind)."""
+    return open_status(client, name, 0, READ_ATTRIBUTES, CreateDisposition.FILE_OPEN, 0)
+
+
+def test_attribute_opens_on_other_nodes_leave_a_file_with_its_node_and_write_nothing_to_etcd(nodes, etcd_cluster):  # noqa: F811
+    for n in nodes:
+        n.start()
+    a, b, c = (Client(Target(n), uuid.uuid4()) for n in nodes)
+    try:
+        # n1's client has the file open, sharing nothing: n1 decides it alone.
+        status, held = open_status(a, "looked-at.txt", 0)
+        assert status == 0
+        owned = ownership(etcd_cluster, nodes[0].share / "looked-at.txt")
+        assert owned is not None
+        # Clients of the other nodes look at it for attributes, again and
+        # again: each open is answered (an attribute open conflicts with
+        # none), and n1 keeps the file: its ownership record is the same,
+        # no hand-over was asked for, no record of opens went to etcd.
+        for _ in range(10):
+            for client in (b, c):
+                status, f = attribute_open(client, "looked-at.txt")
+                assert status == 0, hex(status)
+                f.close()
+        assert ownership(etcd_cluster, nodes[0].share / "looked-at.txt") == owned
+        assert etcd_keys(etcd_cluster, "/nimbus/release/") == []
+        assert etcd_keys(etcd_cluster, "/nimbus/file/") == []
+        # An open for data still meets n1's share modes.
+        assert open_status(b, "looked-at.txt", SHARE_ALL)[0] == STATUS_SHARING_VIOLATION
+        held.close()
+
+        # A file several nodes have open is decided on etcd: its
+        # delete-pending refuses an attribute open on a third node, as any
+        # open, and the file goes with the last of the other opens.
+        doomed = Open(a.tree, "doomed.txt")
+        doomed.create(
+            ImpersonationLevel.Impersonation,
+            ACCESS | DELETE,
+            FileAttributes.FILE_ATTRIBUTE_NORMAL,
+            SHARE_ALL,
+            CreateDisposition.FILE_OPEN_IF,
+            CreateOptions.FILE_NON_DIRECTORY_FILE,
+        )
+        status, other = open_status(b, "doomed.txt", SHARE_ALL)
+        assert status == 0
+        assert ownership(etcd_cluster, nodes[0].share / "doomed.txt") is None
+        assert attribute_open(c, "doomed.txt")[0] == 0
+        set_info(doomed, FileInformationClass.FILE_DISPOSITION_INFORMATION, b"\x01")
+        assert attribute_open(c, "doomed.txt")[0] == STATUS_DELETE_PENDING
+        doomed.close()
+        other.close()
+        assert not (nodes[0].share / "doomed.txt").exists()
     finally:
         for cl in (a, b, c):
             cl.close()

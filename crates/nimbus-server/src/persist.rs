@@ -394,6 +394,7 @@ pub(crate) fn open_of_record(
         share_access: r.share_access,
         // Opens of named streams are never made durable.
         stream: None,
+        recorded: true,
     }));
     open.position
         .store(r.position, std::sync::atomic::Ordering::Relaxed);

@@ -318,6 +318,11 @@ pub struct Open {
     /// Set when the open is of a named stream: `handle` reads and writes
     /// the stream, the file's metadata is its base's.
     pub stream: Option<StreamOf>,
+    /// Counted among its file's opens in the state store (share modes and
+    /// caching). False for an attribute-only open a cluster node let go on
+    /// without a record (`ShareModes::attribute_open`): its close has
+    /// nothing of it to remove.
+    pub recorded: bool,
 }
 
 /// The named stream an open is of (MS-FSCC 2.1.5.3). Its share modes,
@@ -364,6 +369,7 @@ pub struct NewOpen {
     pub session_id: u64,
     pub share_access: u32,
     pub stream: Option<StreamOf>,
+    pub recorded: bool,
 }
 
 impl Open {
@@ -395,6 +401,7 @@ impl Open {
             session_id: AtomicU64::new(n.session_id),
             _file_slot: n.file_slot,
             stream: n.stream,
+            recorded: n.recorded,
         }
     }
 

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use crate::etcd_store::{Cmp, Op};
 use crate::memory::MemoryStore;
-use crate::store::{StateError, StateStore, Versioned};
+use crate::store::{InPlace, StateError, StateStore, Versioned};
 use crate::EtcdStore;
 
 /// Key prefix of ownership records.
@@ -666,6 +666,28 @@ impl StateStore for ClusterStore {
         // node's store on disk); a clustered prefix is not scanned.
         self.local.scan_prefix(prefix)
     }
+
+    /// A group this node owns is read from memory; any other from etcd in
+    /// one linearizable read of its ownership and the record, taking
+    /// nothing and asking nobody. A group named as owned in etcd but not
+    /// (or no longer, or not yet) in this node's memory is being taken or
+    /// handed back by another thread: its records are decided by whoever
+    /// ends up owning it, so it counts as held elsewhere too.
+    fn read_in_place(&self, key: &[u8]) -> Result<InPlace, StateError> {
+        let Some(group) = self.group(key) else {
+            return self.local.get(key).map(InPlace::Record);
+        };
+        if let Some(Group::Owned { records, .. }) = self.written_back(group).get(group) {
+            return Ok(InPlace::Record(records.get(key).cloned()));
+        }
+        match self.peek(group, key)? {
+            Found::Shared(v) => Ok(InPlace::Record(v)),
+            Found::OwnedBy(_) => Ok(InPlace::HeldElsewhere),
+            Found::Taken | Found::Retry => Err(StateError::Unavailable(
+                "etcd: unexpected answer to a read".into(),
+            )),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -826,6 +848,60 @@ mod tests {
         assert_eq!(raw.get(&key_of(OWN_PREFIX, G)).unwrap(), None);
         assert_eq!(raw.get(&file_key()).unwrap(), None);
         drop(one);
+    }
+
+    #[test]
+    fn a_read_in_place_neither_takes_a_file_nor_asks_its_owner_for_it() {
+        let cluster = Cluster::start("inplace");
+        let one = Node::start(&cluster.urls, "1", &[]);
+        let two = Node::start(&cluster.urls, "2", &[]);
+        let raw = EtcdStore::new(&cluster.urls, b"/nimbus-test/", Duration::from_secs(5)).unwrap();
+        let own = key_of(OWN_PREFIX, G);
+
+        // Nobody has records of the file: nothing is taken.
+        assert_eq!(
+            two.store.read_in_place(&file_key()).unwrap(),
+            InPlace::Record(None)
+        );
+        assert!(!two.store.owns(G));
+        assert_eq!(raw.get(&own).unwrap(), None);
+
+        // Node 1 takes it: node 2 is told so, and node 1 keeps it (no
+        // hand-over request, the same ownership record); node 1 reads its
+        // own memory.
+        one.set("1a");
+        let owned_at = raw.get(&own).unwrap().unwrap().version;
+        assert_eq!(
+            two.store.read_in_place(&file_key()).unwrap(),
+            InPlace::HeldElsewhere
+        );
+        assert!(one.store.owns(G));
+        assert_eq!(raw.get(&own).unwrap().unwrap().version, owned_at);
+        assert_eq!(raw.scan_prefix(RELEASE_PREFIX).unwrap(), vec![]);
+        match one.store.read_in_place(&file_key()).unwrap() {
+            InPlace::Record(Some(v)) => assert_eq!(v.value, b"1a"),
+            other => panic!("{other:?}"),
+        }
+
+        // Shared (both nodes wrote): read from etcd as it is, and taken by
+        // neither node.
+        two.set("1a,2b");
+        assert!(!one.store.owns(G) && !two.store.owns(G));
+        for node in [&one, &two] {
+            match node.store.read_in_place(&file_key()).unwrap() {
+                InPlace::Record(Some(v)) => assert_eq!(v.value, b"1a,2b"),
+                other => panic!("{other:?}"),
+            }
+        }
+        // Only node 2's entry left: a read in place still leaves it shared,
+        // where `get` would take it.
+        one.set("2b");
+        assert!(matches!(
+            two.store.read_in_place(&file_key()).unwrap(),
+            InPlace::Record(Some(_))
+        ));
+        assert!(!two.store.owns(G));
+        assert_eq!(raw.get(&own).unwrap(), None);
     }
 
     #[test]

@@ -29,5 +29,5 @@ pub use byte_range::{LockError, LockRange, RangeLock};
 pub use etcd_store::EtcdStore;
 pub use memory::MemoryStore;
 pub use redb_store::RedbStore;
-pub use share_modes::{FileKey, FileRecord, OpenRecord, ShareModes, SharingError};
-pub use store::{Durability, StateError, StateStore, Versioned};
+pub use share_modes::{AttributeOpen, FileKey, FileRecord, OpenRecord, ShareModes, SharingError};
+pub use store::{Durability, InPlace, StateError, StateStore, Versioned};

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use crate::records::{self, Record};
-use crate::store::{StateError, StateStore};
+use crate::store::{InPlace, StateError, StateStore};
 
 /// Identifies a file independent of its name: device and inode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -87,6 +87,16 @@ impl Record for FileRecord {
     fn is_empty(&self) -> bool {
         self.opens.is_empty()
     }
+}
+
+/// How `ShareModes::attribute_open` decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttributeOpen {
+    /// Record it as any other open (`add_open`).
+    Record,
+    /// It may go on without a record: nothing of it is to be recorded,
+    /// and its close removes nothing.
+    Unrecorded,
 }
 
 /// Why an open was refused.
@@ -227,6 +237,45 @@ impl ShareModes {
         })
     }
 
+    /// How an open with none of the sharing rights (an attribute-only
+    /// open: it conflicts with no open and no open conflicts with it) is
+    /// decided. Where the file's record is this node's (always on a single
+    /// node), or nobody's yet, it is recorded as any open: that costs
+    /// nothing, or takes the file for this node once. Where another node
+    /// holds the file or several nodes share it, the only rule that could
+    /// refuse it is delete-pending, read in place
+    /// (`StateStore::read_in_place`): the open then moves no file between
+    /// nodes and writes nothing to the shared database, which is what keeps
+    /// a file that many nodes' clients look at (Explorer's and Finder's
+    /// attribute opens) from being decided through etcd on every open.
+    /// What that gives up, on a file another node decides alone: that
+    /// node's delete-pending is not seen (etcd's copy may be behind), so
+    /// the open goes on, and it does not hold the file back from deletion
+    /// when that node's last open closes; its handle keeps working on the
+    /// file it opened.
+    pub fn attribute_open(&self, key: FileKey) -> Result<AttributeOpen, SharingError> {
+        let k = key.record_key(OPENS_PREFIX);
+        if self.store.is_local(&k) {
+            return Ok(AttributeOpen::Record);
+        }
+        let rec = match self.store.read_in_place(&k)? {
+            InPlace::HeldElsewhere => return Ok(AttributeOpen::Unrecorded),
+            // Nobody has records of the file: recording the open takes it
+            // for this node, one transaction once, after which its opens
+            // here are decided from memory (the common case of a file
+            // looked at from one node only).
+            InPlace::Record(None) => return Ok(AttributeOpen::Record),
+            InPlace::Record(Some(v)) => FileRecord::decode(&v.value)?,
+        };
+        // Delete-pending set by opens of nodes that are gone went with
+        // them (as `add_open` finds).
+        let dead = |id: u64| self.gone.as_ref().is_some_and(|gone| gone(id));
+        if rec.delete_pending && !rec.opens.iter().all(|o| dead(o.open_id)) {
+            return Err(SharingError::DeletePending);
+        }
+        Ok(AttributeOpen::Unrecorded)
+    }
+
     pub fn record(&self, key: FileKey) -> Result<FileRecord, SharingError> {
         Ok(records::read(&*self.store, &key.record_key(OPENS_PREFIX))?)
     }
@@ -245,6 +294,81 @@ mod tests {
             access,
             share_access: share,
         }
+    }
+
+    /// A store as a cluster node sees a file it does not hold: records
+    /// shared with other nodes, or held by another node (`held`).
+    struct NotHere {
+        records: MemoryStore,
+        held: std::sync::atomic::AtomicBool,
+    }
+
+    impl StateStore for NotHere {
+        fn get(&self, key: &[u8]) -> Result<Option<crate::Versioned>, StateError> {
+            self.records.get(key)
+        }
+        fn compare_and_set(
+            &self,
+            key: &[u8],
+            expected: Option<u64>,
+            value: Option<Vec<u8>>,
+        ) -> Result<Option<u64>, StateError> {
+            self.records.compare_and_set(key, expected, value)
+        }
+        fn is_local(&self, _key: &[u8]) -> bool {
+            false
+        }
+        fn scan_prefix(
+            &self,
+            prefix: &[u8],
+        ) -> Result<Vec<(Vec<u8>, crate::Versioned)>, StateError> {
+            self.records.scan_prefix(prefix)
+        }
+        fn read_in_place(&self, key: &[u8]) -> Result<InPlace, StateError> {
+            if self.held.load(std::sync::atomic::Ordering::SeqCst) {
+                return Ok(InPlace::HeldElsewhere);
+            }
+            self.records.get(key).map(InPlace::Record)
+        }
+    }
+
+    #[test]
+    fn an_attribute_open_is_recorded_where_the_record_is_here_and_else_checked_in_place() {
+        // A node's own store: recorded as any open.
+        let sm = ShareModes::new(Arc::new(MemoryStore::new()));
+        assert_eq!(sm.attribute_open(K).unwrap(), AttributeOpen::Record);
+
+        let store = Arc::new(NotHere {
+            records: MemoryStore::new(),
+            held: false.into(),
+        });
+        // Node 7's opens belong to a node that is gone.
+        let sm = ShareModes::with_liveness(store.clone(), Arc::new(|id| id == 7));
+        // No record: recorded (that takes the file for this node).
+        assert_eq!(sm.attribute_open(K).unwrap(), AttributeOpen::Record);
+        // Others' opens, exclusive ones too: it goes on unrecorded (it
+        // conflicts with nothing).
+        sm.add_open(K, open(1, READ_DATA | WRITE_DATA | DELETE, 0))
+            .unwrap();
+        assert_eq!(sm.attribute_open(K).unwrap(), AttributeOpen::Unrecorded);
+        // Delete-pending refuses it, as it refuses any open.
+        sm.set_delete_pending(K, true).unwrap();
+        assert!(matches!(
+            sm.attribute_open(K),
+            Err(SharingError::DeletePending)
+        ));
+        // ... unless the file is decided by another node, whose
+        // delete-pending is not known here (the documented give).
+        store.held.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(sm.attribute_open(K).unwrap(), AttributeOpen::Unrecorded);
+        store.held.store(false, std::sync::atomic::Ordering::SeqCst);
+        // Delete-pending left only by a dead node's opens no longer counts.
+        sm.remove_open(K, 1).unwrap();
+        sm.add_open(K, open(7, DELETE, 0x7)).unwrap();
+        sm.set_delete_pending(K, true).unwrap();
+        assert_eq!(sm.attribute_open(K).unwrap(), AttributeOpen::Unrecorded);
+        // Nothing was recorded by any of it.
+        assert_eq!(sm.record(K).unwrap().opens, vec![open(7, DELETE, 0x7)]);
     }
 
     #[test]

@@ -100,4 +100,22 @@ pub trait StateStore: Send + Sync {
 
     /// Every record whose key starts with `prefix`, in key order.
     fn scan_prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Versioned)>, StateError>;
+
+    /// Reads `key` for a decision that must not move the record: a cluster
+    /// store neither takes the record's file for this node nor asks the
+    /// node that holds it to hand it over (as `get` does), and says so when
+    /// another node holds it. A store of one node reads it as `get`.
+    fn read_in_place(&self, key: &[u8]) -> Result<InPlace, StateError> {
+        self.get(key).map(InPlace::Record)
+    }
+}
+
+/// What `StateStore::read_in_place` found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum InPlace {
+    /// The record as it is now (None: there is none).
+    Record(Option<Versioned>),
+    /// Another cluster node decides the record's file from its memory; the
+    /// copy in the shared database may be behind.
+    HeldElsewhere,
 }

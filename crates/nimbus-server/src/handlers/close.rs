@@ -54,6 +54,13 @@ pub fn release(server: &Server, open: &Open) {
     crate::persist::forget(server, open);
     // Its changes kept for the close are reported; its watch ends.
     server.notify.closed(open);
+    if !open.recorded {
+        // An attribute-only open left out of its file's records (see
+        // ShareModes::attribute_open): it never sets delete-on-close
+        // (that needs DELETE), holds no caching and is in no record, so
+        // its close changes nothing another open could see.
+        return;
+    }
     let sm = &server.share_modes;
     if open
         .delete_on_close

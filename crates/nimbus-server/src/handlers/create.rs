@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use nimbus_state::caching::{Granted, LeaseId, OpenAsk, Want};
-use nimbus_state::{FileKey, OpenRecord, SharingError};
+use nimbus_state::{AttributeOpen, FileKey, OpenRecord, SharingError};
 use nimbus_vfs::{CreateMode, Kind, OpenOptions, Stat, VfsError};
 use nimbus_wire::create::{
     context_name, create_options as opt, CreateAction, CreateContext, CreateDisposition,
@@ -342,7 +342,28 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
     if let (Some(key), Some(id)) = (existing_key, app_instance) {
         create_durable::close_app_instance(ctx, key, id);
     }
-    if let Some(key) = existing_key {
+    // An open of an existing file for attributes only, with no lease and
+    // no durability: it conflicts with no open and caches nothing, so a
+    // cluster node that does not hold the file's record lets it go on
+    // without one (only delete-pending can refuse it).
+    let attribute_only = base.is_none()
+        && !creating
+        && !truncating
+        && !delete_on_close
+        && nimbus_state::caching::stat_open(ask.access)
+        && !matches!(want, Want::Lease { .. })
+        && matches!(durable, DurableAsk::None);
+    let recorded = match existing_key {
+        Some(key) if attribute_only => {
+            ctx.server
+                .share_modes
+                .attribute_open(key)
+                .map_err(|e| sharing_status(&e))?
+                == AttributeOpen::Record
+        }
+        _ => true,
+    };
+    if let Some(key) = existing_key.filter(|_| recorded) {
         ask.has_byte_range_locks = ctx.server.locks.has_locks(key);
         match ctx.server.share_modes.add_open(key, record) {
             Ok(()) => {}
@@ -464,7 +485,7 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
         dev: st.dev,
         ino: st.ino,
     };
-    if registered.is_none() {
+    if registered.is_none() && recorded {
         ctx.server
             .share_modes
             .add_open(key, record)
@@ -573,7 +594,9 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
             // Logged off on another channel while this CREATE ran (its
             // opens already released): none is added to it now.
             drop(opens);
-            unregister(key);
+            if recorded {
+                unregister(key);
+            }
             return Err(NtStatus::USER_SESSION_DELETED.into());
         }
         ctx.server
@@ -610,6 +633,7 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
             base_key: b.key,
             base_is_dir: b.stat.is_dir,
         }),
+        recorded,
     }));
     if let Some(entry) = base_entry {
         entry.keep();
@@ -626,7 +650,11 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
         file_id,
         seal: break_cipher(&session, &tree),
     };
-    let granted_caching = ctx.server.oplocks.admit(key, &ask, route);
+    let granted_caching = if recorded {
+        ctx.server.oplocks.admit(key, &ask, route)
+    } else {
+        Granted::Oplock(oplock_level::NONE)
+    };
     if delete_on_close && !created {
         // The file goes when this handle closes: others' cached handles
         // would keep it, so they are asked to let go now, before the

@@ -237,6 +237,7 @@ fn rebuilt_open(
         session_id: open.session_id(),
         share_access: open.share_access,
         stream: None,
+        recorded: true,
     });
     rebuilt
         .position
