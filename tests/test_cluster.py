@@ -612,7 +612,7 @@ def test_a_directory_lease_on_one_node_breaks_when_a_file_is_made_in_it_on_anoth
 # persistent handles across nodes: failover after kill -9
 
 from smbprotocol.open import LockFlags  # noqa: E402
-from test_durable import plain_open, status_of  # noqa: E402
+from test_durable import STATUS_OBJECT_NAME_NOT_FOUND, plain_open, status_of  # noqa: E402
 from test_persistent import STATUS_FILE_NOT_AVAILABLE, exclusive_open_status, persistent_open, persistent_reconnect  # noqa: E402
 
 STATUS_LOCK_NOT_GRANTED_ = 0xC0000055
@@ -656,8 +656,23 @@ def test_a_persistent_handle_is_reclaimed_on_another_node_after_kill_9(nodes, et
         # refused, its compatible open is not.
         h = plain_open(other, "ledger.dat")
         assert status_of(lambda: other.lock(h.file_id, 10, 10, LOCK_EXCLUSIVE)) == STATUS_LOCK_NOT_GRANTED_
+        # Its connection to n2 is lost too, while n2 lives: the client goes
+        # on to n3, which has n2 let go of the handle and takes it over,
+        # with its data and its lock.
+        g.write(b"written through n2", len(payload))
+        again.drop()
+        again = Client(CaTarget(nodes[2]), guid)
+        # n2 lets go only for a reconnect naming the handle's CreateGuid.
+        wrong = status_of(lambda: persistent_reconnect(again, "ledger.dat", file_id, uuid.uuid4(), key))
+        assert wrong == STATUS_OBJECT_NAME_NOT_FOUND, hex(wrong)
+        assert "let go" not in nodes[1].log()
+        g = persistent_reconnect(again, "ledger.dat", file_id, create_guid, key)
+        assert g.read(0, len(payload) + 18) == payload + b"written through n2"
+        assert "let go for its client on another node" in nodes[1].log()
+        assert "taken over from a gone node" in nodes[2].log()
+        assert status_of(lambda: other.lock(h.file_id, 10, 10, LOCK_EXCLUSIVE)) == STATUS_LOCK_NOT_GRANTED_
         h.close()
-        # Closed by its owner on n2, the handle frees the file everywhere.
+        # Closed by its owner on n3, the handle frees the file everywhere.
         g.close()
         assert exclusive_open_status(other, "ledger.dat") == 0
     finally:

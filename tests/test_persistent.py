@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -402,5 +403,49 @@ def test_lease_broken_while_disconnected_is_not_restored_after_kill_9(tmp_path):
             g.close()
         finally:
             again.close()
+    finally:
+        srv.stop()
+
+
+def test_a_persistent_handle_whose_connection_drops_during_a_break_stays_for_its_client(tmp_path):
+    """A persistent handle with an RH lease is being broken (another
+    client's open that shares nothing waits for it to give up handle
+    caching) when its connection is lost. It can no longer acknowledge:
+    the break is taken as acknowledged, the waiting open is answered at
+    once (the handle's share modes still refuse it), and the handle stays
+    for its client, which reclaims it with its data. (A durable,
+    non-persistent handle is closed instead, as a break that reaches a
+    disconnected durable open closes it.)"""
+    srv = CaServer(tmp_path)
+    try:
+        node = srv.start()
+        guid, create_guid, key = uuid.uuid4(), uuid.uuid4(), os.urandom(16)
+        owner = Client(node, guid)
+        f = persistent_open(owner, "broken.dat", create_guid, key, timeout_ms=30_000)
+        f.write(b"owner's data", 0)
+        file_id = f.file_id
+        other = Client(node, uuid.uuid4())
+        answered: list[int] = []
+        t = threading.Thread(target=lambda: answered.append(exclusive_open_status(other, "broken.dat")), daemon=True)
+        try:
+            t.start()
+            # The break went out (the other CREATE waits for it)...
+            deadline = time.monotonic() + 20
+            while ": break Lease" not in srv.log():
+                assert time.monotonic() < deadline, "no break was sent"
+                time.sleep(0.02)
+            # ...and the owner's connection is lost before it answers.
+            owner.drop()
+            t.join(timeout=10)
+            assert answered == [STATUS_FILE_NOT_AVAILABLE], [hex(s) for s in answered]
+            again = Client(node, guid)
+            try:
+                g = persistent_reconnect(again, "broken.dat", file_id, create_guid, key)
+                assert g.read(0, 12) == b"owner's data"
+                g.close()
+            finally:
+                again.close()
+        finally:
+            other.close()
     finally:
         srv.stop()

@@ -655,8 +655,8 @@ impl Membership {
             return true;
         }
         // The node that runs (or adopted) that incarnation.
-        let node = match self.store.get(&incarnation_key(to)) {
-            Ok(Some(v)) => String::from_utf8_lossy(&v.value).into_owned(),
+        let node = match self.node_of(to) {
+            Ok(Some(node)) => node,
             Ok(None) => return true, // gone: its opens are dropped where in the way
             Err(e) => {
                 tracing::warn!("cluster: break for open {open_id:#x} not sent: {e}");
@@ -668,6 +668,15 @@ impl Membership {
             tracing::warn!("cluster: break for open {open_id:#x} not sent: {e}");
         }
         true
+    }
+
+    /// The node that runs (or adopted) incarnation `n`; None once it is
+    /// gone.
+    pub fn node_of(&self, n: u64) -> Result<Option<String>, StateError> {
+        Ok(self
+            .store
+            .get(&incarnation_key(n))?
+            .map(|v| String::from_utf8_lossy(&v.value).into_owned()))
     }
 
     /// Puts a message into `node`'s box, under this node's lease.

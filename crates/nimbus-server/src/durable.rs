@@ -326,8 +326,16 @@ pub fn keep_or_close(server: &Server, open: &Arc<Open>) {
     match server.durables.disconnect(open, Instant::now()) {
         Ok(()) => {
             // A break sent before the loss can no longer be acknowledged,
-            // and whoever waits for it should not wait out the timeout.
-            if server.oplocks.open_breaking(open.file_key, open.open_id) {
+            // and whoever waits for it should not wait out the timeout: a
+            // durable open is closed, as a break that reaches it now would
+            // close it; a persistent one stays for its client and the break
+            // is taken as acknowledged, as a break that reaches it now
+            // would be (crate::server's disconnected-break handler).
+            if open.is_persistent() {
+                server
+                    .oplocks
+                    .acknowledge_pending_for(open.file_key, open.open_id);
+            } else if server.oplocks.open_breaking(open.file_key, open.open_id) {
                 server.durables.purge(server, open.open_id);
             }
         }

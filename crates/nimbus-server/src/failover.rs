@@ -29,6 +29,15 @@
 //! on as on one node. A node that dies holding it lets it go with its
 //! lease.
 //!
+//! **Moving on.** A client whose connection to the node that took its
+//! open over is lost may reconnect to a third node while that one lives.
+//! The third node asks the holder (`reclaim`: a message to its box) to let
+//! go of the open: the holder, if the open still waits for its client
+//! there and the request names the open's CreateGuid, drops its own copy
+//! without closing it (its share-mode entry, locks and caching stay in
+//! etcd under its open id; its record is in etcd already) and deletes its
+//! claim (`let_go`); the third node then claims it as above.
+//!
 //! **Expiry.** A record nobody reclaims is kept for its durable timeout
 //! from when a node first saw it orphaned; after that any node takes it and
 //! closes it (`sweep_orphans`), which frees its file.
@@ -64,15 +73,23 @@ pub fn claim(server: &Arc<Server>, open_id: u64) -> bool {
     // Asked of etcd again: a client reconnects within a second of its node
     // leaving, while this node may still remember that node alive.
     if !m.is_gone_now(incarnation_of(open_id)) {
+        tracing::debug!("cluster: open {open_id:#x} not claimed: its node lives");
         return false;
     }
     let key = DurableOpen::key(open_id);
     let Ok(Some(v)) = m.store.get(&key) else {
+        tracing::debug!("cluster: open {open_id:#x} not claimed: no record");
         return false;
     };
     let record = match DurableOpen::decode(&v.value) {
         Ok(r) if r.answered == Answered::Yes => r,
-        _ => return false,
+        r => {
+            tracing::debug!(
+                "cluster: open {open_id:#x} not claimed: record {:?}",
+                r.map(|r| r.answered)
+            );
+            return false;
+        }
     };
     let holder = holder_key(open_id);
     let me = m.incarnation().to_string();
@@ -83,7 +100,10 @@ pub fn claim(server: &Arc<Server>, open_id: u64) -> bool {
     );
     match taken {
         Ok(t) if t.succeeded => {}
-        Ok(_) => return false,
+        Ok(_) => {
+            tracing::debug!("cluster: open {open_id:#x} not claimed: held, or its record changed");
+            return false;
+        }
         Err(e) => {
             tracing::warn!("cluster: claiming open {open_id:#x}: {e}");
             return false;
@@ -108,6 +128,160 @@ pub fn claim(server: &Arc<Server>, open_id: u64) -> bool {
             let _ = m.store.txn(&[], &[Op::Delete(&holder)], &[]);
             false
         }
+    }
+}
+
+/// Message tag of a request to let go of an open (`let_go`), beside
+/// breaks (`nimbus_state::records::encode_break`) and notify changes
+/// (`crate::cluster_notify`).
+pub const LET_GO_V1: u8 = 0x20;
+
+/// How long a reconnect waits for the node holding its open to let go.
+const LET_GO_WAIT: Duration = Duration::from_secs(5);
+/// How often it asks meanwhile.
+const ASK_AGAIN: Duration = Duration::from_millis(250);
+
+/// `LET_GO_V1`, the open id, and the CreateGuid the reconnect named (all
+/// zero for a v1 reconnect).
+pub fn encode_let_go(open_id: u64, create_guid: [u8; 16]) -> Vec<u8> {
+    let mut m = Vec::with_capacity(25);
+    m.push(LET_GO_V1);
+    m.extend_from_slice(&open_id.to_le_bytes());
+    m.extend_from_slice(&create_guid);
+    m
+}
+
+pub fn decode_let_go(msg: &[u8]) -> Option<(u64, [u8; 16])> {
+    let [LET_GO_V1, rest @ ..] = msg else {
+        return None;
+    };
+    if rest.len() != 24 {
+        return None;
+    }
+    let id = u64::from_le_bytes(rest[..8].try_into().ok()?);
+    Some((id, rest[8..].try_into().ok()?))
+}
+
+/// A durable reconnect of `open_id` found no open here: `claim` it; when
+/// another node that lives holds it (it took it over, and its client came
+/// here), ask that node to let go first. Whether the open is this node's
+/// now.
+pub fn reclaim(server: &Arc<Server>, open_id: u64, create_guid: [u8; 16]) -> bool {
+    if claim(server, open_id) {
+        return true;
+    }
+    ask_to_let_go(server, open_id, create_guid) && claim(server, open_id)
+}
+
+/// Asks the node holding `open_id` to let go of it and waits until it has
+/// (its claim is gone), or `LET_GO_WAIT`.
+fn ask_to_let_go(server: &Server, open_id: u64, create_guid: [u8; 16]) -> bool {
+    let Some(m) = &server.cluster else {
+        return false;
+    };
+    let Some(holder) = holder_of(m, open_id) else {
+        tracing::debug!("cluster: open {open_id:#x}: no node holds it");
+        return false;
+    };
+    if holder == m.incarnation() {
+        return false;
+    }
+    tracing::debug!("cluster: open {open_id:#x}: asking incarnation {holder} to let go");
+    let node = match m.node_of(holder) {
+        Ok(Some(node)) => node,
+        // Gone: its claim goes with its lease.
+        Ok(None) => String::new(),
+        Err(e) => {
+            tracing::warn!("cluster: asking for open {open_id:#x}: {e}");
+            return false;
+        }
+    };
+    let deadline = Instant::now() + LET_GO_WAIT;
+    let mut pause = Duration::from_millis(2);
+    let mut asked: Option<Instant> = None;
+    loop {
+        // Asked again now and then: the holder may not have seen its
+        // client's connection drop yet when the first request came (the
+        // client reconnects here at once), and ignores a request for an
+        // open still connected there.
+        if !node.is_empty() && asked.is_none_or(|t| t.elapsed() >= ASK_AGAIN) {
+            if let Err(e) = m.post(&node, &encode_let_go(open_id, create_guid)) {
+                tracing::warn!("cluster: asking node {node} for open {open_id:#x}: {e}");
+                return false;
+            }
+            asked = Some(Instant::now());
+        }
+        match m.store.get(&holder_key(open_id)) {
+            Ok(None) => return true,
+            Ok(Some(_)) => {}
+            Err(e) => {
+                tracing::warn!("cluster: waiting for open {open_id:#x}: {e}");
+                return false;
+            }
+        }
+        if Instant::now() >= deadline {
+            tracing::info!(
+                "cluster: node {node} did not let go of open {open_id:#x} within {:?} \
+                 (its client may still be connected there)",
+                LET_GO_WAIT
+            );
+            return false;
+        }
+        nimbus_state::blocking::off_worker(|| std::thread::sleep(pause));
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
+
+/// Another node's client reconnects to open `open_id`, which this node
+/// took over from a gone node: if it still waits for its client here and
+/// `create_guid` is its CreateGuid, this node drops its copy without
+/// closing it and deletes its claim. A request for anything else (an open
+/// of this node's own, one whose client is connected here, a wrong
+/// CreateGuid) is ignored: the asking reconnect then fails, as it would on
+/// one node.
+pub fn let_go(server: &Server, open_id: u64, create_guid: [u8; 16]) {
+    let Some(m) = &server.cluster else {
+        return;
+    };
+    if !m.is_gone(incarnation_of(open_id)) {
+        return;
+    }
+    let Some(open) = server.durables.find_disconnected(open_id) else {
+        return;
+    };
+    let in_store = crate::session::lock(&open.durable)
+        .as_ref()
+        .is_some_and(|d| d.in_store && !d.forgotten);
+    if !in_store || open.replay.as_ref().map_or([0; 16], |r| r.key.1) != create_guid {
+        return;
+    }
+    // Out of the table first: a reconnect here meanwhile finds nothing.
+    let Some(open) = server.durables.claim(open_id) else {
+        return;
+    };
+    server.oplocks.let_go(open_id);
+    server.opens.forget(open_id);
+    server.durables.closed(&open);
+    m.unpin(open_id);
+    let holder = holder_key(open_id);
+    let me = m.incarnation().to_string();
+    match m.store.txn(
+        &[Cmp::Value(&holder, me.as_bytes())],
+        &[Op::Delete(&holder)],
+        &[],
+    ) {
+        Ok(_) => tracing::info!(
+            "cluster: {} open {open_id:#x} of {} let go for its client on another node",
+            if open.is_persistent() {
+                "persistent"
+            } else {
+                "durable"
+            },
+            open.path()
+        ),
+        // The claim stays until this node's lease ends; the open's state
+        // is in etcd all the same.
+        Err(e) => tracing::warn!("cluster: letting go of open {open_id:#x}: {e}"),
     }
 }
 

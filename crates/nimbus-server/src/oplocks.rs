@@ -547,6 +547,13 @@ impl Oplocks {
         self.detach(open_id);
     }
 
+    /// A disconnected open this node took over is let go to another node
+    /// (`crate::failover::let_go`): breaks for it no longer end here. Its
+    /// grant stays in the file's record, for the node that takes it.
+    pub fn let_go(&self, open_id: u64) {
+        self.notifier.unregister(open_id);
+    }
+
     /// A disconnected durable open was reclaimed: breaks go to its new
     /// connection.
     pub fn attach(&self, open_id: u64, route: Route) {
@@ -563,6 +570,32 @@ impl Oplocks {
                 Some(self.ack_oplock(file, open_id, caching::oplock_level(order.to)))
             }
         };
+    }
+
+    /// Acknowledges on behalf of `open_id` every break of what it holds
+    /// that awaits acknowledgement, to the state the break must end at:
+    /// for a persistent open whose connection was lost with a break under
+    /// way, which stays for its client (as `acknowledge_for` does for a
+    /// break that reaches it disconnected). Whether there was any.
+    pub fn acknowledge_pending_for(&self, file: FileKey, open_id: u64) -> bool {
+        let Ok(s) = records::read::<FileCaching>(&*self.store, &record_key(file)) else {
+            return false;
+        };
+        let pending: Vec<(Holder, u32)> = s
+            .grants
+            .iter()
+            .filter(|g| g.opens.contains(&open_id))
+            .filter_map(|g| g.breaking.map(|b| (g.holder, b.required)))
+            .collect();
+        for (holder, to) in &pending {
+            let _ = match holder {
+                Holder::Lease(id) => self.ack_lease(*id, *to),
+                Holder::Oplock(_) => {
+                    Some(self.ack_oplock(file, open_id, caching::oplock_level(*to)))
+                }
+            };
+        }
+        !pending.is_empty()
     }
 
     /// Whether breaks on `file` await acknowledgement.

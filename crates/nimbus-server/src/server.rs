@@ -621,7 +621,8 @@ impl Server {
     }
 
     /// A message from another cluster node: a break for one of this node's
-    /// opens, or changes for its watches.
+    /// opens, changes for its watches, or a request to let go of an open
+    /// whose client reconnected there.
     fn on_message(&self, msg: &[u8]) {
         if msg.first() == Some(&crate::cluster_notify::CHANGES_V1) {
             let Some(relay) = &self.notify_relay else {
@@ -637,6 +638,13 @@ impl Server {
                     })
                     .collect();
                 self.notify.deliver_local(root, &changes);
+            }
+            return;
+        }
+        if msg.first() == Some(&crate::failover::LET_GO_V1) {
+            match crate::failover::decode_let_go(msg) {
+                Some((open_id, guid)) => crate::failover::let_go(self, open_id, guid),
+                None => tracing::warn!("cluster: a malformed request to let go of an open"),
             }
             return;
         }
