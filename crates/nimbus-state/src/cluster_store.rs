@@ -552,17 +552,20 @@ impl ClusterStore {
     }
 }
 
-impl StateStore for ClusterStore {
-    fn get(&self, key: &[u8]) -> Result<Option<Versioned>, StateError> {
-        let Some(group) = self.group(key) else {
-            return self.local.get(key);
-        };
+impl ClusterStore {
+    /// Looks `key` up for `get` and `read_in_place`: from memory when this
+    /// node owns its group; else from etcd, taking the group when nobody
+    /// owns it and its records are claimable. A group another node owns is
+    /// asked for (`ask`) or reported as held elsewhere.
+    fn look_up(&self, group: &[u8], key: &[u8], ask: bool) -> Result<InPlace, StateError> {
         for _ in 0..FIND_TRIES {
             // Some(token): this thread's lookup may take the group.
             let may_take = {
                 let mut g = self.written_back(group);
                 match g.get(group) {
-                    Some(Group::Owned { records, .. }) => return Ok(records.get(key).cloned()),
+                    Some(Group::Owned { records, .. }) => {
+                        return Ok(InPlace::Record(records.get(key).cloned()))
+                    }
                     Some(Group::Finding(_)) => None,
                     _ => {
                         let token = self.next_version.fetch_add(1, Ordering::Relaxed);
@@ -571,30 +574,51 @@ impl StateStore for ClusterStore {
                     }
                 }
             };
-            if let Some(token) = may_take {
+            let found = if let Some(token) = may_take {
                 let _mark = FindingMark {
                     store: self,
                     group,
                     token,
                 };
-                match self.find(group, key)? {
-                    Found::Taken | Found::Retry => continue,
-                    Found::Shared(v) => return Ok(v),
-                    Found::OwnedBy(owner) => self.ask_release(&owner, group)?,
-                }
+                self.find(group, key)?
             } else {
                 match self.peek(group, key)? {
-                    Found::Shared(v) => return Ok(v),
                     // Taken by the lookup under way: wait for its outcome.
-                    Found::OwnedBy(owner) if owner == self.me => drop(self.settled(group)),
-                    Found::OwnedBy(owner) => self.ask_release(&owner, group)?,
-                    Found::Taken | Found::Retry => continue,
+                    Found::OwnedBy(owner) if owner == self.me => {
+                        drop(self.settled(group));
+                        continue;
+                    }
+                    found => found,
                 }
+            };
+            match found {
+                Found::Taken | Found::Retry => continue,
+                Found::Shared(v) => return Ok(InPlace::Record(v)),
+                // This node named in etcd but not in memory: a lost
+                // hand-back, which `ask_release` mends.
+                Found::OwnedBy(owner) if ask || owner == self.me => {
+                    self.ask_release(&owner, group)?
+                }
+                Found::OwnedBy(_) => return Ok(InPlace::HeldElsewhere),
             }
         }
         Err(StateError::Unavailable(
             "too much contention on one file's ownership".into(),
         ))
+    }
+}
+
+impl StateStore for ClusterStore {
+    fn get(&self, key: &[u8]) -> Result<Option<Versioned>, StateError> {
+        let Some(group) = self.group(key) else {
+            return self.local.get(key);
+        };
+        match self.look_up(group, key, true)? {
+            InPlace::Record(v) => Ok(v),
+            InPlace::HeldElsewhere => Err(StateError::Unavailable(
+                "a file's owner did not hand it over".into(),
+            )),
+        }
     }
 
     fn compare_and_set(
@@ -667,25 +691,12 @@ impl StateStore for ClusterStore {
         self.local.scan_prefix(prefix)
     }
 
-    /// A group this node owns is read from memory; any other from etcd in
-    /// one linearizable read of its ownership and the record, taking
-    /// nothing and asking nobody. A group named as owned in etcd but not
-    /// (or no longer, or not yet) in this node's memory is being taken or
-    /// handed back by another thread: its records are decided by whoever
-    /// ends up owning it, so it counts as held elsewhere too.
+    /// As `get`, except that a group another node owns is reported as
+    /// held elsewhere instead of asked for.
     fn read_in_place(&self, key: &[u8]) -> Result<InPlace, StateError> {
-        let Some(group) = self.group(key) else {
-            return self.local.get(key).map(InPlace::Record);
-        };
-        if let Some(Group::Owned { records, .. }) = self.written_back(group).get(group) {
-            return Ok(InPlace::Record(records.get(key).cloned()));
-        }
-        match self.peek(group, key)? {
-            Found::Shared(v) => Ok(InPlace::Record(v)),
-            Found::OwnedBy(_) => Ok(InPlace::HeldElsewhere),
-            Found::Taken | Found::Retry => Err(StateError::Unavailable(
-                "etcd: unexpected answer to a read".into(),
-            )),
+        match self.group(key) {
+            Some(group) => self.look_up(group, key, false),
+            None => self.local.get(key).map(InPlace::Record),
         }
     }
 }
@@ -851,57 +862,58 @@ mod tests {
     }
 
     #[test]
-    fn a_read_in_place_neither_takes_a_file_nor_asks_its_owner_for_it() {
+    fn a_read_in_place_never_asks_another_node_for_a_file() {
         let cluster = Cluster::start("inplace");
         let one = Node::start(&cluster.urls, "1", &[]);
         let two = Node::start(&cluster.urls, "2", &[]);
         let raw = EtcdStore::new(&cluster.urls, b"/nimbus-test/", Duration::from_secs(5)).unwrap();
         let own = key_of(OWN_PREFIX, G);
 
-        // Nobody has records of the file: nothing is taken.
+        // Nobody has records of the file: read as `get` reads it, which
+        // takes it.
         assert_eq!(
             two.store.read_in_place(&file_key()).unwrap(),
             InPlace::Record(None)
         );
-        assert!(!two.store.owns(G));
-        assert_eq!(raw.get(&own).unwrap(), None);
-
-        // Node 1 takes it: node 2 is told so, and node 1 keeps it (no
-        // hand-over request, the same ownership record); node 1 reads its
-        // own memory.
-        one.set("1a");
+        assert!(two.store.owns(G));
         let owned_at = raw.get(&own).unwrap().unwrap().version;
-        assert_eq!(
-            two.store.read_in_place(&file_key()).unwrap(),
-            InPlace::HeldElsewhere
-        );
-        assert!(one.store.owns(G));
+
+        // Node 1 is told node 2 holds it, and node 2 keeps it (the same
+        // ownership record, no hand-over request), records and all.
+        two.set("2a");
+        for _ in 0..3 {
+            assert_eq!(
+                one.store.read_in_place(&file_key()).unwrap(),
+                InPlace::HeldElsewhere
+            );
+        }
+        assert!(two.store.owns(G) && !one.store.owns(G));
         assert_eq!(raw.get(&own).unwrap().unwrap().version, owned_at);
         assert_eq!(raw.scan_prefix(RELEASE_PREFIX).unwrap(), vec![]);
-        match one.store.read_in_place(&file_key()).unwrap() {
-            InPlace::Record(Some(v)) => assert_eq!(v.value, b"1a"),
+        match two.store.read_in_place(&file_key()).unwrap() {
+            InPlace::Record(Some(v)) => assert_eq!(v.value, b"2a"),
             other => panic!("{other:?}"),
         }
 
-        // Shared (both nodes wrote): read from etcd as it is, and taken by
-        // neither node.
-        two.set("1a,2b");
+        // Shared (node 1 wrote through `get`, which asked for it): read
+        // from etcd as it is, and taken by neither node while it names
+        // both nodes' entries.
+        one.set("2a,1b");
         assert!(!one.store.owns(G) && !two.store.owns(G));
         for node in [&one, &two] {
             match node.store.read_in_place(&file_key()).unwrap() {
-                InPlace::Record(Some(v)) => assert_eq!(v.value, b"1a,2b"),
+                InPlace::Record(Some(v)) => assert_eq!(v.value, b"2a,1b"),
                 other => panic!("{other:?}"),
             }
         }
-        // Only node 2's entry left: a read in place still leaves it shared,
-        // where `get` would take it.
-        one.set("2b");
+        assert_eq!(raw.get(&own).unwrap(), None);
+        // Only node 1's entry left: claimable by node 1, which takes it.
+        two.set("1b");
         assert!(matches!(
-            two.store.read_in_place(&file_key()).unwrap(),
+            one.store.read_in_place(&file_key()).unwrap(),
             InPlace::Record(Some(_))
         ));
-        assert!(!two.store.owns(G));
-        assert_eq!(raw.get(&own).unwrap(), None);
+        assert!(one.store.owns(G));
     }
 
     #[test]

@@ -258,13 +258,15 @@ impl ShareModes {
         if self.store.is_local(&k) {
             return Ok(AttributeOpen::Record);
         }
-        let rec = match self.store.read_in_place(&k)? {
-            InPlace::HeldElsewhere => return Ok(AttributeOpen::Unrecorded),
-            // Nobody has records of the file: recording the open takes it
-            // for this node, one transaction once, after which its opens
-            // here are decided from memory (the common case of a file
-            // looked at from one node only).
-            InPlace::Record(None) => return Ok(AttributeOpen::Record),
+        let found = self.store.read_in_place(&k)?;
+        // A file nobody held is this node's now (one transaction, once):
+        // its opens here are decided from memory (the common case of a
+        // file looked at from one node only).
+        if self.store.is_local(&k) {
+            return Ok(AttributeOpen::Record);
+        }
+        let rec = match found {
+            InPlace::HeldElsewhere | InPlace::Record(None) => return Ok(AttributeOpen::Unrecorded),
             InPlace::Record(Some(v)) => FileRecord::decode(&v.value)?,
         };
         // Delete-pending set by opens of nodes that are gone went with
@@ -344,8 +346,8 @@ mod tests {
         });
         // Node 7's opens belong to a node that is gone.
         let sm = ShareModes::with_liveness(store.clone(), Arc::new(|id| id == 7));
-        // No record: recorded (that takes the file for this node).
-        assert_eq!(sm.attribute_open(K).unwrap(), AttributeOpen::Record);
+        // No record, on a file this node does not hold: unrecorded.
+        assert_eq!(sm.attribute_open(K).unwrap(), AttributeOpen::Unrecorded);
         // Others' opens, exclusive ones too: it goes on unrecorded (it
         // conflicts with nothing).
         sm.add_open(K, open(1, READ_DATA | WRITE_DATA | DELETE, 0))

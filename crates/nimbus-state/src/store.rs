@@ -101,10 +101,12 @@ pub trait StateStore: Send + Sync {
     /// Every record whose key starts with `prefix`, in key order.
     fn scan_prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Versioned)>, StateError>;
 
-    /// Reads `key` for a decision that must not move the record: a cluster
-    /// store neither takes the record's file for this node nor asks the
-    /// node that holds it to hand it over (as `get` does), and says so when
-    /// another node holds it. A store of one node reads it as `get`.
+    /// Reads `key` for a decision that must not take the record's file
+    /// from another node: where `get` on a cluster store asks the node
+    /// that holds the file to hand it over, this says that another node
+    /// holds it. Otherwise it reads as `get` (which takes for this node a
+    /// file nobody holds whose records are claimable). A store of one node
+    /// reads it as `get`.
     fn read_in_place(&self, key: &[u8]) -> Result<InPlace, StateError> {
         self.get(key).map(InPlace::Record)
     }
