@@ -222,7 +222,7 @@ from smbprotocol.exceptions import SMBResponseException  # noqa: E402
 from smbprotocol.open import CreateDisposition, CreateOptions, FileAttributes, ImpersonationLevel, Open, ShareAccess  # noqa: E402
 from smbprotocol.file_info import FileInformationClass  # noqa: E402
 from test_durable import ACCESS, SHARE_ALL, Client  # noqa: E402
-from test_setinfo import set_info  # noqa: E402
+from test_setinfo import query_info, set_info  # noqa: E402
 from test_locks import (  # noqa: E402
     CLOSE,
     EXCLUSIVE,
@@ -340,6 +340,11 @@ def test_attribute_opens_on_other_nodes_leave_a_file_with_its_node_and_write_not
             for client in (b, c):
                 status, f = attribute_open(client, "looked-at.txt")
                 assert status == 0, hex(status)
+                # Explorer reads what such an open is for; the delete-pending
+                # flag of FileStandardInformation is read in place too.
+                query_info(f, FileInformationClass.FILE_BASIC_INFORMATION)
+                standard = query_info(f, FileInformationClass.FILE_STANDARD_INFORMATION)
+                assert standard[20] == 0  # DeletePending
                 f.close()
         assert ownership(etcd_cluster, nodes[0].share / "looked-at.txt") == owned
         assert etcd_keys(etcd_cluster, "/nimbus/release/") == []

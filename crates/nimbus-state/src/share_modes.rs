@@ -278,6 +278,19 @@ impl ShareModes {
         Ok(AttributeOpen::Unrecorded)
     }
 
+    /// Whether the file is delete-pending, read in place
+    /// (`StateStore::read_in_place`): a file another cluster node decides
+    /// alone is not asked for, and counts as not delete-pending (what
+    /// `attribute_open` gives up). Unknown (the store failed): not.
+    pub fn delete_pending_in_place(&self, key: FileKey) -> bool {
+        match self.store.read_in_place(&key.record_key(OPENS_PREFIX)) {
+            Ok(InPlace::Record(Some(v))) => {
+                FileRecord::decode(&v.value).is_ok_and(|r| r.delete_pending)
+            }
+            _ => false,
+        }
+    }
+
     pub fn record(&self, key: FileKey) -> Result<FileRecord, SharingError> {
         Ok(records::read(&*self.store, &key.record_key(OPENS_PREFIX))?)
     }

@@ -75,16 +75,17 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             } else {
                 0
             };
-            let pending_of = |key| {
-                ctx.server
-                    .share_modes
-                    .record(key)
-                    .map(|r| r.delete_pending)
-                    .unwrap_or(false)
-            };
+            // Only FileStandardInformation and FileAllInformation report
+            // delete-pending (and the link count it lowers): other classes
+            // read no state. Read in place: a query through an open a
+            // cluster node left out of the file's records (an attribute
+            // open) does not ask the node that holds the file for it.
+            let pending_of = |key| ctx.server.share_modes.delete_pending_in_place(key);
+            let reports_pending = matches!(req.info_class, file_class::STANDARD | file_class::ALL);
             // A stream is delete-pending with its file too.
-            let pending = pending_of(open.file_key)
-                || open.stream.as_ref().is_some_and(|s| pending_of(s.base_key));
+            let pending = reports_pending
+                && (pending_of(open.file_key)
+                    || open.stream.as_ref().is_some_and(|s| pending_of(s.base_key)));
             // A delayed write-time update now due is made first.
             ctx.server.write_times.settle(&open);
             let mut info = open_info(&open, pending).map_err(|e| vfs_status(&e))?;
