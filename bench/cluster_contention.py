@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import re
 import shutil
 import statistics
@@ -177,9 +178,27 @@ def idle_rates(target: Target, seconds: float = 5.0) -> tuple[float, float]:
 
 
 def check_perf(etcd: EtcdCluster) -> str:
-    out = etcd.etcdctl("check", "perf", "--load=s", timeout=180)
-    m = re.search(r"Throughput is (\d+) writes/s", out)
-    return f"{m.group(1)} writes/s" if m else out.strip().splitlines()[-1]
+    """The write rate etcd sustains here. `check perf`'s workloads are
+    rate-limited (small: 150 writes/s from 50 clients, large: 8000 from
+    500), so the small one only says that 150 are reached; the large one's
+    throughput is what the cluster manages, up to 8000 (it passes when it
+    reaches the limit, fails with the rate it got otherwise)."""
+    # Run here rather than through EtcdCluster.etcdctl: a FAIL verdict is a
+    # non-zero exit with the rate on stdout.
+    proc = subprocess.run(
+        ["etcdctl", f"--endpoints={','.join(etcd.endpoints)}", "--command-timeout=240s", "check", "perf", "--load=l"],
+        env={**os.environ, "ETCDCTL_API": "3"},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = proc.stdout + proc.stderr
+    m = re.search(r"Throughput is (\d+) writes/s", out) or re.search(r"Throughput too low: (\d+) writes/s", out)
+    if not m:
+        return "not measured (" + (out.strip().splitlines() or ["no output"])[-1] + ")"
+    limit = " (the workload's limit: at least that)" if "PASS: Throughput is" in out else ""
+    return f"{m.group(1)} writes/s{limit}"
 
 
 def main() -> int:
@@ -189,7 +208,7 @@ def main() -> int:
     ap.add_argument("--nimbus", default=str(REPO / "target" / "release" / "nimbus"))
     ap.add_argument("--output", default=str(REPO / "BENCHMARKS.md"))
     ap.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
-    ap.add_argument("--no-check-perf", action="store_true", help="skip etcdctl check perf (60 s)")
+    ap.add_argument("--no-check-perf", action="store_true", help="skip etcdctl check perf --load=l (60 s)")
     ap.add_argument("--cases", nargs="+", default=["distinct", "shared"], choices=["distinct", "shared"])
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs) under /dev/shm")
     args = ap.parse_args()
@@ -257,7 +276,7 @@ def render(results: dict, nprocs: list[int], perf: str, seconds: int) -> str:
         "processes of each one's median second). *distinct*: one file per process, process i on",
         "node i mod 3. *shared*: one file, the connections spread over the three nodes",
         "(`torture:unclist`). All three nodes, the three etcd members, Samba and the client share",
-        f"this machine's 2 cores. etcd ceiling (`etcdctl check perf`, same cluster): {perf}.",
+        f"this machine's 2 cores. etcd ceiling (`etcdctl check perf --load=l`, same cluster): {perf}.",
         "*etcd txn/open*: write transactions (etcd's revision advance) per open; *etcd",
         "requests/open*: every key-value call, reads included (the members' Prometheus counters);",
         "both less what the idle cluster does in the same time.",

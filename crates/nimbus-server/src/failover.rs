@@ -259,30 +259,43 @@ pub fn let_go(server: &Server, open_id: u64, create_guid: [u8; 16]) {
     let Some(open) = server.durables.claim(open_id) else {
         return;
     };
+    // The claim goes next; only then is the open no longer this node's.
+    // Should that fail, the open goes back to waiting for its client here
+    // (its timeout counted again from now), as if nobody had asked.
+    let holder = holder_key(open_id);
+    let me = m.incarnation().to_string();
+    let deleted = m.store.txn(
+        &[Cmp::Value(&holder, me.as_bytes())],
+        &[Op::Delete(&holder)],
+        &[],
+    );
+    if !matches!(deleted, Ok(ref t) if t.succeeded) {
+        tracing::warn!(
+            "cluster: open {open_id:#x} not let go: its claim could not be given up ({deleted:?})"
+        );
+        if server.durables.disconnect(&open, Instant::now()).is_err() {
+            crate::handlers::close::release(server, &open);
+        }
+        return;
+    }
+    // Saves of it still under way here write nothing now: its record is
+    // the next holder's.
+    if let Some(d) = crate::session::lock(&open.durable).as_mut() {
+        d.forgotten = true;
+    }
     server.oplocks.let_go(open_id);
     server.opens.forget(open_id);
     server.durables.closed(&open);
     m.unpin(open_id);
-    let holder = holder_key(open_id);
-    let me = m.incarnation().to_string();
-    match m.store.txn(
-        &[Cmp::Value(&holder, me.as_bytes())],
-        &[Op::Delete(&holder)],
-        &[],
-    ) {
-        Ok(_) => tracing::info!(
-            "cluster: {} open {open_id:#x} of {} let go for its client on another node",
-            if open.is_persistent() {
-                "persistent"
-            } else {
-                "durable"
-            },
-            open.path()
-        ),
-        // The claim stays until this node's lease ends; the open's state
-        // is in etcd all the same.
-        Err(e) => tracing::warn!("cluster: letting go of open {open_id:#x}: {e}"),
-    }
+    tracing::info!(
+        "cluster: {} open {open_id:#x} of {} let go for its client on another node",
+        if open.is_persistent() {
+            "persistent"
+        } else {
+            "durable"
+        },
+        open.path()
+    );
 }
 
 fn kind(r: &DurableOpen) -> &'static str {
@@ -412,7 +425,19 @@ fn take_over(server: &Arc<Server>, r: &DurableOpen, since: Instant) -> Result<()
     let slot = server.open_files.reserve().ok_or("too many open files")?;
     let open = crate::persist::open_of_record(server, r, share, handle, file, slot);
     server.oplocks.take_over(file, r.open_id);
-    crate::persist::wait_for_client(server, &open, r, since)
+    crate::persist::wait_for_client(server, &open, r, since)?;
+    // A break that reached the node that held it last, as it let go or
+    // died, was answered by nobody: it ends now, as it would have ended
+    // there (a persistent open's taken as acknowledged, a durable one
+    // closes), rather than at the break timeout.
+    if server.oplocks.open_breaking(file, r.open_id) {
+        if r.persistent {
+            server.oplocks.acknowledge_pending_for(file, r.open_id);
+        } else {
+            server.durables.purge(server, r.open_id);
+        }
+    }
+    Ok(())
 }
 
 /// Records of gone nodes' opens that nobody reclaimed, with when this

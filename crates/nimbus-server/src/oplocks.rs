@@ -547,9 +547,10 @@ impl Oplocks {
         self.detach(open_id);
     }
 
-    /// A disconnected open this node took over is let go to another node
-    /// (`crate::failover::let_go`): breaks for it no longer end here. Its
-    /// grant stays in the file's record, for the node that takes it.
+    /// Breaks for `open_id` no longer end here: a disconnected open this
+    /// node took over was let go to another node (`crate::failover::let_go`;
+    /// its grant stays in the file's record, for the node that takes it),
+    /// or an open that holds no grant closed.
     pub fn let_go(&self, open_id: u64) {
         self.notifier.unregister(open_id);
     }
@@ -581,12 +582,22 @@ impl Oplocks {
         let Ok(s) = records::read::<FileCaching>(&*self.store, &record_key(file)) else {
             return false;
         };
-        let pending: Vec<(Holder, u32)> = s
-            .grants
-            .iter()
-            .filter(|g| g.opens.contains(&open_id))
-            .filter_map(|g| g.breaking.map(|b| (g.holder, b.required)))
-            .collect();
+        // Only for grants none of whose opens can still answer: a lease
+        // shared with an open whose connection lives is acknowledged by
+        // its client, which may have writes to flush first.
+        let pending: Vec<(Holder, u32)> = {
+            let routes = lock(&self.notifier.routes);
+            s.grants
+                .iter()
+                .filter(|g| g.opens.contains(&open_id))
+                .filter(|g| {
+                    g.opens.iter().all(|o| {
+                        *o == open_id || matches!(routes.get(o), Some(Destination::Disconnected))
+                    })
+                })
+                .filter_map(|g| g.breaking.map(|b| (g.holder, b.required)))
+                .collect()
+        };
         for (holder, to) in &pending {
             let _ = match holder {
                 Holder::Lease(id) => self.ack_lease(*id, *to),

@@ -574,32 +574,35 @@ impl ClusterStore {
                     }
                 }
             };
-            let found = if let Some(token) = may_take {
+            if let Some(token) = may_take {
+                // The mark is held until this lookup is done with the
+                // group, through `ask_release` too: two lookups both
+                // mending a lost hand-back would otherwise see the second
+                // delete the ownership the first had just taken.
                 let _mark = FindingMark {
                     store: self,
                     group,
                     token,
                 };
-                self.find(group, key)?
+                match self.find(group, key)? {
+                    Found::Taken | Found::Retry => continue,
+                    Found::Shared(v) => return Ok(InPlace::Record(v)),
+                    // This node named in etcd but not in memory: a lost
+                    // hand-back, which `ask_release` mends.
+                    Found::OwnedBy(owner) if ask || owner == self.me => {
+                        self.ask_release(&owner, group)?
+                    }
+                    Found::OwnedBy(_) => return Ok(InPlace::HeldElsewhere),
+                }
             } else {
                 match self.peek(group, key)? {
+                    Found::Shared(v) => return Ok(InPlace::Record(v)),
                     // Taken by the lookup under way: wait for its outcome.
-                    Found::OwnedBy(owner) if owner == self.me => {
-                        drop(self.settled(group));
-                        continue;
-                    }
-                    found => found,
+                    Found::OwnedBy(owner) if owner == self.me => drop(self.settled(group)),
+                    Found::OwnedBy(owner) if ask => self.ask_release(&owner, group)?,
+                    Found::OwnedBy(_) => return Ok(InPlace::HeldElsewhere),
+                    Found::Taken | Found::Retry => continue,
                 }
-            };
-            match found {
-                Found::Taken | Found::Retry => continue,
-                Found::Shared(v) => return Ok(InPlace::Record(v)),
-                // This node named in etcd but not in memory: a lost
-                // hand-back, which `ask_release` mends.
-                Found::OwnedBy(owner) if ask || owner == self.me => {
-                    self.ask_release(&owner, group)?
-                }
-                Found::OwnedBy(_) => return Ok(InPlace::HeldElsewhere),
             }
         }
         Err(StateError::Unavailable(

@@ -58,7 +58,9 @@ pub fn release(server: &Server, open: &Open) {
         // An attribute-only open left out of its file's records (see
         // ShareModes::attribute_open): it never sets delete-on-close
         // (that needs DELETE), holds no caching and is in no record, so
-        // its close changes nothing another open could see.
+        // its close changes nothing another open could see. Its break
+        // route (a session's end marks it disconnected) goes.
+        server.oplocks.let_go(open.open_id);
         return;
     }
     let sm = &server.share_modes;
