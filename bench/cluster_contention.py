@@ -51,6 +51,7 @@ sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(REPO / "tests"))
 from etcd_cluster import EtcdCluster  # noqa: E402
 from netutil import free_port, wait_listening  # noqa: E402
+import data_open_loop  # noqa: E402
 from side_by_side import PASSWORD, SHARE, USER, start_nimbus, start_smbd  # noqa: E402
 
 MARK_BEGIN = "<!-- cluster: begin (written by bench/cluster_contention.py) -->"
@@ -146,7 +147,11 @@ def run_case(target: Target, case: str, nprocs: int, seconds: int, work: Path, i
     before = target.revision() if target.etcd else 0
     requests_before = target.requests() if target.etcd else 0
     started = time.monotonic()
-    if case == "distinct":
+    if case == "shared-data":
+        (target.share_dir / "shared-data.dat").write_bytes(b"x")
+        opens, rate = data_open_loop.run(target.hosts, target.port, SHARE, USER, PASSWORD, "shared-data.dat", nprocs, seconds)
+        results = [(rate, opens)]
+    elif case == "distinct":
         for i in range(nprocs):
             (target.share_dir / f"own-{i}.dat").write_bytes(b"x")
         procs = [torture(target, target.hosts[i % len(target.hosts)], f"own-{i}.dat", 1, seconds, None) for i in range(nprocs)]
@@ -157,7 +162,8 @@ def run_case(target: Target, case: str, nprocs: int, seconds: int, work: Path, i
             unclist = work / "unclist"
             unclist.write_text("".join(f"//{h}/{SHARE}\n" for h in target.hosts))
         procs = [torture(target, target.hosts[0], "shared.dat", nprocs, seconds, unclist)]
-    results = [rate_of(p, seconds, f"{target.name}, {case}, nprocs {nprocs}") for p in procs]
+    if case != "shared-data":
+        results = [rate_of(p, seconds, f"{target.name}, {case}, nprocs {nprocs}") for p in procs]
     elapsed = time.monotonic() - started
     row = {"rate": sum(r for r, _ in results)}
     if target.etcd:
@@ -209,7 +215,7 @@ def main() -> int:
     ap.add_argument("--output", default=str(REPO / "BENCHMARKS.md"))
     ap.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
     ap.add_argument("--no-check-perf", action="store_true", help="skip etcdctl check perf --load=l (60 s)")
-    ap.add_argument("--cases", nargs="+", default=["distinct", "shared"], choices=["distinct", "shared"])
+    ap.add_argument("--cases", nargs="+", default=["distinct", "shared", "shared-data"], choices=["distinct", "shared", "shared-data"])
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs) under /dev/shm")
     args = ap.parse_args()
     for tool in ("smbtorture", "etcd", "etcdctl"):
@@ -284,7 +290,7 @@ def render(results: dict, nprocs: list[int], perf: str, seconds: int) -> str:
         "| case | nprocs | 3-node cluster | etcd txn/open | etcd requests/open | one Nimbus node | Samba | cluster / one node | cluster / Samba |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for case in ("distinct", "shared"):
+    for case in ("distinct", "shared", "shared-data"):
         for n in nprocs:
             if ("cluster", case, n) not in results:
                 continue

@@ -106,7 +106,10 @@ pub struct ClusterStore {
 enum Found {
     Taken,
     Shared(Option<Versioned>),
-    OwnedBy(Vec<u8>),
+    /// Owned by the node incarnation named, since the revision given (the
+    /// `own/` record's version: the same node may own the group again
+    /// later, under another).
+    OwnedBy(Vec<u8>, u64),
     /// The records changed between two looks: look again.
     Retry,
 }
@@ -233,7 +236,7 @@ impl ClusterStore {
             ));
         };
         if let Some(owner) = owner {
-            return Ok(Found::OwnedBy(owner.value.clone()));
+            return Ok(Found::OwnedBy(owner.value.clone(), owner.version));
         }
         let present: Vec<(&Vec<u8>, &Versioned)> = keys
             .iter()
@@ -279,7 +282,7 @@ impl ClusterStore {
         let own = key_of(OWN_PREFIX, group);
         let t = self.etcd.txn(&[], &[Op::Get(&own), Op::Get(key)], &[])?;
         match t.reads.as_slice() {
-            [Some(owner), _] => Ok(Found::OwnedBy(owner.value.clone())),
+            [Some(owner), _] => Ok(Found::OwnedBy(owner.value.clone(), owner.version)),
             [None, record] => Ok(Found::Shared(record.clone())),
             _ => Err(StateError::Unavailable(
                 "etcd: short transaction answer".into(),
@@ -300,25 +303,38 @@ impl ClusterStore {
     }
 
     /// Asks `owner` to hand `group` over and waits until it has (or its
-    /// lease expired).
-    fn ask_release(&self, owner: &[u8], group: &[u8]) -> Result<(), StateError> {
+    /// lease expired). `since` is the revision of the ownership asked
+    /// about: the owner may hand the group back and take it again (its
+    /// own clients' next open) between the asking and the looking, and
+    /// that new ownership has not been asked for. A request for it would
+    /// be gone already: the owner deletes requests as it hands back, and
+    /// one that reached it between two ownerships. So the request is
+    /// written only while that ownership stands, and the wait ends when it
+    /// ends, however briefly, for the caller to look again (and ask again).
+    fn ask_release(&self, owner: &[u8], since: u64, group: &[u8]) -> Result<(), StateError> {
         let own = key_of(OWN_PREFIX, group);
         if owner == self.me.as_slice() {
             // Named as owner by etcd but not in memory: a hand-back whose
             // answer was lost. The records in etcd are the last written.
             self.etcd
-                .txn(&[Cmp::Value(&own, owner)], &[Op::Delete(&own)], &[])?;
+                .txn(&[Cmp::Version(&own, Some(since))], &[Op::Delete(&own)], &[])?;
             return Ok(());
         }
         let request = release_key(owner, group);
         let lease = self.lease.load(Ordering::SeqCst);
-        self.etcd
-            .txn(&[], &[Op::Put(&request, &self.me, lease)], &[])?;
+        let t = self.etcd.txn(
+            &[Cmp::Version(&own, Some(since))],
+            &[Op::Put(&request, &self.me, lease)],
+            &[],
+        )?;
+        if !t.succeeded {
+            return Ok(());
+        }
         let deadline = Instant::now() + self.handover_timeout;
         let mut pause = Duration::from_millis(1);
         loop {
             match self.etcd.get(&own)? {
-                Some(v) if v.value == owner => {}
+                Some(v) if v.version == since => {}
                 _ => return Ok(()),
             }
             if Instant::now() >= deadline {
@@ -541,6 +557,7 @@ impl ClusterStore {
             }
             pending.sort();
             pending.dedup();
+
             pending.retain(|group| match self.release_or_defer(group, false) {
                 Ok(handled) => !handled,
                 Err(e) => {
@@ -589,18 +606,20 @@ impl ClusterStore {
                     Found::Shared(v) => return Ok(InPlace::Record(v)),
                     // This node named in etcd but not in memory: a lost
                     // hand-back, which `ask_release` mends.
-                    Found::OwnedBy(owner) if ask || owner == self.me => {
-                        self.ask_release(&owner, group)?
+                    Found::OwnedBy(owner, since) if ask || owner == self.me => {
+                        self.ask_release(&owner, since, group)?
                     }
-                    Found::OwnedBy(_) => return Ok(InPlace::HeldElsewhere),
+                    Found::OwnedBy(..) => return Ok(InPlace::HeldElsewhere),
                 }
             } else {
                 match self.peek(group, key)? {
                     Found::Shared(v) => return Ok(InPlace::Record(v)),
                     // Taken by the lookup under way: wait for its outcome.
-                    Found::OwnedBy(owner) if owner == self.me => drop(self.settled(group)),
-                    Found::OwnedBy(owner) if ask => self.ask_release(&owner, group)?,
-                    Found::OwnedBy(_) => return Ok(InPlace::HeldElsewhere),
+                    Found::OwnedBy(owner, _) if owner == self.me => drop(self.settled(group)),
+                    Found::OwnedBy(owner, since) if ask => {
+                        self.ask_release(&owner, since, group)?
+                    }
+                    Found::OwnedBy(..) => return Ok(InPlace::HeldElsewhere),
                     Found::Taken | Found::Retry => continue,
                 }
             }
@@ -862,6 +881,42 @@ mod tests {
         assert_eq!(raw.get(&key_of(OWN_PREFIX, G)).unwrap(), None);
         assert_eq!(raw.get(&file_key()).unwrap(), None);
         drop(one);
+    }
+
+    #[test]
+    fn a_request_for_a_file_names_the_ownership_it_asks_to_end() {
+        let cluster = Cluster::start("terms");
+        let one = Node::start(&cluster.urls, "1", &[]);
+        let two = Node::start(&cluster.urls, "2", &[]);
+        let raw = EtcdStore::new(&cluster.urls, b"/nimbus-test/", Duration::from_secs(5)).unwrap();
+        let own = key_of(OWN_PREFIX, G);
+
+        // Node 1 takes the file, hands it back when node 2 looks, and takes
+        // it again once its record names only node 1's entries.
+        one.set("1a");
+        let first = raw.get(&own).unwrap().unwrap().version;
+        assert_eq!(two.read(), "1a");
+        assert!(!one.store.owns(G));
+        one.set("1b");
+        assert!(one.store.owns(G));
+        let second = raw.get(&own).unwrap().unwrap().version;
+        assert_ne!(first, second);
+
+        // Asked about the first ownership, node 2 neither writes a request
+        // (nobody would answer one for an ownership that ended) nor waits
+        // out the hand-over timeout on the second: it returns to look
+        // again at once.
+        let asked = Instant::now();
+        two.store.ask_release(b"1", first, G).unwrap();
+        assert!(asked.elapsed() < Duration::from_secs(5));
+        assert_eq!(raw.scan_prefix(RELEASE_PREFIX).unwrap(), vec![]);
+        assert!(one.store.owns(G));
+
+        // Asked about the ownership that stands, node 1 hands it back.
+        two.store.ask_release(b"1", second, G).unwrap();
+        assert!(!one.store.owns(G));
+        assert_eq!(raw.get(&own).unwrap(), None);
+        assert_eq!(raw.get(&file_key()).unwrap().unwrap().value, b"1b");
     }
 
     #[test]
