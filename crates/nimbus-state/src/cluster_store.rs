@@ -54,6 +54,8 @@ enum Group {
         records: BTreeMap<Vec<u8>, Versioned>,
         /// Since when no record of the group exists (None: some does).
         empty_since: Option<Instant>,
+        /// When this node took the group (`TENURE`).
+        taken: Instant,
     },
     /// Being written back to etcd: callers wait.
     Releasing,
@@ -113,6 +115,17 @@ enum Found {
     /// The records changed between two looks: look again.
     Retry,
 }
+
+/// How long a node keeps a file it took before it hands it back to
+/// another node that asks (a request that comes sooner is answered when
+/// the time is up). A file opened from several nodes at once moves to
+/// whichever node finds it free and is asked back at the next open
+/// elsewhere; each move costs a request, a hand-back and a take, and
+/// without a tenure the file moved at nearly every open, with every
+/// node's opens waiting on the moves. With one, the node that has it
+/// decides its own clients' opens from memory for that long, and the
+/// others' wait at most that long more.
+const TENURE: Duration = Duration::from_millis(20);
 
 /// How many times one read looks again after losing a race.
 const FIND_TRIES: usize = 64;
@@ -297,6 +310,7 @@ impl ClusterStore {
             Group::Owned {
                 records,
                 empty_since,
+                taken: Instant::now(),
             },
         );
         self.changed.notify_all();
@@ -369,13 +383,19 @@ impl ClusterStore {
             } else {
                 self.written_back(group)
             };
-            if matches!(g.get(group), Some(Group::Finding(_))) {
-                return Ok(false);
+            match g.get(group) {
+                Some(Group::Finding(_)) => return Ok(false),
+                Some(Group::Owned { taken, .. })
+                    if !wait_for_lookup && taken.elapsed() < TENURE =>
+                {
+                    return Ok(false)
+                }
+                _ => {}
             }
             match g.remove(group) {
-                Some(Group::Owned { records, .. }) => {
+                Some(Group::Owned { records, taken, .. }) => {
                     g.insert(group.to_vec(), Group::Releasing);
-                    records
+                    (records, taken)
                 }
                 other => {
                     if let Some(o) = other {
@@ -387,6 +407,7 @@ impl ClusterStore {
                 }
             }
         };
+        let (records, taken) = records;
         let r = self.write_back(group, &records, &[Op::Delete(&request)]);
         let mut g = self.lock();
         match r {
@@ -400,6 +421,7 @@ impl ClusterStore {
                     Group::Owned {
                         records,
                         empty_since,
+                        taken,
                     },
                 );
             }
@@ -450,6 +472,7 @@ impl ClusterStore {
                     Group::Owned {
                         records,
                         empty_since: Some(t),
+                        ..
                     } if records.is_empty() && now.duration_since(*t) >= idle => Some(k.clone()),
                     _ => None,
                 })
@@ -472,6 +495,7 @@ impl ClusterStore {
                     Group::Owned {
                         records: BTreeMap::new(),
                         empty_since: Some(now),
+                        taken: now,
                     },
                 );
             }
@@ -540,7 +564,10 @@ impl ClusterStore {
                     watch.insert(self.etcd.watch(&prefix, start))
                 }
             };
-            match w.next(Duration::from_millis(250)) {
+            // A request left for later (a lookup under way, a tenure not
+            // yet up) is tried again soon.
+            let wait = if pending.is_empty() { 250 } else { 2 };
+            match w.next(Duration::from_millis(wait)) {
                 Ok(batch) => {
                     if batch.resync {
                         watch = None;
@@ -660,6 +687,7 @@ impl StateStore for ClusterStore {
             if let Some(Group::Owned {
                 records,
                 empty_since,
+                ..
             }) = g.get_mut(group)
             {
                 if records.get(key).map(|v| v.version) != expected {
@@ -917,6 +945,29 @@ mod tests {
         assert!(!one.store.owns(G));
         assert_eq!(raw.get(&own).unwrap(), None);
         assert_eq!(raw.get(&file_key()).unwrap().unwrap().value, b"1b");
+    }
+
+    #[test]
+    fn a_node_keeps_a_file_it_took_for_its_tenure_before_handing_it_over() {
+        let cluster = Cluster::start("tenure");
+        let one = Node::start(&cluster.urls, "1", &[]);
+        let two = Node::start(&cluster.urls, "2", &[]);
+
+        let before_take = Instant::now();
+        one.set("1a");
+        assert!(one.store.owns(G));
+        // Asked at once, node 1 answers when its tenure is up, not sooner;
+        // the reader then has the record as node 1 wrote it.
+        assert_eq!(two.read(), "1a");
+        assert!(before_take.elapsed() >= TENURE);
+        assert!(!one.store.owns(G));
+        // A node's own hand-back (`release`, for a file it must share now)
+        // is done at once, tenure or not.
+        let three = Node::start(&cluster.urls, "3", &["1"]);
+        three.set("3a");
+        assert!(three.store.owns(G));
+        three.store.release(G).unwrap();
+        assert!(!three.store.owns(G));
     }
 
     #[test]
