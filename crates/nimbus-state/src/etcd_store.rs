@@ -41,6 +41,11 @@ pub struct EtcdStore {
     prefix: Vec<u8>,
     timeout: Duration,
     idle: Mutex<Vec<Conn>>,
+    /// The endpoint the next new connection tries first: connections are
+    /// spread over the members, so that the work of the JSON gateway (the
+    /// larger part of etcd's CPU per call) is shared among them instead
+    /// of all landing on the first member configured.
+    next_dial: std::sync::atomic::AtomicUsize,
 }
 
 #[derive(Clone, Debug)]
@@ -165,6 +170,7 @@ impl EtcdStore {
             prefix: prefix.to_vec(),
             timeout,
             idle: Mutex::new(Vec::new()),
+            next_dial: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
@@ -217,8 +223,12 @@ impl EtcdStore {
     ) -> Result<Value, StateError> {
         let mut errors = Vec::new();
         let pooled = self.lock_idle().pop();
-        let first = pooled.as_ref().map(|c| c.endpoint).unwrap_or(0);
         let n = self.endpoints.len();
+        let first = pooled.as_ref().map(|c| c.endpoint).unwrap_or_else(|| {
+            self.next_dial
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                % n
+        });
         let dials = (0..n).map(|i| Attempt::Dial((first + i) % n));
         for attempt in pooled.map(Attempt::Pooled).into_iter().chain(dials) {
             let mut conn = match attempt {
@@ -715,6 +725,20 @@ mod tests {
             "the read was not tried on the next member"
         );
         drop(held.join().unwrap());
+    }
+
+    #[test]
+    fn new_connections_are_spread_over_the_members() {
+        let cluster = Cluster::start("spread");
+        let store = EtcdStore::new(&cluster.urls, b"/t/", Duration::from_secs(5)).unwrap();
+        let mut dialled = Vec::new();
+        for _ in 0..cluster.urls.len() * 2 {
+            store.get(b"k").unwrap();
+            // Take the connection out of the pool: the next call dials.
+            let conn = store.lock_idle().pop().unwrap();
+            dialled.push(conn.endpoint);
+        }
+        assert_eq!(dialled, vec![0, 1, 2, 0, 1, 2]);
     }
 
     #[test]
