@@ -6,14 +6,20 @@ and one Samba smbd, same machine, same client, same run (issue 15).
 
 The seed workload of the Samba team's cluster talk: smbtorture
 `smb2.bench.path-contention-shared` (open and close of one path, as fast
-as each connection can, for --seconds), at each --nprocs, in two cases:
+as each connection can, for --seconds), at each --nprocs, in two cases,
+and one of opens for data:
 
 - **distinct**: nprocs smbtorture processes, each opening its own file
   through one connection; on the cluster, process i goes to node i mod 3.
   Nothing is contended: each file is used from one node alone.
 - **shared**: one smbtorture process with nprocs connections opening one
   file; on the cluster its connections are spread over the three nodes
-  (`--option=torture:unclist=...`). Every open is contended across nodes.
+  (`--option=torture:unclist=...`). Every open is contended across nodes,
+  but smbtorture opens for attributes only (SEC_FILE_READ_ATTRIBUTE).
+- **shared-data**: nprocs processes of bench/data_open_loop.py, each with
+  one connection (process i on node i mod 3), opening one file for
+  reading and closing it: contended opens that take part in the sharing
+  check and are recorded, as a program's users opening its shared files.
 
 Rows: the cluster (3 nodes on 127.0.0.1-3 on one 3-member etcd cluster,
 all on this machine), one Nimbus node (embedded store), one smbd; each
@@ -281,7 +287,10 @@ def render(results: dict, nprocs: list[int], perf: str, seconds: int) -> str:
         f"`smb2.bench.path-contention-shared`, {seconds} s per run, opens per second (sum over",
         "processes of each one's median second). *distinct*: one file per process, process i on",
         "node i mod 3. *shared*: one file, the connections spread over the three nodes",
-        "(`torture:unclist`). All three nodes, the three etcd members, Samba and the client share",
+        "(`torture:unclist`); its opens are for attributes only. *shared-data*: one file opened for",
+        "reading (GENERIC_READ, sharing everything, no oplock) and closed by nprocs raw-SMB client",
+        "processes (bench/data_open_loop.py), process i on node i mod 3; every open is recorded",
+        "among the file's opens. All three nodes, the three etcd members, Samba and the clients share",
         f"this machine's 2 cores. etcd ceiling (`etcdctl check perf --load=l`, same cluster): {perf}.",
         "*etcd txn/open*: write transactions (etcd's revision advance) per open; *etcd",
         "requests/open*: every key-value call, reads included (the members' Prometheus counters);",
