@@ -320,11 +320,11 @@ impl ClusterStore {
     /// lease expired). `since` is the revision of the ownership asked
     /// about: the owner may hand the group back and take it again (its
     /// own clients' next open) between the asking and the looking, and
-    /// that new ownership has not been asked for. A request for it would
-    /// be gone already: the owner deletes requests as it hands back, and
-    /// one that reached it between two ownerships. So the request is
-    /// written only while that ownership stands, and the wait ends when it
-    /// ends, however briefly, for the caller to look again (and ask again).
+    /// that new ownership has not been asked for. A request for it may be
+    /// gone already: the owner deletes requests as it hands back, and one
+    /// that reached it between two ownerships. So the request is written
+    /// only while that ownership stands, and the wait ends when it ends,
+    /// however briefly, for the caller to look again (and ask again).
     fn ask_release(&self, owner: &[u8], since: u64, group: &[u8]) -> Result<(), StateError> {
         let own = key_of(OWN_PREFIX, group);
         if owner == self.me.as_slice() {
@@ -538,6 +538,7 @@ impl ClusterStore {
         let prefix = release_key(&self.me, b"");
         let mut pending: Vec<Vec<u8>> = Vec::new();
         let mut watch = None;
+        let mut failing = false;
         while !stop.load(Ordering::SeqCst) {
             let w = match watch.as_mut() {
                 Some(w) => w,
@@ -565,8 +566,10 @@ impl ClusterStore {
                 }
             };
             // A request left for later (a lookup under way, a tenure not
-            // yet up) is tried again soon.
-            let wait = if pending.is_empty() { 250 } else { 2 };
+            // yet up) is tried again soon; one whose hand-back failed
+            // (etcd out of reach or refusing) at the usual pace, not
+            // hundreds of times a second.
+            let wait = if pending.is_empty() || failing { 250 } else { 2 };
             match w.next(Duration::from_millis(wait)) {
                 Ok(batch) => {
                     if batch.resync {
@@ -585,10 +588,12 @@ impl ClusterStore {
             pending.sort();
             pending.dedup();
 
+            failing = false;
             pending.retain(|group| match self.release_or_defer(group, false) {
                 Ok(handled) => !handled,
                 Err(e) => {
                     tracing::warn!("cluster: handing a file over: {e}");
+                    failing = true;
                     true
                 }
             });
