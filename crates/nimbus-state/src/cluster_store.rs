@@ -569,7 +569,11 @@ impl ClusterStore {
             // yet up) is tried again soon; one whose hand-back failed
             // (etcd out of reach or refusing) at the usual pace, not
             // hundreds of times a second.
-            let wait = if pending.is_empty() || failing { 250 } else { 2 };
+            let wait = if pending.is_empty() || failing {
+                250
+            } else {
+                2
+            };
             match w.next(Duration::from_millis(wait)) {
                 Ok(batch) => {
                     if batch.resync {
