@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use crate::etcd_store::{Cmp, Op};
 use crate::memory::MemoryStore;
-use crate::store::{InPlace, StateError, StateStore, Versioned};
+use crate::store::{Durability, InPlace, Memo, StateError, StateStore, Versioned};
 use crate::EtcdStore;
 
 /// Key prefix of ownership records.
@@ -102,7 +102,35 @@ pub struct ClusterStore {
     /// How long to wait for another node to hand a group over before the
     /// operation fails (its lease must have expired by then).
     handover_timeout: Duration,
+    /// Turns of updates of shared records (`StateStore::in_turn`), by a
+    /// hash of the key, each with what the last update in it left.
+    turns: Box<[Mutex<Option<Memo>>]>,
 }
+
+/// What a compare-and-set of a shared record came to.
+enum SharedSet {
+    /// Written, at this version (0: deleted).
+    Written(u64),
+    /// Not written: another write came first; the record as it is now
+    /// (when read).
+    Lost(Option<Versioned>),
+    /// The group is owned (here or elsewhere), or the version expected
+    /// was an owned record's: the record is where its owner keeps it.
+    NotShared,
+}
+
+/// Which turn updates of `key` take (`ClusterStore::in_turn`).
+fn turn_of(key: &[u8]) -> usize {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    key.hash(&mut h);
+    (h.finish() % TURNS as u64) as usize
+}
+
+/// How many turns shared records' updates are spread over: two files
+/// several nodes share at once seldom fall on the same one, and if they
+/// do, their updates on this node only follow each other.
+const TURNS: usize = 64;
 
 /// What etcd said about a group this node does not own.
 enum Found {
@@ -168,6 +196,7 @@ impl ClusterStore {
             changed: Condvar::new(),
             next_version: AtomicU64::new(1),
             handover_timeout,
+            turns: (0..TURNS).map(|_| Mutex::new(None)).collect(),
         }
     }
 
@@ -300,6 +329,46 @@ impl ClusterStore {
             _ => Err(StateError::Unavailable(
                 "etcd: short transaction answer".into(),
             )),
+        }
+    }
+
+    /// A compare-and-set of a shared group's record in etcd, provided
+    /// nobody took the group meanwhile. Lost: with `read`, the record as
+    /// the same transaction found it (None when the group is owned, or
+    /// `expected` is an owned record's version: stale now).
+    fn set_shared(
+        &self,
+        group: &[u8],
+        key: &[u8],
+        expected: Option<u64>,
+        value: Option<Vec<u8>>,
+        read: bool,
+    ) -> Result<SharedSet, StateError> {
+        if expected.is_some_and(|v| v & LOCAL_VERSION != 0) {
+            return Ok(SharedSet::NotShared);
+        }
+        let own = key_of(OWN_PREFIX, group);
+        let op = match &value {
+            Some(v) => Op::Put(key, v, 0),
+            None => Op::Delete(key),
+        };
+        let reads = [Op::Get(&own), Op::Get(key)];
+        let failure: &[Op<'_>] = if read { &reads } else { &[] };
+        let t = self.etcd.txn(
+            &[Cmp::Absent(&own), Cmp::Version(key, expected)],
+            &[op],
+            failure,
+        )?;
+        if t.succeeded {
+            return Ok(SharedSet::Written(if value.is_some() {
+                t.revision
+            } else {
+                0
+            }));
+        }
+        match t.reads.as_slice() {
+            [None, now] => Ok(SharedSet::Lost(now.clone())),
+            _ => Ok(SharedSet::NotShared),
         }
     }
 
@@ -717,25 +786,65 @@ impl StateStore for ClusterStore {
                 return Ok(Some(version));
             }
         }
-        // A version read while the group was owned here: stale now.
-        if expected.is_some_and(|v| v & LOCAL_VERSION != 0) {
-            return Ok(None);
+        match self.set_shared(group, key, expected, value, false)? {
+            SharedSet::Written(version) => Ok(Some(version)),
+            SharedSet::Lost(_) | SharedSet::NotShared => Ok(None),
         }
-        // Shared: etcd decides, provided nobody took the group meanwhile.
-        let own = key_of(OWN_PREFIX, group);
-        let op = match &value {
-            Some(v) => Op::Put(key, v, 0),
-            None => Op::Delete(key),
+    }
+
+    fn compare_and_set_or_read(
+        &self,
+        key: &[u8],
+        expected: Option<u64>,
+        value: Option<Vec<u8>>,
+        durability: Durability,
+    ) -> Result<Result<u64, Option<Versioned>>, StateError> {
+        let Some(group) = self.group(key) else {
+            return self
+                .local
+                .compare_and_set_or_read(key, expected, value, durability);
         };
-        let t = self.etcd.txn(
-            &[Cmp::Absent(&own), Cmp::Version(key, expected)],
-            &[op],
-            &[],
-        )?;
-        if !t.succeeded {
-            return Ok(None);
+        if !self.owns(group) {
+            match self.set_shared(group, key, expected, value.clone(), true)? {
+                SharedSet::Written(version) => return Ok(Ok(version)),
+                SharedSet::Lost(now) => return Ok(Err(now)),
+                // Owned now (here or elsewhere), or an owned group's
+                // version: the record is wherever its owner keeps it.
+                SharedSet::NotShared => return Ok(Err(self.get(key)?)),
+            }
         }
-        Ok(Some(if value.is_some() { t.revision } else { 0 }))
+        match self.compare_and_set(key, expected, value)? {
+            Some(version) => Ok(Ok(version)),
+            None => Ok(Err(self.get(key)?)),
+        }
+    }
+
+    /// Updates of a shared record take turns on this node (see the trait);
+    /// records of owned groups and node-local ones are in memory already.
+    fn in_turn(&self, key: &[u8], update: &mut dyn FnMut(Option<&mut Option<Memo>>)) {
+        if self.is_local(key) {
+            return update(None);
+        }
+        let turn = &self.turns[turn_of(key)];
+        let mut memo = match turn.try_lock() {
+            Ok(m) => m,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                crate::blocking::off_worker(|| turn.lock().unwrap_or_else(|p| p.into_inner()))
+            }
+        };
+        update(Some(&mut memo));
+        // A record that names only this node's opens (or none) may be one
+        // this node can take into its memory, which only a full read
+        // (`get`) finds out and does: the next update starts from one.
+        let claimable = memo.as_ref().is_some_and(|m| {
+            m.record
+                .as_ref()
+                .is_none_or(|r| (self.claimable)(&m.key, &r.value))
+        });
+        if claimable {
+            *memo = None;
+        }
     }
 
     /// Owned groups and node-local keys change only here; a shared
@@ -918,6 +1027,134 @@ mod tests {
         assert_eq!(raw.get(&key_of(OWN_PREFIX, G)).unwrap(), None);
         assert_eq!(raw.get(&file_key()).unwrap(), None);
         drop(one);
+    }
+
+    impl Node {
+        /// Applies `f` to the record (comma-separated entries).
+        fn update(&self, mut f: impl FnMut(&mut Vec<String>) -> Result<(), ()>) -> Result<(), ()> {
+            crate::records::update::<Raw, _, StateError>(&*self.store, &file_key(), |r| {
+                let mut entries: Vec<String> = String::from_utf8_lossy(&r.0)
+                    .split(',')
+                    .filter(|e| !e.is_empty())
+                    .map(str::to_string)
+                    .collect();
+                let out = f(&mut entries);
+                r.0 = entries.join(",").into_bytes();
+                Ok(out)
+            })
+            .unwrap()
+        }
+
+        fn add(&self, entry: &str) {
+            self.update(|e| {
+                e.push(entry.to_string());
+                Ok(())
+            })
+            .unwrap()
+        }
+
+        /// The etcd calls `f` made.
+        fn calls_of(&self, f: impl FnOnce()) -> u64 {
+            let before = self.etcd.calls();
+            f();
+            self.etcd.calls() - before
+        }
+    }
+
+    /// A record naming both nodes' entries: shared in etcd, owned by none.
+    fn shared_by(one: &Node, two: &Node) {
+        one.add("1a");
+        two.add("2a");
+        assert!(!one.store.owns(G) && !two.store.owns(G));
+        assert_eq!(two.read(), "1a,2a");
+    }
+
+    #[test]
+    fn updates_of_a_shared_record_start_from_the_last_one_and_prove_it() {
+        let cluster = Cluster::start("turns");
+        let one = Node::start(&cluster.urls, "1", &[]);
+        let two = Node::start(&cluster.urls, "2", &[]);
+        shared_by(&one, &two);
+
+        // The first update on node 1 reads and writes; each after it
+        // starts from what the one before left: one round trip.
+        assert_eq!(one.calls_of(|| one.add("1b")), 2);
+        for e in ["1c", "1d", "1e"] {
+            assert_eq!(one.calls_of(|| one.add(e)), 1, "{e}");
+        }
+        // Node 2 changed the record: node 1's write against its memo
+        // fails, and the same transaction reads the record as it is.
+        two.add("2b");
+        assert_eq!(one.calls_of(|| one.add("1f")), 2);
+        assert_eq!(one.read(), "1a,2a,1b,1c,1d,1e,2b,1f");
+
+        // A rule that refuses (or would write nothing) on a remembered
+        // record is decided again on the current one: node 1 remembers
+        // 2b, which node 2 has since removed.
+        two.update(|e| {
+            e.retain(|e| e != "2b");
+            Ok(())
+        })
+        .unwrap();
+        one.update(|e| {
+            if e.iter().any(|e| e == "2b") {
+                return Err(());
+            }
+            e.push("1g".into());
+            Ok(())
+        })
+        .expect("refused on a stale record");
+        // And a refusal on the current record stands.
+        assert_eq!(
+            one.update(|e| if e.len() > 1 { Err(()) } else { Ok(()) }),
+            Err(())
+        );
+        assert_eq!(two.read(), "1a,2a,1b,1c,1d,1e,1f,1g");
+        assert!(!one.store.owns(G) && !two.store.owns(G));
+
+        // Once the record names only node 1's entries, node 1 takes the
+        // file again (a full read finds that out): its updates are in
+        // memory from then on.
+        two.update(|e| {
+            e.retain(|e| !e.starts_with('2'));
+            Ok(())
+        })
+        .unwrap();
+        one.add("1h");
+        one.add("1i");
+        assert!(one.store.owns(G));
+        assert_eq!(one.calls_of(|| one.add("1j")), 0);
+        assert_eq!(one.read(), "1a,1b,1c,1d,1e,1f,1g,1h,1i,1j");
+    }
+
+    #[test]
+    fn concurrent_updates_on_two_nodes_lose_nothing() {
+        let cluster = Cluster::start("turnsrace");
+        let one = Arc::new(Node::start(&cluster.urls, "1", &[]));
+        let two = Arc::new(Node::start(&cluster.urls, "2", &[]));
+        shared_by(&one, &two);
+        let writers: Vec<_> = (0..8)
+            .map(|t| {
+                let node = if t % 2 == 0 { one.clone() } else { two.clone() };
+                std::thread::spawn(move || {
+                    for i in 0..10 {
+                        node.add(&format!("{}t{t}i{i}", if t % 2 == 0 { 1 } else { 2 }));
+                    }
+                })
+            })
+            .collect();
+        for w in writers {
+            w.join().unwrap();
+        }
+        let all = one.read();
+        let entries: Vec<&str> = all.split(',').collect();
+        assert_eq!(entries.len(), 2 + 80, "{all}");
+        for t in 0..8 {
+            for i in 0..10 {
+                let e = format!("{}t{t}i{i}", if t % 2 == 0 { 1 } else { 2 });
+                assert!(entries.contains(&e.as_str()), "{e} lost: {all}");
+            }
+        }
     }
 
     #[test]

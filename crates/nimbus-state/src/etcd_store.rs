@@ -46,6 +46,9 @@ pub struct EtcdStore {
     /// larger part of etcd's CPU per call) is shared among them instead
     /// of all landing on the first member configured.
     next_dial: std::sync::atomic::AtomicUsize,
+    /// Calls made so far (what a change of the call pattern is measured
+    /// by).
+    calls: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Clone, Debug)]
@@ -171,6 +174,7 @@ impl EtcdStore {
             timeout,
             idle: Mutex::new(Vec::new()),
             next_dial: std::sync::atomic::AtomicUsize::new(0),
+            calls: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -211,6 +215,8 @@ impl EtcdStore {
     /// error answer its outcome is unknown, and it fails `Unavailable`
     /// rather than risk applying it twice.
     pub fn call(&self, path: &str, body: &Value, idempotent: bool) -> Result<Value, StateError> {
+        self.calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let body = serde_json::to_vec(body).map_err(unavailable)?;
         crate::blocking::off_worker(|| self.call_blocking(path, &body, idempotent))
     }
@@ -381,6 +387,11 @@ pub struct TxnOutcome {
 }
 
 impl EtcdStore {
+    /// How many calls this store has made to etcd.
+    pub fn calls(&self) -> u64 {
+        self.calls.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// One atomic transaction: if every condition of `cmps` holds, the
     /// `success` operations, otherwise the `failure` ones. Never sent twice
     /// (see `call`).

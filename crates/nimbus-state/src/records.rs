@@ -11,7 +11,7 @@
 use crate::byte_range::RangeLock;
 use crate::caching::{BreakOrder, Breaking, FileCaching, Grant, Holder, LeaseId, OpenEntry};
 use crate::share_modes::FileKey;
-use crate::store::{Durability, StateError, StateStore};
+use crate::store::{Durability, Memo, StateError, StateStore, Versioned};
 
 /// A value kept under one key.
 pub trait Record: Default {
@@ -45,25 +45,73 @@ pub fn update_with<R: Record, T, E: From<StateError>>(
     durability: Durability,
     mut f: impl FnMut(&mut R) -> Result<T, E>,
 ) -> Result<T, E> {
+    let mut answer = None;
+    store.in_turn(key, &mut |memo| {
+        answer = Some(update_in_turn(store, key, durability, &mut f, memo));
+    });
+    answer.unwrap_or_else(|| {
+        Err(StateError::Unavailable("a store skipped an update's turn".into()).into())
+    })
+}
+
+/// One update in its turn: from the record `memo` remembers, if any (it
+/// may be stale: the compare-and-set proves it, and a rule that writes
+/// nothing or refuses is decided again on the current record), else from
+/// a read.
+fn update_in_turn<R: Record, T, E: From<StateError>>(
+    store: &dyn StateStore,
+    key: &[u8],
+    durability: Durability,
+    f: &mut impl FnMut(&mut R) -> Result<T, E>,
+    mut memo: Option<&mut Option<Memo>>,
+) -> Result<T, E> {
+    let remembered = match memo.as_deref() {
+        Some(Some(m)) if m.key == key => Some(m.record.clone()),
+        _ => None,
+    };
+    let mut fresh = remembered.is_none();
+    let mut current = match remembered {
+        Some(r) => r,
+        None => store.get(key)?,
+    };
+    let mut remember = |record: Option<Versioned>| {
+        if let Some(m) = memo.as_deref_mut() {
+            *m = Some(Memo {
+                key: key.to_vec(),
+                record,
+            });
+        }
+    };
     for _ in 0..CAS_RETRIES {
-        let current = store.get(key)?;
         let mut rec = match &current {
             Some(v) => R::decode(&v.value)?,
             None => R::default(),
         };
-        let out = f(&mut rec)?;
+        let out = f(&mut rec);
         let value = (!rec.is_empty()).then(|| rec.encode());
-        // A rule that changed nothing (a refused lock, a refused
-        // acknowledgement) writes nothing.
-        if current.as_ref().map(|v| v.value.as_slice()) == value.as_deref() {
-            return Ok(out);
+        // A rule that refused, or changed nothing (a refused lock, a
+        // refused acknowledgement), writes nothing: its answer stands if
+        // it was given on the current record.
+        let unchanged = current.as_ref().map(|v| v.value.as_slice()) == value.as_deref();
+        if out.is_err() || unchanged {
+            if !fresh {
+                current = store.get(key)?;
+                fresh = true;
+                continue;
+            }
+            remember(current);
+            return out;
         }
         let expected = current.as_ref().map(|v| v.version);
-        if store
-            .compare_and_set_with(key, expected, value, durability)?
-            .is_some()
-        {
-            return Ok(out);
+        match store.compare_and_set_or_read(key, expected, value.clone(), durability)? {
+            Ok(version) => {
+                remember(value.map(|value| Versioned { version, value }));
+                return out;
+            }
+            Err(now) => {
+                current = now;
+                fresh = true;
+            }
         }
         std::thread::yield_now();
     }

@@ -101,6 +101,35 @@ pub trait StateStore: Send + Sync {
     /// Every record whose key starts with `prefix`, in key order.
     fn scan_prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Versioned)>, StateError>;
 
+    /// `compare_and_set_with`, answering a write that did not happen with
+    /// the record as it is now (what the caller reads next anyway): a
+    /// store whose writes are round trips reads it in the same one.
+    fn compare_and_set_or_read(
+        &self,
+        key: &[u8],
+        expected: Option<u64>,
+        value: Option<Vec<u8>>,
+        durability: Durability,
+    ) -> Result<Result<u64, Option<Versioned>>, StateError> {
+        match self.compare_and_set_with(key, expected, value, durability)? {
+            Some(version) => Ok(Ok(version)),
+            None => Ok(Err(self.get(key)?)),
+        }
+    }
+
+    /// Runs `update`, one read-modify-write of `key` (`records::update`),
+    /// in its turn among this node's updates of that record. A store whose
+    /// record other nodes may be changing (a cluster's shared file) runs
+    /// one update of it at a time and hands each the record as the one
+    /// before it left it (a `Memo`), so that the writes of one node's
+    /// clients follow each other instead of racing, and each is one round
+    /// trip instead of a read and a write; elsewhere `update` gets no memo
+    /// and runs at once.
+    fn in_turn(&self, key: &[u8], update: &mut dyn FnMut(Option<&mut Option<Memo>>)) {
+        let _ = key;
+        update(None)
+    }
+
     /// Reads `key` for a decision that must not take the record's file
     /// from another node: where `get` on a cluster store asks the node
     /// that holds the file to hand it over, this says that another node
@@ -110,6 +139,17 @@ pub trait StateStore: Send + Sync {
     fn read_in_place(&self, key: &[u8]) -> Result<InPlace, StateError> {
         self.get(key).map(InPlace::Record)
     }
+}
+
+/// What a node last knew of a record it updated (`StateStore::in_turn`):
+/// the record as this node last wrote or read it, which another node may
+/// have changed since. An update that starts from it proves it by its
+/// compare-and-set; one that would write nothing (or refuse) reads the
+/// record first, as only the current record can decide that.
+#[derive(Clone, Debug)]
+pub struct Memo {
+    pub key: Vec<u8>,
+    pub record: Option<Versioned>,
 }
 
 /// What `StateStore::read_in_place` found.
