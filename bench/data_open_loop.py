@@ -40,7 +40,13 @@ def _worker(k: int, args: dict, start, results) -> None:
     done = 0
     while time.monotonic() < deadline:
         resp = client.call(rawsmb.CREATE, body)
-        client.call(CLOSE, close_body(resp[HEADER_SIZE + 64 : HEADER_SIZE + 80]))
+        # An open that failed is no open: a rate that counted refusals
+        # (or a server's "too much contention") would flatter the server.
+        if rawsmb.status(resp) != 0:
+            raise RuntimeError(f"worker {k}: open {done} failed: {rawsmb.status(resp):#010x}")
+        closed = client.call(CLOSE, close_body(resp[HEADER_SIZE + 64 : HEADER_SIZE + 80]))
+        if rawsmb.status(closed) != 0:
+            raise RuntimeError(f"worker {k}: close {done} failed: {rawsmb.status(closed):#010x}")
         done += 1
     results.put((done, time.monotonic() - t0))
     client.sock.close()

@@ -364,7 +364,11 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
         _ => true,
     };
     if let Some(key) = existing_key.filter(|_| recorded) {
-        ask.has_byte_range_locks = ctx.server.locks.has_locks(key);
+        // Locks only take read and handle caching away: an open that asks
+        // for none need not know (on a file other cluster nodes share,
+        // knowing is a read of the lock record).
+        ask.has_byte_range_locks =
+            !matches!(ask.want, Want::Nothing) && ctx.server.locks.has_locks(key);
         match ctx.server.share_modes.add_open(key, record) {
             Ok(()) => {}
             // A persistent open waits for its client to reclaim it after a
