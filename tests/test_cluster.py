@@ -8,6 +8,7 @@ another running node holds.
 
 from __future__ import annotations
 
+import bisect
 import json
 import multiprocessing
 import os
@@ -367,6 +368,97 @@ def test_many_clients_on_all_nodes_opening_one_file_for_data_are_all_answered(no
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
+
+
+STATUS_SHARING_VIOLATION = 0xC0000043
+
+
+def open_body(name: str, access: int, share: int) -> bytes:
+    """MS-SMB2 2.2.13 SMB2 CREATE Request: open an existing file with the
+    access and sharing given, no oplock."""
+    n = name.encode("utf-16-le")
+    return struct.pack("<HBBIQQIIIIIHHII", 57, 0, 0, 2, 0, 0, access, 0, share, 1, 0x40, rawsmb.HEADER_SIZE + 56, len(n), 0, 0) + n
+
+
+def test_share_modes_hold_under_contention_from_every_node(nodes):
+    """Six connections, two on each node, open and close one file as fast
+    as they go for a few seconds: on each node one reads and shares only
+    reading (it refuses writers), the other writes and shares everything.
+    Readers and writers exclude each other; readers share with readers,
+    writers with writers. This is the shared mode's hot path (updates of
+    the file's records taking turns on each node, each from the record as
+    the one before left it, proven by its compare-and-set): a refusal or a
+    grant decided on a stale record would show here. Every open granted is
+    held on the server from before its answer arrives until after its close
+    is sent, so the interval between those two moments on the client (one
+    monotonic clock for all processes of this machine) lies within the
+    server's hold: a reader's interval overlapping a writer's is a
+    conflicting pair the server let through."""
+    for n in nodes:
+        n.start()
+    (nodes[0].share / "contended.bin").write_bytes(b"x" * 100)
+    read_only = open_body("contended.bin", 0x80000000, 1)  # GENERIC_READ, share read
+    writing = open_body("contended.bin", 0x40000000, 7)  # GENERIC_WRITE, share all
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+
+    def loop(kind: str, node: Node) -> None:
+        held, refused, other = [], 0, None
+        try:
+            c = LockClient(node)
+            body = read_only if kind == "reader" else writing
+            deadline = time.monotonic() + 6
+            while time.monotonic() < deadline:
+                resp = c.call(rawsmb.CREATE, body)
+                answered = time.monotonic()
+                st = rawsmb.status(resp)
+                if st == STATUS_SHARING_VIOLATION:
+                    refused += 1
+                    continue
+                if st != 0:
+                    other = f"open: {st:#010x}"
+                    break
+                file_id = resp[rawsmb.HEADER_SIZE + 64 : rawsmb.HEADER_SIZE + 80]
+                closing = time.monotonic()
+                held.append((answered, closing))
+                assert rawsmb.status(c.call(CLOSE, close_body(file_id))) == 0
+            c.close()
+        except Exception as e:  # a lost connection, or no answer in time
+            other = repr(e)
+        results.put((kind, held, refused, other))
+
+    procs = [ctx.Process(target=loop, args=(kind, n)) for n in nodes for kind in ("reader", "writer")]
+    try:
+        for p in procs:
+            p.start()
+        outcomes = [results.get(timeout=120) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    assert [o[3] for o in outcomes if o[3]] == []
+    readers = sorted(i for kind, held, _, _ in outcomes if kind == "reader" for i in held)
+    writers = sorted(i for kind, held, _, _ in outcomes if kind == "writer" for i in held)
+    refusals = sum(o[2] for o in outcomes)
+    # Both kinds got through, and met each other's refusals: the test saw
+    # the contention it is about.
+    assert readers and writers and refusals, (len(readers), len(writers), refusals)
+    # The readers' holds merged into disjoint spans, each writer's hold
+    # looked up among them.
+    spans: list[list[float]] = []
+    for start, end in readers:
+        if spans and start <= spans[-1][1]:
+            spans[-1][1] = max(spans[-1][1], end)
+        else:
+            spans.append([start, end])
+    starts = [sp[0] for sp in spans]
+    overlaps = []
+    for w in writers:
+        i = bisect.bisect_left(starts, w[1]) - 1  # the last span starting before the writer's hold ends
+        if i >= 0 and spans[i][1] > w[0]:
+            overlaps.append((tuple(spans[i]), w))
+    assert overlaps == [], f"{len(overlaps)} writer holds overlapped readers' holds, e.g. {overlaps[:3]}"
 
 
 def attribute_open(client: Client, name: str) -> tuple[int, Open | None]:
