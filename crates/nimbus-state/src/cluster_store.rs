@@ -102,10 +102,15 @@ pub struct ClusterStore {
     /// How long to wait for another node to hand a group over before the
     /// operation fails (its lease must have expired by then).
     handover_timeout: Duration,
-    /// Turns of updates of shared records (`StateStore::in_turn`), by a
-    /// hash of the key, each with what the last update in it left.
-    turns: Box<[Mutex<Option<Memo>>]>,
+    /// Turns of updates of shared records (`StateStore::in_turn`), one
+    /// per record, each with what the last update in it left. One per
+    /// record, not shared by a hash: an update may wait in its turn for a
+    /// hand-over (up to `handover_timeout`), and only its own file's
+    /// updates should wait with it.
+    turns: Mutex<HashMap<Vec<u8>, Turn>>,
 }
+
+type Turn = Arc<Mutex<Option<Memo>>>;
 
 /// What a compare-and-set of a shared record came to.
 enum SharedSet {
@@ -119,18 +124,9 @@ enum SharedSet {
     NotShared,
 }
 
-/// Which turn updates of `key` take (`ClusterStore::in_turn`).
-fn turn_of(key: &[u8]) -> usize {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    key.hash(&mut h);
-    (h.finish() % TURNS as u64) as usize
-}
-
-/// How many turns shared records' updates are spread over: two files
-/// several nodes share at once seldom fall on the same one, and if they
-/// do, their updates on this node only follow each other.
-const TURNS: usize = 64;
+/// How many records' turns are kept before those nobody is in are
+/// forgotten (with what they remembered: their next update reads first).
+const TURNS_KEPT: usize = 4096;
 
 /// What etcd said about a group this node does not own.
 enum Found {
@@ -196,7 +192,7 @@ impl ClusterStore {
             changed: Condvar::new(),
             next_version: AtomicU64::new(1),
             handover_timeout,
-            turns: (0..TURNS).map(|_| Mutex::new(None)).collect(),
+            turns: Mutex::new(HashMap::new()),
         }
     }
 
@@ -825,7 +821,13 @@ impl StateStore for ClusterStore {
         if self.is_local(key) {
             return update(None);
         }
-        let turn = &self.turns[turn_of(key)];
+        let turn = {
+            let mut turns = self.turns.lock().unwrap_or_else(|p| p.into_inner());
+            if turns.len() >= TURNS_KEPT {
+                turns.retain(|_, t| Arc::strong_count(t) > 1);
+            }
+            turns.entry(key.to_vec()).or_default().clone()
+        };
         let mut memo = match turn.try_lock() {
             Ok(m) => m,
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
@@ -1125,6 +1127,61 @@ mod tests {
         assert!(one.store.owns(G));
         assert_eq!(one.calls_of(|| one.add("1j")), 0);
         assert_eq!(one.read(), "1a,1b,1c,1d,1e,1f,1g,1h,1i,1j");
+    }
+
+    #[test]
+    fn a_file_waiting_for_its_hand_over_holds_up_no_other_files_updates() {
+        let cluster = Cluster::start("turnsapart");
+        let mut one = Node::start(&cluster.urls, "1", &[]);
+        let two = Arc::new(Node::start(&cluster.urls, "2", &[]));
+        let raw = EtcdStore::new(&cluster.urls, b"/nimbus-test/", Duration::from_secs(5)).unwrap();
+        let other_group: &[u8] = b"fedcba9876543210";
+        let other = key_of(b"file/", other_group);
+        let add = |node: &Node, key: &[u8], entry: &str| {
+            crate::records::update::<Raw, _, StateError>(&*node.store, key, |r| {
+                if !r.0.is_empty() {
+                    r.0.push(b',');
+                }
+                r.0.extend_from_slice(entry.as_bytes());
+                Ok(())
+            })
+            .unwrap()
+        };
+        // The other file is shared by both nodes (its updates take turns
+        // on each); node 1 holds the first and stops answering requests.
+        add(&one, &other, "1a");
+        add(&two, &other, "2a");
+        assert!(!one.store.owns(other_group) && !two.store.owns(other_group));
+        one.set("1a");
+        one.stop.store(true, Ordering::SeqCst);
+        one.server.take().unwrap().join().unwrap();
+
+        // Node 2's update of the first file waits in its turn for node 1.
+        let waiting = {
+            let two = two.clone();
+            std::thread::spawn(move || two.set("2a"))
+        };
+        let request = release_key(b"1", G);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while raw.get(&request).unwrap().is_none() {
+            assert!(Instant::now() < deadline, "node 2 never asked");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        // Meanwhile node 2's updates of the other file go on at once.
+        let t = Instant::now();
+        add(&two, &other, "2b");
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+
+        // Node 1 answers again: the waiting update goes through.
+        let stop = Arc::new(AtomicBool::new(false));
+        let serving = {
+            let (s, st) = (one.store.clone(), stop.clone());
+            std::thread::spawn(move || s.serve_releases(&st))
+        };
+        waiting.join().unwrap();
+        assert_eq!(two.read(), "2a");
+        stop.store(true, Ordering::SeqCst);
+        serving.join().unwrap();
     }
 
     #[test]
