@@ -108,9 +108,6 @@ pub struct ClusterStore {
     /// hand-over (up to `handover_timeout`), and only its own file's
     /// updates should wait with it.
     turns: Mutex<HashMap<Vec<u8>, Turn>>,
-    /// Groups handed back to another node that asked, and when: for
-    /// `TENURE` after, this node does not take them again (see `look_up`).
-    handed_back: Mutex<HashMap<Vec<u8>, Instant>>,
 }
 
 type Turn = Arc<Mutex<Option<Memo>>>;
@@ -196,7 +193,6 @@ impl ClusterStore {
             next_version: AtomicU64::new(1),
             handover_timeout,
             turns: Mutex::new(HashMap::new()),
-            handed_back: Mutex::new(HashMap::new()),
         }
     }
 
@@ -372,13 +368,6 @@ impl ClusterStore {
         }
     }
 
-    /// Whether this node handed `group` to another node that asked less
-    /// than `TENURE` ago.
-    fn handed_back_lately(&self, group: &[u8]) -> bool {
-        let h = self.handed_back.lock().unwrap_or_else(|p| p.into_inner());
-        h.get(group).is_some_and(|at| at.elapsed() < TENURE)
-    }
-
     fn adopt(&self, group: &[u8], records: BTreeMap<Vec<u8>, Versioned>) {
         let empty_since = records.is_empty().then(Instant::now);
         self.lock().insert(
@@ -435,9 +424,7 @@ impl ClusterStore {
                 )));
             }
             crate::blocking::off_worker(|| std::thread::sleep(pause));
-            // Looked at often enough to find the file free within the
-            // owner's grace after it hands back (`handed_back_lately`).
-            pause = (pause * 2).min(TENURE / 4);
+            pause = (pause * 2).min(Duration::from_millis(50));
         }
     }
 
@@ -487,11 +474,6 @@ impl ClusterStore {
         };
         let (records, taken) = records;
         let r = self.write_back(group, &records, &[Op::Delete(&request)]);
-        if r.is_ok() && !wait_for_lookup {
-            let mut h = self.handed_back.lock().unwrap_or_else(|p| p.into_inner());
-            h.retain(|_, at| at.elapsed() < TENURE);
-            h.insert(group.to_vec(), Instant::now());
-        }
         let mut g = self.lock();
         match r {
             Ok(()) => {
@@ -720,16 +702,7 @@ impl ClusterStore {
                     group,
                     token,
                 };
-                // Just handed back to a node that asked: not taken again
-                // before that node has had its turn (it looks every few
-                // milliseconds; this node's clients' next open would
-                // otherwise take the file back first, time after time).
-                let found = if self.handed_back_lately(group) {
-                    self.peek(group, key)?
-                } else {
-                    self.find(group, key)?
-                };
-                match found {
+                match self.find(group, key)? {
                     Found::Taken | Found::Retry => continue,
                     Found::Shared(v) => return Ok(InPlace::Record(v)),
                     // This node named in etcd but not in memory: a lost
@@ -1249,20 +1222,12 @@ mod tests {
         let raw = EtcdStore::new(&cluster.urls, b"/nimbus-test/", Duration::from_secs(5)).unwrap();
         let own = key_of(OWN_PREFIX, G);
 
-        // Node 1 takes the file, hands it back when node 2 looks, and,
-        // its grace after that over, takes it again (its record names
-        // only node 1's entries).
+        // Node 1 takes the file, hands it back when node 2 looks, and takes
+        // it again once its record names only node 1's entries.
         one.set("1a");
         let first = raw.get(&own).unwrap().unwrap().version;
         assert_eq!(two.read(), "1a");
-        let handed = Instant::now();
         assert!(!one.store.owns(G));
-        // Within the grace, node 1's update leaves the file shared.
-        one.set("1a");
-        if handed.elapsed() < TENURE {
-            assert!(!one.store.owns(G), "taken again within the grace");
-        }
-        std::thread::sleep(TENURE);
         one.set("1b");
         assert!(one.store.owns(G));
         let second = raw.get(&own).unwrap().unwrap().version;
