@@ -370,9 +370,6 @@ def test_many_clients_on_all_nodes_opening_one_file_for_data_are_all_answered(no
                 p.kill()
 
 
-STATUS_SHARING_VIOLATION = 0xC0000043
-
-
 def open_body(name: str, access: int, share: int) -> bytes:
     """MS-SMB2 2.2.13 SMB2 CREATE Request: open an existing file with the
     access and sharing given, no oplock."""

@@ -239,6 +239,9 @@ pub struct Connection {
     unsolicited_budget: UnsolicitedBudget,
     /// Counts this connection in the server's admission limits.
     slot: ConnectionSlot,
+    /// The socket, while the reader has it (-1 after): looked at, never
+    /// read, by `client_gone`.
+    socket: std::sync::atomic::AtomicI32,
     closing: AtomicBool,
     /// Closed because the client does not read: what is queued for it is
     /// not waited for.
@@ -328,6 +331,7 @@ impl Connection {
             bindings: Mutex::new(HashMap::new()),
             slot,
             closing: AtomicBool::new(false),
+            socket: std::sync::atomic::AtomicI32::new(-1),
             not_reading: AtomicBool::new(false),
             close_notify: Notify::new(),
             serial: Arc::default(),
@@ -359,6 +363,35 @@ impl Connection {
 
     pub fn is_closing(&self) -> bool {
         self.closing.load(Ordering::SeqCst)
+    }
+
+    /// Whether the client has closed this connection, though the reader
+    /// may not have seen it yet: the socket's end of stream is waiting to
+    /// be read (a look with MSG_PEEK takes nothing from it). Data waiting,
+    /// or nothing yet: not gone.
+    pub fn client_gone(&self) -> bool {
+        if self.is_closing() {
+            return true;
+        }
+        let fd = self.socket.load(Ordering::SeqCst);
+        if fd < 0 {
+            return false;
+        }
+        let mut byte = 0u8;
+        // SAFETY: a one-byte buffer of ours; the descriptor is the
+        // reader's socket, open until the reader ends (it clears `socket`
+        // first). Should it have been closed and its number reused since
+        // it was loaded, the look is at another socket and only decides
+        // whether a refused CREATE waits (briefly) before it answers.
+        let n = unsafe {
+            libc::recv(
+                fd,
+                (&mut byte as *mut u8).cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        n == 0
     }
 
     /// A fresh AsyncId (MS-SMB2 3.3.4.2: unique among the connection's
@@ -635,6 +668,10 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slo
     tokio::pin!(draining);
     let (tx, mut rx) = mpsc::channel::<(Outgoing, InFlight)>(limits.max_outstanding_requests);
     let conn = Connection::new(server, peer, local, slot);
+    {
+        use std::os::fd::AsRawFd;
+        conn.socket.store(rd.as_ref().as_raw_fd(), Ordering::SeqCst);
+    }
     tracing::debug!("connection from {peer}");
     start_logon_deadline(Arc::downgrade(&conn), limits.unauthenticated_timeout);
 
@@ -766,6 +803,11 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slo
         }
     }
     conn.close();
+    conn.socket.store(-1, Ordering::SeqCst);
+    // CREATEs other connections' clients send meanwhile and that these
+    // opens refuse wait for them to go (`crate::teardowns`).
+    let server = conn.server.clone();
+    let tearing_down = server.teardowns.begin(crate::teardowns::id(&conn));
     drop(tx);
     // The writer ends when both its queues are closed.
     lock(&conn.unsolicited).take();
@@ -795,6 +837,7 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slo
         .await;
     let conn2 = conn.clone();
     let _ = tokio::task::spawn_blocking(move || conn2.teardown()).await;
+    drop(tearing_down);
     drop(live);
     // A stopping server closes the socket only once it has done what must
     // come before the client reconnects elsewhere (`crate::drain`).

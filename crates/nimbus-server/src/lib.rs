@@ -47,6 +47,7 @@ mod session;
 mod session_registry;
 pub mod status;
 pub mod status_listing;
+mod teardowns;
 mod write_times;
 
 pub use config::{Config, ConfigError, ShareConfig, SigningPolicy};

@@ -114,6 +114,8 @@ pub struct Server {
     pub oplocks: Oplocks,
     /// Every open, so that a rename is seen by all opens of the file.
     pub opens: OpenRegistry,
+    /// Connections whose client has gone, their opens being released.
+    pub teardowns: crate::teardowns::Teardowns,
     /// Change notify: watches on open directories and the changes for them.
     pub notify: crate::notify::ChangeNotify,
     /// Files whose write time moves later than their data (Windows'
@@ -345,6 +347,7 @@ impl Server {
             locks,
             oplocks,
             opens: OpenRegistry::default(),
+            teardowns: Default::default(),
             notify,
             write_times: Default::default(),
             durables: crate::durable::DurableOpens::new(keep),

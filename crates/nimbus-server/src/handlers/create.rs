@@ -42,8 +42,8 @@ impl From<NtStatus> for Failed {
 }
 
 pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
-    for _ in 0..3 {
-        match open_or_create(ctx, body, out) {
+    for attempt in 0..3 {
+        match open_or_create(ctx, body, out, attempt == 0) {
             Ok(status) => return Ok(status),
             Err(Failed::Status(status)) => return Err(status),
             Err(Failed::Raced) => continue,
@@ -52,7 +52,14 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     Err(NtStatus::SHARING_VIOLATION)
 }
 
-fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<NtStatus, Failed> {
+/// `first`: the CREATE's first look (a refusal by opens of clients that
+/// have gone is waited out once).
+fn open_or_create(
+    ctx: &mut Ctx<'_>,
+    body: &[u8],
+    out: &mut Vec<u8>,
+    first: bool,
+) -> Result<NtStatus, Failed> {
     let req = CreateRequest::parse(body).map_err(malformed)?;
     let tree = ctx.tree()?.clone();
     let session = ctx.session()?.clone();
@@ -379,6 +386,20 @@ fn open_or_create(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> Result<N
                     || crate::failover::waits_for_reclaim(ctx.server, key) =>
             {
                 return Err(NtStatus::FILE_NOT_AVAILABLE.into())
+            }
+            // Refused perhaps by opens of clients that have gone, still
+            // being released (`crate::teardowns`): once they are, look
+            // again from the name (the file may be gone with them).
+            Err(SharingError::Violation | SharingError::DeletePending)
+                if first
+                    && crate::teardowns::waited_for_leaving(
+                        ctx.server,
+                        key,
+                        ctx.conn,
+                        crate::teardowns::WAIT,
+                    ) =>
+            {
+                return Err(Failed::Raced)
             }
             Err(SharingError::Violation) => ask.sharing_violation = true,
             Err(e) => return Err(sharing_status(&e).into()),
