@@ -119,9 +119,16 @@ fn leaving_holders(server: &Server, file: FileKey, me: &Connection) -> Vec<u64> 
     }
     let mut leaving = Vec::new();
     for s in server.sessions.all() {
-        let held: Vec<u64> = lock(&s.opens)
+        // Taken out first: an open's durable state is not looked at under
+        // the session's lock (a save holds it through a store write).
+        let held: Vec<std::sync::Arc<crate::session::Open>> = lock(&s.opens)
             .values()
-            .filter(|o| ids.contains(&o.open_id) && lock(&o.durable).is_none())
+            .filter(|o| ids.contains(&o.open_id))
+            .cloned()
+            .collect();
+        let held: Vec<u64> = held
+            .iter()
+            .filter(|o| lock(&o.durable).is_none())
             .map(|o| o.open_id)
             .collect();
         if held.is_empty() {
