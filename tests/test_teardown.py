@@ -61,12 +61,12 @@ def test_a_file_deleted_under_a_closed_connections_open_is_made_again_at_once(sr
         st, fid = create(b, "f.bin", DELETE, SHARE_ALL, OPEN, NON_DIRECTORY_FILE | DELETE_ON_CLOSE)
         assert st == 0, hex(st)
         assert rawsmb.status(b.call(CLOSE, close_body(fid))) == 0
-        # Not refused (DELETE_PENDING) by the gone client's handle. (Where
-        # it lands between that handle's release and the unlink of the file
-        # it was the last of, it opens the file being deleted: a window
-        # left open, see the note.)
+        # Not refused (DELETE_PENDING) by the gone client's handle, and a
+        # new file: the old one's last handle unlinks it before it leaves
+        # the file's record, so this open never gets the file about to go.
         st, fid = create(b, "f.bin", GENERIC_READ | GENERIC_WRITE, SHARE_ALL, OPEN_IF)
         assert st == 0, hex(st)
         assert rawsmb.status(b.call(CLOSE, close_body(fid))) == 0
+        assert (srv.share_path / "f.bin").stat().st_size == 0, "the file made again went with the old one"
     finally:
         b.close()

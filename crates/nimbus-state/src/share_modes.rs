@@ -230,6 +230,26 @@ impl ShareModes {
         })
     }
 
+    /// `remove_open` for a close that deletes the file itself when it is
+    /// the last open of a delete-pending file: then nothing is removed
+    /// (returns true), so that an open that comes while the caller unlinks
+    /// the file is still told it is delete-pending rather than opening the
+    /// file about to go; the caller calls `remove_open` after the unlink.
+    /// Otherwise the open is removed (returns false).
+    pub fn remove_open_unless_last_of_deleted(
+        &self,
+        key: FileKey,
+        open_id: u64,
+    ) -> Result<bool, SharingError> {
+        self.update(key, |rec| {
+            if rec.delete_pending && rec.opens.iter().all(|o| o.open_id == open_id) {
+                return Ok(true);
+            }
+            rec.opens.retain(|o| o.open_id != open_id);
+            Ok(false)
+        })
+    }
+
     pub fn set_delete_pending(&self, key: FileKey, pending: bool) -> Result<(), SharingError> {
         self.update(key, |rec| {
             rec.delete_pending = pending;
@@ -445,6 +465,29 @@ mod tests {
         assert!(!sm.remove_open(K, 1).unwrap());
         assert!(sm.remove_open(K, 2).unwrap());
         // The record is gone, so a new file with the same inode starts clean.
+        assert_eq!(sm.record(K).unwrap(), FileRecord::default());
+    }
+
+    #[test]
+    fn the_last_open_of_a_deleted_file_stays_in_its_record_until_told() {
+        let sm = ShareModes::new(Arc::new(MemoryStore::new()));
+        sm.add_open(K, open(1, DELETE, 7)).unwrap();
+        sm.add_open(K, open(2, READ_DATA, 7)).unwrap();
+        sm.set_delete_pending(K, true).unwrap();
+        // Not the last: removed.
+        assert!(!sm.remove_open_unless_last_of_deleted(K, 1).unwrap());
+        // The last: left in the record (the caller unlinks the file), so
+        // that an open meanwhile is still told the file is going.
+        assert!(sm.remove_open_unless_last_of_deleted(K, 2).unwrap());
+        assert!(matches!(
+            sm.add_open(K, open(3, READ_DATA, 7)),
+            Err(SharingError::DeletePending)
+        ));
+        assert!(sm.remove_open(K, 2).unwrap());
+        assert_eq!(sm.record(K).unwrap(), FileRecord::default());
+        // Of a file not delete-pending, the last open just goes.
+        sm.add_open(K, open(4, READ_DATA, 7)).unwrap();
+        assert!(!sm.remove_open_unless_last_of_deleted(K, 4).unwrap());
         assert_eq!(sm.record(K).unwrap(), FileRecord::default());
     }
 

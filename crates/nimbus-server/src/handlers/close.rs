@@ -72,13 +72,26 @@ pub fn release(server: &Server, open: &Open) {
         // Others' cached handles keep the file; ask them to let go.
         server.oplocks.contend_handles(open.file_key, open.open_id);
     }
-    let deleted = match sm.remove_open(open.file_key, open.open_id) {
+    // The last open of a delete-pending file unlinks it before it leaves
+    // the file's record: an open that comes meanwhile is told
+    // DELETE_PENDING, as a moment before, instead of opening the file about
+    // to go. (A stream's last open leaves first and deletes the stream
+    // after, as before.)
+    let removed = match open.stream {
+        None => sm.remove_open_unless_last_of_deleted(open.file_key, open.open_id),
+        Some(_) => sm.remove_open(open.file_key, open.open_id),
+    };
+    let deleted = match removed {
         Ok(true) if open.stream.is_some() => {
             delete_stream(server, open);
             false
         }
         Ok(true) => {
             let deleted = delete_file(server, open);
+            // Out of the record now, which ends delete-pending.
+            if let Err(e) = sm.remove_open(open.file_key, open.open_id) {
+                tracing::error!("releasing open {}: {:?}", open.open_id, e);
+            }
             server.notify.deleted(open);
             deleted
         }
