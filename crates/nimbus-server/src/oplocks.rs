@@ -15,7 +15,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use nimbus_state::caching::{
@@ -370,13 +370,7 @@ impl Oplocks {
     /// runtime worker, so that one slow hand-over does not stop the whole
     /// runtime (other connections' reads and writes, the writers, accept).
     fn table(&self) -> MutexGuard<'_, Table> {
-        match self.table.try_lock() {
-            Ok(t) => t,
-            Err(TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(TryLockError::WouldBlock) => {
-                nimbus_state::blocking::off_worker(|| lock(&self.table))
-            }
-        }
+        nimbus_state::blocking::lock(&self.table)
     }
 
     pub fn new(break_timeout: Duration, store: Arc<dyn StateStore>) -> Oplocks {

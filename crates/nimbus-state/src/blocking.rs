@@ -21,6 +21,18 @@ pub fn off_worker<T>(f: impl FnOnce() -> T) -> T {
     }
 }
 
+/// Locks `m`, waiting off the worker if another thread holds it (one that
+/// may be waiting on etcd); a poisoned lock is taken as it is.
+pub fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.try_lock() {
+        Ok(g) => g,
+        Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+        Err(std::sync::TryLockError::WouldBlock) => {
+            off_worker(|| m.lock().unwrap_or_else(|p| p.into_inner()))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -801,7 +801,7 @@ impl StateStore for ClusterStore {
                 .compare_and_set_or_read(key, expected, value, durability);
         };
         if !self.owns(group) {
-            match self.set_shared(group, key, expected, value.clone(), true)? {
+            match self.set_shared(group, key, expected, value, true)? {
                 SharedSet::Written(version) => return Ok(Ok(version)),
                 SharedSet::Lost(now) => return Ok(Err(now)),
                 // Owned now (here or elsewhere), or an owned group's
@@ -828,13 +828,7 @@ impl StateStore for ClusterStore {
             }
             turns.entry(key.to_vec()).or_default().clone()
         };
-        let mut memo = match turn.try_lock() {
-            Ok(m) => m,
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => {
-                crate::blocking::off_worker(|| turn.lock().unwrap_or_else(|p| p.into_inner()))
-            }
-        };
+        let mut memo = crate::blocking::lock(&turn);
         update(Some(&mut memo));
         // A record that names only this node's opens (or none) may be one
         // this node can take into its memory, which only a full read

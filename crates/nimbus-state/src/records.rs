@@ -74,6 +74,9 @@ fn update_in_turn<R: Record, T, E: From<StateError>>(
         Some(r) => r,
         None => store.get(key)?,
     };
+    // Only a store that remembers needs the written record kept: no copy
+    // of it otherwise (a single node's every open and close comes here).
+    let remembering = memo.is_some();
     let mut remember = |record: Option<Versioned>| {
         if let Some(m) = memo.as_deref_mut() {
             *m = Some(Memo {
@@ -103,9 +106,10 @@ fn update_in_turn<R: Record, T, E: From<StateError>>(
             return out;
         }
         let expected = current.as_ref().map(|v| v.version);
-        match store.compare_and_set_or_read(key, expected, value.clone(), durability)? {
+        let kept = if remembering { value.clone() } else { None };
+        match store.compare_and_set_or_read(key, expected, value, durability)? {
             Ok(version) => {
-                remember(value.map(|value| Versioned { version, value }));
+                remember(kept.map(|value| Versioned { version, value }));
                 return out;
             }
             Err(now) => {
