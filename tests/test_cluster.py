@@ -1081,6 +1081,95 @@ def test_a_handed_back_durable_handle_gives_way_to_a_conflicting_open_on_another
         other.close()
 
 
+def test_a_durable_handle_moves_away_from_the_live_node_that_made_it(nodes, etcd_cluster):  # noqa: F811
+    """A client loses its connection to n1, which lives on, and reconnects
+    to n2 (as Windows does when name resolution gives it another address):
+    n2 has n1 let go of the durable handle and takes it over, with its data,
+    its lease and its lock. A break for it goes to n1, whose open it is by
+    its id, and on from there to n2. Closed for good, it leaves nothing in
+    etcd."""
+    for n in nodes:
+        n.start()
+    n1, n2, n3 = nodes
+    guid, create_guid, key = uuid.uuid4(), uuid.uuid4(), os.urandom(16)
+    first = Client(Target(n1), guid)
+    f, _ = durable_open(first, "moved.dat", create_guid, key, timeout_ms=60_000)
+    payload = b"written through n1 " * 50
+    f.write(payload, 0)
+    first.lock(f.file_id, 0, 100, LOCK_EXCLUSIVE)
+    file_id = f.file_id
+    first.drop()
+    other = Client(Target(n3), uuid.uuid4())
+    again = Client(Target(n2), guid)
+    try:
+        # n1 lets go only for a reconnect naming the handle's CreateGuid.
+        wrong = status_of(lambda: reconnect(again, "moved.dat", file_id, uuid.uuid4(), key))
+        assert wrong == STATUS_OBJECT_NAME_NOT_FOUND, hex(wrong)
+        assert "let go for its client on another node" not in n1.log()
+        g = reconnect(again, "moved.dat", file_id, create_guid, key)
+        assert g.read(0, len(payload)) == payload
+        assert "let go for its client on another node" in n1.log()
+        assert "taken over from the node that let go of it" in n2.log()
+        assert len(etcd_keys(etcd_cluster, "/nimbus/released/")) == 1
+        # Its lock came with it. The lock request on n3 breaks the
+        # handle's read caching: n3 sends the break to n1, which sends it
+        # on to n2.
+        h = plain_open(other, "moved.dat")
+        assert status_of(lambda: other.lock(h.file_id, 10, 10, LOCK_EXCLUSIVE)) == STATUS_LOCK_NOT_GRANTED_
+        wait_until("n1 sends the break on to n2", lambda: "forwarded to incarnation" in n1.log())
+        g.write(b"written through n2", len(payload))
+        h.close()
+        g.close()
+        # Closed for good: the file is free, the mark and the claim are gone
+        # from etcd.
+        status, k = open_status(other, "moved.dat", 0)
+        assert status == 0, hex(status)
+        assert k.read(0, len(payload) + 18) == payload + b"written through n2"
+        k.close()
+        assert etcd_keys(etcd_cluster, "/nimbus/released/") == []
+        assert etcd_keys(etcd_cluster, "/nimbus/holder/") == []
+    finally:
+        other.close()
+        again.close()
+
+
+def test_a_moved_durable_handle_outlives_the_node_that_took_it(nodes, etcd_cluster):  # noqa: F811
+    """The node that took a handle over from a live node dies: the handle's
+    record is in etcd since the move, so its client reclaims it on a third
+    node, with its data and its lock, while the node that made it lives."""
+    for n in nodes:
+        n.start()
+    n1, n2, n3 = nodes
+    guid, create_guid, key = uuid.uuid4(), uuid.uuid4(), os.urandom(16)
+    first = Client(Target(n1), guid)
+    f, _ = durable_open(first, "outlives.dat", create_guid, key, timeout_ms=60_000)
+    f.write(b"kept", 0)
+    first.lock(f.file_id, 0, 100, LOCK_EXCLUSIVE)
+    file_id = f.file_id
+    first.drop()
+    second = Client(Target(n2), guid)
+    reconnect(second, "outlives.dat", file_id, create_guid, key)
+    assert "let go for its client on another node" in n1.log()
+    n2.proc.send_signal(signal.SIGKILL)
+    n2.proc.wait(timeout=10)
+    second.drop()
+    wait_until("n2's membership expires", lambda: "n2" not in members(etcd_cluster))
+    third = Client(Target(n3), guid)
+    other = Client(Target(n1), uuid.uuid4())
+    try:
+        g = reconnect(third, "outlives.dat", file_id, create_guid, key)
+        assert g.read(0, 4) == b"kept"
+        assert "taken over from the node that let go of it" in n3.log()
+        h = plain_open(other, "outlives.dat")
+        assert status_of(lambda: other.lock(h.file_id, 10, 10, LOCK_EXCLUSIVE)) == STATUS_LOCK_NOT_GRANTED_
+        h.close()
+        g.close()
+        assert exclusive_open_status(other, "outlives.dat") == 0
+    finally:
+        other.close()
+        third.close()
+
+
 def test_a_dacl_set_through_one_node_holds_on_the_others(nodes, tmp_path):
     """Security descriptors live with the files on the shared file system
     and the users' SIDs come from the one user database: a DACL set through

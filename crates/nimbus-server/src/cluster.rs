@@ -102,6 +102,12 @@ pub struct Membership {
     /// This node's persistent opens: their files' records stay in etcd
     /// (never owned), so that they outlive the node.
     pinned: Mutex<HashSet<u64>>,
+    /// Durable opens of this node (its incarnation's, or an adopted one's)
+    /// it let go of for their clients on other nodes while it lives
+    /// (`crate::failover::let_go`): another node serves them now, whose
+    /// breaks this node forwards, and their entries are not this node's to
+    /// decide from memory. Each is kept until its record is gone.
+    released: Mutex<HashSet<u64>>,
     /// Opens of gone nodes found with a persistent record, and when.
     with_record: Mutex<std::collections::HashMap<u64, Instant>>,
     /// Opens of gone nodes found without one: it never comes back.
@@ -216,6 +222,7 @@ impl Membership {
             next_message: AtomicU64::new(1),
             on_new_lease: Mutex::new(Vec::new()),
             pinned: Mutex::new(HashSet::new()),
+            released: Mutex::new(HashSet::new()),
             with_record: Mutex::new(std::collections::HashMap::new()),
             without_record: Mutex::new(HashSet::new()),
         };
@@ -409,6 +416,40 @@ impl Membership {
 
     pub fn is_pinned(&self, open_id: u64) -> bool {
         crate::session::lock(&self.pinned).contains(&open_id)
+    }
+
+    /// Whether this node runs `incarnation`: its own, or one it adopted.
+    pub fn runs(&self, incarnation: u64) -> bool {
+        incarnation == self.incarnation()
+            || crate::session::lock(&self.adopted).contains(&incarnation)
+    }
+
+    /// This node let go of its own open `open_id` for its client on
+    /// another node: it stays pinned (its entries name this node, and its
+    /// file's records stay in etcd for whoever holds it).
+    pub fn mark_released(&self, open_id: u64) {
+        self.pin(open_id);
+        crate::session::lock(&self.released).insert(open_id);
+    }
+
+    /// Whether `open_id` is an open of this node's that it let go of.
+    pub fn is_released(&self, open_id: u64) -> bool {
+        crate::session::lock(&self.released).contains(&open_id)
+    }
+
+    /// The opens this node let go of.
+    pub fn released(&self) -> Vec<u64> {
+        crate::session::lock(&self.released)
+            .iter()
+            .copied()
+            .collect()
+    }
+
+    /// `open_id` closed for good (or was never let go of after all).
+    pub fn forget_released(&self, open_id: u64) {
+        if crate::session::lock(&self.released).remove(&open_id) {
+            self.unpin(open_id);
+        }
     }
 
     /// Whether an open is over for good: its node is gone, and it is not a
@@ -643,15 +684,15 @@ impl Membership {
     /// Returns false when no node serves the open (see `Forward`).
     pub fn send_break(&self, open_id: u64, order: &nimbus_state::caching::BreakOrder) -> bool {
         let mut to = incarnation_of(open_id);
-        // A gone node's persistent open another node took over.
-        if self.is_gone(to) {
+        // A gone node's open another node took over, or one this node let
+        // go of for its client on another node.
+        if self.is_gone(to) || self.is_released(open_id) {
             match crate::failover::holder_of(self, open_id) {
                 Some(h) => to = h,
                 None => return self.open_is_gone(open_id),
             }
         }
-        if to == 0 || to == self.incarnation() || crate::session::lock(&self.adopted).contains(&to)
-        {
+        if to == 0 || self.runs(to) {
             return true;
         }
         // The node that runs (or adopted) that incarnation.

@@ -38,6 +38,21 @@
 //! etcd under its open id; its record is in etcd already) and deletes its
 //! claim (`let_go`); the third node then claims it as above.
 //!
+//! **Moving away from a live node.** A client whose connection to the
+//! node that made its durable open is lost may reconnect to another node
+//! while that node lives (name resolution gave it another address). The
+//! other node asks the open's node to let go of it, as above; that node,
+//! if the open waits for its client there and the request names its
+//! CreateGuid, writes its record to etcd (a durable open's first; the
+//! file's records go with it), marks it let go (`released/<open id>`, kept
+//! until the open closes for good) and drops its copy. The open's id still
+//! names that node, which lives: the mark is what lets another node claim
+//! it. The node that let go keeps it pinned (its file's records stay in
+//! etcd, and are not its to decide from memory), forwards the breaks that
+//! come to it for the open to whichever node holds it, and takes it back
+//! when no node does (its holder died): a break then ends as it would on
+//! one node, and an open nobody reclaims expires there.
+//!
 //! **Expiry.** A record nobody reclaims is kept for its durable timeout
 //! from when a node first saw it orphaned; after that any node takes it and
 //! closes it (`sweep_orphans`), which frees its file.
@@ -49,10 +64,11 @@ use std::time::{Duration, Instant};
 use nimbus_state::durable_record::{Answered, DurableOpen, OPEN_PREFIX};
 use nimbus_state::etcd_store::{Cmp, Op};
 use nimbus_state::records::Record;
-use nimbus_state::{FileKey, StateStore};
+use nimbus_state::{FileKey, StateError, StateStore};
 
 use crate::cluster::incarnation_of;
 use crate::server::Server;
+use crate::session::Open;
 
 /// Key prefix of the claims: `holder/<open id>` (8 bytes, big-endian).
 pub const HOLDER_PREFIX: &[u8] = b"holder/";
@@ -63,19 +79,45 @@ fn holder_key(open_id: u64) -> Vec<u8> {
     k
 }
 
-/// Takes open `open_id` of a gone node (its record in etcd) for this one,
-/// if nobody holds it: it is then a disconnected open here, waiting for
-/// its client. Whether it now is.
+/// Key prefix of the marks a live node leaves on its own opens it let go
+/// of: `released/<open id>` (8 bytes, big-endian), not under a lease (the
+/// node may register again under a new one while the open lives on
+/// elsewhere); deleted when the open closes for good.
+pub const RELEASED_PREFIX: &[u8] = b"released/";
+
+fn released_key(open_id: u64) -> Vec<u8> {
+    let mut k = RELEASED_PREFIX.to_vec();
+    k.extend_from_slice(&open_id.to_be_bytes());
+    k
+}
+
+/// Takes open `open_id` (its record in etcd) for this node, if its own
+/// node is gone or let go of it, and nobody holds it: it is then a
+/// disconnected open here, waiting for its client. Whether it now is.
 pub fn claim(server: &Arc<Server>, open_id: u64) -> bool {
     let Some(m) = &server.cluster else {
         return false;
     };
     // Asked of etcd again: a client reconnects within a second of its node
     // leaving, while this node may still remember that node alive.
-    if !m.is_gone_now(incarnation_of(open_id)) {
-        tracing::debug!("cluster: open {open_id:#x} not claimed: its node lives");
-        return false;
-    }
+    let origin_gone = m.is_gone_now(incarnation_of(open_id));
+    let marker = released_key(open_id);
+    // A node that lives lets another take its open only by marking it.
+    let released = if origin_gone {
+        None
+    } else {
+        match m.store.get(&marker) {
+            Ok(Some(v)) => Some(v.version),
+            Ok(None) => {
+                tracing::debug!("cluster: open {open_id:#x} not claimed: its node lives");
+                return false;
+            }
+            Err(e) => {
+                tracing::warn!("cluster: claiming open {open_id:#x}: {e}");
+                return false;
+            }
+        }
+    };
     let key = DurableOpen::key(open_id);
     let Ok(Some(v)) = m.store.get(&key) else {
         tracing::debug!("cluster: open {open_id:#x} not claimed: no record");
@@ -93,8 +135,12 @@ pub fn claim(server: &Arc<Server>, open_id: u64) -> bool {
     };
     let holder = holder_key(open_id);
     let me = m.incarnation().to_string();
+    let mut unchanged = vec![Cmp::Absent(&holder), Cmp::Version(&key, Some(v.version))];
+    if let Some(version) = released {
+        unchanged.push(Cmp::Version(&marker, Some(version)));
+    }
     let taken = m.store.txn(
-        &[Cmp::Absent(&holder), Cmp::Version(&key, Some(v.version))],
+        &unchanged,
         &[Op::Put(&holder, me.as_bytes(), m.lease())],
         &[],
     );
@@ -112,10 +158,15 @@ pub fn claim(server: &Arc<Server>, open_id: u64) -> bool {
     match take_over(server, &record, Instant::now()) {
         Ok(()) => {
             tracing::info!(
-                "cluster: {} open {open_id:#x} of {} taken over from a gone node; \
+                "cluster: {} open {open_id:#x} of {} taken over from {}; \
                  its client has {} ms to reclaim it",
                 kind(&record),
                 record.path,
+                if origin_gone {
+                    "a gone node"
+                } else {
+                    "the node that let go of it"
+                },
                 record.timeout_ms
             );
             true
@@ -163,9 +214,9 @@ pub fn decode_let_go(msg: &[u8]) -> Option<(u64, [u8; 16])> {
 }
 
 /// A durable reconnect of `open_id` found no open here: `claim` it; when
-/// another node that lives holds it (it took it over, and its client came
-/// here), ask that node to let go first. Whether the open is this node's
-/// now.
+/// another node that lives holds it (it made it, or took it over, and its
+/// client came here), ask that node to let go first. Whether the open is
+/// this node's now.
 pub fn reclaim(server: &Arc<Server>, open_id: u64, create_guid: [u8; 16]) -> bool {
     if claim(server, open_id) {
         return true;
@@ -173,17 +224,23 @@ pub fn reclaim(server: &Arc<Server>, open_id: u64, create_guid: [u8; 16]) -> boo
     ask_to_let_go(server, open_id, create_guid) && claim(server, open_id)
 }
 
-/// Asks the node holding `open_id` to let go of it and waits until it has
-/// (its claim is gone), or `LET_GO_WAIT`.
+/// Asks the node holding `open_id` (the one that took it over, else the
+/// live one that made it) to let go of it and waits until it has (no node
+/// holds it, and its node is gone or marked it let go), or `LET_GO_WAIT`.
 fn ask_to_let_go(server: &Server, open_id: u64, create_guid: [u8; 16]) -> bool {
     let Some(m) = &server.cluster else {
         return false;
     };
-    let Some(holder) = holder_of(m, open_id) else {
-        tracing::debug!("cluster: open {open_id:#x}: no node holds it");
-        return false;
+    let origin = incarnation_of(open_id);
+    let holder = match holder_of(m, open_id) {
+        Some(h) => h,
+        None if !m.is_gone(origin) => origin,
+        None => {
+            tracing::debug!("cluster: open {open_id:#x}: no node holds it");
+            return false;
+        }
     };
-    if holder == m.incarnation() {
+    if m.runs(holder) {
         return false;
     }
     tracing::debug!("cluster: open {open_id:#x}: asking incarnation {holder} to let go");
@@ -211,9 +268,9 @@ fn ask_to_let_go(server: &Server, open_id: u64, create_guid: [u8; 16]) -> bool {
             }
             asked = Some(Instant::now());
         }
-        match m.store.get(&holder_key(open_id)) {
-            Ok(None) => return true,
-            Ok(Some(_)) => {}
+        match free_to_claim(m, open_id) {
+            Ok(true) => return true,
+            Ok(false) => {}
             Err(e) => {
                 tracing::warn!("cluster: waiting for open {open_id:#x}: {e}");
                 return false;
@@ -232,27 +289,117 @@ fn ask_to_let_go(server: &Server, open_id: u64, create_guid: [u8; 16]) -> bool {
     }
 }
 
-/// Another node's client reconnects to open `open_id`, which this node
-/// took over from a gone node: if it still waits for its client here and
-/// `create_guid` is its CreateGuid, this node drops its copy without
-/// closing it and deletes its claim. A request for anything else (an open
-/// of this node's own, one whose client is connected here, a wrong
-/// CreateGuid) is ignored: the asking reconnect then fails, as it would on
-/// one node.
+/// Whether no node holds `open_id` and its own node is gone or let go of
+/// it: a claim may take it.
+fn free_to_claim(m: &crate::cluster::Membership, open_id: u64) -> Result<bool, StateError> {
+    if m.store.get(&holder_key(open_id))?.is_some() {
+        return Ok(false);
+    }
+    Ok(m.is_gone(incarnation_of(open_id)) || m.store.get(&released_key(open_id))?.is_some())
+}
+
+/// The disconnected open `open_id` of this node, if its CreateGuid is
+/// `create_guid` (all zero for a v1 open).
+fn waiting_here(server: &Server, open_id: u64, create_guid: [u8; 16]) -> Option<Arc<Open>> {
+    let open = server.durables.find_disconnected(open_id)?;
+    (open.replay.as_ref().map_or([0; 16], |r| r.key.1) == create_guid).then_some(open)
+}
+
+/// Another node's client reconnects to open `open_id`: if it waits for its
+/// client here and `create_guid` is its CreateGuid, this node lets go of
+/// it, an open it took over (`let_go_taken`) or one of its own
+/// (`let_go_own`). A request for anything else (an open whose client is
+/// connected here, a wrong CreateGuid) is ignored: the asking reconnect
+/// then fails, as it would on one node.
 pub fn let_go(server: &Server, open_id: u64, create_guid: [u8; 16]) {
     let Some(m) = &server.cluster else {
         return;
     };
-    if !m.is_gone(incarnation_of(open_id)) {
+    tracing::debug!("cluster: another node asks for open {open_id:#x}");
+    if m.runs(incarnation_of(open_id)) && !m.is_released(open_id) {
+        let_go_own(server, m, open_id, create_guid);
+    } else {
+        let_go_taken(server, m, open_id, create_guid);
+    }
+}
+
+/// `let_go` of an open this node made: its record goes to etcd (a durable
+/// open's first; a persistent one's is there), with its file's records;
+/// the open is marked let go (`released/<open id>`) and this node drops
+/// its copy without closing it. It stays pinned here (its entries name
+/// this node).
+fn let_go_own(
+    server: &Server,
+    m: &crate::cluster::Membership,
+    open_id: u64,
+    create_guid: [u8; 16],
+) {
+    let Some(open) = waiting_here(server, open_id, create_guid) else {
+        tracing::debug!("cluster: open {open_id:#x} stays: no such open waits here for its client");
+        return;
+    };
+    {
+        let mut d = crate::session::lock(&open.durable);
+        match d.as_mut() {
+            Some(d) if !d.forgotten => {
+                d.in_store = true;
+                // Its client names it: its CREATE was answered.
+                d.answered = true;
+            }
+            _ => return,
+        }
+    }
+    if let Err(e) = crate::persist::save(server, &open) {
+        tracing::warn!(
+            "cluster: open {open_id:#x} not let go: its record could not be written ({e})"
+        );
         return;
     }
-    let Some(open) = server.durables.find_disconnected(open_id) else {
+    // Out of the table first: a reconnect here meanwhile finds nothing.
+    let Some(open) = server.durables.claim(open_id) else {
+        return;
+    };
+    // Marked here before etcd: a break that comes for it once it is gone
+    // from the table is forwarded.
+    m.mark_released(open_id);
+    let me = m.incarnation().to_string();
+    let marked = m.store.txn(
+        &[Cmp::Absent(&holder_key(open_id))],
+        &[Op::Put(&released_key(open_id), me.as_bytes(), 0)],
+        &[],
+    );
+    if !matches!(marked, Ok(ref t) if t.succeeded) {
+        tracing::warn!(
+            "cluster: open {open_id:#x} not let go: it could not be marked ({marked:?})"
+        );
+        // Back to waiting for its client here, as if nobody had asked;
+        // its record stays, and with it the pin.
+        m.forget_released(open_id);
+        m.pin(open_id);
+        if server.durables.disconnect(&open, Instant::now()).is_err() {
+            crate::handlers::close::release(server, &open);
+        }
+        return;
+    }
+    drop_copy(server, &open);
+}
+
+/// `let_go` of an open this node took over (from a gone node, or one that
+/// let go of it): it drops its copy without closing it and deletes its
+/// claim.
+fn let_go_taken(
+    server: &Server,
+    m: &crate::cluster::Membership,
+    open_id: u64,
+    create_guid: [u8; 16],
+) {
+    let Some(open) = waiting_here(server, open_id, create_guid) else {
         return;
     };
     let in_store = crate::session::lock(&open.durable)
         .as_ref()
         .is_some_and(|d| d.in_store && !d.forgotten);
-    if !in_store || open.replay.as_ref().map_or([0; 16], |r| r.key.1) != create_guid {
+    if !in_store {
         return;
     }
     // Out of the table first: a reconnect here meanwhile finds nothing.
@@ -278,6 +425,18 @@ pub fn let_go(server: &Server, open_id: u64, create_guid: [u8; 16]) {
         }
         return;
     }
+    drop_copy(server, &open);
+    // One this node made stays pinned (its entries name this node).
+    if !m.is_released(open_id) {
+        m.unpin(open_id);
+    }
+}
+
+/// Drops this node's copy of an open another node will hold, without
+/// closing it: its share-mode entry, locks and caching stay in etcd under
+/// its open id.
+fn drop_copy(server: &Server, open: &Open) {
+    let open_id = open.open_id;
     // Saves of it still under way here write nothing now: its record is
     // the next holder's.
     if let Some(d) = crate::session::lock(&open.durable).as_mut() {
@@ -285,8 +444,7 @@ pub fn let_go(server: &Server, open_id: u64, create_guid: [u8; 16]) {
     }
     server.oplocks.let_go(open_id);
     server.opens.forget(open_id);
-    server.durables.closed(&open);
-    m.unpin(open_id);
+    server.durables.closed(open);
     tracing::info!(
         "cluster: {} open {open_id:#x} of {} let go for its client on another node",
         if open.is_persistent() {
@@ -323,7 +481,7 @@ pub fn waits_for_reclaim(server: &Server, file: FileKey) -> bool {
 }
 
 /// Whether `open_id` is a gone node's open with a record that no node took
-/// over.
+/// over (or, on the node that let go of it, one of its own no node holds).
 pub fn is_stranded(m: &crate::cluster::Membership, open_id: u64) -> bool {
     stranded_record(m, open_id).is_some()
 }
@@ -331,7 +489,8 @@ pub fn is_stranded(m: &crate::cluster::Membership, open_id: u64) -> bool {
 /// The record of `open_id` when it is a gone node's open no node took
 /// over. An etcd that does not answer proves nothing: None.
 fn stranded_record(m: &crate::cluster::Membership, open_id: u64) -> Option<DurableOpen> {
-    if !m.is_gone(incarnation_of(open_id)) || m.open_is_gone(open_id) {
+    let away = m.is_gone(incarnation_of(open_id)) || m.is_released(open_id);
+    if !away || m.open_is_gone(open_id) {
         return None;
     }
     let v = m.store.get(&DurableOpen::key(open_id)).ok()??;
@@ -403,14 +562,61 @@ pub fn holder_of(m: &crate::cluster::Membership, open_id: u64) -> Option<u64> {
     std::str::from_utf8(&v.value).ok()?.parse().ok()
 }
 
-/// The claim of `open_id` goes with its close.
+/// The claim of `open_id`, and the mark of its node letting go of it, go
+/// with its close.
 pub fn closed(server: &Server, open_id: u64) {
     if let Some(m) = &server.cluster {
         m.unpin(open_id);
-        if m.is_gone(incarnation_of(open_id)) {
-            let _ = m.store.txn(&[], &[Op::Delete(&holder_key(open_id))], &[]);
+        let origin = incarnation_of(open_id);
+        if !m.runs(origin) || m.is_released(open_id) || m.is_gone(origin) {
+            let (holder, marker) = (holder_key(open_id), released_key(open_id));
+            let _ = m
+                .store
+                .txn(&[], &[Op::Delete(&holder), Op::Delete(&marker)], &[]);
+            m.forget_released(open_id);
         }
     }
+}
+
+/// A break another node sent here for `open_id`, an open this node let go
+/// of that is not served here: it goes on to the node holding the open;
+/// when none does (its holder died), this node takes the open back, which
+/// ends the break as on one node (a durable open closes, a persistent
+/// one's is taken as acknowledged: `take_over`). Whether it was such an
+/// open.
+pub fn forward_break(
+    server: &Arc<Server>,
+    open_id: u64,
+    order: &nimbus_state::caching::BreakOrder,
+) -> bool {
+    let Some(m) = &server.cluster else {
+        return false;
+    };
+    if !m.is_released(open_id) || server.oplocks.serves_here(open_id) {
+        return false;
+    }
+    // Twice at most: a node may claim it between the look and the take.
+    for _ in 0..2 {
+        match holder_of(m, open_id) {
+            Some(h) if !m.runs(h) => {
+                tracing::debug!(
+                    "cluster: break for open {open_id:#x} forwarded to incarnation {h}"
+                );
+                if !m.send_break(open_id, order) {
+                    tracing::debug!("cluster: break for open {open_id:#x} reached no node");
+                }
+                return true;
+            }
+            // Taken back here a moment ago.
+            Some(_) => return false,
+            None => {
+                if claim(server, open_id) {
+                    return true;
+                }
+            }
+        }
+    }
+    true
 }
 
 /// Opens the file of `r` again on this node and keeps the open
@@ -424,6 +630,9 @@ fn take_over(server: &Arc<Server>, r: &DurableOpen, since: Instant) -> Result<()
     crate::persist::add_share_mode(server, r, file)?;
     let slot = server.open_files.reserve().ok_or("too many open files")?;
     let open = crate::persist::open_of_record(server, r, share, handle, file, slot);
+    if !r.locks.is_empty() {
+        server.locks.came_with_locks(file);
+    }
     server.oplocks.take_over(file, r.open_id);
     crate::persist::wait_for_client(server, &open, r, since)?;
     // A break that reached the node that held it last, as it let go or
@@ -453,6 +662,10 @@ pub fn sweep_orphans(server: &Arc<Server>, orphans: &mut Orphans) {
     let Some(m) = &server.cluster else {
         return;
     };
+    // Looked at before the scan: an open marked let go had its record
+    // written first, so one in this list without a record in the scan
+    // closed for good.
+    let released = m.released();
     let (records, held) = match (
         m.store.scan_prefix(OPEN_PREFIX),
         m.store.scan_prefix(HOLDER_PREFIX),
@@ -468,6 +681,7 @@ pub fn sweep_orphans(server: &Arc<Server>, orphans: &mut Orphans) {
         .filter_map(|(k, _)| k.strip_prefix(HOLDER_PREFIX).map(<[u8]>::to_vec))
         .collect();
     let mut now_orphaned = HashSet::new();
+    let mut with_record = HashSet::new();
     for (key, v) in records {
         let Some(id) = key
             .strip_prefix(OPEN_PREFIX)
@@ -476,7 +690,9 @@ pub fn sweep_orphans(server: &Arc<Server>, orphans: &mut Orphans) {
             continue;
         };
         let open_id = u64::from_be_bytes(id);
-        if held.contains(id.as_slice()) || !m.is_gone(incarnation_of(open_id)) {
+        with_record.insert(open_id);
+        let away = m.is_gone(incarnation_of(open_id)) || m.is_released(open_id);
+        if held.contains(id.as_slice()) || !away {
             continue;
         }
         let Ok(r) = DurableOpen::decode(&v.value) else {
@@ -502,4 +718,12 @@ pub fn sweep_orphans(server: &Arc<Server>, orphans: &mut Orphans) {
         }
     }
     orphans.seen.retain(|id, _| now_orphaned.contains(id));
+    // Opens this node let go of that closed for good elsewhere (their
+    // closer deleted the mark already, unless it died first).
+    for open_id in released {
+        if !with_record.contains(&open_id) {
+            let _ = m.store.txn(&[], &[Op::Delete(&released_key(open_id))], &[]);
+            m.forget_released(open_id);
+        }
+    }
 }

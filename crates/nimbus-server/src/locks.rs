@@ -349,6 +349,13 @@ impl ByteRangeLocks {
         }
     }
 
+    /// An open with locks in `file`'s record came to this node (taken over
+    /// from another): its close here must release them, as if they had
+    /// been taken here.
+    pub fn came_with_locks(&self, file: FileKey) {
+        self.write().locked.insert(file);
+    }
+
     /// Whether other cluster nodes may change `file`'s locks, so that this
     /// node's memory of which files are locked does not settle it. Never on
     /// a single node: READ and WRITE then ask nothing of the store.

@@ -440,6 +440,12 @@ impl Oplocks {
         });
     }
 
+    /// Whether breaks for `open_id` end on this node (a connection of its,
+    /// or a durable open waiting here for its client).
+    pub fn serves_here(&self, open_id: u64) -> bool {
+        lock(&self.notifier.routes).contains_key(&open_id)
+    }
+
     /// Delivers a break another node sent for an open of this one.
     pub fn deliver_here(&self, open_id: u64, order: BreakOrder) {
         self.notifier.deliver(open_id, order);

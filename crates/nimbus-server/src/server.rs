@@ -626,7 +626,7 @@ impl Server {
     /// A message from another cluster node: a break for one of this node's
     /// opens, changes for its watches, or a request to let go of an open
     /// whose client reconnected there.
-    fn on_message(&self, msg: &[u8]) {
+    fn on_message(self: &Arc<Self>, msg: &[u8]) {
         if msg.first() == Some(&crate::cluster_notify::CHANGES_V1) {
             let Some(relay) = &self.notify_relay else {
                 return;
@@ -652,7 +652,11 @@ impl Server {
             return;
         }
         match nimbus_state::records::decode_break(msg) {
-            Ok((open_id, order)) => self.oplocks.deliver_here(open_id, order),
+            Ok((open_id, order)) => {
+                if !crate::failover::forward_break(self, open_id, &order) {
+                    self.oplocks.deliver_here(open_id, order)
+                }
+            }
             Err(e) => tracing::warn!("cluster: message from another node: {e}"),
         }
     }
