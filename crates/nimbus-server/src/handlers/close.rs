@@ -72,30 +72,21 @@ pub fn release(server: &Server, open: &Open) {
         // Others' cached handles keep the file; ask them to let go.
         server.oplocks.contend_handles(open.file_key, open.open_id);
     }
-    // The last open of a delete-pending file unlinks it before it leaves
-    // the file's record: an open that comes meanwhile is told
-    // DELETE_PENDING, as a moment before, instead of opening the file about
-    // to go. (A stream's last open leaves first and deletes the stream
-    // after, as before.)
-    let removed = match open.stream {
-        None => sm.remove_open_unless_last_of_deleted(open.file_key, open.open_id),
-        Some(_) => sm.remove_open(open.file_key, open.open_id),
-    };
-    let deleted = match removed {
-        Ok(true) if open.stream.is_some() => {
+    let removed = leave_record(server, open.file_key, open.open_id, || match open.stream {
+        Some(_) => {
             delete_stream(server, open);
             false
         }
-        Ok(true) => {
-            let deleted = delete_file(server, open);
-            // Out of the record now, which ends delete-pending.
-            if let Err(e) = sm.remove_open(open.file_key, open.open_id) {
-                tracing::error!("releasing open {}: {:?}", open.open_id, e);
+        None => delete_file(server, open),
+    });
+    let deleted = match removed {
+        Ok(Some(deleted)) => {
+            if open.stream.is_none() {
+                server.notify.deleted(open);
             }
-            server.notify.deleted(open);
             deleted
         }
-        Ok(false) => {
+        Ok(None) => {
             server.notify.still_open(server, open);
             // A Mac's AfpInfo created and never written goes with its last
             // handle (crate::apple::afp_info).
@@ -123,6 +114,29 @@ pub fn release(server: &Server, open: &Open) {
     server.oplocks.forget(open.file_key, open.open_id);
 }
 
+/// Takes `open_id` out of `file`'s record. When it is the last open of a
+/// delete-pending file (or stream), `delete` runs first, while the record
+/// still names the open, and the entry goes after: an open that comes
+/// meanwhile is told DELETE_PENDING, as a moment before, instead of
+/// opening what is about to go. What `delete` returned, if it ran.
+pub fn leave_record<T>(
+    server: &Server,
+    file: FileKey,
+    open_id: u64,
+    delete: impl FnOnce() -> T,
+) -> Result<Option<T>, nimbus_state::SharingError> {
+    let sm = &server.share_modes;
+    if !sm.remove_open_unless_last_of_deleted(file, open_id)? {
+        return Ok(None);
+    }
+    let done = delete();
+    // Out of the record now, which ends delete-pending.
+    if let Err(e) = sm.remove_open(file, open_id) {
+        tracing::error!("releasing open {open_id}: {e:?}");
+    }
+    Ok(Some(done))
+}
+
 /// A CREATE that was counted among a file's opens and then did not go on
 /// (it waits for breaks, or failed after) found itself the last open of a
 /// delete-pending file: the file goes now, as it would have at the close
@@ -145,21 +159,17 @@ fn release_base(server: &Server, open: &Open) -> bool {
     let Some(stream) = &open.stream else {
         return false;
     };
-    match server
-        .share_modes
-        .remove_open(stream.base_key, open.open_id)
-    {
-        Ok(true) => {
-            delete_abandoned(
-                server,
-                &open.share,
-                &open.path(),
-                stream.base_is_dir,
-                stream.base_key,
-            );
-            true
-        }
-        Ok(false) => false,
+    let removed = leave_record(server, stream.base_key, open.open_id, || {
+        delete_abandoned(
+            server,
+            &open.share,
+            &open.path(),
+            stream.base_is_dir,
+            stream.base_key,
+        )
+    });
+    match removed {
+        Ok(deleted) => deleted.is_some(),
         Err(e) => {
             tracing::error!("releasing open {} of a stream: {:?}", open.open_id, e);
             false

@@ -758,9 +758,9 @@ fn abandon(
     key: FileKey,
     open_id: u64,
 ) {
-    if let Ok(true) = ctx.server.share_modes.remove_open(key, open_id) {
-        super::close::delete_abandoned(ctx.server, share, path, is_dir, key);
-    }
+    let _ = super::close::leave_record(ctx.server, key, open_id, || {
+        super::close::delete_abandoned(ctx.server, share, path, is_dir, key)
+    });
 }
 
 /// `abandon` for a stream: its file's entry goes with the guard that holds
@@ -772,11 +772,11 @@ fn abandon_stream(
     key: FileKey,
     open_id: u64,
 ) {
-    if let Ok(true) = ctx.server.share_modes.remove_open(key, open_id) {
+    let _ = super::close::leave_record(ctx.server, key, open_id, || {
         if let Some(streams) = &base.streams {
             let _ = streams.remove_if(name, (key.dev, key.ino));
         }
-    }
+    });
 }
 
 /// Access bits no object type defines (MS-DTYP 2.4.3 ACCESS_MASK: bits
