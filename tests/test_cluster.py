@@ -911,7 +911,7 @@ def test_nimbus_status_shows_every_node_with_its_sessions_and_opens(nodes):
 
 
 from smbprotocol.exceptions import SMBConnectionClosed  # noqa: E402
-from test_durable import durable_open, reconnect  # noqa: E402
+from test_durable import BOB, durable_open, reconnect  # noqa: E402
 
 BLOCK = 4096
 
@@ -1081,13 +1081,14 @@ def test_a_handed_back_durable_handle_gives_way_to_a_conflicting_open_on_another
         other.close()
 
 
-def test_a_durable_handle_moves_away_from_the_live_node_that_made_it(nodes, etcd_cluster):  # noqa: F811
+def test_a_durable_handle_moves_away_from_the_live_node_that_made_it(nodes, etcd_cluster, tmp_path):  # noqa: F811
     """A client loses its connection to n1, which lives on, and reconnects
     to n2 (as Windows does when name resolution gives it another address):
     n2 has n1 let go of the durable handle and takes it over, with its data,
-    its lease and its lock. A break for it goes to n1, whose open it is by
-    its id, and on from there to n2. Closed for good, it leaves nothing in
-    etcd."""
+    its lease and its lock. Neither a wrong CreateGuid nor another user
+    moves it. A break for it goes to n1, whose open it is by its id, and on
+    from there to n2. Closed for good, it leaves nothing in etcd."""
+    add_user(tmp_path / "users.db", *BOB)
     for n in nodes:
         n.start()
     n1, n2, n3 = nodes
@@ -1105,6 +1106,12 @@ def test_a_durable_handle_moves_away_from_the_live_node_that_made_it(nodes, etcd
         # n1 lets go only for a reconnect naming the handle's CreateGuid.
         wrong = status_of(lambda: reconnect(again, "moved.dat", file_id, uuid.uuid4(), key))
         assert wrong == STATUS_OBJECT_NAME_NOT_FOUND, hex(wrong)
+        bob = Client(Target(n2), guid, *BOB)
+        try:
+            status = status_of(lambda: reconnect(bob, "moved.dat", file_id, create_guid, key))
+        finally:
+            bob.close()
+        assert status == STATUS_OBJECT_NAME_NOT_FOUND, hex(status)
         assert "let go for its client on another node" not in n1.log()
         g = reconnect(again, "moved.dat", file_id, create_guid, key)
         assert g.read(0, len(payload)) == payload

@@ -67,6 +67,7 @@ use nimbus_state::records::Record;
 use nimbus_state::{FileKey, StateError, StateStore};
 
 use crate::cluster::incarnation_of;
+use crate::durable::Owner;
 use crate::server::Server;
 use crate::session::Open;
 
@@ -93,8 +94,11 @@ fn released_key(open_id: u64) -> Vec<u8> {
 
 /// Takes open `open_id` (its record in etcd) for this node, if its own
 /// node is gone or let go of it, and nobody holds it: it is then a
-/// disconnected open here, waiting for its client. Whether it now is.
-pub fn claim(server: &Arc<Server>, open_id: u64) -> bool {
+/// disconnected open here, waiting for its client. For a reconnect,
+/// `owner` is the user asking: only the open's owner moves it (another
+/// user's reconnect would fail after the move anyway, and must not reset
+/// its timeout or move it about). Whether it now is.
+pub fn claim(server: &Arc<Server>, open_id: u64, owner: Option<&Owner>) -> bool {
     let Some(m) = &server.cluster else {
         return false;
     };
@@ -124,7 +128,7 @@ pub fn claim(server: &Arc<Server>, open_id: u64) -> bool {
         return false;
     };
     let record = match DurableOpen::decode(&v.value) {
-        Ok(r) if r.answered == Answered::Yes => r,
+        Ok(r) if r.answered == Answered::Yes && owner.is_none_or(|o| owns(o, &r)) => r,
         r => {
             tracing::debug!(
                 "cluster: open {open_id:#x} not claimed: record {:?}",
@@ -182,55 +186,87 @@ pub fn claim(server: &Arc<Server>, open_id: u64) -> bool {
     }
 }
 
+fn owns(owner: &Owner, r: &DurableOpen) -> bool {
+    owner.user == r.owner_user && owner.domain == r.owner_domain
+}
+
 /// Message tag of a request to let go of an open (`let_go`), beside
 /// breaks (`nimbus_state::records::encode_break`) and notify changes
-/// (`crate::cluster_notify`).
-pub const LET_GO_V1: u8 = 0x20;
+/// (`crate::cluster_notify`). (0x20 was a first layout, without the
+/// owner.)
+pub const LET_GO_V2: u8 = 0x21;
+
+/// What a reconnect on another node asks of the node holding its open.
+#[derive(Debug, PartialEq, Eq)]
+pub struct LetGo {
+    pub open_id: u64,
+    /// All zero for a v1 reconnect.
+    pub create_guid: [u8; 16],
+    /// The user reconnecting (as `Durable::owner` holds it).
+    pub owner: Owner,
+}
 
 /// How long a reconnect waits for the node holding its open to let go.
 const LET_GO_WAIT: Duration = Duration::from_secs(5);
 /// How often it asks meanwhile.
 const ASK_AGAIN: Duration = Duration::from_millis(250);
 
-/// `LET_GO_V1`, the open id, and the CreateGuid the reconnect named (all
-/// zero for a v1 reconnect).
-pub fn encode_let_go(open_id: u64, create_guid: [u8; 16]) -> Vec<u8> {
-    let mut m = Vec::with_capacity(25);
-    m.push(LET_GO_V1);
-    m.extend_from_slice(&open_id.to_le_bytes());
-    m.extend_from_slice(&create_guid);
+/// `LET_GO_V2`, the open id and CreateGuid, then the owner's user and
+/// domain, each a 16-bit length and UTF-8.
+pub fn encode_let_go(req: &LetGo) -> Vec<u8> {
+    let (user, domain) = (req.owner.user.as_bytes(), req.owner.domain.as_bytes());
+    let mut m = Vec::with_capacity(29 + user.len() + domain.len());
+    m.push(LET_GO_V2);
+    m.extend_from_slice(&req.open_id.to_le_bytes());
+    m.extend_from_slice(&req.create_guid);
+    for s in [user, domain] {
+        let len = u16::try_from(s.len()).unwrap_or(u16::MAX);
+        m.extend_from_slice(&len.to_le_bytes());
+        m.extend_from_slice(&s[..len as usize]);
+    }
     m
 }
 
-pub fn decode_let_go(msg: &[u8]) -> Option<(u64, [u8; 16])> {
-    let [LET_GO_V1, rest @ ..] = msg else {
+pub fn decode_let_go(msg: &[u8]) -> Option<LetGo> {
+    let [LET_GO_V2, rest @ ..] = msg else {
         return None;
     };
-    if rest.len() != 24 {
-        return None;
-    }
-    let id = u64::from_le_bytes(rest[..8].try_into().ok()?);
-    Some((id, rest[8..].try_into().ok()?))
+    let open_id = u64::from_le_bytes(rest.get(..8)?.try_into().ok()?);
+    let create_guid = rest.get(8..24)?.try_into().ok()?;
+    let mut at = 24;
+    let mut text = || {
+        let len = u16::from_le_bytes(rest.get(at..at + 2)?.try_into().ok()?) as usize;
+        let s = std::str::from_utf8(rest.get(at + 2..at + 2 + len)?).ok()?;
+        at += 2 + len;
+        Some(s.to_owned())
+    };
+    let (user, domain) = (text()?, text()?);
+    (at == rest.len()).then_some(LetGo {
+        open_id,
+        create_guid,
+        owner: Owner { user, domain },
+    })
 }
 
 /// A durable reconnect of `open_id` found no open here: `claim` it; when
 /// another node that lives holds it (it made it, or took it over, and its
 /// client came here), ask that node to let go first. Whether the open is
 /// this node's now.
-pub fn reclaim(server: &Arc<Server>, open_id: u64, create_guid: [u8; 16]) -> bool {
-    if claim(server, open_id) {
+pub fn reclaim(server: &Arc<Server>, req: &LetGo) -> bool {
+    if claim(server, req.open_id, Some(&req.owner)) {
         return true;
     }
-    ask_to_let_go(server, open_id, create_guid) && claim(server, open_id)
+    ask_to_let_go(server, req) && claim(server, req.open_id, Some(&req.owner))
 }
 
 /// Asks the node holding `open_id` (the one that took it over, else the
 /// live one that made it) to let go of it and waits until it has (no node
 /// holds it, and its node is gone or marked it let go), or `LET_GO_WAIT`.
-fn ask_to_let_go(server: &Server, open_id: u64, create_guid: [u8; 16]) -> bool {
+fn ask_to_let_go(server: &Server, req: &LetGo) -> bool {
     let Some(m) = &server.cluster else {
         return false;
     };
+    let open_id = req.open_id;
     let origin = incarnation_of(open_id);
     let holder = match holder_of(m, open_id) {
         Some(h) => h,
@@ -262,7 +298,7 @@ fn ask_to_let_go(server: &Server, open_id: u64, create_guid: [u8; 16]) -> bool {
         // client reconnects here at once), and ignores a request for an
         // open still connected there.
         if !node.is_empty() && asked.is_none_or(|t| t.elapsed() >= ASK_AGAIN) {
-            if let Err(e) = m.post(&node, &encode_let_go(open_id, create_guid)) {
+            if let Err(e) = m.post(&node, &encode_let_go(req)) {
                 tracing::warn!("cluster: asking node {node} for open {open_id:#x}: {e}");
                 return false;
             }
@@ -298,28 +334,37 @@ fn free_to_claim(m: &crate::cluster::Membership, open_id: u64) -> Result<bool, S
     Ok(m.is_gone(incarnation_of(open_id)) || m.store.get(&released_key(open_id))?.is_some())
 }
 
-/// The disconnected open `open_id` of this node, if its CreateGuid is
-/// `create_guid` (all zero for a v1 open).
-fn waiting_here(server: &Server, open_id: u64, create_guid: [u8; 16]) -> Option<Arc<Open>> {
-    let open = server.durables.find_disconnected(open_id)?;
-    (open.replay.as_ref().map_or([0; 16], |r| r.key.1) == create_guid).then_some(open)
+/// The disconnected open a request names, if it waits here for its client
+/// and the request names its CreateGuid and owner.
+fn waiting_here(server: &Server, req: &LetGo) -> Option<Arc<Open>> {
+    let open = server.durables.find_disconnected(req.open_id)?;
+    let guid = open.replay.as_ref().map_or([0; 16], |r| r.key.1);
+    let owned = crate::session::lock(&open.durable)
+        .as_ref()
+        .is_some_and(|d| d.owner == req.owner && !d.forgotten);
+    (guid == req.create_guid && owned).then_some(open)
 }
 
-/// Another node's client reconnects to open `open_id`: if it waits for its
-/// client here and `create_guid` is its CreateGuid, this node lets go of
-/// it, an open it took over (`let_go_taken`) or one of its own
+/// Another node's client reconnects to an open that waits for its client
+/// here: if the request names its CreateGuid and owner, this node lets go
+/// of it, an open it took over (`let_go_taken`) or one of its own
 /// (`let_go_own`). A request for anything else (an open whose client is
-/// connected here, a wrong CreateGuid) is ignored: the asking reconnect
-/// then fails, as it would on one node.
-pub fn let_go(server: &Server, open_id: u64, create_guid: [u8; 16]) {
+/// connected here, a wrong CreateGuid, another user) is ignored: the
+/// asking reconnect then fails, as it would on one node.
+pub fn let_go(server: &Server, req: &LetGo) {
     let Some(m) = &server.cluster else {
         return;
     };
+    let open_id = req.open_id;
     tracing::debug!("cluster: another node asks for open {open_id:#x}");
+    let Some(open) = waiting_here(server, req) else {
+        tracing::debug!("cluster: open {open_id:#x} stays: no such open waits here for its client");
+        return;
+    };
     if m.runs(incarnation_of(open_id)) && !m.is_released(open_id) {
-        let_go_own(server, m, open_id, create_guid);
+        let_go_own(server, m, open);
     } else {
-        let_go_taken(server, m, open_id, create_guid);
+        let_go_taken(server, m, open);
     }
 }
 
@@ -328,57 +373,70 @@ pub fn let_go(server: &Server, open_id: u64, create_guid: [u8; 16]) {
 /// the open is marked let go (`released/<open id>`) and this node drops
 /// its copy without closing it. It stays pinned here (its entries name
 /// this node).
-fn let_go_own(
-    server: &Server,
-    m: &crate::cluster::Membership,
-    open_id: u64,
-    create_guid: [u8; 16],
-) {
-    let Some(open) = waiting_here(server, open_id, create_guid) else {
-        tracing::debug!("cluster: open {open_id:#x} stays: no such open waits here for its client");
-        return;
-    };
-    {
+fn let_go_own(server: &Server, m: &crate::cluster::Membership, open: Arc<Open>) {
+    let open_id = open.open_id;
+    let was_in_store = {
         let mut d = crate::session::lock(&open.durable);
-        match d.as_mut() {
-            Some(d) if !d.forgotten => {
-                d.in_store = true;
-                // Its client names it: its CREATE was answered.
-                d.answered = true;
-            }
-            _ => return,
-        }
-    }
+        let Some(d) = d.as_mut() else {
+            return;
+        };
+        let was = d.in_store;
+        d.in_store = true;
+        // Its client names it: its CREATE was answered.
+        d.answered = true;
+        was
+    };
     if let Err(e) = crate::persist::save(server, &open) {
         tracing::warn!(
             "cluster: open {open_id:#x} not let go: its record could not be written ({e})"
         );
+        // As it was: a durable open this node keeps in its memory (handed
+        // back should the node leave).
+        if !was_in_store {
+            if let Some(d) = crate::session::lock(&open.durable).as_mut() {
+                d.in_store = false;
+            }
+            m.unpin(open_id);
+        }
         return;
     }
     // Out of the table first: a reconnect here meanwhile finds nothing.
     let Some(open) = server.durables.claim(open_id) else {
         return;
     };
-    // Marked here before etcd: a break that comes for it once it is gone
-    // from the table is forwarded.
+    stop_serving(server, &open);
+    // Marked here before etcd: a break that comes for it from now on is
+    // sent on to whichever node holds it.
     m.mark_released(open_id);
+    let (holder, marker) = (holder_key(open_id), released_key(open_id));
     let me = m.incarnation().to_string();
-    let marked = m.store.txn(
-        &[Cmp::Absent(&holder_key(open_id))],
-        &[Op::Put(&released_key(open_id), me.as_bytes(), 0)],
+    let marked = match m.store.txn(
+        &[Cmp::Absent(&holder)],
+        &[Op::Put(&marker, me.as_bytes(), 0)],
         &[],
-    );
-    if !matches!(marked, Ok(ref t) if t.succeeded) {
-        tracing::warn!(
-            "cluster: open {open_id:#x} not let go: it could not be marked ({marked:?})"
-        );
+    ) {
+        Ok(t) => t.succeeded,
+        Err(e) => {
+            // Perhaps written: taken back if it can be, else taken as
+            // written (another node may claim it already); this node then
+            // takes it back itself should nobody hold it
+            // (`sweep_orphans`, `forward_break`).
+            tracing::warn!("cluster: marking open {open_id:#x} let go: {e}");
+            let undone = m.store.txn(
+                &[Cmp::Value(&marker, me.as_bytes())],
+                &[Op::Delete(&marker)],
+                &[],
+            );
+            undone.is_err()
+        }
+    };
+    if !marked {
+        tracing::warn!("cluster: open {open_id:#x} not let go: it could not be marked");
         // Back to waiting for its client here, as if nobody had asked;
         // its record stays, and with it the pin.
         m.forget_released(open_id);
         m.pin(open_id);
-        if server.durables.disconnect(&open, Instant::now()).is_err() {
-            crate::handlers::close::release(server, &open);
-        }
+        serve_again(server, &open);
         return;
     }
     drop_copy(server, &open);
@@ -387,18 +445,11 @@ fn let_go_own(
 /// `let_go` of an open this node took over (from a gone node, or one that
 /// let go of it): it drops its copy without closing it and deletes its
 /// claim.
-fn let_go_taken(
-    server: &Server,
-    m: &crate::cluster::Membership,
-    open_id: u64,
-    create_guid: [u8; 16],
-) {
-    let Some(open) = waiting_here(server, open_id, create_guid) else {
-        return;
-    };
+fn let_go_taken(server: &Server, m: &crate::cluster::Membership, open: Arc<Open>) {
+    let open_id = open.open_id;
     let in_store = crate::session::lock(&open.durable)
         .as_ref()
-        .is_some_and(|d| d.in_store && !d.forgotten);
+        .is_some_and(|d| d.in_store);
     if !in_store {
         return;
     }
@@ -406,6 +457,7 @@ fn let_go_taken(
     let Some(open) = server.durables.claim(open_id) else {
         return;
     };
+    stop_serving(server, &open);
     // The claim goes next; only then is the open no longer this node's.
     // Should that fail, the open goes back to waiting for its client here
     // (its timeout counted again from now), as if nobody had asked.
@@ -420,9 +472,7 @@ fn let_go_taken(
         tracing::warn!(
             "cluster: open {open_id:#x} not let go: its claim could not be given up ({deleted:?})"
         );
-        if server.durables.disconnect(&open, Instant::now()).is_err() {
-            crate::handlers::close::release(server, &open);
-        }
+        serve_again(server, &open);
         return;
     }
     drop_copy(server, &open);
@@ -432,17 +482,34 @@ fn let_go_taken(
     }
 }
 
-/// Drops this node's copy of an open another node will hold, without
-/// closing it: its share-mode entry, locks and caching stay in etcd under
-/// its open id.
-fn drop_copy(server: &Server, open: &Open) {
-    let open_id = open.open_id;
-    // Saves of it still under way here write nothing now: its record is
-    // the next holder's.
+/// Before an open is given up: saves of it write nothing from now on (its
+/// record is the next holder's), and breaks for it no longer end here.
+fn stop_serving(server: &Server, open: &Open) {
     if let Some(d) = crate::session::lock(&open.durable).as_mut() {
         d.forgotten = true;
     }
-    server.oplocks.let_go(open_id);
+    server.oplocks.let_go(open.open_id);
+}
+
+/// An open that could not be given up waits for its client here again
+/// (its timeout counted from now).
+fn serve_again(server: &Server, open: &Arc<Open>) {
+    if let Some(d) = crate::session::lock(&open.durable).as_mut() {
+        d.forgotten = false;
+    }
+    server.oplocks.detach(open.open_id);
+    if server.durables.disconnect(open, Instant::now()).is_err() {
+        crate::handlers::close::release(server, open);
+    }
+}
+
+/// Drops this node's copy of an open another node holds now, without
+/// closing it: its share-mode entry, locks and caching stay in etcd under
+/// its open id. What this node kept of its write time goes to the file,
+/// as at a close (the next holder keeps its own).
+fn drop_copy(server: &Server, open: &Open) {
+    let open_id = open.open_id;
+    server.write_times.closing(open);
     server.opens.forget(open_id);
     server.durables.closed(open);
     tracing::info!(
@@ -512,7 +579,7 @@ pub fn close_handed_back(server: &Arc<Server>, open_id: u64) -> bool {
         Some(r) if !r.persistent => {}
         _ => return false,
     }
-    if !claim(server, open_id) {
+    if !claim(server, open_id, None) {
         return false;
     }
     tracing::info!("cluster: durable open {open_id:#x} of a node that left closed by a break");
@@ -599,18 +666,31 @@ pub fn forward_break(
     for _ in 0..2 {
         match holder_of(m, open_id) {
             Some(h) if !m.runs(h) => {
-                tracing::debug!(
-                    "cluster: break for open {open_id:#x} forwarded to incarnation {h}"
-                );
-                if !m.send_break(open_id, order) {
-                    tracing::debug!("cluster: break for open {open_id:#x} reached no node");
+                match m.node_of(h) {
+                    Ok(Some(node)) => {
+                        let msg = nimbus_state::records::encode_break(open_id, order);
+                        match m.post(&node, &msg) {
+                            Ok(()) => tracing::debug!(
+                                "cluster: break for open {open_id:#x} forwarded to incarnation {h}"
+                            ),
+                            Err(e) => tracing::warn!(
+                                "cluster: break for open {open_id:#x} not forwarded: {e}"
+                            ),
+                        }
+                    }
+                    // Its holder died; once its claim has expired, the
+                    // next holder's take-over ends the break.
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::warn!("cluster: break for open {open_id:#x} not forwarded: {e}")
+                    }
                 }
                 return true;
             }
             // Taken back here a moment ago.
             Some(_) => return false,
             None => {
-                if claim(server, open_id) {
+                if claim(server, open_id, None) {
                     return true;
                 }
             }
@@ -704,7 +784,7 @@ pub fn sweep_orphans(server: &Arc<Server>, orphans: &mut Orphans) {
             continue;
         }
         // Its time is up: taken here and closed at once.
-        if claim(server, open_id) {
+        if claim(server, open_id, None) {
             tracing::info!(
                 "cluster: {} open {open_id:#x} of {} was not reclaimed in time; closed",
                 kind(&r),
@@ -725,5 +805,48 @@ pub fn sweep_orphans(server: &Arc<Server>, orphans: &mut Orphans) {
             let _ = m.store.txn(&[], &[Op::Delete(&released_key(open_id))], &[]);
             m.forget_released(open_id);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request() -> LetGo {
+        LetGo {
+            open_id: 0x0000_0300_0000_002a,
+            create_guid: [7; 16],
+            owner: Owner {
+                user: "alice".into(),
+                domain: "nimbus".into(),
+            },
+        }
+    }
+
+    #[test]
+    fn a_request_to_let_go_names_the_open_its_create_guid_and_its_owner() {
+        let msg = encode_let_go(&request());
+        assert_eq!(msg[0], LET_GO_V2);
+        assert_eq!(decode_let_go(&msg), Some(request()));
+    }
+
+    #[test]
+    fn a_malformed_request_to_let_go_is_refused_whole() {
+        let msg = encode_let_go(&request());
+        // Cut anywhere, or with a byte too many, or with the first layout's
+        // tag: nothing is read from it.
+        for len in 0..msg.len() {
+            assert_eq!(decode_let_go(&msg[..len]), None, "cut at {len}");
+        }
+        let mut longer = msg.clone();
+        longer.push(0);
+        assert_eq!(decode_let_go(&longer), None);
+        let mut first_layout = msg.clone();
+        first_layout[0] = 0x20;
+        assert_eq!(decode_let_go(&first_layout), None);
+        // A length past the end.
+        let mut overlong = msg;
+        overlong[25] = 0xff;
+        assert_eq!(decode_let_go(&overlong), None);
     }
 }

@@ -366,11 +366,10 @@ impl ByteRangeLocks {
     /// Whether the file has any byte-range lock (no read or handle caching
     /// is granted on such a file).
     pub fn has_locks(&self, file: FileKey) -> bool {
-        if self.read().locked.contains(&file) {
-            return true;
-        }
+        // Where other nodes may change the record (or an open that locked
+        // here moved to another node), only the record says.
         if !self.shared(file) {
-            return false;
+            return self.read().locked.contains(&file);
         }
         let key = file.record_key(LOCKS_PREFIX);
         match records::read::<LockList>(&*self.store, &key) {

@@ -644,9 +644,9 @@ impl Server {
             }
             return;
         }
-        if msg.first() == Some(&crate::failover::LET_GO_V1) {
+        if msg.first() == Some(&crate::failover::LET_GO_V2) {
             match crate::failover::decode_let_go(msg) {
-                Some((open_id, guid)) => crate::failover::let_go(self, open_id, guid),
+                Some(req) => crate::failover::let_go(self, &req),
                 None => tracing::warn!("cluster: a malformed request to let go of an open"),
             }
             return;

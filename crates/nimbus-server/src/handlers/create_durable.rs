@@ -345,13 +345,14 @@ pub fn reconnect(
         .find_disconnected(file_id.persistent)
         .or_else(|| disconnect_if_closing(ctx, file_id.persistent))
         .or_else(|| {
-            crate::failover::reclaim(
-                ctx.server,
-                file_id.persistent,
-                create_guid.unwrap_or([0; 16]),
-            )
-            .then(|| ctx.server.durables.find_disconnected(file_id.persistent))
-            .flatten()
+            let req = crate::failover::LetGo {
+                open_id: file_id.persistent,
+                create_guid: create_guid.unwrap_or([0; 16]),
+                owner: owner(ctx).ok()?,
+            };
+            crate::failover::reclaim(ctx.server, &req)
+                .then(|| ctx.server.durables.find_disconnected(file_id.persistent))
+                .flatten()
         })
         .ok_or(not_found)?;
     let d = lock(&open.durable).clone().ok_or(not_found)?;
