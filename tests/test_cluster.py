@@ -1103,7 +1103,10 @@ def test_a_durable_handle_moves_away_from_the_live_node_that_made_it(nodes, etcd
     other = Client(Target(n3), uuid.uuid4())
     again = Client(Target(n2), guid)
     try:
-        # n1 lets go only for a reconnect naming the handle's CreateGuid.
+        # n1 lets go only for a reconnect naming the handle's CreateGuid,
+        # by its owner; it refuses the others at once (well within the
+        # 5 s a reconnect waits for a node that does not answer).
+        started = time.monotonic()
         wrong = status_of(lambda: reconnect(again, "moved.dat", file_id, uuid.uuid4(), key))
         assert wrong == STATUS_OBJECT_NAME_NOT_FOUND, hex(wrong)
         bob = Client(Target(n2), guid, *BOB)
@@ -1112,6 +1115,7 @@ def test_a_durable_handle_moves_away_from_the_live_node_that_made_it(nodes, etcd
         finally:
             bob.close()
         assert status == STATUS_OBJECT_NAME_NOT_FOUND, hex(status)
+        assert time.monotonic() - started < 4, "a refused reconnect waited for an answer"
         assert "let go for its client on another node" not in n1.log()
         g = reconnect(again, "moved.dat", file_id, create_guid, key)
         assert g.read(0, len(payload)) == payload

@@ -108,6 +108,9 @@ pub struct Membership {
     /// breaks this node forwards, and their entries are not this node's to
     /// decide from memory. Each is kept until its record is gone.
     released: Mutex<HashSet<u64>>,
+    /// Refusals other nodes sent to this node's requests to let go of an
+    /// open (open id, request number), until the request looks.
+    refusals: Mutex<HashSet<(u64, u64)>>,
     /// Opens of gone nodes found with a persistent record, and when.
     with_record: Mutex<std::collections::HashMap<u64, Instant>>,
     /// Opens of gone nodes found without one: it never comes back.
@@ -223,6 +226,7 @@ impl Membership {
             on_new_lease: Mutex::new(Vec::new()),
             pinned: Mutex::new(HashSet::new()),
             released: Mutex::new(HashSet::new()),
+            refusals: Mutex::new(HashSet::new()),
             with_record: Mutex::new(std::collections::HashMap::new()),
             without_record: Mutex::new(HashSet::new()),
         };
@@ -443,6 +447,22 @@ impl Membership {
             .iter()
             .copied()
             .collect()
+    }
+
+    /// Another node refused request `nonce` for `open_id`.
+    pub fn note_refusal(&self, open_id: u64, nonce: u64) {
+        let mut r = crate::session::lock(&self.refusals);
+        // Bounded: a refusal that came after its request gave up is
+        // never looked at.
+        if r.len() >= 4096 {
+            r.clear();
+        }
+        r.insert((open_id, nonce));
+    }
+
+    /// Whether request `nonce` for `open_id` was refused (once).
+    pub fn take_refusal(&self, open_id: u64, nonce: u64) -> bool {
+        crate::session::lock(&self.refusals).remove(&(open_id, nonce))
     }
 
     /// `open_id` closed for good (or was never let go of after all).

@@ -206,46 +206,95 @@ pub struct LetGo {
     pub owner: Owner,
 }
 
+/// A `LetGo` as sent: with the node to tell of a refusal, and the
+/// number that names this request in the refusal.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Asked {
+    pub req: LetGo,
+    pub reply_to: String,
+    pub nonce: u64,
+}
+
+/// Message tag of a refusal to let go of an open: no open the request
+/// could name waits for its client on the node asked, so the asking
+/// reconnect fails at once instead of waiting out `LET_GO_WAIT`.
+pub const LET_GO_REFUSED_V1: u8 = 0x22;
+
+/// Numbers this node's requests to let go.
+static NEXT_ASK: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 /// How long a reconnect waits for the node holding its open to let go.
 const LET_GO_WAIT: Duration = Duration::from_secs(5);
 /// How often it asks meanwhile.
 const ASK_AGAIN: Duration = Duration::from_millis(250);
 
-/// `LET_GO_V2`, the open id and CreateGuid, then the owner's user and
-/// domain, each a 16-bit length and UTF-8.
-pub fn encode_let_go(req: &LetGo) -> Vec<u8> {
-    let (user, domain) = (req.owner.user.as_bytes(), req.owner.domain.as_bytes());
-    let mut m = Vec::with_capacity(29 + user.len() + domain.len());
+/// `LET_GO_V2`, the open id, the CreateGuid, the request's number, then
+/// the owner's user and domain and the node to answer, each a 16-bit
+/// length and UTF-8.
+pub fn encode_let_go(a: &Asked) -> Vec<u8> {
+    let owner = &a.req.owner;
+    let texts = [
+        owner.user.as_bytes(),
+        owner.domain.as_bytes(),
+        a.reply_to.as_bytes(),
+    ];
+    let mut m = Vec::with_capacity(39 + texts.iter().map(|t| t.len()).sum::<usize>());
     m.push(LET_GO_V2);
-    m.extend_from_slice(&req.open_id.to_le_bytes());
-    m.extend_from_slice(&req.create_guid);
-    for s in [user, domain] {
-        let len = u16::try_from(s.len()).unwrap_or(u16::MAX);
+    m.extend_from_slice(&a.req.open_id.to_le_bytes());
+    m.extend_from_slice(&a.req.create_guid);
+    m.extend_from_slice(&a.nonce.to_le_bytes());
+    for t in texts {
+        let len = u16::try_from(t.len()).unwrap_or(u16::MAX);
         m.extend_from_slice(&len.to_le_bytes());
-        m.extend_from_slice(&s[..len as usize]);
+        m.extend_from_slice(&t[..len as usize]);
     }
     m
 }
 
-pub fn decode_let_go(msg: &[u8]) -> Option<LetGo> {
+pub fn decode_let_go(msg: &[u8]) -> Option<Asked> {
     let [LET_GO_V2, rest @ ..] = msg else {
         return None;
     };
     let open_id = u64::from_le_bytes(rest.get(..8)?.try_into().ok()?);
     let create_guid = rest.get(8..24)?.try_into().ok()?;
-    let mut at = 24;
+    let nonce = u64::from_le_bytes(rest.get(24..32)?.try_into().ok()?);
+    let mut at = 32;
     let mut text = || {
         let len = u16::from_le_bytes(rest.get(at..at + 2)?.try_into().ok()?) as usize;
         let s = std::str::from_utf8(rest.get(at + 2..at + 2 + len)?).ok()?;
         at += 2 + len;
         Some(s.to_owned())
     };
-    let (user, domain) = (text()?, text()?);
-    (at == rest.len()).then_some(LetGo {
-        open_id,
-        create_guid,
-        owner: Owner { user, domain },
+    let (user, domain, reply_to) = (text()?, text()?, text()?);
+    (at == rest.len()).then_some(Asked {
+        req: LetGo {
+            open_id,
+            create_guid,
+            owner: Owner { user, domain },
+        },
+        reply_to,
+        nonce,
     })
+}
+
+/// `LET_GO_REFUSED_V1`, the open id and the request's number.
+pub fn encode_refusal(open_id: u64, nonce: u64) -> Vec<u8> {
+    let mut m = Vec::with_capacity(17);
+    m.push(LET_GO_REFUSED_V1);
+    m.extend_from_slice(&open_id.to_le_bytes());
+    m.extend_from_slice(&nonce.to_le_bytes());
+    m
+}
+
+pub fn decode_refusal(msg: &[u8]) -> Option<(u64, u64)> {
+    let [LET_GO_REFUSED_V1, rest @ ..] = msg else {
+        return None;
+    };
+    if rest.len() != 16 {
+        return None;
+    }
+    let open_id = u64::from_le_bytes(rest[..8].try_into().ok()?);
+    Some((open_id, u64::from_le_bytes(rest[8..].try_into().ok()?)))
 }
 
 /// A durable reconnect of `open_id` found no open here: `claim` it; when
@@ -289,20 +338,39 @@ fn ask_to_let_go(server: &Server, req: &LetGo) -> bool {
             return false;
         }
     };
+    let asked = Asked {
+        req: LetGo {
+            open_id,
+            create_guid: req.create_guid,
+            owner: req.owner.clone(),
+        },
+        reply_to: m.node.clone(),
+        nonce: NEXT_ASK.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+    };
+    let answer = wait_for_let_go(m, &node, &asked);
+    // A refusal that came after the answer is not left behind.
+    m.take_refusal(open_id, asked.nonce);
+    answer
+}
+
+/// Asks `node` (empty: a gone one) for the open of `asked` until no node
+/// holds it, `node` refuses, or `LET_GO_WAIT` has passed.
+fn wait_for_let_go(m: &crate::cluster::Membership, node: &str, asked: &Asked) -> bool {
+    let open_id = asked.req.open_id;
     let deadline = Instant::now() + LET_GO_WAIT;
     let mut pause = Duration::from_millis(2);
-    let mut asked: Option<Instant> = None;
+    let mut last_asked: Option<Instant> = None;
     loop {
         // Asked again now and then: the holder may not have seen its
         // client's connection drop yet when the first request came (the
         // client reconnects here at once), and ignores a request for an
         // open still connected there.
-        if !node.is_empty() && asked.is_none_or(|t| t.elapsed() >= ASK_AGAIN) {
-            if let Err(e) = m.post(&node, &encode_let_go(req)) {
+        if !node.is_empty() && last_asked.is_none_or(|t| t.elapsed() >= ASK_AGAIN) {
+            if let Err(e) = m.post(node, &encode_let_go(asked)) {
                 tracing::warn!("cluster: asking node {node} for open {open_id:#x}: {e}");
                 return false;
             }
-            asked = Some(Instant::now());
+            last_asked = Some(Instant::now());
         }
         match free_to_claim(m, open_id) {
             Ok(true) => return true,
@@ -311,6 +379,10 @@ fn ask_to_let_go(server: &Server, req: &LetGo) -> bool {
                 tracing::warn!("cluster: waiting for open {open_id:#x}: {e}");
                 return false;
             }
+        }
+        if m.take_refusal(open_id, asked.nonce) {
+            tracing::debug!("cluster: node {node} has no open {open_id:#x} for this reconnect");
+            return false;
         }
         if Instant::now() >= deadline {
             tracing::info!(
@@ -351,14 +423,28 @@ fn waiting_here(server: &Server, req: &LetGo) -> Option<Arc<Open>> {
 /// (`let_go_own`). A request for anything else (an open whose client is
 /// connected here, a wrong CreateGuid, another user) is ignored: the
 /// asking reconnect then fails, as it would on one node.
-pub fn let_go(server: &Server, req: &LetGo) {
+pub fn let_go(server: &Server, asked: &Asked) {
     let Some(m) = &server.cluster else {
         return;
     };
+    let req = &asked.req;
     let open_id = req.open_id;
     tracing::debug!("cluster: another node asks for open {open_id:#x}");
     let Some(open) = waiting_here(server, req) else {
         tracing::debug!("cluster: open {open_id:#x} stays: no such open waits here for its client");
+        // An open still connected here may be about to lose its
+        // connection (its client reconnected elsewhere first): the asker
+        // asks again. Anything else is a definite no.
+        if server.opens.get(open_id).is_none()
+            || server.durables.find_disconnected(open_id).is_some()
+        {
+            if let Err(e) = m.post(&asked.reply_to, &encode_refusal(open_id, asked.nonce)) {
+                tracing::warn!(
+                    "cluster: refusing open {open_id:#x} to {}: {e}",
+                    asked.reply_to
+                );
+            }
+        }
         return;
     };
     if m.runs(incarnation_of(open_id)) && !m.is_released(open_id) {
@@ -812,27 +898,33 @@ pub fn sweep_orphans(server: &Arc<Server>, orphans: &mut Orphans) {
 mod tests {
     use super::*;
 
-    fn request() -> LetGo {
-        LetGo {
-            open_id: 0x0000_0300_0000_002a,
-            create_guid: [7; 16],
-            owner: Owner {
-                user: "alice".into(),
-                domain: "nimbus".into(),
+    fn asked() -> Asked {
+        Asked {
+            req: LetGo {
+                open_id: 0x0000_0300_0000_002a,
+                create_guid: [7; 16],
+                owner: Owner {
+                    user: "alice".into(),
+                    domain: "nimbus".into(),
+                },
             },
+            reply_to: "n2".into(),
+            nonce: 9,
         }
     }
 
     #[test]
-    fn a_request_to_let_go_names_the_open_its_create_guid_and_its_owner() {
-        let msg = encode_let_go(&request());
+    fn a_request_to_let_go_names_the_open_its_create_guid_its_owner_and_whom_to_answer() {
+        let msg = encode_let_go(&asked());
         assert_eq!(msg[0], LET_GO_V2);
-        assert_eq!(decode_let_go(&msg), Some(request()));
+        assert_eq!(decode_let_go(&msg), Some(asked()));
+        let refusal = encode_refusal(0x0000_0300_0000_002a, 9);
+        assert_eq!(decode_refusal(&refusal), Some((0x0000_0300_0000_002a, 9)));
     }
 
     #[test]
-    fn a_malformed_request_to_let_go_is_refused_whole() {
-        let msg = encode_let_go(&request());
+    fn a_malformed_request_or_refusal_is_refused_whole() {
+        let msg = encode_let_go(&asked());
         // Cut anywhere, or with a byte too many, or with the first layout's
         // tag: nothing is read from it.
         for len in 0..msg.len() {
@@ -846,7 +938,12 @@ mod tests {
         assert_eq!(decode_let_go(&first_layout), None);
         // A length past the end.
         let mut overlong = msg;
-        overlong[25] = 0xff;
+        overlong[33] = 0xff;
         assert_eq!(decode_let_go(&overlong), None);
+        let refusal = encode_refusal(1, 2);
+        for len in 0..refusal.len() {
+            assert_eq!(decode_refusal(&refusal[..len]), None, "cut at {len}");
+        }
+        assert_eq!(decode_refusal(&[refusal.as_slice(), &[0]].concat()), None);
     }
 }

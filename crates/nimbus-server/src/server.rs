@@ -644,6 +644,13 @@ impl Server {
             }
             return;
         }
+        if msg.first() == Some(&crate::failover::LET_GO_REFUSED_V1) {
+            match (crate::failover::decode_refusal(msg), &self.cluster) {
+                (Some((open_id, nonce)), Some(m)) => m.note_refusal(open_id, nonce),
+                _ => tracing::warn!("cluster: a malformed refusal to let go of an open"),
+            }
+            return;
+        }
         if msg.first() == Some(&crate::failover::LET_GO_V2) {
             match crate::failover::decode_let_go(msg) {
                 Some(req) => crate::failover::let_go(self, &req),
