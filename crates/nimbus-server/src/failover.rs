@@ -33,7 +33,7 @@
 //! open over is lost may reconnect to a third node while that one lives.
 //! The third node asks the holder (`reclaim`: a message to its box) to let
 //! go of the open: the holder, if the open still waits for its client
-//! there and the request names the open's CreateGuid, drops its own copy
+//! there and the request names the open's CreateGuid and owner, drops its own copy
 //! without closing it (its share-mode entry, locks and caching stay in
 //! etcd under its open id; its record is in etcd already) and deletes its
 //! claim (`let_go`); the third node then claims it as above.
@@ -43,7 +43,7 @@
 //! while that node lives (name resolution gave it another address). The
 //! other node asks the open's node to let go of it, as above; that node,
 //! if the open waits for its client there and the request names its
-//! CreateGuid, writes its record to etcd (a durable open's first; the
+//! CreateGuid and owner, writes its record to etcd (a durable open's first; the
 //! file's records go with it), marks it let go (`released/<open id>`, kept
 //! until the open closes for good) and drops its copy. The open's id still
 //! names that node, which lives: the mark is what lets another node claim
@@ -52,6 +52,12 @@
 //! come to it for the open to whichever node holds it, and takes it back
 //! when no node does (its holder died): a break then ends as it would on
 //! one node, and an open nobody reclaims expires there.
+//!
+//! A node asked for an open that does not wait for its client there, or
+//! not for that CreateGuid and owner, says so at once
+//! (`LET_GO_REFUSED_V1`), and the reconnect fails as on one node; only an
+//! open still connected there is asked for again until `LET_GO_WAIT`, as
+//! its connection may be about to drop.
 //!
 //! **Expiry.** A record nobody reclaims is kept for its durable timeout
 //! from when a node first saw it orphaned; after that any node takes it and
