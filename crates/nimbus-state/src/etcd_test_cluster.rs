@@ -72,15 +72,24 @@ impl Cluster {
             .map(|(c, _)| format!("http://127.0.0.1:{c}"))
             .collect();
         let cluster = Cluster { dir, members, urls };
-        // Ready when a linearizable read succeeds (a leader exists).
-        let store = EtcdStore::new(&cluster.urls, b"/ready/", Duration::from_secs(2)).unwrap();
+        // Ready when every member answers a linearizable read (a leader
+        // exists, and each serves clients): a test may count which member
+        // a connection went to.
         let until = std::time::Instant::now() + Duration::from_secs(30);
-        while let Err(e) = store.check() {
-            assert!(
-                std::time::Instant::now() < until,
-                "etcd cluster not ready: {e}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
+        for url in &cluster.urls {
+            let store = EtcdStore::new(
+                std::slice::from_ref(url),
+                b"/ready/",
+                Duration::from_secs(2),
+            )
+            .unwrap();
+            while let Err(e) = store.check() {
+                assert!(
+                    std::time::Instant::now() < until,
+                    "etcd member {url} not ready: {e}"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
         }
         cluster
     }
