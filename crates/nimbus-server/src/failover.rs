@@ -601,7 +601,10 @@ fn serve_again(server: &Server, open: &Arc<Open>) {
 /// as at a close (the next holder keeps its own).
 fn drop_copy(server: &Server, open: &Open) {
     let open_id = open.open_id;
-    server.write_times.closing(open);
+    {
+        let _own = server.notify.own_change_of(open);
+        server.write_times.closing(open);
+    }
     server.opens.forget(open_id);
     server.durables.closed(open);
     tracing::info!(
