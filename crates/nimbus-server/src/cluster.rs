@@ -715,20 +715,31 @@ impl Membership {
         if to == 0 || self.runs(to) {
             return true;
         }
-        // The node that runs (or adopted) that incarnation.
-        let node = match self.node_of(to) {
-            Ok(Some(node)) => node,
-            Ok(None) => return true, // gone: its opens are dropped where in the way
-            Err(e) => {
-                tracing::warn!("cluster: break for open {open_id:#x} not sent: {e}");
-                return true;
-            }
-        };
-        let value = nimbus_state::records::encode_break(open_id, order);
-        if let Err(e) = self.post(&node, &value) {
-            tracing::warn!("cluster: break for open {open_id:#x} not sent: {e}");
-        }
+        self.post_break(to, open_id, order);
         true
+    }
+
+    /// Puts a break for `open_id` into the box of the node that runs (or
+    /// adopted) incarnation `to`. A gone one gets nothing: its opens are
+    /// dropped where in the way, or taken over by a node whose take-over
+    /// ends the break. Whether it was posted.
+    pub fn post_break(
+        &self,
+        to: u64,
+        open_id: u64,
+        order: &nimbus_state::caching::BreakOrder,
+    ) -> bool {
+        let posted = self.node_of(to).and_then(|node| match node {
+            Some(node) => {
+                let value = nimbus_state::records::encode_break(open_id, order);
+                self.post(&node, &value).map(|()| true)
+            }
+            None => Ok(false),
+        });
+        posted.unwrap_or_else(|e| {
+            tracing::warn!("cluster: break for open {open_id:#x} not sent: {e}");
+            false
+        })
     }
 
     /// The node that runs (or adopted) incarnation `n`; None once it is

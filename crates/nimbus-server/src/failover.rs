@@ -81,7 +81,11 @@ use crate::session::Open;
 pub const HOLDER_PREFIX: &[u8] = b"holder/";
 
 fn holder_key(open_id: u64) -> Vec<u8> {
-    let mut k = HOLDER_PREFIX.to_vec();
+    per_open_key(HOLDER_PREFIX, open_id)
+}
+
+fn per_open_key(prefix: &[u8], open_id: u64) -> Vec<u8> {
+    let mut k = prefix.to_vec();
     k.extend_from_slice(&open_id.to_be_bytes());
     k
 }
@@ -93,9 +97,7 @@ fn holder_key(open_id: u64) -> Vec<u8> {
 pub const RELEASED_PREFIX: &[u8] = b"released/";
 
 fn released_key(open_id: u64) -> Vec<u8> {
-    let mut k = RELEASED_PREFIX.to_vec();
-    k.extend_from_slice(&open_id.to_be_bytes());
-    k
+    per_open_key(RELEASED_PREFIX, open_id)
 }
 
 /// Takes open `open_id` (its record in etcd) for this node, if its own
@@ -601,10 +603,7 @@ fn serve_again(server: &Server, open: &Arc<Open>) {
 /// as at a close (the next holder keeps its own).
 fn drop_copy(server: &Server, open: &Open) {
     let open_id = open.open_id;
-    {
-        let _own = server.notify.own_change_of(open);
-        server.write_times.closing(open);
-    }
+    crate::handlers::close::settle_write_time(server, open);
     server.opens.forget(open_id);
     server.durables.closed(open);
     tracing::info!(
@@ -761,24 +760,10 @@ pub fn forward_break(
     for _ in 0..2 {
         match holder_of(m, open_id) {
             Some(h) if !m.runs(h) => {
-                match m.node_of(h) {
-                    Ok(Some(node)) => {
-                        let msg = nimbus_state::records::encode_break(open_id, order);
-                        match m.post(&node, &msg) {
-                            Ok(()) => tracing::debug!(
-                                "cluster: break for open {open_id:#x} forwarded to incarnation {h}"
-                            ),
-                            Err(e) => tracing::warn!(
-                                "cluster: break for open {open_id:#x} not forwarded: {e}"
-                            ),
-                        }
-                    }
-                    // Its holder died; once its claim has expired, the
-                    // next holder's take-over ends the break.
-                    Ok(None) => {}
-                    Err(e) => {
-                        tracing::warn!("cluster: break for open {open_id:#x} not forwarded: {e}")
-                    }
+                if m.post_break(h, open_id, order) {
+                    tracing::debug!(
+                        "cluster: break for open {open_id:#x} forwarded to incarnation {h}"
+                    );
                 }
                 return true;
             }

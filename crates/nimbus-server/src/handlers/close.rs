@@ -42,17 +42,20 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     Ok(NtStatus::SUCCESS)
 }
 
+/// A handle that wrote sets the write time as it goes (this node's memory
+/// of it ends with its last writer). A change through SMB (reported at
+/// the close, or already when the time was set), not one for the disk
+/// watch to report again, later, after the client heard the close
+/// answered.
+pub fn settle_write_time(server: &Server, open: &Open) {
+    let _own = server.notify.own_change_of(open);
+    server.write_times.closing(open);
+}
+
 /// Drops an open from the share-mode table; when it was the last open of a
 /// delete-pending file, deletes the file.
 pub fn release(server: &Server, open: &Open) {
-    // A handle that wrote sets the write time as it goes. A change through
-    // SMB (reported below, or already when the time was set), not one for
-    // the disk watch to report again, later, after the client heard the
-    // close answered.
-    {
-        let _own = server.notify.own_change_of(open);
-        server.write_times.closing(open);
-    }
+    settle_write_time(server, open);
     // Its byte-range locks go with the handle; its waiting LOCKs end.
     server.locks.release_open(open.file_key, open.open_id);
     server.opens.forget(open.open_id);
