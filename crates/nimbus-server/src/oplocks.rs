@@ -24,7 +24,7 @@ use nimbus_state::caching::{
 };
 use nimbus_state::records::{self, CACHING_PREFIX};
 use nimbus_state::share_modes::Gone;
-use nimbus_state::{FileKey, StateError, StateStore};
+use nimbus_state::{FileKey, OpenRecord, ShareModes, SharingError, StateError, StateStore};
 use nimbus_wire::header::{flags, Command, Header};
 use nimbus_wire::oplock::{LeaseBreakNotification, OplockBreak, LEASE_BREAK_ACK_REQUIRED};
 use nimbus_wire::{FileId, NtStatus};
@@ -346,13 +346,7 @@ fn apply<T>(
     mut f: impl FnMut(&mut FileCaching) -> T,
 ) -> Option<(T, Summary)> {
     let r = records::update::<FileCaching, _, StateError>(store, &record_key(file), |s| {
-        let before = if watch { caching_of(s) } else { Vec::new() };
-        let out = f(s);
-        let mut summary = Summary::of(s);
-        if watch {
-            summary.changed = changed_opens(&before, s);
-        }
-        Ok((out, summary))
+        Ok(summarized(watch, s, &mut f))
     });
     match r {
         Ok(v) => Some(v),
@@ -361,6 +355,21 @@ fn apply<T>(
             None
         }
     }
+}
+
+/// `f` applied to `s`, and what `s` came to.
+fn summarized<T>(
+    watch: bool,
+    s: &mut FileCaching,
+    f: &mut impl FnMut(&mut FileCaching) -> T,
+) -> (T, Summary) {
+    let before = if watch { caching_of(s) } else { Vec::new() };
+    let out = f(s);
+    let mut summary = Summary::of(s);
+    if watch {
+        summary.changed = changed_opens(&before, s);
+    }
+    (out, summary)
 }
 
 impl Oplocks {
@@ -483,30 +492,67 @@ impl Oplocks {
     /// that a racing open cannot be granted write caching beside it); it
     /// must be `admit`ted or `forget`ten.
     pub fn contend(&self, file: FileKey, ask: &OpenAsk) -> Contention {
-        let (contention, sends, changed) = {
-            let mut t = self.table();
-            let Some(((c, to), summary)) = apply(&*self.store, file, self.watching(), |s| {
-                self.purge_gone(s);
-                let c = s.contend(ask);
-                if !c.wait && !ask.sharing_violation {
-                    s.opens.push(caching::OpenEntry {
-                        open_id: ask.open_id,
-                        stat: caching::stat_open(ask.access),
-                    });
-                }
-                let to = targets(s, &c.breaks);
-                (c, to)
-            }) else {
-                return Contention::default();
-            };
-            let sends = self.prepare_breaks(&mut t, file, to);
-            t.settle(file, &summary);
-            self.count_dirs(&t);
-            (c, sends, summary.changed)
-        };
+        let t = self.table();
+        let rule = |s: &mut FileCaching| self.contend_rule(s, ask);
+        match apply(&*self.store, file, self.watching(), rule) {
+            Some(((c, to), summary)) => self.contended(t, file, c, to, summary),
+            None => Contention::default(),
+        }
+    }
+
+    /// `contend` for an open whose share modes `share_modes` checks in the
+    /// same write (`ShareModes::add_open_with`: one etcd transaction where
+    /// `add_open` and `contend` would be two, on a file cluster nodes
+    /// share). A refusal of the share modes changes nothing. None: not
+    /// written together, nothing written (the caller calls `add_open`,
+    /// then `contend`).
+    pub fn contend_opening(
+        &self,
+        file: FileKey,
+        ask: &OpenAsk,
+        share_modes: &ShareModes,
+        open: OpenRecord,
+    ) -> Option<Result<Contention, SharingError>> {
+        let t = self.table();
+        let watch = self.watching();
+        let mut rule = |s: &mut FileCaching| self.contend_rule(s, ask);
+        let r = share_modes.add_open_with(file, open, &record_key(file), |s| {
+            summarized(watch, s, &mut rule)
+        })?;
+        Some(r.map(|((c, to), summary)| self.contended(t, file, c, to, summary)))
+    }
+
+    /// The rule of `contend`: the breaks the open needs, to whom.
+    fn contend_rule(&self, s: &mut FileCaching, ask: &OpenAsk) -> (Contention, Vec<Target>) {
+        self.purge_gone(s);
+        let c = s.contend(ask);
+        if !c.wait && !ask.sharing_violation {
+            s.opens.push(caching::OpenEntry {
+                open_id: ask.open_id,
+                stat: caching::stat_open(ask.access),
+            });
+        }
+        let to = targets(s, &c.breaks);
+        (c, to)
+    }
+
+    /// What `contend` does once the record is written: the breaks sent,
+    /// the table settled, those whose caching changed told.
+    fn contended(
+        &self,
+        mut t: MutexGuard<'_, Table>,
+        file: FileKey,
+        c: Contention,
+        to: Vec<Target>,
+        summary: Summary,
+    ) -> Contention {
+        let sends = self.prepare_breaks(&mut t, file, to);
+        t.settle(file, &summary);
+        self.count_dirs(&t);
+        drop(t);
         self.send(file, sends);
-        self.tell(changed);
-        contention
+        self.tell(summary.changed);
+        c
     }
 
     /// Whether `lease` may be used on `file` (None: a file about to be
@@ -648,6 +694,23 @@ impl Oplocks {
         }
     }
 
+    /// `admit` for an open `contend` counted among the file's opens: one
+    /// that asks to cache nothing it could be granted changes nothing
+    /// more in the record, so the record is not written or read again
+    /// (a round trip on a file cluster nodes share).
+    pub fn admit_counted(&self, file: FileKey, ask: &OpenAsk, route: Route) -> Granted {
+        let nothing = match ask.want {
+            Want::Nothing => true,
+            Want::Oplock(_) => ask.is_dir || caching::stat_open(ask.access),
+            Want::Lease { .. } => false,
+        };
+        if !nothing {
+            return self.admit(file, ask, route);
+        }
+        self.notifier.register(ask.open_id, route);
+        Granted::Oplock(caching::OPLOCK_NONE)
+    }
+
     /// Records an open that went ahead and returns what it was granted.
     pub fn admit(&self, file: FileKey, ask: &OpenAsk, route: Route) -> Granted {
         let mut t = self.table();
@@ -693,45 +756,67 @@ impl Oplocks {
     /// Wakes the requests waiting on a break that went with it.
     pub fn forget(&self, file: FileKey, open_id: u64) {
         self.notifier.unregister(open_id);
-        let (woken, changed, touched) = {
-            let mut t = self.table();
-            let Some(((ended_break, gone), summary)) =
-                apply(&*self.store, file, self.watching(), |s| {
-                    // The leases this open shared, to see which went with it.
-                    let shared: Vec<LeaseId> = s
-                        .grants
-                        .iter()
-                        .filter_map(|g| match g.holder {
-                            Holder::Lease(id) if g.opens.contains(&open_id) => Some(id),
-                            _ => None,
-                        })
-                        .collect();
-                    let ended = s.remove_open(open_id);
-                    let gone: Vec<LeaseId> = shared
-                        .into_iter()
-                        .filter(|id| s.grant(Holder::Lease(*id)).is_none())
-                        .collect();
-                    (ended, gone)
-                })
-            else {
-                return;
-            };
-            let woken = match t.files.get_mut(&file) {
-                Some(local) if ended_break || !summary.breaking => {
-                    std::mem::take(&mut local.waiters)
-                }
-                _ => Vec::new(),
-            };
-            t.settle(file, &summary);
-            self.count_dirs(&t);
-            for id in gone {
-                t.lease_files.remove(&id);
+        let t = self.table();
+        let rule = |s: &mut FileCaching| s.remove_open_and_leases(open_id);
+        if let Some(((ended_break, gone), summary)) =
+            apply(&*self.store, file, self.watching(), rule)
+        {
+            self.forgotten(t, file, ended_break, gone, summary);
+        }
+    }
+
+    /// A close's `ShareModes::remove_open_unless_last_of_deleted` and
+    /// `forget` in one write (`ShareModes::remove_open_with`: one etcd
+    /// transaction where they would be two, on a file cluster nodes
+    /// share). `Some(Ok(true))`: both done. `Some(Ok(false))`: the last
+    /// open of a delete-pending file, nothing done (the close deletes the
+    /// file, then removes the open and forgets it as before). None: not
+    /// written together, nothing done.
+    pub fn forget_closing(
+        &self,
+        file: FileKey,
+        open_id: u64,
+        share_modes: &ShareModes,
+    ) -> Option<Result<bool, SharingError>> {
+        let t = self.table();
+        let watch = self.watching();
+        let mut rule = |s: &mut FileCaching| s.remove_open_and_leases(open_id);
+        let r = share_modes.remove_open_with(file, open_id, &record_key(file), |s| {
+            summarized(watch, s, &mut rule)
+        })?;
+        Some(r.map(|done| match done {
+            Some(((ended_break, gone), summary)) => {
+                self.notifier.unregister(open_id);
+                self.forgotten(t, file, ended_break, gone, summary);
+                true
             }
-            let touched = std::mem::take(&mut t.dirs_touched);
-            (woken, summary.changed, touched)
+            None => false,
+        }))
+    }
+
+    /// What `forget` does once the record is written: waiters on a break
+    /// that ended woken, the table settled, leases that went forgotten.
+    fn forgotten(
+        &self,
+        mut t: MutexGuard<'_, Table>,
+        file: FileKey,
+        ended_break: bool,
+        gone: Vec<LeaseId>,
+        summary: Summary,
+    ) {
+        let woken = match t.files.get_mut(&file) {
+            Some(local) if ended_break || !summary.breaking => std::mem::take(&mut local.waiters),
+            _ => Vec::new(),
         };
+        t.settle(file, &summary);
+        self.count_dirs(&t);
+        for id in gone {
+            t.lease_files.remove(&id);
+        }
+        let touched = std::mem::take(&mut t.dirs_touched);
+        drop(t);
         self.publish_dirs(touched);
-        self.tell(changed);
+        self.tell(summary.changed);
         wake(woken);
     }
 

@@ -463,6 +463,26 @@ impl FileCaching {
         }
     }
 
+    /// `remove_open`, also naming the leases that went with the open (it
+    /// was the last open of each): whether a break under way went, and
+    /// those leases.
+    pub fn remove_open_and_leases(&mut self, open_id: u64) -> (bool, Vec<LeaseId>) {
+        let shared: Vec<LeaseId> = self
+            .grants
+            .iter()
+            .filter_map(|g| match g.holder {
+                Holder::Lease(id) if g.opens.contains(&open_id) => Some(id),
+                _ => None,
+            })
+            .collect();
+        let ended = self.remove_open(open_id);
+        let gone = shared
+            .into_iter()
+            .filter(|id| self.grant(Holder::Lease(*id)).is_none())
+            .collect();
+        (ended, gone)
+    }
+
     /// Forgets an open (closed, or its CREATE failed after `admit`).
     /// Returns whether a break under way went with it (waiters may go on).
     pub fn remove_open(&mut self, open_id: u64) -> bool {

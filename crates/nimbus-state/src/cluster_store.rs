@@ -34,7 +34,10 @@ use std::time::{Duration, Instant};
 
 use crate::etcd_store::{Cmp, Op};
 use crate::memory::MemoryStore;
-use crate::store::{Durability, InPlace, Memo, StateError, StateStore, Versioned};
+use crate::store::{
+    Change, Durability, InPlace, Memo, StateError, StateStore, Together, TurnsUpdate, Versioned,
+    Written,
+};
 use crate::EtcdStore;
 
 /// Key prefix of ownership records.
@@ -671,6 +674,32 @@ impl ClusterStore {
 }
 
 impl ClusterStore {
+    /// The turn of updates of `key` (`StateStore::in_turn`).
+    fn turn(&self, key: &[u8]) -> Turn {
+        let mut turns = self.turns.lock().unwrap_or_else(|p| p.into_inner());
+        if turns.len() >= TURNS_KEPT {
+            turns.retain(|_, t| Arc::strong_count(t) > 1);
+        }
+        turns.entry(key.to_vec()).or_default().clone()
+    }
+
+    /// A record that names only this node's opens (or none) may be one
+    /// this node can take into its memory, which only a full read (`get`)
+    /// finds out and does: the next update starts from one.
+    fn forget_if_claimable(&self, memo: &mut Option<Memo>) {
+        if self.claimable_memo(memo) {
+            *memo = None;
+        }
+    }
+
+    fn claimable_memo(&self, memo: &Option<Memo>) -> bool {
+        memo.as_ref().is_some_and(|m| {
+            m.record
+                .as_ref()
+                .is_none_or(|r| (self.claimable)(&m.key, &r.value))
+        })
+    }
+
     /// Looks `key` up for `get` and `read_in_place`: from memory when this
     /// node owns its group; else from etcd, taking the group when nobody
     /// owns it and its records are claimable. A group another node owns is
@@ -821,25 +850,92 @@ impl StateStore for ClusterStore {
         if self.is_local(key) {
             return update(None);
         }
-        let turn = {
-            let mut turns = self.turns.lock().unwrap_or_else(|p| p.into_inner());
-            if turns.len() >= TURNS_KEPT {
-                turns.retain(|_, t| Arc::strong_count(t) > 1);
-            }
-            turns.entry(key.to_vec()).or_default().clone()
-        };
+        let turn = self.turn(key);
         let mut memo = crate::blocking::lock(&turn);
         update(Some(&mut memo));
-        // A record that names only this node's opens (or none) may be one
-        // this node can take into its memory, which only a full read
-        // (`get`) finds out and does: the next update starts from one.
-        let claimable = memo.as_ref().is_some_and(|m| {
-            m.record
-                .as_ref()
-                .is_none_or(|r| (self.claimable)(&m.key, &r.value))
-        });
-        if claimable {
-            *memo = None;
+        self.forget_if_claimable(&mut memo);
+    }
+
+    /// An update of several shared records takes the turn of each, in key
+    /// order (as every update of several does, so that two never wait for
+    /// each other's turns).
+    fn in_turns(&self, keys: &[&[u8]], update: &mut TurnsUpdate<'_>) {
+        if keys.iter().any(|k| self.is_local(k)) {
+            return update(None);
+        }
+        let mut order: Vec<usize> = (0..keys.len()).collect();
+        order.sort_by_key(|&i| keys[i]);
+        order.dedup_by_key(|i| keys[*i]);
+        if order.len() != keys.len() {
+            // One record named twice: not an update of several.
+            return update(None);
+        }
+        let turns: Vec<Turn> = order.iter().map(|&i| self.turn(keys[i])).collect();
+        let mut held: Vec<_> = turns.iter().map(|t| crate::blocking::lock(t)).collect();
+        // In the callers' order.
+        let mut memos: Vec<Option<Memo>> = vec![None; keys.len()];
+        for (&i, memo) in order.iter().zip(held.iter_mut()) {
+            memos[i] = memo.take();
+        }
+        update(Some(&mut memos));
+        // Only a file all of whose records this node may take is looked
+        // up again in full; one record naming another node's open keeps
+        // the file shared, and the others' memos stand.
+        if memos.iter().all(|m| self.claimable_memo(m)) {
+            memos.iter_mut().for_each(|m| *m = None);
+        }
+        for (&i, memo) in order.iter().zip(held.iter_mut()) {
+            **memo = memos[i].take();
+        }
+    }
+
+    /// Writes a shared file's records in one etcd transaction, which also
+    /// checks that nobody took the file meanwhile; a lost one reads them
+    /// all in its failure branch. A file this node holds, or one another
+    /// node took meanwhile, is not written here (None): its records are
+    /// updated one by one where they are.
+    fn compare_and_set_together(&self, writes: &[Together<'_>]) -> Result<Written, StateError> {
+        let Some(group) = writes.first().and_then(|w| self.group(w.key)) else {
+            return Ok(None);
+        };
+        let one_group = writes.iter().all(|w| self.group(w.key) == Some(group));
+        // A version of a record held in memory: stale now, and the record
+        // is wherever its owner keeps it.
+        let held = writes
+            .iter()
+            .any(|w| w.expected.is_some_and(|v| v & LOCAL_VERSION != 0));
+        if !one_group || held || self.owns(group) {
+            return Ok(None);
+        }
+        let own = key_of(OWN_PREFIX, group);
+        let mut cmps = vec![Cmp::Absent(&own)];
+        cmps.extend(writes.iter().map(|w| Cmp::Version(w.key, w.expected)));
+        let ops: Vec<Op<'_>> = writes
+            .iter()
+            .filter_map(|w| match &w.change {
+                Change::Keep => None,
+                Change::Put(v) => Some(Op::Put(w.key, v, 0)),
+                Change::Delete => Some(Op::Delete(w.key)),
+            })
+            .collect();
+        let mut reads = vec![Op::Get(&own)];
+        reads.extend(writes.iter().map(|w| Op::Get(w.key)));
+        let t = self.etcd.txn(&cmps, &ops, &reads)?;
+        if t.succeeded {
+            let versions = writes
+                .iter()
+                .map(|w| match &w.change {
+                    Change::Keep => w.expected.unwrap_or(0),
+                    Change::Put(_) => t.revision,
+                    Change::Delete => 0,
+                })
+                .collect();
+            return Ok(Some(Ok(versions)));
+        }
+        match t.reads.split_first() {
+            Some((None, now)) if now.len() == writes.len() => Ok(Some(Err(now.to_vec()))),
+            // Owned now, here or elsewhere.
+            _ => Ok(None),
         }
     }
 
@@ -901,7 +997,7 @@ mod tests {
             });
             let store = Arc::new(ClusterStore::new(
                 etcd.clone(),
-                vec![b"file/"],
+                vec![b"file/", b"more/"],
                 me,
                 lease,
                 claimable,
@@ -1121,6 +1217,63 @@ mod tests {
         assert!(one.store.owns(G));
         assert_eq!(one.calls_of(|| one.add("1j")), 0);
         assert_eq!(one.read(), "1a,1b,1c,1d,1e,1f,1g,1h,1i,1j");
+    }
+
+    impl Node {
+        /// Appends `entry` to both records of the file in one write, if
+        /// the store writes them together.
+        fn add_both(&self, entry: &str) -> Option<()> {
+            let more = key_of(b"more/", G);
+            crate::records::update_both::<Raw, Raw, (), StateError>(
+                &*self.store,
+                [&file_key(), &more],
+                |a, b| {
+                    for r in [a, b] {
+                        if !r.0.is_empty() {
+                            r.0.push(b',');
+                        }
+                        r.0.extend_from_slice(entry.as_bytes());
+                    }
+                    Ok(())
+                },
+            )
+            .map(|r| r.unwrap())
+        }
+
+        fn read_more(&self) -> String {
+            let v = crate::records::read::<Raw>(&*self.store, &key_of(b"more/", G)).unwrap();
+            String::from_utf8(v.0).unwrap()
+        }
+    }
+
+    #[test]
+    fn two_records_of_a_shared_file_are_written_in_one_transaction() {
+        let cluster = Cluster::start("together");
+        let one = Node::start(&cluster.urls, "1", &[]);
+        let two = Node::start(&cluster.urls, "2", &[]);
+        // A file node 1 holds is not written together: its updates are
+        // in memory, one by one.
+        one.add("1a");
+        assert!(one.store.owns(G));
+        assert_eq!(one.add_both("1x"), None);
+        assert_eq!(one.read(), "1a");
+
+        two.add("2a");
+        assert!(!one.store.owns(G) && !two.store.owns(G));
+        // The first write reads both records (a round trip each), then
+        // writes both in one; the next starts from what it left.
+        assert_eq!(one.calls_of(|| assert_eq!(one.add_both("1b"), Some(()))), 3);
+        assert_eq!(one.calls_of(|| assert_eq!(one.add_both("1c"), Some(()))), 1);
+        // An update of one record in its own turn follows on from the
+        // write of both.
+        assert_eq!(one.calls_of(|| one.add("1d")), 1);
+        // Node 2 changes one of them: node 1's next write loses, reads
+        // both in the same transaction, and writes again.
+        two.add("2b");
+        assert_eq!(one.calls_of(|| assert_eq!(one.add_both("1e"), Some(()))), 2);
+        assert_eq!(two.read(), "1a,2a,1b,1c,1d,2b,1e");
+        assert_eq!(two.read_more(), "1b,1c,1e");
+        assert!(!one.store.owns(G) && !two.store.owns(G));
     }
 
     #[test]

@@ -30,4 +30,4 @@ pub use etcd_store::EtcdStore;
 pub use memory::MemoryStore;
 pub use redb_store::RedbStore;
 pub use share_modes::{AttributeOpen, FileKey, FileRecord, OpenRecord, ShareModes, SharingError};
-pub use store::{Durability, InPlace, Memo, StateError, StateStore, Versioned};
+pub use store::{Change, Durability, InPlace, Memo, StateError, StateStore, Together, Versioned};

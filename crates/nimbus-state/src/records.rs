@@ -11,7 +11,7 @@
 use crate::byte_range::RangeLock;
 use crate::caching::{BreakOrder, Breaking, FileCaching, Grant, Holder, LeaseId, OpenEntry};
 use crate::share_modes::FileKey;
-use crate::store::{Durability, Memo, StateError, StateStore, Versioned};
+use crate::store::{Change, Durability, Memo, StateError, StateStore, Together, Versioned};
 
 /// A value kept under one key.
 pub trait Record: Default {
@@ -120,6 +120,160 @@ fn update_in_turn<R: Record, T, E: From<StateError>>(
         std::thread::yield_now();
     }
     Err(StateError::Unavailable("too much contention on one record".into()).into())
+}
+
+/// Applies `f` to two records of one file in one write (a CREATE's
+/// share-mode check and its caching contention; a close's leaving of
+/// both): where the store writes records one round trip each (a file
+/// several cluster nodes share in etcd), this is one transaction where
+/// two updates are two, and neither record can change between the two
+/// rules. `f` sees both current records and may refuse; it may run more
+/// than once. None: the store does not write these records together (one
+/// node's store, a file a cluster node holds in memory, or one that moved
+/// there meanwhile): nothing was written, and the caller updates each
+/// record (`update`) as before.
+pub fn update_both<A: Record, B: Record, T, E: From<StateError>>(
+    store: &dyn StateStore,
+    keys: [&[u8]; 2],
+    mut f: impl FnMut(&mut A, &mut B) -> Result<T, E>,
+) -> Option<Result<T, E>> {
+    if keys.iter().any(|k| store.is_local(k)) {
+        return None;
+    }
+    let mut answer = None;
+    store.in_turns(&keys, &mut |memos| {
+        answer = memos.and_then(|memos| both_in_turn(store, keys, &mut f, memos));
+    });
+    answer
+}
+
+/// `update_both` in the records' turns: from what `memos` remember where
+/// they do (proven by the compare-and-set; a refusal or no change on a
+/// remembered record is decided again on the current ones), else read.
+fn both_in_turn<A: Record, B: Record, T, E: From<StateError>>(
+    store: &dyn StateStore,
+    keys: [&[u8]; 2],
+    f: &mut impl FnMut(&mut A, &mut B) -> Result<T, E>,
+    memos: &mut [Option<Memo>],
+) -> Option<Result<T, E>> {
+    if memos.len() != keys.len() {
+        return Some(Err(StateError::Unavailable(
+            "a store gave an update the wrong turns".into(),
+        )
+        .into()));
+    }
+    let read_both = || -> Result<[Option<Versioned>; 2], StateError> {
+        Ok([store.get(keys[0])?, store.get(keys[1])?])
+    };
+    let remembered = |i: usize| match &memos[i] {
+        Some(m) if m.key == keys[i] => Some(m.record.clone()),
+        _ => None,
+    };
+    let mut fresh = false;
+    let mut current = match (remembered(0), remembered(1)) {
+        (Some(a), Some(b)) => [a, b],
+        _ => {
+            fresh = true;
+            match read_both() {
+                Ok(c) => c,
+                Err(e) => return Some(Err(e.into())),
+            }
+        }
+    };
+    for _ in 0..CAS_RETRIES {
+        let (mut a, mut b) = match (
+            decode_or_default::<A>(&current[0]),
+            decode_or_default::<B>(&current[1]),
+        ) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(e), _) | (_, Err(e)) => return Some(Err(e.into())),
+        };
+        let out = f(&mut a, &mut b);
+        let values = [
+            (!a.is_empty()).then(|| a.encode()),
+            (!b.is_empty()).then(|| b.encode()),
+        ];
+        let unchanged =
+            |i: usize| current[i].as_ref().map(|v| v.value.as_slice()) == values[i].as_deref();
+        if out.is_err() || (unchanged(0) && unchanged(1)) {
+            if !fresh {
+                current = match read_both() {
+                    Ok(c) => c,
+                    Err(e) => return Some(Err(e.into())),
+                };
+                fresh = true;
+                continue;
+            }
+            for (memo, (key, record)) in memos.iter_mut().zip(keys.iter().zip(current)) {
+                *memo = Some(Memo {
+                    key: key.to_vec(),
+                    record,
+                });
+            }
+            return Some(out);
+        }
+        let writes: Vec<Together<'_>> = (0..2)
+            .map(|i| Together {
+                key: keys[i],
+                expected: current[i].as_ref().map(|v| v.version),
+                change: match &values[i] {
+                    _ if unchanged(i) => Change::Keep,
+                    Some(v) => Change::Put(v.clone()),
+                    None => Change::Delete,
+                },
+            })
+            .collect();
+        match store.compare_and_set_together(&writes) {
+            Err(e) => return Some(Err(e.into())),
+            // Not written together after all (the file came into this
+            // node's memory meanwhile): the caller updates each record.
+            Ok(None) => {
+                memos.iter_mut().for_each(|m| *m = None);
+                return None;
+            }
+            Ok(Some(Ok(versions))) if versions.len() == keys.len() => {
+                for (i, value) in values.into_iter().enumerate() {
+                    let record = match &writes[i].change {
+                        Change::Keep => current[i].clone(),
+                        _ => value.map(|value| Versioned {
+                            version: versions[i],
+                            value,
+                        }),
+                    };
+                    memos[i] = Some(Memo {
+                        key: keys[i].to_vec(),
+                        record,
+                    });
+                }
+                return Some(out);
+            }
+            Ok(Some(Err(now))) => match <[Option<Versioned>; 2]>::try_from(now) {
+                Ok(now) => {
+                    current = now;
+                    fresh = true;
+                }
+                Err(_) => return Some(Err(miscounted())),
+            },
+            Ok(Some(Ok(_))) => return Some(Err(miscounted())),
+        }
+        std::thread::yield_now();
+    }
+    Some(Err(StateError::Unavailable(
+        "too much contention on one file's records".into(),
+    )
+    .into()))
+}
+
+fn miscounted<E: From<StateError>>() -> E {
+    StateError::Unavailable("a store answered a write of two records with another count".into())
+        .into()
+}
+
+fn decode_or_default<R: Record>(v: &Option<Versioned>) -> Result<R, StateError> {
+    match v {
+        Some(v) => R::decode(&v.value),
+        None => Ok(R::default()),
+    }
 }
 
 /// The record under `key`, or the default when there is none.

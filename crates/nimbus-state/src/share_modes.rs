@@ -153,6 +153,16 @@ pub fn compatible(existing: &OpenRecord, access: u32, share: u32) -> bool {
     !conflict(access, existing.share_access) && !conflict(existing.access, share)
 }
 
+/// The rule of `remove_open_unless_last_of_deleted`: true (and nothing
+/// removed) for the last open of a delete-pending file.
+fn leave_unless_last_of_deleted(rec: &mut FileRecord, open_id: u64) -> bool {
+    if rec.delete_pending && rec.opens.iter().all(|o| o.open_id == open_id) {
+        return true;
+    }
+    rec.opens.retain(|o| o.open_id != open_id);
+    false
+}
+
 /// Whether an open belongs to a cluster node that is gone (its entries
 /// are stale: nobody will close them).
 pub type Gone = Arc<dyn Fn(u64) -> bool + Send + Sync>;
@@ -187,34 +197,61 @@ impl ShareModes {
 
     /// Registers a new open after checking it against the existing ones.
     pub fn add_open(&self, key: FileKey, open: OpenRecord) -> Result<(), SharingError> {
-        self.update(key, |rec| {
-            // A restored open registers again under its old id.
-            rec.opens.retain(|o| o.open_id != open.open_id);
-            if let Some(gone) = &self.gone {
-                let before = rec.opens.len();
-                rec.opens.retain(|o| {
-                    (compatible(o, open.access, open.share_access) && !rec.delete_pending)
-                        || !gone(o.open_id)
-                });
-                // Every open of a delete-pending file was a dead node's:
-                // the deletion went with it.
-                if rec.opens.len() < before && rec.opens.is_empty() {
-                    rec.delete_pending = false;
-                }
+        self.update(key, |rec| self.admit_to(rec, open))
+    }
+
+    /// `add_open` and, when the open is admitted, `other` applied to
+    /// another record of the same file in the same store, in one write
+    /// (`records::update_both`: one etcd transaction on a file cluster
+    /// nodes share). None: the store does not write them together, and
+    /// nothing was written; `add_open` then the other record's update do
+    /// the same in two.
+    pub fn add_open_with<R: Record, T>(
+        &self,
+        key: FileKey,
+        open: OpenRecord,
+        other_key: &[u8],
+        mut other: impl FnMut(&mut R) -> T,
+    ) -> Option<Result<T, SharingError>> {
+        let k = key.record_key(OPENS_PREFIX);
+        records::update_both::<FileRecord, R, T, SharingError>(
+            &*self.store,
+            [&k, other_key],
+            |rec, r| {
+                self.admit_to(rec, open)?;
+                Ok(other(r))
+            },
+        )
+    }
+
+    /// The sharing rule of `add_open`, applied to the file's record.
+    fn admit_to(&self, rec: &mut FileRecord, open: OpenRecord) -> Result<(), SharingError> {
+        // A restored open registers again under its old id.
+        rec.opens.retain(|o| o.open_id != open.open_id);
+        if let Some(gone) = &self.gone {
+            let before = rec.opens.len();
+            rec.opens.retain(|o| {
+                (compatible(o, open.access, open.share_access) && !rec.delete_pending)
+                    || !gone(o.open_id)
+            });
+            // Every open of a delete-pending file was a dead node's:
+            // the deletion went with it.
+            if rec.opens.len() < before && rec.opens.is_empty() {
+                rec.delete_pending = false;
             }
-            if rec.delete_pending {
-                return Err(SharingError::DeletePending);
-            }
-            if rec
-                .opens
-                .iter()
-                .any(|o| !compatible(o, open.access, open.share_access))
-            {
-                return Err(SharingError::Violation);
-            }
-            rec.opens.push(open);
-            Ok(())
-        })
+        }
+        if rec.delete_pending {
+            return Err(SharingError::DeletePending);
+        }
+        if rec
+            .opens
+            .iter()
+            .any(|o| !compatible(o, open.access, open.share_access))
+        {
+            return Err(SharingError::Violation);
+        }
+        rec.opens.push(open);
+        Ok(())
     }
 
     /// Removes an open. Returns true when it was the last one and the file
@@ -241,13 +278,34 @@ impl ShareModes {
         key: FileKey,
         open_id: u64,
     ) -> Result<bool, SharingError> {
-        self.update(key, |rec| {
-            if rec.delete_pending && rec.opens.iter().all(|o| o.open_id == open_id) {
-                return Ok(true);
-            }
-            rec.opens.retain(|o| o.open_id != open_id);
-            Ok(false)
-        })
+        self.update(key, |rec| Ok(leave_unless_last_of_deleted(rec, open_id)))
+    }
+
+    /// `remove_open_unless_last_of_deleted` and, when the open was
+    /// removed, `other` applied to another record of the same file in the
+    /// same store, in one write (as `add_open_with`). `Some(Ok(None))`:
+    /// the last open of a delete-pending file, nothing written (the
+    /// caller deletes the file, then removes the open and updates the
+    /// other record as before). None: not written together, nothing
+    /// written.
+    pub fn remove_open_with<R: Record, T>(
+        &self,
+        key: FileKey,
+        open_id: u64,
+        other_key: &[u8],
+        mut other: impl FnMut(&mut R) -> T,
+    ) -> Option<Result<Option<T>, SharingError>> {
+        let k = key.record_key(OPENS_PREFIX);
+        records::update_both::<FileRecord, R, Option<T>, SharingError>(
+            &*self.store,
+            [&k, other_key],
+            |rec, r| {
+                if leave_unless_last_of_deleted(rec, open_id) {
+                    return Ok(None);
+                }
+                Ok(Some(other(r)))
+            },
+        )
     }
 
     pub fn set_delete_pending(&self, key: FileKey, pending: bool) -> Result<(), SharingError> {
@@ -365,6 +423,150 @@ mod tests {
             }
             self.records.get(key).map(InPlace::Record)
         }
+    }
+
+    /// A store that writes records together, as a cluster node's does for
+    /// a file several nodes share (here: under one lock, in memory).
+    #[derive(Default)]
+    struct Shared {
+        records: MemoryStore,
+        writing: std::sync::Mutex<()>,
+        writes: std::sync::atomic::AtomicUsize,
+    }
+
+    impl StateStore for Shared {
+        fn get(&self, key: &[u8]) -> Result<Option<crate::Versioned>, StateError> {
+            self.records.get(key)
+        }
+        fn compare_and_set(
+            &self,
+            key: &[u8],
+            expected: Option<u64>,
+            value: Option<Vec<u8>>,
+        ) -> Result<Option<u64>, StateError> {
+            let _one = self.writing.lock().unwrap();
+            self.writes
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.records.compare_and_set(key, expected, value)
+        }
+        fn is_local(&self, _key: &[u8]) -> bool {
+            false
+        }
+        fn scan_prefix(
+            &self,
+            prefix: &[u8],
+        ) -> Result<Vec<(Vec<u8>, crate::Versioned)>, StateError> {
+            self.records.scan_prefix(prefix)
+        }
+        fn in_turns(&self, _keys: &[&[u8]], update: &mut crate::store::TurnsUpdate<'_>) {
+            update(Some(&mut [None, None]))
+        }
+        fn compare_and_set_together(
+            &self,
+            writes: &[crate::Together<'_>],
+        ) -> Result<crate::store::Written, StateError> {
+            let _one = self.writing.lock().unwrap();
+            self.writes
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let now: Vec<_> = writes
+                .iter()
+                .map(|w| self.records.get(w.key))
+                .collect::<Result<_, _>>()?;
+            let current = |i: usize| now[i].as_ref().map(|v: &crate::Versioned| v.version);
+            if (0..writes.len()).any(|i| current(i) != writes[i].expected) {
+                return Ok(Some(Err(now)));
+            }
+            let mut versions = Vec::new();
+            for w in writes {
+                let value = match &w.change {
+                    crate::Change::Keep => {
+                        versions.push(w.expected.unwrap_or(0));
+                        continue;
+                    }
+                    crate::Change::Put(v) => Some(v.clone()),
+                    crate::Change::Delete => None,
+                };
+                let v = self.records.compare_and_set(w.key, w.expected, value)?;
+                versions.push(v.unwrap_or(0));
+            }
+            Ok(Some(Ok(versions)))
+        }
+    }
+
+    /// A second record of the file, for the tests: its opens' ids.
+    #[derive(Default)]
+    struct Ids(Vec<u8>);
+
+    impl Record for Ids {
+        fn encode(&self) -> Vec<u8> {
+            self.0.clone()
+        }
+        fn decode(b: &[u8]) -> Result<Self, StateError> {
+            Ok(Ids(b.to_vec()))
+        }
+        fn is_empty(&self) -> bool {
+            self.0.is_empty()
+        }
+    }
+
+    #[test]
+    fn opens_and_closes_write_the_share_modes_and_another_record_together_where_shared() {
+        const IDS: &[u8] = b"ids/1";
+        let ids = |store: &dyn StateStore| records::read::<Ids>(store, IDS).unwrap().0;
+        // A node's own store writes nothing together: the caller goes
+        // step by step, and nothing was written.
+        let store = Arc::new(MemoryStore::new());
+        let sm = ShareModes::new(store.clone());
+        let push = |id: u8| move |r: &mut Ids| r.0.push(id);
+        assert!(sm
+            .add_open_with(K, open(1, READ_DATA, 0), IDS, push(1))
+            .is_none());
+        assert!(sm.record(K).unwrap().opens.is_empty());
+        assert!(ids(&*store).is_empty());
+
+        let store = Arc::new(Shared::default());
+        let writes = || store.writes.load(std::sync::atomic::Ordering::SeqCst);
+        let sm = ShareModes::new(store.clone());
+        // Admitted: both records in one write.
+        sm.add_open_with(K, open(1, READ_DATA, SHARE_READ), IDS, push(1))
+            .unwrap()
+            .unwrap();
+        sm.add_open_with(K, open(2, READ_DATA, SHARE_READ), IDS, push(2))
+            .unwrap()
+            .unwrap();
+        assert_eq!(writes(), 2);
+        assert_eq!(ids(&*store), vec![1, 2]);
+        // Refused: neither record changes, nothing is written.
+        assert!(matches!(
+            sm.add_open_with(K, open(3, WRITE_DATA, SHARE_READ), IDS, push(3)),
+            Some(Err(SharingError::Violation))
+        ));
+        assert_eq!(writes(), 2);
+        assert_eq!(sm.record(K).unwrap().opens.len(), 2);
+        assert_eq!(ids(&*store), vec![1, 2]);
+
+        // A close leaves both in one write.
+        let drop_id = |id: u8| move |r: &mut Ids| r.0.retain(|i| *i != id);
+        assert_eq!(
+            sm.remove_open_with(K, 1, IDS, drop_id(1)).unwrap().unwrap(),
+            Some(())
+        );
+        assert_eq!(writes(), 3);
+        assert_eq!(ids(&*store), vec![2]);
+        // The last open of a delete-pending file: nothing written (its
+        // close deletes the file first).
+        sm.set_delete_pending(K, true).unwrap();
+        let before = writes();
+        assert_eq!(
+            sm.remove_open_with(K, 2, IDS, drop_id(2)).unwrap().unwrap(),
+            None
+        );
+        assert_eq!(writes(), before);
+        assert_eq!(
+            sm.record(K).unwrap().opens,
+            vec![open(2, READ_DATA, SHARE_READ)]
+        );
+        assert_eq!(ids(&*store), vec![2]);
     }
 
     #[test]

@@ -139,6 +139,53 @@ pub trait StateStore: Send + Sync {
     fn read_in_place(&self, key: &[u8]) -> Result<InPlace, StateError> {
         self.get(key).map(InPlace::Record)
     }
+
+    /// Writes several records of one file in one step, each only if its
+    /// version is the one expected, all or none (as `Durability::Now`).
+    /// `Some(Ok(versions))`: written, each record's version in order (a
+    /// kept record keeps its own, a deleted one is 0). `Some(Err(now))`: a
+    /// version did not match; every record as it is now, in order. `None`:
+    /// this store does not write these records together (a store of one
+    /// node, or a file a cluster node decides from its memory, where an
+    /// update of each record costs nothing), and nothing was written.
+    fn compare_and_set_together(&self, writes: &[Together<'_>]) -> Result<Written, StateError> {
+        let _ = writes;
+        Ok(None)
+    }
+
+    /// `in_turn` for one update of several records (`records::update_both`):
+    /// in the turn of each, with what each last update left. A store that
+    /// takes no turns runs `update` at once, with none.
+    fn in_turns(&self, keys: &[&[u8]], update: &mut TurnsUpdate<'_>) {
+        let _ = keys;
+        update(None)
+    }
+}
+
+/// What `StateStore::compare_and_set_together` came to: the versions
+/// written, or the records as they are now, or not written together.
+pub type Written = Option<Result<Vec<u64>, Vec<Option<Versioned>>>>;
+
+/// An update run in several records' turns (`StateStore::in_turns`), with
+/// what each last update left.
+pub type TurnsUpdate<'a> = dyn FnMut(Option<&mut [Option<Memo>]>) + 'a;
+
+/// One record's part of `StateStore::compare_and_set_together`.
+#[derive(Clone, Debug)]
+pub struct Together<'a> {
+    pub key: &'a [u8],
+    /// The version the record must have (None: it must not exist).
+    pub expected: Option<u64>,
+    pub change: Change,
+}
+
+/// What `compare_and_set_together` does to one record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// Compared only: the update's rule read it and left it as it was.
+    Keep,
+    Put(Vec<u8>),
+    Delete,
 }
 
 /// What a node last knew of a record it updated (`StateStore::in_turn`):

@@ -81,13 +81,27 @@ pub fn release(server: &Server, open: &Open) {
         // Others' cached handles keep the file; ask them to let go.
         server.oplocks.contend_handles(open.file_key, open.open_id);
     }
-    let removed = leave_record(server, open.file_key, open.open_id, || match open.stream {
-        Some(_) => {
-            delete_stream(server, open);
-            false
-        }
-        None => delete_file(server, open),
-    });
+    // A file's open leaves its share modes and its caching in one write
+    // where they would be two etcd transactions (a file cluster nodes
+    // share); the last open of a delete-pending file, and a stream's
+    // (whose file's record is left too), go step by step.
+    let forgotten = open.stream.is_none()
+        && matches!(
+            server
+                .oplocks
+                .forget_closing(open.file_key, open.open_id, sm),
+            Some(Ok(true))
+        );
+    let removed = match forgotten {
+        true => Ok(None),
+        false => leave_record(server, open.file_key, open.open_id, || match open.stream {
+            Some(_) => {
+                delete_stream(server, open);
+                false
+            }
+            None => delete_file(server, open),
+        }),
+    };
     let deleted = match removed {
         Ok(Some(deleted)) => {
             if open.stream.is_none() {
@@ -118,9 +132,12 @@ pub fn release(server: &Server, open: &Open) {
     if deleted || open.wrote.load(std::sync::atomic::Ordering::Relaxed) {
         crate::dir_leases::open_changed(server, open);
     }
-    // Its oplock or its share of a lease goes last: CREATEs waiting for its
-    // break acknowledgement go on, and must find its share modes gone.
-    server.oplocks.forget(open.file_key, open.open_id);
+    // Its oplock or its share of a lease goes last (or with its share
+    // modes, above): CREATEs waiting for its break acknowledgement go on,
+    // and must find its share modes gone.
+    if !forgotten {
+        server.oplocks.forget(open.file_key, open.open_id);
+    }
 }
 
 /// Takes `open_id` out of `file`'s record. When it is the last open of a

@@ -376,8 +376,18 @@ fn open_or_create(
         // knowing is a read of the lock record).
         ask.has_byte_range_locks =
             !matches!(ask.want, Want::Nothing) && ctx.server.locks.has_locks(key);
-        match ctx.server.share_modes.add_open(key, record) {
-            Ok(()) => {}
+        // Share modes and caching in one write where they would be two
+        // etcd transactions (a file cluster nodes share), else one by one.
+        let together =
+            ctx.server
+                .oplocks
+                .contend_opening(key, &ask, &ctx.server.share_modes, record);
+        let added = match together {
+            Some(r) => r.map(Some),
+            None => ctx.server.share_modes.add_open(key, record).map(|()| None),
+        };
+        let contended = match added {
+            Ok(contended) => contended,
             // A persistent open waits for its client to reclaim it after a
             // restart or a lost connection: it is not taken from it
             // (MS-SMB2 3.3.5.9: STATUS_FILE_NOT_AVAILABLE).
@@ -401,10 +411,16 @@ fn open_or_create(
             {
                 return Err(Failed::Raced)
             }
-            Err(SharingError::Violation) => ask.sharing_violation = true,
+            Err(SharingError::Violation) => {
+                ask.sharing_violation = true;
+                None
+            }
             Err(e) => return Err(sharing_status(&e).into()),
-        }
-        let contention = ctx.server.oplocks.contend(key, &ask);
+        };
+        let contention = match contended {
+            Some(c) => c,
+            None => ctx.server.oplocks.contend(key, &ask),
+        };
         if contention.wait {
             if !ask.sharing_violation {
                 abandon(ctx, &share, &path, is_dir, key, open_id);
@@ -676,7 +692,7 @@ fn open_or_create(
         seal: break_cipher(&session, &tree),
     };
     let granted_caching = if recorded {
-        ctx.server.oplocks.admit(key, &ask, route)
+        ctx.server.oplocks.admit_counted(key, &ask, route)
     } else {
         Granted::Oplock(oplock_level::NONE)
     };

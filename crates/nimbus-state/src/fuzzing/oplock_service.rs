@@ -157,26 +157,13 @@ impl Oplocks {
             return Vec::new();
         };
         let e = &mut self.files[i];
-        let shared: Vec<LeaseId> = e
-            .state
-            .grants
-            .iter()
-            .filter_map(|g| match g.holder {
-                Holder::Lease(id) if g.opens.contains(&open_id) => Some(id),
-                _ => None,
-            })
-            .collect();
-        let ended_break = e.state.remove_open(open_id);
+        let (ended_break, gone) = e.state.remove_open_and_leases(open_id);
         e.routes.retain(|&o| o != open_id);
         let woken = if ended_break || !e.state.breaking() {
             std::mem::take(&mut e.waiters)
         } else {
             Vec::new()
         };
-        let gone: Vec<LeaseId> = shared
-            .into_iter()
-            .filter(|id| e.state.grant(Holder::Lease(*id)).is_none())
-            .collect();
         self.prune(file);
         self.lease_files.retain(|(l, _)| !gone.contains(l));
         woken
