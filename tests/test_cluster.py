@@ -16,7 +16,9 @@ import signal
 import struct
 import subprocess
 import threading
+import re
 import time
+import urllib.request
 import uuid
 from base64 import b64decode
 from pathlib import Path
@@ -456,6 +458,61 @@ def test_share_modes_hold_under_contention_from_every_node(nodes):
         if i >= 0 and spans[i][1] > w[0]:
             overlaps.append((tuple(spans[i]), w))
     assert overlaps == [], f"{len(overlaps)} writer holds overlapped readers' holds, e.g. {overlaps[:3]}"
+
+
+ETCD_KV_REQUESTS = re.compile(r'^grpc_server_handled_total\{[^}]*grpc_service="etcdserverpb\.KV"[^}]*\} (\S+)$', re.M)
+
+
+def etcd_counts(cluster: EtcdCluster) -> tuple[int, int]:  # noqa: F811
+    """(revision, key-value requests answered) of the etcd cluster: its
+    writes so far, and its reads and writes so far (Prometheus counters)."""
+    out = json.loads(cluster.etcdctl("endpoint", "status", "-w", "json"))
+    revision = max(int(m["Status"]["header"]["revision"]) for m in out)
+    requests = 0
+    for url in cluster.endpoints:
+        text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+        requests += sum(int(float(m.group(1))) for m in ETCD_KV_REQUESTS.finditer(text))
+    return revision, requests
+
+
+def test_an_open_and_close_of_a_file_nodes_share_costs_two_etcd_transactions(nodes, etcd_cluster):  # noqa: F811
+    """A file with opens on two nodes is decided in etcd. An open's share-mode
+    check and caching contention are one transaction, its close's leaving of
+    both another, and an open that asks to cache nothing writes nothing more
+    when admitted: two etcd requests and two writes per open/close pair,
+    where there were about five requests and four writes."""
+    for n in nodes:
+        n.start()
+    (nodes[0].share / "counted.bin").write_bytes(b"x" * 100)
+    holder = LockClient(nodes[1])
+    resp = holder.call(rawsmb.CREATE, rawsmb.create_body("counted.bin"))
+    assert rawsmb.status(resp) == 0
+    c = LockClient(nodes[0])
+
+    def pair() -> None:
+        resp = c.call(rawsmb.CREATE, rawsmb.create_body("counted.bin"))
+        assert rawsmb.status(resp) == 0, hex(rawsmb.status(resp))
+        file_id = resp[rawsmb.HEADER_SIZE + 64 : rawsmb.HEADER_SIZE + 80]
+        assert rawsmb.status(c.call(CLOSE, close_body(file_id))) == 0
+
+    # The first opens move the file from n2's memory into etcd, and read
+    # what each later update starts from.
+    for _ in range(3):
+        pair()
+    pairs = 50
+    rev0, req0 = etcd_counts(etcd_cluster)
+    for _ in range(pairs):
+        pair()
+    rev1, req1 = etcd_counts(etcd_cluster)
+    # Besides the pairs: the nodes' published status (a write every 2 s
+    # each) and the two etcd_counts themselves (reads, not key-value ones).
+    slack = 10
+    assert rev1 - rev0 <= 2 * pairs + slack, (rev1 - rev0, req1 - req0)
+    assert req1 - req0 <= 2 * pairs + slack, (rev1 - rev0, req1 - req0)
+    # Each pair did write: the file stayed shared in etcd all along.
+    assert rev1 - rev0 >= 2 * pairs, (rev1 - rev0, req1 - req0)
+    c.close()
+    holder.close()
 
 
 def attribute_open(client: Client, name: str) -> tuple[int, Open | None]:
