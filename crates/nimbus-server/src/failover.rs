@@ -756,27 +756,70 @@ pub fn forward_break(
     if !m.is_released(open_id) || server.oplocks.serves_here(open_id) {
         return false;
     }
-    // Twice at most: a node may claim it between the look and the take.
-    for _ in 0..2 {
-        match holder_of(m, open_id) {
-            Some(h) if !m.runs(h) => {
-                if m.post_break(h, open_id, order) {
-                    tracing::debug!(
-                        "cluster: break for open {open_id:#x} forwarded to incarnation {h}"
-                    );
+    match holder_of(m, open_id) {
+        Some(h) if !m.runs(h) => {
+            post_to_holder(m, h, open_id, order);
+            true
+        }
+        // Taken back here a moment ago.
+        Some(_) => false,
+        // Taken back on a thread of its own: a take-over opens the file
+        // and writes to etcd, and the messages behind this one (other
+        // opens' breaks) do not wait for it.
+        None => {
+            if lock_taking_back().insert(open_id) {
+                let (server, order) = (server.clone(), *order);
+                let spawned = std::thread::Builder::new()
+                    .name("nimbus-take-back".into())
+                    .spawn(move || {
+                        take_back(&server, open_id, &order);
+                        lock_taking_back().remove(&open_id);
+                    });
+                if let Err(e) = spawned {
+                    tracing::warn!("cluster: taking open {open_id:#x} back: {e}");
+                    lock_taking_back().remove(&open_id);
                 }
-                return true;
             }
-            // Taken back here a moment ago.
-            Some(_) => return false,
-            None => {
-                if claim(server, open_id, None) {
-                    return true;
-                }
-            }
+            true
         }
     }
-    true
+}
+
+/// Let-go opens being taken back (`forward_break`), so that more breaks
+/// for one start no second take-back.
+static TAKING_BACK: std::sync::LazyLock<std::sync::Mutex<HashSet<u64>>> =
+    std::sync::LazyLock::new(Default::default);
+
+fn lock_taking_back() -> std::sync::MutexGuard<'static, HashSet<u64>> {
+    crate::session::lock(&TAKING_BACK)
+}
+
+/// Takes back a let-go open that nobody holds, which ends `order` as on
+/// one node (`take_over`); twice at most, as a node may claim it between
+/// the look and the take (the break then goes to it).
+fn take_back(server: &Arc<Server>, open_id: u64, order: &nimbus_state::caching::BreakOrder) {
+    let Some(m) = &server.cluster else {
+        return;
+    };
+    for _ in 0..2 {
+        match holder_of(m, open_id) {
+            Some(h) if !m.runs(h) => return post_to_holder(m, h, open_id, order),
+            Some(_) => return,
+            None if claim(server, open_id, None) => return,
+            None => {}
+        }
+    }
+}
+
+fn post_to_holder(
+    m: &crate::cluster::Membership,
+    holder: u64,
+    open_id: u64,
+    order: &nimbus_state::caching::BreakOrder,
+) {
+    if m.post_break(holder, open_id, order) {
+        tracing::debug!("cluster: break for open {open_id:#x} forwarded to incarnation {holder}");
+    }
 }
 
 /// Opens the file of `r` again on this node and keeps the open
@@ -794,7 +837,15 @@ fn take_over(server: &Arc<Server>, r: &DurableOpen, since: Instant) -> Result<()
         server.locks.came_with_locks(file);
     }
     server.oplocks.take_over(file, r.open_id);
-    crate::persist::wait_for_client(server, &open, r, since)?;
+    if let Err(why) = crate::persist::wait_for_client(server, &open, r, since) {
+        // Not kept here (too many disconnected opens): this node's copy
+        // goes again, as when one is let go, and its records in etcd stay
+        // for a node that can keep it (the claim is deleted by the caller).
+        stop_serving(server, &open);
+        server.opens.forget(open.open_id);
+        server.durables.closed(&open);
+        return Err(why);
+    }
     // A break that reached the node that held it last, as it let go or
     // died, was answered by nobody: it ends now, as it would have ended
     // there (a persistent open's taken as acknowledged, a durable one

@@ -33,6 +33,8 @@ use crate::connection::Connection;
 use crate::security::SessionCipher;
 use crate::session::{lock, Session};
 
+mod together;
+
 /// How to reach the client of one open.
 #[derive(Clone)]
 pub struct Route {
@@ -324,6 +326,8 @@ pub struct Oplocks {
     elsewhere: std::sync::OnceLock<Arc<dyn DirLeasesElsewhere>>,
     /// Orders the telling of other nodes (see `publish_dirs`).
     publishing: Mutex<()>,
+    /// CREATEs and closes of shared files waiting to be written together.
+    gatherings: together::Gatherings,
 }
 
 /// What an acknowledgement came to.
@@ -395,6 +399,7 @@ impl Oplocks {
             stranded: std::sync::OnceLock::new(),
             elsewhere: std::sync::OnceLock::new(),
             publishing: Mutex::new(()),
+            gatherings: together::Gatherings::default(),
         }
     }
 
@@ -501,11 +506,12 @@ impl Oplocks {
     }
 
     /// `contend` for an open whose share modes `share_modes` checks in the
-    /// same write (`ShareModes::add_open_with`: one etcd transaction where
-    /// `add_open` and `contend` would be two, on a file cluster nodes
-    /// share). A refusal of the share modes changes nothing. None: not
-    /// written together, nothing written (the caller calls `add_open`,
-    /// then `contend`).
+    /// same write, on a file cluster nodes share: one etcd transaction
+    /// where `add_open` and `contend` would be two, carrying the other
+    /// CREATEs and closes of the file that came on this node meanwhile
+    /// (`together`). A refusal of the share modes changes nothing. None:
+    /// not written together, nothing written (the caller calls
+    /// `add_open`, then `contend`).
     pub fn contend_opening(
         &self,
         file: FileKey,
@@ -513,13 +519,14 @@ impl Oplocks {
         share_modes: &ShareModes,
         open: OpenRecord,
     ) -> Option<Result<Contention, SharingError>> {
-        let t = self.table();
-        let watch = self.watching();
-        let mut rule = |s: &mut FileCaching| self.contend_rule(s, ask);
-        let r = share_modes.add_open_with(file, open, &record_key(file), |s| {
-            summarized(watch, s, &mut rule)
-        })?;
-        Some(r.map(|((c, to), summary)| self.contended(t, file, c, to, summary)))
+        let step = together::Step::Open { ask: *ask, open };
+        Some(match self.together(file, step, share_modes)? {
+            Ok(together::Stepped::Opened(c)) => Ok(c),
+            Ok(together::Stepped::Closed(_)) => Err(SharingError::Store(StateError::Unavailable(
+                "an open's write came back as a close's".into(),
+            ))),
+            Err(e) => Err(e),
+        })
     }
 
     /// The rule of `contend`: the breaks the open needs, to whom.
@@ -766,32 +773,27 @@ impl Oplocks {
     }
 
     /// A close's `ShareModes::remove_open_unless_last_of_deleted` and
-    /// `forget` in one write (`ShareModes::remove_open_with`: one etcd
-    /// transaction where they would be two, on a file cluster nodes
-    /// share). `Some(Ok(true))`: both done. `Some(Ok(false))`: the last
-    /// open of a delete-pending file, nothing done (the close deletes the
-    /// file, then removes the open and forgets it as before). None: not
-    /// written together, nothing done.
+    /// `forget` in one write, on a file cluster nodes share (one etcd
+    /// transaction where they would be two, carrying the other CREATEs
+    /// and closes of the file that came on this node meanwhile:
+    /// `together`). `Some(Ok(true))`: both done. `Some(Ok(false))`: the
+    /// last open of a delete-pending file, nothing done (the close deletes
+    /// the file, then removes the open and forgets it as before). None:
+    /// not written together, nothing done.
     pub fn forget_closing(
         &self,
         file: FileKey,
         open_id: u64,
         share_modes: &ShareModes,
     ) -> Option<Result<bool, SharingError>> {
-        let t = self.table();
-        let watch = self.watching();
-        let mut rule = |s: &mut FileCaching| s.remove_open_and_leases(open_id);
-        let r = share_modes.remove_open_with(file, open_id, &record_key(file), |s| {
-            summarized(watch, s, &mut rule)
-        })?;
-        Some(r.map(|done| match done {
-            Some(((ended_break, gone), summary)) => {
-                self.notifier.unregister(open_id);
-                self.forgotten(t, file, ended_break, gone, summary);
-                true
-            }
-            None => false,
-        }))
+        let step = together::Step::Close { open_id };
+        Some(match self.together(file, step, share_modes)? {
+            Ok(together::Stepped::Closed(left)) => Ok(left),
+            Ok(together::Stepped::Opened(_)) => Err(SharingError::Store(StateError::Unavailable(
+                "a close's write came back as an open's".into(),
+            ))),
+            Err(e) => Err(e),
+        })
     }
 
     /// What `forget` does once the record is written: waiters on a break

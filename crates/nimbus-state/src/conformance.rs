@@ -3,8 +3,12 @@
 //! on versions, deletes, prefix scans in key order, records whole after
 //! the generic update loop, and refusal of damaged records.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex};
+
 use crate::records::{self, Record};
-use crate::store::{Durability, StateError, StateStore};
+use crate::store::{Change, Durability, StateError, StateStore, Together, TurnsUpdate, Written};
+use crate::{MemoryStore, Versioned};
 
 /// Runs every check against `store`, which must start empty.
 pub fn run_all(store: &dyn StateStore) {
@@ -190,4 +194,124 @@ fn concurrent_updates_lose_nothing(s: &dyn StateStore) {
         }
     });
     assert_eq!(records::read::<Counter>(s, key).unwrap(), Counter(100));
+}
+
+/// A store as a cluster node sees the records of a file several nodes
+/// share, for tests of what is built on `records::update_both`: no record
+/// is local, and records are written together (in memory, under one lock).
+/// Writes can be held at a gate, so that a test can line up what comes
+/// while one is under way.
+#[derive(Default)]
+pub struct SharedMemory {
+    records: MemoryStore,
+    writing: Mutex<()>,
+    writes: AtomicUsize,
+    gate: Mutex<Gate>,
+    gate_moved: Condvar,
+}
+
+#[derive(Default)]
+struct Gate {
+    closed: bool,
+    /// Writes waiting at the closed gate.
+    held: usize,
+}
+
+impl SharedMemory {
+    /// Writes made so far (single and together).
+    pub fn writes(&self) -> usize {
+        self.writes.load(Ordering::SeqCst)
+    }
+
+    /// Holds every write from now on at the gate.
+    pub fn close_gate(&self) {
+        self.gate.lock().unwrap().closed = true;
+    }
+
+    /// Lets the writes held go on.
+    pub fn open_gate(&self) {
+        self.gate.lock().unwrap().closed = false;
+        self.gate_moved.notify_all();
+    }
+
+    /// Waits until `n` writes are held at the gate.
+    pub fn wait_held(&self, n: usize) {
+        let mut g = self.gate.lock().unwrap();
+        while g.held < n {
+            g = self.gate_moved.wait(g).unwrap();
+        }
+    }
+
+    fn pass_gate(&self) {
+        let mut g = self.gate.lock().unwrap();
+        if g.closed {
+            g.held += 1;
+            self.gate_moved.notify_all();
+            while g.closed {
+                g = self.gate_moved.wait(g).unwrap();
+            }
+            g.held -= 1;
+        }
+    }
+}
+
+impl StateStore for SharedMemory {
+    fn get(&self, key: &[u8]) -> Result<Option<Versioned>, StateError> {
+        self.records.get(key)
+    }
+
+    fn compare_and_set(
+        &self,
+        key: &[u8],
+        expected: Option<u64>,
+        value: Option<Vec<u8>>,
+    ) -> Result<Option<u64>, StateError> {
+        self.pass_gate();
+        let _one = self.writing.lock().unwrap();
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        self.records.compare_and_set(key, expected, value)
+    }
+
+    fn is_local(&self, _key: &[u8]) -> bool {
+        false
+    }
+
+    fn scan_prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Versioned)>, StateError> {
+        self.records.scan_prefix(prefix)
+    }
+
+    fn in_turns(&self, keys: &[&[u8]], update: &mut TurnsUpdate<'_>) {
+        update(Some(&mut vec![None; keys.len()]))
+    }
+
+    fn compare_and_set_together(&self, writes: &[Together<'_>]) -> Result<Written, StateError> {
+        self.pass_gate();
+        let _one = self.writing.lock().unwrap();
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        let now: Vec<Option<Versioned>> = writes
+            .iter()
+            .map(|w| self.records.get(w.key))
+            .collect::<Result<_, _>>()?;
+        let matches = now
+            .iter()
+            .zip(writes)
+            .all(|(n, w)| n.as_ref().map(|v| v.version) == w.expected);
+        if !matches {
+            return Ok(Some(Err(now)));
+        }
+        let mut versions = Vec::with_capacity(writes.len());
+        for w in writes {
+            let value = match &w.change {
+                Change::Keep => {
+                    versions.push(w.expected.unwrap_or(0));
+                    continue;
+                }
+                Change::Put(v) => Some(v.clone()),
+                Change::Delete => None,
+            };
+            let v = self.records.compare_and_set(w.key, w.expected, value)?;
+            versions.push(v.unwrap_or(0));
+        }
+        Ok(Some(Ok(versions)))
+    }
 }

@@ -153,9 +153,10 @@ pub fn compatible(existing: &OpenRecord, access: u32, share: u32) -> bool {
     !conflict(access, existing.share_access) && !conflict(existing.access, share)
 }
 
-/// The rule of `remove_open_unless_last_of_deleted`: true (and nothing
-/// removed) for the last open of a delete-pending file.
-fn leave_unless_last_of_deleted(rec: &mut FileRecord, open_id: u64) -> bool {
+/// The rule of `ShareModes::remove_open_unless_last_of_deleted` (for
+/// `ShareModes::update_with`): true, and nothing removed, for the last
+/// open of a delete-pending file.
+pub fn leave_rule(rec: &mut FileRecord, open_id: u64) -> bool {
     if rec.delete_pending && rec.opens.iter().all(|o| o.open_id == open_id) {
         return true;
     }
@@ -197,35 +198,35 @@ impl ShareModes {
 
     /// Registers a new open after checking it against the existing ones.
     pub fn add_open(&self, key: FileKey, open: OpenRecord) -> Result<(), SharingError> {
-        self.update(key, |rec| self.admit_to(rec, open))
+        self.update(key, |rec| self.admit_rule(rec, open))
     }
 
-    /// `add_open` and, when the open is admitted, `other` applied to
-    /// another record of the same file in the same store, in one write
+    /// Applies `f` to the file's share-mode record and to another record
+    /// of the same file in the same store, in one write
     /// (`records::update_both`: one etcd transaction on a file cluster
-    /// nodes share). None: the store does not write them together, and
-    /// nothing was written; `add_open` then the other record's update do
-    /// the same in two.
-    pub fn add_open_with<R: Record, T>(
+    /// nodes share, where an update of each would be two). `f` applies
+    /// this module's rules (`admit_rule`, `leave_rule`) with the other
+    /// record's, for one open or for several; it may run more than once.
+    /// None: the store does not write them together, and nothing was
+    /// written (the caller updates each record, as `add_open` does).
+    pub fn update_with<R: Record, T>(
         &self,
         key: FileKey,
-        open: OpenRecord,
         other_key: &[u8],
-        mut other: impl FnMut(&mut R) -> T,
+        mut f: impl FnMut(&mut FileRecord, &mut R) -> T,
     ) -> Option<Result<T, SharingError>> {
         let k = key.record_key(OPENS_PREFIX);
         records::update_both::<FileRecord, R, T, SharingError>(
             &*self.store,
             [&k, other_key],
-            |rec, r| {
-                self.admit_to(rec, open)?;
-                Ok(other(r))
-            },
+            |rec, r| Ok(f(rec, r)),
         )
     }
 
-    /// The sharing rule of `add_open`, applied to the file's record.
-    fn admit_to(&self, rec: &mut FileRecord, open: OpenRecord) -> Result<(), SharingError> {
+    /// The sharing rule of `add_open`, applied to the file's record (for
+    /// `update_with`). A refusal may still have dropped entries of gone
+    /// nodes' opens from it.
+    pub fn admit_rule(&self, rec: &mut FileRecord, open: OpenRecord) -> Result<(), SharingError> {
         // A restored open registers again under its old id.
         rec.opens.retain(|o| o.open_id != open.open_id);
         if let Some(gone) = &self.gone {
@@ -278,34 +279,7 @@ impl ShareModes {
         key: FileKey,
         open_id: u64,
     ) -> Result<bool, SharingError> {
-        self.update(key, |rec| Ok(leave_unless_last_of_deleted(rec, open_id)))
-    }
-
-    /// `remove_open_unless_last_of_deleted` and, when the open was
-    /// removed, `other` applied to another record of the same file in the
-    /// same store, in one write (as `add_open_with`). `Some(Ok(None))`:
-    /// the last open of a delete-pending file, nothing written (the
-    /// caller deletes the file, then removes the open and updates the
-    /// other record as before). None: not written together, nothing
-    /// written.
-    pub fn remove_open_with<R: Record, T>(
-        &self,
-        key: FileKey,
-        open_id: u64,
-        other_key: &[u8],
-        mut other: impl FnMut(&mut R) -> T,
-    ) -> Option<Result<Option<T>, SharingError>> {
-        let k = key.record_key(OPENS_PREFIX);
-        records::update_both::<FileRecord, R, Option<T>, SharingError>(
-            &*self.store,
-            [&k, other_key],
-            |rec, r| {
-                if leave_unless_last_of_deleted(rec, open_id) {
-                    return Ok(None);
-                }
-                Ok(Some(other(r)))
-            },
-        )
+        self.update(key, |rec| Ok(leave_rule(rec, open_id)))
     }
 
     pub fn set_delete_pending(&self, key: FileKey, pending: bool) -> Result<(), SharingError> {
@@ -425,74 +399,6 @@ mod tests {
         }
     }
 
-    /// A store that writes records together, as a cluster node's does for
-    /// a file several nodes share (here: under one lock, in memory).
-    #[derive(Default)]
-    struct Shared {
-        records: MemoryStore,
-        writing: std::sync::Mutex<()>,
-        writes: std::sync::atomic::AtomicUsize,
-    }
-
-    impl StateStore for Shared {
-        fn get(&self, key: &[u8]) -> Result<Option<crate::Versioned>, StateError> {
-            self.records.get(key)
-        }
-        fn compare_and_set(
-            &self,
-            key: &[u8],
-            expected: Option<u64>,
-            value: Option<Vec<u8>>,
-        ) -> Result<Option<u64>, StateError> {
-            let _one = self.writing.lock().unwrap();
-            self.writes
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            self.records.compare_and_set(key, expected, value)
-        }
-        fn is_local(&self, _key: &[u8]) -> bool {
-            false
-        }
-        fn scan_prefix(
-            &self,
-            prefix: &[u8],
-        ) -> Result<Vec<(Vec<u8>, crate::Versioned)>, StateError> {
-            self.records.scan_prefix(prefix)
-        }
-        fn in_turns(&self, _keys: &[&[u8]], update: &mut crate::store::TurnsUpdate<'_>) {
-            update(Some(&mut [None, None]))
-        }
-        fn compare_and_set_together(
-            &self,
-            writes: &[crate::Together<'_>],
-        ) -> Result<crate::store::Written, StateError> {
-            let _one = self.writing.lock().unwrap();
-            self.writes
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            let now: Vec<_> = writes
-                .iter()
-                .map(|w| self.records.get(w.key))
-                .collect::<Result<_, _>>()?;
-            let current = |i: usize| now[i].as_ref().map(|v: &crate::Versioned| v.version);
-            if (0..writes.len()).any(|i| current(i) != writes[i].expected) {
-                return Ok(Some(Err(now)));
-            }
-            let mut versions = Vec::new();
-            for w in writes {
-                let value = match &w.change {
-                    crate::Change::Keep => {
-                        versions.push(w.expected.unwrap_or(0));
-                        continue;
-                    }
-                    crate::Change::Put(v) => Some(v.clone()),
-                    crate::Change::Delete => None,
-                };
-                let v = self.records.compare_and_set(w.key, w.expected, value)?;
-                versions.push(v.unwrap_or(0));
-            }
-            Ok(Some(Ok(versions)))
-        }
-    }
-
     /// A second record of the file, for the tests: its opens' ids.
     #[derive(Default)]
     struct Ids(Vec<u8>);
@@ -515,52 +421,59 @@ mod tests {
         let ids = |store: &dyn StateStore| records::read::<Ids>(store, IDS).unwrap().0;
         // A node's own store writes nothing together: the caller goes
         // step by step, and nothing was written.
+        // An open: its share modes checked, and its id added to the other
+        // record if admitted. A close: its id taken out of both, unless it
+        // is the last open of a delete-pending file.
+        let opening = |sm: &ShareModes, id: u8, access: u32| {
+            sm.update_with(K, IDS, |rec, ids: &mut Ids| {
+                sm.admit_rule(rec, open(id as u64, access, SHARE_READ))?;
+                ids.0.push(id);
+                Ok::<(), SharingError>(())
+            })
+        };
+        let closing = |sm: &ShareModes, id: u8| {
+            sm.update_with(K, IDS, |rec, ids: &mut Ids| {
+                let last_of_deleted = leave_rule(rec, id as u64);
+                if !last_of_deleted {
+                    ids.0.retain(|i| *i != id);
+                }
+                last_of_deleted
+            })
+        };
+        // A node's own store writes nothing together: the caller goes
+        // step by step, and nothing was written.
         let store = Arc::new(MemoryStore::new());
         let sm = ShareModes::new(store.clone());
-        let push = |id: u8| move |r: &mut Ids| r.0.push(id);
-        assert!(sm
-            .add_open_with(K, open(1, READ_DATA, 0), IDS, push(1))
-            .is_none());
+        assert!(opening(&sm, 1, READ_DATA).is_none());
         assert!(sm.record(K).unwrap().opens.is_empty());
         assert!(ids(&*store).is_empty());
 
-        let store = Arc::new(Shared::default());
-        let writes = || store.writes.load(std::sync::atomic::Ordering::SeqCst);
+        let store = Arc::new(crate::conformance::SharedMemory::default());
+        let writes = || store.writes();
         let sm = ShareModes::new(store.clone());
         // Admitted: both records in one write.
-        sm.add_open_with(K, open(1, READ_DATA, SHARE_READ), IDS, push(1))
-            .unwrap()
-            .unwrap();
-        sm.add_open_with(K, open(2, READ_DATA, SHARE_READ), IDS, push(2))
-            .unwrap()
-            .unwrap();
+        opening(&sm, 1, READ_DATA).unwrap().unwrap().unwrap();
+        opening(&sm, 2, READ_DATA).unwrap().unwrap().unwrap();
         assert_eq!(writes(), 2);
         assert_eq!(ids(&*store), vec![1, 2]);
         // Refused: neither record changes, nothing is written.
         assert!(matches!(
-            sm.add_open_with(K, open(3, WRITE_DATA, SHARE_READ), IDS, push(3)),
-            Some(Err(SharingError::Violation))
+            opening(&sm, 3, WRITE_DATA),
+            Some(Ok(Err(SharingError::Violation)))
         ));
         assert_eq!(writes(), 2);
         assert_eq!(sm.record(K).unwrap().opens.len(), 2);
         assert_eq!(ids(&*store), vec![1, 2]);
 
         // A close leaves both in one write.
-        let drop_id = |id: u8| move |r: &mut Ids| r.0.retain(|i| *i != id);
-        assert_eq!(
-            sm.remove_open_with(K, 1, IDS, drop_id(1)).unwrap().unwrap(),
-            Some(())
-        );
+        assert!(!closing(&sm, 1).unwrap().unwrap());
         assert_eq!(writes(), 3);
         assert_eq!(ids(&*store), vec![2]);
         // The last open of a delete-pending file: nothing written (its
         // close deletes the file first).
         sm.set_delete_pending(K, true).unwrap();
         let before = writes();
-        assert_eq!(
-            sm.remove_open_with(K, 2, IDS, drop_id(2)).unwrap().unwrap(),
-            None
-        );
+        assert!(closing(&sm, 2).unwrap().unwrap());
         assert_eq!(writes(), before);
         assert_eq!(
             sm.record(K).unwrap().opens,

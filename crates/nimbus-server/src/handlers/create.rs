@@ -691,8 +691,12 @@ fn open_or_create(
         file_id,
         seal: break_cipher(&session, &tree),
     };
-    let granted_caching = if recorded {
+    let granted_caching = if registered.is_some() {
+        // `contend` counted it among the file's opens.
         ctx.server.oplocks.admit_counted(key, &ask, route)
+    } else if recorded {
+        // A file this CREATE made: nothing counted it yet.
+        ctx.server.oplocks.admit(key, &ask, route)
     } else {
         Granted::Oplock(oplock_level::NONE)
     };

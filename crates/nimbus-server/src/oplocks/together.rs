@@ -1,0 +1,405 @@
+//! The opens and closes of a file several cluster nodes share, written
+//! together (issue 15: concurrent writes from different clients are
+//! batched into one etcd transaction where the semantics allow).
+//!
+//! On such a file a CREATE's share-mode check and caching contention are
+//! one etcd transaction, and a close's leaving of both another
+//! (`ShareModes::update_with`). The CREATEs and closes of the file that
+//! come on this node while one such write is under way wait for it, and
+//! the next write carries all of them: one transaction for as many opens
+//! and closes as came meanwhile, where each would otherwise wait for the
+//! one before and then make its own.
+//!
+//! The steps' rules are applied in the order the steps came, each to the
+//! records as the steps before it left them, and the transaction's
+//! compare-and-set proves the records they all started from, so each step
+//! is decided as if it had been written alone at that point: a step that
+//! is refused (a sharing violation) is refused on the current records,
+//! and the steps after it go on. A write that loses to another node's
+//! applies every step again to the records as they are now. Where the
+//! records are in this node's memory (a file it holds, and every file of
+//! a single node) nothing waits: each step is decided at once, as before.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex};
+
+use nimbus_state::caching::{Contention, FileCaching, LeaseId, OpenAsk};
+use nimbus_state::share_modes::leave_rule;
+use nimbus_state::{FileKey, FileRecord, OpenRecord, ShareModes, SharingError, StateError};
+
+use super::{caching_of, changed_opens, record_key, wake, Oplocks, Summary, Target};
+
+/// One CREATE's or close's change of a shared file's records.
+#[derive(Clone, Copy)]
+pub(super) enum Step {
+    /// A CREATE: its share modes checked, then its caching contention (as
+    /// `ShareModes::add_open`, then `Oplocks::contend`).
+    Open { ask: OpenAsk, open: OpenRecord },
+    /// A close: out of the share modes, unless it is the last open of a
+    /// delete-pending file, and out of the caching (as
+    /// `remove_open_unless_last_of_deleted`, then `Oplocks::forget`).
+    Close { open_id: u64 },
+}
+
+/// What came of a step.
+pub(super) enum Stepped {
+    Opened(Contention),
+    /// Whether the open left the records (false: the last open of a
+    /// delete-pending file, nothing done; its close goes step by step).
+    Closed(bool),
+}
+
+/// What a step's rule did to the records, before they are written.
+enum Applied {
+    Refused(SharingError),
+    Opened(Contention, Vec<Target>),
+    LastOfDeleted,
+    Closed {
+        open_id: u64,
+        ended_break: bool,
+        gone: Vec<LeaseId>,
+    },
+}
+
+/// A step's outcome; None: the records are not written together here.
+pub(super) type Outcome = Option<Result<Stepped, SharingError>>;
+
+#[derive(Default)]
+struct Gathering {
+    /// Steps waiting for the next write, in the order they came.
+    steps: Vec<(u64, Step)>,
+    /// Whether a thread is writing steps of the file now.
+    writing: bool,
+    /// Outcomes of written steps, until their threads take them.
+    done: HashMap<u64, Outcome>,
+}
+
+/// The steps of shared files waiting to be written, per file.
+#[derive(Default)]
+pub(super) struct Gatherings {
+    files: Mutex<HashMap<FileKey, Gathering>>,
+    written: Condvar,
+    next: AtomicU64,
+}
+
+/// Ends a write of gathered steps however it ends: their outcomes go to
+/// their threads (an error for each, if the write did not finish), and
+/// the next steps may be written.
+struct Writing<'a> {
+    gatherings: &'a Gatherings,
+    file: FileKey,
+    tickets: Vec<u64>,
+    outcomes: Option<Vec<Outcome>>,
+}
+
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        let outcomes = self.outcomes.take().unwrap_or_else(|| {
+            self.tickets
+                .iter()
+                .map(|_| Some(Err(unfinished())))
+                .collect()
+        });
+        let mut files = nimbus_state::blocking::lock(&self.gatherings.files);
+        let entry = files.entry(self.file).or_default();
+        entry.writing = false;
+        entry
+            .done
+            .extend(self.tickets.iter().copied().zip(outcomes));
+        drop(files);
+        self.gatherings.written.notify_all();
+    }
+}
+
+fn unfinished() -> SharingError {
+    SharingError::Store(StateError::Unavailable(
+        "a write of a file's records did not finish".into(),
+    ))
+}
+
+/// The same error for another step (a write's error is every step's).
+fn copy_error(e: &SharingError) -> SharingError {
+    match e {
+        SharingError::Violation => SharingError::Violation,
+        SharingError::DeletePending => SharingError::DeletePending,
+        SharingError::Store(e) => SharingError::Store(e.clone_message()),
+    }
+}
+
+impl Oplocks {
+    /// Runs `step` on `file`'s share-mode and caching records, written
+    /// with the other steps of the file that come meanwhile. None: the
+    /// file's records are not written together here (this node holds
+    /// them, or the store is a single node's), and nothing was done.
+    pub(super) fn together(&self, file: FileKey, step: Step, share_modes: &ShareModes) -> Outcome {
+        if self.store.is_local(&record_key(file)) {
+            return None;
+        }
+        let g = &self.gatherings;
+        let ticket = g.next.fetch_add(1, Ordering::Relaxed);
+        let mut files = nimbus_state::blocking::lock(&g.files);
+        files.entry(file).or_default().steps.push((ticket, step));
+        loop {
+            let entry = files.entry(file).or_default();
+            if let Some(outcome) = entry.done.remove(&ticket) {
+                if entry.steps.is_empty() && entry.done.is_empty() && !entry.writing {
+                    files.remove(&file);
+                }
+                return outcome;
+            }
+            if !entry.writing {
+                // This thread writes what has gathered, its own step and
+                // those that came while the last write was under way.
+                entry.writing = true;
+                let steps = std::mem::take(&mut entry.steps);
+                drop(files);
+                let mut writing = Writing {
+                    gatherings: g,
+                    file,
+                    tickets: steps.iter().map(|(t, _)| *t).collect(),
+                    outcomes: None,
+                };
+                writing.outcomes = Some(self.write_steps(file, &steps, share_modes));
+                drop(writing);
+                files = nimbus_state::blocking::lock(&g.files);
+                continue;
+            }
+            files = nimbus_state::blocking::off_worker(|| {
+                g.written.wait(files).unwrap_or_else(|p| p.into_inner())
+            });
+        }
+    }
+
+    /// Applies `steps` in order to the file's records and writes them in
+    /// one transaction, then does here what each step's own update would
+    /// have done (breaks sent, waiters woken, the table settled).
+    fn write_steps(
+        &self,
+        file: FileKey,
+        steps: &[(u64, Step)],
+        share_modes: &ShareModes,
+    ) -> Vec<Outcome> {
+        let mut t = self.table();
+        let watch = self.watching();
+        let written =
+            share_modes.update_with(file, &record_key(file), |rec, s: &mut FileCaching| {
+                let before = if watch { caching_of(s) } else { Vec::new() };
+                let applied: Vec<Applied> = steps
+                    .iter()
+                    .map(|(_, step)| self.apply_step(share_modes, rec, s, step))
+                    .collect();
+                let mut summary = Summary::of(s);
+                if watch {
+                    summary.changed = changed_opens(&before, s);
+                }
+                (applied, summary)
+            });
+        let (applied, summary) = match written {
+            None => return steps.iter().map(|_| None).collect(),
+            Some(Err(e)) => return steps.iter().map(|_| Some(Err(copy_error(&e)))).collect(),
+            Some(Ok(v)) => v,
+        };
+        let mut sends = Vec::new();
+        let (mut closed, mut ended_break) = (false, false);
+        let mut outcomes = Vec::with_capacity(applied.len());
+        for a in applied {
+            outcomes.push(Some(match a {
+                Applied::Refused(e) => Err(e),
+                Applied::Opened(c, to) => {
+                    sends.extend(self.prepare_breaks(&mut t, file, to));
+                    Ok(Stepped::Opened(c))
+                }
+                Applied::LastOfDeleted => Ok(Stepped::Closed(false)),
+                Applied::Closed {
+                    open_id,
+                    ended_break: ended,
+                    gone,
+                } => {
+                    self.notifier.unregister(open_id);
+                    closed = true;
+                    ended_break |= ended;
+                    for id in gone {
+                        t.lease_files.remove(&id);
+                    }
+                    Ok(Stepped::Closed(true))
+                }
+            }));
+        }
+        // As `forget`: requests waiting on a break that ended with a
+        // closed open, or on a file no longer breaking, go on.
+        let woken = match t.files.get_mut(&file) {
+            Some(local) if closed && (ended_break || !summary.breaking) => {
+                std::mem::take(&mut local.waiters)
+            }
+            _ => Vec::new(),
+        };
+        t.settle(file, &summary);
+        self.count_dirs(&t);
+        let touched = std::mem::take(&mut t.dirs_touched);
+        drop(t);
+        self.publish_dirs(touched);
+        self.send(file, sends);
+        self.tell(summary.changed);
+        wake(woken);
+        outcomes
+    }
+
+    /// One step's rules, on the records as the steps before it left them.
+    fn apply_step(
+        &self,
+        share_modes: &ShareModes,
+        rec: &mut FileRecord,
+        s: &mut FileCaching,
+        step: &Step,
+    ) -> Applied {
+        match *step {
+            Step::Open { ask, open } => match share_modes.admit_rule(rec, open) {
+                Err(e) => Applied::Refused(e),
+                Ok(()) => {
+                    let (c, to) = self.contend_rule(s, &ask);
+                    Applied::Opened(c, to)
+                }
+            },
+            Step::Close { open_id } => {
+                if leave_rule(rec, open_id) {
+                    return Applied::LastOfDeleted;
+                }
+                let (ended_break, gone) = s.remove_open_and_leases(open_id);
+                Applied::Closed {
+                    open_id,
+                    ended_break,
+                    gone,
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use nimbus_state::caching::Want;
+    use nimbus_state::conformance::SharedMemory;
+    use nimbus_state::records::{self, CACHING_PREFIX};
+
+    use super::*;
+
+    const K: FileKey = FileKey { dev: 1, ino: 7 };
+    const READ_DATA: u32 = 0x1;
+    const WRITE_DATA: u32 = 0x2;
+    const SHARE_READ: u32 = 0x1;
+
+    fn opening(open_id: u64, access: u32) -> (OpenAsk, OpenRecord) {
+        let ask = OpenAsk {
+            open_id,
+            access,
+            overwrite: false,
+            sharing_violation: false,
+            is_dir: false,
+            has_byte_range_locks: false,
+            want: Want::Nothing,
+        };
+        let open = OpenRecord {
+            open_id,
+            access,
+            share_access: SHARE_READ,
+        };
+        (ask, open)
+    }
+
+    /// The opens the file's share-mode and caching records name.
+    fn named(sm: &ShareModes, store: &SharedMemory) -> (Vec<u64>, Vec<u64>) {
+        let shared = sm
+            .record(K)
+            .unwrap()
+            .opens
+            .iter()
+            .map(|o| o.open_id)
+            .collect();
+        let key = K.record_key(CACHING_PREFIX);
+        let caching = records::read::<FileCaching>(store, &key).unwrap();
+        (shared, caching.opens.iter().map(|o| o.open_id).collect())
+    }
+
+    /// How many steps of the file wait for the next write.
+    fn gathered(o: &Oplocks) -> usize {
+        let files = o.gatherings.files.lock().unwrap();
+        files.get(&K).map_or(0, |g| g.steps.len())
+    }
+
+    #[test]
+    fn opens_and_closes_that_come_during_a_write_go_in_the_next_one() {
+        let store = Arc::new(SharedMemory::default());
+        let oplocks = Arc::new(Oplocks::new(Duration::from_secs(35), store.clone()));
+        let sm = Arc::new(ShareModes::new(store.clone()));
+        // Four readers, one write each (each alone).
+        for id in 1..=4 {
+            let (ask, open) = opening(id, READ_DATA);
+            let c = oplocks
+                .contend_opening(K, &ask, &sm, open)
+                .unwrap()
+                .unwrap();
+            assert!(!c.wait);
+        }
+        assert_eq!(store.writes(), 4);
+        assert_eq!(named(&sm, &store), (vec![1, 2, 3, 4], vec![1, 2, 3, 4]));
+
+        // Reader 1's close is being written when three more steps come:
+        // reader 2 closes, a writer opens (refused: readers 3 and 4 share
+        // only reading), reader 3 closes.
+        store.close_gate();
+        let first = {
+            let (o, s) = (oplocks.clone(), sm.clone());
+            std::thread::spawn(move || o.forget_closing(K, 1, &s))
+        };
+        store.wait_held(1);
+        let steps: Vec<_> = [(2, None), (5, Some(WRITE_DATA)), (3, None)]
+            .into_iter()
+            .map(|(id, writing)| {
+                let (o, s) = (oplocks.clone(), sm.clone());
+                let thread = std::thread::spawn(move || match writing {
+                    None => o
+                        .forget_closing(K, id, &s)
+                        .map(|r| r.map(|left| left.to_string())),
+                    Some(access) => {
+                        let (ask, open) = opening(id, access);
+                        o.contend_opening(K, &ask, &s, open)
+                            .map(|r| r.map(|c| format!("{c:?}")))
+                    }
+                });
+                // One at a time, so that the test knows their order.
+                let before = gathered(&oplocks);
+                let deadline = std::time::Instant::now() + Duration::from_secs(10);
+                while gathered(&oplocks) == before {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "step {id} never gathered"
+                    );
+                    std::thread::yield_now();
+                }
+                thread
+            })
+            .collect();
+        // None of them wrote: they wait for the write under way.
+        assert_eq!(store.writes(), 4);
+        store.open_gate();
+        assert!(matches!(first.join().unwrap(), Some(Ok(true))));
+        let outcomes: Vec<String> = steps
+            .into_iter()
+            .map(|t| match t.join().unwrap() {
+                Some(Ok(s)) => s,
+                Some(Err(SharingError::Violation)) => "violation".into(),
+                other => format!("{:?}", other.map(|r| r.is_ok())),
+            })
+            .collect();
+        assert_eq!(outcomes[0], "true");
+        assert_eq!(outcomes[1], "violation");
+        assert_eq!(outcomes[2], "true");
+        // Reader 1's close, then the three steps together: two writes.
+        assert_eq!(store.writes(), 6);
+        assert_eq!(named(&sm, &store), (vec![4], vec![4]));
+    }
+}
