@@ -67,6 +67,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use nimbus_state::caching::BreakOrder;
 use nimbus_state::durable_record::{Answered, DurableOpen, OPEN_PREFIX};
 use nimbus_state::etcd_store::{Cmp, Op};
 use nimbus_state::records::Record;
@@ -745,11 +746,7 @@ pub fn closed(server: &Server, open_id: u64) {
 /// ends the break as on one node (a durable open closes, a persistent
 /// one's is taken as acknowledged: `take_over`). Whether it was such an
 /// open.
-pub fn forward_break(
-    server: &Arc<Server>,
-    open_id: u64,
-    order: &nimbus_state::caching::BreakOrder,
-) -> bool {
+pub fn forward_break(server: &Arc<Server>, open_id: u64, order: &BreakOrder) -> bool {
     let Some(m) = &server.cluster else {
         return false;
     };
@@ -767,56 +764,77 @@ pub fn forward_break(
         // and writes to etcd, and the messages behind this one (other
         // opens' breaks) do not wait for it.
         None => {
-            if lock_taking_back().insert(open_id) {
-                let (server, order) = (server.clone(), *order);
-                let spawned = std::thread::Builder::new()
-                    .name("nimbus-take-back".into())
-                    .spawn(move || {
-                        take_back(&server, open_id, &order);
-                        lock_taking_back().remove(&open_id);
-                    });
-                if let Err(e) = spawned {
-                    tracing::warn!("cluster: taking open {open_id:#x} back: {e}");
-                    lock_taking_back().remove(&open_id);
+            {
+                let mut taking = lock_taking_back();
+                if let Some(queued) = taking.get_mut(&open_id) {
+                    // Its take-back is under way: this break follows it.
+                    queued.push(*order);
+                    return true;
                 }
+                taking.insert(open_id, vec![*order]);
+            }
+            let server = server.clone();
+            let spawned = std::thread::Builder::new()
+                .name("nimbus-take-back".into())
+                .spawn(move || take_back_all(&server, open_id));
+            if let Err(e) = spawned {
+                tracing::warn!("cluster: taking open {open_id:#x} back: {e}");
+                lock_taking_back().remove(&open_id);
             }
             true
         }
     }
 }
 
-/// Let-go opens being taken back (`forward_break`), so that more breaks
-/// for one start no second take-back.
-static TAKING_BACK: std::sync::LazyLock<std::sync::Mutex<HashSet<u64>>> =
+/// Let-go opens being taken back (`forward_break`), each with the breaks
+/// for it that came meanwhile (handled in order once it is here).
+static TAKING_BACK: std::sync::LazyLock<std::sync::Mutex<HashMap<u64, Vec<BreakOrder>>>> =
     std::sync::LazyLock::new(Default::default);
 
-fn lock_taking_back() -> std::sync::MutexGuard<'static, HashSet<u64>> {
+fn lock_taking_back() -> std::sync::MutexGuard<'static, HashMap<u64, Vec<BreakOrder>>> {
     crate::session::lock(&TAKING_BACK)
+}
+
+/// Handles the breaks queued for a let-go open being taken back, the
+/// first of which started it, until none is left.
+fn take_back_all(server: &Arc<Server>, open_id: u64) {
+    loop {
+        let orders = {
+            let mut taking = lock_taking_back();
+            match taking.get_mut(&open_id) {
+                Some(queued) if !queued.is_empty() => std::mem::take(queued),
+                _ => {
+                    taking.remove(&open_id);
+                    return;
+                }
+            }
+        };
+        for order in &orders {
+            take_back(server, open_id, order);
+        }
+    }
 }
 
 /// Takes back a let-go open that nobody holds, which ends `order` as on
 /// one node (`take_over`); twice at most, as a node may claim it between
 /// the look and the take (the break then goes to it).
-fn take_back(server: &Arc<Server>, open_id: u64, order: &nimbus_state::caching::BreakOrder) {
+fn take_back(server: &Arc<Server>, open_id: u64, order: &BreakOrder) {
     let Some(m) = &server.cluster else {
         return;
     };
     for _ in 0..2 {
         match holder_of(m, open_id) {
             Some(h) if !m.runs(h) => return post_to_holder(m, h, open_id, order),
-            Some(_) => return,
+            // Here (taken back by this break or one before it): it ends
+            // as on one node.
+            Some(_) => return server.oplocks.deliver_here(open_id, *order),
             None if claim(server, open_id, None) => return,
             None => {}
         }
     }
 }
 
-fn post_to_holder(
-    m: &crate::cluster::Membership,
-    holder: u64,
-    open_id: u64,
-    order: &nimbus_state::caching::BreakOrder,
-) {
+fn post_to_holder(m: &crate::cluster::Membership, holder: u64, open_id: u64, order: &BreakOrder) {
     if m.post_break(holder, open_id, order) {
         tracing::debug!("cluster: break for open {open_id:#x} forwarded to incarnation {holder}");
     }

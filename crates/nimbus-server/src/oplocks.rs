@@ -1352,7 +1352,7 @@ mod tests {
     use super::*;
     use nimbus_state::MemoryStore;
 
-    fn route() -> Route {
+    pub(super) fn route() -> Route {
         Route {
             conn: Weak::new(),
             session: Weak::new(),

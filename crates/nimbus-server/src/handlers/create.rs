@@ -333,6 +333,9 @@ fn open_or_create(
     // (their cached writes flushed, their cached handles closed), and the
     // CREATE waits for their acknowledgements.
     let mut registered = None;
+    // Whether the open's caching entry was written with its share modes
+    // (`Oplocks::contend_opening`): its admit then writes nothing more.
+    let mut counted = false;
     // A stream's open is also one of its file's (create_stream::BaseEntry).
     let base_entry = match &base {
         Some(b) => Some(create_stream::BaseEntry::add(
@@ -418,7 +421,12 @@ fn open_or_create(
             Err(e) => return Err(sharing_status(&e).into()),
         };
         let contention = match contended {
-            Some(c) => c,
+            Some(c) => {
+                // Counted among the file's caching opens in the same write
+                // (unless it waits).
+                counted = !c.wait;
+                c
+            }
             None => ctx.server.oplocks.contend(key, &ask),
         };
         if contention.wait {
@@ -691,11 +699,9 @@ fn open_or_create(
         file_id,
         seal: break_cipher(&session, &tree),
     };
-    let granted_caching = if registered.is_some() {
-        // `contend` counted it among the file's opens.
+    let granted_caching = if counted {
         ctx.server.oplocks.admit_counted(key, &ask, route)
     } else if recorded {
-        // A file this CREATE made: nothing counted it yet.
         ctx.server.oplocks.admit(key, &ask, route)
     } else {
         Granted::Oplock(oplock_level::NONE)

@@ -62,6 +62,17 @@ enum Applied {
     },
 }
 
+/// What a write of steps leaves to do outside the table and the batch.
+#[derive(Default)]
+struct AfterWrite {
+    touched: Vec<FileKey>,
+    sends: Vec<Target>,
+    /// Opens that left: their breaks no longer end here.
+    left: Vec<u64>,
+    changed: Vec<u64>,
+    woken: Vec<super::Waiter>,
+}
+
 /// A step's outcome; None: the records are not written together here.
 pub(super) type Outcome = Option<Result<Stepped, SharingError>>;
 
@@ -160,8 +171,13 @@ impl Oplocks {
                     tickets: steps.iter().map(|(t, _)| *t).collect(),
                     outcomes: None,
                 };
-                writing.outcomes = Some(self.write_steps(file, &steps, share_modes));
+                let (outcomes, after) = self.write_steps(file, &steps, share_modes);
+                writing.outcomes = Some(outcomes);
                 drop(writing);
+                // Once the next steps may be written: a break sent to a
+                // disconnected durable open closes it, and that close is
+                // a step of this file.
+                self.after_write(file, after);
                 files = nimbus_state::blocking::lock(&g.files);
                 continue;
             }
@@ -172,14 +188,15 @@ impl Oplocks {
     }
 
     /// Applies `steps` in order to the file's records and writes them in
-    /// one transaction, then does here what each step's own update would
-    /// have done (breaks sent, waiters woken, the table settled).
+    /// one transaction, and settles the table as each step's own update
+    /// would have; what is then to be done outside the table and the
+    /// batch (`after_write`) comes back with the outcomes.
     fn write_steps(
         &self,
         file: FileKey,
         steps: &[(u64, Step)],
         share_modes: &ShareModes,
-    ) -> Vec<Outcome> {
+    ) -> (Vec<Outcome>, AfterWrite) {
         let mut t = self.table();
         let watch = self.watching();
         let written =
@@ -196,11 +213,15 @@ impl Oplocks {
                 (applied, summary)
             });
         let (applied, summary) = match written {
-            None => return steps.iter().map(|_| None).collect(),
-            Some(Err(e)) => return steps.iter().map(|_| Some(Err(copy_error(&e)))).collect(),
+            None => return (steps.iter().map(|_| None).collect(), AfterWrite::default()),
+            Some(Err(e)) => {
+                let outcomes = steps.iter().map(|_| Some(Err(copy_error(&e)))).collect();
+                return (outcomes, AfterWrite::default());
+            }
             Some(Ok(v)) => v,
         };
         let mut sends = Vec::new();
+        let mut left = Vec::new();
         let (mut closed, mut ended_break) = (false, false);
         let mut outcomes = Vec::with_capacity(applied.len());
         for a in applied {
@@ -216,7 +237,7 @@ impl Oplocks {
                     ended_break: ended,
                     gone,
                 } => {
-                    self.notifier.unregister(open_id);
+                    left.push(open_id);
                     closed = true;
                     ended_break |= ended;
                     for id in gone {
@@ -238,11 +259,29 @@ impl Oplocks {
         self.count_dirs(&t);
         let touched = std::mem::take(&mut t.dirs_touched);
         drop(t);
-        self.publish_dirs(touched);
-        self.send(file, sends);
-        self.tell(summary.changed);
-        wake(woken);
-        outcomes
+        let after = AfterWrite {
+            touched,
+            sends,
+            left,
+            changed: summary.changed,
+            woken,
+        };
+        (outcomes, after)
+    }
+
+    /// What a write of steps leaves to do once the table and the batch
+    /// are free: in the order a step-by-step open and close would have
+    /// done it (an open's breaks are sent before a later step's close
+    /// takes its open's route away: a lease's break goes to its first
+    /// open, which may be that one).
+    fn after_write(&self, file: FileKey, after: AfterWrite) {
+        self.publish_dirs(after.touched);
+        self.send(file, after.sends);
+        for open_id in after.left {
+            self.notifier.unregister(open_id);
+        }
+        self.tell(after.changed);
+        wake(after.woken);
     }
 
     /// One step's rules, on the records as the steps before it left them.
@@ -293,6 +332,10 @@ mod tests {
     const SHARE_READ: u32 = 0x1;
 
     fn opening(open_id: u64, access: u32) -> (OpenAsk, OpenRecord) {
+        opening_for(open_id, access, Want::Nothing)
+    }
+
+    fn opening_for(open_id: u64, access: u32, want: Want) -> (OpenAsk, OpenRecord) {
         let ask = OpenAsk {
             open_id,
             access,
@@ -300,7 +343,7 @@ mod tests {
             sharing_violation: false,
             is_dir: false,
             has_byte_range_locks: false,
-            want: Want::Nothing,
+            want,
         };
         let open = OpenRecord {
             open_id,
@@ -401,5 +444,52 @@ mod tests {
         // Reader 1's close, then the three steps together: two writes.
         assert_eq!(store.writes(), 6);
         assert_eq!(named(&sm, &store), (vec![4], vec![4]));
+    }
+
+    #[test]
+    fn a_close_caused_by_a_written_open_is_written_after_it() {
+        // A break to a disconnected durable open closes that open, and its
+        // close is a step of the same file: it must not wait for the write
+        // that sent the break (it did, forever).
+        let store = Arc::new(SharedMemory::default());
+        let oplocks = Arc::new(Oplocks::new(Duration::from_secs(35), store.clone()));
+        let sm = Arc::new(ShareModes::new(store.clone()));
+        let (o, s) = (Arc::downgrade(&oplocks), sm.clone());
+        oplocks.on_disconnected_break(Box::new(move |open_id, _| {
+            if let Some(o) = o.upgrade() {
+                let _ = o.forget_closing(K, open_id, &s);
+            }
+        }));
+        // Open 1 holds a batch oplock, and its client is gone.
+        let share_all = |(ask, open): (OpenAsk, OpenRecord)| {
+            (
+                ask,
+                OpenRecord {
+                    share_access: 0x7,
+                    ..open
+                },
+            )
+        };
+        let (ask, open) = share_all(opening_for(
+            1,
+            READ_DATA | WRITE_DATA,
+            Want::Oplock(nimbus_state::caching::OPLOCK_BATCH),
+        ));
+        oplocks
+            .contend_opening(K, &ask, &sm, open)
+            .unwrap()
+            .unwrap();
+        oplocks.admit(K, &ask, super::super::tests::route());
+        oplocks.detach(1);
+        // Open 2 breaks it: the break closes open 1, and open 2 goes on.
+        let (ask, open) = share_all(opening(2, READ_DATA | WRITE_DATA));
+        let (done, got) = std::sync::mpsc::channel();
+        let (o, s) = (oplocks.clone(), sm.clone());
+        std::thread::spawn(move || {
+            let _ = done.send(o.contend_opening(K, &ask, &s, open).map(|r| r.is_ok()));
+        });
+        let answer = got.recv_timeout(Duration::from_secs(10));
+        assert!(matches!(answer, Ok(Some(true))), "{answer:?}");
+        assert_eq!(named(&sm, &store).0, vec![2]);
     }
 }
