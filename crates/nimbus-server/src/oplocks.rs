@@ -806,20 +806,38 @@ impl Oplocks {
         gone: Vec<LeaseId>,
         summary: Summary,
     ) {
-        let woken = match t.files.get_mut(&file) {
-            Some(local) if ended_break || !summary.breaking => std::mem::take(&mut local.waiters),
-            _ => Vec::new(),
-        };
-        t.settle(file, &summary);
-        self.count_dirs(&t);
-        for id in gone {
-            t.lease_files.remove(&id);
-        }
-        let touched = std::mem::take(&mut t.dirs_touched);
+        let wake_them = ended_break || !summary.breaking;
+        let (woken, touched) = self.settle_leaving(&mut t, file, wake_them, gone, &summary);
         drop(t);
         self.publish_dirs(touched);
         self.tell(summary.changed);
         wake(woken);
+    }
+
+    /// Settles the table after opens of `file` left its record (`forget`,
+    /// and a batch with closes): with `wake_them` (a break ended with
+    /// them, or none is under way) the requests waiting on the file are
+    /// taken, to be woken; the leases that went with them are forgotten.
+    /// The waiters, and the directories whose leases other nodes must
+    /// hear of.
+    fn settle_leaving(
+        &self,
+        t: &mut Table,
+        file: FileKey,
+        wake_them: bool,
+        gone: Vec<LeaseId>,
+        summary: &Summary,
+    ) -> (Vec<Waiter>, Vec<FileKey>) {
+        let woken = match t.files.get_mut(&file) {
+            Some(local) if wake_them => std::mem::take(&mut local.waiters),
+            _ => Vec::new(),
+        };
+        t.settle(file, summary);
+        self.count_dirs(t);
+        for id in gone {
+            t.lease_files.remove(&id);
+        }
+        (woken, std::mem::take(&mut t.dirs_touched))
     }
 
     /// Parks a request until the file's breaks end; `wake` retries it. If

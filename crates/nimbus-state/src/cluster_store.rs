@@ -964,6 +964,7 @@ impl StateStore for ClusterStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::conformance::Raw;
     use crate::etcd_test_cluster::Cluster;
     use std::sync::atomic::AtomicBool;
 
@@ -1039,22 +1040,6 @@ mod tests {
             if let Some(t) = self.server.take() {
                 let _ = t.join();
             }
-        }
-    }
-
-    /// A record that is its bytes.
-    #[derive(Default, Clone)]
-    struct Raw(Vec<u8>);
-
-    impl crate::records::Record for Raw {
-        fn encode(&self) -> Vec<u8> {
-            self.0.clone()
-        }
-        fn decode(b: &[u8]) -> Result<Self, StateError> {
-            Ok(Raw(b.to_vec()))
-        }
-        fn is_empty(&self) -> bool {
-            self.0.is_empty()
         }
     }
 

@@ -196,6 +196,22 @@ fn concurrent_updates_lose_nothing(s: &dyn StateStore) {
     assert_eq!(records::read::<Counter>(s, key).unwrap(), Counter(100));
 }
 
+/// A record that is its bytes, for tests of what stores do with records.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Raw(pub Vec<u8>);
+
+impl Record for Raw {
+    fn encode(&self) -> Vec<u8> {
+        self.0.clone()
+    }
+    fn decode(b: &[u8]) -> Result<Self, StateError> {
+        Ok(Raw(b.to_vec()))
+    }
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
 /// A store as a cluster node sees the records of a file several nodes
 /// share, for tests of what is built on `records::update_both`: no record
 /// is local, and records are written together (in memory, under one lock).

@@ -212,13 +212,18 @@ fn both_in_turn<A: Record, B: Record, T, E: From<StateError>>(
             }
             return Some(out);
         }
-        let writes: Vec<Together<'_>> = (0..2)
-            .map(|i| Together {
+        // The encoded records move into the write, and back into the
+        // memos once written: no copy of them is made.
+        let kept = [unchanged(0), unchanged(1)];
+        let writes: Vec<Together<'_>> = values
+            .into_iter()
+            .enumerate()
+            .map(|(i, value)| Together {
                 key: keys[i],
                 expected: current[i].as_ref().map(|v| v.version),
-                change: match &values[i] {
-                    _ if unchanged(i) => Change::Keep,
-                    Some(v) => Change::Put(v.clone()),
+                change: match value {
+                    _ if kept[i] => Change::Keep,
+                    Some(v) => Change::Put(v),
                     None => Change::Delete,
                 },
             })
@@ -232,13 +237,12 @@ fn both_in_turn<A: Record, B: Record, T, E: From<StateError>>(
                 return None;
             }
             Ok(Some(Ok(versions))) if versions.len() == keys.len() => {
-                for (i, value) in values.into_iter().enumerate() {
-                    let record = match &writes[i].change {
-                        Change::Keep => current[i].clone(),
-                        _ => value.map(|value| Versioned {
-                            version: versions[i],
-                            value,
-                        }),
+                let written = writes.into_iter().zip(current).zip(versions);
+                for (i, ((w, before), version)) in written.enumerate() {
+                    let record = match w.change {
+                        Change::Keep => before,
+                        Change::Put(value) => Some(Versioned { version, value }),
+                        Change::Delete => None,
                     };
                     memos[i] = Some(Memo {
                         key: keys[i].to_vec(),

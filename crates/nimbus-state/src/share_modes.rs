@@ -400,20 +400,7 @@ mod tests {
     }
 
     /// A second record of the file, for the tests: its opens' ids.
-    #[derive(Default)]
-    struct Ids(Vec<u8>);
-
-    impl Record for Ids {
-        fn encode(&self) -> Vec<u8> {
-            self.0.clone()
-        }
-        fn decode(b: &[u8]) -> Result<Self, StateError> {
-            Ok(Ids(b.to_vec()))
-        }
-        fn is_empty(&self) -> bool {
-            self.0.is_empty()
-        }
-    }
+    use crate::conformance::Raw as Ids;
 
     #[test]
     fn opens_and_closes_write_the_share_modes_and_another_record_together_where_shared() {

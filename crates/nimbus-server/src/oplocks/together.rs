@@ -221,7 +221,7 @@ impl Oplocks {
             Some(Ok(v)) => v,
         };
         let mut sends = Vec::new();
-        let mut left = Vec::new();
+        let (mut left, mut gone_leases) = (Vec::new(), Vec::new());
         let (mut closed, mut ended_break) = (false, false);
         let mut outcomes = Vec::with_capacity(applied.len());
         for a in applied {
@@ -240,24 +240,15 @@ impl Oplocks {
                     left.push(open_id);
                     closed = true;
                     ended_break |= ended;
-                    for id in gone {
-                        t.lease_files.remove(&id);
-                    }
+                    gone_leases.extend(gone);
                     Ok(Stepped::Closed(true))
                 }
             }));
         }
         // As `forget`: requests waiting on a break that ended with a
         // closed open, or on a file no longer breaking, go on.
-        let woken = match t.files.get_mut(&file) {
-            Some(local) if closed && (ended_break || !summary.breaking) => {
-                std::mem::take(&mut local.waiters)
-            }
-            _ => Vec::new(),
-        };
-        t.settle(file, &summary);
-        self.count_dirs(&t);
-        let touched = std::mem::take(&mut t.dirs_touched);
+        let wake_them = closed && (ended_break || !summary.breaking);
+        let (woken, touched) = self.settle_leaving(&mut t, file, wake_them, gone_leases, &summary);
         drop(t);
         let after = AfterWrite {
             touched,
