@@ -20,6 +20,9 @@ and one of opens for data:
   one connection (process i on node i mod 3), opening one file for
   reading and closing it: contended opens that take part in the sharing
   check and are recorded, as a program's users opening its shared files.
+- **mixed**: the distinct case, measured while MIXED_NOISE more
+  processes run the shared-data loop on one file beside (not counted):
+  what a file the nodes share costs the other files of the same nodes.
 
 Rows: the cluster (3 nodes on 127.0.0.1-3 on one 3-member etcd cluster,
 all on this machine), one Nimbus node (embedded store), one smbd; each
@@ -46,6 +49,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from datetime import date
@@ -63,6 +67,8 @@ from side_by_side import PASSWORD, SHARE, USER, start_nimbus, start_smbd  # noqa
 MARK_BEGIN = "<!-- cluster: begin (written by bench/cluster_contention.py) -->"
 MARK_END = "<!-- cluster: end -->"
 HOSTS = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+# Processes opening the shared file beside the measured ones in `mixed`.
+MIXED_NOISE = 6
 # etcd's count of answered key-value calls (Range, Txn, Put, DeleteRange).
 KV_REQUESTS = re.compile(r'^grpc_server_handled_total\{[^}]*grpc_service="etcdserverpb\.KV"[^}]*\} (\S+)$', re.M)
 
@@ -150,6 +156,7 @@ def rate_of(proc: subprocess.Popen, seconds: int, what: str) -> tuple[float, int
 
 
 def run_case(target: Target, case: str, nprocs: int, seconds: int, work: Path, idle: tuple[float, float]) -> dict:
+    noise = None
     before = target.revision() if target.etcd else 0
     requests_before = target.requests() if target.etcd else 0
     started = time.monotonic()
@@ -157,7 +164,18 @@ def run_case(target: Target, case: str, nprocs: int, seconds: int, work: Path, i
         (target.share_dir / "shared-data.dat").write_bytes(b"x")
         opens, rate = data_open_loop.run(target.hosts, target.port, SHARE, USER, PASSWORD, "shared-data.dat", nprocs, seconds)
         results = [(rate, opens)]
-    elif case == "distinct":
+    elif case in ("distinct", "mixed"):
+        if case == "mixed":
+            (target.share_dir / "shared-data.dat").write_bytes(b"x")
+            hosts, port = target.hosts, target.port
+            noise = threading.Thread(
+                target=data_open_loop.run,
+                args=(hosts, port, SHARE, USER, PASSWORD, "shared-data.dat", MIXED_NOISE, seconds + 4),
+            )
+            noise.start()
+            # Its processes log on and start opening before the measured
+            # ones do; it runs until after they end.
+            time.sleep(2)
         for i in range(nprocs):
             (target.share_dir / f"own-{i}.dat").write_bytes(b"x")
         procs = [torture(target, target.hosts[i % len(target.hosts)], f"own-{i}.dat", 1, seconds, None) for i in range(nprocs)]
@@ -170,6 +188,8 @@ def run_case(target: Target, case: str, nprocs: int, seconds: int, work: Path, i
         procs = [torture(target, target.hosts[0], "shared.dat", nprocs, seconds, unclist)]
     if case != "shared-data":
         results = [rate_of(p, seconds, f"{target.name}, {case}, nprocs {nprocs}") for p in procs]
+    if case == "mixed" and noise:
+        noise.join()
     elapsed = time.monotonic() - started
     row = {"rate": sum(r for r, _ in results)}
     if target.etcd:
@@ -221,7 +241,7 @@ def main() -> int:
     ap.add_argument("--output", default=str(REPO / "BENCHMARKS.md"))
     ap.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
     ap.add_argument("--no-check-perf", action="store_true", help="skip etcdctl check perf --load=l (60 s)")
-    ap.add_argument("--cases", nargs="+", default=["distinct", "shared", "shared-data"], choices=["distinct", "shared", "shared-data"])
+    ap.add_argument("--cases", nargs="+", default=["distinct", "shared", "shared-data", "mixed"], choices=["distinct", "shared", "shared-data", "mixed"])
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs) under /dev/shm")
     args = ap.parse_args()
     for tool in ("smbtorture", "etcd", "etcdctl"):
@@ -290,7 +310,11 @@ def render(results: dict, nprocs: list[int], perf: str, seconds: int) -> str:
         "(`torture:unclist`); its opens are for attributes only. *shared-data*: one file opened for",
         "reading (GENERIC_READ, sharing everything, no oplock) and closed by nprocs raw-SMB client",
         "processes (bench/data_open_loop.py), process i on node i mod 3; every open is recorded",
-        "among the file's opens. All three nodes, the three etcd members, Samba and the clients share",
+        "among the file's opens. *mixed*: the distinct case's rate while "
+        + f"{MIXED_NOISE} more processes run the shared-data loop beside it (their opens",
+        "not counted in the rate; etcd txn/open is all writes, theirs included, over the measured",
+        "opens): what a file the nodes share costs the other files of the same nodes.",
+        "All three nodes, the three etcd members, Samba and the clients share",
         f"this machine's 2 cores. etcd ceiling (`etcdctl check perf --load=l`, same cluster): {perf}.",
         "*etcd txn/open*: write transactions (etcd's revision advance) per open; *etcd",
         "requests/open*: every key-value call, reads included (the members' Prometheus counters);",
@@ -299,7 +323,7 @@ def render(results: dict, nprocs: list[int], perf: str, seconds: int) -> str:
         "| case | nprocs | 3-node cluster | etcd txn/open | etcd requests/open | one Nimbus node | Samba | cluster / one node | cluster / Samba |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for case in ("distinct", "shared", "shared-data"):
+    for case in ("distinct", "shared", "shared-data", "mixed"):
         for n in nprocs:
             if ("cluster", case, n) not in results:
                 continue

@@ -8,10 +8,12 @@
 //! each holder's client, behind the `Notifier` that sends break
 //! notifications (MS-SMB2 3.3.4.6 and 3.3.4.7).
 //!
-//! One node-local mutex orders this node's steps on the table, so that a
+//! A file's turn (`turns`) orders this node's steps on that file, from
+//! the read of its record to the table settled after the write, so that a
 //! waiter parked after reading "breaking" cannot miss the acknowledgement
 //! that ends the break; the record's compare-and-set orders them against
-//! other writers of the store.
+//! other writers of the store. The table's own lock is held only while
+//! the table is read or changed, never across a store call.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -34,6 +36,7 @@ use crate::security::SessionCipher;
 use crate::session::{lock, Session};
 
 mod together;
+mod turns;
 
 /// How to reach the client of one open.
 #[derive(Clone)]
@@ -306,6 +309,9 @@ fn targets(s: &FileCaching, breaks: &[BreakOrder]) -> Vec<Target> {
 
 pub struct Oplocks {
     table: Arc<Mutex<Table>>,
+    /// Each file's turn, held from a read of its record to the table
+    /// settled after the write (`turns`).
+    turns: Arc<turns::Turns>,
     store: Arc<dyn StateStore>,
     notifier: Arc<LocalNotifier>,
     break_timeout: Duration,
@@ -377,18 +383,25 @@ fn summarized<T>(
 }
 
 impl Oplocks {
-    /// The node's caching table. On a cluster node whoever holds it may be
-    /// waiting on etcd (a file being handed over from another node, up to
-    /// twice the node TTL): a request that finds it taken waits off its
-    /// runtime worker, so that one slow hand-over does not stop the whole
-    /// runtime (other connections' reads and writes, the writers, accept).
+    /// The node's caching table, held for moments: no store call is made
+    /// under it (a file's turn orders those).
     fn table(&self) -> MutexGuard<'_, Table> {
-        nimbus_state::blocking::lock(&self.table)
+        lock(&self.table)
+    }
+
+    /// `file`'s turn. On a cluster node whoever holds it may be waiting
+    /// on etcd (a file being handed over from another node, up to twice
+    /// the node TTL): a request that finds it taken waits off its runtime
+    /// worker, so that one slow hand-over does not stop the whole runtime
+    /// (other connections' reads and writes, the writers, accept).
+    fn turn(&self, file: FileKey) -> turns::Turn<'_> {
+        self.turns.take(file)
     }
 
     pub fn new(break_timeout: Duration, store: Arc<dyn StateStore>) -> Oplocks {
         Oplocks {
             table: Arc::new(Mutex::new(Table::default())),
+            turns: Arc::default(),
             store,
             notifier: Arc::new(LocalNotifier::default()),
             break_timeout,
@@ -497,10 +510,10 @@ impl Oplocks {
     /// that a racing open cannot be granted write caching beside it); it
     /// must be `admit`ted or `forget`ten.
     pub fn contend(&self, file: FileKey, ask: &OpenAsk) -> Contention {
-        let t = self.table();
+        let turn = self.turn(file);
         let rule = |s: &mut FileCaching| self.contend_rule(s, ask);
         match apply(&*self.store, file, self.watching(), rule) {
-            Some(((c, to), summary)) => self.contended(t, file, c, to, summary),
+            Some(((c, to), summary)) => self.contended(turn, file, c, to, summary),
             None => Contention::default(),
         }
     }
@@ -547,16 +560,20 @@ impl Oplocks {
     /// the table settled, those whose caching changed told.
     fn contended(
         &self,
-        mut t: MutexGuard<'_, Table>,
+        turn: turns::Turn<'_>,
         file: FileKey,
         c: Contention,
         to: Vec<Target>,
         summary: Summary,
     ) -> Contention {
+        let mut t = self.table();
         let sends = self.prepare_breaks(&mut t, file, to);
         t.settle(file, &summary);
         self.count_dirs(&t);
         drop(t);
+        // Before the breaks go: one that reaches a disconnected durable
+        // open closes it, and that close takes the file's turn.
+        drop(turn);
         self.send(file, sends);
         self.tell(summary.changed);
         c
@@ -587,6 +604,7 @@ impl Oplocks {
     /// (`crate::failover`): its grant is in the file's record already;
     /// this node learns its lease and keeps it disconnected.
     pub fn take_over(&self, file: FileKey, open_id: u64) {
+        let _turn = self.turn(file);
         let s = records::read::<FileCaching>(&*self.store, &record_key(file)).unwrap_or_default();
         {
             let mut t = self.table();
@@ -720,15 +738,26 @@ impl Oplocks {
 
     /// Records an open that went ahead and returns what it was granted.
     pub fn admit(&self, file: FileKey, ask: &OpenAsk, route: Route) -> Granted {
-        let mut t = self.table();
+        let turn = self.turn(file);
         let mut ask = *ask;
+        // The key this admit put in `lease_files`, taken out again if the
+        // record cannot be written.
+        let mut claimed = None;
         if let Want::Lease { id, .. } = ask.want {
             // `lease_fits` was asked before the file was opened; a CREATE
             // naming the same key on another file may have been granted
             // its lease meanwhile. A key names one file: this open gets no
-            // lease (found by the state_rules fuzz target).
-            if t.lease_files.get(&id).is_some_and(|k| *k != file) {
-                ask.want = Want::Nothing;
+            // lease (found by the state_rules fuzz target). The key is
+            // claimed for this file before the record is written, since
+            // another file's admit may be writing its record meanwhile.
+            let mut t = self.table();
+            match t.lease_files.get(&id) {
+                Some(k) if *k != file => ask.want = Want::Nothing,
+                Some(_) => {}
+                None => {
+                    t.lease_files.insert(id, file);
+                    claimed = Some(id);
+                }
             }
         }
         let ask = &ask;
@@ -736,11 +765,14 @@ impl Oplocks {
             s.opens.retain(|o| o.open_id != ask.open_id);
             s.admit(ask)
         }) else {
+            if let Some(id) = claimed {
+                self.table().lease_files.remove(&id);
+            }
             return nothing_granted(ask);
         };
         self.notifier.register(ask.open_id, route);
-        if let Want::Lease { id, .. } = ask.want {
-            t.lease_files.insert(id, file);
+        let mut t = self.table();
+        if let Want::Lease { .. } = ask.want {
             if ask.is_dir && t.dirs.insert(file) {
                 t.dirs_touched.push(file);
             }
@@ -749,6 +781,7 @@ impl Oplocks {
         self.count_dirs(&t);
         let touched = std::mem::take(&mut t.dirs_touched);
         drop(t);
+        drop(turn);
         // Other nodes learn of a directory lease before its client does.
         self.publish_dirs(touched);
         // The new open's own record is written by its CREATE; a lease it
@@ -763,12 +796,12 @@ impl Oplocks {
     /// Wakes the requests waiting on a break that went with it.
     pub fn forget(&self, file: FileKey, open_id: u64) {
         self.notifier.unregister(open_id);
-        let t = self.table();
+        let turn = self.turn(file);
         let rule = |s: &mut FileCaching| s.remove_open_and_leases(open_id);
         if let Some(((ended_break, gone), summary)) =
             apply(&*self.store, file, self.watching(), rule)
         {
-            self.forgotten(t, file, ended_break, gone, summary);
+            self.forgotten(turn, file, ended_break, gone, summary);
         }
     }
 
@@ -800,15 +833,17 @@ impl Oplocks {
     /// that ended woken, the table settled, leases that went forgotten.
     fn forgotten(
         &self,
-        mut t: MutexGuard<'_, Table>,
+        turn: turns::Turn<'_>,
         file: FileKey,
         ended_break: bool,
         gone: Vec<LeaseId>,
         summary: Summary,
     ) {
         let wake_them = ended_break || !summary.breaking;
+        let mut t = self.table();
         let (woken, touched) = self.settle_leaving(&mut t, file, wake_them, gone, &summary);
         drop(t);
+        drop(turn);
         self.publish_dirs(touched);
         self.tell(summary.changed);
         wake(woken);
@@ -848,11 +883,12 @@ impl Oplocks {
             let _ = RUNTIME.set(rt);
         }
         let now = {
-            let mut t = self.table();
+            let _turn = self.turn(file);
             let breaking = records::read::<FileCaching>(&*self.store, &record_key(file))
                 .map(|s| s.breaking())
                 .unwrap_or(false);
             if breaking {
+                let mut t = self.table();
                 t.files.entry(file).or_default().waiters.push(Waiter {
                     async_id,
                     wake: wake_fn,
@@ -875,8 +911,9 @@ impl Oplocks {
     /// with its timer) are taken as done.
     pub fn retry(&self, file: FileKey) {
         let (woken, changed) = {
-            let mut t = self.table();
-            let Some(oldest) = t
+            let _turn = self.turn(file);
+            let Some(oldest) = self
+                .table()
                 .files
                 .get(&file)
                 .and_then(|l| l.waiters.iter().map(|w| w.since).min())
@@ -900,6 +937,7 @@ impl Oplocks {
             }) else {
                 return;
             };
+            let mut t = self.table();
             let woken = match t.files.get_mut(&file) {
                 Some(local) if !summary.breaking => std::mem::take(&mut local.waiters),
                 _ => Vec::new(),
@@ -972,7 +1010,7 @@ impl Oplocks {
         mut f: impl FnMut(&mut FileCaching) -> Result<Acked, AckError>,
     ) -> AckOutcome {
         let (outcome, sends, woken, changed) = {
-            let mut t = self.table();
+            let _turn = self.turn(file);
             let Some((r, summary)) = apply(&*self.store, file, self.watching(), |s| {
                 f(s).map(|acked| {
                     let follow: Vec<BreakOrder> = acked.follow_up.into_iter().collect();
@@ -985,6 +1023,7 @@ impl Oplocks {
                 Ok(v) => v,
                 Err(e) => return AckOutcome::Refused(e),
             };
+            let mut t = self.table();
             let woken = match t.files.get_mut(&file) {
                 Some(local) if !summary.breaking => std::mem::take(&mut local.waiters),
                 _ => Vec::new(),
@@ -1049,21 +1088,24 @@ impl Oplocks {
         file: FileKey,
         mut rule: impl FnMut(&mut FileCaching) -> T,
     ) -> T::Extra {
+        // Grants of another node's clients are in a record this node does
+        // not own: it is read. A single node (no liveness to ask) owns
+        // every record, and asks nothing per WRITE, not even a turn. A
+        // grant whose admit is settling meanwhile is taken as coming after
+        // this change: its CREATE has not been answered yet.
+        let shared = self.gone.is_some() && !self.store.is_local(&record_key(file));
+        if !shared && !self.table().granted.contains(&file) {
+            return T::Extra::default();
+        }
         let (extra, sends, changed) = {
-            let mut t = self.table();
-            // Grants of another node's clients are in a record this node
-            // does not own: it is read. A single node (no liveness to ask)
-            // owns every record, and asks nothing per WRITE.
-            let shared = self.gone.is_some() && !self.store.is_local(&record_key(file));
-            if !t.granted.contains(&file) && !shared {
-                return T::Extra::default();
-            }
+            let _turn = self.turn(file);
             let Some(((extra, to), summary)) = apply(&*self.store, file, self.watching(), |s| {
                 let (breaks, extra) = rule(s).split();
                 (extra, targets(s, &breaks))
             }) else {
                 return T::Extra::default();
             };
+            let mut t = self.table();
             let sends = self.prepare_breaks(&mut t, file, to);
             t.settle(file, &summary);
             (extra, sends, summary.changed)
@@ -1094,26 +1136,29 @@ impl Oplocks {
 
     fn start_timer(&self, file: FileKey, holder: Holder, serial: u64) {
         let table = Arc::downgrade(&self.table);
+        let turns = self.turns.clone();
         let store = self.store.clone();
         let on_changed = self.on_changed.clone();
         let after = self.break_timeout;
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        rt.spawn(async move {
-            tokio::time::sleep(after).await;
+        let timed_out = move || {
             let Some(table) = table.upgrade() else {
                 return;
             };
             let (woken, changed) = {
-                let mut t = lock(&table);
-                let Some(local) = t.files.get_mut(&file) else {
-                    return;
-                };
-                if local.break_serial.get(&holder) != Some(&serial) {
-                    return;
+                let _turn = turns.take(file);
+                {
+                    let mut t = lock(&table);
+                    let Some(local) = t.files.get_mut(&file) else {
+                        return;
+                    };
+                    if local.break_serial.get(&holder) != Some(&serial) {
+                        return;
+                    }
+                    local.break_serial.remove(&holder);
                 }
-                local.break_serial.remove(&holder);
                 let watch = on_changed.get().is_some();
                 let Some((timed_out, summary)) =
                     apply(&*store, file, watch, |s| s.break_timed_out(holder))
@@ -1124,6 +1169,7 @@ impl Oplocks {
                     return;
                 }
                 log_timeout(holder, after);
+                let mut t = lock(&table);
                 let woken = match t.files.get_mut(&file) {
                     Some(local) if !summary.breaking => std::mem::take(&mut local.waiters),
                     _ => Vec::new(),
@@ -1135,6 +1181,12 @@ impl Oplocks {
                 f(&changed);
             }
             wake(woken);
+        };
+        rt.spawn(async move {
+            tokio::time::sleep(after).await;
+            // The file's turn may be held across an etcd round trip: not
+            // waited for on a runtime worker.
+            let _ = tokio::task::spawn_blocking(timed_out).await;
         });
     }
 
@@ -1383,6 +1435,19 @@ mod tests {
         }
     }
 
+    /// An open for reading data, asking for `want`.
+    fn reading(open_id: u64, want: Want) -> OpenAsk {
+        OpenAsk {
+            open_id,
+            access: 0x1,
+            overwrite: false,
+            sharing_violation: false,
+            is_dir: false,
+            has_byte_range_locks: false,
+            want,
+        }
+    }
+
     #[test]
     fn racing_creates_cannot_put_one_lease_key_on_two_files() {
         let oplocks = Oplocks::new(Duration::from_secs(35), Arc::new(MemoryStore::new()));
@@ -1391,20 +1456,17 @@ mod tests {
             key: [2; 16],
         };
         let (x, y) = (FileKey { dev: 1, ino: 1 }, FileKey { dev: 1, ino: 2 });
-        let ask = |open_id| OpenAsk {
-            open_id,
-            access: 0x1,
-            overwrite: false,
-            sharing_violation: false,
-            is_dir: false,
-            has_byte_range_locks: false,
-            want: Want::Lease {
-                id,
-                state: caching::READ,
-                version: 2,
-                parent_key: None,
-                epoch: 0,
-            },
+        let ask = |open_id| {
+            reading(
+                open_id,
+                Want::Lease {
+                    id,
+                    state: caching::READ,
+                    version: 2,
+                    parent_key: None,
+                    epoch: 0,
+                },
+            )
         };
         // Both CREATEs check the key before either is granted.
         assert!(oplocks.lease_fits(id, Some(x)) && oplocks.lease_fits(id, Some(y)));
@@ -1427,6 +1489,57 @@ mod tests {
         assert!(oplocks.lease_fits(id, Some(x)) && !oplocks.lease_fits(id, Some(y)));
         oplocks.forget(x, 1);
         assert!(oplocks.lease_fits(id, Some(y)));
+    }
+
+    #[test]
+    fn a_slow_write_of_one_file_holds_up_no_other_files_caching() {
+        // On a cluster node a shared file's write is an etcd round trip,
+        // and one of a file being handed over waits for its owner. The
+        // node's other files must not wait with it (they did: the whole
+        // table was locked across the write).
+        use nimbus_state::conformance::SharedMemory;
+        let store = Arc::new(SharedMemory::default());
+        let oplocks = Arc::new(Oplocks::new(Duration::from_secs(35), store.clone()));
+        let (slow, other) = (FileKey { dev: 1, ino: 1 }, FileKey { dev: 1, ino: 2 });
+        let ask = |open_id| reading(open_id, Want::Oplock(caching::OPLOCK_BATCH));
+        store.close_gate_on(&record_key(slow));
+        let opening = {
+            let o = oplocks.clone();
+            std::thread::spawn(move || o.contend(slow, &ask(1)))
+        };
+        store.wait_held(1);
+
+        // Another file's open and close go through meanwhile.
+        let (done, got) = std::sync::mpsc::channel();
+        {
+            let o = oplocks.clone();
+            std::thread::spawn(move || {
+                o.contend(other, &ask(2));
+                let granted = o.admit(other, &ask(2), route());
+                o.forget(other, 2);
+                let _ = done.send(granted);
+            });
+        }
+        let granted = got.recv_timeout(Duration::from_secs(10));
+        assert_eq!(granted, Ok(Granted::Oplock(caching::OPLOCK_BATCH)));
+
+        // The slow file's own next change waits for its turn, and is
+        // applied after the held one.
+        let closing = {
+            let o = oplocks.clone();
+            std::thread::spawn(move || o.forget(slow, 1))
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while oplocks.turns.waiting(slow) == 0 {
+            assert!(Instant::now() < deadline, "the close never waited");
+            std::thread::yield_now();
+        }
+        store.open_gate();
+        assert!(!opening.join().unwrap().wait);
+        closing.join().unwrap();
+        let s = records::read::<FileCaching>(&*store, &record_key(slow)).unwrap();
+        assert!(s.is_empty(), "the close was applied before the open");
+        assert!(oplocks.turns.waiting(slow) == 0 && oplocks.waiting_files().is_empty());
     }
 
     #[test]

@@ -229,6 +229,8 @@ pub struct SharedMemory {
 #[derive(Default)]
 struct Gate {
     closed: bool,
+    /// With Some, only writes of this key are held.
+    only: Option<Vec<u8>>,
     /// Writes waiting at the closed gate.
     held: usize,
 }
@@ -241,12 +243,25 @@ impl SharedMemory {
 
     /// Holds every write from now on at the gate.
     pub fn close_gate(&self) {
-        self.gate.lock().unwrap().closed = true;
+        let mut g = self.gate.lock().unwrap();
+        g.closed = true;
+        g.only = None;
+    }
+
+    /// Holds the writes of `key` from now on at the gate (a record whose
+    /// write is slow, such as one etcd must hand over); others pass.
+    pub fn close_gate_on(&self, key: &[u8]) {
+        let mut g = self.gate.lock().unwrap();
+        g.closed = true;
+        g.only = Some(key.to_vec());
     }
 
     /// Lets the writes held go on.
     pub fn open_gate(&self) {
-        self.gate.lock().unwrap().closed = false;
+        let mut g = self.gate.lock().unwrap();
+        g.closed = false;
+        g.only = None;
+        drop(g);
         self.gate_moved.notify_all();
     }
 
@@ -258,9 +273,13 @@ impl SharedMemory {
         }
     }
 
-    fn pass_gate(&self) {
+    fn pass_gate<'k>(&self, mut keys: impl Iterator<Item = &'k [u8]>) {
         let mut g = self.gate.lock().unwrap();
-        if g.closed {
+        let held_here = match &g.only {
+            None => true,
+            Some(only) => keys.any(|k| k == only.as_slice()),
+        };
+        if g.closed && held_here {
             g.held += 1;
             self.gate_moved.notify_all();
             while g.closed {
@@ -282,7 +301,7 @@ impl StateStore for SharedMemory {
         expected: Option<u64>,
         value: Option<Vec<u8>>,
     ) -> Result<Option<u64>, StateError> {
-        self.pass_gate();
+        self.pass_gate(std::iter::once(key));
         let _one = self.writing.lock().unwrap();
         self.writes.fetch_add(1, Ordering::SeqCst);
         self.records.compare_and_set(key, expected, value)
@@ -301,7 +320,7 @@ impl StateStore for SharedMemory {
     }
 
     fn compare_and_set_together(&self, writes: &[Together<'_>]) -> Result<Written, StateError> {
-        self.pass_gate();
+        self.pass_gate(writes.iter().map(|w| w.key));
         let _one = self.writing.lock().unwrap();
         self.writes.fetch_add(1, Ordering::SeqCst);
         let now: Vec<Option<Versioned>> = writes

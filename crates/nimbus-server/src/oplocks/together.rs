@@ -197,7 +197,7 @@ impl Oplocks {
         steps: &[(u64, Step)],
         share_modes: &ShareModes,
     ) -> (Vec<Outcome>, AfterWrite) {
-        let mut t = self.table();
+        let turn = self.turn(file);
         let watch = self.watching();
         let written =
             share_modes.update_with(file, &record_key(file), |rec, s: &mut FileCaching| {
@@ -220,6 +220,7 @@ impl Oplocks {
             }
             Some(Ok(v)) => v,
         };
+        let mut t = self.table();
         let mut sends = Vec::new();
         let (mut left, mut gone_leases) = (Vec::new(), Vec::new());
         let (mut closed, mut ended_break) = (false, false);
@@ -250,6 +251,7 @@ impl Oplocks {
         let wake_them = closed && (ended_break || !summary.breaking);
         let (woken, touched) = self.settle_leaving(&mut t, file, wake_them, gone_leases, &summary);
         drop(t);
+        drop(turn);
         let after = AfterWrite {
             touched,
             sends,
