@@ -20,6 +20,9 @@ and one of opens for data:
   one connection (process i on node i mod 3), opening one file for
   reading and closing it: contended opens that take part in the sharing
   check and are recorded, as a program's users opening its shared files.
+- **shared-lease**: shared-data, each process asking for a read and
+  handle lease of its own, as Windows does when it opens a file to read:
+  every open is granted one and every close lets it go.
 - **mixed**: the distinct case, measured while MIXED_NOISE more
   processes run the shared-data loop on one file beside (not counted):
   what a file the nodes share costs the other files of the same nodes.
@@ -67,6 +70,7 @@ from side_by_side import PASSWORD, SHARE, USER, start_nimbus, start_smbd  # noqa
 MARK_BEGIN = "<!-- cluster: begin (written by bench/cluster_contention.py) -->"
 MARK_END = "<!-- cluster: end -->"
 HOSTS = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+CASES = ["distinct", "shared", "shared-data", "shared-lease", "mixed"]
 # Processes opening the shared file beside the measured ones in `mixed`.
 MIXED_NOISE = 6
 # etcd's count of answered key-value calls (Range, Txn, Put, DeleteRange).
@@ -160,9 +164,10 @@ def run_case(target: Target, case: str, nprocs: int, seconds: int, work: Path, i
     before = target.revision() if target.etcd else 0
     requests_before = target.requests() if target.etcd else 0
     started = time.monotonic()
-    if case == "shared-data":
+    if case in ("shared-data", "shared-lease"):
         (target.share_dir / "shared-data.dat").write_bytes(b"x")
-        opens, rate = data_open_loop.run(target.hosts, target.port, SHARE, USER, PASSWORD, "shared-data.dat", nprocs, seconds)
+        lease = case == "shared-lease"
+        opens, rate = data_open_loop.run(target.hosts, target.port, SHARE, USER, PASSWORD, "shared-data.dat", nprocs, seconds, lease)
         results = [(rate, opens)]
     elif case in ("distinct", "mixed"):
         if case == "mixed":
@@ -186,7 +191,7 @@ def run_case(target: Target, case: str, nprocs: int, seconds: int, work: Path, i
             unclist = work / "unclist"
             unclist.write_text("".join(f"//{h}/{SHARE}\n" for h in target.hosts))
         procs = [torture(target, target.hosts[0], "shared.dat", nprocs, seconds, unclist)]
-    if case != "shared-data":
+    if case not in ("shared-data", "shared-lease"):
         results = [rate_of(p, seconds, f"{target.name}, {case}, nprocs {nprocs}") for p in procs]
     if case == "mixed" and noise:
         noise.join()
@@ -241,7 +246,7 @@ def main() -> int:
     ap.add_argument("--output", default=str(REPO / "BENCHMARKS.md"))
     ap.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
     ap.add_argument("--no-check-perf", action="store_true", help="skip etcdctl check perf --load=l (60 s)")
-    ap.add_argument("--cases", nargs="+", default=["distinct", "shared", "shared-data", "mixed"], choices=["distinct", "shared", "shared-data", "mixed"])
+    ap.add_argument("--cases", nargs="+", default=CASES, choices=CASES)
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs) under /dev/shm")
     args = ap.parse_args()
     for tool in ("smbtorture", "etcd", "etcdctl"):
@@ -310,7 +315,8 @@ def render(results: dict, nprocs: list[int], perf: str, seconds: int) -> str:
         "(`torture:unclist`); its opens are for attributes only. *shared-data*: one file opened for",
         "reading (GENERIC_READ, sharing everything, no oplock) and closed by nprocs raw-SMB client",
         "processes (bench/data_open_loop.py), process i on node i mod 3; every open is recorded",
-        "among the file's opens. *mixed*: the distinct case's rate while "
+        "among the file's opens. *shared-lease*: shared-data, each process asking for a read and",
+        "handle lease of its own (as Windows does opening a file to read). *mixed*: the distinct case's rate while "
         + f"{MIXED_NOISE} more processes run the shared-data loop beside it (their opens",
         "not counted in the rate; etcd txn/open is all writes, theirs included, over the measured",
         "opens): what a file the nodes share costs the other files of the same nodes.",
@@ -323,7 +329,7 @@ def render(results: dict, nprocs: list[int], perf: str, seconds: int) -> str:
         "| case | nprocs | 3-node cluster | etcd txn/open | etcd requests/open | one Nimbus node | Samba | cluster / one node | cluster / Samba |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for case in ("distinct", "shared", "shared-data", "mixed"):
+    for case in CASES:
         for n in nprocs:
             if ("cluster", case, n) not in results:
                 continue

@@ -535,7 +535,7 @@ impl Oplocks {
         let step = together::Step::Open { ask: *ask, open };
         Some(match self.together(file, step, share_modes)? {
             Ok(together::Stepped::Opened(c)) => Ok(c),
-            Ok(together::Stepped::Closed(_)) => Err(SharingError::Store(StateError::Unavailable(
+            Ok(_) => Err(SharingError::Store(StateError::Unavailable(
                 "an open's write came back as a close's".into(),
             ))),
             Err(e) => Err(e),
@@ -719,21 +719,41 @@ impl Oplocks {
         }
     }
 
-    /// `admit` for an open `contend` counted among the file's opens: one
-    /// that asks to cache nothing it could be granted changes nothing
-    /// more in the record, so the record is not written or read again
-    /// (a round trip on a file cluster nodes share).
-    pub fn admit_counted(&self, file: FileKey, ask: &OpenAsk, route: Route) -> Granted {
+    /// `admit` for an open `contend_opening` counted among the file's
+    /// opens. One that asks to cache nothing it could be granted changes
+    /// nothing more in the record, so the record is not written or read
+    /// again (a round trip on a file cluster nodes share). One that asks
+    /// for caching is written with the file's other CREATEs and closes
+    /// that come on this node meanwhile (`together`), where it would be a
+    /// transaction of its own.
+    pub fn admit_counted(
+        &self,
+        file: FileKey,
+        ask: &OpenAsk,
+        route: Route,
+        share_modes: &ShareModes,
+    ) -> Granted {
         let nothing = match ask.want {
             Want::Nothing => true,
             Want::Oplock(_) => ask.is_dir || caching::stat_open(ask.access),
             Want::Lease { .. } => false,
         };
-        if !nothing {
-            return self.admit(file, ask, route);
+        if nothing {
+            self.notifier.register(ask.open_id, route);
+            return Granted::Oplock(caching::OPLOCK_NONE);
         }
-        self.notifier.register(ask.open_id, route);
-        Granted::Oplock(caching::OPLOCK_NONE)
+        // Routed before the write: once it is written, another node may
+        // break the grant at once, and its break must find the open.
+        self.notifier.register(ask.open_id, route.clone());
+        match self.together(file, together::Step::Admit { ask: *ask }, share_modes) {
+            None => self.admit(file, ask, route),
+            Some(Ok(together::Stepped::Admitted(granted))) => granted,
+            Some(Err(e)) => {
+                tracing::error!("caching state of {file:?}: {e:?}");
+                nothing_granted(ask)
+            }
+            Some(Ok(_)) => nothing_granted(ask),
+        }
     }
 
     /// Records an open that went ahead and returns what it was granted.
@@ -743,6 +763,10 @@ impl Oplocks {
         // The key this admit put in `lease_files`, taken out again if the
         // record cannot be written.
         let mut claimed = None;
+        // Marked as holding grants before the write (settled after it): a
+        // delete or rename of the file meanwhile must look at the record,
+        // or the new grant would keep handle caching it ought to break.
+        let marked = self.mark_granted(file, &ask);
         if let Want::Lease { id, .. } = ask.want {
             // `lease_fits` was asked before the file was opened; a CREATE
             // naming the same key on another file may have been granted
@@ -765,8 +789,12 @@ impl Oplocks {
             s.opens.retain(|o| o.open_id != ask.open_id);
             s.admit(ask)
         }) else {
+            let mut t = self.table();
             if let Some(id) = claimed {
-                self.table().lease_files.remove(&id);
+                t.lease_files.remove(&id);
+            }
+            if marked {
+                t.granted.remove(&file);
             }
             return nothing_granted(ask);
         };
@@ -790,6 +818,13 @@ impl Oplocks {
         changed.retain(|id| *id != ask.open_id);
         self.tell(changed);
         granted
+    }
+
+    /// Marks `file` as holding grants ahead of a write that may grant
+    /// `ask` one (`contend_with` reads only files so marked); whether it
+    /// was not marked before, to be unmarked if the write fails.
+    fn mark_granted(&self, file: FileKey, ask: &OpenAsk) -> bool {
+        !matches!(ask.want, Want::Nothing) && self.table().granted.insert(file)
     }
 
     /// Forgets an open: closed, or its CREATE failed after `contend`.
@@ -822,7 +857,7 @@ impl Oplocks {
         let step = together::Step::Close { open_id };
         Some(match self.together(file, step, share_modes)? {
             Ok(together::Stepped::Closed(left)) => Ok(left),
-            Ok(together::Stepped::Opened(_)) => Err(SharingError::Store(StateError::Unavailable(
+            Ok(_) => Err(SharingError::Store(StateError::Unavailable(
                 "a close's write came back as an open's".into(),
             ))),
             Err(e) => Err(e),
@@ -1182,8 +1217,21 @@ impl Oplocks {
             }
             wake(woken);
         };
+        let current = Arc::downgrade(&self.table);
         rt.spawn(async move {
             tokio::time::sleep(after).await;
+            // A break acknowledged (or followed by a newer one) meanwhile
+            // is let be here: serials only ever leave the table.
+            let stale = current.upgrade().is_none_or(|t| {
+                lock(&t)
+                    .files
+                    .get(&file)
+                    .and_then(|l| l.break_serial.get(&holder))
+                    != Some(&serial)
+            });
+            if stale {
+                return;
+            }
             // The file's turn may be held across an etcd round trip: not
             // waited for on a runtime worker.
             let _ = tokio::task::spawn_blocking(timed_out).await;

@@ -700,7 +700,9 @@ fn open_or_create(
         seal: break_cipher(&session, &tree),
     };
     let granted_caching = if counted {
-        ctx.server.oplocks.admit_counted(key, &ask, route)
+        ctx.server
+            .oplocks
+            .admit_counted(key, &ask, route, &ctx.server.share_modes)
     } else if recorded {
         ctx.server.oplocks.admit(key, &ask, route)
     } else {

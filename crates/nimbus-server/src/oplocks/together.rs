@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 
-use nimbus_state::caching::{Contention, FileCaching, LeaseId, OpenAsk};
+use nimbus_state::caching::{Contention, FileCaching, Granted, LeaseId, OpenAsk, Want};
 use nimbus_state::share_modes::leave_rule;
 use nimbus_state::{FileKey, FileRecord, OpenRecord, ShareModes, SharingError, StateError};
 
@@ -40,6 +40,10 @@ pub(super) enum Step {
     /// delete-pending file, and out of the caching (as
     /// `remove_open_unless_last_of_deleted`, then `Oplocks::forget`).
     Close { open_id: u64 },
+    /// A CREATE that went ahead, counted by its `Open` step, is granted
+    /// the caching it asked for (as `Oplocks::admit`); the share modes
+    /// are only compared.
+    Admit { ask: OpenAsk },
 }
 
 /// What came of a step.
@@ -48,6 +52,7 @@ pub(super) enum Stepped {
     /// Whether the open left the records (false: the last open of a
     /// delete-pending file, nothing done; its close goes step by step).
     Closed(bool),
+    Admitted(Granted),
 }
 
 /// What a step's rule did to the records, before they are written.
@@ -60,6 +65,7 @@ enum Applied {
         ended_break: bool,
         gone: Vec<LeaseId>,
     },
+    Admitted(OpenAsk, Granted),
 }
 
 /// What a write of steps leaves to do outside the table and the batch.
@@ -198,27 +204,38 @@ impl Oplocks {
         share_modes: &ShareModes,
     ) -> (Vec<Outcome>, AfterWrite) {
         let turn = self.turn(file);
+        let (steps, claimed, marked) = self.claim_for_admits(file, steps);
         let watch = self.watching();
         let written =
             share_modes.update_with(file, &record_key(file), |rec, s: &mut FileCaching| {
                 let before = if watch { caching_of(s) } else { Vec::new() };
                 let applied: Vec<Applied> = steps
                     .iter()
-                    .map(|(_, step)| self.apply_step(share_modes, rec, s, step))
+                    .map(|step| self.apply_step(share_modes, rec, s, step))
                     .collect();
                 let mut summary = Summary::of(s);
                 if watch {
                     summary.changed = changed_opens(&before, s);
+                    summary.changed.retain(|id| !told_by_create(&steps, *id));
                 }
                 (applied, summary)
             });
         let (applied, summary) = match written {
-            None => return (steps.iter().map(|_| None).collect(), AfterWrite::default()),
-            Some(Err(e)) => {
-                let outcomes = steps.iter().map(|_| Some(Err(copy_error(&e)))).collect();
+            Some(Ok(v)) => v,
+            not_written => {
+                let mut t = self.table();
+                for id in claimed {
+                    t.lease_files.remove(&id);
+                }
+                if marked {
+                    t.granted.remove(&file);
+                }
+                let outcomes = match not_written {
+                    Some(Err(e)) => steps.iter().map(|_| Some(Err(copy_error(&e)))).collect(),
+                    _ => steps.iter().map(|_| None).collect(),
+                };
                 return (outcomes, AfterWrite::default());
             }
-            Some(Ok(v)) => v,
         };
         let mut t = self.table();
         let mut sends = Vec::new();
@@ -233,6 +250,14 @@ impl Oplocks {
                     Ok(Stepped::Opened(c))
                 }
                 Applied::LastOfDeleted => Ok(Stepped::Closed(false)),
+                Applied::Admitted(ask, granted) => {
+                    // As `admit`: other nodes learn of a directory lease
+                    // before its client does (`after_write`).
+                    if ask.is_dir && matches!(ask.want, Want::Lease { .. }) && t.dirs.insert(file) {
+                        t.dirs_touched.push(file);
+                    }
+                    Ok(Stepped::Admitted(granted))
+                }
                 Applied::Closed {
                     open_id,
                     ended_break: ended,
@@ -304,8 +329,67 @@ impl Oplocks {
                     gone,
                 }
             }
+            Step::Admit { ask } => {
+                s.opens.retain(|o| o.open_id != ask.open_id);
+                Applied::Admitted(ask, s.admit(&ask))
+            }
         }
     }
+
+    /// As `admit` does before its write: a lease key names one file, so
+    /// an admit whose key another file holds gets no lease, and a key no
+    /// file holds is claimed for this one; and the file is marked as
+    /// holding grants (all given back if the write does not happen). The
+    /// steps as they are to be applied, the keys claimed, and whether the
+    /// file was marked here.
+    fn claim_for_admits(
+        &self,
+        file: FileKey,
+        steps: &[(u64, Step)],
+    ) -> (Vec<Step>, Vec<LeaseId>, bool) {
+        let mut claimed = Vec::new();
+        let mut t = self.table();
+        let admits = steps
+            .iter()
+            .any(|(_, s)| matches!(s, Step::Admit { ask } if !matches!(ask.want, Want::Nothing)));
+        let marked = admits && t.granted.insert(file);
+        let steps = steps
+            .iter()
+            .map(|(_, step)| match *step {
+                Step::Admit { mut ask } => {
+                    if let Want::Lease { id, .. } = ask.want {
+                        match t.lease_files.get(&id) {
+                            Some(k) if *k != file => ask.want = Want::Nothing,
+                            Some(_) => {}
+                            None => {
+                                t.lease_files.insert(id, file);
+                                claimed.push(id);
+                            }
+                        }
+                    }
+                    Step::Admit { ask }
+                }
+                other => other,
+            })
+            .collect();
+        (steps, claimed, marked)
+    }
+}
+
+/// Whether the change of `open_id`'s caching in a write of `steps` is its
+/// CREATE's to record: it was admitted, and no later step opened or
+/// admitted (and so could have broken or joined its grant). As `admit`,
+/// which does not tell the server of its own open.
+fn told_by_create(steps: &[Step], open_id: u64) -> bool {
+    let Some(at) = steps
+        .iter()
+        .position(|s| matches!(s, Step::Admit { ask } if ask.open_id == open_id))
+    else {
+        return false;
+    };
+    !steps[at + 1..]
+        .iter()
+        .any(|s| matches!(s, Step::Open { .. } | Step::Admit { .. }))
 }
 
 #[cfg(test)]
@@ -437,6 +521,76 @@ mod tests {
         // Reader 1's close, then the three steps together: two writes.
         assert_eq!(store.writes(), 6);
         assert_eq!(named(&sm, &store), (vec![4], vec![4]));
+    }
+
+    #[test]
+    fn admits_of_leases_that_come_during_a_write_go_in_the_next_one() {
+        // Windows asks for a lease with every open: each admit would be a
+        // transaction of its own on a file the nodes share.
+        use nimbus_state::caching::{HANDLE, READ};
+        let store = Arc::new(SharedMemory::default());
+        let oplocks = Arc::new(Oplocks::new(Duration::from_secs(35), store.clone()));
+        let sm = Arc::new(ShareModes::new(store.clone()));
+        let lease = |id: u64| LeaseId {
+            client: [1; 16],
+            key: [id as u8; 16],
+        };
+        let asks: Vec<OpenAsk> = (1..=3)
+            .map(|id| {
+                let want = Want::Lease {
+                    id: lease(id),
+                    state: READ | HANDLE,
+                    version: 2,
+                    parent_key: None,
+                    epoch: 0,
+                };
+                let (ask, open) = opening_for(id, READ_DATA, want);
+                let c = oplocks
+                    .contend_opening(K, &ask, &sm, open)
+                    .unwrap()
+                    .unwrap();
+                assert!(!c.wait);
+                ask
+            })
+            .collect();
+        assert_eq!(store.writes(), 3);
+
+        // Open 1's admit is being written when the other two come.
+        store.close_gate();
+        let admit = |ask: OpenAsk| {
+            let (o, s) = (oplocks.clone(), sm.clone());
+            std::thread::spawn(move || o.admit_counted(K, &ask, super::super::tests::route(), &s))
+        };
+        let first = admit(asks[0]);
+        store.wait_held(1);
+        let later: Vec<_> = asks[1..]
+            .iter()
+            .map(|ask| {
+                let before = gathered(&oplocks);
+                let thread = admit(*ask);
+                let deadline = std::time::Instant::now() + Duration::from_secs(10);
+                while gathered(&oplocks) == before {
+                    assert!(std::time::Instant::now() < deadline, "admit never gathered");
+                    std::thread::yield_now();
+                }
+                thread
+            })
+            .collect();
+        store.open_gate();
+        for t in std::iter::once(first).chain(later) {
+            assert!(matches!(
+                t.join().unwrap(),
+                Granted::Lease { state, .. } if state == READ | HANDLE
+            ));
+        }
+        // Open 1's admit, then the other two together.
+        assert_eq!(store.writes(), 5);
+        let caching = records::read::<FileCaching>(&*store, &K.record_key(CACHING_PREFIX)).unwrap();
+        assert_eq!(caching.grants.len(), 3);
+        // Each key names this file now, and no other.
+        let elsewhere = FileKey { dev: 1, ino: 8 };
+        assert!((1..=3).all(|id| oplocks.lease_fits(lease(id), Some(K))
+            && !oplocks.lease_fits(lease(id), Some(elsewhere))));
     }
 
     #[test]
