@@ -188,6 +188,10 @@ struct Waiter {
 /// acknowledged, as for a disconnected persistent open on one node).
 pub type Forward = Box<dyn Fn(u64, BreakOrder) -> bool + Send + Sync>;
 
+/// Whether a file holds byte-range locks (`crate::locks::ByteRangeLocks::has_locks`):
+/// a lease or oplock is not granted read or handle caching beside them.
+pub type HasLocks = Box<dyn Fn(FileKey) -> bool + Send + Sync>;
+
 /// Whether an open is stranded: a gone node's persistent open nobody took
 /// over (its breaks are taken as acknowledged).
 pub type Stranded = Box<dyn Fn(u64) -> bool + Send + Sync>;
@@ -334,6 +338,9 @@ pub struct Oplocks {
     publishing: Mutex<()>,
     /// CREATEs and closes of shared files waiting to be written together.
     gatherings: together::Gatherings,
+    /// Whether a file holds byte-range locks, asked by a write of gathered
+    /// admits (once for them all); unset, none does.
+    has_locks: std::sync::OnceLock<HasLocks>,
 }
 
 /// What an acknowledgement came to.
@@ -413,6 +420,7 @@ impl Oplocks {
             elsewhere: std::sync::OnceLock::new(),
             publishing: Mutex::new(()),
             gatherings: together::Gatherings::default(),
+            has_locks: std::sync::OnceLock::new(),
         }
     }
 
@@ -493,6 +501,12 @@ impl Oplocks {
             ended |= s.remove_open(id);
         }
         ended
+    }
+
+    /// Sets how a write of gathered admits learns whether the file holds
+    /// byte-range locks; once, at start.
+    pub fn on_has_locks(&self, f: HasLocks) {
+        let _ = self.has_locks.set(f);
     }
 
     /// Sets what is told of opens whose caching changed; once, at start.

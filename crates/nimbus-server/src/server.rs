@@ -403,6 +403,10 @@ impl Server {
                 }),
             );
         }
+        let weak = Arc::downgrade(&server);
+        server.oplocks.on_has_locks(Box::new(move |file| {
+            weak.upgrade().is_some_and(|s| s.locks.has_locks(file))
+        }));
         // A record follows the caching its open holds: a lease broken from
         // RH to R must not come back with H after a restart or on another
         // node.

@@ -374,11 +374,6 @@ fn open_or_create(
         _ => true,
     };
     if let Some(key) = existing_key.filter(|_| recorded) {
-        // Locks only take read and handle caching away: an open that asks
-        // for none need not know (on a file other cluster nodes share,
-        // knowing is a read of the lock record).
-        ask.has_byte_range_locks =
-            !matches!(ask.want, Want::Nothing) && ctx.server.locks.has_locks(key);
         // Share modes and caching in one write where they would be two
         // etcd transactions (a file cluster nodes share), else one by one.
         let together =
@@ -700,10 +695,19 @@ fn open_or_create(
         seal: break_cipher(&session, &tree),
     };
     let granted_caching = if counted {
+        // Whether the file holds byte-range locks is read by the write of
+        // the admit, once for all the admits written with it.
         ctx.server
             .oplocks
             .admit_counted(key, &ask, route, &ctx.server.share_modes)
     } else if recorded {
+        // Locks only take read and handle caching away: an open that asks
+        // for none need not know (on a file other cluster nodes share,
+        // knowing is a read of the lock record). A file this CREATE made
+        // has none.
+        ask.has_byte_range_locks = existing_key.is_some()
+            && !matches!(ask.want, Want::Nothing)
+            && ctx.server.locks.has_locks(key);
         ctx.server.oplocks.admit(key, &ask, route)
     } else {
         Granted::Oplock(oplock_level::NONE)

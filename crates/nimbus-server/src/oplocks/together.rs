@@ -347,6 +347,15 @@ impl Oplocks {
         file: FileKey,
         steps: &[(u64, Step)],
     ) -> (Vec<Step>, Vec<LeaseId>, bool) {
+        // Byte-range locks take read and handle caching away: an admit
+        // that asks for caching must know of them. One read for all the
+        // admits of the write (on a shared file, a read of the lock
+        // record), before the table is locked.
+        let asking = |ask: &OpenAsk| !matches!(ask.want, Want::Nothing) && !ask.overwrite;
+        let locked = steps
+            .iter()
+            .any(|(_, s)| matches!(s, Step::Admit { ask } if asking(ask)))
+            && self.has_locks.get().is_some_and(|f| f(file));
         let mut claimed = Vec::new();
         let mut t = self.table();
         let admits = steps
@@ -357,6 +366,7 @@ impl Oplocks {
             .iter()
             .map(|(_, step)| match *step {
                 Step::Admit { mut ask } => {
+                    ask.has_byte_range_locks |= locked && asking(&ask);
                     if let Want::Lease { id, .. } = ask.want {
                         match t.lease_files.get(&id) {
                             Some(k) if *k != file => ask.want = Want::Nothing,
@@ -531,6 +541,14 @@ mod tests {
         let store = Arc::new(SharedMemory::default());
         let oplocks = Arc::new(Oplocks::new(Duration::from_secs(35), store.clone()));
         let sm = Arc::new(ShareModes::new(store.clone()));
+        // Whether the file holds byte-range locks: a read of the lock
+        // record on a shared file, asked once per write of admits.
+        let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = asked.clone();
+        oplocks.on_has_locks(Box::new(move |_| {
+            count.fetch_add(1, Ordering::SeqCst);
+            false
+        }));
         let lease = |id: u64| LeaseId {
             client: [1; 16],
             key: [id as u8; 16],
@@ -585,6 +603,7 @@ mod tests {
         }
         // Open 1's admit, then the other two together.
         assert_eq!(store.writes(), 5);
+        assert_eq!(asked.load(Ordering::SeqCst), 2);
         let caching = records::read::<FileCaching>(&*store, &K.record_key(CACHING_PREFIX)).unwrap();
         assert_eq!(caching.grants.len(), 3);
         // Each key names this file now, and no other.
