@@ -316,8 +316,8 @@ def render(results: dict, nprocs: list[int], perf: str, seconds: int) -> str:
         "reading (GENERIC_READ, sharing everything, no oplock) and closed by nprocs raw-SMB client",
         "processes (bench/data_open_loop.py), process i on node i mod 3; every open is recorded",
         "among the file's opens. *shared-lease*: shared-data, each process asking for a read and",
-        "handle lease of its own (as Windows does opening a file to read). *mixed*: the distinct case's rate while "
-        + f"{MIXED_NOISE} more processes run the shared-data loop beside it (their opens",
+        "handle lease of its own (as Windows does opening a file to read). *mixed*: the distinct",
+        f"case's rate while {MIXED_NOISE} more processes run the shared-data loop beside it (their opens",
         "not counted in the rate; etcd txn/open is all writes, theirs included, over the measured",
         "opens): what a file the nodes share costs the other files of the same nodes.",
         "All three nodes, the three etcd members, Samba and the clients share",
