@@ -760,7 +760,14 @@ impl Oplocks {
         // break the grant at once, and its break must find the open.
         self.notifier.register(ask.open_id, route.clone());
         match self.together(file, together::Step::Admit { ask: *ask }, share_modes) {
-            None => self.admit(file, ask, route),
+            None => {
+                // Now decided here, step by step: the lock check the write
+                // would have made is made for this admit alone.
+                let mut ask = *ask;
+                ask.has_byte_range_locks |=
+                    !ask.overwrite && self.has_locks.get().is_some_and(|f| f(file));
+                self.admit(file, &ask, route)
+            }
             Some(Ok(together::Stepped::Admitted(granted))) => granted,
             Some(Err(e)) => {
                 tracing::error!("caching state of {file:?}: {e:?}");

@@ -707,6 +707,7 @@ fn open_or_create(
         // has none.
         ask.has_byte_range_locks = existing_key.is_some()
             && !matches!(ask.want, Want::Nothing)
+            && !ask.overwrite
             && ctx.server.locks.has_locks(key);
         ctx.server.oplocks.admit(key, &ask, route)
     } else {

@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 
-use nimbus_state::caching::{Contention, FileCaching, Granted, LeaseId, OpenAsk, Want};
+use nimbus_state::caching::{Contention, FileCaching, Granted, Holder, LeaseId, OpenAsk, Want};
 use nimbus_state::share_modes::leave_rule;
 use nimbus_state::{FileKey, FileRecord, OpenRecord, ShareModes, SharingError, StateError};
 
@@ -209,10 +209,18 @@ impl Oplocks {
         let written =
             share_modes.update_with(file, &record_key(file), |rec, s: &mut FileCaching| {
                 let before = if watch { caching_of(s) } else { Vec::new() };
-                let applied: Vec<Applied> = steps
+                let mut applied: Vec<Applied> = steps
                     .iter()
                     .map(|step| self.apply_step(share_modes, rec, s, step))
                     .collect();
+                // A lease whose last open closed and that a later admit
+                // of the batch granted again (a client reusing the key)
+                // still names this file.
+                for a in &mut applied {
+                    if let Applied::Closed { gone, .. } = a {
+                        gone.retain(|id| s.grant(Holder::Lease(*id)).is_none());
+                    }
+                }
                 let mut summary = Summary::of(s);
                 if watch {
                     summary.changed = changed_opens(&before, s);
@@ -610,6 +618,80 @@ mod tests {
         let elsewhere = FileKey { dev: 1, ino: 8 };
         assert!((1..=3).all(|id| oplocks.lease_fits(lease(id), Some(K))
             && !oplocks.lease_fits(lease(id), Some(elsewhere))));
+    }
+
+    #[test]
+    fn a_lease_key_closed_and_granted_again_in_one_write_still_names_its_file() {
+        // A client closes the last open of its lease and opens the file
+        // again with the same key; both are written together.
+        use nimbus_state::caching::{HANDLE, READ};
+        let store = Arc::new(SharedMemory::default());
+        let oplocks = Arc::new(Oplocks::new(Duration::from_secs(35), store.clone()));
+        let sm = Arc::new(ShareModes::new(store.clone()));
+        let key = LeaseId {
+            client: [1; 16],
+            key: [9; 16],
+        };
+        let with_lease = Want::Lease {
+            id: key,
+            state: READ | HANDLE,
+            version: 2,
+            parent_key: None,
+            epoch: 0,
+        };
+        let route = super::super::tests::route;
+        let open = |id: u64, want: Want| {
+            let (ask, open) = opening_for(id, READ_DATA, want);
+            assert!(
+                !oplocks
+                    .contend_opening(K, &ask, &sm, open)
+                    .unwrap()
+                    .unwrap()
+                    .wait
+            );
+            ask
+        };
+        let first = open(1, with_lease);
+        oplocks.admit_counted(K, &first, route(), &sm);
+        open(3, Want::Nothing);
+        let again = open(2, with_lease);
+
+        // Open 3's close is being written when open 1 closes (the lease's
+        // last open) and open 2 is admitted with the same key.
+        store.close_gate();
+        let held = {
+            let (o, s) = (oplocks.clone(), sm.clone());
+            std::thread::spawn(move || o.forget_closing(K, 3, &s))
+        };
+        store.wait_held(1);
+        let mut threads = Vec::new();
+        for step in 0..2 {
+            let before = gathered(&oplocks);
+            let (o, s) = (oplocks.clone(), sm.clone());
+            threads.push(std::thread::spawn(move || {
+                if step == 0 {
+                    assert!(matches!(o.forget_closing(K, 1, &s), Some(Ok(true))));
+                } else {
+                    o.admit_counted(K, &again, route(), &s);
+                }
+            }));
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while gathered(&oplocks) == before {
+                assert!(std::time::Instant::now() < deadline, "step never gathered");
+                std::thread::yield_now();
+            }
+        }
+        store.open_gate();
+        held.join().unwrap();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let caching = records::read::<FileCaching>(&*store, &K.record_key(CACHING_PREFIX)).unwrap();
+        assert_eq!(caching.grant(Holder::Lease(key)).unwrap().opens, vec![2]);
+        // The key still names this file: its acknowledgements find it, and
+        // no other file may take it.
+        assert!(!oplocks.lease_fits(key, Some(FileKey { dev: 1, ino: 8 })));
+        assert!(oplocks.ack_lease(key, READ).is_some());
     }
 
     #[test]
