@@ -195,6 +195,52 @@ def test_a_node_registers_again_when_its_lease_is_lost(nodes, etcd_cluster):  # 
         watcher.close()
 
 
+def test_a_node_cut_off_from_etcd_stops_deciding_within_its_ttl_and_rejoins_without_a_restart(nodes, etcd_cluster):  # noqa: F811
+    n1 = nodes[0].start()
+    (n1.share / "fenced.bin").write_bytes(bytes(100))
+    a = LockClient(n1)
+
+    held = []  # a lock granted whose unlock was refused: taken back first
+
+    def lock_and_unlock() -> bool:
+        """Whether n1 grants (and takes back) a lock on a file only it uses,
+        decided from its memory while its lease is proven."""
+        if held and rawsmb.status(a.call(LOCK, lock_body(fa, (20, 1, UNLOCK)))) != 0:
+            return False
+        held.clear()
+        if rawsmb.status(a.call(LOCK, lock_body(fa, (20, 1, EXCLUSIVE | FAIL_IMMEDIATELY)))) != 0:
+            return False
+        if rawsmb.status(a.call(LOCK, lock_body(fa, (20, 1, UNLOCK)))) != 0:
+            held.append(True)
+            return False
+        return True
+
+    try:
+        fa = a.open("fenced.bin")
+        assert lock_and_unlock()
+        # etcd out of reach: every member stopped.
+        for i in range(3):
+            etcd_cluster.stop_member(i)
+        cut = time.monotonic()
+        # The last renewal etcd answered came before the cut: within the
+        # TTL from then n1 stops deciding even what it holds in memory
+        # (another node may have the file by then).
+        while lock_and_unlock():
+            assert time.monotonic() - cut <= TTL + 0.5, "n1 went on deciding past its lease"
+        assert time.monotonic() - cut <= TTL + 0.5
+        # Nor does it open the file again.
+        assert rawsmb.status(a.call(rawsmb.CREATE, open_body("fenced.bin", 0x0012019F, 7))) != 0
+        # etcd back: n1 proves its lease again (or registers anew) and
+        # decides again, without a restart.
+        for i in range(3):
+            etcd_cluster.start_member(i)
+        wait_until("n1 decides again", lock_and_unlock)
+        assert n1.proc.poll() is None
+        assert "n1" in members(etcd_cluster)
+    finally:
+        a.close()
+
+
 def test_a_name_another_running_node_holds_is_refused(nodes, etcd_cluster):  # noqa: F811
     nodes[0].start()
     twin = nodes[1]

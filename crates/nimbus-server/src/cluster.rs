@@ -92,6 +92,9 @@ pub struct Membership {
     alive: Mutex<std::collections::HashMap<u64, Instant>>,
     /// The store whose ownerships live under the lease.
     owned: OnceLock<Arc<ClusterStore>>,
+    /// When the last registration or renewal that etcd answered was sent:
+    /// the lease lasts at least the TTL from then.
+    last_proof: Mutex<Option<Instant>>,
     /// Set at shutdown: the ownership threads end.
     stopping: Arc<AtomicBool>,
     /// Numbers the messages this run sends.
@@ -221,6 +224,7 @@ impl Membership {
             gone: Mutex::new(HashSet::new()),
             alive: Mutex::new(std::collections::HashMap::new()),
             owned: OnceLock::new(),
+            last_proof: Mutex::new(None),
             stopping: Arc::new(AtomicBool::new(false)),
             next_message: AtomicU64::new(1),
             on_new_lease: Mutex::new(Vec::new()),
@@ -324,7 +328,19 @@ impl Membership {
 
     /// Sets the store whose ownerships follow the lease; once.
     pub fn set_owned_store(&self, store: Arc<ClusterStore>) {
+        if let Some(sent) = *crate::session::lock(&self.last_proof) {
+            store.lease_proven_until(sent + self.ttl);
+        }
         let _ = self.owned.set(store);
+    }
+
+    /// Etcd answered a registration or renewal sent at `sent`: the files
+    /// this node holds may be decided here until the TTL from then.
+    fn proved(&self, sent: Instant) {
+        *crate::session::lock(&self.last_proof) = Some(sent);
+        if let Some(s) = self.owned.get() {
+            s.lease_proven_until(sent + self.ttl);
+        }
     }
 
     /// Takes an earlier run's opens over (persistent handles restored at
@@ -516,6 +532,7 @@ impl Membership {
     /// One try: a new lease and the record under it. Ok(false): a live
     /// record of this name exists (the new lease is revoked again).
     fn register(&self) -> Result<bool, StateError> {
+        let sent = Instant::now();
         let lease = self.store.grant_lease(self.ttl.as_secs() as i64)?;
         let value = self.advertise.to_string();
         if self
@@ -523,6 +540,9 @@ impl Membership {
             .create_with_lease(&node_key(&self.node), value.as_bytes(), lease)?
         {
             self.lease.store(lease, Ordering::SeqCst);
+            // Proves the new lease only once the caller has settled what
+            // the node held under the old one (`ClusterStore::rebind`).
+            *crate::session::lock(&self.last_proof) = Some(sent);
             return Ok(true);
         }
         let _ = self.store.revoke_lease(lease);
@@ -558,8 +578,12 @@ impl Membership {
             let m = self.clone();
             let renewed = (move || {
                 let lease = m.lease.load(Ordering::SeqCst);
+                let sent = Instant::now();
                 match m.store.keep_alive(lease) {
-                    Ok(true) => Ok(true),
+                    Ok(true) => {
+                        m.proved(sent);
+                        Ok(true)
+                    }
                     Ok(false) => {
                         tracing::warn!(
                             "cluster: node \"{}\"'s lease expired (etcd out of reach for longer \
@@ -574,6 +598,9 @@ impl Membership {
                             }
                             for f in crate::session::lock(&m.on_new_lease).iter() {
                                 f(m.lease());
+                            }
+                            if let Some(sent) = *crate::session::lock(&m.last_proof) {
+                                m.proved(sent);
                             }
                         }
                         Ok(registered)

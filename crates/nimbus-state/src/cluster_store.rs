@@ -105,6 +105,19 @@ pub struct ClusterStore {
     /// How long to wait for another node to hand a group over before the
     /// operation fails (its lease must have expired by then).
     handover_timeout: Duration,
+    /// Until when this node's lease is proven (nanoseconds after `epoch`;
+    /// u64::MAX until `lease_proven_until` is first told). Past it etcd
+    /// may have ended the lease and given this node's files to others, so
+    /// the groups it holds in memory are not decided here until a renewal
+    /// proves the lease again (issue 15: a node cut off from etcd stops
+    /// granting within its lease TTL).
+    proven_until: AtomicU64,
+    epoch: Instant,
+    /// For each group this node took: the etcd versions of its records
+    /// (in `clustered` order; None: absent) when it took them. Nobody
+    /// writes them while this node owns the group, so a `rebind` that
+    /// finds them changed knows another node had the group meanwhile.
+    taken_at: Mutex<HashMap<Vec<u8>, Vec<Option<u64>>>>,
     /// Turns of updates of shared records (`StateStore::in_turn`), one
     /// per record, each with what the last update in it left. One per
     /// record, not shared by a hash: an update may wait in its turn for a
@@ -195,8 +208,34 @@ impl ClusterStore {
             changed: Condvar::new(),
             next_version: AtomicU64::new(1),
             handover_timeout,
+            proven_until: AtomicU64::new(u64::MAX),
+            epoch: Instant::now(),
+            taken_at: Mutex::new(HashMap::new()),
             turns: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// This node's lease is proven to last until `until` (a renewal sent
+    /// at `t` proves it until `t` plus its TTL).
+    pub fn lease_proven_until(&self, until: Instant) {
+        let nanos = until.saturating_duration_since(self.epoch).as_nanos();
+        self.proven_until.store(
+            u64::try_from(nanos).unwrap_or(u64::MAX - 1),
+            Ordering::SeqCst,
+        );
+    }
+
+    /// Refuses a decision from memory that the lease no longer proves.
+    fn fenced(&self) -> Result<(), StateError> {
+        let now = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        if now < self.proven_until.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        Err(StateError::Unavailable(
+            "cut off from etcd: this node's lease is not proven, so the files it holds are not \
+             decided here until it is renewed"
+                .into(),
+        ))
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<Vec<u8>, Group>> {
@@ -268,6 +307,7 @@ impl ClusterStore {
             .etcd
             .txn(&cmps, &[Op::Put(&own, &self.me, lease)], &reads)?;
         if t.succeeded {
+            self.took(group, vec![None; keys.len()]);
             self.adopt(group, BTreeMap::new());
             return Ok(Found::Taken);
         }
@@ -295,6 +335,13 @@ impl ClusterStore {
                 .etcd
                 .txn(&cmps, &[Op::Put(&own, &self.me, lease)], &[])?;
             if t.succeeded {
+                self.took(
+                    group,
+                    records
+                        .iter()
+                        .map(|r| r.as_ref().map(|r| r.version))
+                        .collect(),
+                );
                 let records = present
                     .into_iter()
                     .map(|(k, r)| {
@@ -369,6 +416,18 @@ impl ClusterStore {
             [None, now] => Ok(SharedSet::Lost(now.clone())),
             _ => Ok(SharedSet::NotShared),
         }
+    }
+
+    /// Notes the etcd versions of `group`'s records as this node took it.
+    fn took(&self, group: &[u8], versions: Vec<Option<u64>>) {
+        let mut t = self.taken_at.lock().unwrap_or_else(|p| p.into_inner());
+        t.insert(group.to_vec(), versions);
+    }
+
+    /// `group` is no longer this node's.
+    fn gave_back(&self, group: &[u8]) {
+        let mut t = self.taken_at.lock().unwrap_or_else(|p| p.into_inner());
+        t.remove(group);
     }
 
     fn adopt(&self, group: &[u8], records: BTreeMap<Vec<u8>, Versioned>) {
@@ -481,6 +540,7 @@ impl ClusterStore {
         match r {
             Ok(()) => {
                 g.remove(group);
+                self.gave_back(group);
             }
             Err(_) => {
                 let empty_since = records.is_empty().then(Instant::now);
@@ -556,6 +616,7 @@ impl ClusterStore {
             let mut g = self.lock();
             if ok {
                 g.remove(group);
+                self.gave_back(group);
                 done += 1;
             } else {
                 g.insert(
@@ -574,8 +635,10 @@ impl ClusterStore {
 
     /// The node registered again under a new lease (its old one expired
     /// while etcd was out of reach): each group it still owns in memory
-    /// is written to etcd under the new lease if nobody took it meanwhile,
-    /// and dropped otherwise (another node decides it now).
+    /// is owned again under the new lease if nobody took it meanwhile
+    /// (nobody owns it, and its records in etcd are as this node found
+    /// them), and dropped otherwise: another node decided it meanwhile,
+    /// and may still.
     pub fn rebind(&self, lease: i64) {
         self.lease.store(lease, Ordering::SeqCst);
         let groups: Vec<Vec<u8>> = self
@@ -586,12 +649,20 @@ impl ClusterStore {
             .collect();
         for group in groups {
             let own = key_of(OWN_PREFIX, &group);
-            let r = self
-                .etcd
-                .txn(&[Cmp::Absent(&own)], &[Op::Put(&own, &self.me, lease)], &[]);
-            if !matches!(r, Ok(t) if t.succeeded) {
+            let keys: Vec<Vec<u8>> = self.clustered.iter().map(|p| key_of(p, &group)).collect();
+            let found = {
+                let t = self.taken_at.lock().unwrap_or_else(|p| p.into_inner());
+                t.get(&group).cloned()
+            };
+            let r = found.filter(|f| f.len() == keys.len()).map(|found| {
+                let mut cmps = vec![Cmp::Absent(&own)];
+                cmps.extend(keys.iter().zip(found).map(|(k, v)| Cmp::Version(k, v)));
+                self.etcd.txn(&cmps, &[Op::Put(&own, &self.me, lease)], &[])
+            });
+            if !matches!(r, Some(Ok(t)) if t.succeeded) {
                 tracing::error!("cluster: a file owned before the lease expired was taken over");
                 self.lock().remove(&group);
+                self.gave_back(&group);
             }
         }
         self.changed.notify_all();
@@ -711,7 +782,8 @@ impl ClusterStore {
                 let mut g = self.written_back(group);
                 match g.get(group) {
                     Some(Group::Owned { records, .. }) => {
-                        return Ok(InPlace::Record(records.get(key).cloned()))
+                        self.fenced()?;
+                        return Ok(InPlace::Record(records.get(key).cloned()));
                     }
                     Some(Group::Finding(_)) => None,
                     _ => {
@@ -793,6 +865,7 @@ impl StateStore for ClusterStore {
                 ..
             }) = g.get_mut(group)
             {
+                self.fenced()?;
                 if records.get(key).map(|v| v.version) != expected {
                     return Ok(None);
                 }
