@@ -226,8 +226,9 @@ def test_a_node_cut_off_from_etcd_stops_deciding_within_its_ttl_and_rejoins_with
         # TTL from then n1 stops deciding even what it holds in memory
         # (another node may have the file by then).
         while lock_and_unlock():
-            assert time.monotonic() - cut <= TTL + 0.5, "n1 went on deciding past its lease"
-        assert time.monotonic() - cut <= TTL + 0.5
+            assert time.monotonic() - cut <= TTL + 1, "n1 went on deciding past its lease"
+        assert time.monotonic() - cut <= TTL + 1
+        assert "cut off from etcd" in n1.log()
         # Nor does it open the file again.
         assert rawsmb.status(a.call(rawsmb.CREATE, open_body("fenced.bin", 0x0012019F, 7))) != 0
         # etcd back: n1 proves its lease again (or registers anew) and

@@ -95,6 +95,10 @@ pub struct Membership {
     /// When the last registration or renewal that etcd answered was sent:
     /// the lease lasts at least the TTL from then.
     last_proof: Mutex<Option<Instant>>,
+    /// Registered again under a new lease, and what was kept under the
+    /// old one not yet settled (`settle_new_lease`): the new lease proves
+    /// nothing until it is.
+    settling: AtomicBool,
     /// Set at shutdown: the ownership threads end.
     stopping: Arc<AtomicBool>,
     /// Numbers the messages this run sends.
@@ -225,6 +229,7 @@ impl Membership {
             alive: Mutex::new(std::collections::HashMap::new()),
             owned: OnceLock::new(),
             last_proof: Mutex::new(None),
+            settling: AtomicBool::new(false),
             stopping: Arc::new(AtomicBool::new(false)),
             next_message: AtomicU64::new(1),
             on_new_lease: Mutex::new(Vec::new()),
@@ -334,9 +339,28 @@ impl Membership {
         let _ = self.owned.set(store);
     }
 
+    /// After a new registration: what lived under the old lease is put
+    /// under the new one (incarnations, files held, what `on_new_lease`
+    /// keeps), and files other nodes took meanwhile are dropped. Until it
+    /// has all been done, the new lease proves nothing.
+    fn settle_new_lease(&self) -> Result<(), StateError> {
+        self.put_incarnations()?;
+        if let Some(s) = self.owned.get() {
+            s.rebind(self.lease());
+        }
+        for f in crate::session::lock(&self.on_new_lease).iter() {
+            f(self.lease());
+        }
+        self.settling.store(false, Ordering::SeqCst);
+        Ok(())
+    }
+
     /// Etcd answered a registration or renewal sent at `sent`: the files
     /// this node holds may be decided here until the TTL from then.
     fn proved(&self, sent: Instant) {
+        if self.settling.load(Ordering::SeqCst) {
+            return;
+        }
         *crate::session::lock(&self.last_proof) = Some(sent);
         if let Some(s) = self.owned.get() {
             s.lease_proven_until(sent + self.ttl);
@@ -577,6 +601,12 @@ impl Membership {
             }
             let m = self.clone();
             let renewed = (move || {
+                // A registration whose settling failed (etcd answered
+                // again only in part) is settled before anything proves
+                // the new lease.
+                if m.settling.load(Ordering::SeqCst) {
+                    m.settle_new_lease()?;
+                }
                 let lease = m.lease.load(Ordering::SeqCst);
                 let sent = Instant::now();
                 match m.store.keep_alive(lease) {
@@ -592,13 +622,8 @@ impl Membership {
                         );
                         let registered = m.register()?;
                         if registered {
-                            m.put_incarnations()?;
-                            if let Some(s) = m.owned.get() {
-                                s.rebind(m.lease());
-                            }
-                            for f in crate::session::lock(&m.on_new_lease).iter() {
-                                f(m.lease());
-                            }
+                            m.settling.store(true, Ordering::SeqCst);
+                            m.settle_new_lease()?;
                             if let Some(sent) = *crate::session::lock(&m.last_proof) {
                                 m.proved(sent);
                             }

@@ -661,8 +661,13 @@ impl ClusterStore {
             });
             if !matches!(r, Some(Ok(t)) if t.succeeded) {
                 tracing::error!("cluster: a file owned before the lease expired was taken over");
-                self.lock().remove(&group);
-                self.gave_back(&group);
+                // Only if still held: a hand-back under way settles it.
+                let mut g = self.lock();
+                if matches!(g.get(&group), Some(Group::Owned { .. })) {
+                    g.remove(&group);
+                    drop(g);
+                    self.gave_back(&group);
+                }
             }
         }
         self.changed.notify_all();
@@ -1013,9 +1018,13 @@ impl StateStore for ClusterStore {
     }
 
     /// Owned groups and node-local keys change only here; a shared
-    /// group's records may change on any node.
+    /// group's records may change on any node. An owned group whose
+    /// ownership the lease no longer proves is not local: callers that
+    /// answer from their own memory for a local file (a READ's lock check,
+    /// a WRITE's caching check) go to the store, which refuses.
     fn is_local(&self, key: &[u8]) -> bool {
-        self.group(key).is_none_or(|group| self.owns(group))
+        self.group(key)
+            .is_none_or(|group| self.owns(group) && self.fenced().is_ok())
     }
 
     fn scan_prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Versioned)>, StateError> {
