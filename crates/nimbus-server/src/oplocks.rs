@@ -232,7 +232,49 @@ struct Table {
     next_serial: u64,
 }
 
+/// What admits claimed in the table before their write (`claim_for_admit`),
+/// given back if the write does not happen.
+#[derive(Default)]
+struct Claimed {
+    leases: Vec<LeaseId>,
+    /// The file was marked as holding grants by these admits.
+    marked: bool,
+}
+
 impl Table {
+    /// Before an admit's write, which other files' changes may overtake
+    /// (each holds only its own file's turn): the file is marked as
+    /// holding grants, so that a rename or delete meanwhile looks at the
+    /// record; and a lease key names one file, so an admit whose key
+    /// another file holds gets no lease (found by the state_rules fuzz
+    /// target), and a key no file holds is claimed for this one.
+    fn claim_for_admit(&mut self, file: FileKey, ask: &mut OpenAsk, claimed: &mut Claimed) {
+        if matches!(ask.want, Want::Nothing) {
+            return;
+        }
+        claimed.marked |= self.granted.insert(file);
+        if let Want::Lease { id, .. } = ask.want {
+            match self.lease_files.get(&id) {
+                Some(k) if *k != file => ask.want = Want::Nothing,
+                Some(_) => {}
+                None => {
+                    self.lease_files.insert(id, file);
+                    claimed.leases.push(id);
+                }
+            }
+        }
+    }
+
+    /// Undoes `claim_for_admit` for a write that did not happen.
+    fn give_back(&mut self, file: FileKey, claimed: Claimed) {
+        for id in claimed.leases {
+            self.lease_files.remove(&id);
+        }
+        if claimed.marked {
+            self.granted.remove(&file);
+        }
+    }
+
     /// Notes what a record now holds, and drops the file's local entry
     /// once nothing is cached there and nobody waits.
     fn settle(&mut self, file: FileKey, state: &Summary) {
@@ -781,42 +823,17 @@ impl Oplocks {
     pub fn admit(&self, file: FileKey, ask: &OpenAsk, route: Route) -> Granted {
         let turn = self.turn(file);
         let mut ask = *ask;
-        // The key this admit put in `lease_files`, taken out again if the
-        // record cannot be written.
-        let mut claimed = None;
-        // Marked as holding grants before the write (settled after it): a
-        // delete or rename of the file meanwhile must look at the record,
-        // or the new grant would keep handle caching it ought to break.
-        let marked = self.mark_granted(file, &ask);
-        if let Want::Lease { id, .. } = ask.want {
-            // `lease_fits` was asked before the file was opened; a CREATE
-            // naming the same key on another file may have been granted
-            // its lease meanwhile. A key names one file: this open gets no
-            // lease (found by the state_rules fuzz target). The key is
-            // claimed for this file before the record is written, since
-            // another file's admit may be writing its record meanwhile.
-            let mut t = self.table();
-            match t.lease_files.get(&id) {
-                Some(k) if *k != file => ask.want = Want::Nothing,
-                Some(_) => {}
-                None => {
-                    t.lease_files.insert(id, file);
-                    claimed = Some(id);
-                }
-            }
-        }
+        // `lease_fits` was asked before the file was opened; a CREATE
+        // naming the same key on another file may have been granted its
+        // lease meanwhile.
+        let mut claimed = Claimed::default();
+        self.table().claim_for_admit(file, &mut ask, &mut claimed);
         let ask = &ask;
         let Some((granted, summary)) = apply(&*self.store, file, self.watching(), |s| {
             s.opens.retain(|o| o.open_id != ask.open_id);
             s.admit(ask)
         }) else {
-            let mut t = self.table();
-            if let Some(id) = claimed {
-                t.lease_files.remove(&id);
-            }
-            if marked {
-                t.granted.remove(&file);
-            }
+            self.table().give_back(file, claimed);
             return nothing_granted(ask);
         };
         self.notifier.register(ask.open_id, route);
@@ -839,13 +856,6 @@ impl Oplocks {
         changed.retain(|id| *id != ask.open_id);
         self.tell(changed);
         granted
-    }
-
-    /// Marks `file` as holding grants ahead of a write that may grant
-    /// `ask` one (`contend_with` reads only files so marked); whether it
-    /// was not marked before, to be unmarked if the write fails.
-    fn mark_granted(&self, file: FileKey, ask: &OpenAsk) -> bool {
-        !matches!(ask.want, Want::Nothing) && self.table().granted.insert(file)
     }
 
     /// Forgets an open: closed, or its CREATE failed after `contend`.

@@ -28,7 +28,7 @@ use nimbus_state::caching::{Contention, FileCaching, Granted, Holder, LeaseId, O
 use nimbus_state::share_modes::leave_rule;
 use nimbus_state::{FileKey, FileRecord, OpenRecord, ShareModes, SharingError, StateError};
 
-use super::{caching_of, changed_opens, record_key, wake, Oplocks, Summary, Target};
+use super::{caching_of, changed_opens, record_key, wake, Claimed, Oplocks, Summary, Target};
 
 /// One CREATE's or close's change of a shared file's records.
 #[derive(Clone, Copy)]
@@ -204,7 +204,7 @@ impl Oplocks {
         share_modes: &ShareModes,
     ) -> (Vec<Outcome>, AfterWrite) {
         let turn = self.turn(file);
-        let (steps, claimed, marked) = self.claim_for_admits(file, steps);
+        let (steps, claimed) = self.claim_for_admits(file, steps);
         let watch = self.watching();
         let written =
             share_modes.update_with(file, &record_key(file), |rec, s: &mut FileCaching| {
@@ -231,13 +231,7 @@ impl Oplocks {
         let (applied, summary) = match written {
             Some(Ok(v)) => v,
             not_written => {
-                let mut t = self.table();
-                for id in claimed {
-                    t.lease_files.remove(&id);
-                }
-                if marked {
-                    t.granted.remove(&file);
-                }
+                self.table().give_back(file, claimed);
                 let outcomes = match not_written {
                     Some(Err(e)) => steps.iter().map(|_| Some(Err(copy_error(&e)))).collect(),
                     _ => steps.iter().map(|_| None).collect(),
@@ -344,53 +338,32 @@ impl Oplocks {
         }
     }
 
-    /// As `admit` does before its write: a lease key names one file, so
-    /// an admit whose key another file holds gets no lease, and a key no
-    /// file holds is claimed for this one; and the file is marked as
-    /// holding grants (all given back if the write does not happen). The
-    /// steps as they are to be applied, the keys claimed, and whether the
-    /// file was marked here.
-    fn claim_for_admits(
-        &self,
-        file: FileKey,
-        steps: &[(u64, Step)],
-    ) -> (Vec<Step>, Vec<LeaseId>, bool) {
-        // Byte-range locks take read and handle caching away: an admit
-        // that asks for caching must know of them. One read for all the
-        // admits of the write (on a shared file, a read of the lock
-        // record), before the table is locked.
+    /// As `admit` does before its write (`Table::claim_for_admit`), for
+    /// each admit of the write; and whether the file holds byte-range
+    /// locks (which take read and handle caching away) is asked once for
+    /// them all (on a shared file, a read of the lock record), before the
+    /// table is locked. The steps as they are to be applied, and what was
+    /// claimed.
+    fn claim_for_admits(&self, file: FileKey, steps: &[(u64, Step)]) -> (Vec<Step>, Claimed) {
         let asking = |ask: &OpenAsk| !matches!(ask.want, Want::Nothing) && !ask.overwrite;
         let locked = steps
             .iter()
             .any(|(_, s)| matches!(s, Step::Admit { ask } if asking(ask)))
             && self.has_locks.get().is_some_and(|f| f(file));
-        let mut claimed = Vec::new();
+        let mut claimed = Claimed::default();
         let mut t = self.table();
-        let admits = steps
-            .iter()
-            .any(|(_, s)| matches!(s, Step::Admit { ask } if !matches!(ask.want, Want::Nothing)));
-        let marked = admits && t.granted.insert(file);
         let steps = steps
             .iter()
             .map(|(_, step)| match *step {
                 Step::Admit { mut ask } => {
                     ask.has_byte_range_locks |= locked && asking(&ask);
-                    if let Want::Lease { id, .. } = ask.want {
-                        match t.lease_files.get(&id) {
-                            Some(k) if *k != file => ask.want = Want::Nothing,
-                            Some(_) => {}
-                            None => {
-                                t.lease_files.insert(id, file);
-                                claimed.push(id);
-                            }
-                        }
-                    }
+                    t.claim_for_admit(file, &mut ask, &mut claimed);
                     Step::Admit { ask }
                 }
                 other => other,
             })
             .collect();
-        (steps, claimed, marked)
+        (steps, claimed)
     }
 }
 
