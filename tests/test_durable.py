@@ -24,9 +24,13 @@ import uuid
 import pytest
 from conftest import Security
 from smbprotocol import Dialects
-from smbprotocol.connection import Connection
+from smbprotocol.connection import Capabilities, Connection
 from smbprotocol.create_contexts import (
     CreateContextName,
+    SMB2CreateAppInstanceId,
+    SMB2CreateDurableHandleReconnect,
+    SMB2CreateDurableHandleRequest,
+    SMB2CreateDurableHandleResponse,
     DurableHandleFlags,
     SMB2CreateContextRequest,
     SMB2CreateDurableHandleReconnectV2,
@@ -62,7 +66,10 @@ STATUS_LOCK_NOT_GRANTED = 0xC0000055
 STATUS_FILE_LOCK_CONFLICT = 0xC0000054
 STATUS_OBJECT_NAME_NOT_FOUND = 0xC0000034
 STATUS_ACCESS_DENIED = 0xC0000022
+STATUS_SHARING_VIOLATION = 0xC0000043
+STATUS_FILE_CLOSED = 0xC0000128
 BOB = ("bob", "B0b-Secret-2!")
+KATE = ("kate", "K4te-Secret-3!")
 ACCESS = (
     FilePipePrinterAccessMask.FILE_READ_DATA
     | FilePipePrinterAccessMask.FILE_WRITE_DATA
@@ -104,14 +111,19 @@ class _Requests(dict):
 class Client:
     """One connection, one session, one tree connect to the server's share."""
 
-    def __init__(self, server, client_guid: uuid.UUID, user: str | None = None, password: str | None = None):
-        self.conn = Connection(client_guid, server.host, server.port, require_signing=True)
+    def __init__(self, server, client_guid: uuid.UUID, user: str | None = None, password: str | None = None, signing: bool = True, persistent_handles: bool = True):
+        self.conn = Connection(client_guid, server.host, server.port, require_signing=signing)
+        if persistent_handles:
+            # Announced as Windows does: persistent handles are granted only
+            # on a connection whose client announced them (MS-SMB2 3.3.5.4).
+            self.conn.client_capabilities |= Capabilities.SMB2_GLOBAL_CAP_PERSISTENT_HANDLES
         self.conn.outstanding_requests = _Requests(self.conn.outstanding_requests)
         self.conn.connect(Dialects.SMB_3_1_1, timeout=TIMEOUT)
         self.session = Session(self.conn, user or server.user, password or server.password, require_encryption=False, auth_protocol="ntlm")
         self.session.connect()
         self.tree = TreeConnect(self.session, rf"\\{server.host}\{server.share}")
-        self.tree.connect()
+        # A guest has no signing key to check the negotiate with.
+        self.tree.connect(require_secure_negotiate=signing)
 
     def drop(self) -> None:
         """Loses the TCP connection: no CLOSE, no LOGOFF."""
@@ -174,17 +186,8 @@ def durable_open(client: Client, name: str, create_guid: uuid.UUID, lease_key: b
     when asked, and then checked to be); returns the Open and the granted
     timeout in milliseconds."""
     flags = DurableHandleFlags.SMB2_DHANDLE_FLAG_PERSISTENT if persistent else 0
-    f = Open(client.tree, name)
-    contexts = f.create(
-        ImpersonationLevel.Impersonation,
-        ACCESS,
-        FileAttributes.FILE_ATTRIBUTE_NORMAL,
-        SHARE_ALL,
-        CreateDisposition.FILE_OPEN_IF,
-        CreateOptions.FILE_NON_DIRECTORY_FILE,
-        create_contexts=[dh2q(create_guid, timeout_ms, flags), lease(lease_key, READ | HANDLE)],
-        oplock_level=RequestedOplockLevel.SMB2_OPLOCK_LEVEL_LEASE,
-    )
+    asked = [dh2q(create_guid, timeout_ms, flags), lease(lease_key, READ | HANDLE)]
+    f, contexts = create_with(client, name, contexts=asked, oplock=RequestedOplockLevel.SMB2_OPLOCK_LEVEL_LEASE)
     granted = of_type(contexts, SMB2CreateDurableHandleResponseV2)
     assert granted, f"no durable handle granted: {contexts}"
     if persistent:
@@ -289,10 +292,12 @@ def test_reconnect_needs_the_owner_and_the_right_ids(server_factory):
     file_id = f.file_id
     first.drop()
 
-    # Another user, from the same client, is refused (MS-SMB2 3.3.5.9.12).
+    # Another user, from the same client, is refused (MS-SMB2 3.3.5.9.12),
+    # exactly as for a handle that does not exist: the answer tells nobody
+    # whether a FileId names another user's disconnected handle.
     bob = Client(srv, guid, *BOB)
     try:
-        assert reconnect_status(bob, "owned.txt", file_id, create_guid, key) == STATUS_ACCESS_DENIED
+        assert reconnect_status(bob, "owned.txt", file_id, create_guid, key) == STATUS_OBJECT_NAME_NOT_FOUND
     finally:
         bob.close()
 
@@ -328,21 +333,20 @@ def test_asked_timeout_is_bounded_and_an_expired_handle_is_closed(server_factory
         first.drop()
     dropped = time.monotonic()
 
-    # Probed without disturbing it (another user's reconnect is refused
-    # and leaves the handle be): kept until its timeout, then closed by the
-    # scavenger.
+    # Probed without disturbing it: another user's reconnect is refused as
+    # if there were no such handle, and leaves the handle be. It is kept
+    # until its timeout, then closed by the scavenger (which says so), its
+    # lock going with it.
     bob = Client(srv, guid, *BOB)
     try:
-        assert reconnect_status(bob, "short.txt", file_id, create_guid, key) == STATUS_ACCESS_DENIED
-        deadline = dropped + 20
-        while (status := reconnect_status(bob, "short.txt", file_id, create_guid, key)) == STATUS_ACCESS_DENIED:
-            assert time.monotonic() < deadline, "the durable handle outlived its timeout"
-            time.sleep(0.05)
-        assert status == STATUS_OBJECT_NAME_NOT_FOUND
-        assert time.monotonic() - dropped >= 1.0
+        assert reconnect_status(bob, "short.txt", file_id, create_guid, key) == STATUS_OBJECT_NAME_NOT_FOUND
     finally:
         bob.close()
-    # Its lock went with it.
+    deadline = dropped + 20
+    while "of short.txt expired" not in srv.log_tail(50):
+        assert time.monotonic() < deadline, "the durable handle outlived its timeout"
+        time.sleep(0.05)
+    assert time.monotonic() - dropped >= 1.0
     other = Client(srv, uuid.uuid4())
     try:
         h = plain_open(other, "short.txt")
@@ -414,6 +418,7 @@ def test_damaged_or_misplaced_state_store_stops_the_start_naming_the_path(tmp_pa
     share.mkdir()
     state = tmp_path / "state"
     state.mkdir()
+    state.chmod(0o700)  # private, as a state directory must be
     damaged = state / "state.redb"
     damaged.write_bytes(b"this is not a redb file" * 10)
     not_a_dir = tmp_path / "plain-file"
@@ -479,3 +484,149 @@ def test_kept_handles_are_bounded_per_user(server_factory):
     finally:
         again.close()
     assert "max_durable_handles_per_user" in srv.log_tail(200)
+
+
+def create_with(client: Client, name: str, *, contexts=(), oplock=RequestedOplockLevel.SMB2_OPLOCK_LEVEL_NONE, share=SHARE_ALL, disposition=CreateDisposition.FILE_OPEN_IF):
+    """Opens `name` for ACCESS with the given create contexts; returns the
+    Open and the response's contexts."""
+    f = Open(client.tree, name)
+    answered = f.create(
+        ImpersonationLevel.Impersonation,
+        ACCESS,
+        FileAttributes.FILE_ATTRIBUTE_NORMAL,
+        share,
+        disposition,
+        CreateOptions.FILE_NON_DIRECTORY_FILE,
+        create_contexts=list(contexts),
+        oplock_level=oplock,
+    )
+    return f, answered
+
+
+def durable_v1_open(client: Client, name: str):
+    """Opens `name` asking for a batch oplock and a v1 durable handle
+    (DHnQ); returns the Open and whether durability was granted."""
+    dhnq = context(CreateContextName.SMB2_CREATE_DURABLE_HANDLE_REQUEST, SMB2CreateDurableHandleRequest())
+    f, answered = create_with(client, name, contexts=[dhnq], oplock=RequestedOplockLevel.SMB2_OPLOCK_LEVEL_BATCH)
+    return f, bool(of_type(answered, SMB2CreateDurableHandleResponse))
+
+
+def reconnect_v1_status(client: Client, name: str, file_id: bytes) -> int:
+    """A v1 reconnect (DHnC) of a batch-oplock handle: it names the FileId
+    alone, no CreateGuid and no lease."""
+    d = SMB2CreateDurableHandleReconnect()
+    d["data"] = file_id
+    dhnc = context(CreateContextName.SMB2_CREATE_DURABLE_HANDLE_RECONNECT, d)
+    try:
+        f, _ = create_with(client, name, contexts=[dhnc], oplock=RequestedOplockLevel.SMB2_OPLOCK_LEVEL_BATCH, disposition=CreateDisposition.FILE_OPEN)
+    except SMBResponseException as e:
+        return e.status
+    f.close()
+    return NtStatus.STATUS_SUCCESS
+
+
+def test_a_guest_cannot_reclaim_a_users_handle_with_a_look_alike_name(server_factory):
+    """A guest logs on as "\u212aate" (KELVIN SIGN), a name the user
+    database does not know and whose lower case is "kate". It must not
+    reclaim kate's disconnected durable handle, nor be granted one."""
+    srv = server_factory.start(security=Security(signing="auto", guest_shares={"data"}, extra_users=[KATE]))
+    kate = Client(srv, uuid.uuid4(), *KATE)
+    f, durable = durable_v1_open(kate, "kates-notes.txt")
+    assert durable
+    f.write(b"for kate only", 0)
+    file_id = f.file_id
+    kate.drop()
+
+    guest = Client(srv, uuid.uuid4(), "\u212aate", "any password", signing=False)
+    try:
+        assert guest.session.signing_key is None, "not logged on as a guest"
+        assert reconnect_v1_status(guest, "kates-notes.txt", file_id) == STATUS_OBJECT_NAME_NOT_FOUND
+        # A guest's own open is never durable: nothing proves a later
+        # guest is the same client.
+        g, durable = durable_v1_open(guest, "guest-notes.txt")
+        assert not durable
+        g.close()
+    finally:
+        guest.close()
+    # The refusal cost kate nothing.
+    again = Client(srv, uuid.uuid4(), *KATE)
+    try:
+        assert reconnect_v1_status(again, "kates-notes.txt", file_id) == NtStatus.STATUS_SUCCESS
+    finally:
+        again.close()
+
+
+def test_persistent_file_id_halves_are_not_a_counter(server):
+    client = Client(server, uuid.uuid4())
+    try:
+        ids = []
+        for n in range(8):
+            f, _ = create_with(client, f"id-{n}.txt")
+            ids.append(int.from_bytes(f.file_id[:8], "little"))
+            f.close()
+        assert len(set(ids)) == len(ids)
+        steps = {b - a for a, b in zip(ids, ids[1:])}
+        assert not steps & {1, 2}, f"persistent FileIds step by a counter: {[hex(i) for i in ids]}"
+        # Spread over the id space, not clustered near zero.
+        assert max(ids) > 1 << 32, [hex(i) for i in ids]
+    finally:
+        client.close()
+
+
+def app_instance_open(client: Client, name: str, app_id: bytes, share: int) -> Open:
+    """A durable v2 open under AppInstanceId `app_id` (MS-SMB2 2.2.13.2.13)."""
+    a = SMB2CreateAppInstanceId()
+    a["app_instance_id"] = app_id
+    contexts = [dh2q(uuid.uuid4()), context(CreateContextName.SMB2_CREATE_APP_INSTANCE_ID, a)]
+    # No oplock: a break nobody acknowledges would hold the next open up.
+    f, _ = create_with(client, name, contexts=contexts, share=share)
+    return f
+
+
+def test_an_app_instance_id_closes_only_its_own_users_opens_from_another_client(server_factory):
+    """MS-SMB2 3.3.5.9.13: the AppInstanceId closes the same user's opens
+    of the same share made by another client, never another user's."""
+    srv = server_factory.start(security=Security(extra_users=[BOB]))
+    app_id = os.urandom(16)
+    alice = Client(srv, uuid.uuid4())
+    bob = Client(srv, uuid.uuid4(), *BOB)
+    alice_again = Client(srv, uuid.uuid4())
+    try:
+        f = app_instance_open(alice, "contract.docx", app_id, ShareAccess.FILE_SHARE_READ)
+        f.write(b"signed by alice", 0)
+        # Bob names alice's AppInstanceId: his open meets her share mode
+        # as any other would, and her handle stays hers.
+        assert status_of(lambda: app_instance_open(bob, "contract.docx", app_id, SHARE_ALL)) == STATUS_SHARING_VIOLATION
+        assert f.read(0, 15) == b"signed by alice"
+        # Alice's application, moved to another client, takes the file over.
+        g = app_instance_open(alice_again, "contract.docx", app_id, ShareAccess.FILE_SHARE_READ)
+        assert status_of(lambda: f.read(0, 15)) == STATUS_FILE_CLOSED
+        g.close()
+    finally:
+        for c in (alice, bob, alice_again):
+            c.close()
+
+
+def test_kept_handles_per_user_count_the_user_whatever_domain_it_names(server_factory):
+    """max_durable_handles_per_user counts a user once, whatever NTLM
+    domain its logons name (a client chooses that name freely)."""
+    srv = server_factory.start(security=Security(limits={"max_durable_handles_per_user": 1}))
+    handles = []
+    clients = []
+    for domain in ("ONE", "TWO", "THREE"):
+        guid = uuid.uuid4()
+        c = Client(srv, guid, f"{domain}\\{srv.user}", srv.password)
+        clients.append(c)
+        create_guid, key = uuid.uuid4(), os.urandom(16)
+        f, _ = durable_open(c, f"{domain}.txt", create_guid, key)
+        handles.append((guid, domain, f.file_id, create_guid, key))
+    for c in clients:
+        c.drop()
+    results = []
+    for guid, domain, fid, cg, key in handles:
+        again = Client(srv, guid, f"{domain}\\{srv.user}", srv.password)
+        try:
+            results.append(reconnect_status(again, f"{domain}.txt", fid, cg, key))
+        finally:
+            again.close()
+    assert results.count(NtStatus.STATUS_SUCCESS) == 1, results

@@ -19,12 +19,33 @@ use crate::pending::PendingRequest;
 use crate::server::Server;
 use crate::session::{lock, Open};
 
-/// Who opened a durable handle (MS-SMB2 Open.DurableOwner): only the same
-/// user may reclaim it.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+/// Who opened a durable handle (MS-SMB2 Open.DurableOwner, "the security
+/// context of the user"): only the same user may reclaim it. The user is
+/// its SID, the token's user, never a name: names are typed by clients and
+/// fold differently (a guest keeps whatever name it sent), while a SID is
+/// what the server itself gave the logon. Guest and anonymous sessions
+/// have no owner at all, so their opens are never made durable.
+#[derive(Clone, Debug)]
 pub struct Owner {
-    pub user: String,
-    pub domain: String,
+    /// The user's SID in its string form (`S-1-5-21-...`).
+    pub sid: String,
+    /// The user name it logged on with, for logs and listings only: never
+    /// compared.
+    pub name: String,
+}
+
+impl PartialEq for Owner {
+    fn eq(&self, other: &Owner) -> bool {
+        self.sid == other.sid
+    }
+}
+
+impl Eq for Owner {}
+
+impl std::hash::Hash for Owner {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.sid.hash(state);
+    }
 }
 
 /// The durability an open was granted.
@@ -274,7 +295,15 @@ impl DurableOpens {
                 let s = server.clone();
                 let _ = tokio::task::spawn_blocking(move || {
                     for id in expired {
-                        s.durables.purge(&s, id);
+                        if let Some(open) = s.durables.find_disconnected(id) {
+                            if s.durables.purge(&s, id) {
+                                tracing::info!(
+                                    "durable open {id:#x} of {} expired: its client did not \
+                                     reconnect in time",
+                                    open.path()
+                                );
+                            }
+                        }
                     }
                 })
                 .await;
@@ -308,10 +337,10 @@ fn log_too_many(owner: &Owner, limits: KeepLimits) {
         .map_or(0, |d| d.as_secs());
     if LAST.swap(now, std::sync::atomic::Ordering::Relaxed) != now {
         tracing::warn!(
-            "a durable open of {}\\{} was closed at its disconnect: {} are kept server-wide at \
+            "a durable open of {} ({}) was closed at its disconnect: {} are kept server-wide at \
              most ([limits] max_durable_handles) and {} per user (max_durable_handles_per_user)",
-            owner.domain,
-            owner.user,
+            owner.name,
+            owner.sid,
             limits.total,
             limits.per_user
         );

@@ -196,14 +196,14 @@ pub fn claim(server: &Arc<Server>, open_id: u64, owner: Option<&Owner>) -> bool 
 }
 
 fn owns(owner: &Owner, r: &DurableOpen) -> bool {
-    owner.user == r.owner_user && owner.domain == r.owner_domain
+    owner.sid == r.owner_sid
 }
 
 /// Message tag of a request to let go of an open (`let_go`), beside
 /// breaks (`nimbus_state::records::encode_break`) and notify changes
-/// (`crate::cluster_notify`). (0x20 was a first layout, without the
-/// owner.)
-pub const LET_GO_V2: u8 = 0x21;
+/// (`crate::cluster_notify`). 0x20 and 0x21 were earlier layouts (without
+/// an owner, and with the owner's user and domain names), refused.
+pub const LET_GO_V3: u8 = 0x23;
 
 /// What a reconnect on another node asks of the node holding its open.
 #[derive(Debug, PartialEq, Eq)]
@@ -237,18 +237,18 @@ const LET_GO_WAIT: Duration = Duration::from_secs(5);
 /// How often it asks meanwhile.
 const ASK_AGAIN: Duration = Duration::from_millis(250);
 
-/// `LET_GO_V2`, the open id, the CreateGuid, the request's number, then
-/// the owner's user and domain and the node to answer, each a 16-bit
-/// length and UTF-8.
+/// `LET_GO_V3`, the open id, the CreateGuid, the request's number, then
+/// the owner's SID and name and the node to answer, each a 16-bit length
+/// and UTF-8.
 pub fn encode_let_go(a: &Asked) -> Vec<u8> {
     let owner = &a.req.owner;
     let texts = [
-        owner.user.as_bytes(),
-        owner.domain.as_bytes(),
+        owner.sid.as_bytes(),
+        owner.name.as_bytes(),
         a.reply_to.as_bytes(),
     ];
     let mut m = Vec::with_capacity(39 + texts.iter().map(|t| t.len()).sum::<usize>());
-    m.push(LET_GO_V2);
+    m.push(LET_GO_V3);
     m.extend_from_slice(&a.req.open_id.to_le_bytes());
     m.extend_from_slice(&a.req.create_guid);
     m.extend_from_slice(&a.nonce.to_le_bytes());
@@ -261,7 +261,7 @@ pub fn encode_let_go(a: &Asked) -> Vec<u8> {
 }
 
 pub fn decode_let_go(msg: &[u8]) -> Option<Asked> {
-    let [LET_GO_V2, rest @ ..] = msg else {
+    let [LET_GO_V3, rest @ ..] = msg else {
         return None;
     };
     let open_id = u64::from_le_bytes(rest.get(..8)?.try_into().ok()?);
@@ -274,12 +274,12 @@ pub fn decode_let_go(msg: &[u8]) -> Option<Asked> {
         at += 2 + len;
         Some(s.to_owned())
     };
-    let (user, domain, reply_to) = (text()?, text()?, text()?);
+    let (sid, name, reply_to) = (text()?, text()?, text()?);
     (at == rest.len()).then_some(Asked {
         req: LetGo {
             open_id,
             create_guid,
-            owner: Owner { user, domain },
+            owner: Owner { sid, name },
         },
         reply_to,
         nonce,
@@ -967,8 +967,8 @@ mod tests {
                 open_id: 0x0000_0300_0000_002a,
                 create_guid: [7; 16],
                 owner: Owner {
-                    user: "alice".into(),
-                    domain: "nimbus".into(),
+                    sid: "S-1-5-21-1-2-3-1000".into(),
+                    name: "alice".into(),
                 },
             },
             reply_to: "n2".into(),
@@ -979,7 +979,7 @@ mod tests {
     #[test]
     fn a_request_to_let_go_names_the_open_its_create_guid_its_owner_and_whom_to_answer() {
         let msg = encode_let_go(&asked());
-        assert_eq!(msg[0], LET_GO_V2);
+        assert_eq!(msg[0], LET_GO_V3);
         assert_eq!(decode_let_go(&msg), Some(asked()));
         let refusal = encode_refusal(0x0000_0300_0000_002a, 9);
         assert_eq!(decode_refusal(&refusal), Some((0x0000_0300_0000_002a, 9)));
@@ -996,9 +996,11 @@ mod tests {
         let mut longer = msg.clone();
         longer.push(0);
         assert_eq!(decode_let_go(&longer), None);
-        let mut first_layout = msg.clone();
-        first_layout[0] = 0x20;
-        assert_eq!(decode_let_go(&first_layout), None);
+        for earlier in [0x20, 0x21] {
+            let mut earlier_layout = msg.clone();
+            earlier_layout[0] = earlier;
+            assert_eq!(decode_let_go(&earlier_layout), None);
+        }
         // A length past the end.
         let mut overlong = msg;
         overlong[33] = 0xff;

@@ -82,8 +82,8 @@ fn save_with(server: &Server, open: &Open, durability: Durability) -> Result<(),
         delete_on_close: open
             .delete_on_close
             .load(std::sync::atomic::Ordering::Relaxed),
-        owner_user: d.owner.user.clone(),
-        owner_domain: d.owner.domain.clone(),
+        owner_sid: d.owner.sid.clone(),
+        owner_name: d.owner.name.clone(),
         client_guid,
         create_guid,
         timeout_ms: d.timeout.as_millis().min(u32::MAX as u128) as u32,
@@ -418,8 +418,8 @@ pub(crate) fn wait_for_client(
             persistent: r.persistent,
             in_store: true,
             owner: Owner {
-                user: r.owner_user.clone(),
-                domain: r.owner_domain.clone(),
+                sid: r.owner_sid.clone(),
+                name: r.owner_name.clone(),
             },
             answered: true,
             forgotten: false,
@@ -460,7 +460,7 @@ mod tests {
             path: name.into(),
             access: access::FILE_READ_DATA,
             share_access: 1,
-            owner_user: "alice".into(),
+            owner_sid: "S-1-5-21-1-2-3-1000".into(),
             timeout_ms: 60_000,
             answered,
             ..DurableOpen::default()

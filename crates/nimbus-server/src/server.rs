@@ -460,11 +460,42 @@ impl Server {
         ((u32::from_le_bytes(salt) as u64 | 1) << 32) | (n & 0xFFFF_FFFF)
     }
 
+    /// A new open's id, the persistent half of its FileId: random bits
+    /// (below the node's incarnation on a cluster node, which
+    /// `crate::cluster::incarnation_of` reads back), so that one FileId
+    /// tells nothing of another's. A v1 durable reconnect names this half
+    /// alone, so a counter would let a client walk through other users'
+    /// handles. Unique among the opens the server holds, connected or
+    /// waiting for their client; 40 random bits or more make two CREATEs
+    /// drawing the same id before either is registered a 2^-40 event.
     pub fn new_open_id(&self) -> u64 {
-        self.next_open_id.fetch_add(1, Ordering::Relaxed)
+        let counted = self.next_open_id.fetch_add(1, Ordering::Relaxed);
+        if self.predictable_file_ids.load(Ordering::Relaxed) {
+            return counted;
+        }
+        let (base, mask) = match &self.cluster {
+            Some(m) => (
+                m.incarnation() << crate::cluster::OPEN_ID_SHIFT,
+                (1u64 << crate::cluster::OPEN_ID_SHIFT) - 1,
+            ),
+            None => (0, u64::MAX),
+        };
+        loop {
+            let mut b = [0u8; 8];
+            self.provider.fill_random(&mut b);
+            let low = u64::from_le_bytes(b) & mask;
+            let id = base | low;
+            // 0 and all ones are never an open's (all ones is the
+            // "previous file" FileId of related compounds, MS-SMB2
+            // 3.3.5.2.7.2).
+            if low != 0 && id != u64::MAX && !self.opens.contains(id) {
+                return id;
+            }
+        }
     }
 
-    /// An open id restored from the store: new opens get higher ones.
+    /// An open id restored from the store: the fuzz harness's counted ids
+    /// go above it.
     pub fn reserve_open_id(&self, id: u64) {
         self.next_open_id
             .fetch_max(id.saturating_add(1), Ordering::Relaxed);
@@ -472,8 +503,7 @@ impl Server {
 
     /// The volatile half of a new open's FileId, one that `taken` (the
     /// session's opens) does not hold: 64 random bits, so that a FileId
-    /// cannot be guessed from another (the persistent half is the open id,
-    /// a counter, and a request must name both halves right).
+    /// cannot be guessed from another.
     pub fn new_volatile_id(&self, open_id: u64, taken: impl Fn(u64) -> bool) -> u64 {
         if self.predictable_file_ids.load(Ordering::Relaxed) && !taken(open_id) {
             return open_id;
@@ -655,7 +685,7 @@ impl Server {
             }
             return;
         }
-        if msg.first() == Some(&crate::failover::LET_GO_V2) {
+        if msg.first() == Some(&crate::failover::LET_GO_V3) {
             match crate::failover::decode_let_go(msg) {
                 Some(req) => crate::failover::let_go(self, &req),
                 None => tracing::warn!("cluster: a malformed request to let go of an open"),

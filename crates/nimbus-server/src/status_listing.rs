@@ -108,7 +108,7 @@ impl Server {
             Some(s) => user_of(s),
             None => lock(&open.durable)
                 .as_ref()
-                .map(|d| d.owner.user.clone())
+                .map(|d| d.owner.name.clone())
                 .unwrap_or_default(),
         };
         let (granted, _) = self.oplocks.held_by(open.file_key, open.open_id);

@@ -2,7 +2,7 @@
 //! handed back when it left: everything a server needs to rebuild the open
 //! after a restart, or on another node, so that its client can reclaim it
 //! (MS-SMB2 3.3.5.9.12). Never a session key: the client authenticates
-//! again and only the owner's name is kept.
+//! again and only the owner's SID is kept.
 //!
 //! One versioned encoding (a layout byte first), shared by every store
 //! backend like the other records; a damaged or foreign value decodes to
@@ -26,7 +26,7 @@ const OPEN_V1: u8 = 1;
 /// alone.
 const OPEN_V2: u8 = 2;
 
-/// Strings (share name, path, user, domain) longer than this are refused:
+/// Strings (share name, path, owner SID and name) longer than this are refused:
 /// no name a server accepts comes near it.
 const MAX_STRING: usize = 64 * 1024;
 
@@ -67,8 +67,12 @@ pub struct DurableOpen {
     pub mode: u32,
     pub position: u64,
     pub delete_on_close: bool,
-    pub owner_user: String,
-    pub owner_domain: String,
+    /// The owner's SID (`S-1-...`): only a session whose token's user it is
+    /// may reclaim the open. A layout-1 record written before owners were
+    /// SIDs holds a user name here, which no session's SID equals.
+    pub owner_sid: String,
+    /// The owner's user name, for logs and listings only.
+    pub owner_name: String,
     pub client_guid: [u8; 16],
     pub create_guid: [u8; 16],
     /// Reclaim window after a restart or a lost connection.
@@ -95,8 +99,8 @@ impl Default for DurableOpen {
             mode: 0,
             position: 0,
             delete_on_close: false,
-            owner_user: String::new(),
-            owner_domain: String::new(),
+            owner_sid: String::new(),
+            owner_name: String::new(),
             client_guid: [0; 16],
             create_guid: [0; 16],
             timeout_ms: 0,
@@ -145,8 +149,8 @@ impl Record for DurableOpen {
         w.extend_from_slice(&self.mode.to_le_bytes());
         w.extend_from_slice(&self.position.to_le_bytes());
         w.push(self.delete_on_close as u8);
-        put_str(&mut w, &self.owner_user);
-        put_str(&mut w, &self.owner_domain);
+        put_str(&mut w, &self.owner_sid);
+        put_str(&mut w, &self.owner_name);
         w.extend_from_slice(&self.client_guid);
         w.extend_from_slice(&self.create_guid);
         w.extend_from_slice(&self.timeout_ms.to_le_bytes());
@@ -206,8 +210,8 @@ impl Record for DurableOpen {
         let mode = r.u32()?;
         let position = r.u64()?;
         let delete_on_close = r.flag()?;
-        let owner_user = get_str(&mut r)?;
-        let owner_domain = get_str(&mut r)?;
+        let owner_sid = get_str(&mut r)?;
+        let owner_name = get_str(&mut r)?;
         let client_guid = r.array()?;
         let create_guid = r.array()?;
         let timeout_ms = r.u32()?;
@@ -255,8 +259,8 @@ impl Record for DurableOpen {
             mode,
             position,
             delete_on_close,
-            owner_user,
-            owner_domain,
+            owner_sid,
+            owner_name,
             client_guid,
             create_guid,
             timeout_ms,
@@ -295,8 +299,8 @@ mod tests {
             mode: 0x20,
             position: 4096,
             delete_on_close: false,
-            owner_user: "alice".into(),
-            owner_domain: "NIMBUS".into(),
+            owner_sid: "alice".into(),
+            owner_name: "NIMBUS".into(),
             client_guid: [7; 16],
             create_guid: [9; 16],
             timeout_ms: 60_000,

@@ -131,6 +131,13 @@ impl Token {
         }
     }
 
+    /// Whether the token is a user's that proved who it is: Authenticated
+    /// Users (S-1-5-11) is in every such token and in no guest's or
+    /// anonymous logon's.
+    pub fn is_authenticated_user(&self) -> bool {
+        self.groups.contains(&well_known::authenticated_users())
+    }
+
     /// Whether `sid` is the user's or one of its groups'.
     pub fn contains(&self, sid: &Sid) -> bool {
         self.user == *sid || self.groups.contains(sid)
@@ -153,6 +160,9 @@ mod tests {
         assert_eq!(machine_rid(m, &t.user), Some(1000));
         assert_eq!(machine_rid(MachineSid([1, 2, 4]), &t.user), None);
         assert!(!Token::guest(m).contains(&well_known::authenticated_users()));
+        assert!(t.is_authenticated_user());
+        assert!(!Token::guest(m).is_authenticated_user());
+        assert!(!Token::anonymous().is_authenticated_user());
         let staff = account_sid(m, 1007);
         assert!(Token::member(m, 1000, &[1007]).contains(&staff));
         assert!(!t.contains(&staff));

@@ -86,14 +86,21 @@ impl DurableAsk {
     }
 }
 
-/// Who the request's session is logged on as.
-pub(crate) fn owner(ctx: &Ctx<'_>) -> Result<Owner, NtStatus> {
-    match &*lock(&ctx.session()?.state) {
-        SessionState::Valid(a) => Ok(Owner {
-            user: a.user.to_lowercase(),
-            domain: a.domain.to_lowercase(),
+/// Who the request's session is logged on as, by its token's user SID:
+/// None for a guest or anonymous session (and for a user removed from the
+/// database since it logged on, which acts as a guest), which may neither
+/// be granted a durable handle nor reclaim or replay one.
+pub(crate) fn owner(ctx: &Ctx<'_>) -> Option<Owner> {
+    session_owner(ctx.session().ok()?)
+}
+
+fn session_owner(session: &crate::session::Session) -> Option<Owner> {
+    match &*lock(&session.state) {
+        SessionState::Valid(a) if !a.guest && a.token.is_authenticated_user() => Some(Owner {
+            sid: a.token.user.to_string(),
+            name: a.user.clone(),
         }),
-        _ => Err(NtStatus::ACCESS_DENIED),
+        _ => None,
     }
 }
 
@@ -136,7 +143,7 @@ pub fn grant(
         },
         _ => return None,
     };
-    let owner = owner(ctx).ok()?;
+    let owner = owner(ctx)?;
     ctx.server.durables.granted(
         open,
         Durable {
@@ -336,7 +343,11 @@ pub fn reconnect(
         Reconnect::V1(id) => (id, None),
         Reconnect::V2(r) => (r.file_id, Some(r.create_guid)),
     };
+    // Every refusal below, another user's handle included, answers as a
+    // handle that does not exist does: FileIds are not secrets to be
+    // tested one by one for whose open they name.
     let not_found = NtStatus::OBJECT_NAME_NOT_FOUND;
+    let me = owner(ctx).ok_or(not_found)?;
     // On a cluster node, an open of a node that died is taken over here
     // first (`crate::failover`).
     let open = ctx
@@ -348,7 +359,7 @@ pub fn reconnect(
             let req = crate::failover::LetGo {
                 open_id: file_id.persistent,
                 create_guid: create_guid.unwrap_or([0; 16]),
-                owner: owner(ctx).ok()?,
+                owner: me.clone(),
             };
             crate::failover::reclaim(ctx.server, &req)
                 .then(|| ctx.server.durables.find_disconnected(file_id.persistent))
@@ -356,6 +367,9 @@ pub fn reconnect(
         })
         .ok_or(not_found)?;
     let d = lock(&open.durable).clone().ok_or(not_found)?;
+    if me != d.owner {
+        return Err(not_found);
+    }
     // A v1 open has no CreateGuid: only an all-zero one names it.
     let open_guid = open.replay.as_ref().map_or([0; 16], |r| r.key.1);
     if create_guid.is_some_and(|g| g != open_guid) {
@@ -376,9 +390,6 @@ pub fn reconnect(
         if !same_name(&req.name, &open.path()) {
             return Err(NtStatus::INVALID_PARAMETER);
         }
-    }
-    if owner(ctx)? != d.owner {
-        return Err(NtStatus::ACCESS_DENIED);
     }
     let info = times_and_sizes(
         &crate::fileinfo::open_info(&open, false).map_err(|e| crate::errors::vfs_status(&e))?,
@@ -415,7 +426,7 @@ fn reclaim_for_replay(ctx: &Ctx<'_>, open: &Arc<Open>) -> Result<bool, NtStatus>
     };
     if server.durables.find_disconnected(open.open_id).is_none()
         || !Arc::ptr_eq(&open.share, &ctx.tree()?.share)
-        || owner(ctx)? != d.owner
+        || owner(ctx).is_none_or(|me| me != d.owner)
     {
         return Ok(false);
     }
@@ -514,13 +525,28 @@ pub fn app_instance(req: &CreateRequest, ask: &DurableAsk) -> Option<[u8; 16]> {
 /// MS-SMB2 3.3.5.9.13: a durable CREATE of `file` under AppInstanceId `id`
 /// closes the other opens of that file made under the same id, without a
 /// break: the application moved to another client node and its old
-/// handles must not keep the file from it.
+/// handles must not keep the file from it. Only opens of the same share,
+/// made by another client (ClientGuid) for the same user (SID), are
+/// closed: the id is the application's, and it names nothing of another
+/// user's, a guest's, or the same client's own.
 pub fn close_app_instance(ctx: &Ctx<'_>, file: nimbus_state::FileKey, id: [u8; 16]) {
     let server = ctx.server;
-    let old = server
-        .opens
-        .matching(|o| o.file_key == file && o.app_instance == Some(id));
+    let (Some(me), Some(neg), Ok(tree)) = (owner(ctx), ctx.conn.negotiated(), ctx.tree()) else {
+        return;
+    };
+    let share = tree.share.clone();
+    let old = server.opens.matching(|o| {
+        o.file_key == file
+            && o.app_instance == Some(id)
+            && Arc::ptr_eq(&o.share, &share)
+            && o.replay
+                .as_ref()
+                .is_some_and(|r| r.key.0 != neg.client_guid)
+    });
     for open in old {
+        if open_owner(server, &open).is_none_or(|o| o != me) {
+            continue;
+        }
         if server.durables.purge(server, open.open_id) {
             continue;
         }
@@ -535,4 +561,13 @@ pub fn close_app_instance(ctx: &Ctx<'_>, file: nimbus_state::FileKey, id: [u8; 1
             super::close::release(server, &open);
         }
     }
+}
+
+/// Whose `open` is: its durable owner, or else its session's user (None
+/// for a guest's or anonymous session's open).
+fn open_owner(server: &crate::server::Server, open: &Open) -> Option<Owner> {
+    if let Some(d) = lock(&open.durable).as_ref() {
+        return Some(d.owner.clone());
+    }
+    session_owner(&*server.sessions.find(open.session_id())?)
 }

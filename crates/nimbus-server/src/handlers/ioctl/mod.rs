@@ -110,7 +110,9 @@ fn request_resiliency(ctx: &mut Ctx<'_>, req: &IoctlRequest<'_>) -> Result<(), N
     if timeout > limits.max_durable_handle_timeout {
         return Err(NtStatus::INVALID_PARAMETER);
     }
-    let owner = super::create_durable::owner(ctx)?;
+    // A guest's or anonymous session's handle is never kept for a
+    // reconnect: nothing would prove the reconnecting client is the same.
+    let owner = super::create_durable::owner(ctx).ok_or(NtStatus::ACCESS_DENIED)?;
     ctx.server.durables.granted(
         &open,
         crate::durable::Durable {
