@@ -1248,6 +1248,44 @@ def test_a_durable_handle_moves_away_from_the_live_node_that_made_it(nodes, etcd
         again.close()
 
 
+def test_a_reconnect_for_a_handle_still_connected_on_another_node_is_refused_at_once_and_cheaply(nodes, etcd_cluster):  # noqa: F811
+    """A durable reconnect on n2 names its user's own handle, still
+    connected on n1. n1 refuses at once (as one node refuses a reconnect of
+    an open whose connection lives), n2 asks once and holds no thread while
+    it waits, and one session cannot make n2 ask without bound: past the
+    per-session allowance, n2 does not ask at all."""
+    for n in nodes:
+        n.start()
+    n1, n2, _ = nodes
+    guid, create_guid, key = uuid.uuid4(), uuid.uuid4(), os.urandom(16)
+    holder = Client(Target(n1), guid)
+    prober = Client(Target(n2), guid)
+    try:
+        f, _ = durable_open(holder, "live.dat", create_guid, key, timeout_ms=60_000)
+        f.write(b"still connected", 0)
+        started = time.monotonic()
+        _, req0 = etcd_counts(etcd_cluster)
+        status = status_of(lambda: reconnect(prober, "live.dat", f.file_id, create_guid, key))
+        took = time.monotonic() - started
+        _, req1 = etcd_counts(etcd_cluster)
+        assert status == STATUS_OBJECT_NAME_NOT_FOUND, hex(status)
+        assert took < 2, f"the refused reconnect took {took:.2f} s"
+        # A handful of requests (the record, the holder, the node, the
+        # request, its answer, the claim once more), plus the nodes' own
+        # background writes, not hundreds.
+        assert req1 - req0 < 40, req1 - req0
+        # More from the same session: past the allowance, nothing is asked.
+        for _ in range(70):
+            assert status_of(lambda: reconnect(prober, "live.dat", f.file_id, create_guid, key)) == STATUS_OBJECT_NAME_NOT_FOUND
+        assert "asked other nodes to let go of too many opens" in n2.log()
+        # The holder was never disturbed.
+        assert f.read(0, 15) == b"still connected"
+        f.close()
+    finally:
+        prober.close()
+        holder.close()
+
+
 def test_a_moved_durable_handle_outlives_the_node_that_took_it(nodes, etcd_cluster):  # noqa: F811
     """The node that took a handle over from a live node dies: the handle's
     record is in etcd since the move, so its client reclaims it on a third

@@ -46,7 +46,20 @@ const INCARNATION_COUNTER: &[u8] = b"incarnation-counter";
 /// Key prefix of the messages between nodes: `msg/<node>/...`.
 pub const MSG_PREFIX: &[u8] = b"msg/";
 
-/// Open ids are `incarnation << OPEN_ID_SHIFT | counter`.
+/// What resumes a reconnect that waits for another node to let go of its
+/// open.
+pub type LetGoWait = Box<dyn FnOnce() + Send>;
+
+/// Requests to let go that may wait for an answer at once, node-wide;
+/// beyond, a reconnect that would ask fails as if nothing held its open.
+const MAX_LET_GO_WAITS: usize = 4096;
+/// Requests to let go one session may make in `LET_GO_ASK_WINDOW`: a
+/// client reconnects its handles once each after a move, so a few dozen
+/// is generous, and more is a client probing FileIds.
+const LET_GO_ASKS_PER_SESSION: u32 = 64;
+const LET_GO_ASK_WINDOW: Duration = Duration::from_secs(10);
+
+/// Open ids are `incarnation << OPEN_ID_SHIFT | random bits`.
 pub const OPEN_ID_SHIFT: u32 = 40;
 /// Incarnations fit in the 24 bits above the counter.
 const MAX_INCARNATION: u64 = (1 << (64 - OPEN_ID_SHIFT)) - 1;
@@ -115,9 +128,13 @@ pub struct Membership {
     /// breaks this node forwards, and their entries are not this node's to
     /// decide from memory. Each is kept until its record is gone.
     released: Mutex<HashSet<u64>>,
-    /// Refusals other nodes sent to this node's requests to let go of an
-    /// open (open id, request number), until the request looks.
-    refusals: Mutex<HashSet<(u64, u64)>>,
+    /// This node's requests to let go of an open that wait for the other
+    /// node's answer (open id, request number), each with what resumes
+    /// its reconnect (`crate::failover::reclaim`).
+    let_go_waits: Mutex<std::collections::HashMap<(u64, u64), (LetGoWait, tokio::runtime::Handle)>>,
+    /// Requests to let go asked for each session lately: one session may
+    /// not make this node flood other nodes with them.
+    let_go_asks: Mutex<std::collections::HashMap<u64, (Instant, u32)>>,
     /// Opens of gone nodes found with a persistent record, and when.
     with_record: Mutex<std::collections::HashMap<u64, Instant>>,
     /// Opens of gone nodes found without one: it never comes back.
@@ -235,7 +252,8 @@ impl Membership {
             on_new_lease: Mutex::new(Vec::new()),
             pinned: Mutex::new(HashSet::new()),
             released: Mutex::new(HashSet::new()),
-            refusals: Mutex::new(HashSet::new()),
+            let_go_waits: Mutex::new(std::collections::HashMap::new()),
+            let_go_asks: Mutex::new(std::collections::HashMap::new()),
             with_record: Mutex::new(std::collections::HashMap::new()),
             without_record: Mutex::new(HashSet::new()),
         };
@@ -489,20 +507,66 @@ impl Membership {
             .collect()
     }
 
-    /// Another node refused request `nonce` for `open_id`.
-    pub fn note_refusal(&self, open_id: u64, nonce: u64) {
-        let mut r = crate::session::lock(&self.refusals);
-        // Bounded: a refusal that came after its request gave up is
-        // never looked at.
-        if r.len() >= 4096 {
-            r.clear();
-        }
-        r.insert((open_id, nonce));
+    /// Whether a reconnect may wait for another node's answer now: the
+    /// runtime to run it again on, while fewer than `MAX_LET_GO_WAITS`
+    /// wait.
+    pub fn let_go_room(&self) -> Option<tokio::runtime::Handle> {
+        let runtime = tokio::runtime::Handle::try_current().ok()?;
+        (crate::session::lock(&self.let_go_waits).len() < MAX_LET_GO_WAITS).then_some(runtime)
     }
 
-    /// Whether request `nonce` for `open_id` was refused (once).
-    pub fn take_refusal(&self, open_id: u64, nonce: u64) -> bool {
-        crate::session::lock(&self.refusals).remove(&(open_id, nonce))
+    /// Waits for the answer to request `nonce` for `open_id`: `resume`
+    /// runs when it comes, or when `wait_at_most` has passed without one,
+    /// on `runtime`'s blocking pool (the reconnect asks etcd again).
+    pub fn await_let_go(
+        self: &Arc<Self>,
+        open_id: u64,
+        nonce: u64,
+        resume: LetGoWait,
+        runtime: tokio::runtime::Handle,
+        wait_at_most: Duration,
+    ) {
+        crate::session::lock(&self.let_go_waits)
+            .insert((open_id, nonce), (resume, runtime.clone()));
+        let me = Arc::downgrade(self);
+        runtime.spawn(async move {
+            tokio::time::sleep(wait_at_most).await;
+            if let Some(m) = me.upgrade() {
+                m.let_go_answered(open_id, nonce);
+            }
+        });
+    }
+
+    /// The answer to request `nonce` for `open_id` came (or its wait ran
+    /// out): what waits on it runs.
+    pub fn let_go_answered(&self, open_id: u64, nonce: u64) {
+        let waiting = crate::session::lock(&self.let_go_waits).remove(&(open_id, nonce));
+        if let Some((resume, runtime)) = waiting {
+            runtime.spawn_blocking(resume);
+        }
+    }
+
+    /// A reconnect cancelled while it waited: nothing runs for it.
+    pub fn forget_let_go(&self, open_id: u64, nonce: u64) {
+        crate::session::lock(&self.let_go_waits).remove(&(open_id, nonce));
+    }
+
+    /// Whether session `session_id` may ask another node to let go of an
+    /// open now: at most `LET_GO_ASKS_PER_SESSION` in each
+    /// `LET_GO_ASK_WINDOW`.
+    pub fn may_ask_to_let_go(&self, session_id: u64) -> bool {
+        let now = Instant::now();
+        let mut asks = crate::session::lock(&self.let_go_asks);
+        if asks.len() >= MAX_LET_GO_WAITS {
+            asks.retain(|_, (since, _)| now.duration_since(*since) < LET_GO_ASK_WINDOW);
+        }
+        let (since, n) = asks.entry(session_id).or_insert((now, 0));
+        if now.duration_since(*since) >= LET_GO_ASK_WINDOW {
+            *since = now;
+            *n = 0;
+        }
+        *n += 1;
+        *n <= LET_GO_ASKS_PER_SESSION
     }
 
     /// `open_id` closed for good (or was never let go of after all).

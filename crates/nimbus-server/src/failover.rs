@@ -53,11 +53,15 @@
 //! when no node does (its holder died): a break then ends as it would on
 //! one node, and an open nobody reclaims expires there.
 //!
-//! A node asked for an open that does not wait for its client there, or
-//! not for that CreateGuid and owner, says so at once
-//! (`LET_GO_REFUSED_V1`), and the reconnect fails as on one node; only an
-//! open still connected there is asked for again until `LET_GO_WAIT`, as
-//! its connection may be about to drop.
+//! The asking node asks only for an open whose record, where etcd has
+//! one, names the reconnect's user (SID) and CreateGuid, at most
+//! `LET_GO_ASKS_PER_SESSION` times a session in a window, and once per
+//! reconnect. The node asked answers at once (`LET_GO_DONE_V1`, or
+//! `LET_GO_REFUSED_V1` for an open that does not wait for its client
+//! there, or not for that CreateGuid and owner: one still connected there
+//! is refused as on one node). Meanwhile the reconnect is answered
+//! STATUS_PENDING and holds no thread; the answer, or `LET_GO_WAIT`
+//! without one, runs it again, and that run only claims.
 //!
 //! **Expiry.** A record nobody reclaims is kept for its durable timeout
 //! from when a node first saw it orphaned; after that any node takes it and
@@ -71,7 +75,7 @@ use nimbus_state::caching::BreakOrder;
 use nimbus_state::durable_record::{Answered, DurableOpen, OPEN_PREFIX};
 use nimbus_state::etcd_store::{Cmp, Op};
 use nimbus_state::records::Record;
-use nimbus_state::{FileKey, StateError, StateStore};
+use nimbus_state::{FileKey, StateStore};
 
 use crate::cluster::incarnation_of;
 use crate::durable::Owner;
@@ -101,15 +105,56 @@ fn released_key(open_id: u64) -> Vec<u8> {
     per_open_key(RELEASED_PREFIX, open_id)
 }
 
+/// What `claim_for` did.
+enum Claimed {
+    /// The open is this node's now.
+    Taken,
+    /// Its record names another user or CreateGuid, or was never
+    /// answered: nothing of it is this reconnect's.
+    NotYours,
+    /// Another node holds it (or no record shows it yet), or etcd did not
+    /// answer.
+    Held,
+}
+
 /// Takes open `open_id` (its record in etcd) for this node, if its own
 /// node is gone or let go of it, and nobody holds it: it is then a
-/// disconnected open here, waiting for its client. For a reconnect,
-/// `owner` is the user asking: only the open's owner moves it (another
-/// user's reconnect would fail after the move anyway, and must not reset
-/// its timeout or move it about). Whether it now is.
-pub fn claim(server: &Arc<Server>, open_id: u64, owner: Option<&Owner>) -> bool {
+/// disconnected open here, waiting for its client. Whether it now is.
+pub fn claim(server: &Arc<Server>, open_id: u64) -> bool {
+    matches!(claim_for(server, open_id, None), Claimed::Taken)
+}
+
+/// `claim`, for a reconnect when `asking` (whose user and CreateGuid the
+/// record must name: another user's reconnect would fail after the move
+/// anyway, and must not reset its timeout or move it about, nor have
+/// other nodes asked for it).
+fn claim_for(server: &Arc<Server>, open_id: u64, asking: Option<&LetGo>) -> Claimed {
     let Some(m) = &server.cluster else {
-        return false;
+        return Claimed::Held;
+    };
+    let key = DurableOpen::key(open_id);
+    // The record first: a reconnect it does not name ends here, and asks
+    // nothing of other nodes.
+    let v = match m.store.get(&key) {
+        Ok(Some(v)) => v,
+        Ok(None) => {
+            tracing::debug!("cluster: open {open_id:#x} not claimed: no record");
+            return Claimed::Held;
+        }
+        Err(e) => {
+            tracing::warn!("cluster: claiming open {open_id:#x}: {e}");
+            return Claimed::Held;
+        }
+    };
+    let record = match DurableOpen::decode(&v.value) {
+        Ok(r) if r.answered == Answered::Yes && asking.is_none_or(|a| names(a, &r)) => r,
+        r => {
+            tracing::debug!(
+                "cluster: open {open_id:#x} not claimed: record {:?}",
+                r.map(|r| r.answered)
+            );
+            return Claimed::NotYours;
+        }
     };
     // Asked of etcd again: a client reconnects within a second of its node
     // leaving, while this node may still remember that node alive.
@@ -123,27 +168,12 @@ pub fn claim(server: &Arc<Server>, open_id: u64, owner: Option<&Owner>) -> bool 
             Ok(Some(v)) => Some(v.version),
             Ok(None) => {
                 tracing::debug!("cluster: open {open_id:#x} not claimed: its node lives");
-                return false;
+                return Claimed::Held;
             }
             Err(e) => {
                 tracing::warn!("cluster: claiming open {open_id:#x}: {e}");
-                return false;
+                return Claimed::Held;
             }
-        }
-    };
-    let key = DurableOpen::key(open_id);
-    let Ok(Some(v)) = m.store.get(&key) else {
-        tracing::debug!("cluster: open {open_id:#x} not claimed: no record");
-        return false;
-    };
-    let record = match DurableOpen::decode(&v.value) {
-        Ok(r) if r.answered == Answered::Yes && owner.is_none_or(|o| owns(o, &r)) => r,
-        r => {
-            tracing::debug!(
-                "cluster: open {open_id:#x} not claimed: record {:?}",
-                r.map(|r| r.answered)
-            );
-            return false;
         }
     };
     let holder = holder_key(open_id);
@@ -161,11 +191,11 @@ pub fn claim(server: &Arc<Server>, open_id: u64, owner: Option<&Owner>) -> bool 
         Ok(t) if t.succeeded => {}
         Ok(_) => {
             tracing::debug!("cluster: open {open_id:#x} not claimed: held, or its record changed");
-            return false;
+            return Claimed::Held;
         }
         Err(e) => {
             tracing::warn!("cluster: claiming open {open_id:#x}: {e}");
-            return false;
+            return Claimed::Held;
         }
     }
     match take_over(server, &record, Instant::now()) {
@@ -182,7 +212,7 @@ pub fn claim(server: &Arc<Server>, open_id: u64, owner: Option<&Owner>) -> bool 
                 },
                 record.timeout_ms
             );
-            true
+            Claimed::Taken
         }
         Err(why) => {
             tracing::warn!(
@@ -190,13 +220,15 @@ pub fn claim(server: &Arc<Server>, open_id: u64, owner: Option<&Owner>) -> bool 
                 kind(&record)
             );
             let _ = m.store.txn(&[], &[Op::Delete(&holder)], &[]);
-            false
+            Claimed::Held
         }
     }
 }
 
-fn owns(owner: &Owner, r: &DurableOpen) -> bool {
-    owner.sid == r.owner_sid
+/// Whether record `r` is of the open a reconnect asks for: its user
+/// (SID) and its CreateGuid (all zero for a v1 one).
+fn names(asking: &LetGo, r: &DurableOpen) -> bool {
+    asking.owner.sid == r.owner_sid && asking.create_guid == r.create_guid
 }
 
 /// Message tag of a request to let go of an open (`let_go`), beside
@@ -225,17 +257,27 @@ pub struct Asked {
 }
 
 /// Message tag of a refusal to let go of an open: no open the request
-/// could name waits for its client on the node asked, so the asking
-/// reconnect fails at once instead of waiting out `LET_GO_WAIT`.
+/// could name waits for its client on the node asked (it is still
+/// connected there, or another user's, or not there), so the asking
+/// reconnect fails at once.
 pub const LET_GO_REFUSED_V1: u8 = 0x22;
+/// Message tag of the answer that the node asked let go of the open: the
+/// asking reconnect may claim it now.
+pub const LET_GO_DONE_V1: u8 = 0x24;
+
+/// What the node asked to let go of an open answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LetGoAnswer {
+    Refused,
+    Done,
+}
 
 /// Numbers this node's requests to let go.
 static NEXT_ASK: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
-/// How long a reconnect waits for the node holding its open to let go.
+/// How long a reconnect waits for the node holding its open to answer;
+/// a node that lives answers within a round trip through etcd.
 const LET_GO_WAIT: Duration = Duration::from_secs(5);
-/// How often it asks meanwhile.
-const ASK_AGAIN: Duration = Duration::from_millis(250);
 
 /// `LET_GO_V3`, the open id, the CreateGuid, the request's number, then
 /// the owner's SID and name and the node to answer, each a 16-bit length
@@ -286,44 +328,98 @@ pub fn decode_let_go(msg: &[u8]) -> Option<Asked> {
     })
 }
 
-/// `LET_GO_REFUSED_V1`, the open id and the request's number.
-pub fn encode_refusal(open_id: u64, nonce: u64) -> Vec<u8> {
+/// `LET_GO_REFUSED_V1` or `LET_GO_DONE_V1`, the open id and the request's
+/// number.
+pub fn encode_answer(answer: LetGoAnswer, open_id: u64, nonce: u64) -> Vec<u8> {
     let mut m = Vec::with_capacity(17);
-    m.push(LET_GO_REFUSED_V1);
+    m.push(match answer {
+        LetGoAnswer::Refused => LET_GO_REFUSED_V1,
+        LetGoAnswer::Done => LET_GO_DONE_V1,
+    });
     m.extend_from_slice(&open_id.to_le_bytes());
     m.extend_from_slice(&nonce.to_le_bytes());
     m
 }
 
-pub fn decode_refusal(msg: &[u8]) -> Option<(u64, u64)> {
-    let [LET_GO_REFUSED_V1, rest @ ..] = msg else {
-        return None;
+/// An answer to a request to let go: what it says, the open id and the
+/// request's number.
+pub fn decode_answer(msg: &[u8]) -> Option<(LetGoAnswer, u64, u64)> {
+    let answer = match *msg.first()? {
+        LET_GO_REFUSED_V1 => LetGoAnswer::Refused,
+        LET_GO_DONE_V1 => LetGoAnswer::Done,
+        _ => return None,
     };
+    let rest = &msg[1..];
     if rest.len() != 16 {
         return None;
     }
     let open_id = u64::from_le_bytes(rest[..8].try_into().ok()?);
-    Some((open_id, u64::from_le_bytes(rest[8..].try_into().ok()?)))
+    Some((
+        answer,
+        open_id,
+        u64::from_le_bytes(rest[8..].try_into().ok()?),
+    ))
 }
 
-/// A durable reconnect of `open_id` found no open here: `claim` it; when
+/// What a durable reconnect that found no open here got from the cluster.
+pub enum Reclaim {
+    /// The open is this node's now, waiting for its client.
+    Claimed,
+    /// The node holding it was asked to let go; the reconnect waits for
+    /// its answer, and `resumed` runs then (or after `LET_GO_WAIT`).
+    Asked,
+    /// No open for this reconnect: none, another user's, or one its node
+    /// keeps (its client is still connected there).
+    NotFound,
+}
+
+/// A durable reconnect of `open_id` found no open here: `claim` it. When
 /// another node that lives holds it (it made it, or took it over, and its
-/// client came here), ask that node to let go first. Whether the open is
-/// this node's now.
-pub fn reclaim(server: &Arc<Server>, req: &LetGo) -> bool {
-    if claim(server, req.open_id, Some(&req.owner)) {
-        return true;
+/// client came here), that node is asked to let go, once: `resume` runs
+/// the reconnect again when it answers, and that run (`asked_before`)
+/// only claims. A request is made only for an open whose record, where
+/// etcd has one, names the reconnect's user and CreateGuid; at most a few
+/// etcd calls each, and at most `LET_GO_ASKS_PER_SESSION` a session in
+/// each window.
+pub fn reclaim(
+    server: &Arc<Server>,
+    req: &LetGo,
+    session_id: u64,
+    asked_before: bool,
+    resume: impl FnOnce(u64) -> Option<crate::cluster::LetGoWait>,
+) -> Reclaim {
+    let Some(m) = &server.cluster else {
+        return Reclaim::NotFound;
+    };
+    match claim_for(server, req.open_id, Some(req)) {
+        Claimed::Taken => return Reclaim::Claimed,
+        Claimed::NotYours => return Reclaim::NotFound,
+        Claimed::Held if asked_before => return Reclaim::NotFound,
+        Claimed::Held => {}
     }
-    ask_to_let_go(server, req) && claim(server, req.open_id, Some(&req.owner))
+    if !m.may_ask_to_let_go(session_id) {
+        tracing::warn!(
+            "cluster: session {session_id:#x} asked other nodes to let go of too many opens \
+             lately; open {:#x} not asked for",
+            req.open_id
+        );
+        return Reclaim::NotFound;
+    }
+    match ask_to_let_go(m, req, resume) {
+        true => Reclaim::Asked,
+        false => Reclaim::NotFound,
+    }
 }
 
-/// Asks the node holding `open_id` (the one that took it over, else the
-/// live one that made it) to let go of it and waits until it has (no node
-/// holds it, and its node is gone or marked it let go), or `LET_GO_WAIT`.
-fn ask_to_let_go(server: &Server, req: &LetGo) -> bool {
-    let Some(m) = &server.cluster else {
-        return false;
-    };
+/// Asks the node holding `req`'s open (the one that took it over, else the
+/// live one that made it) to let go of it, and registers what `resume`
+/// gives (handed the request's number) to run at its answer. Whether it
+/// was asked.
+fn ask_to_let_go(
+    m: &Arc<crate::cluster::Membership>,
+    req: &LetGo,
+    resume: impl FnOnce(u64) -> Option<crate::cluster::LetGoWait>,
+) -> bool {
     let open_id = req.open_id;
     let origin = incarnation_of(open_id);
     let holder = match holder_of(m, open_id) {
@@ -337,11 +433,10 @@ fn ask_to_let_go(server: &Server, req: &LetGo) -> bool {
     if m.runs(holder) {
         return false;
     }
-    tracing::debug!("cluster: open {open_id:#x}: asking incarnation {holder} to let go");
     let node = match m.node_of(holder) {
         Ok(Some(node)) => node,
-        // Gone: its claim goes with its lease.
-        Ok(None) => String::new(),
+        // Gone: its claim goes with its lease, and nobody is there to ask.
+        Ok(None) => return false,
         Err(e) => {
             tracing::warn!("cluster: asking for open {open_id:#x}: {e}");
             return false;
@@ -356,63 +451,25 @@ fn ask_to_let_go(server: &Server, req: &LetGo) -> bool {
         reply_to: m.node.clone(),
         nonce: NEXT_ASK.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
     };
-    let answer = wait_for_let_go(m, &node, &asked);
-    // A refusal that came after the answer is not left behind.
-    m.take_refusal(open_id, asked.nonce);
-    answer
-}
-
-/// Asks `node` (empty: a gone one) for the open of `asked` until no node
-/// holds it, `node` refuses, or `LET_GO_WAIT` has passed.
-fn wait_for_let_go(m: &crate::cluster::Membership, node: &str, asked: &Asked) -> bool {
-    let open_id = asked.req.open_id;
-    let deadline = Instant::now() + LET_GO_WAIT;
-    let mut pause = Duration::from_millis(2);
-    let mut last_asked: Option<Instant> = None;
-    loop {
-        // Asked again now and then: the holder may not have seen its
-        // client's connection drop yet when the first request came (the
-        // client reconnects here at once), and ignores a request for an
-        // open still connected there.
-        if !node.is_empty() && last_asked.is_none_or(|t| t.elapsed() >= ASK_AGAIN) {
-            if let Err(e) = m.post(node, &encode_let_go(asked)) {
-                tracing::warn!("cluster: asking node {node} for open {open_id:#x}: {e}");
-                return false;
-            }
-            last_asked = Some(Instant::now());
-        }
-        match free_to_claim(m, open_id) {
-            Ok(true) => return true,
-            Ok(false) => {}
-            Err(e) => {
-                tracing::warn!("cluster: waiting for open {open_id:#x}: {e}");
-                return false;
-            }
-        }
-        if m.take_refusal(open_id, asked.nonce) {
-            tracing::debug!("cluster: node {node} has no open {open_id:#x} for this reconnect");
-            return false;
-        }
-        if Instant::now() >= deadline {
-            tracing::info!(
-                "cluster: node {node} did not let go of open {open_id:#x} within {:?} \
-                 (its client may still be connected there)",
-                LET_GO_WAIT
-            );
-            return false;
-        }
-        nimbus_state::blocking::off_worker(|| std::thread::sleep(pause));
-        pause = (pause * 2).min(Duration::from_millis(50));
+    let Some(runtime) = m.let_go_room() else {
+        tracing::warn!(
+            "cluster: too many reconnects wait for other nodes; open {open_id:#x} not asked for"
+        );
+        return false;
+    };
+    let Some(wake) = resume(asked.nonce) else {
+        return false;
+    };
+    // Registered before the request goes: the answer may come at once.
+    m.await_let_go(open_id, asked.nonce, wake, runtime, LET_GO_WAIT);
+    tracing::debug!("cluster: open {open_id:#x}: asking node {node} to let go");
+    if let Err(e) = m.post(&node, &encode_let_go(&asked)) {
+        tracing::warn!("cluster: asking node {node} for open {open_id:#x}: {e}");
+        // The reconnect waits already: it runs again now, and finds no
+        // open to claim.
+        m.let_go_answered(open_id, asked.nonce);
     }
-}
-
-/// Whether no node holds `open_id` and its own node is gone or let go of
-/// it: a claim may take it.
-fn free_to_claim(m: &crate::cluster::Membership, open_id: u64) -> Result<bool, StateError> {
-    if m.store.get(&holder_key(open_id))?.is_some() {
-        return Ok(false);
-    }
-    Ok(m.is_gone(incarnation_of(open_id)) || m.store.get(&released_key(open_id))?.is_some())
+    true
 }
 
 /// The disconnected open a request names, if it waits here for its client
@@ -429,9 +486,11 @@ fn waiting_here(server: &Server, req: &LetGo) -> Option<Arc<Open>> {
 /// Another node's client reconnects to an open that waits for its client
 /// here: if the request names its CreateGuid and owner, this node lets go
 /// of it, an open it took over (`let_go_taken`) or one of its own
-/// (`let_go_own`). A request for anything else (an open whose client is
-/// connected here, a wrong CreateGuid, another user) is ignored: the
-/// asking reconnect then fails, as it would on one node.
+/// (`let_go_own`). The asking node is answered either way, at once: a
+/// request for anything else (an open whose client is still connected
+/// here, a wrong CreateGuid, another user) is refused, as one node
+/// refuses a reconnect of an open whose connection lives (MS-SMB2
+/// 3.3.5.9.7).
 pub fn let_go(server: &Server, asked: &Asked) {
     let Some(m) = &server.cluster else {
         return;
@@ -439,27 +498,34 @@ pub fn let_go(server: &Server, asked: &Asked) {
     let req = &asked.req;
     let open_id = req.open_id;
     tracing::debug!("cluster: another node asks for open {open_id:#x}");
-    let Some(open) = waiting_here(server, req) else {
-        tracing::debug!("cluster: open {open_id:#x} stays: no such open waits here for its client");
-        // An open still connected here may be about to lose its
-        // connection (its client reconnected elsewhere first): the asker
-        // asks again. Anything else is a definite no.
-        if server.opens.get(open_id).is_none()
-            || server.durables.find_disconnected(open_id).is_some()
-        {
-            if let Err(e) = m.post(&asked.reply_to, &encode_refusal(open_id, asked.nonce)) {
-                tracing::warn!(
-                    "cluster: refusing open {open_id:#x} to {}: {e}",
-                    asked.reply_to
-                );
+    let answer = match waiting_here(server, req) {
+        None => {
+            tracing::debug!(
+                "cluster: open {open_id:#x} stays: no such open waits here for its client"
+            );
+            LetGoAnswer::Refused
+        }
+        Some(open) => {
+            let gone = if m.runs(incarnation_of(open_id)) && !m.is_released(open_id) {
+                let_go_own(server, m, open)
+            } else {
+                let_go_taken(server, m, open)
+            };
+            if gone {
+                LetGoAnswer::Done
+            } else {
+                LetGoAnswer::Refused
             }
         }
-        return;
     };
-    if m.runs(incarnation_of(open_id)) && !m.is_released(open_id) {
-        let_go_own(server, m, open);
-    } else {
-        let_go_taken(server, m, open);
+    if let Err(e) = m.post(
+        &asked.reply_to,
+        &encode_answer(answer, open_id, asked.nonce),
+    ) {
+        tracing::warn!(
+            "cluster: answering {} about open {open_id:#x}: {e}",
+            asked.reply_to
+        );
     }
 }
 
@@ -468,12 +534,12 @@ pub fn let_go(server: &Server, asked: &Asked) {
 /// the open is marked let go (`released/<open id>`) and this node drops
 /// its copy without closing it. It stays pinned here (its entries name
 /// this node).
-fn let_go_own(server: &Server, m: &crate::cluster::Membership, open: Arc<Open>) {
+fn let_go_own(server: &Server, m: &crate::cluster::Membership, open: Arc<Open>) -> bool {
     let open_id = open.open_id;
     let was_in_store = {
         let mut d = crate::session::lock(&open.durable);
         let Some(d) = d.as_mut() else {
-            return;
+            return false;
         };
         let was = d.in_store;
         d.in_store = true;
@@ -493,11 +559,11 @@ fn let_go_own(server: &Server, m: &crate::cluster::Membership, open: Arc<Open>) 
             }
             m.unpin(open_id);
         }
-        return;
+        return false;
     }
     // Out of the table first: a reconnect here meanwhile finds nothing.
     let Some(open) = server.durables.claim(open_id) else {
-        return;
+        return false;
     };
     stop_serving(server, &open);
     // Marked here before etcd: a break that comes for it from now on is
@@ -532,25 +598,26 @@ fn let_go_own(server: &Server, m: &crate::cluster::Membership, open: Arc<Open>) 
         m.forget_released(open_id);
         m.pin(open_id);
         serve_again(server, &open);
-        return;
+        return false;
     }
     drop_copy(server, &open);
+    true
 }
 
 /// `let_go` of an open this node took over (from a gone node, or one that
 /// let go of it): it drops its copy without closing it and deletes its
 /// claim.
-fn let_go_taken(server: &Server, m: &crate::cluster::Membership, open: Arc<Open>) {
+fn let_go_taken(server: &Server, m: &crate::cluster::Membership, open: Arc<Open>) -> bool {
     let open_id = open.open_id;
     let in_store = crate::session::lock(&open.durable)
         .as_ref()
         .is_some_and(|d| d.in_store);
     if !in_store {
-        return;
+        return false;
     }
     // Out of the table first: a reconnect here meanwhile finds nothing.
     let Some(open) = server.durables.claim(open_id) else {
-        return;
+        return false;
     };
     stop_serving(server, &open);
     // The claim goes next; only then is the open no longer this node's.
@@ -568,13 +635,14 @@ fn let_go_taken(server: &Server, m: &crate::cluster::Membership, open: Arc<Open>
             "cluster: open {open_id:#x} not let go: its claim could not be given up ({deleted:?})"
         );
         serve_again(server, &open);
-        return;
+        return false;
     }
     drop_copy(server, &open);
     // One this node made stays pinned (its entries name this node).
     if !m.is_released(open_id) {
         m.unpin(open_id);
     }
+    true
 }
 
 /// Before an open is given up: saves of it write nothing from now on (its
@@ -674,7 +742,7 @@ pub fn close_handed_back(server: &Arc<Server>, open_id: u64) -> bool {
         Some(r) if !r.persistent => {}
         _ => return false,
     }
-    if !claim(server, open_id, None) {
+    if !claim(server, open_id) {
         return false;
     }
     tracing::info!("cluster: durable open {open_id:#x} of a node that left closed by a break");
@@ -828,7 +896,7 @@ fn take_back(server: &Arc<Server>, open_id: u64, order: &BreakOrder) {
             // Here (taken back by this break or one before it): it ends
             // as on one node.
             Some(_) => return server.oplocks.deliver_here(open_id, *order),
-            None if claim(server, open_id, None) => return,
+            None if claim(server, open_id) => return,
             None => {}
         }
     }
@@ -933,7 +1001,7 @@ pub fn sweep_orphans(server: &Arc<Server>, orphans: &mut Orphans) {
             continue;
         }
         // Its time is up: taken here and closed at once.
-        if claim(server, open_id, None) {
+        if claim(server, open_id) {
             tracing::info!(
                 "cluster: {} open {open_id:#x} of {} was not reclaimed in time; closed",
                 kind(&r),
@@ -981,8 +1049,10 @@ mod tests {
         let msg = encode_let_go(&asked());
         assert_eq!(msg[0], LET_GO_V3);
         assert_eq!(decode_let_go(&msg), Some(asked()));
-        let refusal = encode_refusal(0x0000_0300_0000_002a, 9);
-        assert_eq!(decode_refusal(&refusal), Some((0x0000_0300_0000_002a, 9)));
+        for answer in [LetGoAnswer::Refused, LetGoAnswer::Done] {
+            let m = encode_answer(answer, 0x0000_0300_0000_002a, 9);
+            assert_eq!(decode_answer(&m), Some((answer, 0x0000_0300_0000_002a, 9)));
+        }
     }
 
     #[test]
@@ -1005,10 +1075,13 @@ mod tests {
         let mut overlong = msg;
         overlong[33] = 0xff;
         assert_eq!(decode_let_go(&overlong), None);
-        let refusal = encode_refusal(1, 2);
+        let refusal = encode_answer(LetGoAnswer::Refused, 1, 2);
         for len in 0..refusal.len() {
-            assert_eq!(decode_refusal(&refusal[..len]), None, "cut at {len}");
+            assert_eq!(decode_answer(&refusal[..len]), None, "cut at {len}");
         }
-        assert_eq!(decode_refusal(&[refusal.as_slice(), &[0]].concat()), None);
+        assert_eq!(decode_answer(&[refusal.as_slice(), &[0]].concat()), None);
+        let mut other_tag = refusal;
+        other_tag[0] = 0x23;
+        assert_eq!(decode_answer(&other_tag), None);
     }
 }

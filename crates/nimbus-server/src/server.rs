@@ -678,10 +678,13 @@ impl Server {
             }
             return;
         }
-        if msg.first() == Some(&crate::failover::LET_GO_REFUSED_V1) {
-            match (crate::failover::decode_refusal(msg), &self.cluster) {
-                (Some((open_id, nonce)), Some(m)) => m.note_refusal(open_id, nonce),
-                _ => tracing::warn!("cluster: a malformed refusal to let go of an open"),
+        if matches!(
+            msg.first(),
+            Some(&crate::failover::LET_GO_REFUSED_V1 | &crate::failover::LET_GO_DONE_V1)
+        ) {
+            match (crate::failover::decode_answer(msg), &self.cluster) {
+                (Some((_, open_id, nonce)), Some(m)) => m.let_go_answered(open_id, nonce),
+                _ => tracing::warn!("cluster: a malformed answer to a request to let go"),
             }
             return;
         }

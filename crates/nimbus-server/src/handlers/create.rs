@@ -73,7 +73,7 @@ fn open_or_create(
     // A reconnect acts on nothing else the request says: not even its
     // fixed fields are checked (clients send them zeroed).
     if let DurableAsk::Reconnect(how) = durable {
-        return Ok(create_durable::reconnect(ctx, &req, how, out)?);
+        return Ok(create_durable::reconnect(ctx, &req, how, body, out)?);
     }
     let replay_key = match (durable, ctx.conn.negotiated()) {
         (DurableAsk::V2(r), Some(n)) => Some((n.client_guid, r.create_guid)),

@@ -336,6 +336,7 @@ pub fn reconnect(
     ctx: &mut Ctx<'_>,
     req: &CreateRequest,
     how: Reconnect,
+    body: &[u8],
     out: &mut Vec<u8>,
 ) -> Result<NtStatus, NtStatus> {
     let tree = ctx.tree()?.clone();
@@ -348,24 +349,21 @@ pub fn reconnect(
     // tested one by one for whose open they name.
     let not_found = NtStatus::OBJECT_NAME_NOT_FOUND;
     let me = owner(ctx).ok_or(not_found)?;
-    // On a cluster node, an open of a node that died is taken over here
-    // first (`crate::failover`).
-    let open = ctx
+    let mut open = ctx
         .server
         .durables
         .find_disconnected(file_id.persistent)
-        .or_else(|| disconnect_if_closing(ctx, file_id.persistent))
-        .or_else(|| {
-            let req = crate::failover::LetGo {
-                open_id: file_id.persistent,
-                create_guid: create_guid.unwrap_or([0; 16]),
-                owner: me.clone(),
-            };
-            crate::failover::reclaim(ctx.server, &req)
-                .then(|| ctx.server.durables.find_disconnected(file_id.persistent))
-                .flatten()
-        })
-        .ok_or(not_found)?;
+        .or_else(|| disconnect_if_closing(ctx, file_id.persistent));
+    // On a cluster node, an open another node held is taken over here
+    // (`crate::failover`); one a live node holds is asked for, and this
+    // request waits for the answer, answered STATUS_PENDING meanwhile.
+    if open.is_none() && ctx.server.cluster.is_some() {
+        match reclaim_from_cluster(ctx, file_id.persistent, create_guid, &me, body)? {
+            Some(status) => return Ok(status),
+            None => open = ctx.server.durables.find_disconnected(file_id.persistent),
+        }
+    }
+    let open = open.ok_or(not_found)?;
     let d = lock(&open.durable).clone().ok_or(not_found)?;
     if me != d.owner {
         return Err(not_found);
@@ -415,6 +413,46 @@ pub fn reconnect(
     }
     .encode(out);
     Ok(NtStatus::SUCCESS)
+}
+
+/// `reconnect`'s look for its open in the cluster: Ok(None) when it was
+/// claimed here or is nowhere (the caller looks again), Ok(PENDING) when
+/// its holder was asked to let go and the request waits for the answer.
+fn reclaim_from_cluster(
+    ctx: &mut Ctx<'_>,
+    open_id: u64,
+    create_guid: Option<[u8; 16]>,
+    me: &Owner,
+    body: &[u8],
+) -> Result<Option<NtStatus>, NtStatus> {
+    let server = ctx.server.clone();
+    let Some(m) = server.cluster.clone() else {
+        return Ok(None);
+    };
+    let req = crate::failover::LetGo {
+        open_id,
+        create_guid: create_guid.unwrap_or([0; 16]),
+        owner: me.clone(),
+    };
+    let session_id = ctx.session()?.id;
+    let asked_before = ctx.resumed.is_some();
+    let mut parked = None;
+    let outcome = crate::failover::reclaim(&server, &req, session_id, asked_before, |nonce| {
+        let mut wake = None;
+        let status = super::deferred::park(
+            ctx,
+            body,
+            super::create::handle,
+            move |_| m.forget_let_go(open_id, nonce),
+            |_, resume| wake = Some(resume),
+        );
+        parked = Some(status);
+        wake
+    });
+    match (outcome, parked) {
+        (crate::failover::Reclaim::Asked, Some(status)) => status.map(Some),
+        _ => Ok(None),
+    }
 }
 
 /// A replayed CREATE names a disconnected durable open of its own user on

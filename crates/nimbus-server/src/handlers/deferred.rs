@@ -29,21 +29,42 @@ pub fn defer(
     body: &[u8],
     handler: Handler,
 ) -> Result<NtStatus, NtStatus> {
+    let server = ctx.server.clone();
+    let waits_on = server.clone();
+    park(
+        ctx,
+        body,
+        handler,
+        move |async_id| server.oplocks.withdraw(file, async_id),
+        move |async_id, resume| waits_on.oplocks.wait(file, async_id, resume),
+    )
+}
+
+/// Parks the request being handled until whatever `wait` hands its
+/// resumption to calls it: it is answered STATUS_PENDING now (or stays
+/// pending, if it already was), and `handler` runs it again with `body`
+/// then. `withdraw` takes the resumption back when the request is
+/// cancelled (CANCEL, logoff, disconnect).
+pub fn park(
+    ctx: &mut Ctx<'_>,
+    body: &[u8],
+    handler: Handler,
+    withdraw: impl Fn(u64) + Send + Sync + 'static,
+    wait: impl FnOnce(u64, Box<dyn FnOnce() + Send>),
+) -> Result<NtStatus, NtStatus> {
     let request = match ctx.resumed.clone() {
         Some(r) => r,
-        None => {
-            let server = ctx.server.clone();
-            ctx.go_async(move |request: &Arc<PendingRequest>| {
+        None => ctx
+            .go_async(move |request: &Arc<PendingRequest>| {
                 let request = Arc::downgrade(request);
                 Box::new(move |status| {
                     if let Some(request) = request.upgrade() {
-                        server.oplocks.withdraw(file, request.async_id());
+                        withdraw(request.async_id());
                         request.complete(status, |_| {});
                     }
                 })
             })
-            .ok_or(NtStatus::INSUFFICIENT_RESOURCES)?
-        }
+            .ok_or(NtStatus::INSUFFICIENT_RESOURCES)?,
     };
     let resume = Resume {
         conn: ctx.conn.clone(),
@@ -58,9 +79,7 @@ pub fn defer(
         handler,
         request: request.clone(),
     };
-    ctx.server
-        .oplocks
-        .wait(file, request.async_id(), Box::new(move || resume.run()));
+    wait(request.async_id(), Box::new(move || resume.run()));
     Ok(NtStatus::PENDING)
 }
 

@@ -441,6 +441,21 @@ mod tests {
         files.get(&K).map_or(0, |g| g.steps.len())
     }
 
+    /// Waits until `n` steps of the file wait for the next write. A count
+    /// and not a change of it: a step's thread may gather before its
+    /// spawner looks.
+    fn wait_gathered(o: &Oplocks, n: usize, what: &str) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while gathered(o) < n {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{what} never gathered"
+            );
+            std::thread::yield_now();
+        }
+        assert_eq!(gathered(o), n, "{what}: more steps gathered than came");
+    }
+
     #[test]
     fn opens_and_closes_that_come_during_a_write_go_in_the_next_one() {
         let store = Arc::new(SharedMemory::default());
@@ -469,7 +484,8 @@ mod tests {
         store.wait_held(1);
         let steps: Vec<_> = [(2, None), (5, Some(WRITE_DATA)), (3, None)]
             .into_iter()
-            .map(|(id, writing)| {
+            .enumerate()
+            .map(|(at, (id, writing))| {
                 let (o, s) = (oplocks.clone(), sm.clone());
                 let thread = std::thread::spawn(move || match writing {
                     None => o
@@ -482,15 +498,7 @@ mod tests {
                     }
                 });
                 // One at a time, so that the test knows their order.
-                let before = gathered(&oplocks);
-                let deadline = std::time::Instant::now() + Duration::from_secs(10);
-                while gathered(&oplocks) == before {
-                    assert!(
-                        std::time::Instant::now() < deadline,
-                        "step {id} never gathered"
-                    );
-                    std::thread::yield_now();
-                }
+                wait_gathered(&oplocks, at + 1, &format!("step {id}"));
                 thread
             })
             .collect();
@@ -564,14 +572,10 @@ mod tests {
         store.wait_held(1);
         let later: Vec<_> = asks[1..]
             .iter()
-            .map(|ask| {
-                let before = gathered(&oplocks);
+            .enumerate()
+            .map(|(at, ask)| {
                 let thread = admit(*ask);
-                let deadline = std::time::Instant::now() + Duration::from_secs(10);
-                while gathered(&oplocks) == before {
-                    assert!(std::time::Instant::now() < deadline, "admit never gathered");
-                    std::thread::yield_now();
-                }
+                wait_gathered(&oplocks, at + 1, "admit");
                 thread
             })
             .collect();
@@ -639,7 +643,6 @@ mod tests {
         store.wait_held(1);
         let mut threads = Vec::new();
         for step in 0..2 {
-            let before = gathered(&oplocks);
             let (o, s) = (oplocks.clone(), sm.clone());
             threads.push(std::thread::spawn(move || {
                 if step == 0 {
@@ -648,11 +651,7 @@ mod tests {
                     o.admit_counted(K, &again, route(), &s);
                 }
             }));
-            let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            while gathered(&oplocks) == before {
-                assert!(std::time::Instant::now() < deadline, "step never gathered");
-                std::thread::yield_now();
-            }
+            wait_gathered(&oplocks, step + 1, &format!("step {step}"));
         }
         store.open_gate();
         held.join().unwrap();
