@@ -22,6 +22,7 @@ import urllib.request
 import uuid
 from base64 import b64decode
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import smbclient
@@ -801,7 +802,10 @@ def test_a_killed_nodes_lease_does_not_hold_up_an_open_elsewhere(nodes):
 # --------------------------------------------------------------------------
 # change notify across nodes
 
+import test_acl as acls  # noqa: E402
 import test_notify as tn  # noqa: E402
+from conftest import run_nimbus  # noqa: E402
+from smbprotocol.open import CreateDisposition  # noqa: E402
 
 
 def test_change_notify_crosses_nodes(nodes):
@@ -833,6 +837,30 @@ def test_change_notify_crosses_nodes(nodes):
     finally:
         a.close()
         b.close()
+
+
+def test_a_change_from_another_node_is_reported_only_where_the_watcher_may_list(nodes, tmp_path):
+    """Changes relayed from another node are checked at delivery, as local
+    ones: mallory's tree watch on n1 hears nothing of a file alice makes
+    through n2 in a directory he may not list."""
+    db = tmp_path / "users.db"
+    add_user(db, *tn.MALLORY)
+    sids = dict(line.split(" ", 1) for line in run_nimbus("user", "list", "--db", str(db), "--sids").stdout.splitlines())
+    for n in nodes:
+        n.start()
+    n1, n2 = (SimpleNamespace(host=n.host, port=n.port, share="data") for n in nodes[:2])
+    with acls.smb_tree(n2, USER, PASSWORD) as ta, acls.smb_tree(n1, *tn.MALLORY) as tm:
+        hr = acls.create(ta, "hr-private", acls.READ_CONTROL | acls.WRITE_DAC, directory=True)
+        deny_mallory = acls.ace(acls.DENY, 0, acls.LIST_DIRECTORY, sids[tn.MALLORY[0]])
+        acls.set_sd(hr, acls.descriptor(acls.acl(deny_mallory, acls.ace(acls.ALLOW, 0, acls.FILE_ALL_ACCESS, acls.EVERYONE))))
+        hr.close()
+        mallory = tn.Watcher(tm, "", tn.NAMES, tn.WATCH_TREE)
+        mallory.start()
+        wait_until("n2 knows n1 watches", lambda: 'node "n1" registered watch of data/' in nodes[1].log())
+        acls.create(ta, r"hr-private\layoffs.xlsx", acls.GENERIC_WRITE, CreateDisposition.FILE_CREATE).close()
+        # The fence: a change mallory may hear of, made after.
+        acls.create(ta, "public.txt", acls.GENERIC_WRITE, CreateDisposition.FILE_CREATE).close()
+        assert mallory.entries() == [(tn.ADDED, "public.txt")]
 
 
 def test_a_directory_lease_on_one_node_breaks_when_a_file_is_made_in_it_on_another(nodes):

@@ -24,7 +24,7 @@ import uuid
 import pytest
 from conftest import Security, require_tool
 from smbprotocol import Dialects
-from smbprotocol.connection import Ciphers, Connection
+from smbprotocol.connection import Capabilities, Ciphers, Connection
 from smbprotocol.exceptions import SMBConnectionClosed, SMBResponseException
 from smbprotocol.header import NtStatus
 from smbprotocol.session import Session
@@ -379,6 +379,38 @@ def test_clear_request_on_encrypted_share_refused(mixed_server):
         open_file(tree, "sealed.txt").close()
     assert not (mixed_server.extra_shares[SECRET] / "clear.txt").exists()
     assert (mixed_server.extra_shares[SECRET] / "sealed.txt").exists()
+
+
+@pytest.mark.nimbus_only
+@pytest.mark.parametrize("dialect", [Dialects.SMB_3_0_0, Dialects.SMB_3_0_2], ids=["3.0", "3.0.2"])
+def test_smb30_client_without_the_encryption_capability_is_refused_by_a_required_share(mixed_server, dialect):
+    """MS-SMB2 3.3.5.4: on 3.0 and 3.0.2 the ENCRYPTION capability (and with
+    it AES-128-CCM) is answered only to a client that announced it; such a
+    session cannot encrypt, so a share that requires encryption refuses its
+    tree connect with ACCESS_DENIED (3.3.5.7), and the share in clear
+    serves it."""
+    conn = Connection(uuid.uuid4(), mixed_server.host, mixed_server.port, require_signing=True)
+    conn.client_capabilities &= ~Capabilities.SMB2_GLOBAL_CAP_ENCRYPTION
+    conn.connect(dialect, timeout=TIMEOUT)
+    try:
+        assert not conn.supports_encryption
+        assert not conn.server_capabilities.has_flag(Capabilities.SMB2_GLOBAL_CAP_ENCRYPTION)
+        session = Session(conn, mixed_server.user, mixed_server.password, require_encryption=False, auth_protocol="ntlm")
+        session.connect()
+        assert not session.encrypt_data
+        with pytest.raises(SMBResponseException) as excinfo:
+            TreeConnect(session, rf"\\{mixed_server.host}\{SECRET}").connect()
+        assert excinfo.value.status == NtStatus.STATUS_ACCESS_DENIED
+        assert f'tree connect to "{SECRET}" refused: the share requires encryption and this session cannot encrypt' in mixed_server.log_tail()
+        tree = TreeConnect(session, rf"\\{mixed_server.host}\{mixed_server.share}")
+        tree.connect()
+        f = open_file(tree, "clear30.txt")
+        f.write(b"signed only", 0)
+        f.close()
+    finally:
+        with contextlib.suppress(Exception):
+            conn.disconnect(close=True, timeout=TIMEOUT)
+    assert (mixed_server.share_path / "clear30.txt").read_bytes() == b"signed only"
 
 
 def test_tampered_encrypted_message_closes_only_that_connection(server_factory):

@@ -17,6 +17,10 @@ case by case; these tests check what a Mac user would see.
   holds data is ignored, as on a Mac; the Unix mode a Mac sets through an
   S-1-5-88-3 ACE is the file's mode on the server's disk.
 - A Mac may rename a folder while a file in it is open; Windows may not.
+- Files copied with AppleDouble companions (`._name`) show their streams to
+  a Mac, converted only for a session that may write them into the file:
+  a companion another user drops beside a file he may not write changes
+  nothing of it, whatever he opens or lists.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ import pytest
 from smbprotocol.create_contexts import SMB2CreateContextRequest
 from smbprotocol.exceptions import SMBResponseException
 from smbprotocol.open import CreateDisposition, CreateOptions, FileAttributes, ImpersonationLevel, Open, SMB2QueryDirectoryRequest, SMB2QueryInfoRequest, SMB2SetInfoRequest
+from conftest import PASSWORD, USER, Security
+from test_acl import ALLOW, FILE_ALL_ACCESS, GENERIC_READ, GENERIC_WRITE, acl, ace, create, descriptor, set_sd, smb_tree, user_sids
 from test_eas import ALL_ACCESS, SHARE_ALL, SUCCESS, call, query
 from test_eas import tree as connect
 from test_server_side_copy import FSCTL_SRV_COPYCHUNK_WRITE, copy, resume_key
@@ -411,3 +417,66 @@ def test_files_copied_with_appledouble_companions_show_their_streams(server):
         assert struct.unpack_from("<Q", listing(mac, "", "Listed.app")["Listed.app"], 70)[0] == 5000
         # A companion without its file stays what it is.
         assert "._Orphan" in names
+
+
+MALLORY = ("mallory", "M4llory-Secret!")
+
+
+def test_an_appledouble_companion_converts_only_for_a_session_that_may_write_the_file(server_factory):
+    """A companion is anybody's file in the directory. Mallory, who may not
+    open alice's contract, drops companions beside it and beside another of
+    her files, opens the contract's Mac streams and lists the folder as a
+    Mac: neither file gets a stream, and the companions stay. Alice's own
+    companion of her own file converts as before."""
+    if server_factory.target != "nimbus":
+        pytest.skip("the users' SIDs come from nimbus user list")
+    srv = server_factory.start(security=Security(extra_users=[MALLORY]))
+    alice = user_sids(srv)[USER]
+    forged = apple_double(
+        b"TEXTMSWD",
+        [("approval", b"approved-by: MALLORY"), ("Zone.Identifier", b"[ZoneTransfer]\r\nZoneId=3\r\n")],
+        b"mallory's resource fork",
+    )
+    mine = apple_double(b"W8BNMSWD", [("approval", b"approved-by: alice")], b"alice's resource fork")
+    with smb_tree(srv, USER, PASSWORD) as ta, smb_tree(srv, *MALLORY) as tm:
+        # Alice's files, hers alone; the contract carries her approval.
+        for name in ("contract.docx", "deal.docx", "report.docx"):
+            f = create(ta, name, GENERIC_WRITE | READ_CONTROL | WRITE_DAC, CreateDisposition.FILE_CREATE)
+            f.write(b"terms", 0)
+            set_sd(f, descriptor(acl(ace(ALLOW, 0, FILE_ALL_ACCESS, alice))))
+            f.close()
+        write_stream(ta, "contract.docx:approval", b"approved-by: alice")
+        assert status_of(lambda: create(tm, "contract.docx", GENERIC_READ, CreateDisposition.FILE_OPEN)) == ACCESS_DENIED
+
+        # Mallory's companions, then his Mac opening the contract's streams
+        # (refused) and listing the folder.
+        for name in ("._contract.docx", "._deal.docx"):
+            c = create(tm, name, GENERIC_WRITE, CreateDisposition.FILE_CREATE)
+            c.write(forged, 0)
+            c.close()
+        become_a_mac(tm)
+        for stream in ("AFP_AfpInfo", "AFP_Resource"):
+            for disposition in (CreateDisposition.FILE_OPEN, CreateDisposition.FILE_OPEN_IF):
+                assert status_of(lambda: open_path(tm, f"contract.docx:{stream}", disposition=disposition)[0].close()) != SUCCESS
+        names = set(listing(tm, "", "*"))
+
+        for name, streams in (("contract.docx", {"::$DATA": 5, ":approval:$DATA": 18}), ("deal.docx", {"::$DATA": 5})):
+            base = create(ta, name, GENERIC_READ, CreateDisposition.FILE_OPEN)
+            try:
+                assert streams_of(base) == streams, name
+            finally:
+                base.close()
+        assert read_stream(ta, "contract.docx:approval") == b"approved-by: alice"
+        assert {"._contract.docx", "._deal.docx"} <= names
+        assert (srv.share_path / "._contract.docx").read_bytes() == forged
+        assert (srv.share_path / "._deal.docx").read_bytes() == forged
+
+        # Alice's own companion of her own file: her Mac sees its streams.
+        c = create(ta, "._report.docx", GENERIC_WRITE, CreateDisposition.FILE_CREATE)
+        c.write(mine, 0)
+        c.close()
+        become_a_mac(ta)
+        assert read_stream(ta, "report.docx:AFP_AfpInfo", 60)[16:24] == b"W8BNMSWD"
+        assert read_stream(ta, "report.docx:AFP_Resource") == b"alice's resource fork"
+        assert read_stream(ta, "report.docx:approval") == b"approved-by: alice"
+        assert not (srv.share_path / "._report.docx").exists()

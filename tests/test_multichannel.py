@@ -27,7 +27,7 @@ import pytest
 import smbprotocol.session as smb_session
 from conftest import PASSWORD, USER, Security
 from smbprotocol import Dialects
-from smbprotocol.connection import Connection
+from smbprotocol.connection import Capabilities, Connection
 from smbprotocol.exceptions import SMBResponseException
 from smbprotocol.header import NtStatus
 from smbprotocol.open import CreateDisposition, CreateOptions, FilePipePrinterAccessMask, ImpersonationLevel, Open, ShareAccess
@@ -42,8 +42,13 @@ BOB = ("bob", "B0b-Secret-2!")
 BINDING = 0x01  # SMB2_SESSION_FLAG_BINDING (MS-SMB2 2.2.5)
 
 
-def connect(server, guid: uuid.UUID, dialect=Dialects.SMB_3_1_1) -> Connection:
+def connect(server, guid: uuid.UUID, dialect=Dialects.SMB_3_1_1, multichannel: bool = True) -> Connection:
+    """A connection whose NEGOTIATE announces SMB2_GLOBAL_CAP_MULTI_CHANNEL
+    (unless `multichannel` is false), as a client that binds channels
+    does: the server answers the capability only then (MS-SMB2 3.3.5.4)."""
     conn = Connection(guid, server.host, server.port, require_signing=True)
+    if multichannel:
+        conn.client_capabilities |= Capabilities.SMB2_GLOBAL_CAP_MULTI_CHANNEL
     conn.connect(dialect, timeout=TIMEOUT)
     return conn
 
@@ -302,3 +307,22 @@ def test_multichannel_off(server_factory):
     on = server_factory.start()
     assert connect(on, uuid.uuid4()).supports_multi_channel
     assert not connect(on, uuid.uuid4(), Dialects.SMB_2_1_0).supports_multi_channel
+
+
+def test_a_connection_that_did_not_announce_multichannel_cannot_bind(server_factory):
+    """MS-SMB2 3.3.5.4: MULTI_CHANNEL is answered only to a client that
+    announced it, and a binding comes only over a connection that has it
+    (3.3.5.5): the same session binds once the second connection
+    announces it."""
+    srv = server_factory.start()
+    guid = uuid.uuid4()
+    conn1 = connect(srv, guid)
+    s1 = logon(conn1)
+    quiet = connect(srv, guid, multichannel=False)
+    assert not quiet.supports_multi_channel
+    assert bind_status(quiet, s1) == NtStatus.STATUS_REQUEST_NOT_ACCEPTED
+    tree1 = TreeConnect(s1, rf"\\{srv.host}\{srv.share}")
+    tree1.connect()
+    channel = bind_channel(connect(srv, guid), s1)
+    still_usable(tree_on(channel, tree1))
+    conn1.disconnect()

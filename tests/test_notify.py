@@ -9,7 +9,11 @@ disk (seen through inotify). Every wait is on the server's own answers
 (the pending request completing, within the socket's timeout); nothing
 sleeps to let a race settle. That a change is *not* reported is shown with
 a fence: a later change made on disk, which inotify queues after whatever
-should not be there, so that would have come first."""
+should not be there, so that would have come first.
+
+A watch reports only what its watcher could list: nothing beneath a
+directory it may not list, and on a share with access-based enumeration
+nothing it may not read (two users, alice and mallory, with smbprotocol)."""
 
 from __future__ import annotations
 
@@ -22,7 +26,29 @@ import uuid
 import pytest
 import rawsmb
 import test_locks
-from conftest import Security
+from conftest import PASSWORD, USER, Security
+from smbprotocol.change_notify import SMB2ChangeNotifyRequest
+from smbprotocol.open import CreateDisposition, CreateOptions, FileAttributes, ImpersonationLevel, Open
+from test_acl import (
+    ALLOW,
+    DELETE,
+    DENY,
+    EVERYONE,
+    FILE_ALL_ACCESS,
+    GENERIC_WRITE,
+    LIST_DIRECTORY,
+    READ_CONTROL,
+    SHARE_ALL,
+    SYNCHRONIZE,
+    WRITE_DAC,
+    acl,
+    ace,
+    create,
+    descriptor,
+    set_sd,
+    smb_tree,
+    user_sids,
+)
 
 LOGOFF, TREE_DISCONNECT, CLOSE, WRITE, CANCEL, SET_INFO, CHANGE_NOTIFY = 0x0002, 0x0004, 0x0006, 0x0009, 0x000C, 0x0011, 0x000F
 FLAG_ASYNC = 0x2
@@ -720,3 +746,86 @@ def test_with_disk_watching_off_smb_changes_are_still_reported(server_factory):
     finally:
         a.close()
         b.close()
+
+
+# --- What a watcher may hear of (two users) -----------------------------
+
+MALLORY = ("mallory", "M4llory-Secret!")
+
+
+class Watcher:
+    """A CHANGE_NOTIFY request of an smbprotocol session on `directory`,
+    pending (its interim response received) until `entries` is called."""
+
+    def __init__(self, tree, directory: str, filter_: int, flags: int = 0):
+        self.open = create(tree, directory, LIST_DIRECTORY_ONLY | SYNCHRONIZE, CreateDisposition.FILE_OPEN, directory=True)
+        self.conn, self.tree, self.filter, self.flags = tree.session.connection, tree, filter_, flags
+        self.request = None
+
+    def start(self) -> None:
+        req = SMB2ChangeNotifyRequest()
+        req["flags"] = self.flags
+        req["output_buffer_length"] = 4096
+        req["file_id"] = self.open.file_id
+        req["completion_filter"] = self.filter
+        self.request = self.conn.send(req, self.tree.session.session_id, self.tree.tree_connect_id)
+        # smbprotocol keeps the interim response's AsyncId on the request
+        # without telling: wait for it, so that the watch is set up.
+        deadline = time.monotonic() + 10
+        while self.request.async_id is None:
+            assert self.request.response is None, "the CHANGE_NOTIFY was answered at once"
+            assert time.monotonic() < deadline, "no interim response to the CHANGE_NOTIFY"
+            time.sleep(0.005)
+
+    def entries(self) -> list[tuple[int, str]]:
+        """The final response's entries (the request waits for it)."""
+        resp = self.conn.receive(self.request, timeout=30)
+        self.request = None
+        return changes(resp.pack())
+
+
+def alice_and_mallory(server_factory, **security):
+    if server_factory.target != "nimbus":
+        pytest.skip("the users' SIDs come from nimbus user list")
+    srv = server_factory.start(security=Security(extra_users=[MALLORY], **security))
+    return srv, user_sids(srv)
+
+
+def test_a_tree_watch_hears_nothing_beneath_a_directory_its_watcher_may_not_list(server_factory):
+    srv, sids = alice_and_mallory(server_factory)
+    with smb_tree(srv, USER, PASSWORD) as ta, smb_tree(srv, *MALLORY) as tm:
+        hr = create(ta, "hr-private", READ_CONTROL | WRITE_DAC, directory=True)
+        set_sd(hr, descriptor(acl(ace(DENY, 0, LIST_DIRECTORY, sids[MALLORY[0]]), ace(ALLOW, 0, FILE_ALL_ACCESS, EVERYONE))))
+        hr.close()
+        mallory, alice = Watcher(tm, "", NAMES, WATCH_TREE), Watcher(ta, "", NAMES, WATCH_TREE)
+        mallory.start()
+        alice.start()
+        create(ta, r"hr-private\layoffs-2026-bob-carol-dave.xlsx", GENERIC_WRITE, CreateDisposition.FILE_CREATE).close()
+        # The fence: a change mallory may hear of, made after.
+        create(ta, "public.txt", GENERIC_WRITE, CreateDisposition.FILE_CREATE).close()
+        assert mallory.entries() == [(ADDED, "public.txt")]
+        # Alice may list hr-private: her watch saw the file first.
+        assert alice.entries() == [(ADDED, r"hr-private\layoffs-2026-bob-carol-dave.xlsx")]
+
+
+def test_with_access_based_enumeration_a_watch_hears_only_of_what_its_watcher_may_read(server_factory):
+    srv, sids = alice_and_mallory(server_factory, abe_shares={"data"})
+    only_alice = descriptor(acl(ace(ALLOW, 0, FILE_ALL_ACCESS, sids[USER])))
+
+    def delete(tree, name: str) -> None:
+        f = Open(tree, name)
+        f.create(ImpersonationLevel.Impersonation, DELETE, FileAttributes.FILE_ATTRIBUTE_NORMAL, SHARE_ALL, CreateDisposition.FILE_OPEN, CreateOptions.FILE_DELETE_ON_CLOSE)
+        f.close()
+
+    with smb_tree(srv, USER, PASSWORD) as ta, smb_tree(srv, *MALLORY) as tm:
+        mallory = Watcher(tm, "", NAMES)
+        mallory.start()
+        create(ta, "salaries.xlsx", GENERIC_WRITE, CreateDisposition.FILE_CREATE, sd=only_alice).close()
+        create(ta, "public.txt", GENERIC_WRITE, CreateDisposition.FILE_CREATE).close()
+        assert mallory.entries() == [(ADDED, "public.txt")]
+        # Nor is its deletion reported; a file mallory may read is, deleted
+        # as well.
+        mallory.start()
+        delete(ta, "salaries.xlsx")
+        delete(ta, "public.txt")
+        assert mallory.entries() == [(REMOVED, "public.txt")]

@@ -209,17 +209,26 @@ class Client(test_locks.Client):
         )
 
 
-class Smb311Client(Client):
-    """The same over SMB 3.1.1 with a chosen ClientGuid and the LEASING capability (for leases)."""
+# MS-SMB2 2.2.3 Capabilities
+CAP_LEASING, CAP_LARGE_MTU, CAP_DIRECTORY_LEASING = 0x02, 0x04, 0x20
 
-    def __init__(self, srv, client_guid: bytes):
+
+class Smb311Client(Client):
+    """The same over SMB 3.1.1 with a chosen ClientGuid and the capabilities
+    leases need: LEASING, and DIRECTORY_LEASING, without which the server
+    leases no directory (MS-SMB2 3.3.5.4)."""
+
+    def __init__(self, srv, client_guid: bytes, capabilities: int = CAP_LEASING | CAP_LARGE_MTU | CAP_DIRECTORY_LEASING):
         self.s = rawsmb.connect(srv.host, srv.port)
         body = bytearray(rawsmb.negotiate_body([0x0311], [rawsmb.preauth_context()]))
-        struct.pack_into("<I16s", body, 8, 0x2 | 0x4, client_guid)  # Capabilities LEASING | LARGE_MTU, ClientGuid
+        struct.pack_into("<I16s", body, 8, capabilities, client_guid)  # Capabilities, ClientGuid
         self.s.sendall(rawsmb.frame(rawsmb.header(rawsmb.NEGOTIATE, 0, credit_request=64) + bytes(body)))
         resp = rawsmb.recv_message(self.s)
         assert rawsmb.status(resp) == 0
         assert struct.unpack_from("<H", resp, rawsmb.HEADER_SIZE + 4)[0] == 0x0311
+        # MS-SMB2 2.2.4: the response's Capabilities, after SecurityMode,
+        # DialectRevision, NegotiateContextCount and ServerGuid.
+        self.server_capabilities = struct.unpack_from("<I", resp, rawsmb.HEADER_SIZE + 24)[0]
         self.sid, self.mid = rawsmb.anonymous_logon(self.s, 1)
         self.tid = rawsmb.tree_connect(self.s, self.mid, self.sid, rf"\\{srv.host}\pub")
         self.mid += 1
@@ -559,6 +568,34 @@ def test_leases_on_directories_are_not_granted_over_smb21(srv):
         assert b"RqLs" not in create_contexts(resp)
     finally:
         a.close()
+
+
+def test_leases_on_directories_are_not_granted_to_a_client_that_did_not_announce_directory_leasing(srv):
+    """MS-SMB2 3.3.5.4: DIRECTORY_LEASING is answered only to a client that
+    announced it; on a connection without it a lease asked on a directory
+    is ignored (OplockLevel NONE, no lease context), as over 2.1, while a
+    file's lease is granted as ever."""
+    (srv.share_path / "d").mkdir()
+    a = Smb311Client(srv, uuid.uuid4().bytes, capabilities=CAP_LEASING | CAP_LARGE_MTU)
+    b = Smb311Client(srv, uuid.uuid4().bytes)
+    try:
+        assert a.server_capabilities & CAP_DIRECTORY_LEASING == 0, hex(a.server_capabilities)
+        assert b.server_capabilities & CAP_DIRECTORY_LEASING, hex(b.server_capabilities)
+        resp = a.create(
+            "d", oplock=LEVEL_LEASE, contexts=lease_context(uuid.uuid4().bytes, R | H), access=LIST_DIRECTORY, options=DIRECTORY_FILE
+        )
+        assert rawsmb.status(resp) == 0, hex(rawsmb.status(resp))
+        assert oplock_level_of(resp) == LEVEL_NONE
+        assert b"RqLs" not in create_contexts(resp)
+        key = uuid.uuid4().bytes
+        resp = a.create(r"d\f.txt", oplock=LEVEL_LEASE, contexts=lease_context(key, R | W | H))
+        assert rawsmb.status(resp) == 0
+        assert lease_of(resp)[:2] == (key, R | W | H)
+        # The client that announced it gets its directory lease.
+        directory_leased(srv, b, "d")
+    finally:
+        a.close()
+        b.close()
 
 
 # --------------------------------------------------------------------------

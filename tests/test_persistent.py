@@ -35,6 +35,7 @@ from smbprotocol.open import (
     SMB2LockElement,
     SMB2LockRequest,
 )
+from smbprotocol.connection import Capabilities
 from smbprotocol.header import NtStatus
 from test_durable import (
     ACCESS,
@@ -224,6 +225,43 @@ def test_unreclaimed_persistent_handle_frees_the_file_at_its_timeout(tmp_path):
             assert time.monotonic() - restarted >= 1.0
         finally:
             other.close()
+    finally:
+        srv.stop()
+
+
+def test_a_client_that_does_not_announce_persistent_handles_gets_a_durable_handle_only(tmp_path):
+    """MS-SMB2 3.3.5.4 and 3.3.5.9.10: SMB2_GLOBAL_CAP_PERSISTENT_HANDLES is
+    answered only to a client that announced it, and a DH2Q asking for
+    persistence is granted it only on such a connection; the same open with
+    its RH lease is durable, not persistent. A client that announced it, on
+    the same server, gets the persistent handle."""
+    srv = CaServer(tmp_path)
+    try:
+        node = srv.start()
+        quiet = Client(node, uuid.uuid4(), persistent_handles=False)
+        announcing = Client(node, uuid.uuid4())
+        try:
+            assert not quiet.conn.server_capabilities.has_flag(Capabilities.SMB2_GLOBAL_CAP_PERSISTENT_HANDLES)
+            assert announcing.conn.server_capabilities.has_flag(Capabilities.SMB2_GLOBAL_CAP_PERSISTENT_HANDLES)
+            f = Open(quiet.tree, "durable-only.dat")
+            contexts = f.create(
+                ImpersonationLevel.Impersonation,
+                ACCESS,
+                FileAttributes.FILE_ATTRIBUTE_NORMAL,
+                SHARE_ALL,
+                CreateDisposition.FILE_OPEN_IF,
+                CreateOptions.FILE_NON_DIRECTORY_FILE,
+                create_contexts=[dh2q(uuid.uuid4(), 30_000, DurableHandleFlags.SMB2_DHANDLE_FLAG_PERSISTENT), lease(os.urandom(16), READ | HANDLE)],
+                oplock_level=RequestedOplockLevel.SMB2_OPLOCK_LEVEL_LEASE,
+            )
+            granted = [c for c in contexts or [] if isinstance(c, SMB2CreateDurableHandleResponseV2)]
+            assert granted, f"no durable handle granted: {contexts}"
+            assert not granted[0]["flags"].has_flag(DurableHandleFlags.SMB2_DHANDLE_FLAG_PERSISTENT), "persistent without the capability"
+            f.close()
+            persistent_open(announcing, "persistent.dat", uuid.uuid4(), os.urandom(16), timeout_ms=30_000).close()
+        finally:
+            quiet.close()
+            announcing.close()
     finally:
         srv.stop()
 

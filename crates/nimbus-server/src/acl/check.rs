@@ -18,6 +18,11 @@ use super::token::{well_known, Token};
 /// grants, and what the creator of a new file may get.
 pub const ALL_RIGHTS: u32 = access::FILE_ALL_ACCESS;
 
+/// What a share with access-based enumeration requires to show a user a
+/// name: Read (FILE_GENERIC_READ, SYNCHRONIZE aside), as Windows hides
+/// what a user has no Read permission on.
+pub const SEEN_WITH_ABE: u32 = access::FILE_GENERIC_READ & !access::SYNCHRONIZE;
+
 /// The rights `sd` grants `token` (MS-DTYP 2.5.3.2 with MAXIMUM_ALLOWED).
 pub fn granted(sd: &SecurityDescriptor, token: &Token) -> u32 {
     let is_owner = sd.owner.as_ref().is_some_and(|o| token.contains(o));

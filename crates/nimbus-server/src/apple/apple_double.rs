@@ -9,12 +9,23 @@
 //! over newer data; one in use, damaged or not written by macOS is left.
 //!
 //! Done when a Mac's stream of the file is opened, and when a Mac lists
-//! the directory.
+//! the directory, and only for a session that could write what the
+//! companion holds into the file itself (`Writer`): the companion is
+//! anybody's file in the directory, and the streams are the file's data
+//! (FILE_WRITE_DATA) and its Finder information its metadata
+//! (FILE_WRITE_ATTRIBUTES). It must also be allowed to read the companion
+//! (its content ends up readable with the file) and to delete it (it is
+//! removed). Otherwise the companion stays as it is.
 
 use nimbus_vfs::{CreateMode, FileHandle, Kind, LocalFs, OpenOptions, Streams, VfsError};
 use nimbus_wire::apple::{afp_info, RESOURCE_STREAM_NAME};
 use nimbus_wire::apple_double::{self, AppleDouble, MACOS_FILLER};
+use nimbus_wire::fscc::access;
 
+use crate::acl::check::{self, ALL_RIGHTS};
+use crate::acl::{store, Token};
+use crate::fileinfo::is_readonly;
+use crate::handlers::create_security;
 use crate::names::{join, parent};
 use crate::server::{Server, Share};
 
@@ -24,8 +35,40 @@ pub const PREFIX: &str = "._";
 /// extended attributes (macOS keeps them within the first 64 KiB).
 const MAX_HEAD: u64 = 1 << 20;
 
-/// Converts `path`'s companion, if it has one. Returns whether it did.
-pub fn convert(server: &Server, share: &Share, fs: &LocalFs, path: &str) -> bool {
+/// The session a conversion is done for: its SIDs, and the most its tree
+/// connect allows (TREE_CONNECT's MaximalAccess).
+#[derive(Clone, Copy)]
+pub struct Writer<'a> {
+    pub token: &'a Token,
+    pub tree_max: u32,
+}
+
+impl Writer<'_> {
+    /// The rights the session has on the open file `h` (`what` names it
+    /// in the log): its tree's, limited by the file's stored descriptor.
+    fn rights_on(&self, h: &FileHandle, what: &str) -> Result<u32, VfsError> {
+        let by_sd = match store::read_handle(h, what)? {
+            Some(sd) => check::granted(&sd, self.token),
+            // A file without a stored descriptor limits nothing
+            // (crate::acl).
+            None => ALL_RIGHTS,
+        };
+        Ok(self.tree_max & by_sd)
+    }
+}
+
+/// Converts `path`'s companion, if it has one and `writer` may write what
+/// it holds into the file. Returns whether it did.
+pub fn convert(
+    server: &Server,
+    share: &Share,
+    fs: &LocalFs,
+    path: &str,
+    writer: Writer<'_>,
+) -> bool {
+    if share.read_only {
+        return false;
+    }
     let (dir, leaf) = match path.rsplit_once('/') {
         Some((d, l)) => (d, l),
         None => ("", path),
@@ -53,7 +96,7 @@ pub fn convert(server: &Server, share: &Share, fs: &LocalFs, path: &str) -> bool
     {
         return false;
     }
-    match convert_companion(fs, path, &companion, st.size) {
+    match convert_companion(fs, path, &companion, st.size, writer) {
         Ok(true) => {}
         Ok(false) => return false,
         Err(e) => {
@@ -76,12 +119,14 @@ pub fn convert(server: &Server, share: &Share, fs: &LocalFs, path: &str) -> bool
 }
 
 /// Writes the companion's contents as streams of `path`; false when it is
-/// not a macOS AppleDouble file (left as it is).
+/// not a macOS AppleDouble file or `writer` may not convert it (left as it
+/// is).
 fn convert_companion(
     fs: &LocalFs,
     path: &str,
     companion: &str,
     size: u64,
+    writer: Writer<'_>,
 ) -> Result<bool, VfsError> {
     let (ad_file, _, _) = fs.open(
         companion,
@@ -106,6 +151,10 @@ fn convert_companion(
         Err(VfsError::NotFound) => return Ok(false),
         Err(e) => return Err(e),
     };
+    if !may_convert(fs, &ad, (&base, path), (&ad_file, companion), writer)? {
+        tracing::debug!("{companion}: not converted, the session may not write it into {path}");
+        return Ok(false);
+    }
     if nothing_in(&ad) {
         return Ok(true);
     }
@@ -114,6 +163,49 @@ fn convert_companion(
     };
     write_streams(&streams, &ad, &ad_file)?;
     Ok(true)
+}
+
+/// The rights on the file that writing `ad` into it takes: the resource
+/// fork and extended attributes are named streams, the file's data
+/// (FILE_WRITE_DATA, as for a CREATE adding a stream: MS-FSA 2.1.5.1.2.1);
+/// the Finder information is metadata (FILE_WRITE_ATTRIBUTES).
+fn rights_needed(ad: &AppleDouble<'_>) -> u32 {
+    let mut need = 0;
+    if ad.finder_info.is_some_and(|f| f.iter().any(|&b| b != 0)) {
+        need |= access::FILE_WRITE_ATTRIBUTES;
+    }
+    if ad.resource_fork.is_some_and(|(_, len)| len > 0) || !ad.xattrs.is_empty() {
+        need |= access::FILE_WRITE_DATA;
+    }
+    need
+}
+
+/// Whether `writer` may convert the companion `ad` (open as `ad_file`)
+/// into the file `base`: the rights `ad` needs on the file (a READONLY
+/// file's data is not written, as a CREATE for writing it is refused),
+/// and on the companion the right to read it and to delete it (DELETE, or
+/// FILE_DELETE_CHILD on the directory).
+fn may_convert(
+    fs: &LocalFs,
+    ad: &AppleDouble<'_>,
+    (base, path): (&FileHandle, &str),
+    (ad_file, companion): (&FileHandle, &str),
+    writer: Writer<'_>,
+) -> Result<bool, VfsError> {
+    let need = rights_needed(ad);
+    let mut on_base = writer.rights_on(base, path)?;
+    let st = base.stat()?;
+    if !st.is_dir && is_readonly(st.mode) {
+        on_base &= !(access::FILE_WRITE_DATA | access::FILE_APPEND_DATA);
+    }
+    if need & !on_base != 0 {
+        return Ok(false);
+    }
+    let on_companion = writer.rights_on(ad_file, companion)?;
+    if on_companion & access::FILE_READ_DATA == 0 || writer.tree_max & access::DELETE == 0 {
+        return Ok(false);
+    }
+    Ok(create_security::may_delete(fs, companion, writer.token).is_ok())
 }
 
 fn nothing_in(ad: &AppleDouble<'_>) -> bool {

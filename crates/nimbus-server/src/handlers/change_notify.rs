@@ -39,6 +39,12 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     {
         return Err(NtStatus::DELETE_PENDING);
     }
+    // Whose watch it is: it reports only what this session could list
+    // (crate::notify).
+    let token = ctx
+        .session()?
+        .token()
+        .ok_or(NtStatus::USER_SESSION_DELETED)?;
     let server = ctx.server.clone();
     let open_id = open.open_id;
     // Only the last request of a compound may go async: one before it
@@ -68,6 +74,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     let answer = server.notify.request(
         &server,
         &open,
+        token,
         req.completion_filter,
         req.watch_tree(),
         req.output_buffer_length as usize,

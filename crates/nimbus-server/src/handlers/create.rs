@@ -10,6 +10,7 @@ use nimbus_wire::create::{
     CreateRequest, CreateResponse, IMPERSONATION_DELEGATE,
 };
 use nimbus_wire::fscc::{access, attributes};
+use nimbus_wire::negotiate::capabilities;
 use nimbus_wire::oplock::{lease_flags, oplock_level, LeaseContext};
 use nimbus_wire::{FileId, NtStatus};
 
@@ -147,9 +148,15 @@ fn open_or_create(
     let existing = if let Stream::Named(name) = &stream {
         let may_create = !share.read_only && tree.maximal_access & access::FILE_WRITE_DATA != 0;
         // A Mac's stream of a file copied with an AppleDouble companion
-        // (`._name`) is that companion's content (crate::apple).
+        // (`._name`) is that companion's content (crate::apple), put there
+        // only for a session that may write it into the file.
         if may_create && crate::apple::stream_kind(&share, name).is_some() {
-            crate::apple::apple_double::convert(ctx.server, &share, fs, &path);
+            let token = session.token().ok_or(NtStatus::USER_SESSION_DELETED)?;
+            let writer = crate::apple::apple_double::Writer {
+                token: &token,
+                tree_max: tree.maximal_access,
+            };
+            crate::apple::apple_double::convert(ctx.server, &share, fs, &path, writer);
         }
         let mut b = create_stream::open_base(fs, &path, disposition, may_create)?;
         let found = b.find(name)?;
@@ -206,9 +213,16 @@ fn open_or_create(
     }
     let creating = existing.is_none();
     let is_dir = existing.as_ref().map(|s| s.is_dir).unwrap_or(want_dir);
-    if is_dir && !(smb3 && matches!(want, Want::Lease { .. })) {
-        // Directories are leased only on 3.x (DIRECTORY_LEASING is not
-        // offered to 2.1) and never get oplocks.
+    // Directories never get oplocks, and are leased only on a connection
+    // whose NEGOTIATE answered SMB2_GLOBAL_CAP_DIRECTORY_LEASING (3.x, and
+    // only to a client that announced it, handlers::negotiate). Otherwise
+    // the lease context is ignored (MS-SMB2 3.3.5.9.11): the CREATE
+    // succeeds with OplockLevel NONE and no lease context.
+    let directory_leasing = ctx
+        .conn
+        .negotiated()
+        .is_some_and(|n| n.server_capabilities & capabilities::DIRECTORY_LEASING != 0);
+    if is_dir && !(directory_leasing && matches!(want, Want::Lease { .. })) {
         want = Want::Nothing;
     }
     // The directory lease the client keeps for this file's parent: changes

@@ -14,6 +14,7 @@ use nimbus_wire::create::{
 
 use nimbus_wire::durable::{self as wire, ReconnectV2, RequestV2, ResponseV2};
 use nimbus_wire::header::flags;
+use nimbus_wire::negotiate::capabilities;
 use nimbus_wire::oplock::{oplock_level, LeaseContext};
 use nimbus_wire::{FileId, NtStatus};
 
@@ -122,12 +123,19 @@ pub fn grant(
     granted: &Granted,
 ) -> Option<CreateContext> {
     // A persistent handle (MS-SMB2 3.3.5.9.10): asked for on a
-    // continuously available share, granted whatever is cached.
+    // continuously available share by a connection whose NEGOTIATE answered
+    // SMB2_GLOBAL_CAP_PERSISTENT_HANDLES (so its client announced it),
+    // granted whatever is cached. Otherwise the ask is one for a durable
+    // handle.
     let persistent = match ask {
         DurableAsk::V2(r) => {
             r.flags & wire::FLAG_PERSISTENT != 0
                 && open.share.continuous_availability
                 && ctx.server.disk_store.is_some()
+                && ctx
+                    .conn
+                    .negotiated()
+                    .is_some_and(|n| n.server_capabilities & capabilities::PERSISTENT_HANDLES != 0)
         }
         _ => false,
     };

@@ -57,6 +57,75 @@ fn response(conn: &Connection, dialect: u16, capabilities: u32, max: u32) -> Neg
     }
 }
 
+/// What this server can offer a client whatever the client asks (MS-SMB2
+/// 3.3.1.5 globals): the inputs of `negotiated_capabilities` besides the
+/// dialect and the request.
+pub(crate) struct Offers {
+    /// Some share is continuously available and there is a state store.
+    pub persistent_handles: bool,
+    /// IsMultiChannelCapable (the `multichannel` setting).
+    pub multichannel: bool,
+    /// AES-128-CCM is among the configured ciphers: the only cipher of 3.0
+    /// and 3.0.2.
+    pub aes128_ccm: bool,
+}
+
+/// MS-SMB2 3.3.5.4: the Capabilities of the NEGOTIATE response, which are
+/// also Connection.ServerCapabilities: what the rest of the connection may
+/// use. A capability that needs the client's support is answered only when
+/// the request's Capabilities carry it; a client takes a bit it did not
+/// ask for as a promise, and one that cannot keep its side fails (impacket
+/// takes DIRECTORY_LEASING as its cue to track parent directory leases and
+/// fails every CREATE).
+///
+/// - DFS: not set; DFS referrals are not served.
+/// - LEASING (2.1 and 3.x): the server's alone ("if the server supports
+///   leasing"); Windows and Samba set it whatever the client sent.
+/// - LARGE_MTU (2.1 and 3.x): Connection.SupportsMultiCredit, which
+///   depends on the transport (TCP), not on the client's Capabilities.
+/// - MULTI_CHANNEL (3.x): "IsMultiChannelCapable is TRUE, and
+///   SMB2_GLOBAL_CAP_MULTI_CHANNEL is set in the Capabilities field of the
+///   request". A binding (MS-SMB2 3.3.5.5) and LOCK replay detection
+///   (3.3.5.14) go by this connection's answer.
+/// - PERSISTENT_HANDLES (3.x): "SMB2_GLOBAL_CAP_PERSISTENT_HANDLES is set
+///   in the Capabilities field of the request, and the server supports
+///   persistent handles"; a DH2Q asking for persistence is granted it only
+///   on a connection that has the bit (3.3.5.9.10).
+/// - DIRECTORY_LEASING (3.x): the server supports directory leases and the
+///   request carries the bit, as Samba decides (4.22 and later); a
+///   directory lease is granted only on a connection that has it.
+/// - ENCRYPTION: 3.0 and 3.0.2 only, when AES-128-CCM is configured and the
+///   request carries the bit. 3.1.1 agrees on a cipher by the
+///   SMB2_ENCRYPTION_CAPABILITIES context and never sets this bit, even for
+///   a client that sets it in its request.
+/// - NOTIFICATIONS (3.1.1): not set; server-to-client notifications are
+///   not sent.
+pub(crate) fn negotiated_capabilities(dialect: Dialect, client: u32, offers: &Offers) -> u32 {
+    let asked = |cap: u32| client & cap != 0;
+    let mut caps = 0;
+    if dialect != Dialect::Smb202 {
+        caps |= capabilities::LARGE_MTU | capabilities::LEASING;
+    }
+    if dialect.is_smb3() {
+        if asked(capabilities::DIRECTORY_LEASING) {
+            caps |= capabilities::DIRECTORY_LEASING;
+        }
+        if offers.persistent_handles && asked(capabilities::PERSISTENT_HANDLES) {
+            caps |= capabilities::PERSISTENT_HANDLES;
+        }
+        if offers.multichannel && asked(capabilities::MULTI_CHANNEL) {
+            caps |= capabilities::MULTI_CHANNEL;
+        }
+    }
+    if matches!(dialect, Dialect::Smb300 | Dialect::Smb302)
+        && offers.aes128_ccm
+        && asked(capabilities::ENCRYPTION)
+    {
+        caps |= capabilities::ENCRYPTION;
+    }
+    caps
+}
+
 pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
     if ctx.conn.negotiated().is_some() {
         // MS-SMB2 3.3.5.4: a second NEGOTIATE on a connection is a violation.
@@ -84,36 +153,18 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         SigningAlgorithm::HmacSha256
     };
     let mut resp_contexts = Vec::new();
-    let mut cipher = None;
-    let mut caps = 0;
-    if dialect != Dialect::Smb202 {
-        // Leases (MS-SMB2 3.3.5.4): 2.1 and later.
-        caps |= capabilities::LARGE_MTU | capabilities::LEASING;
-    }
-    if dialect.is_smb3() {
-        // Directory leases (MS-SMB2 3.3.5.4): 3.x only, as v2 lease
-        // contexts are.
-        caps |= capabilities::DIRECTORY_LEASING;
-        if ctx.server.offers_persistent_handles() {
-            caps |= capabilities::PERSISTENT_HANDLES;
-        }
-        if ctx.server.config.multichannel {
-            // Session binding (MS-SMB2 3.3.5.5, handlers::session_bind).
-            caps |= capabilities::MULTI_CHANNEL;
-        }
-    }
-    if matches!(dialect, Dialect::Smb300 | Dialect::Smb302)
-        && req.capabilities & capabilities::ENCRYPTION != 0
-        && ctx
+    let offers = Offers {
+        persistent_handles: ctx.server.offers_persistent_handles(),
+        multichannel: ctx.server.config.multichannel,
+        aes128_ccm: ctx
             .server
             .config
             .ciphers
-            .contains(&CipherAlgorithm::Aes128Ccm)
-    {
-        // 3.0 and 3.0.2 know one cipher, announced by capability.
-        caps |= capabilities::ENCRYPTION;
-        cipher = Some(CipherAlgorithm::Aes128Ccm);
-    }
+            .contains(&CipherAlgorithm::Aes128Ccm),
+    };
+    let caps = negotiated_capabilities(dialect, req.capabilities, &offers);
+    // 3.0 and 3.0.2 know one cipher, agreed by the capability alone.
+    let mut cipher = (caps & capabilities::ENCRYPTION != 0).then_some(CipherAlgorithm::Aes128Ccm);
     if dialect == Dialect::Smb311 {
         let count = |t| req.contexts.iter().filter(|c| c.context_type == t).count();
         if count(context_type::PREAUTH_INTEGRITY_CAPABILITIES) != 1
@@ -238,4 +289,121 @@ pub fn smb1_upgrade(conn: &Arc<Connection>, wildcard: bool, out: &mut Vec<u8>) -
         }));
     }
     NtStatus::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use capabilities::{
+        DFS, DIRECTORY_LEASING, ENCRYPTION, LARGE_MTU, LEASING, MULTI_CHANNEL, PERSISTENT_HANDLES,
+    };
+
+    const EVERYTHING: Offers = Offers {
+        persistent_handles: true,
+        multichannel: true,
+        aes128_ccm: true,
+    };
+    const NOTHING: Offers = Offers {
+        persistent_handles: false,
+        multichannel: false,
+        aes128_ccm: false,
+    };
+    const SMB3: [Dialect; 3] = [Dialect::Smb300, Dialect::Smb302, Dialect::Smb311];
+    /// Every capability bit a client can send (MS-SMB2 2.2.3), and the
+    /// NOTIFICATIONS bit of 3.1.1.
+    const ALL_CLIENT: u32 = DFS
+        | LEASING
+        | LARGE_MTU
+        | MULTI_CHANNEL
+        | PERSISTENT_HANDLES
+        | DIRECTORY_LEASING
+        | ENCRYPTION
+        | 0x80;
+
+    #[test]
+    fn a_client_that_asks_for_nothing_gets_only_what_depends_on_the_server_alone() {
+        assert_eq!(negotiated_capabilities(Dialect::Smb202, 0, &EVERYTHING), 0);
+        for d in [
+            Dialect::Smb210,
+            Dialect::Smb300,
+            Dialect::Smb302,
+            Dialect::Smb311,
+        ] {
+            assert_eq!(
+                negotiated_capabilities(d, 0, &EVERYTHING),
+                LEASING | LARGE_MTU,
+                "{d:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn each_capability_that_needs_the_client_is_answered_on_3x_when_asked() {
+        for d in SMB3 {
+            for cap in [DIRECTORY_LEASING, PERSISTENT_HANDLES, MULTI_CHANNEL] {
+                assert_eq!(
+                    negotiated_capabilities(d, cap, &EVERYTHING),
+                    LEASING | LARGE_MTU | cap,
+                    "{d:?} asking {cap:#x}"
+                );
+            }
+        }
+        for d in [Dialect::Smb300, Dialect::Smb302] {
+            assert_eq!(
+                negotiated_capabilities(d, ENCRYPTION, &EVERYTHING),
+                LEASING | LARGE_MTU | ENCRYPTION,
+                "{d:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_client_asking_for_everything_gets_what_its_dialect_and_the_server_allow() {
+        let file_caps = LEASING | LARGE_MTU;
+        let smb3_caps = file_caps | MULTI_CHANNEL | PERSISTENT_HANDLES | DIRECTORY_LEASING;
+        assert_eq!(
+            negotiated_capabilities(Dialect::Smb202, ALL_CLIENT, &EVERYTHING),
+            0
+        );
+        assert_eq!(
+            negotiated_capabilities(Dialect::Smb210, ALL_CLIENT, &EVERYTHING),
+            file_caps
+        );
+        for d in [Dialect::Smb300, Dialect::Smb302] {
+            assert_eq!(
+                negotiated_capabilities(d, ALL_CLIENT, &EVERYTHING),
+                smb3_caps | ENCRYPTION
+            );
+        }
+        // 3.1.1 agrees on a cipher by negotiate context, never by this bit;
+        // DFS and NOTIFICATIONS are never answered.
+        assert_eq!(
+            negotiated_capabilities(Dialect::Smb311, ALL_CLIENT, &EVERYTHING),
+            smb3_caps
+        );
+    }
+
+    #[test]
+    fn what_the_server_does_not_offer_is_not_answered_even_when_asked() {
+        for d in SMB3 {
+            assert_eq!(
+                negotiated_capabilities(d, ALL_CLIENT, &NOTHING),
+                LEASING | LARGE_MTU | DIRECTORY_LEASING,
+                "{d:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn impacket_asking_only_for_encryption_gets_no_directory_leasing() {
+        // impacket 0.13 sends Capabilities = ENCRYPTION and nothing else.
+        assert_eq!(
+            negotiated_capabilities(Dialect::Smb300, ENCRYPTION, &EVERYTHING),
+            LEASING | LARGE_MTU | ENCRYPTION
+        );
+        assert_eq!(
+            negotiated_capabilities(Dialect::Smb311, ENCRYPTION, &EVERYTHING),
+            LEASING | LARGE_MTU
+        );
+    }
 }

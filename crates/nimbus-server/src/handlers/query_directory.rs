@@ -262,7 +262,7 @@ fn current(
             // The data's allocation, as a query of an open of it reports.
             stat.alloc_size = h.data_allocation(&stat);
             if let Some(token) = hide_from {
-                let read = access::FILE_GENERIC_READ & !access::SYNCHRONIZE;
+                let read = check::SEEN_WITH_ABE;
                 match store::read_handle(&h, &e.name) {
                     Ok(Some(sd)) if check::granted(&sd, token) & read != read => return None,
                     Ok(_) => {}
@@ -366,10 +366,19 @@ fn dot_entries(open: &Open, fs: &nimbus_vfs::LocalFs, dir: &str) -> Vec<DirEntry
 }
 
 /// Converts the AppleDouble companions (`._name`) listed beside their
-/// files, and leaves out of the listing those that were.
+/// files, each only where the listing session may write it into its file
+/// (crate::apple::apple_double), and leaves out of the listing those that
+/// were.
 fn convert_apple_doubles(ctx: &Ctx<'_>, open: &Open, entries: &mut Vec<DirEntry>) {
     let Some(fs) = open.share.fs.as_ref() else {
         return;
+    };
+    let (Some(token), Ok(tree)) = (ctx.session().ok().and_then(|s| s.token()), ctx.tree()) else {
+        return;
+    };
+    let writer = crate::apple::apple_double::Writer {
+        token: &token,
+        tree_max: tree.maximal_access,
     };
     let prefix = crate::apple::apple_double::PREFIX;
     let names: std::collections::HashSet<&str> = entries.iter().map(|e| e.name.as_str()).collect();
@@ -379,7 +388,13 @@ fn convert_apple_doubles(ctx: &Ctx<'_>, open: &Open, entries: &mut Vec<DirEntry>
         .filter_map(|e| e.name.strip_prefix(prefix))
         .filter(|file| !file.is_empty() && names.contains(file))
         .filter(|file| {
-            crate::apple::apple_double::convert(ctx.server, &open.share, fs, &join(&dir, file))
+            crate::apple::apple_double::convert(
+                ctx.server,
+                &open.share,
+                fs,
+                &join(&dir, file),
+                writer,
+            )
         })
         .map(|file| format!("{prefix}{file}"))
         .collect();

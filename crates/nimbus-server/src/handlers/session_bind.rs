@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use nimbus_auth::AuthStep;
 use nimbus_crypto::SigningAlgorithm;
-use nimbus_wire::negotiate::Dialect;
+use nimbus_wire::negotiate::{capabilities, Dialect};
 use nimbus_wire::session_setup::{SessionSetupRequest, SessionSetupResponse};
 use nimbus_wire::NtStatus;
 
@@ -178,8 +178,11 @@ fn admissible(ctx: &Ctx<'_>, session: &Session) -> Result<String, NtStatus> {
     if neg.dialect.is_smb3() && neg.signing_algorithm == gmac && origin.signing_algorithm != gmac {
         return Err(NtStatus::NOT_SUPPORTED);
     }
-    // 2.x has no multichannel; a server that turned it off refuses too.
-    if !neg.dialect.is_smb3() || !ctx.server.config.multichannel {
+    // A channel binds only over a connection whose NEGOTIATE answered
+    // SMB2_GLOBAL_CAP_MULTI_CHANNEL (handlers::negotiate): never on 2.x,
+    // nor when the server turned multichannel off, nor for a client that
+    // did not announce it.
+    if neg.server_capabilities & capabilities::MULTI_CHANNEL == 0 {
         return Err(NtStatus::REQUEST_NOT_ACCEPTED);
     }
     if ctx.signed_by.is_none() {

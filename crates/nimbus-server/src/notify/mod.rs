@@ -21,6 +21,12 @@
 //! `report`; `disk` says how, and how a change made through SMB, which
 //! inotify sees too, is reported once.
 //!
+//! A watch hears only of names its watcher could list: entries below the
+//! watched directory need the right to list each directory on the way,
+//! and on a share with access-based enumeration each name must be one a
+//! listing shows the watcher (`visible`). A batch of which nothing is left
+//! for a watch leaves its request waiting.
+//!
 //! On a cluster node, changes made through SMB reach the watches of other
 //! nodes too, through a `Relay` (`crate::cluster_notify`): this node tells
 //! it which directories it watches, and hands it every change its handlers
@@ -48,11 +54,15 @@ use nimbus_wire::notify::{
 };
 use nimbus_wire::NtStatus;
 
+use crate::acl::{store, Token};
 use crate::pending::PendingRequest;
 use crate::server::{Server, Share};
 use crate::session::{lock, Open};
 
 mod disk;
+mod visible;
+
+use visible::{Descriptors, Known, Viewer};
 
 /// The most bytes of changes one watch buffers, whatever its first request
 /// offered (the response must also fit the room dispatch reserves for a
@@ -123,6 +133,8 @@ struct Watch {
     root: PathBuf,
     dir: String,
     file_key: FileKey,
+    /// Whose watch it is: what it may hear of (`visible`).
+    viewer: Viewer,
     filter: u32,
     recursive: bool,
     /// Bytes of entries the watch holds before it overflows.
@@ -146,6 +158,27 @@ struct Watches {
     by_dir: HashMap<PathBuf, HashMap<String, Vec<u64>>>,
     /// Memory of the entries buffered in all watches (see `Watch::memory`).
     buffered: usize,
+}
+
+/// The entries of one delivery for one watch, before they are checked.
+struct Matched {
+    id: u64,
+    viewer: Viewer,
+    /// The watched directory, when the entries were made.
+    watched: String,
+    /// Each entry, the index of its change, and whether it needs checking
+    /// (`Viewer::checks`).
+    entries: Vec<(Entry, usize, bool)>,
+}
+
+impl Matched {
+    fn needs_checking(&self) -> bool {
+        self.entries.iter().any(|(_, _, check)| *check)
+    }
+
+    fn into_entries(self) -> Vec<Entry> {
+        self.entries.into_iter().map(|(e, _, _)| e).collect()
+    }
 }
 
 /// A final response to send once the mutex is released.
@@ -246,6 +279,53 @@ impl Watches {
                 self.by_dir.remove(root);
             }
         }
+    }
+
+    /// The entries `changes` on the share at `root` make for each watch
+    /// they concern, in the order of the changes: a change's directory's
+    /// watches, then (for watches of a whole tree) its ancestors'.
+    fn matching(&self, root: &Path, changes: &[Change<'_>]) -> Vec<Matched> {
+        let mut matched: Vec<Matched> = Vec::new();
+        let Some(dirs) = self.by_dir.get(root) else {
+            return matched;
+        };
+        for (i, change) in changes.iter().enumerate() {
+            let Some(parent) = parent_of(change.path) else {
+                continue;
+            };
+            let mut dir = parent;
+            let mut direct = true;
+            loop {
+                for &id in dirs.get(dir).into_iter().flatten() {
+                    let Some(watch) = self.by_open.get(&id) else {
+                        continue;
+                    };
+                    if (!direct && !watch.recursive) || watch.filter & change.filter == 0 {
+                        continue;
+                    }
+                    let entry = Entry {
+                        action: change.action,
+                        name: relative_name(change.path, dir),
+                    };
+                    let check = watch.viewer.checks(direct);
+                    match matched.iter_mut().find(|m| m.id == id) {
+                        Some(m) => m.entries.push((entry, i, check)),
+                        None => matched.push(Matched {
+                            id,
+                            viewer: watch.viewer.clone(),
+                            watched: watch.dir.clone(),
+                            entries: vec![(entry, i, check)],
+                        }),
+                    }
+                }
+                match parent_of(dir) {
+                    Some(up) => dir = up,
+                    None => break,
+                }
+                direct = false;
+            }
+        }
+        matched
     }
 
     /// Changes to watch `open_id` were lost: its oldest waiting request,
@@ -363,11 +443,14 @@ impl ChangeNotify {
     /// handler): the watch is set up by the first, on disk too; buffered
     /// changes (or an overflow) answer at once; otherwise `wait` makes the
     /// request pending, or says why it cannot wait. `max_len` is the
-    /// request's OutputBufferLength.
+    /// request's OutputBufferLength; `token` the SIDs of the session
+    /// watching.
+    #[allow(clippy::too_many_arguments)]
     pub fn request(
         &self,
         server: &Arc<Server>,
         open: &Open,
+        token: Arc<Token>,
         filter: u32,
         recursive: bool,
         max_len: usize,
@@ -393,6 +476,10 @@ impl ChangeNotify {
                         root: root.to_path_buf(),
                         dir: dir.clone(),
                         file_key: open.file_key,
+                        viewer: Viewer {
+                            token,
+                            share: open.share.clone(),
+                        },
                         filter: filter & cf::ALL,
                         recursive,
                         capacity: max_len.min(MAX_WATCH_BUFFER),
@@ -465,7 +552,13 @@ impl ChangeNotify {
     /// Reports `changes` made through SMB on the share at `root` to every
     /// watch they concern, on this node and (through the relay) others.
     pub fn report(&self, root: &Path, changes: &[Change<'_>]) {
-        self.deliver_local(root, changes);
+        self.report_known(root, changes, Vec::new());
+    }
+
+    /// [`ChangeNotify::report`], with the descriptors of names the changes
+    /// removed as they were (`visible`).
+    fn report_known(&self, root: &Path, changes: &[Change<'_>], known: Known) {
+        self.deliver_checked(root, changes, known);
         if let Some(relay) = self.relay.get() {
             relay.publish(root, changes);
         }
@@ -475,52 +568,60 @@ impl ChangeNotify {
     /// node they concern, as one batch: a rename's old and new names reach
     /// a watch together.
     pub fn deliver_local(&self, root: &Path, changes: &[Change<'_>]) {
+        self.deliver_checked(root, changes, Vec::new());
+    }
+
+    /// [`ChangeNotify::deliver_local`]. Under the mutex, the entries for
+    /// each watch are worked out, and handed at once to watches none of
+    /// whose entries needs checking; the others are checked outside it
+    /// (reading descriptors), then handed over what is left.
+    fn deliver_checked(&self, root: &Path, changes: &[Change<'_>], known: Known) {
         if self.nobody_here() {
             return;
         }
-        let done = {
+        let (mut done, to_check) = {
             let mut w = self.watches();
-            // Entries per watch, in the order of the changes.
-            let mut matched: Vec<(u64, Vec<Entry>)> = Vec::new();
-            if let Some(dirs) = w.by_dir.get(root) {
-                for change in changes {
-                    let Some(parent) = parent_of(change.path) else {
-                        continue;
-                    };
-                    // The directory the change is in, then its ancestors
-                    // (for watches of a whole tree).
-                    let mut dir = parent;
-                    let mut direct = true;
-                    loop {
-                        for &id in dirs.get(dir).into_iter().flatten() {
-                            let Some(watch) = w.by_open.get(&id) else {
-                                continue;
-                            };
-                            if (!direct && !watch.recursive) || watch.filter & change.filter == 0 {
-                                continue;
-                            }
-                            let entry = Entry {
-                                action: change.action,
-                                name: relative_name(change.path, dir),
-                            };
-                            match matched.iter_mut().find(|(m, _)| *m == id) {
-                                Some((_, list)) => list.push(entry),
-                                None => matched.push((id, vec![entry])),
-                            }
-                        }
-                        match parent_of(dir) {
-                            Some(up) => dir = up,
-                            None => break,
-                        }
-                        direct = false;
-                    }
-                }
-            }
-            matched
+            let matched = w.matching(root, changes);
+            let (to_check, now): (Vec<Matched>, Vec<Matched>) =
+                matched.into_iter().partition(Matched::needs_checking);
+            let done: Vec<Completion> = now
                 .into_iter()
-                .filter_map(|(id, entries)| w.deliver(id, entries))
-                .collect::<Vec<_>>()
+                .filter_map(|m| w.deliver(m.id, m.into_entries()))
+                .collect();
+            (done, to_check)
         };
+        if !to_check.is_empty() {
+            let mut sds = Descriptors::new(known);
+            let checked: Vec<(u64, Vec<Entry>)> = to_check
+                .into_iter()
+                .map(|m| {
+                    let entries = m
+                        .entries
+                        .into_iter()
+                        .filter(|(_, i, check)| {
+                            !check
+                                || sds.may_see(
+                                    &m.viewer,
+                                    &m.watched,
+                                    changes[*i].path,
+                                    visible::object_of(changes, *i),
+                                )
+                        })
+                        .map(|(e, _, _)| e)
+                        .collect();
+                    (m.id, entries)
+                })
+                .collect();
+            let mut w = self.watches();
+            // A watch left with nothing keeps its request waiting: an
+            // empty response would mean NOTIFY_ENUM_DIR to the client.
+            done.extend(
+                checked
+                    .into_iter()
+                    .filter(|(_, entries)| !entries.is_empty())
+                    .filter_map(|(id, entries)| w.deliver(id, entries)),
+            );
+        }
         for c in done {
             c.send();
         }
@@ -859,26 +960,41 @@ impl ChangeNotify {
             Err(_) => true,
         };
         if gone {
-            self.removed(&open.share, &path, open.is_dir);
+            // Its descriptor as it was, for the watches that must check
+            // the name itself (`visible`: on a share with access-based
+            // enumeration): still readable through the handle.
+            let known = if open.stream.is_none() && open.share.access_based_enumeration {
+                let sd = store::read_handle(&open.handle, &path).map_err(|_| ());
+                vec![(path.clone(), sd)]
+            } else {
+                Vec::new()
+            };
+            self.removed_known(&open.share, &path, open.is_dir, known);
         }
     }
 
     /// `path` of `share` was removed through SMB: watches of its directory
     /// see it REMOVED.
     pub fn removed(&self, share: &Share, path: &str, is_dir: bool) {
+        self.removed_known(share, path, is_dir, Vec::new());
+    }
+
+    /// [`ChangeNotify::removed`], with the descriptor the name had.
+    fn removed_known(&self, share: &Share, path: &str, is_dir: bool, known: Known) {
         if self.nobody_watches() {
             return;
         }
         let Some(fs) = share.fs.as_ref() else {
             return;
         };
-        self.report(
+        self.report_known(
             fs.root_path(),
             &[Change {
                 action: NotifyAction::Removed,
                 filter: name_filter(is_dir),
                 path,
             }],
+            known,
         );
     }
 
@@ -930,6 +1046,22 @@ mod tests {
             root: PathBuf::from("/srv"),
             dir: String::new(),
             file_key: FileKey { dev: 1, ino: 2 },
+            viewer: Viewer {
+                token: Arc::new(Token::anonymous()),
+                share: Arc::new(Share {
+                    name: "t".into(),
+                    fs: None,
+                    read_only: false,
+                    guest_ok: false,
+                    encryption: Default::default(),
+                    created: 0,
+                    continuous_availability: false,
+                    access_based_enumeration: false,
+                    apple_extensions: false,
+                    comment: String::new(),
+                    hide: crate::hide::HideNames::none(),
+                }),
+            },
             filter: cf::FILE_NAME,
             recursive: false,
             capacity,
