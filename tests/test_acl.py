@@ -84,7 +84,7 @@ TRAVERSE = 0x20
 ALLOW, DENY = 0, 1
 OI, CI, NP, IO, INHERITED = 0x1, 0x2, 0x4, 0x8, 0x10
 SELF_RELATIVE, DACL_PRESENT = 0x8000, 0x4
-OWNER_INFO, GROUP_INFO, DACL_INFO = 0x1, 0x2, 0x4
+OWNER_INFO, GROUP_INFO, DACL_INFO, SACL_INFO = 0x1, 0x2, 0x4, 0x8
 
 EVERYONE = "S-1-1-0"
 CREATOR_OWNER = "S-1-3-0"
@@ -562,3 +562,27 @@ def test_a_rename_may_not_replace_what_the_user_may_not_delete(two_users):
         s.close()
     assert (srv.share_path / "box2" / "target.txt").read_bytes() == b"alice's"
     assert (srv.share_path / "box2" / "src.txt").read_bytes() == b"bob's"
+
+
+def test_an_empty_descriptor_query_needs_no_access(server):
+    """QUERY_INFO of a security descriptor with AdditionalInformation 0
+    asks for no part: Windows and Samba answer the empty self-relative
+    descriptor (revision 1, SE_SELF_RELATIVE only, no owner, group or ACL:
+    20 bytes) through any open. Each part still needs its right: the owner,
+    group and DACL READ_CONTROL, the SACL ACCESS_SYSTEM_SECURITY."""
+    with smb_tree(server, USER, PASSWORD) as tree:
+        f = create(tree, "plain.txt", READ_ATTRIBUTES, CreateDisposition.FILE_CREATE)
+        empty = query(f, InfoType.SMB2_0_INFO_SECURITY, 0, 0)
+        assert empty == struct.pack("<BBHIIII", 1, 0, SELF_RELATIVE, 0, 0, 0, 0), empty.hex()
+        for part in (OWNER_INFO, GROUP_INFO, DACL_INFO, SACL_INFO):
+            with pytest.raises(SMBResponseException) as refused:
+                query(f, InfoType.SMB2_0_INFO_SECURITY, 0, part)
+            assert refused.value.status == NtStatus.STATUS_ACCESS_DENIED, hex(part)
+        f.close()
+        g = create(tree, "plain.txt", READ_CONTROL)
+        assert query(g, InfoType.SMB2_0_INFO_SECURITY, 0, 0) == empty
+        assert get_sd(g)["owner"] is not None
+        with pytest.raises(SMBResponseException) as refused:
+            query(g, InfoType.SMB2_0_INFO_SECURITY, 0, SACL_INFO)
+        assert refused.value.status == NtStatus.STATUS_ACCESS_DENIED
+        g.close()

@@ -22,10 +22,11 @@ from conftest import Security
 from smbprotocol import Dialects
 from smbprotocol.connection import Connection
 from smbprotocol.exceptions import SMBConnectionClosed, SMBException, SMBResponseException
-from smbprotocol.file_info import FileInformationClass
+from smbprotocol.file_info import FileInformationClass, InfoType
 from smbprotocol.header import NtStatus
-from smbprotocol.open import CreateDisposition
+from smbprotocol.open import CreateDisposition, SMB2QueryInfoRequest
 from smbprotocol.session import Session
+from smbprotocol.tree import TreeConnect
 from test_smbprotocol import assert_undercharged_read_refused, ensure_credits, open_directory, open_file, smb_tree
 
 pytestmark = pytest.mark.nimbus_only
@@ -235,6 +236,39 @@ def test_tree_id_of_another_session_is_refused(hostile):
             recv(request)
         assert excinfo.value.status == NtStatus.STATUS_NETWORK_NAME_DELETED
         assert not (srv.share_path / "not-yours.txt").exists()
+    bystander.check()
+
+
+def test_file_id_named_on_another_session_leaves_its_own_open(hostile):
+    """MS-SMB2 3.3.5.12 (READ), 3.3.5.20 (QUERY_INFO): an open is looked up
+    in the OpenTable of the request's session only. Another session of the
+    same connection naming it is answered FILE_CLOSED, and the open, its
+    session and its tree stay as they were: a READ and a CLOSE on its own
+    session succeed."""
+    srv, bystander = hostile
+    with smb_tree(srv) as (conn, session, tree):
+        (srv.share_path / "session-a.txt").write_bytes(b"mine")
+        f = open_file(tree, "session-a.txt", disposition=CreateDisposition.FILE_OPEN)
+        other = Session(conn, srv.user, srv.password, require_encryption=False, auth_protocol="ntlm")
+        other.connect()
+        other_tree = TreeConnect(other, rf"\\{srv.host}\{srv.share}")
+        other_tree.connect()
+        # A READ and a QUERY_INFO of session A's FileId, sent on session B.
+        read, _ = f.read(0, 4, send=False)
+        query = SMB2QueryInfoRequest()
+        query["info_type"] = InfoType.SMB2_0_INFO_FILE
+        query["file_info_class"] = FileInformationClass.FILE_STANDARD_INFORMATION
+        query["output_buffer_length"] = 4096
+        query["file_id"] = f.file_id
+        for msg in (read, query):
+            request = conn.send(msg, other.session_id, other_tree.tree_connect_id)
+            with pytest.raises(SMBResponseException) as excinfo:
+                conn.receive(request)
+            assert excinfo.value.status == NtStatus.STATUS_FILE_CLOSED, hex(excinfo.value.status)
+        assert f.read(0, 4) == b"mine"
+        f.close()
+        other_tree.disconnect()
+        other.disconnect()
     bystander.check()
 
 

@@ -333,6 +333,26 @@ def test_overwriting_a_hidden_or_system_file_must_ask_for_its_attributes(server,
     assert (server.share_path / "test.dat").read_bytes() == b""
 
 
+@pytest.mark.parametrize("attribute", [READONLY, HIDDEN, SYSTEM, READONLY | HIDDEN | SYSTEM], ids=["READONLY", "HIDDEN", "SYSTEM", "all"])
+@pytest.mark.parametrize("disposition", [CreateDisposition.FILE_OVERWRITE, CreateDisposition.FILE_OVERWRITE_IF, CreateDisposition.FILE_SUPERSEDE], ids=["OVERWRITE", "OVERWRITE_IF", "SUPERSEDE"])
+def test_an_overwrite_gives_the_file_the_attributes_asked_for(server, tree, f, attribute, disposition):
+    """MS-FSA 2.1.5.1.2.1, as Windows and Samba answer: an overwrite or
+    supersede sets the attributes its request names, ARCHIVE added (READONLY
+    0x21), in the CREATE's answer and in a later query."""
+    f.close()
+    g = open_file(tree, "test.dat", disposition=disposition, attributes=attribute)
+    assert g.file_attributes == attribute | ARCHIVE, hex(g.file_attributes)
+    assert all_info(g).attributes == attribute | ARCHIVE
+    g.close()
+    assert (server.share_path / "test.dat").read_bytes() == b""
+    h = Open(tree, "test.dat")
+    h.create(ImpersonationLevel.Impersonation, FilePipePrinterAccessMask.FILE_READ_ATTRIBUTES | FilePipePrinterAccessMask.FILE_WRITE_ATTRIBUTES, NORMAL, SHARE_ALL, CreateDisposition.FILE_OPEN, CreateOptions.FILE_NON_DIRECTORY_FILE)
+    assert all_info(h).attributes == attribute | ARCHIVE
+    # Leave the file writable for the fixture's clean-up.
+    set_info(h, FileInformationClass.FILE_BASIC_INFORMATION, basic_info(attributes=NORMAL))
+    h.close()
+
+
 def test_a_new_file_is_not_created_readonly_and_delete_on_close(server, tree):
     """MS-FSA 2.1.5.1.1 (smbtorture smb2.delete-on-close-perms.READONLY):
     STATUS_CANNOT_DELETE, and no file is left behind."""

@@ -582,6 +582,32 @@ def test_dot_components_refused_even_inside_the_share(server, path):
         assert status_of(excinfo) == NtStatus.STATUS_OBJECT_PATH_SYNTAX_BAD
 
 
+def test_a_directory_created_where_a_file_is(server):
+    """MS-FSA 2.1.5.1.2, as Windows and Samba answer: FILE_CREATE of a
+    directory over a file of that name is OBJECT_NAME_COLLISION (the name
+    is taken), FILE_OPEN_IF and FILE_OPEN of one are NOT_A_DIRECTORY; the
+    file stays as it was."""
+    (server.share_path / "taken").write_bytes(b"a file")
+    with smb_tree(server) as (conn, session, tree):
+        for disposition, expected in (
+            (CreateDisposition.FILE_CREATE, NtStatus.STATUS_OBJECT_NAME_COLLISION),
+            (CreateDisposition.FILE_OPEN_IF, NtStatus.STATUS_NOT_A_DIRECTORY),
+            (CreateDisposition.FILE_OPEN, NtStatus.STATUS_NOT_A_DIRECTORY),
+        ):
+            d = Open(tree, "taken")
+            with pytest.raises(SMBResponseException) as excinfo:
+                d.create(
+                    ImpersonationLevel.Impersonation,
+                    DirectoryAccessMask.FILE_LIST_DIRECTORY | DirectoryAccessMask.FILE_READ_ATTRIBUTES,
+                    FileAttributes.FILE_ATTRIBUTE_DIRECTORY,
+                    ShareAccess.FILE_SHARE_READ | ShareAccess.FILE_SHARE_WRITE | ShareAccess.FILE_SHARE_DELETE,
+                    disposition,
+                    CreateOptions.FILE_DIRECTORY_FILE,
+                )
+            assert status_of(excinfo) == expected, f"{disposition}: {status_of(excinfo):#x}"
+    assert (server.share_path / "taken").read_bytes() == b"a file"
+
+
 def test_create_through_escaping_symlink_refused(symlink_server):
     with smb_tree(symlink_server) as (conn, session, tree):
         with pytest.raises(SMBException):

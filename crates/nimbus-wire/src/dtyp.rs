@@ -80,6 +80,10 @@ pub mod security_information {
     pub const GROUP: u32 = 0x2;
     pub const DACL: u32 = 0x4;
     pub const SACL: u32 = 0x8;
+    pub const LABEL: u32 = 0x10;
+    pub const ATTRIBUTE: u32 = 0x20;
+    pub const SCOPE: u32 = 0x40;
+    pub const BACKUP: u32 = 0x1_0000;
 }
 
 /// Maps three POSIX permission bits onto file access rights.

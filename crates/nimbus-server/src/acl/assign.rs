@@ -181,6 +181,25 @@ pub fn for_new_file(
     })
 }
 
+/// The rights a QUERY_INFO of the parts `info` needs on the open (MS-SMB2
+/// 3.3.5.20.3, MS-FSA 2.1.5.13), as Windows asks for them: READ_CONTROL
+/// for the owner, group, DACL and the label, attribute and scope ACEs;
+/// ACCESS_SYSTEM_SECURITY for the SACL; both for BACKUP. Asking for none
+/// of them needs nothing (the answer is an empty descriptor).
+pub fn rights_to_query(info: u32) -> u32 {
+    let mut need = 0;
+    if info
+        & (si::OWNER | si::GROUP | si::DACL | si::LABEL | si::ATTRIBUTE | si::SCOPE | si::BACKUP)
+        != 0
+    {
+        need |= access::READ_CONTROL;
+    }
+    if info & (si::SACL | si::BACKUP) != 0 {
+        need |= access::ACCESS_SYSTEM_SECURITY;
+    }
+    need
+}
+
 /// The rights a SET_INFO of the parts `info` needs on the open (MS-SMB2
 /// 3.3.5.21.3, MS-FSA 2.1.5.16).
 pub fn rights_to_set(info: u32) -> u32 {
@@ -257,6 +276,19 @@ mod tests {
     use nimbus_wire::security_descriptor::ace_type;
 
     const M: MachineSid = MachineSid([7, 8, 9]);
+
+    #[test]
+    fn a_query_needs_the_rights_of_the_parts_it_names() {
+        assert_eq!(rights_to_query(0), 0);
+        for part in [si::OWNER, si::GROUP, si::DACL, si::LABEL] {
+            assert_eq!(rights_to_query(part), access::READ_CONTROL);
+        }
+        assert_eq!(rights_to_query(si::SACL), access::ACCESS_SYSTEM_SECURITY);
+        assert_eq!(
+            rights_to_query(si::BACKUP),
+            access::READ_CONTROL | access::ACCESS_SYSTEM_SECURITY
+        );
+    }
 
     fn ace(flags: u8, mask: u32, sid: Sid) -> Ace {
         Ace::new(ace_type::ACCESS_ALLOWED, flags, mask, sid)

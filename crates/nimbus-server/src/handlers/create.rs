@@ -196,11 +196,16 @@ fn open_or_create(
         if st.is_dir && want_file {
             return Err(NtStatus::FILE_IS_A_DIRECTORY.into());
         }
-        if !st.is_dir && want_dir {
-            return Err(NtStatus::NOT_A_DIRECTORY.into());
-        }
+        // MS-FSA 2.1.5.1.2: a directory asked for where a file is. FILE_CREATE
+        // fails for the name being taken before the file's type is looked
+        // at (Windows and Samba answer OBJECT_NAME_COLLISION); an open of
+        // what exists (FILE_OPEN, FILE_OPEN_IF) finds a file that is not a
+        // directory.
         if disposition == CreateDisposition::Create {
             return Err(NtStatus::OBJECT_NAME_COLLISION.into());
+        }
+        if !st.is_dir && want_dir {
+            return Err(NtStatus::NOT_A_DIRECTORY.into());
         }
         if st.is_dir && truncating {
             return Err(NtStatus::FILE_IS_A_DIRECTORY.into());
@@ -599,7 +604,11 @@ fn open_or_create(
         &handle,
         created || truncating,
     );
-    // An allocation size context may have changed the space on disk.
+    if truncating && !created && base.is_none() {
+        overwritten_readonly(&handle, &st, req.file_attributes);
+    }
+    // An allocation size context (or READONLY just set) may have changed
+    // what the file shows.
     let st = handle.stat().unwrap_or(st);
     // A stream's changes are its file's only when the file was made for
     // it: streams have no names in their directory.
@@ -923,6 +932,21 @@ fn overwrite_keeps_attributes(
         return Err(NtStatus::ACCESS_DENIED);
     }
     Ok(())
+}
+
+/// MS-FSA 2.1.5.1.2.1: an overwrite or supersede gives the file the
+/// attributes its request names, READONLY among them (Windows and Samba
+/// answer 0x21 for READONLY). READONLY is the permission bits (crate::
+/// fileinfo::is_readonly), cleared last: the DOS attributes, EAs and
+/// streams an overwrite sets are written while the file is still
+/// writable. The open itself keeps the write access it was granted.
+fn overwritten_readonly(handle: &nimbus_vfs::FileHandle, st: &Stat, requested: u32) {
+    if st.is_dir || requested & attributes::READONLY == 0 || is_readonly(st.mode) {
+        return;
+    }
+    if let Err(e) = handle.set_mode(st.mode & 0o7777 & !0o222) {
+        tracing::warn!("READONLY of an overwritten file: {e}");
+    }
 }
 
 /// The attributes a file gets when created or overwritten (MS-FSA 2.1.5.1.1,

@@ -9,7 +9,6 @@
 //! one shown; from then on the file's own rules apply.
 
 use nimbus_wire::dtyp::{posix_security_descriptor, security_information as si};
-use nimbus_wire::fscc::access;
 use nimbus_wire::security_descriptor::SecurityDescriptor;
 use nimbus_wire::NtStatus;
 
@@ -44,13 +43,15 @@ fn current(open: &Open, token: &Token) -> Result<SecurityDescriptor, NtStatus> {
 
 /// The self-relative encoding of the parts `wanted` asks for.
 pub fn query(ctx: &Ctx<'_>, open: &Open, wanted: u32) -> Result<Vec<u8>, NtStatus> {
-    // MS-SMB2 3.3.5.20.3: the SACL needs ACCESS_SYSTEM_SECURITY, the rest
-    // READ_CONTROL.
-    if wanted & si::SACL != 0 && open.access & access::ACCESS_SYSTEM_SECURITY == 0 {
+    let need = assign::rights_to_query(wanted);
+    if open.access & need != need {
         return Err(NtStatus::ACCESS_DENIED);
     }
-    if open.access & access::READ_CONTROL == 0 {
-        return Err(NtStatus::ACCESS_DENIED);
+    // No part asked for (AdditionalInformation 0): Windows and Samba answer
+    // the empty self-relative descriptor (MS-DTYP 2.4.6: revision 1,
+    // SE_SELF_RELATIVE, no owner, group or ACL), whatever the open's access.
+    if wanted & (si::OWNER | si::GROUP | si::DACL | si::SACL) == 0 {
+        return Ok(SecurityDescriptor::default().encode(0));
     }
     let token = ctx
         .session()?
