@@ -27,6 +27,7 @@ from smbprotocol.header import NtStatus
 from smbprotocol.open import CreateDisposition, SMB2QueryInfoRequest
 from smbprotocol.session import Session
 from smbprotocol.tree import TreeConnect
+from test_share_browsing import STATUS_PIPE_DISCONNECTED, bind_pdu, open_pipe, pdu, server_info_request
 from test_smbprotocol import assert_undercharged_read_refused, ensure_credits, open_directory, open_file, smb_tree
 
 pytestmark = pytest.mark.nimbus_only
@@ -758,6 +759,96 @@ def test_max_open_files_per_session(server_factory):
         opens.append(open_file(tree, "f5.txt"))
         for f in opens:
             f.close()
+
+
+def vm_rss(pid: int) -> int:
+    """The process's resident memory, in bytes (/proc/<pid>/status VmRSS)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for process {pid}")
+
+
+def share_enum_requests(first_call_id: int, size: int) -> bytes:
+    """As many NetrShareEnum (MS-SRVS 3.1.4.8, opnum 15) requests as fit in
+    `size` bytes, at level 1 with no server name, no resume handle and no
+    preferred length: each ~56-byte request is answered with every share."""
+    stub = struct.pack("<IIIIIIII", 0, 1, 1, 0x20000, 0, 0, 0xFFFFFFFF, 0)
+    one = len(pdu(0, 3, 0, struct.pack("<IHH", len(stub), 0, 15) + stub))
+    return b"".join(pdu(0, 3, first_call_id + i, struct.pack("<IHH", len(stub), 0, 15) + stub) for i in range(size // one))
+
+
+PIPE_BUDGET_LIMITS = {"max_frame_bytes": MIB + 64 * 1024, "max_connection_memory_bytes": 4 * MIB}
+
+
+def test_pipes_that_are_never_read_are_bounded_per_session_and_connection(server_factory):
+    """A client opens every srvsvc pipe its session may have and writes
+    share enumerations to each without reading an answer. What the pipes
+    hold counts against the connection's memory budget (4 MiB here): writes
+    beyond it fail with STATUS_INSUFFICIENT_RESOURCES, and the server's
+    resident memory grows less than 16 MiB (without the budget each of the
+    64 pipes holds up to 1 MiB, and it grows by more than 64 MiB).
+    Meanwhile another session is served. The 65th pipe is refused
+    (max_pipes_per_session, 64 by default); closing the pipes gives their
+    share of the budget back."""
+    srv = server_factory.start(security=Security(limits=PIPE_BUDGET_LIMITS))
+    chunk = share_enum_requests(2, 64 * 1024 - 64)
+    with smb_tree(srv) as (conn, session, _tree):
+        ipc = TreeConnect(session, rf"\\{srv.host}\IPC$")
+        ipc.connect()
+        before = vm_rss(srv.process.pid)
+        pipes = [open_pipe(ipc) for _ in range(64)]
+        ended = []
+        for pipe in pipes:
+            status = None
+            try:
+                pipe.write(bind_pdu())
+                for _ in range(64):  # 4 MiB of requests: far more than one pipe may queue answers for
+                    pipe.write(chunk)
+            except SMBResponseException as e:
+                status = e.status
+            ended.append(status)
+        grown = vm_rss(srv.process.pid) - before
+        # Per pipe, at most 1 MiB of answers (the pipe closes on its
+        # client); across them, the connection's budget.
+        assert grown < 16 * MIB, f"resident memory grew by {grown / MIB:.1f} MiB"
+        assert set(ended) <= {STATUS_PIPE_DISCONNECTED, STATUS_INSUFFICIENT_RESOURCES}, [hex(s or 0) for s in ended]
+        assert ended.count(STATUS_INSUFFICIENT_RESOURCES) >= 56, [hex(s or 0) for s in ended]
+        assert "limits.max_connection_memory_bytes" in srv.log_tail()
+
+        # Another client is served meanwhile, pipes and files.
+        with smb_tree(srv) as (_c2, other, tree2):
+            ipc2 = TreeConnect(other, rf"\\{srv.host}\IPC$")
+            ipc2.connect()
+            p = open_pipe(ipc2)
+            p.write(bind_pdu())
+            assert p.read(0, 4280)[2] == 12  # BIND_ACK
+            p.write(server_info_request(2))
+            assert p.read(0, 4280)[2] == 2  # RESPONSE
+            f = open_file(tree2, "served.txt")
+            f.write(b"still served", 0)
+            assert f.read(0, 12) == b"still served"
+            f.close()
+
+        # The session's 65th pipe is refused.
+        with pytest.raises(SMBResponseException) as excinfo:
+            open_pipe(ipc)
+        assert excinfo.value.status == STATUS_INSUFFICIENT_RESOURCES
+        assert "limits.max_pipes_per_session" in srv.log_tail()
+
+        # Closed pipes give back what they held: a new pipe is filled to its
+        # own 1 MiB again (where the pipe closes on its client), not refused
+        # for the budget the others held.
+        for pipe in pipes:
+            pipe.close()
+        again = open_pipe(ipc)
+        again.write(bind_pdu())
+        assert again.read(0, 4280)[2] == 12  # BIND_ACK
+        with pytest.raises(SMBResponseException) as excinfo:
+            for _ in range(64):
+                again.write(chunk)
+        assert excinfo.value.status == STATUS_PIPE_DISCONNECTED
+        assert again.read(0, 4280)[2] == 2  # its answers are still there to read
 
 
 def test_max_compound_requests(server_factory):

@@ -7,7 +7,11 @@ settle."""
 
 from __future__ import annotations
 
+import os
 import struct
+import threading
+import time
+from pathlib import Path
 
 import pytest
 import rawsmb
@@ -253,3 +257,152 @@ def test_pending_requests_per_connection_are_bounded(server_factory):
         a.close()
         b.close()
     assert "limits.max_pending_requests" in srv.log_tail()
+
+
+def shared_flood(file_id: bytes, count: int) -> bytes:
+    """MS-SMB2 2.2.26 LOCK of `count` elements, each a shared lock of byte 0
+    (with FAIL_IMMEDIATELY, which several elements in one request need)."""
+    element = struct.pack("<QQII", 0, 1, SHARED | FAIL_IMMEDIATELY, 0)
+    return struct.pack("<HHI16s", 48, count, 0, file_id) + element * count
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of a process, all its threads (proc(5):
+    fields 14 and 15 of /proc/<pid>/stat, in clock ticks)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# The flood below costs the server about 0.02 s of CPU with the caps and
+# the interval index; about 2 s with the caps alone (16,384-element
+# requests each compared every element with every lock), and 46 to 49 s
+# with neither, while another client's LOCK waited up to 17 s for the
+# server-wide lock.
+FLOOD_CPU_SECONDS = 1.0
+# Another client's LOCK and unlock of another file, each, meanwhile.
+OTHER_FILE_SECONDS = 0.050
+MAX_OTHER_LOCKS = 400
+
+
+def test_a_flood_of_shared_locks_is_capped_and_holds_up_no_other_file(server_factory):
+    """One client sends LOCK requests of up to 65,535 shared locks on one
+    byte of one file, on five handles. With the default caps (16,384 locks
+    an open, 65,536 a file) the requests past them fail whole with
+    STATUS_INSUFFICIENT_RESOURCES, the flood costs the server little CPU,
+    and meanwhile another client's locks on another file are answered at
+    once: the flooded file's lock is not the server's."""
+    # Anonymous sessions are closed after unauthenticated_timeout_secs; the
+    # flood took longer than the default 30 s without the caps.
+    srv = server_factory.start([("pub", False)], security=Security(guest_shares={"pub"}, limits={"unauthenticated_timeout_secs": 3600}))
+    if srv.kind != "nimbus":
+        pytest.skip("the caps are nimbus's [limits] defaults")
+    (srv.share_path / "flood.bin").write_bytes(bytes(100))
+    (srv.share_path / "other.bin").write_bytes(bytes(100))
+    per_open = 16384
+    plan = [  # (handle, elements, status expected)
+        (0, 65535, STATUS_INSUFFICIENT_RESOURCES),  # past the open's cap
+        (0, per_open, 0),
+        (0, 1, STATUS_INSUFFICIENT_RESOURCES),
+        (1, per_open, 0),
+        (2, per_open, 0),
+        (3, per_open, 0),  # the file holds 65,536 now
+        (4, 1, STATUS_INSUFFICIENT_RESOURCES),  # past the file's cap
+        (4, 65535, STATUS_INSUFFICIENT_RESOURCES),
+        (4, 65535, STATUS_INSUFFICIENT_RESOURCES),
+        (4, 65535, STATUS_INSUFFICIENT_RESOURCES),
+    ]
+    a, b = Client(srv), Client(srv)
+    # Without the caps one request took many seconds, and held up B's.
+    a.s.settimeout(600)
+    b.s.settimeout(600)
+    try:
+        handles = [a.open("flood.bin") for _ in range(5)]
+        bodies = [shared_flood(handles[h], n) for h, n, _ in plan]
+        fb = b.open("other.bin")
+        sent, statuses = threading.Event(), []
+
+        def flood():
+            for body in bodies:
+                mid = a.send(LOCK, body)
+                sent.set()
+                resp = a.recv()
+                statuses.append((message_id(resp) == mid, rawsmb.status(resp)))
+
+        cpu_before = cpu_seconds(srv.process.pid)
+        flooding = threading.Thread(target=flood)
+        flooding.start()
+        assert sent.wait(60), "the flood was never sent"
+        # B locks and unlocks its own file while the flood runs (at most
+        # MAX_OTHER_LOCKS times, so that B's requests count for little in
+        # the server's CPU time), then waits for the flood to end.
+        took = []
+        while (flooding.is_alive() and len(took) < MAX_OTHER_LOCKS) or not took:
+            for flags in (EXCLUSIVE | FAIL_IMMEDIATELY, UNLOCK):
+                start = time.monotonic()
+                resp = b.call(LOCK, lock_body(fb, (0, 10, flags)))
+                took.append(time.monotonic() - start)
+                assert rawsmb.status(resp) == 0
+        flooding.join()
+        cpu = cpu_seconds(srv.process.pid) - cpu_before
+        print(f"flood: {cpu:.2f} s of server CPU; {len(took)} LOCKs of another file, slowest {max(took) * 1000:.1f} ms")
+        assert [(True, hex(s)) for _, _, s in plan] == [(same, hex(s)) for same, s in statuses]
+        assert cpu < FLOOD_CPU_SECONDS, f"the flood took {cpu:.2f} s of server CPU"
+        assert max(took) < OTHER_FILE_SECONDS, f"another file's LOCK took {max(took) * 1000:.1f} ms"
+        # What was granted holds: byte 0 is readable, not writable, by others.
+        fo = b.open("flood.bin")
+        assert rawsmb.status(b.call(READ, rawsmb.read_body(fo, 0, 1))) == 0
+        assert rawsmb.status(b.call(WRITE, write_body(fo, 0, b"X"))) == STATUS_FILE_LOCK_CONFLICT
+    finally:
+        a.close()
+        b.close()
+    log = srv.log_tail(200)
+    assert "limits.max_byte_range_locks_per_open" in log
+    assert "limits.max_byte_range_locks_per_file" in log
+
+
+def test_lock_caps_from_limits_refuse_a_request_whole(server_factory):
+    """[limits] max_byte_range_locks_per_open = 3 and _per_file = 5: a
+    request that would pass either is refused whole (MS-SMB2 3.3.5.14: none
+    of its elements is granted), a blocking one at once rather than left
+    waiting, and a waiting one whose range comes free once its open holds
+    the most it may is answered STATUS_INSUFFICIENT_RESOURCES."""
+    srv = server_factory.start(
+        [("pub", False)],
+        security=Security(
+            guest_shares={"pub"},
+            limits={"max_byte_range_locks_per_open": 3, "max_byte_range_locks_per_file": 5},
+        ),
+    )
+    (srv.share_path / "f.bin").write_bytes(bytes(100))
+    a, b = Client(srv), Client(srv)
+    try:
+        fa, fb = a.open("f.bin"), b.open("f.bin")
+        ex = EXCLUSIVE | FAIL_IMMEDIATELY
+        lock = lambda c, f, *els: rawsmb.status(c.call(LOCK, lock_body(f, *els)))  # noqa: E731
+        assert lock(a, fa, (0, 1, ex), (1, 1, ex)) == 0  # A 2, file 2
+        assert lock(a, fa, (2, 1, ex), (3, 1, ex)) == STATUS_INSUFFICIENT_RESOURCES
+        # Neither of A's was granted: B takes both.
+        assert lock(b, fb, (2, 1, ex), (3, 1, ex)) == 0  # B 2, file 4
+        assert lock(a, fa, (4, 1, ex)) == 0  # A 3, file 5
+        # A blocking request past the open's cap fails at once, not PENDING.
+        assert lock(a, fa, (2, 1, EXCLUSIVE)) == STATUS_INSUFFICIENT_RESOURCES
+        assert lock(b, fb, (10, 1, SHARED | FAIL_IMMEDIATELY)) == STATUS_INSUFFICIENT_RESOURCES  # the file's cap
+        assert lock(a, fa, (4, 1, UNLOCK)) == 0  # A 2, file 4
+        # B waits for A's byte 0, then takes its third lock meanwhile.
+        waiting = b.send(LOCK, lock_body(fb, (0, 1, SHARED)))
+        interim = b.recv()
+        assert (message_id(interim), rawsmb.status(interim)) == (waiting, STATUS_PENDING)
+        mid = b.send(LOCK, lock_body(fb, (20, 1, ex)))
+        resp = b.recv()
+        assert (message_id(resp), rawsmb.status(resp)) == (mid, 0)  # B 3, file 5
+        # Byte 0 comes free, but B's open holds all it may.
+        assert lock(a, fa, (0, 1, UNLOCK)) == 0
+        final = b.recv()
+        assert (message_id(final), rawsmb.status(final)) == (waiting, STATUS_INSUFFICIENT_RESOURCES)
+        assert lock(a, fa, (0, 1, ex)) == 0
+    finally:
+        a.close()
+        b.close()
+    log = srv.log_tail(100)
+    assert "limits.max_byte_range_locks_per_open" in log
+    assert "limits.max_byte_range_locks_per_file" in log

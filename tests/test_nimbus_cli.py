@@ -7,13 +7,15 @@ is phrased.
 
 from __future__ import annotations
 
+import os
 import socket
 import stat
 import subprocess
+import time
 
 import pytest
 
-from conftest import PASSWORD, USER, add_user, free_port, nimbus_binary, run_nimbus, write_config
+from conftest import PASSWORD, USER, add_user, free_port, nimbus_binary, run_nimbus, wait_for_port, write_config
 
 pytestmark = pytest.mark.nimbus_only
 
@@ -155,6 +157,87 @@ def test_serve_refuses_port_in_use(tmp_path):
         port = taken.getsockname()[1]
         out = _serve_should_refuse(["serve", "--listen", f"127.0.0.1:{port}", "--share", f"data={share}", "--user-db", str(db)])
     assert str(port) in out, out
+
+
+def test_serve_refuses_a_state_dir_group_or_others_may_enter(tmp_path):
+    """The state directory holds the owners, CreateGuids and paths of kept
+    handles and the status files' sessions and open files: an existing one
+    that group or others may read, enter or write stops the start, and the
+    message names the key, the path, the mode and the fix."""
+    db = tmp_path / "users.db"
+    add_user(db)
+    share = tmp_path / "share"
+    share.mkdir()
+    state = tmp_path / "state"
+    state.mkdir()
+    for mode in (0o755, 0o710, 0o701):
+        state.chmod(mode)
+        out = _serve_should_refuse(["serve", "--listen", f"127.0.0.1:{free_port()}", "--share", f"data={share}", "--user-db", str(db), "--state-dir", str(state)])
+        assert "state_dir" in out, out
+        assert f"mode {mode:04o}" in out, out
+        assert f"chmod 700 {state}" in out, out
+        assert "panicked" not in out, out
+    assert list(state.iterdir()) == [], "nothing is written to a refused directory"
+    # Made private, the same directory is taken.
+    state.chmod(0o700)
+    port = free_port()
+    proc = subprocess.Popen([str(nimbus_binary()), "serve", "--listen", f"127.0.0.1:{port}", "--share", f"data={share}", "--user-db", str(db), "--state-dir", str(state)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port("127.0.0.1", port, proc)
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def _wait_for_files(paths, proc, old_inodes=None, timeout=20):
+    """Waits until every file of `paths` exists, and is not the file of
+    `old_inodes` (path -> inode) any more: written anew."""
+    old_inodes = old_inodes or {}
+
+    def written(p):
+        return p.exists() and p.stat().st_ino != old_inodes.get(p)
+
+    deadline = time.monotonic() + timeout
+    while not all(written(p) for p in paths):
+        assert proc.poll() is None, "the server exited"
+        assert time.monotonic() < deadline, f"not written within {timeout} s: {[str(p) for p in paths if not written(p)]}"
+        time.sleep(0.05)
+
+
+def test_state_dir_and_the_files_in_it_are_private_whatever_the_umask(tmp_path):
+    """A state directory the server creates is 0700, and the store, its
+    journal and the status files are 0600, under a umask of 0 too; files
+    found wider when the server starts again are narrowed."""
+    db = tmp_path / "users.db"
+    add_user(db)
+    share = tmp_path / "share"
+    share.mkdir()
+    state = tmp_path / "state"
+    port = free_port()
+    conf = write_config(tmp_path / "nimbus.toml", port, db, [("data", share, False)])
+    conf.write_text(conf.read_text().replace("[security]", f'state_dir = "{state}"\n\n[security]', 1))
+    files = [state / n for n in ("state.redb", "state.journal", "status.json", "status-listing.json")]
+
+    def modes():
+        return {p.name: stat.S_IMODE(p.stat().st_mode) for p in [state, *files]}
+
+    old_inodes = {}
+    for _round in range(2):
+        proc = subprocess.Popen([str(nimbus_binary()), "serve", "--config", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=lambda: os.umask(0))
+        try:
+            wait_for_port("127.0.0.1", port, proc)
+            # The status files are rewritten (through a new file) once the
+            # server runs; the store's files are opened at start.
+            _wait_for_files(files, proc, old_inodes)
+            assert modes() == {"state": 0o700, **{p.name: 0o600 for p in files}}
+        finally:
+            proc.kill()
+            proc.wait(timeout=10)
+        # Widened by someone meanwhile: narrowed, or replaced by private
+        # files, at the next start.
+        for p in files:
+            p.chmod(0o644)
+        old_inodes = {p: p.stat().st_ino for p in files[2:]}
 
 
 def test_status_of_a_single_node_with_a_state_dir(tmp_path):

@@ -94,6 +94,25 @@ impl Pipe {
         !self.output.is_empty()
     }
 
+    /// The bytes the pipe holds for its client: answers not read yet, and
+    /// what a request still arriving has brought so far. The server counts
+    /// them against the connection's memory.
+    pub fn buffered(&self) -> usize {
+        self.queued + self.input.len() + self.call.as_ref().map_or(0, |c| c.stub.len())
+    }
+
+    /// Closes the pipe and drops everything it holds, answers included:
+    /// what the server does when the pipe would hold more than it may.
+    /// Later writes fail as after a protocol error; reads find nothing.
+    pub fn shut(&mut self) {
+        self.closed = true;
+        self.call = None;
+        self.input = Vec::new();
+        self.output = VecDeque::new();
+        self.read_at = 0;
+        self.queued = 0;
+    }
+
     /// Takes what the client wrote: every complete PDU in it is answered
     /// (answers queue for `read`). A protocol error closes the pipe; the
     /// answers queued before it can still be read.
@@ -814,6 +833,39 @@ mod tests {
         let len = u16::from_le_bytes([first.data[8], first.data[9]]) as usize;
         assert_eq!(first.data.len() + rest.data.len(), len);
         assert!(p.read(10).is_none());
+    }
+
+    #[test]
+    fn buffered_counts_unread_answers_and_partial_input_and_shut_drops_them() {
+        let h = host(3);
+        let mut p = Pipe::new(Service::Srvsvc);
+        assert_eq!(p.buffered(), 0);
+        let bind = bind_pdu(MAX_FRAG, &[(0, srvsvc::INTERFACE, vec![pdu::NDR20])]);
+        // Half a PDU waits in the input.
+        p.write(&bind[..10], &h).unwrap();
+        assert_eq!(p.buffered(), 10);
+        p.write(&bind[10..], &h).unwrap();
+        let ack = p.buffered();
+        assert!(ack > 0 && p.has_output());
+        let req = request_pdu(
+            3,
+            2,
+            srvsvc::opnum::NETR_SHARE_ENUM,
+            &enum_stub(1, None, u32::MAX),
+        );
+        p.write(&req, &h).unwrap();
+        let both = p.buffered();
+        assert!(both > ack);
+        // A read of part of an answer frees nothing until the answer is read.
+        let part = p.read(10).unwrap();
+        assert!(part.more);
+        assert_eq!(p.buffered(), both);
+        p.read(usize::MAX).unwrap();
+        assert_eq!(p.buffered(), both - ack);
+        p.shut();
+        assert_eq!(p.buffered(), 0);
+        assert!(p.read(usize::MAX).is_none());
+        assert!(p.write(&req, &h).is_err());
     }
 
     #[test]

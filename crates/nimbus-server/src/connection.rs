@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -23,6 +23,7 @@ use crate::credits::CreditWindow;
 use crate::dir_budget::EntryBudget;
 use crate::dispatch::Unsealed;
 use crate::drain::Stage;
+use crate::held_bytes::HeldBytes;
 use crate::limits::Limits;
 use crate::pending::PendingTable;
 use crate::server::Server;
@@ -148,42 +149,6 @@ impl Outgoing {
     }
 }
 
-/// The bytes of messages queued on the writer outside any request's
-/// response (breaks, final responses of requests that waited), against a
-/// ceiling. Each such message answers something the client holds (an open's
-/// oplock or lease, a pending request), so the queue is bounded by what the
-/// client holds; but a client that stops reading would have up to one break
-/// per open pile up for as long as it holds them (10,000 lease breaks hold
-/// ~2.4 MB of buffers). The ceiling turns that into a bound per connection.
-struct UnsolicitedBudget {
-    queued: AtomicUsize,
-    max: usize,
-}
-
-impl UnsolicitedBudget {
-    fn new(max: usize) -> Self {
-        UnsolicitedBudget {
-            queued: AtomicUsize::new(0),
-            max,
-        }
-    }
-
-    /// Counts `size` more bytes queued; false (nothing counted) if they
-    /// would pass the ceiling.
-    fn charge(&self, size: usize) -> bool {
-        self.queued
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
-                q.checked_add(size).filter(|n| *n <= self.max)
-            })
-            .is_ok()
-    }
-
-    /// `size` bytes went out (or were dropped).
-    fn release(&self, size: usize) {
-        self.queued.fetch_sub(size, Ordering::AcqRel);
-    }
-}
-
 /// An entry of Connection.SessionTable: the session and, on a channel bound
 /// to it, Channel.SigningKey (MS-SMB2 3.3.1.14). None on the connection
 /// that made the session: its channel signs with Session.SigningKey.
@@ -235,8 +200,13 @@ pub struct Connection {
     /// breaks.
     /// None until `serve` starts the writer (and in the fuzz harness).
     unsolicited: Mutex<Option<mpsc::UnboundedSender<Outgoing>>>,
-    /// What that queue holds, at most `limits.max_connection_memory_bytes`.
-    unsolicited_budget: UnsolicitedBudget,
+    /// What that queue and this connection's named pipes hold, at most
+    /// `limits.max_connection_memory_bytes` (`crate::held_bytes`). Each
+    /// message on the queue answers something the client holds (an open's
+    /// oplock or lease, a pending request), but a client that stops reading
+    /// would have up to one break per open pile up for as long as it holds
+    /// them (10,000 lease breaks hold ~2.4 MB of buffers).
+    pub held: Arc<HeldBytes>,
     /// Counts this connection in the server's admission limits.
     slot: ConnectionSlot,
     /// The socket, while the reader has it (-1 after): looked at, never
@@ -320,7 +290,7 @@ impl Connection {
             pending: PendingTable::default(),
             next_async_id: AtomicU64::new(1),
             unsolicited: Mutex::new(None),
-            unsolicited_budget: UnsolicitedBudget::new(limits.max_connection_memory_bytes),
+            held: HeldBytes::new(limits.max_connection_memory_bytes),
             pool: BufferPool::new(limits.max_frame_bytes, limits.max_connection_memory_bytes),
             server,
             peer,
@@ -402,9 +372,10 @@ impl Connection {
 
     /// Queues a message to the client outside any request's response (the
     /// final response of a pending request, an oplock or lease break). A
-    /// client that lets more than its memory budget of these wait unread
-    /// (`limits.max_connection_memory_bytes`, counted apart from requests
-    /// and their responses) is taken as not reading: the connection closes,
+    /// client that lets more than its memory budget of these (with what its
+    /// pipes hold unread) wait (`limits.max_connection_memory_bytes`,
+    /// counted apart from requests and their responses) is taken as not
+    /// reading: the connection closes,
     /// which releases its opens and so ends every wait on its breaks at
     /// once, rather than each after `oplock_break_timeout_secs`.
     pub fn send_unsolicited(&self, out: Outgoing) {
@@ -415,19 +386,19 @@ impl Connection {
             let Some(tx) = queue.as_ref() else {
                 return;
             };
-            if self.unsolicited_budget.charge(size) {
+            if self.held.charge(size) {
                 if tx.send(out).is_err() {
-                    self.unsolicited_budget.release(size);
+                    self.held.release(size);
                 }
                 return;
             }
         }
         if !self.not_reading.swap(true, Ordering::SeqCst) {
             tracing::warn!(
-                "{}: more than {} bytes of breaks and responses wait unread \
+                "{}: more than {} bytes of breaks, responses and pipe answers wait unread \
                  (limits.max_connection_memory_bytes): the client is not reading; closing",
                 self.peer,
-                self.unsolicited_budget.max
+                self.held.max()
             );
         }
         self.close();
@@ -705,7 +676,7 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slo
                 break;
             }
             if let Some(size) = unsolicited {
-                writer_conn.unsolicited_budget.release(size);
+                writer_conn.held.release(size);
             }
             for request in &out.interims {
                 request.interim_written();
@@ -952,24 +923,5 @@ mod channel_tests {
         let s = bound_session(&server, &a, &b);
         assert!(!s.add_channel(&connection(&server, 50023), 2));
         assert!(s.add_channel(&connection(&server, 50024), 3));
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::UnsolicitedBudget;
-
-    #[test]
-    fn unsolicited_budget_refuses_what_passes_the_ceiling_and_frees_what_went_out() {
-        let b = UnsolicitedBudget::new(1000);
-        assert!(b.charge(600));
-        assert!(b.charge(400));
-        assert!(!b.charge(1), "full");
-        b.release(400);
-        assert!(!b.charge(401));
-        assert!(b.charge(400));
-        b.release(1000);
-        assert!(b.charge(1000));
-        assert!(!b.charge(usize::MAX), "no overflow");
     }
 }

@@ -28,6 +28,7 @@ mod fileinfo;
 #[cfg(feature = "fuzzing")]
 pub mod fuzz_api;
 mod handlers;
+mod held_bytes;
 mod hide;
 mod interfaces;
 pub mod limits;

@@ -28,7 +28,9 @@ pub struct Limits {
     /// responses (a READ counts its credit charge in 64 KiB units); as much
     /// again in messages the server sends on its own (breaks, responses of
     /// requests that waited) that the client has not taken, beyond which
-    /// the connection is closed as not reading.
+    /// the connection is closed as not reading, together with the answers
+    /// its named pipes hold unread, beyond which a pipe write fails with
+    /// STATUS_INSUFFICIENT_RESOURCES (`crate::held_bytes`).
     pub max_connection_memory_bytes: usize,
     pub max_connections: usize,
     pub max_connections_per_address: usize,
@@ -53,6 +55,14 @@ pub struct Limits {
     /// (Windows: 35 s).
     pub oplock_break_timeout: Duration,
     pub max_open_files_per_session: usize,
+    /// Named pipes one session may have open on IPC$ (they count as open
+    /// files too); beyond, a CREATE of a pipe fails with
+    /// STATUS_INSUFFICIENT_RESOURCES. A client uses one pipe per RPC service
+    /// it talks to (srvsvc, wkssvc, lsarpc: Explorer, smbclient and
+    /// rpcclient hold one to three at a time); 64 leaves room for many tools
+    /// sharing a session, while each pipe may hold up to 1 MiB of answers
+    /// its client has not read (`nimbus_rpc::pipe::MAX_QUEUED`).
+    pub max_pipes_per_session: usize,
     /// Opens across the whole server; None: as many as the descriptor limit
     /// (RLIMIT_NOFILE, raised to its hard limit at start) leaves beside the
     /// connections' sockets and a reserve (see `open_files`).
@@ -70,6 +80,18 @@ pub struct Limits {
     /// Requests of one connection answered STATUS_PENDING and still waiting
     /// (blocking locks); beyond, a request that would wait fails at once.
     pub max_pending_requests: usize,
+    /// Byte-range locks one open may hold; a LOCK request that would pass
+    /// it is refused whole with STATUS_INSUFFICIENT_RESOURCES. Windows has
+    /// no fixed number (locks take kernel pool, which bounds them); the
+    /// most a common application takes is Access/Jet's MaxLocksPerFile,
+    /// 9,500 by default, which 16,384 leaves room for.
+    pub max_byte_range_locks_per_open: usize,
+    /// Byte-range locks on one file, all opens together, refused the same
+    /// way. A file's locks are one record, rewritten (25 bytes a lock) on
+    /// every LOCK and read by every READ and WRITE while it has any, so
+    /// this bounds what one LOCK and one READ of the file cost: 65,536
+    /// locks are a 1.6 MB record, four opens at the per-open cap.
+    pub max_byte_range_locks_per_file: usize,
     /// Requests in one compound frame.
     pub max_compound_requests: usize,
     /// Bytes of directory entries returned by one QUERY_DIRECTORY.
@@ -113,12 +135,15 @@ impl Default for Limits {
             failed_logon_window: Duration::from_secs(900),
             oplock_break_timeout: Duration::from_secs(35),
             max_open_files_per_session: 16384,
+            max_pipes_per_session: 64,
             max_open_files: None,
             max_sessions_per_connection: 64,
             max_channels_per_session: 32,
             max_logons_in_progress: 8,
             max_trees_per_session: 1024,
             max_pending_requests: 256,
+            max_byte_range_locks_per_open: 16384,
+            max_byte_range_locks_per_file: 65536,
             max_compound_requests: 64,
             max_directory_response_bytes: 1024 * 1024,
             max_directory_entries: 1_000_000,
@@ -160,12 +185,15 @@ pub struct RawLimits {
     failed_logon_window_secs: Option<u64>,
     oplock_break_timeout_secs: Option<u64>,
     max_open_files_per_session: Option<u64>,
+    max_pipes_per_session: Option<u64>,
     max_open_files: Option<u64>,
     max_sessions_per_connection: Option<u64>,
     max_channels_per_session: Option<u64>,
     max_logons_in_progress: Option<u64>,
     max_trees_per_session: Option<u64>,
     max_pending_requests: Option<u64>,
+    max_byte_range_locks_per_open: Option<u64>,
+    max_byte_range_locks_per_file: Option<u64>,
     max_compound_requests: Option<u64>,
     max_directory_response_bytes: Option<u64>,
     max_directory_entries: Option<u64>,
@@ -364,6 +392,13 @@ impl RawLimits {
                 1 << 24,
                 d.max_open_files_per_session as u64,
             ) as usize,
+            max_pipes_per_session: r.get(
+                "max_pipes_per_session",
+                self.max_pipes_per_session,
+                1,
+                65536,
+                d.max_pipes_per_session as u64,
+            ) as usize,
             max_open_files: r
                 .optional(
                     "max_open_files",
@@ -407,6 +442,20 @@ impl RawLimits {
                 1,
                 65536,
                 d.max_pending_requests as u64,
+            ) as usize,
+            max_byte_range_locks_per_open: r.get(
+                "max_byte_range_locks_per_open",
+                self.max_byte_range_locks_per_open,
+                1,
+                1 << 20,
+                d.max_byte_range_locks_per_open as u64,
+            ) as usize,
+            max_byte_range_locks_per_file: r.get(
+                "max_byte_range_locks_per_file",
+                self.max_byte_range_locks_per_file,
+                1,
+                1 << 20,
+                d.max_byte_range_locks_per_file as u64,
             ) as usize,
             max_compound_requests: r.get(
                 "max_compound_requests",
@@ -497,6 +546,15 @@ impl RawLimits {
             "make it at most max_sessions_per_connection".into(),
         );
         r.relation(
+            l.max_byte_range_locks_per_open <= l.max_byte_range_locks_per_file,
+            "max_byte_range_locks_per_open",
+            format!(
+                "{} is more than max_byte_range_locks_per_file ({})",
+                l.max_byte_range_locks_per_open, l.max_byte_range_locks_per_file
+            ),
+            "make it at most max_byte_range_locks_per_file".into(),
+        );
+        r.relation(
             l.max_logon_backoff >= l.logon_backoff,
             "max_logon_backoff_secs",
             format!(
@@ -551,6 +609,16 @@ mod tests {
         );
         let errs = parse("max_inotify_watches = 2000000\n").unwrap_err();
         assert_eq!(errs[0].key, "limits.max_inotify_watches");
+        assert_eq!(l.max_pipes_per_session, 64);
+        assert_eq!(
+            parse("max_pipes_per_session = 3\n")
+                .unwrap()
+                .max_pipes_per_session,
+            3
+        );
+        let errs = parse("max_pipes_per_session = 0\n").unwrap_err();
+        assert_eq!(errs[0].key, "limits.max_pipes_per_session");
+        assert!(errs[0].fix.contains("from 1 to 65536"), "{}", errs[0]);
 
         let l = parse(
             "max_open_files = 500\nmax_sessions_per_connection = 4\n\
@@ -578,6 +646,47 @@ mod tests {
         let keys: Vec<_> = errs.iter().map(|e| e.key.as_str()).collect();
         assert_eq!(keys, ["limits.max_frame_bytes", "limits.max_credits"]);
         assert!(errs[0].fix.contains("131072"), "{}", errs[0]);
+    }
+
+    #[test]
+    fn byte_range_lock_caps_are_read_and_checked() {
+        let d = parse("").unwrap();
+        assert_eq!(
+            (
+                d.max_byte_range_locks_per_open,
+                d.max_byte_range_locks_per_file
+            ),
+            (16384, 65536)
+        );
+        let l = parse(
+            "max_byte_range_locks_per_open = 3
+max_byte_range_locks_per_file = 5
+",
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                l.max_byte_range_locks_per_open,
+                l.max_byte_range_locks_per_file
+            ),
+            (3, 5)
+        );
+        let errs = parse(
+            "max_byte_range_locks_per_open = 0
+",
+        )
+        .unwrap_err();
+        assert_eq!(errs[0].key, "limits.max_byte_range_locks_per_open");
+        assert!(errs[0].fix.contains("from 1 to 1048576"), "{}", errs[0]);
+        let errs = parse(
+            "max_byte_range_locks_per_file = 100
+",
+        )
+        .unwrap_err();
+        assert_eq!(errs[0].key, "limits.max_byte_range_locks_per_open");
+        assert!(errs[0]
+            .problem
+            .contains("max_byte_range_locks_per_file (100)"));
     }
 
     #[test]

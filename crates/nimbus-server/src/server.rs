@@ -314,6 +314,10 @@ impl Server {
                 Oplocks::new(break_timeout, store.clone()),
             ),
         };
+        let locks = locks.with_caps(nimbus_state::byte_range::LockCaps {
+            per_open: config.limits.max_byte_range_locks_per_open,
+            per_file: config.limits.max_byte_range_locks_per_file,
+        });
         let first_open_id = cluster
             .as_ref()
             .map_or(0, |m| m.incarnation() << crate::cluster::OPEN_ID_SHIFT)

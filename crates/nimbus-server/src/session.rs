@@ -13,6 +13,7 @@ use nimbus_vfs::{DirEntry, FileHandle};
 
 use crate::connection::{Connection, Negotiated};
 use crate::dir_budget::EntryLease;
+use crate::held_bytes::HeldCharge;
 use crate::open_files::OpenFileSlot;
 use crate::security::SessionCipher;
 use crate::server::Share;
@@ -238,7 +239,14 @@ impl Session {
 pub struct PipeOpen {
     pub file_id: nimbus_wire::FileId,
     pub tree_id: u32,
-    pub pipe: Mutex<nimbus_rpc::Pipe>,
+    pub pipe: Mutex<HeldPipe>,
+}
+
+/// A pipe and what the bytes it holds count against a connection's memory
+/// budget (`crate::held_bytes`), kept equal after every write and read.
+pub struct HeldPipe {
+    pub pipe: nimbus_rpc::Pipe,
+    pub charge: HeldCharge,
 }
 
 pub struct Tree {

@@ -170,7 +170,7 @@ fn put(server: &Server, prefix: &[u8], file: &str, value: &[u8]) -> bool {
     } else if let Some(dir) = &server.config.state_dir {
         let tmp = dir.join(format!("{file}.tmp"));
         let written =
-            std::fs::write(&tmp, value).and_then(|()| std::fs::rename(&tmp, dir.join(file)));
+            write_private(&tmp, value).and_then(|()| std::fs::rename(&tmp, dir.join(file)));
         if let Err(e) = &written {
             tracing::debug!("status: {} not written: {e}", dir.display());
         }
@@ -178,6 +178,23 @@ fn put(server: &Server, prefix: &[u8], file: &str, value: &[u8]) -> bool {
     } else {
         false
     }
+}
+
+/// Writes `value` to the file at `path`, mode 0600 whatever the umask (a
+/// file left there with a wider mode is narrowed): the figures and the
+/// listing name sessions, users and open files, for the server's user
+/// only, as everything in the state directory.
+fn write_private(path: &Path, value: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    f.write_all(value)
 }
 
 /// Publishes for as long as the server runs (a cluster node, or a single

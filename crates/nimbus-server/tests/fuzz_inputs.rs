@@ -18,7 +18,7 @@ use nimbus_wire::header::chain_offsets;
 use nimbus_wire::{Header, NtStatus};
 
 /// Every fuzz target, each with its directory under fuzz/regressions/.
-const TARGETS: [&str; 10] = [
+const TARGETS: [&str; 11] = [
     "connection",
     "security_layer",
     "wire_decoders",
@@ -29,6 +29,7 @@ const TARGETS: [&str; 10] = [
     "state_rules",
     "rpc_pipe",
     "security_descriptor",
+    "byte_range_locks",
 ];
 
 fn fuzz_dir(sub: &str) -> PathBuf {
@@ -539,6 +540,16 @@ fn state_rules_regressions() {
     assert_present("state_rules", &found, &fixed);
     for (_name, input) in &found {
         nimbus_state::fuzzing::state_rules(input);
+    }
+}
+
+/// The `byte_range_locks` target runs `nimbus_state::byte_range::model::run`
+/// itself, which panics where the indexed lock rules and the plain scan
+/// disagree.
+#[test]
+fn byte_range_locks_regressions() {
+    for (_name, input) in regressions("byte_range_locks") {
+        nimbus_state::byte_range::model::run(&input);
     }
 }
 

@@ -57,6 +57,12 @@ impl Journal {
             .truncate(false)
             .mode(0o600)
             .open(path)?;
+        // 0600 whatever the umask, and narrowed if it was found wider: the
+        // journal holds the same records as the store.
+        {
+            use std::os::unix::fs::PermissionsExt;
+            file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+        }
         let len = file.metadata()?.len();
         if len < CAPACITY {
             let zeros = vec![0u8; 1 << 20];

@@ -113,6 +113,21 @@ impl std::fmt::Display for OpenError {
 
 impl std::error::Error for OpenError {}
 
+/// Creates the file at `path` if it is missing, and makes it (or the one
+/// there) mode 0600, whatever the umask: nothing in the state directory is
+/// for other users. Leaves its contents as they are.
+fn private_file(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)?
+        .set_permissions(std::fs::Permissions::from_mode(0o600))
+}
+
 fn unavailable(e: impl std::fmt::Display) -> StateError {
     StateError::Unavailable(e.to_string())
 }
@@ -138,7 +153,16 @@ impl RedbStore {
     /// directory with mode 0700 when it does not exist, and reads its
     /// records into memory. A file that is not a store, or a damaged one,
     /// is an error naming it: never an empty store in its place.
+    ///
+    /// The directory holds who has which file open (the owners,
+    /// CreateGuids and paths of the handles kept for reconnection; the
+    /// server's status files list sessions and open files), so it is
+    /// private to the server's user: an existing directory that group or
+    /// others may read, enter or write is refused, with the `chmod` that
+    /// fixes it; the files the store writes are made 0600 whatever the
+    /// umask, and one found wider is narrowed.
     pub fn open(dir: &Path) -> Result<RedbStore, OpenError> {
+        use std::os::unix::fs::PermissionsExt;
         let path = dir.join(FILE_NAME);
         let fail = |path: &Path, reason: String| OpenError {
             path: path.to_path_buf(),
@@ -150,10 +174,33 @@ impl RedbStore {
                 .recursive(true)
                 .mode(0o700)
                 .create(dir)
+                .and_then(|()| {
+                    // The mode asked for at creation is cut by the umask.
+                    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+                })
                 .map_err(|e| fail(dir, format!("cannot create the directory: {e}")))?;
         } else if !dir.is_dir() {
             return Err(fail(dir, "is not a directory".into()));
+        } else {
+            let mode = std::fs::metadata(dir)
+                .map_err(|e| fail(dir, format!("cannot read its mode: {e}")))?
+                .permissions()
+                .mode()
+                & 0o7777;
+            if mode & 0o077 != 0 {
+                return Err(fail(
+                    dir,
+                    format!(
+                        "mode {mode:04o} lets group or others read, enter or write it, and it \
+                         holds the owners, CreateGuids and paths of the handles kept for \
+                         reconnection and the server's sessions and open files (fix: \
+                         `chmod 700 {}`)",
+                        dir.display()
+                    ),
+                ));
+            }
         }
+        private_file(&path).map_err(|e| fail(&path, format!("cannot open: {e}")))?;
         let db = Database::create(&path).map_err(|e| {
             fail(
                 &path,
@@ -699,19 +746,63 @@ mod tests {
 
     #[test]
     fn directory_is_created_private() {
-        use std::os::unix::fs::PermissionsExt;
         let dir = temp_dir("mode").join("nested");
         let s = RedbStore::open(&dir).unwrap();
-        let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode, 0o700);
+        assert_eq!(mode_of(&dir), 0o700);
+        assert_eq!(mode_of(&dir.join(FILE_NAME)), 0o600);
+        assert_eq!(mode_of(&dir.join(JOURNAL_FILE_NAME)), 0o600);
         drop(s);
         std::fs::remove_dir_all(dir.parent().unwrap()).unwrap();
     }
 
+    fn mode_of(path: &Path) -> u32 {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
+    }
+
+    fn set_mode(path: &Path, mode: u32) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    /// A directory of the right mode, made as an operator would.
+    fn private_dir(name: &str) -> PathBuf {
+        let dir = temp_dir(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        set_mode(&dir, 0o700);
+        dir
+    }
+
+    #[test]
+    fn a_directory_others_may_enter_is_refused_and_wide_files_are_narrowed() {
+        let dir = private_dir("wide");
+        drop(RedbStore::open(&dir).unwrap());
+        for mode in [0o755, 0o750, 0o701, 0o770, 0o1777] {
+            set_mode(&dir, mode);
+            let err = RedbStore::open(&dir).err().expect("refused");
+            assert_eq!(err.path, dir);
+            let text = err.to_string();
+            assert!(text.contains(&format!("mode {mode:04o}")), "{text}");
+            assert!(
+                text.contains(&format!("chmod 700 {}", dir.display())),
+                "{text}"
+            );
+        }
+        // The files of a store whose directory is made private again are
+        // narrowed when it opens.
+        set_mode(&dir, 0o700);
+        set_mode(&dir.join(FILE_NAME), 0o644);
+        set_mode(&dir.join(JOURNAL_FILE_NAME), 0o666);
+        let s = RedbStore::open(&dir).unwrap();
+        assert_eq!(mode_of(&dir.join(FILE_NAME)), 0o600);
+        assert_eq!(mode_of(&dir.join(JOURNAL_FILE_NAME)), 0o600);
+        drop(s);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn damaged_file_is_an_error_naming_it() {
-        let dir = temp_dir("damaged");
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = private_dir("damaged");
         std::fs::write(dir.join(FILE_NAME), b"not a redb file at all, just text").unwrap();
         let err = RedbStore::open(&dir).err().expect("refused");
         assert_eq!(err.path, dir.join(FILE_NAME));

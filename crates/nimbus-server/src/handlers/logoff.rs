@@ -65,4 +65,7 @@ pub fn end_session(server: &Server, session: &Session) {
         crate::durable::keep_or_close(server, &open);
     }
     lock(&session.trees).clear();
+    // What the pipes hold goes back to their connections' budgets now,
+    // not when the last request holding the session ends.
+    lock(&session.pipes).clear();
 }

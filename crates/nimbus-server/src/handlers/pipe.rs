@@ -5,6 +5,12 @@
 //! lsarpc); an answer longer than
 //! the client's read is returned in parts with STATUS_BUFFER_OVERFLOW,
 //! as a message-mode pipe does.
+//!
+//! A client may write requests and never read their answers, so what the
+//! pipes hold is bounded twice: a session opens at most
+//! `limits.max_pipes_per_session` of them, and what they hold unread
+//! counts against their connection's memory budget (`crate::held_bytes`),
+//! past which a write fails rather than the server grow.
 
 use std::sync::{Arc, Mutex};
 
@@ -20,7 +26,8 @@ use nimbus_wire::{FileId, NtStatus};
 use super::check_credit_charge;
 use crate::config::EncryptionPolicy;
 use crate::dispatch::{Ctx, HandlerResult};
-use crate::session::{lock, PipeOpen, SessionState};
+use crate::held_bytes::HeldCharge;
+use crate::session::{lock, HeldPipe, PipeOpen, SessionState};
 
 /// Whether the request runs on IPC$, whose file ids are pipes.
 pub fn on_ipc(ctx: &Ctx<'_>) -> bool {
@@ -34,11 +41,22 @@ pub fn create(ctx: &mut Ctx<'_>, req: &CreateRequest, out: &mut Vec<u8>) -> Hand
     };
     let session = ctx.session()?.clone();
     let tree_id = ctx.tree()?.id;
-    let limit = ctx.server.config.limits.max_open_files_per_session;
+    let limits = &ctx.server.config.limits;
     let mut pipes = lock(&session.pipes);
     let opens = lock(&session.opens);
-    if pipes.len() + opens.len() >= limit {
+    if pipes.len() + opens.len() >= limits.max_open_files_per_session {
         return Err(NtStatus::TOO_MANY_OPENED_FILES);
+    }
+    if pipes.len() >= limits.max_pipes_per_session {
+        tracing::warn!(
+            "{}: pipe \"{}\" refused: session {:#x} has {} pipes open \
+             (limits.max_pipes_per_session)",
+            ctx.conn.peer,
+            req.name,
+            session.id,
+            pipes.len()
+        );
+        return Err(NtStatus::INSUFFICIENT_RESOURCES);
     }
     let persistent = ctx.server.new_open_id();
     let volatile = ctx.server.new_volatile_id(persistent, |id| {
@@ -54,7 +72,10 @@ pub fn create(ctx: &mut Ctx<'_>, req: &CreateRequest, out: &mut Vec<u8>) -> Hand
         Arc::new(PipeOpen {
             file_id,
             tree_id,
-            pipe: Mutex::new(Pipe::new(service)),
+            pipe: Mutex::new(HeldPipe {
+                pipe: Pipe::new(service),
+                charge: HeldCharge::default(),
+            }),
         }),
     );
     drop(pipes);
@@ -154,14 +175,38 @@ impl HostSource for View<'_> {
     }
 }
 
-pub fn write(ctx: &mut Ctx<'_>, req: &WriteRequest<'_>, out: &mut Vec<u8>) -> HandlerResult {
-    let open = find(ctx, req.file_id)?;
-    check_credit_charge(ctx, req.data.len() as u32)?;
+/// Hands what the client wrote to the pipe, then counts what the pipe
+/// holds against the connection's memory budget
+/// (`limits.max_connection_memory_bytes`, `crate::held_bytes`). A pipe
+/// that would take the connection past it is shut, its answers dropped,
+/// and the write fails with STATUS_INSUFFICIENT_RESOURCES: its client
+/// writes without reading, and the server does not grow for it.
+fn write_into(ctx: &Ctx<'_>, held: &mut HeldPipe, data: &[u8]) -> Result<(), NtStatus> {
     let host = view(ctx)?;
-    if let Err(e) = lock(&open.pipe).write(req.data, &host) {
+    let written = held.pipe.write(data, &host);
+    let budget = &ctx.conn.held;
+    if !held.charge.set(budget, held.pipe.buffered()) {
+        held.pipe.shut();
+        held.charge.shrink_to(0);
+        tracing::warn!(
+            "{}: RPC pipe shut: its answers would take what this connection holds \
+             unread past {} bytes (limits.max_connection_memory_bytes)",
+            ctx.conn.peer,
+            budget.max()
+        );
+        return Err(NtStatus::INSUFFICIENT_RESOURCES);
+    }
+    if let Err(e) = written {
         tracing::info!("{}: RPC pipe closed: {}", ctx.conn.peer, e.0);
         return Err(NtStatus::PIPE_DISCONNECTED);
     }
+    Ok(())
+}
+
+pub fn write(ctx: &mut Ctx<'_>, req: &WriteRequest<'_>, out: &mut Vec<u8>) -> HandlerResult {
+    let open = find(ctx, req.file_id)?;
+    check_credit_charge(ctx, req.data.len() as u32)?;
+    write_into(ctx, &mut lock(&open.pipe), req.data)?;
     encode_write_response(out, req.data.len() as u32);
     Ok(NtStatus::SUCCESS)
 }
@@ -171,7 +216,14 @@ pub fn read(ctx: &mut Ctx<'_>, req: &ReadRequest, out: &mut Vec<u8>) -> HandlerR
     check_credit_charge(ctx, req.length)?;
     // Every answer is queued by the write it answers: nothing queued is
     // nothing to wait for.
-    let Some(r) = lock(&open.pipe).read(req.length as usize) else {
+    let r = {
+        let mut held = lock(&open.pipe);
+        let r = held.pipe.read(req.length as usize);
+        let left = held.pipe.buffered();
+        held.charge.shrink_to(left);
+        r
+    };
+    let Some(r) = r else {
         return Err(NtStatus::PIPE_EMPTY);
     };
     encode_read_response_head(out, r.data.len() as u32);
@@ -186,14 +238,12 @@ pub fn read(ctx: &mut Ctx<'_>, req: &ReadRequest, out: &mut Vec<u8>) -> HandlerR
 /// MS-SMB2 3.3.5.15.4: a write and a read of the answer in one request.
 pub fn transceive(ctx: &mut Ctx<'_>, req: &IoctlRequest<'_>, out: &mut Vec<u8>) -> HandlerResult {
     let open = find(ctx, req.file_id)?;
-    let host = view(ctx)?;
-    let mut pipe = lock(&open.pipe);
-    if let Err(e) = pipe.write(req.input, &host) {
-        tracing::info!("{}: RPC pipe closed: {}", ctx.conn.peer, e.0);
-        return Err(NtStatus::PIPE_DISCONNECTED);
-    }
-    let r = pipe.read(req.max_output_response as usize);
-    drop(pipe);
+    let mut held = lock(&open.pipe);
+    write_into(ctx, &mut held, req.input)?;
+    let r = held.pipe.read(req.max_output_response as usize);
+    let left = held.pipe.buffered();
+    held.charge.shrink_to(left);
+    drop(held);
     let (data, more) = r.map_or((Vec::new(), false), |r| (r.data, r.more));
     encode_ioctl_response(out, req.ctl_code, open.file_id, &data);
     Ok(if more {
