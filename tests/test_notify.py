@@ -58,6 +58,7 @@ STATUS_NOTIFY_CLEANUP = 0x0000010B
 STATUS_NOTIFY_ENUM_DIR = 0x0000010C
 STATUS_CANCELLED = 0xC0000120
 STATUS_ACCESS_DENIED = 0xC0000022
+STATUS_SHARING_VIOLATION = 0xC0000043
 STATUS_DELETE_PENDING = 0xC0000056
 STATUS_INSUFFICIENT_RESOURCES = 0xC000009A
 STATUS_INTERNAL_ERROR = 0xC00000E5
@@ -77,6 +78,7 @@ DIRECTORY_FILE, NON_DIRECTORY_FILE, DELETE_ON_CLOSE = 0x1, 0x40, 0x1000
 FILE_ALL_ACCESS = 0x001F01FF
 LIST_DIRECTORY_ONLY = 0x00100081  # FILE_LIST_DIRECTORY | READ_ATTRIBUTES | SYNCHRONIZE
 READ_ATTRIBUTES_ONLY = 0x00000080
+DELETE_AND_READ_ATTRIBUTES = 0x00110080  # DELETE | SYNCHRONIZE | READ_ATTRIBUTES
 
 
 def message_id(resp: bytes) -> int:
@@ -829,3 +831,50 @@ def test_with_access_based_enumeration_a_watch_hears_only_of_what_its_watcher_ma
         delete(ta, "salaries.xlsx")
         delete(ta, "public.txt")
         assert mallory.entries() == [(REMOVED, "public.txt")]
+
+
+def rename_status(client: Client, old: str, new: str) -> int:
+    """Renames the directory `old` to `new`; the SET_INFO's status."""
+    f = client.create(old, options=DIRECTORY_FILE, access=DELETE_AND_READ_ATTRIBUTES)
+    status = rawsmb.status(client.call(SET_INFO, set_info_body(f, 10, rename_info(new))))
+    assert client.close_file(f) == 0
+    return status
+
+
+@pytest.mark.parametrize(
+    ("watched", "access", "old", "new", "reported"),
+    [
+        pytest.param("", LIST_DIRECTORY_ONLY, "sub", "sub2", ("sub", "sub2"), id="parent"),
+        # A watch on an ancestor is not an open of the target's directory:
+        # even one holding DELETE does not stand in the way.
+        pytest.param("", FILE_ALL_ACCESS, r"d\sub", r"d\sub2", (r"d\sub", r"d\sub2"), id="ancestor-with-delete"),
+    ],
+)
+def test_renaming_a_directory_beneath_a_tree_watch_is_allowed_and_reported(clients, watched, access, old, new, reported):
+    """The watch's open is on the parent or an ancestor, not beneath the
+    renamed directory: MS-FSA 2.1.5.14.11 refuses a directory rename only
+    for an open below it. The watcher sees the old and the new name."""
+    a, b = clients
+    b.mkdir(old)
+    b.touch(old + r"\f")
+    root = a.watch(watched, access=access)
+    mid, _ = a.start_notify(root, DIR_NAME, flags=WATCH_TREE)
+    assert rename_status(b, old, new) == 0
+    resp = a.final(mid)
+    assert rawsmb.status(resp) == 0
+    assert changes(resp) == [(OLD_NAME, reported[0]), (NEW_NAME, reported[1])]
+
+
+def test_a_watch_holding_delete_on_the_target_directory_refuses_the_rename(clients):
+    """A rename opens the new name's directory to add an entry, sharing read
+    and write only (smbtorture smb2.rename.share_delete_and_delete_access,
+    as Windows answers): a watcher whose open of that directory holds DELETE
+    keeps the rename out with SHARING_VIOLATION, pending notify or not. Its
+    wait goes on: the next change is the first it reports."""
+    a, b = clients
+    b.mkdir("sub")
+    root = a.watch("", access=FILE_ALL_ACCESS)
+    mid, _ = a.start_notify(root, DIR_NAME, flags=WATCH_TREE)
+    assert rename_status(b, "sub", "sub2") == STATUS_SHARING_VIOLATION
+    b.mkdir("after")
+    assert changes(a.final(mid)) == [(ADDED, "after")]

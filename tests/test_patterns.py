@@ -11,16 +11,24 @@ matcher nimbus had before took minutes per directory entry for a 16,384
 character `<` pattern, and one connection could keep 64 such requests
 running. Now such a request is answered at once and other clients keep
 being served.
+
+A listed name with a made 8.3 name (FileBothDirectoryInformation's ShortName)
+is reached by it: a CREATE of it, in any component of a path, opens the long
+name (MS-FSA 2.1.5.1), and a search pattern matches an entry by its name or
+its 8.3 name (MS-FSA 2.1.5.6.3), so smbclient's `ls` and `del` by the short
+name, which search first, find the file.
 """
 
 from __future__ import annotations
 
 import contextlib
+import struct
 import threading
 import time
 import uuid
 
 import pytest
+from conftest import require_tool
 from smbprotocol import Dialects
 from smbprotocol.connection import Connection
 from smbprotocol.exceptions import SMBResponseException
@@ -39,6 +47,8 @@ from smbprotocol.open import (
 )
 from smbprotocol.session import Session
 from smbprotocol.tree import TreeConnect
+from test_setinfo import query_info, rename_info, set_info
+from test_smbclient import run_smbclient
 
 TIMEOUT = 30
 # The bound on one hostile query: generous; the old matcher took minutes
@@ -183,7 +193,8 @@ def test_wildcards_on_long_names(server, many):
         # `<` up to the last dot, then the extension.
         assert sorted(list_names(d, "<<<.TXT")) == sorted(dotted)
         assert sorted(list_names(d, "*?<" * 85)) == sorted(dotless + dotted)
-        assert list_names(d, "0000" + ">" * 251) == [dotless[0]]
+        # "0000-": no short name matches it (its third character on is a hash).
+        assert list_names(d, "0000-" + ">" * 250) == [dotless[0]]
         assert list_names(d, "0001" + "?" * 191 + '"TXT') == [dotted[0]]
         assert time.monotonic() - start < 5 * HOSTILE_BOUND
         d.close()
@@ -273,3 +284,149 @@ def test_hostile_patterns_answered_at_once_while_others_are_served(server, many)
         assert statuses == {"STATUS_OBJECT_NAME_INVALID"}, (kind, statuses)
         slowest = max(t for _, _, t in mine)
         assert slowest < HOSTILE_BOUND, f"{kind}: slowest answer took {slowest:.1f} s"
+
+
+# --------------------------------------------------------------------------
+# 8.3 names
+
+
+# Long names of assorted case and extension, with their contents.
+LONG_NAMES = [
+    "z.Qcr5q",
+    "Quarterly Report.xlsx",
+    "setup_wizard_data.cab",
+    "ALLCAPS LONG NAME.TXT",
+    "mixed.Case.Name.Doc",
+    "no extension at all",
+    "trailing.dots.in.name.tar.gz",
+    "a+b=c.txt",
+    ".hidden-config",
+    "résumé final.pdf",
+]
+
+
+def short_names(d) -> dict[str, str]:
+    """{long name: short name} from a FileIdBothDirectoryInformation listing."""
+    out = {}
+    flags = RESTART
+    while True:
+        try:
+            entries = d.query_directory("*", FileInformationClass.FILE_ID_BOTH_DIRECTORY_INFORMATION, flags=flags)
+        except SMBResponseException as e:
+            if e.status == NtStatus.STATUS_NO_MORE_FILES:
+                return out
+            raise
+        flags = 0
+        for e in entries:
+            out[e["file_name"].get_value().decode("utf-16-le")] = e["short_name"].get_value().decode("utf-16-le")
+
+
+def open_file(tree, name, access=FilePipePrinterAccessMask.GENERIC_READ, options=CreateOptions.FILE_NON_DIRECTORY_FILE):
+    """Opens an existing file, sharing everything."""
+    f = Open(tree, name)
+    f.create(
+        ImpersonationLevel.Impersonation,
+        access,
+        FileAttributes.FILE_ATTRIBUTE_NORMAL,
+        ShareAccess.FILE_SHARE_READ | ShareAccess.FILE_SHARE_WRITE | ShareAccess.FILE_SHARE_DELETE,
+        CreateDisposition.FILE_OPEN,
+        options,
+    )
+    return f
+
+
+def test_generated_short_names_reach_their_files(server):
+    """MS-FSA 2.1.5.1: a name a listing gave as the 8.3 name of a file
+    opens that file, in any component of a path."""
+    root = server.share_path
+    longdir = root / "Long Directory Name"
+    longdir.mkdir()
+    for i, name in enumerate(LONG_NAMES):
+        (root / name).write_bytes(f"content {i}".encode())
+    (root / "SHORT.TXT").write_bytes(b"already 8.3")
+    (root / "lower.txt").write_bytes(b"already 8.3")
+    with smb_tree(server) as (_conn, _session, tree):
+        d = open_directory(tree, "")
+        shorts = short_names(d)
+        d.close()
+        # An 8.3-valid name has no other.
+        assert shorts["SHORT.TXT"] == shorts["lower.txt"] == ""
+        short_dir = shorts["Long Directory Name"]
+        assert "~" in short_dir
+        for i, name in enumerate(LONG_NAMES):
+            short = shorts[name]
+            assert short and "~" in short and short != name, (name, short)
+            # A search by the short name finds the file by its long name
+            # (MS-FSA 2.1.5.6.3 matches Link.ShortName too), as `dir` and
+            # FindFirstFile do.
+            d = open_directory(tree, "")
+            assert list_names(d, short) == [name]
+            assert list_names(d, short.lower()) == [name]
+            d.close()
+            # Open and read by the short name, in either case.
+            for spelled in (short, short.lower()):
+                f = open_file(tree, spelled)
+                assert f.read(0, 64) == f"content {i}".encode(), (name, spelled)
+                # FileAlternateNameInformation gives the same short name.
+                alt = query_info(f, FileInformationClass.FILE_ALTERNATE_NAME_INFORMATION)
+                (length,) = struct.unpack_from("<I", alt)
+                assert alt[4 : 4 + length].decode("utf-16-le") == short
+                f.close()
+            # Rename by the short name into the directory named by its short name.
+            f = open_file(tree, short, access=FilePipePrinterAccessMask.DELETE | FilePipePrinterAccessMask.FILE_READ_ATTRIBUTES)
+            set_info(f, FileInformationClass.FILE_RENAME_INFORMATION, rename_info(f"{short_dir}\\{name}"))
+            f.close()
+            assert (longdir / name).read_bytes() == f"content {i}".encode()
+            assert not (root / name).exists()
+            # A short directory name in the middle of a path; delete on close.
+            sub = open_directory(tree, short_dir)
+            inner = short_names(sub)[name]
+            sub.close()
+            assert inner == short
+            f = open_file(
+                tree,
+                f"{short_dir}\\{inner}",
+                access=FilePipePrinterAccessMask.DELETE | FilePipePrinterAccessMask.FILE_READ_ATTRIBUTES,
+                options=CreateOptions.FILE_NON_DIRECTORY_FILE | CreateOptions.FILE_DELETE_ON_CLOSE,
+            )
+            f.close()
+            assert not (longdir / name).exists(), name
+
+
+def test_wildcards_match_short_names(server):
+    """As on Windows, `*.XLS` lists `Quarterly Report.xlsx` (its
+    short name ends in .XLS), and a pattern no short name can match finds
+    only what its long names match."""
+    for name in ("Quarterly Report.xlsx", "budget.xls", "notes.txt", "Long Notes.txts"):
+        (server.share_path / name).touch()
+    with smb_tree(server) as (_conn, _session, tree):
+        d = open_directory(tree, "")
+        assert sorted(list_names(d, "*.xls")) == ["Quarterly Report.xlsx", "budget.xls"]
+        assert sorted(list_names(d, "*.TXT")) == ["Long Notes.txts", "notes.txt"]
+        assert sorted(list_names(d, "*~1.*")) == ["Long Notes.txts", "Quarterly Report.xlsx"]
+        # An 8.3 name is its own short name: nothing else reaches it.
+        assert list_names(d, "*~*") == list_names(d, "*~1.*")
+        assert list_names(d, "*.xlsx") == ["Quarterly Report.xlsx"]
+        d.close()
+
+
+@require_tool("smbclient", "smbclient")
+def test_smbclient_reaches_files_by_short_name(server, samba_client_conf, tmp_path):
+    """smbclient's `allinfo` and `get` open the short name; `ls` and `del`
+    search for it first (QUERY_DIRECTORY with the short name as pattern)."""
+    for i, name in enumerate(LONG_NAMES):
+        (server.share_path / name).write_bytes(f"content {i}".encode())
+    with smb_tree(server) as (_conn, _session, tree):
+        d = open_directory(tree, "")
+        shorts = short_names(d)
+        d.close()
+    for i, name in enumerate(LONG_NAMES):
+        short = shorts[name]
+        rc, out = run_smbclient(server, "SMB3", f'allinfo "{short}"; get "{short}" got{i}; ls "{short}"', samba_client_conf, tmp_path)
+        assert rc == 0 and "NT_STATUS_" not in out, out
+        assert f"altname: {short}" in out
+        assert (tmp_path / f"got{i}").read_bytes() == f"content {i}".encode()
+        assert name in out  # `ls` lists the long name
+        rc, out = run_smbclient(server, "SMB3", f'del "{short}"', samba_client_conf, tmp_path)
+        assert rc == 0 and "NT_STATUS_" not in out, out
+        assert not (server.share_path / name).exists(), name

@@ -9,9 +9,16 @@ use nimbus_vfs::{CreateMode, Kind, LocalFs, OpenOptions};
 use crate::names::{dos_name, eq_ignore_case, join, may_be_dos_name, pick_ignoring_case};
 
 /// `path` with every component that exists under another case replaced by
-/// its on-disk spelling; components that exist in no case are kept as given
+/// its on-disk spelling, and every component that is the made 8.3 name
+/// (`crate::names::dos_name`) of an entry and no name of its own replaced
+/// by that entry's name (MS-FSA 2.1.5.1: a name is found by its long or its
+/// short name); components that exist in neither form are kept as given
 /// (the caller then creates them, or reports them missing).
-pub fn resolve(fs: &LocalFs, path: &str) -> String {
+///
+/// A directory's entries are tried as 8.3 names only up to
+/// `max_dos_entries` of them (`limits.max_directory_entries`, the most one
+/// listing shows: a short name is learnt from a listing).
+pub fn resolve(fs: &LocalFs, path: &str, max_dos_entries: usize) -> String {
     if path.is_empty() || fs.stat(path).is_ok() {
         return path.to_string();
     }
@@ -23,7 +30,7 @@ pub fn resolve(fs: &LocalFs, path: &str) -> String {
             resolved = candidate;
             continue;
         }
-        match spelling_in(fs, &resolved, comp) {
+        match spelling_in(fs, &resolved, comp, max_dos_entries) {
             Some(found) => resolved = join(&resolved, &found),
             None => {
                 resolved = candidate;
@@ -37,11 +44,12 @@ pub fn resolve(fs: &LocalFs, path: &str) -> String {
     resolved
 }
 
-/// The on-disk name in directory `dir` equal to `name` ignoring case. A
+/// The on-disk name in directory `dir` equal to `name` ignoring case, or
+/// whose 8.3 name it is (among the first `max_dos_entries` listed). A
 /// large directory's names are indexed (nimbus_vfs::NameIndex, kept from
 /// the kernel's change events), so that creating many new names in it
 /// does not list it each time; others are listed.
-fn spelling_in(fs: &LocalFs, dir: &str, name: &str) -> Option<String> {
+fn spelling_in(fs: &LocalFs, dir: &str, name: &str, max_dos_entries: usize) -> Option<String> {
     let opts = OpenOptions {
         read: false,
         write: false,
@@ -69,7 +77,8 @@ fn spelling_in(fs: &LocalFs, dir: &str, name: &str) -> Option<String> {
     let names = nimbus_state::blocking::off_worker(|| {
         handle.find_names(|n| {
             entries += 1;
-            eq_ignore_case(n, name) || (short && eq_ignore_case(&dos_name(n), name))
+            eq_ignore_case(n, name)
+                || (short && entries <= max_dos_entries && eq_ignore_case(&dos_name(n), name))
         })
     })
     .ok()?;
@@ -80,4 +89,41 @@ fn spelling_in(fs: &LocalFs, dir: &str, name: &str) -> Option<String> {
         return Some(found.to_string());
     }
     names.into_iter().min()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_names_reach_long_names_in_every_component() {
+        let dir = std::env::temp_dir().join(format!("nimbus-lookup-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("Long Directory/Inner Folder Name")).unwrap();
+        std::fs::write(
+            dir.join("Long Directory/Inner Folder Name/report 2024.xlsx"),
+            b"x",
+        )
+        .unwrap();
+        let fs = LocalFs::new(&dir).unwrap();
+        let path = format!(
+            "{}/{}/{}",
+            dos_name("Long Directory").to_lowercase(),
+            dos_name("Inner Folder Name"),
+            dos_name("report 2024.xlsx")
+        );
+        assert_eq!(
+            resolve(&fs, &path, 1000),
+            "Long Directory/Inner Folder Name/report 2024.xlsx"
+        );
+        // Case alone, and a name that is neither: kept as given from there.
+        assert_eq!(
+            resolve(&fs, "long directory/x~1.txt", 1000),
+            "Long Directory/x~1.txt"
+        );
+        // Beyond the entries a listing shows, no 8.3 name is tried.
+        let short = dos_name("Long Directory");
+        assert_eq!(resolve(&fs, &short, 0), short);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

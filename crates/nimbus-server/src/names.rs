@@ -230,7 +230,14 @@ fn invalid_in_pattern(c: char) -> bool {
 /// Whether a QUERY_DIRECTORY pattern has wildcards; without them it names
 /// one entry exactly.
 pub fn has_wildcards(pattern: &str) -> bool {
-    pattern.contains(['*', '?', '<', '>', '"'])
+    pattern.contains(WILDCARDS)
+}
+
+/// The wildcards of MS-FSA 2.1.4.4.
+const WILDCARDS: [char; 5] = ['*', '?', '<', '>', '"'];
+
+fn is_wildcard(c: char) -> bool {
+    WILDCARDS.contains(&c)
 }
 
 /// The most pattern positions a valid pattern can have: 255 characters,
@@ -257,10 +264,20 @@ type Bits = [u64; WORDS];
 /// 200-character name without a dot (76 s for a directory of 20 such
 /// names, hours for 2000); now such a pattern is refused at once, and the
 /// worst 255-character pattern matches 2000 such names in milliseconds.
+///
+/// A directory entry matches when its name or its 8.3 name does (MS-FSA
+/// 2.1.5.6.3 tests both Link.Name and Link.ShortName), as on Windows (and
+/// on Samba for the names it mangles): a search for `PRxxxx~1.TXT`, as
+/// `dir`, `del` and FindFirstFile make, finds `Program Notes.txt`, and
+/// `*.htm` also lists `page.html` (its 8.3 name is `PAxxxx~1.HTM`).
 pub struct SearchPattern {
     text: String,
     /// None: the pattern matches every name (`*`, or empty).
     nfa: Option<Nfa>,
+    /// Whether the pattern can match a made 8.3 name at all: every literal
+    /// character is one an 8.3 name holds, and without wildcards it is
+    /// one itself. Other patterns (most of them) make no 8.3 name.
+    reaches_dos_names: bool,
 }
 
 /// One pattern position per token of the lower-cased pattern; position
@@ -308,9 +325,18 @@ impl SearchPattern {
             return Err(NtStatus::OBJECT_NAME_INVALID);
         }
         let text = if pattern.is_empty() { "*" } else { pattern };
+        let nfa = Nfa::compile(text)?;
+        let reaches_dos_names = nfa.is_some()
+            && if has_wildcards(text) {
+                text.chars()
+                    .all(|c| dos_char(c) || c == '.' || is_wildcard(c))
+            } else {
+                may_be_dos_name(text)
+            };
         Ok(SearchPattern {
             text: text.to_string(),
-            nfa: Nfa::compile(text)?,
+            nfa,
+            reaches_dos_names,
         })
     }
 
@@ -325,6 +351,14 @@ impl SearchPattern {
             None => true,
             Some(nfa) => nfa.matches(name),
         }
+    }
+
+    /// Whether the directory entry `name` (never "." or "..") matches by
+    /// its name or by its 8.3 name (`dos_name`; a name that is 8.3 already
+    /// has no other).
+    pub fn matches_entry(&self, name: &str) -> bool {
+        self.matches(name)
+            || (self.reaches_dos_names && !is_8dot3(name) && self.matches(&dos_name(name)))
     }
 }
 
@@ -576,6 +610,29 @@ mod tests {
             dos_name("Long File Name 2.docx")
         );
         assert!(!may_be_dos_name("plain.txt"));
+    }
+
+    /// MS-FSA 2.1.5.6.3: an entry matches by its name or its 8.3 name.
+    #[test]
+    fn patterns_match_dos_names_of_entries() {
+        let long = "Long File Name.docx";
+        let short = dos_name(long);
+        let entry = |p: &str| SearchPattern::parse(p).unwrap().matches_entry(long);
+        assert!(entry(&short));
+        assert!(entry(&short.to_lowercase()));
+        assert!(entry("*.doc"));
+        assert!(entry("LO????~1.*"));
+        assert!(entry("*.docx"));
+        assert!(!entry("*.xls"));
+        assert!(!entry("LO0000~9.DOC"));
+        // A pattern no 8.3 name can match does not make one.
+        let p = SearchPattern::parse("*.doc+").unwrap();
+        assert!(!p.reaches_dos_names && !p.matches_entry(long));
+        assert!(!SearchPattern::parse("plain.txt").unwrap().reaches_dos_names);
+        // An 8.3 name is its own: `abc.txt` is not found as `ABC~1.TXT`.
+        let p = SearchPattern::parse("*~*").unwrap();
+        assert!(!p.matches_entry("abc.txt"));
+        assert!(p.matches_entry(long));
     }
 
     /// The stream forms smbtorture smb2.streams.io, names and names2 use.

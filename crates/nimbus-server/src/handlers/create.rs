@@ -134,7 +134,7 @@ fn open_or_create(
     let given_sd = create_security::given(&req.contexts)?;
     let mut want = requested_caching(ctx, &req)?;
     let (path, stream) = to_vfs_path_and_stream(&req.name)?;
-    let path = crate::lookup::resolve(fs, &path);
+    let path = crate::lookup::resolve(fs, &path, ctx.server.config.limits.max_directory_entries);
     // A stream is a file's data, never a directory.
     if want_dir && stream != Stream::Unnamed {
         return Err(NtStatus::NOT_A_DIRECTORY.into());

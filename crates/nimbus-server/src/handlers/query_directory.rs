@@ -16,7 +16,7 @@ use crate::dosinfo::DosInfo;
 use crate::eas;
 use crate::errors::vfs_status;
 use crate::fileinfo::file_info;
-use crate::names::{dos_name, has_wildcards, join, parent, SearchPattern};
+use crate::names::{dos_name, has_wildcards, is_8dot3, join, parent, SearchPattern};
 use crate::session::{lock, DirEnum, Open};
 
 pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
@@ -145,19 +145,18 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             ino: listed.stat.ino,
         };
         ctx.server.write_times.adjust(file, &mut info);
-        // Only the classes that carry one need the 8.3 name.
+        // Only the classes that carry one need the 8.3 name. A name that is
+        // 8.3 already, in whatever case, has none besides itself: NTFS makes
+        // no second name for it, and ShortNameLength is 0 (MS-FSCC
+        // FileBothDirectoryInformation).
         let short = if matches!(
             req.info_class,
             file_class::BOTH_DIRECTORY | file_class::ID_BOTH_DIRECTORY
         ) && e.name != "."
             && e.name != ".."
+            && !is_8dot3(&e.name)
         {
-            let dos = dos_name(&e.name);
-            if dos == e.name {
-                String::new()
-            } else {
-                dos
-            }
+            dos_name(&e.name)
         } else {
             String::new()
         };
@@ -305,7 +304,8 @@ fn list(open: &Open, search: &SearchPattern, max: usize) -> Result<Vec<DirEntry>
     let mut out = Vec::new();
     let pattern = search.as_str();
     if !has_wildcards(pattern) {
-        // An exact name: try it as spelled, then case-insensitively.
+        // An exact name: try it as spelled, then case-insensitively or as
+        // an 8.3 name (in the listing below).
         if pattern == "." || pattern == ".." {
             out.extend(
                 dot_entries(open, fs, &dir)
@@ -334,11 +334,9 @@ fn list(open: &Open, search: &SearchPattern, max: usize) -> Result<Vec<DirEntry>
         .map_err(|e| vfs_status(&e))?;
     // The share's store of named streams is the server's own.
     let at_root = dir.is_empty();
-    out.extend(
-        entries
-            .into_iter()
-            .filter(|e| search.matches(&e.name) && !(at_root && e.name == nimbus_vfs::STORE_DIR)),
-    );
+    out.extend(entries.into_iter().filter(|e| {
+        search.matches_entry(&e.name) && !(at_root && e.name == nimbus_vfs::STORE_DIR)
+    }));
     Ok(out)
 }
 

@@ -340,7 +340,8 @@ fn rename(
     // The target directory may be spelled in another case; the new name
     // itself is kept as given (it may be a case-only rename).
     let (dir, leaf) = to.rsplit_once('/').unwrap_or(("", to.as_str()));
-    let to = join(&crate::lookup::resolve(fs, dir), leaf);
+    let max_entries = ctx.server.config.limits.max_directory_entries;
+    let to = join(&crate::lookup::resolve(fs, dir, max_entries), leaf);
     if to.is_empty() || from.is_empty() {
         return Err(NtStatus::ACCESS_DENIED);
     }
