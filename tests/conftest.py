@@ -247,6 +247,8 @@ class Security:
     multichannel: bool | None = None
     # share name -> its `hide_files` patterns (nimbus only)
     hide_files: dict[str, list[str]] = field(default_factory=dict)
+    # [security] admins: users and groups whose sessions administer the server (nimbus only)
+    admins: list[str] = field(default_factory=list)
 
     def needs_config_file(self) -> bool:
         return (
@@ -262,6 +264,7 @@ class Security:
             or bool(self.no_apple_shares)
             or self.multichannel is not None
             or bool(self.hide_files)
+            or bool(self.admins)
         )
 
 
@@ -286,6 +289,8 @@ def write_config(path: Path, port: int, user_db: Path, shares: list[tuple[str, P
         lines.append(f"encryption = {toml_str(security.encryption)}")
     if security.ciphers is not None:
         lines.append(f"ciphers = [{', '.join(toml_str(c) for c in security.ciphers)}]")
+    if security.admins:
+        lines.append(f"admins = [{', '.join(toml_str(a) for a in security.admins)}]")
     if security.limits:
         lines += ["", "[limits]"] + [f"{key} = {int(value)}" for key, value in security.limits.items()]
     for name, share_path, read_only in shares:

@@ -10,6 +10,13 @@ named pipes, DCE/RPC on them, driven by the clients people browse with.
   (NetrShareEnumSticky: no IPC$), netsharegetinfo (a share, an unknown
   one), wkssvc_wkstagetinfo.
 - Guests list shares only where the server serves guests.
+- For an administrator (`[security] admins`, by name or by a group of the
+  user database), rpcclient netsessenum (levels 0, 1, 2, 10, 502, all and
+  by client and user), netconnenum (by share, by client), netfileenum
+  (levels 2 and 3) list the sessions, tree connects and open files, as
+  Samba's NDR decodes them (`-d 10`); an ordinary user gets ACCESS_DENIED
+  for all three; netremotetod is the server's clock for anyone;
+  NetrShareCheck (raw RPC) answers NERR_DeviceNotShared.
 - A client that breaks the RPC protocol loses that pipe (later writes:
   PIPE_DISCONNECTED) and nothing else; unknown pipe names are not found.
 """
@@ -109,9 +116,13 @@ def test_a_list_longer_than_one_fragment(server_factory, samba_client_conf):
     assert all(shares[n] == ("Disk", f"comment of {n}, long enough to need several fragments") for n in names)
 
 
-def rpcclient(server, conf, command: str, *, fails: bool = False) -> str:
-    """rpcclient's output for `command`; it exits 1 when the call fails."""
-    cmd = ["rpcclient", "-p", str(server.port), "-U", f"{server.user}%{server.password}", "-s", str(conf), server.host, "-c", command]
+def rpcclient(server, conf, command: str, *, fails: bool = False, auth: tuple[str, str] | None = None, ndr: bool = False) -> str:
+    """rpcclient's output for `command`, as `auth` (user, password; the
+    server's user by default); it exits 1 when the call fails. `ndr`: with
+    the call's answer as Samba's NDR decodes it (debug level 10)."""
+    user, password = auth or (server.user, server.password)
+    debug = ["-d", "10"] if ndr else []
+    cmd = ["rpcclient", "-p", str(server.port), "-U", f"{user}%{password}", "-s", str(conf), *debug, server.host, "-c", command]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL)
     out = proc.stdout + proc.stderr
     assert proc.returncode == (1 if fails else 0), f"rpcclient -c {command!r}: exit {proc.returncode}\n{out}"
@@ -334,3 +345,172 @@ def test_a_broken_rpc_stream_closes_only_its_pipe(ipc, bad):
 def test_unknown_pipe_names_are_not_found(ipc, name):
     tree, _ = ipc
     assert status_of(lambda: open_pipe(tree, name)) == STATUS_OBJECT_NAME_NOT_FOUND
+
+
+# --------------------------------------------------------------------------
+# administration: sessions, tree connects, open files, the clock
+
+BOB = ("bob", "B0b-Secret!")
+CAROL = ("carol", "C4rol-Secret!")
+
+
+@pytest.fixture
+def admin_server(server_factory):
+    """alice administers the server by name, members of group ops by the
+    group; bob and carol (not yet in ops) are ordinary users."""
+    return server_factory.start(
+        [("data", False)],
+        security=Security(admins=[USER, "ops"], extra_users=[BOB, CAROL]),
+    )
+
+
+@pytest.fixture
+def bob_with_a_file_open(admin_server):
+    """bob's session from 127.0.0.1, connected to data, with report.txt open
+    for writing."""
+    srv = admin_server
+    conn = Connection(uuid.uuid4(), srv.host, srv.port)
+    conn.connect(timeout=TIMEOUT)
+    session = Session(conn, BOB[0], BOB[1], require_encryption=False, auth_protocol="ntlm")
+    session.connect()
+    tree = TreeConnect(session, rf"\\{srv.host}\data")
+    tree.connect()
+    f = Open(tree, "report.txt")
+    f.create(
+        ImpersonationLevel.Impersonation,
+        FilePipePrinterAccessMask.FILE_READ_DATA | FilePipePrinterAccessMask.FILE_WRITE_DATA,
+        0,
+        ShareAccess.FILE_SHARE_READ,
+        CreateDisposition.FILE_OVERWRITE_IF,
+        0,
+    )
+    yield tree
+    conn.disconnect()
+
+
+def ndr_entries(out: str, struct_name: str) -> list[dict[str, str]]:
+    """The entries of an enumeration as rpcclient -d 10 prints the answer:
+    each `array: struct <struct_name>` block's fields, name -> value (a
+    string without its quotes, a number in decimal)."""
+    answer = out[out.index("out: struct") :]
+    entries = []
+    for block in answer.split(f"array: struct {struct_name}")[1:]:
+        fields: dict[str, str] = {}
+        for line in block.splitlines()[1:]:
+            m = re.match(r"^\s+(\w+)\s+: (?:'(.*)'|0x[0-9a-f]+ \((\d+)\)|(-?\d+))$", line)
+            if m:
+                fields[m[1]] = next(v for v in m.groups()[1:] if v is not None)
+            elif not re.match(r"^\s+\w+\s+: \*$", line):
+                break
+        entries.append(fields)
+    return entries
+
+
+def result_of(out: str) -> str:
+    return re.findall(r"^\s+result\s+: (\S+)$", out, re.M)[-1]
+
+
+@require_tool("rpcclient", "smbclient")
+def test_an_administrator_lists_sessions(admin_server, bob_with_a_file_open, samba_client_conf):
+    srv, conf = admin_server, samba_client_conf
+    out = rpcclient(srv, conf, "netsessenum", ndr=True)
+    sessions = {e["user"]: e for e in ndr_entries(out, "srvsvc_NetSessInfo1")}
+    assert set(sessions) == {USER, "bob"}, out
+    assert sessions["bob"]["client"] == "\\\\127.0.0.1", out
+    assert sessions["bob"]["num_open"] == "1", out
+    assert sessions["bob"]["user_flags"] == "0", out
+    # Each level, for bob's sessions from 127.0.0.1 (the command line
+    # takes a backslash as an escape: doubled).
+    for level, name in [(0, "srvsvc_NetSessInfo0"), (2, "srvsvc_NetSessInfo2"), (10, "srvsvc_NetSessInfo10"), (502, "srvsvc_NetSessInfo502")]:
+        out = rpcclient(srv, conf, f"netsessenum \\\\\\\\127.0.0.1 bob {level}", ndr=True)
+        entries = ndr_entries(out, name)
+        assert len(entries) == 1 and entries[0]["client"] == "\\\\127.0.0.1", out
+        if level != 0:
+            assert entries[0]["user"] == "bob", out
+            assert int(entries[0]["time"]) < 600 and int(entries[0]["idle_time"]) < 600, out
+        if level == 502:
+            assert entries[0]["transport"] == "\\Device\\NetbiosSmb", out
+    out = rpcclient(srv, conf, "netsessenum \\\\\\\\10.9.9.9", fails=True)
+    assert "WERR_NERR_CLIENTNAMENOTFOUND" in out, out
+
+
+@require_tool("rpcclient", "smbclient")
+def test_an_administrator_lists_tree_connects_and_open_files(admin_server, bob_with_a_file_open, samba_client_conf):
+    srv, conf = admin_server, samba_client_conf
+    # Connections to a share name their client; from a client, their share.
+    out = rpcclient(srv, conf, "netconnenum 1 data", ndr=True)
+    conns = ndr_entries(out, "srvsvc_NetConnInfo1")
+    assert [(c["user"], c["share"], c["num_open"], c["conn_type"]) for c in conns] == [("bob", "127.0.0.1", "1", "0")], out
+    out = rpcclient(srv, conf, "netconnenum 1 \\\\\\\\127.0.0.1", ndr=True)
+    conns = ndr_entries(out, "srvsvc_NetConnInfo1")
+    assert sorted((c["user"], c["share"]) for c in conns) == [(USER, "IPC$"), ("bob", "data")], out
+    out = rpcclient(srv, conf, "netconnenum 0 data", ndr=True)
+    assert len(ndr_entries(out, "srvsvc_NetConnInfo0")) == 1, out
+    assert "WERR_NERR_NETNAMENOTFOUND" in rpcclient(srv, conf, "netconnenum 1 nosuchshare", fails=True)
+
+    out = rpcclient(srv, conf, "netfileenum", ndr=True)
+    files = ndr_entries(out, "srvsvc_NetFileInfo3")
+    assert len(files) == 1, out
+    assert files[0]["user"] == "bob" and files[0]["path"].endswith("/report.txt"), out
+    # PERM_FILE_READ | PERM_FILE_WRITE
+    assert files[0]["permissions"] == "3" and files[0]["num_locks"] == "0", out
+    out = rpcclient(srv, conf, "netfileenum 2", ndr=True)
+    assert [f["fid"] for f in ndr_entries(out, "srvsvc_NetFileInfo2")] == [files[0]["fid"]], out
+
+
+@require_tool("rpcclient", "smbclient")
+def test_only_administrators_list_sessions_connections_and_files(admin_server, bob_with_a_file_open, samba_client_conf):
+    srv, conf = admin_server, samba_client_conf
+    for command in ["netsessenum", "netsessenum '' '' 10", "netconnenum 1 data", "netfileenum"]:
+        out = rpcclient(srv, conf, command, auth=BOB, fails=True)
+        assert "WERR_ACCESS_DENIED" in out, out
+    # A member of a group named in admins administers from its next logon
+    # (the server reloads the user database at a logon, at most once a
+    # second: each rpcclient logs on anew).
+    db = str(srv.log_path.parent / "users.db")
+    assert "WERR_ACCESS_DENIED" in rpcclient(srv, conf, "netfileenum", auth=CAROL, fails=True)
+    run_nimbus("group", "set", "ops", "--db", db, "--members", CAROL[0])
+    deadline = time.monotonic() + 10
+    while True:
+        proc = subprocess.run(
+            ["rpcclient", "-p", str(srv.port), "-U", "%".join(CAROL), "-s", str(conf), srv.host, "-c", "netfileenum"],
+            capture_output=True, text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL,
+        )
+        if proc.returncode == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@require_tool("rpcclient", "smbclient")
+def test_anyone_reads_the_servers_clock(admin_server, samba_client_conf):
+    before = time.time()
+    out = rpcclient(admin_server, samba_client_conf, "netremotetod", auth=BOB, ndr=True)
+    after = time.time()
+    fields = dict(re.findall(r"^\s+(elapsed|hours|mins|day|month|year|tinterval)\s+: 0x[0-9a-f]+ \((\d+)\)$", out, re.M))
+    assert result_of(out) == "WERR_OK", out
+    assert int(before) - 1 <= int(fields["elapsed"]) <= after + 1, out
+    t = time.gmtime(int(fields["elapsed"]))
+    assert (t.tm_year, t.tm_mon, t.tm_mday, t.tm_hour, t.tm_min) == tuple(int(fields[k]) for k in ["year", "month", "day", "hours", "mins"]), out
+
+
+def share_check_request(call_id: int, device: str) -> bytes:
+    """NetrShareCheck (opnum 20) of `device`, with a null server name."""
+    units = (device + "\0").encode("utf-16-le")
+    n = len(units) // 2
+    stub = struct.pack("<IIII", 0, n, 0, n) + units + b"\0" * (-len(units) % 4)
+    return pdu(0, 3, call_id, struct.pack("<IHH", len(stub), 0, 20) + stub)
+
+
+def test_share_check_finds_no_shared_device(ipc):
+    tree, _ = ipc
+    pipe = open_pipe(tree)
+    pipe.write(bind_pdu())
+    assert pipe.read(0, 4280)[2] == 12
+    for call_id, device in [(2, "C:"), (3, "LPT1:")]:
+        pipe.write(share_check_request(call_id, device))
+        resp = pipe.read(0, 4280)
+        assert resp[2] == 2, resp.hex()  # RESPONSE, not a FAULT
+        # Type (0: set only on success), then NERR_DeviceNotShared.
+        assert resp[24:] == struct.pack("<II", 0, 2311), resp.hex()
+    pipe.close()

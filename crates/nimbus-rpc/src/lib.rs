@@ -49,7 +49,11 @@ pub mod werror {
     pub const ACCESS_DENIED: u32 = 5;
     pub const INVALID_LEVEL: u32 = 124;
     pub const MORE_DATA: u32 = 234;
+    pub const INVALID_PARAMETER: u32 = 87;
     pub const NET_NAME_NOT_FOUND: u32 = 2310;
+    pub const DEVICE_NOT_SHARED: u32 = 2311;
+    pub const CLIENT_NAME_NOT_FOUND: u32 = 2312;
+    pub const USER_NOT_FOUND: u32 = 2221;
 }
 
 /// MS-SRVS 2.2.2.6 and MS-WKST 2.2.1.4: the platform id of the NT family.
@@ -92,6 +96,61 @@ pub struct Host {
     pub may_enumerate: bool,
 }
 
+/// One SMB session, as NetrSessionEnum reports it (MS-SRVS 2.2.4.15-19).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionEntry {
+    /// The client's address (an IP address: Nimbus knows no client
+    /// computer names), without the leading `\\`.
+    pub client: String,
+    /// The user's name; empty for an anonymous session.
+    pub user: String,
+    pub guest: bool,
+    /// Files the session has open.
+    pub opens: u32,
+    /// Seconds since the session was established.
+    pub seconds: u32,
+    /// Seconds since its last request.
+    pub idle_seconds: u32,
+}
+
+/// One tree connect, as NetrConnectionEnum reports it (MS-SRVS 2.2.4.1-2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectionEntry {
+    pub id: u32,
+    pub share: String,
+    pub kind: ShareKind,
+    /// Its session's client address and user (see `SessionEntry`).
+    pub client: String,
+    pub user: String,
+    /// Files open through it.
+    pub opens: u32,
+    /// Seconds since the tree connect.
+    pub seconds: u32,
+}
+
+/// One open file, as NetrFileEnum reports it (MS-SRVS 2.2.4.7-8).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileEntry {
+    pub id: u32,
+    /// The access granted (MS-SMB2 2.2.13.1 access mask).
+    pub access: u32,
+    pub locks: u32,
+    /// Where the file is on the server.
+    pub path: String,
+    pub user: String,
+}
+
+/// The server's clock for NetrRemoteTOD.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Clock {
+    pub now: std::time::SystemTime,
+    /// Milliseconds since the server started (TIME_OF_DAY_INFO tod_msecs,
+    /// "from an arbitrary starting point").
+    pub msecs: u32,
+    /// Minutes west of UTC of the server's local time (tod_timezone).
+    pub timezone_minutes: i32,
+}
+
 /// Where a pipe gets the server's description when a call needs it: a
 /// `Host`, or a closure that builds one (the server's walks its sessions,
 /// so it is not built for a BIND or a fragment); and the accounts lsarpc
@@ -107,6 +166,32 @@ pub trait HostSource {
 
     fn account_by_sid(&self, _sid: &Sid) -> Option<Account> {
         None
+    }
+
+    /// The caller is an administrator of the server (BUILTIN\Administrators
+    /// in its token): it may list sessions, connections and open files.
+    fn is_admin(&self) -> bool {
+        false
+    }
+
+    fn sessions(&self) -> Vec<SessionEntry> {
+        Vec::new()
+    }
+
+    fn connections(&self) -> Vec<ConnectionEntry> {
+        Vec::new()
+    }
+
+    fn open_files(&self) -> Vec<FileEntry> {
+        Vec::new()
+    }
+
+    fn clock(&self) -> Clock {
+        Clock {
+            now: std::time::SystemTime::now(),
+            msecs: 0,
+            timezone_minutes: 0,
+        }
     }
 
     /// `domain` as the client wrote it (`DOMAIN\name`), if it did.
@@ -183,7 +268,7 @@ impl Service {
         handles: &mut lsarpc::PolicyHandles,
     ) -> Result<Vec<u8>, u32> {
         let result = match self {
-            Service::Srvsvc => srvsvc::call(opnum, stub, &host.host()),
+            Service::Srvsvc => srvsvc::call(opnum, stub, host),
             Service::Wkssvc => wkssvc::call(opnum, stub, &host.host()),
             Service::Lsarpc => lsarpc::call(opnum, stub, host, handles),
         };

@@ -587,19 +587,7 @@ mod tests {
     fn enum_stub(level: u32, resume: Option<u32>, preferred: u32) -> Vec<u8> {
         let mut w = Writer::new();
         w.wstring_pointer("\\\\127.0.0.1");
-        w.u32(level);
-        w.u32(level);
-        w.pointer();
-        w.u32(0);
-        w.null_pointer();
-        w.u32(preferred);
-        match resume {
-            Some(v) => {
-                w.pointer();
-                w.u32(v);
-            }
-            None => w.null_pointer(),
-        }
+        crate::srvsvc::tests::enum_tail(&mut w, level, preferred, resume);
         w.into_bytes()
     }
 
@@ -642,14 +630,7 @@ mod tests {
                 entries.push((name, t, comment));
             }
         }
-        let total = r.u32().unwrap();
-        let resume = if r.pointer().unwrap() {
-            Some(r.u32().unwrap())
-        } else {
-            None
-        };
-        let status = r.u32().unwrap();
-        assert!(r.u32().is_err(), "bytes after the status");
+        let (total, resume, status) = crate::srvsvc::tests::close_answer(&mut r);
         (entries, total, resume, status)
     }
 

@@ -149,6 +149,9 @@ pub struct Config {
     pub cluster: Option<ClusterConfig>,
     /// `[kerberos]`, or None: NTLM logons only.
     pub kerberos: Option<KerberosConfig>,
+    /// `[security] admins`: users and groups of the user database whose
+    /// sessions are administrators (BUILTIN\Administrators in the token).
+    pub admins: Vec<String>,
 }
 
 impl Default for Config {
@@ -171,6 +174,7 @@ impl Default for Config {
             limits: Limits::default(),
             cluster: None,
             kerberos: None,
+            admins: Vec::new(),
         }
     }
 }
@@ -243,6 +247,7 @@ struct RawSecurity {
     encryption: Option<String>,
     ciphers: Option<Vec<String>>,
     fips: Option<bool>,
+    admins: Option<Vec<String>>,
 }
 
 #[derive(Deserialize)]
@@ -492,7 +497,7 @@ impl Config {
             vec![err(
                 &format!("line {line}"),
                 msg,
-                "see README.md for the keys: listen, user_db, state_dir, server_name, server_aliases, workgroup, server_comment, apple_model, multichannel, [security] signing/encryption/ciphers/fips, [limits] (see README), [[share]] name/path/read_only/guest_ok/encryption/continuous_availability/comment/access_based_enumeration/apple_extensions/hide_dot_files/hide_files, [cluster] etcd/node/advertise/node_ttl_secs, [kerberos] keytab/principal/ntlm/map_by_name/user_map",
+                "see README.md for the keys: listen, user_db, state_dir, server_name, server_aliases, workgroup, server_comment, apple_model, multichannel, [security] signing/encryption/ciphers/fips/admins, [limits] (see README), [[share]] name/path/read_only/guest_ok/encryption/continuous_availability/comment/access_based_enumeration/apple_extensions/hide_dot_files/hide_files, [cluster] etcd/node/advertise/node_ttl_secs, [kerberos] keytab/principal/ntlm/map_by_name/user_map",
             )]
         })?;
         let mut errors = Vec::new();
@@ -593,6 +598,29 @@ impl Config {
                             "use AES-128-GCM, AES-256-GCM, AES-128-CCM or AES-256-CCM",
                         )),
                     }
+                }
+            }
+            for (i, name) in sec.admins.unwrap_or_default().into_iter().enumerate() {
+                let key = nimbus_auth::UserDb::canonical_key(&name);
+                let problem = match nimbus_auth::UserDb::validate_name(&name) {
+                    Err(e) => Some(e.to_string()),
+                    Ok(())
+                        if cfg
+                            .admins
+                            .iter()
+                            .any(|a| nimbus_auth::UserDb::canonical_key(a) == key) =>
+                    {
+                        Some(format!("\"{name}\" is listed twice"))
+                    }
+                    Ok(()) => None,
+                };
+                match problem {
+                    Some(problem) => errors.push(err(
+                        &format!("security.admins[{i}]"),
+                        problem,
+                        "name each user or group of the user database once, e.g. admins = [\"alice\", \"staff\"]",
+                    )),
+                    None => cfg.admins.push(name),
                 }
             }
             if let Some(f) = sec.fips {
@@ -819,6 +847,31 @@ mod tests {
         assert!(keys.contains(&"share[0].name"));
         assert!(keys.contains(&"share[0].path"));
         assert!(errs.iter().all(|e| e.to_string().starts_with("bad.toml: ")));
+    }
+
+    #[test]
+    fn admins_are_names_of_the_user_database_each_once() {
+        let cfg = Config::from_toml(
+            "t.toml",
+            "[security]\nadmins = [\"alice\", \"ops\"]\n",
+            None,
+        )
+        .unwrap();
+        assert_eq!(cfg.admins, ["alice", "ops"]);
+        assert!(Config::default().admins.is_empty());
+        let text = "[security]\nadmins = [\"alice\", \"\", \"ALICE\", \"a:b\"]\n";
+        let errs = Config::from_toml("bad.toml", text, None).unwrap_err();
+        let keys: Vec<_> = errs.iter().map(|e| e.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "security.admins[1]",
+                "security.admins[2]",
+                "security.admins[3]"
+            ]
+        );
+        assert!(errs[1].problem.contains("listed twice"), "{}", errs[1]);
+        assert!(errs.iter().all(|e| e.fix.contains("admins = [")));
     }
 
     #[test]

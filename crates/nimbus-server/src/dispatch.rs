@@ -1059,6 +1059,7 @@ fn check_and_run<'a>(
                     return Err(NtStatus::ACCESS_DENIED);
                 }
                 drop(state);
+                session.touch();
                 ctx.session = Some(session);
             }
             SessionState::InProgress { .. } => {

@@ -77,6 +77,10 @@ pub struct Session {
     pub origin: Arc<Negotiated>,
     channels: Mutex<Channels>,
     next_tree_id: AtomicU32,
+    /// When the session began (NetrSessionEnum's session time).
+    pub started: std::time::Instant,
+    /// Milliseconds from `started` to its last request (its idle time).
+    last_request_ms: AtomicU64,
 }
 
 /// Session.ChannelList (MS-SMB2 3.3.1.8): the connections the session is
@@ -114,7 +118,22 @@ impl Session {
                 ended: false,
             }),
             next_tree_id: AtomicU32::new(1),
+            started: std::time::Instant::now(),
+            last_request_ms: AtomicU64::new(0),
         }
+    }
+
+    /// Notes a request of the session, for its idle time.
+    pub fn touch(&self) {
+        let ms = self.started.elapsed().as_millis();
+        self.last_request_ms
+            .store(u64::try_from(ms).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    /// How long since the session's last request.
+    pub fn idle(&self) -> std::time::Duration {
+        let last = std::time::Duration::from_millis(self.last_request_ms.load(Ordering::Relaxed));
+        self.started.elapsed().saturating_sub(last)
     }
 
     /// The connections of the session's channels that still exist, first
@@ -256,6 +275,8 @@ pub struct Tree {
     pub maximal_access: u32,
     /// Requests on this tree must arrive encrypted (Share.EncryptData).
     pub encrypt_data: bool,
+    /// When the tree was connected (NetrConnectionEnum's time).
+    pub connected: std::time::Instant,
 }
 
 /// Where a directory enumeration stands (MS-SMB2 Open.EnumerationLocation).

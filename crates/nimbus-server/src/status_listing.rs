@@ -100,17 +100,7 @@ impl Server {
     }
 
     fn open_line(&self, open: &Arc<Open>) -> OpenLine {
-        let disconnected = self.durables.find_disconnected(open.open_id).is_some();
-        let session = (!disconnected)
-            .then(|| self.sessions.find(open.session_id()))
-            .flatten();
-        let user = match &session {
-            Some(s) => user_of(s),
-            None => lock(&open.durable)
-                .as_ref()
-                .map(|d| d.owner.name.clone())
-                .unwrap_or_default(),
-        };
+        let (session, user, disconnected) = self.open_owner(open);
         let (granted, _) = self.oplocks.held_by(open.file_key, open.open_id);
         OpenLine {
             session: session.map_or_else(String::new, |s| format!("{:#018x}", s.id)),
@@ -132,6 +122,26 @@ impl Server {
             disconnected,
             locks: self.locks.held_by(open.file_key, open.open_id).len(),
         }
+    }
+}
+
+impl Server {
+    /// An open's session (None while it waits for its client to
+    /// reconnect), the user it is listed under (its session's, else the
+    /// durable open's owner), and whether it is disconnected.
+    pub(crate) fn open_owner(&self, open: &Open) -> (Option<Arc<Session>>, String, bool) {
+        let disconnected = self.durables.find_disconnected(open.open_id).is_some();
+        let session = (!disconnected)
+            .then(|| self.sessions.find(open.session_id()))
+            .flatten();
+        let user = match &session {
+            Some(s) => user_of(s),
+            None => lock(&open.durable)
+                .as_ref()
+                .map(|d| d.owner.name.clone())
+                .unwrap_or_default(),
+        };
+        (session, user, disconnected)
     }
 }
 

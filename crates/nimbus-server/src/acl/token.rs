@@ -41,6 +41,10 @@ pub mod well_known {
     pub fn system() -> Sid {
         sid(5, &[18])
     }
+    /// BUILTIN\Administrators: the sessions of `[security] admins`.
+    pub fn builtin_administrators() -> Sid {
+        sid(5, &[32, 544])
+    }
     pub fn builtin_users() -> Sid {
         sid(5, &[32, 545])
     }
@@ -138,6 +142,22 @@ impl Token {
         self.groups.contains(&well_known::authenticated_users())
     }
 
+    /// Makes the token an administrator's: BUILTIN\Administrators joins
+    /// its groups, as in a Windows administrator's token.
+    pub fn with_administrators(mut self) -> Token {
+        let admins = well_known::builtin_administrators();
+        if !self.groups.contains(&admins) {
+            self.groups.push(admins);
+        }
+        self
+    }
+
+    /// Whether the session may administer the server (list its sessions,
+    /// tree connects and open files): BUILTIN\Administrators is in it.
+    pub fn is_administrator(&self) -> bool {
+        self.groups.contains(&well_known::builtin_administrators())
+    }
+
     /// Whether `sid` is the user's or one of its groups'.
     pub fn contains(&self, sid: &Sid) -> bool {
         self.user == *sid || self.groups.contains(sid)
@@ -166,5 +186,13 @@ mod tests {
         let staff = account_sid(m, 1007);
         assert!(Token::member(m, 1000, &[1007]).contains(&staff));
         assert!(!t.contains(&staff));
+        assert!(!t.is_administrator());
+        let admin = t.clone().with_administrators().with_administrators();
+        assert!(admin.is_administrator());
+        assert_eq!(admin.groups.len(), t.groups.len() + 1);
+        assert_eq!(
+            well_known::builtin_administrators().to_string(),
+            "S-1-5-32-544"
+        );
     }
 }

@@ -14,7 +14,10 @@
 
 use std::sync::{Arc, Mutex};
 
-use nimbus_rpc::{Account, Host, HostSource, Pipe, Service, ShareEntry, ShareKind, Sid};
+use nimbus_rpc::{
+    Account, Clock, ConnectionEntry, FileEntry, Host, HostSource, Pipe, Service, SessionEntry,
+    ShareEntry, ShareKind, Sid,
+};
 use nimbus_wire::close::{CloseRequest, CloseResponse};
 use nimbus_wire::create::{CreateAction, CreateRequest, CreateResponse, FileTimesAndSizes};
 use nimbus_wire::fscc::attributes;
@@ -27,7 +30,7 @@ use super::check_credit_charge;
 use crate::config::EncryptionPolicy;
 use crate::dispatch::{Ctx, HandlerResult};
 use crate::held_bytes::HeldCharge;
-use crate::session::{lock, HeldPipe, PipeOpen, SessionState};
+use crate::session::{lock, HeldPipe, PipeOpen, Session, SessionState};
 
 /// Whether the request runs on IPC$, whose file ids are pipes.
 pub fn on_ipc(ctx: &Ctx<'_>) -> bool {
@@ -110,22 +113,64 @@ fn find(ctx: &mut Ctx<'_>, id: FileId) -> Result<Arc<PipeOpen>, NtStatus> {
 }
 
 /// The server as this session may see it through the pipes: its
-/// description for srvsvc and wkssvc, built only when a call needs it, and
+/// description for srvsvc and wkssvc, built only when a call needs it;
+/// for an administrator its sessions, tree connects and open files; and
 /// the Unix accounts lsarpc names.
 struct View<'a> {
     server: &'a std::sync::Arc<crate::server::Server>,
     guest: bool,
+    admin: bool,
 }
 
 fn view<'a>(ctx: &Ctx<'a>) -> Result<View<'a>, NtStatus> {
-    let guest = match &*lock(&ctx.session()?.state) {
-        SessionState::Valid(a) => a.guest,
+    let (guest, admin) = match &*lock(&ctx.session()?.state) {
+        SessionState::Valid(a) => (a.guest, a.token.is_administrator()),
         SessionState::InProgress { .. } => return Err(NtStatus::USER_SESSION_DELETED),
     };
     Ok(View {
         server: ctx.server,
         guest,
+        admin,
     })
+}
+
+/// Seconds of a duration, as the 32-bit counts of MS-SRVS.
+fn seconds(d: std::time::Duration) -> u32 {
+    u32::try_from(d.as_secs()).unwrap_or(u32::MAX)
+}
+
+/// A session's client address and user, as srvsvc lists them; None for a
+/// session still logging on.
+fn session_who(s: &Session) -> Option<(String, String, bool)> {
+    let (user, guest) = match &*lock(&s.state) {
+        SessionState::Valid(a) => (a.user.clone(), a.guest),
+        SessionState::InProgress { .. } => return None,
+    };
+    let client = s
+        .connections()
+        .first()
+        .map(|c| c.peer.ip().to_canonical().to_string())
+        .unwrap_or_default();
+    Some((client, user, guest))
+}
+
+/// The local zone's offset, in minutes west of UTC (TIME_OF_DAY_INFO
+/// tod_timezone).
+fn minutes_west_of_utc() -> i32 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
+    let Ok(t) = libc::time_t::try_from(now) else {
+        return 0;
+    };
+    // SAFETY: localtime_r reads `t` and fills `tm`, both ours, and keeps
+    // neither.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    if unsafe { libc::localtime_r(&t, &mut tm) }.is_null() {
+        return 0;
+    }
+    i32::try_from(-tm.tm_gmtoff / 60).unwrap_or(0)
 }
 
 impl HostSource for View<'_> {
@@ -160,6 +205,104 @@ impl HostSource for View<'_> {
     /// Windows.
     fn may_look_up(&self) -> bool {
         !self.guest || self.server.shares.iter().any(|s| s.guest_ok)
+    }
+
+    fn is_admin(&self) -> bool {
+        self.admin
+    }
+
+    fn sessions(&self) -> Vec<SessionEntry> {
+        let mut sessions = self.server.sessions.all();
+        sessions.sort_by_key(|s| s.id);
+        sessions
+            .iter()
+            .filter_map(|s| {
+                let (client, user, guest) = session_who(s)?;
+                Some(SessionEntry {
+                    client,
+                    user,
+                    guest,
+                    opens: lock(&s.opens).len() as u32,
+                    seconds: seconds(s.started.elapsed()),
+                    idle_seconds: seconds(s.idle()),
+                })
+            })
+            .collect()
+    }
+
+    fn connections(&self) -> Vec<ConnectionEntry> {
+        let mut sessions = self.server.sessions.all();
+        sessions.sort_by_key(|s| s.id);
+        let mut out = Vec::new();
+        for s in &sessions {
+            let Some((client, user, _)) = session_who(s) else {
+                continue;
+            };
+            let mut trees: Vec<Arc<crate::session::Tree>> =
+                lock(&s.trees).values().cloned().collect();
+            trees.sort_by_key(|t| t.id);
+            let opens: Vec<u32> = lock(&s.opens).values().map(|o| o.tree_id()).collect();
+            out.extend(trees.iter().map(|t| ConnectionEntry {
+                id: t.id,
+                share: t.share.name.clone(),
+                kind: if t.share.is_ipc() {
+                    ShareKind::Ipc
+                } else {
+                    ShareKind::Disk
+                },
+                client: client.clone(),
+                user: user.clone(),
+                opens: opens.iter().filter(|&&id| id == t.id).count() as u32,
+                seconds: seconds(t.connected.elapsed()),
+            }));
+        }
+        out
+    }
+
+    /// Every open file, with its path on the server (as Windows gives the
+    /// local path); the named pipes of IPC$ are not listed.
+    fn open_files(&self) -> Vec<FileEntry> {
+        let server = self.server;
+        let mut opens = server.opens.matching(|_| true);
+        opens.sort_by_key(|o| o.open_id);
+        opens
+            .iter()
+            .map(|o| {
+                let (_, user, _) = server.open_owner(o);
+                let relative = o.path();
+                let mut path = match &o.share.fs {
+                    Some(fs) if !relative.is_empty() => {
+                        fs.root_path().join(&relative).display().to_string()
+                    }
+                    Some(fs) => fs.root_path().display().to_string(),
+                    None => relative,
+                };
+                if let Some(stream) = &o.stream {
+                    path.push(':');
+                    path.push_str(&lock(&stream.name));
+                }
+                FileEntry {
+                    // The volatile FileId's low half: unique among opens
+                    // of this server as far as 2^32 opens go.
+                    id: o.volatile_id() as u32,
+                    access: o.access,
+                    locks: server.locks.held_by(o.file_key, o.open_id).len() as u32,
+                    path,
+                    user,
+                }
+            })
+            .collect()
+    }
+
+    fn clock(&self) -> Clock {
+        let since_start =
+            crate::server::now_filetime().saturating_sub(self.server.start_time) / 10_000;
+        Clock {
+            now: std::time::SystemTime::now(),
+            // Wraps after 49.7 days, as Windows' tick count does.
+            msecs: since_start as u32,
+            timezone_minutes: minutes_west_of_utc(),
+        }
     }
 
     fn account_by_sid(&self, sid: &Sid) -> Option<Account> {

@@ -364,16 +364,28 @@ pub(super) fn backed_off(ctx: &Ctx<'_>, user: &str) -> Result<(), NtStatus> {
 /// The SIDs the session acts with (crate::acl::token): a user of the user
 /// database is S-1-5-21-<machine>-<RID>, with the groups of the database it
 /// is a member of at logon (as a Windows token, a change of membership
-/// counts from the next logon); one removed since it logged on acts as a
-/// guest.
+/// counts from the next logon), and BUILTIN\Administrators when
+/// `[security] admins` names it or one of those groups; one removed since
+/// it logged on acts as a guest.
 fn logon_token(ctx: &Ctx<'_>, res: &nimbus_auth::AuthResult) -> crate::acl::Token {
     use crate::acl::Token;
     let auth = &ctx.server.auth;
     if res.anonymous {
         return Token::anonymous();
     }
-    match auth.user_rid(&res.user).filter(|_| !res.guest) {
-        Some(rid) => Token::member(auth.machine_sid(), rid, &auth.group_rids_of(&res.user)),
-        None => Token::guest(auth.machine_sid()),
+    let Some(rid) = auth.user_rid(&res.user).filter(|_| !res.guest) else {
+        return Token::guest(auth.machine_sid());
+    };
+    let groups = auth.group_rids_of(&res.user);
+    let token = Token::member(auth.machine_sid(), rid, &groups);
+    let user_key = nimbus_auth::UserDb::canonical_key(&res.user);
+    let admin = ctx.server.config.admins.iter().any(|name| {
+        nimbus_auth::UserDb::canonical_key(name) == user_key
+            || auth.group_rid(name).is_some_and(|g| groups.contains(&g))
+    });
+    if admin {
+        token.with_administrators()
+    } else {
+        token
     }
 }

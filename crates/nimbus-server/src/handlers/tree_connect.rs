@@ -85,6 +85,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             share,
             maximal_access,
             encrypt_data,
+            connected: std::time::Instant::now(),
         }),
     );
     let mut flags = share_flags::MANUAL_CACHING;
