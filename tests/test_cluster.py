@@ -192,6 +192,14 @@ def test_a_node_registers_again_when_its_lease_is_lost(nodes, etcd_cluster):  # 
         # What lived under the old lease is put back under the new one.
         new_lease = members(etcd_cluster)["n1"]["lease"]
         wait_until("the watch is registered again", lambda: watch_lease() == [new_lease])
+        # The new lease is renewed like the first: three TTLs later n1 is
+        # still registered under it and serves.
+        until = time.monotonic() + 3 * TTL + 1
+        while time.monotonic() < until:
+            assert members(etcd_cluster).get("n1", {}).get("lease") == new_lease, "n1's new lease was not renewed"
+            time.sleep(0.5)
+        (n1.share / "after.txt").write_bytes(b"x")
+        assert watcher.close_file(watcher.create("after.txt")) == 0
     finally:
         watcher.close()
 

@@ -351,7 +351,10 @@ impl Membership {
 
     /// Sets the store whose ownerships follow the lease; once.
     pub fn set_owned_store(&self, store: Arc<ClusterStore>) {
-        if let Some(sent) = *crate::session::lock(&self.last_proof) {
+        // Read into a local first: a guard in an `if let` scrutinee would
+        // live through the body.
+        let proof = *crate::session::lock(&self.last_proof);
+        if let Some(sent) = proof {
             store.lease_proven_until(sent + self.ttl);
         }
         let _ = self.owned.set(store);
@@ -688,7 +691,11 @@ impl Membership {
                         if registered {
                             m.settling.store(true, Ordering::SeqCst);
                             m.settle_new_lease()?;
-                            if let Some(sent) = *crate::session::lock(&m.last_proof) {
+                            // Read into a local first: `proved` takes the
+                            // same lock, and a guard in an `if let`
+                            // scrutinee would live through the body.
+                            let proof = *crate::session::lock(&m.last_proof);
+                            if let Some(sent) = proof {
                                 m.proved(sent);
                             }
                         }

@@ -521,7 +521,8 @@ fn run_chain(
                 );
             }
         } else {
-            if let Err(e) = lock(&conn.credits).consume(hdr.message_id, hdr.credit_charge) {
+            let consumed = lock(&conn.credits).consume(hdr.message_id, hdr.credit_charge);
+            if let Err(e) = consumed {
                 tracing::warn!(
                     "{}: message id {} (charge {}) outside the credit window: {e:?}; closing",
                     conn.peer,

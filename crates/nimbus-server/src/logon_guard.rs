@@ -134,10 +134,12 @@ impl LogonGuard {
         limits: &Limits,
     ) -> Result<(), BackedOff> {
         let window = limits.failed_logon_window;
-        if let Some(remaining) = lock(&self.addresses).blocked(&addr, now, window) {
+        let address_blocked = lock(&self.addresses).blocked(&addr, now, window);
+        if let Some(remaining) = address_blocked {
             return Err(BackedOff::Address { remaining });
         }
-        if let Some(remaining) = lock(&self.users).blocked(&Self::user_key(user), now, window) {
+        let user_blocked = lock(&self.users).blocked(&Self::user_key(user), now, window);
+        if let Some(remaining) = user_blocked {
             return Err(BackedOff::User { remaining });
         }
         Ok(())

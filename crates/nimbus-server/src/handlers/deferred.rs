@@ -154,7 +154,8 @@ impl Resume {
                     // Cancelled while it ran: the open it made is not the
                     // client's; close it again.
                     if let Some(id) = opened {
-                        if let Some(open) = lock(&self.session.opens).remove(&id.volatile) {
+                        let removed = lock(&self.session.opens).remove(&id.volatile);
+                        if let Some(open) = removed {
                             super::close::release(&server, &open);
                         }
                     }
