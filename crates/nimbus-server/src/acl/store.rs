@@ -4,7 +4,13 @@
 //! the self-relative encoding of MS-DTYP 2.4.6.
 
 use nimbus_vfs::{FileHandle, LocalFs, VfsError};
+use nimbus_wire::fscc::access;
 use nimbus_wire::security_descriptor::{control, Acl, SecurityDescriptor};
+use nimbus_wire::NtStatus;
+
+use super::Token;
+use crate::errors::vfs_status;
+use crate::names::parent;
 
 /// The extended attribute holding a file's descriptor.
 pub const XATTR_NAME: &str = "user.nimbus.sd";
@@ -73,6 +79,24 @@ pub fn write(handle: &FileHandle, sd: &SecurityDescriptor) -> Result<(), VfsErro
             r
         }
         r => r,
+    }
+}
+
+/// Whether the session may delete what `path` names: DELETE from its
+/// stored descriptor, or FILE_DELETE_CHILD from its directory's (MS-FSA
+/// 2.1.5.1.2.1); a file without a descriptor limits nothing.
+pub fn may_delete(fs: &LocalFs, path: &str, token: &Token) -> Result<(), NtStatus> {
+    let Some(sd) = read(fs, path).map_err(|e| vfs_status(&e))? else {
+        return Ok(());
+    };
+    if super::check::granted(&sd, token) & access::DELETE != 0 {
+        return Ok(());
+    }
+    match read(fs, parent(path)).map_err(|e| vfs_status(&e))? {
+        Some(p) if super::check::granted(&p, token) & access::FILE_DELETE_CHILD == 0 => {
+            Err(NtStatus::ACCESS_DENIED)
+        }
+        _ => Ok(()),
     }
 }
 

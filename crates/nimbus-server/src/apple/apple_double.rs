@@ -25,7 +25,6 @@ use nimbus_wire::fscc::access;
 use crate::acl::check::{self, ALL_RIGHTS};
 use crate::acl::{store, Token};
 use crate::fileinfo::is_readonly;
-use crate::handlers::create_security;
 use crate::names::{join, parent};
 use crate::server::{Server, Share};
 
@@ -205,7 +204,7 @@ fn may_convert(
     if on_companion & access::FILE_READ_DATA == 0 || writer.tree_max & access::DELETE == 0 {
         return Ok(false);
     }
-    Ok(create_security::may_delete(fs, companion, writer.token).is_ok())
+    Ok(store::may_delete(fs, companion, writer.token).is_ok())
 }
 
 fn nothing_in(ad: &AppleDouble<'_>) -> bool {

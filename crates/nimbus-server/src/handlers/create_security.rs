@@ -113,24 +113,6 @@ pub fn may_add_to(fs: &LocalFs, dir: &str, is_dir: bool, token: &Token) -> Resul
     may_add(stored(fs, dir)?.as_ref(), is_dir, token)
 }
 
-/// Whether the session may delete what `path` names: DELETE from its
-/// stored descriptor, or FILE_DELETE_CHILD from its directory's (MS-FSA
-/// 2.1.5.1.2.1); a file without a descriptor limits nothing.
-pub fn may_delete(fs: &LocalFs, path: &str, token: &Token) -> Result<(), NtStatus> {
-    let Some(sd) = stored(fs, path)? else {
-        return Ok(());
-    };
-    if check::granted(&sd, token) & access::DELETE != 0 {
-        return Ok(());
-    }
-    match stored(fs, parent(path))? {
-        Some(p) if check::granted(&p, token) & access::FILE_DELETE_CHILD == 0 => {
-            Err(NtStatus::ACCESS_DENIED)
-        }
-        _ => Ok(()),
-    }
-}
-
 pub fn decide(fs: &LocalFs, ask: &Ask<'_>, token: &Token) -> Result<Security, NtStatus> {
     // Only SeSecurityPrivilege opens a SACL, and nobody holds it here.
     if ask.desired & access::ACCESS_SYSTEM_SECURITY != 0 {

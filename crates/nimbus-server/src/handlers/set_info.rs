@@ -410,7 +410,7 @@ fn rename(
             }
             // Replacing deletes the target: its descriptor (or its
             // directory's FILE_DELETE_CHILD) must let this user delete it.
-            super::create_security::may_delete(fs, &to, &token)?;
+            crate::acl::store::may_delete(fs, &to, &token)?;
         }
     }
     // Others' cached handles would keep the old name (MS-FSA 2.1.5.14.11):
