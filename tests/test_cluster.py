@@ -38,7 +38,7 @@ WAIT = 20.0  # bound of every wait on the cluster's state
 class Node:
     """One Nimbus node of the test cluster."""
 
-    def __init__(self, base: Path, name: str, host: str, etcd: list[str], share: Path, user_db: Path):
+    def __init__(self, base: Path, name: str, host: str, etcd: list[str], share: Path, user_db: Path, ttl: int = TTL):
         self.name, self.host, self.port = name, host, free_port()
         self.share = share
         self.dir = base / name
@@ -74,7 +74,7 @@ class Node:
                     "etcd = [" + ", ".join(toml_str(e) for e in etcd) + "]",
                     f"node = {toml_str(name)}",
                     f"advertise = {toml_str(f'{host}:{self.port}')}",
-                    f"node_ttl_secs = {TTL}",
+                    f"node_ttl_secs = {ttl}",
                 ]
             )
             + "\n"
@@ -170,12 +170,13 @@ def test_a_killed_node_drops_out_and_sigterm_leaves_at_once(nodes, etcd_cluster)
     assert 'node "n2" left' in nodes[1].log()
 
 
-def test_a_node_registers_again_when_its_lease_is_lost(nodes, etcd_cluster):  # noqa: F811
+def test_a_node_whose_lease_etcd_ended_drops_its_clients_and_joins_again(nodes, etcd_cluster):  # noqa: F811
     n1 = nodes[0].start()
     lease = members(etcd_cluster)["n1"]["lease"]
     # A client's watch is registered under the node's lease.
     (n1.share / "watched").mkdir()
     watcher = tn.Client(n1)
+    again = None
     try:
         watcher.start_notify(watcher.watch("watched"), tn.NAMES)
 
@@ -184,71 +185,86 @@ def test_a_node_registers_again_when_its_lease_is_lost(nodes, etcd_cluster):  # 
             return [kv.get("lease", 0) for kv in out.get("kvs", [])]
 
         assert watch_lease() == [lease]
-        # As if etcd had been out of reach for longer than the TTL.
+        # As if etcd had been out of reach for longer than the TTL: other
+        # nodes may have taken what n1's clients held, so n1 drops them
+        # (they reclaim through any node, as after a crash).
         etcd_cluster.etcdctl("lease", "revoke", format(int(lease), "x"))
-        wait_until("n1 registers again", lambda: members(etcd_cluster).get("n1", {}).get("lease") not in (None, lease))
-        assert "registering again" in n1.log()
+        watcher.s.settimeout(WAIT)
+        with pytest.raises(ConnectionError):
+            watcher.recv()
+        wait_until("n1 joins again", lambda: members(etcd_cluster).get("n1", {}).get("lease") not in (None, lease))
+        assert "lost its lease (etcd ended it" in n1.log()
+        assert re.search(r'node "n1" joined the cluster again as incarnation \d+', n1.log())
         assert n1.proc.poll() is None
-        # What lived under the old lease is put back under the new one.
         new_lease = members(etcd_cluster)["n1"]["lease"]
-        wait_until("the watch is registered again", lambda: watch_lease() == [new_lease])
+        # The dropped client's watch went with it.
+        assert watch_lease() == []
         # The new lease is renewed like the first: three TTLs later n1 is
-        # still registered under it and serves.
+        # still registered under it and serves; a new watch lives under it.
+        again = tn.Client(n1)
+        again.start_notify(again.watch("watched"), tn.NAMES)
+        assert watch_lease() == [new_lease]
         until = time.monotonic() + 3 * TTL + 1
         while time.monotonic() < until:
             assert members(etcd_cluster).get("n1", {}).get("lease") == new_lease, "n1's new lease was not renewed"
             time.sleep(0.5)
         (n1.share / "after.txt").write_bytes(b"x")
-        assert watcher.close_file(watcher.create("after.txt")) == 0
+        assert again.close_file(again.create("after.txt")) == 0
     finally:
         watcher.close()
+        if again:
+            again.close()
 
 
 def test_a_node_cut_off_from_etcd_stops_deciding_within_its_ttl_and_rejoins_without_a_restart(nodes, etcd_cluster):  # noqa: F811
     n1 = nodes[0].start()
     (n1.share / "fenced.bin").write_bytes(bytes(100))
     a = LockClient(n1)
+    b = None
 
-    held = []  # a lock granted whose unlock was refused: taken back first
-
-    def lock_and_unlock() -> bool:
+    def lock_and_unlock(c, f) -> bool:
         """Whether n1 grants (and takes back) a lock on a file only it uses,
         decided from its memory while its lease is proven."""
-        if held and rawsmb.status(a.call(LOCK, lock_body(fa, (20, 1, UNLOCK)))) != 0:
+        if rawsmb.status(c.call(LOCK, lock_body(f, (20, 1, EXCLUSIVE | FAIL_IMMEDIATELY)))) != 0:
             return False
-        held.clear()
-        if rawsmb.status(a.call(LOCK, lock_body(fa, (20, 1, EXCLUSIVE | FAIL_IMMEDIATELY)))) != 0:
-            return False
-        if rawsmb.status(a.call(LOCK, lock_body(fa, (20, 1, UNLOCK)))) != 0:
-            held.append(True)
-            return False
-        return True
+        # An unlock past the proof of the lease is refused too: the client
+        # is dropped right after, and its locks go with it.
+        return rawsmb.status(c.call(LOCK, lock_body(f, (20, 1, UNLOCK)))) == 0
 
     try:
         fa = a.open("fenced.bin")
-        assert lock_and_unlock()
+        assert lock_and_unlock(a, fa)
         # etcd out of reach: every member stopped.
         for i in range(3):
             etcd_cluster.stop_member(i)
         cut = time.monotonic()
         # The last renewal etcd answered came before the cut: within the
         # TTL from then n1 stops deciding even what it holds in memory
-        # (another node may have the file by then).
-        while lock_and_unlock():
-            assert time.monotonic() - cut <= TTL + 1, "n1 went on deciding past its lease"
+        # (another node may have the file by then), and drops its client.
+        a.s.settimeout(WAIT)
+        with pytest.raises(ConnectionError):
+            while lock_and_unlock(a, fa):
+                assert time.monotonic() - cut <= TTL + 1, "n1 went on deciding past its lease"
+            # Refused, then dropped.
+            a.recv()
         assert time.monotonic() - cut <= TTL + 1
-        assert "cut off from etcd" in n1.log()
-        # Nor does it open the file again.
-        assert rawsmb.status(a.call(rawsmb.CREATE, open_body("fenced.bin", 0x0012019F, 7))) != 0
-        # etcd back: n1 proves its lease again (or registers anew) and
-        # decides again, without a restart.
+        assert "lost its lease (not renewed within node_ttl_secs" in n1.log()
+        # A new client is not given the file meanwhile.
+        b = LockClient(n1)
+        b.s.settimeout(WAIT)
+        assert rawsmb.status(b.call(rawsmb.CREATE, open_body("fenced.bin", 0x0012019F, 7))) != 0
+        # etcd back: n1 joins again, without a restart, and decides again.
         for i in range(3):
             etcd_cluster.start_member(i)
-        wait_until("n1 decides again", lock_and_unlock)
+        wait_until("n1 joins again", lambda: 'node "n1" joined the cluster again as incarnation' in n1.log())
+        fb = b.open("fenced.bin")
+        wait_until("n1 decides again", lambda: lock_and_unlock(b, fb))
         assert n1.proc.poll() is None
         assert "n1" in members(etcd_cluster)
     finally:
         a.close()
+        if b:
+            b.close()
 
 
 def test_a_name_another_running_node_holds_is_refused(nodes, etcd_cluster):  # noqa: F811

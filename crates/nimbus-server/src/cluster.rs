@@ -1,11 +1,20 @@
 //! Cluster membership (`[cluster]`): this node's record in etcd,
 //! `nodes/<name>` holding the address clients reach it at, under a lease
 //! of `node_ttl_secs` that a task renews every third of it. A node that
-//! dies stops renewing, and its record (and, in later steps, everything it
-//! owns under the same lease) goes when the lease expires; a node cut off
-//! from etcd that finds its lease expired when it comes back registers
-//! again without a restart. SIGTERM revokes the lease: the node leaves at
-//! once.
+//! dies stops renewing, and its record (and everything it owns under the
+//! same lease) goes when the lease expires. SIGTERM revokes the lease: the
+//! node leaves at once.
+//!
+//! A node whose lease is not proven within its TTL (etcd out of reach), or
+//! that finds etcd ended it, has lost it: other nodes may have taken its
+//! files and decided over its opens by then. It drops its clients'
+//! connections (they reconnect and reclaim their handles, through any
+//! node, as after a crash), forgets what it held, and decides nothing
+//! until it has joined again, without a restart, as a new incarnation:
+//! what remains in etcd of the old one is then a gone node's to every
+//! node, itself included. Every write a node makes for its clients is
+//! conditioned in etcd on its incarnation record, which lives under its
+//! lease (`EtcdStore::fence_on`), so a write that arrives late fails.
 //!
 //! Each run of a node is an incarnation, numbered from a counter in etcd
 //! and registered as `incarnations/<n>` under the node's lease: open ids
@@ -82,11 +91,22 @@ fn incarnation_key(n: u64) -> Vec<u8> {
     k
 }
 
-/// How long one etcd call may take on one endpoint.
+/// How long one etcd call may take at most, all endpoints tried.
 const CALL_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// How long one etcd call may take with a lease of `ttl`: within it, so
+/// that a renewal that fails leaves time for another. (A call made for a
+/// client also ends when the proof of the lease does: `EtcdStore`.)
+fn call_timeout(ttl: Duration) -> Duration {
+    CALL_TIMEOUT.min(ttl * 3 / 4)
+}
+
 pub struct Membership {
+    /// For the node's decisions: fenced on its lease.
     pub store: Arc<EtcdStore>,
+    /// For the lease itself and the node's registration, which must go
+    /// on when the lease is not proven.
+    control: EtcdStore,
     pub node: String,
     pub advertise: SocketAddr,
     ttl: Duration,
@@ -108,10 +128,12 @@ pub struct Membership {
     /// When the last registration or renewal that etcd answered was sent:
     /// the lease lasts at least the TTL from then.
     last_proof: Mutex<Option<Instant>>,
-    /// Registered again under a new lease, and what was kept under the
-    /// old one not yet settled (`settle_new_lease`): the new lease proves
-    /// nothing until it is.
-    settling: AtomicBool,
+    /// The lease is lost (see the module comment) and the node has not
+    /// joined again yet.
+    lost: AtomicBool,
+    /// Run (on the lease thread) when the lease is lost, before the node
+    /// joins again: what drops the clients' connections.
+    on_lease_lost: Mutex<Vec<LeaseLost>>,
     /// Set at shutdown: the ownership threads end.
     stopping: Arc<AtomicBool>,
     /// Numbers the messages this run sends.
@@ -143,6 +165,9 @@ pub struct Membership {
 
 /// Puts back what a node keeps under its lease, given the new lease.
 pub type NewLease = Box<dyn Fn(i64) + Send + Sync>;
+
+/// Gives up what a node's clients hold, its lease lost.
+pub type LeaseLost = Box<dyn Fn() + Send + Sync>;
 
 /// How often ownerships of files nobody has open are looked for, and how
 /// long such a file is kept (a file opened again soon costs no etcd call).
@@ -226,7 +251,10 @@ impl Membership {
     /// TTL; one that outlives that belongs to a running node, and this
     /// one refuses to start.
     pub fn join(cfg: &ClusterConfig) -> Result<Membership, String> {
-        let store = EtcdStore::new(&cfg.etcd, KEY_PREFIX, CALL_TIMEOUT)
+        let ttl = Duration::from_secs(cfg.node_ttl_secs as u64);
+        let store = EtcdStore::new(&cfg.etcd, KEY_PREFIX, call_timeout(ttl))
+            .map_err(|e| format!("[cluster] etcd: {e}"))?;
+        let control = EtcdStore::new(&cfg.etcd, KEY_PREFIX, call_timeout(ttl))
             .map_err(|e| format!("[cluster] etcd: {e}"))?;
         store.check().map_err(|e| {
             format!(
@@ -236,9 +264,10 @@ impl Membership {
         })?;
         let m = Membership {
             store: Arc::new(store),
+            control,
             node: cfg.node.clone(),
             advertise: cfg.advertise,
-            ttl: Duration::from_secs(cfg.node_ttl_secs as u64),
+            ttl,
             lease: AtomicI64::new(0),
             incarnation: AtomicU64::new(0),
             adopted: Mutex::new(HashSet::new()),
@@ -246,7 +275,8 @@ impl Membership {
             alive: Mutex::new(std::collections::HashMap::new()),
             owned: OnceLock::new(),
             last_proof: Mutex::new(None),
-            settling: AtomicBool::new(false),
+            lost: AtomicBool::new(false),
+            on_lease_lost: Mutex::new(Vec::new()),
             stopping: Arc::new(AtomicBool::new(false)),
             next_message: AtomicU64::new(1),
             on_new_lease: Mutex::new(Vec::new()),
@@ -279,6 +309,7 @@ impl Membership {
         m.incarnation.store(n, Ordering::SeqCst);
         m.put_incarnations()
             .map_err(|e| format!("[cluster]: registering this run: {e}"))?;
+        m.store.fence_on(&incarnation_key(n));
         tracing::info!(
             "cluster: joined as node \"{}\" (clients reach it at {}), lease {}s, incarnation {n}",
             m.node,
@@ -291,7 +322,7 @@ impl Membership {
     /// Draws the next number from the cluster's counter.
     fn new_incarnation(&self) -> Result<u64, StateError> {
         loop {
-            let current = self.store.get(INCARNATION_COUNTER)?;
+            let current = self.control.get(INCARNATION_COUNTER)?;
             let last = match &current {
                 Some(v) => std::str::from_utf8(&v.value)
                     .ok()
@@ -308,7 +339,7 @@ impl Membership {
                 )));
             }
             if self
-                .store
+                .control
                 .compare_and_set(
                     INCARNATION_COUNTER,
                     current.map(|v| v.version),
@@ -328,7 +359,7 @@ impl Membership {
         let mut all = vec![self.incarnation()];
         all.extend(crate::session::lock(&self.adopted).iter().copied());
         for n in all {
-            self.store.txn(
+            self.control.txn(
                 &[],
                 &[nimbus_state::etcd_store::Op::Put(
                     &incarnation_key(n),
@@ -360,32 +391,94 @@ impl Membership {
         let _ = self.owned.set(store);
     }
 
-    /// After a new registration: what lived under the old lease is put
-    /// under the new one (incarnations, files held, what `on_new_lease`
-    /// keeps), and files other nodes took meanwhile are dropped. Until it
-    /// has all been done, the new lease proves nothing.
-    fn settle_new_lease(&self) -> Result<(), StateError> {
-        self.put_incarnations()?;
-        if let Some(s) = self.owned.get() {
-            s.rebind(self.lease());
-        }
-        for f in crate::session::lock(&self.on_new_lease).iter() {
-            f(self.lease());
-        }
-        self.settling.store(false, Ordering::SeqCst);
-        Ok(())
-    }
-
-    /// Etcd answered a registration or renewal sent at `sent`: the files
-    /// this node holds may be decided here until the TTL from then.
+    /// Etcd answered a registration or renewal sent at `sent`: the node
+    /// may decide until the TTL from then.
     fn proved(&self, sent: Instant) {
-        if self.settling.load(Ordering::SeqCst) {
+        if self.lost.load(Ordering::SeqCst) {
             return;
         }
         *crate::session::lock(&self.last_proof) = Some(sent);
+        self.store.proven_until(sent + self.ttl);
         if let Some(s) = self.owned.get() {
             s.lease_proven_until(sent + self.ttl);
         }
+    }
+
+    /// Until when the lease is proven (None: not yet registered).
+    fn proven_until(&self) -> Option<Instant> {
+        let proof = *crate::session::lock(&self.last_proof);
+        proof.map(|sent| sent + self.ttl)
+    }
+
+    /// Whether the node has lost its lease and not joined again yet.
+    pub fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::SeqCst)
+    }
+
+    /// Runs `f` whenever the lease is lost.
+    pub fn on_lease_lost(&self, f: LeaseLost) {
+        crate::session::lock(&self.on_lease_lost).push(f);
+    }
+
+    /// The lease is lost (see the module comment): nothing is decided
+    /// from now on, what the node held is forgotten, and its clients are
+    /// dropped. Once.
+    fn lose(&self, why: &str) {
+        if self.lost.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        self.store.proven_until(Instant::now());
+        tracing::error!(
+            "cluster: node \"{}\" lost its lease ({why}): other nodes may take its files; it drops \
+             its clients' connections and decides nothing until it has joined the cluster again",
+            self.node
+        );
+        if let Some(s) = self.owned.get() {
+            s.forget_all();
+        }
+        for f in crate::session::lock(&self.on_lease_lost).iter() {
+            f();
+        }
+    }
+
+    /// After the lease was lost: ends the old lease if it still runs (so
+    /// its incarnation is gone at once to every node), registers under a
+    /// new one, and takes a new incarnation. Ok(false): another running
+    /// node holds this node's name.
+    fn rejoin(&self) -> Result<bool, StateError> {
+        let old = self.lease.load(Ordering::SeqCst);
+        if old != 0 {
+            if let Err(e) = self.control.revoke_lease(old) {
+                // Already expired, or etcd does not answer: the
+                // registration below tells which.
+                tracing::debug!("cluster: ending the lost lease: {e}");
+            }
+        }
+        let sent = Instant::now();
+        if !self.register()? {
+            return Ok(false);
+        }
+        let n = self.new_incarnation()?;
+        self.incarnation.store(n, Ordering::SeqCst);
+        // The runs it had adopted went with the old lease, as its own.
+        crate::session::lock(&self.adopted).clear();
+        self.put_incarnations()?;
+        self.store.fence_on(&incarnation_key(n));
+        let lease = self.lease();
+        if let Some(s) = self.owned.get() {
+            s.rejoined(&n.to_string(), lease);
+        }
+        self.lost.store(false, Ordering::SeqCst);
+        self.proved(sent);
+        for f in crate::session::lock(&self.on_new_lease).iter() {
+            f(lease);
+        }
+        tracing::warn!(
+            "cluster: node \"{}\" joined the cluster again as incarnation {n}, lease {}s",
+            self.node,
+            self.ttl.as_secs()
+        );
+        Ok(true)
     }
 
     /// Takes an earlier run's opens over (persistent handles restored at
@@ -624,25 +717,26 @@ impl Membership {
     /// record of this name exists (the new lease is revoked again).
     fn register(&self) -> Result<bool, StateError> {
         let sent = Instant::now();
-        let lease = self.store.grant_lease(self.ttl.as_secs() as i64)?;
+        let lease = self.control.grant_lease(self.ttl.as_secs() as i64)?;
         let value = self.advertise.to_string();
         if self
-            .store
+            .control
             .create_with_lease(&node_key(&self.node), value.as_bytes(), lease)?
         {
             self.lease.store(lease, Ordering::SeqCst);
-            // Proves the new lease only once the caller has settled what
-            // the node held under the old one (`ClusterStore::rebind`).
-            *crate::session::lock(&self.last_proof) = Some(sent);
+            if !self.lost.load(Ordering::SeqCst) {
+                *crate::session::lock(&self.last_proof) = Some(sent);
+                self.store.proven_until(sent + self.ttl);
+            }
             return Ok(true);
         }
-        let _ = self.store.revoke_lease(lease);
+        let _ = self.control.revoke_lease(lease);
         Ok(false)
     }
 
     /// Renews the lease every third of the TTL, for as long as the server
-    /// runs; an expired lease (etcd was out of reach for longer than the
-    /// TTL) is replaced by a new registration.
+    /// runs; a lease lost (not proven within the TTL, or ended by etcd)
+    /// is given up and the node joins again (see the module comment).
     ///
     /// On a thread of its own, not the async runtime: a request waiting on
     /// etcd while it holds a lock others want can keep the runtime's workers
@@ -659,57 +753,51 @@ impl Membership {
     }
 
     fn renew_every(self: Arc<Self>, period: Duration) {
+        let mut next_renewal = Instant::now() + period;
         loop {
-            std::thread::sleep(period);
+            // Awake when the next renewal is due, or when the proof of the
+            // lease runs out if that comes first.
+            let now = Instant::now();
+            let mut wake = next_renewal;
+            if !self.is_lost() {
+                if let Some(until) = self.proven_until() {
+                    wake = wake.min(until);
+                }
+            }
+            std::thread::sleep(wake.saturating_duration_since(now));
             if self.is_stopping() {
                 // The node left: its lease is revoked, not to be renewed or
                 // replaced by a new registration.
                 return;
             }
-            let m = self.clone();
-            let renewed = (move || {
-                // A registration whose settling failed (etcd answered
-                // again only in part) is settled before anything proves
-                // the new lease.
-                if m.settling.load(Ordering::SeqCst) {
-                    m.settle_new_lease()?;
+            let now = Instant::now();
+            if !self.is_lost() && self.proven_until().is_some_and(|until| until <= now) {
+                self.lose("not renewed within node_ttl_secs: etcd out of reach");
+            }
+            if now < next_renewal {
+                continue;
+            }
+            next_renewal = now + period;
+            if self.is_lost() {
+                match self.rejoin() {
+                    Ok(true) => {}
+                    Ok(false) => tracing::error!(
+                        "cluster: node \"{}\" cannot join again: another running node holds its \
+                         name",
+                        self.node
+                    ),
+                    Err(e) => tracing::warn!("cluster: joining again: {e}"),
                 }
-                let lease = m.lease.load(Ordering::SeqCst);
-                let sent = Instant::now();
-                match m.store.keep_alive(lease) {
-                    Ok(true) => {
-                        m.proved(sent);
-                        Ok(true)
-                    }
-                    Ok(false) => {
-                        tracing::warn!(
-                            "cluster: node \"{}\"'s lease expired (etcd out of reach for longer \
-                             than node_ttl_secs); registering again",
-                            m.node
-                        );
-                        let registered = m.register()?;
-                        if registered {
-                            m.settling.store(true, Ordering::SeqCst);
-                            m.settle_new_lease()?;
-                            // Read into a local first: `proved` takes the
-                            // same lock, and a guard in an `if let`
-                            // scrutinee would live through the body.
-                            let proof = *crate::session::lock(&m.last_proof);
-                            if let Some(sent) = proof {
-                                m.proved(sent);
-                            }
-                        }
-                        Ok(registered)
-                    }
-                    Err(e) => Err(e),
+                continue;
+            }
+            let lease = self.lease.load(Ordering::SeqCst);
+            match self.control.keep_alive(lease) {
+                Ok(true) => self.proved(now),
+                Ok(false) => {
+                    self.lose("etcd ended it: out of reach for longer than node_ttl_secs");
+                    // At once: the old lease is gone already.
+                    next_renewal = now;
                 }
-            })();
-            match renewed {
-                Ok(true) => {}
-                Ok(false) => tracing::error!(
-                    "cluster: node \"{}\" cannot register again: another node holds its name",
-                    self.node
-                ),
                 Err(e) => tracing::warn!("cluster: lease renewal failed: {e}"),
             }
         }
@@ -909,7 +997,7 @@ impl Membership {
         self.stopping.store(true, Ordering::SeqCst);
         let lease = self.lease.swap(0, Ordering::SeqCst);
         if lease != 0 {
-            match self.store.revoke_lease(lease) {
+            match self.control.revoke_lease(lease) {
                 Ok(()) => tracing::info!("cluster: node \"{}\" left", self.node),
                 Err(e) => tracing::warn!(
                     "cluster: leaving: {e}; the record goes with its lease in {}s",
@@ -930,5 +1018,72 @@ impl Membership {
                 advertise: String::from_utf8_lossy(&v.value).into_owned(),
             })
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    fn wait_for(what: &str, within: Duration, check: impl Fn() -> bool) {
+        let until = Instant::now() + within;
+        while !check() {
+            assert!(Instant::now() < until, "not within {within:?}: {what}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// A node whose lease etcd ended joins again under a new lease and a
+    /// new incarnation, renews the new lease as it did the first, and
+    /// decides again: the renewal thread does not stop (nor deadlock) at
+    /// the new registration.
+    #[test]
+    fn a_node_that_lost_its_lease_joins_again_and_renews_the_new_one() {
+        let etcd = nimbus_state::etcd_test_cluster::Cluster::start("rejoin");
+        let cfg = ClusterConfig {
+            etcd: etcd.urls.clone(),
+            node: "t1".into(),
+            advertise: "127.0.0.1:4450".parse().unwrap(),
+            node_ttl_secs: 2,
+        };
+        let ttl = Duration::from_secs(2);
+        let m = Arc::new(Membership::join(&cfg).unwrap());
+        m.set_owned_store(owned_store(&m));
+        let losses = Arc::new(AtomicUsize::new(0));
+        let counted = losses.clone();
+        m.on_lease_lost(Box::new(move || {
+            counted.fetch_add(1, Ordering::SeqCst);
+        }));
+        m.clone().keep_alive();
+        let (lease, incarnation) = (m.lease(), m.incarnation());
+        m.control.revoke_lease(lease).unwrap();
+        wait_for("the node joins again", ttl * 3, || {
+            m.lease() != lease && !m.is_lost()
+        });
+        assert_eq!(losses.load(Ordering::SeqCst), 1);
+        assert_ne!(m.incarnation(), incarnation);
+        assert!(m.is_gone(incarnation), "the old incarnation lives on");
+        let renewed = m.lease();
+        // Three TTLs later the node is still registered under the new
+        // lease: it was renewed all along.
+        let until = Instant::now() + ttl * 3;
+        while Instant::now() < until {
+            assert!(
+                m.control.get(&node_key("t1")).unwrap().is_some(),
+                "the new lease was not renewed"
+            );
+            assert_eq!(m.lease(), renewed);
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        assert_eq!(losses.load(Ordering::SeqCst), 1);
+        // And its writes, fenced on the new incarnation, go through.
+        let put = m.store.txn(
+            &[],
+            &[nimbus_state::etcd_store::Op::Put(b"probe", b"1", 0)],
+            &[],
+        );
+        assert!(put.unwrap().succeeded);
+        m.leave();
     }
 }

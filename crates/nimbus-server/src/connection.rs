@@ -217,6 +217,8 @@ pub struct Connection {
     /// not waited for.
     not_reading: AtomicBool,
     close_notify: Notify,
+    /// The connection has ended: its sessions and opens are released.
+    ended: AtomicBool,
     /// A cluster node's metadata requests of this connection that wait on
     /// the blocking pool, run one after another in the order they came.
     serial: Arc<Serial>,
@@ -304,6 +306,7 @@ impl Connection {
             socket: std::sync::atomic::AtomicI32::new(-1),
             not_reading: AtomicBool::new(false),
             close_notify: Notify::new(),
+            ended: AtomicBool::new(false),
             serial: Arc::default(),
             arrivals: Arc::default(),
             apple: Default::default(),
@@ -323,6 +326,19 @@ impl Connection {
     pub fn close(&self) {
         self.closing.store(true, Ordering::SeqCst);
         self.close_notify.notify_one();
+    }
+
+    /// Drops the connection at once: no request is read after the one
+    /// being read, and nothing queued for the client is sent (a cluster
+    /// node that lost its lease can stand by nothing it was about to say).
+    pub fn drop_now(&self) {
+        self.not_reading.store(true, Ordering::SeqCst);
+        self.close();
+    }
+
+    /// Whether the connection has ended, its sessions and opens released.
+    pub fn has_ended(&self) -> bool {
+        self.ended.load(Ordering::SeqCst)
     }
 
     /// Whether none of this connection's ordered requests is queued or
@@ -672,6 +688,10 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slo
                 },
             };
             let unsolicited = in_flight.is_none().then(|| out.buf.capacity());
+            // Dropped (`Connection::drop_now`): nothing more goes out.
+            if writer_conn.not_reading.load(Ordering::SeqCst) {
+                break;
+            }
             if wr.write_all(&out.buf[out.start..]).await.is_err() {
                 break;
             }
@@ -808,6 +828,7 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slo
         .await;
     let conn2 = conn.clone();
     let _ = tokio::task::spawn_blocking(move || conn2.teardown()).await;
+    conn.ended.store(true, Ordering::SeqCst);
     drop(tearing_down);
     drop(live);
     // A stopping server closes the socket only once it has done what must

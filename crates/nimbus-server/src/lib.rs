@@ -31,6 +31,7 @@ mod handlers;
 mod held_bytes;
 mod hide;
 mod interfaces;
+mod lease_loss;
 pub mod limits;
 mod locks;
 mod logon_guard;

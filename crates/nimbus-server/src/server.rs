@@ -407,6 +407,15 @@ impl Server {
                 }),
             );
         }
+        // A node that lost its lease drops its clients (`crate::lease_loss`).
+        if let Some(m) = &server.cluster {
+            let weak = Arc::downgrade(&server);
+            m.on_lease_lost(Box::new(move || {
+                if let Some(s) = weak.upgrade() {
+                    crate::lease_loss::drop_clients(&s);
+                }
+            }));
+        }
         let weak = Arc::downgrade(&server);
         server.oplocks.on_has_locks(Box::new(move |file| {
             weak.upgrade().is_some_and(|s| s.locks.has_locks(file))

@@ -95,8 +95,9 @@ pub struct ClusterStore {
     etcd: Arc<EtcdStore>,
     local: MemoryStore,
     clustered: Vec<&'static [u8]>,
-    /// This node's incarnation, as `own/` records name it.
-    me: Vec<u8>,
+    /// This node's incarnation, as `own/` records name it: a new one
+    /// after the node lost its lease and joined again (`rejoined`).
+    me: Mutex<Arc<[u8]>>,
     lease: AtomicI64,
     claimable: Claimable,
     groups: Mutex<HashMap<Vec<u8>, Group>>,
@@ -201,7 +202,7 @@ impl ClusterStore {
             etcd,
             local: MemoryStore::new(),
             clustered,
-            me: me.as_bytes().to_vec(),
+            me: Mutex::new(Arc::from(me.as_bytes())),
             lease: AtomicI64::new(lease),
             claimable,
             groups: Mutex::new(HashMap::new()),
@@ -223,6 +224,11 @@ impl ClusterStore {
             u64::try_from(nanos).unwrap_or(u64::MAX - 1),
             Ordering::SeqCst,
         );
+    }
+
+    /// This node's incarnation as `own/` records name it.
+    fn me(&self) -> Arc<[u8]> {
+        self.me.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Refuses a decision from memory that the lease no longer proves.
@@ -305,7 +311,7 @@ impl ClusterStore {
         reads.extend(keys.iter().map(|k| Op::Get(k)));
         let t = self
             .etcd
-            .txn(&cmps, &[Op::Put(&own, &self.me, lease)], &reads)?;
+            .txn(&cmps, &[Op::Put(&own, &self.me(), lease)], &reads)?;
         if t.succeeded {
             self.took(group, vec![None; keys.len()]);
             self.adopt(group, BTreeMap::new());
@@ -333,7 +339,7 @@ impl ClusterStore {
             );
             let t = self
                 .etcd
-                .txn(&cmps, &[Op::Put(&own, &self.me, lease)], &[])?;
+                .txn(&cmps, &[Op::Put(&own, &self.me(), lease)], &[])?;
             if t.succeeded {
                 self.took(
                     group,
@@ -454,7 +460,8 @@ impl ClusterStore {
     /// however briefly, for the caller to look again (and ask again).
     fn ask_release(&self, owner: &[u8], since: u64, group: &[u8]) -> Result<(), StateError> {
         let own = key_of(OWN_PREFIX, group);
-        if owner == self.me.as_slice() {
+        let me = self.me();
+        if owner == &*me {
             // Named as owner by etcd but not in memory: a hand-back whose
             // answer was lost. The records in etcd are the last written.
             self.etcd
@@ -465,7 +472,7 @@ impl ClusterStore {
         let lease = self.lease.load(Ordering::SeqCst);
         let t = self.etcd.txn(
             &[Cmp::Version(&own, Some(since))],
-            &[Op::Put(&request, &self.me, lease)],
+            &[Op::Put(&request, &me, lease)],
             &[],
         )?;
         if !t.succeeded {
@@ -503,7 +510,7 @@ impl ClusterStore {
     /// thread, which may be waiting for this one's (each node handing
     /// requests over one at a time).
     fn release_or_defer(&self, group: &[u8], wait_for_lookup: bool) -> Result<bool, StateError> {
-        let request = release_key(&self.me, group);
+        let request = release_key(&self.me(), group);
         let records = {
             let mut g = if wait_for_lookup {
                 self.settled(group)
@@ -579,7 +586,8 @@ impl ClusterStore {
         ops.push(Op::Delete(&own));
         ops.extend(also.iter().copied());
         // `also` happens either way, in the same round trip.
-        let t = self.etcd.txn(&[Cmp::Value(&own, &self.me)], &ops, also)?;
+        let me = self.me();
+        let t = self.etcd.txn(&[Cmp::Value(&own, &me)], &ops, also)?;
         if !t.succeeded {
             tracing::error!(
                 "cluster: a file's ownership was lost before its records were written back"
@@ -633,44 +641,35 @@ impl ClusterStore {
         done
     }
 
-    /// The node registered again under a new lease (its old one expired
-    /// while etcd was out of reach): each group it still owns in memory
-    /// is owned again under the new lease if nobody took it meanwhile
-    /// (nobody owns it, and its records in etcd are as this node found
-    /// them), and dropped otherwise: another node decided it meanwhile,
-    /// and may still.
-    pub fn rebind(&self, lease: i64) {
-        self.lease.store(lease, Ordering::SeqCst);
-        let groups: Vec<Vec<u8>> = self
+    /// The node lost its lease: etcd ended it, or it could not be proven
+    /// within its TTL, so other nodes may have taken every file it held
+    /// and decided over its opens. What it held in memory is dropped, not
+    /// written back (its clients' connections are dropped with it), and
+    /// nothing is decided here until `rejoined` and a new proof.
+    pub fn forget_all(&self) {
+        self.proven_until.store(0, Ordering::SeqCst);
+        let mut g = self.lock();
+        let held = g.len();
+        g.retain(|_, v| !matches!(v, Group::Owned { .. }));
+        let forgotten = held - g.len();
+        drop(g);
+        self.taken_at
             .lock()
-            .iter()
-            .filter(|(_, v)| matches!(v, Group::Owned { .. }))
-            .map(|(k, _)| k.clone())
-            .collect();
-        for group in groups {
-            let own = key_of(OWN_PREFIX, &group);
-            let keys: Vec<Vec<u8>> = self.clustered.iter().map(|p| key_of(p, &group)).collect();
-            let found = {
-                let t = self.taken_at.lock().unwrap_or_else(|p| p.into_inner());
-                t.get(&group).cloned()
-            };
-            let r = found.filter(|f| f.len() == keys.len()).map(|found| {
-                let mut cmps = vec![Cmp::Absent(&own)];
-                cmps.extend(keys.iter().zip(found).map(|(k, v)| Cmp::Version(k, v)));
-                self.etcd.txn(&cmps, &[Op::Put(&own, &self.me, lease)], &[])
-            });
-            if !matches!(r, Some(Ok(t)) if t.succeeded) {
-                tracing::error!("cluster: a file owned before the lease expired was taken over");
-                // Only if still held: a hand-back under way settles it.
-                let mut g = self.lock();
-                if matches!(g.get(&group), Some(Group::Owned { .. })) {
-                    g.remove(&group);
-                    drop(g);
-                    self.gave_back(&group);
-                }
-            }
-        }
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        self.turns.lock().unwrap_or_else(|p| p.into_inner()).clear();
         self.changed.notify_all();
+        if forgotten > 0 {
+            tracing::warn!("cluster: {forgotten} files held in memory dropped with the lease");
+        }
+    }
+
+    /// The node joined again after it lost its lease: it is incarnation
+    /// `me` now, under lease `lease`. It decides again once the new lease
+    /// is proven (`lease_proven_until`).
+    pub fn rejoined(&self, me: &str, lease: i64) {
+        *self.me.lock().unwrap_or_else(|p| p.into_inner()) = Arc::from(me.as_bytes());
+        self.lease.store(lease, Ordering::SeqCst);
     }
 }
 
@@ -679,11 +678,25 @@ impl ClusterStore {
     /// already in etcd, then those a watch on `release/<me>/` brings. A
     /// hand-back that fails (etcd out of reach) is tried again.
     pub fn serve_releases(&self, stop: &std::sync::atomic::AtomicBool) {
-        let prefix = release_key(&self.me, b"");
+        let mut me = self.me();
+        let mut prefix = release_key(&me, b"");
         let mut pending: Vec<Vec<u8>> = Vec::new();
         let mut watch = None;
         let mut failing = false;
         while !stop.load(Ordering::SeqCst) {
+            // A node without a proven lease hands nothing over (it holds
+            // nothing once it has lost the lease), and a node that joined
+            // again is asked under its new incarnation.
+            if self.fenced().is_err() {
+                std::thread::sleep(Duration::from_millis(250));
+                continue;
+            }
+            if self.me() != me {
+                me = self.me();
+                prefix = release_key(&me, b"");
+                pending.clear();
+                watch = None;
+            }
             let w = match watch.as_mut() {
                 Some(w) => w,
                 None => {
@@ -813,7 +826,7 @@ impl ClusterStore {
                     Found::Shared(v) => return Ok(InPlace::Record(v)),
                     // This node named in etcd but not in memory: a lost
                     // hand-back, which `ask_release` mends.
-                    Found::OwnedBy(owner, since) if ask || owner == self.me => {
+                    Found::OwnedBy(owner, since) if ask || *owner == *self.me() => {
                         self.ask_release(&owner, since, group)?
                     }
                     Found::OwnedBy(..) => return Ok(InPlace::HeldElsewhere),
@@ -822,7 +835,7 @@ impl ClusterStore {
                 match self.peek(group, key)? {
                     Found::Shared(v) => return Ok(InPlace::Record(v)),
                     // Taken by the lookup under way: wait for its outcome.
-                    Found::OwnedBy(owner, _) if owner == self.me => drop(self.settled(group)),
+                    Found::OwnedBy(owner, _) if *owner == *self.me() => drop(self.settled(group)),
                     Found::OwnedBy(owner, since) if ask => {
                         self.ask_release(&owner, since, group)?
                     }

@@ -12,14 +12,25 @@
 //! Versions are etcd's `mod_revision`: unique and rising across the whole
 //! cluster, so a compare-and-set on it detects any other writer on any
 //! node. Reads are linearizable (etcd's default), so a decision made on a
-//! read is made on the cluster's latest state. Every call is bounded by
-//! `timeout` per endpoint; an endpoint that fails is skipped for the next
-//! one, and when none answers the call fails `Unavailable`.
+//! read is made on the cluster's latest state. A whole call, every
+//! endpoint it tries included, is bounded by `timeout`; an endpoint that
+//! fails is skipped for the next one, and when none answers in time the
+//! call fails `Unavailable`.
+//!
+//! A node's decisions go through a fenced store (`fence_on`,
+//! `proven_until`): every write is conditioned, in the same transaction, on
+//! a record that lives only under the node's lease, so a write that
+//! reaches etcd after the lease ended fails there, whatever the node's
+//! clock says; and no call starts, or runs, past the time until which the
+//! node's lease is proven, so a node cut off from etcd answers its clients
+//! within its TTL instead of deciding late. The node's own lease keeping
+//! (grants, renewals, its registration) goes through a store without a
+//! fence.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
@@ -39,7 +50,9 @@ pub struct EtcdStore {
     /// Prepended to every key: one etcd cluster may serve several Nimbus
     /// clusters, or other users.
     prefix: Vec<u8>,
+    /// How long one call may take, all endpoints included.
     timeout: Duration,
+    fence: Mutex<Fence>,
     idle: Mutex<Vec<Conn>>,
     /// The endpoint the next new connection tries first: connections are
     /// spread over the members, so that the work of the JSON gateway (the
@@ -50,6 +63,23 @@ pub struct EtcdStore {
     /// by).
     calls: std::sync::atomic::AtomicU64,
 }
+
+/// What proves that the node may still decide (see the module comment).
+#[derive(Default)]
+struct Fence {
+    /// A record (full key) that lives only under the node's lease: every
+    /// write is made only if it still exists.
+    key: Option<Vec<u8>>,
+    /// Until when the node's lease is proven (None: no bound yet).
+    until: Option<Instant>,
+}
+
+/// Why a fenced store refuses a call past the proof of its lease.
+pub const CUT_OFF: &str = "cut off from etcd: this node's lease is not proven, so it decides \
+                           nothing until etcd answers again";
+/// Why a fenced write failed in etcd.
+pub const LEASE_ENDED: &str = "this node's lease has ended in etcd, so it decides nothing until \
+                               it has joined the cluster again";
 
 #[derive(Clone, Debug)]
 struct Endpoint {
@@ -172,6 +202,7 @@ impl EtcdStore {
             endpoints,
             prefix: prefix.to_vec(),
             timeout,
+            fence: Mutex::new(Fence::default()),
             idle: Mutex::new(Vec::new()),
             next_dial: std::sync::atomic::AtomicUsize::new(0),
             calls: std::sync::atomic::AtomicU64::new(0),
@@ -182,6 +213,36 @@ impl EtcdStore {
     /// leader (a read of a missing key is fine).
     pub fn check(&self) -> Result<(), StateError> {
         self.get(b"\0check").map(|_| ())
+    }
+
+    /// Fences this store on `key` (a record under the node's lease, as
+    /// this store names it): from now on every write is made only while
+    /// it exists.
+    pub fn fence_on(&self, key: &[u8]) {
+        let full = self.full_key(key);
+        self.lock_fence().key = Some(full);
+    }
+
+    /// The node's lease is proven until `until`: no call starts, or runs,
+    /// past it.
+    pub fn proven_until(&self, until: Instant) {
+        self.lock_fence().until = Some(until);
+    }
+
+    fn lock_fence(&self) -> std::sync::MutexGuard<'_, Fence> {
+        self.fence.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// When a call starting now must be over by, or why it may not start.
+    fn deadline(&self) -> Result<Instant, StateError> {
+        let now = Instant::now();
+        let by = now + self.timeout;
+        let until = self.lock_fence().until;
+        match until {
+            Some(until) if until <= now => Err(StateError::Unavailable(CUT_OFF.into())),
+            Some(until) => Ok(by.min(until)),
+            None => Ok(by),
+        }
     }
 
     fn full_key(&self, key: &[u8]) -> Vec<u8> {
@@ -195,10 +256,8 @@ impl EtcdStore {
         self.idle.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn connect(&self, endpoint: usize) -> std::io::Result<Conn> {
-        let stream = TcpStream::connect_timeout(&self.endpoints[endpoint].addr, self.timeout)?;
-        stream.set_read_timeout(Some(self.timeout))?;
-        stream.set_write_timeout(Some(self.timeout))?;
+    fn connect(&self, endpoint: usize, within: Duration) -> std::io::Result<Conn> {
+        let stream = TcpStream::connect_timeout(&self.endpoints[endpoint].addr, within)?;
         stream.set_nodelay(true)?;
         Ok(Conn {
             endpoint,
@@ -218,7 +277,8 @@ impl EtcdStore {
         self.calls
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let body = serde_json::to_vec(body).map_err(unavailable)?;
-        crate::blocking::off_worker(|| self.call_blocking(path, &body, idempotent))
+        let deadline = self.deadline()?;
+        crate::blocking::off_worker(|| self.call_blocking(path, &body, idempotent, deadline))
     }
 
     fn call_blocking(
@@ -226,6 +286,7 @@ impl EtcdStore {
         path: &str,
         body: &[u8],
         idempotent: bool,
+        deadline: Instant,
     ) -> Result<Value, StateError> {
         let mut errors = Vec::new();
         let pooled = self.lock_idle().pop();
@@ -236,10 +297,26 @@ impl EtcdStore {
                 % n
         });
         let dials = (0..n).map(|i| Attempt::Dial((first + i) % n));
-        for attempt in pooled.map(Attempt::Pooled).into_iter().chain(dials) {
+        let attempts: Vec<Attempt> = pooled
+            .map(Attempt::Pooled)
+            .into_iter()
+            .chain(dials)
+            .collect();
+        let last = attempts.len() - 1;
+        for (i, attempt) in attempts.into_iter().enumerate() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                errors.push("no time left".into());
+                break;
+            }
+            // An attempt takes at most half the time left, unless it is the
+            // last: a member that never answers does not leave the others
+            // none.
+            let share = if i == last { left } else { left / 2 };
+            let by = Instant::now() + share;
             let mut conn = match attempt {
                 Attempt::Pooled(conn) => conn,
-                Attempt::Dial(endpoint) => match self.connect(endpoint) {
+                Attempt::Dial(endpoint) => match self.connect(endpoint, share) {
                     Ok(conn) => conn,
                     Err(e) => {
                         errors.push(format!("{}: {e}", self.endpoints[endpoint].url));
@@ -253,7 +330,7 @@ impl EtcdStore {
                     "etcd {url}: {why}; the request's outcome is unknown"
                 ))
             };
-            match self.exchange(&mut conn, path, body) {
+            match self.exchange(&mut conn, path, body, by) {
                 Ok(Answer::Ok(v)) => {
                     self.give_back(conn);
                     return Ok(v);
@@ -282,7 +359,19 @@ impl EtcdStore {
         }
     }
 
-    fn exchange(&self, conn: &mut Conn, path: &str, body: &[u8]) -> std::io::Result<Answer> {
+    fn exchange(
+        &self,
+        conn: &mut Conn,
+        path: &str,
+        body: &[u8],
+        deadline: Instant,
+    ) -> std::io::Result<Answer> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        conn.stream.get_ref().set_read_timeout(Some(left))?;
+        conn.stream.get_ref().set_write_timeout(Some(left))?;
         let head = format!(
             "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
              Content-Length: {}\r\n\r\n",
@@ -394,7 +483,9 @@ impl EtcdStore {
 
     /// One atomic transaction: if every condition of `cmps` holds, the
     /// `success` operations, otherwise the `failure` ones. Never sent twice
-    /// (see `call`).
+    /// (see `call`). On a fenced store a transaction that writes is made
+    /// only while the fence's record exists; when that is what failed, the
+    /// call fails `Unavailable` (`LEASE_ENDED`).
     pub fn txn(
         &self,
         cmps: &[Cmp<'_>],
@@ -402,7 +493,7 @@ impl EtcdStore {
         failure: &[Op<'_>],
     ) -> Result<TxnOutcome, StateError> {
         let key = |k: &[u8]| B64.encode(self.full_key(k));
-        let compare: Vec<Value> = cmps
+        let mut compare: Vec<Value> = cmps
             .iter()
             .map(|c| match c {
                 Cmp::Absent(k) | Cmp::Version(k, None) => {
@@ -426,9 +517,23 @@ impl EtcdStore {
                 })
                 .collect()
         };
+        let mut failure = ops(failure);
+        let writes = success.iter().any(|o| !matches!(o, Op::Get(_)));
+        let fence = if writes {
+            self.lock_fence().key.clone()
+        } else {
+            None
+        };
+        if let Some(fence) = &fence {
+            let fence = B64.encode(fence);
+            compare.push(
+                json!({"key": fence, "target": "CREATE", "result": "GREATER", "create_revision": "0"}),
+            );
+            failure.push(json!({"request_range": {"key": fence}}));
+        }
         let v = self.call(
             "/v3/kv/txn",
-            &json!({ "compare": compare, "success": ops(success), "failure": ops(failure) }),
+            &json!({ "compare": compare, "success": ops(success), "failure": failure }),
             false,
         )?;
         let mut reads = Vec::new();
@@ -437,8 +542,12 @@ impl EtcdStore {
                 reads.push(first_record(range)?);
             }
         }
+        let succeeded = v["succeeded"].as_bool().unwrap_or(false);
+        if fence.is_some() && !succeeded && reads.pop().flatten().is_none() {
+            return Err(StateError::Unavailable(LEASE_ENDED.into()));
+        }
         Ok(TxnOutcome {
-            succeeded: v["succeeded"].as_bool().unwrap_or(false),
+            succeeded,
             revision: int(&v["header"]["revision"])? as u64,
             reads,
         })
@@ -620,32 +729,20 @@ impl StateStore for EtcdStore {
         expected: Option<u64>,
         value: Option<Vec<u8>>,
     ) -> Result<Option<u64>, StateError> {
-        let k = B64.encode(self.full_key(key));
-        let compare = match expected {
-            None => {
-                json!({"key": k, "target": "CREATE", "result": "EQUAL", "create_revision": "0"})
-            }
-            Some(v) => {
-                json!({"key": k, "target": "MOD", "result": "EQUAL", "mod_revision": v.to_string()})
-            }
+        let cmp = match expected {
+            None => Cmp::Absent(key),
+            Some(v) => Cmp::Version(key, Some(v)),
         };
         let op = match &value {
-            Some(value) => json!({"request_put": {"key": k, "value": B64.encode(value)}}),
-            None => json!({"request_delete_range": {"key": k}}),
+            Some(value) => Op::Put(key, value, 0),
+            None => Op::Delete(key),
         };
-        let v = self.call(
-            "/v3/kv/txn",
-            &json!({ "compare": [compare], "success": [op] }),
-            false,
-        )?;
-        if !v["succeeded"].as_bool().unwrap_or(false) {
+        let t = self.txn(&[cmp], &[op], &[])?;
+        if !t.succeeded {
             return Ok(None);
         }
-        match value {
-            // The transaction's revision is the key's new mod_revision.
-            Some(_) => Ok(Some(int(&v["header"]["revision"])? as u64)),
-            None => Ok(Some(0)),
-        }
+        // The transaction's revision is the key's new mod_revision.
+        Ok(Some(if value.is_some() { t.revision } else { 0 }))
     }
 
     fn scan_prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Versioned)>, StateError> {
@@ -739,6 +836,39 @@ mod tests {
             "the read was not tried on the next member"
         );
         drop(held.join().unwrap());
+    }
+
+    /// A fenced store writes only while its fence record (under a lease)
+    /// lives, in etcd's own transaction, and calls nothing once the proof
+    /// of the lease has run out.
+    #[test]
+    fn a_fenced_store_writes_only_while_its_lease_record_lives() {
+        let cluster = Cluster::start("fence");
+        let control = EtcdStore::new(&cluster.urls, b"/t/", Duration::from_secs(5)).unwrap();
+        let store = EtcdStore::new(&cluster.urls, b"/t/", Duration::from_secs(5)).unwrap();
+        let lease = control.grant_lease(30).unwrap();
+        assert!(control.create_with_lease(b"me", b"1", lease).unwrap());
+        store.fence_on(b"me");
+        store.proven_until(Instant::now() + Duration::from_secs(30));
+        let put = |k: &[u8]| store.compare_and_set(k, None, Some(b"v".to_vec()));
+        assert!(put(b"k").unwrap().is_some());
+        // A condition of the caller's that fails is no error.
+        assert!(put(b"k").unwrap().is_none());
+        control.revoke_lease(lease).unwrap();
+        match put(b"k2") {
+            Err(StateError::Unavailable(why)) => assert_eq!(why, LEASE_ENDED),
+            other => panic!("a write after the lease ended: {other:?}"),
+        }
+        assert!(control.get(b"k2").unwrap().is_none());
+        // Reads decide nothing by themselves: they go on.
+        assert!(store.get(b"k").unwrap().is_some());
+        store.proven_until(Instant::now());
+        match store.get(b"k") {
+            Err(StateError::Unavailable(why)) => assert_eq!(why, CUT_OFF),
+            other => panic!("a call past the proof of the lease: {other:?}"),
+        }
+        // A store without a fence (the node's lease keeping) is not held.
+        assert!(control.get(b"k").unwrap().is_some());
     }
 
     #[test]

@@ -13,8 +13,9 @@ pub mod cluster_store;
 pub mod conformance;
 pub mod durable_record;
 pub mod etcd_store;
-#[cfg(test)]
-mod etcd_test_cluster;
+/// A real etcd cluster for tests, here and in the crates above.
+#[cfg(any(test, feature = "conformance"))]
+pub mod etcd_test_cluster;
 pub mod etcd_watch;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
