@@ -238,6 +238,9 @@ def check_perf(etcd: EtcdCluster) -> str:
     return f"{m.group(1)} writes/s{limit}"
 
 
+KINDS = ["cluster", "single", "samba"]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=int, default=5, help="length of each smbtorture run")
@@ -248,6 +251,13 @@ def main() -> int:
     ap.add_argument("--no-check-perf", action="store_true", help="skip etcdctl check perf --load=l (60 s)")
     ap.add_argument("--cases", nargs="+", default=CASES, choices=CASES)
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs) under /dev/shm")
+    ap.add_argument(
+        "--kinds",
+        nargs="+",
+        default=KINDS,
+        choices=KINDS,
+        help="which servers to measure (the cluster alone, say, to compare two builds of it)",
+    )
     args = ap.parse_args()
     for tool in ("smbtorture", "etcd", "etcdctl"):
         if not shutil.which(tool):
@@ -262,7 +272,7 @@ def main() -> int:
         cluster_procs: list[subprocess.Popen] = []
         try:
             names = {"cluster": "Nimbus, 3-node cluster", "single": "Nimbus, one node", "samba": "Samba, one node"}
-            for kind in ("cluster", "single", "samba"):
+            for kind in args.kinds:
                 state = work / kind
                 share = work / f"{kind}-share"
                 state.mkdir()
@@ -331,12 +341,19 @@ def render(results: dict, nprocs: list[int], perf: str, seconds: int) -> str:
     ]
     for case in CASES:
         for n in nprocs:
-            if ("cluster", case, n) not in results:
+            if ("cluster", case, n) not in results:  # the cluster not run: nothing to compare
                 continue
-            c, s, b = results[("cluster", case, n)], results[("single", case, n)], results[("samba", case, n)]
+            c, s, b = results[("cluster", case, n)], results.get(("single", case, n)), results.get(("samba", case, n))
+
+            def rate(r):
+                return f"{r['rate']:.0f}" if r else "not run"
+
+            def ratio(r):
+                return f"{c['rate'] / max(r['rate'], 1):.2f}" if r else "-"
+
             lines.append(
-                f"| {case} | {n} | {c['rate']:.0f} | {c['txn_per_open']:.3f} | {c['requests_per_open']:.3f} | {s['rate']:.0f} | {b['rate']:.0f} | "
-                f"{c['rate'] / max(s['rate'], 1):.2f} | {c['rate'] / max(b['rate'], 1):.2f} |"
+                f"| {case} | {n} | {c['rate']:.0f} | {c['txn_per_open']:.3f} | {c['requests_per_open']:.3f} | {rate(s)} | {rate(b)} | "
+                f"{ratio(s)} | {ratio(b)} |"
             )
     return "\n".join(lines) + "\n"
 
