@@ -12,8 +12,9 @@ NIMBUS_VENV=$NIMBUS_TARGET_DIR/test-venv
 
 # Debian packages the Rust build needs (a C compiler and linker for the
 # build scripts of dependencies; pkg-config for crates that probe for
-# system libraries).
-NIMBUS_BUILD_PACKAGES=(build-essential pkg-config)
+# system libraries; protoc and protobuf's well-known types for the etcd
+# client's gRPC code, generated at build time).
+NIMBUS_BUILD_PACKAGES=(build-essential pkg-config protobuf-compiler libprotobuf-dev)
 
 section() {
     if [ -t 1 ]; then

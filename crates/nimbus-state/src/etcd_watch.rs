@@ -1,27 +1,23 @@
-//! Watching a key range of etcd through the JSON gateway: `POST /v3/watch`
-//! answers with a chunked HTTP/1.1 stream of JSON messages, one per batch
-//! of changes. A cluster node watches what other nodes ask of it (an
-//! ownership it must hand back).
+//! Watching a key range of etcd: a gRPC watch stream (`crate::etcd_rpc`),
+//! kept open by a task on the store's runtime, its changes handed to the
+//! synchronous caller in batches. A cluster node watches what other nodes
+//! ask of it (an ownership it must hand back) and the records its waiting
+//! requests depend on.
 //!
-//! The stream is read with a short timeout per call and parsed from our
-//! own buffers, so that a timeout never loses a half-read message. A
-//! connection that fails or ends is dialled again (the next endpoint in
+//! A stream that fails or ends is opened again (on the next member in
 //! turn) from the revision after the last change delivered: nothing is
 //! missed and nothing is delivered twice. When etcd has compacted that
 //! revision away, the batch says `resync` and the caller reads the range
 //! afresh.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use etcd_client::WatchOptions;
 
-use crate::etcd_store::{bytes, int};
+use crate::etcd_rpc::Members;
 use crate::store::StateError;
-
-/// Largest message or chunk buffered; a stream beyond it is dropped.
-const MAX_BUFFERED: usize = 16 << 20;
 
 /// One change of a watched key.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -42,253 +38,179 @@ pub struct Batch {
     pub resync: bool,
 }
 
+/// How long the task waits before it opens a stream again after every
+/// member failed.
+const RETRY_AFTER: Duration = Duration::from_millis(200);
+
+/// etcd's event types (mvccpb.Event.EventType).
+const DELETE: i32 = 1;
+
 pub struct Watch {
-    endpoints: Vec<(String, SocketAddr)>,
-    store_prefix: Vec<u8>,
-    key: String,
-    range_end: String,
-    next_revision: u64,
-    timeout: Duration,
-    next_endpoint: usize,
-    stream: Option<Stream>,
-}
-
-struct Stream {
-    sock: TcpStream,
-    /// Bytes read and not yet parsed as HTTP.
-    raw: Vec<u8>,
-    headers_done: bool,
-    /// Chunk payloads not yet parsed as JSON messages.
-    json: Vec<u8>,
-}
-
-fn bad(why: impl std::fmt::Display) -> StateError {
-    StateError::Unavailable(format!("etcd watch: {why}"))
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
+    batches: std::sync::mpsc::Receiver<Result<Batch, StateError>>,
+    next_revision: Arc<AtomicU64>,
+    /// Dropped with the watch: its task ends.
+    _stop: tokio::sync::oneshot::Sender<()>,
 }
 
 impl Watch {
     pub(crate) fn new(
-        endpoints: Vec<(String, SocketAddr)>,
+        members: Arc<Members>,
         store_prefix: Vec<u8>,
-        key: String,
-        range_end: String,
+        key: Vec<u8>,
+        range_end: Vec<u8>,
         start_revision: u64,
         timeout: Duration,
     ) -> Watch {
-        Watch {
-            endpoints,
+        let (tx, batches) = std::sync::mpsc::channel();
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let next_revision = Arc::new(AtomicU64::new(start_revision));
+        let task = Follow {
+            members: members.clone(),
             store_prefix,
             key,
             range_end,
-            next_revision: start_revision,
+            next_revision: next_revision.clone(),
             timeout,
-            next_endpoint: 0,
-            stream: None,
+            tx,
+        };
+        members.spawn(async move {
+            tokio::select! {
+                _ = stopped => {}
+                _ = task.run() => {}
+            }
+        });
+        Watch {
+            batches,
+            next_revision,
+            _stop: stop,
         }
     }
 
     /// The revision the next change delivered will be at or after.
     pub fn next_revision(&self) -> u64 {
-        self.next_revision
+        self.next_revision.load(Ordering::SeqCst)
     }
 
-    /// Waits up to `wait` for changes. An empty batch: none came (or the
-    /// stream was lost and is dialled again on the next call). Err: no
-    /// endpoint could be reached.
+    /// Waits up to `wait` for changes. An empty batch: none came. Err: no
+    /// member could be reached (the watch goes on trying).
     pub fn next(&mut self, wait: Duration) -> Result<Batch, StateError> {
-        if self.stream.is_none() {
-            self.stream = Some(self.dial()?);
-        }
-        let mut batch = Batch::default();
-        let wait = wait.max(Duration::from_millis(1));
-        loop {
-            match self.parse(&mut batch) {
-                Ok(()) => {}
-                Err(e) => {
-                    tracing::debug!("{e}; dialling again");
-                    self.stream = None;
-                    return Ok(batch);
-                }
+        let until = Instant::now() + wait;
+        let first = crate::blocking::off_worker(|| self.batches.recv_timeout(wait));
+        let mut batch = match first {
+            Ok(b) => b?,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => return Ok(Batch::default()),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(StateError::Unavailable("etcd watch: ended".into()))
             }
-            if !batch.events.is_empty() || batch.resync || self.stream.is_none() {
-                return Ok(batch);
-            }
-            let Some(s) = self.stream.as_mut() else {
-                return Ok(batch);
-            };
-            let _ = s.sock.set_read_timeout(Some(wait));
-            let mut buf = [0u8; 16 * 1024];
-            match s.sock.read(&mut buf) {
-                Ok(0) => {
-                    self.stream = None;
-                    return Ok(batch);
-                }
-                Ok(n) => {
-                    if s.raw.len() + n > MAX_BUFFERED {
-                        self.stream = None;
-                        return Err(bad("message too large"));
-                    }
-                    s.raw.extend_from_slice(&buf[..n]);
-                }
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    return Ok(batch)
-                }
-                Err(_) => {
-                    self.stream = None;
-                    return Ok(batch);
-                }
-            }
-        }
-    }
-
-    fn dial(&mut self) -> Result<Stream, StateError> {
-        let body = serde_json::to_vec(&json!({
-            "create_request": {
-                "key": self.key,
-                "range_end": self.range_end,
-                "start_revision": self.next_revision.to_string(),
-            }
-        }))
-        .map_err(bad)?;
-        let mut errors = Vec::new();
-        for _ in 0..self.endpoints.len() {
-            let (host, addr) = &self.endpoints[self.next_endpoint % self.endpoints.len()];
-            self.next_endpoint = self.next_endpoint.wrapping_add(1);
-            let attempt = (|| -> std::io::Result<TcpStream> {
-                let mut sock = TcpStream::connect_timeout(addr, self.timeout)?;
-                sock.set_write_timeout(Some(self.timeout))?;
-                sock.set_nodelay(true)?;
-                let head = format!(
-                    "POST /v3/watch HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n\
-                     Content-Length: {}\r\n\r\n",
-                    body.len()
-                );
-                sock.write_all(head.as_bytes())?;
-                sock.write_all(&body)?;
-                Ok(sock)
-            })();
-            match attempt {
-                Ok(sock) => {
-                    return Ok(Stream {
-                        sock,
-                        raw: Vec::new(),
-                        headers_done: false,
-                        json: Vec::new(),
-                    })
-                }
-                Err(e) => errors.push(format!("{host}: {e}")),
-            }
-        }
-        Err(bad(format!("no endpoint answered ({})", errors.join("; "))))
-    }
-
-    /// Takes what the buffers hold apart: the HTTP head, chunks, messages.
-    fn parse(&mut self, batch: &mut Batch) -> Result<(), StateError> {
-        let Some(s) = self.stream.as_mut() else {
-            return Ok(());
         };
-        if !s.headers_done {
-            let Some(end) = find(&s.raw, b"\r\n\r\n") else {
-                return Ok(());
-            };
-            let head = String::from_utf8_lossy(&s.raw[..end]).to_ascii_lowercase();
-            if !head.starts_with("http/1.1 200") {
-                return Err(bad(head.lines().next().unwrap_or("").to_string()));
-            }
-            if !head.contains("transfer-encoding: chunked") {
-                return Err(bad("answer not chunked"));
-            }
-            s.raw.drain(..end + 4);
-            s.headers_done = true;
-        }
-        let mut ended = false;
-        while let Some(eol) = find(&s.raw, b"\r\n") {
-            let line = std::str::from_utf8(&s.raw[..eol]).map_err(bad)?;
-            let size = usize::from_str_radix(line.split(';').next().unwrap_or("").trim(), 16)
-                .map_err(|_| bad("bad chunk size"))?;
-            if size > MAX_BUFFERED || s.json.len() + size > MAX_BUFFERED {
-                return Err(bad("message too large"));
-            }
-            if size == 0 {
-                ended = true;
-                break;
-            }
-            if s.raw.len() < eol + 2 + size + 2 {
-                break;
-            }
-            s.json.extend_from_slice(&s.raw[eol + 2..eol + 2 + size]);
-            s.raw.drain(..eol + 2 + size + 2);
-        }
-        let mut messages = Vec::new();
-        let mut used = 0;
-        {
-            let mut it = serde_json::Deserializer::from_slice(&s.json).into_iter::<Value>();
-            loop {
-                match it.next() {
-                    Some(Ok(v)) => {
-                        used = it.byte_offset();
-                        messages.push(v);
-                    }
-                    Some(Err(e)) if e.is_eof() => break,
-                    Some(Err(e)) => return Err(bad(e)),
-                    None => break,
+        // What else has come meanwhile goes in the same batch.
+        while Instant::now() < until {
+            match self.batches.try_recv() {
+                Ok(Ok(more)) => {
+                    batch.events.extend(more.events);
+                    batch.resync |= more.resync;
                 }
+                Ok(Err(_)) | Err(_) => break,
             }
         }
-        s.json.drain(..used);
-        for m in messages {
-            self.message(&m, batch)?;
+        Ok(batch)
+    }
+}
+
+/// The task behind a `Watch`.
+struct Follow {
+    members: Arc<Members>,
+    store_prefix: Vec<u8>,
+    key: Vec<u8>,
+    range_end: Vec<u8>,
+    next_revision: Arc<AtomicU64>,
+    timeout: Duration,
+    tx: std::sync::mpsc::Sender<Result<Batch, StateError>>,
+}
+
+impl Follow {
+    async fn run(self) {
+        let mut member = 0;
+        let mut failures: Vec<String> = Vec::new();
+        loop {
+            let n = self.members.urls().len();
+            let url = self.members.urls()[member % n].clone();
+            match self.follow(member % n).await {
+                Ok(()) => failures.clear(),
+                Err(e) => failures.push(format!("{url}: {e}")),
+            }
+            member += 1;
+            if failures.len() >= n {
+                let why = format!("etcd watch: no member answered ({})", failures.join("; "));
+                if self.tx.send(Err(StateError::Unavailable(why))).is_err() {
+                    return;
+                }
+                failures.clear();
+                tokio::time::sleep(RETRY_AFTER).await;
+            }
         }
-        if ended {
-            return Err(bad("stream ended"));
-        }
-        Ok(())
     }
 
-    fn message(&mut self, m: &Value, batch: &mut Batch) -> Result<(), StateError> {
-        if let Some(e) = m.get("error") {
-            return Err(bad(e));
-        }
-        let r = &m["result"];
-        if r["canceled"].as_bool().unwrap_or(false) {
-            let compacted = int(&r["compact_revision"])? as u64;
-            if compacted > 0 {
-                self.next_revision = compacted;
-                batch.resync = true;
+    /// Follows the stream of one member until it fails. Ok: it delivered
+    /// something before it ended.
+    async fn follow(&self, member: usize) -> Result<(), String> {
+        let mut client = self
+            .members
+            .client(member, self.timeout)
+            .await
+            .map_err(|e| e.to_string())?
+            .watch_client()
+            .max_decoding_message_size(crate::etcd_store::MAX_RESPONSE);
+        let options = WatchOptions::new()
+            .with_range(self.range_end.clone())
+            .with_start_revision(self.next_revision.load(Ordering::SeqCst) as i64);
+        let opened =
+            tokio::time::timeout(self.timeout, client.watch(self.key.clone(), Some(options)));
+        let mut stream = match opened.await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return Err(e.to_string()),
+            Err(_) => return Err(format!("no answer within {:?}", self.timeout)),
+        };
+        let mut delivered = false;
+        loop {
+            let message = match stream.message().await {
+                Ok(Some(m)) => m,
+                Ok(None) if delivered => return Ok(()),
+                Ok(None) => return Err("stream ended".into()),
+                Err(_) if delivered => return Ok(()),
+                Err(e) => return Err(e.to_string()),
+            };
+            delivered = true;
+            let mut batch = Batch::default();
+            if message.canceled() {
+                let compacted = message.compact_revision();
+                if compacted > 0 {
+                    // The next stream starts where etcd still has history;
+                    // the caller reads the range afresh.
+                    self.next_revision.store(compacted as u64, Ordering::SeqCst);
+                    batch.resync = true;
+                    let _ = self.tx.send(Ok(batch));
+                    return Ok(());
+                }
+                return Err(format!("watch canceled: {}", message.cancel_reason()));
             }
-            return Err(bad(format!(
-                "watch canceled: {}",
-                r["cancel_reason"].as_str().unwrap_or("compacted")
-            )));
+            for e in message.events() {
+                let Some(kv) = e.kv() else { continue };
+                let Some(key) = kv.key().strip_prefix(self.store_prefix.as_slice()) else {
+                    continue;
+                };
+                let revision = kv.mod_revision().max(0) as u64;
+                let value = (e.0.r#type != DELETE).then(|| kv.value().to_vec());
+                self.next_revision.fetch_max(revision + 1, Ordering::SeqCst);
+                batch.events.push(Event {
+                    key: key.to_vec(),
+                    value,
+                    revision,
+                });
+            }
+            if !batch.events.is_empty() && self.tx.send(Ok(batch)).is_err() {
+                return Ok(());
+            }
         }
-        for e in r["events"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
-            let kv = &e["kv"];
-            let full = bytes(&kv["key"])?;
-            let Some(key) = full.strip_prefix(self.store_prefix.as_slice()) else {
-                continue;
-            };
-            let revision = int(&kv["mod_revision"])? as u64;
-            // proto3 JSON leaves the default (PUT) out.
-            let value = match e["type"].as_str() {
-                Some("DELETE") => None,
-                _ => Some(bytes(&kv["value"])?),
-            };
-            self.next_revision = self.next_revision.max(revision + 1);
-            batch.events.push(Event {
-                key: key.to_vec(),
-                value,
-                revision,
-            });
-        }
-        Ok(())
     }
 }

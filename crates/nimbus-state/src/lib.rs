@@ -12,6 +12,7 @@ pub mod cluster_store;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 pub mod durable_record;
+mod etcd_rpc;
 pub mod etcd_store;
 /// A real etcd cluster for tests, here and in the crates above.
 #[cfg(any(test, feature = "conformance"))]

@@ -1,0 +1,214 @@
+//! Calls to etcd's members over its native gRPC API, through the
+//! `etcd-client` crate (tonic), from the synchronous `StateStore` world.
+//!
+//! Why a library and one runtime of its own: gRPC over HTTP/2 with TLS and
+//! etcd's token authentication is what every etcd client speaks, and a
+//! maintained crate does it; the store's callers are request handlers on
+//! tokio's blocking pool and dedicated threads, which wait for an answer.
+//! Each call is spawned on the store's own small runtime and waited for
+//! over a channel: that works from any thread (a worker of the server's
+//! runtime, its blocking pool, a plain thread, a test), where `block_on`
+//! would panic inside another runtime.
+//!
+//! Why one client per member instead of the crate's balanced channel: a
+//! call must be able to move on from a member that does not answer within
+//! its share of the deadline (the balanced channel keeps routing to a
+//! member whose connection failed), and a transaction must never be sent
+//! to a second member once the first may have applied it. So this module
+//! picks the member: a read goes on to the next one after any failure, a
+//! write only after a failure to connect, which applied nothing.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, ConnectOptions};
+
+use crate::store::StateError;
+
+/// How long a connection may stay silent before it is taken for dead: a
+/// member cut off by a silent network is noticed by the next call rather
+/// than by a TCP timeout minutes later.
+const KEEP_ALIVE: Duration = Duration::from_secs(2);
+
+/// The members and the runtime their calls run on.
+pub(crate) struct Members {
+    urls: Vec<String>,
+    /// One client per member, made on first use (a client connects
+    /// lazily; a member that is down fails the call, not the making).
+    clients: Vec<tokio::sync::OnceCell<Client>>,
+    runtime: Option<tokio::runtime::Runtime>,
+    /// The member the next call tries first: calls are spread over the
+    /// members instead of all landing on the first one configured.
+    next: AtomicUsize,
+}
+
+impl Drop for Members {
+    fn drop(&mut self) {
+        // A runtime dropped inside another runtime's context panics; one
+        // shut down in the background does not.
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// Whether a call may be made again on another member after a failure.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Retry {
+    /// A read, or a lease call: doing it twice does no harm.
+    Anywhere,
+    /// A write: only when it cannot have reached the member.
+    IfNotSent,
+}
+
+impl Members {
+    pub(crate) fn new(urls: &[String]) -> std::io::Result<Members> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("nimbus-etcd")
+            .enable_all()
+            .build()?;
+        Ok(Members {
+            urls: urls.to_vec(),
+            clients: urls.iter().map(|_| tokio::sync::OnceCell::new()).collect(),
+            runtime: Some(runtime),
+            next: AtomicUsize::new(0),
+        })
+    }
+
+    fn handle(&self) -> &tokio::runtime::Handle {
+        // Always Some until drop.
+        self.runtime
+            .as_ref()
+            .map(tokio::runtime::Runtime::handle)
+            .expect("the runtime lives as long as the members")
+    }
+
+    /// Runs `task` on the members' runtime, on its own (a watch).
+    pub(crate) fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
+        self.handle().spawn(task);
+    }
+
+    /// The URLs, as configured.
+    pub(crate) fn urls(&self) -> &[String] {
+        &self.urls
+    }
+
+    /// Runs `op` on the runtime and waits for it until `deadline`.
+    pub(crate) fn run<T: Send + 'static>(
+        &self,
+        deadline: Instant,
+        op: impl Future<Output = Result<T, StateError>> + Send + 'static,
+    ) -> Result<T, StateError> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.handle().spawn(async move {
+            let _ = tx.send(tokio::time::timeout_at(deadline.into(), op).await);
+        });
+        // A little past the deadline: the task ends by it, and its answer
+        // is worth the wait.
+        let wait = deadline.saturating_duration_since(Instant::now()) + Duration::from_millis(100);
+        match crate::blocking::off_worker(|| rx.recv_timeout(wait)) {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(_)) | Err(_) => Err(StateError::Unavailable(
+                "etcd: no answer in time; the request's outcome is unknown".into(),
+            )),
+        }
+    }
+
+    /// Calls `op` on one member after another until one answers, all by
+    /// `deadline`; each try takes at most half the time left, unless it
+    /// is the last, so that a member that never answers leaves the others
+    /// time.
+    pub(crate) fn call<T, F, Fut>(
+        self: &Arc<Self>,
+        deadline: Instant,
+        retry: Retry,
+        op: F,
+    ) -> Result<T, StateError>
+    where
+        T: Send + 'static,
+        F: Fn(Client) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<T, etcd_client::Error>> + Send + 'static,
+    {
+        let me = self.clone();
+        self.run(deadline, async move {
+            let n = me.urls.len();
+            let first = me.next.fetch_add(1, Ordering::Relaxed) % n;
+            let mut errors = Vec::new();
+            for i in 0..n {
+                let member = (first + i) % n;
+                let url = &me.urls[member];
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    errors.push("no time left".to_string());
+                    break;
+                }
+                let share = if i + 1 == n { left } else { left / 2 };
+                let client = match me.client(member, share).await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        errors.push(format!("{url}: {e}"));
+                        continue;
+                    }
+                };
+                match tokio::time::timeout(share, op(client)).await {
+                    Ok(Ok(v)) => return Ok(v),
+                    Ok(Err(e)) if retry == Retry::IfNotSent && !not_sent(&e) => {
+                        return Err(StateError::Unavailable(format!(
+                            "etcd {url}: {e}; the request's outcome is unknown"
+                        )))
+                    }
+                    Err(_) if retry == Retry::IfNotSent => {
+                        return Err(StateError::Unavailable(format!(
+                            "etcd {url}: no answer within {share:?}; the request's outcome is \
+                             unknown"
+                        )))
+                    }
+                    Ok(Err(e)) => errors.push(format!("{url}: {e}")),
+                    Err(_) => errors.push(format!("{url}: no answer within {share:?}")),
+                }
+            }
+            Err(StateError::Unavailable(format!(
+                "etcd: no member answered ({})",
+                errors.join("; ")
+            )))
+        })
+    }
+
+    /// The client of `member`, made on first use.
+    pub(crate) async fn client(
+        &self,
+        member: usize,
+        within: Duration,
+    ) -> Result<Client, etcd_client::Error> {
+        let url = self.urls[member].clone();
+        self.clients[member]
+            .get_or_try_init(|| async move {
+                let options = ConnectOptions::new()
+                    .with_connect_timeout(within)
+                    .with_keep_alive(KEEP_ALIVE, KEEP_ALIVE)
+                    .with_keep_alive_while_idle(true)
+                    .with_require_leader(true);
+                Client::connect([url], Some(options)).await
+            })
+            .await
+            .cloned()
+    }
+}
+
+/// Whether a failed call cannot have reached the member: its connection
+/// could not be made (tonic reports a failed connect as UNAVAILABLE with
+/// the connector's message), so nothing was sent.
+fn not_sent(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::TransportError(_) => true,
+        etcd_client::Error::GRpcStatus(s) => {
+            let m = s.message();
+            s.code() == tonic::Code::Unavailable
+                && (m.contains("connect") || m.contains("Connection refused"))
+        }
+        _ => false,
+    }
+}
