@@ -231,6 +231,38 @@ pub fn owned_store(m: &Arc<Membership>) -> Arc<ClusterStore> {
     ))
 }
 
+/// How this node reaches etcd, from the files `[cluster]` names.
+fn etcd_access(cfg: &ClusterConfig) -> Result<nimbus_state::etcd_store::Access, String> {
+    let read = |key: &str, path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| format!("[cluster] {key}: {}: {e}", path.display()))
+    };
+    let mut access = nimbus_state::etcd_store::Access::default();
+    if let Some(tls) = &cfg.tls {
+        access.ca_pem = Some(read("ca_file", &tls.ca_file)?);
+        if let (Some(cert), Some(key)) = (&tls.cert_file, &tls.key_file) {
+            access.identity = Some((read("cert_file", cert)?, read("key_file", key)?));
+        }
+    }
+    if let Some((user, file)) = &cfg.user {
+        let password = String::from_utf8(read("password_file", file)?).map_err(|_| {
+            format!(
+                "[cluster] password_file: {} is not UTF-8 text",
+                file.display()
+            )
+        })?;
+        // One line; the newline an editor adds is not part of it.
+        let password = password.trim_end_matches(['\r', '\n']).to_string();
+        if password.is_empty() {
+            return Err(format!(
+                "[cluster] password_file: {} is empty; write the etcd password of user \"{user}\" in it",
+                file.display()
+            ));
+        }
+        access.user = Some((user.clone(), password));
+    }
+    Ok(access)
+}
+
 /// A member as etcd lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Member {
@@ -252,9 +284,17 @@ impl Membership {
     /// one refuses to start.
     pub fn join(cfg: &ClusterConfig) -> Result<Membership, String> {
         let ttl = Duration::from_secs(cfg.node_ttl_secs as u64);
-        let store = EtcdStore::new(&cfg.etcd, KEY_PREFIX, call_timeout(ttl))
-            .map_err(|e| format!("[cluster] etcd: {e}"))?;
-        let control = EtcdStore::new(&cfg.etcd, KEY_PREFIX, call_timeout(ttl))
+        let access = etcd_access(cfg)?;
+        if access.ca_pem.is_none() {
+            tracing::warn!(
+                "[cluster] etcd: plain http://, without TLS or credentials: anyone who reaches \
+                 etcd can read and forge this cluster's state; see docs/SECURITY.md"
+            );
+        }
+        let store =
+            EtcdStore::with_access(&cfg.etcd, KEY_PREFIX, call_timeout(ttl), access.clone())
+                .map_err(|e| format!("[cluster] etcd: {e}"))?;
+        let control = EtcdStore::with_access(&cfg.etcd, KEY_PREFIX, call_timeout(ttl), access)
             .map_err(|e| format!("[cluster] etcd: {e}"))?;
         store.check().map_err(|e| {
             format!(
@@ -1046,6 +1086,8 @@ mod tests {
             node: "t1".into(),
             advertise: "127.0.0.1:4450".parse().unwrap(),
             node_ttl_secs: 2,
+            tls: None,
+            user: None,
         };
         let ttl = Duration::from_secs(2);
         let m = Arc::new(Membership::join(&cfg).unwrap());

@@ -90,6 +90,19 @@ pub struct ClusterConfig {
     /// How long this node's membership outlives its last renewal (a dead
     /// node's records become reclaimable after it).
     pub node_ttl_secs: u32,
+    /// TLS to the etcd members (https:// endpoints), and this node's
+    /// client certificate for members run with `--client-cert-auth`.
+    pub tls: Option<EtcdTls>,
+    /// etcd's own authentication: a user and the file its password is in.
+    pub user: Option<(String, PathBuf)>,
+}
+
+/// `[cluster]` ca_file, cert_file and key_file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EtcdTls {
+    pub ca_file: PathBuf,
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
 }
 
 /// `[kerberos]`: Kerberos logons with the keys of a keytab.
@@ -238,6 +251,11 @@ struct RawCluster {
     node: Option<String>,
     advertise: Option<String>,
     node_ttl_secs: Option<u32>,
+    ca_file: Option<PathBuf>,
+    cert_file: Option<PathBuf>,
+    key_file: Option<PathBuf>,
+    username: Option<String>,
+    password_file: Option<PathBuf>,
 }
 
 #[derive(Deserialize)]
@@ -340,13 +358,119 @@ fn cluster_config(
         );
         ok = false;
     }
+    let https = etcd.iter().any(|u| u.starts_with("https://"));
+    let tls = match (c.ca_file, c.cert_file, c.key_file) {
+        (None, None, None) => None,
+        (Some(ca_file), cert_file, key_file) => {
+            ok &= readable_file("cluster.ca_file", &ca_file, false, fail);
+            match (&cert_file, &key_file) {
+                (Some(cert), Some(key)) => {
+                    ok &= readable_file("cluster.cert_file", cert, false, fail);
+                    ok &= readable_file("cluster.key_file", key, true, fail);
+                }
+                (None, None) => {}
+                _ => {
+                    fail(
+                        "cluster.cert_file",
+                        "cert_file and key_file go together".into(),
+                        "give both the node's certificate and its key, or neither",
+                    );
+                    ok = false;
+                }
+            }
+            Some(EtcdTls {
+                ca_file,
+                cert_file,
+                key_file,
+            })
+        }
+        (None, ..) => {
+            fail(
+                "cluster.ca_file",
+                "a client certificate without the CA of the etcd members".into(),
+                "add ca_file = \"/etc/nimbus/etcd-ca.pem\", the CA that signed the members' \
+                 certificates",
+            );
+            ok = false;
+            None
+        }
+    };
+    if https != tls.is_some() || etcd.iter().any(|u| u.starts_with("https://") != https) {
+        fail(
+            "cluster.etcd",
+            "https:// endpoints need ca_file, and with ca_file every endpoint is https://".into(),
+            "use https:// client URLs and set ca_file (or http:// only, on a trusted network)",
+        );
+        ok = false;
+    }
+    let user = match (c.username, c.password_file) {
+        (None, None) => None,
+        (Some(u), Some(p)) if !u.is_empty() => {
+            ok &= readable_file("cluster.password_file", &p, true, fail);
+            Some((u, p))
+        }
+        _ => {
+            fail(
+                "cluster.username",
+                "username and password_file go together".into(),
+                "give the etcd user and the file its password is in (readable by its owner \
+                 only), or neither",
+            );
+            ok = false;
+            None
+        }
+    };
     Some(ClusterConfig {
         etcd,
         node,
         advertise: advertise?,
         node_ttl_secs: ttl,
+        tls,
+        user,
     })
     .filter(|_| ok)
+}
+
+/// Whether `path` (the value of `key`) is a file this process can read;
+/// a `secret` one must be readable by its owner only.
+fn readable_file(
+    key: &str,
+    path: &std::path::Path,
+    secret: bool,
+    fail: &mut dyn FnMut(&str, String, &str),
+) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    match std::fs::metadata(path) {
+        Err(e) => {
+            fail(
+                key,
+                format!("{}: {e}", path.display()),
+                "give the path of an existing file",
+            );
+            false
+        }
+        Ok(m) if !m.is_file() => {
+            fail(
+                key,
+                format!("{} is not a file", path.display()),
+                "give the path of an existing file",
+            );
+            false
+        }
+        Ok(m) if secret && m.permissions().mode() & 0o077 != 0 => {
+            fail(
+                key,
+                format!(
+                    "{} is readable by others than its owner (mode {:o})",
+                    path.display(),
+                    m.permissions().mode() & 0o777
+                ),
+                &format!("chmod 600 {}", path.display()),
+            );
+            false
+        }
+        Ok(_) => true,
+    }
 }
 
 /// Validates `[kerberos]`; each problem goes to `fail` (key, problem, fix).
@@ -820,7 +944,7 @@ mod tests {
         let errs = Config::from_toml("c.toml", text, None).unwrap_err();
         let keys: Vec<_> = errs.iter().map(|e| e.key.as_str()).collect();
         for k in [
-            "cluster.etcd[0]",
+            "cluster.etcd",
             "cluster.etcd[1]",
             "cluster.node",
             "cluster.advertise",
@@ -828,13 +952,68 @@ mod tests {
         ] {
             assert!(keys.contains(&k), "{k} missing from {keys:?}");
         }
-        assert!(errs.iter().any(|e| e.problem.contains("TLS")));
+        assert!(errs
+            .iter()
+            .any(|e| e.problem.contains("https:// endpoints need ca_file")));
         let empty = Config::from_toml("c.toml", "[cluster]\n", None).unwrap_err();
         let keys: Vec<_> = empty.iter().map(|e| e.key.as_str()).collect();
         assert!(keys.contains(&"cluster.etcd") && keys.contains(&"cluster.node"));
         assert!(keys.contains(&"cluster.advertise"));
         let unknown = Config::from_toml("c.toml", "[cluster]\nnodes = \"x\"\n", None).unwrap_err();
         assert!(unknown[0].problem.contains("unknown field"), "{unknown:?}");
+    }
+
+    /// TLS and authentication keys: files that exist, secrets readable by
+    /// their owner only, pairs given together, https:// with the CA.
+    #[test]
+    fn cluster_tls_and_user_keys_are_checked() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("nimbus-cfg-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in ["ca.pem", "node.pem", "node.key", "password"] {
+            std::fs::write(dir.join(f), b"x").unwrap();
+            let mode = if f.ends_with(".pem") { 0o644 } else { 0o600 };
+            std::fs::set_permissions(dir.join(f), std::fs::Permissions::from_mode(mode)).unwrap();
+        }
+        let p = |f: &str| dir.join(f).display().to_string();
+        let base = "[cluster]\nnode = \"n1\"\nadvertise = \"127.0.0.2:4450\"\n";
+        let good = format!(
+            "{base}etcd = [\"https://127.0.0.1:2379\"]\nca_file = \"{}\"\ncert_file = \"{}\"\n\
+             key_file = \"{}\"\nusername = \"nimbus\"\npassword_file = \"{}\"\n",
+            p("ca.pem"),
+            p("node.pem"),
+            p("node.key"),
+            p("password")
+        );
+        let c = Config::from_toml("t.toml", &good, None)
+            .unwrap()
+            .cluster
+            .unwrap();
+        assert_eq!(c.tls.unwrap().ca_file, dir.join("ca.pem"));
+        assert_eq!(c.user.unwrap().0, "nimbus");
+        // A key others may read is refused, with chmod as the fix.
+        std::fs::set_permissions(dir.join("node.key"), std::fs::Permissions::from_mode(0o640))
+            .unwrap();
+        let errs = Config::from_toml("t.toml", &good, None).unwrap_err();
+        assert!(
+            errs.iter()
+                .any(|e| e.key == "cluster.key_file" && e.fix.starts_with("chmod 600")),
+            "{errs:?}"
+        );
+        // http:// with a CA, a certificate without its key, a user without
+        // a password file.
+        let bad = format!(
+            "{base}etcd = [\"http://127.0.0.1:2379\"]\nca_file = \"{}\"\ncert_file = \"{}\"\n\
+             username = \"nimbus\"\n",
+            p("ca.pem"),
+            p("node.pem")
+        );
+        let errs = Config::from_toml("t.toml", &bad, None).unwrap_err();
+        let keys: Vec<_> = errs.iter().map(|e| e.key.as_str()).collect();
+        for k in ["cluster.etcd", "cluster.cert_file", "cluster.username"] {
+            assert!(keys.contains(&k), "{k} missing from {keys:?}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client, ConnectOptions};
+use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
 
 use crate::store::StateError;
 
@@ -32,9 +32,38 @@ use crate::store::StateError;
 /// than by a TCP timeout minutes later.
 const KEEP_ALIVE: Duration = Duration::from_secs(2);
 
+/// How a node proves itself to etcd, and etcd to it: what a production
+/// etcd asks for (`[cluster]` ca_file, cert_file, key_file, username,
+/// password_file), read from the files by the caller.
+#[derive(Clone, Default)]
+pub struct Access {
+    /// PEM of the CA that signed the members' certificates: the members
+    /// are reached over TLS (https:// endpoints) and must prove they are
+    /// the cluster's.
+    pub ca_pem: Option<Vec<u8>>,
+    /// PEM certificate chain and private key of this node, for members
+    /// run with `--client-cert-auth`.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+    /// An etcd user and its password (etcd's own authentication, with
+    /// roles).
+    pub user: Option<(String, String)>,
+}
+
+impl std::fmt::Debug for Access {
+    // The password never goes into a log.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Access")
+            .field("tls", &self.ca_pem.is_some())
+            .field("client_certificate", &self.identity.is_some())
+            .field("user", &self.user.as_ref().map(|(u, _)| u))
+            .finish()
+    }
+}
+
 /// The members and the runtime their calls run on.
 pub(crate) struct Members {
     urls: Vec<String>,
+    access: Access,
     /// One client per member, made on first use (a client connects
     /// lazily; a member that is down fails the call, not the making).
     clients: Vec<tokio::sync::OnceCell<Client>>,
@@ -64,7 +93,7 @@ pub(crate) enum Retry {
 }
 
 impl Members {
-    pub(crate) fn new(urls: &[String]) -> std::io::Result<Members> {
+    pub(crate) fn new(urls: &[String], access: Access) -> std::io::Result<Members> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("nimbus-etcd")
@@ -72,6 +101,7 @@ impl Members {
             .build()?;
         Ok(Members {
             urls: urls.to_vec(),
+            access,
             clients: urls.iter().map(|_| tokio::sync::OnceCell::new()).collect(),
             runtime: Some(runtime),
             next: AtomicUsize::new(0),
@@ -149,7 +179,7 @@ impl Members {
                 let client = match me.client(member, share).await {
                     Ok(c) => c,
                     Err(e) => {
-                        errors.push(format!("{url}: {e}"));
+                        errors.push(format!("{url}: {}", describe(&e)));
                         continue;
                     }
                 };
@@ -157,7 +187,8 @@ impl Members {
                     Ok(Ok(v)) => return Ok(v),
                     Ok(Err(e)) if retry == Retry::IfNotSent && !not_sent(&e) => {
                         return Err(StateError::Unavailable(format!(
-                            "etcd {url}: {e}; the request's outcome is unknown"
+                            "etcd {url}: {}; the request's outcome is unknown",
+                            describe(&e)
                         )))
                     }
                     Err(_) if retry == Retry::IfNotSent => {
@@ -166,15 +197,46 @@ impl Members {
                              unknown"
                         )))
                     }
-                    Ok(Err(e)) => errors.push(format!("{url}: {e}")),
+                    Ok(Err(e)) => errors.push(format!("{url}: {}", describe(&e))),
                     Err(_) => errors.push(format!("{url}: no answer within {share:?}")),
                 }
             }
+            let errors = errors.join("; ");
+            let hint = me.tls_hint(&errors);
             Err(StateError::Unavailable(format!(
-                "etcd: no member answered ({})",
-                errors.join("; ")
+                "etcd: no member answered ({errors}){hint}"
             )))
         })
+    }
+
+    /// What TLS failures among `errors` most likely mean, for the operator.
+    fn tls_hint(&self, errors: &str) -> &'static str {
+        if self.access.ca_pem.is_none() {
+            return "";
+        }
+        if errors.contains("UnknownIssuer") || errors.contains("invalid peer certificate") {
+            ". The members' certificates are not signed by the CA of [cluster] ca_file, or \
+             do not name the host of the endpoint"
+        } else if [
+            "BadCertificate",
+            "CertificateRequired",
+            "connection closed",
+            "broken pipe",
+        ]
+        .iter()
+        .any(|w| errors.contains(w))
+        {
+            if self.access.identity.is_none() {
+                ". A member closed the TLS connection: it wants a client certificate; set \
+                 [cluster] cert_file and key_file to one its CA signed"
+            } else {
+                ". A member closed the TLS connection: it does not accept this node's \
+                 certificate ([cluster] cert_file); is it signed by the members' CA, and \
+                 still valid?"
+            }
+        } else {
+            ""
+        }
     }
 
     /// The client of `member`, made on first use.
@@ -184,18 +246,50 @@ impl Members {
         within: Duration,
     ) -> Result<Client, etcd_client::Error> {
         let url = self.urls[member].clone();
+        let access = self.access.clone();
         self.clients[member]
             .get_or_try_init(|| async move {
-                let options = ConnectOptions::new()
+                let mut options = ConnectOptions::new()
                     .with_connect_timeout(within)
                     .with_keep_alive(KEEP_ALIVE, KEEP_ALIVE)
                     .with_keep_alive_while_idle(true)
                     .with_require_leader(true);
+                if let Some(ca) = &access.ca_pem {
+                    let mut tls = TlsOptions::new().ca_certificate(Certificate::from_pem(ca));
+                    if let Some((cert, key)) = &access.identity {
+                        tls = tls.identity(Identity::from_pem(cert, key));
+                    }
+                    options = options.with_tls(tls);
+                }
+                if let Some((user, password)) = &access.user {
+                    // A token etcd let expire is fetched again, once, before
+                    // the call is sent again: nothing was applied.
+                    options = options
+                        .with_user(user.clone(), password.clone())
+                        .with_auto_token_refresh(true);
+                }
                 Client::connect([url], Some(options)).await
             })
             .await
             .cloned()
     }
+}
+
+/// A failure in words an operator can act on: the error and what caused
+/// it, down the chain (a TLS alert or a certificate the node does not
+/// trust is several causes deep in a transport error).
+fn describe(e: &etcd_client::Error) -> String {
+    let mut words = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !words.contains(&more) {
+            words.push_str(": ");
+            words.push_str(&more);
+        }
+        cause = c.source();
+    }
+    words
 }
 
 /// Whether a failed call cannot have reached the member: its connection

@@ -27,6 +27,7 @@ use etcd_client::{
     Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
 };
 
+pub use crate::etcd_rpc::Access;
 use crate::etcd_rpc::{Members, Retry};
 use crate::store::{StateError, StateStore, Versioned};
 
@@ -74,20 +75,22 @@ impl std::fmt::Display for EndpointError {
     }
 }
 
-/// Checks a client URL: `http://host:port` (the only scheme the store
-/// speaks so far); returns `host:port`.
-pub fn parse_endpoint(url: &str) -> Result<String, EndpointError> {
-    let rest = match url.strip_prefix("http://") {
-        Some(r) => r,
-        None if url.starts_with("https://") => {
+/// A client URL's scheme.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scheme {
+    Http,
+    Https,
+}
+
+/// Checks a client URL, `http://host:port` or `https://host:port`;
+/// returns its scheme and `host:port`.
+pub fn parse_endpoint(url: &str) -> Result<(Scheme, String), EndpointError> {
+    let (scheme, rest) = match (url.strip_prefix("http://"), url.strip_prefix("https://")) {
+        (Some(r), _) => (Scheme::Http, r),
+        (_, Some(r)) => (Scheme::Https, r),
+        _ => {
             return Err(EndpointError(format!(
-                "\"{url}\": TLS to etcd is not supported yet; use an http:// client URL \
-                 on a trusted network"
-            )))
-        }
-        None => {
-            return Err(EndpointError(format!(
-                "\"{url}\": expected http://HOST:PORT"
+                "\"{url}\": expected https://HOST:PORT (or http://HOST:PORT)"
             )))
         }
     };
@@ -97,10 +100,10 @@ pub fn parse_endpoint(url: &str) -> Result<String, EndpointError> {
         .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
     if !port_ok || hostport.contains('/') {
         return Err(EndpointError(format!(
-            "\"{url}\": expected http://HOST:PORT"
+            "\"{url}\": expected https://HOST:PORT (or http://HOST:PORT)"
         )));
     }
-    Ok(hostport.to_string())
+    Ok((scheme, hostport.to_string()))
 }
 
 fn unavailable(why: impl std::fmt::Display) -> StateError {
@@ -136,13 +139,38 @@ impl EtcdStore {
         prefix: &[u8],
         timeout: Duration,
     ) -> Result<EtcdStore, EndpointError> {
+        EtcdStore::with_access(urls, prefix, timeout, Access::default())
+    }
+
+    /// `new`, reaching etcd as `access` says (TLS, a client certificate,
+    /// a user). https:// endpoints need the CA; http:// ones take none.
+    pub fn with_access(
+        urls: &[String],
+        prefix: &[u8],
+        timeout: Duration,
+        access: Access,
+    ) -> Result<EtcdStore, EndpointError> {
         if urls.is_empty() {
             return Err(EndpointError("no etcd endpoints".into()));
         }
         for u in urls {
-            parse_endpoint(u)?;
+            let (scheme, _) = parse_endpoint(u)?;
+            match (scheme, access.ca_pem.is_some()) {
+                (Scheme::Https, false) => {
+                    return Err(EndpointError(format!(
+                        "\"{u}\": an https:// endpoint needs the CA that signed the members' \
+                         certificates"
+                    )))
+                }
+                (Scheme::Http, true) => {
+                    return Err(EndpointError(format!(
+                        "\"{u}\": TLS is configured, so every endpoint is https://"
+                    )))
+                }
+                _ => {}
+            }
         }
-        let members = Members::new(urls)
+        let members = Members::new(urls, access)
             .map_err(|e| EndpointError(format!("starting the etcd client: {e}")))?;
         Ok(EtcdStore {
             members: Arc::new(members),
@@ -456,11 +484,28 @@ mod tests {
     fn endpoints_parse_or_say_why_not() {
         assert_eq!(
             parse_endpoint("http://127.0.0.1:2379").unwrap(),
-            "127.0.0.1:2379"
+            (Scheme::Http, "127.0.0.1:2379".to_string())
+        );
+        assert_eq!(
+            parse_endpoint("https://etcd1:2379").unwrap(),
+            (Scheme::Https, "etcd1:2379".to_string())
         );
         assert!(parse_endpoint("http://127.0.0.1:2379/").is_ok());
-        let e = parse_endpoint("https://127.0.0.1:2379").unwrap_err();
-        assert!(e.0.contains("TLS"), "{e}");
+        // An https:// endpoint without the CA, or http:// with TLS on.
+        let https = ["https://127.0.0.1:2379".to_string()];
+        let e = EtcdStore::new(&https, b"/n/", Duration::from_secs(1))
+            .err()
+            .unwrap();
+        assert!(e.0.contains("needs the CA"), "{e}");
+        let tls = Access {
+            ca_pem: Some(b"-----BEGIN CERTIFICATE-----".to_vec()),
+            ..Access::default()
+        };
+        let http = ["http://127.0.0.1:2379".to_string()];
+        let e = EtcdStore::with_access(&http, b"/n/", Duration::from_secs(1), tls)
+            .err()
+            .unwrap();
+        assert!(e.0.contains("every endpoint is https://"), "{e}");
         assert!(parse_endpoint("127.0.0.1:2379").is_err());
         assert!(parse_endpoint("http://").is_err());
         assert!(parse_endpoint("http://h:1/v3").is_err());
@@ -578,6 +623,41 @@ mod tests {
                 .is_some());
             assert!(store.get(key.as_bytes()).unwrap().is_some());
         }
+    }
+
+    /// Members that serve TLS only and ask for client certificates: a
+    /// node with the cluster's CA and a certificate it signed gets in (the
+    /// conformance suite passes); one without a certificate, or trusting
+    /// another CA, is refused, with a message that says so.
+    #[test]
+    fn tls_with_client_certificates_lets_in_only_the_nodes_it_should() {
+        let cluster = Cluster::start_tls("tls");
+        let timeout = Duration::from_secs(3);
+        let store =
+            EtcdStore::with_access(&cluster.urls, b"/t/", timeout, cluster.access.clone()).unwrap();
+        crate::conformance::run_all(&store);
+        let no_certificate = Access {
+            identity: None,
+            ..cluster.access.clone()
+        };
+        let refused = |access: Access| {
+            let store = EtcdStore::with_access(&cluster.urls, b"/t/", timeout, access).unwrap();
+            match store.get(b"k") {
+                Err(StateError::Unavailable(why)) => why,
+                other => panic!("let in: {other:?}"),
+            }
+        };
+        let why = refused(no_certificate);
+        assert!(why.contains("it wants a client certificate"), "{why}");
+        let other_ca = Access {
+            ca_pem: Some(std::fs::read(cluster.dir.join("other-ca.pem")).unwrap()),
+            ..cluster.access.clone()
+        };
+        let why = refused(other_ca);
+        assert!(
+            why.contains("not signed by the CA of [cluster] ca_file"),
+            "{why}"
+        );
     }
 
     #[test]
