@@ -7,11 +7,22 @@
 
 or, in a test, the `etcd_cluster` fixture (`from etcd_cluster import
 etcd_cluster`), which yields a started three-member cluster and stops it
-at the end of the test.
+at the end of the test (`plain_etcd_cluster`: the same without TLS).
 
 Each member is Debian's etcd 3.4 (`/usr/bin/etcd`, package etcd-server)
 with its own data directory and log file under `base_dir`, listening only
-on 127.0.0.1 on client and peer ports picked free. Elections are fast
+on 127.0.0.1 on client and peer ports picked free.
+
+By default (`tls=True`) the cluster is set up as in production: clients and
+peers speak TLS only, with certificates of a CA made for the cluster (`Pki`,
+openssl), each side must show one that CA signed (`--client-cert-auth`,
+`--peer-client-cert-auth`), and etcd's authentication is on. A node is the
+etcd user named by its certificate's CN, `nimbus-node`, whose one role
+grants readwrite on the prefix `/nimbus/` and nothing else;
+`node_toml_lines()` gives the `[cluster]` lines that reach the cluster as
+that user (or as another identity, for tests of refusals). The harness's own
+etcdctl calls act as `root` (a certificate with CN root). `tls=False` gives
+plain http:// without users. Elections are fast
 (50 ms heartbeats, 500 ms election timeout): on loopback a lost leader is
 replaced in about a second, so a test of a partition does not wait long.
 
@@ -26,18 +37,24 @@ health`); every etcdctl call has a command timeout and a process timeout.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
+import secrets
 import shutil
 import signal
+import ssl
+import struct
 import subprocess
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from conftest import _SERVERS, free_port, in_ci, wait_for_port
+from conftest import _SERVERS, free_port, in_ci, toml_str, wait_for_port
 
 ETCD = "etcd"
 ETCDCTL = "etcdctl"
@@ -53,6 +70,19 @@ HEALTH_POLL = 0.1  # pause between health polls while waiting to be ready
 HEALTH_FIRST_TIMEOUT = 0.25  # the first health poll's command timeout; doubled on each failure
 LOG_TAIL_LINES = 40
 START_ATTEMPTS = 3  # a port picked free can be taken before etcd binds it
+OPENSSL = "openssl"
+OPENSSL_TIMEOUT = 30.0  # one openssl call; a key and a signature take milliseconds
+CERT_DAYS = 2  # a test run is over long before
+
+# Identities: who a client is to the cluster, by its certificate (Pki.cert).
+ROOT = "root"  # etcd's root user: the harness's own calls
+NODE = "nimbus-node"  # a Nimbus node: role ROLE
+NOROLE = "nimbus-norole"  # an etcd user without any role
+OTHER_CA = "other-ca"  # CN nimbus-node, signed by a CA the members do not trust
+EXPIRED = "expired"  # CN nimbus-node, signed by the members' CA, no longer valid
+PASSWORD_USER = "nimbus-pw"  # role ROLE, authenticated by password (password_file)
+ROLE = "nimbus"
+PREFIX = "/nimbus/"
 
 
 class EtcdError(RuntimeError):
@@ -64,6 +94,107 @@ class EtcdError(RuntimeError):
         self.stderr = stderr
 
 
+class Pki:
+    """The certificates of a TLS cluster, made with openssl in `dir`.
+
+    ca.pem signs member.pem (serverAuth and clientAuth, IP 127.0.0.1 and DNS
+    localhost: members serve clients and peers with it and show it to each
+    other) and one client certificate per identity, `<identity>.pem` and
+    `.key`, whose CN names the etcd user: ROOT, NODE, NOROLE; EXPIRED has
+    CN NODE but validity over in 2020. second-ca.pem, a CA the
+    members do not trust, signs OTHER_CA (CN NODE). Keys are mode 0600, as
+    Nimbus requires of a key_file.
+    """
+
+    IDENTITIES = {ROOT: ROOT, NODE: NODE, NOROLE: NOROLE, OTHER_CA: NODE, EXPIRED: NODE}
+
+    def __init__(self, dir: Path):
+        self.dir = Path(dir)
+        self.ca = self.dir / "ca.pem"
+        self.member = (self.dir / "member.pem", self.dir / "member.key")
+
+    def cert(self, identity: str) -> tuple[Path, Path]:
+        """(certificate, key) of a client identity."""
+        if identity not in self.IDENTITIES:
+            raise ValueError(f"no certificate for {identity!r}; one of {sorted(self.IDENTITIES)}")
+        return self.dir / f"{identity}.pem", self.dir / f"{identity}.key"
+
+    def make(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        # Our own openssl configuration, so that what the certificates carry
+        # does not depend on the system's openssl.cnf.
+        (self.dir / "openssl.cnf").write_text(
+            "\n".join(
+                [
+                    "[req]",
+                    "distinguished_name = dn",
+                    "x509_extensions = ca_ext",
+                    "[dn]",
+                    "[ca_ext]",
+                    "basicConstraints = critical, CA:TRUE",
+                    "keyUsage = critical, keyCertSign, cRLSign",
+                    "subjectKeyIdentifier = hash",
+                    "[member_ext]",
+                    "basicConstraints = critical, CA:FALSE",
+                    "keyUsage = critical, digitalSignature, keyEncipherment",
+                    "extendedKeyUsage = serverAuth, clientAuth",
+                    "subjectAltName = IP:127.0.0.1, DNS:localhost",
+                    "[client_ext]",
+                    "basicConstraints = critical, CA:FALSE",
+                    "keyUsage = critical, digitalSignature",
+                    "extendedKeyUsage = clientAuth",
+                    # `openssl ca`, only to backdate EXPIRED: `openssl x509`
+                    # of OpenSSL 3.0 sets no start date of its own.
+                    "[ca]",
+                    "default_ca = backdating_ca",
+                    "[backdating_ca]",
+                    "database = ca-index.txt",
+                    "new_certs_dir = .",
+                    "serial = ca-serial",
+                    "default_md = sha256",
+                    "policy = any_name",
+                    "unique_subject = no",
+                    "[any_name]",
+                    "commonName = supplied",
+                ]
+            )
+            + "\n"
+        )
+        for ca in ("ca", "second-ca"):
+            self._openssl("req", "-x509", *self._new_key(ca), "-days", str(CERT_DAYS), "-subj", f"/CN=nimbus test {ca}", "-out", f"{ca}.pem")
+        self._issue("member", "member_ext", "/CN=nimbus test etcd member")
+        for identity, cn in self.IDENTITIES.items():
+            if identity == EXPIRED:
+                continue
+            self._issue(identity, "client_ext", f"/CN={cn}", ca="second-ca" if identity == OTHER_CA else "ca")
+        (self.dir / "ca-index.txt").write_text("")
+        (self.dir / "ca-serial").write_text(f"{secrets.randbits(64):016X}\n")
+        self._openssl("req", "-new", *self._new_key(EXPIRED), "-subj", f"/CN={NODE}", "-out", f"{EXPIRED}.csr")
+        self._openssl(
+            "ca", "-batch", "-config", "openssl.cnf", "-cert", "ca.pem", "-keyfile", "ca.key", "-in", f"{EXPIRED}.csr",
+            "-startdate", "200101000000Z", "-enddate", "200102000000Z", "-extensions", "client_ext", "-notext",
+            "-out", f"{EXPIRED}.pem",
+        )  # fmt: skip
+        for key in self.dir.glob("*.key"):
+            key.chmod(0o600)
+
+    def _new_key(self, name: str) -> list[str]:
+        return ["-config", "openssl.cnf", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", f"{name}.key"]
+
+    def _issue(self, name: str, extensions: str, subject: str, ca: str = "ca") -> None:
+        self._openssl("req", "-new", *self._new_key(name), "-subj", subject, "-out", f"{name}.csr")
+        self._openssl(
+            "x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key", "-set_serial", str(secrets.randbits(63)),
+            "-days", str(CERT_DAYS), "-extfile", "openssl.cnf", "-extensions", extensions, "-out", f"{name}.pem",
+        )  # fmt: skip
+
+    def _openssl(self, *args: str) -> None:
+        env = {k: v for k, v in os.environ.items() if k != "OPENSSL_CONF"}
+        proc = subprocess.run([OPENSSL, *args], cwd=self.dir, capture_output=True, text=True, env=env, timeout=OPENSSL_TIMEOUT)
+        if proc.returncode != 0:
+            raise RuntimeError(f"openssl {' '.join(args)} exited {proc.returncode}:\n{proc.stderr}")
+
+
 class Member:
     """One etcd process: its name, ports, data directory and log file.
 
@@ -71,8 +202,9 @@ class Member:
     test's report carries each member's log.
     """
 
-    def __init__(self, name: str, base_dir: Path):
+    def __init__(self, name: str, base_dir: Path, pki: Pki | None = None):
         self.name = name
+        self.pki = pki
         self.kind = f"etcd {name}"
         self.data_dir = base_dir / f"{name}.etcd"
         self.log_path = base_dir / f"{name}.log"
@@ -81,12 +213,16 @@ class Member:
         self.process: subprocess.Popen | None = None
 
     @property
+    def scheme(self) -> str:
+        return "https" if self.pki else "http"
+
+    @property
     def client_url(self) -> str:
-        return f"http://127.0.0.1:{self.client_port}"
+        return f"{self.scheme}://127.0.0.1:{self.client_port}"
 
     @property
     def peer_url(self) -> str:
-        return f"http://127.0.0.1:{self.peer_port}"
+        return f"{self.scheme}://127.0.0.1:{self.peer_port}"
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -117,6 +253,18 @@ class Member:
             "--logger=zap",
             f"--log-outputs={self.log_path}",
         ]
+        if self.pki:
+            cert, key = self.pki.member
+            args += [
+                f"--cert-file={cert}",
+                f"--key-file={key}",
+                f"--trusted-ca-file={self.pki.ca}",
+                "--client-cert-auth",
+                f"--peer-cert-file={cert}",
+                f"--peer-key-file={key}",
+                f"--peer-trusted-ca-file={self.pki.ca}",
+                "--peer-client-cert-auth",
+            ]
         # ETCD_* variables would set flags behind our back.
         env = {k: v for k, v in os.environ.items() if not k.startswith(("ETCD_", "ETCDCTL_"))}
         # zap appends to the log; stderr (a Go panic, a flag error) joins it.
@@ -152,14 +300,19 @@ class Member:
 
 
 class EtcdCluster:
-    """`members` etcd processes forming one cluster on 127.0.0.1."""
+    """`members` etcd processes forming one cluster on 127.0.0.1: with `tls`
+    (the default) TLS only, certificates asked of clients and peers, and
+    etcd users; without, plain http:// open to anyone."""
 
-    def __init__(self, base_dir: Path, members: int = 3):
+    def __init__(self, base_dir: Path, members: int = 3, tls: bool = True):
         if members < 1:
             raise ValueError("a cluster needs at least one member")
         self.base_dir = Path(base_dir)
         self.base_dir.mkdir(parents=True, exist_ok=True)
-        self.members = [Member(f"m{i}", self.base_dir) for i in range(members)]
+        self.pki = Pki(self.base_dir / "pki") if tls else None
+        self.members = [Member(f"m{i}", self.base_dir, self.pki) for i in range(members)]
+        self.root_password = secrets.token_urlsafe(18)
+        self.passwords = {PASSWORD_USER: secrets.token_urlsafe(18)}
         self.token = ""
         self._initial_cluster = ""
 
@@ -176,12 +329,16 @@ class EtcdCluster:
         still starting a second to answer; etcd 3.4 has no flag for it.
         """
         error: Exception | None = None
+        if self.pki and not self.pki.ca.exists():
+            self.pki.make()
         for _attempt in range(START_ATTEMPTS):
             self._new_identity()
             try:
                 for m in self.members:
                     m.launch(self._initial_cluster, self.token)
                 self.wait_healthy(timeout=START_TIMEOUT)
+                if self.pki:
+                    self._enable_auth()
                 return
             except (RuntimeError, TimeoutError) as e:
                 error = e
@@ -242,20 +399,105 @@ class EtcdCluster:
         """Client URLs of all members, running or not, in member order."""
         return [m.client_url for m in self.members]
 
-    def etcdctl(self, *args: str, endpoints: list[str] | None = None, timeout: float = COMMAND_TIMEOUT) -> str:
-        """Run `etcdctl` (API v3) against `endpoints` (default: all members)
-        and return its stdout; raise EtcdError with its stderr if it fails
-        or outlives its timeouts."""
+    @property
+    def scheme(self) -> str:
+        """"https" or "http": for endpoints of proxies in front of members."""
+        return "https" if self.pki else "http"
+
+    def node_toml_lines(self, identity: str | None = NODE, endpoints: list[str] | None = None, user: str | None = None) -> list[str]:
+        """The `[cluster]` lines (after the header) with which a Nimbus node
+        reaches this cluster: etcd endpoints (default: all members) and,
+        with TLS, ca_file and the client certificate of `identity` (None:
+        no certificate); `user` adds username and password_file, of a user
+        `self.passwords` knows or of a name with no such user."""
         eps = self.endpoints if endpoints is None else endpoints
+        lines = [etcd_toml_line(eps)]
+        if self.pki:
+            lines.append(f"ca_file = {toml_str(str(self.pki.ca))}")
+            if identity is not None:
+                cert, key = self.pki.cert(identity)
+                lines += [f"cert_file = {toml_str(str(cert))}", f"key_file = {toml_str(str(key))}"]
+        if user is not None:
+            lines += [f"username = {toml_str(user)}", f"password_file = {toml_str(str(self.password_file(user)))}"]
+        lines.append(f"secret_file = {toml_str(str(self.secret_file()))}")
+        return lines
+
+    def untagged(self, full_key: bytes, stored: bytes) -> bytes:
+        """A value as a node wrote it at `full_key`, its tag checked and
+        taken off (see `record_tag`)."""
+        value, found = stored[:-TAG_LEN], stored[-TAG_LEN:]
+        assert hmac.compare_digest(found, record_tag(self.secret_file().read_bytes(), full_key, value)), (
+            f"{full_key!r}: no valid tag of the cluster secret"
+        )
+        return value
+
+    def secret_file(self) -> Path:
+        """The cluster secret every node of this cluster shares (32 random
+        bytes, mode 0600): the nodes tag the records they write with it."""
+        path = self.base_dir / "cluster.secret"
+        if not path.exists():
+            path.touch(mode=0o600)
+            path.chmod(0o600)  # whatever the umask
+            path.write_bytes(secrets.token_bytes(32))
+        return path
+
+    def password_file(self, user: str) -> Path:
+        """A file (mode 0600) holding `user`'s password: the one etcd knows,
+        or, for a user it does not, a random one."""
+        path = self.base_dir / f"{user}.password"
+        if not path.exists():
+            path.touch(mode=0o600)
+            path.chmod(0o600)  # whatever the umask
+            path.write_text(self.passwords.get(user, secrets.token_urlsafe(18)) + "\n")
+        return path
+
+    def etcdctl_command(
+        self,
+        *args: str,
+        endpoints: list[str] | None = None,
+        timeout: float = COMMAND_TIMEOUT,
+        identity: str | None = ROOT,
+        tls: bool = True,
+    ) -> tuple[list[str], dict[str, str]]:
+        """The command line and environment of `etcdctl(...)`, for a command
+        that runs on while the test goes on (`etcdctl watch`)."""
+        eps = self.endpoints if endpoints is None else endpoints
+        security: list[str] = []
+        if self.pki and tls:
+            security.append(f"--cacert={self.pki.ca}")
+            if identity is not None:
+                cert, key = self.pki.cert(identity)
+                security += [f"--cert={cert}", f"--key={key}"]
+        elif self.pki:
+            eps = [e.replace("https://", "http://", 1) for e in eps]
         cmd = [
             ETCDCTL,
             f"--endpoints={','.join(eps)}",
             f"--dial-timeout={DIAL_TIMEOUT:g}s",
             f"--command-timeout={timeout:g}s",
+            *security,
             *args,
         ]
         env = {k: v for k, v in os.environ.items() if not k.startswith(("ETCD_", "ETCDCTL_"))}
         env["ETCDCTL_API"] = "3"
+        return cmd, env
+
+    def etcdctl(
+        self,
+        *args: str,
+        endpoints: list[str] | None = None,
+        timeout: float = COMMAND_TIMEOUT,
+        identity: str | None = ROOT,
+        tls: bool = True,
+    ) -> str:
+        """Run `etcdctl` (API v3) against `endpoints` (default: all members)
+        and return its stdout; raise EtcdError with its stderr if it fails
+        or outlives its timeouts.
+
+        On a TLS cluster it trusts the cluster's CA and shows the
+        certificate of `identity` (default root; None: none), unless `tls`
+        is False, which sends plain text to the https:// endpoints."""
+        cmd, env = self.etcdctl_command(*args, endpoints=endpoints, timeout=timeout, identity=identity, tls=tls)
         try:
             proc = subprocess.run(
                 cmd,
@@ -301,10 +543,36 @@ class EtcdCluster:
             poll_timeout = min(2 * poll_timeout, COMMAND_TIMEOUT)
             time.sleep(HEALTH_POLL)
 
+    def metrics(self, i: int) -> str:
+        """Member `i`'s Prometheus metrics, fetched over its client URL (as
+        root, on a TLS cluster)."""
+        context = None
+        if self.pki:
+            context = ssl.create_default_context(cafile=str(self.pki.ca))
+            context.load_cert_chain(*self.pki.cert(ROOT))
+        with urllib.request.urlopen(f"{self.members[i].client_url}/metrics", timeout=10, context=context) as r:
+            return r.read().decode()
+
     def log_tails(self, lines: int = LOG_TAIL_LINES) -> str:
         return "\n".join(f"--- etcd {m.name} log, last {lines} lines of {m.log_path} ---\n{m.log_tail(lines)}" for m in self.members)
 
     # ------------------------------------------------------------ internal
+
+    def _enable_auth(self) -> None:
+        """Users and the role, then `auth enable` (etcd 3.4 wants a root
+        user with a password and the root role first). Users authenticated by their
+        certificate's CN have no password at all."""
+        self.etcdctl("user", "add", ROOT, f"--new-user-password={self.root_password}", "--interactive=false")
+        self.etcdctl("role", "add", ROOT)
+        self.etcdctl("user", "grant-role", ROOT, ROOT)
+        self.etcdctl("role", "add", ROLE)
+        self.etcdctl("role", "grant-permission", ROLE, "--prefix=true", "readwrite", PREFIX)
+        for user in (NODE, NOROLE):
+            self.etcdctl("user", "add", user, "--no-password")
+        self.etcdctl("user", "add", PASSWORD_USER, f"--new-user-password={self.passwords[PASSWORD_USER]}", "--interactive=false")
+        for user in (NODE, PASSWORD_USER):
+            self.etcdctl("user", "grant-role", user, ROLE)
+        self.etcdctl("auth", "enable")
 
     def _new_identity(self) -> None:
         """Fresh ports, token and data directories for a first start."""
@@ -320,9 +588,26 @@ class EtcdCluster:
         self._initial_cluster = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
 
 
+def etcd_toml_line(endpoints: list[str]) -> str:
+    """`etcd = [...]` of a node's [cluster] section."""
+    return "etcd = [" + ", ".join(toml_str(e) for e in endpoints) + "]"
+
+
+TAG_LEN = 32  # HMAC-SHA256
+TAG_CONTEXT = b"nimbus etcd record tag v1"
+
+
+def record_tag(secret: bytes, full_key: bytes, value: bytes) -> bytes:
+    """The tag a node of the cluster appends to `value` stored at `full_key`
+    (crates/nimbus-state/src/etcd_seal.rs): HMAC-SHA256 under a key derived
+    from the secret, over the key's length, the key and the value."""
+    derived = hmac.new(secret, TAG_CONTEXT, hashlib.sha256).digest()
+    return hmac.new(derived, struct.pack(">Q", len(full_key)) + full_key + value, hashlib.sha256).digest()
+
+
 def require_etcd() -> None:
     """Skip the test when etcd is not installed; under CI=true, fail it."""
-    for name, package in ((ETCD, "etcd-server"), (ETCDCTL, "etcd-client")):
+    for name, package in ((ETCD, "etcd-server"), (ETCDCTL, "etcd-client"), (OPENSSL, "openssl")):
         if shutil.which(name) is None:
             message = f"{name} not installed (apt-get install {package})"
             if in_ci():
@@ -330,15 +615,25 @@ def require_etcd() -> None:
             pytest.skip(message)
 
 
-@pytest.fixture
-def etcd_cluster(request, tmp_path) -> Iterator[EtcdCluster]:
-    """A started three-member etcd cluster, stopped after the test; a failed
-    test's report carries each member's log."""
+def _started(request, base_dir: Path, tls: bool) -> Iterator[EtcdCluster]:
     require_etcd()
-    cluster = EtcdCluster(tmp_path / "etcd")
+    cluster = EtcdCluster(base_dir, tls=tls)
     request.node.stash.setdefault(_SERVERS, []).extend(cluster.members)
     try:
         cluster.start()
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture
+def etcd_cluster(request, tmp_path) -> Iterator[EtcdCluster]:
+    """A started three-member etcd cluster with TLS and users, stopped after
+    the test; a failed test's report carries each member's log."""
+    yield from _started(request, tmp_path / "etcd", tls=True)
+
+
+@pytest.fixture
+def plain_etcd_cluster(request, tmp_path) -> Iterator[EtcdCluster]:
+    """The same, on plain http:// without users."""
+    yield from _started(request, tmp_path / "etcd", tls=False)

@@ -18,7 +18,6 @@ import subprocess
 import threading
 import re
 import time
-import urllib.request
 import uuid
 from base64 import b64decode
 from pathlib import Path
@@ -29,14 +28,16 @@ import smbclient
 
 import rawsmb
 from conftest import PASSWORD, USER, add_user, free_port, nimbus_binary, toml_str, wait_for_port
-from etcd_cluster import EtcdCluster, etcd_cluster  # noqa: F401  (the fixture)
+from etcd_cluster import EtcdCluster, etcd_cluster, etcd_toml_line  # noqa: F401  (the fixture)
 
 TTL = 2  # [cluster] node_ttl_secs in these tests: expiry within seconds
 WAIT = 20.0  # bound of every wait on the cluster's state
 
 
 class Node:
-    """One Nimbus node of the test cluster."""
+    """One Nimbus node of the test cluster. `etcd` is how its `[cluster]`
+    section reaches etcd: the lines of EtcdCluster.node_toml_lines (the
+    endpoints and, on a TLS cluster, the CA and the node's certificate)."""
 
     def __init__(self, base: Path, name: str, host: str, etcd: list[str], share: Path, user_db: Path, ttl: int = TTL):
         self.name, self.host, self.port = name, host, free_port()
@@ -71,7 +72,7 @@ class Node:
                     "[limits]",
                     "max_inotify_watches = 0",
                     "[cluster]",
-                    "etcd = [" + ", ".join(toml_str(e) for e in etcd) + "]",
+                    *etcd,
                     f"node = {toml_str(name)}",
                     f"advertise = {toml_str(f'{host}:{self.port}')}",
                     f"node_ttl_secs = {ttl}",
@@ -90,6 +91,11 @@ class Node:
         wait_for_port(self.host, self.port, self.proc)
         return self
 
+    def run(self, timeout: float) -> subprocess.CompletedProcess:
+        """`nimbus serve` in the foreground, for a node expected to refuse to
+        start: its exit status and output."""
+        return subprocess.run([str(nimbus_binary()), "serve", "--config", str(self.conf)], capture_output=True, text=True, timeout=timeout)
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
@@ -105,7 +111,8 @@ def members(cluster: EtcdCluster) -> dict[str, dict]:
     found = {}
     for kv in out.get("kvs", []):
         name = b64decode(kv["key"]).decode()[len("/nimbus/nodes/"):]
-        found[name] = {"advertise": b64decode(kv["value"]).decode(), "lease": kv.get("lease", 0)}
+        advertise = cluster.untagged(b64decode(kv["key"]), b64decode(kv["value"])).decode()
+        found[name] = {"advertise": advertise, "lease": kv.get("lease", 0)}
     return found
 
 
@@ -123,7 +130,7 @@ def nodes(tmp_path, etcd_cluster):  # noqa: F811  (pytest's fixture injection)
     share.mkdir()
     db = tmp_path / "users.db"
     add_user(db)
-    made = [Node(tmp_path, f"n{i + 1}", f"127.0.0.{i + 1}", etcd_cluster.endpoints, share, db) for i in range(3)]
+    made = [Node(tmp_path, f"n{i + 1}", f"127.0.0.{i + 1}", etcd_cluster.node_toml_lines(), share, db) for i in range(3)]
     try:
         yield made
     finally:
@@ -194,7 +201,9 @@ def test_a_node_whose_lease_etcd_ended_drops_its_clients_and_joins_again(nodes, 
             watcher.recv()
         wait_until("n1 joins again", lambda: members(etcd_cluster).get("n1", {}).get("lease") not in (None, lease))
         assert "lost its lease (etcd ended it" in n1.log()
-        assert re.search(r'node "n1" joined the cluster again as incarnation \d+', n1.log())
+        # Registered first, then numbered as a new incarnation: the log line
+        # follows the record.
+        wait_until("n1 takes a new incarnation", lambda: re.search(r'node "n1" joined the cluster again as incarnation \d+', n1.log()))
         assert n1.proc.poll() is None
         new_lease = members(etcd_cluster)["n1"]["lease"]
         # The dropped client's watch went with it.
@@ -271,7 +280,7 @@ def test_a_name_another_running_node_holds_is_refused(nodes, etcd_cluster):  # n
     nodes[0].start()
     twin = nodes[1]
     twin.conf.write_text(twin.conf.read_text().replace('node = "n2"', 'node = "n1"'))
-    proc = subprocess.run([str(nimbus_binary()), "serve", "--config", str(twin.conf)], capture_output=True, text=True, timeout=TTL + 30)
+    proc = twin.run(timeout=TTL + 30)
     assert proc.returncode != 0
     assert 'another running node is registered as "n1"' in proc.stderr + proc.stdout
     # The running node keeps its record.
@@ -284,8 +293,8 @@ def test_a_node_without_etcd_does_not_start(tmp_path):
     db = tmp_path / "users.db"
     add_user(db)
     dead = f"http://127.0.0.1:{free_port()}"
-    node = Node(tmp_path, "n1", "127.0.0.1", [dead], share, db)
-    proc = subprocess.run([str(nimbus_binary()), "serve", "--config", str(node.conf)], capture_output=True, text=True, timeout=60)
+    node = Node(tmp_path, "n1", "127.0.0.1", [etcd_toml_line([dead])], share, db)
+    proc = node.run(timeout=60)
     assert proc.returncode != 0
     out = proc.stderr + proc.stdout
     assert "[cluster] etcd: the cluster does not answer" in out, out
@@ -541,8 +550,8 @@ def etcd_counts(cluster: EtcdCluster) -> tuple[int, int]:  # noqa: F811
     out = json.loads(cluster.etcdctl("endpoint", "status", "-w", "json"))
     revision = max(int(m["Status"]["header"]["revision"]) for m in out)
     requests = 0
-    for url in cluster.endpoints:
-        text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+    for i in range(len(cluster.members)):
+        text = cluster.metrics(i)
         requests += sum(int(float(m.group(1))) for m in ETCD_KV_REQUESTS.finditer(text))
     return revision, requests
 

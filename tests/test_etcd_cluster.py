@@ -31,14 +31,17 @@ def get(cluster: EtcdCluster, key: str, endpoint: str) -> str:
 def test_write_through_one_member_reads_through_the_others(etcd_cluster: EtcdCluster):  # noqa: F811
     eps = etcd_cluster.endpoints
     assert len(eps) == 3 and len(set(eps)) == 3
-    assert all(ep.startswith("http://127.0.0.1:") for ep in eps)
+    # TLS to clients and between peers (tests/test_cluster_tls.py checks
+    # what it refuses).
+    assert all(ep.startswith("https://127.0.0.1:") for ep in eps)
 
     assert etcd_cluster.etcdctl("put", "/nimbus/test/k", "v1", endpoints=[eps[0]]).strip() == "OK"
     assert get(etcd_cluster, "/nimbus/test/k", eps[1]) == "v1"
     assert get(etcd_cluster, "/nimbus/test/k", eps[2]) == "v1"
 
-    members = etcd_cluster.etcdctl("member", "list", endpoints=[eps[2]])
-    assert sorted(line.split(", ")[2] for line in members.splitlines()) == ["m0", "m1", "m2"]
+    members = [line.split(", ") for line in etcd_cluster.etcdctl("member", "list", endpoints=[eps[2]]).splitlines()]
+    assert sorted(m[2] for m in members) == ["m0", "m1", "m2"]
+    assert all(m[3].startswith("https://127.0.0.1:") and m[4].startswith("https://127.0.0.1:") for m in members), members
 
 
 def test_quorum_two_of_three(etcd_cluster: EtcdCluster):  # noqa: F811

@@ -432,8 +432,10 @@ def cluster(request, tmp_path, etcd_cluster):  # noqa: F811  (pytest's fixture i
         etcd_proxies.__enter__()
         for i in range(3):
             name = f"n{i + 1}"
-            etcd = etcd_proxies.urls if name == "n3" else etcd_cluster.endpoints
-            made.append(Node(tmp_path, name, f"127.0.0.{i + 1}", etcd, share, db, ttl=TTL))
+            # TLS passes through the proxies untouched: n3 checks the members'
+            # certificate against 127.0.0.1, where the proxies listen too.
+            through = [f"{etcd_cluster.scheme}://127.0.0.1:{p.port}" for p in etcd_proxies.proxies] if name == "n3" else None
+            made.append(Node(tmp_path, name, f"127.0.0.{i + 1}", etcd_cluster.node_toml_lines(endpoints=through), share, db, ttl=TTL))
         request.node.stash.setdefault(_SERVERS, []).extend(LogOf(n) for n in made)
         for n in made:
             n.start()

@@ -85,7 +85,7 @@ def cluster_node(tmp_path_factory):
                         'signing = "required"',
                         *shares,
                         "[cluster]",
-                        "etcd = [" + ", ".join(toml_str(e) for e in etcd.endpoints) + "]",
+                        *etcd.node_toml_lines(),
                         f"node = \"n{i + 1}\"",
                         f"advertise = {toml_str(f'{host}:{port}')}",
                         "node_ttl_secs = 5",

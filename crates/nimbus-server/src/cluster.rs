@@ -38,6 +38,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use nimbus_state::cluster_store::ClusterStore;
+use nimbus_state::etcd_store::Op;
 use nimbus_state::{EtcdStore, StateError, StateStore};
 
 use crate::config::ClusterConfig;
@@ -263,6 +264,47 @@ fn etcd_access(cfg: &ClusterConfig) -> Result<nimbus_state::etcd_store::Access, 
     Ok(access)
 }
 
+/// Key prefix of the write a node makes at start to prove its etcd user
+/// may write the cluster's keys.
+const PROBE_PREFIX: &[u8] = b"probe/";
+
+/// What to tell the operator when etcd refused this node's user `e`.
+fn denied(e: &StateError) -> Option<String> {
+    let text = e.to_string();
+    text.contains("permission denied").then(|| {
+        let prefix = String::from_utf8_lossy(KEY_PREFIX);
+        format!(
+            "[cluster] etcd: this node's etcd user may not read and write the keys under \
+             {prefix} ({text}); grant its role readwrite on that prefix, e.g. `etcdctl role \
+             grant-permission nimbus --prefix=true readwrite {prefix}` (see docs/SECURITY.md)"
+        )
+    })
+}
+
+/// The cluster's store, as `[cluster]` says to reach it and to tag its
+/// records; each call within `timeout`.
+fn open_store(
+    cfg: &ClusterConfig,
+    access: nimbus_state::etcd_store::Access,
+    timeout: Duration,
+) -> Result<EtcdStore, String> {
+    let store = EtcdStore::with_access(&cfg.etcd, KEY_PREFIX, timeout, access)
+        .map_err(|e| format!("[cluster] etcd: {e}"))?;
+    let Some(file) = &cfg.secret_file else {
+        return Ok(store);
+    };
+    let secret = std::fs::read(file)
+        .map_err(|e| format!("[cluster] secret_file: {}: {e}", file.display()))?;
+    let key = nimbus_state::etcd_seal::RecordKey::from_secret(&secret)
+        .map_err(|e| format!("[cluster] secret_file: {}: {e}", file.display()))?;
+    Ok(store.sealed(Arc::new(key)))
+}
+
+/// `open_store` for a command that reads the cluster (`nimbus status`).
+pub fn reader_store(cfg: &ClusterConfig, timeout: Duration) -> Result<EtcdStore, String> {
+    open_store(cfg, etcd_access(cfg)?, timeout)
+}
+
 /// A member as etcd lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Member {
@@ -291,17 +333,30 @@ impl Membership {
                  etcd can read and forge this cluster's state; see docs/SECURITY.md"
             );
         }
-        let store =
-            EtcdStore::with_access(&cfg.etcd, KEY_PREFIX, call_timeout(ttl), access.clone())
-                .map_err(|e| format!("[cluster] etcd: {e}"))?;
-        let control = EtcdStore::with_access(&cfg.etcd, KEY_PREFIX, call_timeout(ttl), access)
-            .map_err(|e| format!("[cluster] etcd: {e}"))?;
+        if cfg.secret_file.is_none() {
+            tracing::warn!(
+                "[cluster] secret_file: none, so the records nodes write to etcd are not \
+                 authenticated: whoever can write to etcd can make this node act for them; \
+                 see docs/SECURITY.md"
+            );
+        }
+        let store = open_store(cfg, access.clone(), call_timeout(ttl))?;
+        let control = open_store(cfg, access, call_timeout(ttl))?;
         store.check().map_err(|e| {
-            format!(
-                "[cluster] etcd: the cluster does not answer ({e}); start etcd, or fix the \
-                 client URLs in [cluster] etcd"
-            )
+            denied(&e).unwrap_or_else(|| {
+                format!(
+                    "[cluster] etcd: the cluster does not answer ({e}); start etcd, or fix the \
+                     client URLs in [cluster] etcd"
+                )
+            })
         })?;
+        // Reading is not enough: a role that may only read would fail at
+        // the first client's open instead.
+        let probe = [PROBE_PREFIX, cfg.node.as_bytes()].concat();
+        control
+            .txn(&[], &[Op::Put(&probe, b"", 0)], &[])
+            .and_then(|_| control.txn(&[], &[Op::Delete(&probe)], &[]))
+            .map_err(|e| denied(&e).unwrap_or_else(|| format!("[cluster] etcd: writing: {e}")))?;
         let m = Membership {
             store: Arc::new(store),
             control,
@@ -1081,6 +1136,9 @@ mod tests {
     #[test]
     fn a_node_that_lost_its_lease_joins_again_and_renews_the_new_one() {
         let etcd = nimbus_state::etcd_test_cluster::Cluster::start("rejoin");
+        // Its records tagged, as a production node's are.
+        let secret = etcd.dir.join("cluster.secret");
+        std::fs::write(&secret, [9; 32]).unwrap();
         let cfg = ClusterConfig {
             etcd: etcd.urls.clone(),
             node: "t1".into(),
@@ -1088,6 +1146,7 @@ mod tests {
             node_ttl_secs: 2,
             tls: None,
             user: None,
+            secret_file: Some(secret),
         };
         let ttl = Duration::from_secs(2);
         let m = Arc::new(Membership::join(&cfg).unwrap());

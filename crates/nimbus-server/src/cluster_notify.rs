@@ -147,7 +147,7 @@ impl Relay for NotifyRelay {
 
 /// A change message: the tag, the share's name, then each change's action,
 /// filter and path (lengths little-endian).
-fn encode_changes(share: &str, changes: &[&Change<'_>]) -> Vec<u8> {
+pub(crate) fn encode_changes(share: &str, changes: &[&Change<'_>]) -> Vec<u8> {
     let mut w = vec![CHANGES_V1];
     put_str(&mut w, share);
     w.extend_from_slice(&(changes.len() as u32).to_le_bytes());
@@ -169,7 +169,7 @@ fn get_str(r: &mut Cursor<'_>) -> Result<String, StateError> {
     String::from_utf8(r.take(n)?.to_vec()).map_err(|_| StateError::Corrupt("change message name"))
 }
 
-fn decode_changes(bytes: &[u8]) -> Result<(String, Vec<OwnedChange>), StateError> {
+pub(crate) fn decode_changes(bytes: &[u8]) -> Result<(String, Vec<OwnedChange>), StateError> {
     let mut r = Cursor(bytes);
     if r.u8()? != CHANGES_V1 {
         return Err(StateError::Corrupt("change message layout"));

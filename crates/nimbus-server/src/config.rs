@@ -95,6 +95,9 @@ pub struct ClusterConfig {
     pub tls: Option<EtcdTls>,
     /// etcd's own authentication: a user and the file its password is in.
     pub user: Option<(String, PathBuf)>,
+    /// The cluster secret, the same on every node: the records nodes write
+    /// to etcd are tagged with a key derived from it.
+    pub secret_file: Option<PathBuf>,
 }
 
 /// `[cluster]` ca_file, cert_file and key_file.
@@ -256,6 +259,7 @@ struct RawCluster {
     key_file: Option<PathBuf>,
     username: Option<String>,
     password_file: Option<PathBuf>,
+    secret_file: Option<PathBuf>,
 }
 
 #[derive(Deserialize)]
@@ -362,11 +366,15 @@ fn cluster_config(
     let tls = match (c.ca_file, c.cert_file, c.key_file) {
         (None, None, None) => None,
         (Some(ca_file), cert_file, key_file) => {
-            ok &= readable_file("cluster.ca_file", &ca_file, false, fail);
+            ok &= readable_file("cluster.ca_file", &ca_file, false, fail)
+                && pem_checked("cluster.ca_file", &ca_file, fail, |ca| {
+                    nimbus_state::etcd_store::check_ca(ca)
+                });
             match (&cert_file, &key_file) {
                 (Some(cert), Some(key)) => {
-                    ok &= readable_file("cluster.cert_file", cert, false, fail);
-                    ok &= readable_file("cluster.key_file", key, true, fail);
+                    ok &= readable_file("cluster.cert_file", cert, false, fail)
+                        & readable_file("cluster.key_file", key, true, fail)
+                        && identity_checked(cert, key, fail);
                 }
                 (None, None) => {}
                 _ => {
@@ -420,6 +428,38 @@ fn cluster_config(
             None
         }
     };
+    const SECRET_FIX: &str =
+        "make one with `head -c 32 /dev/urandom > /etc/nimbus/cluster.secret; \
+                              chmod 600 /etc/nimbus/cluster.secret`, copy the same file to every \
+                              node, and set secret_file = \"/etc/nimbus/cluster.secret\"";
+    match &c.secret_file {
+        Some(p) if readable_file("cluster.secret_file", p, true, fail) => {
+            let min = nimbus_state::etcd_seal::MIN_SECRET as u64;
+            let len = std::fs::metadata(p).map_or(0, |m| m.len());
+            if len < min {
+                fail(
+                    "cluster.secret_file",
+                    format!("{} holds {len} bytes, fewer than {min}", p.display()),
+                    SECRET_FIX,
+                );
+                ok = false;
+            }
+        }
+        Some(_) => ok = false,
+        // A plain http:// cluster is unprotected anyway (warned about at
+        // start); one reached over TLS must not trust its records blindly.
+        None if tls.is_some() => {
+            fail(
+                "cluster.secret_file",
+                "missing: without the cluster secret, whoever can write to etcd can forge \
+                 the records nodes act on"
+                    .into(),
+                SECRET_FIX,
+            );
+            ok = false;
+        }
+        None => {}
+    }
     Some(ClusterConfig {
         etcd,
         node,
@@ -427,8 +467,61 @@ fn cluster_config(
         node_ttl_secs: ttl,
         tls,
         user,
+        secret_file: c.secret_file,
     })
     .filter(|_| ok)
+}
+
+/// Whether the file `path` (the value of `key`) passes `check`.
+fn pem_checked(
+    key: &str,
+    path: &std::path::Path,
+    fail: &mut dyn FnMut(&str, String, &str),
+    check: impl FnOnce(&[u8]) -> Result<(), String>,
+) -> bool {
+    let checked = std::fs::read(path)
+        .map_err(|e| e.to_string())
+        .and_then(|pem| check(&pem));
+    if let Err(why) = &checked {
+        fail(
+            key,
+            format!("{}: {why}", path.display()),
+            "give a PEM file (-----BEGIN CERTIFICATE-----)",
+        );
+    }
+    checked.is_ok()
+}
+
+/// Whether `[cluster]` cert_file and key_file parse and go together.
+fn identity_checked(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+    fail: &mut dyn FnMut(&str, String, &str),
+) -> bool {
+    let read = |p: &std::path::Path| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
+    let (cert_pem, key_pem) = match (read(cert), read(key)) {
+        (Ok(c), Ok(k)) => (c, k),
+        (Err(why), _) | (_, Err(why)) => {
+            fail("cluster.cert_file", why, "give files this process can read");
+            return false;
+        }
+    };
+    match nimbus_state::etcd_store::check_identity(&cert_pem, &key_pem) {
+        Ok(()) => true,
+        Err((at_fault, why)) => {
+            let (k, path) = match at_fault {
+                "cert" => ("cluster.cert_file", cert),
+                _ => ("cluster.key_file", key),
+            };
+            fail(
+                k,
+                format!("{}: {why}", path.display()),
+                "give this node's PEM certificate in cert_file and the private key it was \
+                 made for in key_file",
+            );
+            false
+        }
+    }
 }
 
 /// Whether `path` (the value of `key`) is a file this process can read;
@@ -621,7 +714,7 @@ impl Config {
             vec![err(
                 &format!("line {line}"),
                 msg,
-                "see README.md for the keys: listen, user_db, state_dir, server_name, server_aliases, workgroup, server_comment, apple_model, multichannel, [security] signing/encryption/ciphers/fips/admins, [limits] (see README), [[share]] name/path/read_only/guest_ok/encryption/continuous_availability/comment/access_based_enumeration/apple_extensions/hide_dot_files/hide_files, [cluster] etcd/node/advertise/node_ttl_secs, [kerberos] keytab/principal/ntlm/map_by_name/user_map",
+                "see README.md for the keys: listen, user_db, state_dir, server_name, server_aliases, workgroup, server_comment, apple_model, multichannel, [security] signing/encryption/ciphers/fips/admins, [limits] (see README), [[share]] name/path/read_only/guest_ok/encryption/continuous_availability/comment/access_based_enumeration/apple_extensions/hide_dot_files/hide_files, [cluster] etcd/node/advertise/node_ttl_secs/ca_file/cert_file/key_file/username/password_file/secret_file, [kerberos] keytab/principal/ntlm/map_by_name/user_map",
             )]
         })?;
         let mut errors = Vec::new();
@@ -970,30 +1063,64 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let dir = std::env::temp_dir().join(format!("nimbus-cfg-tls-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        for f in ["ca.pem", "node.pem", "node.key", "password"] {
-            std::fs::write(dir.join(f), b"x").unwrap();
-            let mode = if f.ends_with(".pem") { 0o644 } else { 0o600 };
-            std::fs::set_permissions(dir.join(f), std::fs::Permissions::from_mode(mode)).unwrap();
+        nimbus_state::etcd_test_cluster::make_certificates(&dir);
+        std::fs::write(dir.join("password"), b"x").unwrap();
+        std::fs::write(dir.join("secret"), [7; 32]).unwrap();
+        for f in ["password", "secret", "client.key", "member.key"] {
+            std::fs::set_permissions(dir.join(f), std::fs::Permissions::from_mode(0o600)).unwrap();
         }
         let p = |f: &str| dir.join(f).display().to_string();
         let base = "[cluster]\nnode = \"n1\"\nadvertise = \"127.0.0.2:4450\"\n";
-        let good = format!(
-            "{base}etcd = [\"https://127.0.0.1:2379\"]\nca_file = \"{}\"\ncert_file = \"{}\"\n\
-             key_file = \"{}\"\nusername = \"nimbus\"\npassword_file = \"{}\"\n",
-            p("ca.pem"),
-            p("node.pem"),
-            p("node.key"),
-            p("password")
-        );
+        let with = |cert: &str, key: &str, secret: &str| {
+            format!(
+                "{base}etcd = [\"https://127.0.0.1:2379\"]\nca_file = \"{}\"\ncert_file = \"{}\"\n\
+                 key_file = \"{}\"\nusername = \"nimbus\"\npassword_file = \"{}\"\n{secret}",
+                p("ca.pem"),
+                p(cert),
+                p(key),
+                p("password")
+            )
+        };
+        let secret = format!("secret_file = \"{}\"\n", p("secret"));
+        let good = with("client.pem", "client.key", &secret);
         let c = Config::from_toml("t.toml", &good, None)
             .unwrap()
             .cluster
             .unwrap();
         assert_eq!(c.tls.unwrap().ca_file, dir.join("ca.pem"));
         assert_eq!(c.user.unwrap().0, "nimbus");
+        assert_eq!(c.secret_file, Some(dir.join("secret")));
+        let refused = |toml: &str, key: &str, why: &str| {
+            let errs = Config::from_toml("t.toml", toml, None).unwrap_err();
+            assert!(
+                errs.iter().any(|e| e.key == key && e.problem.contains(why)),
+                "{key}: {why} not in {errs:?}"
+            );
+        };
+        // Another certificate's key; a key for a certificate; no secret
+        // with TLS, or a short one.
+        let other_key = with("client.pem", "member.key", &secret);
+        refused(
+            &other_key,
+            "cluster.key_file",
+            "not the key of the certificate",
+        );
+        let not_pem = with("password", "client.key", &secret);
+        refused(&not_pem, "cluster.cert_file", "PEM");
+        refused(
+            &with("client.pem", "client.key", ""),
+            "cluster.secret_file",
+            "missing",
+        );
+        std::fs::write(dir.join("secret"), [7; 31]).unwrap();
+        refused(&good, "cluster.secret_file", "31 bytes");
+        std::fs::write(dir.join("secret"), [7; 32]).unwrap();
         // A key others may read is refused, with chmod as the fix.
-        std::fs::set_permissions(dir.join("node.key"), std::fs::Permissions::from_mode(0o640))
-            .unwrap();
+        std::fs::set_permissions(
+            dir.join("client.key"),
+            std::fs::Permissions::from_mode(0o640),
+        )
+        .unwrap();
         let errs = Config::from_toml("t.toml", &good, None).unwrap_err();
         assert!(
             errs.iter()
@@ -1006,7 +1133,7 @@ mod tests {
             "{base}etcd = [\"http://127.0.0.1:2379\"]\nca_file = \"{}\"\ncert_file = \"{}\"\n\
              username = \"nimbus\"\n",
             p("ca.pem"),
-            p("node.pem")
+            p("client.pem")
         );
         let errs = Config::from_toml("t.toml", &bad, None).unwrap_err();
         let keys: Vec<_> = errs.iter().map(|e| e.key.as_str()).collect();

@@ -124,11 +124,20 @@ pub fn claim(server: &Arc<Server>, open_id: u64) -> bool {
     matches!(claim_for(server, open_id, None), Claimed::Taken)
 }
 
+/// Whether the session reconnecting may have the open a record describes
+/// on its tree: the file's own security descriptor and the share decide,
+/// never the record (whoever could write etcd could have written it).
+pub type MayReopen<'a> = &'a dyn Fn(&DurableOpen) -> bool;
+
 /// `claim`, for a reconnect when `asking` (whose user and CreateGuid the
 /// record must name: another user's reconnect would fail after the move
 /// anyway, and must not reset its timeout or move it about, nor have
-/// other nodes asked for it).
-fn claim_for(server: &Arc<Server>, open_id: u64, asking: Option<&LetGo>) -> Claimed {
+/// other nodes asked for it; and whose session must be let have the open).
+fn claim_for(
+    server: &Arc<Server>,
+    open_id: u64,
+    asking: Option<(&LetGo, MayReopen<'_>)>,
+) -> Claimed {
     let Some(m) = &server.cluster else {
         return Claimed::Held;
     };
@@ -147,7 +156,7 @@ fn claim_for(server: &Arc<Server>, open_id: u64, asking: Option<&LetGo>) -> Clai
         }
     };
     let record = match DurableOpen::decode(&v.value) {
-        Ok(r) if r.answered == Answered::Yes && asking.is_none_or(|a| names(a, &r)) => r,
+        Ok(r) if r.answered == Answered::Yes && asking.is_none_or(|(a, _)| names(a, &r)) => r,
         r => {
             tracing::debug!(
                 "cluster: open {open_id:#x} not claimed: record {:?}",
@@ -156,6 +165,17 @@ fn claim_for(server: &Arc<Server>, open_id: u64, asking: Option<&LetGo>) -> Clai
             return Claimed::NotYours;
         }
     };
+    if let Some((_, may_reopen)) = asking {
+        if !may_reopen(&record) {
+            tracing::warn!(
+                "cluster: open {open_id:#x} of {} not claimed: the file's security descriptor \
+                 or the share does not give its owner the access its record holds ({:#x})",
+                record.path,
+                record.access
+            );
+            return Claimed::NotYours;
+        }
+    }
     // Asked of etcd again: a client reconnects within a second of its node
     // leaving, while this node may still remember that node alive.
     let origin_gone = m.is_gone_now(incarnation_of(open_id));
@@ -386,12 +406,13 @@ pub fn reclaim(
     req: &LetGo,
     session_id: u64,
     asked_before: bool,
+    may_reopen: MayReopen<'_>,
     resume: impl FnOnce(u64) -> Option<crate::cluster::LetGoWait>,
 ) -> Reclaim {
     let Some(m) = &server.cluster else {
         return Reclaim::NotFound;
     };
-    match claim_for(server, req.open_id, Some(req)) {
+    match claim_for(server, req.open_id, Some((req, may_reopen))) {
         Claimed::Taken => return Reclaim::Claimed,
         Claimed::NotYours => return Reclaim::NotFound,
         Claimed::Held if asked_before => return Reclaim::NotFound,

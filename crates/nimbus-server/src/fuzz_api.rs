@@ -361,3 +361,120 @@ pub struct PipeRun {
     pub answers: Vec<u8>,
     pub closed: bool,
 }
+
+/// Every decoder of what a cluster node reads from etcd, on bytes anyone
+/// with etcd access could have written (the `etcd_records` target): the
+/// first byte picks the decoder, the rest is the value. Decoders refuse
+/// or accept, never panic or allocate past the input; a record they
+/// accept writes back to bytes that decode to the same record. Whether
+/// the selected decoder accepted the input.
+pub fn etcd_record(data: &[u8]) -> bool {
+    use nimbus_state::caching::FileCaching;
+    use nimbus_state::durable_record::DurableOpen;
+    use nimbus_state::records::{decode_break, LockList, Record};
+    use nimbus_state::FileRecord;
+
+    /// A record that decodes writes back to one that decodes the same.
+    fn round_trip<R: Record + PartialEq + std::fmt::Debug>(input: &[u8]) -> bool {
+        let Ok(r) = R::decode(input) else {
+            return false;
+        };
+        let again = R::decode(&r.encode()).expect("a record written decodes");
+        assert_eq!(again, r, "a record changed through encode and decode");
+        true
+    }
+    let Some((&which, input)) = data.split_first() else {
+        return false;
+    };
+    match which % 10 {
+        0 => round_trip::<FileRecord>(input),
+        1 => round_trip::<FileCaching>(input),
+        2 => round_trip::<LockList>(input),
+        3 => round_trip::<DurableOpen>(input),
+        4 => decode_break(input).is_ok(),
+        5 => crate::failover::decode_let_go(input).is_some_and(|a| {
+            let again = crate::failover::decode_let_go(&crate::failover::encode_let_go(&a));
+            assert_eq!(again.as_ref(), Some(&a), "a let-go request changed");
+            true
+        }),
+        6 => crate::failover::decode_answer(input).is_some(),
+        7 => crate::cluster_notify::decode_changes(input).is_ok(),
+        8 => serde_json::from_slice::<crate::status::NodeStatus>(input).is_ok(),
+        9 => serde_json::from_slice::<crate::status_listing::Listing>(input).is_ok(),
+        _ => unreachable!("which % 10"),
+    }
+}
+
+/// Genuine values of every kind `etcd_record` decodes, each behind its
+/// selector byte: where the replay test's truncations and bit flips start.
+pub fn etcd_record_samples() -> Vec<Vec<u8>> {
+    use nimbus_state::caching::{BreakOrder, FileCaching, Holder};
+    use nimbus_state::durable_record::DurableOpen;
+    use nimbus_state::records::{encode_break, LockList, Record};
+    use nimbus_state::{FileRecord, LockRange, RangeLock};
+
+    let open = DurableOpen {
+        open_id: 0x0000_0300_0000_002a,
+        share: "ca".into(),
+        path: "dir/ledger.dat".into(),
+        access: 0x0012_019f,
+        owner_sid: "S-1-5-21-1-2-3-1001".into(),
+        owner_name: "alice".into(),
+        locks: vec![LockRange {
+            offset: 10,
+            length: 20,
+            exclusive: true,
+        }],
+        ..DurableOpen::default()
+    };
+    let held = RangeLock {
+        owner: 0x2a,
+        offset: 10,
+        length: 20,
+        exclusive: true,
+    };
+    let order = BreakOrder {
+        holder: Holder::Oplock(0x2a),
+        from: 0x0b,
+        to: 0x01,
+        ack_required: true,
+        epoch: 0,
+        version: 0,
+    };
+    let asked = crate::failover::Asked {
+        req: crate::failover::LetGo {
+            open_id: 0x2a,
+            create_guid: [7; 16],
+            owner: crate::durable::Owner {
+                sid: "S-1-5-21-1-2-3-1001".into(),
+                name: "alice".into(),
+            },
+        },
+        reply_to: "n2".into(),
+        nonce: 9,
+    };
+    let change = crate::notify::Change {
+        action: nimbus_wire::notify::NotifyAction::Added,
+        filter: 1,
+        path: "dir\\new.txt",
+    };
+    let status = serde_json::to_vec(&crate::status_listing::Listing::default()).unwrap_or_default();
+    let values: [(u8, Vec<u8>); 9] = [
+        (0, FileRecord::default().encode()),
+        (1, FileCaching::default().encode()),
+        (2, LockList(vec![held]).encode()),
+        (3, open.encode()),
+        (4, encode_break(0x2a, &order)),
+        (5, crate::failover::encode_let_go(&asked)),
+        (
+            6,
+            crate::failover::encode_answer(crate::failover::LetGoAnswer::Done, 0x2a, 9),
+        ),
+        (7, crate::cluster_notify::encode_changes("data", &[&change])),
+        (9, status),
+    ];
+    values
+        .into_iter()
+        .map(|(which, v)| [&[which][..], &v].concat())
+        .collect()
+}

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use nimbus_state::etcd_store::Op;
-use nimbus_state::{EtcdStore, StateStore};
+use nimbus_state::StateStore;
 use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
@@ -238,7 +238,7 @@ pub fn read(file: &Path, only: Option<&str>, listings: bool) -> Result<Vec<NodeR
             .join("\n")
     })?;
     match &cfg.cluster {
-        Some(c) => read_cluster(&c.etcd, only, listings),
+        Some(c) => read_cluster(c, only, listings),
         None => {
             let dir = cfg.state_dir.as_ref().ok_or_else(|| {
                 format!(
@@ -277,12 +277,11 @@ fn read_local(dir: &Path, listings: bool) -> Result<NodeReport, String> {
 }
 
 fn read_cluster(
-    etcd: &[String],
+    cfg: &crate::config::ClusterConfig,
     only: Option<&str>,
     listings: bool,
 ) -> Result<Vec<NodeReport>, String> {
-    let store = EtcdStore::new(etcd, crate::cluster::KEY_PREFIX, Duration::from_secs(3))
-        .map_err(|e| format!("[cluster] etcd: {e}"))?;
+    let store = crate::cluster::reader_store(cfg, Duration::from_secs(3))?;
     let members = store
         .scan_prefix(crate::cluster::NODES_PREFIX)
         .map_err(|e| format!("[cluster] etcd: {e}"))?;

@@ -18,7 +18,7 @@ use nimbus_wire::header::chain_offsets;
 use nimbus_wire::{Header, NtStatus};
 
 /// Every fuzz target, each with its directory under fuzz/regressions/.
-const TARGETS: [&str; 11] = [
+const TARGETS: [&str; 12] = [
     "connection",
     "security_layer",
     "wire_decoders",
@@ -30,6 +30,7 @@ const TARGETS: [&str; 11] = [
     "rpc_pipe",
     "security_descriptor",
     "byte_range_locks",
+    "etcd_records",
 ];
 
 fn fuzz_dir(sub: &str) -> PathBuf {
@@ -639,5 +640,36 @@ fn security_descriptor_regressions() {
             "inherit-creator-owner" | "null-dacl" | "object-ace" => assert!(accepted, "{name}"),
             _ => {}
         }
+    }
+}
+
+/// Every genuine value a cluster node writes to etcd decodes; cut at any
+/// length, or with any byte changed, it is refused or decodes to a record
+/// that round-trips (`fuzz_api::etcd_record` asserts it), never a panic;
+/// and what the fuzzer found stays fixed.
+#[test]
+fn etcd_records_refuse_damaged_values_and_regressions_stay_fixed() {
+    use nimbus_server::fuzz_api::{etcd_record, etcd_record_samples};
+    let samples = etcd_record_samples();
+    assert_eq!(
+        samples.len(),
+        9,
+        "a sample of every kind but the status figures"
+    );
+    for sample in &samples {
+        assert!(etcd_record(sample), "a genuine value refused: {sample:?}");
+        for cut in 1..sample.len() {
+            let _ = etcd_record(&sample[..cut]);
+        }
+        for i in 1..sample.len() {
+            for flip in [0x01, 0x80, 0xff] {
+                let mut damaged = sample.clone();
+                damaged[i] ^= flip;
+                let _ = etcd_record(&damaged);
+            }
+        }
+    }
+    for (_name, input) in regressions("etcd_records") {
+        let _ = etcd_record(&input);
     }
 }

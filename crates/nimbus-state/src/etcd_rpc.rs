@@ -35,6 +35,85 @@ const KEEP_ALIVE: Duration = Duration::from_secs(2);
 /// How a node proves itself to etcd, and etcd to it: what a production
 /// etcd asks for (`[cluster]` ca_file, cert_file, key_file, username,
 /// password_file), read from the files by the caller.
+/// Whether `ca_pem` holds at least one PEM certificate.
+pub fn check_ca(ca_pem: &[u8]) -> Result<(), String> {
+    use rustls::pki_types::{pem::PemObject, CertificateDer};
+    match CertificateDer::pem_slice_iter(ca_pem).next() {
+        Some(Ok(_)) => Ok(()),
+        Some(Err(e)) => Err(format!("not a PEM certificate: {e}")),
+        None => Err("no PEM certificate (BEGIN CERTIFICATE) in it".into()),
+    }
+}
+
+/// Why `cert_pem` (a PEM certificate chain, the node's own first) and
+/// `key_pem` (a PEM private key) cannot be one TLS identity: one does not
+/// parse, or the key is not the certificate's. The first element names
+/// the file at fault: "cert" or "key".
+pub fn check_identity(cert_pem: &[u8], key_pem: &[u8]) -> Result<(), (&'static str, String)> {
+    use rustls::pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
+    let certs = CertificateDer::pem_slice_iter(cert_pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| ("cert", format!("not a PEM certificate: {e}")))?;
+    if certs.is_empty() {
+        return Err((
+            "cert",
+            "no PEM certificate (BEGIN CERTIFICATE) in it".into(),
+        ));
+    }
+    let key = PrivateKeyDer::from_pem_slice(key_pem)
+        .map_err(|e| ("key", format!("not a PEM private key: {e}")))?;
+    let signer = rustls::crypto::aws_lc_rs::default_provider()
+        .key_provider
+        .load_private_key(key)
+        .map_err(|e| ("key", format!("a private key TLS cannot use: {e}")))?;
+    let node = certs[0].clone();
+    rustls::sign::CertifiedKey::new(certs, signer)
+        .keys_match()
+        .map_err(|e| {
+            (
+                "key",
+                format!("not the key of the certificate in cert_file ({e})"),
+            )
+        })?;
+    in_its_dates(&node).map_err(|why| ("cert", why))
+}
+
+/// Whether certificate `cert` is valid today. webpki checks a
+/// certificate's dates before it looks for its issuer, so a chain to the
+/// certificate itself tells its dates apart from everything else, which
+/// etcd decides.
+fn in_its_dates(cert: &rustls::pki_types::CertificateDer<'_>) -> Result<(), String> {
+    use rustls::pki_types::UnixTime;
+    let Ok(ee) = webpki::EndEntityCert::try_from(cert) else {
+        return Ok(());
+    };
+    let Ok(anchor) = webpki::anchor_from_trusted_cert(cert) else {
+        return Ok(());
+    };
+    let now = UnixTime::now();
+    let days = |a: UnixTime, b: UnixTime| a.as_secs().saturating_sub(b.as_secs()).div_ceil(86_400);
+    match ee.verify_for_usage(
+        webpki::ALL_VERIFICATION_ALGS,
+        &[anchor],
+        &[],
+        now,
+        webpki::KeyUsage::client_auth(),
+        None,
+        None,
+    ) {
+        Err(webpki::Error::CertExpired { not_after, .. }) => Err(format!(
+            "the certificate expired {} day(s) ago; etcd refuses it",
+            days(now, not_after)
+        )),
+        Err(webpki::Error::CertNotValidYet { not_before, .. }) => Err(format!(
+            "the certificate is not valid for {} more day(s); etcd refuses it (is the clock \
+             right?)",
+            days(not_before, now)
+        )),
+        _ => Ok(()),
+    }
+}
+
 #[derive(Clone, Default)]
 pub struct Access {
     /// PEM of the CA that signed the members' certificates: the members
@@ -212,7 +291,19 @@ impl Members {
     /// What TLS failures among `errors` most likely mean, for the operator.
     fn tls_hint(&self, errors: &str) -> &'static str {
         if self.access.ca_pem.is_none() {
-            return "";
+            // A TLS member answers a plain HTTP/2 preface by closing.
+            let closed = [
+                "BrokenPipe",
+                "broken pipe",
+                "ConnectionReset",
+                "connection closed",
+            ];
+            return if closed.iter().any(|w| errors.contains(w)) {
+                ". A member closed the connection at once: if the members serve TLS, use \
+                 https:// endpoints and set [cluster] ca_file (see docs/SECURITY.md)"
+            } else {
+                ""
+            };
         }
         if errors.contains("UnknownIssuer") || errors.contains("invalid peer certificate") {
             ". The members' certificates are not signed by the CA of [cluster] ca_file, or \

@@ -18,6 +18,10 @@
 //! within its TTL instead of deciding late. The node's own lease keeping
 //! (grants, renewals, its registration) goes through a store without a
 //! fence.
+//!
+//! With a record key (`sealed`), every value is written with a tag and
+//! read only with a valid one (`crate::etcd_seal`): what a node acts on
+//! was written by a node of its cluster.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -27,8 +31,9 @@ use etcd_client::{
     Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
 };
 
-pub use crate::etcd_rpc::Access;
+pub use crate::etcd_rpc::{check_ca, check_identity, Access};
 use crate::etcd_rpc::{Members, Retry};
+use crate::etcd_seal::{RecordKey, FORGED};
 use crate::store::{StateError, StateStore, Versioned};
 
 /// Largest answer taken (a scan of many records); beyond it the call
@@ -46,6 +51,8 @@ pub struct EtcdStore {
     /// Calls made so far (what a change of the call pattern is measured
     /// by).
     calls: AtomicU64,
+    /// Tags every value written and checks every value read.
+    seal: Option<Arc<RecordKey>>,
 }
 
 /// What proves that the node may still decide (see the module comment).
@@ -123,14 +130,6 @@ pub(crate) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     vec![0]
 }
 
-/// A record as etcd gave it.
-fn versioned(kv: &etcd_client::KeyValue) -> Versioned {
-    Versioned {
-        version: kv.mod_revision() as u64,
-        value: kv.value().to_vec(),
-    }
-}
-
 impl EtcdStore {
     /// A store on the etcd cluster at `urls` (client URLs), its keys under
     /// `prefix`. Connects lazily; `check` proves the cluster answers.
@@ -178,6 +177,37 @@ impl EtcdStore {
             timeout,
             fence: Mutex::new(Fence::default()),
             calls: AtomicU64::new(0),
+            seal: None,
+        })
+    }
+
+    /// This store, its values tagged with `key` when written and refused
+    /// without a valid tag when read.
+    pub fn sealed(mut self, key: Arc<RecordKey>) -> EtcdStore {
+        self.seal = Some(key);
+        self
+    }
+
+    /// A value as written under `full_key`.
+    fn seal_value(&self, full_key: &[u8], value: &[u8]) -> Vec<u8> {
+        match &self.seal {
+            Some(k) => k.seal(full_key, value),
+            None => value.to_vec(),
+        }
+    }
+
+    /// A record as etcd gave it; refused when its tag is not valid.
+    fn versioned(&self, kv: &etcd_client::KeyValue) -> Result<Versioned, StateError> {
+        let value = match &self.seal {
+            Some(k) => k.open(kv.key(), kv.value()).ok_or_else(|| {
+                tracing::warn!("etcd: {FORGED}: {}; refused", kv.key().escape_ascii());
+                StateError::Corrupt(FORGED)
+            })?,
+            None => kv.value(),
+        };
+        Ok(Versioned {
+            version: kv.mod_revision() as u64,
+            value: value.to_vec(),
         })
     }
 
@@ -317,12 +347,12 @@ impl EtcdStore {
 
     fn txn_op(&self, o: &Op<'_>) -> TxnOp {
         match o {
-            Op::Put(k, v, 0) => TxnOp::put(self.full_key(k), v.to_vec(), None),
-            Op::Put(k, v, lease) => TxnOp::put(
-                self.full_key(k),
-                v.to_vec(),
-                Some(PutOptions::new().with_lease(*lease)),
-            ),
+            Op::Put(k, v, lease) => {
+                let full = self.full_key(k);
+                let value = self.seal_value(&full, v);
+                let lease = (*lease != 0).then(|| PutOptions::new().with_lease(*lease));
+                TxnOp::put(full, value, lease)
+            }
             Op::Delete(k) => TxnOp::delete(self.full_key(k), None),
             Op::Get(k) => TxnOp::get(self.full_key(k), None),
         }
@@ -348,7 +378,12 @@ impl EtcdStore {
                 Cmp::Version(k, Some(v)) => {
                     Compare::mod_revision(self.full_key(k), CompareOp::Equal, *v as i64)
                 }
-                Cmp::Value(k, v) => Compare::value(self.full_key(k), CompareOp::Equal, v.to_vec()),
+                Cmp::Value(k, v) => {
+                    // Tags are deterministic: the value as written compares.
+                    let full = self.full_key(k);
+                    let value = self.seal_value(&full, v);
+                    Compare::value(full, CompareOp::Equal, value)
+                }
             })
             .collect();
         let then: Vec<TxnOp> = success.iter().map(|o| self.txn_op(o)).collect();
@@ -375,7 +410,7 @@ impl EtcdStore {
         let mut reads = Vec::new();
         for op in r.op_responses() {
             if let TxnOpResponse::Get(g) = op {
-                reads.push(g.kvs().first().map(versioned));
+                reads.push(g.kvs().first().map(|kv| self.versioned(kv)).transpose()?);
             }
         }
         let succeeded = r.succeeded();
@@ -411,6 +446,7 @@ impl EtcdStore {
             prefix_end(&full),
             start_revision,
             self.timeout,
+            self.seal.clone(),
         )
     }
 }
@@ -422,7 +458,7 @@ impl StateStore for EtcdStore {
             let key = key.clone();
             async move { c.get(key, None).await }
         })?;
-        Ok(r.kvs().first().map(versioned))
+        r.kvs().first().map(|kv| self.versioned(kv)).transpose()
     }
 
     fn compare_and_set(
@@ -469,7 +505,7 @@ impl StateStore for EtcdStore {
                     "etcd: a key outside the store's prefix",
                 ));
             };
-            out.push((key.to_vec(), versioned(kv)));
+            out.push((key.to_vec(), self.versioned(kv)?));
         }
         Ok(out)
     }
@@ -671,6 +707,89 @@ mod tests {
     /// endpoint first in turn of one store (reads and writes go through
     /// different members), and a second store under another prefix that
     /// sees none of it.
+    #[test]
+    fn a_sealed_store_reads_only_what_a_node_with_its_secret_wrote() {
+        let cluster = Cluster::start("sealed");
+        let open = |secret: u8| {
+            let key = RecordKey::from_secret(&[secret; 32]).unwrap();
+            EtcdStore::new(&cluster.urls, b"/s/", Duration::from_secs(5))
+                .unwrap()
+                .sealed(Arc::new(key))
+        };
+        let (store, other_secret) = (open(1), open(2));
+        let raw = EtcdStore::new(&cluster.urls, b"/s/", Duration::from_secs(5)).unwrap();
+        // What a node of the cluster wrote reads back, through every kind
+        // of read, and compares by value.
+        crate::conformance::run_all(&store);
+        let v = store
+            .compare_and_set(b"open/1", None, Some(b"rec".to_vec()))
+            .unwrap();
+        assert_eq!(store.get(b"open/1").unwrap().unwrap().value, b"rec");
+        let same = store.txn(&[Cmp::Value(b"open/1", b"rec")], &[Op::Get(b"open/1")], &[]);
+        assert!(same.unwrap().succeeded);
+        // etcd holds the tag after the value.
+        assert_eq!(raw.get(b"open/1").unwrap().unwrap().value.len(), 3 + 32);
+        let mut watch = store.watch(b"open/", v.unwrap() + 1);
+        // A value written without the secret, or with another one, or moved
+        // from another key, is refused by every read, and not delivered by
+        // a watch.
+        raw.compare_and_set(b"open/2", None, Some(b"forged".to_vec()))
+            .unwrap();
+        other_secret
+            .compare_and_set(b"open/3", None, Some(b"x".to_vec()))
+            .unwrap();
+        let moved = raw.get(b"open/1").unwrap().unwrap().value;
+        raw.compare_and_set(b"open/4", None, Some(moved)).unwrap();
+        let last = store
+            .compare_and_set(b"open/5", None, Some(b"ok".to_vec()))
+            .unwrap();
+        for k in [&b"open/2"[..], b"open/3", b"open/4"] {
+            let forged = |r: Result<_, StateError>| matches!(r, Err(StateError::Corrupt(FORGED)));
+            assert!(forged(store.get(k).map(|_| ())), "{k:?}");
+            assert!(
+                forged(store.txn(&[], &[Op::Get(k)], &[]).map(|_| ())),
+                "{k:?}"
+            );
+        }
+        assert!(matches!(
+            store.scan_prefix(b"open/"),
+            Err(StateError::Corrupt(FORGED))
+        ));
+        let mut seen = Vec::new();
+        while !seen
+            .iter()
+            .any(|e: &crate::etcd_watch::Event| e.key == b"open/5")
+        {
+            let batch = watch.next(Duration::from_secs(5)).unwrap();
+            assert!(!batch.events.is_empty(), "the watch delivered nothing");
+            seen.extend(batch.events);
+        }
+        let keys: Vec<&[u8]> = seen.iter().map(|e| e.key.as_slice()).collect();
+        assert_eq!(keys, [&b"open/5"[..]]);
+        assert_eq!(seen[0].value.as_deref(), Some(&b"ok"[..]));
+        assert_eq!(seen[0].revision, last.unwrap());
+    }
+
+    #[test]
+    fn a_certificate_is_checked_against_its_key() {
+        let dir = std::env::temp_dir().join(format!("nimbus-identity-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        crate::etcd_test_cluster::make_certificates(&dir);
+        let read = |f: &str| std::fs::read(dir.join(f)).unwrap();
+        assert_eq!(
+            check_identity(&read("client.pem"), &read("client.key")),
+            Ok(())
+        );
+        let at_fault = |cert: &[u8], key: &[u8]| check_identity(cert, key).unwrap_err().0;
+        // Another certificate's key, a certificate for a key, no certificate.
+        assert_eq!(at_fault(&read("client.pem"), &read("member.key")), "key");
+        assert_eq!(at_fault(&read("client.pem"), &read("client.pem")), "key");
+        assert_eq!(at_fault(b"junk", &read("client.key")), "cert");
+        assert_eq!(check_ca(&read("ca.pem")), Ok(()));
+        assert!(check_ca(&read("client.key")).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn conforms_on_a_real_three_member_cluster() {
         let cluster = Cluster::start("conformance");

@@ -9,6 +9,10 @@
 //! missed and nothing is delivered twice. When etcd has compacted that
 //! revision away, the batch says `resync` and the caller reads the range
 //! afresh.
+//!
+//! On a sealed store (`crate::etcd_seal`), a change whose value has no
+//! valid tag is not delivered: the watcher keeps what it knew, and a read
+//! of the record itself is refused.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -17,6 +21,7 @@ use std::time::{Duration, Instant};
 use etcd_client::WatchOptions;
 
 use crate::etcd_rpc::Members;
+use crate::etcd_seal::{RecordKey, FORGED};
 use crate::store::StateError;
 
 /// One change of a watched key.
@@ -60,6 +65,7 @@ impl Watch {
         range_end: Vec<u8>,
         start_revision: u64,
         timeout: Duration,
+        seal: Option<Arc<RecordKey>>,
     ) -> Watch {
         let (tx, batches) = std::sync::mpsc::channel();
         let (stop, stopped) = tokio::sync::oneshot::channel();
@@ -71,6 +77,7 @@ impl Watch {
             range_end,
             next_revision: next_revision.clone(),
             timeout,
+            seal,
             tx,
         };
         members.spawn(async move {
@@ -125,6 +132,7 @@ struct Follow {
     range_end: Vec<u8>,
     next_revision: Arc<AtomicU64>,
     timeout: Duration,
+    seal: Option<Arc<RecordKey>>,
     tx: std::sync::mpsc::Sender<Result<Batch, StateError>>,
 }
 
@@ -200,8 +208,21 @@ impl Follow {
                     continue;
                 };
                 let revision = kv.mod_revision().max(0) as u64;
-                let value = (e.0.r#type != DELETE).then(|| kv.value().to_vec());
                 self.next_revision.fetch_max(revision + 1, Ordering::SeqCst);
+                let value = match (e.0.r#type != DELETE, &self.seal) {
+                    (false, _) => None,
+                    (true, None) => Some(kv.value().to_vec()),
+                    (true, Some(seal)) => match seal.open(kv.key(), kv.value()) {
+                        Some(v) => Some(v.to_vec()),
+                        None => {
+                            tracing::warn!(
+                                "etcd watch: {FORGED}: {}; not delivered",
+                                kv.key().escape_ascii()
+                            );
+                            continue;
+                        }
+                    },
+                };
                 batch.events.push(Event {
                     key: key.to_vec(),
                     value,

@@ -13,6 +13,7 @@ pub mod cluster_store;
 pub mod conformance;
 pub mod durable_record;
 mod etcd_rpc;
+pub mod etcd_seal;
 pub mod etcd_store;
 /// A real etcd cluster for tests, here and in the crates above.
 #[cfg(any(test, feature = "conformance"))]

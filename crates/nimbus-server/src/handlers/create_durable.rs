@@ -8,21 +8,26 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nimbus_state::caching::{self, Granted};
+use nimbus_state::durable_record::DurableOpen;
 use nimbus_wire::create::{
     context_name, CreateAction, CreateContext, CreateRequest, CreateResponse,
 };
 
 use nimbus_wire::durable::{self as wire, ReconnectV2, RequestV2, ResponseV2};
+use nimbus_wire::fscc::access;
 use nimbus_wire::header::flags;
 use nimbus_wire::negotiate::capabilities;
 use nimbus_wire::oplock::{oplock_level, LeaseContext};
 use nimbus_wire::{FileId, NtStatus};
 
+use crate::acl::Token;
 use crate::dispatch::Ctx;
 use crate::durable::{Durable, GuidEntry, GuidKey, Owner};
 use crate::fileinfo::times_and_sizes;
 use crate::oplocks::Route;
-use crate::session::{lock, Open, SessionState};
+use crate::session::{lock, Open, SessionState, Tree};
+
+use super::create_security::{decide, Ask};
 
 /// The durable context of a CREATE, checked for combinations the spec
 /// refuses.
@@ -423,6 +428,38 @@ pub fn reconnect(
     Ok(NtStatus::SUCCESS)
 }
 
+/// Whether the session of `token`, on `tree`, may have the open record
+/// `r` describes (one another node kept): as a CREATE of its file asking
+/// for the record's access would be let (MS-FSA 2.1.5.1.2.1), on the same
+/// share. A record is only what some node wrote to etcd; the file's own
+/// descriptor decides.
+fn may_reopen(tree: &Tree, token: &Token, r: &DurableOpen) -> bool {
+    let Some(fs) = tree.share.fs.as_ref() else {
+        return false;
+    };
+    if !tree.share.name.eq_ignore_ascii_case(&r.share) {
+        return false;
+    }
+    let desired = r.access | if r.delete_on_close { access::DELETE } else { 0 };
+    let ask = Ask {
+        path: &r.path,
+        is_new: false,
+        is_dir: false,
+        desired,
+        truncating: false,
+        adds_stream: false,
+        given: None,
+        own: None,
+        parent: None,
+    };
+    let Ok(security) = decide(fs, &ask, token) else {
+        return false;
+    };
+    let writes = access::FILE_WRITE_DATA | access::FILE_APPEND_DATA | access::DELETE;
+    desired & !(tree.maximal_access & security.limit) == 0
+        && !(tree.share.read_only && desired & writes != 0)
+}
+
 /// `reconnect`'s look for its open in the cluster: Ok(None) when it was
 /// claimed here or is nowhere (the caller looks again), Ok(PENDING) when
 /// its holder was asked to let go and the request waits for the answer.
@@ -442,21 +479,33 @@ fn reclaim_from_cluster(
         create_guid: create_guid.unwrap_or([0; 16]),
         owner: me.clone(),
     };
-    let session_id = ctx.session()?.id;
+    let session = ctx.session()?;
+    let session_id = session.id;
+    let token = session.token().ok_or(NtStatus::USER_SESSION_DELETED)?;
+    let tree = ctx.tree()?.clone();
+    let may_reopen = |r: &DurableOpen| may_reopen(&tree, &token, r);
     let asked_before = ctx.resumed.is_some();
     let mut parked = None;
-    let outcome = crate::failover::reclaim(&server, &req, session_id, asked_before, |nonce| {
-        let mut wake = None;
-        let status = super::deferred::park(
-            ctx,
-            body,
-            super::create::handle,
-            move |_| m.forget_let_go(open_id, nonce),
-            |_, resume| wake = Some(resume),
-        );
-        parked = Some(status);
-        wake
-    });
+    let reclaim = crate::failover::reclaim;
+    let outcome = reclaim(
+        &server,
+        &req,
+        session_id,
+        asked_before,
+        &may_reopen,
+        |nonce| {
+            let mut wake = None;
+            let status = super::deferred::park(
+                ctx,
+                body,
+                super::create::handle,
+                move |_| m.forget_let_go(open_id, nonce),
+                |_, resume| wake = Some(resume),
+            );
+            parked = Some(status);
+            wake
+        },
+    );
     match (outcome, parked) {
         (crate::failover::Reclaim::Asked, Some(status)) => status.map(Some),
         _ => Ok(None),
