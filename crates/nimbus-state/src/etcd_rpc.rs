@@ -17,6 +17,12 @@
 //! to a second member once the first may have applied it. So this module
 //! picks the member: a read goes on to the next one after any failure, a
 //! write only after a failure to connect, which applied nothing.
+//!
+//! **Following the membership.** Every `FOLLOW_EVERY` the member list is
+//! read from etcd, and when members were replaced the calls go to the
+//! client URLs the members now advertise, without a restart. Only when the
+//! configured endpoints were the members' own advertised URLs at the first
+//! look: endpoints that are proxies or a load balancer are kept as given.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -139,13 +145,36 @@ impl std::fmt::Debug for Access {
     }
 }
 
+/// One member's client URL and its client.
+pub(crate) struct Endpoint {
+    pub(crate) url: String,
+    /// Made on first use (a client connects lazily; a member that is down
+    /// fails the call, not the making).
+    client: tokio::sync::OnceCell<Client>,
+}
+
+impl Endpoint {
+    fn new(url: String) -> Arc<Endpoint> {
+        Arc::new(Endpoint {
+            url,
+            client: tokio::sync::OnceCell::new(),
+        })
+    }
+}
+
+/// The endpoints calls go to, as one list (replaced whole).
+pub(crate) type Endpoints = Arc<Vec<Arc<Endpoint>>>;
+
+/// How often the member list is read again (`Members::follow`).
+const FOLLOW_EVERY: Duration = Duration::from_secs(5);
+
 /// The members and the runtime their calls run on.
 pub(crate) struct Members {
-    urls: Vec<String>,
+    endpoints: std::sync::RwLock<Endpoints>,
     access: Access,
-    /// One client per member, made on first use (a client connects
-    /// lazily; a member that is down fails the call, not the making).
-    clients: Vec<tokio::sync::OnceCell<Client>>,
+    /// Whether the member list decides the endpoints: None until the first
+    /// look (see the module comment).
+    following: std::sync::Mutex<Option<bool>>,
     runtime: Option<tokio::runtime::Runtime>,
     /// The member the next call tries first: calls are spread over the
     /// members instead of all landing on the first one configured.
@@ -179,9 +208,11 @@ impl Members {
             .enable_all()
             .build()?;
         Ok(Members {
-            urls: urls.to_vec(),
+            endpoints: std::sync::RwLock::new(Arc::new(
+                urls.iter().cloned().map(Endpoint::new).collect(),
+            )),
             access,
-            clients: urls.iter().map(|_| tokio::sync::OnceCell::new()).collect(),
+            following: std::sync::Mutex::new(None),
             runtime: Some(runtime),
             next: AtomicUsize::new(0),
         })
@@ -200,9 +231,102 @@ impl Members {
         self.handle().spawn(task);
     }
 
-    /// The URLs, as configured.
-    pub(crate) fn urls(&self) -> &[String] {
-        &self.urls
+    /// The endpoints calls go to now.
+    pub(crate) fn endpoints(&self) -> Endpoints {
+        self.endpoints
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Their URLs.
+    pub(crate) fn urls(&self) -> Vec<String> {
+        self.endpoints().iter().map(|e| e.url.clone()).collect()
+    }
+
+    /// Reads the member list every `FOLLOW_EVERY` for as long as these
+    /// members are in use.
+    pub(crate) fn follow(self: &Arc<Self>) {
+        let members = Arc::downgrade(self);
+        self.spawn(async move {
+            loop {
+                tokio::time::sleep(FOLLOW_EVERY).await;
+                let Some(me) = members.upgrade() else {
+                    return;
+                };
+                me.look_at_members().await;
+            }
+        });
+    }
+
+    /// One look at the member list (from the first member that gives it):
+    /// the client URLs of the configured scheme, sorted; None when no
+    /// member answered.
+    async fn advertised(&self, list: &Endpoints) -> Option<Vec<String>> {
+        let scheme = if self.access.ca_pem.is_some() {
+            "https://"
+        } else {
+            "http://"
+        };
+        for e in list.iter() {
+            let Ok(mut client) = self.client(e, FOLLOW_EVERY / 2).await else {
+                continue;
+            };
+            let Ok(Ok(r)) = tokio::time::timeout(FOLLOW_EVERY / 2, client.member_list()).await
+            else {
+                continue;
+            };
+            let mut urls: Vec<String> = r
+                .members()
+                .iter()
+                .flat_map(|m| m.client_urls())
+                .filter(|u| u.starts_with(scheme))
+                .cloned()
+                .collect();
+            urls.sort();
+            urls.dedup();
+            return Some(urls);
+        }
+        None
+    }
+
+    async fn look_at_members(&self) {
+        let list = self.endpoints();
+        let Some(advertised) = self.advertised(&list).await else {
+            return;
+        };
+        let mut current: Vec<String> = list.iter().map(|e| e.url.clone()).collect();
+        current.sort();
+        let follows = *crate::blocking::lock(&self.following).get_or_insert_with(|| {
+            let ours = current.iter().all(|u| advertised.contains(u));
+            if !ours {
+                tracing::info!(
+                    "etcd: the configured endpoints are not the members' own client URLs \
+                     ({}): they are kept as given, and a replaced member is not followed",
+                    advertised.join(", ")
+                );
+            }
+            ours
+        });
+        if !follows || advertised.is_empty() || advertised == current {
+            return;
+        }
+        // Kept members keep their connections.
+        let next: Vec<Arc<Endpoint>> = advertised
+            .iter()
+            .map(|u| {
+                list.iter()
+                    .find(|e| &e.url == u)
+                    .cloned()
+                    .unwrap_or_else(|| Endpoint::new(u.clone()))
+            })
+            .collect();
+        tracing::info!(
+            "etcd: the cluster's members changed: calls go to {} (were {})",
+            advertised.join(", "),
+            current.join(", ")
+        );
+        *self.endpoints.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(next);
     }
 
     /// Runs `op` on the runtime and waits for it until `deadline`.
@@ -243,19 +367,20 @@ impl Members {
     {
         let me = self.clone();
         self.run(deadline, async move {
-            let n = me.urls.len();
+            let list = me.endpoints();
+            let n = list.len();
             let first = me.next.fetch_add(1, Ordering::Relaxed) % n;
             let mut errors = Vec::new();
             for i in 0..n {
-                let member = (first + i) % n;
-                let url = &me.urls[member];
+                let endpoint = &list[(first + i) % n];
+                let url = &endpoint.url;
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
                     errors.push("no time left".to_string());
                     break;
                 }
                 let share = if i + 1 == n { left } else { left / 2 };
-                let client = match me.client(member, share).await {
+                let client = match me.client(endpoint, share).await {
                     Ok(c) => c,
                     Err(e) => {
                         errors.push(format!("{url}: {}", describe(&e)));
@@ -330,15 +455,16 @@ impl Members {
         }
     }
 
-    /// The client of `member`, made on first use.
+    /// The client of `endpoint`, made on first use.
     pub(crate) async fn client(
         &self,
-        member: usize,
+        endpoint: &Endpoint,
         within: Duration,
     ) -> Result<Client, etcd_client::Error> {
-        let url = self.urls[member].clone();
+        let url = endpoint.url.clone();
         let access = self.access.clone();
-        self.clients[member]
+        endpoint
+            .client
             .get_or_try_init(|| async move {
                 let mut options = ConnectOptions::new()
                     .with_connect_timeout(within)

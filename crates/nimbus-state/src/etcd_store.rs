@@ -171,8 +171,10 @@ impl EtcdStore {
         }
         let members = Members::new(urls, access)
             .map_err(|e| EndpointError(format!("starting the etcd client: {e}")))?;
+        let members = Arc::new(members);
+        members.follow();
         Ok(EtcdStore {
-            members: Arc::new(members),
+            members,
             prefix: prefix.to_vec(),
             timeout,
             fence: Mutex::new(Fence::default()),
@@ -209,6 +211,12 @@ impl EtcdStore {
             version: kv.mod_revision() as u64,
             value: value.to_vec(),
         })
+    }
+
+    /// The client URLs calls go to now (the configured ones, or the
+    /// members' own once members were replaced).
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.urls()
     }
 
     /// One linearizable read, to prove the cluster is reachable and has a
@@ -788,6 +796,42 @@ mod tests {
         assert_eq!(check_ca(&read("ca.pem")), Ok(()));
         assert!(check_ca(&read("client.key")).is_err());
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_store_follows_the_members_when_they_are_replaced() {
+        let mut cluster = Cluster::start("replace");
+        // Told of two members of three: it learns the third.
+        let store = EtcdStore::new(&cluster.urls[..2], b"/r/", Duration::from_secs(3)).unwrap();
+        store
+            .compare_and_set(b"k", None, Some(b"1".to_vec()))
+            .unwrap();
+        let follows = |urls: &[String]| {
+            let until = Instant::now() + Duration::from_secs(30);
+            let mut want = urls.to_vec();
+            want.sort();
+            while store.endpoints() != want {
+                assert!(
+                    Instant::now() < until,
+                    "{:?}, not {want:?}",
+                    store.endpoints()
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        };
+        follows(&cluster.urls);
+        // Both members it was told of are replaced, one after the other:
+        // it goes on with the new ones, without being told.
+        for i in 0..2 {
+            cluster.replace_member(i);
+            follows(&cluster.urls);
+        }
+        let v = store.get(b"k").unwrap().unwrap();
+        assert_eq!(v.value, b"1");
+        assert!(store
+            .compare_and_set(b"k", Some(v.version), Some(b"2".to_vec()))
+            .unwrap()
+            .is_some());
     }
 
     #[test]

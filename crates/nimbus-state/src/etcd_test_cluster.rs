@@ -15,6 +15,61 @@ pub struct Cluster {
     pub access: crate::etcd_store::Access,
 }
 
+/// What a member is started with.
+struct Member {
+    name: String,
+    client_url: String,
+    peer: u16,
+}
+
+/// Starts etcd member `m` of the cluster in `dir`.
+fn spawn(
+    dir: &std::path::Path,
+    m: &Member,
+    initial_cluster: &str,
+    state: &str,
+    token: &str,
+    tls_args: &[String],
+) -> std::process::Child {
+    let log = std::fs::File::create(dir.join(format!("{}.log", m.name))).unwrap();
+    let peer_url = format!("http://127.0.0.1:{}", m.peer);
+    std::process::Command::new("etcd")
+        .args(["--name", &m.name, "--data-dir"])
+        .arg(dir.join(&m.name))
+        .args(["--listen-client-urls", &m.client_url])
+        .args(["--advertise-client-urls", &m.client_url])
+        .args(["--listen-peer-urls", &peer_url])
+        .args(["--initial-advertise-peer-urls", &peer_url])
+        .args(["--initial-cluster", initial_cluster])
+        .args(["--initial-cluster-state", state])
+        .args(["--initial-cluster-token", token])
+        .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+        .args(tls_args)
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("etcd (Debian package etcd-server; scripts/test.sh installs it)")
+}
+
+/// Runs etcdctl (a plain cluster's) against `endpoint`: its output, or
+/// its error output.
+fn try_etcdctl(endpoint: &str, args: &[&str]) -> Result<String, String> {
+    let out = std::process::Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={endpoint}"))
+        .args(args)
+        .output()
+        .expect("etcdctl (Debian package etcd-client)");
+    match out.status.success() {
+        true => Ok(String::from_utf8_lossy(&out.stdout).into_owned()),
+        false => Err(String::from_utf8_lossy(&out.stderr).into_owned()),
+    }
+}
+
+fn etcdctl(endpoint: &str, args: &[&str]) -> String {
+    try_etcdctl(endpoint, args).unwrap_or_else(|e| panic!("etcdctl {args:?}: {e}"))
+}
+
 /// Runs openssl with `args` in `dir`.
 fn openssl(dir: &std::path::Path, args: &[&str]) {
     let out = std::process::Command::new("openssl")
@@ -152,41 +207,19 @@ impl Cluster {
             access.ca_pem = Some(read("ca.pem"));
             access.identity = Some((read("client.pem"), read("client.key")));
         }
-        let mut members = Vec::new();
-        for (i, (client, peer)) in ports.iter().enumerate() {
-            let log = std::fs::File::create(dir.join(format!("m{i}.log"))).unwrap();
-            let child = std::process::Command::new("etcd")
-                .args([
-                    "--name".into(),
-                    format!("m{i}"),
-                    "--data-dir".into(),
-                    dir.join(format!("m{i}")).display().to_string(),
-                    "--listen-client-urls".into(),
-                    format!("{scheme}://127.0.0.1:{client}"),
-                    "--advertise-client-urls".into(),
-                    format!("{scheme}://127.0.0.1:{client}"),
-                    "--listen-peer-urls".into(),
-                    format!("http://127.0.0.1:{peer}"),
-                    "--initial-advertise-peer-urls".into(),
-                    format!("http://127.0.0.1:{peer}"),
-                    "--initial-cluster".into(),
-                    initial.clone(),
-                    "--initial-cluster-state".into(),
-                    "new".into(),
-                    "--initial-cluster-token".into(),
-                    format!("nimbus-{name}-{}", std::process::id()),
-                    "--heartbeat-interval".into(),
-                    "50".into(),
-                    "--election-timeout".into(),
-                    "500".into(),
-                ])
-                .args(&tls_args)
-                .stdout(log.try_clone().unwrap())
-                .stderr(log)
-                .spawn()
-                .expect("etcd (Debian package etcd-server; scripts/test.sh installs it)");
-            members.push(child);
-        }
+        let token = format!("nimbus-{name}-{}", std::process::id());
+        let members = ports
+            .iter()
+            .enumerate()
+            .map(|(i, &(client, peer))| {
+                let member = Member {
+                    name: format!("m{i}"),
+                    client_url: format!("{scheme}://127.0.0.1:{client}"),
+                    peer,
+                };
+                spawn(&dir, &member, &initial, "new", &token, &tls_args)
+            })
+            .collect();
         let urls: Vec<String> = ports
             .iter()
             .map(|(c, _)| format!("{scheme}://127.0.0.1:{c}"))
@@ -200,24 +233,80 @@ impl Cluster {
         // Ready when every member answers a linearizable read (a leader
         // exists, and each serves clients): a test may count which member
         // a connection went to.
-        let until = std::time::Instant::now() + Duration::from_secs(30);
         for url in &cluster.urls {
-            let store = EtcdStore::with_access(
-                std::slice::from_ref(url),
-                b"/ready/",
-                Duration::from_secs(2),
-                cluster.access.clone(),
-            )
-            .unwrap();
-            while let Err(e) = store.check() {
-                assert!(
-                    std::time::Instant::now() < until,
-                    "etcd member {url} not ready: {e}"
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            }
+            cluster.wait_ready(url);
         }
         cluster
+    }
+
+    /// Waits until the member at `url` answers a linearizable read.
+    fn wait_ready(&self, url: &str) {
+        let until = std::time::Instant::now() + Duration::from_secs(30);
+        let store = EtcdStore::with_access(
+            &[url.to_string()],
+            b"/ready/",
+            Duration::from_secs(2),
+            self.access.clone(),
+        )
+        .unwrap();
+        while let Err(e) = store.check() {
+            assert!(
+                std::time::Instant::now() < until,
+                "etcd member {url} not ready: {e}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Cluster {
+    /// Replaces member `i` of a plain cluster as an operator would: a new
+    /// member (new name, new ports) is added and started, then member `i`
+    /// is removed and stopped. The new member's client URL.
+    pub fn replace_member(&mut self, i: usize) -> String {
+        let kept = self.urls[(i + 1) % self.urls.len()].clone();
+        let n = self.members.len();
+        let member = Member {
+            name: format!("m{n}"),
+            client_url: format!("http://127.0.0.1:{}", free_port()),
+            peer: free_port(),
+        };
+        let peer_url = format!("--peer-urls=http://127.0.0.1:{}", member.peer);
+        // etcd adds a member only once every member has been connected to
+        // the leader for a few seconds (its "unhealthy cluster" refusal).
+        let until = std::time::Instant::now() + Duration::from_secs(30);
+        let added = loop {
+            match try_etcdctl(&kept, &["member", "add", &member.name, &peer_url]) {
+                Ok(out) => break out,
+                Err(e) if e.contains("unhealthy cluster") && std::time::Instant::now() < until => {
+                    std::thread::sleep(Duration::from_millis(250))
+                }
+                Err(e) => panic!("etcdctl member add: {e}"),
+            }
+        };
+        let initial = added
+            .lines()
+            .find_map(|l| l.strip_prefix("ETCD_INITIAL_CLUSTER=\""))
+            .and_then(|l| l.strip_suffix('"'))
+            .expect("etcdctl member add names the cluster");
+        let token = "unused-for-an-existing-cluster";
+        self.members
+            .push(spawn(&self.dir, &member, initial, "existing", token, &[]));
+        self.wait_ready(&member.client_url);
+        // The old member's id, from `id, status, name, peers, clients, learner`.
+        let list = etcdctl(&kept, &["member", "list"]);
+        let old = format!("m{i}");
+        let id = list
+            .lines()
+            .map(|l| l.split(", ").collect::<Vec<_>>())
+            .find(|f| f.get(2) == Some(&old.as_str()))
+            .map(|f| f[0].to_string())
+            .expect("the old member is listed");
+        etcdctl(&kept, &["member", "remove", &id]);
+        let _ = self.members[i].kill();
+        let _ = self.members[i].wait();
+        self.urls[i] = member.client_url.clone();
+        member.client_url
     }
 }
 

@@ -141,11 +141,12 @@ impl Follow {
         let mut member = 0;
         let mut failures: Vec<String> = Vec::new();
         loop {
-            let n = self.members.urls().len();
-            let url = self.members.urls()[member % n].clone();
-            match self.follow(member % n).await {
+            let list = self.members.endpoints();
+            let n = list.len();
+            let endpoint = list[member % n].clone();
+            match self.follow(&endpoint).await {
                 Ok(()) => failures.clear(),
-                Err(e) => failures.push(format!("{url}: {e}")),
+                Err(e) => failures.push(format!("{}: {e}", endpoint.url)),
             }
             member += 1;
             if failures.len() >= n {
@@ -161,10 +162,10 @@ impl Follow {
 
     /// Follows the stream of one member until it fails. Ok: it delivered
     /// something before it ended.
-    async fn follow(&self, member: usize) -> Result<(), String> {
+    async fn follow(&self, endpoint: &crate::etcd_rpc::Endpoint) -> Result<(), String> {
         let mut client = self
             .members
-            .client(member, self.timeout)
+            .client(endpoint, self.timeout)
             .await
             .map_err(|e| e.to_string())?
             .watch_client()
