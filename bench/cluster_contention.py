@@ -237,7 +237,10 @@ def check_perf(etcd: EtcdCluster) -> str:
     return f"{m.group(1)} writes/s{limit}"
 
 
-KINDS = ["cluster", "single", "samba"]
+# cluster-tls: the same three nodes on a second etcd cluster, reached as a
+# production one is (client and peer TLS, client certificates, a role on
+# the prefix, the records tagged): what that costs against plain http://.
+KINDS = ["cluster", "cluster-tls", "single", "samba"]
 
 
 def main() -> int:
@@ -266,21 +269,30 @@ def main() -> int:
     keep = contextlib.nullcontext(tempfile.mkdtemp(prefix="nimbus-cluster-bench-", dir="/dev/shm"))
     with keep if args.keep else tempfile.TemporaryDirectory(prefix="nimbus-cluster-bench-", dir="/dev/shm") as tmp:
         work = Path(tmp)
-        # Plain http://: runs stay comparable with those measured before
-        # the tests' etcd went TLS (tests/etcd_cluster.py, tls=True).
+        # "cluster" on plain http://: comparable with the runs measured
+        # before the tests' etcd went TLS; "cluster-tls" on its own etcd.
         etcd = EtcdCluster(work / "etcd", tls=False)
         etcd.start()
+        tls_etcd: EtcdCluster | None = None
         cluster_procs: list[subprocess.Popen] = []
         try:
-            names = {"cluster": "Nimbus, 3-node cluster", "single": "Nimbus, one node", "samba": "Samba, one node"}
+            names = {
+                "cluster": "Nimbus, 3-node cluster",
+                "cluster-tls": "Nimbus, cluster, TLS etcd",
+                "single": "Nimbus, one node",
+                "samba": "Samba, one node",
+            }
             for kind in args.kinds:
                 state = work / kind
                 share = work / f"{kind}-share"
                 state.mkdir()
                 share.mkdir()
                 server = None
-                if kind == "cluster":
-                    target, cluster_procs = start_cluster(args.nimbus, state, share, etcd)
+                if kind == "cluster-tls":
+                    tls_etcd = EtcdCluster(work / "etcd-tls", tls=True)
+                    tls_etcd.start()
+                if kind.startswith("cluster"):
+                    target, cluster_procs = start_cluster(args.nimbus, state, share, tls_etcd if kind == "cluster-tls" else etcd)
                     idle = idle_rates(target)
                 else:
                     server = start_nimbus(args.nimbus, state, share) if kind == "single" else start_smbd(state, share)
@@ -306,6 +318,8 @@ def main() -> int:
             perf = "not measured" if args.no_check_perf else check_perf(etcd)
         finally:
             etcd.stop()
+            if tls_etcd:
+                tls_etcd.stop()
 
     table = render(results, args.nprocs, perf, args.seconds)
     print(table)
@@ -337,14 +351,20 @@ def render(results: dict, nprocs: list[int], perf: str, seconds: int) -> str:
         "requests/open*: every key-value call, reads included (the members' Prometheus counters);",
         "both less what the idle cluster does in the same time.",
         "",
-        "| case | nprocs | 3-node cluster | etcd txn/open | etcd requests/open | one Nimbus node | Samba | cluster / one node | cluster / Samba |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "*cluster, TLS etcd*: the same nodes on a second etcd reached as a production one is",
+        "(client and peer TLS, client certificates, a role on the prefix only, records tagged with",
+        "the cluster secret); *TLS / plain* its rate over the cluster's.",
+        "",
+        "| case | nprocs | 3-node cluster | etcd txn/open | etcd requests/open | cluster, TLS etcd | TLS / plain | one Nimbus node | Samba | cluster / one node | cluster / Samba |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for case in CASES:
         for n in nprocs:
             if ("cluster", case, n) not in results:  # the cluster not run: nothing to compare
                 continue
             c, s, b = results[("cluster", case, n)], results.get(("single", case, n)), results.get(("samba", case, n))
+            t = results.get(("cluster-tls", case, n))
+            tls_ratio = f"{t['rate'] / max(c['rate'], 1):.2f}" if t else "-"
 
             def rate(r):
                 return f"{r['rate']:.0f}" if r else "not run"
@@ -353,8 +373,8 @@ def render(results: dict, nprocs: list[int], perf: str, seconds: int) -> str:
                 return f"{c['rate'] / max(r['rate'], 1):.2f}" if r else "-"
 
             lines.append(
-                f"| {case} | {n} | {c['rate']:.0f} | {c['txn_per_open']:.3f} | {c['requests_per_open']:.3f} | {rate(s)} | {rate(b)} | "
-                f"{ratio(s)} | {ratio(b)} |"
+                f"| {case} | {n} | {c['rate']:.0f} | {c['txn_per_open']:.3f} | {c['requests_per_open']:.3f} | {rate(t)} | "
+                f"{tls_ratio} | {rate(s)} | {rate(b)} | {ratio(s)} | {ratio(b)} |"
             )
     return "\n".join(lines) + "\n"
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import os
 import secrets
 import shutil
@@ -368,6 +369,38 @@ class EtcdCluster:
     def stop_member(self, i: int) -> None:
         """Stop member `i` (its data directory stays), as if cut off."""
         self.members[i].stop()
+
+    def kill_member(self, i: int) -> None:
+        """Kill member `i` with SIGKILL, as a crash: unlike `stop_member`, a
+        leader hands nothing over, and its peers learn of the loss only when
+        its heartbeats stop. Returns once the process has exited; its data
+        directory stays, for `start_member`."""
+        m = self.members[i]
+        if m.alive():
+            m.process.kill()
+        if m.process is not None:
+            m.process.wait(timeout=STOP_TIMEOUT)
+
+    def leader(self) -> int | None:
+        """The index of the member the running members take for their
+        leader (`etcdctl endpoint status`), or None while they know none
+        or disagree."""
+        running = [m for m in self.members if m.alive()]
+        if not running:
+            return None
+        try:
+            out = self.etcdctl("endpoint", "status", "-w", "json", endpoints=[m.client_url for m in running])
+        except EtcdError:
+            return None
+        statuses = {s["Endpoint"]: s["Status"] for s in json.loads(out)}
+        leaders = {s.get("leader", 0) for s in statuses.values()}
+        if len(statuses) != len(running) or len(leaders) != 1:
+            return None
+        leader = leaders.pop()
+        for i, m in enumerate(self.members):
+            if m.alive() and statuses[m.client_url]["header"]["member_id"] == leader:
+                return i
+        return None
 
     def start_member(self, i: int) -> None:
         """Start member `i` again on its data directory and ports: it rejoins

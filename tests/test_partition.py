@@ -162,6 +162,7 @@ class Session:
 
     def __init__(self, owner: Worker | Prober, serial: int):
         self.worker, self.serial = owner, serial
+        self.timeout = owner.request_timeout
         self.s: socket.socket | None = None
         self.mid, self.sid, self.tid, self.file_id = 0, 0, 0, b""
 
@@ -174,7 +175,7 @@ class Session:
         w = self.worker
         sent = time.monotonic()
         try:
-            self.s = socket.create_connection(w.address, timeout=REQUEST_TIMEOUT)
+            self.s = socket.create_connection(w.address, timeout=self.timeout)
             self.s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except ConnectionRefusedError:
             self._record("connect", sent, REFUSED)
@@ -213,13 +214,13 @@ class Session:
         return True
 
     def request(self, what: str, command: int, body: bytes, credits: int = 8) -> tuple[Request, bytes]:
-        """Sends one request and waits for its final answer, at most
-        REQUEST_TIMEOUT (an interim STATUS_PENDING is skipped)."""
+        """Sends one request and waits for its final answer, at most the
+        owner's request_timeout (an interim STATUS_PENDING is skipped)."""
         mid = self.mid
         self.mid += 1
         hdr = rawsmb.header(command, mid, credit_request=credits, session_id=self.sid, tree_id=self.tid)
         sent = time.monotonic()
-        deadline = sent + REQUEST_TIMEOUT
+        deadline = sent + self.timeout
         try:
             self.s.sendall(rawsmb.frame(hdr + body))
             while True:
@@ -256,7 +257,10 @@ class Worker(threading.Thread):
     """Locks one of OFFSETS at a time on one node, holds it briefly and
     unlocks it, until told to stop; reconnects whenever its connection is
     lost or an unlock is not confirmed (so that the server lets go of the
-    lock with the connection)."""
+    lock with the connection). A subclass may act while it holds a lock
+    (`while_held`) or wait longer for answers (`request_timeout`)."""
+
+    request_timeout: float = REQUEST_TIMEOUT
 
     def __init__(self, index: int, node: str, host: str, address: tuple[str, int], stop: threading.Event, timeline: Timeline):
         super().__init__(daemon=True, name=f"worker-{index}-{node}")
@@ -291,20 +295,25 @@ class Worker(threading.Thread):
                     self.stop.wait(rng.uniform(*PACE))
                     continue
                 hold = Hold(self.index, self.node, session.serial, offset, r.answered)
-                time.sleep(rng.uniform(*HOLD))
+                self.while_held(session, hold, rng)
                 hold.released = time.monotonic()
-                hold.unlock, _ = session.request("unlock", LOCK, lock_body(session.file_id, (offset, LENGTH, UNLOCK)))
+                if session.alive:  # else the connection went during the hold, and the lock with it: no unlock
+                    hold.unlock, _ = session.request("unlock", LOCK, lock_body(session.file_id, (offset, LENGTH, UNLOCK)))
                 self.holds.append(hold)
                 heal = self.timeline.heal_at
                 if self.node == "n3" and heal is not None and hold.granted > heal:
                     self.timeline.served_again.set()
-                if hold.unlock.status != 0:
+                if hold.unlock is None or hold.unlock.status != 0:
                     session.close()
         except Exception:
             self.failure = traceback.format_exc()
         finally:
             if session is not None:
                 session.close()
+
+    def while_held(self, session: Session, hold: Hold, rng: random.Random) -> None:
+        """What the worker does between a grant and its unlock."""
+        time.sleep(rng.uniform(*HOLD))
 
 
 class Prober(threading.Thread):
@@ -313,6 +322,8 @@ class Prober(threading.Thread):
     disconnects. A worker whose request hangs sends nothing more until it
     gives up; the probes go on arriving, so that requests are sent all
     through a cut, each held to ANSWER_BOUND."""
+
+    request_timeout: float = REQUEST_TIMEOUT
 
     def __init__(self, node: str, host: str, address: tuple[str, int], stop: threading.Event):
         super().__init__(daemon=True, name=f"prober-{node}")
@@ -370,6 +381,16 @@ def hold_end(h: Hold, client_cuts: list[float]) -> float:
     lost = h.unlock.answered if h.unlock is not None else h.released
     cut = next((c for c in client_cuts if h.granted < c <= lost), None)
     return min(h.released, cut) if cut is not None else h.granted
+
+
+def overlap_examples(overlaps: list[tuple[Hold, Hold]], rel) -> str:
+    """The first few overlapping pairs, each hold's node, worker, range and
+    times (`rel` turns a time into text)."""
+    return "; ".join(
+        f"{a.node}/w{a.worker} [{a.offset},+{LENGTH}) {rel(a.granted)}..{rel(a.end)} vs "
+        f"{b.node}/w{b.worker} [{b.offset},+{LENGTH}) {rel(b.granted)}..{rel(b.end)}"
+        for a, b in overlaps[:4]
+    )
 
 
 def held_together(a: Hold, b: Hold) -> bool:
@@ -552,11 +573,7 @@ def test_locks_stay_exclusive_while_a_node_is_partitioned(cluster, mode, run):
     lost = [h for h in holds if h.unlock.outcome == ANSWERED and h.unlock.status == STATUS_RANGE_NOT_LOCKED]
     if overlaps or lost:
         worst = max((min(a.end, b.end) - max(a.granted, b.granted) for a, b in overlaps), default=0.0)
-        examples = "; ".join(
-            f"{a.node}/w{a.worker} [{a.offset},+{LENGTH}) {rel(a.granted)}..{rel(a.end)} vs "
-            f"{b.node}/w{b.worker} [{b.offset},+{LENGTH}) {rel(b.granted)}..{rel(b.end)}"
-            for a, b in overlaps[:4]
-        )
+        examples = overlap_examples(overlaps, rel)
         failures["1. exclusivity"] = (
             f"{len(overlaps)} overlapping exclusive holds by different clients (longest overlap {worst * 1000:.0f} ms; "
             f"nodes involved: {sorted({x.node for p in overlaps for x in p})}): {examples}; "

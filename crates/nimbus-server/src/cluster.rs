@@ -264,6 +264,9 @@ fn etcd_access(cfg: &ClusterConfig) -> Result<nimbus_state::etcd_store::Access, 
     Ok(access)
 }
 
+/// How soon a lease renewal that failed is tried again.
+const RENEW_RETRY: Duration = Duration::from_millis(250);
+
 /// Key prefix of the write a node makes at start to prove its etcd user
 /// may write the cluster's keys.
 const PROBE_PREFIX: &[u8] = b"probe/";
@@ -893,7 +896,13 @@ impl Membership {
                     // At once: the old lease is gone already.
                     next_renewal = now;
                 }
-                Err(e) => tracing::warn!("cluster: lease renewal failed: {e}"),
+                Err(e) => {
+                    tracing::warn!("cluster: lease renewal failed: {e}");
+                    // Tried again soon rather than a third of the TTL later:
+                    // an etcd election ends within a second or two, and the
+                    // lease must be proven again before its proof runs out.
+                    next_renewal = Instant::now() + RENEW_RETRY.min(period);
+                }
             }
         }
     }

@@ -111,6 +111,10 @@ pub struct ByteRangeLocks {
     files: Box<[Shard]>,
     /// How many entries are marked `locked`.
     locked_files: AtomicUsize,
+    /// Closed opens whose locks the store did not let go of (etcd did not
+    /// answer): released again by `retry_releases`, since no other node
+    /// drops a live node's entries.
+    unreleased: std::sync::Mutex<std::collections::HashSet<(FileKey, u64)>>,
 }
 
 fn refusal(e: LockError) -> NtStatus {
@@ -189,6 +193,7 @@ impl ByteRangeLocks {
             caps: LockCaps::NONE,
             files: (0..SHARDS).map(|_| Shard::default()).collect(),
             locked_files: AtomicUsize::new(0),
+            unreleased: Default::default(),
         }
     }
 
@@ -467,6 +472,7 @@ impl ByteRangeLocks {
                 Ok(((), done)) => (ended, done),
                 Err(e) => {
                     store_failed(file, e);
+                    lock(&self.unreleased).insert((file, owner));
                     (ended, Decided::default())
                 }
             }
@@ -477,6 +483,17 @@ impl ByteRangeLocks {
             r.complete(NtStatus::RANGE_NOT_LOCKED, |_| {});
         }
         done.answer();
+    }
+
+    /// Releases again the locks of closed opens the store failed to let
+    /// go of (each tried once; those that fail again wait for the next
+    /// call). How many were tried.
+    pub fn retry_releases(&self) -> usize {
+        let pending = std::mem::take(&mut *lock(&self.unreleased));
+        for &(file, owner) in &pending {
+            self.release_open(file, owner);
+        }
+        pending.len()
     }
 
     /// Takes a waiting request out of its queue (CANCEL, logoff,

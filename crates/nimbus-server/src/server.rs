@@ -594,6 +594,15 @@ impl Server {
                             return;
                         }
                         crate::failover::sweep_orphans(&s, &mut orphans);
+                        // Entries of closed opens etcd did not take out
+                        // when they closed (it did not answer).
+                        s.locks.retry_releases();
+                        for file in s.share_modes.retry_releases() {
+                            tracing::warn!(
+                                "{file:?}: the last open of a delete-pending file was taken \
+                                 out of its record late; the file stays"
+                            );
+                        }
                     }
                 });
             if let Err(e) = spawned {

@@ -510,15 +510,21 @@ fn describe(e: &etcd_client::Error) -> String {
 }
 
 /// Whether a failed call cannot have reached the member: its connection
-/// could not be made (tonic reports a failed connect as UNAVAILABLE with
-/// the connector's message), so nothing was sent.
+/// could not be made, so nothing was sent. tonic reports a failed connect
+/// as UNAVAILABLE with the connector's message, and its source is the
+/// transport's ConnectError: a connection a proxy accepted and reset
+/// because the member behind it is down says only "Connection reset by
+/// peer" in its message, and ConnectError in its source.
 fn not_sent(e: &etcd_client::Error) -> bool {
     match e {
         etcd_client::Error::TransportError(_) => true,
         etcd_client::Error::GRpcStatus(s) => {
             let m = s.message();
+            let source = std::error::Error::source(s).map(|e| format!("{e:?}"));
             s.code() == tonic::Code::Unavailable
-                && (m.contains("connect") || m.contains("Connection refused"))
+                && (m.contains("connect")
+                    || m.contains("Connection refused")
+                    || source.is_some_and(|s| s.contains("ConnectError")))
         }
         _ => false,
     }

@@ -171,20 +171,50 @@ pub type Gone = Arc<dyn Fn(u64) -> bool + Send + Sync>;
 pub struct ShareModes {
     store: Arc<dyn StateStore>,
     gone: Option<Gone>,
+    /// Closed opens whose entries the store did not let go of: removed
+    /// again by `retry_releases` (nobody else drops a live node's entries).
+    unreleased: std::sync::Mutex<Vec<(FileKey, u64)>>,
 }
 
 impl ShareModes {
     pub fn new(store: Arc<dyn StateStore>) -> Self {
-        ShareModes { store, gone: None }
+        ShareModes {
+            store,
+            gone: None,
+            unreleased: Default::default(),
+        }
     }
 
     /// Share modes of a cluster node: an open that conflicts with one of a
     /// node that is gone drops that stale entry instead of failing.
     pub fn with_liveness(store: Arc<dyn StateStore>, gone: Gone) -> Self {
         ShareModes {
-            store,
             gone: Some(gone),
+            ..ShareModes::new(store)
         }
+    }
+
+    /// A closed open whose entry `remove_open` failed to take out: taken
+    /// out by a later `retry_releases`.
+    pub fn release_later(&self, key: FileKey, open_id: u64) {
+        crate::blocking::lock(&self.unreleased).push((key, open_id));
+    }
+
+    /// Takes out again the entries `release_later` was given (each tried
+    /// once; those that fail again wait for the next call). The files of
+    /// which such an entry was the last open of a delete-pending file:
+    /// their deletion is the caller's.
+    pub fn retry_releases(&self) -> Vec<FileKey> {
+        let pending = std::mem::take(&mut *crate::blocking::lock(&self.unreleased));
+        let mut to_delete = Vec::new();
+        for (key, open_id) in pending {
+            match self.remove_open(key, open_id) {
+                Ok(true) => to_delete.push(key),
+                Ok(false) => {}
+                Err(_) => self.release_later(key, open_id),
+            }
+        }
+        to_delete
     }
 
     /// Applies `f` to the file's record atomically; `f` may refuse.

@@ -122,7 +122,8 @@ pub fn release(server: &Server, open: &Open) {
             false
         }
         Err(e) => {
-            tracing::error!("releasing open {}: {:?}", open.open_id, e);
+            tracing::error!("releasing open {}: {:?}; retried", open.open_id, e);
+            sm.release_later(open.file_key, open.open_id);
             false
         }
     };
@@ -158,7 +159,8 @@ pub fn leave_record<T>(
     let done = delete();
     // Out of the record now, which ends delete-pending.
     if let Err(e) = sm.remove_open(file, open_id) {
-        tracing::error!("releasing open {open_id}: {e:?}");
+        tracing::error!("releasing open {open_id}: {e:?}; retried");
+        sm.release_later(file, open_id);
     }
     Ok(Some(done))
 }
