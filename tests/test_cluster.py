@@ -136,6 +136,9 @@ def nodes(tmp_path, etcd_cluster):  # noqa: F811  (pytest's fixture injection)
     finally:
         for n in made:
             n.stop()
+    # Whatever a test did to them (killed, cut off), no node panicked.
+    panicked = [n.name for n in made if n.proc and "panicked at" in n.log()]
+    assert not panicked, f"nodes that panicked: {panicked}"
 
 
 def unc(node: Node, name: str) -> str:

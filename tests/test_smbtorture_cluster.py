@@ -100,12 +100,20 @@ def cluster_node(tmp_path_factory):
             wait_for_port(host, port, proc)
         host, port = ports[0]
         yield [NodeTarget(host=host, port=port, share=name, user=USER, password=PASSWORD) for name in share_names]
+        # The nodes smbtorture does not talk to were members throughout:
+        # still running and registered when the suites are done.
+        exited = [f"n{i + 1} (exit {p.returncode})" for i, p in enumerate(procs) if p.poll() is not None]
+        keys = etcd.etcdctl("get", "--prefix", "/nimbus/nodes/", "--keys-only").split()
+        registered = sorted(k.removeprefix("/nimbus/nodes/") for k in keys)
+        assert not exited and registered == ["n1", "n2", "n3"], f"nodes exited: {exited}; registered: {registered}"
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait(timeout=10)
         etcd.stop()
+    panicked = [f"n{i + 1}" for i in range(len(procs)) if "panicked at" in (base / f"n{i + 1}" / "nimbus.log").read_text(errors="replace")]
+    assert not panicked, f"cluster nodes that panicked: {panicked}"
 
 
 @pytest.fixture(scope="module")
