@@ -528,3 +528,27 @@ def samba_client_conf(tmp_path_factory) -> Path:
         f"private dir = {d / 'private'}\n"
     )
     return conf
+
+
+# Skips a CI run may have: tests/skip_allowlist.txt, one `node id prefix:
+# reason` per line. Under CI any other skip fails the run, so that a test
+# that stops running (a tool missing, a mount refused, a guard gone wrong)
+# is not taken for a test that passes.
+SKIP_ALLOWLIST = Path(__file__).with_name("skip_allowlist.txt")
+
+
+def allowed_skips() -> list[str]:
+    lines = SKIP_ALLOWLIST.read_text().splitlines() if SKIP_ALLOWLIST.exists() else []
+    return [line.split(":", 1)[0].strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if not in_ci():
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = reporter.stats.get("skipped", []) if reporter else []
+    allowed = allowed_skips()
+    unlisted = sorted({r.nodeid for r in skipped if not any(r.nodeid.startswith(a) for a in allowed)})
+    if unlisted:
+        print(f"\nCI=true: {len(unlisted)} skips not in {SKIP_ALLOWLIST.name}:\n  " + "\n  ".join(unlisted))
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
