@@ -71,15 +71,17 @@ class Node:
 
 class CaServer:
     """nimbus with one continuously available share and a state directory,
-    killed and restarted by the test."""
+    killed and restarted by the test. Both live in `disk` (default: `base`,
+    which holds the configuration, the users and the log)."""
 
-    def __init__(self, base: Path):
+    def __init__(self, base: Path, disk: Path | None = None):
         self.base = base
         self.db = base / "users.db"
         add_user(self.db, USER, PASSWORD)
-        self.share = base / "ca"
+        disk = disk or base
+        self.share = disk / "ca"
         self.share.mkdir()
-        self.state = base / "state"
+        self.state = disk / "state"
         self.proc = None
         self.port = 0
 

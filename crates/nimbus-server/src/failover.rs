@@ -156,7 +156,14 @@ fn claim_for(
         }
     };
     let record = match DurableOpen::decode(&v.value) {
-        Ok(r) if r.answered == Answered::Yes && asking.is_none_or(|(a, _)| names(a, &r)) => r,
+        // A client that names the open with its ids heard the CREATE's
+        // answer, even when its node died before marking the record so.
+        Ok(r)
+            if (r.answered == Answered::Yes || asking.is_some())
+                && asking.is_none_or(|(a, _)| names(a, &r)) =>
+        {
+            r
+        }
         r => {
             tracing::debug!(
                 "cluster: open {open_id:#x} not claimed: record {:?}",
@@ -934,7 +941,8 @@ fn post_to_holder(m: &crate::cluster::Membership, holder: u64, open_id: u64, ord
 /// in etcd already (its file's records are shared); only what this node
 /// keeps about its own opens is set up.
 fn take_over(server: &Arc<Server>, r: &DurableOpen, since: Instant) -> Result<(), String> {
-    let (share, handle, file) = crate::persist::open_file_again(server, r)?;
+    let (share, handle, file, path) = crate::persist::open_file_again(server, r)?;
+    let r = &DurableOpen { path, ..r.clone() };
     // Its share-mode entry is in etcd; put again, it stays (or comes back,
     // if something dropped it; the take-over fails on a conflict).
     crate::persist::add_share_mode(server, r, file)?;

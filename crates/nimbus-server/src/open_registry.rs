@@ -55,13 +55,20 @@ impl OpenRegistry {
 
     /// `file` was renamed from `from` to `to` (share-relative paths) on
     /// the share at `root`: every open of it, and every open beneath it,
-    /// now goes by the new name.
-    pub fn renamed(&self, root: &std::path::Path, file: FileKey, from: &str, to: &str) {
+    /// now goes by the new name. Returns those opens.
+    pub fn renamed(
+        &self,
+        root: &std::path::Path,
+        file: FileKey,
+        from: &str,
+        to: &str,
+    ) -> Vec<Arc<Open>> {
         let opens: Vec<Arc<Open>> = lock(&self.opens)
             .values()
             .filter_map(Weak::upgrade)
             .collect();
         let prefix = format!("{from}/");
+        let mut moved = Vec::new();
         for open in opens {
             let same_share = open
                 .share
@@ -76,8 +83,13 @@ impl OpenRegistry {
                 *path = to.to_string();
             } else if let Some(rest) = path.strip_prefix(&prefix) {
                 *path = format!("{to}/{rest}");
+            } else {
+                continue;
             }
+            drop(path);
+            moved.push(open);
         }
+        moved
     }
 
     /// Whether anything beneath directory `dir` (share-relative) of the

@@ -4,9 +4,13 @@
 //! (on disk before the LOCK is answered), its caching (a lease or oplock
 //! broken, acknowledged or timed out), position and mode (those without
 //! waiting for the disk), is marked answered once the response is written,
-//! and goes when the open closes. At start, every answered record is opened again and kept
-//! disconnected for its client to reclaim; a record never answered (the
-//! server stopped between writing it and sending the response) is dropped.
+//! and goes when the open closes. At start, every record is opened again
+//! and kept disconnected for its client to reclaim, until its timeout.
+//! That includes a record not marked answered: the mark is written after
+//! the response left, so a client may hold the handle though a crash took
+//! the mark (tests/test_power_loss.py). A record whose answer really never
+//! left only keeps its file for the handle's timeout, or until its client
+//! replays the CREATE.
 //!
 //! What a restart loses on purpose: write caching. A restored open holds
 //! its lease without W (an oplock no more than level II): its client
@@ -37,6 +41,33 @@ pub fn save(server: &Server, open: &Open) -> Result<(), StateError> {
 }
 
 fn save_with(server: &Server, open: &Open, durability: Durability) -> Result<(), StateError> {
+    save_as(server, open, durability, None)
+}
+
+/// The file of `open` (or a directory above it) is about to be renamed
+/// from `from` to `to` (share-relative): its record says so, on disk
+/// before the rename, so that a start after a crash in between finds the
+/// file under either name. `changed` after the rename clears it.
+pub fn renaming(server: &Server, open: &Open, from: &str, to: &str) {
+    if !open.has_record() {
+        return;
+    }
+    if let Err(e) = save_as(
+        server,
+        open,
+        Durability::Now,
+        Some((from.into(), to.into())),
+    ) {
+        tracing::error!("durable open {}: record not updated: {e}", open.open_id);
+    }
+}
+
+fn save_as(
+    server: &Server,
+    open: &Open,
+    durability: Durability,
+    renaming: Option<(String, String)>,
+) -> Result<(), StateError> {
     let Some(store) = server.disk_store.as_ref() else {
         return Err(StateError::Unavailable("no state_dir".into()));
     };
@@ -97,6 +128,7 @@ fn save_with(server: &Server, open: &Open, durability: Durability) -> Result<(),
             Answered::Not
         },
         persistent: d.persistent,
+        renaming,
     };
     // On a cluster node the file's records stay in etcd from now on, so
     // that they outlive this node (`crate::failover`).
@@ -143,9 +175,8 @@ fn changed_with(server: &Server, open: &Open, durability: Durability) {
 
 /// The CREATE's response was written: the record now names a handle the
 /// client knows. The mark need not wait for the disk (`Durability::Soon`):
-/// the record itself already is there, and a crash within the store's
-/// flush delay costs only what a crash before the response was written
-/// would have, the handle dropped at start.
+/// the record itself already is there, and a start restores it marked or
+/// not.
 ///
 /// On a cluster node the mark is an etcd write: the connection's writer
 /// waits for it (the next response goes out after it, so a client that
@@ -229,7 +260,11 @@ pub fn restore(server: &Arc<Server>) -> Result<usize, StateError> {
 
 fn reopen(server: &Arc<Server>, r: &DurableOpen, now: Instant) -> Result<(), String> {
     if r.answered != Answered::Yes {
-        return Err("its CREATE was never answered".into());
+        tracing::info!(
+            "persistent open {} of {}: its CREATE's answer is not marked (the mark may have been lost with the crash); kept for its client as the others",
+            r.open_id,
+            r.path
+        );
     }
     // An open of this node's earlier run: that run's incarnation lives on
     // under this node's lease, so other nodes do not take its entries for
@@ -238,7 +273,8 @@ fn reopen(server: &Arc<Server>, r: &DurableOpen, now: Instant) -> Result<(), Str
         m.adopt(crate::cluster::incarnation_of(r.open_id))
             .map_err(|e| format!("cannot adopt its node incarnation: {e}"))?;
     }
-    let (share, handle, file) = open_file_again(server, r)?;
+    let (share, handle, file, path) = open_file_again(server, r)?;
+    let r = &DurableOpen { path, ..r.clone() };
     let slot = server.open_files.reserve().ok_or("too many open files")?;
     add_share_mode(server, r, file)?;
     let open = open_of_record(server, r, share, handle, file, slot);
@@ -319,11 +355,12 @@ pub(crate) fn add_share_mode(
 
 /// Opens the file of record `r` again on its share, which must still be
 /// continuously available for a persistent open; the file must be the one
-/// the record names.
+/// the record names. Returns the path it was found at: the record's, or,
+/// when a rename was in progress, the renamed one.
 pub(crate) fn open_file_again(
     server: &Server,
     r: &DurableOpen,
-) -> Result<(Arc<Share>, FileHandle, FileKey), String> {
+) -> Result<(Arc<Share>, FileHandle, FileKey, String), String> {
     let share = server
         .find_share(&r.share)
         .filter(|s| s.continuous_availability || !r.persistent)
@@ -344,14 +381,23 @@ pub(crate) fn open_file_again(
         append_only: r.access & write_rights == access::FILE_APPEND_DATA,
         expect: Some((r.file.dev, r.file.ino)),
     };
-    let (handle, st, _) = fs
-        .open(&r.path, &opts)
-        .map_err(|e| format!("the file cannot be opened again: {e}"))?;
+    let (path, (handle, st, _)) = match (fs.open(&r.path, &opts), r.moved_path()) {
+        (Ok(found), _) => (r.path.clone(), found),
+        (Err(_), Some(moved)) => match fs.open(&moved, &opts) {
+            Ok(found) => (moved, found),
+            Err(e) => {
+                return Err(format!(
+                    "the file cannot be opened again, by its name or as renamed to {moved}: {e}"
+                ))
+            }
+        },
+        (Err(e), None) => return Err(format!("the file cannot be opened again: {e}")),
+    };
     let file = FileKey {
         dev: st.dev,
         ino: st.ino,
     };
-    Ok((share, handle, file))
+    Ok((share, handle, file, path))
 }
 
 /// The open record `r` describes, on `handle` (its position, mode and lock
@@ -467,11 +513,11 @@ mod tests {
         }
     }
 
-    /// A record written for a CREATE whose answer never left (the server
-    /// died in between) is dropped at start; an answered one comes back
-    /// as a handle waiting for its client.
+    /// Every record comes back at start as a handle waiting for its
+    /// client, marked answered or not: the mark follows the response, so
+    /// a crash can take the mark of a handle its client holds.
     #[test]
-    fn start_drops_records_never_answered_and_restores_the_others() {
+    fn start_restores_records_whether_or_not_their_answer_is_marked() {
         let dir = std::env::temp_dir().join(format!("nimbus-persist-start-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let share_dir = dir.join("share");
@@ -534,10 +580,10 @@ mod tests {
                     .open_id
             })
             .collect();
-        assert_eq!(left, vec![7]);
-        assert_eq!(server.durables.disconnected_count(), 1);
+        assert_eq!(left, vec![7, 8]);
+        assert_eq!(server.durables.disconnected_count(), 2);
         assert!(server.durables.find_disconnected(7).is_some());
-        assert!(server.durables.find_disconnected(8).is_none());
+        assert!(server.durables.find_disconnected(8).is_some());
         drop(store);
         drop(server);
         std::fs::remove_dir_all(&dir).unwrap();

@@ -85,6 +85,11 @@ pub struct DurableOpen {
     /// A persistent open (kept whatever breaks it is sent), or a durable
     /// one (closed by a break that reaches it while its client is away).
     pub persistent: bool,
+    /// Written just before the file (or a directory above it) is renamed
+    /// from the first path to the second: a crash may have left the rename
+    /// done or not, so a start that does not find `path` looks for it
+    /// renamed (`moved_path`). Encoded after everything else, tag 1.
+    pub renaming: Option<(String, String)>,
 }
 
 impl Default for DurableOpen {
@@ -110,6 +115,7 @@ impl Default for DurableOpen {
             create_action: 0,
             answered: Answered::Not,
             persistent: true,
+            renaming: None,
         }
     }
 }
@@ -120,7 +126,21 @@ impl DurableOpen {
         k.extend_from_slice(&open_id.to_be_bytes());
         k
     }
+
+    /// `path` as the rename in progress (`renaming`) would leave it, if it
+    /// is the renamed path or beneath it.
+    pub fn moved_path(&self) -> Option<String> {
+        let (from, to) = self.renaming.as_ref()?;
+        if self.path == *from {
+            return Some(to.clone());
+        }
+        let rest = self.path.strip_prefix(from.as_str())?.strip_prefix('/')?;
+        Some(format!("{to}/{rest}"))
+    }
 }
+
+/// The tag of the optional `renaming` section.
+const RENAMING: u8 = 1;
 
 fn put_str(w: &mut Vec<u8>, s: &str) {
     put_len(w, s.len());
@@ -189,6 +209,11 @@ impl Record for DurableOpen {
         if !self.persistent {
             w.push(0);
         }
+        if let Some((from, to)) = &self.renaming {
+            w.push(RENAMING);
+            put_str(&mut w, from);
+            put_str(&mut w, to);
+        }
         w
     }
 
@@ -246,6 +271,14 @@ impl Record for DurableOpen {
             _ => return Err(StateError::Corrupt("open record answered")),
         };
         let persistent = layout == OPEN_V1 || r.flag()?;
+        let renaming = match r.0.first() {
+            None => None,
+            Some(&RENAMING) => {
+                r.u8()?;
+                Some((get_str(&mut r)?, get_str(&mut r)?))
+            }
+            Some(_) => return Err(StateError::Corrupt("open record section")),
+        };
         if !r.0.is_empty() {
             return Err(StateError::Corrupt("open record trailing bytes"));
         }
@@ -270,6 +303,7 @@ impl Record for DurableOpen {
             create_action,
             answered,
             persistent,
+            renaming,
         })
     }
 
@@ -329,6 +363,7 @@ mod tests {
             create_action: 2,
             answered: Answered::Yes,
             persistent: true,
+            renaming: None,
         }
     }
 
@@ -352,6 +387,34 @@ mod tests {
         let bytes = handed_back.encode();
         assert_eq!(bytes[0], OPEN_V2);
         assert_eq!(DurableOpen::decode(&bytes).unwrap(), handed_back);
+    }
+
+    /// A record written while its file was being renamed keeps both
+    /// names, and finds the file under the new one, or beneath it.
+    #[test]
+    fn a_rename_in_progress_round_trips_and_moves_the_path() {
+        let moving = DurableOpen {
+            path: "dir/Ledger Ü.xlsx".into(),
+            renaming: Some(("dir/Ledger Ü.xlsx".into(), "dir/old.xlsx".into())),
+            ..sample()
+        };
+        assert_eq!(DurableOpen::decode(&moving.encode()).unwrap(), moving);
+        assert_eq!(moving.moved_path().as_deref(), Some("dir/old.xlsx"));
+        let beneath = DurableOpen {
+            path: "a/b/c.txt".into(),
+            renaming: Some(("a".into(), "z".into())),
+            persistent: false,
+            ..sample()
+        };
+        assert_eq!(DurableOpen::decode(&beneath.encode()).unwrap(), beneath);
+        assert_eq!(beneath.moved_path().as_deref(), Some("z/b/c.txt"));
+        let elsewhere = DurableOpen {
+            path: "ab/c.txt".into(),
+            renaming: Some(("a".into(), "z".into())),
+            ..sample()
+        };
+        assert_eq!(elsewhere.moved_path(), None);
+        assert_eq!(sample().moved_path(), None);
     }
 
     /// A persistent open's record keeps layout 1 byte for byte: a node

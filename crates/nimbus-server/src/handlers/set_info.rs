@@ -423,6 +423,20 @@ fn rename(
     {
         return Ok(Some(open.file_key));
     }
+    // Persistent opens of the file, or beneath it, note the rename in
+    // their records first: a crash before their records name the new path
+    // leaves them findable under either name.
+    let prefix = format!("{from}/");
+    // (Each open's own locks are taken outside the registry's.)
+    let same_share = ctx
+        .server
+        .opens
+        .matching(|o| o.share.name == open.share.name);
+    for o in same_share {
+        if o.file_key == open.file_key || o.path().starts_with(&prefix) {
+            crate::persist::renaming(ctx.server, &o, &from, &to);
+        }
+    }
     // Rename the open file, not whatever its old name reaches by now.
     let identity = (open.file_key.dev, open.file_key.ino);
     let _own = ctx.server.notify.own_change(&open.share, &[&from, &to]);
@@ -431,10 +445,16 @@ fn rename(
             VfsError::Exists => NtStatus::OBJECT_NAME_COLLISION,
             e => vfs_status(&e),
         })?;
-    // Every open of the file (and beneath it) now goes by the new name.
-    ctx.server
+    // Every open of the file (and beneath it) now goes by the new name,
+    // and a persistent one's record too, on the disk before the rename is
+    // answered: a restart reopens the file by the recorded name.
+    let moved = ctx
+        .server
         .opens
         .renamed(fs.root_path(), open.file_key, &from, &to);
+    for o in &moved {
+        crate::persist::changed(ctx.server, o);
+    }
     ctx.server.notify.renamed(open, &from, &to);
     // The name left one listing and joined another (or the same one: its
     // lease is then breaking already and the second call sends nothing).

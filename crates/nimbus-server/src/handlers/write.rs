@@ -1,6 +1,7 @@
 //! MS-SMB2 3.3.5.13 Receiving an SMB2 WRITE Request. The data is written to
 //! the file from the received frame: no copy.
 
+use nimbus_wire::create::create_options::WRITE_THROUGH;
 use nimbus_wire::fscc::access;
 use nimbus_wire::write::{encode_write_response, WriteRequest, WRITEFLAG_WRITE_THROUGH};
 use nimbus_wire::NtStatus;
@@ -49,7 +50,12 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             .handle
             .write_at(req.data, offset)
             .map_err(|e| vfs_status(&e))?;
-        if req.flags & WRITEFLAG_WRITE_THROUGH != 0 {
+        // Written through when the WRITE asks (MS-SMB2 3.3.5.13) or the
+        // open was made, or set, write-through (FILE_WRITE_THROUGH, MS-FSA
+        // 2.1.5.3): on the disk before it is answered.
+        let open_through =
+            open.mode.load(std::sync::atomic::Ordering::Relaxed) & WRITE_THROUGH != 0;
+        if req.flags & WRITEFLAG_WRITE_THROUGH != 0 || open_through {
             open.handle.sync().map_err(|e| vfs_status(&e))?;
         }
         open.position
