@@ -60,7 +60,8 @@ enum Group {
         /// When this node took the group (`TENURE`).
         taken: Instant,
     },
-    /// Being written back to etcd: callers wait.
+    /// Being written back to etcd: callers wait. Also while a write-back
+    /// whose outcome etcd left unknown is tried again (`unsettled`).
     Releasing,
     /// One thread of this node is looking the group up in etcd and may
     /// take it; the others only read it meanwhile (`peek`). Two lookups
@@ -125,9 +126,22 @@ pub struct ClusterStore {
     /// hand-over (up to `handover_timeout`), and only its own file's
     /// updates should wait with it.
     turns: Mutex<HashMap<Vec<u8>, Turn>>,
+    /// Groups whose write-back failed without a definite answer (etcd may
+    /// have applied it): their records and when they were taken. Until a
+    /// write-back of them is answered, they are neither decided from
+    /// memory (another node may have them now) nor given up (etcd may
+    /// still name this node as owner with records older than these); they
+    /// stay `Releasing` and `settle` tries again.
+    unsettled: Mutex<HashMap<Vec<u8>, Unsettled>>,
+    /// Tests: the next write-back is applied, but its answer is lost.
+    #[cfg(test)]
+    lose_write_back_answer: std::sync::atomic::AtomicBool,
 }
 
 type Turn = Arc<Mutex<Option<Memo>>>;
+
+/// An unsettled write-back's records, and when the group was taken.
+type Unsettled = (BTreeMap<Vec<u8>, Versioned>, Instant);
 
 /// What a compare-and-set of a shared record came to.
 enum SharedSet {
@@ -213,6 +227,9 @@ impl ClusterStore {
             epoch: Instant::now(),
             taken_at: Mutex::new(HashMap::new()),
             turns: Mutex::new(HashMap::new()),
+            unsettled: Mutex::new(HashMap::new()),
+            #[cfg(test)]
+            lose_write_back_answer: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -511,6 +528,12 @@ impl ClusterStore {
     /// requests over one at a time).
     fn release_or_defer(&self, group: &[u8], wait_for_lookup: bool) -> Result<bool, StateError> {
         let request = release_key(&self.me(), group);
+        if self.is_unsettled(group) {
+            // Its hand-back is being tried again; the request goes with it.
+            return self
+                .settle_one(group, &[Op::Delete(&request)])
+                .map(|()| true);
+        }
         let records = {
             let mut g = if wait_for_lookup {
                 self.settled(group)
@@ -543,37 +566,98 @@ impl ClusterStore {
         };
         let (records, taken) = records;
         let r = self.write_back(group, &records, &[Op::Delete(&request)]);
-        let mut g = self.lock();
+        self.written_back_or_unsettled(group, r, records, taken)
+            .map(|()| true)
+    }
+
+    /// After a write-back of `group`: answered, the group is etcd's (or
+    /// another node's, if this node's ownership was gone); not answered,
+    /// it stays `Releasing` with its records kept for `settle`, since etcd
+    /// may have applied it and another node taken the group already.
+    fn written_back_or_unsettled(
+        &self,
+        group: &[u8],
+        r: Result<bool, StateError>,
+        records: BTreeMap<Vec<u8>, Versioned>,
+        taken: Instant,
+    ) -> Result<(), StateError> {
         match r {
-            Ok(()) => {
-                g.remove(group);
+            Ok(written) => {
+                if !written {
+                    tracing::error!(
+                        "cluster: a file's ownership was lost before its records were written back"
+                    );
+                }
+                self.lock().remove(group);
                 self.gave_back(group);
+                self.changed.notify_all();
+                Ok(())
             }
-            Err(_) => {
-                let empty_since = records.is_empty().then(Instant::now);
-                g.insert(
-                    group.to_vec(),
-                    Group::Owned {
-                        records,
-                        empty_since,
-                        taken,
-                    },
+            Err(e) => {
+                tracing::warn!(
+                    "cluster: handing a file back to etcd: {e}; its outcome is unknown, so it is                      neither decided here nor given up until a retry is answered"
                 );
+                self.unsettled_lock()
+                    .insert(group.to_vec(), (records, taken));
+                Err(e)
             }
         }
-        drop(g);
-        self.changed.notify_all();
-        r.map(|()| true)
+    }
+
+    fn unsettled_lock(&self) -> MutexGuard<'_, HashMap<Vec<u8>, Unsettled>> {
+        self.unsettled.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn is_unsettled(&self, group: &[u8]) -> bool {
+        self.unsettled_lock().contains_key(group)
+    }
+
+    /// Tries again the write-back of `group`, unsettled. Its first try may
+    /// have been applied: this one then finds this node no longer named
+    /// owner and writes nothing, which settles it as well.
+    fn settle_one(&self, group: &[u8], also: &[Op<'_>]) -> Result<(), StateError> {
+        let Some((records, taken)) = self.unsettled_lock().remove(group) else {
+            return Ok(());
+        };
+        match self.write_back(group, &records, also) {
+            Ok(written) => {
+                if !written {
+                    tracing::info!(
+                        "cluster: a hand-back whose answer was lost had been applied (or this                          node's lease ended meanwhile)"
+                    );
+                }
+                self.lock().remove(group);
+                self.gave_back(group);
+                self.changed.notify_all();
+                Ok(())
+            }
+            Err(e) => {
+                self.unsettled_lock()
+                    .insert(group.to_vec(), (records, taken));
+                Err(e)
+            }
+        }
+    }
+
+    /// Tries again every write-back whose outcome is unknown; how many
+    /// are still unknown.
+    pub fn settle(&self) -> usize {
+        let groups: Vec<Vec<u8>> = self.unsettled_lock().keys().cloned().collect();
+        for group in &groups {
+            let _ = self.settle_one(group, &[]);
+        }
+        self.unsettled_lock().len()
     }
 
     /// Writes `records` of `group` to etcd and deletes its ownership, if
-    /// this node still owns it there.
+    /// this node still owns it there: Ok(false) when it did not (nothing
+    /// written but `also`). An error leaves the outcome unknown.
     fn write_back(
         &self,
         group: &[u8],
         records: &BTreeMap<Vec<u8>, Versioned>,
         also: &[Op<'_>],
-    ) -> Result<(), StateError> {
+    ) -> Result<bool, StateError> {
         let own = key_of(OWN_PREFIX, group);
         let keys: Vec<Vec<u8>> = self.clustered.iter().map(|p| key_of(p, group)).collect();
         let mut ops: Vec<Op<'_>> = keys
@@ -588,17 +672,17 @@ impl ClusterStore {
         // `also` happens either way, in the same round trip.
         let me = self.me();
         let t = self.etcd.txn(&[Cmp::Value(&own, &me)], &ops, also)?;
-        if !t.succeeded {
-            tracing::error!(
-                "cluster: a file's ownership was lost before its records were written back"
-            );
+        #[cfg(test)]
+        if self.lose_write_back_answer.swap(false, Ordering::SeqCst) {
+            return Err(StateError::Unavailable("test: the answer was lost".into()));
         }
-        Ok(())
+        Ok(t.succeeded)
     }
 
     /// Gives back the groups that have had no record for `idle`: etcd keeps
     /// ownership records only for files in use.
     pub fn sweep(&self, idle: Duration) -> usize {
+        self.settle();
         let now = Instant::now();
         let idle_groups: Vec<Vec<u8>> = {
             let mut g = self.lock();
@@ -620,24 +704,14 @@ impl ClusterStore {
         };
         let mut done = 0;
         for group in &idle_groups {
-            let ok = self.write_back(group, &BTreeMap::new(), &[]).is_ok();
-            let mut g = self.lock();
-            if ok {
-                g.remove(group);
-                self.gave_back(group);
+            let r = self.write_back(group, &BTreeMap::new(), &[]);
+            if self
+                .written_back_or_unsettled(group, r, BTreeMap::new(), now)
+                .is_ok()
+            {
                 done += 1;
-            } else {
-                g.insert(
-                    group.clone(),
-                    Group::Owned {
-                        records: BTreeMap::new(),
-                        empty_since: Some(now),
-                        taken: now,
-                    },
-                );
             }
         }
-        self.changed.notify_all();
         done
     }
 
@@ -648,9 +722,15 @@ impl ClusterStore {
     /// nothing is decided here until `rejoined` and a new proof.
     pub fn forget_all(&self) {
         self.proven_until.store(0, Ordering::SeqCst);
+        // Unsettled write-backs go too: etcd ended the ownership they
+        // were about with the lease.
+        let unsettled: Vec<Vec<u8>> = self.unsettled_lock().drain().map(|(k, _)| k).collect();
         let mut g = self.lock();
         let held = g.len();
         g.retain(|_, v| !matches!(v, Group::Owned { .. }));
+        for group in &unsettled {
+            g.remove(group);
+        }
         let forgotten = held - g.len();
         drop(g);
         self.taken_at
@@ -749,7 +829,7 @@ impl ClusterStore {
             pending.sort();
             pending.dedup();
 
-            failing = false;
+            failing = self.settle() > 0;
             pending.retain(|group| match self.release_or_defer(group, false) {
                 Ok(handled) => !handled,
                 Err(e) => {
@@ -1498,6 +1578,38 @@ mod tests {
         assert!(three.store.owns(G));
         three.store.release(G).unwrap();
         assert!(!three.store.owns(G));
+    }
+
+    /// A hand-back etcd applied but whose answer was lost: the node must
+    /// not go on deciding the file from memory (another node may have
+    /// taken it by then), nor give up its records (etcd may still name it
+    /// owner); it tries again, learns that the first try was applied, and
+    /// then reaches the file through etcd like any other node.
+    #[test]
+    fn a_hand_back_whose_answer_was_lost_is_not_decided_from_memory() {
+        let cluster = Cluster::start("lost-answer");
+        let one = Node::start(&cluster.urls, "1", &[]);
+        let two = Node::start(&cluster.urls, "2", &[]);
+        one.set("1a");
+        one.set("");
+        assert!(one.store.owns(G));
+        // The idle file is given back to etcd; the answer is lost.
+        one.store
+            .lose_write_back_answer
+            .store(true, Ordering::SeqCst);
+        assert_eq!(one.store.sweep(Duration::ZERO), 0);
+        assert!(
+            !one.store.owns(G),
+            "decided from memory after an unknown outcome"
+        );
+        // Node 2 takes the free file meanwhile.
+        two.set("2b");
+        assert!(two.store.owns(G));
+        // Node 1's next write reaches it through node 2, not its memory.
+        one.set("1c");
+        assert_eq!(two.read(), "1c");
+        assert_eq!(one.read(), "1c");
+        assert_eq!(one.store.settle(), 0);
     }
 
     #[test]
