@@ -588,20 +588,26 @@ impl ClusterStore {
                         "cluster: a file's ownership was lost before its records were written back"
                     );
                 }
-                self.lock().remove(group);
-                self.gave_back(group);
-                self.changed.notify_all();
+                self.given_back(group);
                 Ok(())
             }
             Err(e) => {
                 tracing::warn!(
-                    "cluster: handing a file back to etcd: {e}; its outcome is unknown, so it is                      neither decided here nor given up until a retry is answered"
+                    "cluster: handing a file back to etcd: {e}; its outcome is unknown, so it is \
+                     neither decided here nor given up until a retry is answered"
                 );
                 self.unsettled_lock()
                     .insert(group.to_vec(), (records, taken));
                 Err(e)
             }
         }
+    }
+
+    /// `group`'s write-back was answered: it is no longer this node's.
+    fn given_back(&self, group: &[u8]) {
+        self.lock().remove(group);
+        self.gave_back(group);
+        self.changed.notify_all();
     }
 
     fn unsettled_lock(&self) -> MutexGuard<'_, HashMap<Vec<u8>, Unsettled>> {
@@ -623,12 +629,11 @@ impl ClusterStore {
             Ok(written) => {
                 if !written {
                     tracing::info!(
-                        "cluster: a hand-back whose answer was lost had been applied (or this                          node's lease ended meanwhile)"
+                        "cluster: a hand-back whose answer was lost had been applied (or this \
+                         node's lease ended meanwhile)"
                     );
                 }
-                self.lock().remove(group);
-                self.gave_back(group);
-                self.changed.notify_all();
+                self.given_back(group);
                 Ok(())
             }
             Err(e) => {
