@@ -47,7 +47,7 @@ from smbprotocol.open import (
 )
 
 from conftest import nimbus_binary
-from test_durable import ACCESS, HANDLE, READ, SHARE_ALL, STATUS_LOCK_NOT_GRANTED, Client, dh2q, lease, plain_open, status_of
+from test_durable import ACCESS, HANDLE, READ, SHARE_ALL, STATUS_LOCK_NOT_GRANTED, Client, dh2q, durable_open, lease, plain_open, status_of
 from test_macos import rename
 from test_persistent import EXCLUSIVE, CaServer, persistent_reconnect
 
@@ -251,8 +251,9 @@ def test_the_power_loss_check_finds_the_losses_when_fsync_is_ignored(tmp_path, d
 
 class Workload(threading.Thread):
     """One client's mix of persistent opens, write-through, flushed and
-    plain writes, locks, renames, closes and write-through opens, until the
-    server dies under it. It records only what the server answered."""
+    plain writes, locks, renames, closes, write-through opens and durable
+    (not persistent) opens, until the server dies under it. It records only
+    what the server answered."""
 
     def __init__(self, node, client_guid: uuid.UUID, prefix: str, seed: int):
         super().__init__(daemon=True)
@@ -286,7 +287,7 @@ class Workload(threading.Thread):
 
     def step(self) -> None:
         live = [h for h in self.handles if h.create_guid.hex not in self.uncertain]
-        op = self.rng.choice(["open", "through", "flushed", "plain", "lock", "rename", "close", "wt-open"]) if live else "open"
+        op = self.rng.choice(["open", "through", "flushed", "plain", "lock", "rename", "close", "wt-open", "durable"]) if live else "open"
         n = self.steps
         if op == "open":
             h = Handle(f"{self.prefix}-{n}.dat", b"", uuid.uuid4(), os.urandom(16))
@@ -294,6 +295,12 @@ class Workload(threading.Thread):
             h.file_id = f.file_id
             self.handles.append(h)
             self.opens[h.create_guid.hex] = f
+            return
+        if op == "durable":
+            # A durable handle that is not persistent: nothing about it
+            # is promised across a restart; it only adds to the mix.
+            f, _ = durable_open(self.client, f"{self.prefix}-d-{n}.dat", uuid.uuid4(), os.urandom(16), timeout_ms=10_000)
+            f.write(os.urandom(self.rng.randrange(1, 10_000)), 0)
             return
         if op == "wt-open":
             name, data = f"{self.prefix}-wt-{n}.dat", os.urandom(self.rng.randrange(1, 20_000))
