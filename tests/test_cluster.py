@@ -163,6 +163,25 @@ def test_three_nodes_join_and_serve_one_directory(nodes, etcd_cluster):  # noqa:
                 assert f.read() == payload
     finally:
         smbclient.reset_connection_cache()
+    # One server, not three sharing a directory: a file opened through n1
+    # sharing nothing is refused through n2 and n3 (unrelated servers, each
+    # knowing only its own opens, would grant it), and freed on all three
+    # by its close on n1.
+    a, b, c = (Client(Target(n), uuid.uuid4()) for n in nodes)
+    try:
+        status, held = open_status(a, "from-n1.bin", 0)
+        assert status == 0, hex(status)
+        for other in (b, c):
+            assert open_status(other, "from-n1.bin", SHARE_ALL)[0] == STATUS_SHARING_VIOLATION
+        held.close()
+        for other in (b, c):
+            status, f = open_status(other, "from-n1.bin", SHARE_ALL)
+            assert status == 0, hex(status)
+            assert f.read(0, len(payload)) == payload
+            f.close()
+    finally:
+        for cl in (a, b, c):
+            cl.close()
     assert 'joined as node "n2"' in nodes[1].log()
 
 
@@ -751,23 +770,37 @@ def test_a_lease_break_crosses_nodes_and_the_create_waits_for_the_acknowledgemen
     for n in nodes:
         n.start()
     (nodes[0].share / "leased.txt").write_bytes(b"cached on n1\n")
-    key_a, key_b = uuid.uuid4().bytes, uuid.uuid4().bytes
+    (nodes[0].share / "fence.txt").write_bytes(b"fence\n")
+    key_a, key_b, key_f = uuid.uuid4().bytes, uuid.uuid4().bytes, uuid.uuid4().bytes
     a, b = ol.Smb311Client(nodes[0], uuid.uuid4().bytes), ol.Smb311Client(nodes[1], uuid.uuid4().bytes)
     try:
         resp = a.create("leased.txt", oplock=ol.LEVEL_LEASE, contexts=ol.lease_context(key_a, ol.R | ol.W | ol.H))
         assert rawsmb.status(resp) == 0
         assert ol.lease_of(resp) == (key_a, ol.R | ol.W | ol.H, 0, 1)
+        # A second file n1's client caches, for the fence below.
+        resp = a.create("fence.txt", oplock=ol.LEVEL_LEASE, contexts=ol.lease_context(key_f, ol.R | ol.W | ol.H))
+        assert ol.lease_of(resp) == (key_f, ol.R | ol.W | ol.H, 0, 1)
         # A client of n2 opens the file: n1's client is told to give up
         # write caching, and n2 holds the CREATE until it acknowledges.
         a.s.settimeout(WAIT)
+        b.s.settimeout(WAIT)
         mid, aid = b.start_create("leased.txt", oplock=ol.LEVEL_LEASE, contexts=ol.lease_context(key_b, ol.R | ol.W | ol.H))
         brk = a.recv()
         assert ol.command_of(brk) == ol.OPLOCK_BREAK and message_id(brk) == ol.BREAK_MESSAGE_ID
         _, epoch, flags, key, current, new = struct.unpack_from("<HHI16sII", ol.body_of(brk))
         assert (flags, key, current, new, epoch) == (ol.LEASE_BREAK_ACK_REQUIRED, key_a, ol.R | ol.W | ol.H, ol.R | ol.H, 2)
-        b.assert_nothing_pending()  # still waiting for n1's client
+        # The fence: the same wait on the same connection for fence.txt,
+        # acknowledged at once. Its CREATE goes on once n2 has seen that
+        # acknowledgement from n1 in etcd (its watch delivers events in
+        # revision order): whatever n1 wrote there before has reached n2
+        # by then, and the CREATE for leased.txt, answered after the
+        # fence's, is still waiting for n1's client.
+        fence = ol.lease_context(uuid.uuid4().bytes, ol.R)
+        fmid, faid = b.start_create("fence.txt", oplock=ol.LEVEL_LEASE, contexts=fence)
+        assert ol.lease_break_of(a.recv())[1:] == (ol.LEASE_BREAK_ACK_REQUIRED, key_f, ol.R | ol.W | ol.H, ol.R | ol.H)
+        assert rawsmb.status(a.call(ol.OPLOCK_BREAK, ol.lease_ack_body(key_f, ol.R | ol.H))) == 0
+        assert rawsmb.status(b.final(fmid, faid)) == 0
         assert rawsmb.status(a.call(ol.OPLOCK_BREAK, ol.lease_ack_body(key_a, ol.R | ol.H))) == 0
-        b.s.settimeout(WAIT)
         final = b.final(mid, aid)
         assert rawsmb.status(final) == 0
         assert ol.lease_of(final) == (key_b, ol.R | ol.H, 0, 1)
@@ -844,7 +877,11 @@ from conftest import run_nimbus  # noqa: E402
 from smbprotocol.open import CreateDisposition  # noqa: E402
 
 
-def test_change_notify_crosses_nodes(nodes):
+# cluster_notify: `notify/<node>/<share>/<dir>`, under the registering node's lease.
+WATCH_KEY = "/nimbus/notify/n1/data/watched"
+
+
+def test_change_notify_crosses_nodes(nodes, etcd_cluster):  # noqa: F811
     for n in nodes:
         n.start()
     (nodes[0].share / "watched").mkdir()
@@ -867,8 +904,12 @@ def test_change_notify_crosses_nodes(nodes):
         mid, _ = a.start_notify(d, tn.NAMES)
         b.delete(r"watched\renamed.txt")
         assert tn.changes(a.final(mid)) == [(tn.REMOVED, "renamed.txt")]
-        # Its handle closed, n1's watch is withdrawn from the other nodes.
+        # n1's watch is registered in etcd (under its lease) for as long as
+        # the handle watches; closed, the registration goes, which is what
+        # tells the other nodes to stop relaying changes to n1.
+        assert etcd_keys(etcd_cluster, WATCH_KEY) == [WATCH_KEY]
         assert a.close_file(d) == 0
+        wait_until("n1's watch registration leaves etcd", lambda: etcd_keys(etcd_cluster, WATCH_KEY) == [])
         wait_until("n2 knows n1 stopped watching", lambda: 'node "n1" withdrew watch of data/watched' in nodes[1].log())
     finally:
         a.close()
@@ -903,12 +944,17 @@ def test_a_directory_lease_on_one_node_breaks_when_a_file_is_made_in_it_on_anoth
     for n in nodes:
         n.start()
     (nodes[0].share / "listed").mkdir()
+    (nodes[0].share / "fence").mkdir()
     a, b = ol.Smb311Client(nodes[0], uuid.uuid4().bytes), ol.Smb311Client(nodes[2], uuid.uuid4().bytes)
     try:
         dir_key = ol.directory_leased(nodes[0], a, "listed")
-        # n1 registered the lease before granting it; n3 hears of it through
-        # its etcd watch (logged when it does).
-        wait_until("n3 knows of n1's directory lease", lambda: 'node "n1" registered lease on directory' in nodes[2].log())
+        fence_key = ol.directory_leased(nodes[0], a, "fence")
+        # n1 registered the leases before granting them; n3 hears of them
+        # through its etcd watch (logged when it does).
+        for d in ("listed", "fence"):
+            st = (nodes[0].share / d).stat()
+            item = f'node "n1" registered lease on directory {st.st_dev:x}-{st.st_ino:x}'
+            wait_until(f"n3 knows of n1's lease on {d}", lambda item=item: item in nodes[2].log())
         a.s.settimeout(WAIT)
         resp = b.create(r"listed\new.txt")
         assert rawsmb.status(resp) == 0  # a directory lease break makes nobody wait
@@ -917,7 +963,12 @@ def test_a_directory_lease_on_one_node_breaks_when_a_file_is_made_in_it_on_anoth
         # The lease holds nothing now: another change sends nothing.
         assert rawsmb.status(b.call(CLOSE, close_body(ol.file_id_of(resp)))) == 0
         assert rawsmb.status(b.create(r"listed\other.txt")) == 0
-        a.assert_nothing_pending()
+        # The fence: a break n3 sends n1's client after that change, by the
+        # same way (n1's message box in etcd, whose watch delivers in
+        # revision order, and n1's connection to its client). Had the
+        # change sent a second break, it would have come first.
+        assert rawsmb.status(b.create(r"fence\made.txt")) == 0
+        assert ol.lease_break_of(a.recv()) == (2, ol.LEASE_BREAK_ACK_REQUIRED, fence_key, ol.R | ol.H, 0)
     finally:
         a.close()
         b.close()
@@ -1231,9 +1282,16 @@ def test_a_handed_back_durable_handle_gives_way_to_a_conflicting_open_on_another
     first = Client(Target(n2), uuid.uuid4())
     f, _ = durable_open(first, "handed.dat", uuid.uuid4(), os.urandom(16), timeout_ms=60_000)
     f.write(b"kept", 0)
+    # A durable (not persistent) open lives in n2's memory alone: etcd has
+    # no record of it while n2 runs.
+    assert etcd_keys(etcd_cluster, "/nimbus/open/") == []
     n2.proc.send_signal(signal.SIGTERM)
     assert n2.proc.wait(timeout=WAIT) == 0
     assert "1 durable handle(s) handed back" in n2.log()
+    # Handed back: its record is in etcd, not under n2's lease, so that it
+    # outlives n2 (a killed node's durable opens leave nothing there).
+    records = json.loads(etcd_cluster.etcdctl("get", "--prefix", "/nimbus/open/", "-w", "json") or "{}").get("kvs", [])
+    assert [kv.get("lease", 0) for kv in records] == [0], records
     first.drop()
     other = Client(Target(n1), uuid.uuid4())
     try:
@@ -1243,6 +1301,9 @@ def test_a_handed_back_durable_handle_gives_way_to_a_conflicting_open_on_another
         status, g = open_status(other, "handed.dat", 0)
         assert status == 0, hex(status)
         assert time.monotonic() - started < 10, "the open waited for a break nobody could answer"
+        # Closed by that break on n1, for good: its record goes with it.
+        wait_until("the closed open's record leaves etcd", lambda: etcd_keys(etcd_cluster, "/nimbus/open/") == [])
+        assert g.read(0, 4) == b"kept"
         g.close()
         assert "closed by a break" in n1.log()
     finally:
