@@ -32,6 +32,12 @@ from pathlib import Path
 
 import pytest
 
+# Child processes are started with fork and exec, not vfork: the suites run
+# smbtorture and servers from several threads at once (tests/test_smbtorture.py's
+# lanes), and twice in one day a vfork'ed child's exec of the nimbus binary
+# failed with EFAULT ("Bad address") there. fork costs a few milliseconds more.
+subprocess._USE_VFORK = False  # noqa: SLF001 (CPython 3.11+; a no-op attribute elsewhere)
+
 REPO = Path(__file__).resolve().parent.parent
 USER = "alice"
 PASSWORD = "Al1ce-Secret!"

@@ -152,8 +152,8 @@ def record(worker: int, seq: int) -> bytes:
     return f"w{worker}s{seq}".encode().ljust(RECORD, b"\n")
 
 
-def record_offset(worker: int, seq: int) -> int:
-    return WRITE_BASE + (worker * MAX_WRITES + seq) * RECORD
+def record_offset(worker: int, seq: int, max_writes: int = MAX_WRITES) -> int:
+    return WRITE_BASE + (worker * max_writes + seq) * RECORD
 
 
 class Latecomer:
@@ -188,6 +188,7 @@ class Writer(Worker):
     next record into its own region of the file."""
 
     request_timeout = REQUEST_TIMEOUT
+    max_writes = MAX_WRITES  # records of its own; its region is max_writes * RECORD bytes
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -195,8 +196,8 @@ class Writer(Worker):
 
     def while_held(self, session: Session, hold: Hold, rng: random.Random) -> None:
         seq = len(self.writes)
-        if seq < MAX_WRITES:
-            data, offset = record(self.index, seq), record_offset(self.index, seq)
+        if seq < self.max_writes:
+            data, offset = record(self.index, seq), record_offset(self.index, seq, self.max_writes)
             r, resp = session.request("write", WRITE, write_body(session.file_id, offset, data))
             w = Write(self.index, seq, offset, data, r)
             if w.acknowledged:  # MS-SMB2 2.2.22: Count after StructureSize and Reserved
@@ -238,16 +239,16 @@ def refused_as_unavailable(r: Request) -> bool:
     )
 
 
-def wait_for(condition: Callable[[], bool], timeout: float) -> float | None:
-    """Polls `condition` until it holds (the time it did) or `timeout`
-    passes (None)."""
+def wait_for(condition: Callable[[], bool], timeout: float, every: float = POLL) -> float | None:
+    """Polls `condition` every `every` seconds until it holds (the time it
+    did) or `timeout` passes (None)."""
     deadline = time.monotonic() + timeout
     while True:
         if condition():
             return time.monotonic()
         if time.monotonic() >= deadline:
             return None
-        time.sleep(POLL)
+        time.sleep(every)
 
 
 def wait_for_leader(etcd, timeout: float) -> int | None:

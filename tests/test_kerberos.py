@@ -334,7 +334,7 @@ def test_smbtorture_expiry_and_re_authentication_with_kerberos(kdc, tmp_path, sa
         tests = ["expire1s", "expire2e", "expire_disconnect", "reauth1"]
         cmd = [
             "smbtorture", f"//{name}/data", "-p", str(port), "-k", "yes", "-U", f"torturer@{REALM}%{password}",
-            "-s", str(samba_client_conf), "--target=samba3", *[f"smb2.session.{t}" for t in tests],
+            "-s", str(samba_client_conf), *[f"smb2.session.{t}" for t in tests],
         ]  # fmt: skip
         p = subprocess.run(cmd, env=kdc.env, capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
         out = p.stdout + p.stderr

@@ -258,9 +258,13 @@ class Worker(threading.Thread):
     unlocks it, until told to stop; reconnects whenever its connection is
     lost or an unlock is not confirmed (so that the server lets go of the
     lock with the connection). A subclass may act while it holds a lock
-    (`while_held`) or wait longer for answers (`request_timeout`)."""
+    (`while_held`), wait longer for answers (`request_timeout`), run longer
+    (`lifetime`, `max_connects`), pick where each connection goes
+    (`before_connect`) or drop a connection after a hold (`reconnect_after`)."""
 
     request_timeout: float = REQUEST_TIMEOUT
+    lifetime: float = WORKER_LIFETIME
+    max_connects: int = MAX_CONNECTS  # connection attempts over the worker's lifetime
 
     def __init__(self, index: int, node: str, host: str, address: tuple[str, int], stop: threading.Event, timeline: Timeline):
         super().__init__(daemon=True, name=f"worker-{index}-{node}")
@@ -274,14 +278,15 @@ class Worker(threading.Thread):
         session = None
         try:
             rng = random.Random(self.index)
-            deadline = time.monotonic() + WORKER_LIFETIME
+            deadline = time.monotonic() + self.lifetime
             connects = 0
             while not self.stop.is_set() and time.monotonic() < deadline:
                 if session is None or not session.alive:
-                    if connects >= MAX_CONNECTS:
-                        self.failure = f"{MAX_CONNECTS} connection attempts made"
+                    if connects >= self.max_connects:
+                        self.failure = f"{self.max_connects} connection attempts made"
                         return
                     connects += 1
+                    self.before_connect(connects, rng)
                     session = Session(self, connects)
                     if not session.establish():
                         session.close()
@@ -303,13 +308,22 @@ class Worker(threading.Thread):
                 heal = self.timeline.heal_at
                 if self.node == "n3" and heal is not None and hold.granted > heal:
                     self.timeline.served_again.set()
-                if hold.unlock is None or hold.unlock.status != 0:
+                if hold.unlock is None or hold.unlock.status != 0 or self.reconnect_after(hold, rng):
                     session.close()
         except Exception:
             self.failure = traceback.format_exc()
         finally:
             if session is not None:
                 session.close()
+
+    def before_connect(self, serial: int, rng: random.Random) -> None:
+        """Before the worker's connection number `serial` (from 1) is made:
+        a subclass may point it at another node (`node`, `host`, `address`)."""
+
+    def reconnect_after(self, hold: Hold, rng: random.Random) -> bool:
+        """Whether to drop the connection after a hold whose unlock was
+        confirmed, and connect again."""
+        return False
 
     def while_held(self, session: Session, hold: Hold, rng: random.Random) -> None:
         """What the worker does between a grant and its unlock."""

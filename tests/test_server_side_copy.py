@@ -528,7 +528,7 @@ def test_smbtorture_block_cloning_on_a_file_system_that_shares_extents(clone_srv
         "src_is_dest", "src_is_dest_overlap", "bad_handle", "src_lock", "dest_lock",
     ]  # fmt: skip
     proc = subprocess.run(
-        ["smbtorture", f"//{clone_srv.host}/data", "-p", str(clone_srv.port), "-U", f"{clone_srv.user}%{clone_srv.password}", "--use-kerberos=off", "--target=samba3", "-s", str(samba_client_conf),
+        ["smbtorture", f"//{clone_srv.host}/data", "-p", str(clone_srv.port), "-U", f"{clone_srv.user}%{clone_srv.password}", "--use-kerberos=off", "-s", str(samba_client_conf),
          *(f"smb2.ioctl.dup_extents_{t}" for t in tests)],
         capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
     )  # fmt: skip

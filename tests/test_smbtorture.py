@@ -380,11 +380,42 @@ def first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else ""
 
 
+# A known failure's entry ends with the failure it is known for, after
+# FIRST_FAILURE: smbtorture's first failure message of the test (source
+# file:line and message). A known failure that fails otherwise (earlier in
+# the test, or at the same check with another value) is a regression.
+FIRST_FAILURE = " @ "
+_TORTURE_SOURCE = re.compile(r"(\.\./)*source4/torture/")
+_WHERE = re.compile(r"(\S+?\.c:\d+)\)?:?\s*(.*)")
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
+
+
+def failure_signature(detail: str) -> str:
+    """The first line of a failure's details as `file.c:line: message`,
+    without what differs from run to run: the source tree's relative
+    prefix, and the values of a pointer comparison."""
+    line = _TORTURE_SOURCE.sub("", first_line(detail).lstrip("( "))
+    m = _WHERE.fullmatch(line)
+    if m:
+        line = f"{m[1]}: {m[2]}"
+    if "(uintptr_t)" in line:
+        line = _ADDRESS.sub("0x…", line)
+    return line
+
+
+def known_first_failures(reason: str) -> list[str]:
+    """The failures an entry is known for (one, or several separated by
+    ` | ` when a run can end either way)."""
+    _, sep, first = reason.partition(FIRST_FAILURE)
+    return [f.strip() for f in first.split(" | ")] if sep else []
+
+
 # --------------------------------------------------------------------------
 
 
 def test_known_failures_file_is_well_formed():
-    _, problems = load_known_failures()
+    known, problems = load_known_failures()
+    problems += [f"{n}: no failure recorded (end its entry with `{FIRST_FAILURE.strip()} FIRST FAILURE`)" for n, r in known.items() if not known_first_failures(r)]
     assert not problems, "\n".join(problems)
 
 
@@ -424,6 +455,17 @@ def judge(suite: str, listed: list[str], run: SuiteRun, known: dict[str, str], s
             "failed and not in tests/smbtorture/known-failures.txt (regression):\n"
             + "\n".join(f"  {n}: {first_line(run.details.get(n, ''))}" for n in regressions)
             + "\n(a failure to accept for now goes in that file as `NAME  # reason`)"
+        )
+    differently = []
+    for n in sorted(n for n in known_here if run.outcomes.get(n) == FAIL):
+        got = failure_signature(run.details.get(n, ""))
+        expected = known_first_failures(known_here[n])
+        if got not in expected:
+            differently.append(f"  {n}:\n    known for: {' | '.join(expected) or '(nothing recorded)'}\n    failed at: {got}")
+    if differently:
+        problems.append(
+            "known failures that failed otherwise than recorded (a regression earlier in the test, or a "
+            f"new value; the entry ends with `{FIRST_FAILURE.strip()} FIRST FAILURE`):\n" + "\n".join(differently)
         )
     fixed = sorted(n for n in known_here if run.outcomes.get(n) == PASS)
     if fixed:
@@ -474,12 +516,45 @@ def fake_run(**outcomes: str) -> SuiteRun:
     ],
 )
 def test_judge(outcomes, expected):
-    # Suite "s" lists a, b and c; b is an expected skip, c a known failure.
-    problems = judge("s", ["s.a", "s.b", "s.c"], fake_run(**outcomes), {"s.c": "fails"}, {"s.b": "skips"})
+    # Suite "s" lists a, b and c; b is an expected skip, c a known failure
+    # (at x.c:10, as it does when it fails here).
+    run = fake_run(**outcomes)
+    run.details["s.c"] = "../../source4/torture/smb2/x.c:10: status was NT_STATUS_OK, expected NT_STATUS_DISK_FULL"
+    problems = judge("s", ["s.a", "s.b", "s.c"], run, {"s.c": KNOWN_AT_X10}, {"s.b": "skips"})
     text = "\n".join(problems)
     assert len(problems) == len(expected), text
     for fragment in expected:
         assert fragment in text
+
+
+KNOWN_AT_X10 = "fails @ smb2/x.c:10: status was NT_STATUS_OK, expected NT_STATUS_DISK_FULL"
+
+
+@pytest.mark.parametrize(
+    ("detail", "otherwise"),
+    [
+        pytest.param("../../source4/torture/smb2/x.c:10: status was NT_STATUS_OK, expected NT_STATUS_DISK_FULL", False, id="as-known"),
+        pytest.param("(../../source4/torture/smb2/x.c:10): status was NT_STATUS_OK, expected NT_STATUS_DISK_FULL", False, id="parenthesized"),
+        pytest.param("../../source4/torture/smb2/x.c:7: status was NT_STATUS_ACCESS_DENIED, expected NT_STATUS_OK", True, id="earlier"),
+        pytest.param("../../source4/torture/smb2/x.c:10: status was NT_STATUS_FILE_CLOSED, expected NT_STATUS_DISK_FULL", True, id="other-value"),
+        pytest.param("", True, id="no-detail"),
+    ],
+)
+def test_judge_of_a_known_failure_by_how_it_fails(detail, otherwise):
+    run = fake_run(s_a=FAIL)
+    run.details["s.a"] = detail
+    problems = judge("s", ["s.a"], run, {"s.a": KNOWN_AT_X10}, {})
+    assert bool(problems) == otherwise, problems
+    assert not problems or "failed otherwise than recorded" in problems[0]
+
+
+def test_a_failure_signature_masks_addresses_only():
+    line = "(../../source4/torture/smb2/lease.c:3455): wrong value for (uintptr_t)t got 0x74c3fa0 - should be 0x74c3e80"
+    assert failure_signature(line) == "smb2/lease.c:3455: wrong value for (uintptr_t)t got 0x… - should be 0x…"
+    line = "(../../source4/torture/smb2/create.c:580) Incorrect value for access_mask 0x0de0fe00 - should be 0x0df0fe00"
+    assert failure_signature(line) == "smb2/create.c:580: Incorrect value for access_mask 0x0de0fe00 - should be 0x0df0fe00"
+    assert failure_signature("../../source4/torture/smb2/lease.c:4052couldn't reconnect") == "smb2/lease.c:4052: couldn't reconnect"
+    assert known_first_failures("why @ a.c:1: x | a.c:2: y") == ["a.c:1: x", "a.c:2: y"]
 
 
 def test_judge_of_an_empty_list():
