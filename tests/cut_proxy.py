@@ -27,6 +27,11 @@ and counted in `overflows`; past the second new connections wait in the
 listen backlog, as silent as the held ones, and are reset by `heal()`),
 and every thread stops by itself after `lifetime` seconds, at the latest
 when the context exits.
+
+`RotatingProxy` forwards each new connection to the next of several
+targets in turn: a client that opens three connections to it talks to
+three servers, as a client behind a round-robin DNS name or load balancer
+in front of a cluster would.
 """
 
 from __future__ import annotations
@@ -95,7 +100,8 @@ class _Link:
 
 class CutProxy:
     def __init__(self, host: str, port: int, *, max_connections: int = 64, max_held: int = 64, lifetime: float = 300):
-        self.target = (host, port)
+        self.targets = [(host, port)]
+        self.forwarded = [0]  # connections forwarded to each target
         self.max_connections = max_connections
         self.max_held = max_held
         self.deadline = time.monotonic() + lifetime
@@ -261,8 +267,11 @@ class CutProxy:
                     self.overflows += 1
                     self.resets += 1
                     continue
+            with self._lock:
+                n = sum(self.forwarded) % len(self.targets)
+                self.forwarded[n] += 1
             try:
-                server = socket.create_connection(self.target, timeout=CONNECT_TIMEOUT)
+                server = socket.create_connection(self.targets[n], timeout=CONNECT_TIMEOUT)
             except OSError:
                 # The target refused: so does the proxy.
                 _reset(client)
@@ -331,6 +340,21 @@ class CutProxy:
                 if link in self._links:
                     self._links.remove(link)
             link.done.set()
+
+
+class RotatingProxy(CutProxy):
+    """A CutProxy that forwards the first connection to the first target,
+    the second to the second, and so on round the list."""
+
+    def __init__(self, targets: list[tuple[str, int]], **kwargs):
+        super().__init__(*targets[0], **kwargs)
+        self.targets = list(targets)
+        self.forwarded = [0] * len(targets)
+
+    def rewind(self) -> None:
+        """The next connection goes to the first target again."""
+        with self._lock:
+            self.forwarded = [0] * len(self.targets)
 
 
 class ProxySet:

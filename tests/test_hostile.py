@@ -607,26 +607,46 @@ def test_max_connection_memory_bytes_stops_the_reader(server_factory, budget):
 
 
 def test_connection_limits_total_and_per_address(server_factory):
-    limits = {"max_connections": 5, "max_connections_per_address": 3}
+    limits = {"max_connections": 3, "max_connections_per_address": 3}
     srv = server_factory.start(security=Security(limits=limits))
     settle()
     with contextlib.ExitStack() as stack:
         for _ in range(3):
-            s = stack.enter_context(raw(srv, source="127.0.0.1"))
-            rawsmb.negotiate(s)
+            stack.enter_context(smb_tree(srv))
+        # A fourth from the same address is refused by the limit per
+        # address; one from another address by the total, since every
+        # connection has logged on and none can be closed to make room.
         with raw(srv, source="127.0.0.1") as s:
             assert rawsmb.is_closed(s, timeout=5), "a 4th connection from one address was accepted"
-        for _ in range(2):
-            s = stack.enter_context(raw(srv, source="127.0.0.2"))
-            rawsmb.negotiate(s)
-        with raw(srv, source="127.0.0.3") as s:
-            assert rawsmb.is_closed(s, timeout=5), "a 6th connection was accepted"
+        with raw(srv, source="127.0.0.2") as s:
+            assert rawsmb.is_closed(s, timeout=5), "a 4th connection was accepted"
     # Closed connections give their places back.
     settle()
     with raw(srv, source="127.0.0.1") as s:
         rawsmb.negotiate(s)
     log = srv.log_tail()
-    assert "limits.max_connections_per_address" in log and "limits.max_connections)" in log
+    assert "limits.max_connections_per_address" in log and "all logged on (limits.max_connections)" in log
+
+
+def test_the_total_limit_closes_a_connection_not_logged_on_never_a_logged_on_one(server_factory):
+    srv = server_factory.start(security=Security(limits={"max_connections": 3, "max_connections_per_address": 3}))
+    settle()
+    with contextlib.ExitStack() as stack:
+        trees = [stack.enter_context(smb_tree(srv)) for _ in range(2)]
+        waiting = stack.enter_context(raw(srv, source="127.0.1.1"))
+        rawsmb.negotiate(waiting)
+        # Full. A newcomer takes the place of the one not logged on.
+        newcomer = stack.enter_context(raw(srv, source="127.0.2.1"))
+        rawsmb.negotiate(newcomer)
+        assert rawsmb.is_closed(waiting, timeout=5), "nothing was closed to make room"
+        # All logged on but the newcomer, which is now the only one that
+        # can go: a third newcomer pushes it out, and the sessions stay.
+        third = stack.enter_context(raw(srv, source="127.0.3.1"))
+        rawsmb.negotiate(third)
+        assert rawsmb.is_closed(newcomer, timeout=5)
+        for _conn, _session, tree in trees:
+            open_directory(tree, "").close()
+    assert "closed 1 connection(s) that had not logged on" in srv.log_tail()
 
 
 def test_unauthenticated_connections_limit(server_factory):
@@ -635,14 +655,54 @@ def test_unauthenticated_connections_limit(server_factory):
     with raw(srv) as a, raw(srv) as b:
         rawsmb.negotiate(a)
         rawsmb.negotiate(b)
+        # A third takes the place of the oldest.
         with raw(srv) as c:
-            assert rawsmb.is_closed(c, timeout=5)
+            rawsmb.negotiate(c)
+            assert rawsmb.is_closed(a, timeout=5)
+            assert not rawsmb.is_closed(b, timeout=0.5)
     settle()
     # Logged-on connections do not count.
     with smb_tree(srv) as (_conn, _session, _tree), raw(srv) as a, raw(srv) as b:
         rawsmb.negotiate(a)
         rawsmb.negotiate(b)
+        assert not rawsmb.is_closed(a, timeout=0.5)
     assert "limits.max_unauthenticated_connections" in srv.log_tail()
+
+
+def test_an_idle_flood_from_other_networks_does_not_lock_a_client_out(server_factory):
+    """Idle connections from ten addresses, each in its own /24, fill the
+    limit of connections not logged on and are renewed as they are closed.
+    A client from 127.0.0.1 still logs on, and keeps its session while the
+    flood goes on; the flood's turnover is logged in a line or two, not
+    one per connection."""
+    limit = 20
+    srv = server_factory.start(security=Security(limits={"max_unauthenticated_connections": limit}))
+    settle()
+    sources = [f"127.0.{n}.1" for n in range(1, 11)]
+    with contextlib.ExitStack() as stack:
+
+        def flood(count: int) -> list[socket.socket]:
+            made = []
+            for i in range(count):
+                s = stack.enter_context(raw(srv, source=sources[i % len(sources)]))
+                rawsmb.negotiate(s)  # answered: admitted
+                made.append(s)
+            return made
+
+        first = flood(limit)
+        # Full of the flood: a client from another network still gets in
+        # and logs on; the flood's oldest connection made room.
+        conn, _session, tree = stack.enter_context(smb_tree(srv))
+        assert rawsmb.is_closed(first[0], timeout=5)
+        # The flood renews itself three times over; each of its newcomers
+        # pushes out one of its own, never the logged-on client.
+        flood(3 * limit)
+        open_directory(tree, "").close()
+        closed = sum(rawsmb.is_closed(s, timeout=0.2) for s in first)
+        assert closed == limit, f"{closed} of the flood's first {limit} connections were closed"
+    log = srv.log_tail(200_000)
+    lines = [line for line in log.splitlines() if "that had not logged on, to admit new ones" in line]
+    assert 1 <= len(lines) <= 2, lines
 
 
 def logon(srv, user, password):

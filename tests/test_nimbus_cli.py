@@ -328,3 +328,67 @@ def _lists_sessions_and_open_files(conf, port):
         assert any("(waiting)" in t and t.endswith("dir held.txt") for t in files.splitlines()), files
     finally:
         client.close()
+
+
+def _serve_and_log(tmp_path, log_format: str | None) -> bytes:
+    """Serves with `log_format` (None: the key left out), standard error to
+    a file and NO_COLOR unset; a failed logon and a refused frame make a
+    warning or two; returns what was written."""
+    share = tmp_path / "share"
+    share.mkdir()
+    db = tmp_path / "users.db"
+    add_user(db)
+    port = free_port()
+    conf = tmp_path / "nimbus.toml"
+    head = f'log_format = "{log_format}"\n' if log_format else ""
+    conf.write_text(head + _config(share, db, listen=f'["127.0.0.1:{port}"]'))
+    log = tmp_path / "stderr.log"
+    env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([str(nimbus_binary()), "serve", "--config", str(conf)], stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env)
+    try:
+        wait_for_port("127.0.0.1", port, proc)
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(b"\x00\x00\x00\x08garbage!")  # not SMB: the server logs a refusal
+            s.settimeout(5)
+            assert s.recv(100) == b""
+        deadline = time.monotonic() + 10
+        while b"closing connection" not in log.read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+    return log.read_bytes()
+
+
+def test_text_logs_written_to_a_file_carry_no_colour_codes(tmp_path):
+    text = _serve_and_log(tmp_path, None)
+    assert b"closing connection" in text, text
+    assert b"\x1b[" not in text, "ANSI escape sequences in a log written to a file"
+
+
+def test_json_logs_are_one_object_per_line_with_an_rfc3339_timestamp(tmp_path):
+    import json
+    from datetime import datetime
+
+    text = _serve_and_log(tmp_path, "json").decode()
+    lines = text.splitlines()
+    assert len(lines) >= 3, text
+    messages = []
+    for line in lines:
+        event = json.loads(line)  # each line alone is one JSON object
+        assert event["level"] in ("INFO", "WARN", "ERROR", "DEBUG", "TRACE"), event
+        stamp = datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00"))
+        assert stamp.tzinfo is not None, event["timestamp"]
+        messages.append(event["fields"]["message"])
+    assert any("closing connection" in m for m in messages), messages
+
+
+def test_an_unknown_log_format_names_the_key_and_the_fix(tmp_path):
+    share = tmp_path / "share"
+    share.mkdir()
+    conf = tmp_path / "bad.toml"
+    conf.write_text('log_format = "xml"\n' + _config(share, tmp_path / "users.db"))
+    r = subprocess.run([str(nimbus_binary()), "config", "check", str(conf)], capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0
+    assert "log_format" in r.stderr and '"json"' in r.stderr and str(conf) in r.stderr, r.stderr

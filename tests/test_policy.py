@@ -1,4 +1,4 @@
-"""README's policy claims, end to end against the real binary: FileId
+"""The documented policy claims (docs/SECURITY.md, docs/FEATURES.md), end to end against the real binary: FileId
 isolation, the logon policy (anonymous, guest, NTLMv1) and downgrade
 protection of the NEGOTIATE.
 

@@ -34,6 +34,7 @@ own suite's result.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 import subprocess
@@ -253,40 +254,51 @@ SAMBA3_TARGET = {
 }
 
 
-def run_smbtorture(server, suite: str, client_conf: Path, log_path: Path, timeout: int = SUITE_TIMEOUT, options: list[str] = ()) -> SuiteRun:
+def run_smbtorture(
+    server, suite: str, client_conf: Path, log_path: Path, timeout: int = SUITE_TIMEOUT, options: list[str] = (), pinned: tuple[object, dict[str, str]] | None = None
+) -> SuiteRun:
     """Run one suite within `timeout` seconds in all: its tests in
     SAMBA3_TARGET with --target=samba3, the others without.
+
+    `pinned` is (another server, {pattern: reason}): the tests whose
+    names match a pattern (fnmatch) run against that server instead.
 
     When smbtorture itself dies during a test (it has crashed on answers it
     did not expect), that test counts as failed and smbtorture is started
     again on the tests that had not run yet, so one crash does not hide the
     rest of the suite.
     """
-    base = [
-        "smbtorture",
-        f"//{server.host}/{server.share}",
-        "-p", str(server.port),
-        "-U", f"{server.user}%{server.password}",
-        "--use-kerberos=off",
-        "-s", str(client_conf),
-        "--format=subunit",
-        "--fullname",
-        *options,
-    ]  # fmt: skip
+    other, patterns = pinned if pinned else (server, {})
     workdir = log_path.parent  # smbtorture leaves a smbtortureXXXXXX directory in its working directory
     all_tests = list_tests(suite)
-    samba3 = [t for t in all_tests if t in SAMBA3_TARGET]
-    # (options, the tests to run: None for the whole suite)
-    phases: list[tuple[list[str], list[str] | None]] = [([], None)]
-    if samba3:
-        phases = [([], [t for t in all_tests if t not in SAMBA3_TARGET]), (["--target=samba3"], samba3)]
+    pinned_tests = {t for t in all_tests if any(fnmatch.fnmatchcase(t, p) for p in patterns)}
+    # (server, options, the tests to run: None for the whole suite)
+    phases: list[tuple[object, list[str], list[str] | None]] = [(server, [], None)]
+    if any(t in SAMBA3_TARGET or t in pinned_tests for t in all_tests):
+        phases = [
+            (to, target, [t for t in all_tests if (t in SAMBA3_TARGET) == samba3 and (t in pinned_tests) == moved])
+            for moved, to in ((False, server), (True, other))
+            for samba3, target in ((False, []), (True, ["--target=samba3"]))
+        ]
     deadline = time.monotonic() + timeout
     result = SuiteRun()
     logs: list[str] = []
-    for n, (target, tests) in enumerate(phases):
+    for n, (to, target, tests) in enumerate(phases):
         if tests == []:
             continue
-        if not run_phase(base + target, suite, tests, workdir, f"{n}", deadline, result, logs):
+        base = [
+            "smbtorture",
+            f"//{to.host}/{to.share}",
+            "-p", str(to.port),
+            "-U", f"{to.user}%{to.password}",
+            "--use-kerberos=off",
+            "-s", str(client_conf),
+            "--format=subunit",
+            "--fullname",
+            *options,
+            *target,
+        ]  # fmt: skip
+        if not run_phase(base, suite, tests, workdir, f"{n}", deadline, result, logs):
             break
     result.output = "\n".join(logs)
     result.log_path = log_path

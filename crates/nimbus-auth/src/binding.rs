@@ -23,12 +23,14 @@
 //!   (and its first label, when that is a full DNS name), `localhost`, or an
 //!   IP address literal equal to the local address of the connection (the
 //!   listen address the client reached; the concrete address under a
-//!   wildcard listener, so it covers every listen address). An empty host
+//!   wildcard listener, so it covers every listen address) or listed in
+//!   `server_aliases` (the address of a load balancer in front of a
+//!   cluster, or a NAT's). An empty host
 //!   ("cifs/") is accepted like an empty name.
 //! - anything else is refused. A DNS name whose first label alone matches
 //!   is refused too, because anyone can name their host
 //!   `nimbus.evil.example`; a DNS alias or a NAT address of this server is
-//!   refused until `server_name` names it.
+//!   refused until `server_name` or `server_aliases` names it.
 //!
 //! What real clients send, measured against this server on 127.0.0.1:
 //! Debian's smbclient 4.17 sends "cifs/127.0.0.1" and sixteen zero bytes of
@@ -55,6 +57,9 @@ const SMB_SERVICE_CLASSES: [&str; 2] = ["cifs", "host"];
 #[derive(Debug, Clone)]
 pub(crate) struct ServerNames {
     hosts: Vec<String>,
+    /// Aliases that are IP address literals: addresses clients reach this
+    /// server by that are not its own (a load balancer's, a NAT's).
+    addresses: Vec<IpAddr>,
 }
 
 impl ServerNames {
@@ -73,8 +78,13 @@ impl ServerNames {
         if !config.dns_computer.is_empty() && !config.dns_domain.is_empty() {
             add(&format!("{}.{}", config.dns_computer, config.dns_domain));
         }
+        let mut addresses = Vec::new();
         for alias in &config.aliases {
-            add(alias);
+            let bare = alias.trim().trim_start_matches('[').trim_end_matches(']');
+            match bare.parse::<IpAddr>() {
+                Ok(ip) => addresses.push(ip.to_canonical()),
+                Err(_) => add(alias),
+            }
         }
         if let Some(h) = system_host_name {
             add(h);
@@ -82,7 +92,7 @@ impl ServerNames {
                 add(first);
             }
         }
-        ServerNames { hosts }
+        ServerNames { hosts, addresses }
     }
 
     /// The machine's host name, as the kernel has it (Linux); None where
@@ -101,7 +111,8 @@ impl ServerNames {
             .and_then(|h| h.strip_suffix(']'))
             .unwrap_or(host);
         if let Ok(ip) = bare.parse::<IpAddr>() {
-            return local.is_some_and(|l| l.to_canonical() == ip.to_canonical());
+            let ip = ip.to_canonical();
+            return local.is_some_and(|l| l.to_canonical() == ip) || self.addresses.contains(&ip);
         }
         let h = host.trim_end_matches('.').to_lowercase();
         self.hosts.contains(&h)
@@ -193,7 +204,11 @@ mod tests {
             dns_computer: "nimbus".into(),
             dns_domain: "corp.example".into(),
             allow_guest: false,
-            aliases: vec!["Files.Corp.Example".into()],
+            aliases: vec![
+                "Files.Corp.Example".into(),
+                "192.0.2.7".into(),
+                "[2001:db8::7]".into(),
+            ],
         };
         ServerNames::new(&config, Some("fileserver.lab.example"))
     }
@@ -218,6 +233,8 @@ mod tests {
             "cifs/FileServer",
             "cifs/fileserver.lab.example",
             "cifs/files.corp.example",
+            "cifs/192.0.2.7",
+            "cifs/[2001:db8::7]:445",
             "cifs/nimbus/ignored-service-name",
             "NIMBUS",
         ] {
@@ -249,6 +266,7 @@ mod tests {
             "host/attacker",
             "cifs/[::2]",
             "cifs/nimbus:",
+            "cifs/192.0.2.8",
         ] {
             assert!(n.check_target_name(spn, local).is_err(), "{spn:?}");
         }

@@ -49,6 +49,15 @@ impl EncryptionPolicy {
     }
 }
 
+/// `log_format`: lines for people to read, or one JSON object per line
+/// (with an RFC 3339 timestamp) for log shippers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ShareConfig {
     pub name: String,
@@ -147,7 +156,8 @@ pub struct Config {
     pub shares: Vec<ShareConfig>,
     /// NetBIOS name reported in NTLM challenges.
     pub server_name: String,
-    /// Other host names clients use for this server (DNS aliases, NAT):
+    /// Other host names or addresses clients use for this server (DNS
+    /// aliases, a load balancer's or NAT's address):
     /// NTLM logons naming them as target are not taken for relays.
     pub server_aliases: Vec<String>,
     pub workgroup: String,
@@ -165,6 +175,8 @@ pub struct Config {
     pub cluster: Option<ClusterConfig>,
     /// `[kerberos]`, or None: NTLM logons only.
     pub kerberos: Option<KerberosConfig>,
+    /// How log lines are written: text, or one JSON object per line.
+    pub log_format: LogFormat,
     /// `[security] admins`: users and groups of the user database whose
     /// sessions are administrators (BUILTIN\Administrators in the token).
     pub admins: Vec<String>,
@@ -190,6 +202,7 @@ impl Default for Config {
             limits: Limits::default(),
             cluster: None,
             kerberos: None,
+            log_format: LogFormat::Text,
             admins: Vec::new(),
         }
     }
@@ -228,6 +241,7 @@ struct RawConfig {
     server_comment: Option<String>,
     apple_model: Option<String>,
     multichannel: Option<bool>,
+    log_format: Option<String>,
     security: Option<RawSecurity>,
     limits: Option<RawLimits>,
     #[serde(default)]
@@ -714,7 +728,7 @@ impl Config {
             vec![err(
                 &format!("line {line}"),
                 msg,
-                "see README.md for the keys: listen, user_db, state_dir, server_name, server_aliases, workgroup, server_comment, apple_model, multichannel, [security] signing/encryption/ciphers/fips/admins, [limits] (see README), [[share]] name/path/read_only/guest_ok/encryption/continuous_availability/comment/access_based_enumeration/apple_extensions/hide_dot_files/hide_files, [cluster] etcd/node/advertise/node_ttl_secs/ca_file/cert_file/key_file/username/password_file/secret_file, [kerberos] keytab/principal/ntlm/map_by_name/user_map",
+                "see docs/CONFIGURATION.md for every key of every section, its default and its values",
             )]
         })?;
         let mut errors = Vec::new();
@@ -776,6 +790,17 @@ impl Config {
         }
         if let Some(m) = raw.multichannel {
             cfg.multichannel = m;
+        }
+        if let Some(f) = raw.log_format {
+            match f.as_str() {
+                "text" => cfg.log_format = LogFormat::Text,
+                "json" => cfg.log_format = LogFormat::Json,
+                other => errors.push(err(
+                    "log_format",
+                    format!("unknown value \"{other}\""),
+                    "write log_format = \"text\" (lines for people) or log_format = \"json\" (one object per line, for log shippers)",
+                )),
+            }
         }
         if let Some(sec) = raw.security {
             if let Some(s) = sec.signing {
@@ -1296,6 +1321,191 @@ mod tests {
         let errs = Config::from_toml("k.toml", "[kerberos]\nntlm = false\n", None).unwrap_err();
         assert_eq!(errs[0].key, "kerberos.keytab");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// One section of docs/CONFIGURATION.md: its heading as TOML writes it
+    /// and the rows (key, default, values) of the table under it.
+    struct DocSection {
+        heading: String,
+        rows: Vec<[String; 3]>,
+    }
+
+    /// The sections of docs/CONFIGURATION.md: headings `## top level` and
+    /// `## [name]` / `## [[name]]`, each with the first table under it.
+    fn doc_sections(doc: &str) -> Vec<DocSection> {
+        let mut sections: Vec<DocSection> = Vec::new();
+        // Rows are read until the first table under a heading ends.
+        let mut reading = false;
+        for line in doc.lines() {
+            if let Some(title) = line.strip_prefix("## ") {
+                reading = title == "top level" || title.starts_with('[');
+                if reading {
+                    sections.push(DocSection {
+                        heading: title.to_string(),
+                        rows: Vec::new(),
+                    });
+                }
+                continue;
+            }
+            let Some(section) = sections.last_mut().filter(|_| reading) else {
+                continue;
+            };
+            if line.starts_with("| `") {
+                let cells: Vec<String> = line
+                    .trim_matches('|')
+                    .split('|')
+                    .map(|c| c.trim().to_string())
+                    .collect();
+                assert_eq!(cells.len(), 4, "not four columns: {line}");
+                let key = cells[0].trim_matches('`').to_string();
+                section.rows.push([key, cells[1].clone(), cells[2].clone()]);
+            } else if !line.starts_with('|') && !section.rows.is_empty() {
+                reading = false;
+            }
+        }
+        sections
+    }
+
+    /// The keys serde names in "unknown field `x`, expected one of `a`, `b`".
+    fn expected_keys(problem: &str) -> std::collections::BTreeSet<String> {
+        let (_, expected) = problem
+            .split_once("expected")
+            .unwrap_or_else(|| panic!("no list of keys in: {problem}"));
+        expected
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .map(String::from)
+            .collect()
+    }
+
+    /// A literal in backticks and nothing else (a default that is a value).
+    fn literal(cell: &str) -> Option<&str> {
+        let inner = cell.strip_prefix('`')?.strip_suffix('`')?;
+        (!inner.contains('`')).then_some(inner)
+    }
+
+    /// "`A` to `B`...": an integer range.
+    fn int_range(cell: &str) -> Option<(u64, u64)> {
+        let (a, rest) = cell.strip_prefix('`')?.split_once('`')?;
+        let (b, _) = rest.strip_prefix(" to `")?.split_once('`')?;
+        Some((a.parse().ok()?, b.parse().ok()?))
+    }
+
+    /// docs/CONFIGURATION.md is checked against this code, so it cannot
+    /// drift: each section lists exactly the keys the parser accepts (read
+    /// from the parser's own refusal of an unknown key), each documented
+    /// default gives the same configuration as leaving the key out, and
+    /// each documented integer range is the one enforced.
+    #[test]
+    fn configuration_md_lists_every_key() {
+        use std::collections::BTreeSet;
+        use std::os::unix::fs::PermissionsExt;
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/CONFIGURATION.md");
+        let doc = std::fs::read_to_string(path).expect("docs/CONFIGURATION.md");
+        let sections = doc_sections(&doc);
+        let dir = std::env::temp_dir().join(format!("nimbus-cfg-doc-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let keytab = dir.join("cifs.keytab");
+        std::fs::write(&keytab, b"\x05\x02").unwrap();
+        std::fs::set_permissions(&keytab, std::fs::Permissions::from_mode(0o600)).unwrap();
+        // Per section: the least valid text that holds it, and the prefix
+        // its keys have in errors.
+        let minimal = |heading: &str| -> (String, &'static str) {
+            match heading {
+                "top level" => (String::new(), ""),
+                "[security]" => ("[security]\n".into(), "security."),
+                "[limits]" => ("[limits]\n".into(), "limits."),
+                "[[share]]" => (
+                    format!("[[share]]\nname = \"x\"\npath = \"{}\"\n", dir.display()),
+                    "share[0].",
+                ),
+                "[cluster]" => (
+                    "[cluster]\netcd = [\"http://127.0.0.1:2379\"]\nnode = \"n1\"\n\
+                     advertise = \"127.0.0.2:4450\"\n"
+                        .into(),
+                    "cluster.",
+                ),
+                "[kerberos]" => (
+                    format!("[kerberos]\nkeytab = \"{}\"\n", keytab.display()),
+                    "kerberos.",
+                ),
+                other => panic!("docs/CONFIGURATION.md: no minimal text for section {other}"),
+            }
+        };
+        let parse = |text: &str| Config::from_toml("doc.toml", text, None);
+        let headings: Vec<_> = sections.iter().map(|s| s.heading.as_str()).collect();
+        assert!(headings.contains(&"top level"), "{headings:?}");
+        for section in &sections {
+            let (base, prefix) = minimal(&section.heading);
+            let shown = |text: &str| format!("{:?}", parse(text).unwrap());
+            let without = shown(&base);
+            // (a) The keys: the parser names those it accepts when it
+            // refuses one it does not know.
+            let errs = parse(&format!("{base}zz_not_a_key = 1\n")).unwrap_err();
+            let code = expected_keys(&errs[0].problem);
+            let mut documented: BTreeSet<String> = BTreeSet::new();
+            for row in &section.rows {
+                assert!(
+                    documented.insert(row[0].clone()),
+                    "{}: `{}` listed twice",
+                    section.heading,
+                    row[0]
+                );
+            }
+            if section.heading == "top level" {
+                // The other sections are keys of the top level too.
+                for s in sections.iter().filter(|s| s.heading != "top level") {
+                    documented.insert(s.heading.trim_matches(['[', ']']).to_string());
+                }
+            }
+            assert_eq!(
+                code,
+                documented,
+                "docs/CONFIGURATION.md ## {}: keys the code accepts but the table lacks: {:?}; \
+                 keys the table lists but the code refuses: {:?}",
+                section.heading,
+                code.difference(&documented).collect::<Vec<_>>(),
+                documented.difference(&code).collect::<Vec<_>>()
+            );
+            for [key, default, values] in &section.rows {
+                // (b) A documented default, written out, changes nothing.
+                if let Some(value) = literal(default) {
+                    let text = format!("{base}{key} = {value}\n");
+                    let with = parse(&text).unwrap_or_else(|e| {
+                        panic!("{}: `{key} = {value}` refused: {e:?}", section.heading)
+                    });
+                    assert_eq!(
+                        format!("{with:?}"),
+                        without,
+                        "{}: `{key} = {value}` is not the default",
+                        section.heading
+                    );
+                }
+                // (c) A documented range is the one enforced: the first
+                // value past each end is refused, and the fix names both
+                // ends.
+                if let Some((lo, hi)) = int_range(values) {
+                    let full = format!("{prefix}{key}");
+                    let errs = parse(&format!("{base}{key} = {}\n", hi + 1))
+                        .err()
+                        .unwrap_or_else(|| panic!("{full} = {} accepted", hi + 1));
+                    let range = format!("from {lo} to {hi}");
+                    assert!(
+                        errs.iter().any(|e| e.key == full && e.fix.contains(&range)),
+                        "{full} = {}: no error saying \"{range}\": {errs:?}",
+                        hi + 1
+                    );
+                    if lo > 0 {
+                        let errs = parse(&format!("{base}{key} = {}\n", lo - 1))
+                            .err()
+                            .unwrap_or_else(|| panic!("{full} = {} accepted", lo - 1));
+                        assert!(errs.iter().any(|e| e.key == full), "{errs:?}");
+                    }
+                }
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

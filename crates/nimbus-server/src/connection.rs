@@ -724,6 +724,11 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slo
         let read = tokio::select! {
             r = read_frame(&conn, &mut rd, &limits, &budget) => r,
             _ = conn.close_notify.notified() => break,
+            // Closed to make room for a newcomer (`crate::admission`).
+            _ = conn.slot.evicted() => {
+                tracing::debug!("{peer}: closed to admit a new connection; it had not logged on");
+                break;
+            }
             // The server stops: no more requests are read (`crate::drain`).
             _ = &mut draining => break,
         };

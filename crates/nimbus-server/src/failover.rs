@@ -253,23 +253,26 @@ fn claim_for(
 }
 
 /// Whether record `r` is of the open a reconnect asks for: its user
-/// (SID) and its CreateGuid (all zero for a v1 one).
+/// (SID) and, for a v2 reconnect, its CreateGuid (all zero for a v1 open).
+/// A v1 reconnect names the open by its FileId alone (MS-SMB2 3.3.5.9.7),
+/// as it does on one node.
 fn names(asking: &LetGo, r: &DurableOpen) -> bool {
-    asking.owner.sid == r.owner_sid && asking.create_guid == r.create_guid
+    asking.owner.sid == r.owner_sid && asking.create_guid.is_none_or(|g| g == r.create_guid)
 }
 
 /// Message tag of a request to let go of an open (`let_go`), beside
 /// breaks (`nimbus_state::records::encode_break`) and notify changes
-/// (`crate::cluster_notify`). 0x20 and 0x21 were earlier layouts (without
-/// an owner, and with the owner's user and domain names), refused.
-pub const LET_GO_V3: u8 = 0x23;
+/// (`crate::cluster_notify`). 0x20, 0x21 and 0x23 were earlier layouts
+/// (without an owner; with the owner's user and domain names; without the
+/// reconnect's version), refused.
+pub const LET_GO_V4: u8 = 0x25;
 
 /// What a reconnect on another node asks of the node holding its open.
 #[derive(Debug, PartialEq, Eq)]
 pub struct LetGo {
     pub open_id: u64,
-    /// All zero for a v1 reconnect.
-    pub create_guid: [u8; 16],
+    /// The CreateGuid a v2 reconnect names; None for a v1 reconnect.
+    pub create_guid: Option<[u8; 16]>,
     /// The user reconnecting (as `Durable::owner` holds it).
     pub owner: Owner,
 }
@@ -306,9 +309,9 @@ static NEXT_ASK: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::ne
 /// a node that lives answers within a round trip through etcd.
 const LET_GO_WAIT: Duration = Duration::from_secs(5);
 
-/// `LET_GO_V3`, the open id, the CreateGuid, the request's number, then
-/// the owner's SID and name and the node to answer, each a 16-bit length
-/// and UTF-8.
+/// `LET_GO_V4`, the reconnect's version (1 or 2), the open id, the
+/// CreateGuid (zero for version 1), the request's number, then the owner's
+/// SID and name and the node to answer, each a 16-bit length and UTF-8.
 pub fn encode_let_go(a: &Asked) -> Vec<u8> {
     let owner = &a.req.owner;
     let texts = [
@@ -316,10 +319,11 @@ pub fn encode_let_go(a: &Asked) -> Vec<u8> {
         owner.name.as_bytes(),
         a.reply_to.as_bytes(),
     ];
-    let mut m = Vec::with_capacity(39 + texts.iter().map(|t| t.len()).sum::<usize>());
-    m.push(LET_GO_V3);
+    let mut m = Vec::with_capacity(40 + texts.iter().map(|t| t.len()).sum::<usize>());
+    m.push(LET_GO_V4);
+    m.push(if a.req.create_guid.is_some() { 2 } else { 1 });
     m.extend_from_slice(&a.req.open_id.to_le_bytes());
-    m.extend_from_slice(&a.req.create_guid);
+    m.extend_from_slice(&a.req.create_guid.unwrap_or_default());
     m.extend_from_slice(&a.nonce.to_le_bytes());
     for t in texts {
         let len = u16::try_from(t.len()).unwrap_or(u16::MAX);
@@ -330,11 +334,16 @@ pub fn encode_let_go(a: &Asked) -> Vec<u8> {
 }
 
 pub fn decode_let_go(msg: &[u8]) -> Option<Asked> {
-    let [LET_GO_V3, rest @ ..] = msg else {
+    let [LET_GO_V4, version, rest @ ..] = msg else {
         return None;
     };
     let open_id = u64::from_le_bytes(rest.get(..8)?.try_into().ok()?);
-    let create_guid = rest.get(8..24)?.try_into().ok()?;
+    let guid: [u8; 16] = rest.get(8..24)?.try_into().ok()?;
+    let create_guid = match version {
+        1 if guid == [0; 16] => None,
+        2 => Some(guid),
+        _ => return None,
+    };
     let nonce = u64::from_le_bytes(rest.get(24..32)?.try_into().ok()?);
     let mut at = 32;
     let mut text = || {
@@ -508,7 +517,7 @@ fn waiting_here(server: &Server, req: &LetGo) -> Option<Arc<Open>> {
     let owned = crate::session::lock(&open.durable)
         .as_ref()
         .is_some_and(|d| d.owner == req.owner && !d.forgotten);
-    (guid == req.create_guid && owned).then_some(open)
+    (req.create_guid.is_none_or(|g| g == guid) && owned).then_some(open)
 }
 
 /// Another node's client reconnects to an open that waits for its client
@@ -1062,7 +1071,7 @@ mod tests {
         Asked {
             req: LetGo {
                 open_id: 0x0000_0300_0000_002a,
-                create_guid: [7; 16],
+                create_guid: Some([7; 16]),
                 owner: Owner {
                     sid: "S-1-5-21-1-2-3-1000".into(),
                     name: "alice".into(),
@@ -1076,8 +1085,12 @@ mod tests {
     #[test]
     fn a_request_to_let_go_names_the_open_its_create_guid_its_owner_and_whom_to_answer() {
         let msg = encode_let_go(&asked());
-        assert_eq!(msg[0], LET_GO_V3);
+        assert_eq!(msg[0], LET_GO_V4);
         assert_eq!(decode_let_go(&msg), Some(asked()));
+        // A v1 reconnect names no CreateGuid.
+        let mut v1 = asked();
+        v1.req.create_guid = None;
+        assert_eq!(decode_let_go(&encode_let_go(&v1)), Some(v1));
         for answer in [LetGoAnswer::Refused, LetGoAnswer::Done] {
             let m = encode_answer(answer, 0x0000_0300_0000_002a, 9);
             assert_eq!(decode_answer(&m), Some((answer, 0x0000_0300_0000_002a, 9)));
@@ -1095,14 +1108,21 @@ mod tests {
         let mut longer = msg.clone();
         longer.push(0);
         assert_eq!(decode_let_go(&longer), None);
-        for earlier in [0x20, 0x21] {
+        for earlier in [0x20, 0x21, 0x23] {
             let mut earlier_layout = msg.clone();
             earlier_layout[0] = earlier;
             assert_eq!(decode_let_go(&earlier_layout), None);
         }
+        // A version that is neither 1 nor 2, and a version 1 request that
+        // names a CreateGuid.
+        for version in [0, 1, 3] {
+            let mut other = msg.clone();
+            other[1] = version;
+            assert_eq!(decode_let_go(&other), None, "version {version}");
+        }
         // A length past the end.
         let mut overlong = msg;
-        overlong[33] = 0xff;
+        overlong[34] = 0xff;
         assert_eq!(decode_let_go(&overlong), None);
         let refusal = encode_answer(LetGoAnswer::Refused, 1, 2);
         for len in 0..refusal.len() {

@@ -444,7 +444,7 @@ pub fn etcd_record_samples() -> Vec<Vec<u8>> {
     let asked = crate::failover::Asked {
         req: crate::failover::LetGo {
             open_id: 0x2a,
-            create_guid: [7; 16],
+            create_guid: Some([7; 16]),
             owner: crate::durable::Owner {
                 sid: "S-1-5-21-1-2-3-1001".into(),
                 name: "alice".into(),

@@ -52,5 +52,5 @@ pub mod status_listing;
 mod teardowns;
 mod write_times;
 
-pub use config::{Config, ConfigError, ShareConfig, SigningPolicy};
+pub use config::{Config, ConfigError, LogFormat, ShareConfig, SigningPolicy};
 pub use server::{kerberos_acceptor, Server, StartError};

@@ -710,7 +710,7 @@ impl Server {
             }
             return;
         }
-        if msg.first() == Some(&crate::failover::LET_GO_V3) {
+        if msg.first() == Some(&crate::failover::LET_GO_V4) {
             match crate::failover::decode_let_go(msg) {
                 Some(req) => crate::failover::let_go(self, &req),
                 None => tracing::warn!("cluster: a malformed request to let go of an open"),
@@ -793,7 +793,7 @@ impl Server {
                         Ok(slot) => slot,
                         Err(why) => {
                             // Dropping the stream closes it at once.
-                            tracing::warn!("connection from {peer} refused: {why}");
+                            self.admission.log_refusal(peer, &why);
                             continue;
                         }
                     };

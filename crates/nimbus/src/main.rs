@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod bench_crypto;
+mod logging;
 use nimbus_auth::UserDb;
 use nimbus_crypto::CryptoProvider;
 use nimbus_server::{Config, Server, ShareConfig, SigningPolicy};
@@ -17,7 +18,10 @@ use nimbus_server::{Config, Server, ShareConfig, SigningPolicy};
 #[command(
     name = "nimbus",
     version,
-    about = "Nimbus: a scale-out SMB 2/3 file server"
+    about = "Nimbus: a scale-out SMB 2/3 file server",
+    after_help = "Documentation (in the Nimbus source): README.md; docs/CONFIGURATION.md, every \
+                  configuration key with its default and values; docs/OPERATIONS.md, \
+                  docs/CLUSTER.md, docs/SECURITY.md, docs/FEATURES.md, docs/TESTING.md."
 )]
 struct Cli {
     /// Log debug detail (repeat for trace).
@@ -165,7 +169,8 @@ enum GroupCmd {
 
 #[derive(Subcommand)]
 enum ConfigCmd {
-    /// Check a configuration file.
+    /// Check a configuration file. Every key, with its default and its
+    /// values, is in docs/CONFIGURATION.md.
     Check { file: PathBuf },
 }
 
@@ -178,12 +183,9 @@ fn main() -> ExitCode {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("NIMBUS_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    let log_format = logging::init(filter);
     let result = match cli.command {
-        Cmd::Serve(args) => serve(args),
+        Cmd::Serve(args) => serve(args, &log_format),
         Cmd::User { command } => user(command),
         Cmd::Group { command } => group(command),
         Cmd::Config {
@@ -262,6 +264,7 @@ fn config_check(file: &Path) -> Result<(), String> {
             for e in &errors {
                 eprintln!("{e}");
             }
+            eprintln!("every key, with its default and its values: docs/CONFIGURATION.md");
             Err(format!("{} problem(s) in {}", errors.len(), file.display()))
         }
     }
@@ -335,8 +338,9 @@ fn build_config(args: &ServeArgs) -> Result<Config, String> {
 /// How long a stopping server waits for its connections' requests.
 const STOP_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
 
-fn serve(args: ServeArgs) -> Result<(), String> {
+fn serve(args: ServeArgs, log_format: &logging::Format) -> Result<(), String> {
     let cfg = build_config(&args)?;
+    log_format.set(cfg.log_format)?;
     let server = Server::new(cfg).map_err(|e| e.to_string())?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -476,7 +476,7 @@ fn reclaim_from_cluster(
     };
     let req = crate::failover::LetGo {
         open_id,
-        create_guid: create_guid.unwrap_or([0; 16]),
+        create_guid,
         owner: me.clone(),
     };
     let session = ctx.session()?;
