@@ -11,6 +11,7 @@ import hashlib
 import os
 import socket
 import struct
+import subprocess
 import threading
 import time
 import uuid
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import rawsmb
-from conftest import Security
+from conftest import Security, require_tool
 from smbprotocol import Dialects
 from smbprotocol.connection import Connection
 from smbprotocol.exceptions import SMBConnectionClosed, SMBException, SMBResponseException
@@ -703,6 +704,103 @@ def test_an_idle_flood_from_other_networks_does_not_lock_a_client_out(server_fac
     log = srv.log_tail(200_000)
     lines = [line for line in log.splitlines() if "that had not logged on, to admit new ones" in line]
     assert 1 <= len(lines) <= 2, lines
+
+
+class IdleFlood:
+    """Keeps `size` idle TCP connections open to a server from `sources`
+    (round robin), opening a new one whenever one is closed, until
+    stopped. Bounded: it stops by itself after `lifetime` seconds."""
+
+    def __init__(self, host: str, port: int, sources: list[str], size: int, lifetime: float = 120):
+        self.target, self.sources, self.size = (host, port), sources, size
+        self.deadline = time.monotonic() + lifetime
+        self.opened = self.closed = 0
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> IdleFlood:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def wait_for(self, opened: int, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while self.opened < opened and time.monotonic() < deadline and self._thread.is_alive():
+            time.sleep(0.05)
+        assert self.opened >= opened, f"the flood opened {self.opened} connections, not {opened}: {self.errors[:3]}"
+
+    def _run(self) -> None:
+        import selectors
+
+        sel = selectors.DefaultSelector()
+        live: set[socket.socket] = set()
+        try:
+            while not self._stop.is_set() and time.monotonic() < self.deadline:
+                while len(live) < self.size:
+                    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                    s.setblocking(False)
+                    try:
+                        s.bind((self.sources[self.opened % len(self.sources)], 0))
+                        s.connect_ex(self.target)
+                    except OSError as e:
+                        self.errors.append(repr(e))
+                        s.close()
+                        break
+                    sel.register(s, selectors.EVENT_READ)
+                    live.add(s)
+                    self.opened += 1
+                for key, _ in sel.select(timeout=0.1):
+                    s = key.fileobj
+                    try:
+                        gone = not s.recv(4096)
+                    except BlockingIOError:
+                        gone = False
+                    except OSError:
+                        gone = True
+                    if gone:
+                        sel.unregister(s)
+                        s.close()
+                        live.discard(s)
+                        self.closed += 1
+        finally:
+            for s in live:
+                s.close()
+            sel.close()
+
+
+@pytest.mark.nimbus_only
+@require_tool("smbclient", "smbclient")
+def test_two_thousand_idle_connections_renewed_as_evicted_do_not_lock_out_smbclient(server_factory, samba_client_conf, tmp_path):
+    """2,000 idle connections from ten addresses other than the client's
+    (each in its own /24), renewed as fast as the server closes them, fill
+    the limit of connections not logged on (512) four times over. smbclient
+    from 127.0.0.1 logs on and lists the share in each of five tries, and
+    the server's log holds a few lines about it all, not one per
+    connection."""
+    srv = server_factory.start()
+    settle()
+    before = len(srv.log_tail(1_000_000).splitlines())
+    sources = [f"127.0.{n}.1" for n in range(1, 11)]
+    with IdleFlood(srv.host, srv.port, sources, 2000) as flood:
+        flood.wait_for(2000)
+        for attempt in range(5):
+            started = time.monotonic()
+            proc = subprocess.run(
+                ["smbclient", f"//{srv.host}/{srv.share}", "-p", str(srv.port), "-U", f"{srv.user}%{srv.password}",
+                 "-m", "SMB3_11", "--use-kerberos=off", "-s", str(samba_client_conf), "-c", "ls"],
+                capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, cwd=tmp_path,
+            )  # fmt: skip
+            took = time.monotonic() - started
+            assert proc.returncode == 0, f"try {attempt + 1}: smbclient failed after {took:.1f} s: {proc.stdout}{proc.stderr}"
+            print(f"try {attempt + 1}: logged on and listed in {took:.2f} s; the flood had opened {flood.opened}, the server closed {flood.closed}")
+        assert flood.closed > 0, "the flood never filled the limit"
+        assert not flood.errors, flood.errors[:3]
+    log = srv.log_tail(1_000_000).splitlines()[before:]
+    assert len(log) < 50, f"{len(log)} log lines for the flood:\n" + "\n".join(log[:60])
 
 
 def logon(srv, user, password):
