@@ -79,6 +79,8 @@ if [ "$install" -eq 1 ]; then
     # mkfs.xfs: block cloning is tested on an XFS file system with reflink,
     # loop-mounted by tests/test_server_side_copy.py.
     apt_install xfsprogs
+    # promtool (prometheus) checks the metrics endpoint's scrapes.
+    apt_install prometheus
     ensure_build_deps
     ensure_rust_lint_tools
     ensure_test_venv

@@ -163,6 +163,7 @@ impl Admission {
                 state: state.clone(),
             },
         );
+        crate::metrics::connections(c.total, c.unauthenticated);
         Ok(ConnectionSlot {
             admission: self.clone(),
             addr,
@@ -176,11 +177,12 @@ impl Admission {
     /// interval with the number refused since, so that a flood does not
     /// flood the log.
     pub fn log_refusal(&self, peer: std::net::SocketAddr, why: &Refused) {
-        let reason = match why {
-            Refused::Total(_) => 0,
-            Refused::Address(_) => 1,
-            Refused::Unauthenticated(_) => 2,
+        let (reason, limit) = match why {
+            Refused::Total(_) => (0, "max_connections"),
+            Refused::Address(_) => (1, "max_connections_per_address"),
+            Refused::Unauthenticated(_) => (2, "max_unauthenticated_connections"),
         };
+        crate::metrics::refused(limit);
         let mut c = lock(&self.counts);
         c.refused_unlogged[reason] += 1;
         if c.last_refusal_log[reason].is_none_or(|t| t.elapsed() >= LOG_INTERVAL) {
@@ -230,6 +232,8 @@ impl Counts {
         self.total -= 1;
         self.unauthenticated -= 1;
         self.forget_network(network);
+        crate::metrics::evicted();
+        crate::metrics::connections(self.total, self.unauthenticated);
         self.evicted_unlogged += 1;
         let due = self
             .last_eviction_log
@@ -278,6 +282,7 @@ impl ConnectionSlot {
             c.waiting.remove(&self.id);
             c.unauthenticated -= 1;
             c.forget_network(Network::of(self.addr));
+            crate::metrics::connections(c.total, c.unauthenticated);
         }
     }
 
@@ -307,6 +312,7 @@ impl Drop for ConnectionSlot {
             State::Evicted => {}
         }
         c.forget_address(self.addr);
+        crate::metrics::connections(c.total, c.unauthenticated);
     }
 }
 

@@ -177,6 +177,9 @@ pub struct Config {
     pub kerberos: Option<KerberosConfig>,
     /// How log lines are written: text, or one JSON object per line.
     pub log_format: LogFormat,
+    /// `[metrics] listen`: where Prometheus scrapes `/metrics`; None: no
+    /// endpoint, and nothing is counted.
+    pub metrics_listen: Option<SocketAddr>,
     /// `[security] admins`: users and groups of the user database whose
     /// sessions are administrators (BUILTIN\Administrators in the token).
     pub admins: Vec<String>,
@@ -203,6 +206,7 @@ impl Default for Config {
             cluster: None,
             kerberos: None,
             log_format: LogFormat::Text,
+            metrics_listen: None,
             admins: Vec::new(),
         }
     }
@@ -248,6 +252,13 @@ struct RawConfig {
     share: Vec<RawShare>,
     cluster: Option<RawCluster>,
     kerberos: Option<RawKerberos>,
+    metrics: Option<RawMetrics>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMetrics {
+    listen: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -759,6 +770,17 @@ impl Config {
         }
         if let Some(db) = raw.user_db {
             cfg.user_db = resolve(db);
+        }
+        if let Some(l) = raw.metrics.and_then(|m| m.listen) {
+            match l.parse::<SocketAddr>() {
+                Ok(a) => cfg.metrics_listen = Some(a),
+                Err(_) => errors.push(err(
+                    "metrics.listen",
+                    format!("\"{l}\" is not an address and port"),
+                    "write an IP address and port such as listen = \"127.0.0.1:9445\" \
+                     (a loopback or management address: the endpoint has no authentication)",
+                )),
+            }
         }
         if let Some(dir) = raw.state_dir {
             cfg.state_dir = Some(resolve(dir));
@@ -1426,6 +1448,7 @@ mod tests {
                         .into(),
                     "cluster.",
                 ),
+                "[metrics]" => ("[metrics]\n".into(), "metrics."),
                 "[kerberos]" => (
                     format!("[kerberos]\nkeytab = \"{}\"\n", keytab.display()),
                     "kerberos.",

@@ -125,6 +125,8 @@ pub struct Ctx<'a> {
     /// (a CREATE retried once the breaks it waited for ended): if it must
     /// wait once more, it waits as this same request.
     pub resumed: Option<Arc<PendingRequest>>,
+    /// When the handling of this request began (for its latency metric).
+    pub started: std::time::Instant,
 }
 
 impl Ctx<'_> {
@@ -158,6 +160,7 @@ impl Ctx<'_> {
                 priority: self.hdr.flags & flags::PRIORITY_MASK,
                 sign_with: self.signed_by.clone(),
                 seal_with: self.sealed_by.clone(),
+                started: self.started,
             },
             self.conn,
         );
@@ -727,6 +730,7 @@ fn handle_one(
     first: bool,
     response_room: usize,
 ) -> Option<SigningKey> {
+    let started = std::time::Instant::now();
     let start = out.len();
     out.resize(start + HEADER_SIZE, 0);
     let body_start = out.len();
@@ -763,6 +767,7 @@ fn handle_one(
         interim: None,
         resumed: None,
         on_sent: Vec::new(),
+        started,
     };
     let mut sign_session: Option<SigningKey> = None;
     let result = check_and_run(
@@ -815,6 +820,8 @@ fn handle_one(
     if async_id.is_some() {
         out.truncate(body_start);
         encode_error(out, &[]);
+    } else {
+        crate::metrics::request_answered(hdr.command, status, started);
     }
     let granted = lock(&conn.credits).grant(hdr.credits);
     let resp = Header {

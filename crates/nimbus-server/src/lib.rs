@@ -36,6 +36,7 @@ pub mod limits;
 mod locks;
 mod logon_guard;
 mod lookup;
+pub mod metrics;
 mod names;
 mod notify;
 mod open_files;

@@ -37,6 +37,8 @@ pub struct Reply {
     pub sign_with: Option<SigningKey>,
     /// Seal it for this session instead (the request came encrypted).
     pub seal_with: Option<(u64, Arc<SessionCipher>)>,
+    /// When the handling of the request began.
+    pub started: std::time::Instant,
 }
 
 /// A request answered STATUS_PENDING whose final response is still owed.
@@ -225,6 +227,10 @@ impl PendingRequest {
     }
 
     /// Whether the final response went out (or the request was ended).
+    pub fn started(&self) -> std::time::Instant {
+        self.reply.started
+    }
+
     pub fn is_done(&self) -> bool {
         self.done.load(Ordering::SeqCst)
     }
@@ -248,6 +254,7 @@ impl PendingRequest {
         if self.done.swap(true, Ordering::SeqCst) {
             return false;
         }
+        crate::metrics::request_answered(self.reply.command, status, self.reply.started);
         let Some(conn) = self.conn.upgrade() else {
             return true;
         };

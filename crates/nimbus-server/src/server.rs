@@ -86,6 +86,8 @@ pub struct Share {
     pub comment: String,
     /// Names shown with FILE_ATTRIBUTE_HIDDEN (`crate::hide`).
     pub hide: crate::hide::HideNames,
+    /// Bytes read and written here (`crate::metrics`).
+    pub counters: crate::metrics::ShareCounters,
 }
 
 impl Share {
@@ -221,6 +223,7 @@ impl Server {
                 // Checked with the configuration (share[i].hide_files).
                 hide: crate::hide::HideNames::new(s.hide_dot_files, &s.hide_files)
                     .unwrap_or_else(|_| crate::hide::HideNames::none()),
+                counters: crate::metrics::ShareCounters::new(&s.name),
             }));
         }
         shares.push(Arc::new(Share {
@@ -236,6 +239,7 @@ impl Server {
             // As Windows describes its IPC$.
             comment: "Remote IPC".into(),
             hide: crate::hide::HideNames::none(),
+            counters: crate::metrics::ShareCounters::new("IPC$"),
         }));
         let kerberos = match &config.kerberos {
             Some(k) => Some(kerberos_acceptor(k).map_err(StartError::Kerberos)?),

@@ -341,6 +341,11 @@ const STOP_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
 fn serve(args: ServeArgs, log_format: &logging::Format) -> Result<(), String> {
     let cfg = build_config(&args)?;
     log_format.set(cfg.log_format)?;
+    if let Some(addr) = cfg.metrics_listen {
+        // Before the server is made: its shares register their counters
+        // with the recorder installed here.
+        metrics_endpoint(addr)?;
+    }
     let server = Server::new(cfg).map_err(|e| e.to_string())?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -367,6 +372,26 @@ fn serve(args: ServeArgs, log_format: &logging::Format) -> Result<(), String> {
     });
     server.shutdown();
     result
+}
+
+/// Serves Prometheus's text format on `addr` (its own thread and runtime,
+/// apart from the server's) and installs the recorder the server's
+/// metrics go to (`nimbus_server::metrics`).
+fn metrics_endpoint(addr: SocketAddr) -> Result<(), String> {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    let fail = |e: &dyn std::fmt::Display| format!("metrics.listen {addr}: {e}");
+    PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .set_buckets_for_metric(
+            Matcher::Suffix("_seconds".into()),
+            nimbus_server::metrics::LATENCY_BUCKETS,
+        )
+        .map_err(|e| fail(&e))?
+        .install()
+        .map_err(|e| fail(&e))?;
+    nimbus_server::metrics::describe();
+    tracing::info!("metrics: serving Prometheus's text format on http://{addr}/metrics");
+    Ok(())
 }
 
 fn read_password(stdin: bool) -> Result<String, String> {

@@ -134,6 +134,7 @@ impl Resume {
             interim: None,
             resumed: Some(self.request.clone()),
             on_sent: Vec::new(),
+            started: self.request.started(),
         };
         let mut out = Vec::new();
         let opens_a_file = self.hdr.command == Command::Create as u16;

@@ -72,5 +72,6 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     // last read as FilePositionInformation.
     open.position
         .store(req.offset + n as u64, std::sync::atomic::Ordering::Relaxed);
+    open.share.counters.read(n);
     Ok(NtStatus::SUCCESS)
 }

@@ -193,6 +193,16 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             if !res.anonymous {
                 ctx.conn.logged_on();
             }
+            let method = if res.anonymous {
+                "anonymous"
+            } else if res.guest {
+                "guest"
+            } else if res.key_type.is_some() || res.expires_in.is_some() {
+                "kerberos"
+            } else {
+                "ntlm"
+            };
+            crate::metrics::logon(method, true);
             let token = std::sync::Arc::new(logon_token(ctx, &res));
             *state = SessionState::Valid(Authenticated {
                 token,
@@ -223,6 +233,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             drop(state);
             forget_session(ctx, session.id);
             tracing::warn!("session logon refused from {}: {e}", ctx.conn.peer);
+            crate::metrics::logon("unknown", false);
             Err(refused(ctx, &e))
         }
     }

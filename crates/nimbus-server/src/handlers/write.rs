@@ -62,6 +62,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             .store(offset + n as u64, std::sync::atomic::Ordering::Relaxed);
         Ok(n)
     })?;
+    open.share.counters.written(n);
     encode_write_response(out, n as u32);
     Ok(NtStatus::SUCCESS)
 }

@@ -1060,6 +1060,7 @@ mod tests {
                     apple_extensions: false,
                     comment: String::new(),
                     hide: crate::hide::HideNames::none(),
+                    counters: crate::metrics::ShareCounters::new("t"),
                 }),
             },
             filter: cf::FILE_NAME,

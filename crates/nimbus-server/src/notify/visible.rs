@@ -280,6 +280,7 @@ mod tests {
             apple_extensions: false,
             comment: String::new(),
             hide: crate::hide::HideNames::none(),
+            counters: crate::metrics::ShareCounters::new("t"),
         }
     }
 }

@@ -1,0 +1,188 @@
+//! What the server counts for Prometheus: the names, units and labels of
+//! every metric, and one small function per event.
+//!
+//! The server only records, through the `metrics` facade; the binary
+//! installs the exporter when `[metrics] listen` is set. Without it every
+//! call here is a no-op, so a server without metrics pays for none.
+//! Labels take few values (a command, an NTSTATUS name, a share, a limit),
+//! never a client address, a user or a path.
+
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use metrics::{
+    counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Counter,
+    Histogram, Unit,
+};
+use nimbus_wire::{Command, NtStatus};
+
+pub const REQUESTS: &str = "nimbus_smb_requests_total";
+pub const REQUEST_SECONDS: &str = "nimbus_smb_request_duration_seconds";
+pub const READ_BYTES: &str = "nimbus_smb_read_bytes_total";
+pub const WRITTEN_BYTES: &str = "nimbus_smb_written_bytes_total";
+pub const CONNECTIONS: &str = "nimbus_connections";
+pub const REFUSED: &str = "nimbus_connections_refused_total";
+pub const EVICTED: &str = "nimbus_connections_evicted_total";
+pub const LOGONS: &str = "nimbus_logons_total";
+
+/// Buckets of the latency histograms, in seconds: from 50 µs (a cached
+/// stat) to 30 s (a CREATE waiting out a break).
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 5.0, 10.0, 30.0,
+];
+
+/// Describes every metric (its HELP line and unit), once, when the
+/// exporter is installed.
+pub fn describe() {
+    describe_counter!(
+        REQUESTS,
+        "SMB2 requests answered, by command and final NTSTATUS"
+    );
+    describe_histogram!(
+        REQUEST_SECONDS,
+        Unit::Seconds,
+        "time from reading an SMB2 request to its final response, by command"
+    );
+    describe_counter!(READ_BYTES, Unit::Bytes, "bytes returned by READ, by share");
+    describe_counter!(
+        WRITTEN_BYTES,
+        Unit::Bytes,
+        "bytes written by WRITE, by share"
+    );
+    describe_gauge!(
+        CONNECTIONS,
+        "open client connections, by state (logged_on, not_logged_on)"
+    );
+    describe_counter!(
+        REFUSED,
+        "connections refused at accept, by the limit that refused them"
+    );
+    describe_counter!(
+        EVICTED,
+        "connections not logged on closed to make room for a new one"
+    );
+    describe_counter!(
+        LOGONS,
+        "session logons, by method (ntlm, kerberos, guest, anonymous; unknown for a failure) \
+         and result (success, failure)"
+    );
+}
+
+fn command_name(command: u16) -> &'static str {
+    match Command::from_u16(command) {
+        Some(Command::Negotiate) => "negotiate",
+        Some(Command::SessionSetup) => "session_setup",
+        Some(Command::Logoff) => "logoff",
+        Some(Command::TreeConnect) => "tree_connect",
+        Some(Command::TreeDisconnect) => "tree_disconnect",
+        Some(Command::Create) => "create",
+        Some(Command::Close) => "close",
+        Some(Command::Flush) => "flush",
+        Some(Command::Read) => "read",
+        Some(Command::Write) => "write",
+        Some(Command::Lock) => "lock",
+        Some(Command::Ioctl) => "ioctl",
+        Some(Command::Cancel) => "cancel",
+        Some(Command::Echo) => "echo",
+        Some(Command::QueryDirectory) => "query_directory",
+        Some(Command::ChangeNotify) => "change_notify",
+        Some(Command::QueryInfo) => "query_info",
+        Some(Command::SetInfo) => "set_info",
+        Some(Command::OplockBreak) => "oplock_break",
+        None => "unknown",
+    }
+}
+
+fn status_name(status: NtStatus) -> &'static str {
+    status.name().unwrap_or("OTHER")
+}
+
+/// Each command's latency histogram and success counter, registered at
+/// the first request (after the exporter was installed, which is before
+/// the server is made): a request then costs two atomic updates, not two
+/// lookups by label. Other statuses are looked up by label; they are rare.
+struct CommandMetrics {
+    success: Counter,
+    latency: Histogram,
+}
+
+fn command_metrics() -> &'static [CommandMetrics] {
+    static COMMANDS: OnceLock<Vec<CommandMetrics>> = OnceLock::new();
+    COMMANDS.get_or_init(|| {
+        (0..=Command::OplockBreak as u16)
+            .map(|c| {
+                let command = command_name(c);
+                CommandMetrics {
+                    success: counter!(REQUESTS, "command" => command, "status" => status_name(NtStatus::SUCCESS)),
+                    latency: histogram!(REQUEST_SECONDS, "command" => command),
+                }
+            })
+            .collect()
+    })
+}
+
+/// A request got its final response (not an interim STATUS_PENDING).
+pub fn request_answered(command: u16, status: NtStatus, started: Instant) {
+    let seconds = started.elapsed().as_secs_f64();
+    match command_metrics().get(command as usize) {
+        Some(m) => {
+            if status == NtStatus::SUCCESS {
+                m.success.increment(1);
+            } else {
+                let name = command_name(command);
+                counter!(REQUESTS, "command" => name, "status" => status_name(status)).increment(1);
+            }
+            m.latency.record(seconds);
+        }
+        None => {
+            counter!(REQUESTS, "command" => "unknown", "status" => status_name(status))
+                .increment(1);
+            histogram!(REQUEST_SECONDS, "command" => "unknown").record(seconds);
+        }
+    }
+}
+
+/// A share's byte counters, registered once when the share is made (a
+/// READ or WRITE then costs an atomic add, no lookup).
+pub struct ShareCounters {
+    read: Counter,
+    written: Counter,
+}
+
+impl ShareCounters {
+    pub fn new(share: &str) -> ShareCounters {
+        ShareCounters {
+            read: counter!(READ_BYTES, "share" => share.to_owned()),
+            written: counter!(WRITTEN_BYTES, "share" => share.to_owned()),
+        }
+    }
+
+    pub fn read(&self, n: usize) {
+        self.read.increment(n as u64);
+    }
+
+    pub fn written(&self, n: usize) {
+        self.written.increment(n as u64);
+    }
+}
+
+/// The connections now open, after an admission, a logon or a close.
+pub fn connections(total: usize, not_logged_on: usize) {
+    gauge!(CONNECTIONS, "state" => "not_logged_on").set(not_logged_on as f64);
+    gauge!(CONNECTIONS, "state" => "logged_on").set(total.saturating_sub(not_logged_on) as f64);
+}
+
+/// `limit` is the configuration key that refused the connection.
+pub fn refused(limit: &'static str) {
+    counter!(REFUSED, "limit" => limit).increment(1);
+}
+
+pub fn evicted() {
+    counter!(EVICTED).increment(1);
+}
+
+pub fn logon(method: &'static str, success: bool) {
+    let result = if success { "success" } else { "failure" };
+    counter!(LOGONS, "method" => method, "result" => result).increment(1);
+}
