@@ -81,6 +81,8 @@ if [ "$install" -eq 1 ]; then
     apt_install xfsprogs
     # promtool (prometheus) checks the metrics endpoint's scrapes.
     apt_install prometheus
+    # systemd-analyze (systemd) verifies packaging/nimbus.service.
+    apt_install systemd
     ensure_build_deps
     ensure_rust_lint_tools
     ensure_test_venv

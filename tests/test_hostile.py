@@ -845,6 +845,32 @@ def test_failed_logons_back_off_per_address(server_factory):
     assert logon(srv, srv.user, srv.password) == NtStatus.STATUS_SUCCESS
 
 
+def test_a_thousand_failed_logons_cost_the_log_a_few_lines(server_factory):
+    """Password guessing from one address: 1,000 logons with a wrong
+    password or an unknown name. The first refusal is logged at once, the
+    rest are counted into at most one line per reason and 10 s; the
+    address's back-off (which refuses without looking at the password) is
+    aggregated the same way. Twice: with the default back-off, and with
+    none (every attempt's password checked and refused)."""
+    for limits in (None, {"max_failed_logons_per_user": 1_000_000, "max_failed_logons_per_address": 1_000_000}):
+        srv = server_factory.start(security=Security(limits=limits) if limits else None)
+        thousand_failed_logons_cost_a_few_lines(srv)
+
+
+def thousand_failed_logons_cost_a_few_lines(srv) -> None:
+    before = len(srv.log_tail(1_000_000).splitlines())
+    statuses = set()
+    for i in range(1000):
+        user = srv.user if i % 2 else f"guess{i}"
+        statuses.add(logon(srv, user, f"wrong-{i}"))
+    assert statuses <= {NtStatus.STATUS_LOGON_FAILURE, STATUS_ACCOUNT_LOCKED_OUT}, statuses
+    lines = srv.log_tail(1_000_000).splitlines()[before:]
+    refusals = [line for line in lines if "refused" in line]
+    assert refusals, "no refusal was logged"
+    assert "logon failure for user" in refusals[0]
+    assert len(lines) <= 12, f"{len(lines)} log lines for 1,000 failed logons:\n" + "\n".join(lines[:40])
+
+
 def timed_logon(srv, user, password):
     """(status, when the request was sent, when the answer came): the
     server decided in between, on the same monotonic clock."""

@@ -13,16 +13,11 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
 use crate::limits::Limits;
 use crate::session::lock;
-
-/// How often evictions, and refusals, are logged at most: one line each
-/// with a count.
-const LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// The network an address counts against: its /24 (IPv4, IPv4-mapped
 /// IPv6 included) or /64 (IPv6).
@@ -80,13 +75,6 @@ struct Counts {
     /// Not-logged-on connections by arrival number, oldest first.
     waiting: BTreeMap<u64, Waiting>,
     next: u64,
-    /// Evictions not yet logged, and when the last line was.
-    evicted_unlogged: usize,
-    last_eviction_log: Option<Instant>,
-    /// Refusals not yet logged, and when the last line was, per reason
-    /// (`Refused`'s variants in order).
-    refused_unlogged: [usize; 3],
-    last_refusal_log: [Option<Instant>; 3],
 }
 
 #[derive(Default)]
@@ -174,21 +162,16 @@ impl Admission {
     }
 
     /// Logs a refusal: the first, then at most one line per reason and
-    /// interval with the number refused since, so that a flood does not
-    /// flood the log.
+    /// interval with the number refused since (`crate::log_limit`), so
+    /// that a flood does not flood the log.
     pub fn log_refusal(&self, peer: std::net::SocketAddr, why: &Refused) {
-        let (reason, limit) = match why {
-            Refused::Total(_) => (0, "max_connections"),
-            Refused::Address(_) => (1, "max_connections_per_address"),
-            Refused::Unauthenticated(_) => (2, "max_unauthenticated_connections"),
+        let limit = match why {
+            Refused::Total(_) => "max_connections",
+            Refused::Address(_) => "max_connections_per_address",
+            Refused::Unauthenticated(_) => "max_unauthenticated_connections",
         };
         crate::metrics::refused(limit);
-        let mut c = lock(&self.counts);
-        c.refused_unlogged[reason] += 1;
-        if c.last_refusal_log[reason].is_none_or(|t| t.elapsed() >= LOG_INTERVAL) {
-            let n = std::mem::take(&mut c.refused_unlogged[reason]);
-            c.last_refusal_log[reason] = Some(Instant::now());
-            drop(c);
+        if let Some(n) = crate::log_limit::occurred(limit) {
             if n == 1 {
                 tracing::warn!("connection from {peer} refused: {why}");
             } else {
@@ -234,19 +217,12 @@ impl Counts {
         self.forget_network(network);
         crate::metrics::evicted();
         crate::metrics::connections(self.total, self.unauthenticated);
-        self.evicted_unlogged += 1;
-        let due = self
-            .last_eviction_log
-            .is_none_or(|t| t.elapsed() >= LOG_INTERVAL);
-        if due {
+        if let Some(n) = crate::log_limit::occurred("evicted") {
             tracing::warn!(
-                "closed {} connection(s) that had not logged on, to admit new ones \
+                "closed {n} connection(s) that had not logged on, to admit new ones \
                  (limits.max_connections / limits.max_unauthenticated_connections reached); \
-                 the oldest of the network holding the most go first, now {network} with {held}",
-                self.evicted_unlogged
+                 the oldest of the network holding the most go first, now {network} with {held}"
             );
-            self.evicted_unlogged = 0;
-            self.last_eviction_log = Some(Instant::now());
         }
         true
     }

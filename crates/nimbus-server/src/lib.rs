@@ -34,6 +34,7 @@ mod interfaces;
 mod lease_loss;
 pub mod limits;
 mod locks;
+mod log_limit;
 mod logon_guard;
 mod lookup;
 pub mod metrics;

@@ -561,6 +561,11 @@ impl Server {
             );
             listeners.push(l);
         }
+        // Under systemd (Type=notify): ready once every address is bound.
+        // Without NOTIFY_SOCKET this does nothing.
+        if let Err(e) = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]) {
+            tracing::warn!("telling the service manager the server is ready: {e}");
+        }
         let mut tasks = Vec::new();
         tokio::spawn(crate::durable::DurableOpens::scavenge(self.clone()));
         tokio::spawn(crate::status::publish_forever(self.clone()));

@@ -157,7 +157,12 @@ fn bind(
             Ok(NtStatus::SUCCESS)
         }
         Err(e) => {
-            tracing::warn!("{}: binding to session {id:#x} refused: {e}", ctx.conn.peer);
+            if let Some(times) = super::session_setup::logged_times(&e, "binding refused") {
+                tracing::warn!(
+                    "{}: binding to session {id:#x} refused: {e}{times}",
+                    ctx.conn.peer
+                );
+            }
             Err(super::session_setup::refused(ctx, &e))
         }
     }

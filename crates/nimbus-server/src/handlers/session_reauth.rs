@@ -109,10 +109,13 @@ pub fn handle(
         }
         Err(e) => {
             let status = super::session_setup::refused(ctx, &e);
-            tracing::warn!(
-                "{}: session re-authentication failed, session ended: {e}",
-                ctx.conn.peer
-            );
+            if let Some(times) = super::session_setup::logged_times(&e, "re-authentication failed")
+            {
+                tracing::warn!(
+                    "{}: session re-authentication failed, session ended: {e}{times}",
+                    ctx.conn.peer
+                );
+            }
             end(ctx, &session);
             Err(status)
         }

@@ -232,10 +232,25 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         Err(e) => {
             drop(state);
             forget_session(ctx, session.id);
-            tracing::warn!("session logon refused from {}: {e}", ctx.conn.peer);
+            if let Some(times) = logged_times(&e, "logon refused") {
+                tracing::warn!("session logon refused from {}: {e}{times}", ctx.conn.peer);
+            }
             crate::metrics::logon("unknown", false);
             Err(refused(ctx, &e))
         }
+    }
+}
+
+/// Whether a refusal is logged now, and the count suffix of its line: a
+/// wrong password or an unknown user (what a guesser causes, over and
+/// over) is aggregated under `reason` (`crate::log_limit`); any other
+/// refusal, a misconfiguration worth seeing each time, is always logged.
+pub(super) fn logged_times(e: &AuthError, reason: &'static str) -> Option<String> {
+    match e {
+        AuthError::LogonFailure { .. } => {
+            crate::log_limit::occurred(reason).map(crate::log_limit::times)
+        }
+        _ => Some(String::new()),
     }
 }
 
@@ -364,11 +379,14 @@ pub(super) fn backed_off(ctx: &Ctx<'_>, user: &str) -> Result<(), NtStatus> {
                 remaining,
             ),
         };
-    tracing::warn!(
-        "logon of user {user:?} from {peer} refused: too many failed logons for this {scope} \
-         (limits.{key}); allowed again in {}s",
-        remaining.as_secs_f64().ceil()
-    );
+    if let Some(n) = crate::log_limit::occurred(key) {
+        tracing::warn!(
+            "logon of user {user:?} from {peer} refused: too many failed logons for this {scope} \
+             (limits.{key}); allowed again in {}s{}",
+            remaining.as_secs_f64().ceil(),
+            crate::log_limit::times(n)
+        );
+    }
     Err(status)
 }
 
