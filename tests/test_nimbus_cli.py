@@ -332,8 +332,9 @@ def _lists_sessions_and_open_files(conf, port):
 
 def _serve_and_log(tmp_path, log_format: str | None) -> bytes:
     """Serves with `log_format` (None: the key left out), standard error to
-    a file and NO_COLOR unset; a failed logon and a refused frame make a
-    warning or two; returns what was written."""
+    a file and NO_COLOR unset; a refused frame makes a warning, and a
+    logged-on session's tree connect to a share that does not exist a line
+    of its own; returns what was written."""
     share = tmp_path / "share"
     share.mkdir()
     db = tmp_path / "users.db"
@@ -355,16 +356,41 @@ def _serve_and_log(tmp_path, log_format: str | None) -> bytes:
         deadline = time.monotonic() + 10
         while b"closing connection" not in log.read_bytes() and time.monotonic() < deadline:
             time.sleep(0.05)
+        _tree_connect_to_nowhere(port)
     finally:
         proc.terminate()
         proc.wait(timeout=15)
     return log.read_bytes()
 
 
-def test_text_logs_written_to_a_file_carry_no_colour_codes(tmp_path):
+def _tree_connect_to_nowhere(port: int) -> None:
+    import uuid
+
+    from smbprotocol.connection import Connection
+    from smbprotocol.exceptions import BadNetworkName
+    from smbprotocol.session import Session
+    from smbprotocol.tree import TreeConnect
+
+    conn = Connection(uuid.uuid4(), "127.0.0.1", port, require_signing=True)
+    conn.connect(timeout=10)
+    try:
+        session = Session(conn, USER, PASSWORD, require_encryption=False, auth_protocol="ntlm")
+        session.connect()
+        with pytest.raises(BadNetworkName):
+            TreeConnect(session, r"\\127.0.0.1\nosuch").connect()
+    finally:
+        conn.disconnect(True)
+
+
+def test_text_logs_written_to_a_file_carry_no_colour_codes_and_name_the_client(tmp_path):
     text = _serve_and_log(tmp_path, None)
     assert b"closing connection" in text, text
     assert b"\x1b[" not in text, "ANSI escape sequences in a log written to a file"
+    refused = [line for line in text.decode().splitlines() if "closing connection" in line]
+    assert refused and all("client{addr=127.0.0.1:" in line for line in refused), refused
+    nowhere = [line for line in text.decode().splitlines() if "nosuch" in line]
+    assert nowhere, text
+    assert all("client{addr=127.0.0.1:" in line and "session{id=0x" in line and f"user={USER}" in line for line in nowhere), nowhere
 
 
 def test_json_logs_are_one_object_per_line_with_an_rfc3339_timestamp(tmp_path):
@@ -382,6 +408,16 @@ def test_json_logs_are_one_object_per_line_with_an_rfc3339_timestamp(tmp_path):
         assert stamp.tzinfo is not None, event["timestamp"]
         messages.append(event["fields"]["message"])
     assert any("closing connection" in m for m in messages), messages
+    # Lines of a client's requests carry its address, and once it is
+    # logged on, its session id and user.
+    events = [json.loads(line) for line in lines]
+    refused = [e for e in events if "closing connection" in e["fields"]["message"]]
+    assert all(e["spans"][0]["addr"].startswith("127.0.0.1:") for e in refused), refused
+    nowhere = [e for e in events if "nosuch" in e["fields"]["message"]]
+    assert nowhere, lines
+    for e in nowhere:
+        client, session = e["spans"]
+        assert client["addr"].startswith("127.0.0.1:") and session["user"] == USER and session["id"].startswith("0x"), e
 
 
 def test_an_unknown_log_format_names_the_key_and_the_fix(tmp_path):

@@ -39,8 +39,9 @@ pub type OwnedChange = (NotifyAction, u32, String);
 
 pub struct NotifyRelay {
     m: Arc<Membership>,
-    /// Share roots on this node, and the names all nodes know them by.
-    shares: Vec<(PathBuf, String)>,
+    /// Share roots on this node, and the names all nodes know them by
+    /// (a reload changes them: `set_shares`).
+    shares: std::sync::RwLock<Vec<(PathBuf, String)>>,
     /// Items `<share>/<dir>`, valued "1" when a watch covers the tree.
     registry: Arc<Registry>,
 }
@@ -54,8 +55,17 @@ impl NotifyRelay {
         NotifyRelay {
             registry: Registry::new(m.clone(), NOTIFY_PREFIX, "watch of"),
             m,
-            shares,
+            shares: std::sync::RwLock::new(shares),
         }
+    }
+
+    /// The shares of a reloaded configuration.
+    pub fn set_shares(&self, shares: Vec<(PathBuf, String)>) {
+        *self.shares.write().unwrap_or_else(|e| e.into_inner()) = shares;
+    }
+
+    fn shares(&self) -> std::sync::RwLockReadGuard<'_, Vec<(PathBuf, String)>> {
+        self.shares.read().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Keeps the copy of other nodes' watches (a thread).
@@ -63,22 +73,22 @@ impl NotifyRelay {
         self.registry.follow("nimbus-notifywatch");
     }
 
-    fn share_of(&self, root: &Path) -> Option<&str> {
-        self.shares
+    fn share_of(&self, root: &Path) -> Option<String> {
+        self.shares()
             .iter()
             .find(|(r, _)| r == root)
-            .map(|(_, n)| n.as_str())
+            .map(|(_, n)| n.clone())
     }
 
-    fn root_of(&self, share: &str) -> Option<&Path> {
-        self.shares
+    fn root_of(&self, share: &str) -> Option<PathBuf> {
+        self.shares()
             .iter()
             .find(|(_, n)| n == share)
-            .map(|(r, _)| r.as_path())
+            .map(|(r, _)| r.clone())
     }
 
     /// A change message from another node: its share's root and changes.
-    pub fn receive(&self, bytes: &[u8]) -> Option<(&Path, Vec<OwnedChange>)> {
+    pub fn receive(&self, bytes: &[u8]) -> Option<(PathBuf, Vec<OwnedChange>)> {
         match decode_changes(bytes) {
             Ok((share, changes)) => Some((self.root_of(&share)?, changes)),
             Err(e) => {
@@ -97,7 +107,7 @@ impl Relay for NotifyRelay {
     fn watching(&self, root: &Path, dir: &str, tree: Option<bool>) {
         if let Some(share) = self.share_of(root) {
             let value: Option<&[u8]> = tree.map(|t| if t { &b"1"[..] } else { &b"0"[..] });
-            self.registry.set_mine(&item(share, dir), value);
+            self.registry.set_mine(&item(&share, dir), value);
         }
     }
 
@@ -118,7 +128,7 @@ impl Relay for NotifyRelay {
                 };
                 let mut direct = true;
                 loop {
-                    for (node, tree) in others.get(&item(share, dir)).into_iter().flatten() {
+                    for (node, tree) in others.get(&item(&share, dir)).into_iter().flatten() {
                         if !(direct || tree.as_slice() == b"1") {
                             continue;
                         }
@@ -138,7 +148,7 @@ impl Relay for NotifyRelay {
         }
         for (node, picked) in per_node {
             let batch: Vec<&Change<'_>> = picked.iter().map(|&i| &changes[i]).collect();
-            if let Err(e) = self.m.post(&node, &encode_changes(share, &batch)) {
+            if let Err(e) = self.m.post(&node, &encode_changes(&share, &batch)) {
                 tracing::warn!("cluster: changes for node \"{node}\" not sent: {e}");
             }
         }

@@ -49,6 +49,9 @@ impl EncryptionPolicy {
     }
 }
 
+/// The values of `log_level`, least verbose first.
+pub const LOG_LEVELS: [&str; 5] = ["error", "warn", "info", "debug", "trace"];
+
 /// `log_format`: lines for people to read, or one JSON object per line
 /// (with an RFC 3339 timestamp) for log shippers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -84,6 +87,26 @@ pub struct ShareConfig {
     /// Names shown with FILE_ATTRIBUTE_HIDDEN: search patterns (`*`, `?`)
     /// matched against the last component without case.
     pub hide_files: Vec<String>,
+}
+
+impl ShareConfig {
+    /// A share of `path` with every other key at its default (as a
+    /// `--share NAME=PATH` flag gives it).
+    pub fn new(name: &str, path: PathBuf) -> ShareConfig {
+        ShareConfig {
+            name: name.to_string(),
+            path,
+            read_only: false,
+            guest_ok: false,
+            encryption: None,
+            comment: String::new(),
+            continuous_availability: false,
+            access_based_enumeration: false,
+            apple_extensions: true,
+            hide_dot_files: true,
+            hide_files: Vec::new(),
+        }
+    }
 }
 
 /// `[cluster]`: this node is one of several serving the same shares, with
@@ -177,6 +200,9 @@ pub struct Config {
     pub kerberos: Option<KerberosConfig>,
     /// How log lines are written: text, or one JSON object per line.
     pub log_format: LogFormat,
+    /// `log_level`: the least severe lines written ("error", "warn",
+    /// "info", "debug" or "trace"); `-v` and NIMBUS_LOG, when given, win.
+    pub log_level: String,
     /// `[metrics] listen`: where Prometheus scrapes `/metrics`; None: no
     /// endpoint, and nothing is counted.
     pub metrics_listen: Option<SocketAddr>,
@@ -206,6 +232,7 @@ impl Default for Config {
             cluster: None,
             kerberos: None,
             log_format: LogFormat::Text,
+            log_level: "info".into(),
             metrics_listen: None,
             admins: Vec::new(),
         }
@@ -246,6 +273,7 @@ struct RawConfig {
     apple_model: Option<String>,
     multichannel: Option<bool>,
     log_format: Option<String>,
+    log_level: Option<String>,
     security: Option<RawSecurity>,
     limits: Option<RawLimits>,
     #[serde(default)]
@@ -822,6 +850,17 @@ impl Config {
                     format!("unknown value \"{other}\""),
                     "write log_format = \"text\" (lines for people) or log_format = \"json\" (one object per line, for log shippers)",
                 )),
+            }
+        }
+        if let Some(level) = raw.log_level {
+            if LOG_LEVELS.contains(&level.as_str()) {
+                cfg.log_level = level;
+            } else {
+                errors.push(err(
+                    "log_level",
+                    format!("unknown level \"{level}\""),
+                    "write log_level = \"info\" (or \"error\", \"warn\", \"debug\", \"trace\")",
+                ));
             }
         }
         if let Some(sec) = raw.security {

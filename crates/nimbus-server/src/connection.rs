@@ -227,6 +227,11 @@ pub struct Connection {
     pub arrivals: Arc<crate::arrivals::Arrivals>,
     /// What a Mac negotiated with the AAPL create context (crate::apple).
     pub apple: crate::apple::AppleState,
+    /// Every log line of this connection's requests names the client's
+    /// address (`client{addr=...}`), and once a session is logged on, its
+    /// id and user (`session{id=... user=...}`, `session_span`).
+    pub span: tracing::Span,
+    session_spans: Mutex<HashMap<u64, tracing::Span>>,
 }
 
 /// A job of the serial queue.
@@ -285,7 +290,18 @@ impl Connection {
         local: SocketAddr,
         slot: ConnectionSlot,
     ) -> Arc<Connection> {
-        let limits = &server.config.limits;
+        Self::in_span(server, peer, local, slot, client_span(peer))
+    }
+
+    /// The same, with the span its lines go in.
+    fn in_span(
+        server: Arc<Server>,
+        peer: SocketAddr,
+        local: SocketAddr,
+        slot: ConnectionSlot,
+        span: tracing::Span,
+    ) -> Arc<Connection> {
+        let limits = &server.config().limits;
         Arc::new(Connection {
             credits: Mutex::new(CreditWindow::new(limits.max_credits)),
             dir_entries: EntryBudget::new(limits.max_directory_entries),
@@ -310,7 +326,31 @@ impl Connection {
             serial: Arc::default(),
             arrivals: Arc::default(),
             apple: Default::default(),
+            span,
+            session_spans: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The span of a logged-on session's requests on this connection,
+    /// made at its first request here. Spans of sessions that left the
+    /// connection are dropped as new ones come, so the map stays within
+    /// the connection's session limit.
+    pub fn session_span(&self, session: &Session) -> tracing::Span {
+        let id = session.id;
+        if let Some(span) = lock(&self.session_spans).get(&id) {
+            return span.clone();
+        }
+        let user = match &*lock(&session.state) {
+            crate::session::SessionState::Valid(a) if a.domain.is_empty() => a.user.clone(),
+            crate::session::SessionState::Valid(a) => format!("{}\\{}", a.domain, a.user),
+            crate::session::SessionState::InProgress { .. } => return tracing::Span::none(),
+        };
+        let span = tracing::info_span!(parent: &self.span, "session", id = %format_args!("{id:#x}"), user = %user);
+        let here: Vec<u64> = lock(&self.sessions).keys().copied().collect();
+        let mut spans = lock(&self.session_spans);
+        spans.retain(|s, _| here.contains(s));
+        spans.insert(id, span.clone());
+        span
     }
 
     /// A session logged on: the connection is no longer unauthenticated.
@@ -613,6 +653,7 @@ fn run_frame(
     unsealed: Option<Unsealed>,
 ) -> Option<Outgoing> {
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _client = conn.span.enter();
         crate::dispatch::process_frame(conn, &mut frame, allowance, arrival, unsealed)
     }));
     conn.pool.give(frame);
@@ -642,10 +683,31 @@ fn start_logon_deadline(conn: Weak<Connection>, after: Duration) {
     });
 }
 
+/// The span of a connection's log lines: the client's address.
+fn client_span(peer: SocketAddr) -> tracing::Span {
+    tracing::info_span!("client", addr = %peer)
+}
+
+/// Serves one client connection until it ends; every line it logs names
+/// the client (`Connection::span`).
 pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slot: ConnectionSlot) {
+    use tracing::Instrument;
+    let span = client_span(peer);
+    serve_in(server, stream, peer, slot, span.clone())
+        .instrument(span)
+        .await
+}
+
+async fn serve_in(
+    server: Arc<Server>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    slot: ConnectionSlot,
+    span: tracing::Span,
+) {
     let local = stream.local_addr().unwrap_or(peer);
     let (mut rd, mut wr) = stream.into_split();
-    let limits = server.config.limits.clone();
+    let limits = server.config().limits.clone();
     let stopping = server.clone();
     let live = stopping.drain.connection_started();
     // One wait for the server's stop per connection, not one per frame.
@@ -654,7 +716,7 @@ pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slo
     let draining = async move { crate::drain::reached(&mut until_drain, Stage::Draining).await };
     tokio::pin!(draining);
     let (tx, mut rx) = mpsc::channel::<(Outgoing, InFlight)>(limits.max_outstanding_requests);
-    let conn = Connection::new(server, peer, local, slot);
+    let conn = Connection::in_span(server, peer, local, slot, span);
     {
         use std::os::fd::AsRawFd;
         conn.socket.store(rd.as_ref().as_raw_fd(), Ordering::SeqCst);
@@ -872,7 +934,7 @@ mod channel_tests {
         let peer = SocketAddr::from(([127, 0, 0, 1], port));
         let slot = server
             .admission
-            .admit(peer.ip(), &server.config.limits)
+            .admit(peer.ip(), &server.config().limits)
             .expect("admitted");
         Connection::new(server.clone(), peer, peer, slot)
     }

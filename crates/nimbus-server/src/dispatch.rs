@@ -140,7 +140,7 @@ impl Ctx<'_> {
         &mut self,
         cancel: impl FnOnce(&Arc<PendingRequest>) -> Canceller,
     ) -> Option<Arc<PendingRequest>> {
-        let limit = self.server.config.limits.max_pending_requests;
+        let limit = self.server.config().limits.max_pending_requests;
         if self.conn.pending.len() >= limit {
             tracing::warn!(
                 "{}: {} requests already pending (limits.max_pending_requests); refused",
@@ -475,7 +475,7 @@ fn run_chain(
     let mut requests = 0usize;
     loop {
         requests += 1;
-        if requests > conn.server.config.limits.max_compound_requests {
+        if requests > conn.server.config().limits.max_compound_requests {
             return refuse(
                 conn,
                 "compound chain longer than limits.max_compound_requests",
@@ -1015,6 +1015,8 @@ fn check_and_run<'a>(
     } else {
         None
     };
+    // Lines logged while this request runs name its session and user.
+    let mut _in_session = None;
     if let Some(channel) = channel {
         let session = channel.session;
         let state = lock(&session.state);
@@ -1067,6 +1069,7 @@ fn check_and_run<'a>(
                     return Err(NtStatus::ACCESS_DENIED);
                 }
                 drop(state);
+                _in_session = Some(conn.session_span(&session).entered());
                 session.touch();
                 ctx.session = Some(session);
             }
@@ -1103,7 +1106,11 @@ fn check_and_run<'a>(
     if spec.needs_tree {
         let session = ctx.session()?;
         let tree = lock(&session.trees).get(&tree_id).cloned();
-        let tree = tree.ok_or(NtStatus::NETWORK_NAME_DELETED)?;
+        // A share a reload took away: its tree connects are going, and
+        // one a request still names is as gone (MS-SMB2 3.3.5.2.11).
+        let tree = tree
+            .filter(|t| !t.share.is_removed())
+            .ok_or(NtStatus::NETWORK_NAME_DELETED)?;
         if tree.encrypt_data && !encrypted {
             // MS-SMB2 3.3.5.2.11: the share requires encrypted requests.
             tracing::debug!(

@@ -117,7 +117,7 @@ pub enum NotKept {
 
 pub struct DurableOpens {
     inner: Mutex<Inner>,
-    limits: KeepLimits,
+    limits: Mutex<KeepLimits>,
     /// Wakes the scavenger when an earlier expiry is added.
     wake: tokio::sync::Notify,
 }
@@ -126,9 +126,14 @@ impl DurableOpens {
     pub fn new(limits: KeepLimits) -> DurableOpens {
         DurableOpens {
             inner: Mutex::new(Inner::default()),
-            limits,
+            limits: Mutex::new(limits),
             wake: tokio::sync::Notify::new(),
         }
+    }
+
+    /// A reloaded configuration's limits, for the next disconnects.
+    pub fn set_limits(&self, limits: KeepLimits) {
+        *lock(&self.limits) = limits;
     }
 
     /// `open` was granted durability.
@@ -171,11 +176,12 @@ impl DurableOpens {
         let Some(d) = lock(&open.durable).clone() else {
             return Err(NotKept::NotDurable);
         };
+        let limits = *lock(&self.limits);
         let mut inner = lock(&self.inner);
         let user_count = inner.per_user.get(&d.owner).copied().unwrap_or(0);
-        if inner.disconnected.len() >= self.limits.total || user_count >= self.limits.per_user {
+        if inner.disconnected.len() >= limits.total || user_count >= limits.per_user {
             drop(inner);
-            log_too_many(&d.owner, self.limits);
+            log_too_many(&d.owner, limits);
             return Err(NotKept::TooMany);
         }
         let expires = now + d.timeout;

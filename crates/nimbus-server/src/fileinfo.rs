@@ -87,6 +87,7 @@ pub fn open_info(open: &Open, delete_pending: bool) -> Result<FileInfo, nimbus_v
     st.alloc_size = open.handle.data_allocation(&st);
     let mut info = open_info_of(open, &st, delete_pending)?;
     open.share
+        .settings()
         .hide
         .apply(&crate::session::lock(&open.path), &mut info);
     Ok(info)

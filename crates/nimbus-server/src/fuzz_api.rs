@@ -45,17 +45,8 @@ pub fn server(dir: &Path) -> Result<Arc<Server>, String> {
         listen: vec![SocketAddr::from(([127, 0, 0, 1], 0))],
         user_db: db_path,
         shares: vec![ShareConfig {
-            name: "share".into(),
-            path: share,
-            read_only: false,
             guest_ok: true,
-            encryption: None,
-            comment: String::new(),
-            continuous_availability: false,
-            access_based_enumeration: false,
-            apple_extensions: true,
-            hide_dot_files: true,
-            hide_files: Vec::new(),
+            ..ShareConfig::new("share", share)
         }],
         ..Config::default()
     };
@@ -80,7 +71,7 @@ impl Harness {
         let peer = SocketAddr::from(([127, 0, 0, 1], 50000));
         let slot = server
             .admission
-            .admit(peer.ip(), &server.config.limits)
+            .admit(peer.ip(), &server.config().limits)
             .ok()?;
         Some(Harness {
             conn: Connection::new(server.clone(), peer, peer, slot),
@@ -97,7 +88,7 @@ impl Harness {
     /// (bad frame header, truncated frame, protocol violation). Returns the
     /// response frames.
     pub fn feed_stream(&mut self, mut bytes: &[u8]) -> Vec<Vec<u8>> {
-        let limits = self.conn.server.config.limits.clone();
+        let limits = self.conn.server.config().limits.clone();
         let mut responses = Vec::new();
         while !self.is_closed() && bytes.len() >= 4 {
             let head = [bytes[0], bytes[1], bytes[2], bytes[3]];
@@ -123,7 +114,7 @@ impl Harness {
     /// frame (with its NBSS header), if any.
     pub fn feed_frame(&mut self, frame: &mut [u8]) -> Option<Vec<u8>> {
         self.map_session_ids(frame);
-        let allowance = response_allowance(frame, &self.conn.server.config.limits);
+        let allowance = response_allowance(frame, &self.conn.server.config().limits);
         let out = process_frame(&self.conn, frame, allowance, None, None)?;
         let resp = out.buf[out.start..].to_vec();
         self.conn.pool.give(out.buf);

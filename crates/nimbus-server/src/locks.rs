@@ -106,7 +106,7 @@ pub struct ByteRangeLocks {
     /// On a cluster node: whether a lock's holder is an open of a node
     /// that is gone (its lock is stale: nobody will unlock it).
     gone: Option<Gone>,
-    caps: LockCaps,
+    caps: std::sync::Mutex<LockCaps>,
     /// Files with locks or waiters (and, briefly, files being changed).
     files: Box<[Shard]>,
     /// How many entries are marked `locked`.
@@ -190,7 +190,7 @@ impl ByteRangeLocks {
         ByteRangeLocks {
             store,
             gone: None,
-            caps: LockCaps::NONE,
+            caps: std::sync::Mutex::new(LockCaps::NONE),
             files: (0..SHARDS).map(|_| Shard::default()).collect(),
             locked_files: AtomicUsize::new(0),
             unreleased: Default::default(),
@@ -199,7 +199,18 @@ impl ByteRangeLocks {
 
     /// The same, with caps on the locks of one open and of one file.
     pub fn with_caps(self, caps: LockCaps) -> ByteRangeLocks {
-        ByteRangeLocks { caps, ..self }
+        self.set_caps(caps);
+        self
+    }
+
+    /// A reloaded configuration's caps, for the next LOCKs: locks held
+    /// above them stay.
+    pub fn set_caps(&self, caps: LockCaps) {
+        *self.caps.lock().unwrap_or_else(|e| e.into_inner()) = caps;
+    }
+
+    fn caps(&self) -> LockCaps {
+        *self.caps.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The locks of a cluster node: a lock of a node that is gone gives
@@ -337,7 +348,7 @@ impl ByteRangeLocks {
         list: &mut Vec<RangeLock>,
         asks: &[(u64, &[LockRange])],
     ) -> Vec<(usize, Result<(), LockError>)> {
-        let mut decided = byte_range::grant_waiters(list, asks, self.caps);
+        let mut decided = byte_range::grant_waiters(list, asks, self.caps());
         if decided.len() < asks.len() && self.purge_gone(list) {
             let mut done = vec![false; asks.len()];
             for (i, _) in &decided {
@@ -347,7 +358,7 @@ impl ByteRangeLocks {
             }
             let left: Vec<usize> = (0..asks.len()).filter(|i| !done[*i]).collect();
             let again: Vec<(u64, &[LockRange])> = left.iter().map(|&i| asks[i]).collect();
-            let more = byte_range::grant_waiters(list, &again, self.caps);
+            let more = byte_range::grant_waiters(list, &again, self.caps());
             decided.extend(more.into_iter().map(|(j, r)| (left[j], r)));
             decided.sort_by_key(|(i, _)| *i);
         }
@@ -364,7 +375,7 @@ impl ByteRangeLocks {
         ranges: Vec<LockRange>,
         wait: Option<&mut dyn FnMut() -> Option<Granted>>,
     ) -> Outcome {
-        let caps = self.caps;
+        let caps = self.caps();
         let done = self.with_file(file, true, |entry, state| {
             let tried = self.change(entry, state, file, |list| {
                 let mut tried = byte_range::grant(list, owner, &ranges, caps);

@@ -117,6 +117,13 @@ impl LogonGuard {
         }
     }
 
+    /// Takes the failure counts of a reloaded configuration; the failures
+    /// counted so far stay.
+    pub fn set_limits(&self, limits: &Limits) {
+        lock(&self.users).limit = limits.max_failed_logons_per_user;
+        lock(&self.addresses).limit = limits.max_failed_logons_per_address;
+    }
+
     /// Failures are counted per account as the user database finds it: two
     /// spellings that reach one account ("sam", "SAM", "ſam" with U+017F
     /// long s) share one budget, and so do spellings of an unknown name, so

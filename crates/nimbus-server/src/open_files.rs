@@ -76,7 +76,7 @@ pub fn open_file_cap(soft: u64, limits: &Limits) -> (usize, Option<String>) {
 /// Counts the opens of the whole server against their cap.
 pub struct OpenFiles {
     count: Arc<AtomicUsize>,
-    cap: usize,
+    cap: AtomicUsize,
     /// Unix second of the last refusal logged (one log line a second).
     last_logged: AtomicU64,
 }
@@ -94,13 +94,19 @@ impl OpenFiles {
     pub fn new(cap: usize) -> OpenFiles {
         OpenFiles {
             count: Arc::new(AtomicUsize::new(0)),
-            cap,
+            cap: AtomicUsize::new(cap),
             last_logged: AtomicU64::new(0),
         }
     }
 
     pub fn cap(&self) -> usize {
-        self.cap
+        self.cap.load(Ordering::Relaxed)
+    }
+
+    /// A reloaded configuration's cap. Opens above it stay; new ones wait
+    /// until the count is below it.
+    pub fn set_cap(&self, cap: usize) {
+        self.cap.store(cap, Ordering::Relaxed);
     }
 
     /// A place for one more open, or None when the server has `cap` open.
@@ -108,7 +114,7 @@ impl OpenFiles {
         let taken = self
             .count
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < self.cap).then_some(n + 1)
+                (n < self.cap()).then_some(n + 1)
             });
         match taken {
             Ok(_) => Some(OpenFileSlot(self.count.clone())),
@@ -121,7 +127,7 @@ impl OpenFiles {
                     tracing::warn!(
                         "{} files are open server-wide, the most the descriptor limit allows \
                          (limits.max_open_files); CREATE refused with STATUS_TOO_MANY_OPENED_FILES",
-                        self.cap
+                        self.cap()
                     );
                 }
                 None

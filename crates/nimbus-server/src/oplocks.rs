@@ -360,7 +360,8 @@ pub struct Oplocks {
     turns: Arc<turns::Turns>,
     store: Arc<dyn StateStore>,
     notifier: Arc<LocalNotifier>,
-    break_timeout: Duration,
+    /// Milliseconds; a reload may change it (`set_break_timeout`).
+    break_timeout: std::sync::atomic::AtomicU64,
     /// Told of opens whose caching changed, once set (a server with
     /// persistent handles); unset, nothing is watched.
     on_changed: Arc<std::sync::OnceLock<CachingChanged>>,
@@ -447,13 +448,23 @@ impl Oplocks {
         self.turns.take(file)
     }
 
+    /// How long a break waits for its acknowledgement now.
+    fn break_timeout(&self) -> Duration {
+        Duration::from_millis(self.break_timeout.load(Ordering::Relaxed))
+    }
+
+    /// A reloaded configuration's break timeout, for breaks sent from now.
+    pub fn set_break_timeout(&self, timeout: Duration) {
+        self.break_timeout.store(millis(timeout), Ordering::Relaxed);
+    }
+
     pub fn new(break_timeout: Duration, store: Arc<dyn StateStore>) -> Oplocks {
         Oplocks {
             table: Arc::new(Mutex::new(Table::default())),
             turns: Arc::default(),
             store,
             notifier: Arc::new(LocalNotifier::default()),
-            break_timeout,
+            break_timeout: std::sync::atomic::AtomicU64::new(millis(break_timeout)),
             on_changed: Arc::new(std::sync::OnceLock::new()),
             dir_leases: AtomicUsize::new(0),
             gone: None,
@@ -986,7 +997,7 @@ impl Oplocks {
             else {
                 return;
             };
-            let overdue = oldest.elapsed() > self.break_timeout + Duration::from_secs(1);
+            let overdue = oldest.elapsed() > self.break_timeout() + Duration::from_secs(1);
             let Some(((), summary)) = apply(&*self.store, file, self.watching(), |s| {
                 self.purge_gone(s);
                 if overdue {
@@ -1205,7 +1216,7 @@ impl Oplocks {
         let turns = self.turns.clone();
         let store = self.store.clone();
         let on_changed = self.on_changed.clone();
-        let after = self.break_timeout;
+        let after = self.break_timeout();
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -1494,6 +1505,10 @@ fn wake(waiters: Vec<Waiter>) {
     for w in waiters {
         spawn(w.wake);
     }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

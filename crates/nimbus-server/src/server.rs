@@ -8,12 +8,11 @@ use std::time::Duration;
 use nimbus_auth::{AuthConfig, Authenticator, UserDb};
 use nimbus_crypto::{CipherAlgorithm, CryptoProvider};
 use nimbus_state::{FileKey, MemoryStore, ShareModes, StateStore};
-use nimbus_vfs::LocalFs;
 use nimbus_wire::fscc::unix_to_filetime;
 use tokio::net::TcpListener;
 
 use crate::admission::Admission;
-use crate::config::{Config, EncryptionPolicy};
+use crate::config::Config;
 use crate::locks::ByteRangeLocks;
 use crate::logon_guard::LogonGuard;
 use crate::open_files::{open_file_cap, raise_descriptor_limit, OpenFiles};
@@ -66,41 +65,16 @@ impl std::fmt::Display for StartError {
 
 impl std::error::Error for StartError {}
 
-pub struct Share {
-    pub name: String,
-    /// None for IPC$, which has no files.
-    pub fs: Option<LocalFs>,
-    pub read_only: bool,
-    pub guest_ok: bool,
-    /// This share's encryption policy (its own, else the server-wide one).
-    pub encryption: EncryptionPolicy,
-    /// FILETIME reported as the volume's creation time.
-    pub created: u64,
-    /// Continuously available: persistent handles may be granted here.
-    pub continuous_availability: bool,
-    /// Listings leave out what the user may not read (crate::acl).
-    pub access_based_enumeration: bool,
-    /// Apple's extensions for macOS clients (crate::apple).
-    pub apple_extensions: bool,
-    /// Shown beside the name when clients list the shares.
-    pub comment: String,
-    /// Names shown with FILE_ATTRIBUTE_HIDDEN (`crate::hide`).
-    pub hide: crate::hide::HideNames,
-    /// Bytes read and written here (`crate::metrics`).
-    pub counters: crate::metrics::ShareCounters,
-}
-
-impl Share {
-    pub fn is_ipc(&self) -> bool {
-        self.fs.is_none()
-    }
-}
+pub use crate::share::Share;
 
 pub struct Server {
-    pub config: Config,
+    /// The configuration now (`Server::config`); a reload replaces it.
+    config: RwLock<Arc<Config>>,
     pub provider: Arc<CryptoProvider>,
     pub auth: Authenticator,
-    pub shares: Vec<Arc<Share>>,
+    /// The shares now (`Server::shares`), IPC$ last; a reload replaces
+    /// the list.
+    shares: RwLock<Arc<Vec<Arc<Share>>>>,
     pub share_modes: ShareModes,
     pub guid: [u8; 16],
     pub start_time: u64,
@@ -204,43 +178,19 @@ impl Server {
         let start_time = now_filetime();
         let mut shares = Vec::new();
         for s in &config.shares {
-            let fs = LocalFs::new(&s.path).map_err(|e| StartError::Share {
-                name: s.name.clone(),
-                path: s.path.display().to_string(),
-                reason: e.to_string(),
+            let share = Share::open(s, config.encryption, start_time).map_err(|reason| {
+                StartError::Share {
+                    name: s.name.clone(),
+                    path: s.path.display().to_string(),
+                    reason,
+                }
             })?;
-            shares.push(Arc::new(Share {
-                name: s.name.clone(),
-                fs: Some(fs),
-                read_only: s.read_only,
-                guest_ok: s.guest_ok,
-                encryption: config.share_encryption(Some(s)),
-                created: start_time,
-                continuous_availability: s.continuous_availability,
-                access_based_enumeration: s.access_based_enumeration,
-                apple_extensions: s.apple_extensions,
-                comment: s.comment.clone(),
-                // Checked with the configuration (share[i].hide_files).
-                hide: crate::hide::HideNames::new(s.hide_dot_files, &s.hide_files)
-                    .unwrap_or_else(|_| crate::hide::HideNames::none()),
-                counters: crate::metrics::ShareCounters::new(&s.name),
-            }));
+            shares.push(Arc::new(share));
         }
-        shares.push(Arc::new(Share {
-            name: "IPC$".into(),
-            fs: None,
-            read_only: true,
-            guest_ok: false,
-            encryption: config.share_encryption(None),
-            created: start_time,
-            continuous_availability: false,
-            access_based_enumeration: false,
-            apple_extensions: false,
-            // As Windows describes its IPC$.
-            comment: "Remote IPC".into(),
-            hide: crate::hide::HideNames::none(),
-            counters: crate::metrics::ShareCounters::new("IPC$"),
-        }));
+        shares.push(Arc::new(Share::ipc(
+            config.share_encryption(None),
+            start_time,
+        )));
         let kerberos = match &config.kerberos {
             Some(k) => Some(kerberos_acceptor(k).map_err(StartError::Kerberos)?),
             None => None,
@@ -342,10 +292,10 @@ impl Server {
             per_user: config.limits.max_durable_handles_per_user,
         };
         let server = Arc::new(Server {
-            config,
+            config: RwLock::new(Arc::new(config)),
             provider,
             auth,
-            shares,
+            shares: RwLock::new(Arc::new(shares)),
             share_modes,
             guid,
             start_time,
@@ -458,11 +408,46 @@ impl Server {
     /// SMB2_GLOBAL_CAP_PERSISTENT_HANDLES): some share is continuously
     /// available, and there is a store on disk to keep them in.
     pub fn offers_persistent_handles(&self) -> bool {
-        self.disk_store.is_some() && self.shares.iter().any(|s| s.continuous_availability)
+        self.disk_store.is_some() && self.shares().iter().any(|s| s.continuous_availability)
+    }
+
+    /// The configuration the server runs with now.
+    pub fn config(&self) -> Arc<Config> {
+        match self.config.read() {
+            Ok(c) => c.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// The shares served now, IPC$ last.
+    pub fn shares(&self) -> Arc<Vec<Arc<Share>>> {
+        match self.shares.read() {
+            Ok(s) => s.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Puts a reloaded configuration and its shares in place
+    /// (`crate::reload`).
+    pub(crate) fn replace_config(&self, config: Config, shares: Vec<Arc<Share>>) {
+        let (config, shares) = (Arc::new(config), Arc::new(shares));
+        match self.shares.write() {
+            Ok(mut s) => *s = shares,
+            Err(poisoned) => *poisoned.into_inner() = shares,
+        }
+        match self.config.write() {
+            Ok(mut c) => *c = config,
+            Err(poisoned) => *poisoned.into_inner() = config,
+        }
+    }
+
+    /// A cluster node's way to other nodes' change notify watches.
+    pub(crate) fn notify_relay(&self) -> Option<&Arc<crate::cluster_notify::NotifyRelay>> {
+        self.notify_relay.as_ref()
     }
 
     pub fn find_share(&self, name: &str) -> Option<Arc<Share>> {
-        self.shares
+        self.shares()
             .iter()
             .find(|s| s.name.eq_ignore_ascii_case(name))
             .cloned()
@@ -540,7 +525,7 @@ impl Server {
     /// Binds every listen address, then serves until the process ends.
     pub async fn run(self: Arc<Self>) -> Result<(), StartError> {
         let mut listeners = Vec::new();
-        for addr in &self.config.listen {
+        for addr in &self.config().listen {
             let l = TcpListener::bind(addr).await.map_err(|e| StartError::Bind {
                 addr: *addr,
                 reason: match e.kind() {
@@ -552,7 +537,7 @@ impl Server {
             tracing::info!(
                 "listening on {} with shares: {}",
                 addr,
-                self.config
+                self.config()
                     .shares
                     .iter()
                     .map(|s| s.name.as_str())
@@ -705,7 +690,7 @@ impl Server {
                         path,
                     })
                     .collect();
-                self.notify.deliver_local(root, &changes);
+                self.notify.deliver_local(&root, &changes);
             }
             return;
         }
@@ -798,7 +783,7 @@ impl Server {
             };
             match accepted {
                 Ok((stream, peer)) => {
-                    let slot = match self.admission.admit(peer.ip(), &self.config.limits) {
+                    let slot = match self.admission.admit(peer.ip(), &self.config().limits) {
                         Ok(slot) => slot,
                         Err(why) => {
                             // Dropping the stream closes it at once.

@@ -271,12 +271,30 @@ pub struct HeldPipe {
 pub struct Tree {
     pub id: u32,
     pub share: Arc<Share>,
-    /// Access this session has on the share (MS-SMB2 TreeConnect.MaximalAccess).
-    pub maximal_access: u32,
     /// Requests on this tree must arrive encrypted (Share.EncryptData).
     pub encrypt_data: bool,
     /// When the tree was connected (NetrConnectionEnum's time).
     pub connected: std::time::Instant,
+}
+
+impl Tree {
+    /// Access this session has on the share (MS-SMB2
+    /// TreeConnect.MaximalAccess): read-only follows the share's setting
+    /// now, so that a reload that makes a share read-only holds for
+    /// the trees already connected.
+    pub fn maximal_access(&self) -> u32 {
+        share_maximal_access(&self.share)
+    }
+}
+
+/// The most a tree connect of `share` allows.
+pub fn share_maximal_access(share: &Share) -> u32 {
+    use nimbus_wire::fscc::access;
+    if share.read_only() || share.is_ipc() {
+        access::FILE_GENERIC_READ | access::FILE_GENERIC_EXECUTE
+    } else {
+        access::FILE_ALL_ACCESS
+    }
 }
 
 /// Where a directory enumeration stands (MS-SMB2 Open.EnumerationLocation).

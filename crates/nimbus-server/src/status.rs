@@ -116,7 +116,7 @@ impl Server {
                 .map_or_else(String::new, |m| m.node.clone()),
             listen: match &self.cluster {
                 Some(m) => vec![m.advertise.to_string()],
-                None => self.config.listen.iter().map(|a| a.to_string()).collect(),
+                None => self.config().listen.iter().map(|a| a.to_string()).collect(),
             },
             sessions: self.sessions.len(),
             open_files: self.opens.len(),
@@ -167,7 +167,7 @@ fn put(server: &Server, prefix: &[u8], file: &str, value: &[u8]) -> bool {
             return false;
         }
         true
-    } else if let Some(dir) = &server.config.state_dir {
+    } else if let Some(dir) = &server.config().state_dir {
         let tmp = dir.join(format!("{file}.tmp"));
         let written =
             write_private(&tmp, value).and_then(|()| std::fs::rename(&tmp, dir.join(file)));
@@ -200,7 +200,7 @@ fn write_private(path: &Path, value: &[u8]) -> std::io::Result<()> {
 /// Publishes for as long as the server runs (a cluster node, or a single
 /// node with a state directory).
 pub async fn publish_forever(server: Arc<Server>) {
-    if server.cluster.is_none() && server.config.state_dir.is_none() {
+    if server.cluster.is_none() && server.config().state_dir.is_none() {
         return;
     }
     let mut last = Published::default();

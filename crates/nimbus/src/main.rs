@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 
 mod bench_crypto;
 mod logging;
+mod reload_command;
 use nimbus_auth::UserDb;
 use nimbus_crypto::CryptoProvider;
 use nimbus_server::{Config, Server, ShareConfig, SigningPolicy};
@@ -72,6 +73,16 @@ enum Cmd {
         /// caching (oplock or lease), durable or persistent, locks, path.
         #[arg(long)]
         files: bool,
+    },
+    /// Make the running server of a configuration read it again
+    /// (SIGHUP): shares, limits and the log level change without dropping
+    /// clients. The file is checked first; the server's log says what the
+    /// reload changed, or why it refused it.
+    Reload {
+        /// The configuration file the server runs with, as given to
+        /// `nimbus serve --config`.
+        #[arg(long)]
+        config: PathBuf,
     },
     /// Measure this machine.
     Bench {
@@ -181,11 +192,16 @@ fn main() -> ExitCode {
         1 => "debug",
         _ => "trace",
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("NIMBUS_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    let log_format = logging::init(filter);
+    // NIMBUS_LOG, then -v, pin the level; otherwise the configuration's
+    // log_level sets it.
+    let pinned = std::env::var("NIMBUS_LOG")
+        .ok()
+        .filter(|f| tracing_subscriber::EnvFilter::try_new(f).is_ok())
+        .or_else(|| (cli.verbose > 0).then(|| level.to_string()));
+    let logging = logging::init(pinned);
     let result = match cli.command {
-        Cmd::Serve(args) => serve(args, &log_format),
+        Cmd::Serve(args) => serve(args, &logging),
+        Cmd::Reload { config } => reload_command::run(&config, config_check),
         Cmd::User { command } => user(command),
         Cmd::Group { command } => group(command),
         Cmd::Config {
@@ -304,19 +320,7 @@ fn build_config(args: &ServeArgs) -> Result<Config, String> {
             let (name, path) = s.split_once('=').ok_or_else(|| {
                 format!("--share {s}: expected NAME=PATH, e.g. --share data=/srv/data")
             })?;
-            cfg.shares.push(ShareConfig {
-                name: name.to_string(),
-                path: PathBuf::from(path),
-                read_only: false,
-                guest_ok: false,
-                encryption: None,
-                comment: String::new(),
-                continuous_availability: false,
-                access_based_enumeration: false,
-                apple_extensions: true,
-                hide_dot_files: true,
-                hide_files: Vec::new(),
-            });
+            cfg.shares.push(ShareConfig::new(name, PathBuf::from(path)));
         }
     }
     let problems = cfg.validate_shares("command line");
@@ -338,9 +342,9 @@ fn build_config(args: &ServeArgs) -> Result<Config, String> {
 /// How long a stopping server waits for its connections' requests.
 const STOP_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
 
-fn serve(args: ServeArgs, log_format: &logging::Format) -> Result<(), String> {
+fn serve(args: ServeArgs, logging: &logging::Logging) -> Result<(), String> {
     let cfg = build_config(&args)?;
-    log_format.set(cfg.log_format)?;
+    logging.apply(cfg.log_format, &cfg.log_level)?;
     if let Some(addr) = cfg.metrics_listen {
         // Before the server is made: its shares register their counters
         // with the recorder installed here.
@@ -353,12 +357,26 @@ fn serve(args: ServeArgs, log_format: &logging::Format) -> Result<(), String> {
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
     let running = server.clone();
     let result = rt.block_on(async move {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate())
             .map_err(|e| format!("cannot watch for SIGTERM: {e}"))?;
-        tokio::select! {
-            r = running.clone().run() => return r.map_err(|e| e.to_string()),
-            _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; shutting down"),
-            _ = term.recv() => tracing::info!("terminated; shutting down"),
+        let mut hangup =
+            signal(SignalKind::hangup()).map_err(|e| format!("cannot watch for SIGHUP: {e}"))?;
+        let run = running.clone().run();
+        tokio::pin!(run);
+        loop {
+            tokio::select! {
+                r = &mut run => return r.map_err(|e| e.to_string()),
+                _ = tokio::signal::ctrl_c() => {
+                    tracing::info!("interrupted; shutting down");
+                    break;
+                }
+                _ = term.recv() => {
+                    tracing::info!("terminated; shutting down");
+                    break;
+                }
+                _ = hangup.recv() => reload(&args, &running, logging).await,
+            }
         }
         // Requests already read are answered and a cluster node hands its
         // durable handles on before the sockets close; a second signal
@@ -372,6 +390,49 @@ fn serve(args: ServeArgs, log_format: &logging::Format) -> Result<(), String> {
     });
     server.shutdown();
     result
+}
+
+/// SIGHUP: the configuration read again and, if it passes `config check`
+/// and changes nothing that needs a restart, put in place
+/// (`nimbus_server::reload`). Either way the server goes on serving.
+async fn reload(args: &ServeArgs, server: &std::sync::Arc<Server>, logging: &logging::Logging) {
+    let Some(file) = &args.config else {
+        tracing::warn!("reload (SIGHUP): the server was started without --config; nothing to read");
+        return;
+    };
+    tracing::info!("reload (SIGHUP): reading {}", file.display());
+    let cfg = match build_config(args).and_then(|cfg| {
+        // The same checks as `nimbus config check`.
+        if let Some(k) = &cfg.kerberos {
+            nimbus_server::kerberos_acceptor(k).map_err(|e| format!("kerberos.keytab: {e}"))?;
+        }
+        Ok(cfg)
+    }) {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            tracing::error!(
+                "reload refused, the configuration stays as it was: {}",
+                e.replace('\n', "; ")
+            );
+            return;
+        }
+    };
+    let (format, level) = (cfg.log_format, cfg.log_level.clone());
+    let s = server.clone();
+    let outcome = tokio::task::spawn_blocking(move || nimbus_server::reload::reload(&s, cfg)).await;
+    match outcome {
+        Ok(Ok(report)) => {
+            if let Err(e) = logging.apply(format, &level) {
+                tracing::error!("reload: {e}");
+            }
+            tracing::info!("reload of {} done: {report}", file.display());
+        }
+        Ok(Err(e)) => tracing::error!(
+            "reload of {} refused, the configuration stays as it was: {e}",
+            file.display()
+        ),
+        Err(e) => tracing::error!("reload of {}: {e}", file.display()),
+    }
 }
 
 /// Serves Prometheus's text format on `addr` (its own thread and runtime,

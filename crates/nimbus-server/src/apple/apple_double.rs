@@ -65,7 +65,7 @@ pub fn convert(
     path: &str,
     writer: Writer<'_>,
 ) -> bool {
-    if share.read_only {
+    if share.read_only() {
         return false;
     }
     let (dir, leaf) = match path.rsplit_once('/') {

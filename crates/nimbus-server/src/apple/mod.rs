@@ -137,7 +137,7 @@ pub fn negotiate(
         // Names are matched ignoring case, FULL_SYNC is Time Machine's and
         // file ids are not resolved to paths: none of the three.
         volume_caps: 0,
-        model: &server.config.apple_model,
+        model: &server.config().apple_model,
     }
     .encode(&mut out);
     Ok(Some(out))

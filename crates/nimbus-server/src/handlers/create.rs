@@ -105,7 +105,7 @@ fn open_or_create(
     if delete_on_close && desired & (access::DELETE | access::MAXIMUM_ALLOWED) == 0 {
         return Err(NtStatus::ACCESS_DENIED.into());
     }
-    if lock(&session.opens).len() >= ctx.server.config.limits.max_open_files_per_session {
+    if lock(&session.opens).len() >= ctx.server.config().limits.max_open_files_per_session {
         return Err(NtStatus::TOO_MANY_OPENED_FILES.into());
     }
     for c in &req.contexts {
@@ -134,7 +134,7 @@ fn open_or_create(
     let given_sd = create_security::given(&req.contexts)?;
     let mut want = requested_caching(ctx, &req)?;
     let (path, stream) = to_vfs_path_and_stream(&req.name)?;
-    let path = crate::lookup::resolve(fs, &path, ctx.server.config.limits.max_directory_entries);
+    let path = crate::lookup::resolve(fs, &path, ctx.server.config().limits.max_directory_entries);
     // A stream is a file's data, never a directory.
     if want_dir && stream != Stream::Unnamed {
         return Err(NtStatus::NOT_A_DIRECTORY.into());
@@ -146,7 +146,7 @@ fn open_or_create(
     let mut stream_name = None;
     let mut known_sds: (create_security::Known, create_security::Known) = (None, None);
     let existing = if let Stream::Named(name) = &stream {
-        let may_create = !share.read_only && tree.maximal_access & access::FILE_WRITE_DATA != 0;
+        let may_create = !share.read_only() && tree.maximal_access() & access::FILE_WRITE_DATA != 0;
         // A Mac's stream of a file copied with an AppleDouble companion
         // (`._name`) is that companion's content (crate::apple), put there
         // only for a session that may write it into the file.
@@ -154,7 +154,7 @@ fn open_or_create(
             let token = session.token().ok_or(NtStatus::USER_SESSION_DELETED)?;
             let writer = crate::apple::apple_double::Writer {
                 token: &token,
-                tree_max: tree.maximal_access,
+                tree_max: tree.maximal_access(),
             };
             crate::apple::apple_double::convert(ctx.server, &share, fs, &path, writer);
         }
@@ -274,7 +274,7 @@ fn open_or_create(
     // descriptor allow), never more than they allow, and no data writes to
     // a read-only file.
     let write_rights = access::FILE_WRITE_DATA | access::FILE_APPEND_DATA;
-    let max = tree.maximal_access & security.limit;
+    let max = tree.maximal_access() & security.limit;
     let mut granted = if desired & access::MAXIMUM_ALLOWED != 0 {
         let mut g = (desired & !access::MAXIMUM_ALLOWED) | max;
         if readonly_attr && !creating && !is_dir {
@@ -284,7 +284,7 @@ fn open_or_create(
     } else {
         desired
     };
-    if granted & !max != 0 || (share.read_only && (creating || truncating)) {
+    if granted & !max != 0 || (share.read_only() && (creating || truncating)) {
         return Err(NtStatus::ACCESS_DENIED.into());
     }
     // Delete-on-close needs DELETE among the rights granted, not merely
@@ -640,7 +640,7 @@ fn open_or_create(
         Some(b) => stream_info(&b.stat, &dos, &st, false),
         None => file_info(&st, &dos, false),
     };
-    share.hide.apply(&path, &mut info);
+    share.settings().hide.apply(&path, &mut info);
     // Another open's write may not have moved the write time yet.
     let file = base.as_ref().map_or(key, |b| b.key);
     ctx.server.write_times.adjust(file, &mut info);

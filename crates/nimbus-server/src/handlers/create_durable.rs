@@ -147,7 +147,7 @@ pub fn grant(
     if open.is_dir || !(persistent || caching_allows(granted)) {
         return None;
     }
-    let limits = &ctx.server.config.limits;
+    let limits = &ctx.server.config().limits;
     let timeout = match ask {
         DurableAsk::V1 => limits.durable_handle_timeout,
         DurableAsk::V2(r) => match r.timeout_ms {
@@ -456,8 +456,8 @@ fn may_reopen(tree: &Tree, token: &Token, r: &DurableOpen) -> bool {
         return false;
     };
     let writes = access::FILE_WRITE_DATA | access::FILE_APPEND_DATA | access::DELETE;
-    desired & !(tree.maximal_access & security.limit) == 0
-        && !(tree.share.read_only && desired & writes != 0)
+    desired & !(tree.maximal_access() & security.limit) == 0
+        && !(tree.share.read_only() && desired & writes != 0)
 }
 
 /// `reconnect`'s look for its open in the cluster: Ok(None) when it was

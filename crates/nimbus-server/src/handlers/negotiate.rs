@@ -26,7 +26,7 @@ const SIGNING_PREFERENCE: [SigningAlgorithm; 3] = [
 ];
 
 fn server_security_mode(conn: &Connection) -> u16 {
-    match conn.server.config.signing {
+    match conn.server.config().signing {
         SigningPolicy::Required => security_mode::SIGNING_ENABLED | security_mode::SIGNING_REQUIRED,
         SigningPolicy::Auto => security_mode::SIGNING_ENABLED,
     }
@@ -37,7 +37,7 @@ fn max_io(conn: &Connection, dialect: Dialect) -> u32 {
     if dialect == Dialect::Smb202 {
         65536
     } else {
-        conn.server.config.limits.max_io()
+        conn.server.config().limits.max_io()
     }
 }
 
@@ -155,10 +155,10 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     let mut resp_contexts = Vec::new();
     let offers = Offers {
         persistent_handles: ctx.server.offers_persistent_handles(),
-        multichannel: ctx.server.config.multichannel,
+        multichannel: ctx.server.config().multichannel,
         aes128_ccm: ctx
             .server
-            .config
+            .config()
             .ciphers
             .contains(&CipherAlgorithm::Aes128Ccm),
     };
@@ -207,7 +207,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
                     // server pick any common cipher); id 0 means "none".
                     cipher = ctx
                         .server
-                        .config
+                        .config()
                         .ciphers
                         .iter()
                         .copied()

@@ -44,7 +44,7 @@ pub fn create(ctx: &mut Ctx<'_>, req: &CreateRequest, out: &mut Vec<u8>) -> Hand
     };
     let session = ctx.session()?.clone();
     let tree_id = ctx.tree()?.id;
-    let limits = &ctx.server.config.limits;
+    let limits = &ctx.server.config().limits;
     let mut pipes = lock(&session.pipes);
     let opens = lock(&session.opens);
     if pipes.len() + opens.len() >= limits.max_open_files_per_session {
@@ -178,11 +178,11 @@ impl HostSource for View<'_> {
         let server = self.server;
         let uses = server.sessions.trees_by_share();
         Host {
-            name: server.config.server_name.to_uppercase(),
-            workgroup: server.config.workgroup.to_uppercase(),
-            comment: server.config.server_comment.clone(),
+            name: server.config().server_name.to_uppercase(),
+            workgroup: server.config().workgroup.to_uppercase(),
+            comment: server.config().server_comment.clone(),
             shares: server
-                .shares
+                .shares()
                 .iter()
                 .map(|s| ShareEntry {
                     name: s.name.clone(),
@@ -191,9 +191,9 @@ impl HostSource for View<'_> {
                     } else {
                         ShareKind::Disk
                     },
-                    comment: s.comment.clone(),
+                    comment: s.settings().comment.clone(),
                     current_uses: uses.get(&s.name).copied().unwrap_or(0),
-                    encrypt_data: s.encryption != EncryptionPolicy::Off,
+                    encrypt_data: s.encryption() != EncryptionPolicy::Off,
                 })
                 .collect(),
             may_enumerate: self.may_look_up(),
@@ -204,7 +204,7 @@ impl HostSource for View<'_> {
     /// serves guests at all, as anonymous enumeration is refused on
     /// Windows.
     fn may_look_up(&self) -> bool {
-        !self.guest || self.server.shares.iter().any(|s| s.guest_ok)
+        !self.guest || self.server.shares().iter().any(|s| s.guest_ok)
     }
 
     fn is_admin(&self) -> bool {
@@ -307,13 +307,13 @@ impl HostSource for View<'_> {
 
     fn account_by_sid(&self, sid: &Sid) -> Option<Account> {
         let server = self.server;
-        crate::accounts::machine_by_sid(&server.auth, &server.config.server_name, sid)
+        crate::accounts::machine_by_sid(&server.auth, &server.config().server_name, sid)
             .or_else(|| crate::accounts::by_sid(sid))
     }
 
     fn account_by_name(&self, domain: Option<&str>, name: &str) -> Option<Account> {
         let server = self.server;
-        crate::accounts::machine_by_name(&server.auth, &server.config.server_name, domain, name)
+        crate::accounts::machine_by_name(&server.auth, &server.config().server_name, domain, name)
             .or_else(|| crate::accounts::by_name(domain, name))
     }
 }

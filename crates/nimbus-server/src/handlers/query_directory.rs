@@ -33,7 +33,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     }
     check_credit_charge(ctx, req.output_buffer_length)?;
     // Fewer entries than asked for is always allowed; the client asks again.
-    let limits = &ctx.server.config.limits;
+    let limits = &ctx.server.config().limits;
     let limit = (req.output_buffer_length as usize).min(limits.max_directory_response_bytes);
 
     let mut guard = lock(&open.dir_enum);
@@ -73,7 +73,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         // A Mac's listing shows the streams of files copied with
         // AppleDouble companions, and not the companions (crate::apple).
         let mut entries = entries;
-        if ctx.conn.apple.on(&open.share) && !open.share.read_only {
+        if ctx.conn.apple.on(&open.share) && !open.share.read_only() {
             convert_apple_doubles(ctx, &open, &mut entries);
         }
         lease.shrink_to(entries.len());
@@ -98,7 +98,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     let with_eas = !matches!(req.info_class, file_class::DIRECTORY | file_class::NAMES);
     let mut count = 0usize;
     // Access-based enumeration: what the user may not read is not listed.
-    let hide_from = if open.share.access_based_enumeration {
+    let hide_from = if open.share.access_based_enumeration() {
         ctx.session()?.token()
     } else {
         None
@@ -109,7 +109,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     let apple = (req.info_class == file_class::ID_BOTH_DIRECTORY
         && ctx.conn.apple.readdir_attr(&open.share))
     .then(|| ReaddirAsk {
-        tree_max: ctx.tree().map_or(0, |t| t.maximal_access),
+        tree_max: ctx.tree().map_or(0, |t| t.maximal_access()),
         token: token.as_deref(),
     });
     while en.pos < en.entries.len() {
@@ -139,7 +139,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         let before = out.len();
         out.resize(entry_start, 0);
         let mut info = file_info(&listed.stat, &listed.dos, false);
-        open.share.hide.apply(&e.name, &mut info);
+        open.share.settings().hide.apply(&e.name, &mut info);
         let file = nimbus_state::FileKey {
             dev: listed.stat.dev,
             ino: listed.stat.ino,
@@ -376,7 +376,7 @@ fn convert_apple_doubles(ctx: &Ctx<'_>, open: &Open, entries: &mut Vec<DirEntry>
     };
     let writer = crate::apple::apple_double::Writer {
         token: &token,
-        tree_max: tree.maximal_access,
+        tree_max: tree.maximal_access(),
     };
     let prefix = crate::apple::apple_double::PREFIX;
     let names: std::collections::HashSet<&str> = entries.iter().map(|e| e.name.as_str()).collect();

@@ -118,7 +118,7 @@ fn bind(
                 );
                 NtStatus::LOGON_FAILURE
             })?;
-            let max = ctx.server.config.limits.max_channels_per_session;
+            let max = ctx.server.config().limits.max_channels_per_session;
             if !session.add_channel(ctx.conn, max) {
                 return Err(if session.has_ended() {
                     NtStatus::USER_SESSION_DELETED
@@ -218,7 +218,7 @@ fn admissible(ctx: &Ctx<'_>, session: &Session) -> Result<String, NtStatus> {
     if neg.client_guid != origin.client_guid {
         return Err(NtStatus::USER_SESSION_DELETED);
     }
-    let max = ctx.server.config.limits.max_channels_per_session;
+    let max = ctx.server.config().limits.max_channels_per_session;
     if session.channel_count() >= max {
         tracing::warn!(
             "{}: binding to session {:#x} refused: it has {max} channels \

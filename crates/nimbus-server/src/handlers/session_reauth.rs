@@ -84,7 +84,7 @@ pub fn handle(
                         &res.user,
                         ctx.conn.peer.ip(),
                         Instant::now(),
-                        &ctx.server.config.limits,
+                        &ctx.server.config().limits,
                     );
                 }
                 end(ctx, &session);

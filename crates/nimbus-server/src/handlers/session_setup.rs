@@ -136,7 +136,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
                 }
                 _ => None,
             };
-            if cipher.is_none() && ctx.server.config.refuse_clear_sessions() {
+            if cipher.is_none() && ctx.server.config().refuse_clear_sessions() {
                 drop(state);
                 forget_session(ctx, session.id);
                 tracing::warn!(
@@ -149,9 +149,9 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
                 );
                 return Err(NtStatus::ACCESS_DENIED);
             }
-            let encrypt_data = cipher.is_some() && ctx.server.config.encrypt_whole_session();
+            let encrypt_data = cipher.is_some() && ctx.server.config().encrypt_whole_session();
             let signing_required = !unauthenticated
-                && (ctx.server.config.signing == SigningPolicy::Required
+                && (ctx.server.config().signing == SigningPolicy::Required
                     || (req.security_mode as u16 | neg.client_security_mode)
                         & security_mode::SIGNING_REQUIRED
                         != 0);
@@ -268,7 +268,7 @@ pub(super) fn refused(ctx: &Ctx<'_>, e: &AuthError) -> NtStatus {
             user,
             ctx.conn.peer.ip(),
             Instant::now(),
-            &ctx.server.config.limits,
+            &ctx.server.config().limits,
         );
         if let Err(s) = blocked {
             return s;
@@ -315,7 +315,7 @@ fn forget_session(ctx: &Ctx<'_>, id: u64) {
 /// them (each unfinished one holds its authentication state until the
 /// connection closes; a binding under way is a session in the making).
 pub(super) fn refuse_beyond_session_limits(ctx: &Ctx<'_>) -> Result<(), NtStatus> {
-    let limits = &ctx.server.config.limits;
+    let limits = &ctx.server.config().limits;
     let (total, in_progress) = {
         let sessions = lock(&ctx.conn.sessions);
         let bindings = lock(&ctx.conn.bindings).len();
@@ -357,7 +357,7 @@ pub(super) fn is_user(res: &nimbus_auth::AuthResult, user: &str) -> bool {
 /// Refuses a logon while its user name or the client's address is backed
 /// off after failed logons (`limits.max_failed_logons_per_*`).
 pub(super) fn backed_off(ctx: &Ctx<'_>, user: &str) -> Result<(), NtStatus> {
-    let limits = &ctx.server.config.limits;
+    let limits = &ctx.server.config().limits;
     let peer = ctx.conn.peer;
     let (scope, key, status, remaining) =
         match ctx
@@ -408,7 +408,7 @@ fn logon_token(ctx: &Ctx<'_>, res: &nimbus_auth::AuthResult) -> crate::acl::Toke
     let groups = auth.group_rids_of(&res.user);
     let token = Token::member(auth.machine_sid(), rid, &groups);
     let user_key = nimbus_auth::UserDb::canonical_key(&res.user);
-    let admin = ctx.server.config.admins.iter().any(|name| {
+    let admin = ctx.server.config().admins.iter().any(|name| {
         nimbus_auth::UserDb::canonical_key(name) == user_key
             || auth.group_rid(name).is_some_and(|g| groups.contains(&g))
     });

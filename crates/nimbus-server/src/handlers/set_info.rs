@@ -173,7 +173,7 @@ fn set_file_info(
     buf: &[u8],
 ) -> Result<Waiting, NtStatus> {
     let vfs = |e: VfsError| vfs_status(&e);
-    if open.share.read_only && !matches!(class, file_class::POSITION | file_class::MODE) {
+    if open.share.read_only() && !matches!(class, file_class::POSITION | file_class::MODE) {
         return Err(NtStatus::ACCESS_DENIED);
     }
     // What reaches the disk is reported by `info_set` (or `renamed`), not
@@ -340,7 +340,7 @@ fn rename(
     // The target directory may be spelled in another case; the new name
     // itself is kept as given (it may be a case-only rename).
     let (dir, leaf) = to.rsplit_once('/').unwrap_or(("", to.as_str()));
-    let max_entries = ctx.server.config.limits.max_directory_entries;
+    let max_entries = ctx.server.config().limits.max_directory_entries;
     let to = join(&crate::lookup::resolve(fs, dir, max_entries), leaf);
     if to.is_empty() || from.is_empty() {
         return Err(NtStatus::ACCESS_DENIED);

@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use nimbus_wire::fscc::access;
 use nimbus_wire::simple::{encode_empty, parse_empty};
 use nimbus_wire::tree_connect::{share_flags, ShareType, TreeConnectRequest, TreeConnectResponse};
 use nimbus_wire::NtStatus;
@@ -30,7 +29,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     };
     // MS-SMB2 3.3.5.7: a share that requires encryption refuses a session
     // that cannot encrypt (SMB 2.x, no common cipher, guest).
-    if share.encryption == EncryptionPolicy::Required && !can_encrypt {
+    if share.encryption() == EncryptionPolicy::Required && !can_encrypt {
         tracing::warn!(
             "{}: tree connect to \"{}\" refused: the share requires encryption and this \
              session cannot encrypt ({})",
@@ -40,8 +39,8 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         );
         return Err(NtStatus::ACCESS_DENIED);
     }
-    let encrypt_data = share.encryption != EncryptionPolicy::Off && can_encrypt;
-    let access_based_enumeration = share.access_based_enumeration;
+    let encrypt_data = share.encryption() != EncryptionPolicy::Off && can_encrypt;
+    let access_based_enumeration = share.access_based_enumeration();
     if guest && !share.guest_ok && !share.is_ipc() {
         tracing::info!(
             "{}: guest refused on share \"{}\"",
@@ -50,12 +49,8 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         );
         return Err(NtStatus::ACCESS_DENIED);
     }
-    let maximal_access = if share.read_only || share.is_ipc() {
-        access::FILE_GENERIC_READ | access::FILE_GENERIC_EXECUTE
-    } else {
-        access::FILE_ALL_ACCESS
-    };
-    let limit = ctx.server.config.limits.max_trees_per_session;
+    let maximal_access = crate::session::share_maximal_access(&share);
+    let limit = ctx.server.config().limits.max_trees_per_session;
     if lock(&session.trees).len() >= limit {
         tracing::warn!(
             "{}: tree connect to \"{}\" refused: the session has {limit} tree connects \
@@ -83,7 +78,6 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         Arc::new(Tree {
             id,
             share,
-            maximal_access,
             encrypt_data,
             connected: std::time::Instant::now(),
         }),

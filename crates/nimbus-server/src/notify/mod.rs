@@ -963,7 +963,7 @@ impl ChangeNotify {
             // Its descriptor as it was, for the watches that must check
             // the name itself (`visible`: on a share with access-based
             // enumeration): still readable through the handle.
-            let known = if open.stream.is_none() && open.share.access_based_enumeration {
+            let known = if open.stream.is_none() && open.share.access_based_enumeration() {
                 let sd = store::read_handle(&open.handle, &path).map_err(|_| ());
                 vec![(path.clone(), sd)]
             } else {
@@ -1048,20 +1048,7 @@ mod tests {
             file_key: FileKey { dev: 1, ino: 2 },
             viewer: Viewer {
                 token: Arc::new(Token::anonymous()),
-                share: Arc::new(Share {
-                    name: "t".into(),
-                    fs: None,
-                    read_only: false,
-                    guest_ok: false,
-                    encryption: Default::default(),
-                    created: 0,
-                    continuous_availability: false,
-                    access_based_enumeration: false,
-                    apple_extensions: false,
-                    comment: String::new(),
-                    hide: crate::hide::HideNames::none(),
-                    counters: crate::metrics::ShareCounters::new("t"),
-                }),
+                share: Arc::new(Share::for_test(None)),
             },
             filter: cf::FILE_NAME,
             recursive: false,

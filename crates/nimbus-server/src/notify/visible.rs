@@ -54,7 +54,7 @@ impl Viewer {
     /// Whether an entry of a watch needs checking: it is below the watched
     /// directory (`direct` false), or the share enumerates by access.
     pub(super) fn checks(&self, direct: bool) -> bool {
-        !direct || self.share.access_based_enumeration
+        !direct || self.share.access_based_enumeration()
     }
 }
 
@@ -107,7 +107,7 @@ impl Descriptors {
             return false;
         };
         let token = &*viewer.token;
-        let abe = viewer.share.access_based_enumeration;
+        let abe = viewer.share.access_based_enumeration();
         // Every directory between the watched one and the name: listed to
         // reach it (and under access-based enumeration, shown).
         let need = if abe {
@@ -268,19 +268,6 @@ mod tests {
     }
 
     fn test_share(fs: LocalFs) -> Share {
-        Share {
-            name: "t".into(),
-            fs: Some(fs),
-            read_only: false,
-            guest_ok: false,
-            encryption: Default::default(),
-            created: 0,
-            continuous_availability: false,
-            access_based_enumeration: false,
-            apple_extensions: false,
-            comment: String::new(),
-            hide: crate::hide::HideNames::none(),
-            counters: crate::metrics::ShareCounters::new("t"),
-        }
+        Share::for_test(Some(fs))
     }
 }

@@ -39,7 +39,7 @@ pub fn duplicate_extents(ctx: &mut Ctx<'_>, req: &IoctlRequest<'_>) -> Result<()
     }
     if source.access & access::FILE_READ_DATA == 0
         || target.access & (access::FILE_WRITE_DATA | access::FILE_APPEND_DATA) == 0
-        || target.share.read_only
+        || target.share.read_only()
     {
         return Err(NtStatus::ACCESS_DENIED);
     }

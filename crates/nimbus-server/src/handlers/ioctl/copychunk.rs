@@ -172,7 +172,7 @@ fn check_access(ctl: u32, source: &Open, target: &Open) -> Result<(), NtStatus> 
     if !readable(source)
         || target.access & (access::FILE_WRITE_DATA | access::FILE_APPEND_DATA) == 0
         || (ctl == ctl_code::FSCTL_SRV_COPYCHUNK && target.access & access::FILE_READ_DATA == 0)
-        || target.share.read_only
+        || target.share.read_only()
     {
         return Err(NtStatus::ACCESS_DENIED);
     }

@@ -38,7 +38,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             }
             encode_network_interfaces(
                 &mut output,
-                &crate::interfaces::listed(&ctx.server.config.listen, ctx.conn.local.ip()),
+                &crate::interfaces::listed(&ctx.server.config().listen, ctx.conn.local.ip()),
             );
         }
         ctl_code::FSCTL_CREATE_OR_GET_OBJECT_ID => {
@@ -102,7 +102,7 @@ fn request_resiliency(ctx: &mut Ctx<'_>, req: &IoctlRequest<'_>) -> Result<(), N
         Some(b) => u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
         None => return Err(NtStatus::INVALID_PARAMETER),
     };
-    let limits = &ctx.server.config.limits;
+    let limits = &ctx.server.config().limits;
     let timeout = match timeout_ms {
         0 => limits.durable_handle_timeout,
         ms => std::time::Duration::from_millis(ms as u64),

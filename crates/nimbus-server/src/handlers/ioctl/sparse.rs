@@ -43,7 +43,7 @@ pub fn set_sparse(ctx: &mut Ctx<'_>, req: &IoctlRequest<'_>) -> Result<(), NtSta
         &open,
         access::FILE_WRITE_DATA | access::FILE_APPEND_DATA | access::FILE_WRITE_ATTRIBUTES,
     )?;
-    if open.share.read_only {
+    if open.share.read_only() {
         return Err(NtStatus::ACCESS_DENIED);
     }
     let mut dos = DosInfo::load(&open.handle);
@@ -71,7 +71,7 @@ pub fn set_zero_data(ctx: &mut Ctx<'_>, req: &IoctlRequest<'_>) -> Result<(), Nt
         return Err(NtStatus::INVALID_PARAMETER);
     }
     require(&open, access::FILE_WRITE_DATA)?;
-    if open.share.read_only {
+    if open.share.read_only() {
         return Err(NtStatus::ACCESS_DENIED);
     }
     let z = ZeroDataInformation::parse(req.input).map_err(|_| NtStatus::INVALID_PARAMETER)?;
