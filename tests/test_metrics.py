@@ -10,15 +10,20 @@ from __future__ import annotations
 
 import os
 import re
+import struct
 import subprocess
+import time
 import urllib.request
 
 import pytest
-from conftest import PASSWORD, USER, Server, add_user, free_port, nimbus_binary, require_tool, wait_for_port, write_config
+import rawsmb
+from conftest import PASSWORD, USER, Security, Server, add_user, free_port, nimbus_binary, require_tool, wait_for_port, write_config
 from smbprotocol.exceptions import SMBException
 from smbprotocol.open import CreateDisposition
 from smbprotocol.session import Session
 from test_smbprotocol import open_file, smb_connection, smb_tree
+from etcd_cluster import etcd_cluster  # noqa: F401  (the fixture)
+from test_cluster import nodes  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.nimbus_only
 
@@ -51,12 +56,22 @@ def value(text: str, name: str, **labels: str) -> float:
 @pytest.fixture
 def metered(tmp_path):
     """A server with the metrics endpoint on; yields (server, metrics port)."""
+    yield from _metered(tmp_path, "data", None)
+
+
+@pytest.fixture
+def metered_guest(tmp_path):
+    """The same, its share "pub" open to anonymous raw clients."""
+    yield from _metered(tmp_path, "pub", Security(guest_shares={"pub"}))
+
+
+def _metered(tmp_path, name: str, security: Security | None):
     share = tmp_path / "share"
     share.mkdir()
     db = tmp_path / "users.db"
     add_user(db)
     port, metrics_port = free_port(), free_port()
-    conf = write_config(tmp_path / "nimbus.toml", port, db, [("data", share, False)])
+    conf = write_config(tmp_path / "nimbus.toml", port, db, [(name, share, False)], security)
     conf.write_text(conf.read_text() + f'\n[metrics]\nlisten = "127.0.0.1:{metrics_port}"\n')
     log = tmp_path / "nimbus.log"
     with open(log, "wb") as out:
@@ -64,7 +79,7 @@ def metered(tmp_path):
     try:
         wait_for_port("127.0.0.1", port, proc)
         wait_for_port("127.0.0.1", metrics_port, proc)
-        yield Server("nimbus", "127.0.0.1", port, "data", share, USER, PASSWORD, log, proc), metrics_port
+        yield Server("nimbus", "127.0.0.1", port, name, share, USER, PASSWORD, log, proc), metrics_port
     finally:
         proc.terminate()
         proc.wait(timeout=15)
@@ -120,3 +135,125 @@ def test_a_bad_metrics_address_is_refused_naming_the_key(tmp_path):
     r = subprocess.run([str(nimbus_binary()), "config", "check", str(conf)], capture_output=True, text=True, timeout=30)
     assert r.returncode != 0
     assert "metrics.listen" in r.stderr and "127.0.0.1:9445" in r.stderr, r.stderr
+
+
+def wait_for_sample(port: int, name: str, want: float, **labels: str) -> str:
+    """Scrapes until the gauge `name{labels}` reads `want` (gauges of what
+    the server holds are refreshed every 2 s); returns that scrape."""
+    deadline = time.monotonic() + 15
+    while True:
+        text = scrape(port)
+        if value(text, name, **labels) == want:
+            return text
+        assert time.monotonic() < deadline, f"{name}{labels} != {want}:\n" + "\n".join(line for line in text.splitlines() if name in line)
+        time.sleep(0.2)
+
+
+def test_breaks_lock_waits_and_sessions_by_protection_are_counted(metered_guest):
+    from test_locks import EXCLUSIVE, LOCK, STATUS_PENDING, UNLOCK, WRITE, Client, lock_body, message_id, write_body
+
+    srv, metrics_port = metered_guest
+    (srv.share_path / "f.bin").write_bytes(bytes(100))
+    a, b = Client(srv), Client(srv)
+    try:
+        # Two anonymous 2.1 sessions: no signing, no encryption.
+        wait_for_sample(metrics_port, "nimbus_sessions", 2, dialect="2.1", signing="none", encryption="none")
+        before = scrape(metrics_port)
+        # A level II oplock, broken to none (no acknowledgement) when B
+        # writes to the file.
+        n = "f.bin".encode("utf-16-le")
+        body = struct.pack("<HBBIQQIIIIIHHII", 57, 0, 0x01, 2, 0, 0, 0x80000000, 0x80, 7, 1, 0x40, rawsmb.HEADER_SIZE + 56, len(n), 0, 0) + n
+        resp = a.call(rawsmb.CREATE, body)
+        assert rawsmb.status(resp) == 0 and resp[rawsmb.HEADER_SIZE + 2] == 0x01, "no level II oplock granted"
+        fb = b.open("f.bin")
+        assert rawsmb.status(b.call(WRITE, write_body(fb, 0, b"x"))) == 0
+        brk = a.recv()  # the break, unsolicited: MessageId all ones
+        assert struct.unpack_from("<H", brk, 12)[0] == 0x12 and message_id(brk) == 0xFFFFFFFFFFFFFFFF
+        # A waiting LOCK: B's exclusive lock held, A's (second open) waits.
+        fa = a.open("f.bin")
+        assert rawsmb.status(b.call(LOCK, lock_body(fb, (0, 10, EXCLUSIVE)))) == 0
+        a.send(LOCK, lock_body(fa, (0, 10, EXCLUSIVE)))
+        assert rawsmb.status(a.recv()) == STATUS_PENDING
+        assert rawsmb.status(b.call(LOCK, lock_body(fb, (0, 10, UNLOCK)))) == 0
+        assert rawsmb.status(a.recv()) == 0
+        after = scrape(metrics_port)
+    finally:
+        a.close()
+        b.close()
+    assert value(after, "nimbus_breaks_sent_total", kind="oplock") - value(before, "nimbus_breaks_sent_total", kind="oplock") == 1
+    assert value(after, "nimbus_byte_range_lock_waits_total") - value(before, "nimbus_byte_range_lock_waits_total") == 1
+    assert value(after, "nimbus_break_timeouts_total") == 0
+    # Both gone: the group reads 0, not its last count.
+    wait_for_sample(metrics_port, "nimbus_sessions", 0, dialect="2.1", signing="none", encryption="none")
+
+
+KV_HANDLED = re.compile(r'^grpc_server_handled_total\{[^}]*grpc_service="etcdserverpb\.KV"[^}]*\} (\S+)$', re.M)
+
+
+def test_a_cluster_nodes_etcd_counters_match_the_members_own(nodes, etcd_cluster):  # noqa: F811
+    """Every key-value call the three nodes count (Range, Txn) is one the
+    etcd members count as handled, within 5% over an open/close workload
+    on a file two nodes share; each node's lease is proven and renewed."""
+    from test_cluster import LockClient, close_body
+    from test_locks import CLOSE
+
+    ports = []
+    for n in nodes:
+        port = free_port()
+        ports.append(port)
+        n.conf.write_text(n.conf.read_text() + f'\n[metrics]\nlisten = "127.0.0.1:{port}"\n')
+        n.start()
+        wait_for_port("127.0.0.1", port, n.proc)
+
+    def counts() -> dict[str, tuple[float, float]]:
+        """Per RPC (Range, Txn): what the nodes counted, what etcd handled."""
+        ours = {"Range": 0.0, "Txn": 0.0}
+        for port in ports:
+            for (name, labels), v in samples(scrape(port)).items():
+                kind = dict(labels).get("kind")
+                if name == "nimbus_etcd_requests_total" and kind in ours:
+                    ours[kind] += v
+        theirs = {"Range": 0.0, "Txn": 0.0}
+        for i in range(len(etcd_cluster.members)):
+            for m in KV_HANDLED.finditer(etcd_cluster.metrics(i)):
+                kind = re.search(r'grpc_method="(\w+)"', m.group(0)).group(1)
+                if kind in theirs:
+                    theirs[kind] += float(m.group(1))
+        return {k: (ours[k], theirs[k]) for k in ours}
+
+    (nodes[0].share / "counted.bin").write_bytes(b"x" * 100)
+    holder = LockClient(nodes[1])
+    fh = holder.open("counted.bin")
+    c = LockClient(nodes[0])
+    before = counts()
+    # At least 150 pairs and 4 s, so that the nodes' background reads
+    # (orphan sweeps, every 2 s each) add up to some Range calls too.
+    started, pairs = time.monotonic(), 0
+    while pairs < 150 or time.monotonic() - started < 4:
+        f = c.open("counted.bin")
+        assert rawsmb.status(c.call(CLOSE, close_body(f))) == 0
+        pairs += 1
+    after = counts()
+    holder.call(CLOSE, close_body(fh))
+    c.close()
+    holder.close()
+    for kind in ("Range", "Txn"):
+        ours = after[kind][0] - before[kind][0]
+        theirs = after[kind][1] - before[kind][1]
+        # The scrapes of nodes and members are a few milliseconds apart:
+        # a background call or two may fall between them.
+        assert abs(ours - theirs) <= max(0.05 * theirs, 2), f"{kind}: nodes counted {ours} calls, etcd handled {theirs}"
+    assert after["Txn"][1] - before["Txn"][1] >= 150  # the file stayed shared in etcd: calls were made
+    assert after["Range"][1] - before["Range"][1] >= 6
+    for port in ports:
+        deadline = time.monotonic() + 15
+        while value(scrape(port), "nimbus_cluster_lease_renewals_total", result="ok") < 1:
+            assert time.monotonic() < deadline, "no lease renewal counted"
+            time.sleep(0.2)
+    for port in ports:
+        text = scrape(port)
+        assert value(text, "nimbus_cluster_lease_proven") == 1
+        assert value(text, "nimbus_etcd_requests_total", kind="LeaseGrant", result="ok") >= 1
+        assert value(text, "nimbus_etcd_request_duration_seconds_count", kind="Txn") >= 1
+    check = subprocess.run(["promtool", "check", "metrics"], input=scrape(ports[0]), capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr

@@ -496,6 +496,7 @@ impl Membership {
             return;
         }
         *crate::session::lock(&self.last_proof) = Some(sent);
+        crate::metrics::lease_proven(true);
         self.store.proven_until(sent + self.ttl);
         if let Some(s) = self.owned.get() {
             s.lease_proven_until(sent + self.ttl);
@@ -526,6 +527,7 @@ impl Membership {
             return;
         }
         self.store.proven_until(Instant::now());
+        crate::metrics::lease_proven(false);
         tracing::error!(
             "cluster: node \"{}\" lost its lease ({why}): other nodes may take its files; it drops \
              its clients' connections and decides nothing until it has joined the cluster again",
@@ -824,6 +826,7 @@ impl Membership {
             self.lease.store(lease, Ordering::SeqCst);
             if !self.lost.load(Ordering::SeqCst) {
                 *crate::session::lock(&self.last_proof) = Some(sent);
+                crate::metrics::lease_proven(true);
                 self.store.proven_until(sent + self.ttl);
             }
             return Ok(true);
@@ -889,7 +892,13 @@ impl Membership {
                 continue;
             }
             let lease = self.lease.load(Ordering::SeqCst);
-            match self.control.keep_alive(lease) {
+            let renewed = self.control.keep_alive(lease);
+            crate::metrics::lease_renewal(match &renewed {
+                Ok(true) => "ok",
+                Ok(false) => "lost",
+                Err(_) => "failed",
+            });
+            match renewed {
                 Ok(true) => self.proved(now),
                 Ok(false) => {
                     self.lose("etcd ended it: out of reach for longer than node_ttl_secs");

@@ -27,6 +27,7 @@ mod fileinfo;
 #[doc(hidden)]
 #[cfg(feature = "fuzzing")]
 pub mod fuzz_api;
+mod gauges;
 mod handlers;
 mod held_bytes;
 mod hide;

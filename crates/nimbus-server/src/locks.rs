@@ -401,6 +401,7 @@ impl ByteRangeLocks {
                             request,
                             on_grant,
                         });
+                        crate::metrics::lock_waited();
                         Outcome::Waiting
                     }
                     None => Outcome::Refused(NtStatus::INSUFFICIENT_RESOURCES),

@@ -24,6 +24,13 @@ pub const CONNECTIONS: &str = "nimbus_connections";
 pub const REFUSED: &str = "nimbus_connections_refused_total";
 pub const EVICTED: &str = "nimbus_connections_evicted_total";
 pub const LOGONS: &str = "nimbus_logons_total";
+pub const SESSIONS: &str = "nimbus_sessions";
+pub const BREAKS: &str = "nimbus_breaks_sent_total";
+pub const BREAK_TIMEOUTS: &str = "nimbus_break_timeouts_total";
+pub const LOCK_WAITS: &str = "nimbus_byte_range_lock_waits_total";
+pub const HANDLES_WAITING: &str = "nimbus_durable_handles_waiting";
+pub const LEASE_PROVEN: &str = "nimbus_cluster_lease_proven";
+pub const LEASE_RENEWALS: &str = "nimbus_cluster_lease_renewals_total";
 
 /// Buckets of the latency histograms, in seconds: from 50 µs (a cached
 /// stat) to 30 s (a CREATE waiting out a break).
@@ -61,6 +68,58 @@ pub fn describe() {
     describe_counter!(
         EVICTED,
         "connections not logged on closed to make room for a new one"
+    );
+    describe_gauge!(
+        SESSIONS,
+        "sessions logged on, by dialect, signing algorithm and cipher (none when the session \
+         does not sign, or encrypts nothing); refreshed every 2 s"
+    );
+    describe_counter!(
+        BREAKS,
+        "oplock and lease breaks sent to clients, by kind (oplock, lease)"
+    );
+    describe_counter!(
+        BREAK_TIMEOUTS,
+        "breaks not acknowledged within limits.oplock_break_timeout_secs"
+    );
+    describe_counter!(
+        LOCK_WAITS,
+        "byte-range LOCK requests that had to wait for a conflicting lock"
+    );
+    describe_gauge!(
+        HANDLES_WAITING,
+        "durable and persistent handles waiting for their client to reconnect; refreshed every 2 s"
+    );
+    describe_gauge!(
+        LEASE_PROVEN,
+        "a cluster node's etcd lease: 1 while proven within node_ttl_secs, 0 once lost"
+    );
+    describe_counter!(
+        LEASE_RENEWALS,
+        "a cluster node's lease renewals, by result (ok, failed, lost)"
+    );
+    use nimbus_state::metrics_names as state;
+    describe_counter!(
+        state::ETCD_REQUESTS,
+        "a cluster node's calls to etcd, by RPC (Range, Txn, LeaseGrant, LeaseKeepAlive, \
+         LeaseRevoke) and result (ok, error)"
+    );
+    describe_histogram!(
+        state::ETCD_REQUEST_SECONDS,
+        Unit::Seconds,
+        "time of a cluster node's calls to etcd, by RPC, retries on other members included"
+    );
+    describe_counter!(
+        state::FILES_TAKEN,
+        "files a cluster node took into its memory, deciding them alone"
+    );
+    describe_counter!(
+        state::FILES_GIVEN_BACK,
+        "files a cluster node handed back to etcd"
+    );
+    describe_counter!(
+        state::HANDOVER_REQUESTS,
+        "requests a cluster node sent another to hand a file over"
     );
     describe_counter!(
         LOGONS,
@@ -185,4 +244,56 @@ pub fn evicted() {
 pub fn logon(method: &'static str, success: bool) {
     let result = if success { "success" } else { "failure" };
     counter!(LOGONS, "method" => method, "result" => result).increment(1);
+}
+
+/// A break sent to a client: `lease`, or an oplock's.
+pub fn break_sent(lease: bool) {
+    let kind = if lease { "lease" } else { "oplock" };
+    counter!(BREAKS, "kind" => kind).increment(1);
+}
+
+pub fn break_timed_out() {
+    counter!(BREAK_TIMEOUTS).increment(1);
+}
+
+pub fn lock_waited() {
+    counter!(LOCK_WAITS).increment(1);
+}
+
+/// The sessions now, by (dialect, signing, cipher): every group seen
+/// before and gone now is set to 0, so that a scrape never shows a count
+/// that ended.
+pub fn sessions(
+    groups: &std::collections::HashMap<(&'static str, &'static str, &'static str), usize>,
+) {
+    use std::collections::HashSet;
+    type Key = (&'static str, &'static str, &'static str);
+    static SEEN: std::sync::Mutex<Option<HashSet<Key>>> = std::sync::Mutex::new(None);
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    let seen = seen.get_or_insert_with(HashSet::new);
+    for key in seen.iter() {
+        if !groups.contains_key(key) {
+            gauge!(SESSIONS, "dialect" => key.0, "signing" => key.1, "encryption" => key.2)
+                .set(0.0);
+        }
+    }
+    for (key, n) in groups {
+        gauge!(SESSIONS, "dialect" => key.0, "signing" => key.1, "encryption" => key.2)
+            .set(*n as f64);
+        seen.insert(*key);
+    }
+}
+
+pub fn handles_waiting(n: usize) {
+    gauge!(HANDLES_WAITING).set(n as f64);
+}
+
+/// A cluster node's lease renewal: "ok", "failed" (tried again soon) or
+/// "lost" (etcd had ended it).
+pub fn lease_renewal(result: &'static str) {
+    counter!(LEASE_RENEWALS, "result" => result).increment(1);
+}
+
+pub fn lease_proven(proven: bool) {
+    gauge!(LEASE_PROVEN).set(if proven { 1.0 } else { 0.0 });
 }

@@ -136,6 +136,7 @@ impl Notifier for LocalNotifier {
         };
         match dest {
             Destination::Client(route) => {
+                crate::metrics::break_sent(matches!(order.holder, Holder::Lease(_)));
                 let via = Outbound { order, route }.send();
                 if let (true, Some(via)) = (order.ack_required, via) {
                     // Recorded only while the open is still routed (its
@@ -1246,6 +1247,7 @@ impl Oplocks {
                     return;
                 }
                 log_timeout(holder, after);
+                crate::metrics::break_timed_out();
                 let mut t = lock(&table);
                 let woken = match t.files.get_mut(&file) {
                     Some(local) if !summary.breaking => std::mem::take(&mut local.waiters),

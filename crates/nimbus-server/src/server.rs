@@ -554,6 +554,7 @@ impl Server {
         let mut tasks = Vec::new();
         tokio::spawn(crate::durable::DurableOpens::scavenge(self.clone()));
         tokio::spawn(crate::status::publish_forever(self.clone()));
+        tokio::spawn(crate::gauges::refresh_forever(Arc::downgrade(&self)));
         if let Some(m) = &self.cluster {
             m.clone().keep_alive();
             m.clone().serve_ownership();

@@ -192,7 +192,7 @@ fn shown_path(open: &Open) -> String {
     }
 }
 
-fn dialect(d: nimbus_wire::negotiate::Dialect) -> &'static str {
+pub(crate) fn dialect(d: nimbus_wire::negotiate::Dialect) -> &'static str {
     use nimbus_wire::negotiate::Dialect;
     match d {
         Dialect::Smb202 => "2.0.2",

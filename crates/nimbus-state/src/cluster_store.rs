@@ -443,12 +443,14 @@ impl ClusterStore {
 
     /// Notes the etcd versions of `group`'s records as this node took it.
     fn took(&self, group: &[u8], versions: Vec<Option<u64>>) {
+        crate::metrics_names::file_taken();
         let mut t = self.taken_at.lock().unwrap_or_else(|p| p.into_inner());
         t.insert(group.to_vec(), versions);
     }
 
     /// `group` is no longer this node's.
     fn gave_back(&self, group: &[u8]) {
+        crate::metrics_names::file_given_back();
         let mut t = self.taken_at.lock().unwrap_or_else(|p| p.into_inner());
         t.remove(group);
     }
@@ -476,6 +478,7 @@ impl ClusterStore {
     /// only while that ownership stands, and the wait ends when it ends,
     /// however briefly, for the caller to look again (and ask again).
     fn ask_release(&self, owner: &[u8], since: u64, group: &[u8]) -> Result<(), StateError> {
+        crate::metrics_names::handover_asked();
         let own = key_of(OWN_PREFIX, group);
         let me = self.me();
         if owner == &*me {

@@ -262,8 +262,10 @@ impl EtcdStore {
         k
     }
 
-    /// Makes one call (see `Members::call`), counted.
-    fn call<T, F, Fut>(&self, retry: Retry, op: F) -> Result<T, StateError>
+    /// Makes one call (see `Members::call`), counted, and for the
+    /// Prometheus endpoint by `kind` (etcd's own name of the RPC: "Range",
+    /// "Txn", "LeaseGrant", ...) with its outcome and latency.
+    fn call<T, F, Fut>(&self, kind: &'static str, retry: Retry, op: F) -> Result<T, StateError>
     where
         T: Send + 'static,
         F: Fn(etcd_client::Client) -> Fut + Send + Sync + 'static,
@@ -271,13 +273,16 @@ impl EtcdStore {
     {
         self.calls.fetch_add(1, Ordering::Relaxed);
         let deadline = self.deadline()?;
-        self.members.call(deadline, retry, op)
+        let started = Instant::now();
+        let r = self.members.call(deadline, retry, op);
+        crate::metrics_names::etcd_call(kind, r.is_ok(), started);
+        r
     }
 
     /// Grants a lease of `ttl_secs`; records put under it go when it
     /// expires (a node's membership and ownership keys).
     pub fn grant_lease(&self, ttl_secs: i64) -> Result<i64, StateError> {
-        let r = self.call(Retry::IfNotSent, move |mut c| async move {
+        let r = self.call("LeaseGrant", Retry::IfNotSent, move |mut c| async move {
             c.lease_grant(ttl_secs, None).await
         })?;
         if r.id() == 0 || !r.error().is_empty() {
@@ -288,7 +293,7 @@ impl EtcdStore {
 
     /// Renews lease `id`; Ok(false) when it had already expired.
     pub fn keep_alive(&self, id: i64) -> Result<bool, StateError> {
-        self.call(Retry::Anywhere, move |mut c| async move {
+        self.call("LeaseKeepAlive", Retry::Anywhere, move |mut c| async move {
             match c.lease_keep_alive(id).await {
                 Ok(_) => Ok(true),
                 Err(etcd_client::Error::LeaseKeepAliveError(_)) => Ok(false),
@@ -298,7 +303,7 @@ impl EtcdStore {
     }
 
     pub fn revoke_lease(&self, id: i64) -> Result<(), StateError> {
-        self.call(Retry::Anywhere, move |mut c| async move {
+        self.call("LeaseRevoke", Retry::Anywhere, move |mut c| async move {
             c.lease_revoke(id).await.map(|_| ())
         })
     }
@@ -411,7 +416,7 @@ impl EtcdStore {
             or_else.push(TxnOp::get(fence.clone(), None));
         }
         let txn = Txn::new().when(compare).and_then(then).or_else(or_else);
-        let r = self.call(Retry::IfNotSent, move |mut c| {
+        let r = self.call("Txn", Retry::IfNotSent, move |mut c| {
             let txn = txn.clone();
             async move { c.txn(txn).await }
         })?;
@@ -436,7 +441,7 @@ impl EtcdStore {
     /// later change).
     pub fn revision(&self) -> Result<u64, StateError> {
         let key = self.full_key(b"\0revision");
-        let r = self.call(Retry::Anywhere, move |mut c| {
+        let r = self.call("Range", Retry::Anywhere, move |mut c| {
             let key = key.clone();
             async move { c.get(key, None).await }
         })?;
@@ -462,7 +467,7 @@ impl EtcdStore {
 impl StateStore for EtcdStore {
     fn get(&self, key: &[u8]) -> Result<Option<Versioned>, StateError> {
         let key = self.full_key(key);
-        let r = self.call(Retry::Anywhere, move |mut c| {
+        let r = self.call("Range", Retry::Anywhere, move |mut c| {
             let key = key.clone();
             async move { c.get(key, None).await }
         })?;
@@ -494,7 +499,7 @@ impl StateStore for EtcdStore {
     fn scan_prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Versioned)>, StateError> {
         let full = self.full_key(prefix);
         let end = prefix_end(&full);
-        let r = self.call(Retry::Anywhere, move |c| {
+        let r = self.call("Range", Retry::Anywhere, move |c| {
             let (full, end) = (full.clone(), end.clone());
             async move {
                 let options = GetOptions::new()

@@ -23,6 +23,7 @@ pub mod etcd_watch;
 pub mod fuzzing;
 pub mod journal;
 pub mod memory;
+pub mod metrics_names;
 pub mod records;
 pub mod redb_store;
 pub mod share_modes;
