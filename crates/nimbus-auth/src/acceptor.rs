@@ -10,6 +10,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use nimbus_crypto::{ct_eq, CryptoProvider, NtlmPrimitives};
 use zeroize::Zeroizing;
 
+use crate::auth_config::AuthConfig;
 use crate::binding::{self, ServerNames};
 use crate::kerberos::{self, KerberosAcceptor};
 use crate::ntlm::{self, av, flags, Direction, MIC_OFFSET};
@@ -22,24 +23,6 @@ const MAX_TOKEN: usize = 64 * 1024;
 
 /// Seconds between 1601-01-01 (FILETIME epoch) and 1970-01-01.
 const FILETIME_UNIX_OFFSET_SECS: u64 = 11_644_473_600;
-
-/// Names the server announces in its CHALLENGE (MS-NLMP 2.2.1.2 TargetInfo).
-#[derive(Clone, Debug)]
-pub struct AuthConfig {
-    /// NetBIOS computer name (MsvAvNbComputerName, and the TargetName).
-    pub netbios_computer: String,
-    /// NetBIOS domain or workgroup name (MsvAvNbDomainName).
-    pub netbios_domain: String,
-    /// DNS computer name (MsvAvDnsComputerName).
-    pub dns_computer: String,
-    /// DNS domain name (MsvAvDnsDomainName).
-    pub dns_domain: String,
-    /// Map unknown users and anonymous logons to guest instead of refusing.
-    pub allow_guest: bool,
-    /// Further host names clients reach this server by (DNS aliases, names
-    /// behind NAT), accepted in MsvAvTargetName like the names above.
-    pub aliases: Vec<String>,
-}
 
 /// Accepts logons against the local user database.
 pub struct Authenticator {

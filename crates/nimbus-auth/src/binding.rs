@@ -47,7 +47,7 @@ use std::net::IpAddr;
 
 use nimbus_crypto::NtlmPrimitives;
 
-use crate::acceptor::AuthConfig;
+use crate::auth_config::AuthConfig;
 
 /// Service classes that name an SMB server (MS-SMB2 3.2.4.2.3 uses "cifs";
 /// "host" is the Windows alias every machine service answers to).

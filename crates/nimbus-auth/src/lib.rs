@@ -10,6 +10,7 @@
 #![warn(missing_docs)]
 
 mod acceptor;
+mod auth_config;
 mod binding;
 mod der;
 mod kerberos;
@@ -17,7 +18,8 @@ mod ntlm;
 mod spnego;
 mod userdb;
 
-pub use acceptor::{AuthConfig, AuthError, AuthExchange, AuthResult, AuthStep, Authenticator};
+pub use acceptor::{AuthError, AuthExchange, AuthResult, AuthStep, Authenticator};
+pub use auth_config::AuthConfig;
 pub use kerberos::{KerberosAcceptor, PrincipalMap};
 pub use nimbus_gssapi::GssError;
 pub use userdb::{MachineSid, NtHash, UserDb, UserDbError, FIRST_USER_RID};

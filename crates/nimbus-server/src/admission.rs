@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
 use crate::limits::Limits;
-use crate::session::lock;
+use crate::sync::lock;
 
 /// The network an address counts against: its /24 (IPv4, IPv4-mapped
 /// IPv6 included) or /64 (IPv6).

@@ -455,7 +455,7 @@ impl Membership {
     fn put_incarnations(&self) -> Result<(), StateError> {
         let lease = self.lease.load(Ordering::SeqCst);
         let mut all = vec![self.incarnation()];
-        all.extend(crate::session::lock(&self.adopted).iter().copied());
+        all.extend(crate::sync::lock(&self.adopted).iter().copied());
         for n in all {
             self.control.txn(
                 &[],
@@ -482,7 +482,7 @@ impl Membership {
     pub fn set_owned_store(&self, store: Arc<ClusterStore>) {
         // Read into a local first: a guard in an `if let` scrutinee would
         // live through the body.
-        let proof = *crate::session::lock(&self.last_proof);
+        let proof = *crate::sync::lock(&self.last_proof);
         if let Some(sent) = proof {
             store.lease_proven_until(sent + self.ttl);
         }
@@ -495,7 +495,7 @@ impl Membership {
         if self.lost.load(Ordering::SeqCst) {
             return;
         }
-        *crate::session::lock(&self.last_proof) = Some(sent);
+        *crate::sync::lock(&self.last_proof) = Some(sent);
         crate::metrics::lease_proven(true);
         self.store.proven_until(sent + self.ttl);
         if let Some(s) = self.owned.get() {
@@ -505,7 +505,7 @@ impl Membership {
 
     /// Until when the lease is proven (None: not yet registered).
     fn proven_until(&self) -> Option<Instant> {
-        let proof = *crate::session::lock(&self.last_proof);
+        let proof = *crate::sync::lock(&self.last_proof);
         proof.map(|sent| sent + self.ttl)
     }
 
@@ -516,7 +516,7 @@ impl Membership {
 
     /// Runs `f` whenever the lease is lost.
     pub fn on_lease_lost(&self, f: LeaseLost) {
-        crate::session::lock(&self.on_lease_lost).push(f);
+        crate::sync::lock(&self.on_lease_lost).push(f);
     }
 
     /// The lease is lost (see the module comment): nothing is decided
@@ -536,7 +536,7 @@ impl Membership {
         if let Some(s) = self.owned.get() {
             s.forget_all();
         }
-        for f in crate::session::lock(&self.on_lease_lost).iter() {
+        for f in crate::sync::lock(&self.on_lease_lost).iter() {
             f();
         }
     }
@@ -561,7 +561,7 @@ impl Membership {
         let n = self.new_incarnation()?;
         self.incarnation.store(n, Ordering::SeqCst);
         // The runs it had adopted went with the old lease, as its own.
-        crate::session::lock(&self.adopted).clear();
+        crate::sync::lock(&self.adopted).clear();
         self.put_incarnations()?;
         self.store.fence_on(&incarnation_key(n));
         let lease = self.lease();
@@ -570,7 +570,7 @@ impl Membership {
         }
         self.lost.store(false, Ordering::SeqCst);
         self.proved(sent);
-        for f in crate::session::lock(&self.on_new_lease).iter() {
+        for f in crate::sync::lock(&self.on_new_lease).iter() {
             f(lease);
         }
         tracing::warn!(
@@ -587,7 +587,7 @@ impl Membership {
         if incarnation == 0 || incarnation == self.incarnation() {
             return Ok(());
         }
-        if crate::session::lock(&self.adopted).insert(incarnation) {
+        if crate::sync::lock(&self.adopted).insert(incarnation) {
             self.put_incarnations()?;
         }
         Ok(())
@@ -599,15 +599,15 @@ impl Membership {
     pub fn is_gone(&self, incarnation: u64) -> bool {
         if incarnation == 0
             || incarnation == self.incarnation()
-            || crate::session::lock(&self.adopted).contains(&incarnation)
+            || crate::sync::lock(&self.adopted).contains(&incarnation)
         {
             return false;
         }
-        if crate::session::lock(&self.gone).contains(&incarnation) {
+        if crate::sync::lock(&self.gone).contains(&incarnation) {
             return true;
         }
         let fresh = |at: &Instant| at.elapsed() < ALIVE_FOR;
-        if crate::session::lock(&self.alive)
+        if crate::sync::lock(&self.alive)
             .get(&incarnation)
             .is_some_and(fresh)
         {
@@ -615,8 +615,8 @@ impl Membership {
         }
         match self.store.get(&incarnation_key(incarnation)) {
             Ok(None) => {
-                crate::session::lock(&self.alive).remove(&incarnation);
-                crate::session::lock(&self.gone).insert(incarnation);
+                crate::sync::lock(&self.alive).remove(&incarnation);
+                crate::sync::lock(&self.gone).insert(incarnation);
                 true
             }
             Ok(Some(v)) => {
@@ -624,7 +624,7 @@ impl Membership {
                     "cluster: incarnation {incarnation} alive ({})",
                     String::from_utf8_lossy(&v.value)
                 );
-                let mut alive = crate::session::lock(&self.alive);
+                let mut alive = crate::sync::lock(&self.alive);
                 alive.retain(|_, at| fresh(at));
                 alive.insert(incarnation, Instant::now());
                 false
@@ -639,14 +639,14 @@ impl Membership {
     /// `is_gone` without trusting that `incarnation` was seen alive in the
     /// last second: a client reconnects right after its node left.
     pub fn is_gone_now(&self, incarnation: u64) -> bool {
-        crate::session::lock(&self.alive).remove(&incarnation);
+        crate::sync::lock(&self.alive).remove(&incarnation);
         self.is_gone(incarnation)
     }
 
     /// `open_id` is a persistent open of this node: its file's records
     /// stay in etcd.
     pub fn pin(&self, open_id: u64) {
-        crate::session::lock(&self.pinned).insert(open_id);
+        crate::sync::lock(&self.pinned).insert(open_id);
     }
 
     /// How many files this node owns (decides in its memory).
@@ -669,17 +669,16 @@ impl Membership {
 
     /// `open_id` closed for good.
     pub fn unpin(&self, open_id: u64) {
-        crate::session::lock(&self.pinned).remove(&open_id);
+        crate::sync::lock(&self.pinned).remove(&open_id);
     }
 
     pub fn is_pinned(&self, open_id: u64) -> bool {
-        crate::session::lock(&self.pinned).contains(&open_id)
+        crate::sync::lock(&self.pinned).contains(&open_id)
     }
 
     /// Whether this node runs `incarnation`: its own, or one it adopted.
     pub fn runs(&self, incarnation: u64) -> bool {
-        incarnation == self.incarnation()
-            || crate::session::lock(&self.adopted).contains(&incarnation)
+        incarnation == self.incarnation() || crate::sync::lock(&self.adopted).contains(&incarnation)
     }
 
     /// This node let go of its own open `open_id` for its client on
@@ -687,20 +686,17 @@ impl Membership {
     /// file's records stay in etcd for whoever holds it).
     pub fn mark_released(&self, open_id: u64) {
         self.pin(open_id);
-        crate::session::lock(&self.released).insert(open_id);
+        crate::sync::lock(&self.released).insert(open_id);
     }
 
     /// Whether `open_id` is an open of this node's that it let go of.
     pub fn is_released(&self, open_id: u64) -> bool {
-        crate::session::lock(&self.released).contains(&open_id)
+        crate::sync::lock(&self.released).contains(&open_id)
     }
 
     /// The opens this node let go of.
     pub fn released(&self) -> Vec<u64> {
-        crate::session::lock(&self.released)
-            .iter()
-            .copied()
-            .collect()
+        crate::sync::lock(&self.released).iter().copied().collect()
     }
 
     /// Whether a reconnect may wait for another node's answer now: the
@@ -708,7 +704,7 @@ impl Membership {
     /// wait.
     pub fn let_go_room(&self) -> Option<tokio::runtime::Handle> {
         let runtime = tokio::runtime::Handle::try_current().ok()?;
-        (crate::session::lock(&self.let_go_waits).len() < MAX_LET_GO_WAITS).then_some(runtime)
+        (crate::sync::lock(&self.let_go_waits).len() < MAX_LET_GO_WAITS).then_some(runtime)
     }
 
     /// Waits for the answer to request `nonce` for `open_id`: `resume`
@@ -722,8 +718,7 @@ impl Membership {
         runtime: tokio::runtime::Handle,
         wait_at_most: Duration,
     ) {
-        crate::session::lock(&self.let_go_waits)
-            .insert((open_id, nonce), (resume, runtime.clone()));
+        crate::sync::lock(&self.let_go_waits).insert((open_id, nonce), (resume, runtime.clone()));
         let me = Arc::downgrade(self);
         runtime.spawn(async move {
             tokio::time::sleep(wait_at_most).await;
@@ -736,7 +731,7 @@ impl Membership {
     /// The answer to request `nonce` for `open_id` came (or its wait ran
     /// out): what waits on it runs.
     pub fn let_go_answered(&self, open_id: u64, nonce: u64) {
-        let waiting = crate::session::lock(&self.let_go_waits).remove(&(open_id, nonce));
+        let waiting = crate::sync::lock(&self.let_go_waits).remove(&(open_id, nonce));
         if let Some((resume, runtime)) = waiting {
             runtime.spawn_blocking(resume);
         }
@@ -744,7 +739,7 @@ impl Membership {
 
     /// A reconnect cancelled while it waited: nothing runs for it.
     pub fn forget_let_go(&self, open_id: u64, nonce: u64) {
-        crate::session::lock(&self.let_go_waits).remove(&(open_id, nonce));
+        crate::sync::lock(&self.let_go_waits).remove(&(open_id, nonce));
     }
 
     /// Whether session `session_id` may ask another node to let go of an
@@ -752,7 +747,7 @@ impl Membership {
     /// `LET_GO_ASK_WINDOW`.
     pub fn may_ask_to_let_go(&self, session_id: u64) -> bool {
         let now = Instant::now();
-        let mut asks = crate::session::lock(&self.let_go_asks);
+        let mut asks = crate::sync::lock(&self.let_go_asks);
         if asks.len() >= MAX_LET_GO_WAITS {
             asks.retain(|_, (since, _)| now.duration_since(*since) < LET_GO_ASK_WINDOW);
         }
@@ -767,7 +762,7 @@ impl Membership {
 
     /// `open_id` closed for good (or was never let go of after all).
     pub fn forget_released(&self, open_id: u64) {
-        if crate::session::lock(&self.released).remove(&open_id) {
+        if crate::sync::lock(&self.released).remove(&open_id) {
             self.unpin(open_id);
         }
     }
@@ -781,11 +776,11 @@ impl Membership {
         if !self.is_gone(incarnation_of(open_id)) {
             return false;
         }
-        if crate::session::lock(&self.without_record).contains(&open_id) {
+        if crate::sync::lock(&self.without_record).contains(&open_id) {
             return true;
         }
         let fresh = |at: &Instant| at.elapsed() < ALIVE_FOR;
-        if crate::session::lock(&self.with_record)
+        if crate::sync::lock(&self.with_record)
             .get(&open_id)
             .is_some_and(fresh)
         {
@@ -794,8 +789,8 @@ impl Membership {
         let key = nimbus_state::durable_record::DurableOpen::key(open_id);
         match self.store.get(&key) {
             Ok(None) => {
-                crate::session::lock(&self.with_record).remove(&open_id);
-                let mut without = crate::session::lock(&self.without_record);
+                crate::sync::lock(&self.with_record).remove(&open_id);
+                let mut without = crate::sync::lock(&self.without_record);
                 // Bounded: forgetting costs one more look-up, nothing else.
                 if without.len() >= 1 << 16 {
                     without.clear();
@@ -804,7 +799,7 @@ impl Membership {
                 true
             }
             Ok(Some(_)) => {
-                let mut with = crate::session::lock(&self.with_record);
+                let mut with = crate::sync::lock(&self.with_record);
                 with.retain(|_, at| fresh(at));
                 with.insert(open_id, Instant::now());
                 false
@@ -825,7 +820,7 @@ impl Membership {
         {
             self.lease.store(lease, Ordering::SeqCst);
             if !self.lost.load(Ordering::SeqCst) {
-                *crate::session::lock(&self.last_proof) = Some(sent);
+                *crate::sync::lock(&self.last_proof) = Some(sent);
                 crate::metrics::lease_proven(true);
                 self.store.proven_until(sent + self.ttl);
             }
@@ -1011,7 +1006,7 @@ impl Membership {
 
     /// Adds what to run after the node registered again under a new lease.
     pub fn on_new_lease(&self, f: NewLease) {
-        crate::session::lock(&self.on_new_lease).push(f);
+        crate::sync::lock(&self.on_new_lease).push(f);
     }
 
     /// This node's message box, `msg/<node>/`: messages for the opens of

@@ -72,7 +72,7 @@ impl Registry {
 
     /// Puts this node's registrations back (they went with its old lease).
     fn put_back(&self) {
-        let mine: Vec<(String, Vec<u8>)> = crate::session::lock(&self.mine)
+        let mine: Vec<(String, Vec<u8>)> = crate::sync::lock(&self.mine)
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
@@ -99,7 +99,7 @@ impl Registry {
     /// Registers `item` for this node with `value`, or withdraws it (None).
     pub fn set_mine(&self, item: &str, value: Option<&[u8]>) {
         {
-            let mut mine = crate::session::lock(&self.mine);
+            let mut mine = crate::sync::lock(&self.mine);
             match value {
                 Some(v) => mine.insert(item.to_owned(), v.to_vec()),
                 None => mine.remove(item),

@@ -2,7 +2,6 @@
 //! command-line overrides. Every error names the file, the key and the fix.
 
 use std::collections::HashSet;
-use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -239,26 +238,7 @@ impl Default for Config {
     }
 }
 
-/// A configuration problem, with where it is and what to write instead.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
-    pub file: String,
-    pub key: String,
-    pub problem: String,
-    pub fix: String,
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}: {}: {} (fix: {})",
-            self.file, self.key, self.problem, self.fix
-        )
-    }
-}
-
-impl std::error::Error for ConfigError {}
+pub use crate::config_error::ConfigError;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

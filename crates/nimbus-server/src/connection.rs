@@ -27,7 +27,8 @@ use crate::held_bytes::HeldBytes;
 use crate::limits::Limits;
 use crate::pending::PendingTable;
 use crate::server::Server;
-use crate::session::{lock, Session, SigningKey};
+use crate::session::{Session, SigningKey};
+use crate::sync::lock;
 
 /// A connection that has sent nothing for this long gives its spare
 /// buffers back, so idle connections hold little memory.
@@ -921,7 +922,8 @@ mod channel_tests {
 
     use super::{ChannelEntry, Connection, Negotiated};
     use crate::server::Server;
-    use crate::session::{lock, Session};
+    use crate::session::Session;
+    use crate::sync::lock;
 
     fn server(name: &str) -> Arc<Server> {
         let dir =

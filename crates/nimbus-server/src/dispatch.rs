@@ -21,7 +21,8 @@ use crate::limits::Limits;
 use crate::pending::{Canceller, PendingRequest, Reply};
 use crate::security::SessionCipher;
 use crate::server::Server;
-use crate::session::{lock, Open, Session, SessionState, SigningKey, Tree};
+use crate::session::{Open, Session, SessionState, SigningKey, Tree};
+use crate::sync::lock;
 
 /// Handlers append their response body to `out` and return the status to
 /// put in the header: SUCCESS, or a warning / MORE_PROCESSING_REQUIRED that

@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 
 use crate::pending::PendingRequest;
 use crate::server::Server;
-use crate::session::{lock, Open};
+use crate::session::Open;
+use crate::sync::lock;
 
 /// Who opened a durable handle (MS-SMB2 Open.DurableOwner, "the security
 /// context of the user"): only the same user may reclaim it. The user is

@@ -514,7 +514,7 @@ fn ask_to_let_go(
 fn waiting_here(server: &Server, req: &LetGo) -> Option<Arc<Open>> {
     let open = server.durables.find_disconnected(req.open_id)?;
     let guid = open.replay.as_ref().map_or([0; 16], |r| r.key.1);
-    let owned = crate::session::lock(&open.durable)
+    let owned = crate::sync::lock(&open.durable)
         .as_ref()
         .is_some_and(|d| d.owner == req.owner && !d.forgotten);
     (req.create_guid.is_none_or(|g| g == guid) && owned).then_some(open)
@@ -574,7 +574,7 @@ pub fn let_go(server: &Server, asked: &Asked) {
 fn let_go_own(server: &Server, m: &crate::cluster::Membership, open: Arc<Open>) -> bool {
     let open_id = open.open_id;
     let was_in_store = {
-        let mut d = crate::session::lock(&open.durable);
+        let mut d = crate::sync::lock(&open.durable);
         let Some(d) = d.as_mut() else {
             return false;
         };
@@ -591,7 +591,7 @@ fn let_go_own(server: &Server, m: &crate::cluster::Membership, open: Arc<Open>) 
         // As it was: a durable open this node keeps in its memory (handed
         // back should the node leave).
         if !was_in_store {
-            if let Some(d) = crate::session::lock(&open.durable).as_mut() {
+            if let Some(d) = crate::sync::lock(&open.durable).as_mut() {
                 d.in_store = false;
             }
             m.unpin(open_id);
@@ -646,7 +646,7 @@ fn let_go_own(server: &Server, m: &crate::cluster::Membership, open: Arc<Open>) 
 /// claim.
 fn let_go_taken(server: &Server, m: &crate::cluster::Membership, open: Arc<Open>) -> bool {
     let open_id = open.open_id;
-    let in_store = crate::session::lock(&open.durable)
+    let in_store = crate::sync::lock(&open.durable)
         .as_ref()
         .is_some_and(|d| d.in_store);
     if !in_store {
@@ -685,7 +685,7 @@ fn let_go_taken(server: &Server, m: &crate::cluster::Membership, open: Arc<Open>
 /// Before an open is given up: saves of it write nothing from now on (its
 /// record is the next holder's), and breaks for it no longer end here.
 fn stop_serving(server: &Server, open: &Open) {
-    if let Some(d) = crate::session::lock(&open.durable).as_mut() {
+    if let Some(d) = crate::sync::lock(&open.durable).as_mut() {
         d.forgotten = true;
     }
     server.oplocks.let_go(open.open_id);
@@ -694,7 +694,7 @@ fn stop_serving(server: &Server, open: &Open) {
 /// An open that could not be given up waits for its client here again
 /// (its timeout counted from now).
 fn serve_again(server: &Server, open: &Arc<Open>) {
-    if let Some(d) = crate::session::lock(&open.durable).as_mut() {
+    if let Some(d) = crate::sync::lock(&open.durable).as_mut() {
         d.forgotten = false;
     }
     server.oplocks.detach(open.open_id);
@@ -799,7 +799,7 @@ pub fn hand_back(server: &Arc<Server>) -> usize {
     let mut handed = 0;
     for open in server.durables.all_disconnected() {
         {
-            let mut d = crate::session::lock(&open.durable);
+            let mut d = crate::sync::lock(&open.durable);
             match d.as_mut() {
                 Some(d) if !d.in_store && !d.forgotten => {
                     d.in_store = true;
@@ -897,7 +897,7 @@ static TAKING_BACK: std::sync::LazyLock<std::sync::Mutex<HashMap<u64, Vec<BreakO
     std::sync::LazyLock::new(Default::default);
 
 fn lock_taking_back() -> std::sync::MutexGuard<'static, HashMap<u64, Vec<BreakOrder>>> {
-    crate::session::lock(&TAKING_BACK)
+    crate::sync::lock(&TAKING_BACK)
 }
 
 /// Handles the breaks queued for a let-go open being taken back, the

@@ -89,7 +89,7 @@ pub fn open_info(open: &Open, delete_pending: bool) -> Result<FileInfo, nimbus_v
     open.share
         .settings()
         .hide
-        .apply(&crate::session::lock(&open.path), &mut info);
+        .apply(&crate::sync::lock(&open.path), &mut info);
     Ok(info)
 }
 

@@ -10,7 +10,8 @@ use std::time::Duration;
 use nimbus_crypto::SigningAlgorithm;
 
 use crate::server::Server;
-use crate::session::{lock, SessionState};
+use crate::session::SessionState;
+use crate::sync::lock;
 
 /// How often the counts are taken.
 pub const EVERY: Duration = Duration::from_secs(2);

@@ -12,6 +12,7 @@ pub mod cluster;
 mod cluster_notify;
 mod cluster_registry;
 pub mod config;
+mod config_error;
 mod connection;
 mod credits;
 mod dir_budget;
@@ -54,6 +55,7 @@ mod session_registry;
 mod share;
 pub mod status;
 pub mod status_listing;
+mod sync;
 mod teardowns;
 mod write_times;
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::config::ConfigError;
+use crate::config_error::ConfigError;
 
 /// Largest READ/WRITE/transact size Nimbus ever offers (LARGE_MTU, 2.1+).
 pub const MAX_IO_SIZE: u32 = 8 * 1024 * 1024;

@@ -14,7 +14,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::limits::Limits;
-use crate::session::lock;
+use crate::sync::lock;
 
 /// Entries kept at most per table; beyond it, forgotten entries are purged
 /// and, if that is not enough, the ones whose back-off ends soonest go.

@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex, Weak};
 
 use nimbus_state::FileKey;
 
-use crate::session::{lock, Open};
+use crate::session::Open;
+use crate::sync::lock;
 
 #[derive(Default)]
 pub struct OpenRegistry {

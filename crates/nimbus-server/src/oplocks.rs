@@ -33,7 +33,8 @@ use nimbus_wire::{FileId, NtStatus};
 
 use crate::connection::Connection;
 use crate::security::SessionCipher;
-use crate::session::{lock, Session};
+use crate::session::Session;
+use crate::sync::lock;
 
 mod together;
 mod turns;

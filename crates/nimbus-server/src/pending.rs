@@ -21,7 +21,8 @@ use nimbus_wire::{FileId, NtStatus, HEADER_SIZE};
 
 use crate::connection::{Connection, Outgoing};
 use crate::security::SessionCipher;
-use crate::session::{lock, SigningKey};
+use crate::session::SigningKey;
+use crate::sync::lock;
 
 /// What the final response of a request needs from the request.
 pub struct Reply {

@@ -31,7 +31,8 @@ use nimbus_wire::FileId;
 use crate::durable::{Durable, Owner};
 use crate::oplocks::Route;
 use crate::server::{Server, Share};
-use crate::session::{lock, NewOpen, Open, ReplayOf};
+use crate::session::{NewOpen, Open, ReplayOf};
+use crate::sync::lock;
 
 /// Writes `open`'s record as it stands now, on disk before it returns.
 /// Errors are the caller's: a CREATE whose record could not be written is

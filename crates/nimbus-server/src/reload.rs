@@ -25,8 +25,8 @@ use std::sync::Arc;
 
 use crate::config::{Config, ShareConfig};
 use crate::server::Server;
-use crate::session::lock;
 use crate::share::{Share, ShareSettings};
+use crate::sync::lock;
 
 /// What a reload changed, for its log line.
 #[derive(Debug, Default, PartialEq, Eq)]

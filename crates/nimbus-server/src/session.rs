@@ -18,11 +18,7 @@ use crate::open_files::OpenFileSlot;
 use crate::security::SessionCipher;
 use crate::server::Share;
 
-/// Locks a mutex, ignoring poisoning: a panic in one request must not make
-/// every later request on the connection panic too.
-pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use crate::sync::lock;
 
 /// A signing key ready to sign and verify: Session.SigningKey or a bound
 /// channel's Channel.SigningKey (MS-SMB2 3.3.1.8, 3.3.1.14). Shared, so

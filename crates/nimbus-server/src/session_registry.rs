@@ -9,7 +9,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
-use crate::session::{lock, Session};
+use crate::session::Session;
+use crate::sync::lock;
 
 type Entry = Weak<Session>;
 

@@ -11,7 +11,8 @@ use nimbus_state::caching::Granted;
 use serde::{Deserialize, Serialize};
 
 use crate::server::Server;
-use crate::session::{lock, Open, Session, SessionState};
+use crate::session::{Open, Session, SessionState};
+use crate::sync::lock;
 
 /// At most this many sessions, and as many opens, are listed per node (a
 /// listing stays well under etcd's request size limit); the rest are

@@ -20,7 +20,7 @@ use nimbus_state::FileKey;
 
 use crate::connection::Connection;
 use crate::server::Server;
-use crate::session::lock;
+use crate::sync::lock;
 
 /// How long a refused CREATE waits for teardowns under way: they take
 /// milliseconds; a longer wait would only delay a refusal that stands.

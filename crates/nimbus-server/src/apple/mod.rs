@@ -168,7 +168,7 @@ pub fn stream_kind(share: &Share, name: &str) -> Option<AppleStream> {
 /// The Apple stream an open is of, if it is one.
 pub fn open_kind(open: &Open) -> Option<AppleStream> {
     let stream = open.stream.as_ref()?;
-    stream_kind(&open.share, &crate::session::lock(&stream.name))
+    stream_kind(&open.share, &crate::sync::lock(&stream.name))
 }
 
 /// Whether the named stream `name` of `size` bytes exists for the client

@@ -11,7 +11,8 @@ use super::malformed;
 use crate::dispatch::{Ctx, HandlerResult};
 use crate::fileinfo::{open_info, times_and_sizes};
 use crate::server::{Server, Share};
-use crate::session::{lock, Open};
+use crate::session::Open;
+use crate::sync::lock;
 
 pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
     let req = CloseRequest::parse(body).map_err(malformed)?;
@@ -210,7 +211,7 @@ fn delete_stream(server: &Server, open: &Open) {
     let (Some(fs), Some(stream)) = (open.share.fs.as_ref(), &open.stream) else {
         return;
     };
-    let name = crate::session::lock(&stream.name).clone();
+    let name = crate::sync::lock(&stream.name).clone();
     // A macOS server ignores a request to delete a resource fork that
     // holds data (Finder sends one when it did not mean to); an empty
     // one goes.

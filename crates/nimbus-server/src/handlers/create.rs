@@ -24,8 +24,8 @@ use crate::errors::{sharing_status, vfs_status};
 use crate::fileinfo::{file_info, is_readonly, stream_info, times_and_sizes};
 use crate::names::{to_vfs_path_and_stream, Stream};
 use crate::oplocks::Route;
-use crate::security::SessionCipher;
-use crate::session::{lock, NewOpen, Open, ReplayOf, Session, SessionState, StreamOf, Tree};
+use crate::session::{NewOpen, Open, ReplayOf, Session, StreamOf};
+use crate::sync::lock;
 
 /// Why one attempt at a CREATE did not finish.
 enum Failed {
@@ -74,7 +74,9 @@ fn open_or_create(
     // A reconnect acts on nothing else the request says: not even its
     // fixed fields are checked (clients send them zeroed).
     if let DurableAsk::Reconnect(how) = durable {
-        return Ok(create_durable::reconnect(ctx, &req, how, body, out)?);
+        return Ok(create_durable::reconnect(
+            ctx, &req, how, body, out, handle,
+        )?);
     }
     let replay_key = match (durable, ctx.conn.negotiated()) {
         (DurableAsk::V2(r), Some(n)) => Some((n.client_guid, r.create_guid)),
@@ -715,7 +717,7 @@ fn open_or_create(
         session: std::sync::Arc::downgrade(&session),
         session_id: session.id,
         file_id,
-        seal: break_cipher(&session, &tree),
+        seal: super::create_caching::break_cipher(&session, &tree),
     };
     let granted_caching = if counted {
         // Whether the file holds byte-range locks is read by the write of
@@ -747,7 +749,8 @@ fn open_or_create(
         name: nimbus_wire::apple::CONTEXT_NAME.to_vec(),
         data,
     }));
-    let (oplock_level, lease) = caching_response(&req.contexts, &granted_caching);
+    let (oplock_level, lease) =
+        super::create_caching::caching_response(&req.contexts, &granted_caching);
     contexts.extend(lease);
     // Opens of named streams are not made durable: a reconnect, a restart
     // or another cluster node reopens a file by its name alone.
@@ -1085,78 +1088,4 @@ fn requested_caching(ctx: &Ctx<'_>, req: &CreateRequest) -> Result<Want, NtStatu
             .then_some(lease.parent_key),
         epoch: if version == 2 { lease.epoch } else { 0 },
     })
-}
-
-/// The OplockLevel of a CREATE response for what the open caches, and the
-/// lease context to answer with when that is a lease.
-pub(super) fn caching_response(
-    requested: &[CreateContext],
-    granted: &Granted,
-) -> (u8, Option<CreateContext>) {
-    match *granted {
-        Granted::Oplock(level) => (level, None),
-        Granted::Lease {
-            state,
-            epoch,
-            breaking,
-            version,
-        } => (
-            oplock_level::LEASE,
-            lease_response(requested, state, epoch, breaking, version),
-        ),
-    }
-}
-
-/// The lease context of the response (MS-SMB2 2.2.14.2.10/11), in the
-/// version the client asked in.
-pub(super) fn lease_response(
-    requested: &[CreateContext],
-    state: u32,
-    epoch: u16,
-    breaking: bool,
-    version: u8,
-) -> Option<CreateContext> {
-    let c = requested
-        .iter()
-        .find(|c| c.name.as_slice() == context_name::REQUEST_LEASE)?;
-    let asked = LeaseContext::parse(&c.data).ok()?;
-    let version = if version == 2 { 2 } else { 1 };
-    let mut flags = 0;
-    if breaking {
-        flags |= lease_flags::BREAK_IN_PROGRESS;
-    }
-    if version == 2 && asked.flags & lease_flags::PARENT_LEASE_KEY_SET != 0 {
-        flags |= lease_flags::PARENT_LEASE_KEY_SET;
-    }
-    let mut data = Vec::with_capacity(LeaseContext::V2_LEN);
-    LeaseContext {
-        version,
-        lease_key: asked.lease_key,
-        state,
-        flags,
-        duration: 0,
-        parent_key: if flags & lease_flags::PARENT_LEASE_KEY_SET != 0 {
-            asked.parent_key
-        } else {
-            [0; 16]
-        },
-        epoch: if version == 2 { epoch } else { 0 },
-    }
-    .encode(&mut data);
-    Some(CreateContext {
-        name: c.name.clone(),
-        data,
-    })
-}
-
-/// Breaks to this open's holder are sealed when its session or tree
-/// requires encryption.
-pub(super) fn break_cipher(
-    session: &Session,
-    tree: &Tree,
-) -> Option<std::sync::Arc<SessionCipher>> {
-    match &*lock(&session.state) {
-        SessionState::Valid(auth) if auth.encrypt_data || tree.encrypt_data => auth.cipher.clone(),
-        _ => None,
-    }
 }

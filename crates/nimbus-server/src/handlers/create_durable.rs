@@ -25,7 +25,8 @@ use crate::dispatch::Ctx;
 use crate::durable::{Durable, GuidEntry, GuidKey, Owner};
 use crate::fileinfo::times_and_sizes;
 use crate::oplocks::Route;
-use crate::session::{lock, Open, SessionState, Tree};
+use crate::session::{Open, SessionState, Tree};
+use crate::sync::lock;
 
 use super::create_security::{decide, Ask};
 
@@ -286,7 +287,7 @@ pub fn replay(
                 ..
             },
         ) if asked.lease_key == id.key => {
-            contexts.extend(super::create::lease_response(
+            contexts.extend(super::create_caching::lease_response(
                 &req.contexts,
                 state,
                 epoch,
@@ -351,6 +352,7 @@ pub fn reconnect(
     how: Reconnect,
     body: &[u8],
     out: &mut Vec<u8>,
+    again: super::deferred::Handler,
 ) -> Result<NtStatus, NtStatus> {
     let tree = ctx.tree()?.clone();
     let (file_id, create_guid) = match how {
@@ -371,7 +373,7 @@ pub fn reconnect(
     // (`crate::failover`); one a live node holds is asked for, and this
     // request waits for the answer, answered STATUS_PENDING meanwhile.
     if open.is_none() && ctx.server.cluster.is_some() {
-        match reclaim_from_cluster(ctx, file_id.persistent, create_guid, &me, body)? {
+        match reclaim_from_cluster(ctx, file_id.persistent, create_guid, &me, body, again)? {
             Some(status) => return Ok(status),
             None => open = ctx.server.durables.find_disconnected(file_id.persistent),
         }
@@ -414,7 +416,7 @@ pub fn reconnect(
         open.path(),
         ctx.conn.peer
     );
-    let (level, lease) = super::create::caching_response(&req.contexts, &held);
+    let (level, lease) = super::create_caching::caching_response(&req.contexts, &held);
     let contexts: Vec<CreateContext> = lease.into_iter().collect();
     ctx.chain_file_id = Some(file_id);
     CreateResponse {
@@ -469,6 +471,8 @@ fn reclaim_from_cluster(
     create_guid: Option<[u8; 16]>,
     me: &Owner,
     body: &[u8],
+    // The CREATE's handler, run again once the other node answered.
+    again: super::deferred::Handler,
 ) -> Result<Option<NtStatus>, NtStatus> {
     let server = ctx.server.clone();
     let Some(m) = server.cluster.clone() else {
@@ -498,7 +502,7 @@ fn reclaim_from_cluster(
             let status = super::deferred::park(
                 ctx,
                 body,
-                super::create::handle,
+                again,
                 move |_| m.forget_let_go(open_id, nonce),
                 |_, resume| wake = Some(resume),
             );
@@ -568,7 +572,7 @@ fn attach(ctx: &Ctx<'_>, open: &Arc<Open>) -> Result<FileId, NtStatus> {
             session: Arc::downgrade(&session),
             session_id: session.id,
             file_id,
-            seal: super::create::break_cipher(&session, &tree),
+            seal: super::create_caching::break_cipher(&session, &tree),
         },
     );
     if !session.add_open(open) {

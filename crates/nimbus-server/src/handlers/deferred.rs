@@ -16,9 +16,10 @@ use crate::connection::Connection;
 use crate::dispatch::{Ctx, HandlerResult};
 use crate::pending::PendingRequest;
 use crate::security::SessionCipher;
-use crate::session::{lock, Session, SigningKey, Tree};
+use crate::session::{Session, SigningKey, Tree};
+use crate::sync::lock;
 
-type Handler = fn(&mut Ctx<'_>, &[u8], &mut Vec<u8>) -> HandlerResult;
+pub type Handler = fn(&mut Ctx<'_>, &[u8], &mut Vec<u8>) -> HandlerResult;
 
 /// Parks the request being handled until the breaks on `file` end; it is
 /// answered STATUS_PENDING now (or stays pending, if it already was), and

@@ -12,7 +12,8 @@ use nimbus_wire::NtStatus;
 use super::malformed;
 use crate::dispatch::{Ctx, HandlerResult};
 use crate::locks::{OnGrant, Outcome};
-use crate::session::{lock, Open, NO_LOCK_SEQUENCE};
+use crate::session::{Open, NO_LOCK_SEQUENCE};
+use crate::sync::lock;
 
 /// What the elements of one request ask for, once validated.
 enum Asked {

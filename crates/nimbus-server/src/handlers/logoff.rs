@@ -9,7 +9,8 @@ use nimbus_wire::NtStatus;
 use super::malformed;
 use crate::dispatch::{Ctx, HandlerResult};
 use crate::server::Server;
-use crate::session::{lock, Session, SessionState};
+use crate::session::{Session, SessionState};
+use crate::sync::lock;
 
 pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
     parse_empty(body).map_err(malformed)?;

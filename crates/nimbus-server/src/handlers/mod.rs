@@ -5,6 +5,7 @@
 pub mod change_notify;
 pub mod close;
 pub mod create;
+mod create_caching;
 pub mod create_durable;
 pub mod create_security;
 pub mod create_stream;
@@ -14,6 +15,7 @@ pub mod flush;
 pub mod ioctl;
 pub mod lock;
 pub mod logoff;
+mod logon_checks;
 pub mod negotiate;
 pub mod oplock_break;
 pub mod pipe;

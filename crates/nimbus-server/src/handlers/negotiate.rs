@@ -15,7 +15,7 @@ use crate::config::SigningPolicy;
 use crate::connection::{Connection, Negotiated};
 use crate::dispatch::{Ctx, HandlerResult};
 use crate::server::now_filetime;
-use crate::session::lock;
+use crate::sync::lock;
 
 /// Signing algorithms offered to 3.1.1 clients, most preferred first: GMAC
 /// is parallel and far faster than CMAC on AES-NI hardware.

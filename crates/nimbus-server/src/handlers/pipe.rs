@@ -30,7 +30,8 @@ use super::check_credit_charge;
 use crate::config::EncryptionPolicy;
 use crate::dispatch::{Ctx, HandlerResult};
 use crate::held_bytes::HeldCharge;
-use crate::session::{lock, HeldPipe, PipeOpen, Session, SessionState};
+use crate::session::{HeldPipe, PipeOpen, Session, SessionState};
+use crate::sync::lock;
 
 /// Whether the request runs on IPC$, whose file ids are pipes.
 pub fn on_ipc(ctx: &Ctx<'_>) -> bool {

@@ -31,7 +31,8 @@ use nimbus_wire::NtStatus;
 use crate::connection::{Binding, ChannelEntry};
 use crate::dispatch::{Ctx, HandlerResult, PreauthTarget};
 use crate::security::session_signer;
-use crate::session::{lock, Session, SessionState, SigningKey};
+use crate::session::{Session, SessionState, SigningKey};
+use crate::sync::lock;
 
 pub fn handle(
     ctx: &mut Ctx<'_>,
@@ -67,7 +68,7 @@ fn bind(
     let mut binding = match taken {
         Some(b) => b,
         None => {
-            super::session_setup::refuse_beyond_session_limits(ctx)?;
+            super::logon_checks::refuse_beyond_session_limits(ctx)?;
             Binding {
                 exchange: ctx.server.auth.start_at(ctx.conn.local.ip()),
                 preauth: *lock(&ctx.conn.preauth),
@@ -89,17 +90,17 @@ fn bind(
             Ok(NtStatus::MORE_PROCESSING_REQUIRED)
         }
         Ok(AuthStep::Complete(res)) => {
-            if !super::session_setup::is_user(&res, &user) {
+            if !super::logon_checks::is_user(&res, &user) {
                 // MS-SMB2 3.3.5.5.3: the binding must authenticate the
                 // session's own user (Samba, Windows: ACCESS_DENIED).
                 tracing::warn!(
                     "{}: binding to session {id:#x} of {user} authenticated {:?} instead; refused",
                     ctx.conn.peer,
-                    super::session_setup::shown_name(&res)
+                    super::logon_checks::shown_name(&res)
                 );
                 return Err(NtStatus::ACCESS_DENIED);
             }
-            super::session_setup::backed_off(ctx, &res.user)?;
+            super::logon_checks::backed_off(ctx, &res.user)?;
             ctx.server
                 .logon_guard
                 .succeeded(&res.user, ctx.conn.peer.ip());
@@ -157,13 +158,13 @@ fn bind(
             Ok(NtStatus::SUCCESS)
         }
         Err(e) => {
-            if let Some(times) = super::session_setup::logged_times(&e, "binding refused") {
+            if let Some(times) = super::logon_checks::logged_times(&e, "binding refused") {
                 tracing::warn!(
                     "{}: binding to session {id:#x} refused: {e}{times}",
                     ctx.conn.peer
                 );
             }
-            Err(super::session_setup::refused(ctx, &e))
+            Err(super::logon_checks::refused(ctx, &e))
         }
     }
 }

@@ -28,7 +28,8 @@ use nimbus_wire::session_setup::{session_flags, SessionSetupResponse};
 use nimbus_wire::NtStatus;
 
 use crate::dispatch::{Ctx, HandlerResult};
-use crate::session::{lock, Session, SessionState};
+use crate::session::{Session, SessionState};
+use crate::sync::lock;
 
 pub fn handle(
     ctx: &mut Ctx<'_>,
@@ -52,14 +53,14 @@ pub fn handle(
         Ok(AuthStep::Complete(res)) => {
             let real_user = !res.guest && !res.anonymous;
             if real_user {
-                if let Err(status) = super::session_setup::backed_off(ctx, &res.user) {
+                if let Err(status) = super::logon_checks::backed_off(ctx, &res.user) {
                     end(ctx, &session);
                     return Err(status);
                 }
             }
             let (who, flags) = match &mut *lock(&session.state) {
                 SessionState::Valid(a) => {
-                    let same = !a.guest && super::session_setup::is_user(&res, &a.user);
+                    let same = !a.guest && super::logon_checks::is_user(&res, &a.user);
                     let flags = if a.encrypt_data {
                         session_flags::ENCRYPT_DATA
                     } else {
@@ -77,7 +78,7 @@ pub fn handle(
                 tracing::warn!(
                     "{}: session re-authentication as {:?} ended the session: not its user",
                     ctx.conn.peer,
-                    super::session_setup::shown_name(&res)
+                    super::logon_checks::shown_name(&res)
                 );
                 if real_user {
                     ctx.server.logon_guard.failed(
@@ -108,9 +109,8 @@ pub fn handle(
             Ok(NtStatus::SUCCESS)
         }
         Err(e) => {
-            let status = super::session_setup::refused(ctx, &e);
-            if let Some(times) = super::session_setup::logged_times(&e, "re-authentication failed")
-            {
+            let status = super::logon_checks::refused(ctx, &e);
+            if let Some(times) = super::logon_checks::logged_times(&e, "re-authentication failed") {
                 tracing::warn!(
                     "{}: session re-authentication failed, session ended: {e}{times}",
                     ctx.conn.peer

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use nimbus_auth::{AuthError, AuthStep};
+use nimbus_auth::AuthStep;
 use nimbus_wire::negotiate::{security_mode, Dialect};
 use nimbus_wire::session_setup::{
     session_flags, SessionSetupRequest, SessionSetupResponse, FLAG_BINDING,
@@ -16,9 +16,9 @@ use super::malformed;
 use crate::config::SigningPolicy;
 use crate::connection::ChannelEntry;
 use crate::dispatch::{Ctx, HandlerResult};
-use crate::logon_guard::BackedOff;
 use crate::security::{session_signer, SessionCipher};
-use crate::session::{lock, Authenticated, Session, SessionState, SigningKey};
+use crate::session::{Authenticated, Session, SessionState, SigningKey};
+use crate::sync::lock;
 
 pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
     let req = SessionSetupRequest::parse(body).map_err(malformed)?;
@@ -34,7 +34,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     }
     let session = match &ctx.session {
         None => {
-            refuse_beyond_session_limits(ctx)?;
+            super::logon_checks::refuse_beyond_session_limits(ctx)?;
             let id = ctx.server.new_session_id();
             let preauth = *lock(&ctx.conn.preauth);
             // The local address lets the NTLM acceptor tell whether an
@@ -77,7 +77,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             if !unauthenticated {
                 // A backed-off name or address is refused even with the
                 // right password, so that guessing learns nothing.
-                if let Err(status) = backed_off(ctx, &res.user) {
+                if let Err(status) = super::logon_checks::backed_off(ctx, &res.user) {
                     drop(state);
                     forget_session(ctx, session.id);
                     return Err(status);
@@ -167,7 +167,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             tracing::info!(
                 "session logon: user {}\\{} from {} ({:?}, signing {}, encryption {}{})",
                 res.domain,
-                shown_name(&res),
+                super::logon_checks::shown_name(&res),
                 ctx.conn.peer,
                 neg.dialect,
                 if signer.is_some() {
@@ -232,49 +232,13 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         Err(e) => {
             drop(state);
             forget_session(ctx, session.id);
-            if let Some(times) = logged_times(&e, "logon refused") {
+            if let Some(times) = super::logon_checks::logged_times(&e, "logon refused") {
                 tracing::warn!("session logon refused from {}: {e}{times}", ctx.conn.peer);
             }
             crate::metrics::logon("unknown", false);
-            Err(refused(ctx, &e))
+            Err(super::logon_checks::refused(ctx, &e))
         }
     }
-}
-
-/// Whether a refusal is logged now, and the count suffix of its line: a
-/// wrong password or an unknown user (what a guesser causes, over and
-/// over) is aggregated under `reason` (`crate::log_limit`); any other
-/// refusal, a misconfiguration worth seeing each time, is always logged.
-pub(super) fn logged_times(e: &AuthError, reason: &'static str) -> Option<String> {
-    match e {
-        AuthError::LogonFailure { .. } => {
-            crate::log_limit::occurred(reason).map(crate::log_limit::times)
-        }
-        _ => Some(String::new()),
-    }
-}
-
-/// The status a failed exchange gets; a wrong password counts against the
-/// user and address (and a backed-off one is told so).
-pub(super) fn refused(ctx: &Ctx<'_>, e: &AuthError) -> NtStatus {
-    let status = match e {
-        AuthError::Malformed(_) => NtStatus::INVALID_PARAMETER,
-        AuthError::NotSupported(_) => NtStatus::NOT_SUPPORTED,
-        _ => NtStatus::LOGON_FAILURE,
-    };
-    if let AuthError::LogonFailure { user, .. } = e {
-        let blocked = backed_off(ctx, user);
-        ctx.server.logon_guard.failed(
-            user,
-            ctx.conn.peer.ip(),
-            Instant::now(),
-            &ctx.server.config().limits,
-        );
-        if let Err(s) = blocked {
-            return s;
-        }
-    }
-    status
 }
 
 /// MS-SMB2 3.3.5.5.3: a logon that names its PreviousSessionId replaces
@@ -308,86 +272,6 @@ fn end_previous_session(ctx: &Ctx<'_>, session: &Session, previous_id: u64) {
 fn forget_session(ctx: &Ctx<'_>, id: u64) {
     lock(&ctx.conn.sessions).remove(&id);
     ctx.server.sessions.forget(id);
-}
-
-/// `limits.max_sessions_per_connection` and `limits.max_logons_in_progress`:
-/// a new SESSION_SETUP exchange, a logon or a binding, is refused beyond
-/// them (each unfinished one holds its authentication state until the
-/// connection closes; a binding under way is a session in the making).
-pub(super) fn refuse_beyond_session_limits(ctx: &Ctx<'_>) -> Result<(), NtStatus> {
-    let limits = &ctx.server.config().limits;
-    let (total, in_progress) = {
-        let sessions = lock(&ctx.conn.sessions);
-        let bindings = lock(&ctx.conn.bindings).len();
-        let logging_on = sessions.values().filter(|e| !e.session.is_valid()).count();
-        (sessions.len() + bindings, logging_on + bindings)
-    };
-    let key = if total >= limits.max_sessions_per_connection {
-        "max_sessions_per_connection"
-    } else if in_progress >= limits.max_logons_in_progress {
-        "max_logons_in_progress"
-    } else {
-        return Ok(());
-    };
-    tracing::warn!(
-        "{}: new session refused: {total} sessions, {in_progress} still logging on \
-         (limits.{key})",
-        ctx.conn.peer
-    );
-    Err(NtStatus::REQUEST_NOT_ACCEPTED)
-}
-
-/// The name an exchange authenticated, as the log shows it.
-pub(super) fn shown_name(res: &nimbus_auth::AuthResult) -> &str {
-    if res.anonymous {
-        "(anonymous)"
-    } else {
-        &res.user
-    }
-}
-
-/// Whether an exchange authenticated `user` itself: not a guest, not
-/// anonymous (a re-authentication or a binding must, MS-SMB2 3.3.5.5.3).
-pub(super) fn is_user(res: &nimbus_auth::AuthResult, user: &str) -> bool {
-    !res.guest
-        && !res.anonymous
-        && nimbus_auth::UserDb::canonical_key(&res.user) == nimbus_auth::UserDb::canonical_key(user)
-}
-
-/// Refuses a logon while its user name or the client's address is backed
-/// off after failed logons (`limits.max_failed_logons_per_*`).
-pub(super) fn backed_off(ctx: &Ctx<'_>, user: &str) -> Result<(), NtStatus> {
-    let limits = &ctx.server.config().limits;
-    let peer = ctx.conn.peer;
-    let (scope, key, status, remaining) =
-        match ctx
-            .server
-            .logon_guard
-            .check(user, peer.ip(), Instant::now(), limits)
-        {
-            Ok(()) => return Ok(()),
-            Err(BackedOff::User { remaining }) => (
-                "user",
-                "max_failed_logons_per_user",
-                NtStatus::ACCOUNT_LOCKED_OUT,
-                remaining,
-            ),
-            Err(BackedOff::Address { remaining }) => (
-                "address",
-                "max_failed_logons_per_address",
-                NtStatus::LOGON_FAILURE,
-                remaining,
-            ),
-        };
-    if let Some(n) = crate::log_limit::occurred(key) {
-        tracing::warn!(
-            "logon of user {user:?} from {peer} refused: too many failed logons for this {scope} \
-             (limits.{key}); allowed again in {}s{}",
-            remaining.as_secs_f64().ceil(),
-            crate::log_limit::times(n)
-        );
-    }
-    Err(status)
 }
 
 /// The SIDs the session acts with (crate::acl::token): a user of the user

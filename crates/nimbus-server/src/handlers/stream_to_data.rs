@@ -34,7 +34,8 @@ use nimbus_wire::{FileId, NtStatus};
 use crate::dispatch::Ctx;
 use crate::errors::{sharing_status, vfs_status};
 use crate::oplocks::Route;
-use crate::session::{lock, NewOpen, Open, ReplayOf, StreamOf};
+use crate::session::{NewOpen, Open, ReplayOf, StreamOf};
+use crate::sync::lock;
 
 pub fn rename(
     ctx: &mut Ctx<'_>,
@@ -161,7 +162,7 @@ pub fn rename(
             persistent: open.open_id,
             volatile: open.volatile_id(),
         },
-        seal: super::create::break_cipher(&session, &tree),
+        seal: super::create_caching::break_cipher(&session, &tree),
     };
     server.oplocks.admit(stream.base_key, &ask, route);
     server.opens.register(&rebuilt);

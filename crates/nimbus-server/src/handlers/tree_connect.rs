@@ -10,7 +10,8 @@ use nimbus_wire::NtStatus;
 use super::malformed;
 use crate::config::EncryptionPolicy;
 use crate::dispatch::{Ctx, HandlerResult};
-use crate::session::{lock, SessionState, Tree};
+use crate::session::{SessionState, Tree};
+use crate::sync::lock;
 
 pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
     let req = TreeConnectRequest::parse(body).map_err(malformed)?;

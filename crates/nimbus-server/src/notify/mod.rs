@@ -57,7 +57,8 @@ use nimbus_wire::NtStatus;
 use crate::acl::{store, Token};
 use crate::pending::PendingRequest;
 use crate::server::{Server, Share};
-use crate::session::{lock, Open};
+use crate::session::Open;
+use crate::sync::lock;
 
 mod disk;
 mod visible;
@@ -807,7 +808,7 @@ impl ChangeNotify {
             );
             return;
         };
-        let named = format!("{path}:{}", crate::session::lock(&stream.name));
+        let named = format!("{path}:{}", crate::sync::lock(&stream.name));
         let mut changes = Vec::with_capacity(2);
         let mut of_stream = 0;
         if filter & cf::SIZE != 0 {

@@ -71,7 +71,7 @@ impl Turns {
 
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
-        let mut files = crate::session::lock(&self.turns.files);
+        let mut files = crate::sync::lock(&self.turns.files);
         let Some(entry) = files.get_mut(&self.file) else {
             return;
         };
@@ -92,7 +92,7 @@ impl Drop for Turn<'_> {
 impl Turns {
     /// How many threads wait for `file`'s turn.
     pub(super) fn waiting(&self, file: FileKey) -> usize {
-        crate::session::lock(&self.files)
+        crate::sync::lock(&self.files)
             .get(&file)
             .map_or(0, |e| e.waiting)
     }
@@ -129,6 +129,6 @@ mod tests {
             t.join().unwrap();
         }
         // Nothing is kept for files nobody holds or waits for.
-        assert!(crate::session::lock(&turns.files).is_empty());
+        assert!(crate::sync::lock(&turns.files).is_empty());
     }
 }
