@@ -319,3 +319,49 @@ def test_a_cluster_nodes_reload_frees_what_a_removed_shares_handles_held_for_oth
     finally:
         conn3.disconnect(True)
     assert n1.proc.poll() is None and n2.proc.poll() is None
+
+
+def test_a_create_waiting_for_a_break_on_a_share_taken_away_is_refused_and_holds_nothing(served):
+    """A's batch oplock holds up B's CREATE (answered STATUS_PENDING) on
+    share "gone"; the reload takes "gone" away and closes A's handle, which
+    lets B's CREATE go on: it must not leave an open behind on a share
+    that no longer exists (its client could never close it)."""
+    import struct
+
+    import rawsmb
+    from test_locks import Client
+
+    s = served
+    both = s.dirs["data"]
+    (both / "f.bin").write_bytes(b"f")
+    s.write({"pub": {"path": both, "guest_ok": True}, "gone": {"path": both, "guest_ok": True}})
+    s.start()
+
+    def client(share: str) -> Client:
+        c = Client.__new__(Client)
+        c.s = rawsmb.connect("127.0.0.1", s.port)
+        rawsmb.negotiate(c.s, dialects=(0x0202, 0x0210), credit_request=64)
+        c.sid, c.mid = rawsmb.anonymous_logon(c.s, 1)
+        c.tid = rawsmb.tree_connect(c.s, c.mid, c.sid, rf"\\127.0.0.1\{share}")
+        c.mid += 1
+        return c
+
+    def create(oplock: int, share_access: int) -> bytes:
+        n = "f.bin".encode("utf-16-le")
+        return struct.pack("<HBBIQQIIIIIHHII", 57, 0, oplock, 2, 0, 0, 0x0012019F, 0x80, share_access, 1, 0x40, rawsmb.HEADER_SIZE + 56, len(n), 0, 0) + n
+
+    a, b, c = client("gone"), client("gone"), client("pub")
+    try:
+        resp = a.call(rawsmb.CREATE, create(0x09, 7))
+        assert rawsmb.status(resp) == 0 and resp[rawsmb.HEADER_SIZE + 2] == 0x09, "no batch oplock"
+        b.send(rawsmb.CREATE, create(0, 7))
+        assert rawsmb.status(b.recv()) == 0x00000103  # STATUS_PENDING: waits for A's break
+        s.write({"pub": {"path": both, "guest_ok": True}})
+        outcome = s.reload()
+        assert "done" in outcome and "removed: gone" in outcome, outcome
+        assert rawsmb.status(b.recv()) == NtStatus.STATUS_NETWORK_NAME_DELETED
+        # Nothing of A's or B's holds the file: an open sharing nothing goes.
+        assert rawsmb.status(c.call(rawsmb.CREATE, create(0, 0))) == 0
+    finally:
+        for x in (a, b, c):
+            x.close()

@@ -179,6 +179,12 @@ impl DurableOpens {
         };
         let limits = *lock(&self.limits);
         let mut inner = lock(&self.inner);
+        // Its share was taken away by a reload, which purges the share's
+        // disconnected opens under this lock after marking it: nothing
+        // could reconnect to it.
+        if open.share.is_removed() {
+            return Err(NotKept::NotDurable);
+        }
         let user_count = inner.per_user.get(&d.owner).copied().unwrap_or(0);
         if inner.disconnected.len() >= limits.total || user_count >= limits.per_user {
             drop(inner);

@@ -152,18 +152,29 @@ pub fn reload(server: &Server, new: Config) -> Result<Reloaded, String> {
         share.set_settings(ShareSettings::of(config, new.encryption));
     }
     apply_limits(server, &new.limits);
-    let roots = shares
-        .iter()
-        .filter_map(|s| Some((s.fs.as_ref()?.root_path().to_path_buf(), s.name.clone())))
-        .collect();
-    server.replace_config(new, shares);
+    let roots_of = |shares: &[Arc<Share>]| -> Vec<(std::path::PathBuf, String)> {
+        shares
+            .iter()
+            .filter_map(|s| Some((s.fs.as_ref()?.root_path().to_path_buf(), s.name.clone())))
+            .collect()
+    };
+    let roots = roots_of(&shares);
+    // While the old shares' handles close, the relay knows both the new
+    // shares (watches may start on them at once) and the old ones (a
+    // closed watch withdraws its registration under its share's name).
     if let Some(relay) = server.notify_relay() {
-        relay.set_shares(roots);
+        let mut both = roots.clone();
+        both.extend(roots_of(&current));
+        relay.set_shares(both);
     }
+    server.replace_config(new, shares);
     for share in &gone {
         let (trees, opens) = take_away(server, share);
         report.trees_closed += trees;
         report.opens_closed += opens;
+    }
+    if let Some(relay) = server.notify_relay() {
+        relay.set_shares(roots);
     }
     Ok(report)
 }

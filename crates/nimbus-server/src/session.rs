@@ -219,7 +219,10 @@ impl Session {
     /// with the open what the session's end would have done.
     pub fn add_open(&self, open: &Arc<Open>) -> bool {
         let mut opens = lock(&self.opens);
-        if self.has_ended() || opens.contains_key(&open.volatile_id()) {
+        // A share a reload took away (`crate::reload`) marks itself before
+        // it sweeps the sessions' opens under this lock: an open either
+        // is in the sweep or is refused here.
+        if self.has_ended() || open.share.is_removed() || opens.contains_key(&open.volatile_id()) {
             return false;
         }
         opens.insert(open.volatile_id(), open.clone());

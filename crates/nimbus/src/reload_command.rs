@@ -2,8 +2,8 @@
 //! `nimbus serve --config FILE` and sends it SIGHUP.
 //!
 //! The server is found through /proc (its command line names the same
-//! file, resolved from its own working directory), so no pid file has to
-//! be kept in step with the process. Under systemd, `systemctl reload
+//! file, resolved from its own working directory under its own root), so
+//! no pid file has to be kept in step with the process. Under systemd, `systemctl reload
 //! nimbus` does the same through the unit's ExecReload.
 
 use std::path::{Path, PathBuf};
@@ -21,23 +21,27 @@ pub fn run(file: &Path, check: fn(&Path) -> Result<(), String>) -> Result<(), St
             file.display()
         ));
     }
+    let mut failed = Vec::new();
     for pid in servers {
         // SAFETY: kill(2) with a pid read from /proc and a valid signal
         // number touches no memory of this process.
         let sent = unsafe { libc::kill(pid, libc::SIGHUP) };
         if sent != 0 {
-            let e = std::io::Error::last_os_error();
-            return Err(format!(
-                "cannot signal the server (pid {pid}): {e} (run this as the server's user, \
-                 or as root)"
-            ));
+            failed.push(format!("pid {pid}: {}", std::io::Error::last_os_error()));
+            continue;
         }
         println!(
             "sent SIGHUP to nimbus (pid {pid}); its log says what the reload changed, or \
              why it refused the file"
         );
     }
-    Ok(())
+    if failed.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "cannot signal {} (run this as the server's user, or as root)",
+        failed.join(", ")
+    ))
 }
 
 /// The processes that run `nimbus serve` with `--config` naming `wanted`.
@@ -68,12 +72,21 @@ fn servers_of(wanted: &Path) -> Vec<i32> {
         let Some(config) = served_config(&args) else {
             continue;
         };
-        let cwd = std::fs::read_link(entry.path().join("cwd")).unwrap_or_default();
-        let path = if config.is_absolute() {
+        // The path as the process sees it: from its own working directory,
+        // under its own root (a container's is not this one's). A process
+        // whose directory cannot be read is not taken for the server.
+        let within = if config.is_absolute() {
             config
         } else {
+            let Ok(cwd) = std::fs::read_link(entry.path().join("cwd")) else {
+                continue;
+            };
             cwd.join(config)
         };
+        let Ok(inside) = within.strip_prefix("/") else {
+            continue;
+        };
+        let path = entry.path().join("root").join(inside);
         if std::fs::canonicalize(&path).is_ok_and(|p| p == wanted) {
             if let Ok(pid) = i32::try_from(pid) {
                 found.push(pid);

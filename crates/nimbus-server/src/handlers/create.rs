@@ -804,6 +804,9 @@ fn join_session(
         return Ok(());
     }
     crate::durable::keep_or_close(server, open);
+    if open.share.is_removed() {
+        return Err(NtStatus::NETWORK_NAME_DELETED);
+    }
     Err(NtStatus::USER_SESSION_DELETED)
 }
 

@@ -74,7 +74,13 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     } else {
         ShareType::Disk
     };
-    lock(&session.trees).insert(
+    let mut trees = lock(&session.trees);
+    // Taken away by a reload since it was looked up: its trees are being
+    // swept (under this lock), and this one would never be.
+    if share.is_removed() {
+        return Err(NtStatus::BAD_NETWORK_NAME);
+    }
+    trees.insert(
         id,
         Arc::new(Tree {
             id,
@@ -83,6 +89,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             connected: std::time::Instant::now(),
         }),
     );
+    drop(trees);
     let mut flags = share_flags::MANUAL_CACHING;
     if encrypt_data {
         flags |= share_flags::ENCRYPT_DATA;
