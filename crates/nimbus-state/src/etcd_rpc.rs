@@ -336,12 +336,17 @@ impl Members {
         op: impl Future<Output = Result<T, StateError>> + Send + 'static,
     ) -> Result<T, StateError> {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        // `op` keeps to the deadline itself (each member's try is bounded
+        // by it) and then says which members failed and how; this bound,
+        // a little later, only catches an `op` that does not, so that the
+        // two never race at the same instant.
+        let bound = deadline + Duration::from_millis(50);
         self.handle().spawn(async move {
-            let _ = tx.send(tokio::time::timeout_at(deadline.into(), op).await);
+            let _ = tx.send(tokio::time::timeout_at(bound.into(), op).await);
         });
-        // A little past the deadline: the task ends by it, and its answer
-        // is worth the wait.
-        let wait = deadline.saturating_duration_since(Instant::now()) + Duration::from_millis(100);
+        // A little past that: the task ends by it, and its answer is worth
+        // the wait.
+        let wait = bound.saturating_duration_since(Instant::now()) + Duration::from_millis(100);
         match crate::blocking::off_worker(|| rx.recv_timeout(wait)) {
             Ok(Ok(answer)) => answer,
             Ok(Err(_)) | Err(_) => Err(StateError::Unavailable(
