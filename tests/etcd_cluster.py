@@ -235,7 +235,10 @@ class Member:
             return f"(no log: {e})"
         return "\n".join(text.splitlines()[-lines:])
 
-    def launch(self, initial_cluster: str, token: str) -> None:
+    def launch(self, initial_cluster: str, token: str, state: str = "new") -> None:
+        """Start the process. `state` is etcd's --initial-cluster-state:
+        "new" for a member of a cluster being made, "existing" for one
+        added to a running cluster (`EtcdCluster.replace_member`)."""
         args = [
             f"--name={self.name}",
             f"--data-dir={self.data_dir}",
@@ -246,7 +249,7 @@ class Member:
             # Read only on the first start: a member with a data directory
             # takes the cluster from it, which is how a restart rejoins.
             f"--initial-cluster={initial_cluster}",
-            "--initial-cluster-state=new",
+            f"--initial-cluster-state={state}",
             f"--initial-cluster-token={token}",
             f"--heartbeat-interval={HEARTBEAT_MS}",
             f"--election-timeout={ELECTION_MS}",
@@ -312,6 +315,10 @@ class EtcdCluster:
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self.pki = Pki(self.base_dir / "pki") if tls else None
         self.members = [Member(f"m{i}", self.base_dir, self.pki) for i in range(members)]
+        self.retired: list[Member] = []  # members `replace_member` removed
+        # A test's list of servers whose logs a failure report carries (the
+        # fixtures' stash): members `replace_member` adds join it.
+        self.report: list | None = None
         self.root_password = secrets.token_urlsafe(18)
         self.passwords = {PASSWORD_USER: secrets.token_urlsafe(18)}
         self.token = ""
@@ -363,8 +370,48 @@ class EtcdCluster:
         over to a live peer at once or, with no peer left, skips the
         hand-over.
         """
-        for m in self.members:
+        for m in self.members + self.retired:
             m.stop()
+
+    def replace_member(self, i: int) -> Member:
+        """Replace member `i` as an operator does, without stopping the
+        cluster: `etcdctl member add` of a new member (next name, new
+        ports, the same member certificate), its start with the cluster the
+        add answered, a wait until every member is healthy, then `etcdctl
+        member remove` of member `i` and its stop. The new member takes
+        index `i`; the old one moves to `retired`. Returns the new member.
+
+        etcd refuses a change of members while one has been connected to
+        the leader for less than a few seconds: `_reconfigure` tries it
+        again."""
+        old = self.members[i]
+        names = {m.name for m in self.members + self.retired}
+        new = Member(next(f"m{n}" for n in range(len(names) + 1) if f"m{n}" not in names), self.base_dir, self.pki)
+        new.client_port, new.peer_port = free_port(), free_port()
+        while new.peer_port == new.client_port:
+            new.peer_port = free_port()
+        kept = [m.client_url for m in self.members if m is not old]
+        added = self._reconfigure("member", "add", new.name, f"--peer-urls={new.peer_url}", endpoints=kept)
+        initial = next(
+            (line.split("=", 1)[1].strip('"') for line in added.splitlines() if line.startswith("ETCD_INITIAL_CLUSTER=")),
+            None,
+        )
+        if initial is None:
+            raise RuntimeError(f"etcdctl member add did not name the cluster:\n{added}")
+        new.launch(initial, "unused-by-a-member-that-joins", state="existing")
+        self.members[i] = new
+        if self.report is not None:
+            self.report.append(new)
+        self.wait_healthy(timeout=START_TIMEOUT)
+        listed = json.loads(self.etcdctl("member", "list", "-w", "json", endpoints=kept)).get("members", [])
+        ids = [m["ID"] for m in listed if m.get("name") == old.name]
+        if len(ids) != 1:
+            raise RuntimeError(f"member {old.name} is listed {len(ids)} times: {listed}")
+        # etcdctl wants the id in hex; -w json gives it as a decimal number.
+        self._reconfigure("member", "remove", f"{ids[0]:x}", endpoints=[m.client_url for m in self.members])
+        old.stop()
+        self.retired.append(old)
+        return new
 
     def stop_member(self, i: int) -> None:
         """Stop member `i` (its data directory stays), as if cut off."""
@@ -591,6 +638,22 @@ class EtcdCluster:
 
     # ------------------------------------------------------------ internal
 
+    def _reconfigure(self, *args: str, endpoints: list[str]) -> str:
+        """`etcdctl member add|remove ...`, tried again until START_TIMEOUT
+        while etcd refuses it for a member connected too recently: an add
+        while one is ("unhealthy cluster"), a remove that would leave fewer
+        members connected for etcd's health interval (5 s in etcd 3.4) than
+        a quorum ("not enough started members")."""
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            try:
+                return self.etcdctl(*args, endpoints=endpoints)
+            except EtcdError as e:
+                transient = "unhealthy cluster" in e.stderr or "not enough started members" in e.stderr
+                if not transient or time.monotonic() > deadline:
+                    raise
+                time.sleep(HEALTH_POLL)
+
     def _enable_auth(self) -> None:
         """Users and the role, then `auth enable` (etcd 3.4 wants a root
         user with a password and the root role first). Users authenticated by their
@@ -651,7 +714,8 @@ def require_etcd() -> None:
 def _started(request, base_dir: Path, tls: bool) -> Iterator[EtcdCluster]:
     require_etcd()
     cluster = EtcdCluster(base_dir, tls=tls)
-    request.node.stash.setdefault(_SERVERS, []).extend(cluster.members)
+    cluster.report = request.node.stash.setdefault(_SERVERS, [])
+    cluster.report.extend(cluster.members)
     try:
         cluster.start()
         yield cluster

@@ -239,6 +239,73 @@ def refused_as_unavailable(r: Request) -> bool:
     )
 
 
+def run_failures(cluster, workers: list[Writer], rel: Callable[[float], str]) -> tuple[dict[str, str], bytes]:
+    """What a run of Writers that ended broke, whatever the test did to
+    etcd meanwhile (keyed as the tests' checks are): the harness itself
+    (workers stuck or failed, proxy errors), 1. exclusivity (each hold's
+    end set first, `hold_end`), 2. acknowledged writes on disk, 3c. no
+    request hangs, 5. no lock left behind (a new client of each node is
+    granted every range the workers used). Also the file's content, read
+    from the share's directory."""
+    failures: dict[str, str] = {}
+    # Every worker has disconnected: its opens closed, and their locks went.
+    latecomers = {n.name: Latecomer(n.name, n.host, (n.host, n.port)) for n in cluster.nodes}
+    not_granted = {name: why for name, c in latecomers.items() if (why := c.lock_everything())}
+    disk = (cluster.nodes[0].share / FILE).read_bytes()
+    requests = [r for w in workers for r in w.requests]
+    holds = [h for w in workers for h in w.holds]
+    writes = [x for w in workers for x in w.writes]
+    for h in holds:
+        h.end = hold_end(h, client_cuts=[])
+    stuck = [w.name for w in workers if w.is_alive()]
+    broken = {w.name: w.failure for w in workers if w.failure}
+    proxy = cluster.etcd_proxies.errors + cluster.client_proxy.errors
+    if stuck or broken or proxy:
+        failures["0. harness"] = f"workers still running: {stuck}; worker failures: {broken}; proxy errors: {proxy}"
+    overlaps = overlapping_holds(holds)
+    lost = [h for h in holds if h.unlock is not None and h.unlock.outcome == ANSWERED and h.unlock.status == STATUS_RANGE_NOT_LOCKED]
+    if overlaps or lost:
+        examples = overlap_examples(overlaps, rel)
+        failures["1. exclusivity"] = (
+            f"{len(overlaps)} overlapping exclusive holds by different clients: {examples}; "
+            f"{len(lost)} unlocks of granted locks answered RANGE_NOT_LOCKED ({[(h.node, rel(h.released)) for h in lost[:4]]})"
+        )
+    acknowledged = [x for x in writes if x.acknowledged]
+    missing = missing_writes(writes, disk)
+    if missing or not acknowledged:
+        failures["2. acknowledged writes"] = (
+            f"{len(missing)} of {len(acknowledged)} writes answered STATUS_SUCCESS are not in {FILE} on disk: "
+            + "; ".join(
+                f"w{x.worker} #{x.seq} {x.data!r} at {x.offset} (count {x.count}), answered {rel(x.request.answered)}, "
+                f"on disk {disk[x.offset : x.offset + len(x.data)]!r}"
+                for x in missing[:4]
+            )
+        )
+    hung = [r for r in requests if r.outcome == TIMEOUT]
+    if hung:
+        failures["3c. no request hangs"] = f"{len(hung)} requests unanswered after {REQUEST_TIMEOUT:.2f} s: " + "; ".join(
+            f"w{r.worker} {r.what} on {r.node} sent {rel(r.sent)}" for r in hung[:6]
+        )
+    if not_granted:
+        failures["5. no lock left behind"] = f"after every worker disconnected, new clients were refused: {not_granted}"
+    return failures, disk
+
+
+def run_summary(workers: list[Writer], nodes: list[str], disk: bytes) -> str:
+    """One line on a run: holds per node, writes, overlaps, contention,
+    timeouts."""
+    holds = [h for w in workers for h in w.holds]
+    writes = [x for w in workers for x in w.writes]
+    requests = [r for w in workers for r in w.requests]
+    return (
+        f"holds {len(holds)} ({', '.join(f'{n} {sum(h.node == n for h in holds)}' for n in nodes)}); "
+        f"writes {len(writes)}, acknowledged {sum(x.acknowledged for x in writes)}, missing on disk {len(missing_writes(writes, disk))}; "
+        f"overlaps {len(overlapping_holds(holds))}; "
+        f"LOCK_NOT_GRANTED {sum(1 for r in requests if r.what == 'lock' and r.status == STATUS_LOCK_NOT_GRANTED)}; "
+        f"timeouts {sum(r.outcome == TIMEOUT for r in requests)}"
+    )
+
+
 def wait_for(condition: Callable[[], bool], timeout: float, every: float = POLL) -> float | None:
     """Polls `condition` every `every` seconds until it holds (the time it
     did) or `timeout` passes (None)."""
@@ -326,53 +393,16 @@ def test_locks_and_writes_survive_killing_the_etcd_leader(cluster):
         for w in workers:
             w.join(timeout=REQUEST_TIMEOUT + 5)
     ended = time.monotonic()
-    # Every worker has disconnected: its opens closed, and their locks went.
-    latecomers = {n.name: Latecomer(n.name, n.host, (n.host, n.port)) for n in cluster.nodes}
-    not_granted = {name: why for name, c in latecomers.items() if (why := c.lock_everything())}
-    disk = (cluster.nodes[0].share / FILE).read_bytes()
-
     requests = [r for w in workers for r in w.requests]
-    holds = [h for w in workers for h in w.holds]
-    writes = [x for w in workers for x in w.writes]
-    for h in holds:
-        h.end = hold_end(h, client_cuts=[])
     rel = lambda t: f"{t - start:.2f} s"  # noqa: E731  (times from the start of the workers)
-
-    # The harness itself, and a run that saw what it is about.
-    stuck = [w.name for w in workers if w.is_alive()]
-    broken = {w.name: w.failure for w in workers if w.failure}
-    proxy = cluster.etcd_proxies.errors + cluster.client_proxy.errors
-    if stuck or broken or proxy:
-        failures["0. harness"] = f"workers still running: {stuck}; worker failures: {broken}; proxy errors: {proxy}"
+    found, disk = run_failures(cluster, workers, rel)
+    failures.update(found)
     contention = sum(1 for r in requests if r.what == "lock" and r.status == STATUS_LOCK_NOT_GRANTED)
     recovered = all(k.workers_at is not None and set(k.served) == set(nodes) for k in kills)
     if warm is None or not contention or (recovered and len(kills) != KILLS):
         failures["0. setup"] = (
             f"every worker granted {WARMUP_GRANTS} locks: {warm is not None} "
             f"({ {w.name: len(w.holds) for w in workers} }); LOCK_NOT_GRANTED answers: {contention}; kills: {len(kills)} of {KILLS}"
-        )
-
-    # 1. Exclusivity.
-    overlaps = overlapping_holds(holds)
-    lost = [h for h in holds if h.unlock is not None and h.unlock.outcome == ANSWERED and h.unlock.status == STATUS_RANGE_NOT_LOCKED]
-    if overlaps or lost:
-        examples = overlap_examples(overlaps, rel)
-        failures["1. exclusivity"] = (
-            f"{len(overlaps)} overlapping exclusive holds by different clients: {examples}; "
-            f"{len(lost)} unlocks of granted locks answered RANGE_NOT_LOCKED ({[(h.node, rel(h.released)) for h in lost[:4]]})"
-        )
-
-    # 2. Acknowledged writes are on disk.
-    acknowledged = [x for x in writes if x.acknowledged]
-    missing = missing_writes(writes, disk)
-    if missing or not acknowledged:
-        failures["2. acknowledged writes"] = (
-            f"{len(missing)} of {len(acknowledged)} writes answered STATUS_SUCCESS are not in {FILE} on disk: "
-            + "; ".join(
-                f"w{x.worker} #{x.seq} {x.data!r} at {x.offset} (count {x.count}), answered {rel(x.request.answered)}, "
-                f"on disk {disk[x.offset : x.offset + len(x.data)]!r}"
-                for x in missing[:4]
-            )
         )
 
     # 3. Service resumes after each kill, and nothing hangs.
@@ -393,12 +423,6 @@ def test_locks_and_writes_survive_killing_the_etcd_leader(cluster):
                     f"w{r.worker} {r.what} on {r.node}: {r.outcome} {r.answered - kill.at:.2f} s after the kill" for r in unanswered[:6]
                 )
             )
-    hung = [r for r in requests if r.outcome == TIMEOUT]
-    if hung:
-        failures["3c. no request hangs"] = f"{len(hung)} requests unanswered after {REQUEST_TIMEOUT:.2f} s: " + "; ".join(
-            f"w{r.worker} {r.what} on {r.node} sent {rel(r.sent)}" for r in hung[:6]
-        )
-
     # 3d. With a leader again, the nodes go on through the two members left:
     # no request refused because etcd did not answer (a write into the
     # writer's own region meets no lock of anybody's).
@@ -422,10 +446,6 @@ def test_locks_and_writes_survive_killing_the_etcd_leader(cluster):
                 f"nodes granting after it was healthy: {sorted(kill.served)}"
             )
 
-    # 5. No lock outlives its open.
-    if not_granted:
-        failures["5. no lock left behind"] = f"after every worker disconnected, new clients were refused: {not_granted}"
-
     statuses: dict[str, dict[str, int]] = {}
     for kill in kills:
         for r in requests:
@@ -433,11 +453,7 @@ def test_locks_and_writes_survive_killing_the_etcd_leader(cluster):
                 key = status_name(r.status) if r.outcome == ANSWERED else r.outcome
                 statuses.setdefault(r.what, {}).setdefault(key, 0)
                 statuses[r.what][key] += 1
-    print(
-        f"\n{ended - start:.1f} s; holds {len(holds)} ({', '.join(f'{n} {sum(h.node == n for h in holds)}' for n in nodes)}); "
-        f"writes {len(writes)}, acknowledged {len(acknowledged)}, missing on disk {len(missing)}; overlaps {len(overlaps)}; "
-        f"LOCK_NOT_GRANTED {contention}; timeouts {len(hung)}; resume bound {RESUME_BOUND:.2f} s"
-    )
+    print(f"\n{ended - start:.1f} s; {run_summary(workers, nodes, disk)}; resume bound {RESUME_BOUND:.2f} s")
     for k, kill in enumerate(kills, 1):
         in_flight = [r for r in requests if r.sent < kill.at < r.answered]
         print(

@@ -34,6 +34,7 @@ import struct
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -451,10 +452,11 @@ class LogOf:
             return f"(no log: {e})"
 
 
-@pytest.fixture
-def cluster(request, tmp_path, etcd_cluster):  # noqa: F811  (pytest's fixture injection)
-    """Three nodes with TTL 4, n3 reaching etcd only through a ProxySet,
-    and a proxy n3's own clients may go through."""
+def three_nodes(request, tmp_path, etcd_cluster, proxied: tuple[str, ...] = ("n3",)) -> Iterator[SimpleNamespace]:  # noqa: F811
+    """Three nodes with TTL 4 sharing one directory; those named in
+    `proxied` reach etcd only through a ProxySet (the others through the
+    members' own URLs), and a proxy n3's own clients may go through.
+    Yields (nodes, etcd_proxies, client_proxy, etcd); stops them after."""
     share = tmp_path / "shared"
     share.mkdir()
     (share / FILE).write_bytes(bytes(FILE_SIZE))
@@ -469,7 +471,7 @@ def cluster(request, tmp_path, etcd_cluster):  # noqa: F811  (pytest's fixture i
             name = f"n{i + 1}"
             # TLS passes through the proxies untouched: n3 checks the members'
             # certificate against 127.0.0.1, where the proxies listen too.
-            through = [f"{etcd_cluster.scheme}://127.0.0.1:{p.port}" for p in etcd_proxies.proxies] if name == "n3" else None
+            through = [f"{etcd_cluster.scheme}://127.0.0.1:{p.port}" for p in etcd_proxies.proxies] if name in proxied else None
             made.append(Node(tmp_path, name, f"127.0.0.{i + 1}", etcd_cluster.node_toml_lines(endpoints=through), share, db, ttl=TTL))
         request.node.stash.setdefault(_SERVERS, []).extend(LogOf(n) for n in made)
         for n in made:
@@ -483,6 +485,13 @@ def cluster(request, tmp_path, etcd_cluster):  # noqa: F811  (pytest's fixture i
         if client_proxy is not None:
             client_proxy.close()
         etcd_proxies.close()
+
+
+@pytest.fixture
+def cluster(request, tmp_path, etcd_cluster):  # noqa: F811  (pytest's fixture injection)
+    """Three nodes with TTL 4, n3 reaching etcd only through a ProxySet,
+    and a proxy n3's own clients may go through."""
+    yield from three_nodes(request, tmp_path, etcd_cluster)
 
 
 # -------------------------------------------------------------------- test

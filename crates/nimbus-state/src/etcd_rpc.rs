@@ -21,8 +21,12 @@
 //! **Following the membership.** Every `FOLLOW_EVERY` the member list is
 //! read from etcd, and when members were replaced the calls go to the
 //! client URLs the members now advertise, without a restart. Only when the
-//! configured endpoints were the members' own advertised URLs at the first
-//! look: endpoints that are proxies or a load balancer are kept as given.
+//! configured endpoints name members (at least one of them is a member's
+//! own advertised URL at the first look): endpoints that are proxies or a
+//! load balancer are kept as given. "At least one", not "all": a member
+//! may have been replaced before the node started, or between its start
+//! and its first look, and its configuration not yet updated. The first
+//! look is made at once, the next ones every `FOLLOW_EVERY`.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -250,11 +254,12 @@ impl Members {
         let members = Arc::downgrade(self);
         self.spawn(async move {
             loop {
-                tokio::time::sleep(FOLLOW_EVERY).await;
                 let Some(me) = members.upgrade() else {
                     return;
                 };
                 me.look_at_members().await;
+                drop(me);
+                tokio::time::sleep(FOLLOW_EVERY).await;
             }
         });
     }
@@ -298,7 +303,7 @@ impl Members {
         let mut current: Vec<String> = list.iter().map(|e| e.url.clone()).collect();
         current.sort();
         let follows = *crate::blocking::lock(&self.following).get_or_insert_with(|| {
-            let ours = current.iter().all(|u| advertised.contains(u));
+            let ours = current.iter().any(|u| advertised.contains(u));
             if !ours {
                 tracing::info!(
                     "etcd: the configured endpoints are not the members' own client URLs \

@@ -803,6 +803,21 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// Waits (30 s at most) until `store`'s calls go to `urls`, in any order.
+    fn calls_go_to(store: &EtcdStore, urls: &[String]) {
+        let until = Instant::now() + Duration::from_secs(30);
+        let mut want = urls.to_vec();
+        want.sort();
+        while store.endpoints() != want {
+            assert!(
+                Instant::now() < until,
+                "{:?}, not {want:?}",
+                store.endpoints()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     #[test]
     fn a_store_follows_the_members_when_they_are_replaced() {
         let mut cluster = Cluster::start("replace");
@@ -811,19 +826,7 @@ mod tests {
         store
             .compare_and_set(b"k", None, Some(b"1".to_vec()))
             .unwrap();
-        let follows = |urls: &[String]| {
-            let until = Instant::now() + Duration::from_secs(30);
-            let mut want = urls.to_vec();
-            want.sort();
-            while store.endpoints() != want {
-                assert!(
-                    Instant::now() < until,
-                    "{:?}, not {want:?}",
-                    store.endpoints()
-                );
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        };
+        let follows = |urls: &[String]| calls_go_to(&store, urls);
         follows(&cluster.urls);
         // Both members it was told of are replaced, one after the other:
         // it goes on with the new ones, without being told.
@@ -835,6 +838,22 @@ mod tests {
         assert_eq!(v.value, b"1");
         assert!(store
             .compare_and_set(b"k", Some(v.version), Some(b"2".to_vec()))
+            .unwrap()
+            .is_some());
+    }
+
+    /// A node whose configuration still names a member replaced before it
+    /// started (or before its first look) follows the members all the
+    /// same: the configuration names members, so the list decides.
+    #[test]
+    fn a_store_told_of_a_member_already_replaced_follows_the_rest() {
+        let mut cluster = Cluster::start("replaced-before");
+        let configured = cluster.urls.clone();
+        cluster.replace_member(0);
+        let store = EtcdStore::new(&configured, b"/r/", Duration::from_secs(3)).unwrap();
+        calls_go_to(&store, &cluster.urls);
+        assert!(store
+            .compare_and_set(b"k", None, Some(b"1".to_vec()))
             .unwrap()
             .is_some());
     }
