@@ -81,6 +81,13 @@ class Target:
 
     def __init__(self, name: str, hosts: list[str], port: int, share_dir: Path, etcd: EtcdCluster | None = None):
         self.name, self.hosts, self.port, self.share_dir, self.etcd = name, hosts, port, share_dir, etcd
+        self.node_pids: list[int] = []  # the cluster's nodes, for their CPU time
+
+    def cpu(self) -> tuple[float, float]:
+        """CPU seconds (user and system) used so far by the etcd members and
+        by the nodes."""
+        members = [m.process.pid for m in self.etcd.members if m.alive()] if self.etcd else []
+        return sum(map(cpu_seconds, members)), sum(map(cpu_seconds, self.node_pids))
 
     def revision(self) -> int:
         out = json.loads(self.etcd.etcdctl("endpoint", "status", "-w", "json"))
@@ -94,6 +101,15 @@ class Target:
             text = self.etcd.metrics(i)
             total += sum(int(float(m.group(1))) for m in KV_REQUESTS.finditer(text))
         return total
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (proc(5), fields 14 and 15), in seconds."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def start_cluster(nimbus: str, state: Path, share_dir: Path, etcd: EtcdCluster) -> tuple[Target, list[subprocess.Popen]]:
@@ -134,7 +150,9 @@ def start_cluster(nimbus: str, state: Path, share_dir: Path, etcd: EtcdCluster) 
             for p in procs:
                 p.kill()
             sys.exit(f"{e}:\n{(state / f'{name}.log').read_text(errors='replace')[-2000:]}")
-    return Target("Nimbus, 3-node cluster", HOSTS, port, share_dir, etcd), procs
+    target = Target("Nimbus, 3-node cluster", HOSTS, port, share_dir, etcd)
+    target.node_pids = [p.pid for p in procs]
+    return target, procs
 
 
 def torture(target: Target, host: str, path: str, nprocs: int, seconds: int, unclist: Path | None) -> subprocess.Popen:
@@ -160,8 +178,14 @@ def rate_of(proc: subprocess.Popen, seconds: int, what: str) -> tuple[float, int
 
 def run_case(target: Target, case: str, nprocs: int, seconds: int, work: Path, idle: tuple[float, float]) -> dict:
     noise = None
+    if target.etcd:
+        # As an operator's etcd does (--auto-compaction-*): without it the
+        # history of a few rounds of contended opens fills the harness's
+        # 64 MiB quota, and etcd's NOSPACE alarm refuses every write.
+        target.etcd.etcdctl("compact", str(target.revision()))
     before = target.revision() if target.etcd else 0
     requests_before = target.requests() if target.etcd else 0
+    cpu_before = target.cpu()
     started = time.monotonic()
     if case in ("shared-data", "shared-lease"):
         (target.share_dir / "shared-data.dat").write_bytes(b"x")
@@ -195,6 +219,8 @@ def run_case(target: Target, case: str, nprocs: int, seconds: int, work: Path, i
     if case == "mixed" and noise:
         noise.join()
     elapsed = time.monotonic() - started
+    if target.etcd and (alarms := target.etcd.etcdctl("alarm", "list").strip()):
+        raise RuntimeError(f"{target.name}, {case}, nprocs {nprocs}: etcd raised alarms during the run: {alarms}")
     row = {"rate": sum(r for r, _ in results)}
     if target.etcd:
         opens = sum(n for _, n in results)
@@ -202,6 +228,10 @@ def run_case(target: Target, case: str, nprocs: int, seconds: int, work: Path, i
         requests = target.requests() - requests_before - idle[1] * elapsed
         row["txn_per_open"] = max(writes, 0) / max(opens, 1)
         row["requests_per_open"] = max(requests, 0) / max(opens, 1)
+        # Idle CPU not subtracted: small beside a run's (status every 2 s).
+        (etcd_after, nodes_after), (etcd_before, nodes_before) = target.cpu(), cpu_before
+        row["etcd_cpu_us_per_open"] = (etcd_after - etcd_before) * 1e6 / max(opens, 1)
+        row["node_cpu_us_per_open"] = (nodes_after - nodes_before) * 1e6 / max(opens, 1)
     return row
 
 
@@ -254,6 +284,14 @@ def main() -> int:
     ap.add_argument("--cases", nargs="+", default=CASES, choices=CASES)
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs) under /dev/shm")
     ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure every kind this many times, the order of --kinds reversed on every other round "
+        "(the kind run first tends to be the faster); rows are each key's median round, and the "
+        "TLS / plain ratio of every round is printed",
+    )
+    ap.add_argument(
         "--kinds",
         nargs="+",
         default=KINDS,
@@ -265,7 +303,7 @@ def main() -> int:
         if not shutil.which(tool):
             sys.exit(f"{tool} not found: run through bash bench/run.sh --cluster, which installs it")
 
-    results: dict[tuple[str, str, int], dict] = {}
+    runs: dict[tuple[str, str, int], list[dict]] = {}
     keep = contextlib.nullcontext(tempfile.mkdtemp(prefix="nimbus-cluster-bench-", dir="/dev/shm"))
     with keep if args.keep else tempfile.TemporaryDirectory(prefix="nimbus-cluster-bench-", dir="/dev/shm") as tmp:
         work = Path(tmp)
@@ -282,13 +320,13 @@ def main() -> int:
                 "single": "Nimbus, one node",
                 "samba": "Samba, one node",
             }
-            for kind in args.kinds:
-                state = work / kind
-                share = work / f"{kind}-share"
+            for kind, r in [(k, r) for r in range(args.rounds) for k in (args.kinds if r % 2 == 0 else args.kinds[::-1])]:
+                state = work / f"{kind}-{r}"
+                share = work / f"{kind}-{r}-share"
                 state.mkdir()
                 share.mkdir()
                 server = None
-                if kind == "cluster-tls":
+                if kind == "cluster-tls" and tls_etcd is None:
                     tls_etcd = EtcdCluster(work / "etcd-tls", tls=True)
                     tls_etcd.start()
                 if kind.startswith("cluster"):
@@ -301,13 +339,15 @@ def main() -> int:
                 try:
                     for case in args.cases:
                         for n in args.nprocs:
-                            results[(kind, case, n)] = row = run_case(target, case, n, args.seconds, work, idle)
+                            row = run_case(target, case, n, args.seconds, work, idle)
+                            runs.setdefault((kind, case, n), []).append(row)
                             extra = (
-                                f", {row['txn_per_open']:.3f} etcd txn/open, {row['requests_per_open']:.3f} etcd requests/open"
+                                f", {row['txn_per_open']:.3f} etcd txn/open, {row['requests_per_open']:.3f} etcd requests/open, "
+                                f"CPU per open: etcd {row['etcd_cpu_us_per_open']:.0f} µs, nodes {row['node_cpu_us_per_open']:.0f} µs"
                                 if "txn_per_open" in row
                                 else ""
                             )
-                            print(f"{names[kind]:24} {case:8} nprocs {n:3}: {row['rate']:8.0f} opens/s{extra}", flush=True)
+                            print(f"{names[kind]:24} {case:8} nprocs {n:3} round {r + 1}: {row['rate']:8.0f} opens/s{extra}", flush=True)
                 finally:
                     if server:
                         server.stop()
@@ -321,8 +361,12 @@ def main() -> int:
             if tls_etcd:
                 tls_etcd.stop()
 
+    # Each key's median round (by rate).
+    results = {key: sorted(rows, key=lambda row: row["rate"])[(len(rows) - 1) // 2] for key, rows in runs.items()}
     table = render(results, args.nprocs, perf, args.seconds)
     print(table)
+    if args.rounds > 1 and "cluster" in args.kinds and "cluster-tls" in args.kinds:
+        print(tls_rounds(runs, args.cases, args.nprocs))
     if not args.no_write:
         write(Path(args.output), table)
     return 0
@@ -376,6 +420,32 @@ def render(results: dict, nprocs: list[int], perf: str, seconds: int) -> str:
                 f"| {case} | {n} | {c['rate']:.0f} | {c['txn_per_open']:.3f} | {c['requests_per_open']:.3f} | {rate(t)} | "
                 f"{tls_ratio} | {rate(s)} | {rate(b)} | {ratio(s)} | {ratio(b)} |"
             )
+    return "\n".join(lines) + "\n"
+
+
+def tls_rounds(runs: dict[tuple[str, str, int], list[dict]], cases: list[str], nprocs: list[int]) -> str:
+    """TLS over plain in each round (the two kinds of one round ran next to
+    each other, in the round's order), and their geometric mean."""
+    lines = [
+        "| case | nprocs | TLS / plain, each round | geometric mean | etcd requests/open, plain / TLS | "
+        "etcd CPU µs/open, plain / TLS | nodes' CPU µs/open, plain / TLS |",
+        "|---|---|---|---|---|---|---|",
+    ]
+
+    def median(rows: list[dict], key: str) -> float:
+        return statistics.median(r[key] for r in rows)
+
+    for case in cases:
+        for n in nprocs:
+            plain, tls = runs.get(("cluster", case, n), []), runs.get(("cluster-tls", case, n), [])
+            ratios = [t["rate"] / max(p["rate"], 1) for p, t in zip(plain, tls)]
+            if ratios:
+                mean = statistics.geometric_mean(ratios) if all(x > 0 for x in ratios) else 0.0
+                both = " | ".join(
+                    f"{median(plain, key):.{digits}f} / {median(tls, key):.{digits}f}"
+                    for key, digits in (("requests_per_open", 3), ("etcd_cpu_us_per_open", 0), ("node_cpu_us_per_open", 0))
+                )
+                lines.append(f"| {case} | {n} | {' '.join(f'{x:.2f}' for x in ratios)} | {mean:.2f} | {both} |")
     return "\n".join(lines) + "\n"
 
 
