@@ -158,6 +158,9 @@ pub struct Membership {
     /// Requests to let go asked for each session lately: one session may
     /// not make this node flood other nodes with them.
     let_go_asks: Mutex<std::collections::HashMap<u64, (Instant, u32)>>,
+    /// Logons that asked another node to end their previous session and
+    /// wait for its answer, by request number (`crate::session_handover`).
+    session_end_waits: Mutex<std::collections::HashMap<u64, std::sync::mpsc::SyncSender<bool>>>,
     /// Opens of gone nodes found with a persistent record, and when.
     with_record: Mutex<std::collections::HashMap<u64, Instant>>,
     /// Opens of gone nodes found without one: it never comes back.
@@ -381,6 +384,7 @@ impl Membership {
             pinned: Mutex::new(HashSet::new()),
             released: Mutex::new(HashSet::new()),
             let_go_waits: Mutex::new(std::collections::HashMap::new()),
+            session_end_waits: Mutex::new(std::collections::HashMap::new()),
             let_go_asks: Mutex::new(std::collections::HashMap::new()),
             with_record: Mutex::new(std::collections::HashMap::new()),
             without_record: Mutex::new(HashSet::new()),
@@ -758,6 +762,53 @@ impl Membership {
         }
         *n += 1;
         *n <= LET_GO_ASKS_PER_SESSION
+    }
+
+    /// Asks `node` to end its session `session_id` of `user` in `domain`
+    /// (a logon here names it as its PreviousSessionId) and waits, at most
+    /// `wait_at_most`, for the answer: whether it ended it. None when no
+    /// answer came, or too many logons wait already.
+    pub fn ask_to_end_session(
+        &self,
+        node: &str,
+        session_id: u64,
+        user: &str,
+        domain: &str,
+        wait_at_most: Duration,
+    ) -> Option<bool> {
+        let nonce = self.next_message.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        {
+            let mut waits = crate::sync::lock(&self.session_end_waits);
+            if waits.len() >= MAX_LET_GO_WAITS {
+                return None;
+            }
+            waits.insert(nonce, tx);
+        }
+        let request = crate::session_handover::EndSession {
+            session_id,
+            nonce,
+            reply_to: self.node.clone(),
+            user: user.to_string(),
+            domain: domain.to_string(),
+        };
+        let answer = match self.post(node, &crate::session_handover::encode_end_session(&request)) {
+            Ok(()) => rx.recv_timeout(wait_at_most).ok(),
+            Err(e) => {
+                tracing::warn!("cluster: asking {node} to end session {session_id:#x}: {e}");
+                None
+            }
+        };
+        crate::sync::lock(&self.session_end_waits).remove(&nonce);
+        answer
+    }
+
+    /// The answer to request `nonce` of `ask_to_end_session` came.
+    pub fn session_end_answered(&self, nonce: u64, ended: bool) {
+        let waiting = crate::sync::lock(&self.session_end_waits).remove(&nonce);
+        if let Some(tx) = waiting {
+            let _ = tx.try_send(ended);
+        }
     }
 
     /// `open_id` closed for good (or was never let go of after all).

@@ -377,7 +377,7 @@ pub fn etcd_record(data: &[u8]) -> bool {
     let Some((&which, input)) = data.split_first() else {
         return false;
     };
-    match which % 10 {
+    match which % 12 {
         0 => round_trip::<FileRecord>(input),
         1 => round_trip::<FileCaching>(input),
         2 => round_trip::<LockList>(input),
@@ -392,7 +392,19 @@ pub fn etcd_record(data: &[u8]) -> bool {
         7 => crate::cluster_notify::decode_changes(input).is_ok(),
         8 => serde_json::from_slice::<crate::status::NodeStatus>(input).is_ok(),
         9 => serde_json::from_slice::<crate::status_listing::Listing>(input).is_ok(),
-        _ => unreachable!("which % 10"),
+        10 => crate::session_handover::decode_end_session(input).is_some_and(|r| {
+            let again = crate::session_handover::decode_end_session(
+                &crate::session_handover::encode_end_session(&r),
+            );
+            assert_eq!(
+                again.as_ref(),
+                Some(&r),
+                "a request to end a session changed"
+            );
+            true
+        }),
+        11 => crate::session_handover::decode_answer(input).is_some(),
+        _ => unreachable!("which % 12"),
     }
 }
 
@@ -450,7 +462,14 @@ pub fn etcd_record_samples() -> Vec<Vec<u8>> {
         path: "dir\\new.txt",
     };
     let status = serde_json::to_vec(&crate::status_listing::Listing::default()).unwrap_or_default();
-    let values: [(u8, Vec<u8>); 9] = [
+    let end_session = crate::session_handover::EndSession {
+        session_id: 0x0000_0300_1234_0001,
+        nonce: 9,
+        reply_to: "n2".into(),
+        user: "alice".into(),
+        domain: "NIMBUS".into(),
+    };
+    let values: [(u8, Vec<u8>); 11] = [
         (0, FileRecord::default().encode()),
         (1, FileCaching::default().encode()),
         (2, LockList(vec![held]).encode()),
@@ -463,6 +482,11 @@ pub fn etcd_record_samples() -> Vec<Vec<u8>> {
         ),
         (7, crate::cluster_notify::encode_changes("data", &[&change])),
         (9, status),
+        (
+            10,
+            crate::session_handover::encode_end_session(&end_session),
+        ),
+        (11, crate::session_handover::encode_answer(9, true)),
     ];
     values
         .into_iter()

@@ -51,6 +51,7 @@ pub mod reload;
 mod security;
 mod server;
 mod session;
+mod session_handover;
 mod session_registry;
 mod share;
 pub mod status;

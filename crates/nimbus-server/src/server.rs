@@ -455,11 +455,21 @@ impl Server {
 
     /// Session ids are unpredictable-looking but unique: a counter in the
     /// low bits, so a client cannot guess another connection's session.
+    /// On a cluster node the top bits are the node's incarnation, as in an
+    /// open id (`crate::cluster::incarnation_of`), so that a logon on
+    /// another node naming it as its PreviousSessionId knows which node to
+    /// ask to end it (`crate::session_handover`); 8 random bits are left.
     pub fn new_session_id(&self) -> u64 {
         let n = self.next_session_id.fetch_add(1, Ordering::Relaxed);
         let mut salt = [0u8; 4];
         self.provider.fill_random(&mut salt);
-        ((u32::from_le_bytes(salt) as u64 | 1) << 32) | (n & 0xFFFF_FFFF)
+        let high = match &self.cluster {
+            Some(m) => {
+                (m.incarnation() << (crate::cluster::OPEN_ID_SHIFT - 32)) | salt[0] as u64 | 1
+            }
+            None => u32::from_le_bytes(salt) as u64 | 1,
+        };
+        (high << 32) | (n & 0xFFFF_FFFF)
     }
 
     /// A new open's id, the persistent half of its FileId: random bits
@@ -702,6 +712,20 @@ impl Server {
             match (crate::failover::decode_answer(msg), &self.cluster) {
                 (Some((_, open_id, nonce)), Some(m)) => m.let_go_answered(open_id, nonce),
                 _ => tracing::warn!("cluster: a malformed answer to a request to let go"),
+            }
+            return;
+        }
+        if msg.first() == Some(&crate::session_handover::END_SESSION_V1) {
+            match crate::session_handover::decode_end_session(msg) {
+                Some(req) => crate::handlers::logoff::end_for_another_node(self, &req),
+                None => tracing::warn!("cluster: a malformed request to end a session"),
+            }
+            return;
+        }
+        if msg.first() == Some(&crate::session_handover::SESSION_ENDED_V1) {
+            match (crate::session_handover::decode_answer(msg), &self.cluster) {
+                (Some((nonce, ended)), Some(m)) => m.session_end_answered(nonce, ended),
+                _ => tracing::warn!("cluster: a malformed answer to a request to end a session"),
             }
             return;
         }

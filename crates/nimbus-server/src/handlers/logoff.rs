@@ -70,3 +70,46 @@ pub fn end_session(server: &Server, session: &Session) {
     // not when the last request holding the session ends.
     lock(&session.pipes).clear();
 }
+
+/// Who a session is logged on as, for PreviousSessionId (MS-SMB2
+/// 3.3.5.5.3): user and domain without case; None for a guest, an
+/// anonymous session or one not logged on yet.
+pub fn logged_on_as(s: &Session) -> Option<(String, String)> {
+    match &*lock(&s.state) {
+        SessionState::Valid(a) if !a.guest => {
+            Some((a.user.to_lowercase(), a.domain.to_lowercase()))
+        }
+        _ => None,
+    }
+}
+
+/// Another node's logon names a session of this node as its
+/// PreviousSessionId (`crate::session_handover`): the session ends as a
+/// local one would, if it is logged on as the same user, and the asking
+/// node is answered either way.
+pub fn end_for_another_node(server: &Server, req: &crate::session_handover::EndSession) {
+    let Some(m) = &server.cluster else {
+        return;
+    };
+    let asker = Some((req.user.to_lowercase(), req.domain.to_lowercase()));
+    let ended = match server.sessions.find(req.session_id) {
+        Some(session) if logged_on_as(&session).is_some() && logged_on_as(&session) == asker => {
+            tracing::info!(
+                "session {:#x} ends: its client logged on again through {}",
+                req.session_id,
+                req.reply_to
+            );
+            end_everywhere(server, &session);
+            true
+        }
+        _ => false,
+    };
+    let answer = crate::session_handover::encode_answer(req.nonce, ended);
+    if let Err(e) = m.post(&req.reply_to, &answer) {
+        tracing::warn!(
+            "cluster: answering {} about session {:#x}: {e}",
+            req.reply_to,
+            req.session_id
+        );
+    }
+}

@@ -253,19 +253,54 @@ fn end_previous_session(ctx: &Ctx<'_>, session: &Session, previous_id: u64) {
     if previous_id == 0 || previous_id == session.id {
         return;
     }
+    let who = super::logoff::logged_on_as;
     let Some(previous) = ctx.server.sessions.find(previous_id) else {
-        return;
-    };
-    let who = |s: &Session| match &*lock(&s.state) {
-        SessionState::Valid(a) if !a.guest => {
-            Some((a.user.to_lowercase(), a.domain.to_lowercase()))
+        if let Some((user, domain)) = who(session) {
+            end_on_another_node(ctx, previous_id, &user, &domain);
         }
-        _ => None,
+        return;
     };
     if who(&previous).is_none() || who(&previous) != who(session) {
         return;
     }
     super::logoff::end_everywhere(ctx.server, &previous);
+}
+
+/// How long a logon waits for the node of its previous session to end it.
+/// A node answers as soon as its inbox watch delivers the request
+/// (milliseconds); a node that does not answer within this is taken to
+/// have lost the session with its lease, and the logon goes on.
+const PREVIOUS_SESSION_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// A cluster node's logon whose previous session is not here: the session
+/// id names the node that made it (`Server::new_session_id`), which is
+/// asked to end it (`crate::session_handover`), and answered before the
+/// logon is: the client's next request on its old connection finds the
+/// session gone, and its durable opens wait there for a reconnect.
+fn end_on_another_node(ctx: &Ctx<'_>, previous_id: u64, user: &str, domain: &str) {
+    let Some(m) = &ctx.server.cluster else {
+        return;
+    };
+    let incarnation = crate::cluster::incarnation_of(previous_id);
+    if incarnation == 0 || m.runs(incarnation) {
+        return;
+    }
+    let node = match m.node_of(incarnation) {
+        Ok(Some(node)) if node != m.node => node,
+        Ok(_) => return, // that run of a node is over: so are its sessions
+        Err(e) => {
+            tracing::warn!("previous session {previous_id:#x}: finding its node: {e}");
+            return;
+        }
+    };
+    match m.ask_to_end_session(&node, previous_id, user, domain, PREVIOUS_SESSION_WAIT) {
+        Some(true) => tracing::debug!("previous session {previous_id:#x} ended on {node}"),
+        Some(false) => {}
+        None => tracing::warn!(
+            "previous session {previous_id:#x}: {node} did not answer within {}s",
+            PREVIOUS_SESSION_WAIT.as_secs()
+        ),
+    }
 }
 
 /// A logon that failed leaves no session behind.
