@@ -158,9 +158,9 @@ pub struct Membership {
     /// Requests to let go asked for each session lately: one session may
     /// not make this node flood other nodes with them.
     let_go_asks: Mutex<std::collections::HashMap<u64, (Instant, u32)>>,
-    /// Logons that asked another node to end their previous session and
-    /// wait for its answer, by request number (`crate::session_handover`).
-    session_end_waits: Mutex<std::collections::HashMap<u64, std::sync::mpsc::SyncSender<bool>>>,
+    /// Requests to other nodes a client's request waits on the answers
+    /// to, by request number (`ask_nodes`).
+    answer_waits: Mutex<std::collections::HashMap<u64, std::sync::mpsc::SyncSender<bool>>>,
     /// Opens of gone nodes found with a persistent record, and when.
     with_record: Mutex<std::collections::HashMap<u64, Instant>>,
     /// Opens of gone nodes found without one: it never comes back.
@@ -384,7 +384,7 @@ impl Membership {
             pinned: Mutex::new(HashSet::new()),
             released: Mutex::new(HashSet::new()),
             let_go_waits: Mutex::new(std::collections::HashMap::new()),
-            session_end_waits: Mutex::new(std::collections::HashMap::new()),
+            answer_waits: Mutex::new(std::collections::HashMap::new()),
             let_go_asks: Mutex::new(std::collections::HashMap::new()),
             with_record: Mutex::new(std::collections::HashMap::new()),
             without_record: Mutex::new(HashSet::new()),
@@ -764,50 +764,56 @@ impl Membership {
         *n <= LET_GO_ASKS_PER_SESSION
     }
 
-    /// Asks `node` to end its session `session_id` of `user` in `domain`
-    /// (a logon here names it as its PreviousSessionId) and waits, at most
-    /// `wait_at_most`, for the answer: whether it ended it. None when no
-    /// answer came, or too many logons wait already.
-    pub fn ask_to_end_session(
+    /// Sends each of `nodes` the request `message(nonce)` makes and waits,
+    /// at most `wait_at_most`, for their answers (`answered` with the same
+    /// number): what they answered, as many as came in time. Empty when
+    /// too many requests wait already. For requests a client's request
+    /// waits on: ending a previous session (`crate::session_handover`),
+    /// closing an application's old opens (`crate::app_instance_handover`).
+    pub fn ask_nodes(
         &self,
-        node: &str,
-        session_id: u64,
-        user: &str,
-        domain: &str,
+        nodes: &[String],
+        message: impl Fn(u64) -> Vec<u8>,
         wait_at_most: Duration,
-    ) -> Option<bool> {
+    ) -> Vec<bool> {
+        if nodes.is_empty() {
+            return Vec::new();
+        }
         let nonce = self.next_message.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let (tx, rx) = std::sync::mpsc::sync_channel(nodes.len());
         {
-            let mut waits = crate::sync::lock(&self.session_end_waits);
+            let mut waits = crate::sync::lock(&self.answer_waits);
             if waits.len() >= MAX_LET_GO_WAITS {
-                return None;
+                return Vec::new();
             }
             waits.insert(nonce, tx);
         }
-        let request = crate::session_handover::EndSession {
-            session_id,
-            nonce,
-            reply_to: self.node.clone(),
-            user: user.to_string(),
-            domain: domain.to_string(),
-        };
-        let answer = match self.post(node, &crate::session_handover::encode_end_session(&request)) {
-            Ok(()) => rx.recv_timeout(wait_at_most).ok(),
-            Err(e) => {
-                tracing::warn!("cluster: asking {node} to end session {session_id:#x}: {e}");
-                None
+        let msg = message(nonce);
+        let mut expected = 0;
+        for node in nodes {
+            match self.post(node, &msg) {
+                Ok(()) => expected += 1,
+                Err(e) => tracing::warn!("cluster: asking {node}: {e}"),
             }
-        };
-        crate::sync::lock(&self.session_end_waits).remove(&nonce);
-        answer
+        }
+        let deadline = Instant::now() + wait_at_most;
+        let mut answers = Vec::with_capacity(expected);
+        while answers.len() < expected {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(a) => answers.push(a),
+                Err(_) => break,
+            }
+        }
+        crate::sync::lock(&self.answer_waits).remove(&nonce);
+        answers
     }
 
-    /// The answer to request `nonce` of `ask_to_end_session` came.
-    pub fn session_end_answered(&self, nonce: u64, ended: bool) {
-        let waiting = crate::sync::lock(&self.session_end_waits).remove(&nonce);
+    /// An answer to request `nonce` of `ask_nodes` came.
+    pub fn answered(&self, nonce: u64, value: bool) {
+        let waiting = crate::sync::lock(&self.answer_waits).get(&nonce).cloned();
         if let Some(tx) = waiting {
-            let _ = tx.try_send(ended);
+            let _ = tx.try_send(value);
         }
     }
 

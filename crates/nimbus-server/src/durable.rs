@@ -384,3 +384,108 @@ pub fn keep_or_close(server: &Server, open: &Arc<Open>) {
         Err(_) => crate::handlers::close::release(server, open),
     }
 }
+
+/// Who a session is logged on as, for the opens it makes durable: None
+/// for a guest or an anonymous session.
+pub fn session_owner(session: &crate::session::Session) -> Option<Owner> {
+    match &*lock(&session.state) {
+        crate::session::SessionState::Valid(a) if !a.guest && a.token.is_authenticated_user() => {
+            Some(Owner {
+                sid: a.token.user.to_string(),
+                name: a.user.clone(),
+            })
+        }
+        _ => None,
+    }
+}
+
+/// Whose `open` is: its durable owner, or else its session's user (None
+/// for a guest's or anonymous session's open).
+pub fn open_owner(server: &Server, open: &Open) -> Option<Owner> {
+    if let Some(d) = lock(&open.durable).as_ref() {
+        return Some(d.owner.clone());
+    }
+    session_owner(&*server.sessions.find(open.session_id())?)
+}
+
+/// MS-SMB2 3.3.5.9.13 (`crate::handlers::create_durable::close_app_instance`):
+/// closes this node's opens of `file` on share `share` made under
+/// AppInstanceId `id` by a client other than `client_guid` for user `me`:
+/// how many.
+pub fn close_app_instance_opens(
+    server: &Server,
+    file: nimbus_state::FileKey,
+    id: [u8; 16],
+    share: &str,
+    client_guid: [u8; 16],
+    me: &Owner,
+) -> usize {
+    let old = server.opens.matching(|o| {
+        o.file_key == file
+            && o.app_instance == Some(id)
+            && o.share.name.eq_ignore_ascii_case(share)
+            && o.replay.as_ref().is_some_and(|r| r.key.0 != client_guid)
+    });
+    let mut closed = 0;
+    for open in old {
+        if open_owner(server, &open).is_none_or(|o| &o != me) {
+            continue;
+        }
+        if server.durables.purge(server, open.open_id) {
+            closed += 1;
+            continue;
+        }
+        let Some(session) = server.sessions.find(open.session_id()) else {
+            continue;
+        };
+        if let Some(open) = session.take_open(&open) {
+            tracing::debug!(
+                "open {} closed by a CREATE of its AppInstanceId",
+                open.open_id
+            );
+            crate::handlers::close::release(server, &open);
+            closed += 1;
+        }
+    }
+    closed
+}
+
+/// Another node's durable CREATE under an AppInstanceId asks this node to
+/// close the application's old opens here; answered either way.
+pub fn close_app_instance_for_node(
+    server: &Server,
+    req: &crate::app_instance_handover::CloseAppInstance,
+) {
+    let Some(m) = &server.cluster else {
+        return;
+    };
+    let file = nimbus_state::FileKey {
+        dev: req.dev,
+        ino: req.ino,
+    };
+    let me = Owner {
+        sid: req.owner_sid.clone(),
+        name: String::new(),
+    };
+    let closed = close_app_instance_opens(
+        server,
+        file,
+        req.app_instance,
+        &req.share,
+        req.client_guid,
+        &me,
+    );
+    if closed > 0 {
+        tracing::info!(
+            "{closed} open(s) closed by a CREATE of their AppInstanceId on {}",
+            req.reply_to
+        );
+    }
+    let answer = crate::app_instance_handover::encode_answer(req.nonce, closed > 0);
+    if let Err(e) = m.post(&req.reply_to, &answer) {
+        tracing::warn!(
+            "cluster: answering {} about an AppInstanceId: {e}",
+            req.reply_to
+        );
+    }
+}

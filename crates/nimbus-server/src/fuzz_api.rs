@@ -377,7 +377,7 @@ pub fn etcd_record(data: &[u8]) -> bool {
     let Some((&which, input)) = data.split_first() else {
         return false;
     };
-    match which % 12 {
+    match which % 14 {
         0 => round_trip::<FileRecord>(input),
         1 => round_trip::<FileCaching>(input),
         2 => round_trip::<LockList>(input),
@@ -404,7 +404,19 @@ pub fn etcd_record(data: &[u8]) -> bool {
             true
         }),
         11 => crate::session_handover::decode_answer(input).is_some(),
-        _ => unreachable!("which % 12"),
+        12 => crate::app_instance_handover::decode_request(input).is_some_and(|r| {
+            let again = crate::app_instance_handover::decode_request(
+                &crate::app_instance_handover::encode_request(&r),
+            );
+            assert_eq!(
+                again.as_ref(),
+                Some(&r),
+                "a request to close an application's opens changed"
+            );
+            true
+        }),
+        13 => crate::app_instance_handover::decode_answer(input).is_some(),
+        _ => unreachable!("which % 14"),
     }
 }
 
@@ -469,7 +481,17 @@ pub fn etcd_record_samples() -> Vec<Vec<u8>> {
         user: "alice".into(),
         domain: "NIMBUS".into(),
     };
-    let values: [(u8, Vec<u8>); 11] = [
+    let close_app = crate::app_instance_handover::CloseAppInstance {
+        nonce: 3,
+        dev: 0x801,
+        ino: 42,
+        app_instance: [5; 16],
+        client_guid: [6; 16],
+        reply_to: "n2".into(),
+        share: "data".into(),
+        owner_sid: "S-1-5-21-1-2-3-1001".into(),
+    };
+    let values: [(u8, Vec<u8>); 13] = [
         (0, FileRecord::default().encode()),
         (1, FileCaching::default().encode()),
         (2, LockList(vec![held]).encode()),
@@ -487,6 +509,8 @@ pub fn etcd_record_samples() -> Vec<Vec<u8>> {
             crate::session_handover::encode_end_session(&end_session),
         ),
         (11, crate::session_handover::encode_answer(9, true)),
+        (12, crate::app_instance_handover::encode_request(&close_app)),
+        (13, crate::app_instance_handover::encode_answer(3, true)),
     ];
     values
         .into_iter()

@@ -6,6 +6,7 @@
 mod accounts;
 mod acl;
 mod admission;
+mod app_instance_handover;
 mod apple;
 mod arrivals;
 pub mod cluster;
@@ -41,6 +42,7 @@ mod logon_guard;
 mod lookup;
 pub mod metrics;
 mod names;
+mod node_message;
 mod notify;
 mod open_files;
 mod open_registry;

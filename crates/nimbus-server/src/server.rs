@@ -724,8 +724,27 @@ impl Server {
         }
         if msg.first() == Some(&crate::session_handover::SESSION_ENDED_V1) {
             match (crate::session_handover::decode_answer(msg), &self.cluster) {
-                (Some((nonce, ended)), Some(m)) => m.session_end_answered(nonce, ended),
+                (Some((nonce, ended)), Some(m)) => m.answered(nonce, ended),
                 _ => tracing::warn!("cluster: a malformed answer to a request to end a session"),
+            }
+            return;
+        }
+        if msg.first() == Some(&crate::app_instance_handover::CLOSE_APP_INSTANCE_V1) {
+            match crate::app_instance_handover::decode_request(msg) {
+                Some(req) => crate::durable::close_app_instance_for_node(self, &req),
+                None => {
+                    tracing::warn!("cluster: a malformed request to close an application's opens")
+                }
+            }
+            return;
+        }
+        if msg.first() == Some(&crate::app_instance_handover::APP_INSTANCE_CLOSED_V1) {
+            match (
+                crate::app_instance_handover::decode_answer(msg),
+                &self.cluster,
+            ) {
+                (Some((nonce, closed)), Some(m)) => m.answered(nonce, closed),
+                _ => tracing::warn!("cluster: a malformed answer about an application's opens"),
             }
             return;
         }

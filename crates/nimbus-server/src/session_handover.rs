@@ -12,19 +12,16 @@
 //! answers either way, so that the asker never waits out its bound for a
 //! session that is not there.
 //!
-//! Written by hand: a few fixed fields and two bounded strings, in the
-//! style of the other node-to-node messages (`crate::failover`'s).
+//! Written by hand, of `crate::node_message`'s pieces: a few fixed fields
+//! and bounded strings, as the other node-to-node messages are.
+
+use crate::node_message::{answer, put_strings, take_answer, take_strings, take_u64};
 
 /// Message tag of a request to end a session (beside breaks, notify
 /// changes and requests to let go of an open: `crate::failover`).
 pub const END_SESSION_V1: u8 = 0x26;
 /// Message tag of its answer.
 pub const SESSION_ENDED_V1: u8 = 0x27;
-
-/// Longest node name, user or domain a message carries: longer ones are
-/// refused when decoding (a user name is at most 104 characters on
-/// Windows, a domain 255).
-const MAX_NAME: usize = 1024;
 
 /// A request to end session `session_id` of `user` in `domain`, from
 /// node `reply_to`, numbered `nonce` there.
@@ -41,11 +38,7 @@ pub fn encode_end_session(r: &EndSession) -> Vec<u8> {
     let mut v = vec![END_SESSION_V1];
     v.extend_from_slice(&r.session_id.to_le_bytes());
     v.extend_from_slice(&r.nonce.to_le_bytes());
-    for s in [&r.reply_to, &r.user, &r.domain] {
-        let b = &s.as_bytes()[..s.len().min(MAX_NAME)];
-        v.extend_from_slice(&(b.len() as u16).to_le_bytes());
-        v.extend_from_slice(b);
-    }
+    put_strings(&mut v, &[&r.reply_to, &r.user, &r.domain]);
     v
 }
 
@@ -53,23 +46,8 @@ pub fn encode_end_session(r: &EndSession) -> Vec<u8> {
 pub fn decode_end_session(msg: &[u8]) -> Option<EndSession> {
     let rest = msg.strip_prefix(&[END_SESSION_V1])?;
     let (session_id, rest) = take_u64(rest)?;
-    let (nonce, mut rest) = take_u64(rest)?;
-    let mut strings = Vec::with_capacity(3);
-    for _ in 0..3 {
-        let (len, tail) = rest.split_first_chunk::<2>()?;
-        let len = u16::from_le_bytes(*len) as usize;
-        if len > MAX_NAME || tail.len() < len {
-            return None;
-        }
-        strings.push(String::from_utf8(tail[..len].to_vec()).ok()?);
-        rest = &tail[len..];
-    }
-    if !rest.is_empty() {
-        return None;
-    }
-    let domain = strings.pop()?;
-    let user = strings.pop()?;
-    let reply_to = strings.pop()?;
+    let (nonce, rest) = take_u64(rest)?;
+    let [reply_to, user, domain] = take_strings::<3>(rest)?;
     Some(EndSession {
         session_id,
         nonce,
@@ -81,25 +59,11 @@ pub fn decode_end_session(msg: &[u8]) -> Option<EndSession> {
 
 /// The answer to request `nonce`: whether the session was ended.
 pub fn encode_answer(nonce: u64, ended: bool) -> Vec<u8> {
-    let mut v = vec![SESSION_ENDED_V1];
-    v.extend_from_slice(&nonce.to_le_bytes());
-    v.push(ended as u8);
-    v
+    answer(SESSION_ENDED_V1, nonce, ended)
 }
 
 pub fn decode_answer(msg: &[u8]) -> Option<(u64, bool)> {
-    let rest = msg.strip_prefix(&[SESSION_ENDED_V1])?;
-    let (nonce, rest) = take_u64(rest)?;
-    match rest {
-        [0] => Some((nonce, false)),
-        [1] => Some((nonce, true)),
-        _ => None,
-    }
-}
-
-fn take_u64(b: &[u8]) -> Option<(u64, &[u8])> {
-    let (n, rest) = b.split_first_chunk::<8>()?;
-    Some((u64::from_le_bytes(*n), rest))
+    take_answer(msg.strip_prefix(&[SESSION_ENDED_V1])?)
 }
 
 #[cfg(test)]
@@ -149,8 +113,8 @@ mod tests {
     fn a_name_longer_than_the_bound_is_refused() {
         let mut msg = vec![END_SESSION_V1];
         msg.extend_from_slice(&[0; 16]);
-        msg.extend_from_slice(&((MAX_NAME + 1) as u16).to_le_bytes());
-        msg.extend_from_slice(&vec![b'a'; MAX_NAME + 1]);
+        msg.extend_from_slice(&((crate::node_message::MAX_STRING + 1) as u16).to_le_bytes());
+        msg.extend_from_slice(&vec![b'a'; crate::node_message::MAX_STRING + 1]);
         msg.extend_from_slice(&[0; 4]);
         assert_eq!(decode_end_session(&msg), None);
     }

@@ -25,7 +25,7 @@ use crate::dispatch::Ctx;
 use crate::durable::{Durable, GuidEntry, GuidKey, Owner};
 use crate::fileinfo::times_and_sizes;
 use crate::oplocks::Route;
-use crate::session::{Open, SessionState, Tree};
+use crate::session::{Open, Tree};
 use crate::sync::lock;
 
 use super::create_security::{decide, Ask};
@@ -98,17 +98,7 @@ impl DurableAsk {
 /// database since it logged on, which acts as a guest), which may neither
 /// be granted a durable handle nor reclaim or replay one.
 pub(crate) fn owner(ctx: &Ctx<'_>) -> Option<Owner> {
-    session_owner(ctx.session().ok()?)
-}
-
-fn session_owner(session: &crate::session::Session) -> Option<Owner> {
-    match &*lock(&session.state) {
-        SessionState::Valid(a) if !a.guest && a.token.is_authenticated_user() => Some(Owner {
-            sid: a.token.user.to_string(),
-            name: a.user.clone(),
-        }),
-        _ => None,
-    }
+    crate::durable::session_owner(ctx.session().ok()?)
 }
 
 /// Whether what the open caches makes it durable (MS-SMB2 3.3.5.9.6): a
@@ -633,40 +623,62 @@ pub fn close_app_instance(ctx: &Ctx<'_>, file: nimbus_state::FileKey, id: [u8; 1
     let (Some(me), Some(neg), Ok(tree)) = (owner(ctx), ctx.conn.negotiated(), ctx.tree()) else {
         return;
     };
-    let share = tree.share.clone();
-    let old = server.opens.matching(|o| {
-        o.file_key == file
-            && o.app_instance == Some(id)
-            && Arc::ptr_eq(&o.share, &share)
-            && o.replay
-                .as_ref()
-                .is_some_and(|r| r.key.0 != neg.client_guid)
-    });
-    for open in old {
-        if open_owner(server, &open).is_none_or(|o| o != me) {
-            continue;
-        }
-        if server.durables.purge(server, open.open_id) {
-            continue;
-        }
-        let Some(session) = server.sessions.find(open.session_id()) else {
-            continue;
-        };
-        if let Some(open) = session.take_open(&open) {
-            tracing::debug!(
-                "open {} closed by a CREATE of its AppInstanceId",
-                open.open_id
-            );
-            super::close::release(server, &open);
-        }
+    let share = tree.share.name.clone();
+    crate::durable::close_app_instance_opens(server, file, id, &share, neg.client_guid, &me);
+    if let Some(m) = &server.cluster {
+        close_on_other_nodes(m, file, id, &share, neg.client_guid, &me);
     }
 }
 
-/// Whose `open` is: its durable owner, or else its session's user (None
-/// for a guest's or anonymous session's open).
-fn open_owner(server: &crate::server::Server, open: &Open) -> Option<Owner> {
-    if let Some(d) = lock(&open.durable).as_ref() {
-        return Some(d.owner.clone());
+/// How long a CREATE under an AppInstanceId waits for the other nodes to
+/// close the application's old opens. A node answers as soon as its inbox
+/// watch delivers the request; one that does not answer within this is
+/// taken to have lost its opens with its lease, and the CREATE goes on
+/// (meeting whatever is left as any open would).
+const APP_INSTANCE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// `close_app_instance` on every other node of the cluster
+/// (`crate::app_instance_handover`), waiting for their answers.
+fn close_on_other_nodes(
+    m: &crate::cluster::Membership,
+    file: nimbus_state::FileKey,
+    id: [u8; 16],
+    share: &str,
+    client_guid: [u8; 16],
+    me: &Owner,
+) {
+    let nodes: Vec<String> = match m.members() {
+        Ok(members) => members
+            .into_iter()
+            .map(|x| x.node)
+            .filter(|n| *n != m.node)
+            .collect(),
+        Err(e) => {
+            tracing::warn!("AppInstanceId: listing the other nodes: {e}");
+            return;
+        }
+    };
+    let request = |nonce| {
+        crate::app_instance_handover::encode_request(
+            &crate::app_instance_handover::CloseAppInstance {
+                nonce,
+                dev: file.dev,
+                ino: file.ino,
+                app_instance: id,
+                client_guid,
+                reply_to: m.node.clone(),
+                share: share.to_string(),
+                owner_sid: me.sid.clone(),
+            },
+        )
+    };
+    let answers = m.ask_nodes(&nodes, request, APP_INSTANCE_WAIT);
+    if answers.len() < nodes.len() {
+        tracing::warn!(
+            "AppInstanceId: {} of {} other node(s) answered within {}s",
+            answers.len(),
+            nodes.len(),
+            APP_INSTANCE_WAIT.as_secs()
+        );
     }
-    session_owner(&*server.sessions.find(open.session_id())?)
 }

@@ -293,10 +293,19 @@ fn end_on_another_node(ctx: &Ctx<'_>, previous_id: u64, user: &str, domain: &str
             return;
         }
     };
-    match m.ask_to_end_session(&node, previous_id, user, domain, PREVIOUS_SESSION_WAIT) {
-        Some(true) => tracing::debug!("previous session {previous_id:#x} ended on {node}"),
-        Some(false) => {}
-        None => tracing::warn!(
+    let request = |nonce| {
+        crate::session_handover::encode_end_session(&crate::session_handover::EndSession {
+            session_id: previous_id,
+            nonce,
+            reply_to: m.node.clone(),
+            user: user.to_string(),
+            domain: domain.to_string(),
+        })
+    };
+    match m.ask_nodes(std::slice::from_ref(&node), request, PREVIOUS_SESSION_WAIT)[..] {
+        [true] => tracing::debug!("previous session {previous_id:#x} ended on {node}"),
+        [false] => {}
+        _ => tracing::warn!(
             "previous session {previous_id:#x}: {node} did not answer within {}s",
             PREVIOUS_SESSION_WAIT.as_secs()
         ),
