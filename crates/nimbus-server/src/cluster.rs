@@ -779,7 +779,10 @@ impl Membership {
         if nodes.is_empty() {
             return Vec::new();
         }
-        let nonce = self.next_message.fetch_add(1, Ordering::Relaxed);
+        // This run's incarnation above the counter: an answer left in the
+        // box for an earlier run of this node matches no request of this one.
+        let counted = self.next_message.fetch_add(1, Ordering::Relaxed);
+        let nonce = (self.incarnation() << OPEN_ID_SHIFT) | (counted & ((1 << OPEN_ID_SHIFT) - 1));
         let (tx, rx) = std::sync::mpsc::sync_channel(nodes.len());
         {
             let mut waits = crate::sync::lock(&self.answer_waits);

@@ -9,10 +9,15 @@
 /// reading.
 pub const MAX_STRING: usize = 1024;
 
-/// Appends `strings`, each cut at `MAX_STRING` bytes.
+/// Appends `strings`, each cut at `MAX_STRING` bytes (at a character's
+/// start, so that what is sent still decodes).
 pub fn put_strings(v: &mut Vec<u8>, strings: &[&str]) {
     for s in strings {
-        let b = &s.as_bytes()[..s.len().min(MAX_STRING)];
+        let mut end = s.len().min(MAX_STRING);
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        let b = &s.as_bytes()[..end];
         v.extend_from_slice(&(b.len() as u16).to_le_bytes());
         v.extend_from_slice(b);
     }
@@ -77,5 +82,10 @@ mod tests {
             None,
             "longer than the message"
         );
+        // Cut inside a two-byte character: cut before it instead.
+        let name = format!("{}é", "a".repeat(MAX_STRING - 1));
+        let mut v = Vec::new();
+        put_strings(&mut v, &[&name]);
+        assert_eq!(take_strings::<1>(&v), Some(["a".repeat(MAX_STRING - 1)]));
     }
 }

@@ -458,7 +458,11 @@ impl Server {
     /// On a cluster node the top bits are the node's incarnation, as in an
     /// open id (`crate::cluster::incarnation_of`), so that a logon on
     /// another node naming it as its PreviousSessionId knows which node to
-    /// ask to end it (`crate::session_handover`); 8 random bits are left.
+    /// ask to end it (`crate::session_handover`); 7 random bits are left,
+    /// and such ids can be guessed. That costs nothing: a session id is no
+    /// secret (every header carries it in clear, a transform header too);
+    /// what protects a session is its signing and encryption keys, and a
+    /// PreviousSessionId ends only a session of the same user.
     pub fn new_session_id(&self) -> u64 {
         let n = self.next_session_id.fetch_add(1, Ordering::Relaxed);
         let mut salt = [0u8; 4];
