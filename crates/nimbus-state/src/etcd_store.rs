@@ -852,10 +852,16 @@ mod tests {
         cluster.replace_member(0);
         let store = EtcdStore::new(&configured, b"/r/", Duration::from_secs(3)).unwrap();
         calls_go_to(&store, &cluster.urls);
-        assert!(store
-            .compare_and_set(b"k", None, Some(b"1".to_vec()))
-            .unwrap()
-            .is_some());
+        // Writes go through the members it follows. The cluster has just
+        // changed its members and may still elect a leader on a loaded
+        // machine: a write whose outcome is unknown is tried again (a
+        // second try of an applied one finds the key there).
+        let until = Instant::now() + Duration::from_secs(30);
+        while let Err(e) = store.compare_and_set(b"k", None, Some(b"1".to_vec())) {
+            assert!(Instant::now() < until, "no write went through: {e}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert_eq!(store.get(b"k").unwrap().unwrap().value, b"1");
     }
 
     #[test]
