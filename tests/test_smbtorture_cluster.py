@@ -45,9 +45,6 @@ ONE_NODE: dict[str, str] = {
     "smb2.multichannel.*": CHANNELS,
     "smb2.replay.dhv2-pending[23]*": CHANNELS,
     "smb2.replay.replay[34]": CHANNELS,
-    "smb2.lease.v2_complex2": "cluster gap: a lease break acknowledged on the client's connection to another node is not found there",
-    "smb2.notify.rmdir3": "cluster gap: delete-on-close of a directory on another node does not end a watch on it here with DELETE_PENDING",
-    "smb2.notify.rmdir4": "cluster gap: delete-on-close of a directory on another node does not end a watch on it here with DELETE_PENDING",
     # The three nodes share one local directory in this test, so a change
     # made through another node reaches a watcher here twice: relayed
     # through etcd, and from the local file system's own events (inotify),

@@ -30,8 +30,10 @@ At the end it checks, from the clients' records:
 - no node log says "panicked at", no node exited by itself, and after each
   kill or partition the node was registered and granted again.
 
-It samples each node's RSS (VmRSS of /proc/PID/status) every
-`--sample-every` seconds; the "start" figure is the first sample after
+It samples each node's RSS (VmRSS of /proc/PID/status) and its heap in
+use (the allocator's own count: the `nimbus_heap_in_use_bytes` gauge of
+its metrics endpoint) every `--sample-every` seconds; a leak grows both,
+while an allocator keeping freed pages grows only the RSS; the "start" figure is the first sample after
 `--warmup`, the "end" one is taken under load just before the workers stop.
 Kills go to `--kill-nodes` (default n2 and n3), so that n1 runs as one
 process all through and its figures are one process's; partitions go to
@@ -67,6 +69,7 @@ import tempfile
 import threading
 import time
 import traceback
+import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
@@ -77,7 +80,7 @@ REPO = TESTS.parent
 sys.path.insert(0, str(TESTS))
 
 import rawsmb  # noqa: E402
-from conftest import add_user  # noqa: E402
+from conftest import add_user, free_port  # noqa: E402
 from cut_proxy import ProxySet  # noqa: E402
 from etcd_cluster import ETCD, ETCDCTL, OPENSSL, EtcdCluster, EtcdError  # noqa: E402
 from test_cluster import Node, members, open_body  # noqa: E402
@@ -206,6 +209,22 @@ def rss_kb(pid: int | None) -> int | None:
     return None
 
 
+def heap_kb(node: Node) -> int | None:
+    """The node's heap in use (its `nimbus_heap_in_use_bytes` gauge) in KiB,
+    or None if it is gone or does not answer."""
+    port = getattr(node, "metrics_port", None)
+    if port is None or node_pid(node) is None:
+        return None
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith("nimbus_heap_in_use_bytes "):
+                    return int(float(line.split()[1]) // 1024)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def node_pid(node: Node) -> int | None:
     return node.proc.pid if node.proc is not None and node.proc.poll() is None else None
 
@@ -240,7 +259,7 @@ class Sampler(threading.Thread):
         s: dict = {"t": round(time.monotonic() - self.start_t, 1)}
         if label:
             s["label"] = label
-        s["nodes"] = {n.name: {"pid": node_pid(n), "rss_kb": rss_kb(node_pid(n))} for n in self.nodes}
+        s["nodes"] = {n.name: {"pid": node_pid(n), "rss_kb": rss_kb(node_pid(n)), "heap_kb": heap_kb(n)} for n in self.nodes}
         s["harness_rss_kb"] = rss_kb(os.getpid())
         try:
             running = [m.client_url for m in self.etcd.members if m.alive()]
@@ -380,14 +399,15 @@ def scan_logs(nodes: list[Node]) -> tuple[dict[str, list[str]], dict[str, dict]]
     return panics, levels
 
 
-def rss_figures(samples: list[dict], warmup: float) -> dict[str, dict]:
-    """Per node: the first sample after the warm-up, the one labelled "end"
-    (the last one, if there is none), the largest, and how many processes
-    the samples saw."""
+def rss_figures(samples: list[dict], warmup: float, field: str = "rss_kb") -> dict[str, dict]:
+    """Per node, of `field` (the RSS, or the heap in use: "heap_kb"): the
+    first sample after the warm-up, the one labelled "end" (the last one,
+    if there is none), the largest, and how many processes the samples
+    saw."""
     out: dict[str, dict] = {}
     for name in NODES:
-        # (time, pid, rss, the end sample) of each sample that found the node running
-        seen = [(s["t"], s["nodes"][name]["pid"], s["nodes"][name]["rss_kb"], s.get("label") == "end") for s in samples]
+        # (time, pid, figure, the end sample) of each sample that found the node running
+        seen = [(s["t"], s["nodes"][name]["pid"], s["nodes"][name].get(field), s.get("label") == "end") for s in samples]
         seen = [x for x in seen if x[2] is not None]
         after = [x for x in seen if x[0] >= warmup] or seen
         if not after:
@@ -502,7 +522,11 @@ def main() -> int:
         for i, name in enumerate(NODES):
             proxies[name] = ProxySet([("127.0.0.1", m.client_port) for m in etcd.members], lifetime=lifetime).__enter__()
             through = [f"{etcd.scheme}://127.0.0.1:{p.port}" for p in proxies[name].proxies]
-            nodes.append(Node(base, name, f"127.0.0.{i + 1}", etcd.node_toml_lines(endpoints=through), share, db, ttl=TTL))
+            node = Node(base, name, f"127.0.0.{i + 1}", etcd.node_toml_lines(endpoints=through), share, db, ttl=TTL)
+            # The metrics endpoint, for the heap figure (sections after [cluster] end it).
+            node.metrics_port = free_port()
+            node.conf.write_text(node.conf.read_text() + f'[metrics]\nlisten = "127.0.0.1:{node.metrics_port}"\n')
+            nodes.append(node)
         for n in nodes:
             n.start()
         if wait_for(lambda: set(NODES) <= registered(etcd), REGISTER_WAIT, ETCD_POLL) is None:
@@ -549,8 +573,9 @@ def main() -> int:
                 holds = sum(len(w.holds) for w in workers)
                 last = sampler.samples[-1] if sampler.samples else {}
                 rss = {n: v["rss_kb"] for n, v in last.get("nodes", {}).items()}
+                heaps = {n: v.get("heap_kb") for n, v in last.get("nodes", {}).items()}
                 harness = last.get("harness_rss_kb")
-                print(f"  {(now - start) / 60:.1f} min: {holds} grants; rss KiB {rss}; harness {harness} KiB", flush=True)
+                print(f"  {(now - start) / 60:.1f} min: {holds} grants; rss KiB {rss}; heap KiB {heaps}; harness {harness} KiB", flush=True)
                 next_report += 60
             time.sleep(min(1.0, max(0.0, min(next_event, next_report, end) - time.monotonic())))
 
@@ -623,6 +648,7 @@ def main() -> int:
         capped = [w.name for w in workers if len(w.writes) >= w.max_writes]
 
         rss = rss_figures(sampler.samples, args.warmup)
+        heap = rss_figures(sampler.samples, args.warmup, "heap_kb")
         failures = []
         if overlaps or lost_unlocks:
             failures.append(f"exclusivity: {len(overlaps)} overlapping holds, {len(lost_unlocks)} unlocks answered RANGE_NOT_LOCKED")
@@ -677,6 +703,7 @@ def main() -> int:
                 "events": chaos.events,
                 "nodes_exited": exited,
                 "rss": rss,
+                "heap": heap,
                 "etcd_compactions": sampler.compactions,
                 "panics": panics,
                 "node_logs": log_levels,

@@ -100,16 +100,8 @@ mod tests {
 
     #[test]
     fn anything_cut_short_or_longer_is_refused() {
-        let msg = encode_request(&request());
-        for len in 0..msg.len() {
-            assert_eq!(decode_request(&msg[..len]), None, "cut at {len}");
-        }
-        let mut longer = msg;
-        longer.push(0);
-        assert_eq!(decode_request(&longer), None);
-        let answer = encode_answer(1, false);
-        for len in 0..answer.len() {
-            assert_eq!(decode_answer(&answer[..len]), None);
-        }
+        use crate::node_message::assert_refuses_cuts_and_extras;
+        assert_refuses_cuts_and_extras(&encode_request(&request()), decode_request);
+        assert_refuses_cuts_and_extras(&encode_answer(1, false), decode_answer);
     }
 }

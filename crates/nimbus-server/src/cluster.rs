@@ -160,7 +160,7 @@ pub struct Membership {
     let_go_asks: Mutex<std::collections::HashMap<u64, (Instant, u32)>>,
     /// Requests to other nodes a client's request waits on the answers
     /// to, by request number (`ask_nodes`).
-    answer_waits: Mutex<std::collections::HashMap<u64, std::sync::mpsc::SyncSender<bool>>>,
+    answer_waits: Mutex<std::collections::HashMap<u64, std::sync::mpsc::SyncSender<u8>>>,
     /// Opens of gone nodes found with a persistent record, and when.
     with_record: Mutex<std::collections::HashMap<u64, Instant>>,
     /// Opens of gone nodes found without one: it never comes back.
@@ -746,10 +746,12 @@ impl Membership {
         crate::sync::lock(&self.let_go_waits).remove(&(open_id, nonce));
     }
 
-    /// Whether session `session_id` may ask another node to let go of an
-    /// open now: at most `LET_GO_ASKS_PER_SESSION` in each
-    /// `LET_GO_ASK_WINDOW`.
-    pub fn may_ask_to_let_go(&self, session_id: u64) -> bool {
+    /// Whether session `session_id` may send other nodes a request on its
+    /// behalf now (to let go of an open, to apply a lease break's
+    /// acknowledgement): at most `LET_GO_ASKS_PER_SESSION` in each
+    /// `LET_GO_ASK_WINDOW`, so that one client cannot turn its requests
+    /// into a flood of etcd writes.
+    pub fn may_ask_other_nodes(&self, session_id: u64) -> bool {
         let now = Instant::now();
         let mut asks = crate::sync::lock(&self.let_go_asks);
         if asks.len() >= MAX_LET_GO_WAITS {
@@ -775,7 +777,7 @@ impl Membership {
         nodes: &[String],
         message: impl Fn(u64) -> Vec<u8>,
         wait_at_most: Duration,
-    ) -> Vec<bool> {
+    ) -> Vec<u8> {
         if nodes.is_empty() {
             return Vec::new();
         }
@@ -812,8 +814,9 @@ impl Membership {
         answers
     }
 
-    /// An answer to request `nonce` of `ask_nodes` came.
-    pub fn answered(&self, nonce: u64, value: bool) {
+    /// An answer to request `nonce` of `ask_nodes` came: a yes or no (1
+    /// or 0), or one of the values its message kind defines.
+    pub fn answered(&self, nonce: u64, value: u8) {
         let waiting = crate::sync::lock(&self.answer_waits).get(&nonce).cloned();
         if let Some(tx) = waiting {
             let _ = tx.try_send(value);
@@ -1185,6 +1188,17 @@ impl Membership {
                 node: String::from_utf8_lossy(&k[NODES_PREFIX.len()..]).into_owned(),
                 advertise: String::from_utf8_lossy(&v.value).into_owned(),
             })
+            .collect())
+    }
+
+    /// The names of the other registered nodes, for requests to all of
+    /// them (`ask_nodes`).
+    pub fn other_nodes(&self) -> Result<Vec<String>, StateError> {
+        Ok(self
+            .members()?
+            .into_iter()
+            .map(|x| x.node)
+            .filter(|n| *n != self.node)
             .collect())
     }
 }

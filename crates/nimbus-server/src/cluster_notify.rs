@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use nimbus_state::records::Cursor;
-use nimbus_state::StateError;
+use nimbus_state::{FileKey, StateError};
 use nimbus_wire::notify::NotifyAction;
 
 use crate::cluster::Membership;
@@ -33,6 +33,10 @@ pub const NOTIFY_PREFIX: &[u8] = b"notify/";
 
 /// First byte of a change message (a break message starts with 1).
 pub const CHANGES_V1: u8 = 0x10;
+
+/// Tag of a message saying that a watched directory became delete-pending
+/// while still open (`Relay::delete_pending`).
+pub const DIR_DELETE_PENDING_V1: u8 = 0x11;
 
 /// Changes as they travel: (action, filter, share-relative path).
 pub type OwnedChange = (NotifyAction, u32, String);
@@ -153,6 +157,48 @@ impl Relay for NotifyRelay {
             }
         }
     }
+
+    fn delete_pending(&self, root: &Path, dir: &str, key: FileKey) {
+        let Some(share) = self.share_of(root) else {
+            return;
+        };
+        let nodes: Vec<String> = {
+            let others = self.registry.others();
+            others
+                .get(&item(&share, dir))
+                .into_iter()
+                .flatten()
+                .map(|(node, _)| node.clone())
+                .collect()
+        };
+        for node in nodes {
+            if let Err(e) = self.m.post(&node, &encode_delete_pending(key)) {
+                tracing::warn!(
+                    "cluster: a directory's delete-pending for node \"{node}\" not sent: {e}"
+                );
+            }
+        }
+    }
+}
+
+/// The message of `Relay::delete_pending`: the tag and the directory's file
+/// key. The receiver reads the flag from the file's share-mode record
+/// before it ends any watch, so the message is only a hint.
+pub(crate) fn encode_delete_pending(key: FileKey) -> Vec<u8> {
+    let mut w = vec![DIR_DELETE_PENDING_V1];
+    w.extend_from_slice(&key.dev.to_le_bytes());
+    w.extend_from_slice(&key.ino.to_le_bytes());
+    w
+}
+
+pub(crate) fn decode_delete_pending(bytes: &[u8]) -> Option<FileKey> {
+    let rest = bytes.strip_prefix(&[DIR_DELETE_PENDING_V1])?;
+    let (dev, rest) = rest.split_first_chunk::<8>()?;
+    let ino: &[u8; 8] = rest.try_into().ok()?;
+    Some(FileKey {
+        dev: u64::from_le_bytes(*dev),
+        ino: u64::from_le_bytes(*ino),
+    })
 }
 
 /// A change message: the tag, the share's name, then each change's action,
@@ -203,6 +249,22 @@ pub(crate) fn decode_changes(bytes: &[u8]) -> Result<(String, Vec<OwnedChange>),
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_delete_pending_message_reads_back_and_damage_is_refused() {
+        let key = FileKey {
+            dev: 0x803,
+            ino: 99,
+        };
+        let bytes = encode_delete_pending(key);
+        assert_eq!(decode_delete_pending(&bytes), Some(key));
+        for cut in 0..bytes.len() {
+            assert_eq!(decode_delete_pending(&bytes[..cut]), None);
+        }
+        let mut longer = bytes;
+        longer.push(0);
+        assert_eq!(decode_delete_pending(&longer), None);
+    }
 
     #[test]
     fn a_change_message_reads_back_and_damage_is_an_error() {

@@ -377,7 +377,7 @@ pub fn etcd_record(data: &[u8]) -> bool {
     let Some((&which, input)) = data.split_first() else {
         return false;
     };
-    match which % 14 {
+    match which % 16 {
         0 => round_trip::<FileRecord>(input),
         1 => round_trip::<FileCaching>(input),
         2 => round_trip::<LockList>(input),
@@ -389,7 +389,10 @@ pub fn etcd_record(data: &[u8]) -> bool {
             true
         }),
         6 => crate::failover::decode_answer(input).is_some(),
-        7 => crate::cluster_notify::decode_changes(input).is_ok(),
+        7 => {
+            crate::cluster_notify::decode_changes(input).is_ok()
+                | crate::cluster_notify::decode_delete_pending(input).is_some()
+        }
         8 => serde_json::from_slice::<crate::status::NodeStatus>(input).is_ok(),
         9 => serde_json::from_slice::<crate::status_listing::Listing>(input).is_ok(),
         10 => crate::session_handover::decode_end_session(input).is_some_and(|r| {
@@ -416,7 +419,15 @@ pub fn etcd_record(data: &[u8]) -> bool {
             true
         }),
         13 => crate::app_instance_handover::decode_answer(input).is_some(),
-        _ => unreachable!("which % 14"),
+        14 => crate::lease_ack_handover::decode_request(input).is_some_and(|r| {
+            let again = crate::lease_ack_handover::decode_request(
+                &crate::lease_ack_handover::encode_request(&r),
+            );
+            assert_eq!(again.as_ref(), Some(&r), "a lease acknowledgement changed");
+            true
+        }),
+        15 => crate::lease_ack_handover::decode_answer(input).is_some(),
+        _ => unreachable!("which % 16"),
     }
 }
 
@@ -491,7 +502,14 @@ pub fn etcd_record_samples() -> Vec<Vec<u8>> {
         share: "data".into(),
         owner_sid: "S-1-5-21-1-2-3-1001".into(),
     };
-    let values: [(u8, Vec<u8>); 13] = [
+    let ack = crate::lease_ack_handover::AckLease {
+        nonce: 4,
+        client_guid: [6; 16],
+        lease_key: [8; 16],
+        lease_state: 0x3,
+        reply_to: "n2".into(),
+    };
+    let values: [(u8, Vec<u8>); 15] = [
         (0, FileRecord::default().encode()),
         (1, FileCaching::default().encode()),
         (2, LockList(vec![held]).encode()),
@@ -511,6 +529,11 @@ pub fn etcd_record_samples() -> Vec<Vec<u8>> {
         (11, crate::session_handover::encode_answer(9, true)),
         (12, crate::app_instance_handover::encode_request(&close_app)),
         (13, crate::app_instance_handover::encode_answer(3, true)),
+        (14, crate::lease_ack_handover::encode_request(&ack)),
+        (
+            15,
+            crate::lease_ack_handover::encode_answer(4, crate::lease_ack_handover::Found::Acked),
+        ),
     ];
     values
         .into_iter()

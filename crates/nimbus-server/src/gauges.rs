@@ -1,5 +1,5 @@
 //! The metrics that are counts of what the server holds now (sessions by
-//! protection, handles waiting for their clients), set from the server's
+//! protection, handles waiting for their clients, memory), set from the server's
 //! tables every `EVERY` rather than kept up to date at each change: a
 //! scrape is seconds apart, and a count recomputed cannot drift.
 
@@ -48,6 +48,10 @@ fn refresh(server: &Arc<Server>) {
     }
     crate::metrics::sessions(&groups);
     crate::metrics::handles_waiting(server.durables.disconnected_count());
+    crate::metrics::memory(
+        crate::memory_use::heap_in_use(),
+        crate::memory_use::resident(),
+    );
 }
 
 fn signing_name(a: SigningAlgorithm) -> &'static str {

@@ -31,6 +31,8 @@ pub const LOCK_WAITS: &str = "nimbus_byte_range_lock_waits_total";
 pub const HANDLES_WAITING: &str = "nimbus_durable_handles_waiting";
 pub const LEASE_PROVEN: &str = "nimbus_cluster_lease_proven";
 pub const LEASE_RENEWALS: &str = "nimbus_cluster_lease_renewals_total";
+pub const HEAP_IN_USE: &str = "nimbus_heap_in_use_bytes";
+pub const RESIDENT: &str = "nimbus_resident_memory_bytes";
 
 /// Buckets of the latency histograms, in seconds: from 50 µs (a cached
 /// stat) to 30 s (a CREATE waiting out a break).
@@ -97,6 +99,16 @@ pub fn describe() {
     describe_counter!(
         LEASE_RENEWALS,
         "a cluster node's lease renewals, by result (ok, failed, lost)"
+    );
+    describe_gauge!(
+        HEAP_IN_USE,
+        Unit::Bytes,
+        "memory the allocator has handed out and not had back (glibc's count); refreshed every 2 s"
+    );
+    describe_gauge!(
+        RESIDENT,
+        Unit::Bytes,
+        "the process's resident set, freed pages the allocator keeps included; refreshed every 2 s"
     );
     use nimbus_state::metrics_names as state;
     describe_counter!(
@@ -286,6 +298,17 @@ pub fn sessions(
 
 pub fn handles_waiting(n: usize) {
     gauge!(HANDLES_WAITING).set(n as f64);
+}
+
+/// The process's memory: the heap in use and the resident set, in bytes
+/// (`crate::memory_use`); a figure the system does not give is not set.
+pub fn memory(heap_in_use: Option<u64>, resident: Option<u64>) {
+    if let Some(n) = heap_in_use {
+        gauge!(HEAP_IN_USE).set(n as f64);
+    }
+    if let Some(n) = resident {
+        gauge!(RESIDENT).set(n as f64);
+    }
 }
 
 /// A cluster node's lease renewal: "ok", "failed" (tried again soon) or

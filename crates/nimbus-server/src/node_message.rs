@@ -61,6 +61,18 @@ pub fn answer(tag: u8, nonce: u64, yes: bool) -> Vec<u8> {
     v
 }
 
+/// For the message modules' tests: `decode` refuses every message cut
+/// short of `whole`, and `whole` with a byte more.
+#[cfg(test)]
+pub fn assert_refuses_cuts_and_extras<T>(whole: &[u8], decode: impl Fn(&[u8]) -> Option<T>) {
+    for len in 0..whole.len() {
+        assert!(decode(&whole[..len]).is_none(), "cut at {len}");
+    }
+    let mut longer = whole.to_vec();
+    longer.push(0);
+    assert!(decode(&longer).is_none(), "a byte more");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

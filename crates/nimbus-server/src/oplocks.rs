@@ -32,6 +32,7 @@ use nimbus_wire::oplock::{LeaseBreakNotification, OplockBreak, LEASE_BREAK_ACK_R
 use nimbus_wire::{FileId, NtStatus};
 
 use crate::connection::Connection;
+use crate::lease_ack_handover::Found;
 use crate::security::SessionCipher;
 use crate::session::Session;
 use crate::sync::lock;
@@ -1488,6 +1489,35 @@ impl Outbound {
 /// The runtime waiting requests run on again, for wake-ups that come from
 /// outside it (a cluster node's watch thread).
 static RUNTIME: std::sync::OnceLock<tokio::runtime::Handle> = std::sync::OnceLock::new();
+
+/// What an acknowledgement of a lease this node holds came to, as the
+/// client is answered (MS-SMB2 3.3.5.22.2) and as another node is told
+/// (`crate::lease_ack_handover`).
+pub fn found(outcome: AckOutcome) -> Found {
+    match outcome {
+        AckOutcome::Done(_) => Found::Acked,
+        AckOutcome::Refused(AckError::NotBreaking) => Found::NotBreaking,
+        // A state beyond the break is answered so; a state no lease can
+        // be in (W or H without R) is refused the same way.
+        AckOutcome::Refused(AckError::TooMuch | AckError::NotALeaseState) => Found::Refused,
+        AckOutcome::Refused(AckError::Unknown) => Found::NotHere,
+    }
+}
+
+/// Remembers the server's runtime, for work that comes from outside it
+/// (`on_runtime`). Called once the server runs.
+pub fn remember_runtime() {
+    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        let _ = RUNTIME.set(rt);
+    }
+}
+
+/// Runs `f` on the runtime's blocking pool, from wherever it is called (a
+/// cluster node's inbox thread): what it does may start a break's timer,
+/// which needs the runtime.
+pub fn on_runtime(f: Box<dyn FnOnce() + Send>) {
+    spawn(f)
+}
 
 /// Runs a woken request again, on the runtime's blocking pool: it may
 /// touch the disk and, on a cluster node, wait on etcd.

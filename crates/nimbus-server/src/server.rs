@@ -569,6 +569,7 @@ impl Server {
         tokio::spawn(crate::durable::DurableOpens::scavenge(self.clone()));
         tokio::spawn(crate::status::publish_forever(self.clone()));
         tokio::spawn(crate::gauges::refresh_forever(Arc::downgrade(&self)));
+        crate::oplocks::remember_runtime();
         if let Some(m) = &self.cluster {
             m.clone().keep_alive();
             m.clone().serve_ownership();
@@ -688,6 +689,37 @@ impl Server {
         );
     }
 
+    /// Another node's request to apply a client's acknowledgement of a
+    /// lease this node may hold (`crate::lease_ack_handover`): applied on
+    /// the runtime (a break it leads to starts its timer there), and
+    /// answered.
+    fn ack_lease_for_node(self: &Arc<Self>, req: crate::lease_ack_handover::AckLease) {
+        let Some(m) = self.cluster.clone() else {
+            return;
+        };
+        let server = self.clone();
+        crate::oplocks::on_runtime(Box::new(move || {
+            use crate::lease_ack_handover::{encode_answer, Found};
+            let id = nimbus_state::caching::LeaseId {
+                client: req.client_guid,
+                key: req.lease_key,
+            };
+            let found = server
+                .oplocks
+                .ack_lease(id, req.lease_state)
+                .map_or(Found::NotHere, crate::oplocks::found);
+            if found != Found::NotHere {
+                tracing::info!(
+                    "a lease break acknowledged on node {} applied here: {found:?}",
+                    req.reply_to
+                );
+            }
+            if let Err(e) = m.post(&req.reply_to, &encode_answer(req.nonce, found)) {
+                tracing::warn!("cluster: answering {} about a lease: {e}", req.reply_to);
+            }
+        }));
+    }
+
     /// A message from another cluster node: a break for one of this node's
     /// opens, changes for its watches, or a request to let go of an open
     /// whose client reconnected there.
@@ -706,6 +738,18 @@ impl Server {
                     })
                     .collect();
                 self.notify.deliver_local(&root, &changes);
+            }
+            return;
+        }
+        if msg.first() == Some(&crate::cluster_notify::DIR_DELETE_PENDING_V1) {
+            match crate::cluster_notify::decode_delete_pending(msg) {
+                // Only a hint: the flag is read from the file's record.
+                Some(key) => {
+                    if self.share_modes.record(key).is_ok_and(|r| r.delete_pending) {
+                        self.notify.end_deleted_watches(key);
+                    }
+                }
+                None => tracing::warn!("cluster: a malformed delete-pending message"),
             }
             return;
         }
@@ -728,7 +772,7 @@ impl Server {
         }
         if msg.first() == Some(&crate::session_handover::SESSION_ENDED_V1) {
             match (crate::session_handover::decode_answer(msg), &self.cluster) {
-                (Some((nonce, ended)), Some(m)) => m.answered(nonce, ended),
+                (Some((nonce, ended)), Some(m)) => m.answered(nonce, ended as u8),
                 _ => tracing::warn!("cluster: a malformed answer to a request to end a session"),
             }
             return;
@@ -747,8 +791,22 @@ impl Server {
                 crate::app_instance_handover::decode_answer(msg),
                 &self.cluster,
             ) {
-                (Some((nonce, closed)), Some(m)) => m.answered(nonce, closed),
+                (Some((nonce, closed)), Some(m)) => m.answered(nonce, closed as u8),
                 _ => tracing::warn!("cluster: a malformed answer about an application's opens"),
+            }
+            return;
+        }
+        if msg.first() == Some(&crate::lease_ack_handover::ACK_LEASE_V1) {
+            match crate::lease_ack_handover::decode_request(msg) {
+                Some(req) => self.ack_lease_for_node(req),
+                None => tracing::warn!("cluster: a malformed lease acknowledgement"),
+            }
+            return;
+        }
+        if msg.first() == Some(&crate::lease_ack_handover::LEASE_ACKED_V1) {
+            match (crate::lease_ack_handover::decode_answer(msg), &self.cluster) {
+                (Some((nonce, found)), Some(m)) => m.answered(nonce, found as u8),
+                _ => tracing::warn!("cluster: a malformed answer about a lease acknowledgement"),
             }
             return;
         }

@@ -92,17 +92,9 @@ mod tests {
 
     #[test]
     fn anything_cut_short_or_longer_is_refused() {
-        let msg = encode_end_session(&request());
-        for len in 0..msg.len() {
-            assert_eq!(decode_end_session(&msg[..len]), None, "cut at {len}");
-        }
-        let mut longer = msg.clone();
-        longer.push(0);
-        assert_eq!(decode_end_session(&longer), None);
-        let answer = encode_answer(1, true);
-        for len in 0..answer.len() {
-            assert_eq!(decode_answer(&answer[..len]), None);
-        }
+        use crate::node_message::assert_refuses_cuts_and_extras;
+        assert_refuses_cuts_and_extras(&encode_end_session(&request()), decode_end_session);
+        assert_refuses_cuts_and_extras(&encode_answer(1, true), decode_answer);
         assert_eq!(
             decode_answer(&[SESSION_ENDED_V1, 0, 0, 0, 0, 0, 0, 0, 0, 2]),
             None

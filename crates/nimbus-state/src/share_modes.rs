@@ -259,17 +259,10 @@ impl ShareModes {
     pub fn admit_rule(&self, rec: &mut FileRecord, open: OpenRecord) -> Result<(), SharingError> {
         // A restored open registers again under its old id.
         rec.opens.retain(|o| o.open_id != open.open_id);
-        if let Some(gone) = &self.gone {
-            let before = rec.opens.len();
-            rec.opens.retain(|o| {
-                (compatible(o, open.access, open.share_access) && !rec.delete_pending)
-                    || !gone(o.open_id)
-            });
-            // Every open of a delete-pending file was a dead node's:
-            // the deletion went with it.
-            if rec.opens.len() < before && rec.opens.is_empty() {
-                rec.delete_pending = false;
-            }
+        if self.drop_gone(rec) && rec.opens.is_empty() {
+            // Every open of a delete-pending file was a dead node's: the
+            // deletion went with it.
+            rec.delete_pending = false;
         }
         if rec.delete_pending {
             return Err(SharingError::DeletePending);
@@ -285,11 +278,35 @@ impl ShareModes {
         Ok(())
     }
 
+    /// Drops the entries of gone nodes' opens (nobody will close them; an
+    /// open waiting for its client to reconnect is not gone). Whenever the
+    /// record is written: left in, a dead node's opens would keep a
+    /// delete-pending file from going with its last live open, and a file
+    /// every node shares would gather one entry per node death. The check
+    /// costs no etcd call for a node known gone or seen alive within the
+    /// last second. Returns whether any went.
+    fn drop_gone(&self, rec: &mut FileRecord) -> bool {
+        let Some(gone) = &self.gone else {
+            return false;
+        };
+        let before = rec.opens.len();
+        rec.opens.retain(|o| !gone(o.open_id));
+        rec.opens.len() < before
+    }
+
+    /// The rule of `remove_open_unless_last_of_deleted` (for `update_with`):
+    /// `leave_rule`, once gone nodes' opens are dropped.
+    pub fn leave_rule(&self, rec: &mut FileRecord, open_id: u64) -> bool {
+        self.drop_gone(rec);
+        leave_rule(rec, open_id)
+    }
+
     /// Removes an open. Returns true when it was the last one and the file
     /// was delete-pending: the caller must now delete the file.
     pub fn remove_open(&self, key: FileKey, open_id: u64) -> Result<bool, SharingError> {
         self.update(key, |rec| {
             rec.opens.retain(|o| o.open_id != open_id);
+            self.drop_gone(rec);
             let delete_now = rec.opens.is_empty() && rec.delete_pending;
             if rec.opens.is_empty() {
                 rec.delete_pending = false;
@@ -309,7 +326,7 @@ impl ShareModes {
         key: FileKey,
         open_id: u64,
     ) -> Result<bool, SharingError> {
-        self.update(key, |rec| Ok(leave_rule(rec, open_id)))
+        self.update(key, |rec| Ok(self.leave_rule(rec, open_id)))
     }
 
     pub fn set_delete_pending(&self, key: FileKey, pending: bool) -> Result<(), SharingError> {
@@ -641,6 +658,39 @@ mod tests {
             sm.add_open(K, open(3, WRITE_DATA, 7)),
             Err(SharingError::Violation)
         ));
+    }
+
+    #[test]
+    fn a_dead_nodes_sharing_opens_go_at_the_next_write_and_keep_no_file_from_its_deletion() {
+        let sm =
+            ShareModes::with_liveness(Arc::new(MemoryStore::new()), Arc::new(|id: u64| id >= 900));
+        let all = SHARE_READ | SHARE_WRITE | SHARE_DELETE;
+        // Written while its node lived (the rule drops nothing of its own).
+        sm.add_open(K, open(900, READ_DATA, all)).unwrap();
+        // A compatible stale entry goes too when the record is written.
+        sm.add_open(K, open(1, READ_DATA | DELETE, all)).unwrap();
+        assert_eq!(
+            sm.record(K).unwrap().opens,
+            vec![open(1, READ_DATA | DELETE, all)]
+        );
+        // Left in by a write before the node died: the last live close of
+        // the delete-pending file deletes it.
+        sm.update(K, |rec| {
+            rec.opens.push(open(901, READ_DATA, all));
+            Ok(())
+        })
+        .unwrap();
+        sm.set_delete_pending(K, true).unwrap();
+        assert!(
+            sm.remove_open(K, 1).unwrap(),
+            "the file goes with its last live open"
+        );
+        // The same through the rule a close applies in place.
+        let mut rec = FileRecord {
+            opens: vec![open(902, READ_DATA, all), open(2, READ_DATA, all)],
+            delete_pending: true,
+        };
+        assert!(sm.leave_rule(&mut rec, 2), "2 is the last live open");
     }
 
     #[test]

@@ -647,12 +647,8 @@ fn close_on_other_nodes(
     client_guid: [u8; 16],
     me: &Owner,
 ) {
-    let nodes: Vec<String> = match m.members() {
-        Ok(members) => members
-            .into_iter()
-            .map(|x| x.node)
-            .filter(|n| *n != m.node)
-            .collect(),
+    let nodes = match m.other_nodes() {
+        Ok(nodes) => nodes,
         Err(e) => {
             tracing::warn!("AppInstanceId: listing the other nodes: {e}");
             return;

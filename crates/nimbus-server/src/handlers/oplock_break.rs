@@ -8,6 +8,7 @@ use nimbus_wire::NtStatus;
 
 use super::malformed;
 use crate::dispatch::{Ctx, HandlerResult};
+use crate::lease_ack_handover::{self, AckLease, Found};
 use crate::oplocks::AckOutcome;
 
 pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
@@ -65,27 +66,64 @@ fn lease_ack(ctx: &mut Ctx<'_>, ack: LeaseBreakAck, out: &mut Vec<u8>) -> Handle
         client: negotiated.client_guid,
         key: ack.lease_key,
     };
-    let state = match ctx.server.oplocks.ack_lease(id, ack.lease_state) {
-        None => return Err(NtStatus::OBJECT_NAME_NOT_FOUND),
-        Some(AckOutcome::Done(_)) => ack.lease_state,
-        Some(AckOutcome::Refused(AckError::NotBreaking)) => return Err(NtStatus::UNSUCCESSFUL),
-        // MS-SMB2 3.3.5.22.2 answers a state beyond the break so; a state
-        // no lease can be in (W or H without R) is refused the same way.
-        Some(AckOutcome::Refused(AckError::TooMuch | AckError::NotALeaseState)) => {
-            return Err(NtStatus::REQUEST_NOT_ACCEPTED)
-        }
-        Some(AckOutcome::Refused(AckError::Unknown)) => {
-            return Err(NtStatus::OBJECT_NAME_NOT_FOUND)
-        }
+    let found = match ctx.server.oplocks.ack_lease(id, ack.lease_state) {
+        Some(outcome) => crate::oplocks::found(outcome),
+        None => on_other_nodes(ctx, id, ack.lease_state),
     };
+    match found {
+        Found::Acked => {}
+        Found::NotHere => return Err(NtStatus::OBJECT_NAME_NOT_FOUND),
+        Found::NotBreaking => return Err(NtStatus::UNSUCCESSFUL),
+        Found::Refused => return Err(NtStatus::REQUEST_NOT_ACCEPTED),
+    }
     // MS-SMB2 2.2.25.2: the response repeats the key and the state the
     // client acknowledged.
     LeaseBreakAck {
         flags: 0,
         lease_key: ack.lease_key,
-        lease_state: state,
+        lease_state: ack.lease_state,
         lease_duration: 0,
     }
     .encode(out);
     Ok(NtStatus::SUCCESS)
+}
+
+/// How long an acknowledgement waits for the other nodes' answers. A node
+/// answers as soon as its inbox watch delivers the request; one that does
+/// not answer within this has lost its leases with its own lease.
+const OTHER_NODES_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// A lease this node does not hold: on a cluster node, the other nodes are
+/// asked to apply the acknowledgement (`crate::lease_ack_handover`), and
+/// the one holding the lease answers what it found. A session that has
+/// asked too often lately is not forwarded (the lease is then not found).
+fn on_other_nodes(ctx: &Ctx<'_>, id: LeaseId, state: u32) -> Found {
+    let Some(m) = &ctx.server.cluster else {
+        return Found::NotHere;
+    };
+    if !m.may_ask_other_nodes(ctx.hdr.session_id) {
+        return Found::NotHere;
+    }
+    let nodes = match m.other_nodes() {
+        Ok(nodes) => nodes,
+        Err(e) => {
+            tracing::warn!("lease break acknowledgement: listing the other nodes: {e}");
+            return Found::NotHere;
+        }
+    };
+    let request = |nonce| {
+        lease_ack_handover::encode_request(&AckLease {
+            nonce,
+            client_guid: id.client,
+            lease_key: id.key,
+            lease_state: state,
+            reply_to: m.node.clone(),
+        })
+    };
+    let answers = m.ask_nodes(&nodes, request, OTHER_NODES_WAIT);
+    answers
+        .into_iter()
+        .filter_map(Found::from_u8)
+        .find(|f| *f != Found::NotHere)
+        .unwrap_or(Found::NotHere)
 }

@@ -303,8 +303,8 @@ fn end_on_another_node(ctx: &Ctx<'_>, previous_id: u64, user: &str, domain: &str
         })
     };
     match m.ask_nodes(std::slice::from_ref(&node), request, PREVIOUS_SESSION_WAIT)[..] {
-        [true] => tracing::debug!("previous session {previous_id:#x} ended on {node}"),
-        [false] => {}
+        [1] => tracing::debug!("previous session {previous_id:#x} ended on {node}"),
+        [_] => {}
         _ => tracing::warn!(
             "previous session {previous_id:#x}: {node} did not answer within {}s",
             PREVIOUS_SESSION_WAIT.as_secs()

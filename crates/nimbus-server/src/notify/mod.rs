@@ -90,6 +90,10 @@ pub trait Relay: Send + Sync {
     fn watching(&self, root: &Path, dir: &str, tree: Option<bool>);
     /// Changes made through SMB on this node, for other nodes' watches.
     fn publish(&self, root: &Path, changes: &[Change<'_>]);
+    /// Directory `dir` (file `key`) of the share at `root` is delete-pending
+    /// and still open: other nodes' watches of it end
+    /// (`ChangeNotify::end_deleted_watches`).
+    fn delete_pending(&self, root: &Path, dir: &str, key: FileKey);
 }
 
 /// What a CHANGE_NOTIFY request comes to.
@@ -1003,8 +1007,12 @@ impl ChangeNotify {
     /// directory now delete-pending, requests waiting on its watches end
     /// with STATUS_DELETE_PENDING (smbtorture smb2.notify.rmdir1-4), as do
     /// later ones (the handler checks).
+    /// On a cluster node, the same goes for other nodes' watches: the
+    /// relay tells the nodes that watch the directory (smbtorture
+    /// smb2.notify.rmdir3/4 with their two connections on two nodes).
     pub fn still_open(&self, server: &Server, open: &Open) {
-        if !open.is_dir || self.nobody_here() {
+        let relay = self.relay.get().filter(|r| r.anyone_watches());
+        if !open.is_dir || (self.nobody_here() && relay.is_none()) {
             return;
         }
         let pending = server
@@ -1014,11 +1022,24 @@ impl ChangeNotify {
         if !pending {
             return;
         }
+        self.end_deleted_watches(open.file_key);
+        if let (Some(relay), Some(root)) = (relay, share_root(&open.share)) {
+            relay.delete_pending(root, &lock(&open.path), open.file_key);
+        }
+    }
+
+    /// Requests waiting on watches of directory `key`, delete-pending, end
+    /// with STATUS_DELETE_PENDING. The caller has seen the flag in the
+    /// file's share-mode record.
+    pub fn end_deleted_watches(&self, key: FileKey) {
+        if self.nobody_here() {
+            return;
+        }
         let ended: Vec<Waiter> = {
             let mut w = self.watches();
             w.by_open
                 .values_mut()
-                .filter(|watch| watch.file_key == open.file_key)
+                .filter(|watch| watch.file_key == key)
                 .flat_map(|watch| std::mem::take(&mut watch.waiting))
                 .collect()
         };

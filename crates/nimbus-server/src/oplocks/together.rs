@@ -25,7 +25,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 
 use nimbus_state::caching::{Contention, FileCaching, Granted, Holder, LeaseId, OpenAsk, Want};
-use nimbus_state::share_modes::leave_rule;
 use nimbus_state::{FileKey, FileRecord, OpenRecord, ShareModes, SharingError, StateError};
 
 use super::{caching_of, changed_opens, record_key, wake, Claimed, Oplocks, Summary, Target};
@@ -321,7 +320,7 @@ impl Oplocks {
                 }
             },
             Step::Close { open_id } => {
-                if leave_rule(rec, open_id) {
+                if share_modes.leave_rule(rec, open_id) {
                     return Applied::LastOfDeleted;
                 }
                 let (ended_break, gone) = s.remove_open_and_leases(open_id);
