@@ -14,7 +14,7 @@
 //! valid tag is not delivered: the watcher keeps what it knew, and a read
 //! of the record itself is refused.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -53,6 +53,9 @@ const DELETE: i32 = 1;
 pub struct Watch {
     batches: std::sync::mpsc::Receiver<Result<Batch, StateError>>,
     next_revision: Arc<AtomicU64>,
+    /// An error is waiting in `batches`, not yet taken by `next`: the task
+    /// sends no other until it is (see `Follow::error_waiting`).
+    error_waiting: Arc<AtomicBool>,
     /// Dropped with the watch: its task ends.
     _stop: tokio::sync::oneshot::Sender<()>,
 }
@@ -70,7 +73,9 @@ impl Watch {
         let (tx, batches) = std::sync::mpsc::channel();
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let next_revision = Arc::new(AtomicU64::new(start_revision));
+        let error_waiting = Arc::new(AtomicBool::new(false));
         let task = Follow {
+            error_waiting: error_waiting.clone(),
             members: members.clone(),
             store_prefix,
             key,
@@ -89,6 +94,7 @@ impl Watch {
         Watch {
             batches,
             next_revision,
+            error_waiting,
             _stop: stop,
         }
     }
@@ -104,7 +110,11 @@ impl Watch {
         let until = Instant::now() + wait;
         let first = crate::blocking::off_worker(|| self.batches.recv_timeout(wait));
         let mut batch = match first {
-            Ok(b) => b?,
+            Ok(Ok(b)) => b,
+            Ok(Err(e)) => {
+                self.error_waiting.store(false, Ordering::SeqCst);
+                return Err(e);
+            }
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => return Ok(Batch::default()),
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
                 return Err(StateError::Unavailable("etcd watch: ended".into()))
@@ -117,7 +127,13 @@ impl Watch {
                     batch.events.extend(more.events);
                     batch.resync |= more.resync;
                 }
-                Ok(Err(_)) | Err(_) => break,
+                // An error after changes: the changes go now, and the
+                // task may tell of the next failure.
+                Ok(Err(_)) => {
+                    self.error_waiting.store(false, Ordering::SeqCst);
+                    break;
+                }
+                Err(_) => break,
             }
         }
         Ok(batch)
@@ -134,6 +150,11 @@ struct Follow {
     timeout: Duration,
     seal: Option<Arc<RecordKey>>,
     tx: std::sync::mpsc::Sender<Result<Batch, StateError>>,
+    /// Set when an error is sent, cleared when the caller takes it: while
+    /// etcd is out of reach the task fails every `RETRY_AFTER`, faster than
+    /// a caller that waits after each error reads them, and errors left
+    /// in the channel would pile up for as long as the outage lasts.
+    error_waiting: Arc<AtomicBool>,
 }
 
 impl Follow {
@@ -150,9 +171,11 @@ impl Follow {
             }
             member += 1;
             if failures.len() >= n {
-                let why = format!("etcd watch: no member answered ({})", failures.join("; "));
-                if self.tx.send(Err(StateError::Unavailable(why))).is_err() {
-                    return;
+                if !self.error_waiting.swap(true, Ordering::SeqCst) {
+                    let why = format!("etcd watch: no member answered ({})", failures.join("; "));
+                    if self.tx.send(Err(StateError::Unavailable(why))).is_err() {
+                        return;
+                    }
                 }
                 failures.clear();
                 tokio::time::sleep(RETRY_AFTER).await;
@@ -234,5 +257,41 @@ impl Follow {
                 return Ok(());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use crate::etcd_store::EtcdStore;
+
+    #[test]
+    fn an_outage_leaves_one_error_waiting_however_long_it_lasts() {
+        // Nothing listens there: every attempt fails at once.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap();
+        let store = EtcdStore::new(
+            &[format!("http://127.0.0.1:{port}")],
+            b"/t/",
+            Duration::from_millis(300),
+        )
+        .unwrap();
+        let mut watch = store.watch(b"k/", 1);
+        // The first error is told.
+        assert!(watch.next(Duration::from_secs(10)).is_err());
+        // Unread while the task fails again and again (every 200 ms), a
+        // second error is sent once the first is taken, and no more.
+        let until = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let mut waiting = 0;
+        while let Ok(Err(_)) = watch.batches.try_recv() {
+            waiting += 1;
+        }
+        assert_eq!(waiting, 1, "errors left waiting after a 2 s outage");
     }
 }
