@@ -10,7 +10,7 @@
 
 use nimbus_wire::fscc::{attributes, FileInfo};
 
-use crate::names::SearchPattern;
+use nimbus_vfs::names::SearchPattern;
 
 pub struct HideNames {
     pub dot_files: bool,

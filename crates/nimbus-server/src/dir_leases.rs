@@ -71,7 +71,7 @@ pub fn child_changed(server: &Server, fs: &LocalFs, path: &str, by: Option<Lease
     }
     // The directory as it is named now; if it went meanwhile, so did its
     // leases' reason to exist.
-    let Ok(st) = fs.stat(crate::names::parent(path)) else {
+    let Ok(st) = fs.stat(nimbus_vfs::names::parent(path)) else {
         return;
     };
     server.oplocks.contend_children(

@@ -209,8 +209,8 @@ pub fn security_layer(data: &[u8]) {
 /// whether the name matches. A pattern the server accepts is at most 255
 /// UTF-16 code units and free of path separators.
 pub fn search_pattern(pattern: &str, name: &str) -> Option<bool> {
-    let compiled = crate::names::SearchPattern::parse(pattern).ok()?;
-    assert!(pattern.encode_utf16().count() <= crate::names::MAX_COMPONENT_UTF16);
+    let compiled = nimbus_vfs::names::SearchPattern::parse(pattern).ok()?;
+    assert!(pattern.encode_utf16().count() <= nimbus_vfs::names::MAX_COMPONENT_UTF16);
     assert!(!pattern.contains(['\\', '/']));
     Some(compiled.matches(name))
 }
@@ -221,7 +221,7 @@ pub fn search_pattern(pattern: &str, name: &str) -> Option<bool> {
 /// name is never empty and holds no separator; every component has an 8.3
 /// name (`dos_name`) that is one.
 pub fn create_name(name: &str) -> bool {
-    use crate::names::{dos_name, eq_ignore_case, is_8dot3, to_vfs_path_and_stream, Stream};
+    use nimbus_vfs::names::{dos_name, eq_ignore_case, is_8dot3, to_vfs_path_and_stream, Stream};
     let Ok((path, stream)) = to_vfs_path_and_stream(name) else {
         return false;
     };

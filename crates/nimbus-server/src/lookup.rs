@@ -6,11 +6,11 @@
 
 use nimbus_vfs::{CreateMode, Kind, LocalFs, OpenOptions};
 
-use crate::names::{dos_name, eq_ignore_case, join, may_be_dos_name, pick_ignoring_case};
+use nimbus_vfs::names::{dos_name, eq_ignore_case, join, may_be_dos_name, pick_ignoring_case};
 
 /// `path` with every component that exists under another case replaced by
 /// its on-disk spelling, and every component that is the made 8.3 name
-/// (`crate::names::dos_name`) of an entry and no name of its own replaced
+/// (`nimbus_vfs::names::dos_name`) of an entry and no name of its own replaced
 /// by that entry's name (MS-FSA 2.1.5.1: a name is found by its long or its
 /// short name); components that exist in neither form are kept as given
 /// (the caller then creates them, or reports them missing).
@@ -61,7 +61,7 @@ fn spelling_in(fs: &LocalFs, dir: &str, name: &str, max_dos_entries: usize) -> O
     };
     let (handle, st, _) = fs.open(dir, &opts).ok()?;
     let key = (st.dev, st.ino);
-    // A made 8.3 name (crate::names::dos_name) reaches its long name: only
+    // A made 8.3 name (nimbus_vfs::names::dos_name) reaches its long name: only
     // a listing finds that.
     let short = may_be_dos_name(name);
     let index = fs.name_index();

@@ -466,7 +466,7 @@ impl Open {
     /// The name a client sees for this open, as FileNameInformation gives
     /// it: `\dir\file`, or `\dir\file:stream` without `:$DATA`.
     pub fn smb_name(&self) -> String {
-        let mut name = crate::names::to_smb_name(&self.path());
+        let mut name = nimbus_vfs::names::to_smb_name(&self.path());
         if let Some(s) = &self.stream {
             name.push(':');
             name.push_str(&lock(&s.name));

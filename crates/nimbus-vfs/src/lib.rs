@@ -1,6 +1,9 @@
 //! nimbus-vfs: the file system seam of the Nimbus SMB server.
 //!
-//! The VFS knows nothing about SMB. Calls are synchronous (the server runs them on a blocking
+//! The VFS knows nothing about SMB's messages. Its one SMB piece is where
+//! paths enter it: [`names`] checks the names clients send (MS-FSCC 2.1.5),
+//! turns them into VFS paths and matches search patterns (MS-FSA 2.1.4.4),
+//! answering with the NTSTATUS the client is told. Calls are synchronous (the server runs them on a blocking
 //! thread pool) and take typed arguments. The [`LocalFs`] backend confines every path beneath a
 //! share root with `openat2(2)` and `RESOLVE_BENEATH`, so `..`, absolute paths and symlinks that
 //! lead outside the share are refused with [`VfsError::Escape`].
@@ -16,6 +19,7 @@ mod extents;
 mod handle;
 mod local;
 mod name_index;
+pub mod names;
 mod path;
 mod streams;
 mod sys;

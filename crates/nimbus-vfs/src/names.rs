@@ -95,7 +95,7 @@ pub fn to_vfs_path_and_stream(name: &str) -> Result<(String, Stream), NtStatus> 
             return Err(NtStatus::OBJECT_NAME_INVALID);
         }
         // The share's store of named streams is the server's own.
-        if out.is_empty() && eq_ignore_case(comp, nimbus_vfs::STORE_DIR) {
+        if out.is_empty() && eq_ignore_case(comp, crate::STORE_DIR) {
             return Err(NtStatus::OBJECT_NAME_INVALID);
         }
         if !out.is_empty() {
@@ -117,7 +117,7 @@ fn dos_char(c: char) -> bool {
 /// Whether `name` is a valid 8.3 name as it stands (MS-FSCC 2.1.5.2.1): 1
 /// to 8 characters, then optionally a dot and 1 to 3 more, all of the DOS
 /// set.
-pub(crate) fn is_8dot3(name: &str) -> bool {
+pub fn is_8dot3(name: &str) -> bool {
     let (base, ext) = match name.split_once('.') {
         Some((b, e)) => (b, Some(e)),
         None => (name, None),
@@ -542,7 +542,7 @@ mod tests {
             for b in names {
                 assert_eq!(
                     eq_ignore_case(a, b),
-                    nimbus_vfs::fold(a) == nimbus_vfs::fold(b),
+                    crate::fold(a) == crate::fold(b),
                     "{a:?} {b:?}"
                 );
             }

@@ -10,7 +10,7 @@ use nimbus_wire::NtStatus;
 
 use super::Token;
 use crate::errors::vfs_status;
-use crate::names::parent;
+use nimbus_vfs::names::parent;
 
 /// The extended attribute holding a file's descriptor.
 pub const XATTR_NAME: &str = "user.nimbus.sd";

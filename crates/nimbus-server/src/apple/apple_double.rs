@@ -25,8 +25,8 @@ use nimbus_wire::fscc::access;
 use crate::acl::check::{self, ALL_RIGHTS};
 use crate::acl::{store, Token};
 use crate::fileinfo::is_readonly;
-use crate::names::{join, parent};
 use crate::server::{Server, Share};
+use nimbus_vfs::names::{join, parent};
 
 /// The prefix of an AppleDouble companion's name.
 pub const PREFIX: &str = "._";

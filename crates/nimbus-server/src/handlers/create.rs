@@ -22,10 +22,10 @@ use crate::dispatch::{Ctx, HandlerResult};
 use crate::dosinfo::{DosInfo, STORED_ATTRIBUTES};
 use crate::errors::{sharing_status, vfs_status};
 use crate::fileinfo::{file_info, is_readonly, stream_info, times_and_sizes};
-use crate::names::{to_vfs_path_and_stream, Stream};
 use crate::oplocks::Route;
 use crate::session::{NewOpen, Open, ReplayOf, Session, StreamOf};
 use crate::sync::lock;
+use nimbus_vfs::names::{to_vfs_path_and_stream, Stream};
 
 /// Why one attempt at a CREATE did not finish.
 enum Failed {

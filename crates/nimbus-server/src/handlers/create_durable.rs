@@ -594,7 +594,8 @@ fn disconnect_if_closing(ctx: &Ctx<'_>, open_id: u64) -> Option<Arc<Open>> {
 /// Whether the name of a reconnect names the open's file (share-relative,
 /// any case), read as a CREATE's name is.
 fn same_name(asked: &str, path: &str) -> bool {
-    crate::names::to_vfs_path(asked).is_ok_and(|asked| asked.to_lowercase() == path.to_lowercase())
+    nimbus_vfs::names::to_vfs_path(asked)
+        .is_ok_and(|asked| asked.to_lowercase() == path.to_lowercase())
 }
 
 /// The AppInstanceId of a CREATE (MS-SMB2 2.2.13.2.13), heeded beside a

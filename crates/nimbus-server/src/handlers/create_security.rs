@@ -19,7 +19,7 @@ use nimbus_wire::NtStatus;
 use crate::acl::check::{self, ALL_RIGHTS};
 use crate::acl::{assign, store, Token};
 use crate::errors::vfs_status;
-use crate::names::parent;
+use nimbus_vfs::names::parent;
 
 /// What the descriptors allow this CREATE.
 pub struct Security {

@@ -9,8 +9,8 @@ use nimbus_wire::create::CreateDisposition;
 use nimbus_wire::NtStatus;
 
 use crate::errors::{sharing_status, vfs_status};
-use crate::names::pick_ignoring_case;
 use crate::server::{Server, Share};
+use nimbus_vfs::names::pick_ignoring_case;
 
 /// The file a stream CREATE names.
 pub struct Base {

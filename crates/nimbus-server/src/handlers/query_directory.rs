@@ -16,9 +16,9 @@ use crate::dosinfo::DosInfo;
 use crate::eas;
 use crate::errors::vfs_status;
 use crate::fileinfo::file_info;
-use crate::names::{dos_name, has_wildcards, is_8dot3, join, parent, SearchPattern};
 use crate::session::{DirEnum, Open};
 use crate::sync::lock;
+use nimbus_vfs::names::{dos_name, has_wildcards, is_8dot3, join, parent, SearchPattern};
 
 pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
     let req = QueryDirectoryRequest::parse(body).map_err(malformed)?;

@@ -16,8 +16,8 @@ use crate::dispatch::{Ctx, HandlerResult};
 use crate::eas::{self, Ea};
 use crate::errors::vfs_status;
 use crate::fileinfo::{open_info, volume_info};
-use crate::names::dos_name;
 use crate::session::Open;
+use nimbus_vfs::names::dos_name;
 
 /// Size of the fixed part of a variable-length class: a buffer at least
 /// this big gets a truncated answer and STATUS_BUFFER_OVERFLOW, a smaller

@@ -18,9 +18,11 @@ use crate::dispatch::{Ctx, HandlerResult};
 use crate::dosinfo::{ChangeTime, DosInfo, STORED_ATTRIBUTES};
 use crate::errors::{sharing_status, vfs_status};
 use crate::fileinfo::is_readonly;
-use crate::names::{eq_ignore_case, join, parent, to_vfs_path, to_vfs_path_and_stream, Stream};
 use crate::session::{Open, StreamOf};
 use crate::sync::lock;
+use nimbus_vfs::names::{
+    eq_ignore_case, join, parent, to_vfs_path, to_vfs_path_and_stream, Stream,
+};
 
 /// MS-FSCC 2.4.11 FILE_DISPOSITION_INFORMATION_EX flags.
 const DISPOSITION_EX_DELETE: u32 = 0x1;
