@@ -1,4 +1,5 @@
-//! Maps VFS and state errors onto the NTSTATUS a Windows server would send.
+//! Maps VFS and state errors onto the NTSTATUS a Windows server would send,
+//! and logs the state errors no client is told of.
 
 use nimbus_state::SharingError;
 use nimbus_vfs::VfsError;
@@ -34,5 +35,14 @@ pub fn sharing_status(e: &SharingError) -> NtStatus {
             tracing::error!("state store: {err}");
             NtStatus::INSUFFICIENT_RESOURCES
         }
+    }
+}
+
+/// A clean-up write to the state store whose failure harms no request:
+/// the record it would drop is looked at again by a later sweep (or goes
+/// with its node's lease). Its failure is logged, never dropped unseen.
+pub fn cleanup<T>(what: std::fmt::Arguments<'_>, r: Result<T, nimbus_state::StateError>) {
+    if let Err(e) = r {
+        tracing::warn!("state store: {what}: {e}; left for a later sweep");
     }
 }

@@ -246,7 +246,10 @@ fn claim_for(
                 "cluster: {} open {open_id:#x} not taken over: {why}",
                 kind(&record)
             );
-            let _ = m.store.txn(&[], &[Op::Delete(&holder)], &[]);
+            crate::errors::cleanup(
+                format_args!("dropping the claim of open {open_id:#x}"),
+                m.store.txn(&[], &[Op::Delete(&holder)], &[]),
+            );
             Claimed::Held
         }
     }
@@ -837,9 +840,11 @@ pub fn closed(server: &Server, open_id: u64) {
         let origin = incarnation_of(open_id);
         if !m.runs(origin) || m.is_released(open_id) || m.is_gone(origin) {
             let (holder, marker) = (holder_key(open_id), released_key(open_id));
-            let _ = m
-                .store
-                .txn(&[], &[Op::Delete(&holder), Op::Delete(&marker)], &[]);
+            crate::errors::cleanup(
+                format_args!("dropping the claim of closed open {open_id:#x}"),
+                m.store
+                    .txn(&[], &[Op::Delete(&holder), Op::Delete(&marker)], &[]),
+            );
             m.forget_released(open_id);
         }
     }
@@ -1049,7 +1054,10 @@ pub fn sweep_orphans(server: &Arc<Server>, orphans: &mut Orphans) {
         } else if r.answered != Answered::Yes {
             // Never answered: no client knows it, and its entries go as a
             // gone node's once the record has.
-            let _ = m.store.compare_and_set(&key, Some(v.version), None);
+            crate::errors::cleanup(
+                format_args!("dropping the record of unanswered open {open_id:#x}"),
+                m.store.compare_and_set(&key, Some(v.version), None),
+            );
         }
     }
     orphans.seen.retain(|id, _| now_orphaned.contains(id));
@@ -1057,7 +1065,10 @@ pub fn sweep_orphans(server: &Arc<Server>, orphans: &mut Orphans) {
     // closer deleted the mark already, unless it died first).
     for open_id in released {
         if !with_record.contains(&open_id) {
-            let _ = m.store.txn(&[], &[Op::Delete(&released_key(open_id))], &[]);
+            crate::errors::cleanup(
+                format_args!("dropping the let-go mark of open {open_id:#x}"),
+                m.store.txn(&[], &[Op::Delete(&released_key(open_id))], &[]),
+            );
             m.forget_released(open_id);
         }
     }

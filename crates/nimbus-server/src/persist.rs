@@ -239,7 +239,10 @@ pub fn restore(server: &Arc<Server>) -> Result<usize, StateError> {
                     "state store: open record {} unreadable: {e}; dropped",
                     crate::oplocks::hex(&key)
                 );
-                let _ = store.compare_and_set(&key, Some(v.version), None);
+                crate::errors::cleanup(
+                    format_args!("dropping open record {}", crate::oplocks::hex(&key)),
+                    store.compare_and_set(&key, Some(v.version), None),
+                );
                 continue;
             }
         };
@@ -252,7 +255,10 @@ pub fn restore(server: &Arc<Server>) -> Result<usize, StateError> {
                     record.open_id,
                     record.path
                 );
-                let _ = store.compare_and_set(&key, Some(v.version), None);
+                crate::errors::cleanup(
+                    format_args!("dropping the record of open {}", record.open_id),
+                    store.compare_and_set(&key, Some(v.version), None),
+                );
             }
         }
     }
