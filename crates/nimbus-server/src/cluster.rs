@@ -27,9 +27,12 @@
 //! another node is a message to it: `msg/<node>/<sender incarnation>-<n>`
 //! (the node named by the open's incarnation record),
 //! under the sender's lease, which the receiver watches, delivers to its
-//! client and deletes. What is not here yet (issue 15, later steps):
-//! directory leases and notify across nodes, and failover of persistent
-//! handles.
+//! client and deletes. Requests a client's request waits on (ending a
+//! session, closing an application's opens, applying a lease break's
+//! acknowledgement) go the same way and are answered (`ask_nodes`).
+//! Directory leases (`crate::dir_leases`), change notify
+//! (`crate::cluster_notify`) and the failover of durable and persistent
+//! handles (`crate::failover`) build on these.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -68,6 +71,13 @@ const MAX_LET_GO_WAITS: usize = 4096;
 /// is generous, and more is a client probing FileIds.
 const LET_GO_ASKS_PER_SESSION: u32 = 64;
 const LET_GO_ASK_WINDOW: Duration = Duration::from_secs(10);
+
+/// Lease break acknowledgements this node sends on to the other nodes in
+/// each second, whoever sent them: a client acknowledges on another
+/// node's connection rarely (two connections under one ClientGuid), and
+/// each forward costs etcd writes on every node, so acknowledgements of
+/// made-up leases from any number of sessions cannot become a flood.
+const ACK_FORWARDS_PER_SECOND: u32 = 16;
 
 /// Open ids are `incarnation << OPEN_ID_SHIFT | random bits`.
 pub const OPEN_ID_SHIFT: u32 = 40;
@@ -158,6 +168,8 @@ pub struct Membership {
     /// Requests to let go asked for each session lately: one session may
     /// not make this node flood other nodes with them.
     let_go_asks: Mutex<std::collections::HashMap<u64, (Instant, u32)>>,
+    /// Acknowledgements sent on in the current second, and when it began.
+    ack_forwards: Mutex<(Instant, u32)>,
     /// Requests to other nodes a client's request waits on the answers
     /// to, by request number (`ask_nodes`).
     answer_waits: Mutex<std::collections::HashMap<u64, std::sync::mpsc::SyncSender<u8>>>,
@@ -386,6 +398,7 @@ impl Membership {
             let_go_waits: Mutex::new(std::collections::HashMap::new()),
             answer_waits: Mutex::new(std::collections::HashMap::new()),
             let_go_asks: Mutex::new(std::collections::HashMap::new()),
+            ack_forwards: Mutex::new((Instant::now(), 0)),
             with_record: Mutex::new(std::collections::HashMap::new()),
             without_record: Mutex::new(HashSet::new()),
         };
@@ -634,7 +647,10 @@ impl Membership {
                 false
             }
             Err(e) => {
+                // Taken as alive for as long as a seen one is, so that a
+                // record of many opens does not cost one etcd timeout each.
                 tracing::debug!("cluster: is incarnation {incarnation} gone? etcd: {e}");
+                crate::sync::lock(&self.alive).insert(incarnation, Instant::now());
                 false
             }
         }
@@ -746,12 +762,10 @@ impl Membership {
         crate::sync::lock(&self.let_go_waits).remove(&(open_id, nonce));
     }
 
-    /// Whether session `session_id` may send other nodes a request on its
-    /// behalf now (to let go of an open, to apply a lease break's
-    /// acknowledgement): at most `LET_GO_ASKS_PER_SESSION` in each
-    /// `LET_GO_ASK_WINDOW`, so that one client cannot turn its requests
-    /// into a flood of etcd writes.
-    pub fn may_ask_other_nodes(&self, session_id: u64) -> bool {
+    /// Whether session `session_id` may ask another node to let go of an
+    /// open now: at most `LET_GO_ASKS_PER_SESSION` in each
+    /// `LET_GO_ASK_WINDOW`.
+    pub fn may_ask_to_let_go(&self, session_id: u64) -> bool {
         let now = Instant::now();
         let mut asks = crate::sync::lock(&self.let_go_asks);
         if asks.len() >= MAX_LET_GO_WAITS {
@@ -766,17 +780,42 @@ impl Membership {
         *n <= LET_GO_ASKS_PER_SESSION
     }
 
+    /// Whether a lease break acknowledgement may be sent on to the other
+    /// nodes now: at most `ACK_FORWARDS_PER_SECOND` a second, node-wide.
+    pub fn may_forward_ack(&self) -> bool {
+        let now = Instant::now();
+        let mut w = crate::sync::lock(&self.ack_forwards);
+        if now.duration_since(w.0) >= Duration::from_secs(1) {
+            *w = (now, 0);
+        }
+        w.1 += 1;
+        w.1 <= ACK_FORWARDS_PER_SECOND
+    }
+
     /// Sends each of `nodes` the request `message(nonce)` makes and waits,
     /// at most `wait_at_most`, for their answers (`answered` with the same
     /// number): what they answered, as many as came in time. Empty when
     /// too many requests wait already. For requests a client's request
     /// waits on: ending a previous session (`crate::session_handover`),
-    /// closing an application's old opens (`crate::app_instance_handover`).
+    /// closing an application's old opens (`crate::app_instance_handover`),
+    /// applying a lease break's acknowledgement
+    /// (`crate::lease_ack_handover`, through `ask_nodes_until`).
     pub fn ask_nodes(
         &self,
         nodes: &[String],
         message: impl Fn(u64) -> Vec<u8>,
         wait_at_most: Duration,
+    ) -> Vec<u8> {
+        self.ask_nodes_until(nodes, message, wait_at_most, |_| false)
+    }
+
+    /// `ask_nodes`, done waiting as soon as an answer is `enough`.
+    pub fn ask_nodes_until(
+        &self,
+        nodes: &[String],
+        message: impl Fn(u64) -> Vec<u8>,
+        wait_at_most: Duration,
+        enough: impl Fn(u8) -> bool,
     ) -> Vec<u8> {
         if nodes.is_empty() {
             return Vec::new();
@@ -806,7 +845,12 @@ impl Membership {
         while answers.len() < expected {
             let left = deadline.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left) {
-                Ok(a) => answers.push(a),
+                Ok(a) => {
+                    answers.push(a);
+                    if enough(a) {
+                        break;
+                    }
+                }
                 Err(_) => break,
             }
         }

@@ -437,7 +437,7 @@ pub fn reclaim(
         Claimed::Held if asked_before => return Reclaim::NotFound,
         Claimed::Held => {}
     }
-    if !m.may_ask_other_nodes(session_id) {
+    if !m.may_ask_to_let_go(session_id) {
         tracing::warn!(
             "cluster: session {session_id:#x} asked other nodes to let go of too many opens \
              lately; open {:#x} not asked for",

@@ -4,8 +4,9 @@
 //! an allocator that keeps freed pages: a leak grows the first, while
 //! fragmentation and per-thread arenas grow only the second.
 //!
-//! The heap figure is glibc's own count (`mallinfo2`, glibc 2.33 and
-//! later), read when the gauges are refreshed; no allocation is wrapped,
+//! The heap figure is glibc's own count (`mallinfo2`: the binary needs
+//! glibc 2.33 or later, as Debian 12 and every supported distribution
+//! has), read when the gauges are refreshed; no allocation is wrapped,
 //! so the data path pays nothing for it. Elsewhere (musl, other systems)
 //! it is None and the gauge is not set.
 

@@ -721,8 +721,11 @@ impl Server {
     }
 
     /// A message from another cluster node: a break for one of this node's
-    /// opens, changes for its watches, or a request to let go of an open
-    /// whose client reconnected there.
+    /// opens, changes for its watches (or a watched directory now
+    /// delete-pending), a request to let go of an open whose client
+    /// reconnected there, to end a session, to close an application's
+    /// opens or to apply a lease break's acknowledgement, or the answer to
+    /// one of this node's requests.
     fn on_message(self: &Arc<Self>, msg: &[u8]) {
         if msg.first() == Some(&crate::cluster_notify::CHANGES_V1) {
             let Some(relay) = &self.notify_relay else {
@@ -743,12 +746,22 @@ impl Server {
         }
         if msg.first() == Some(&crate::cluster_notify::DIR_DELETE_PENDING_V1) {
             match crate::cluster_notify::decode_delete_pending(msg) {
-                // Only a hint: the flag is read from the file's record.
-                Some(key) => {
-                    if self.share_modes.record(key).is_ok_and(|r| r.delete_pending) {
-                        self.notify.end_deleted_watches(key);
-                    }
+                // Only a hint: the flag is read from the file's record, off
+                // the inbox thread (the read may wait on etcd), and only
+                // for a directory watched here.
+                Some(key) if self.notify.watches_file(key) => {
+                    let server = self.clone();
+                    crate::oplocks::on_runtime(Box::new(move || {
+                        if server
+                            .share_modes
+                            .record(key)
+                            .is_ok_and(|r| r.delete_pending)
+                        {
+                            server.notify.end_deleted_watches(key);
+                        }
+                    }));
                 }
+                Some(_) => {}
                 None => tracing::warn!("cluster: a malformed delete-pending message"),
             }
             return;

@@ -185,8 +185,9 @@ impl ShareModes {
         }
     }
 
-    /// Share modes of a cluster node: an open that conflicts with one of a
-    /// node that is gone drops that stale entry instead of failing.
+    /// Share modes of a cluster node: the entries of gone nodes' opens
+    /// leave the record at its next write (`drop_gone`), so an open that
+    /// conflicts with one of them is not refused.
     pub fn with_liveness(store: Arc<dyn StateStore>, gone: Gone) -> Self {
         ShareModes {
             gone: Some(gone),

@@ -95,13 +95,14 @@ const OTHER_NODES_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// A lease this node does not hold: on a cluster node, the other nodes are
 /// asked to apply the acknowledgement (`crate::lease_ack_handover`), and
-/// the one holding the lease answers what it found. A session that has
-/// asked too often lately is not forwarded (the lease is then not found).
+/// the one holding the lease answers what it found; the wait ends with
+/// that answer. Past `Membership::may_forward_ack`'s node-wide budget an
+/// acknowledgement is not sent on (the lease is then not found).
 fn on_other_nodes(ctx: &Ctx<'_>, id: LeaseId, state: u32) -> Found {
     let Some(m) = &ctx.server.cluster else {
         return Found::NotHere;
     };
-    if !m.may_ask_other_nodes(ctx.hdr.session_id) {
+    if !m.may_forward_ack() {
         return Found::NotHere;
     }
     let nodes = match m.other_nodes() {
@@ -120,7 +121,8 @@ fn on_other_nodes(ctx: &Ctx<'_>, id: LeaseId, state: u32) -> Found {
             reply_to: m.node.clone(),
         })
     };
-    let answers = m.ask_nodes(&nodes, request, OTHER_NODES_WAIT);
+    let found_it = |a: u8| Found::from_u8(a).is_some_and(|f| f != Found::NotHere);
+    let answers = m.ask_nodes_until(&nodes, request, OTHER_NODES_WAIT, found_it);
     answers
         .into_iter()
         .filter_map(Found::from_u8)

@@ -1024,8 +1024,14 @@ impl ChangeNotify {
         }
         self.end_deleted_watches(open.file_key);
         if let (Some(relay), Some(root)) = (relay, share_root(&open.share)) {
-            relay.delete_pending(root, &lock(&open.path), open.file_key);
+            let path = lock(&open.path).clone();
+            relay.delete_pending(root, &path, open.file_key);
         }
+    }
+
+    /// Whether a watch on this node is of file `key`.
+    pub fn watches_file(&self, key: FileKey) -> bool {
+        !self.nobody_here() && self.watches().by_open.values().any(|w| w.file_key == key)
     }
 
     /// Requests waiting on watches of directory `key`, delete-pending, end
