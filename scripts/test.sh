@@ -156,10 +156,34 @@ export NIMBUS_SMBRS_BIN=$NIMBUS_TARGET_DIR/interop/debug/nimbus-smb-rs-check
 [ -x "$NIMBUS_SMBRS_BIN" ] || die "the interop build made no $NIMBUS_SMBRS_BIN"
 
 step "Integration tests (pytest tests/)"
+# pytest writes to a file, and tail shows it as it grows: pytest's own
+# output is then never a pipe, which a reader that stalls, closes, or is
+# switched to non-blocking by some child process could fail under it
+# (a failed write inside pytest ends the run with an internal error and
+# no reasons). The file keeps the whole run for reading afterwards.
+pytest_log=$NIMBUS_TARGET_DIR/pytest.log
 set +e
-"$NIMBUS_VENV/bin/python3" -m pytest -v --durations=30 tests/ ${pytest_args[@]+"${pytest_args[@]}"}
+COLUMNS=200 "$NIMBUS_VENV/bin/python3" -m pytest -v --durations=30 tests/ ${pytest_args[@]+"${pytest_args[@]}"} >"$pytest_log" 2>&1 &
+pytest_pid=$!
+trap 'kill "$pytest_pid" 2>/dev/null; exit 130' INT TERM
+tail -n +1 -f --pid="$pytest_pid" "$pytest_log"
+wait "$pytest_pid"
 rc=$?
+trap - INT TERM
 set -e
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then
+    # What failed and why, last, where a reader of a cut-short log looks,
+    # with the machine's state that a run-wide failure would come from.
+    echo
+    echo "==== pytest exited $rc: its summary again (whole run: $pytest_log) ===="
+    sed -n '/short test summary info/,$p' "$pytest_log" | cut -c1-400 | tail -n 80
+    grep -n "INTERNALERROR\|^E  \|Error:" "$pytest_log" | cut -c1-300 | tail -n 20 || true
+    echo "---- the machine now ----"
+    df -h / /tmp "$NIMBUS_ROOT" 2>/dev/null || true
+    free -m || true
+    echo "processes: $(ps -e --no-headers | wc -l), threads: $(ps -eL --no-headers | wc -l)"
+    ps -eo pid,nlwp,rss,etime,comm --sort=-rss | head -n 12 || true
+fi
 if [ "$rc" -eq 5 ]; then
     echo "pytest collected no test: that is a failure here" >&2
     exit 1
