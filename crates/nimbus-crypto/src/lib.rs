@@ -7,7 +7,8 @@
 //!
 //! No primitive is implemented here: ring and RustCrypto crates do the work;
 //! this crate only composes them the way MS-SMB2 and MS-NLMP require, and
-//! picks the fastest library for each primitive (see `nimbus bench crypto`).
+//! picks the fastest library for each primitive (see `nimbus bench crypto`);
+//! for AES-GCM that depends on the CPU, and `cpu` picks at start-up.
 //!
 //! The only `unsafe` is in `wipe`, which zeroes the key schedule of a library
 //! type that does not wipe itself.
@@ -17,8 +18,10 @@
 
 mod aead;
 mod awslc;
+mod cpu;
 mod error;
 mod kdf;
+mod library;
 mod ntlm;
 mod provider;
 mod signing;
@@ -26,9 +29,11 @@ mod signing;
 mod wipe;
 
 pub use aead::{Aead, CipherAlgorithm, TAG_LEN};
+pub use cpu::{gcm_library, CpuFeatures, Pick};
 pub use error::CryptoError;
+pub use library::Library;
 pub use ntlm::{NtlmPrimitives, Rc4Stream};
-pub use provider::{CryptoProvider, Library};
+pub use provider::CryptoProvider;
 pub use signing::{Signer, SigningAlgorithm};
 
 /// Compares two byte strings in constant time (for equal lengths).

@@ -6,38 +6,12 @@ use std::sync::{Arc, OnceLock};
 use sha2::{Digest, Sha512};
 
 use crate::aead::{new_aead, Aead, AeadBackend, CipherAlgorithm};
+use crate::cpu::{gcm_library, CpuFeatures};
 use crate::kdf::smb_kdf;
+use crate::library::Library;
 use crate::ntlm::{NtlmPrimitives, RustCryptoNtlm};
 use crate::signing::{hmac_sha256, new_signer, Signer, SigningAlgorithm};
 use crate::CryptoError;
-
-/// A library that implements primitives for a provider.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Library {
-    /// ring (BoringSSL's assembly): the fastest AES-GCM on x86_64.
-    Ring,
-    /// AWS-LC through aws-lc-rs (the FIPS 140-3 module with feature `fips`).
-    AwsLc,
-    /// The RustCrypto crates (aes, aes-gcm, ccm, cmac, hmac, sha2).
-    RustCrypto,
-}
-
-impl Library {
-    /// Short name for tables and logs.
-    pub fn name(self) -> &'static str {
-        match self {
-            Library::Ring => "ring",
-            Library::AwsLc => {
-                if cfg!(feature = "fips") {
-                    "aws-lc-fips"
-                } else {
-                    "aws-lc"
-                }
-            }
-            Library::RustCrypto => "rustcrypto",
-        }
-    }
-}
 
 /// A set of algorithm implementations plus a random source.
 ///
@@ -51,6 +25,8 @@ pub struct CryptoProvider {
     /// `None` in a FIPS provider: NTLM needs MD4, MD5 and RC4.
     ntlm: Option<&'static dyn NtlmPrimitives>,
     gcm: Library,
+    /// Why `gcm` is what it is: the default provider's pick for this CPU.
+    gcm_why: &'static str,
     /// `None` where no approved CCM with SMB's 11-byte nonce exists (FIPS:
     /// aws-lc-rs offers no such CCM).
     ccm: Option<Library>,
@@ -62,31 +38,50 @@ pub struct CryptoProvider {
 }
 
 static DEFAULT: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
+static RING: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
 static RUSTCRYPTO: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
 static AWSLC: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
 #[cfg(feature = "fips")]
 static FIPS: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
 static RUSTCRYPTO_NTLM: RustCryptoNtlm = RustCryptoNtlm;
+/// The `gcm_why` of a provider whose libraries are fixed.
+const FIXED: &str = "fixed by this provider";
 
 impl CryptoProvider {
     /// The default provider: the fastest implementation of each primitive
-    /// measured on x86_64 (BENCHMARKS.md). One shared instance.
+    /// (BENCHMARKS.md), AES-GCM's picked for the CPU this runs on
+    /// (`cpu::gcm_library`). One shared instance.
     pub fn default_provider() -> Arc<CryptoProvider> {
         DEFAULT
             .get_or_init(|| {
-                Arc::new(CryptoProvider {
-                    name: "default",
-                    fips: false,
-                    ntlm: Some(&RUSTCRYPTO_NTLM),
-                    gcm: Library::Ring,
-                    ccm: Some(Library::RustCrypto),
-                    gmac: Library::AwsLc,
-                    cmac: Library::AwsLc,
-                    hmac: Library::AwsLc,
-                    sha512: Library::AwsLc,
-                })
+                let gcm = gcm_library(&CpuFeatures::detect());
+                Arc::new(Self::fastest_with_gcm("default", gcm.library, gcm.why))
             })
             .clone()
+    }
+
+    /// The default's libraries with ring's AES-GCM whatever the CPU, so
+    /// that `nimbus bench crypto` shows ring's GCM beside AWS-LC's.
+    pub fn ring_provider() -> Arc<CryptoProvider> {
+        RING.get_or_init(|| Arc::new(Self::fastest_with_gcm("ring", Library::Ring, FIXED)))
+            .clone()
+    }
+
+    /// The default's libraries for every primitive but AES-GCM, which
+    /// comes from `gcm`.
+    fn fastest_with_gcm(name: &'static str, gcm: Library, gcm_why: &'static str) -> CryptoProvider {
+        CryptoProvider {
+            name,
+            fips: false,
+            ntlm: Some(&RUSTCRYPTO_NTLM),
+            gcm,
+            gcm_why,
+            ccm: Some(Library::RustCrypto),
+            gmac: Library::AwsLc,
+            cmac: Library::AwsLc,
+            hmac: Library::AwsLc,
+            sha512: Library::AwsLc,
+        }
     }
 
     /// Pure RustCrypto, for comparison in `nimbus bench crypto` and for
@@ -99,6 +94,7 @@ impl CryptoProvider {
                     fips: false,
                     ntlm: Some(&RUSTCRYPTO_NTLM),
                     gcm: Library::RustCrypto,
+                    gcm_why: FIXED,
                     ccm: Some(Library::RustCrypto),
                     gmac: Library::RustCrypto,
                     cmac: Library::RustCrypto,
@@ -112,19 +108,7 @@ impl CryptoProvider {
     /// AWS-LC for everything it offers (CCM from RustCrypto), for comparison.
     pub fn awslc_provider() -> Arc<CryptoProvider> {
         AWSLC
-            .get_or_init(|| {
-                Arc::new(CryptoProvider {
-                    name: "aws-lc",
-                    fips: false,
-                    ntlm: Some(&RUSTCRYPTO_NTLM),
-                    gcm: Library::AwsLc,
-                    ccm: Some(Library::RustCrypto),
-                    gmac: Library::AwsLc,
-                    cmac: Library::AwsLc,
-                    hmac: Library::AwsLc,
-                    sha512: Library::AwsLc,
-                })
-            })
+            .get_or_init(|| Arc::new(Self::fastest_with_gcm("aws-lc", Library::AwsLc, FIXED)))
             .clone()
     }
 
@@ -138,6 +122,7 @@ impl CryptoProvider {
                 fips: true,
                 ntlm: None,
                 gcm: Library::AwsLc,
+                gcm_why: "FIPS: AWS-LC's FIPS module only",
                 ccm: None,
                 gmac: Library::AwsLc,
                 cmac: Library::AwsLc,
@@ -157,12 +142,14 @@ impl CryptoProvider {
         None
     }
 
-    /// Every provider built into this binary (for benchmarks and tests).
+    /// Every provider built into this binary (for benchmarks and tests),
+    /// the default first.
     pub fn all() -> Vec<Arc<CryptoProvider>> {
         let mut v = vec![
             Self::default_provider(),
-            Self::rustcrypto_provider(),
+            Self::ring_provider(),
             Self::awslc_provider(),
+            Self::rustcrypto_provider(),
         ];
         v.extend(Self::fips_if_built());
         v
@@ -178,6 +165,41 @@ impl CryptoProvider {
             ("HMAC-SHA256", Some(self.hmac)),
             ("SHA-512", Some(self.sha512)),
         ]
+    }
+
+    /// The library behind one of `libraries()`'s primitive names.
+    pub fn library_of(&self, primitive: &str) -> Option<Library> {
+        self.libraries()
+            .into_iter()
+            .find(|(name, _)| *name == primitive)
+            .and_then(|(_, lib)| lib)
+    }
+
+    /// Why this provider's AES-GCM comes from its library.
+    pub fn gcm_why(&self) -> &'static str {
+        self.gcm_why
+    }
+
+    /// One line for the start-up log: each library and what it does here.
+    pub fn summary(&self) -> String {
+        let mut by_library: Vec<(Library, Vec<&str>)> = Vec::new();
+        for (what, lib) in self.libraries() {
+            let Some(lib) = lib else { continue };
+            match by_library.iter_mut().find(|(l, _)| *l == lib) {
+                Some((_, names)) => names.push(what),
+                None => by_library.push((lib, vec![what])),
+            }
+        }
+        let parts: Vec<String> = by_library
+            .iter()
+            .map(|(lib, names)| format!("{} from {}", names.join(", "), lib.name()))
+            .collect();
+        format!(
+            "crypto provider \"{}\": {}; AES-GCM: {}",
+            self.name,
+            parts.join("; "),
+            self.gcm_why
+        )
     }
 
     /// Short name for logs and `nimbus bench crypto`.
@@ -314,6 +336,26 @@ mod tests {
         assert!(!p.fips());
         assert!(p.ntlm().is_some());
         assert!(Arc::ptr_eq(&p, &CryptoProvider::default_provider()));
+    }
+
+    #[test]
+    fn default_takes_the_gcm_library_picked_for_this_cpu() {
+        let p = CryptoProvider::default_provider();
+        let pick = gcm_library(&CpuFeatures::detect());
+        assert_eq!(p.library_of("AES-GCM"), Some(pick.library));
+        assert_eq!(p.gcm_why(), pick.why);
+        let line = p.summary();
+        assert!(line.contains(pick.why), "{line}");
+        assert!(line.contains("AES-CCM from rustcrypto"), "{line}");
+        // Both GCM libraries are among the providers the vectors and the
+        // agreement test run through, whichever the default took.
+        let gcms: Vec<_> = CryptoProvider::all()
+            .iter()
+            .filter_map(|p| p.library_of("AES-GCM"))
+            .collect();
+        for lib in [Library::Ring, Library::AwsLc, Library::RustCrypto] {
+            assert!(gcms.contains(&lib), "{lib:?} missing from {gcms:?}");
+        }
     }
 
     /// Every provider gives the same answers for every keyed primitive.

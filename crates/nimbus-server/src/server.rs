@@ -151,7 +151,9 @@ impl Server {
             }
             p
         } else {
-            CryptoProvider::default_provider()
+            let p = CryptoProvider::default_provider();
+            tracing::info!("{}", p.summary());
+            p
         };
         let (offered, dropped): (Vec<CipherAlgorithm>, Vec<CipherAlgorithm>) = config
             .ciphers
