@@ -129,6 +129,33 @@ pub struct Outgoing {
     pub on_sent: Vec<crate::dispatch::OnSent>,
 }
 
+impl From<crate::pending::Frame> for Outgoing {
+    fn from(frame: crate::pending::Frame) -> Outgoing {
+        Outgoing::new(frame.buf, frame.start)
+    }
+}
+
+/// What a pending request's final response and a break need of their
+/// connection (`pending::ResponseChannel`).
+impl crate::pending::ResponseChannel for Connection {
+    fn send_frame(&self, frame: crate::pending::Frame) {
+        self.send_unsolicited(frame.into());
+    }
+
+    fn forget_pending(&self, async_id: u64) {
+        self.pending.remove(async_id);
+    }
+
+    fn is_closing(&self) -> bool {
+        Connection::is_closing(self)
+    }
+
+    fn close_unsendable(&self) {
+        tracing::warn!("{}: cannot encrypt a message; closing", self.peer);
+        self.close();
+    }
+}
+
 impl Outgoing {
     pub fn new(buf: Vec<u8>, start: usize) -> Outgoing {
         Outgoing {
@@ -361,6 +388,23 @@ impl Connection {
 
     pub fn negotiated(&self) -> Option<Arc<Negotiated>> {
         lock(&self.negotiated).clone()
+    }
+
+    /// The reason a session has no encryption keys, for the log line.
+    pub fn why_no_encryption(&self, guest: bool) -> String {
+        match self.negotiated() {
+            _ if guest => "guest and anonymous sessions have no key".into(),
+            Some(n) if !n.dialect.is_smb3() => {
+                format!("dialect {:?} has no encryption; SMB 3 is needed", n.dialect)
+            }
+            Some(n) if n.cipher.is_none() => {
+                format!(
+                    "the client offered none of the configured ciphers ({:?})",
+                    n.dialect
+                )
+            }
+            _ => "no cipher negotiated".into(),
+        }
     }
 
     /// Asks the reader to stop; in-flight requests finish but the socket closes.

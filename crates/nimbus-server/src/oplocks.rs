@@ -1458,7 +1458,7 @@ impl Outbound {
             .map(|cipher| (self.route.session_id, cipher));
         let file_id = self.route.file_id;
         crate::pending::send_message(
-            &conn,
+            conn.as_ref(),
             &header,
             |out| match b.holder {
                 Holder::Oplock(_) => OplockBreak {

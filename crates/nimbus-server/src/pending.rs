@@ -9,6 +9,10 @@
 //! pending request sits in its connection's table until then, so CANCEL,
 //! closing its handle, logoff and disconnect can find and end it; nothing
 //! waits on a runtime thread.
+//!
+//! A request sees its connection only as a `ResponseChannel`, so that the
+//! services whose waits end requests (locks, notify, durable handles,
+//! oplocks) reach neither the socket writer nor the connection's state.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,10 +23,29 @@ use nimbus_wire::simple::encode_error;
 use nimbus_wire::transform::TRANSFORM_HEADER_SIZE;
 use nimbus_wire::{FileId, NtStatus, HEADER_SIZE};
 
-use crate::connection::{Connection, Outgoing};
-use crate::security::SessionCipher;
-use crate::session::SigningKey;
+use crate::security::{SessionCipher, SigningKey};
 use crate::sync::lock;
+
+/// The connection a pending request answers on, as the request sees it.
+/// The connection layer implements it.
+pub trait ResponseChannel: Send + Sync {
+    /// Queues a framed message, `frame.buf[frame.start..]`, on the writer.
+    fn send_frame(&self, frame: Frame);
+    /// Takes an ended request out of the connection's pending table.
+    fn forget_pending(&self, async_id: u64);
+    /// Whether the connection is going: what it would send is dropped.
+    fn is_closing(&self) -> bool;
+    /// Closes the connection, which cannot be sent a message it needs:
+    /// one that could not be sealed.
+    fn close_unsendable(&self);
+}
+
+/// A message framed for the wire: its NetBIOS length at `start`, the bytes
+/// before it unused (room left for a transform header).
+pub struct Frame {
+    pub buf: Vec<u8>,
+    pub start: usize,
+}
 
 /// What the final response of a request needs from the request.
 pub struct Reply {
@@ -45,7 +68,7 @@ pub struct Reply {
 /// A request answered STATUS_PENDING whose final response is still owed.
 pub struct PendingRequest {
     reply: Reply,
-    conn: Weak<Connection>,
+    conn: Weak<dyn ResponseChannel>,
     done: AtomicBool,
     /// A CREATE the client can replay (a durable v2 CREATE with a
     /// CreateGuid): it goes on if its channel is lost and its session
@@ -60,7 +83,7 @@ pub struct PendingRequest {
 #[derive(Default)]
 struct Gate {
     interim_written: bool,
-    held: Option<Outgoing>,
+    held: Option<Frame>,
     /// The rest of a compound chain, run after the final response.
     then: Option<Continuation>,
     /// How the request ended, for `then`: the FileId a CREATE produced.
@@ -112,7 +135,7 @@ impl PendingTable {
         );
     }
 
-    fn remove(&self, async_id: u64) {
+    pub fn remove(&self, async_id: u64) {
         lock(&self.entries).remove(&async_id);
     }
 
@@ -180,10 +203,11 @@ impl PendingTable {
 }
 
 impl PendingRequest {
-    pub fn new(reply: Reply, conn: &Arc<Connection>) -> Arc<PendingRequest> {
+    pub fn new<C: ResponseChannel + 'static>(reply: Reply, conn: &Arc<C>) -> Arc<PendingRequest> {
+        let conn: Weak<dyn ResponseChannel> = Arc::downgrade(conn) as Weak<dyn ResponseChannel>;
         Arc::new(PendingRequest {
             reply,
-            conn: Arc::downgrade(conn),
+            conn,
             done: AtomicBool::new(false),
             replayable: AtomicBool::new(false),
             gate: std::sync::Mutex::new(Gate::default()),
@@ -209,7 +233,7 @@ impl PendingRequest {
             (held, then)
         };
         if let (Some(out), Some(conn)) = (held, self.conn.upgrade()) {
-            conn.send_unsolicited(out);
+            conn.send_frame(out);
         }
         if let Some((then, (file_id, status))) = then {
             run_later(then, file_id, status);
@@ -259,7 +283,7 @@ impl PendingRequest {
         let Some(conn) = self.conn.upgrade() else {
             return true;
         };
-        conn.pending.remove(self.reply.async_id);
+        conn.forget_pending(self.reply.async_id);
         if conn.is_closing() {
             return true;
         }
@@ -282,7 +306,7 @@ impl PendingRequest {
         };
         let error = status.is_error();
         let Some(out) = build_message(
-            &conn,
+            conn.as_ref(),
             &header,
             |out| {
                 if error {
@@ -302,7 +326,7 @@ impl PendingRequest {
         if gate.interim_written {
             let then = gate.then.take();
             drop(gate);
-            conn.send_unsolicited(out);
+            conn.send_frame(out);
             if let Some(then) = then {
                 run_later(then, file_id, status);
             }
@@ -330,26 +354,26 @@ fn run_later(then: Continuation, file_id: Option<FileId>, status: NtStatus) {
 /// body, then signed with `sign_with` or sealed with `seal_with`'s
 /// cipher, and queued on the connection's writer.
 pub fn send_message(
-    conn: &Connection,
+    conn: &dyn ResponseChannel,
     header: &Header,
     body: impl FnOnce(&mut Vec<u8>),
     sign_with: Option<&SigningKey>,
     seal_with: Option<&(u64, Arc<SessionCipher>)>,
 ) {
     if let Some(out) = build_message(conn, header, body, sign_with, seal_with) {
-        conn.send_unsolicited(out);
+        conn.send_frame(out);
     }
 }
 
 /// The framed message `send_message` sends; None when it cannot be sealed
 /// (the connection is then closed).
 fn build_message(
-    conn: &Connection,
+    conn: &dyn ResponseChannel,
     header: &Header,
     body: impl FnOnce(&mut Vec<u8>),
     sign_with: Option<&SigningKey>,
     seal_with: Option<&(u64, Arc<SessionCipher>)>,
-) -> Option<Outgoing> {
+) -> Option<Frame> {
     let start = 4 + TRANSFORM_HEADER_SIZE;
     let mut out = vec![0u8; start + HEADER_SIZE];
     body(&mut out);
@@ -358,20 +382,22 @@ fn build_message(
     }
     let outgoing = if let Some((session_id, cipher)) = seal_with {
         if cipher.seal(*session_id, &mut out[4..]).is_err() {
-            tracing::warn!("{}: cannot encrypt a message; closing", conn.peer);
-            conn.close();
+            conn.close_unsendable();
             return None;
         }
         let len = out.len() - 4;
         out[..4].copy_from_slice(&nimbus_wire::nbss::frame_header(len));
-        Outgoing::new(out, 0)
+        Frame { buf: out, start: 0 }
     } else {
         if let Some(signer) = sign_with {
             crate::security::sign(signer.as_ref(), &mut out[start..]);
         }
         let len = out.len() - start;
         out[start - 4..start].copy_from_slice(&nimbus_wire::nbss::frame_header(len));
-        Outgoing::new(out, start - 4)
+        Frame {
+            buf: out,
+            start: start - 4,
+        }
     };
     Some(outgoing)
 }

@@ -16,7 +16,11 @@ use nimbus_wire::transform::{
 use nimbus_wire::Command;
 use zeroize::Zeroizing;
 
-use crate::connection::Connection;
+/// A signing key ready to sign and verify: Session.SigningKey or a bound
+/// channel's Channel.SigningKey (MS-SMB2 3.3.1.8, 3.3.1.14). Shared, so
+/// that a response is signed with the key its request was verified with
+/// even if it is sent long after (a pending request's final response).
+pub type SigningKey = std::sync::Arc<dyn Signer>;
 
 /// MS-SMB2 3.1.4.1: 8-byte MessageId, then bit 0 set for the server's
 /// messages and bit 1 set for a CANCEL request.
@@ -87,23 +91,6 @@ pub fn session_signer(
         }
     }
     provider.signer(signing_algorithm, &key[..])
-}
-
-/// The reason a session has no encryption keys, for the log line.
-pub fn why_no_encryption(conn: &Connection, guest: bool) -> String {
-    match conn.negotiated() {
-        _ if guest => "guest and anonymous sessions have no key".into(),
-        Some(n) if !n.dialect.is_smb3() => {
-            format!("dialect {:?} has no encryption; SMB 3 is needed", n.dialect)
-        }
-        Some(n) if n.cipher.is_none() => {
-            format!(
-                "the client offered none of the configured ciphers ({:?})",
-                n.dialect
-            )
-        }
-        _ => "no cipher negotiated".into(),
-    }
 }
 
 /// A session's encryption state: one cipher per direction and the counter

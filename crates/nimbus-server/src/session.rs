@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use nimbus_auth::AuthExchange;
-use nimbus_crypto::Signer;
 use nimbus_state::caching::LeaseId;
 use nimbus_state::FileKey;
 use nimbus_vfs::{DirEntry, FileHandle};
@@ -16,15 +15,10 @@ use crate::dir_budget::EntryLease;
 use crate::held_bytes::HeldCharge;
 use crate::open_files::OpenFileSlot;
 use crate::security::SessionCipher;
+pub use crate::security::SigningKey;
 use crate::server::Share;
 
 use crate::sync::lock;
-
-/// A signing key ready to sign and verify: Session.SigningKey or a bound
-/// channel's Channel.SigningKey (MS-SMB2 3.3.1.8, 3.3.1.14). Shared, so
-/// that a response is signed with the key its request was verified with
-/// even if it is sent long after (a pending request's final response).
-pub type SigningKey = Arc<dyn Signer>;
 
 pub enum SessionState {
     /// SESSION_SETUP exchange under way (MS-SMB2 3.3.5.5).

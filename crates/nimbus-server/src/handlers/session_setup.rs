@@ -145,7 +145,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
                     res.domain,
                     res.user,
                     ctx.conn.peer,
-                    crate::security::why_no_encryption(ctx.conn, unauthenticated)
+                    ctx.conn.why_no_encryption(unauthenticated)
                 );
                 return Err(NtStatus::ACCESS_DENIED);
             }

@@ -36,7 +36,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
              session cannot encrypt ({})",
             ctx.conn.peer,
             share.name,
-            crate::security::why_no_encryption(ctx.conn, guest)
+            ctx.conn.why_no_encryption(guest)
         );
         return Err(NtStatus::ACCESS_DENIED);
     }
