@@ -3,7 +3,7 @@
 //! clients: CREATEs that wait for breaks, acknowledgements right and
 //! wrong, timeouts, writes, renames, deletes, changes inside a leased
 //! directory, blocking locks, CANCEL, dropped connections. The harness
-//! (`nimbus_state::fuzzing`, shared with the replay in `cargo test`)
+//! (`nimbus_state_model`, shared with the replay in `cargo test`)
 //! checks after every step that no two grants conflict and every break is
 //! one the rules may send, and at the end that every waiting request was
 //! answered and no state was left behind.
@@ -12,5 +12,5 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    nimbus_state::fuzzing::state_rules(data);
+    nimbus_state_model::state_rules(data);
 });

@@ -473,14 +473,14 @@ fn search_pattern_regressions() {
     }
 }
 
-/// The `state_rules` target runs `nimbus_state::fuzzing::state_rules`
+/// The `state_rules` target runs `nimbus_state_model::state_rules`
 /// itself (fuzz/fuzz_targets/state_rules.rs), which panics when an
 /// invariant fails. Each seed (written by hand in the encoding of
-/// `nimbus_state::fuzzing::input`; `decode` lists an input's requests)
+/// `nimbus_state_model::input`; `decode` lists an input's requests)
 /// must still reach the story it was written for.
 #[test]
 fn state_rules_seeds() {
-    use nimbus_state::fuzzing::{state_rules, Report};
+    use nimbus_state_model::{state_rules, Report};
     let seeds = inputs("seeds/state_rules");
     type Reached = fn(&Report) -> bool;
     let reaches: [(&str, Reached); 8] = [
@@ -540,7 +540,7 @@ fn state_rules_regressions() {
     ];
     assert_present("state_rules", &found, &fixed);
     for (_name, input) in &found {
-        nimbus_state::fuzzing::state_rules(input);
+        nimbus_state_model::state_rules(input);
     }
 }
 

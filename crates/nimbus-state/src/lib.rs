@@ -19,8 +19,6 @@ pub mod etcd_store;
 #[cfg(any(test, feature = "conformance"))]
 pub mod etcd_test_cluster;
 pub mod etcd_watch;
-#[cfg(feature = "fuzzing")]
-pub mod fuzzing;
 pub mod journal;
 pub mod memory;
 pub mod metrics_names;

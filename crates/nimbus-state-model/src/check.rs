@@ -4,39 +4,14 @@
 //! ranges and share modes are written here again from the definitions
 //! rather than borrowed from the rules they check.
 
-use crate::byte_range::{try_lock, RangeLock};
-use crate::caching::{FileCaching, Holder, Want, HANDLE, READ, WRITE};
-use crate::{FileKey, OpenRecord};
+use nimbus_state::byte_range::{try_lock, RangeLock};
+use nimbus_state::caching::{FileCaching, Holder, Want, HANDLE, WRITE};
+use nimbus_state::{FileKey, OpenRecord};
 
-use super::input::{
-    APPEND_DATA, DELETE, EXECUTE, READ_ATTRIBUTES, READ_CONTROL, READ_DATA, SYNCHRONIZE,
-    WRITE_ATTRIBUTES, WRITE_DATA,
-};
-use super::oplock_service::{Entry, Timer};
-use super::world::World;
-
-/// MS-SMB2 2.2.13.2.8: the lease states a server may hold.
-pub(super) const LEASE_STATES: [u32; 5] =
-    [0, READ, READ | HANDLE, READ | WRITE, READ | WRITE | HANDLE];
-/// Oplocks held as lease states: level II, exclusive, batch.
-const OPLOCK_STATES: [u32; 3] = [READ, READ | WRITE, READ | WRITE | HANDLE];
-
-/// Rights of an open that no caching holder minds (Windows' stat open);
-/// a lease holder also ignores a read of the security descriptor.
-pub(super) const STAT: u32 = READ_ATTRIBUTES | WRITE_ATTRIBUTES | SYNCHRONIZE;
-const LEASE_STAT: u32 = STAT | READ_CONTROL;
-
-pub(super) fn subset(a: u32, b: u32) -> bool {
-    a & !b == 0
-}
-
-pub(super) fn only(access: u32, rights: u32) -> bool {
-    access != 0 && subset(access, rights)
-}
-
-pub(super) fn is_lease(h: Holder) -> bool {
-    matches!(h, Holder::Lease(_))
-}
+use crate::input::{APPEND_DATA, DELETE, EXECUTE, READ_DATA, WRITE_DATA};
+use crate::oplock_service::{Entry, Timer};
+use crate::states::{is_lease, only, subset, LEASE_STAT, LEASE_STATES, OPLOCK_STATES, STAT};
+use crate::world::World;
 
 /// Everything at once, after every step.
 pub fn world(w: &World) {
@@ -70,7 +45,7 @@ pub fn world(w: &World) {
             );
         }
     }
-    for file in 0..super::input::FILES {
+    for file in 0..crate::input::FILES {
         share_modes(w, w.key(file));
     }
     requests(w);
@@ -129,7 +104,7 @@ fn caching(w: &World, e: &Entry) {
         !s.is_empty() || !e.waiters.is_empty(),
         "an entry nothing needs is kept"
     );
-    let is_dir = e.key.ino & 0xFF == super::input::DIR as u64;
+    let is_dir = e.key.ino & 0xFF == crate::input::DIR as u64;
     let mut owned: Vec<u64> = Vec::new();
     for (i, g) in s.grants.iter().enumerate() {
         assert!(

@@ -2,10 +2,12 @@
 //! state before the call: the breaks a call sends, what an admitted open
 //! is granted, what an acknowledgement is answered.
 
-use crate::caching::{oplock_state, AckError, Acked, BreakOrder, FileCaching, Granted, Holder};
-use crate::caching::{OpenAsk, Want, HANDLE, READ, WRITE};
+use nimbus_state::caching::{
+    oplock_state, AckError, Acked, BreakOrder, FileCaching, Granted, Holder,
+};
+use nimbus_state::caching::{OpenAsk, Want, HANDLE, READ, WRITE};
 
-use super::check::{is_lease, only, subset, LEASE_STATES, STAT};
+use crate::states::{is_lease, only, subset, LEASE_STATES, STAT};
 
 /// The breaks one call of the rules sent, against the state before it:
 /// each names a holder once, lowers what it holds (to a state it may

@@ -6,12 +6,14 @@
 //! waiting request woken is handed back to be run again. Every call into
 //! the rules is checked against the state before it (`calls`).
 
-use crate::caching::{AckError, Acked, BreakOrder, Contention, FileCaching, Granted, Holder};
-use crate::caching::{LeaseId, OpenAsk, OpenEntry, Want};
-use crate::FileKey;
+use nimbus_state::caching::{
+    AckError, Acked, BreakOrder, Contention, FileCaching, Granted, Holder,
+};
+use nimbus_state::caching::{LeaseId, OpenAsk, OpenEntry, Want};
+use nimbus_state::FileKey;
 
-use super::calls;
-use super::input::CreateReq;
+use crate::calls;
+use crate::input::CreateReq;
 
 /// A request that runs again when the breaks on its file end.
 #[derive(Clone, Copy, Debug)]
@@ -111,7 +113,7 @@ impl Oplocks {
         if !c.wait && !ask.sharing_violation {
             e.state.opens.push(OpenEntry {
                 open_id: ask.open_id,
-                stat: crate::caching::stat_open(ask.access),
+                stat: nimbus_state::caching::stat_open(ask.access),
             });
         }
         self.prepare_breaks(file, &c.breaks);
@@ -200,7 +202,7 @@ impl Oplocks {
         open_id: u64,
         level: u8,
     ) -> (Result<Acked, AckError>, Vec<Waiter>) {
-        let state = crate::caching::oplock_state(level);
+        let state = nimbus_state::caching::oplock_state(level);
         self.ack(file, Holder::Oplock(open_id), state, |s| {
             s.ack_oplock(open_id, level)
         })

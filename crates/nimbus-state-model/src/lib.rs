@@ -1,7 +1,10 @@
-//! The harness of the `state_rules` fuzz target (fuzz/fuzz_targets/
-//! state_rules.rs), kept here so that the fuzzer and the replay of its
-//! inputs in `cargo test` (crates/nimbus-server/tests/fuzz_inputs.rs) run
-//! the same code. Built only with the `fuzzing` feature.
+//! nimbus-state-model: the harness of the `state_rules` fuzz target
+//! (fuzz/fuzz_targets/state_rules.rs), a crate of its own so that the
+//! fuzzer and the replay of its inputs in `cargo test`
+//! (crates/nimbus-server/tests/fuzz_inputs.rs) run the same code, and so
+//! that no build of the server carries it. It knows nimbus-state's public
+//! rules and nothing above them. Start reading at `state_rules`, then
+//! `world`.
 //!
 //! The input is a bounded sequence of requests by a few clients against a
 //! few files and the directory holding them (`input`). A model of the
@@ -25,6 +28,7 @@ mod drain;
 pub mod input;
 mod lock_service;
 mod oplock_service;
+mod states;
 mod world;
 
 /// How far one input got, so that tests can see a seed still reaches the

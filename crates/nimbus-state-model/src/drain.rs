@@ -1,12 +1,12 @@
 //! The end of every input: what is left under way is brought to an end
 //! the way clients and timers would, and then nothing may be left.
 
-use crate::caching::{self, Holder};
-use crate::FileKey;
+use nimbus_state::caching::{self, Holder};
+use nimbus_state::FileKey;
 
-use super::check;
-use super::input::{FILES, MAX_OPS};
-use super::world::World;
+use crate::check;
+use crate::input::{FILES, MAX_OPS};
+use crate::world::World;
 
 impl World {
     /// The end of the story: stalled CREATEs go ahead; every break under

@@ -7,15 +7,15 @@
 
 use std::sync::Arc;
 
-use crate::byte_range::{valid_range, LockRange};
-use crate::caching::{self, AckError, Granted, LeaseId, OpenAsk, Want};
-use crate::{FileKey, MemoryStore, OpenRecord, ShareModes, SharingError};
+use nimbus_state::byte_range::{valid_range, LockRange};
+use nimbus_state::caching::{self, AckError, Granted, LeaseId, OpenAsk, Want};
+use nimbus_state::{FileKey, MemoryStore, OpenRecord, ShareModes, SharingError};
 
-use super::input::{Caching, CreateReq, Op, DELETE, DIR, FILES, WRITE_DATA};
-use super::input::{APPEND_DATA, SYNCHRONIZE};
-use super::lock_service::{Locks, Outcome};
-use super::oplock_service::{Deferred, Oplocks, Timer, Waiter};
-use super::Report;
+use crate::input::{Caching, CreateReq, Op, DELETE, DIR, FILES, WRITE_DATA};
+use crate::input::{APPEND_DATA, SYNCHRONIZE};
+use crate::lock_service::{Locks, Outcome};
+use crate::oplock_service::{Deferred, Oplocks, Timer, Waiter};
+use crate::Report;
 
 /// An open handle.
 #[derive(Clone, Debug)]
@@ -224,7 +224,7 @@ impl World {
     }
 
     /// Runs woken requests again, from the start, as deferred.rs does.
-    pub(super) fn run(&mut self, woken: Vec<Waiter>) {
+    pub(crate) fn run(&mut self, woken: Vec<Waiter>) {
         for w in woken {
             self.report.retried += 1;
             match w.request {
@@ -326,7 +326,7 @@ impl World {
     }
 
     /// The rest of a CREATE: the open goes ahead, or fails on disk.
-    pub(super) fn finish(&mut self, at: usize, fail: bool) {
+    pub(crate) fn finish(&mut self, at: usize, fail: bool) {
         let s = self.stalled.remove(at);
         let open_id = s.ask.open_id;
         if fail {
@@ -371,7 +371,7 @@ impl World {
     }
 
     /// close.rs `release`.
-    pub(super) fn close(&mut self, at: usize) {
+    pub(crate) fn close(&mut self, at: usize) {
         let o = self.opens.remove(at);
         let (ended, granted) = self.locks.release_open(o.key, o.id);
         for id in ended.into_iter().chain(granted) {
@@ -426,7 +426,7 @@ impl World {
         self.run(woken);
     }
 
-    pub(super) fn fire(&mut self, t: Timer) {
+    pub(crate) fn fire(&mut self, t: Timer) {
         let live = self.oplocks.live(&t);
         let woken = self.oplocks.fire(t);
         self.report.timeouts += usize::from(live);
@@ -527,7 +527,7 @@ impl World {
     }
 
     /// Every request waiting, as (file, async id, client, is a lock).
-    pub(super) fn waiters(&self) -> Vec<(FileKey, u64, u8, bool)> {
+    pub(crate) fn waiters(&self) -> Vec<(FileKey, u64, u8, bool)> {
         let mut v: Vec<_> = self
             .oplocks
             .files

@@ -4,8 +4,8 @@
 //! shrink (an unlock or a close). Requests are named by their async id
 //! instead of a pending request to answer.
 
-use crate::byte_range::{self, LockError, LockRange, RangeLock};
-use crate::FileKey;
+use nimbus_state::byte_range::{self, LockError, LockRange, RangeLock};
+use nimbus_state::FileKey;
 
 /// A blocking LOCK waiting for its range.
 #[derive(Clone, Debug)]
