@@ -10,8 +10,8 @@
 
 use crate::byte_range::LockRange;
 use crate::caching::LeaseId;
+use crate::file_key::FileKey;
 use crate::records::{put_len, Cursor, Record};
-use crate::share_modes::FileKey;
 use crate::store::StateError;
 
 /// Key prefix of open records: `open/` then the open id, big-endian (a scan

@@ -37,6 +37,10 @@ use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
 
 use crate::store::StateError;
 
+/// Largest answer taken (a scan of many records); beyond it the call
+/// fails rather than allocate without bound.
+pub(crate) const MAX_RESPONSE: usize = 64 << 20;
+
 /// How long a connection may stay silent before it is taken for dead: a
 /// member cut off by a silent network is noticed by the next call rather
 /// than by a TCP timeout minutes later.

@@ -36,9 +36,7 @@ use crate::etcd_rpc::{Members, Retry};
 use crate::etcd_seal::{RecordKey, FORGED};
 use crate::store::{StateError, StateStore, Versioned};
 
-/// Largest answer taken (a scan of many records); beyond it the call
-/// fails rather than allocate without bound.
-pub(crate) const MAX_RESPONSE: usize = 64 << 20;
+use crate::etcd_rpc::MAX_RESPONSE;
 
 pub struct EtcdStore {
     members: Arc<Members>,
@@ -931,5 +929,36 @@ mod tests {
             other => panic!("expected Unavailable, got {other:?}"),
         }
         assert!(t.elapsed() < Duration::from_secs(10));
+    }
+
+    /// A watch of a store that etcd is out of reach of: one error waits
+    /// for the caller however long the outage lasts (`etcd_watch`).
+    #[test]
+    fn an_outage_leaves_one_watch_error_waiting_however_long_it_lasts() {
+        // Nothing listens there: every attempt fails at once.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap();
+        let store = EtcdStore::new(
+            &[format!("http://127.0.0.1:{port}")],
+            b"/t/",
+            Duration::from_millis(300),
+        )
+        .unwrap();
+        let mut watch = store.watch(b"k/", 1);
+        // The first error is told.
+        assert!(watch.next(Duration::from_secs(10)).is_err());
+        // Unread while the task fails again and again (every 200 ms), a
+        // second error is sent once the first is taken, and no more.
+        let until = std::time::Instant::now() + Duration::from_secs(2);
+        while std::time::Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert_eq!(
+            watch.take_waiting_errors(),
+            1,
+            "errors left waiting after a 2 s outage"
+        );
     }
 }

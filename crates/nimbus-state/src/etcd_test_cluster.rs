@@ -12,7 +12,7 @@ pub struct Cluster {
     pub members: Vec<std::process::Child>,
     pub urls: Vec<String>,
     /// With TLS: what a client needs to be let in.
-    pub access: crate::etcd_store::Access,
+    pub access: crate::etcd_rpc::Access,
 }
 
 /// What a member is started with.
@@ -190,7 +190,7 @@ impl Cluster {
             .join(",");
         let scheme = if tls { "https" } else { "http" };
         let mut tls_args: Vec<String> = Vec::new();
-        let mut access = crate::etcd_store::Access::default();
+        let mut access = crate::etcd_rpc::Access::default();
         if tls {
             make_certificates(&dir);
             let path = |f: &str| dir.join(f).display().to_string();

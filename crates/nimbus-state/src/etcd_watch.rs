@@ -61,6 +61,17 @@ pub struct Watch {
 }
 
 impl Watch {
+    /// Takes every error waiting, unread, and says how many there were
+    /// (the test of `error_waiting`, in etcd_store.rs).
+    #[cfg(test)]
+    pub(crate) fn take_waiting_errors(&mut self) -> usize {
+        let mut waiting = 0;
+        while let Ok(Err(_)) = self.batches.try_recv() {
+            waiting += 1;
+        }
+        waiting
+    }
+
     pub(crate) fn new(
         members: Arc<Members>,
         store_prefix: Vec<u8>,
@@ -192,7 +203,7 @@ impl Follow {
             .await
             .map_err(|e| e.to_string())?
             .watch_client()
-            .max_decoding_message_size(crate::etcd_store::MAX_RESPONSE);
+            .max_decoding_message_size(crate::etcd_rpc::MAX_RESPONSE);
         let options = WatchOptions::new()
             .with_range(self.range_end.clone())
             .with_start_revision(self.next_revision.load(Ordering::SeqCst) as i64);
@@ -257,41 +268,5 @@ impl Follow {
                 return Ok(());
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::{Duration, Instant};
-
-    use crate::etcd_store::EtcdStore;
-
-    #[test]
-    fn an_outage_leaves_one_error_waiting_however_long_it_lasts() {
-        // Nothing listens there: every attempt fails at once.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .unwrap();
-        let store = EtcdStore::new(
-            &[format!("http://127.0.0.1:{port}")],
-            b"/t/",
-            Duration::from_millis(300),
-        )
-        .unwrap();
-        let mut watch = store.watch(b"k/", 1);
-        // The first error is told.
-        assert!(watch.next(Duration::from_secs(10)).is_err());
-        // Unread while the task fails again and again (every 200 ms), a
-        // second error is sent once the first is taken, and no more.
-        let until = Instant::now() + Duration::from_secs(2);
-        while Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let mut waiting = 0;
-        while let Ok(Err(_)) = watch.batches.try_recv() {
-            waiting += 1;
-        }
-        assert_eq!(waiting, 1, "errors left waiting after a 2 s outage");
     }
 }

@@ -19,6 +19,7 @@ pub mod etcd_store;
 #[cfg(any(test, feature = "conformance"))]
 pub mod etcd_test_cluster;
 pub mod etcd_watch;
+mod file_key;
 pub mod journal;
 pub mod memory;
 pub mod metrics_names;

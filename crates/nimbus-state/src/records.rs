@@ -10,7 +10,7 @@
 
 use crate::byte_range::RangeLock;
 use crate::caching::{BreakOrder, Breaking, FileCaching, Grant, Holder, LeaseId, OpenEntry};
-use crate::share_modes::FileKey;
+use crate::file_key::FileKey;
 use crate::store::{Change, Durability, Memo, StateError, StateStore, Together, Versioned};
 
 /// A value kept under one key.

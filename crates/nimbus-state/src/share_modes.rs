@@ -8,12 +8,7 @@ use std::sync::Arc;
 use crate::records::{self, Record};
 use crate::store::{InPlace, StateError, StateStore};
 
-/// Identifies a file independent of its name: device and inode.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct FileKey {
-    pub dev: u64,
-    pub ino: u64,
-}
+pub use crate::file_key::FileKey;
 
 /// Key prefix of a file's opens and share modes.
 pub const OPENS_PREFIX: &[u8] = b"file/";

@@ -21,6 +21,7 @@ pub mod nbss;
 pub mod negotiate;
 pub mod notify;
 pub mod oplock;
+pub mod posix_descriptor;
 pub mod query_directory;
 pub mod read;
 pub mod security_descriptor;

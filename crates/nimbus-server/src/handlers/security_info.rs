@@ -8,7 +8,8 @@
 //! as an owner would. The first SET_INFO stores a descriptor, built on the
 //! one shown; from then on the file's own rules apply.
 
-use nimbus_wire::dtyp::{posix_security_descriptor, security_information as si};
+use nimbus_wire::dtyp::security_information as si;
+use nimbus_wire::posix_descriptor::posix_security_descriptor;
 use nimbus_wire::security_descriptor::SecurityDescriptor;
 use nimbus_wire::NtStatus;
 
