@@ -1133,7 +1133,7 @@ impl Membership {
         // A gone node's open another node took over, or one this node let
         // go of for its client on another node.
         if self.is_gone(to) || self.is_released(open_id) {
-            match crate::failover::holder_of(self, open_id) {
+            match crate::claims::holder_of(self.store.as_ref(), open_id) {
                 Some(h) => to = h,
                 None => return self.open_is_gone(open_id),
             }

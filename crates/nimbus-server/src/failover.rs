@@ -77,33 +77,11 @@ use nimbus_state::etcd_store::{Cmp, Op};
 use nimbus_state::records::Record;
 use nimbus_state::{FileKey, StateStore};
 
+use crate::claims::{holder_key, holder_of, released_key, HOLDER_PREFIX};
 use crate::cluster::incarnation_of;
 use crate::durable::Owner;
 use crate::server::Server;
 use crate::session::Open;
-
-/// Key prefix of the claims: `holder/<open id>` (8 bytes, big-endian).
-pub const HOLDER_PREFIX: &[u8] = b"holder/";
-
-fn holder_key(open_id: u64) -> Vec<u8> {
-    per_open_key(HOLDER_PREFIX, open_id)
-}
-
-fn per_open_key(prefix: &[u8], open_id: u64) -> Vec<u8> {
-    let mut k = prefix.to_vec();
-    k.extend_from_slice(&open_id.to_be_bytes());
-    k
-}
-
-/// Key prefix of the marks a live node leaves on its own opens it let go
-/// of: `released/<open id>` (8 bytes, big-endian), not under a lease (the
-/// node may register again under a new one while the open lives on
-/// elsewhere); deleted when the open closes for good.
-pub const RELEASED_PREFIX: &[u8] = b"released/";
-
-fn released_key(open_id: u64) -> Vec<u8> {
-    per_open_key(RELEASED_PREFIX, open_id)
-}
 
 /// What `claim_for` did.
 enum Claimed {
@@ -462,7 +440,7 @@ fn ask_to_let_go(
 ) -> bool {
     let open_id = req.open_id;
     let origin = incarnation_of(open_id);
-    let holder = match holder_of(m, open_id) {
+    let holder = match holder_of(m.store.as_ref(), open_id) {
         Some(h) => h,
         None if !m.is_gone(origin) => origin,
         None => {
@@ -826,12 +804,6 @@ pub fn hand_back(server: &Arc<Server>) -> usize {
     handed
 }
 
-/// The incarnation that holds a gone node's open now, if one took it over.
-pub fn holder_of(m: &crate::cluster::Membership, open_id: u64) -> Option<u64> {
-    let v = m.store.get(&holder_key(open_id)).ok()??;
-    std::str::from_utf8(&v.value).ok()?.parse().ok()
-}
-
 /// The claim of `open_id`, and the mark of its node letting go of it, go
 /// with its close.
 pub fn closed(server: &Server, open_id: u64) {
@@ -863,7 +835,7 @@ pub fn forward_break(server: &Arc<Server>, open_id: u64, order: &BreakOrder) -> 
     if !m.is_released(open_id) || server.oplocks.serves_here(open_id) {
         return false;
     }
-    match holder_of(m, open_id) {
+    match holder_of(m.store.as_ref(), open_id) {
         Some(h) if !m.runs(h) => {
             post_to_holder(m, h, open_id, order);
             true
@@ -933,7 +905,7 @@ fn take_back(server: &Arc<Server>, open_id: u64, order: &BreakOrder) {
         return;
     };
     for _ in 0..2 {
-        match holder_of(m, open_id) {
+        match holder_of(m.store.as_ref(), open_id) {
             Some(h) if !m.runs(h) => return post_to_holder(m, h, open_id, order),
             // Here (taken back by this break or one before it): it ends
             // as on one node.

@@ -9,6 +9,7 @@ mod admission;
 mod app_instance_handover;
 mod apple;
 mod arrivals;
+mod claims;
 pub mod cluster;
 mod cluster_notify;
 mod cluster_registry;
