@@ -5,7 +5,7 @@ use nimbus_wire::create::FileTimesAndSizes;
 use nimbus_wire::fscc::{attributes, fs_attributes, unix_to_filetime, FileInfo, VolumeInfo};
 
 use crate::dosinfo::DosInfo;
-use crate::session::Open;
+use crate::open::Open;
 
 fn ft(t: Timespec) -> u64 {
     unix_to_filetime(t.sec, t.nsec)

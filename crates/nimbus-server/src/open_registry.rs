@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use nimbus_state::FileKey;
 
-use crate::session::Open;
+use crate::open::Open;
 use crate::sync::lock;
 
 #[derive(Default)]

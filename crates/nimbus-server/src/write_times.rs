@@ -30,7 +30,7 @@ use nimbus_state::FileKey;
 use nimbus_vfs::Timespec;
 use nimbus_wire::fscc::{unix_to_filetime, FileInfo};
 
-use crate::session::Open;
+use crate::open::Open;
 use crate::sync::lock;
 
 /// How long after its first WRITE a file's write time moves.

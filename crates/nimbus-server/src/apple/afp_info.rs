@@ -14,7 +14,7 @@ use nimbus_wire::apple::afp_info::{self as layout, FINDER_INFO, FINDER_INFO_LEN,
 use nimbus_wire::NtStatus;
 
 use crate::errors::vfs_status;
-use crate::session::Open;
+use crate::open::Open;
 
 /// What the stream holds now: the stored record, or an empty one while
 /// none is.

@@ -36,8 +36,8 @@ use nimbus_wire::NtStatus;
 
 use nimbus_vfs::{CreateMode, Kind, OpenOptions};
 
-use crate::server::{Server, Share};
-use crate::session::Open;
+use crate::open::Open;
+use crate::share::Share;
 
 /// How this module opens the streams (and companion files) it reads and
 /// writes itself: as plain files, the server's own.
@@ -94,7 +94,7 @@ const SERVER_CAPS: u64 = caps::UNIX_BASED
 /// has. None when the request carries none or the share does not serve
 /// Apple's extensions (the context is then ignored, as any unknown one).
 pub fn negotiate(
-    server: &Server,
+    apple_model: &str,
     state: &AppleState,
     share: &Share,
     contexts: &[CreateContext],
@@ -137,7 +137,7 @@ pub fn negotiate(
         // Names are matched ignoring case, FULL_SYNC is Time Machine's and
         // file ids are not resolved to paths: none of the three.
         volume_caps: 0,
-        model: &server.config().apple_model,
+        model: apple_model,
     }
     .encode(&mut out);
     Ok(Some(out))

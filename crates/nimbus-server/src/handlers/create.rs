@@ -131,7 +131,12 @@ fn open_or_create(
     }
     // A Mac's AAPL query: answered (and the connection's Apple semantics
     // set) before anything is made, so that a bad one is refused cleanly.
-    let aapl_reply = crate::apple::negotiate(ctx.server, &ctx.conn.apple, &share, &req.contexts)?;
+    let aapl_reply = crate::apple::negotiate(
+        &ctx.server.config().apple_model,
+        &ctx.conn.apple,
+        &share,
+        &req.contexts,
+    )?;
     // The descriptor a new file is to get (checked before anything is made).
     let given_sd = create_security::given(&req.contexts)?;
     let mut want = requested_caching(ctx, &req)?;
