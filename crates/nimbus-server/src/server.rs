@@ -93,7 +93,7 @@ pub struct Server {
     /// Connections whose client has gone, their opens being released.
     pub teardowns: crate::teardowns::Teardowns,
     /// Change notify: watches on open directories and the changes for them.
-    pub notify: crate::notify::ChangeNotify,
+    pub notify: Arc<crate::notify::ChangeNotify>,
     /// Files whose write time moves later than their data (Windows'
     /// delayed write-time update).
     pub write_times: crate::write_times::WriteTimes,
@@ -126,6 +126,12 @@ pub fn now_filetime() -> u64 {
 }
 
 impl Server {
+    /// Whether file `key` is delete-pending, by its share-mode record (an
+    /// unreadable record: not known to be).
+    pub fn delete_pending(&self, key: nimbus_state::FileKey) -> bool {
+        self.share_modes.record(key).is_ok_and(|r| r.delete_pending)
+    }
+
     pub fn new(mut config: Config) -> Result<Arc<Server>, StartError> {
         let provider = if config.fips {
             let p = CryptoProvider::fips_if_built().ok_or_else(|| {
@@ -285,7 +291,7 @@ impl Server {
                 .collect();
             Arc::new(crate::cluster_notify::NotifyRelay::new(m.clone(), roots))
         });
-        let notify = crate::notify::ChangeNotify::new(max_inotify_watches);
+        let notify = Arc::new(crate::notify::ChangeNotify::new(max_inotify_watches));
         if let Some(r) = &notify_relay {
             notify.set_relay(r.clone());
         }

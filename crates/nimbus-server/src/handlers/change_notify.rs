@@ -72,7 +72,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         .ok_or(NtStatus::INSUFFICIENT_RESOURCES)
     };
     let answer = server.notify.request(
-        &server,
+        &|open_id| server.opens.contains(open_id),
         &open,
         token,
         req.completion_filter,
@@ -90,7 +90,9 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             // request was being set up (the close that would have ended it
             // found no request waiting yet): it ends now, after its
             // interim response.
-            server.notify.still_open(&server, &open);
+            server
+                .notify
+                .still_open(&|key| server.delete_pending(key), &open);
             Ok(NtStatus::PENDING)
         }
     }

@@ -111,7 +111,9 @@ pub fn release(server: &Server, open: &Open) {
             deleted
         }
         Ok(None) => {
-            server.notify.still_open(server, open);
+            server
+                .notify
+                .still_open(&|key| server.delete_pending(key), open);
             // A Mac's AfpInfo created and never written goes with its last
             // handle (crate::apple::afp_info).
             if crate::apple::open_kind(open) == Some(crate::apple::AppleStream::AfpInfo)

@@ -37,14 +37,14 @@
 //! metadata change can be, for inotify does not say which it was (missing
 //! one would leave a client stale, an extra one costs it a refresh).
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use nimbus_vfs::{DirWatcher, FsChange, FsEvent, LocalFs, Notice, OwnChange};
 use nimbus_wire::notify::{completion_filter as cf, NotifyAction};
 
 use super::{name_filter, parent_of, Change, ChangeNotify, Completion};
-use crate::server::{Server, Share};
-use crate::session::Open;
+use crate::open::Open;
+use crate::share::Share;
 
 /// What a change of data is: IN_MODIFY (a write, a truncation).
 pub(super) const WRITE_CLASSES: u32 = cf::SIZE | cf::LAST_WRITE;
@@ -94,9 +94,9 @@ pub(super) fn changes_of(ev: &FsEvent) -> Vec<Change<'_>> {
 
 impl ChangeNotify {
     /// The disk watcher, started on first use.
-    fn disk(&self, server: &Arc<Server>) -> Option<&DirWatcher> {
+    fn disk(self: &Arc<Self>) -> Option<&DirWatcher> {
         self.disk
-            .get_or_init(|| start(self.max_disk_watches, server))
+            .get_or_init(|| start(self.max_disk_watches, Arc::downgrade(self)))
             .as_ref()
     }
 
@@ -106,15 +106,8 @@ impl ChangeNotify {
     }
 
     /// Subscribes watch `open_id`'s directory `dir` (a tree with `tree`).
-    pub(super) fn watch_disk(
-        &self,
-        server: &Arc<Server>,
-        open_id: u64,
-        fs: &LocalFs,
-        dir: &str,
-        tree: bool,
-    ) {
-        let Some(disk) = self.disk(server) else {
+    pub(super) fn watch_disk(self: &Arc<Self>, open_id: u64, fs: &LocalFs, dir: &str, tree: bool) {
+        let Some(disk) = self.disk() else {
             return;
         };
         let subscribe = || disk.subscribe(fs, dir, tree);
@@ -208,7 +201,8 @@ impl ChangeNotify {
     }
 }
 
-fn start(limit: usize, server: &Arc<Server>) -> Option<DirWatcher> {
+/// The watcher, whose notices go to `notify` while it lives.
+fn start(limit: usize, notify: Weak<ChangeNotify>) -> Option<DirWatcher> {
     if limit == 0 {
         tracing::info!(
             "change notify: [limits] max_inotify_watches = 0, changes made on disk outside SMB \
@@ -216,15 +210,14 @@ fn start(limit: usize, server: &Arc<Server>) -> Option<DirWatcher> {
         );
         return None;
     }
-    let server = Arc::downgrade(server);
     // Completing a request may hand work to the runtime (the rest of a
     // compound chain): from the watcher's thread too, never run in place
     // under the watcher's lock.
     let runtime = tokio::runtime::Handle::try_current().ok();
     let sink = move |notice| {
         let _in_runtime = runtime.as_ref().map(|rt| rt.enter());
-        if let Some(server) = server.upgrade() {
-            server.notify.on_disk(notice);
+        if let Some(notify) = notify.upgrade() {
+            notify.on_disk(notice);
         }
     };
     match DirWatcher::new(limit, sink) {

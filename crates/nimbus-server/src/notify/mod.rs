@@ -55,9 +55,9 @@ use nimbus_wire::notify::{
 use nimbus_wire::NtStatus;
 
 use crate::acl::{store, Token};
+use crate::open::Open;
 use crate::pending::PendingRequest;
-use crate::server::{Server, Share};
-use crate::session::Open;
+use crate::share::Share;
 use crate::sync::lock;
 
 mod disk;
@@ -449,11 +449,12 @@ impl ChangeNotify {
     /// changes (or an overflow) answer at once; otherwise `wait` makes the
     /// request pending, or says why it cannot wait. `max_len` is the
     /// request's OutputBufferLength; `token` the SIDs of the session
-    /// watching.
+    /// watching. `still_open` says whether the open is still in the
+    /// server's table of opens.
     #[allow(clippy::too_many_arguments)]
     pub fn request(
-        &self,
-        server: &Arc<Server>,
+        self: &Arc<Self>,
+        still_open: &dyn Fn(u64) -> bool,
         open: &Open,
         token: Arc<Token>,
         filter: u32,
@@ -505,13 +506,13 @@ impl ChangeNotify {
             // Before the client hears that its request waits: a change it
             // makes on disk after that is seen. Outside the mutex, for a
             // tree is walked.
-            self.watch_disk(server, open.open_id, fs, &dir, recursive);
+            self.watch_disk(open.open_id, fs, &dir, recursive);
             // A close that ran since the handler found the open (requests
             // of one connection can run at once: encrypted ones all go to
             // the blocking pool) found no watch to end: the release forgets
             // the open before it ends its watch, so either it ends this
             // one, or it is seen gone here.
-            if !server.opens.contains(open.open_id) {
+            if !still_open(open.open_id) {
                 self.end_watch(open.open_id);
                 return Ok(Answer::Now(NtStatus::NOTIFY_CLEANUP, Vec::new()));
             }
@@ -1010,16 +1011,14 @@ impl ChangeNotify {
     /// On a cluster node, the same goes for other nodes' watches: the
     /// relay tells the nodes that watch the directory (smbtorture
     /// smb2.notify.rmdir3/4 with their two connections on two nodes).
-    pub fn still_open(&self, server: &Server, open: &Open) {
+    /// `delete_pending` reads the flag from the file's share-mode record
+    /// (asked only when a watch could be ended).
+    pub fn still_open(&self, delete_pending: &dyn Fn(FileKey) -> bool, open: &Open) {
         let relay = self.relay.get().filter(|r| r.anyone_watches());
         if !open.is_dir || (self.nobody_here() && relay.is_none()) {
             return;
         }
-        let pending = server
-            .share_modes
-            .record(open.file_key)
-            .is_ok_and(|r| r.delete_pending);
-        if !pending {
+        if !delete_pending(open.file_key) {
             return;
         }
         self.end_deleted_watches(open.file_key);
