@@ -554,7 +554,7 @@ impl Connection {
                     self.peer,
                     s.id
                 );
-                crate::oplocks::redeliver_breaks(&self.server, s, self);
+                crate::oplocks::redeliver_breaks(&self.server.oplocks, s, self);
             }
         }
     }

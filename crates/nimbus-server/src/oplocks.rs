@@ -1317,9 +1317,8 @@ impl Oplocks {
 /// remaining channel, as the lost one may never have delivered them
 /// (3.3.4.6-7: the server picks another connection of the session). Of
 /// one holder's breaks, only the latest.
-pub fn redeliver_breaks(server: &crate::server::Server, session: &Session, lost: &Connection) {
+pub fn redeliver_breaks(oplocks: &Oplocks, session: &Session, lost: &Connection) {
     let opens: Vec<_> = lock(&session.opens).values().cloned().collect();
-    let oplocks = &server.oplocks;
     let mut latest: HashMap<Holder, (u64, u64, FileKey, BreakOrder)> = HashMap::new();
     {
         let sent = lock(&oplocks.notifier.last_sent);
