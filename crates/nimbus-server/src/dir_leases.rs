@@ -16,9 +16,8 @@ use nimbus_vfs::LocalFs;
 
 use crate::cluster::Membership;
 use crate::cluster_registry::Registry;
-use crate::oplocks::DirLeasesElsewhere;
-use crate::server::Server;
-use crate::session::Open;
+use crate::open::Open;
+use crate::oplocks::{DirLeasesElsewhere, Oplocks};
 
 /// Key prefix of a cluster node's directory leases:
 /// `dirlease/<node>/<dev>-<ino>` (hexadecimal).
@@ -61,8 +60,8 @@ impl DirLeasesElsewhere for ClusterDirLeases {
 /// `path` (relative to the share root of `fs`) was created, removed,
 /// renamed or changed by a client whose open named `by` as its parent
 /// lease. While no directory holds a lease this costs one atomic load.
-pub fn child_changed(server: &Server, fs: &LocalFs, path: &str, by: Option<LeaseId>) {
-    if !server.oplocks.has_dir_leases() {
+pub fn child_changed(oplocks: &Oplocks, fs: &LocalFs, path: &str, by: Option<LeaseId>) {
+    if !oplocks.has_dir_leases() {
         return;
     }
     // The share root has no directory above it that a lease could cache.
@@ -74,7 +73,7 @@ pub fn child_changed(server: &Server, fs: &LocalFs, path: &str, by: Option<Lease
     let Ok(st) = fs.stat(nimbus_vfs::names::parent(path)) else {
         return;
     };
-    server.oplocks.contend_children(
+    oplocks.contend_children(
         FileKey {
             dev: st.dev,
             ino: st.ino,
@@ -84,11 +83,11 @@ pub fn child_changed(server: &Server, fs: &LocalFs, path: &str, by: Option<Lease
 }
 
 /// The same for a change made through `open`.
-pub fn open_changed(server: &Server, open: &Open) {
-    if !server.oplocks.has_dir_leases() {
+pub fn open_changed(oplocks: &Oplocks, open: &Open) {
+    if !oplocks.has_dir_leases() {
         return;
     }
     if let Some(fs) = open.share.fs.as_ref() {
-        child_changed(server, fs, &open.path(), open.parent_lease);
+        child_changed(oplocks, fs, &open.path(), open.parent_lease);
     }
 }

@@ -134,7 +134,7 @@ pub fn release(server: &Server, open: &Open) {
     // delete-pending file deletes the file.
     let deleted = deleted || release_base(server, open);
     if deleted || open.wrote.load(std::sync::atomic::Ordering::Relaxed) {
-        crate::dir_leases::open_changed(server, open);
+        crate::dir_leases::open_changed(&server.oplocks, open);
     }
     // Its oplock or its share of a lease goes last (or with its share
     // modes, above): CREATEs waiting for its break acknowledgement go on,

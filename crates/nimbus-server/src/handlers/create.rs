@@ -637,7 +637,7 @@ fn open_or_create(
     }
     drop(own);
     if dir_changed {
-        crate::dir_leases::child_changed(ctx.server, fs, &path, parent_lease);
+        crate::dir_leases::child_changed(&ctx.server.oplocks, fs, &path, parent_lease);
     }
 
     let mut st = st;

@@ -315,7 +315,7 @@ fn set_file_info(
         class,
         file_class::BASIC | file_class::END_OF_FILE | file_class::ALLOCATION
     ) {
-        crate::dir_leases::open_changed(ctx.server, open);
+        crate::dir_leases::open_changed(&ctx.server.oplocks, open);
     }
     Ok(Waiting(None))
 }
@@ -461,8 +461,8 @@ fn rename(
     ctx.server.notify.renamed(open, &from, &to);
     // The name left one listing and joined another (or the same one: its
     // lease is then breaking already and the second call sends nothing).
-    crate::dir_leases::child_changed(ctx.server, fs, &from, open.parent_lease);
-    crate::dir_leases::child_changed(ctx.server, fs, &to, open.parent_lease);
+    crate::dir_leases::child_changed(&ctx.server.oplocks, fs, &from, open.parent_lease);
+    crate::dir_leases::child_changed(&ctx.server.oplocks, fs, &to, open.parent_lease);
     Ok(None)
 }
 

@@ -173,7 +173,7 @@ pub fn rename(
     // The file's data changed and a stream went.
     server.notify.stream_named(&open.share, &path, &name, false);
     server.notify.wrote(&rebuilt);
-    crate::dir_leases::child_changed(server, fs, &path, open.parent_lease);
+    crate::dir_leases::child_changed(&server.oplocks, fs, &path, open.parent_lease);
     Ok(())
 }
 

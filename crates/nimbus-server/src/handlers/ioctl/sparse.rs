@@ -59,7 +59,7 @@ pub fn set_sparse(ctx: &mut Ctx<'_>, req: &IoctlRequest<'_>) -> Result<(), NtSta
     dos.attributes = Some(after);
     dos.save(&open.handle).map_err(|e| vfs_status(&e))?;
     ctx.server.notify.modified(&open, cf::ATTRIBUTES);
-    crate::dir_leases::open_changed(ctx.server, &open);
+    crate::dir_leases::open_changed(&ctx.server.oplocks, &open);
     Ok(())
 }
 
