@@ -161,14 +161,29 @@ step "Integration tests (pytest tests/)"
 # switched to non-blocking by some child process could fail under it
 # (a failed write inside pytest ends the run with an internal error and
 # no reasons). The file keeps the whole run for reading afterwards.
+# A job in the background starts with SIGINT ignored; pytest gets it back
+# (the wrapper below), so that an interrupt, passed on by the trap, ends
+# the run through pytest's teardown, which stops the servers and etcd
+# clusters it started.
 pytest_log=$NIMBUS_TARGET_DIR/pytest.log
 set +e
-COLUMNS=200 "$NIMBUS_VENV/bin/python3" -m pytest -v --durations=30 tests/ ${pytest_args[@]+"${pytest_args[@]}"} >"$pytest_log" 2>&1 &
+COLUMNS=200 "$NIMBUS_VENV/bin/python3" -c '
+import signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
+import pytest
+sys.exit(pytest.main(sys.argv[1:]))
+' -v --durations=30 tests/ ${pytest_args[@]+"${pytest_args[@]}"} >"$pytest_log" 2>&1 &
 pytest_pid=$!
-trap 'kill "$pytest_pid" 2>/dev/null; exit 130' INT TERM
-tail -n +1 -f --pid="$pytest_pid" "$pytest_log"
+# tail in the background too: bash runs a trap only once the command in
+# the foreground ends, and `wait` is the one that a signal interrupts.
+tail -n +1 -f --pid="$pytest_pid" "$pytest_log" &
+tail_pid=$!
+trap 'kill -INT "$pytest_pid" 2>/dev/null; wait "$pytest_pid"; wait "$tail_pid"; exit 130' INT
+trap 'kill -INT "$pytest_pid" 2>/dev/null; wait "$pytest_pid"; wait "$tail_pid"; exit 143' TERM
 wait "$pytest_pid"
 rc=$?
+# tail sees pytest gone within a second and prints what is left first.
+wait "$tail_pid"
 trap - INT TERM
 set -e
 if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then

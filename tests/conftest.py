@@ -451,7 +451,13 @@ class ServerFactory:
         for srv in self.servers:
             code = srv.process.poll()
             if code is not None:
-                died.append(f"{srv.kind} server on port {srv.port} exited during the test with status {code}")
+                # The log goes in the message: a passed call's temporary
+                # directory, the log's, is gone by the time this failure
+                # is reported (pytest.ini: tmp_path_retention_policy).
+                died.append(
+                    f"{srv.kind} server on port {srv.port} exited during the test with status {code}\n"
+                    f"--- last lines of {srv.log_path} ---\n{srv.log_tail()}"
+                )
             srv.stop()
         return died
 

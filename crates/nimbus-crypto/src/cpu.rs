@@ -9,8 +9,10 @@
 //! - ring has an AES-GCM for VAES and VPCLMULQDQ on 256-bit AVX2 registers,
 //!   and no AVX-512 code. Without VAES it runs the same AES-NI code.
 //! - Measured with `nimbus bench crypto` (BENCHMARKS.md): on an EPYC with
-//!   AVX-512, VAES and VPCLMULQDQ, AWS-LC seals at 1.2-1.3x ring's rate; on
-//!   an EPYC with VAES and AVX2 but no AVX-512, ring at about twice AWS-LC's.
+//!   AVX-512, VAES and VPCLMULQDQ, AWS-LC seals at 1.2-1.7x ring's rate
+//!   (runs on different days); with AWS-LC's AVX-512 code turned off on
+//!   the same core, and on an EPYC with VAES and AVX2 but no AVX-512, ring
+//!   seals at 1.7-2x AWS-LC's.
 //!
 //! The choice is made from CPU features rather than from a calibration
 //! (timing each library for a few milliseconds at start-up): a timing taken
