@@ -236,7 +236,10 @@ mod tests {
         assert_eq!(default_cell(aws, &cells), format!("{aws_name} 100%"));
         // ring faster: the default's best cell against ring's.
         let cells = [(aws, Some(5.0)), (ring, Some(10.0)), (aws, Some(5.5))];
-        assert_eq!(default_cell(aws, &cells), format!("{aws_name} 55% (ring 10.00)"));
+        assert_eq!(
+            default_cell(aws, &cells),
+            format!("{aws_name} 55% (ring 10.00)")
+        );
         // A primitive the default does not offer.
         assert_eq!(default_cell(None, &[(None, None)]), "- -");
         assert_eq!(family("AES-128-GCM open"), "AES-GCM");
