@@ -8,6 +8,7 @@ is phrased.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import stat
 import subprocess
@@ -80,14 +81,20 @@ def test_bench_crypto_prints_every_provider_and_primitive():
     proc = run_nimbus("bench", "crypto", "--millis", "2", timeout=120)
     out = proc.stdout
     header = next(line for line in out.splitlines() if line.startswith("| primitive"))
-    for provider in ("default", "rustcrypto", "aws-lc"):
+    for provider in ("default", "ring", "rustcrypto", "aws-lc"):
         assert provider in header, out
+    # The CPU's features and the library the default took for AES-GCM, why.
+    assert re.search(r"^This CPU: .+\.$", out, re.M), out
+    assert re.search(r"^The default's AES-GCM: (aws-lc(-fips)?|ring) \(.+\)\.$", out, re.M), out
     for primitive in ("AES-128-GCM", "AES-256-GCM", "AES-128-CCM", "AES-256-CCM", "AES-128-GMAC", "AES-128-CMAC", "HMAC-SHA256", "SHA-512"):
         rows = [line for line in out.splitlines() if line.startswith("|") and line.split("|")[1].strip() == primitive]
         assert len(rows) == 3, (primitive, out)  # 4 KiB, 64 KiB, 1 MiB
         for row in rows:
             cells = [c.strip() for c in row.strip("|").split("|")][2:]
-            assert all(float(c) > 0 for c in cells), row
+            # Every provider's rate, then the default's library and its
+            # share of the fastest library's rate.
+            assert all(float(c) > 0 for c in cells[:-1]), row
+            assert re.fullmatch(r"(aws-lc(-fips)?|ring|rustcrypto) \d+%( \(\S+ [0-9.]+\))?", cells[-1]), row
 
 
 def _config(share, db, *, listen='["127.0.0.1:4450"]', signing='"required"', path=True) -> str:
