@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 
 use nimbus_state::cluster_store::ClusterStore;
 use nimbus_state::etcd_store::Op;
-use nimbus_state::{EtcdStore, StateError, StateStore};
+use nimbus_state::{EtcdStore, StateError, StateStore, Versioned};
 
 use crate::config::ClusterConfig;
 
@@ -1187,11 +1187,12 @@ impl Membership {
     }
 
     /// Takes the message under `key` out of this node's box, once (a
-    /// message another thread took already gives None).
-    pub fn take_message(&self, key: &[u8]) -> Option<Vec<u8>> {
+    /// message another thread took already gives None), with the store's
+    /// revision of its writing (what it was posted after).
+    pub fn take_message(&self, key: &[u8]) -> Option<Versioned> {
         let v = self.store.get(key).ok()??;
         match self.store.compare_and_set(key, Some(v.version), None) {
-            Ok(Some(_)) => Some(v.value),
+            Ok(Some(_)) => Some(v),
             _ => None,
         }
     }

@@ -16,7 +16,14 @@
 //! names arrive together; the receiver hands it to its own watches, which
 //! apply their filters. Changes seen on disk are not relayed: on a shared
 //! file system each node's kernel sees only its own.
+//!
+//! **Not older than the watch.** The sender's copy of the registrations
+//! lags the store, so a change made just before a watch here began can
+//! still be relayed to it; the receiver drops the changes whose message is
+//! older (by the store's revision) than every registration here that
+//! covers them (`made_before_watched`).
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -48,6 +55,18 @@ pub struct NotifyRelay {
     shares: std::sync::RwLock<Vec<(PathBuf, String)>>,
     /// Items `<share>/<dir>`, valued "1" when a watch covers the tree.
     registry: Arc<Registry>,
+    /// This node's registrations: since when (the store's revision of the
+    /// write that made it), and whether a watch covers the tree.
+    since: std::sync::Mutex<HashMap<String, Since>>,
+}
+
+/// When this node began to watch a directory, and how.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Since {
+    /// The store's revision of the registration's first write.
+    pub revision: u64,
+    /// A watch covers the directory's tree.
+    pub tree: bool,
 }
 
 fn item(share: &str, dir: &str) -> String {
@@ -59,6 +78,7 @@ impl NotifyRelay {
         NotifyRelay {
             registry: Registry::new(m.clone(), NOTIFY_PREFIX, "watch of"),
             m,
+            since: std::sync::Mutex::default(),
             shares: std::sync::RwLock::new(shares),
         }
     }
@@ -91,10 +111,23 @@ impl NotifyRelay {
             .map(|(r, _)| r.clone())
     }
 
-    /// A change message from another node: its share's root and changes.
-    pub fn receive(&self, bytes: &[u8]) -> Option<(PathBuf, Vec<OwnedChange>)> {
+    /// A change message from another node, written to the store at
+    /// `revision`: its share's root and changes, without those made before
+    /// this node watched their directory (`made_before_watched`).
+    pub fn receive(&self, bytes: &[u8], revision: u64) -> Option<(PathBuf, Vec<OwnedChange>)> {
         match decode_changes(bytes) {
-            Ok((share, changes)) => Some((self.root_of(&share)?, changes)),
+            Ok((share, mut changes)) => {
+                {
+                    let since = crate::sync::lock(&self.since);
+                    changes.retain(|(_, _, path)| {
+                        !made_before_watched(&since, &share, path, revision)
+                    });
+                }
+                if changes.is_empty() {
+                    return None;
+                }
+                Some((self.root_of(&share)?, changes))
+            }
             Err(e) => {
                 tracing::warn!("cluster: change message: {e}");
                 None
@@ -111,7 +144,28 @@ impl Relay for NotifyRelay {
     fn watching(&self, root: &Path, dir: &str, tree: Option<bool>) {
         if let Some(share) = self.share_of(root) {
             let value: Option<&[u8]> = tree.map(|t| if t { &b"1"[..] } else { &b"0"[..] });
-            self.registry.set_mine(&item(&share, dir), value);
+            let item = item(&share, dir);
+            // Held across the write, so that a message read meanwhile
+            // waits for the registration's revision.
+            let mut since = crate::sync::lock(&self.since);
+            let revision = self.registry.set_mine(&item, value);
+            match (tree, revision) {
+                (None, _) => {
+                    since.remove(&item);
+                }
+                // A directory watched already keeps its first revision:
+                // its older watches hear what was made since then.
+                (Some(tree), _) if since.contains_key(&item) => {
+                    if let Some(s) = since.get_mut(&item) {
+                        s.tree = tree;
+                    }
+                }
+                (Some(tree), Some(revision)) => {
+                    since.insert(item, Since { revision, tree });
+                }
+                // Not written: nothing known, nothing dropped.
+                (Some(_), None) => {}
+            }
         }
     }
 
@@ -178,6 +232,50 @@ impl Relay for NotifyRelay {
                 );
             }
         }
+    }
+}
+
+/// Whether a change to `path` of `share`, whose message the store holds at
+/// `revision`, was made before this node watched the directories it is
+/// reported in: it then predates every watch here that could hear of it.
+///
+/// Why this is needed: a node relays a change to the nodes its copy of the
+/// registrations names, and that copy lags the store. A directory whose
+/// last watch here ended, and whose next watch began a moment later,
+/// receives the changes another node made in between: relayed to the old
+/// registration, read after the new one. A client that makes a change
+/// through one node, then opens a watch through another, would hear of a
+/// change made before its watch, which a single server never reports.
+/// The sender posts its message after the change is made, and this node
+/// writes its registration before its watch is in place, so a message
+/// older than every registration that covers the change was made before
+/// any watch here began. Changes that match no registration here are kept
+/// (the watches filter them, as they filter local changes).
+pub(crate) fn made_before_watched(
+    since: &HashMap<String, Since>,
+    share: &str,
+    path: &str,
+    revision: u64,
+) -> bool {
+    let Some(mut dir) = parent_of(path) else {
+        return false;
+    };
+    let mut covered = false;
+    let mut direct = true;
+    loop {
+        if let Some(s) = since.get(&item(share, dir)) {
+            if direct || s.tree {
+                if s.revision <= revision {
+                    return false;
+                }
+                covered = true;
+            }
+        }
+        match parent_of(dir) {
+            Some(up) => dir = up,
+            None => return covered,
+        }
+        direct = false;
     }
 }
 
@@ -249,6 +347,62 @@ pub(crate) fn decode_changes(bytes: &[u8]) -> Result<(String, Vec<OwnedChange>),
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_change_older_than_every_covering_registration_is_dropped() {
+        let since: HashMap<String, Since> = [
+            (
+                "data/d".to_owned(),
+                Since {
+                    revision: 100,
+                    tree: false,
+                },
+            ),
+            (
+                "data/".to_owned(),
+                Since {
+                    revision: 50,
+                    tree: false,
+                },
+            ),
+            (
+                "data/t".to_owned(),
+                Since {
+                    revision: 200,
+                    tree: true,
+                },
+            ),
+            (
+                "data/t/sub".to_owned(),
+                Since {
+                    revision: 300,
+                    tree: false,
+                },
+            ),
+        ]
+        .into_iter()
+        .collect();
+        let before = |path: &str, revision| made_before_watched(&since, "data", path, revision);
+        // A direct watch: made before its registration, or at or after.
+        assert!(before("d/f", 99));
+        assert!(!before("d/f", 100));
+        assert!(!before("d/f", 101));
+        // The root's registration is a direct one: it does not cover d/f's
+        // subdirectories, nor is a grandchild covered by d's direct watch.
+        assert!(!before("d/e/f", 10));
+        assert!(!before("f", 50));
+        assert!(before("f", 49));
+        // A tree watch covers everything beneath; a later direct watch of a
+        // subdirectory does not make a change the tree watch hears older.
+        assert!(before("t/x/y/z", 199));
+        assert!(!before("t/x/y/z", 200));
+        assert!(!before("t/sub/f", 250));
+        assert!(before("t/sub/f", 150));
+        // Another share, or nothing watched here: kept.
+        assert!(!made_before_watched(&since, "other", "d/f", 1));
+        assert!(!before("elsewhere/f", 1));
+        assert!(!before("", 1));
+    }
 
     #[test]
     fn a_delete_pending_message_reads_back_and_damage_is_refused() {

@@ -97,7 +97,8 @@ impl Registry {
     }
 
     /// Registers `item` for this node with `value`, or withdraws it (None).
-    pub fn set_mine(&self, item: &str, value: Option<&[u8]>) {
+    /// The store's revision after the write, None if it failed (logged).
+    pub fn set_mine(&self, item: &str, value: Option<&[u8]>) -> Option<u64> {
         {
             let mut mine = crate::sync::lock(&self.mine);
             match value {
@@ -110,8 +111,12 @@ impl Registry {
             Some(v) => Op::Put(&key, v, self.m.lease()),
             None => Op::Delete(&key),
         };
-        if let Err(e) = self.m.store.txn(&[], &[op], &[]) {
-            tracing::warn!("cluster: registering {} {item}: {e}", self.what);
+        match self.m.store.txn(&[], &[op], &[]) {
+            Ok(done) => Some(done.revision),
+            Err(e) => {
+                tracing::warn!("cluster: registering {} {item}: {e}", self.what);
+                None
+            }
         }
     }
 

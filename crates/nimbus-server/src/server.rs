@@ -635,7 +635,7 @@ impl Server {
                 Duration::from_secs(1),
                 move |key| {
                     if let (Some(s), Some(msg)) = (on_change.upgrade(), m1.take_message(key)) {
-                        s.on_message(&msg);
+                        s.on_message(&msg.value, msg.version);
                     }
                 },
                 move || {
@@ -644,7 +644,7 @@ impl Server {
                     };
                     for key in m2.pending_messages() {
                         if let Some(msg) = m2.take_message(&key) {
-                            s.on_message(&msg);
+                            s.on_message(&msg.value, msg.version);
                         }
                     }
                 },
@@ -734,12 +734,13 @@ impl Server {
     /// reconnected there, to end a session, to close an application's
     /// opens or to apply a lease break's acknowledgement, or the answer to
     /// one of this node's requests.
-    fn on_message(self: &Arc<Self>, msg: &[u8]) {
+    /// `revision`: the store's revision of the message's writing.
+    fn on_message(self: &Arc<Self>, msg: &[u8], revision: u64) {
         if msg.first() == Some(&crate::cluster_notify::CHANGES_V1) {
             let Some(relay) = &self.notify_relay else {
                 return;
             };
-            if let Some((root, changes)) = relay.receive(msg) {
+            if let Some((root, changes)) = relay.receive(msg, revision) {
                 let changes: Vec<crate::notify::Change<'_>> = changes
                     .iter()
                     .map(|(action, filter, path)| crate::notify::Change {
