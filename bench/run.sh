@@ -10,6 +10,9 @@
 #   bash bench/run.sh --cluster [...]  a three-node cluster against one node
 #                                      and Samba (bench/cluster_contention.py,
 #                                      about 8 minutes; its --help for options)
+#   bash bench/run.sh --small-io [...] small random reads and writes at
+#                                      queue depth (bench/small_io.py, about
+#                                      6 minutes; its --help for options)
 #
 # Needs root, or sudo: smbd serves files as the logged-on user.
 set -euo pipefail
@@ -19,8 +22,12 @@ set -euo pipefail
 cd "$NIMBUS_ROOT"
 
 cluster=0
+small_io=0
 if [ "${1:-}" = "--cluster" ]; then
     cluster=1
+    shift
+elif [ "${1:-}" = "--small-io" ]; then
+    small_io=1
     shift
 fi
 
@@ -34,6 +41,17 @@ ensure_test_venv
 
 section "Building nimbus (release)"
 cargo build --release -p nimbus
+
+if [ "$small_io" = 1 ]; then
+    section "Building the load generator (interop/smb-rs, release)"
+    CARGO_TARGET_DIR=$NIMBUS_TARGET_DIR/interop cargo build --release \
+        --manifest-path interop/smb-rs/Cargo.toml
+    section "Small I/O at queue depth, Nimbus against Samba"
+    as_root "$NIMBUS_VENV/bin/python3" bench/small_io.py \
+        --nimbus "$NIMBUS_TARGET_DIR/release/nimbus" \
+        --load "$NIMBUS_TARGET_DIR/interop/release/nimbus-smb-load" "$@"
+    exit 0
+fi
 
 if [ "$cluster" = 1 ]; then
     section "A three-node cluster against one node and Samba"

@@ -420,12 +420,14 @@ def targets(med: dict, args) -> list[str]:
     return out
 
 
-def write_benchmarks_md(path: Path, lines: list[str]) -> None:
-    block = "\n".join([MARK_BEGIN, *lines, MARK_END]) + "\n"
+def write_benchmarks_md(path: Path, lines: list[str], begin: str = MARK_BEGIN, end: str = MARK_END) -> None:
+    """Puts `lines` between the markers `begin` and `end` of `path`, in
+    place of what was there (at the end the first time)."""
+    block = "\n".join([begin, *lines, end]) + "\n"
     text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if MARK_BEGIN in text and MARK_END in text:
-        head, rest = text.split(MARK_BEGIN, 1)
-        tail = rest.split(MARK_END, 1)[1].lstrip("\n")
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        tail = rest.split(end, 1)[1].lstrip("\n")
         text = head + block + ("\n" + tail if tail else "")
     else:
         text = text.rstrip("\n") + "\n\n" + block

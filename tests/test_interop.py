@@ -19,6 +19,7 @@ messages (tests/rawsmb.py) so that exactly the bytes in question are sent.
 
 from __future__ import annotations
 
+import json
 import struct
 import subprocess
 from pathlib import Path
@@ -121,3 +122,39 @@ def test_the_rust_smb_crate_logs_on_and_reads_back_what_it_wrote(server, dialect
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (server.share_path / "smb-rs-check.bin").stat().st_size == size
+
+
+def load_binary() -> Path:
+    """bench/small_io.py's load generator, built beside the smb-rs check
+    (interop/smb-rs's second binary)."""
+    return smbrs_binary().with_name("nimbus-smb-load")
+
+
+@pytest.mark.nimbus_only
+@pytest.mark.parametrize("protection", ["signed", "encrypted"])
+def test_the_small_io_load_generator_runs_against_the_server(server, protection):
+    """Not a benchmark (bench/small_io.py is): the generator of issue 48
+    runs a second of random 4 KiB reads, then writes, with 8 requests in
+    flight on each of 2 connections, against the real server, and what it
+    wrote is in the file."""
+    size = 4 << 20
+    path = server.share_path / "small-io.bin"
+    path.write_bytes(bytes(size))
+    for op in ("read", "write"):
+        proc = subprocess.run(
+            [str(load_binary()), server.host, str(server.port), server.share, server.user, server.password, "small-io.bin",
+             "--connections", "2", "--depth", "8", "--block", "4096", "--op", op, "--seconds", "1", "--protection", protection],
+            capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        lines = proc.stdout.splitlines()
+        assert lines[:2] == ["measuring", "done"], proc.stdout
+        r = json.loads(lines[2])
+        assert r["requests"] > 16 and r["errors"] == 0 and r["bytes"] == r["requests"] * 4096, r
+        assert 0 < r["p50_us"] <= r["p99_us"] <= r["p999_us"], r
+    data = path.read_bytes()
+    assert len(data) == size
+    # Every WRITE put a 4 KiB block of 0x5a at a multiple of 4 KiB.
+    written = sum(1 for at in range(0, size, 4096) if data[at : at + 4096] == b"\x5a" * 4096)
+    untouched = sum(1 for at in range(0, size, 4096) if data[at : at + 4096] == bytes(4096))
+    assert written > 0 and written + untouched == size // 4096, (written, untouched)

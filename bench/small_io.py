@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""Small I/O at queue depth, Nimbus against Samba (issue 48, item 2).
+
+    bash bench/run.sh --small-io [--seconds 5] [--depths 1 8 32 128] ...
+
+Random READs and WRITEs of 4 KiB and 64 KiB on one file (1 GiB by
+default) on tmpfs, through interop/smb-rs's nimbus-smb-load (the Rust `smb`
+crate: the same pipelining client for both servers), signed and encrypted
+(AES-128-GCM; the crate signs every non-guest session, so there is no
+unsigned row). Each row: --connections connections, each with --depth
+requests in flight.
+
+Per row and server: IOPS and MiB/s, the client's p50/p99/p99.9 latency,
+the server's CPU per request (user+sys of its processes from /proc, smbd's
+children included, across the measured window) and the client's CPU per
+request beside it, to show the client is not what limits the row. Servers
+alternate which goes first. Prints a table with Nimbus/Samba ratios and
+writes it into BENCHMARKS.md between the small-io markers (--no-write:
+print only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+sys.path.insert(0, str(BENCH))
+from side_by_side import PASSWORD, SHARE, USER, Server, _stat_fields, machine, process_tree, start_nimbus, start_smbd, write_benchmarks_md  # noqa: E402
+
+MIB = 1 << 20
+FILE = "small-io.bin"
+MARK_BEGIN = "<!-- small-io: begin (written by bench/small_io.py) -->"
+MARK_END = "<!-- small-io: end -->"
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = _stat_fields(pid)
+    return sum(int(f) for f in fields[11:13]) / os.sysconf("SC_CLK_TCK") if fields else 0.0
+
+
+@dataclass
+class Row:
+    iops: float
+    mib_s: float
+    p50_us: int
+    p99_us: int
+    p999_us: int
+    server_us: float
+    client_us: float
+
+
+def run_load(load: str, server: Server, op: str, block: int, depth: int, connections: int, protection: str, seconds: float) -> Row:
+    """One run of the generator; server and client CPU are read at the
+    generator's `measuring` and `done` lines."""
+    cmd = [load, "127.0.0.1", str(server.port), SHARE, USER, PASSWORD, FILE,
+           "--connections", str(connections), "--depth", str(depth), "--block", str(block),
+           "--op", op, "--seconds", str(seconds), "--protection", protection]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    marks: dict[str, tuple[float, float]] = {}
+    lines = []
+    for line in proc.stdout:
+        line = line.strip()
+        if line in ("measuring", "done"):
+            marks[line] = (server.cpu(), cpu_seconds(proc.pid))
+        else:
+            lines.append(line)
+    err = proc.stderr.read() if proc.stderr else ""
+    if proc.wait(timeout=60 + seconds) != 0 or len(marks) != 2 or not lines:
+        sys.exit(f"nimbus-smb-load against {server.name} ({op} {block} depth {depth} {protection}) failed: {err.strip()}")
+    r = json.loads(lines[-1])
+    requests = max(r["requests"], 1)
+    server_s = marks["done"][0] - marks["measuring"][0]
+    client_s = marks["done"][1] - marks["measuring"][1]
+    return Row(r["iops"], r["mib_s"], r["p50_us"], r["p99_us"], r["p999_us"], server_s / requests * 1e6, client_s / requests * 1e6)
+
+
+def ratio(n: float, s: float) -> str:
+    return f"{n / s:.2f}×" if s else "n/a"
+
+
+def table(results: dict, args) -> list[str]:
+    lines = [
+        f"Small I/O: random reads and writes on one {args.file_mib} MiB file on tmpfs, "
+        f"{args.connections} connection(s) × depth requests in flight, {args.seconds:g} s per run, "
+        "client nimbus-smb-load (the Rust `smb` crate, TCP_NODELAY), SMB 3.1.1. "
+        "CPU is µs per request (server: its processes; client: the generator).",
+        "",
+        "| op | block | depth | protection | Nimbus IOPS | Samba IOPS | IOPS ratio | Nimbus p99 µs | Samba p99 µs | Nimbus server CPU | Samba server CPU | CPU ratio | client CPU (N / S) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for key in sorted({k[:4] for k in results}, key=lambda k: (k[0], k[1], k[2], k[3])):
+        n, s = results.get((*key, "Nimbus")), results.get((*key, "Samba"))
+        if not n or not s:
+            continue
+        op, block, depth, prot = key
+        lines.append(
+            f"| {op} | {block // 1024} KiB | {depth} | {prot} | {n.iops:,.0f} | {s.iops:,.0f} | {ratio(n.iops, s.iops)} "
+            f"| {n.p99_us:,} | {s.p99_us:,} | {n.server_us:.1f} | {s.server_us:.1f} | {ratio(n.server_us, s.server_us)} "
+            f"| {n.client_us:.1f} / {s.client_us:.1f} |"
+        )
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=5)
+    ap.add_argument("--file-mib", type=int, default=1024)
+    ap.add_argument("--depths", type=int, nargs="+", default=[1, 8, 32, 128])
+    ap.add_argument("--blocks", type=int, nargs="+", default=[4096, 65536])
+    ap.add_argument("--ops", nargs="+", default=["read", "write"], choices=["read", "write"])
+    ap.add_argument("--protections", nargs="+", default=["signed", "encrypted"], choices=["signed", "encrypted"])
+    ap.add_argument("--connections", type=int, default=1)
+    ap.add_argument("--servers", nargs="+", default=["Nimbus", "Samba"], choices=["Nimbus", "Samba"])
+    ap.add_argument("--nimbus", default=str(REPO / "target" / "release" / "nimbus"))
+    ap.add_argument("--load", default=str(REPO / "target" / "interop" / "release" / "nimbus-smb-load"))
+    ap.add_argument("--output", default=str(REPO / "BENCHMARKS.md"))
+    ap.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
+    args = ap.parse_args()
+    for tool in (args.nimbus, args.load):
+        if not Path(tool).exists():
+            sys.exit(f"{tool} not found: bash bench/run.sh --small-io builds it")
+    if "Samba" in args.servers and os.geteuid() != 0:
+        sys.exit("run as root (smbd must serve files as the logged-on user): sudo bash bench/run.sh --small-io")
+
+    results: dict[tuple, Row] = {}
+    tmp_root = "/dev/shm" if Path("/dev/shm").is_dir() else None
+    with tempfile.TemporaryDirectory(prefix="nimbus-small-io-", dir=tmp_root) as tmp:
+        tmp = Path(tmp)
+        servers: list[Server] = []
+        try:
+            for name in args.servers:
+                share = tmp / name / "share"
+                share.mkdir(parents=True)
+                with open(share / FILE, "wb") as f:
+                    for _ in range(args.file_mib):
+                        f.write(os.urandom(MIB))
+                state = tmp / name / "state"
+                state.mkdir()
+                servers.append(start_nimbus(args.nimbus, tmp / name, share) if name == "Nimbus" else start_smbd(state, share))
+            for s in servers:
+                s.settle(timeout=0)
+                s.idle_tree = set(process_tree(s.pid))
+            turn = 0
+            for prot in args.protections:
+                for op in args.ops:
+                    for block in args.blocks:
+                        for depth in args.depths:
+                            order = servers if turn % 2 == 0 else servers[::-1]
+                            turn += 1
+                            for s in order:
+                                row = run_load(args.load, s, op, block, depth, args.connections, prot, args.seconds)
+                                results[(op, block, depth, prot, s.name)] = row
+                                print(
+                                    f"  {op:<5} {block // 1024:>2} KiB depth {depth:<3} {prot:<9} {s.name:<6} "
+                                    f"{row.iops:9,.0f} IOPS  p99 {row.p99_us:7,} µs  server {row.server_us:6.1f} µs/req  client {row.client_us:6.1f} µs/req",
+                                    flush=True,
+                                )
+                                s.settle()
+        finally:
+            for s in servers:
+                s.stop()
+    about = [line.replace("client smbclient/smbtorture of the same Samba", "client nimbus-smb-load (smb crate)") for line in machine()]
+    lines = ["## Small I/O at queue depth (Nimbus against Samba)", "", *about, "", *table(results, args)]
+    print("\n".join(lines))
+    if not args.no_write and len(args.servers) == 2:
+        write_benchmarks_md(Path(args.output), lines, MARK_BEGIN, MARK_END)
+        print(f"written to {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    time.tzset()
+    sys.exit(main())

@@ -1,0 +1,384 @@
+//! A small-I/O load generator (issue 48, item 2): random READs or WRITEs
+//! of one block size on one existing file, from several connections with
+//! many requests in flight on each, through the Rust `smb` crate (smb-rs),
+//! the same client for every server measured.
+//!
+//!     nimbus-smb-load HOST PORT SHARE USER PASSWORD FILE \
+//!         --connections N --depth D --block BYTES --op read|write \
+//!         --seconds S --protection signed|encrypted
+//!
+//! Each connection is its own logged-on session with the file open once;
+//! D tasks per connection each keep one request in flight, so the server
+//! sees N×D at a time. Offsets are random multiples of the block within
+//! the file's length (a fixed xorshift seed per task: runs repeat).
+//!
+//! Output, for bench/small_io.py to time the server and this client from
+//! /proc around the measured window: a line `measuring` when every
+//! connection is ready and the window begins, `done` when it ends, then
+//! one JSON object: requests, bytes, seconds, IOPS, MiB/s, latency
+//! percentiles in microseconds (from send to answer, as this client sees
+//! them), and errors. Any error ends the run with a non-zero status.
+//!
+//! Why smb-rs: it pipelines (requests of one connection go out without
+//! waiting for earlier answers, within the credits granted), signs and
+//! encrypts, and is a maintained client that none of the servers measured
+//! ships. A client on nimbus-wire's codecs would share the server's own
+//! parsing with it.
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use smb::connection::EncryptionMode;
+use smb::{
+    Client, ClientConfig, ConnectionConfig, Dialect, File, FileAccessMask, FileCreateArgs, GetLen,
+    ReadAt, UncPath, WriteAt,
+};
+
+#[derive(Clone)]
+struct Args {
+    host: String,
+    port: u16,
+    share: String,
+    user: String,
+    password: String,
+    file: String,
+    connections: usize,
+    depth: usize,
+    block: usize,
+    write: bool,
+    seconds: f64,
+    encrypted: bool,
+}
+
+const USAGE: &str = "usage: nimbus-smb-load HOST PORT SHARE USER PASSWORD FILE --connections N \
+     --depth D --block BYTES --op read|write --seconds S --protection signed|encrypted";
+
+fn parse(args: &[String]) -> Result<Args, String> {
+    let (fixed, flags) = args.split_at(args.len().min(6));
+    let [host, port, share, user, password, file] = fixed else {
+        return Err(USAGE.into());
+    };
+    let mut a = Args {
+        host: host.clone(),
+        port: port.parse().map_err(|e| format!("PORT: {e}"))?,
+        share: share.clone(),
+        user: user.clone(),
+        password: password.clone(),
+        file: file.clone(),
+        connections: 1,
+        depth: 1,
+        block: 4096,
+        write: false,
+        seconds: 5.0,
+        encrypted: false,
+    };
+    let mut it = flags.iter();
+    while let Some(flag) = it.next() {
+        let value = it
+            .next()
+            .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))?;
+        let number = |what: &str| -> Result<usize, String> {
+            value
+                .parse::<usize>()
+                .ok()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| format!("{what}: a positive whole number, not {value}"))
+        };
+        match flag.as_str() {
+            "--connections" => a.connections = number("--connections")?,
+            "--depth" => a.depth = number("--depth")?,
+            "--block" => a.block = number("--block")?,
+            "--seconds" => {
+                a.seconds = value
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|s| *s > 0.0 && *s <= 3600.0)
+                    .ok_or_else(|| format!("--seconds: from 0 to 3600, not {value}"))?
+            }
+            "--op" => {
+                a.write = match value.as_str() {
+                    "read" => false,
+                    "write" => true,
+                    _ => return Err(format!("--op: read or write, not {value}")),
+                }
+            }
+            "--protection" => {
+                a.encrypted = match value.as_str() {
+                    "signed" => false,
+                    "encrypted" => true,
+                    _ => return Err(format!("--protection: signed or encrypted, not {value}")),
+                }
+            }
+            _ => return Err(format!("unknown flag {flag}\n{USAGE}")),
+        }
+    }
+    Ok(a)
+}
+
+/// One logged-on connection with the file open.
+async fn connect(a: &Args) -> Result<(Client, Arc<File>), Box<dyn std::error::Error>> {
+    let mut connection = ConnectionConfig {
+        min_dialect: Some(Dialect::Smb0311),
+        max_dialect: Some(Dialect::Smb0311),
+        encryption_mode: if a.encrypted {
+            EncryptionMode::Required
+        } else {
+            EncryptionMode::Disabled
+        },
+        port: Some(a.port),
+        timeout: Some(Duration::from_secs(30)),
+        // Enough for every task's request at once, and some.
+        credits_backlog: Some((a.depth * 2 + 16).min(8192) as u16),
+        ..Default::default()
+    };
+    connection.auth_methods.kerberos = false;
+    connection.auth_methods.ntlm = true;
+    let client = Client::new(ClientConfig {
+        connection,
+        ..Default::default()
+    });
+    let share = UncPath::new(&a.host)?.with_share(&a.share)?;
+    client
+        .share_connect(&share, &a.user, a.password.clone())
+        .await?;
+    let access = FileAccessMask::new()
+        .with_generic_read(true)
+        .with_generic_write(a.write);
+    let file = client
+        .create_file(
+            &share.clone().with_path(&a.file),
+            &FileCreateArgs::make_open_existing(access),
+        )
+        .await?
+        .unwrap_file();
+    Ok((client, Arc::new(file)))
+}
+
+/// What one task measured.
+#[derive(Default)]
+struct Tally {
+    latencies_us: Vec<u32>,
+    bytes: u64,
+}
+
+async fn task(
+    file: Arc<File>,
+    blocks: u64,
+    block: usize,
+    write: bool,
+    mut seed: u64,
+    until: Instant,
+) -> Result<Tally, String> {
+    let mut buf = vec![0x5au8; block];
+    let mut tally = Tally::default();
+    while Instant::now() < until {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let at = (seed % blocks) * block as u64;
+        let start = Instant::now();
+        let n = if write {
+            file.write_at(&buf, at).await
+        } else {
+            file.read_at(&mut buf, at).await
+        }
+        .map_err(|e| format!("{} at {at}: {e}", if write { "WRITE" } else { "READ" }))?;
+        if n != block {
+            return Err(format!("a {block}-byte request at {at} moved {n} bytes"));
+        }
+        let us = start.elapsed().as_micros().min(u32::MAX as u128) as u32;
+        tally.latencies_us.push(us);
+        tally.bytes += n as u64;
+    }
+    Ok(tally)
+}
+
+/// Sets TCP_NODELAY on every TCP socket of this process (the connections
+/// just made), and says on how many. smb-rs leaves Nagle's algorithm on and
+/// has no option for it: a small request written while an earlier one is
+/// unacknowledged then waits for the server's delayed ACK (40 ms on
+/// Linux), and the benchmark would measure that timer. Every SMB client
+/// worth measuring against (Windows, the Linux kernel's, Samba's) sets it.
+fn no_delay_on_sockets() -> usize {
+    let Ok(fds) = std::fs::read_dir("/proc/self/fd") else {
+        return 0;
+    };
+    let mut set = 0;
+    for entry in fds.flatten() {
+        let Some(fd) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let is_socket = std::fs::read_link(entry.path())
+            .is_ok_and(|t| t.to_string_lossy().starts_with("socket:"));
+        if !is_socket {
+            continue;
+        }
+        let on: libc::c_int = 1;
+        // SAFETY: a descriptor of this process, an int option by pointer
+        // and length; a descriptor that is not a TCP socket (a Unix
+        // socket, an eventfd) only makes the call fail.
+        let r = unsafe {
+            libc::setsockopt(
+                fd,
+                libc::IPPROTO_TCP,
+                libc::TCP_NODELAY,
+                (&on as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if r == 0 {
+            set += 1;
+        }
+    }
+    set
+}
+
+fn percentile(sorted: &[u32], p: f64) -> u32 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i]
+}
+
+async fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
+    let mut conns = Vec::with_capacity(a.connections);
+    for _ in 0..a.connections {
+        conns.push(connect(&a).await?);
+    }
+    let sockets = no_delay_on_sockets();
+    if sockets < a.connections {
+        return Err(format!(
+            "TCP_NODELAY set on {sockets} sockets, fewer than the {} connections",
+            a.connections
+        )
+        .into());
+    }
+    let len = conns[0].1.get_len().await?;
+    let blocks = len / a.block as u64;
+    if blocks == 0 {
+        return Err(format!("{} holds {len} bytes, less than one block", a.file).into());
+    }
+    println!("measuring");
+    std::io::stdout().flush()?;
+    let start = Instant::now();
+    let until = start + Duration::from_secs_f64(a.seconds);
+    let mut tasks = Vec::new();
+    for (c, (_, file)) in conns.iter().enumerate() {
+        for d in 0..a.depth {
+            let seed = 0x9E37_79B9_7F4A_7C15u64 ^ ((c * 1_000_003 + d) as u64 + 1);
+            tasks.push(tokio::spawn(task(
+                file.clone(),
+                blocks,
+                a.block,
+                a.write,
+                seed,
+                until,
+            )));
+        }
+    }
+    let mut latencies = Vec::new();
+    let mut bytes = 0u64;
+    let mut errors = Vec::new();
+    for t in tasks {
+        match t.await {
+            Ok(Ok(tally)) => {
+                latencies.extend(tally.latencies_us);
+                bytes += tally.bytes;
+            }
+            Ok(Err(e)) => errors.push(e),
+            Err(e) => errors.push(format!("task: {e}")),
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    println!("done");
+    std::io::stdout().flush()?;
+    if let Some(e) = errors.first() {
+        return Err(format!("{} of the tasks failed; the first: {e}", errors.len()).into());
+    }
+    latencies.sort_unstable();
+    let requests = latencies.len();
+    println!(
+        "{{\"requests\": {requests}, \"bytes\": {bytes}, \"seconds\": {seconds:.3}, \
+         \"iops\": {:.0}, \"mib_s\": {:.1}, \"p50_us\": {}, \"p99_us\": {}, \
+         \"p999_us\": {}, \"errors\": 0}}",
+        requests as f64 / seconds,
+        bytes as f64 / seconds / (1024.0 * 1024.0),
+        percentile(&latencies, 0.50),
+        percentile(&latencies, 0.99),
+        percentile(&latencies, 0.999),
+    );
+    for (client, file) in conns {
+        drop(file);
+        client.close().await?;
+    }
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let a = match parse(&args) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(a).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("smb-rs load: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_take_the_nearest_rank() {
+        let v: Vec<u32> = (1..=1000).collect();
+        assert_eq!(percentile(&v, 0.5), 500);
+        assert_eq!(percentile(&v, 0.99), 990);
+        assert_eq!(percentile(&v, 0.999), 999);
+        assert_eq!(percentile(&[7], 0.999), 7);
+        assert_eq!(percentile(&[], 0.5), 0);
+    }
+
+    #[test]
+    fn flags_are_checked() {
+        let base: Vec<String> = ["h", "445", "s", "u", "p", "f"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let with = |extra: &[&str]| {
+            let mut v = base.clone();
+            v.extend(extra.iter().map(|s| s.to_string()));
+            parse(&v)
+        };
+        let a = with(&[
+            "--depth",
+            "32",
+            "--op",
+            "write",
+            "--protection",
+            "encrypted",
+        ])
+        .unwrap();
+        assert_eq!((a.depth, a.write, a.encrypted), (32, true, true));
+        assert!(with(&["--depth", "0"]).is_err());
+        assert!(with(&["--op", "delete"]).is_err());
+        assert!(with(&["--depth"]).is_err());
+        assert!(with(&["--speed", "1"]).is_err());
+        assert!(parse(&base[..3]).is_err());
+    }
+}
