@@ -13,6 +13,10 @@
 #   bash bench/run.sh --small-io [...] small random reads and writes at
 #                                      queue depth (bench/small_io.py, about
 #                                      6 minutes; its --help for options)
+#   bash bench/run.sh --many-clients [...]  16 to 1,000 connections, each
+#                                      its own session, opening and reading
+#                                      (bench/many_clients.py, about 4
+#                                      minutes; its --help for options)
 #
 # Needs root, or sudo: smbd serves files as the logged-on user.
 set -euo pipefail
@@ -22,12 +26,15 @@ set -euo pipefail
 cd "$NIMBUS_ROOT"
 
 cluster=0
-small_io=0
+load_script=""
 if [ "${1:-}" = "--cluster" ]; then
     cluster=1
     shift
 elif [ "${1:-}" = "--small-io" ]; then
-    small_io=1
+    load_script=bench/small_io.py
+    shift
+elif [ "${1:-}" = "--many-clients" ]; then
+    load_script=bench/many_clients.py
     shift
 fi
 
@@ -42,12 +49,12 @@ ensure_test_venv
 section "Building nimbus (release)"
 cargo build --release -p nimbus
 
-if [ "$small_io" = 1 ]; then
+if [ -n "$load_script" ]; then
     section "Building the load generator (interop/smb-rs, release)"
     CARGO_TARGET_DIR=$NIMBUS_TARGET_DIR/interop cargo build --release \
         --manifest-path interop/smb-rs/Cargo.toml
-    section "Small I/O at queue depth, Nimbus against Samba"
-    as_root "$NIMBUS_VENV/bin/python3" bench/small_io.py \
+    section "Nimbus against Samba: $load_script"
+    as_root "$NIMBUS_VENV/bin/python3" "$load_script" \
         --nimbus "$NIMBUS_TARGET_DIR/release/nimbus" \
         --load "$NIMBUS_TARGET_DIR/interop/release/nimbus-smb-load" "$@"
     exit 0

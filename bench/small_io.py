@@ -26,17 +26,15 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 sys.path.insert(0, str(BENCH))
-from side_by_side import PASSWORD, SHARE, USER, Server, _stat_fields, machine, process_tree, start_nimbus, start_smbd, write_benchmarks_md  # noqa: E402
+from load_servers import about, add_common_options, check_tools, servers_with_file  # noqa: E402
+from side_by_side import PASSWORD, SHARE, USER, Server, _stat_fields, write_benchmarks_md  # noqa: E402
 
-MIB = 1 << 20
 FILE = "small-io.bin"
 MARK_BEGIN = "<!-- small-io: begin (written by bench/small_io.py) -->"
 MARK_END = "<!-- small-io: end -->"
@@ -120,57 +118,29 @@ def main() -> int:
     ap.add_argument("--ops", nargs="+", default=["read", "write"], choices=["read", "write"])
     ap.add_argument("--protections", nargs="+", default=["signed", "encrypted"], choices=["signed", "encrypted"])
     ap.add_argument("--connections", type=int, default=1)
-    ap.add_argument("--servers", nargs="+", default=["Nimbus", "Samba"], choices=["Nimbus", "Samba"])
-    ap.add_argument("--nimbus", default=str(REPO / "target" / "release" / "nimbus"))
-    ap.add_argument("--load", default=str(REPO / "target" / "interop" / "release" / "nimbus-smb-load"))
-    ap.add_argument("--output", default=str(REPO / "BENCHMARKS.md"))
-    ap.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
+    add_common_options(ap)
     args = ap.parse_args()
-    for tool in (args.nimbus, args.load):
-        if not Path(tool).exists():
-            sys.exit(f"{tool} not found: bash bench/run.sh --small-io builds it")
-    if "Samba" in args.servers and os.geteuid() != 0:
-        sys.exit("run as root (smbd must serve files as the logged-on user): sudo bash bench/run.sh --small-io")
+    check_tools(args, "--small-io")
 
     results: dict[tuple, Row] = {}
-    tmp_root = "/dev/shm" if Path("/dev/shm").is_dir() else None
-    with tempfile.TemporaryDirectory(prefix="nimbus-small-io-", dir=tmp_root) as tmp:
-        tmp = Path(tmp)
-        servers: list[Server] = []
-        try:
-            for name in args.servers:
-                share = tmp / name / "share"
-                share.mkdir(parents=True)
-                with open(share / FILE, "wb") as f:
-                    for _ in range(args.file_mib):
-                        f.write(os.urandom(MIB))
-                state = tmp / name / "state"
-                state.mkdir()
-                servers.append(start_nimbus(args.nimbus, tmp / name, share) if name == "Nimbus" else start_smbd(state, share))
-            for s in servers:
-                s.settle(timeout=0)
-                s.idle_tree = set(process_tree(s.pid))
-            turn = 0
-            for prot in args.protections:
-                for op in args.ops:
-                    for block in args.blocks:
-                        for depth in args.depths:
-                            order = servers if turn % 2 == 0 else servers[::-1]
-                            turn += 1
-                            for s in order:
-                                row = run_load(args.load, s, op, block, depth, args.connections, prot, args.seconds)
-                                results[(op, block, depth, prot, s.name)] = row
-                                print(
-                                    f"  {op:<5} {block // 1024:>2} KiB depth {depth:<3} {prot:<9} {s.name:<6} "
-                                    f"{row.iops:9,.0f} IOPS  p99 {row.p99_us:7,} µs  server {row.server_us:6.1f} µs/req  client {row.client_us:6.1f} µs/req",
-                                    flush=True,
-                                )
-                                s.settle()
-        finally:
-            for s in servers:
-                s.stop()
-    about = [line.replace("client smbclient/smbtorture of the same Samba", "client nimbus-smb-load (smb crate)") for line in machine()]
-    lines = ["## Small I/O at queue depth (Nimbus against Samba)", "", *about, "", *table(results, args)]
+    with servers_with_file(args, "nimbus-small-io-", FILE, args.file_mib) as servers:
+        turn = 0
+        for prot in args.protections:
+            for op in args.ops:
+                for block in args.blocks:
+                    for depth in args.depths:
+                        order = servers if turn % 2 == 0 else servers[::-1]
+                        turn += 1
+                        for s in order:
+                            row = run_load(args.load, s, op, block, depth, args.connections, prot, args.seconds)
+                            results[(op, block, depth, prot, s.name)] = row
+                            print(
+                                f"  {op:<5} {block // 1024:>2} KiB depth {depth:<3} {prot:<9} {s.name:<6} "
+                                f"{row.iops:9,.0f} IOPS  p99 {row.p99_us:7,} µs  server {row.server_us:6.1f} µs/req  client {row.client_us:6.1f} µs/req",
+                                flush=True,
+                            )
+                            s.settle()
+    lines = ["## Small I/O at queue depth (Nimbus against Samba)", "", *about(), "", *table(results, args)]
     print("\n".join(lines))
     if not args.no_write and len(args.servers) == 2:
         write_benchmarks_md(Path(args.output), lines, MARK_BEGIN, MARK_END)
@@ -179,5 +149,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    time.tzset()
     sys.exit(main())

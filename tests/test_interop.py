@@ -133,17 +133,20 @@ def load_binary() -> Path:
 @pytest.mark.nimbus_only
 @pytest.mark.parametrize("protection", ["signed", "encrypted"])
 def test_the_small_io_load_generator_runs_against_the_server(server, protection):
-    """Not a benchmark (bench/small_io.py is): the generator of issue 48
-    runs a second of random 4 KiB reads, then writes, with 8 requests in
-    flight on each of 2 connections, against the real server, and what it
-    wrote is in the file."""
+    """Not a benchmark (bench/small_io.py and bench/many_clients.py are):
+    the load generator runs a second each of random 4 KiB reads, writes and
+    open / read / close cycles, with 8 in flight on each of 2 connections,
+    then cycles at a fixed rate from 20 connections, against the real
+    server; what it wrote is in the file."""
     size = 4 << 20
     path = server.share_path / "small-io.bin"
     path.write_bytes(bytes(size))
-    for op in ("read", "write"):
+    runs = [["--connections", "2", "--depth", "8", "--op", op] for op in ("read", "write", "cycle")]
+    runs.append(["--connections", "20", "--depth", "1", "--op", "cycle", "--rate", "200"])
+    for run in runs:
         proc = subprocess.run(
             [str(load_binary()), server.host, str(server.port), server.share, server.user, server.password, "small-io.bin",
-             "--connections", "2", "--depth", "8", "--block", "4096", "--op", op, "--seconds", "1", "--protection", protection],
+             *run, "--block", "4096", "--seconds", "1", "--protection", protection],
             capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
         )  # fmt: skip
         assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -152,6 +155,9 @@ def test_the_small_io_load_generator_runs_against_the_server(server, protection)
         r = json.loads(lines[2])
         assert r["requests"] > 16 and r["errors"] == 0 and r["bytes"] == r["requests"] * 4096, r
         assert 0 < r["p50_us"] <= r["p99_us"] <= r["p999_us"], r
+        if "--rate" in run:
+            # 200 a second for a second, give or take the last turns.
+            assert 150 <= r["requests"] <= 210, r
     data = path.read_bytes()
     assert len(data) == size
     # Every WRITE put a 4 KiB block of 0x5a at a multiple of 4 KiB.

@@ -63,7 +63,8 @@ pub struct NotifyRelay {
 /// When this node began to watch a directory, and how.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Since {
-    /// The store's revision of the registration's first write.
+    /// The store's revision of the registration's first write (0 when
+    /// that write failed: unknown, so nothing is dropped for it).
     pub revision: u64,
     /// A watch covers the directory's tree.
     pub tree: bool,
@@ -145,10 +146,11 @@ impl Relay for NotifyRelay {
         if let Some(share) = self.share_of(root) {
             let value: Option<&[u8]> = tree.map(|t| if t { &b"1"[..] } else { &b"0"[..] });
             let item = item(&share, dir);
-            // Held across the write, so that a message read meanwhile
-            // waits for the registration's revision.
-            let mut since = crate::sync::lock(&self.since);
+            // Not held across the write: the inbox thread, which also
+            // carries breaks, would wait for etcd behind every watch's
+            // start and end. A message read in that moment is kept.
             let revision = self.registry.set_mine(&item, value);
+            let mut since = crate::sync::lock(&self.since);
             match (tree, revision) {
                 (None, _) => {
                     since.remove(&item);
@@ -163,8 +165,12 @@ impl Relay for NotifyRelay {
                 (Some(tree), Some(revision)) => {
                     since.insert(item, Since { revision, tree });
                 }
-                // Not written: nothing known, nothing dropped.
-                (Some(_), None) => {}
+                // Not written (it may be put back later, or have been
+                // written after all): its age is unknown, nothing it
+                // covers is dropped.
+                (Some(tree), None) => {
+                    since.insert(item, Since { revision: 0, tree });
+                }
             }
         }
     }
@@ -247,10 +253,15 @@ impl Relay for NotifyRelay {
 /// through one node, then opens a watch through another, would hear of a
 /// change made before its watch, which a single server never reports.
 /// The sender posts its message after the change is made, and this node
-/// writes its registration before its watch is in place, so a message
-/// older than every registration that covers the change was made before
-/// any watch here began. Changes that match no registration here are kept
-/// (the watches filter them, as they filter local changes).
+/// writes its registration as its first watch of the directory begins, so
+/// a message older than every registration that covers the change was made
+/// before any watch here began. What this leaves: a message read between
+/// the registration's write and its recording here is kept; a second watch
+/// of a directory watched already (or a tree watch added where a direct
+/// one was) hears changes made since the first began. Both can only report
+/// an older change, never lose a newer one. Changes that match no
+/// registration here are kept (the watches filter them, as they filter
+/// local changes).
 pub(crate) fn made_before_watched(
     since: &HashMap<String, Since>,
     share: &str,
@@ -379,6 +390,14 @@ mod tests {
                     tree: false,
                 },
             ),
+            // A registration whose write failed: its age is unknown.
+            (
+                "data/u".to_owned(),
+                Since {
+                    revision: 0,
+                    tree: true,
+                },
+            ),
         ]
         .into_iter()
         .collect();
@@ -398,6 +417,8 @@ mod tests {
         assert!(!before("t/x/y/z", 200));
         assert!(!before("t/sub/f", 250));
         assert!(before("t/sub/f", 150));
+        assert!(!before("u/f", 1));
+        assert!(!before("u/v/f", 1));
         // Another share, or nothing watched here: kept.
         assert!(!made_before_watched(&since, "other", "d/f", 1));
         assert!(!before("elsewhere/f", 1));

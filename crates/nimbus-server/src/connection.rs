@@ -583,6 +583,31 @@ impl From<std::io::Error> for ReadEnd {
 }
 
 /// The memory budget is counted in KiB so that it fits a semaphore.
+/// At most this many responses, and about this many bytes, go out in one
+/// write (`serve_in`'s writer).
+const BATCH_MESSAGES: usize = 64;
+const BATCH_BYTES: usize = 256 * 1024;
+
+/// Writes the batch's messages (`slices`, in order) with as few system
+/// calls as the socket takes.
+async fn write_batch(
+    wr: &mut tokio::net::tcp::OwnedWriteHalf,
+    slices: &mut [std::io::IoSlice<'_>],
+) -> std::io::Result<()> {
+    if let [one] = slices {
+        return wr.write_all(one).await;
+    }
+    let mut rest = slices;
+    while !rest.is_empty() {
+        let n = wr.write_vectored(rest).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        std::io::IoSlice::advance_slices(&mut rest, n);
+    }
+    Ok(())
+}
+
 fn kib(bytes: usize) -> u32 {
     bytes.div_ceil(1024).min(u32::MAX as usize) as u32
 }
@@ -774,13 +799,14 @@ async fn serve_in(
     let writer_conn = conn.clone();
     let mut writer = tokio::spawn(async move {
         let mut async_open = true;
+        let mut batch: Vec<(Outgoing, Option<InFlight>)> = Vec::new();
         loop {
             // Messages on their own (final responses of pending requests,
             // breaks) before responses to frames: one queued while a frame
             // was processed (a pending LOCK ended by a CLOSE) goes out
             // before that frame's response, as the client expects. What
             // they may hold is bounded (see `send_unsolicited`).
-            let (mut out, in_flight) = tokio::select! {
+            let first = tokio::select! {
                 biased;
                 r = async_rx.recv(), if async_open => match r {
                     Some(out) => (out, None),
@@ -794,29 +820,51 @@ async fn serve_in(
                     None => break,
                 },
             };
-            let unsolicited = in_flight.is_none().then(|| out.buf.capacity());
+            // What else is ready goes out in the same system call, taken in
+            // the same order: with many requests in flight, one write per
+            // response was a large part of a small request's cost.
+            let mut bytes = first.0.buf.len() - first.0.start;
+            batch.push(first);
+            while batch.len() < BATCH_MESSAGES && bytes < BATCH_BYTES {
+                let next = match async_rx.try_recv() {
+                    Ok(out) => Some((out, None)),
+                    Err(_) => rx.try_recv().ok().map(|(out, f)| (out, Some(f))),
+                };
+                let Some(next) = next else {
+                    break;
+                };
+                bytes += next.0.buf.len() - next.0.start;
+                batch.push(next);
+            }
             // Dropped (`Connection::drop_now`): nothing more goes out.
             if writer_conn.not_reading.load(Ordering::SeqCst) {
                 break;
             }
-            if wr.write_all(&out.buf[out.start..]).await.is_err() {
+            let mut slices: Vec<std::io::IoSlice<'_>> = batch
+                .iter()
+                .map(|(out, _)| std::io::IoSlice::new(&out.buf[out.start..]))
+                .collect();
+            if write_batch(&mut wr, &mut slices).await.is_err() {
                 break;
             }
-            if let Some(size) = unsolicited {
-                writer_conn.held.release(size);
+            drop(slices);
+            for (mut out, in_flight) in batch.drain(..) {
+                if in_flight.is_none() {
+                    writer_conn.held.release(out.buf.capacity());
+                }
+                for request in &out.interims {
+                    request.interim_written();
+                }
+                // In place: they must not wait for the disk (a persistent
+                // open's answered mark is a `Durability::Soon` write, made
+                // in memory); a hand-over to the blocking pool cost more
+                // CPU than the mark itself.
+                for f in std::mem::take(&mut out.on_sent) {
+                    f();
+                }
+                writer_conn.pool.give(out.buf);
+                drop(in_flight);
             }
-            for request in &out.interims {
-                request.interim_written();
-            }
-            // In place: they must not wait for the disk (a persistent
-            // open's answered mark is a `Durability::Soon` write, made in
-            // memory); a hand-over to the blocking pool cost more CPU than
-            // the mark itself.
-            for f in std::mem::take(&mut out.on_sent) {
-                f();
-            }
-            writer_conn.pool.give(out.buf);
-            drop(in_flight);
         }
         wr
     });

@@ -287,12 +287,29 @@ pub fn response_allowance(frame: &[u8], limits: &Limits) -> usize {
 /// Frames larger than this always go to the blocking pool.
 const QUICK_FRAME_MAX: usize = 16 * 1024;
 
+/// READs of at most this many bytes run in place (`is_quick`): a read from
+/// the page cache costs little more than the copy, 64 KiB in some 5 µs, so
+/// less than the hand-over it saves; larger ones (streaming) still spread
+/// over the pool's threads.
+const QUICK_READ_MAX: u32 = 64 * 1024;
+
+/// The Length of the READ request at `off` (MS-SMB2 2.2.19: after the
+/// 64-byte header, StructureSize (2), Padding (1), Flags (1), Length (4)).
+fn read_length(frame: &[u8], off: usize) -> Option<u32> {
+    let at = off.checked_add(64 + 4)?;
+    let bytes = frame.get(at..at.checked_add(4)?)?;
+    Some(u32::from_le_bytes(bytes.try_into().ok()?))
+}
+
 /// Whether a frame may be processed on the connection's reader task rather
 /// than handed to the blocking pool. Handing over costs two thread wake-ups
 /// per request (to a pool thread, and back to the writer), which on small
 /// metadata requests was most of the server's CPU (BENCHMARKS.md, issue 4);
 /// requests that only touch metadata finish in microseconds on a local
-/// file system, so they run in place. Data transfer (READ, WRITE, FLUSH),
+/// file system, so they run in place. So do small READs (up to
+/// `QUICK_READ_MAX`): they read what the page cache holds without waiting
+/// and hand only a read that must wait for the disk off the worker
+/// (`handlers::read`). Other data transfer (WRITE, FLUSH, larger READs),
 /// directory listings, IOCTLs and encrypted frames (which cannot be looked
 /// into before decryption, and may ask for a read of any size) still go to
 /// the pool, where a slow disk blocks nobody else. The cost: a metadata
@@ -316,13 +333,10 @@ pub fn is_quick(frame: &[u8], limits: &Limits, conn: &Connection) -> bool {
     chain_offsets(frame, limits.max_compound_requests).all(|off| {
         let command = u16::from_le_bytes([frame[off + 12], frame[off + 13]]);
         match Command::from_u16(command) {
-            Some(
-                Command::Read
-                | Command::Write
-                | Command::Flush
-                | Command::QueryDirectory
-                | Command::Ioctl,
-            ) => false,
+            Some(Command::Read) => read_length(frame, off).is_some_and(|n| n <= QUICK_READ_MAX),
+            Some(Command::Write | Command::Flush | Command::QueryDirectory | Command::Ioctl) => {
+                false
+            }
             Some(Command::Create | Command::Lock)
                 if conn.server.offers_persistent_handles() && on_ca_share(frame, off, conn) =>
             {

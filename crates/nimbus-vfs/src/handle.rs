@@ -2,6 +2,7 @@
 
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use crate::error::{VfsError, VfsResult};
 use crate::sys;
@@ -53,7 +54,13 @@ pub struct FileHandle {
     fd: OwnedFd,
     is_dir: bool,
     pub(crate) access: Access,
+    /// Whether the file lives in memory (tmpfs, ramfs), learnt at the
+    /// first read that asks: 0 not known yet, 1 yes, 2 no.
+    in_memory: AtomicU8,
 }
+
+/// tmpfs's and ramfs's `f_type` (statfs(2)).
+const MEMORY_FS: [i64; 2] = [0x0102_1994, 0x8584_58F6];
 
 pub(crate) fn check_offset(offset: u64) -> VfsResult<i64> {
     i64::try_from(offset).map_err(|_| VfsError::InvalidParameter)
@@ -74,7 +81,12 @@ fn timespec(t: Option<Timespec>) -> libc::timespec {
 
 impl FileHandle {
     pub(crate) fn new(fd: OwnedFd, is_dir: bool, access: Access) -> FileHandle {
-        FileHandle { fd, is_dir, access }
+        FileHandle {
+            fd,
+            is_dir,
+            access,
+            in_memory: AtomicU8::new(0),
+        }
     }
 
     pub(crate) fn raw(&self) -> RawFd {
@@ -127,6 +139,88 @@ impl FileHandle {
         // by the kernel, so they are initialised.
         unsafe { buf.set_len(buf.len() + n) };
         Ok(n)
+    }
+
+    /// [`FileHandle::read_append`] of what the page cache holds now, without
+    /// waiting for the disk: preadv2(2) with RWF_NOWAIT. Returns the bytes
+    /// appended, and whether the read stopped short for want of cached
+    /// pages (or because the file system cannot say: EOPNOTSUPP), in which
+    /// case the caller reads the rest with `read_append` where it may wait.
+    /// A caller on an async runtime's worker reads a cached range here at
+    /// the cost of a plain pread, and hands only a read that would wait to
+    /// a thread that may block.
+    pub fn read_append_cached(
+        &self,
+        buf: &mut Vec<u8>,
+        len: usize,
+        offset: u64,
+    ) -> VfsResult<(usize, bool)> {
+        self.check_io(self.access.can_read())?;
+        let start = check_offset(offset)?;
+        buf.reserve_exact(len);
+        let spare = buf.spare_capacity_mut();
+        let dst: *mut u8 = spare.as_mut_ptr().cast();
+        let mut done = 0usize;
+        let mut short = false;
+        while done < len {
+            let Some(pos) = start.checked_add(done as i64) else {
+                break;
+            };
+            let iov = libc::iovec {
+                // SAFETY: dst + done .. dst + len lies within the spare
+                // capacity reserved above.
+                iov_base: unsafe { dst.add(done) }.cast(),
+                iov_len: len - done,
+            };
+            // SAFETY: one iovec over writable memory of iov_len bytes.
+            let n = unsafe { libc::preadv2(self.raw(), &iov, 1, pos, libc::RWF_NOWAIT) };
+            if n < 0 {
+                match sys::errno() {
+                    libc::EINTR => continue,
+                    // A file system without RWF_NOWAIT that keeps files
+                    // in memory (tmpfs before Linux 6.x) has no disk to
+                    // wait for: read the rest here.
+                    libc::EOPNOTSUPP if self.in_memory() => {
+                        // SAFETY: as above, within the reserved capacity.
+                        let pos = offset + done as u64;
+                        done += unsafe { self.pread_full(dst.add(done), len - done, pos)? };
+                        break;
+                    }
+                    libc::EAGAIN | libc::EOPNOTSUPP => {
+                        short = true;
+                        break;
+                    }
+                    e => return Err(VfsError::from_errno(e)),
+                }
+            }
+            if n == 0 {
+                break;
+            }
+            done += n as usize;
+        }
+        // SAFETY: the kernel wrote the first `done` bytes of the spare
+        // capacity.
+        unsafe { buf.set_len(buf.len() + done) };
+        Ok((done, short))
+    }
+
+    /// Whether the file's file system keeps it in memory (asked once).
+    fn in_memory(&self) -> bool {
+        match self.in_memory.load(Ordering::Relaxed) {
+            1 => true,
+            2 => false,
+            _ => {
+                // SAFETY: zeroed statfs is a valid value for this plain C
+                // struct.
+                let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+                // SAFETY: st is a valid out pointer for this descriptor.
+                let known = unsafe { libc::fstatfs(self.raw(), &mut st) } == 0;
+                let yes = known && MEMORY_FS.contains(&(st.f_type as i64));
+                self.in_memory
+                    .store(if yes { 1 } else { 2 }, Ordering::Relaxed);
+                yes
+            }
+        }
     }
 
     /// pread(2) until `len` bytes or end of file.

@@ -315,6 +315,51 @@ fn read_write_round_trip() {
     assert_eq!(fs.stat("data").unwrap().mode, 0o600);
 }
 
+/// `read_append_cached` on a file just written (so in the page cache), on
+/// the temporary directory's file system and, where there is one, on
+/// tmpfs (which may not know RWF_NOWAIT and is read in full anyway).
+#[test]
+fn cached_reads_read_what_the_page_cache_holds() {
+    let mut roots = vec![std::env::temp_dir()];
+    if std::path::Path::new("/dev/shm").is_dir() {
+        roots.push("/dev/shm".into());
+    }
+    for root in roots {
+        let base = root.join(format!("nimbus-vfs-cached-{}", std::process::id()));
+        std::fs::create_dir_all(&base).unwrap();
+        let fs = LocalFs::new(&base).unwrap();
+        let (h, _, _) = fs.open("data", &rw(CreateMode::CreateNew)).unwrap();
+        let payload: Vec<u8> = (0..100_000u32).map(|i| (i % 253) as u8).collect();
+        h.write_at(&payload, 0).unwrap();
+        let mut got = b"head".to_vec();
+        let (n, short) = h.read_append_cached(&mut got, 70_000, 40_000).unwrap();
+        // Whatever was read is right; a short read is finished by
+        // read_append, as handlers::read does.
+        let rest = if short {
+            h.read_append(&mut got, 70_000 - n, 40_000 + n as u64)
+                .unwrap()
+        } else {
+            0
+        };
+        assert_eq!(n + rest, 60_000, "{root:?}: end of file");
+        assert_eq!(&got[..4], b"head");
+        assert_eq!(&got[4..], &payload[40_000..], "{root:?}");
+        // tmpfs holds all its files: never short there (a disk file
+        // system without RWF_NOWAIT may say it cannot tell).
+        if root.starts_with("/dev/shm") {
+            assert!(!short, "{root:?}: a read from memory stopped short");
+        }
+        let (n, short) = h.read_append_cached(&mut got, 10, 1 << 30).unwrap();
+        assert_eq!((n, short), (0, false), "{root:?}: past the end");
+        assert_err!(
+            h.read_append_cached(&mut got, 1, 1 << 63),
+            VfsError::InvalidParameter
+        );
+        drop(h);
+        let _ = std::fs::remove_dir_all(&base);
+    }
+}
+
 #[test]
 fn access_is_enforced_per_handle() {
     let s = Scratch::new();

@@ -53,10 +53,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         out[head + 4..head + 8].copy_from_slice(&(data.len() as u32).to_le_bytes());
         return Ok(NtStatus::SUCCESS);
     }
-    let n = match open
-        .handle
-        .read_append(out, req.length as usize, req.offset)
-    {
+    let n = match read_cached_first(&open.handle, out, req.length as usize, req.offset) {
         Ok(n) => n,
         Err(e) => {
             out.truncate(head);
@@ -74,4 +71,25 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         .store(req.offset + n as u64, std::sync::atomic::Ordering::Relaxed);
     open.share.counters.read(n);
     Ok(NtStatus::SUCCESS)
+}
+
+/// Reads `len` bytes at `offset` onto `out`: what the page cache holds at
+/// once, the rest (a read that would wait for the disk) off the runtime's
+/// worker. A small READ runs on the connection's task
+/// (`crate::dispatch::is_quick`), so a cached one costs a plain pread and
+/// no thread hand-over; one that must wait lets the worker's other tasks
+/// move to another thread meanwhile (`nimbus_state::blocking`).
+fn read_cached_first(
+    handle: &nimbus_vfs::FileHandle,
+    out: &mut Vec<u8>,
+    len: usize,
+    offset: u64,
+) -> nimbus_vfs::VfsResult<usize> {
+    let (n, short) = handle.read_append_cached(out, len, offset)?;
+    if !short {
+        return Ok(n);
+    }
+    let rest =
+        nimbus_state::blocking::off_worker(|| handle.read_append(out, len - n, offset + n as u64))?;
+    Ok(n + rest)
 }

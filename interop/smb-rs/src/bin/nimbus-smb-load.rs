@@ -1,16 +1,18 @@
-//! A small-I/O load generator (issue 48, item 2): random READs or WRITEs
-//! of one block size on one existing file, from several connections with
-//! many requests in flight on each, through the Rust `smb` crate (smb-rs),
-//! the same client for every server measured.
+//! A small-I/O load generator: random READs or WRITEs of one block size on
+//! one existing file, or open / read / close cycles of it, from several
+//! connections with many requests in flight on each, through the Rust
+//! `smb` crate (smb-rs), the same client for every server measured.
 //!
 //!     nimbus-smb-load HOST PORT SHARE USER PASSWORD FILE \
-//!         --connections N --depth D --block BYTES --op read|write \
-//!         --seconds S --protection signed|encrypted
+//!         --connections N --depth D --block BYTES --op read|write|cycle \
+//!         --seconds S --protection signed|encrypted [--rate OPS_PER_SECOND]
 //!
 //! Each connection is its own logged-on session with the file open once;
-//! D tasks per connection each keep one request in flight, so the server
+//! D tasks per connection each keep one operation in flight, so the server
 //! sees N×D at a time. Offsets are random multiples of the block within
-//! the file's length (a fixed xorshift seed per task: runs repeat).
+//! the file's length (a fixed xorshift seed per task: runs repeat). With
+//! --rate, the tasks together start that many operations per second,
+//! evenly spread; without, each starts its next when its last ends.
 //!
 //! Output, for bench/small_io.py to time the server and this client from
 //! /proc around the measured window: a line `measuring` when every
@@ -47,13 +49,29 @@ struct Args {
     connections: usize,
     depth: usize,
     block: usize,
-    write: bool,
+    op: Op,
     seconds: f64,
     encrypted: bool,
+    /// Operations per second for the whole run, spread over the tasks;
+    /// None: flat out.
+    rate: Option<f64>,
+}
+
+/// What each task repeats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Op {
+    /// READ of a block at a random offset of the open file.
+    Read,
+    /// WRITE of a block at a random offset of the open file.
+    Write,
+    /// CREATE (open the file for reading), READ of a block, CLOSE: what
+    /// a client that opens a small document does; one operation.
+    Cycle,
 }
 
 const USAGE: &str = "usage: nimbus-smb-load HOST PORT SHARE USER PASSWORD FILE --connections N \
-     --depth D --block BYTES --op read|write --seconds S --protection signed|encrypted";
+     --depth D --block BYTES --op read|write|cycle --seconds S --protection signed|encrypted \
+     [--rate OPS_PER_SECOND]";
 
 fn parse(args: &[String]) -> Result<Args, String> {
     let (fixed, flags) = args.split_at(args.len().min(6));
@@ -70,9 +88,10 @@ fn parse(args: &[String]) -> Result<Args, String> {
         connections: 1,
         depth: 1,
         block: 4096,
-        write: false,
+        op: Op::Read,
         seconds: 5.0,
         encrypted: false,
+        rate: None,
     };
     let mut it = flags.iter();
     while let Some(flag) = it.next() {
@@ -98,11 +117,21 @@ fn parse(args: &[String]) -> Result<Args, String> {
                     .ok_or_else(|| format!("--seconds: from 0 to 3600, not {value}"))?
             }
             "--op" => {
-                a.write = match value.as_str() {
-                    "read" => false,
-                    "write" => true,
-                    _ => return Err(format!("--op: read or write, not {value}")),
+                a.op = match value.as_str() {
+                    "read" => Op::Read,
+                    "write" => Op::Write,
+                    "cycle" => Op::Cycle,
+                    _ => return Err(format!("--op: read, write or cycle, not {value}")),
                 }
+            }
+            "--rate" => {
+                a.rate = Some(
+                    value
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|r| *r > 0.0 && r.is_finite())
+                        .ok_or_else(|| format!("--rate: operations per second, not {value}"))?,
+                )
             }
             "--protection" => {
                 a.encrypted = match value.as_str() {
@@ -117,8 +146,15 @@ fn parse(args: &[String]) -> Result<Args, String> {
     Ok(a)
 }
 
-/// One logged-on connection with the file open.
-async fn connect(a: &Args) -> Result<(Client, Arc<File>), Box<dyn std::error::Error>> {
+/// One logged-on connection, with the file open (for a cycle, the open
+/// that tells its length).
+struct Conn {
+    client: Arc<Client>,
+    file: Arc<File>,
+    path: UncPath,
+}
+
+async fn connect(a: &Args) -> Result<Conn, Box<dyn std::error::Error>> {
     let mut connection = ConnectionConfig {
         min_dialect: Some(Dialect::Smb0311),
         max_dialect: Some(Dialect::Smb0311),
@@ -143,17 +179,23 @@ async fn connect(a: &Args) -> Result<(Client, Arc<File>), Box<dyn std::error::Er
     client
         .share_connect(&share, &a.user, a.password.clone())
         .await?;
+    let path = share.clone().with_path(&a.file);
+    let file = open(&client, &path, a.op == Op::Write).await?;
+    Ok(Conn {
+        client: Arc::new(client),
+        file: Arc::new(file),
+        path,
+    })
+}
+
+async fn open(client: &Client, path: &UncPath, write: bool) -> smb::Result<File> {
     let access = FileAccessMask::new()
         .with_generic_read(true)
-        .with_generic_write(a.write);
-    let file = client
-        .create_file(
-            &share.clone().with_path(&a.file),
-            &FileCreateArgs::make_open_existing(access),
-        )
+        .with_generic_write(write);
+    Ok(client
+        .create_file(path, &FileCreateArgs::make_open_existing(access))
         .await?
-        .unwrap_file();
-    Ok((client, Arc::new(file)))
+        .unwrap_file())
 }
 
 /// What one task measured.
@@ -163,28 +205,53 @@ struct Tally {
     bytes: u64,
 }
 
-async fn task(
-    file: Arc<File>,
+/// What every task of a run shares.
+#[derive(Clone, Copy)]
+struct Plan {
+    op: Op,
     blocks: u64,
     block: usize,
-    write: bool,
-    mut seed: u64,
     until: Instant,
+    /// Time between two operations of one task, when the rate is fixed.
+    every: Option<Duration>,
+}
+
+/// `phase`: where in the period of a fixed rate this task's turns fall,
+/// from 0 to 1.
+async fn task(
+    conn: (Arc<Client>, Arc<File>, UncPath),
+    plan: Plan,
+    mut seed: u64,
+    phase: f64,
 ) -> Result<Tally, String> {
+    let (client, file, path) = conn;
+    let block = plan.block;
     let mut buf = vec![0x5au8; block];
     let mut tally = Tally::default();
-    while Instant::now() < until {
+    // With a fixed rate, the tasks' turns are spread evenly over the
+    // period instead of falling together.
+    let mut next = Instant::now() + plan.every.map_or(Duration::ZERO, |e| e.mul_f64(phase));
+    while Instant::now() < plan.until {
+        if let Some(every) = plan.every {
+            // A fixed rate: each operation at its time, late ones at once
+            // (latency is then measured from when the operation began).
+            tokio::time::sleep_until(next.into()).await;
+            next += every;
+            if Instant::now() >= plan.until {
+                break;
+            }
+        }
         seed ^= seed << 13;
         seed ^= seed >> 7;
         seed ^= seed << 17;
-        let at = (seed % blocks) * block as u64;
+        let at = (seed % plan.blocks) * block as u64;
         let start = Instant::now();
-        let n = if write {
-            file.write_at(&buf, at).await
-        } else {
-            file.read_at(&mut buf, at).await
+        let n = match plan.op {
+            Op::Read => file.read_at(&mut buf, at).await,
+            Op::Write => file.write_at(&buf, at).await,
+            Op::Cycle => cycle(&client, &path, &mut buf, at).await,
         }
-        .map_err(|e| format!("{} at {at}: {e}", if write { "WRITE" } else { "READ" }))?;
+        .map_err(|e| format!("{:?} at {at}: {e}", plan.op))?;
         if n != block {
             return Err(format!("a {block}-byte request at {at} moved {n} bytes"));
         }
@@ -193,6 +260,30 @@ async fn task(
         tally.bytes += n as u64;
     }
     Ok(tally)
+}
+
+/// Opens the file, reads a block, closes it.
+async fn cycle(client: &Client, path: &UncPath, buf: &mut [u8], at: u64) -> smb::Result<usize> {
+    let file = open(client, path, false).await?;
+    let n = file.read_at(buf, at).await?;
+    file.close().await?;
+    Ok(n)
+}
+
+/// Raises this process's open-file limit to its hard limit: a thousand
+/// connections need more descriptors than the usual soft limit of 1024.
+fn raise_file_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: a valid out pointer, then the same struct back in.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
 }
 
 /// Sets TCP_NODELAY on every TCP socket of this process (the connections
@@ -248,6 +339,7 @@ fn percentile(sorted: &[u32], p: f64) -> u32 {
 }
 
 async fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
+    raise_file_limit();
     let mut conns = Vec::with_capacity(a.connections);
     for _ in 0..a.connections {
         conns.push(connect(&a).await?);
@@ -260,27 +352,29 @@ async fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
         )
         .into());
     }
-    let len = conns[0].1.get_len().await?;
+    let len = conns[0].file.get_len().await?;
     let blocks = len / a.block as u64;
     if blocks == 0 {
         return Err(format!("{} holds {len} bytes, less than one block", a.file).into());
     }
+    let tasks_n = a.connections * a.depth;
     println!("measuring");
     std::io::stdout().flush()?;
     let start = Instant::now();
-    let until = start + Duration::from_secs_f64(a.seconds);
+    let plan = Plan {
+        op: a.op,
+        blocks,
+        block: a.block,
+        until: start + Duration::from_secs_f64(a.seconds),
+        every: a.rate.map(|r| Duration::from_secs_f64(tasks_n as f64 / r)),
+    };
     let mut tasks = Vec::new();
-    for (c, (_, file)) in conns.iter().enumerate() {
+    for (c, conn) in conns.iter().enumerate() {
         for d in 0..a.depth {
             let seed = 0x9E37_79B9_7F4A_7C15u64 ^ ((c * 1_000_003 + d) as u64 + 1);
-            tasks.push(tokio::spawn(task(
-                file.clone(),
-                blocks,
-                a.block,
-                a.write,
-                seed,
-                until,
-            )));
+            let shared = (conn.client.clone(), conn.file.clone(), conn.path.clone());
+            let phase = tasks.len() as f64 / tasks_n as f64;
+            tasks.push(tokio::spawn(task(shared, plan, seed, phase)));
         }
     }
     let mut latencies = Vec::new();
@@ -314,9 +408,9 @@ async fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
         percentile(&latencies, 0.99),
         percentile(&latencies, 0.999),
     );
-    for (client, file) in conns {
-        drop(file);
-        client.close().await?;
+    for conn in conns {
+        drop(conn.file);
+        conn.client.close().await?;
     }
     Ok(())
 }
@@ -374,7 +468,11 @@ mod tests {
             "encrypted",
         ])
         .unwrap();
-        assert_eq!((a.depth, a.write, a.encrypted), (32, true, true));
+        assert_eq!((a.depth, a.op, a.encrypted), (32, Op::Write, true));
+        let a = with(&["--op", "cycle", "--rate", "500"]).unwrap();
+        assert_eq!((a.op, a.rate), (Op::Cycle, Some(500.0)));
+        assert!(with(&["--rate", "0"]).is_err());
+        assert!(with(&["--rate", "inf"]).is_err());
         assert!(with(&["--depth", "0"]).is_err());
         assert!(with(&["--op", "delete"]).is_err());
         assert!(with(&["--depth"]).is_err());

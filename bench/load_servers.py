@@ -1,0 +1,67 @@
+"""What bench/small_io.py and bench/many_clients.py share: their common
+options, the two servers started on one file each in tmpfs, and the
+description of the machine for BENCHMARKS.md."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+sys.path.insert(0, str(BENCH))
+from side_by_side import Server, machine, process_tree, start_nimbus, start_smbd  # noqa: E402
+
+MIB = 1 << 20
+
+
+def add_common_options(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--servers", nargs="+", default=["Nimbus", "Samba"], choices=["Nimbus", "Samba"])
+    ap.add_argument("--nimbus", default=str(REPO / "target" / "release" / "nimbus"))
+    ap.add_argument("--load", default=str(REPO / "target" / "interop" / "release" / "nimbus-smb-load"))
+    ap.add_argument("--output", default=str(REPO / "BENCHMARKS.md"))
+    ap.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
+
+
+def check_tools(args, run_flag: str) -> None:
+    for tool in (args.nimbus, args.load):
+        if not Path(tool).exists():
+            sys.exit(f"{tool} not found: bash bench/run.sh {run_flag} builds it")
+    if "Samba" in args.servers and os.geteuid() != 0:
+        sys.exit(f"run as root (smbd must serve files as the logged-on user): sudo bash bench/run.sh {run_flag}")
+
+
+@contextmanager
+def servers_with_file(args, prefix: str, file: str, mib: int) -> Iterator[list[Server]]:
+    """The servers of --servers, each sharing a tmpfs directory that holds
+    `file` of `mib` MiB of random bytes; stopped at the end."""
+    tmp_root = "/dev/shm" if Path("/dev/shm").is_dir() else None
+    with tempfile.TemporaryDirectory(prefix=prefix, dir=tmp_root) as tmp:
+        tmp = Path(tmp)
+        servers: list[Server] = []
+        try:
+            for name in args.servers:
+                share = tmp / name / "share"
+                share.mkdir(parents=True)
+                with open(share / file, "wb") as f:
+                    for _ in range(mib):
+                        f.write(os.urandom(MIB))
+                state = tmp / name / "state"
+                state.mkdir()
+                servers.append(start_nimbus(args.nimbus, tmp / name, share) if name == "Nimbus" else start_smbd(state, share))
+            for s in servers:
+                s.settle(timeout=0)
+                s.idle_tree = set(process_tree(s.pid))
+            yield servers
+        finally:
+            for s in servers:
+                s.stop()
+
+
+def about() -> list[str]:
+    return [line.replace("client smbclient/smbtorture of the same Samba", "client nimbus-smb-load (smb crate)") for line in machine()]
