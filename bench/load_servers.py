@@ -37,9 +37,12 @@ def check_tools(args, run_flag: str) -> None:
 
 
 @contextmanager
-def servers_with_file(args, prefix: str, file: str, mib: int) -> Iterator[list[Server]]:
+def servers_with_file(args, prefix: str, file: str, mib: int, connections: int = 0) -> Iterator[list[Server]]:
     """The servers of --servers, each sharing a tmpfs directory that holds
-    `file` of `mib` MiB of random bytes; stopped at the end."""
+    `file` of `mib` MiB of random bytes, and taking `connections` from one
+    address (Nimbus refuses more than 256 by default, a guard against one
+    client taking every slot); stopped at the end."""
+    limits = {"max_connections_per_address": connections} if connections > 256 else None
     tmp_root = "/dev/shm" if Path("/dev/shm").is_dir() else None
     with tempfile.TemporaryDirectory(prefix=prefix, dir=tmp_root) as tmp:
         tmp = Path(tmp)
@@ -53,7 +56,7 @@ def servers_with_file(args, prefix: str, file: str, mib: int) -> Iterator[list[S
                         f.write(os.urandom(MIB))
                 state = tmp / name / "state"
                 state.mkdir()
-                servers.append(start_nimbus(args.nimbus, tmp / name, share) if name == "Nimbus" else start_smbd(state, share))
+                servers.append(start_nimbus(args.nimbus, tmp / name, share, limits) if name == "Nimbus" else start_smbd(state, share))
             for s in servers:
                 s.settle(timeout=0)
                 s.idle_tree = set(process_tree(s.pid))
@@ -65,3 +68,15 @@ def servers_with_file(args, prefix: str, file: str, mib: int) -> Iterator[list[S
 
 def about() -> list[str]:
     return [line.replace("client smbclient/smbtorture of the same Samba", "client nimbus-smb-load (smb crate)") for line in machine()]
+
+
+def report(args, title: str, table: list[str], begin: str, end: str) -> None:
+    """Prints the section, and writes it into BENCHMARKS.md between `begin`
+    and `end` when both servers ran and --no-write was not given."""
+    from side_by_side import write_benchmarks_md
+
+    lines = [title, "", *about(), "", *table]
+    print("\n".join(lines))
+    if not args.no_write and len(args.servers) == 2:
+        write_benchmarks_md(Path(args.output), lines, begin, end)
+        print(f"written to {args.output}")

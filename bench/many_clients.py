@@ -35,10 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-REPO = BENCH.parent
 sys.path.insert(0, str(BENCH))
-from load_servers import about, add_common_options, check_tools, servers_with_file  # noqa: E402
-from side_by_side import PASSWORD, SHARE, USER, Server, process_tree, write_benchmarks_md  # noqa: E402
+from load_servers import add_common_options, check_tools, report, servers_with_file  # noqa: E402
+from side_by_side import PASSWORD, SHARE, USER, Server, process_tree  # noqa: E402
 
 FILE = "many-clients.bin"
 FILE_BYTES = 64 << 20
@@ -133,7 +132,7 @@ def main() -> int:
     check_tools(args, "--many-clients")
 
     results: dict[tuple, Row] = {}
-    with servers_with_file(args, "nimbus-many-clients-", FILE, FILE_BYTES >> 20) as servers:
+    with servers_with_file(args, "nimbus-many-clients-", FILE, FILE_BYTES >> 20, max(args.connections) + 16) as servers:
         turn = 0
         for conns in args.connections:
             for load, rate in (("flat out", None), ("fixed rate", args.rate)):
@@ -148,11 +147,7 @@ def main() -> int:
                         flush=True,
                     )
                     s.settle(timeout=60)
-    lines = ["## Many clients (Nimbus against Samba)", "", *about(), "", *table(results, args)]
-    print("\n".join(lines))
-    if not args.no_write and len(args.servers) == 2:
-        write_benchmarks_md(Path(args.output), lines, MARK_BEGIN, MARK_END)
-        print(f"written to {args.output}")
+    report(args, "## Many clients (Nimbus against Samba)", table(results, args), MARK_BEGIN, MARK_END)
     return 0
 
 

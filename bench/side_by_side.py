@@ -142,13 +142,15 @@ class Server:
         time.sleep(0.2)
 
 
-def start_nimbus(nimbus: str, state: Path, share_dir: Path) -> Server:
+def start_nimbus(nimbus: str, state: Path, share_dir: Path, limits: dict[str, int] | None = None) -> Server:
+    """Nimbus on a free port, `limits` set in its configuration file's
+    [limits] (the rest on the command line)."""
     db = state / "users.db"
     subprocess.run([nimbus, "user", "add", USER, "--db", str(db), "--password-stdin"], input=PASSWORD + "\n", text=True, check=True, capture_output=True)
     port = free_port()
     log = open(state / "nimbus.log", "wb")
     proc = subprocess.Popen(
-        [nimbus, "serve", "--listen", f"127.0.0.1:{port}", "--user-db", str(db), "--share", f"{SHARE}={share_dir}", "--signing", "auto"],
+        [nimbus, "serve", *config_args(state, limits), "--listen", f"127.0.0.1:{port}", "--user-db", str(db), "--share", f"{SHARE}={share_dir}", "--signing", "auto"],
         stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
@@ -162,6 +164,14 @@ def start_nimbus(nimbus: str, state: Path, share_dir: Path) -> Server:
         log.close()
 
     return Server("Nimbus", proc.pid, port, share_dir, stop)
+
+
+def config_args(state: Path, limits: dict[str, int] | None) -> list[str]:
+    if not limits:
+        return []
+    conf = state / "nimbus.toml"
+    conf.write_text("[limits]\n" + "".join(f"{k} = {v}\n" for k, v in limits.items()))
+    return ["--config", str(conf)]
 
 
 def start_smbd(state: Path, share_dir: Path) -> Server:

@@ -30,10 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-REPO = BENCH.parent
 sys.path.insert(0, str(BENCH))
-from load_servers import about, add_common_options, check_tools, servers_with_file  # noqa: E402
-from side_by_side import PASSWORD, SHARE, USER, Server, _stat_fields, write_benchmarks_md  # noqa: E402
+from load_servers import add_common_options, check_tools, report, servers_with_file  # noqa: E402
+from side_by_side import PASSWORD, SHARE, USER, Server, _stat_fields  # noqa: E402
 
 FILE = "small-io.bin"
 MARK_BEGIN = "<!-- small-io: begin (written by bench/small_io.py) -->"
@@ -140,11 +139,7 @@ def main() -> int:
                                 flush=True,
                             )
                             s.settle()
-    lines = ["## Small I/O at queue depth (Nimbus against Samba)", "", *about(), "", *table(results, args)]
-    print("\n".join(lines))
-    if not args.no_write and len(args.servers) == 2:
-        write_benchmarks_md(Path(args.output), lines, MARK_BEGIN, MARK_END)
-        print(f"written to {args.output}")
+    report(args, "## Small I/O at queue depth (Nimbus against Samba)", table(results, args), MARK_BEGIN, MARK_END)
     return 0
 
 

@@ -146,6 +146,9 @@ fn parse(args: &[String]) -> Result<Args, String> {
     Ok(a)
 }
 
+/// Connections being made at once.
+const CONNECTING_AT_ONCE: usize = 64;
+
 /// One logged-on connection, with the file open (for a cycle, the open
 /// that tells its length).
 struct Conn {
@@ -340,9 +343,22 @@ fn percentile(sorted: &[u32], p: f64) -> u32 {
 
 async fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     raise_file_limit();
+    // Connections are made CONNECTING_AT_ONCE at a time: each logon takes
+    // several round trips, some waiting on delayed ACKs before TCP_NODELAY
+    // is set (the crate makes the socket inside its logon), so a thousand
+    // made one by one would take minutes.
     let mut conns = Vec::with_capacity(a.connections);
-    for _ in 0..a.connections {
-        conns.push(connect(&a).await?);
+    while conns.len() < a.connections {
+        let batch = (a.connections - conns.len()).min(CONNECTING_AT_ONCE);
+        let made: Vec<_> = (0..batch)
+            .map(|_| {
+                let a = a.clone();
+                tokio::spawn(async move { connect(&a).await.map_err(|e| e.to_string()) })
+            })
+            .collect();
+        for m in made {
+            conns.push(m.await.map_err(|e| e.to_string())??);
+        }
     }
     let sockets = no_delay_on_sockets();
     if sockets < a.connections {
