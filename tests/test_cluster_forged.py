@@ -57,7 +57,7 @@ from test_notify import MALLORY
 from test_persistent import persistent_open_uncached, reconnect_uncached
 
 ETCD_PREFIX = b"/nimbus/"
-OPEN_ID_SHIFT = 40  # crates/nimbus-server/src/cluster.rs
+OPEN_ID_SHIFT = 40  # crates/nimbus-cluster/src/cluster.rs
 # Far above any incarnation the cluster's counter has drawn (it counts from
 # 1, one per node start), so no live node runs it; every byte non-zero, so
 # the key passes through etcdctl's argv.

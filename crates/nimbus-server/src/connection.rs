@@ -154,6 +154,10 @@ impl crate::pending::ResponseChannel for Connection {
         tracing::warn!("{}: cannot encrypt a message; closing", self.peer);
         self.close();
     }
+
+    fn peer(&self) -> SocketAddr {
+        self.peer
+    }
 }
 
 impl Outgoing {
@@ -554,7 +558,8 @@ impl Connection {
                     self.peer,
                     s.id
                 );
-                crate::oplocks::redeliver_breaks(&self.server.oplocks, s, self);
+                let opens: Vec<_> = crate::sync::lock(&s.opens).values().cloned().collect();
+                crate::oplocks::redeliver_breaks(&self.server.oplocks, &opens, self);
             }
         }
     }

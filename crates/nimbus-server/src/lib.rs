@@ -1,33 +1,41 @@
-//! The Nimbus SMB server: listeners, the connection loop, connection
-//! security (signing), the dispatch table and one handler module per SMB2
-//! command. Handlers never call a crypto library; they see typed requests
-//! and return typed responses or an NTSTATUS.
+//! The Nimbus SMB server: listeners, the connection loop, the dispatch
+//! table and one handler module per SMB2 command, the services still tied
+//! to `Server` (oplocks and leases, durable and persistent handles,
+//! failover, sessions), and `Server::new`, which wires every layer.
+//!
+//! Below it: `nimbus-transport` (connection security, credits),
+//! `nimbus-services` (opens, locks, notify, ACLs, metrics) and
+//! `nimbus-cluster` (membership, relay, node-to-node requests). Nothing
+//! here may be imported by them. Handlers never call a crypto library;
+//! they see typed requests and return typed responses or an NTSTATUS.
+//!
+//! Start reading at [`Server`] (`server.rs`), then `dispatch.rs` and
+//! `connection.rs`.
 
-mod accounts;
-mod acl;
 mod admission;
-mod app_instance_handover;
 mod apple;
-mod arrivals;
-mod claims;
-pub mod cluster;
-mod cluster_notify;
-mod cluster_registry;
-// The configuration lives in its own crate; these paths keep the
-// server's `crate::config::...` and `nimbus_server::config::...` uses.
-use nimbus_config::hide;
+// The layers below live in crates of their own; these paths keep the
+// server's `crate::notify::...` and `nimbus_server::metrics::...` uses.
+pub use nimbus_cluster::cluster;
+use nimbus_cluster::{
+    app_instance_handover, claims, cluster_notify, cluster_registry, lease_ack_handover,
+    session_handover,
+};
+pub use nimbus_services::metrics;
+use nimbus_services::{
+    accounts, acl, dir_budget, dosinfo, durable_handle, eas, errors, held_bytes, locks, log_limit,
+    lookup, memory_use, notify, open, open_files, open_registry, oplocks, pending, share, sync,
+    write_times,
+};
+use nimbus_transport::{arrivals, credits, security};
+// `crate::config::...` and `nimbus_server::config::...` name the
+// configuration crate's modules.
 pub use nimbus_config::{config, limits};
 mod connection;
-mod credits;
-mod dir_budget;
 mod dir_leases;
 mod dispatch;
-mod dosinfo;
 mod drain;
 mod durable;
-mod durable_handle;
-mod eas;
-mod errors;
 mod failover;
 mod fileinfo;
 #[doc(hidden)]
@@ -35,36 +43,17 @@ mod fileinfo;
 pub mod fuzz_api;
 mod gauges;
 mod handlers;
-mod held_bytes;
 mod interfaces;
-mod lease_ack_handover;
 mod lease_loss;
-mod locks;
-mod log_limit;
 mod logon_guard;
-mod lookup;
-mod memory_use;
-pub mod metrics;
-mod node_message;
-mod notify;
-mod open;
-mod open_files;
-mod open_registry;
-mod oplocks;
-mod pending;
 mod persist;
 pub mod reload;
-mod security;
 mod server;
 mod session;
-mod session_handover;
 mod session_registry;
-mod share;
 pub mod status;
 pub mod status_listing;
-mod sync;
 mod teardowns;
-mod write_times;
 
 pub use config::{Config, ConfigError, LogFormat, ShareConfig, SigningPolicy};
 pub use server::{kerberos_acceptor, Server, StartError};

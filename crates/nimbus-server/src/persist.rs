@@ -319,16 +319,10 @@ fn reopen(server: &Arc<Server>, r: &DurableOpen, now: Instant) -> Result<(), Str
         want,
     };
     server.oplocks.contend(file, &ask);
-    let route = Route {
-        conn: std::sync::Weak::new(),
-        session: std::sync::Weak::new(),
-        session_id: 0,
-        file_id: FileId {
-            persistent: r.open_id,
-            volatile: open.volatile_id(),
-        },
-        seal: None,
-    };
+    let route = Route::unconnected(FileId {
+        persistent: r.open_id,
+        volatile: open.volatile_id(),
+    });
     server.oplocks.admit(file, &ask, route);
     wait_for_client(server, &open, r, now)?;
     tracing::info!(

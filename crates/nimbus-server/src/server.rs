@@ -715,7 +715,7 @@ impl Server {
             let found = server
                 .oplocks
                 .ack_lease(id, req.lease_state)
-                .map_or(Found::NotHere, crate::oplocks::found);
+                .map_or(Found::NotHere, crate::lease_ack_handover::found);
             if found != Found::NotHere {
                 tracing::info!(
                     "a lease break acknowledged on node {} applied here: {found:?}",

@@ -242,3 +242,13 @@ impl Session {
         }
     }
 }
+
+/// The channels a break may go on when its open's own connection is gone.
+impl crate::oplocks::SessionChannels for Session {
+    fn channels(&self) -> Vec<Arc<dyn crate::pending::ResponseChannel>> {
+        self.connections()
+            .into_iter()
+            .map(|c| c as Arc<dyn crate::pending::ResponseChannel>)
+            .collect()
+    }
+}

@@ -718,8 +718,8 @@ fn open_or_create(
         volatile: volatile_id,
     };
     let route = Route {
-        conn: std::sync::Arc::downgrade(ctx.conn),
-        session: std::sync::Arc::downgrade(&session),
+        conn: std::sync::Arc::<crate::connection::Connection>::downgrade(ctx.conn),
+        session: std::sync::Arc::<crate::session::Session>::downgrade(&session),
         session_id: session.id,
         file_id,
         seal: super::create_caching::break_cipher(&session, &tree),

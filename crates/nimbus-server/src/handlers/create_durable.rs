@@ -558,8 +558,8 @@ fn attach(ctx: &Ctx<'_>, open: &Arc<Open>) -> Result<FileId, NtStatus> {
     ctx.server.oplocks.attach(
         open.open_id,
         Route {
-            conn: Arc::downgrade(ctx.conn),
-            session: Arc::downgrade(&session),
+            conn: Arc::<crate::connection::Connection>::downgrade(ctx.conn),
+            session: Arc::<crate::session::Session>::downgrade(&session),
             session_id: session.id,
             file_id,
             seal: super::create_caching::break_cipher(&session, &tree),

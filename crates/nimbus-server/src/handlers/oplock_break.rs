@@ -67,7 +67,7 @@ fn lease_ack(ctx: &mut Ctx<'_>, ack: LeaseBreakAck, out: &mut Vec<u8>) -> Handle
         key: ack.lease_key,
     };
     let found = match ctx.server.oplocks.ack_lease(id, ack.lease_state) {
-        Some(outcome) => crate::oplocks::found(outcome),
+        Some(outcome) => crate::lease_ack_handover::found(outcome),
         None => on_other_nodes(ctx, id, ack.lease_state),
     };
     match found {

@@ -155,8 +155,8 @@ pub fn rename(
         want: Want::Nothing,
     };
     let route = Route {
-        conn: Arc::downgrade(ctx.conn),
-        session: Arc::downgrade(&session),
+        conn: Arc::<crate::connection::Connection>::downgrade(ctx.conn),
+        session: Arc::<crate::session::Session>::downgrade(&session),
         session_id: session.id,
         file_id: FileId {
             persistent: open.open_id,

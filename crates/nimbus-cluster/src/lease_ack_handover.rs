@@ -9,6 +9,9 @@
 //! Written by hand, of `crate::node_message`'s pieces, as
 //! `crate::session_handover` is.
 
+use nimbus_services::oplocks::AckOutcome;
+use nimbus_state::caching::AckError;
+
 use crate::node_message::{put_strings, take_strings, take_u64};
 
 /// Message tag of a request to apply an acknowledgement.
@@ -40,6 +43,20 @@ pub enum Found {
     /// A state beyond the break, or no lease state at all
     /// (STATUS_REQUEST_NOT_ACCEPTED).
     Refused = 3,
+}
+
+/// What an acknowledgement of a lease this node holds came to, as the
+/// client is answered (MS-SMB2 3.3.5.22.2) and as another node is told
+/// (this module's requests).
+pub fn found(outcome: AckOutcome) -> Found {
+    match outcome {
+        AckOutcome::Done(_) => Found::Acked,
+        AckOutcome::Refused(AckError::NotBreaking) => Found::NotBreaking,
+        // A state beyond the break is answered so; a state no lease can
+        // be in (W or H without R) is refused the same way.
+        AckOutcome::Refused(AckError::TooMuch | AckError::NotALeaseState) => Found::Refused,
+        AckOutcome::Refused(AckError::Unknown) => Found::NotHere,
+    }
 }
 
 impl Found {

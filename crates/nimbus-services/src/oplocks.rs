@@ -31,10 +31,9 @@ use nimbus_wire::header::{flags, Command, Header};
 use nimbus_wire::oplock::{LeaseBreakNotification, OplockBreak, LEASE_BREAK_ACK_REQUIRED};
 use nimbus_wire::{FileId, NtStatus};
 
-use crate::connection::Connection;
-use crate::lease_ack_handover::Found;
+use crate::open::Open;
+use crate::pending::ResponseChannel;
 use crate::security::SessionCipher;
-use crate::session::Session;
 use crate::sync::lock;
 
 mod together;
@@ -45,8 +44,8 @@ mod turns;
 pub struct Route {
     /// The connection the open was made on; if it is gone, another
     /// channel of the open's session (MS-SMB2 3.3.4.1.6).
-    pub conn: Weak<Connection>,
-    pub session: Weak<Session>,
+    pub conn: Weak<dyn ResponseChannel>,
+    pub session: Weak<dyn SessionChannels>,
     pub session_id: u64,
     pub file_id: FileId,
     /// Seal breaks with this session's cipher (the session or the tree
@@ -59,13 +58,54 @@ impl Route {
     /// The connection a break goes on: the open's own while it lasts,
     /// else the first live channel of its session (multichannel: the
     /// session outlives a lost connection, MS-SMB2 3.3.4.1.6).
-    fn channel(&self) -> Option<Arc<Connection>> {
+    fn channel(&self) -> Option<Arc<dyn ResponseChannel>> {
         if let Some(conn) = self.conn.upgrade().filter(|c| !c.is_closing()) {
             return Some(conn);
         }
         let session = self.session.upgrade()?;
-        session.connections().into_iter().find(|c| !c.is_closing())
+        session.channels().into_iter().find(|c| !c.is_closing())
     }
+}
+
+impl Route {
+    /// The route of an open whose client is not connected (a persistent
+    /// open restored from its record): a break reaches no connection.
+    pub fn unconnected(file_id: FileId) -> Route {
+        Route {
+            conn: Weak::<Unconnected>::new(),
+            session: Weak::<Unconnected>::new(),
+            session_id: 0,
+            file_id,
+            seal: None,
+        }
+    }
+}
+
+/// What an unconnected route points at: never made, so never reached.
+struct Unconnected;
+
+impl ResponseChannel for Unconnected {
+    fn send_frame(&self, _: crate::pending::Frame) {}
+    fn forget_pending(&self, _: u64) {}
+    fn is_closing(&self) -> bool {
+        true
+    }
+    fn close_unsendable(&self) {}
+    fn peer(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::from(([0, 0, 0, 0], 0))
+    }
+}
+
+impl SessionChannels for Unconnected {
+    fn channels(&self) -> Vec<Arc<dyn ResponseChannel>> {
+        Vec::new()
+    }
+}
+
+/// The live connections (channels) of a session, for a break whose open's
+/// own connection is gone. The session layer implements it.
+pub trait SessionChannels: Send + Sync {
+    fn channels(&self) -> Vec<Arc<dyn ResponseChannel>>;
 }
 
 /// Delivers break notifications to the client of an open. On one node
@@ -123,7 +163,7 @@ impl LocalNotifier {
 #[derive(Clone)]
 struct Sent {
     order: BreakOrder,
-    via: Weak<Connection>,
+    via: Weak<dyn ResponseChannel>,
     /// Order of sending, across all opens: of a lease's breaks (sent to
     /// whichever of its opens comes first) only the latest is sent again.
     serial: u64,
@@ -1311,22 +1351,21 @@ impl Oplocks {
     }
 }
 
-/// Channel `lost` of `session` was lost (MS-SMB2 3.3.7.1) and the
-/// session lives on: the breaks of its opens that went out on that
+/// Channel `lost` of a session was lost (MS-SMB2 3.3.7.1) and the
+/// session, whose opens are `opens`, lives on: the breaks of its opens that went out on that
 /// connection and still await acknowledgement are sent again on a
 /// remaining channel, as the lost one may never have delivered them
 /// (3.3.4.6-7: the server picks another connection of the session). Of
 /// one holder's breaks, only the latest.
-pub fn redeliver_breaks(oplocks: &Oplocks, session: &Session, lost: &Connection) {
-    let opens: Vec<_> = lock(&session.opens).values().cloned().collect();
+pub fn redeliver_breaks(oplocks: &Oplocks, opens: &[Arc<Open>], lost: &dyn ResponseChannel) {
     let mut latest: HashMap<Holder, (u64, u64, FileKey, BreakOrder)> = HashMap::new();
     {
         let sent = lock(&oplocks.notifier.last_sent);
-        for open in &opens {
+        for open in opens {
             let Some(s) = sent.get(&open.open_id) else {
                 continue;
             };
-            if !std::ptr::eq(s.via.as_ptr(), lost) {
+            if !std::ptr::addr_eq(s.via.as_ptr(), lost as *const dyn ResponseChannel) {
                 continue;
             }
             let entry = (s.serial, open.open_id, open.file_key, s.order);
@@ -1374,7 +1413,7 @@ fn log_timeout(holder: Holder, after: Duration) {
     }
 }
 
-pub(crate) fn hex(bytes: &[u8]) -> String {
+pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -1419,12 +1458,12 @@ struct Outbound {
 
 impl Outbound {
     /// Sends the break; the connection it went on, if any.
-    fn send(self) -> Option<Arc<Connection>> {
+    fn send(self) -> Option<Arc<dyn ResponseChannel>> {
         let conn = self.route.channel()?;
         let b = self.order;
         tracing::debug!(
             "{}: break {:?} from {:#x} to {:#x} (ack {})",
-            conn.peer,
+            conn.peer(),
             b.holder,
             b.from,
             b.to,
@@ -1489,20 +1528,6 @@ impl Outbound {
 /// outside it (a cluster node's watch thread).
 static RUNTIME: std::sync::OnceLock<tokio::runtime::Handle> = std::sync::OnceLock::new();
 
-/// What an acknowledgement of a lease this node holds came to, as the
-/// client is answered (MS-SMB2 3.3.5.22.2) and as another node is told
-/// (`crate::lease_ack_handover`).
-pub fn found(outcome: AckOutcome) -> Found {
-    match outcome {
-        AckOutcome::Done(_) => Found::Acked,
-        AckOutcome::Refused(AckError::NotBreaking) => Found::NotBreaking,
-        // A state beyond the break is answered so; a state no lease can
-        // be in (W or H without R) is refused the same way.
-        AckOutcome::Refused(AckError::TooMuch | AckError::NotALeaseState) => Found::Refused,
-        AckOutcome::Refused(AckError::Unknown) => Found::NotHere,
-    }
-}
-
 /// Remembers the server's runtime, for work that comes from outside it
 /// (`on_runtime`). Called once the server runs.
 pub fn remember_runtime() {
@@ -1550,14 +1575,11 @@ mod tests {
 
     pub(super) fn route() -> Route {
         Route {
-            conn: Weak::new(),
-            session: Weak::new(),
             session_id: 1,
-            file_id: FileId {
+            ..Route::unconnected(FileId {
                 persistent: 1,
                 volatile: 1,
-            },
-            seal: None,
+            })
         }
     }
 

@@ -54,6 +54,10 @@ impl EntryLease {
         self.n
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
     /// Keeps `n` entries (no more than were taken) and gives the rest back.
     pub fn shrink_to(&mut self, n: usize) {
         let n = n.min(self.n);

@@ -40,12 +40,12 @@ use nimbus_wire::security_descriptor::SecurityDescriptor;
 use super::{parent_of, Change};
 use crate::acl::check::{self, ALL_RIGHTS};
 use crate::acl::{store, Token};
-use crate::server::Share;
+use crate::share::Share;
 
 /// Whom a watch reports to: the watcher's SIDs, and the share it watches
 /// through (its files, and whether it enumerates by access).
 #[derive(Clone)]
-pub(crate) struct Viewer {
+pub struct Viewer {
     pub token: Arc<Token>,
     pub share: Arc<Share>,
 }
@@ -60,11 +60,11 @@ impl Viewer {
 
 /// A stored descriptor as read: None when the file has none; Err when it
 /// cannot be read (gone, or an error of the disk).
-pub(crate) type Stored = Result<Option<SecurityDescriptor>, ()>;
+pub type Stored = Result<Option<SecurityDescriptor>, ()>;
 
 /// Descriptors known at the change, by share-relative path: what the
 /// handler that made it read before the name went.
-pub(crate) type Known = Vec<(String, Stored)>;
+pub type Known = Vec<(String, Stored)>;
 
 /// The descriptors read in one delivery, by share-relative path.
 pub(super) struct Descriptors {

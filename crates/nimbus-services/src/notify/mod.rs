@@ -223,7 +223,7 @@ fn share_root(share: &Share) -> Option<&Path> {
 
 /// The directory part of a share-relative path ("" for the share root);
 /// None for the root itself, which is in no directory of the share.
-pub(crate) fn parent_of(path: &str) -> Option<&str> {
+pub fn parent_of(path: &str) -> Option<&str> {
     (!path.is_empty()).then(|| nimbus_vfs::names::parent(path))
 }
 

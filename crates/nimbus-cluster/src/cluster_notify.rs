@@ -62,7 +62,7 @@ pub struct NotifyRelay {
 
 /// When this node began to watch a directory, and how.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Since {
+pub struct Since {
     /// The store's revision of the registration's first write (0 when
     /// that write failed: unknown, so nothing is dropped for it).
     pub revision: u64,
@@ -262,7 +262,7 @@ impl Relay for NotifyRelay {
 /// an older change, never lose a newer one. Changes that match no
 /// registration here are kept (the watches filter them, as they filter
 /// local changes).
-pub(crate) fn made_before_watched(
+pub fn made_before_watched(
     since: &HashMap<String, Since>,
     share: &str,
     path: &str,
@@ -293,14 +293,14 @@ pub(crate) fn made_before_watched(
 /// The message of `Relay::delete_pending`: the tag and the directory's file
 /// key. The receiver reads the flag from the file's share-mode record
 /// before it ends any watch, so the message is only a hint.
-pub(crate) fn encode_delete_pending(key: FileKey) -> Vec<u8> {
+pub fn encode_delete_pending(key: FileKey) -> Vec<u8> {
     let mut w = vec![DIR_DELETE_PENDING_V1];
     w.extend_from_slice(&key.dev.to_le_bytes());
     w.extend_from_slice(&key.ino.to_le_bytes());
     w
 }
 
-pub(crate) fn decode_delete_pending(bytes: &[u8]) -> Option<FileKey> {
+pub fn decode_delete_pending(bytes: &[u8]) -> Option<FileKey> {
     let rest = bytes.strip_prefix(&[DIR_DELETE_PENDING_V1])?;
     let (dev, rest) = rest.split_first_chunk::<8>()?;
     let ino: &[u8; 8] = rest.try_into().ok()?;
@@ -312,7 +312,7 @@ pub(crate) fn decode_delete_pending(bytes: &[u8]) -> Option<FileKey> {
 
 /// A change message: the tag, the share's name, then each change's action,
 /// filter and path (lengths little-endian).
-pub(crate) fn encode_changes(share: &str, changes: &[&Change<'_>]) -> Vec<u8> {
+pub fn encode_changes(share: &str, changes: &[&Change<'_>]) -> Vec<u8> {
     let mut w = vec![CHANGES_V1];
     put_str(&mut w, share);
     w.extend_from_slice(&(changes.len() as u32).to_le_bytes());
@@ -334,7 +334,7 @@ fn get_str(r: &mut Cursor<'_>) -> Result<String, StateError> {
     String::from_utf8(r.take(n)?.to_vec()).map_err(|_| StateError::Corrupt("change message name"))
 }
 
-pub(crate) fn decode_changes(bytes: &[u8]) -> Result<(String, Vec<OwnedChange>), StateError> {
+pub fn decode_changes(bytes: &[u8]) -> Result<(String, Vec<OwnedChange>), StateError> {
     let mut r = Cursor(bytes);
     if r.u8()? != CHANGES_V1 {
         return Err(StateError::Corrupt("change message layout"));

@@ -38,6 +38,8 @@ pub trait ResponseChannel: Send + Sync {
     /// Closes the connection, which cannot be sent a message it needs:
     /// one that could not be sealed.
     fn close_unsendable(&self);
+    /// The client's address, for the log.
+    fn peer(&self) -> std::net::SocketAddr;
 }
 
 /// A message framed for the wire: its NetBIOS length at `start`, the bytes
@@ -123,6 +125,10 @@ struct Entry {
 impl PendingTable {
     pub fn len(&self) -> usize {
         lock(&self.entries).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        lock(&self.entries).is_empty()
     }
 
     pub fn insert(&self, request: Arc<PendingRequest>, cancel: Canceller) {

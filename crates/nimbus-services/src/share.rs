@@ -111,7 +111,7 @@ impl Share {
     }
 
     /// A share with default settings over `fs` (unit tests).
-    #[cfg(test)]
+    #[cfg(any(test, feature = "testing"))]
     pub fn for_test(fs: Option<LocalFs>) -> Share {
         Share {
             name: "t".into(),

@@ -1,0 +1,27 @@
+//! The cluster: membership of the nodes in etcd (`cluster::Membership`),
+//! the claims of a failover, the registry of change-notify watches and the
+//! relay of changes between nodes, and the node-to-node requests a
+//! client's request can wait on (a previous session, an application
+//! instance, a lease acknowledgement that lives on another node).
+//!
+//! Knows the store (`nimbus-state`) and the services' traits
+//! (`nimbus-services`, e.g. `notify::Relay`); must not know the server, a
+//! connection or a handler. Everything read from etcd is decoded as
+//! untrusted input.
+//!
+//! Start reading at [`cluster::Membership`], then
+//! [`cluster_notify`].
+
+pub mod app_instance_handover;
+pub mod claims;
+pub mod cluster;
+pub mod cluster_notify;
+pub mod cluster_registry;
+pub mod lease_ack_handover;
+pub mod node_message;
+pub mod session_handover;
+
+// The configuration and the services live in crates of their own; these
+// paths keep the modules' `crate::config::...` uses.
+use nimbus_config::config;
+use nimbus_services::{metrics, notify, sync};
