@@ -1,4 +1,4 @@
-//! Change notify across cluster nodes (issue 15): the `Relay` of a cluster
+//! Change notify across cluster nodes: the `Relay` of a cluster
 //! node.
 //!
 //! **Who watches what.** A node that watches a directory (some handle's

@@ -1,6 +1,7 @@
 //! The cluster: membership of the nodes in etcd (`cluster::Membership`),
 //! the claims of a failover, the registry of change-notify watches and the
-//! relay of changes between nodes, and the node-to-node requests a
+//! relay of changes between nodes, the directories whose leases other
+//! nodes' clients hold, and the node-to-node requests a
 //! client's request can wait on (a previous session, an application
 //! instance, a lease acknowledgement that lives on another node).
 //!
@@ -17,6 +18,7 @@ pub mod claims;
 pub mod cluster;
 pub mod cluster_notify;
 pub mod cluster_registry;
+pub mod dir_leases;
 pub mod lease_ack_handover;
 pub mod node_message;
 pub mod session_handover;
@@ -24,4 +26,4 @@ pub mod session_handover;
 // The configuration and the services live in crates of their own; these
 // paths keep the modules' `crate::config::...` uses.
 use nimbus_config::config;
-use nimbus_services::{metrics, notify, sync};
+use nimbus_services::{metrics, notify, open, oplocks, sync};

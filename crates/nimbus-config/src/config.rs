@@ -1088,7 +1088,7 @@ mod tests {
         assert_eq!(c.node, "n1");
         assert_eq!(c.advertise, "127.0.0.2:4450".parse().unwrap());
         assert_eq!(c.node_ttl_secs, DEFAULT_NODE_TTL_SECS);
-        // Without [cluster]: a single node, as before.
+        // Without [cluster]: a single node.
         let single = format!("[[share]]\nname = \"data\"\npath = \"{}\"\n", dir.display());
         assert!(Config::from_toml("t.toml", &single, None)
             .unwrap()

@@ -182,7 +182,7 @@ fn close(stub: &[u8], handles: &mut PolicyHandles) -> Result<Vec<u8>, RpcError> 
 /// MS-LSAD 3.1.4.4.4 LsarQueryInformationPolicy(2), class
 /// PolicyPrimaryDomainInformation: a server in a workgroup names it, with
 /// no SID. The others describe a domain member or controller, or need the
-/// server's own SID (issue 17, item 5).
+/// server's own SID, which a workgroup server does not announce.
 fn query_information<H: HostSource + ?Sized>(
     stub: &[u8],
     host: &H,

@@ -304,7 +304,7 @@ fn read_length(frame: &[u8], off: usize) -> Option<u32> {
 /// Whether a frame may be processed on the connection's reader task rather
 /// than handed to the blocking pool. Handing over costs two thread wake-ups
 /// per request (to a pool thread, and back to the writer), which on small
-/// metadata requests was most of the server's CPU (BENCHMARKS.md, issue 4);
+/// metadata requests was most of the server's CPU (BENCHMARKS.md);
 /// requests that only touch metadata finish in microseconds on a local
 /// file system, so they run in place. So do small READs (up to
 /// `QUICK_READ_MAX`): they read what the page cache holds without waiting
@@ -355,7 +355,7 @@ pub fn is_quick(frame: &[u8], limits: &Limits, conn: &Connection) -> bool {
 /// earlier such frames (`Connection`'s serial queue): on a cluster node,
 /// a frame of metadata commands only, which would run in place, in order,
 /// on a single node. Data transfer, listings and IOCTLs, and encrypted
-/// frames (which cannot be looked into), run side by side as before.
+/// frames (which cannot be looked into), run side by side.
 pub fn is_ordered(frame: &[u8], limits: &Limits, conn: &Connection) -> bool {
     if conn.server.cluster.is_none() || frame.starts_with(&TRANSFORM_PROTOCOL_ID) {
         return false;

@@ -1,5 +1,5 @@
 //! Stopping on SIGTERM (or Ctrl-C) without leaving clients worse off than
-//! a lost connection would (issue 15, elasticity).
+//! a lost connection would.
 //!
 //! The order matters, so it is kept in one place:
 //! 1. **Draining**: the listeners close, and every connection stops reading

@@ -1,5 +1,5 @@
-//! Durable and persistent handles across cluster nodes (issue 15,
-//! failover and elasticity): a client whose node died or left reconnects
+//! Durable and persistent handles across cluster nodes (failover and
+//! elasticity): a client whose node died or left reconnects
 //! to another node and reclaims its handles there, with their locks and
 //! caching.
 //!
@@ -926,13 +926,20 @@ fn post_to_holder(m: &crate::cluster::Membership, holder: u64, open_id: u64, ord
 /// disconnected since `since`. Its share-mode entry, locks and caching are
 /// in etcd already (its file's records are shared); only what this node
 /// keeps about its own opens is set up.
-fn take_over(server: &Arc<Server>, r: &DurableOpen, since: Instant) -> Result<(), String> {
+fn take_over(
+    server: &Arc<Server>,
+    r: &DurableOpen,
+    since: Instant,
+) -> Result<(), crate::persist::NotReopened> {
     let (share, handle, file, path) = crate::persist::open_file_again(server, r)?;
     let r = &DurableOpen { path, ..r.clone() };
     // Its share-mode entry is in etcd; put again, it stays (or comes back,
     // if something dropped it; the take-over fails on a conflict).
     crate::persist::add_share_mode(server, r, file)?;
-    let slot = server.open_files.reserve().ok_or("too many open files")?;
+    let slot = server
+        .open_files
+        .reserve()
+        .ok_or(crate::persist::NotReopened::TooManyOpenFiles)?;
     let open = crate::persist::open_of_record(server, r, share, handle, file, slot);
     if !r.locks.is_empty() {
         server.locks.came_with_locks(file);

@@ -18,8 +18,7 @@ mod apple;
 // server's `crate::notify::...` and `nimbus_server::metrics::...` uses.
 pub use nimbus_cluster::cluster;
 use nimbus_cluster::{
-    app_instance_handover, claims, cluster_notify, cluster_registry, lease_ack_handover,
-    session_handover,
+    app_instance_handover, claims, cluster_notify, dir_leases, lease_ack_handover, session_handover,
 };
 pub use nimbus_services::metrics;
 use nimbus_services::{
@@ -32,7 +31,6 @@ use nimbus_transport::{arrivals, credits, security};
 // configuration crate's modules.
 pub use nimbus_config::{config, limits};
 mod connection;
-mod dir_leases;
 mod dispatch;
 mod drain;
 mod durable;

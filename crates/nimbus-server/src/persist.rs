@@ -265,7 +265,57 @@ pub fn restore(server: &Arc<Server>) -> Result<usize, StateError> {
     Ok(restored)
 }
 
-fn reopen(server: &Arc<Server>, r: &DurableOpen, now: Instant) -> Result<(), String> {
+/// Why an open's record could not be made an open again, at a restart
+/// or a take-over of a gone node's open.
+#[derive(Debug)]
+pub(crate) enum NotReopened {
+    /// The node's earlier incarnation could not be adopted.
+    Incarnation(StateError),
+    /// The share is gone, or a persistent open's share is no longer
+    /// continuously available.
+    ShareGone(String),
+    NotDiskShare,
+    /// The file is not found again: by its name, nor as renamed to
+    /// `moved` (a rename under way when the record was last written).
+    File {
+        moved: Option<String>,
+        error: nimbus_vfs::VfsError,
+    },
+    TooManyOpenFiles,
+    ShareModes(nimbus_state::SharingError),
+    Locks(nimbus_wire::NtStatus),
+    /// Not kept as a disconnected open (too many).
+    NotKept(crate::durable::NotKept),
+}
+
+impl std::fmt::Display for NotReopened {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotReopened::Incarnation(e) => write!(f, "cannot adopt its node incarnation: {e}"),
+            NotReopened::ShareGone(share) => write!(
+                f,
+                "share \"{share}\" is gone or no longer continuously available"
+            ),
+            NotReopened::NotDiskShare => write!(f, "not a disk share"),
+            NotReopened::File {
+                moved: Some(moved),
+                error,
+            } => write!(
+                f,
+                "the file cannot be opened again, by its name or as renamed to {moved}: {error}"
+            ),
+            NotReopened::File { moved: None, error } => {
+                write!(f, "the file cannot be opened again: {error}")
+            }
+            NotReopened::TooManyOpenFiles => write!(f, "too many open files"),
+            NotReopened::ShareModes(e) => write!(f, "share modes: {e:?}"),
+            NotReopened::Locks(s) => write!(f, "its byte-range locks: {s:?}"),
+            NotReopened::NotKept(why) => write!(f, "not kept: {why:?}"),
+        }
+    }
+}
+
+fn reopen(server: &Arc<Server>, r: &DurableOpen, now: Instant) -> Result<(), NotReopened> {
     if r.answered != Answered::Yes {
         tracing::info!(
             "persistent open {} of {}: its CREATE's answer is not marked (the mark may have been lost with the crash); kept for its client as the others",
@@ -278,11 +328,14 @@ fn reopen(server: &Arc<Server>, r: &DurableOpen, now: Instant) -> Result<(), Str
     // a dead node's.
     if let Some(m) = &server.cluster {
         m.adopt(crate::cluster::incarnation_of(r.open_id))
-            .map_err(|e| format!("cannot adopt its node incarnation: {e}"))?;
+            .map_err(NotReopened::Incarnation)?;
     }
     let (share, handle, file, path) = open_file_again(server, r)?;
     let r = &DurableOpen { path, ..r.clone() };
-    let slot = server.open_files.reserve().ok_or("too many open files")?;
+    let slot = server
+        .open_files
+        .reserve()
+        .ok_or(NotReopened::TooManyOpenFiles)?;
     add_share_mode(server, r, file)?;
     let open = open_of_record(server, r, share, handle, file, slot);
     if !r.locks.is_empty() {
@@ -290,7 +343,7 @@ fn reopen(server: &Arc<Server>, r: &DurableOpen, now: Instant) -> Result<(), Str
             .locks
             .lock(file, r.open_id, r.locks.clone(), None)
             .granted()
-            .map_err(|s| format!("its byte-range locks: {s:?}"))?;
+            .map_err(NotReopened::Locks)?;
     }
     // Its caching comes back without write caching (see the module text).
     let want = match r.caching {
@@ -340,7 +393,7 @@ pub(crate) fn add_share_mode(
     server: &Server,
     r: &DurableOpen,
     file: FileKey,
-) -> Result<(), String> {
+) -> Result<(), NotReopened> {
     server
         .share_modes
         .add_open(
@@ -351,7 +404,7 @@ pub(crate) fn add_share_mode(
                 share_access: r.share_access,
             },
         )
-        .map_err(|e| format!("share modes: {e:?}"))
+        .map_err(NotReopened::ShareModes)
 }
 
 /// Opens the file of record `r` again on its share, which must still be
@@ -361,17 +414,12 @@ pub(crate) fn add_share_mode(
 pub(crate) fn open_file_again(
     server: &Server,
     r: &DurableOpen,
-) -> Result<(Arc<Share>, FileHandle, FileKey, String), String> {
+) -> Result<(Arc<Share>, FileHandle, FileKey, String), NotReopened> {
     let share = server
         .find_share(&r.share)
         .filter(|s| s.continuous_availability || !r.persistent)
-        .ok_or_else(|| {
-            format!(
-                "share \"{}\" is gone or no longer continuously available",
-                r.share
-            )
-        })?;
-    let fs = share.fs.as_ref().ok_or("not a disk share")?;
+        .ok_or_else(|| NotReopened::ShareGone(r.share.clone()))?;
+    let fs = share.fs.as_ref().ok_or(NotReopened::NotDiskShare)?;
     let write_rights = access::FILE_WRITE_DATA | access::FILE_APPEND_DATA;
     let opts = OpenOptions {
         read: r.access & (access::FILE_READ_DATA | access::FILE_EXECUTE) != 0,
@@ -386,13 +434,14 @@ pub(crate) fn open_file_again(
         (Ok(found), _) => (r.path.clone(), found),
         (Err(_), Some(moved)) => match fs.open(&moved, &opts) {
             Ok(found) => (moved, found),
-            Err(e) => {
-                return Err(format!(
-                    "the file cannot be opened again, by its name or as renamed to {moved}: {e}"
-                ))
+            Err(error) => {
+                return Err(NotReopened::File {
+                    moved: Some(moved),
+                    error,
+                })
             }
         },
-        (Err(e), None) => return Err(format!("the file cannot be opened again: {e}")),
+        (Err(error), None) => return Err(NotReopened::File { moved: None, error }),
     };
     let file = FileKey {
         dev: st.dev,
@@ -456,7 +505,7 @@ pub(crate) fn wait_for_client(
     open: &Arc<Open>,
     r: &DurableOpen,
     since: Instant,
-) -> Result<(), String> {
+) -> Result<(), NotReopened> {
     server.opens.register(open);
     server.durables.granted(
         open,
@@ -477,7 +526,7 @@ pub(crate) fn wait_for_client(
     server
         .durables
         .disconnect(open, since)
-        .map_err(|e| format!("{e:?}"))
+        .map_err(NotReopened::NotKept)
 }
 
 #[cfg(test)]

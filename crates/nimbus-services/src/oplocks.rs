@@ -931,7 +931,7 @@ impl Oplocks {
     /// and closes of the file that came on this node meanwhile:
     /// `together`). `Some(Ok(true))`: both done. `Some(Ok(false))`: the
     /// last open of a delete-pending file, nothing done (the close deletes
-    /// the file, then removes the open and forgets it as before). None:
+    /// the file, then removes the open and forgets it one record at a time). None:
     /// not written together, nothing done.
     pub fn forget_closing(
         &self,

@@ -1,5 +1,5 @@
-//! The store of a cluster node: per-file ownership over etcd (issue 15,
-//! ARCHITECTURE.md "State"), so that a file used from one node costs no
+//! The store of a cluster node: per-file ownership over etcd
+//! (ARCHITECTURE.md "State"), so that a file used from one node costs no
 //! etcd round trip per open, and a file used from several is decided on
 //! etcd's linearizable records.
 //!
@@ -111,8 +111,8 @@ pub struct ClusterStore {
     /// u64::MAX until `lease_proven_until` is first told). Past it etcd
     /// may have ended the lease and given this node's files to others, so
     /// the groups it holds in memory are not decided here until a renewal
-    /// proves the lease again (issue 15: a node cut off from etcd stops
-    /// granting within its lease TTL).
+    /// proves the lease again: a node cut off from etcd stops granting
+    /// within its lease TTL.
     proven_until: AtomicU64,
     epoch: Instant,
     /// For each group this node took: the etcd versions of its records
@@ -1075,7 +1075,7 @@ impl StateStore for ClusterStore {
     /// updated one by one where they are.
     fn compare_and_set_together(&self, writes: &[Together<'_>]) -> Result<Written, StateError> {
         let Some(group) = writes.first().and_then(|w| self.group(w.key)) else {
-            return Ok(None);
+            return Ok(Written::NotTogether);
         };
         let one_group = writes.iter().all(|w| self.group(w.key) == Some(group));
         // A version of a record held in memory: stale now, and the record
@@ -1084,7 +1084,7 @@ impl StateStore for ClusterStore {
             .iter()
             .any(|w| w.expected.is_some_and(|v| v & LOCAL_VERSION != 0));
         if !one_group || held || self.owns(group) {
-            return Ok(None);
+            return Ok(Written::NotTogether);
         }
         let own = key_of(OWN_PREFIX, group);
         let mut cmps = vec![Cmp::Absent(&own)];
@@ -1109,12 +1109,12 @@ impl StateStore for ClusterStore {
                     Change::Delete => 0,
                 })
                 .collect();
-            return Ok(Some(Ok(versions)));
+            return Ok(Written::Done(versions));
         }
         match t.reads.split_first() {
-            Some((None, now)) if now.len() == writes.len() => Ok(Some(Err(now.to_vec()))),
+            Some((None, now)) if now.len() == writes.len() => Ok(Written::Changed(now.to_vec())),
             // Owned now, here or elsewhere.
-            _ => Ok(None),
+            _ => Ok(Written::NotTogether),
         }
     }
 

@@ -332,7 +332,7 @@ impl StateStore for SharedMemory {
             .zip(writes)
             .all(|(n, w)| n.as_ref().map(|v| v.version) == w.expected);
         if !matches {
-            return Ok(Some(Err(now)));
+            return Ok(Written::Changed(now));
         }
         let mut versions = Vec::with_capacity(writes.len());
         for w in writes {
@@ -347,6 +347,6 @@ impl StateStore for SharedMemory {
             let v = self.records.compare_and_set(w.key, w.expected, value)?;
             versions.push(v.unwrap_or(0));
         }
-        Ok(Some(Ok(versions)))
+        Ok(Written::Done(versions))
     }
 }

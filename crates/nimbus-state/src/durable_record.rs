@@ -418,7 +418,7 @@ mod tests {
     }
 
     /// A persistent open's record keeps layout 1 byte for byte: a node
-    /// that knows no later layout reads it as before.
+    /// that knows no later layout reads it.
     #[test]
     fn a_persistent_record_keeps_layout_1() {
         let r = sample();

@@ -11,7 +11,9 @@
 use crate::byte_range::RangeLock;
 use crate::caching::{BreakOrder, Breaking, FileCaching, Grant, Holder, LeaseId, OpenEntry};
 use crate::file_key::FileKey;
-use crate::store::{Change, Durability, Memo, StateError, StateStore, Together, Versioned};
+use crate::store::{
+    Change, Durability, Memo, StateError, StateStore, Together, Versioned, Written,
+};
 
 /// A value kept under one key.
 pub trait Record: Default {
@@ -131,7 +133,7 @@ fn update_in_turn<R: Record, T, E: From<StateError>>(
 /// than once. None: the store does not write these records together (one
 /// node's store, a file a cluster node holds in memory, or one that moved
 /// there meanwhile): nothing was written, and the caller updates each
-/// record (`update`) as before.
+/// record on its own (`update`).
 pub fn update_both<A: Record, B: Record, T, E: From<StateError>>(
     store: &dyn StateStore,
     keys: [&[u8]; 2],
@@ -232,11 +234,11 @@ fn both_in_turn<A: Record, B: Record, T, E: From<StateError>>(
             Err(e) => return Some(Err(e.into())),
             // Not written together after all (the file came into this
             // node's memory meanwhile): the caller updates each record.
-            Ok(None) => {
+            Ok(Written::NotTogether) => {
                 memos.iter_mut().for_each(|m| *m = None);
                 return None;
             }
-            Ok(Some(Ok(versions))) if versions.len() == keys.len() => {
+            Ok(Written::Done(versions)) if versions.len() == keys.len() => {
                 let written = writes.into_iter().zip(current).zip(versions);
                 for (i, ((w, before), version)) in written.enumerate() {
                     let record = match w.change {
@@ -251,14 +253,14 @@ fn both_in_turn<A: Record, B: Record, T, E: From<StateError>>(
                 }
                 return Some(out);
             }
-            Ok(Some(Err(now))) => match <[Option<Versioned>; 2]>::try_from(now) {
+            Ok(Written::Changed(now)) => match <[Option<Versioned>; 2]>::try_from(now) {
                 Ok(now) => {
                     current = now;
                     fresh = true;
                 }
                 Err(_) => return Some(Err(miscounted())),
             },
-            Ok(Some(Ok(_))) => return Some(Err(miscounted())),
+            Ok(Written::Done(_)) => return Some(Err(miscounted())),
         }
         std::thread::yield_now();
     }

@@ -150,7 +150,7 @@ pub trait StateStore: Send + Sync {
     /// update of each record costs nothing), and nothing was written.
     fn compare_and_set_together(&self, writes: &[Together<'_>]) -> Result<Written, StateError> {
         let _ = writes;
-        Ok(None)
+        Ok(Written::NotTogether)
     }
 
     /// `in_turn` for one update of several records (`records::update_both`):
@@ -162,9 +162,19 @@ pub trait StateStore: Send + Sync {
     }
 }
 
-/// What `StateStore::compare_and_set_together` came to: the versions
-/// written, or the records as they are now, or not written together.
-pub type Written = Option<Result<Vec<u64>, Vec<Option<Versioned>>>>;
+/// What `StateStore::compare_and_set_together` came to.
+#[derive(Debug)]
+pub enum Written {
+    /// Every record written: each one's version now (0: deleted), in the
+    /// order of the writes.
+    Done(Vec<u64>),
+    /// A record had changed, nothing was written: the records as they are
+    /// now, in the order of the writes.
+    Changed(Vec<Option<Versioned>>),
+    /// This store does not write these records together (not a shared
+    /// file, or one held in a node's memory): nothing was written.
+    NotTogether,
+}
 
 /// An update run in several records' turns (`StateStore::in_turns`), with
 /// what each last update left.

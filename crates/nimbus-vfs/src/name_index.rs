@@ -28,7 +28,7 @@
 //!
 //! **Bounds.** At most `MAX_DIRS` directories and `MAX_NAMES` names in all
 //! (the least recently used directory goes first); a directory too big for
-//! that is listed as before. One mutex over everything: a lookup is a read
+//! that is listed without an index. One mutex over everything: a lookup is a read
 //! of an empty queue and a hash probe; the listing that builds an index is
 //! done outside it.
 
@@ -475,7 +475,7 @@ mod tests {
         let (b, b_key) = open_dir(&s.1, "b");
         index.index(&b, b_key, MIN_ENTRIES);
         assert!(index.covers(big_key) && index.covers(b_key) && !index.covers(a_key));
-        // Too many names for the bounds: listed as before.
+        // Too many names for the bounds: listed without an index.
         let index = NameIndex::with_bounds(2, MIN_ENTRIES).unwrap();
         index.index(&big, big_key, MIN_ENTRIES + 10);
         assert!(!index.covers(big_key));

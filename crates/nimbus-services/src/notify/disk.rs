@@ -24,7 +24,7 @@
 //! queue up to what it held then (which holds every event of the change),
 //! dropping events for marked paths, before it lifts the marks (the VFS
 //! `watch` module has the argument). So an SMB client sees exactly what
-//! the SMB handlers report, as before, and the disk adds only what happened
+//! the SMB handlers report, and the disk adds only what happened
 //! elsewhere. The cost, only while a directory concerned is watched on
 //! disk: a mark and one read of the queue per SMB change.
 //!

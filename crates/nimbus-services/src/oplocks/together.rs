@@ -1,6 +1,6 @@
 //! The opens and closes of a file several cluster nodes share, written
-//! together (issue 15: concurrent writes from different clients are
-//! batched into one etcd transaction where the semantics allow).
+//! together: concurrent writes from different clients are batched into
+//! one etcd transaction where the semantics allow.
 //!
 //! On such a file a CREATE's share-mode check and caching contention are
 //! one etcd transaction, and a close's leaving of both another
@@ -18,7 +18,7 @@
 //! and the steps after it go on. A write that loses to another node's
 //! applies every step again to the records as they are now. Where the
 //! records are in this node's memory (a file it holds, and every file of
-//! a single node) nothing waits: each step is decided at once, as before.
+//! a single node) nothing waits: each step is decided at once.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
