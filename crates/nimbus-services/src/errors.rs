@@ -46,3 +46,14 @@ pub fn cleanup<T>(what: std::fmt::Arguments<'_>, r: Result<T, nimbus_state::Stat
         tracing::warn!("state store: {what}: {e}; left for a later sweep");
     }
 }
+
+/// A share-mode write whose failure no client is told of (its request is
+/// answered already, or is undoing a step that failed): a store error is
+/// logged as a clean-up's; a refusal is logged as it is.
+pub fn sharing_cleanup<T>(what: std::fmt::Arguments<'_>, r: Result<T, nimbus_state::SharingError>) {
+    match r {
+        Ok(_) => {}
+        Err(nimbus_state::SharingError::Store(e)) => cleanup(what, Err::<(), _>(e)),
+        Err(refused) => tracing::warn!("share modes: {what}: refused ({refused:?})"),
+    }
+}

@@ -78,7 +78,10 @@ pub fn release(server: &Server, open: &Open) {
         .delete_on_close
         .load(std::sync::atomic::Ordering::SeqCst)
     {
-        let _ = sm.set_delete_pending(open.file_key, true);
+        crate::errors::sharing_cleanup(
+            format_args!("marking the file of open {} delete-pending", open.open_id),
+            sm.set_delete_pending(open.file_key, true),
+        );
         // Others' cached handles keep the file; ask them to let go.
         server.oplocks.contend_handles(open.file_key, open.open_id);
     }

@@ -139,10 +139,16 @@ pub fn rename(
             access: 0,
             share_access: STREAM_OPEN | open.share_access,
         };
-        let _ = server.share_modes.add_open(stream.base_key, marker);
+        crate::errors::sharing_cleanup(
+            format_args!("putting back the stream mark of open {}", open.open_id),
+            server.share_modes.add_open(stream.base_key, marker),
+        );
         return Err(status);
     }
-    let _ = server.share_modes.remove_open(open.file_key, open.open_id);
+    crate::errors::sharing_cleanup(
+        format_args!("the stream entry of open {}", open.open_id),
+        server.share_modes.remove_open(open.file_key, open.open_id),
+    );
     server.oplocks.forget(open.file_key, open.open_id);
     let rebuilt = Arc::new(rebuilt_open(open, stream, handle, path.clone(), file_slot));
     let ask = OpenAsk {
