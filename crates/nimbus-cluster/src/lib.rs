@@ -1,9 +1,11 @@
 //! The cluster: membership of the nodes in etcd (`cluster::Membership`),
 //! the claims of a failover, the registry of change-notify watches and the
 //! relay of changes between nodes, the directories whose leases other
-//! nodes' clients hold, and the node-to-node requests a
-//! client's request can wait on (a previous session, an application
-//! instance, a lease acknowledgement that lives on another node).
+//! nodes' clients hold, and the messages nodes send each other
+//! (`message::ClusterMessage`): breaks, requests to let go of a durable
+//! open, and the requests a client's request can wait on (a previous
+//! session, an application instance, a lease acknowledgement that lives
+//! on another node).
 //!
 //! Knows the store (`nimbus-state`) and the services' traits
 //! (`nimbus-services`, e.g. `notify::Relay`); must not know the server, a
@@ -20,6 +22,8 @@ pub mod cluster_notify;
 pub mod cluster_registry;
 pub mod dir_leases;
 pub mod lease_ack_handover;
+pub mod let_go_handover;
+pub mod message;
 pub mod node_message;
 pub mod session_handover;
 

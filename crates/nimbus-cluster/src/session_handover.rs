@@ -18,7 +18,7 @@
 use crate::node_message::{answer, put_strings, take_answer, take_strings, take_u64};
 
 /// Message tag of a request to end a session (beside breaks, notify
-/// changes and requests to let go of an open: `crate::failover`).
+/// changes and requests to let go of an open: `crate::let_go_handover`).
 pub const END_SESSION_V1: u8 = 0x26;
 /// Message tag of its answer.
 pub const SESSION_ENDED_V1: u8 = 0x27;

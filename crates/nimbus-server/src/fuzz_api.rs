@@ -357,8 +357,10 @@ pub struct PipeRun {
 /// with etcd access could have written (the `etcd_records` target): the
 /// first byte picks the decoder, the rest is the value. Decoders refuse
 /// or accept, never panic or allocate past the input; a record they
-/// accept writes back to bytes that decode to the same record. Whether
-/// the selected decoder accepted the input.
+/// accept writes back to bytes that decode to the same record. Selector 4
+/// also runs the whole message dispatch (`ClusterMessage::decode`), which
+/// accepts every kind of message. Whether the selected decoder accepted
+/// the input.
 pub fn etcd_record(data: &[u8]) -> bool {
     use nimbus_state::caching::FileCaching;
     use nimbus_state::durable_record::DurableOpen;
@@ -382,13 +384,14 @@ pub fn etcd_record(data: &[u8]) -> bool {
         1 => round_trip::<FileCaching>(input),
         2 => round_trip::<LockList>(input),
         3 => round_trip::<DurableOpen>(input),
-        4 => decode_break(input).is_ok(),
-        5 => crate::failover::decode_let_go(input).is_some_and(|a| {
-            let again = crate::failover::decode_let_go(&crate::failover::encode_let_go(&a));
+        4 => decode_break(input).is_ok() | crate::message::ClusterMessage::decode(input).is_ok(),
+        5 => crate::let_go_handover::decode_let_go(input).is_some_and(|a| {
+            let again =
+                crate::let_go_handover::decode_let_go(&crate::let_go_handover::encode_let_go(&a));
             assert_eq!(again.as_ref(), Some(&a), "a let-go request changed");
             true
         }),
-        6 => crate::failover::decode_answer(input).is_some(),
+        6 => crate::let_go_handover::decode_answer(input).is_some(),
         7 => {
             crate::cluster_notify::decode_changes(input).is_ok()
                 | crate::cluster_notify::decode_delete_pending(input).is_some()
@@ -467,8 +470,8 @@ pub fn etcd_record_samples() -> Vec<Vec<u8>> {
         epoch: 0,
         version: 0,
     };
-    let asked = crate::failover::Asked {
-        req: crate::failover::LetGo {
+    let asked = crate::let_go_handover::Asked {
+        req: crate::let_go_handover::LetGo {
             open_id: 0x2a,
             create_guid: Some([7; 16]),
             owner: crate::durable::Owner {
@@ -515,10 +518,14 @@ pub fn etcd_record_samples() -> Vec<Vec<u8>> {
         (2, LockList(vec![held]).encode()),
         (3, open.encode()),
         (4, encode_break(0x2a, &order)),
-        (5, crate::failover::encode_let_go(&asked)),
+        (5, crate::let_go_handover::encode_let_go(&asked)),
         (
             6,
-            crate::failover::encode_answer(crate::failover::LetGoAnswer::Done, 0x2a, 9),
+            crate::let_go_handover::encode_answer(
+                crate::let_go_handover::LetGoAnswer::Done,
+                0x2a,
+                9,
+            ),
         ),
         (7, crate::cluster_notify::encode_changes("data", &[&change])),
         (9, status),

@@ -1,11 +1,12 @@
 //! The Nimbus SMB server: listeners, the connection loop, the dispatch
 //! table and one handler module per SMB2 command, the services still tied
-//! to `Server` (oplocks and leases, durable and persistent handles,
-//! failover, sessions), and `Server::new`, which wires every layer.
+//! to `Server` (durable and persistent handles and their failover,
+//! sessions, status), and `Server::new`, which wires every layer.
 //!
 //! Below it: `nimbus-transport` (connection security, credits),
-//! `nimbus-services` (opens, locks, notify, ACLs, metrics) and
-//! `nimbus-cluster` (membership, relay, node-to-node requests). Nothing
+//! `nimbus-services` (opens, oplocks and leases, locks, notify, ACLs,
+//! metrics) and `nimbus-cluster` (membership, relay, node-to-node
+//! messages). Nothing
 //! here may be imported by them. Handlers never call a crypto library;
 //! they see typed requests and return typed responses or an NTSTATUS.
 //!
@@ -18,7 +19,8 @@ mod apple;
 // server's `crate::notify::...` and `nimbus_server::metrics::...` uses.
 pub use nimbus_cluster::cluster;
 use nimbus_cluster::{
-    app_instance_handover, claims, cluster_notify, dir_leases, lease_ack_handover, session_handover,
+    app_instance_handover, claims, cluster_notify, dir_leases, lease_ack_handover, let_go_handover,
+    message, session_handover,
 };
 pub use nimbus_services::metrics;
 use nimbus_services::{

@@ -310,7 +310,7 @@ impl std::fmt::Display for NotReopened {
             NotReopened::TooManyOpenFiles => write!(f, "too many open files"),
             NotReopened::ShareModes(e) => write!(f, "share modes: {e:?}"),
             NotReopened::Locks(s) => write!(f, "its byte-range locks: {s:?}"),
-            NotReopened::NotKept(why) => write!(f, "not kept: {why:?}"),
+            NotReopened::NotKept(why) => write!(f, "{why:?}"),
         }
     }
 }

@@ -736,116 +736,76 @@ impl Server {
     /// one of this node's requests.
     /// `revision`: the store's revision of the message's writing.
     fn on_message(self: &Arc<Self>, msg: &[u8], revision: u64) {
-        if msg.first() == Some(&crate::cluster_notify::CHANGES_V1) {
-            let Some(relay) = &self.notify_relay else {
+        use crate::message::ClusterMessage as M;
+        let msg = match M::decode(msg) {
+            Ok(msg) => msg,
+            Err(malformed) => {
+                tracing::warn!("cluster: {malformed} from another node");
                 return;
-            };
-            if let Some((root, changes)) = relay.receive(msg, revision) {
-                let changes: Vec<crate::notify::Change<'_>> = changes
-                    .iter()
-                    .map(|(action, filter, path)| crate::notify::Change {
-                        action: *action,
-                        filter: *filter,
-                        path,
-                    })
-                    .collect();
-                self.notify.deliver_local(&root, &changes);
             }
-            return;
-        }
-        if msg.first() == Some(&crate::cluster_notify::DIR_DELETE_PENDING_V1) {
-            match crate::cluster_notify::decode_delete_pending(msg) {
-                // Only a hint: the flag is read from the file's record, off
-                // the inbox thread (the read may wait on etcd), and only
-                // for a directory watched here.
-                Some(key) if self.notify.watches_file(key) => {
-                    let server = self.clone();
-                    crate::oplocks::on_runtime(Box::new(move || {
-                        if server
-                            .share_modes
-                            .record(key)
-                            .is_ok_and(|r| r.delete_pending)
-                        {
-                            server.notify.end_deleted_watches(key);
-                        }
-                    }));
-                }
-                Some(_) => {}
-                None => tracing::warn!("cluster: a malformed delete-pending message"),
-            }
-            return;
-        }
-        if matches!(
-            msg.first(),
-            Some(&crate::failover::LET_GO_REFUSED_V1 | &crate::failover::LET_GO_DONE_V1)
-        ) {
-            match (crate::failover::decode_answer(msg), &self.cluster) {
-                (Some((_, open_id, nonce)), Some(m)) => m.let_go_answered(open_id, nonce),
-                _ => tracing::warn!("cluster: a malformed answer to a request to let go"),
-            }
-            return;
-        }
-        if msg.first() == Some(&crate::session_handover::END_SESSION_V1) {
-            match crate::session_handover::decode_end_session(msg) {
-                Some(req) => crate::handlers::logoff::end_for_another_node(self, &req),
-                None => tracing::warn!("cluster: a malformed request to end a session"),
-            }
-            return;
-        }
-        if msg.first() == Some(&crate::session_handover::SESSION_ENDED_V1) {
-            match (crate::session_handover::decode_answer(msg), &self.cluster) {
-                (Some((nonce, ended)), Some(m)) => m.answered(nonce, ended as u8),
-                _ => tracing::warn!("cluster: a malformed answer to a request to end a session"),
-            }
-            return;
-        }
-        if msg.first() == Some(&crate::app_instance_handover::CLOSE_APP_INSTANCE_V1) {
-            match crate::app_instance_handover::decode_request(msg) {
-                Some(req) => crate::durable::close_app_instance_for_node(self, &req),
-                None => {
-                    tracing::warn!("cluster: a malformed request to close an application's opens")
+        };
+        match msg {
+            M::Changes(raw) => {
+                let Some(relay) = &self.notify_relay else {
+                    return;
+                };
+                if let Some((root, changes)) = relay.receive(raw, revision) {
+                    let changes: Vec<crate::notify::Change<'_>> = changes
+                        .iter()
+                        .map(|(action, filter, path)| crate::notify::Change {
+                            action: *action,
+                            filter: *filter,
+                            path,
+                        })
+                        .collect();
+                    self.notify.deliver_local(&root, &changes);
                 }
             }
-            return;
-        }
-        if msg.first() == Some(&crate::app_instance_handover::APP_INSTANCE_CLOSED_V1) {
-            match (
-                crate::app_instance_handover::decode_answer(msg),
-                &self.cluster,
-            ) {
-                (Some((nonce, closed)), Some(m)) => m.answered(nonce, closed as u8),
-                _ => tracing::warn!("cluster: a malformed answer about an application's opens"),
+            // Only a hint: the flag is read from the file's record, off
+            // the inbox thread (the read may wait on etcd), and only for a
+            // directory watched here.
+            M::DirDeletePending(key) if self.notify.watches_file(key) => {
+                let server = self.clone();
+                crate::oplocks::on_runtime(Box::new(move || {
+                    if server
+                        .share_modes
+                        .record(key)
+                        .is_ok_and(|r| r.delete_pending)
+                    {
+                        server.notify.end_deleted_watches(key);
+                    }
+                }));
             }
-            return;
-        }
-        if msg.first() == Some(&crate::lease_ack_handover::ACK_LEASE_V1) {
-            match crate::lease_ack_handover::decode_request(msg) {
-                Some(req) => self.ack_lease_for_node(req),
-                None => tracing::warn!("cluster: a malformed lease acknowledgement"),
+            M::DirDeletePending(_) => {}
+            M::LetGo(req) => crate::failover::let_go(self, &req),
+            M::LetGoAnswered { open_id, nonce, .. } => {
+                if let Some(m) = &self.cluster {
+                    m.let_go_answered(open_id, nonce);
+                }
             }
-            return;
-        }
-        if msg.first() == Some(&crate::lease_ack_handover::LEASE_ACKED_V1) {
-            match (crate::lease_ack_handover::decode_answer(msg), &self.cluster) {
-                (Some((nonce, found)), Some(m)) => m.answered(nonce, found as u8),
-                _ => tracing::warn!("cluster: a malformed answer about a lease acknowledgement"),
+            M::EndSession(req) => crate::handlers::logoff::end_for_another_node(self, &req),
+            M::SessionEnded { nonce, ended } => {
+                if let Some(m) = &self.cluster {
+                    m.answered(nonce, ended as u8);
+                }
             }
-            return;
-        }
-        if msg.first() == Some(&crate::failover::LET_GO_V4) {
-            match crate::failover::decode_let_go(msg) {
-                Some(req) => crate::failover::let_go(self, &req),
-                None => tracing::warn!("cluster: a malformed request to let go of an open"),
+            M::CloseAppInstance(req) => crate::durable::close_app_instance_for_node(self, &req),
+            M::AppInstanceClosed { nonce, closed } => {
+                if let Some(m) = &self.cluster {
+                    m.answered(nonce, closed as u8);
+                }
             }
-            return;
-        }
-        match nimbus_state::records::decode_break(msg) {
-            Ok((open_id, order)) => {
+            M::AckLease(req) => self.ack_lease_for_node(req),
+            M::LeaseAcked { nonce, found } => {
+                if let Some(m) = &self.cluster {
+                    m.answered(nonce, found as u8);
+                }
+            }
+            M::Break { open_id, order } => {
                 if !crate::failover::forward_break(self, open_id, &order) {
                     self.oplocks.deliver_here(open_id, order)
                 }
             }
-            Err(e) => tracing::warn!("cluster: message from another node: {e}"),
         }
     }
 

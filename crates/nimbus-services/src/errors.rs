@@ -48,12 +48,13 @@ pub fn cleanup<T>(what: std::fmt::Arguments<'_>, r: Result<T, nimbus_state::Stat
 }
 
 /// A share-mode write whose failure no client is told of (its request is
-/// answered already, or is undoing a step that failed): a store error is
-/// logged as a clean-up's; a refusal is logged as it is.
+/// answered already, or is undoing a step that failed) and that nothing
+/// writes again: its failure is logged, at most once per interval
+/// (`crate::log_limit`), so that an administrator sees what was lost.
 pub fn sharing_cleanup<T>(what: std::fmt::Arguments<'_>, r: Result<T, nimbus_state::SharingError>) {
-    match r {
-        Ok(_) => {}
-        Err(nimbus_state::SharingError::Store(e)) => cleanup(what, Err::<(), _>(e)),
-        Err(refused) => tracing::warn!("share modes: {what}: refused ({refused:?})"),
+    if let Err(e) = r {
+        if let Some(n) = crate::log_limit::occurred("share-mode write failed") {
+            tracing::warn!("share modes: {what}: {e:?}; not written ({n} such failure(s))");
+        }
     }
 }

@@ -1,5 +1,6 @@
 //! The protocol state services of one node: the open registry and what an
-//! open holds, byte-range locks, change notify, write times, requests that
+//! open holds, oplocks and leases, byte-range locks, change notify, write
+//! times, requests that
 //! complete later (STATUS_PENDING), Windows permissions (ACLs), extended
 //! attributes, and the budgets a connection's opens draw on. Also the
 //! pieces every layer above uses: the one mutex helper (`sync::lock`) and
@@ -8,9 +9,11 @@
 //! Knows the state rules (`nimbus-state`), the file system (`nimbus-vfs`),
 //! the wire format and connection security (`nimbus-transport`, to sign an
 //! answer that completes later). Must not know the server, a connection,
-//! a handler or etcd: delivery goes through narrow traits
-//! (`notify::Relay`, `pending::PendingRequest`), and the cluster
-//! (`nimbus-cluster`) implements them from above.
+//! a handler or etcd: delivery goes through narrow traits that the
+//! layers above implement: a connection is a `pending::ResponseChannel`
+//! and a session's channels an `oplocks::SessionChannels` (the server),
+//! the way to other nodes an `oplocks::Notifier` forward and a
+//! `notify::Relay` (the cluster).
 //!
 //! Start reading at [`open::Open`], then [`locks::ByteRangeLocks`] and
 //! [`notify::ChangeNotify`].

@@ -240,7 +240,7 @@ pub type HasLocks = Box<dyn Fn(FileKey) -> bool + Send + Sync>;
 pub type Stranded = Box<dyn Fn(u64) -> bool + Send + Sync>;
 
 /// The directory leases of other cluster nodes, and the way to tell them
-/// of this node's (`crate::dir_leases::ClusterDirLeases`).
+/// of this node's (`nimbus_cluster::dir_leases::ClusterDirLeases`).
 pub trait DirLeasesElsewhere: Send + Sync {
     /// Whether another node holds a lease on any directory.
     fn any(&self) -> bool;
@@ -711,7 +711,7 @@ impl Oplocks {
     }
 
     /// A persistent open of a gone cluster node is taken over here
-    /// (`crate::failover`): its grant is in the file's record already;
+    /// (`nimbus_server::failover`): its grant is in the file's record already;
     /// this node learns its lease and keeps it disconnected.
     pub fn take_over(&self, file: FileKey, open_id: u64) {
         let _turn = self.turn(file);
@@ -729,7 +729,7 @@ impl Oplocks {
     }
 
     /// Breaks for `open_id` no longer end here: a disconnected open this
-    /// node took over was let go to another node (`crate::failover::let_go`;
+    /// node took over was let go to another node (`nimbus_server::failover::let_go`;
     /// its grant stays in the file's record, for the node that takes it),
     /// or an open that holds no grant closed.
     pub fn let_go(&self, open_id: u64) {

@@ -1,4 +1,5 @@
-//! The one way this crate takes a mutex: ignoring poisoning, because a
+//! The one way the server's crates (services, cluster, server) take a
+//! mutex: ignoring poisoning, because a
 //! panic in one request must not make every later request that needs the
 //! same table panic too. Imports nothing, so that any module may use it.
 

@@ -468,7 +468,7 @@ fn reclaim_from_cluster(
     let Some(m) = server.cluster.clone() else {
         return Ok(None);
     };
-    let req = crate::failover::LetGo {
+    let req = crate::let_go_handover::LetGo {
         open_id,
         create_guid,
         owner: me.clone(),

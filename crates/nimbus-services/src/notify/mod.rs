@@ -28,7 +28,7 @@
 //! for a watch leaves its request waiting.
 //!
 //! On a cluster node, changes made through SMB reach the watches of other
-//! nodes too, through a `Relay` (`crate::cluster_notify`): this node tells
+//! nodes too, through a `Relay` (`nimbus_cluster::cluster_notify`): this node tells
 //! it which directories it watches, and hands it every change its handlers
 //! report; the relay hands other nodes' changes back to `deliver_local`.
 //! Changes seen on disk stay on the node that saw them (on a shared file

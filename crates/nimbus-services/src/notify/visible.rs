@@ -8,7 +8,7 @@
 //! changed name, as it would have to in order to see the name. On a share
 //! with access-based enumeration, every name on that path must moreover
 //! be one a listing shows the watcher (`check::SEEN_WITH_ABE`, as
-//! crate::handlers::query_directory leaves out the rest), the changed name
+//! nimbus_server::handlers::query_directory leaves out the rest), the changed name
 //! included.
 //!
 //! The rights are those the stored descriptors grant the watcher's token

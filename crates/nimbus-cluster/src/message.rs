@@ -1,0 +1,204 @@
+//! What one node's message to another is, told by its first byte: every
+//! kind a node sends through its peers' message boxes in etcd, decoded
+//! into one enum so that the receiving node matches on it whole and a new
+//! kind cannot be left unhandled. Each kind's layout lives with the
+//! module that sends it; this one only tells them apart. A message that
+//! does not decode is refused with the name of the kind it claimed to be.
+
+use nimbus_state::caching::BreakOrder;
+use nimbus_state::{FileKey, StateError};
+
+use crate::app_instance_handover::{
+    self, CloseAppInstance, APP_INSTANCE_CLOSED_V1, CLOSE_APP_INSTANCE_V1,
+};
+use crate::cluster_notify::{self, CHANGES_V1, DIR_DELETE_PENDING_V1};
+use crate::lease_ack_handover::{self, AckLease, Found, ACK_LEASE_V1, LEASE_ACKED_V1};
+use crate::let_go_handover::{
+    self, Asked, LetGoAnswer, LET_GO_DONE_V1, LET_GO_REFUSED_V1, LET_GO_V4,
+};
+use crate::session_handover::{self, EndSession, END_SESSION_V1, SESSION_ENDED_V1};
+
+/// One message from another node.
+#[derive(Debug)]
+pub enum ClusterMessage<'a> {
+    /// Changes for this node's change-notify watches, still encoded: the
+    /// relay decodes them against what it knows of its registrations.
+    Changes(&'a [u8]),
+    /// A directory watched here may have been marked delete-pending.
+    DirDeletePending(FileKey),
+    /// Let go of an open whose client reconnects on the sending node.
+    LetGo(Asked),
+    /// The answer to this node's request to let go of an open.
+    LetGoAnswered {
+        answer: LetGoAnswer,
+        open_id: u64,
+        nonce: u64,
+    },
+    /// End a session of this node that a logon elsewhere names as its
+    /// previous one.
+    EndSession(EndSession),
+    /// The answer to this node's request to end a session.
+    SessionEnded { nonce: u64, ended: bool },
+    /// Close an application instance's opens here.
+    CloseAppInstance(CloseAppInstance),
+    /// The answer to this node's request to close an application's opens.
+    AppInstanceClosed { nonce: u64, closed: bool },
+    /// A lease acknowledgement for a lease this node holds.
+    AckLease(AckLease),
+    /// The answer to this node's forwarded lease acknowledgement.
+    LeaseAcked { nonce: u64, found: Found },
+    /// A break for an open of this node.
+    Break { open_id: u64, order: BreakOrder },
+}
+
+/// A message that did not decode: which kind it claimed to be, and what
+/// was wrong where the decoder says (a break's).
+#[derive(Debug)]
+pub struct Malformed {
+    pub kind: &'static str,
+    pub why: Option<StateError>,
+}
+
+impl std::fmt::Display for Malformed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "a malformed {}", self.kind)?;
+        match &self.why {
+            Some(why) => write!(f, ": {why}"),
+            None => Ok(()),
+        }
+    }
+}
+
+impl<'a> ClusterMessage<'a> {
+    pub fn decode(msg: &'a [u8]) -> Result<ClusterMessage<'a>, Malformed> {
+        use ClusterMessage as M;
+        let Some(&tag) = msg.first() else {
+            return Err(Malformed {
+                kind: "message (empty)",
+                why: None,
+            });
+        };
+        let decoded = match tag {
+            CHANGES_V1 => Some(M::Changes(msg)),
+            DIR_DELETE_PENDING_V1 => {
+                cluster_notify::decode_delete_pending(msg).map(M::DirDeletePending)
+            }
+            LET_GO_V4 => let_go_handover::decode_let_go(msg).map(M::LetGo),
+            LET_GO_REFUSED_V1 | LET_GO_DONE_V1 => {
+                let_go_handover::decode_answer(msg).map(|(answer, open_id, nonce)| {
+                    M::LetGoAnswered {
+                        answer,
+                        open_id,
+                        nonce,
+                    }
+                })
+            }
+            END_SESSION_V1 => session_handover::decode_end_session(msg).map(M::EndSession),
+            SESSION_ENDED_V1 => session_handover::decode_answer(msg)
+                .map(|(nonce, ended)| M::SessionEnded { nonce, ended }),
+            CLOSE_APP_INSTANCE_V1 => {
+                app_instance_handover::decode_request(msg).map(M::CloseAppInstance)
+            }
+            APP_INSTANCE_CLOSED_V1 => app_instance_handover::decode_answer(msg)
+                .map(|(nonce, closed)| M::AppInstanceClosed { nonce, closed }),
+            ACK_LEASE_V1 => lease_ack_handover::decode_request(msg).map(M::AckLease),
+            LEASE_ACKED_V1 => lease_ack_handover::decode_answer(msg)
+                .map(|(nonce, found)| M::LeaseAcked { nonce, found }),
+            _ => {
+                return nimbus_state::records::decode_break(msg)
+                    .map(|(open_id, order)| M::Break { open_id, order })
+                    .map_err(|why| Malformed {
+                        kind: kind(tag),
+                        why: Some(why),
+                    })
+            }
+        };
+        decoded.ok_or(Malformed {
+            kind: kind(tag),
+            why: None,
+        })
+    }
+}
+
+/// The kind a message's first byte names, for the log.
+fn kind(tag: u8) -> &'static str {
+    match tag {
+        CHANGES_V1 => "list of notify changes",
+        DIR_DELETE_PENDING_V1 => "delete-pending message",
+        LET_GO_V4 => "request to let go of an open",
+        LET_GO_REFUSED_V1 | LET_GO_DONE_V1 => "answer to a request to let go",
+        END_SESSION_V1 => "request to end a session",
+        SESSION_ENDED_V1 => "answer to a request to end a session",
+        CLOSE_APP_INSTANCE_V1 => "request to close an application's opens",
+        APP_INSTANCE_CLOSED_V1 => "answer about an application's opens",
+        ACK_LEASE_V1 => "lease acknowledgement",
+        LEASE_ACKED_V1 => "answer about a lease acknowledgement",
+        _ => "break (or a message of no known kind)",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_kind_is_told_apart_by_its_first_byte() {
+        let answer = let_go_handover::encode_answer(LetGoAnswer::Done, 7, 9);
+        assert!(matches!(
+            ClusterMessage::decode(&answer),
+            Ok(ClusterMessage::LetGoAnswered {
+                answer: LetGoAnswer::Done,
+                open_id: 7,
+                nonce: 9
+            })
+        ));
+        let ended = session_handover::encode_answer(3, true);
+        assert!(matches!(
+            ClusterMessage::decode(&ended),
+            Ok(ClusterMessage::SessionEnded {
+                nonce: 3,
+                ended: true
+            })
+        ));
+        let closed = app_instance_handover::encode_answer(4, false);
+        assert!(matches!(
+            ClusterMessage::decode(&closed),
+            Ok(ClusterMessage::AppInstanceClosed {
+                nonce: 4,
+                closed: false
+            })
+        ));
+        let acked = lease_ack_handover::encode_answer(5, Found::Acked);
+        assert!(matches!(
+            ClusterMessage::decode(&acked),
+            Ok(ClusterMessage::LeaseAcked {
+                nonce: 5,
+                found: Found::Acked
+            })
+        ));
+    }
+
+    #[test]
+    fn a_message_that_does_not_decode_is_refused_with_its_kind() {
+        assert_eq!(
+            ClusterMessage::decode(&[]).unwrap_err().kind,
+            "message (empty)"
+        );
+        let answer = let_go_handover::encode_answer(LetGoAnswer::Refused, 1, 2);
+        assert_eq!(
+            ClusterMessage::decode(&answer[..answer.len() - 1])
+                .unwrap_err()
+                .kind,
+            "answer to a request to let go"
+        );
+        let unknown = ClusterMessage::decode(&[0xee, 1, 2]).unwrap_err();
+        assert_eq!(unknown.kind, "break (or a message of no known kind)");
+        assert!(unknown.why.is_some(), "the break decoder's reason is kept");
+        assert_eq!(
+            ClusterMessage::decode(&[SESSION_ENDED_V1])
+                .unwrap_err()
+                .to_string(),
+            "a malformed answer to a request to end a session"
+        );
+    }
+}
