@@ -115,6 +115,14 @@ if [ "$cargo_checks" -eq 1 ]; then
     step "cargo clippy"
     cargo clippy --workspace --all-targets -- -D warnings
 
+    # The layers below the server build on their own, with their tests:
+    # no server, connection or handler code, and no feature that only the
+    # workspace's other crates switch on.
+    step "cargo check of each layer alone"
+    for layer in nimbus-transport nimbus-services nimbus-cluster; do
+        cargo check -p "$layer" --all-targets
+    done
+
     step "cargo test"
     cargo test --workspace
 fi
