@@ -162,7 +162,15 @@ impl FileHandle {
         let dst: *mut u8 = spare.as_mut_ptr().cast();
         let mut done = 0usize;
         let mut short = false;
-        while done < len {
+        // A file system found to keep files in memory at an earlier
+        // refusal of RWF_NOWAIT (tmpfs before Linux 6.x) has no disk to
+        // wait for: read at once, without a call that fails.
+        if self.in_memory.load(Ordering::Relaxed) == 1 {
+            // SAFETY: dst .. dst + len lies within the spare capacity
+            // reserved above.
+            done = unsafe { self.pread_full(dst, len, offset)? };
+        }
+        while done < len && self.in_memory.load(Ordering::Relaxed) != 1 {
             let Some(pos) = start.checked_add(done as i64) else {
                 break;
             };

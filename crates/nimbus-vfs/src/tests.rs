@@ -349,6 +349,18 @@ fn cached_reads_read_what_the_page_cache_holds() {
         if root.starts_with("/dev/shm") {
             assert!(!short, "{root:?}: a read from memory stopped short");
         }
+        // Again on the same handle (on tmpfs without RWF_NOWAIT, now
+        // known to be in memory: read at once).
+        let mut again = Vec::new();
+        let (n, short) = h.read_append_cached(&mut again, 1_000, 99_500).unwrap();
+        let rest = if short {
+            h.read_append(&mut again, 1_000 - n, 99_500 + n as u64)
+                .unwrap()
+        } else {
+            0
+        };
+        assert_eq!(n + rest, 500, "{root:?}: the second read's end of file");
+        assert_eq!(again, &payload[99_500..], "{root:?}: the second read");
         let (n, short) = h.read_append_cached(&mut got, 10, 1 << 30).unwrap();
         assert_eq!((n, short), (0, false), "{root:?}: past the end");
         assert_err!(
