@@ -247,10 +247,109 @@ pub fn owned_store(m: &Arc<Membership>) -> Arc<ClusterStore> {
     ))
 }
 
+/// Why this node could not reach or join its cluster. Each names the
+/// `[cluster]` key concerned and, where there is one, the fix: the
+/// operator reads it at start (`nimbus serve`, `nimbus status`).
+#[derive(Debug)]
+pub enum JoinError {
+    /// A file `[cluster]` names cannot be read.
+    File {
+        key: &'static str,
+        path: std::path::PathBuf,
+        error: std::io::Error,
+    },
+    PasswordNotText(std::path::PathBuf),
+    PasswordEmpty {
+        path: std::path::PathBuf,
+        user: String,
+    },
+    /// No etcd client from `[cluster] etcd` and its TLS files.
+    Client(nimbus_state::etcd_store::EndpointError),
+    /// `secret_file` holds no usable cluster key.
+    Secret {
+        path: std::path::PathBuf,
+        why: String,
+    },
+    /// etcd refused this node's user its keys.
+    Denied(StateError),
+    /// etcd does not answer.
+    Unreachable(StateError),
+    /// Writing to etcd failed otherwise.
+    Writing(StateError),
+    /// The node's record or its run's number could not be written.
+    Registering {
+        what: &'static str,
+        error: StateError,
+    },
+    /// Another running node has this node's name.
+    NameTaken(String),
+}
+
+impl JoinError {
+    /// `error` of a call to etcd: a refusal of this node's user, or
+    /// `otherwise`.
+    fn of(error: StateError, otherwise: fn(StateError) -> JoinError) -> JoinError {
+        if error.to_string().contains("permission denied") {
+            JoinError::Denied(error)
+        } else {
+            otherwise(error)
+        }
+    }
+}
+
+impl std::fmt::Display for JoinError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            JoinError::File { key, path, error } => {
+                write!(f, "[cluster] {key}: {}: {error}", path.display())
+            }
+            JoinError::PasswordNotText(path) => write!(
+                f,
+                "[cluster] password_file: {} is not UTF-8 text",
+                path.display()
+            ),
+            JoinError::PasswordEmpty { path, user } => write!(
+                f,
+                "[cluster] password_file: {} is empty; write the etcd password of user \"{user}\" in it",
+                path.display()
+            ),
+            JoinError::Client(e) => write!(f, "[cluster] etcd: {e}"),
+            JoinError::Secret { path, why } => {
+                write!(f, "[cluster] secret_file: {}: {why}", path.display())
+            }
+            JoinError::Denied(e) => {
+                let prefix = String::from_utf8_lossy(KEY_PREFIX);
+                write!(
+                    f,
+                    "[cluster] etcd: this node's etcd user may not read and write the keys under \
+                     {prefix} ({e}); grant its role readwrite on that prefix, e.g. `etcdctl role \
+                     grant-permission nimbus --prefix=true readwrite {prefix}` (see docs/SECURITY.md)"
+                )
+            }
+            JoinError::Unreachable(e) => write!(
+                f,
+                "[cluster] etcd: the cluster does not answer ({e}); start etcd, or fix the \
+                 client URLs in [cluster] etcd"
+            ),
+            JoinError::Writing(e) => write!(f, "[cluster] etcd: writing: {e}"),
+            JoinError::Registering { what, error } => write!(f, "[cluster]: {what}: {error}"),
+            JoinError::NameTaken(node) => write!(
+                f,
+                "[cluster] node: another running node is registered as \"{node}\" (its record \
+                 outlived node_ttl_secs); give this node a name of its own"
+            ),
+        }
+    }
+}
+
 /// How this node reaches etcd, from the files `[cluster]` names.
-fn etcd_access(cfg: &ClusterConfig) -> Result<nimbus_state::etcd_store::Access, String> {
-    let read = |key: &str, path: &std::path::Path| {
-        std::fs::read(path).map_err(|e| format!("[cluster] {key}: {}: {e}", path.display()))
+fn etcd_access(cfg: &ClusterConfig) -> Result<nimbus_state::etcd_store::Access, JoinError> {
+    let read = |key: &'static str, path: &std::path::Path| {
+        std::fs::read(path).map_err(|error| JoinError::File {
+            key,
+            path: path.to_path_buf(),
+            error,
+        })
     };
     let mut access = nimbus_state::etcd_store::Access::default();
     if let Some(tls) = &cfg.tls {
@@ -260,19 +359,15 @@ fn etcd_access(cfg: &ClusterConfig) -> Result<nimbus_state::etcd_store::Access, 
         }
     }
     if let Some((user, file)) = &cfg.user {
-        let password = String::from_utf8(read("password_file", file)?).map_err(|_| {
-            format!(
-                "[cluster] password_file: {} is not UTF-8 text",
-                file.display()
-            )
-        })?;
+        let password = String::from_utf8(read("password_file", file)?)
+            .map_err(|_| JoinError::PasswordNotText(file.clone()))?;
         // One line; the newline an editor adds is not part of it.
         let password = password.trim_end_matches(['\r', '\n']).to_string();
         if password.is_empty() {
-            return Err(format!(
-                "[cluster] password_file: {} is empty; write the etcd password of user \"{user}\" in it",
-                file.display()
-            ));
+            return Err(JoinError::PasswordEmpty {
+                path: file.clone(),
+                user: user.clone(),
+            });
         }
         access.user = Some((user.clone(), password));
     }
@@ -286,40 +381,33 @@ const RENEW_RETRY: Duration = Duration::from_millis(250);
 /// may write the cluster's keys.
 const PROBE_PREFIX: &[u8] = b"probe/";
 
-/// What to tell the operator when etcd refused this node's user `e`.
-fn denied(e: &StateError) -> Option<String> {
-    let text = e.to_string();
-    text.contains("permission denied").then(|| {
-        let prefix = String::from_utf8_lossy(KEY_PREFIX);
-        format!(
-            "[cluster] etcd: this node's etcd user may not read and write the keys under \
-             {prefix} ({text}); grant its role readwrite on that prefix, e.g. `etcdctl role \
-             grant-permission nimbus --prefix=true readwrite {prefix}` (see docs/SECURITY.md)"
-        )
-    })
-}
-
 /// The cluster's store, as `[cluster]` says to reach it and to tag its
 /// records; each call within `timeout`.
 fn open_store(
     cfg: &ClusterConfig,
     access: nimbus_state::etcd_store::Access,
     timeout: Duration,
-) -> Result<EtcdStore, String> {
+) -> Result<EtcdStore, JoinError> {
     let store = EtcdStore::with_access(&cfg.etcd, KEY_PREFIX, timeout, access)
-        .map_err(|e| format!("[cluster] etcd: {e}"))?;
+        .map_err(JoinError::Client)?;
     let Some(file) = &cfg.secret_file else {
         return Ok(store);
     };
-    let secret = std::fs::read(file)
-        .map_err(|e| format!("[cluster] secret_file: {}: {e}", file.display()))?;
-    let key = nimbus_state::etcd_seal::RecordKey::from_secret(&secret)
-        .map_err(|e| format!("[cluster] secret_file: {}: {e}", file.display()))?;
+    let secret = std::fs::read(file).map_err(|e| JoinError::Secret {
+        path: file.clone(),
+        why: e.to_string(),
+    })?;
+    let key = nimbus_state::etcd_seal::RecordKey::from_secret(&secret).map_err(|why| {
+        JoinError::Secret {
+            path: file.clone(),
+            why,
+        }
+    })?;
     Ok(store.sealed(Arc::new(key)))
 }
 
 /// `open_store` for a command that reads the cluster (`nimbus status`).
-pub fn reader_store(cfg: &ClusterConfig, timeout: Duration) -> Result<EtcdStore, String> {
+pub fn reader_store(cfg: &ClusterConfig, timeout: Duration) -> Result<EtcdStore, JoinError> {
     open_store(cfg, etcd_access(cfg)?, timeout)
 }
 
@@ -342,7 +430,7 @@ impl Membership {
     /// crash (its lease not yet expired): it is waited out, up to one
     /// TTL; one that outlives that belongs to a running node, and this
     /// one refuses to start.
-    pub fn join(cfg: &ClusterConfig) -> Result<Membership, String> {
+    pub fn join(cfg: &ClusterConfig) -> Result<Membership, JoinError> {
         let ttl = Duration::from_secs(cfg.node_ttl_secs as u64);
         let access = etcd_access(cfg)?;
         if access.ca_pem.is_none() {
@@ -360,21 +448,16 @@ impl Membership {
         }
         let store = open_store(cfg, access.clone(), call_timeout(ttl))?;
         let control = open_store(cfg, access, call_timeout(ttl))?;
-        store.check().map_err(|e| {
-            denied(&e).unwrap_or_else(|| {
-                format!(
-                    "[cluster] etcd: the cluster does not answer ({e}); start etcd, or fix the \
-                     client URLs in [cluster] etcd"
-                )
-            })
-        })?;
+        store
+            .check()
+            .map_err(|e| JoinError::of(e, JoinError::Unreachable))?;
         // Reading is not enough: a role that may only read would fail at
         // the first client's open instead.
         let probe = [PROBE_PREFIX, cfg.node.as_bytes()].concat();
         control
             .txn(&[], &[Op::Put(&probe, b"", 0)], &[])
             .and_then(|_| control.txn(&[], &[Op::Delete(&probe)], &[]))
-            .map_err(|e| denied(&e).unwrap_or_else(|| format!("[cluster] etcd: writing: {e}")))?;
+            .map_err(|e| JoinError::of(e, JoinError::Writing))?;
         let m = Membership {
             store: Arc::new(store),
             control,
@@ -404,26 +487,29 @@ impl Membership {
         };
         let until = Instant::now() + m.ttl + Duration::from_secs(1);
         loop {
-            if m.register()
-                .map_err(|e| format!("[cluster]: registering node: {e}"))?
-            {
+            if m.register().map_err(|error| JoinError::Registering {
+                what: "registering node",
+                error,
+            })? {
                 break;
             }
             if Instant::now() >= until {
-                return Err(format!(
-                    "[cluster] node: another running node is registered as \"{}\" (its record \
-                     outlived node_ttl_secs); give this node a name of its own",
-                    m.node
-                ));
+                return Err(JoinError::NameTaken(m.node.clone()));
             }
             std::thread::sleep(Duration::from_millis(200));
         }
         let n = m
             .new_incarnation()
-            .map_err(|e| format!("[cluster]: numbering this run: {e}"))?;
+            .map_err(|error| JoinError::Registering {
+                what: "numbering this run",
+                error,
+            })?;
         m.incarnation.store(n, Ordering::SeqCst);
         m.put_incarnations()
-            .map_err(|e| format!("[cluster]: registering this run: {e}"))?;
+            .map_err(|error| JoinError::Registering {
+                what: "registering this run",
+                error,
+            })?;
         m.store.fence_on(&incarnation_key(n));
         tracing::info!(
             "cluster: joined as node \"{}\" (clients reach it at {}), lease {}s, incarnation {n}",

@@ -244,7 +244,8 @@ impl Server {
         // or whose name another node holds, does not start.
         let cluster = match &config.cluster {
             Some(c) => Some(Arc::new(
-                crate::cluster::Membership::join(c).map_err(StartError::Cluster)?,
+                crate::cluster::Membership::join(c)
+                    .map_err(|e| StartError::Cluster(e.to_string()))?,
             )),
             None => None,
         };

@@ -281,7 +281,8 @@ fn read_cluster(
     only: Option<&str>,
     listings: bool,
 ) -> Result<Vec<NodeReport>, String> {
-    let store = crate::cluster::reader_store(cfg, Duration::from_secs(3))?;
+    let store =
+        crate::cluster::reader_store(cfg, Duration::from_secs(3)).map_err(|e| e.to_string())?;
     let members = store
         .scan_prefix(crate::cluster::NODES_PREFIX)
         .map_err(|e| format!("[cluster] etcd: {e}"))?;
