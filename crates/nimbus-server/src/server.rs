@@ -22,7 +22,7 @@ use crate::oplocks::Oplocks;
 /// Why the server could not start; each is one line for the operator.
 #[derive(Debug)]
 pub enum StartError {
-    UserDb(String),
+    UserDb(nimbus_auth::UserDbError),
     Share {
         name: String,
         path: String,
@@ -34,9 +34,11 @@ pub enum StartError {
     },
     Runtime(String),
     /// The state directory or its store could not be opened.
-    State(String),
-    /// `[cluster]`: etcd out of reach, or the node name taken.
-    Cluster(String),
+    StateDir(nimbus_state::redb_store::OpenError),
+    /// The persistent handles of the last run could not be read back.
+    Restore(nimbus_state::StateError),
+    /// `[cluster]`: etcd out of reach, refused, or the node name taken.
+    Cluster(crate::cluster::JoinError),
     /// `[kerberos]`: the keytab cannot be used.
     Kerberos(String),
 }
@@ -50,12 +52,17 @@ impl std::fmt::Display for StartError {
                 write!(f, "share \"{name}\": path {path}: {reason}")
             }
             StartError::Bind { addr, reason } => write!(f, "cannot listen on {addr}: {reason}"),
-            StartError::Runtime(e) | StartError::Cluster(e) => write!(f, "{e}"),
+            StartError::Runtime(e) => write!(f, "{e}"),
+            StartError::Cluster(e) => write!(f, "{e}"),
             StartError::Kerberos(e) => write!(
                 f,
                 "[kerberos]: {e} (keytab and principal in the configuration name the keys)"
             ),
-            StartError::State(e) => write!(
+            StartError::StateDir(e) => write!(
+                f,
+                "{e} (state_dir in the configuration, or --state-dir, names the directory)"
+            ),
+            StartError::Restore(e) => write!(
                 f,
                 "{e} (state_dir in the configuration, or --state-dir, names the directory)"
             ),
@@ -175,7 +182,7 @@ impl Server {
             );
         }
         config.ciphers = offered;
-        let users = UserDb::load(&config.user_db).map_err(|e| StartError::UserDb(e.to_string()))?;
+        let users = UserDb::load(&config.user_db).map_err(StartError::UserDb)?;
         if users.names().is_empty() && !config.shares.iter().any(|s| s.guest_ok) {
             tracing::warn!(
                 "user database {} has no users: nobody can log on (add one with `nimbus user add NAME --db {}`)",
@@ -233,8 +240,7 @@ impl Server {
         // a reason not to start, never a silently empty one.
         let mut disk_store = match &config.state_dir {
             Some(dir) => {
-                let s = nimbus_state::RedbStore::open(dir)
-                    .map_err(|e| StartError::State(e.to_string()))?;
+                let s = nimbus_state::RedbStore::open(dir).map_err(StartError::StateDir)?;
                 tracing::info!("state store {}", s.path().display());
                 Some(Arc::new(s) as Arc<dyn StateStore>)
             }
@@ -244,8 +250,7 @@ impl Server {
         // or whose name another node holds, does not start.
         let cluster = match &config.cluster {
             Some(c) => Some(Arc::new(
-                crate::cluster::Membership::join(c)
-                    .map_err(|e| StartError::Cluster(e.to_string()))?,
+                crate::cluster::Membership::join(c).map_err(StartError::Cluster)?,
             )),
             None => None,
         };
@@ -405,7 +410,7 @@ impl Server {
         let restored = if server.cluster.is_some() {
             0
         } else {
-            crate::persist::restore(&server).map_err(|e| StartError::State(e.to_string()))?
+            crate::persist::restore(&server).map_err(StartError::Restore)?
         };
         if restored > 0 {
             tracing::info!("{restored} persistent handle(s) restored from the state store");
