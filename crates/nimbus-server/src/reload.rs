@@ -71,19 +71,44 @@ impl std::fmt::Display for Reloaded {
     }
 }
 
+/// Why a reload was refused; the running configuration stays as it was.
+#[derive(Debug)]
+pub enum Refused {
+    /// Keys that only a restart changes (`needs_restart`).
+    NeedsRestart(Vec<String>),
+    /// A share of the new file cannot be served.
+    Share {
+        name: String,
+        path: std::path::PathBuf,
+        why: String,
+    },
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refused::NeedsRestart(keys) => write!(
+                f,
+                "{} cannot change without a restart; restart the server for it, or put the \
+                 running value back",
+                keys.join(", ")
+            ),
+            Refused::Share { name, path, why } => {
+                write!(f, "share \"{name}\": path {}: {why}", path.display())
+            }
+        }
+    }
+}
+
 /// Takes `new` in place of the running configuration, or refuses it with
 /// the reason and leaves everything as it was. May wait on the state
 /// store (closing handles of a share taken away): call it where blocking
 /// is allowed.
-pub fn reload(server: &Server, new: Config) -> Result<Reloaded, String> {
+pub fn reload(server: &Server, new: Config) -> Result<Reloaded, Refused> {
     let old = server.config();
     let fixed = needs_restart(&old, &new);
     if !fixed.is_empty() {
-        return Err(format!(
-            "{} cannot change without a restart; restart the server for it, or put the \
-             running value back",
-            fixed.join(", ")
-        ));
+        return Err(Refused::NeedsRestart(fixed));
     }
     let current = server.shares();
     let find_old = |name: &str| {
@@ -120,16 +145,20 @@ pub fn reload(server: &Server, new: Config) -> Result<Reloaded, String> {
                 None
             }
         };
-        let share = match kept {
-            Some(share) => {
-                settle.push((share.clone(), s));
-                share
-            }
-            None => Arc::new(
-                Share::open(s, new.encryption, created)
-                    .map_err(|e| format!("share \"{}\": path {}: {e}", s.name, s.path.display()))?,
-            ),
-        };
+        let share =
+            match kept {
+                Some(share) => {
+                    settle.push((share.clone(), s));
+                    share
+                }
+                None => Arc::new(Share::open(s, new.encryption, created).map_err(|why| {
+                    Refused::Share {
+                        name: s.name.clone(),
+                        path: s.path.clone(),
+                        why,
+                    }
+                })?),
+            };
         shares.push(share);
     }
     // IPC$ stays as it is: nothing of it can change.
