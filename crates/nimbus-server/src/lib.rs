@@ -56,4 +56,4 @@ pub mod status_listing;
 mod teardowns;
 
 pub use config::{Config, ConfigError, LogFormat, ShareConfig, SigningPolicy};
-pub use server::{kerberos_acceptor, Server, StartError};
+pub use server::{kerberos_acceptor, KeytabError, Server, StartError};

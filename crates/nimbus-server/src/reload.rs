@@ -80,7 +80,7 @@ pub enum Refused {
     Share {
         name: String,
         path: std::path::PathBuf,
-        why: String,
+        why: nimbus_vfs::VfsError,
     },
 }
 

@@ -26,7 +26,7 @@ pub enum StartError {
     Share {
         name: String,
         path: String,
-        reason: String,
+        reason: nimbus_vfs::VfsError,
     },
     Bind {
         addr: SocketAddr,
@@ -40,7 +40,7 @@ pub enum StartError {
     /// `[cluster]`: etcd out of reach, refused, or the node name taken.
     Cluster(crate::cluster::JoinError),
     /// `[kerberos]`: the keytab cannot be used.
-    Kerberos(String),
+    Kerberos(KeytabError),
 }
 
 impl std::fmt::Display for StartError {
@@ -901,16 +901,33 @@ impl Server {
     }
 }
 
+/// A keytab that cannot serve: which one, and what GSS-API said.
+#[derive(Debug)]
+pub struct KeytabError {
+    pub keytab: String,
+    pub error: nimbus_auth::GssError,
+}
+
+impl std::fmt::Display for KeytabError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "keytab {}: {}", self.keytab, self.error)
+    }
+}
+
 /// The Kerberos acceptor of `[kerberos]`: the keytab's keys, acquired now so
 /// that a keytab that cannot serve is a reason not to start.
 pub fn kerberos_acceptor(
     k: &crate::config::KerberosConfig,
-) -> Result<nimbus_auth::KerberosAcceptor, String> {
+) -> Result<nimbus_auth::KerberosAcceptor, KeytabError> {
     let map = nimbus_auth::PrincipalMap {
         explicit: k.user_map.iter().cloned().collect(),
         explicit_only: !k.map_by_name,
     };
     let keytab = k.keytab.to_string_lossy();
-    nimbus_auth::KerberosAcceptor::new(&keytab, k.principal.as_deref(), k.ntlm, map)
-        .map_err(|e| format!("keytab {keytab}: {e}"))
+    nimbus_auth::KerberosAcceptor::new(&keytab, k.principal.as_deref(), k.ntlm, map).map_err(
+        |error| KeytabError {
+            keytab: keytab.into_owned(),
+            error,
+        },
+    )
 }

@@ -73,8 +73,8 @@ impl Share {
         config: &ShareConfig,
         server_encryption: EncryptionPolicy,
         created: u64,
-    ) -> Result<Share, String> {
-        let fs = LocalFs::new(&config.path).map_err(|e| e.to_string())?;
+    ) -> nimbus_vfs::VfsResult<Share> {
+        let fs = LocalFs::new(&config.path)?;
         Ok(Share {
             name: config.name.clone(),
             fs: Some(fs),
