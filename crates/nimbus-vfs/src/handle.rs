@@ -163,7 +163,7 @@ impl FileHandle {
         let mut done = 0usize;
         let mut short = false;
         // A file system found to keep files in memory at an earlier
-        // refusal of RWF_NOWAIT (tmpfs before Linux 6.x) has no disk to
+        // refusal of RWF_NOWAIT (tmpfs, on Linux 6.18 still) has no disk to
         // wait for: read at once, without a call that fails.
         if self.in_memory.load(Ordering::Relaxed) == 1 {
             // SAFETY: dst .. dst + len lies within the spare capacity
@@ -186,7 +186,7 @@ impl FileHandle {
                 match sys::errno() {
                     libc::EINTR => continue,
                     // A file system without RWF_NOWAIT that keeps files
-                    // in memory (tmpfs before Linux 6.x) has no disk to
+                    // in memory (tmpfs, on Linux 6.18 still) has no disk to
                     // wait for: read the rest here.
                     libc::EOPNOTSUPP if self.in_memory() => {
                         // SAFETY: as above, within the reserved capacity.
