@@ -23,6 +23,11 @@ and one of opens for data:
 - **shared-lease**: shared-data, each process asking for a read and
   handle lease of its own, as Windows does when it opens a file to read:
   every open is granted one and every close lets it go.
+- **create**: nprocs processes of bench/data_open_loop.py --create, each
+  with one connection (process i on node i mod 3), making new files of
+  its own and deleting them at close: two changes per pair that a
+  directory watch would hear of, which a cluster node sends to the nodes
+  watching (and asks etcd who does).
 - **mixed**: the distinct case, measured while MIXED_NOISE more
   processes run the shared-data loop on one file beside (not counted):
   what a file the nodes share costs the other files of the same nodes.
@@ -69,7 +74,7 @@ from side_by_side import PASSWORD, SHARE, USER, start_nimbus, start_smbd  # noqa
 MARK_BEGIN = "<!-- cluster: begin (written by bench/cluster_contention.py) -->"
 MARK_END = "<!-- cluster: end -->"
 HOSTS = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
-CASES = ["distinct", "shared", "shared-data", "shared-lease", "mixed"]
+CASES = ["distinct", "shared", "shared-data", "shared-lease", "create", "mixed"]
 # Processes opening the shared file beside the measured ones in `mixed`.
 MIXED_NOISE = 6
 # etcd's count of answered key-value calls (Range, Txn, Put, DeleteRange).
@@ -192,6 +197,10 @@ def run_case(target: Target, case: str, nprocs: int, seconds: int, work: Path, i
         lease = case == "shared-lease"
         opens, rate = data_open_loop.run(target.hosts, target.port, SHARE, USER, PASSWORD, "shared-data.dat", nprocs, seconds, lease)
         results = [(rate, opens)]
+    elif case == "create":
+        (target.share_dir / "made").mkdir(exist_ok=True)
+        opens, rate = data_open_loop.run(target.hosts, target.port, SHARE, USER, PASSWORD, r"made\new", nprocs, seconds, create=True)
+        results = [(rate, opens)]
     elif case in ("distinct", "mixed"):
         if case == "mixed":
             (target.share_dir / "shared-data.dat").write_bytes(b"x")
@@ -214,7 +223,7 @@ def run_case(target: Target, case: str, nprocs: int, seconds: int, work: Path, i
             unclist = work / "unclist"
             unclist.write_text("".join(f"//{h}/{SHARE}\n" for h in target.hosts))
         procs = [torture(target, target.hosts[0], "shared.dat", nprocs, seconds, unclist)]
-    if case not in ("shared-data", "shared-lease"):
+    if case not in ("shared-data", "shared-lease", "create"):
         results = [rate_of(p, seconds, f"{target.name}, {case}, nprocs {nprocs}") for p in procs]
     if case == "mixed" and noise:
         noise.join()
@@ -385,7 +394,9 @@ def render(results: dict, nprocs: list[int], perf: str, seconds: int) -> str:
         "reading (GENERIC_READ, sharing everything, no oplock) and closed by nprocs raw-SMB client",
         "processes (bench/data_open_loop.py), process i on node i mod 3; every open is recorded",
         "among the file's opens. *shared-lease*: shared-data, each process asking for a read and",
-        "handle lease of its own (as Windows does opening a file to read). *mixed*: the distinct",
+        "handle lease of its own (as Windows does opening a file to read). *create*: nprocs",
+        "processes making new files of their own, deleted at close (bench/data_open_loop.py",
+        "--create; two changes a directory watch hears of per pair). *mixed*: the distinct",
         f"case's rate while {MIXED_NOISE} more processes run the shared-data loop beside it (their opens",
         "not counted in the rate; etcd txn/open is all writes, theirs included, over the measured",
         "opens): what a file the nodes share costs the other files of the same nodes.",

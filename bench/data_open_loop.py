@@ -19,10 +19,17 @@ spends as little CPU per open as Python allows.
         [--workers 4] [--seconds 5] [--lease]
 
 The file must exist. Prints opens per second.
+
+With `--create`, worker k makes files of its own instead: CREATE of a
+new file `<name>-<k>-<i>` (FILE_CREATE, delete on close), CLOSE, which
+deletes it. Each pair is two changes a directory watch would hear of (a
+name added, a name removed), as a build or an unpacked archive makes;
+nothing is contended. The directory of `<name>` must exist.
 """
 
 from __future__ import annotations
 
+import struct
 import sys
 import time
 
@@ -31,6 +38,15 @@ from rawsmb import HEADER_SIZE, create_body  # meta_loop put tests/ on the path
 import rawsmb
 
 GENERIC_READ = 0x80000000
+
+
+def new_file_body(name: str) -> bytes:
+    """MS-SMB2 2.2.13 SMB2 CREATE Request: make a new file, deleted when
+    closed (DesiredAccess GENERIC_WRITE | DELETE, ShareAccess none,
+    CreateDisposition FILE_CREATE, CreateOptions NON_DIRECTORY_FILE |
+    DELETE_ON_CLOSE)."""
+    n = name.encode("utf-16-le")
+    return struct.pack("<HBBIQQIIIIIHHII", 57, 0, 0, 2, 0, 0, 0x40010000, 0x80, 0, 2, 0x1040, HEADER_SIZE + 56, len(n), 0, 0) + n
 
 
 def _worker(k: int, args: dict, start, results) -> None:
@@ -50,6 +66,8 @@ def _worker(k: int, args: dict, start, results) -> None:
     deadline = t0 + args["seconds"]
     done = 0
     while time.monotonic() < deadline:
+        if args.get("create"):
+            body = new_file_body(f"{args['name']}-{k}-{done}")
         resp = client.call(rawsmb.CREATE, body)
         # An open that failed is no open: a rate that counted refusals
         # (or a server's "too much contention") would flatter the server.
@@ -68,10 +86,19 @@ def _worker(k: int, args: dict, start, results) -> None:
 
 
 def run(
-    hosts: list[str], port: int, share: str, user: str, password: str, name: str, workers: int, seconds: float, lease: bool = False
+    hosts: list[str],
+    port: int,
+    share: str,
+    user: str,
+    password: str,
+    name: str,
+    workers: int,
+    seconds: float,
+    lease: bool = False,
+    create: bool = False,
 ) -> tuple[int, float]:
     """Runs the loop; returns (opens done, opens per second) over all workers."""
-    args = dict(hosts=hosts, port=port, share=share, user=user, password=password, name=name, seconds=seconds, lease=lease)
+    args = dict(hosts=hosts, port=port, share=share, user=user, password=password, name=name, seconds=seconds, lease=lease, create=create)
     return totals(run_workers(_worker, args, workers, seconds))
 
 
@@ -82,9 +109,10 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--lease", action="store_true", help="each worker asks for an RH lease of its own")
+    ap.add_argument("--create", action="store_true", help="each worker makes and deletes files of its own")
     args = ap.parse_args()
     hosts = args.hosts or [args.host]
-    _, rate = run(hosts, args.port, args.share, args.user, args.password, args.name, args.workers, args.seconds, args.lease)
+    _, rate = run(hosts, args.port, args.share, args.user, args.password, args.name, args.workers, args.seconds, args.lease, args.create)
     print(f"{rate:.0f} opens/s")
     return 0
 

@@ -1133,9 +1133,9 @@ impl Membership {
         }
     }
 
-    /// Starts a thread (named `name`) that calls `changed` with the key of
-    /// every record under `prefix` another node (or this one) changes in
-    /// etcd, and `tick` once per `every` and whenever changes may have been
+    /// Starts a thread (named `name`) that calls `changed` with the change
+    /// (key, new value) of every record under `prefix` another node (or
+    /// this one) changes in etcd, and `tick` once per `every` and whenever changes may have been
     /// missed (the watch fell behind etcd's compaction), for as long as the
     /// process runs.
     pub fn watch_records(
@@ -1143,7 +1143,7 @@ impl Membership {
         name: &str,
         prefix: Vec<u8>,
         every: Duration,
-        changed: impl Fn(&[u8]) + Send + 'static,
+        changed: impl Fn(&nimbus_state::etcd_watch::Event) + Send + 'static,
         tick: impl Fn() + Send + 'static,
     ) {
         let stop = self.stopping.clone();
@@ -1178,7 +1178,7 @@ impl Membership {
                                 watch = None;
                             }
                             for e in &batch.events {
-                                changed(&e.key);
+                                changed(e);
                             }
                         }
                         Err(e) => {

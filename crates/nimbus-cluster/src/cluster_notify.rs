@@ -3,12 +3,12 @@
 //!
 //! **Who watches what.** A node that watches a directory (some handle's
 //! CHANGE_NOTIFY) registers `notify/<node>/<share>/<dir>` in etcd
-//! (`crate::cluster_registry`), with "1" when a watch covers the
-//! directory's tree; the key goes when its last watch of that directory
-//! ends, or with the node. It is written before the client hears that its
-//! request waits. Every node keeps a copy of the other nodes'
-//! registrations, so that a change costs no etcd call while nobody
-//! elsewhere watches its directory.
+//! (`crate::cluster_registry`), saying whether a watch covers the
+//! directory's tree and when the watch began (`encode_registration`); the
+//! key goes when its last watch of that directory ends, or with the node.
+//! It is written before the client hears that its request waits. Every
+//! node keeps a copy of the other nodes' registrations, so that a change
+//! costs no etcd call while nobody elsewhere watches its directory.
 //!
 //! **Changes.** A change made through SMB whose directory (or an ancestor,
 //! for a tree watch) another node watches goes to that node as a message
@@ -16,6 +16,11 @@
 //! names arrive together; the receiver hands it to its own watches, which
 //! apply their filters. Changes seen on disk are not relayed: on a shared
 //! file system each node's kernel sees only its own.
+//!
+//! **Watches the copy hears of late.** The copy follows etcd through a
+//! watch, milliseconds behind it. The changes made here in the last
+//! moments are kept (`crate::notify_recent`); when the copy learns of a
+//! watch, those made after it began and sent to nobody there go to it.
 //!
 //! **Not older than the watch.** The sender's copy of the registrations
 //! lags the store, so a change made just before a watch here began can
@@ -34,6 +39,7 @@ use nimbus_wire::notify::NotifyAction;
 use crate::cluster::Membership;
 use crate::cluster_registry::Registry;
 use crate::notify::{parent_of, Change, Relay};
+use crate::notify_recent::{now, Recent};
 
 /// Key prefix of the registrations: `notify/<node>/<share>/<dir>`.
 pub const NOTIFY_PREFIX: &[u8] = b"notify/";
@@ -45,19 +51,41 @@ pub const CHANGES_V1: u8 = 0x10;
 /// while still open (`Relay::delete_pending`).
 pub const DIR_DELETE_PENDING_V1: u8 = 0x11;
 
-/// Changes as they travel: (action, filter, share-relative path).
-pub type OwnedChange = (NotifyAction, u32, String);
+pub use crate::notify_recent::OwnedChange;
+
+/// A registration's value: its first byte says whether a watch covers the
+/// directory's tree ('1') or not ('0'); the 8 bytes after it (little-endian)
+/// when the watch began (`notify_recent::now`), for the changes other nodes
+/// made before their copy of the registrations held it (`notify_recent`).
+pub fn encode_registration(tree: bool, began: u64) -> Vec<u8> {
+    let mut v = vec![if tree { b'1' } else { b'0' }];
+    v.extend_from_slice(&began.to_le_bytes());
+    v
+}
+
+/// Whether a registration's watch covers the tree, and when it began (None:
+/// the value does not say).
+pub fn decode_registration(value: &[u8]) -> (bool, Option<u64>) {
+    let tree = value.first() == Some(&b'1');
+    let began = value
+        .get(1..)
+        .and_then(|rest| <[u8; 8]>::try_from(rest).ok())
+        .map(u64::from_le_bytes);
+    (tree, began)
+}
 
 pub struct NotifyRelay {
     m: Arc<Membership>,
     /// Share roots on this node, and the names all nodes know them by
     /// (a reload changes them: `set_shares`).
     shares: std::sync::RwLock<Vec<(PathBuf, String)>>,
-    /// Items `<share>/<dir>`, valued "1" when a watch covers the tree.
+    /// Items `<share>/<dir>`, valued as `encode_registration` says.
     registry: Arc<Registry>,
     /// This node's registrations: since when (the store's revision of the
     /// write that made it), and whether a watch covers the tree.
     since: std::sync::Mutex<HashMap<String, Since>>,
+    /// The changes made here lately, for watches the copy learns of late.
+    recent: Arc<Recent>,
 }
 
 /// When this node began to watch a directory, and how.
@@ -76,11 +104,18 @@ fn item(share: &str, dir: &str) -> String {
 
 impl NotifyRelay {
     pub fn new(m: Arc<Membership>, shares: Vec<(PathBuf, String)>) -> NotifyRelay {
+        let registry = Registry::new(m.clone(), NOTIFY_PREFIX, "watch of");
+        let recent = Arc::new(Recent::default());
+        let (to, made) = (m.clone(), recent.clone());
+        registry.on_noticed(Box::new(move |node, item, value| {
+            send_missed(&to, &made, node, item, value);
+        }));
         NotifyRelay {
-            registry: Registry::new(m.clone(), NOTIFY_PREFIX, "watch of"),
+            registry,
             m,
             since: std::sync::Mutex::default(),
             shares: std::sync::RwLock::new(shares),
+            recent,
         }
     }
 
@@ -144,12 +179,12 @@ impl Relay for NotifyRelay {
 
     fn watching(&self, root: &Path, dir: &str, tree: Option<bool>) {
         if let Some(share) = self.share_of(root) {
-            let value: Option<&[u8]> = tree.map(|t| if t { &b"1"[..] } else { &b"0"[..] });
+            let value = tree.map(|t| encode_registration(t, now()));
             let item = item(&share, dir);
             // Not held across the write: the inbox thread, which also
             // carries breaks, would wait for etcd behind every watch's
             // start and end. A message read in that moment is kept.
-            let revision = self.registry.set_mine(&item, value);
+            let revision = self.registry.set_mine(&item, value.as_deref());
             let mut since = crate::sync::lock(&self.since);
             match (tree, revision) {
                 (None, _) => {
@@ -176,9 +211,7 @@ impl Relay for NotifyRelay {
     }
 
     fn publish(&self, root: &Path, changes: &[Change<'_>]) {
-        if !self.anyone_watches() {
-            return;
-        }
+        let at = now();
         let Some(share) = self.share_of(root) else {
             return;
         };
@@ -192,8 +225,8 @@ impl Relay for NotifyRelay {
                 };
                 let mut direct = true;
                 loop {
-                    for (node, tree) in others.get(&item(&share, dir)).into_iter().flatten() {
-                        if !(direct || tree.as_slice() == b"1") {
+                    for (node, value) in others.get(&item(&share, dir)).into_iter().flatten() {
+                        if !(direct || decode_registration(value).0) {
                             continue;
                         }
                         match per_node.iter_mut().find(|(n, _)| n == node) {
@@ -210,12 +243,19 @@ impl Relay for NotifyRelay {
                 }
             }
         }
+        let mut sent_to = Vec::with_capacity(per_node.len());
         for (node, picked) in per_node {
             let batch: Vec<&Change<'_>> = picked.iter().map(|&i| &changes[i]).collect();
             if let Err(e) = self.m.post(&node, &encode_changes(&share, &batch)) {
                 tracing::warn!("cluster: changes for node \"{node}\" not sent: {e}");
             }
+            sent_to.push(node);
         }
+        let owned = changes
+            .iter()
+            .map(|c| (c.action, c.filter, c.path.to_owned()))
+            .collect();
+        self.recent.record(at, &share, owned, sent_to);
     }
 
     fn delete_pending(&self, root: &Path, dir: &str, key: FileKey) {
@@ -237,6 +277,36 @@ impl Relay for NotifyRelay {
                     "cluster: a directory's delete-pending for node \"{node}\" not sent: {e}"
                 );
             }
+        }
+    }
+}
+
+/// Another node's registration of `item` (`<share>/<dir>`), new to this
+/// node's copy: the changes made here since its watch began, which went
+/// to nobody there, go to it now (`notify_recent`).
+fn send_missed(m: &Membership, recent: &Recent, node: &str, item: &str, value: &[u8]) {
+    let (tree, Some(began)) = decode_registration(value) else {
+        return;
+    };
+    let Some((share, dir)) = item.split_once('/') else {
+        return;
+    };
+    for batch in recent.missed(node, share, dir, tree, began) {
+        let changes: Vec<Change<'_>> = batch
+            .iter()
+            .map(|(action, filter, path)| Change {
+                action: *action,
+                filter: *filter,
+                path,
+            })
+            .collect();
+        let refs: Vec<&Change<'_>> = changes.iter().collect();
+        tracing::debug!(
+            "cluster: {} change(s) made before node \"{node}\" was known to watch {item}, sent to it late",
+            refs.len()
+        );
+        if let Err(e) = m.post(node, &encode_changes(share, &refs)) {
+            tracing::warn!("cluster: changes for node \"{node}\" not sent: {e}");
         }
     }
 }
@@ -358,6 +428,144 @@ pub fn decode_changes(bytes: &[u8]) -> Result<(String, Vec<OwnedChange>), StateE
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::ClusterConfig;
+    use nimbus_wire::notify::completion_filter::ATTRIBUTES;
+
+    /// Two nodes of one etcd cluster, "r1" and "r2", each with its relay
+    /// of share "data" at the same root.
+    struct Pair {
+        /// Runs until the pair is dropped (after its members left).
+        _etcd: nimbus_state::etcd_test_cluster::Cluster,
+        root: PathBuf,
+        m1: Arc<Membership>,
+        m2: Arc<Membership>,
+        r1: NotifyRelay,
+        r2: NotifyRelay,
+    }
+
+    fn pair(name: &str) -> Pair {
+        let etcd = nimbus_state::etcd_test_cluster::Cluster::start(name);
+        let member = |node: &str| {
+            let cfg = ClusterConfig {
+                etcd: etcd.urls.clone(),
+                node: node.into(),
+                advertise: "127.0.0.1:4450".parse().unwrap(),
+                node_ttl_secs: 10,
+                tls: None,
+                user: None,
+                secret_file: None,
+            };
+            Arc::new(Membership::join(&cfg).unwrap())
+        };
+        let (m1, m2) = (member("r1"), member("r2"));
+        let root = etcd.dir.join("share");
+        let shares = vec![(root.clone(), "data".to_owned())];
+        Pair {
+            r1: NotifyRelay::new(m1.clone(), shares.clone()),
+            r2: NotifyRelay::new(m2.clone(), shares),
+            _etcd: etcd,
+            root,
+            m1,
+            m2,
+        }
+    }
+
+    impl Drop for Pair {
+        fn drop(&mut self) {
+            self.m1.leave();
+            self.m2.leave();
+        }
+    }
+
+    fn modified(path: &str) -> Change<'_> {
+        Change {
+            action: NotifyAction::Modified,
+            filter: ATTRIBUTES,
+            path,
+        }
+    }
+
+    /// The paths of the changes waiting in `m`'s box, as `r` takes them.
+    fn delivered(m: &Membership, r: &NotifyRelay) -> Vec<String> {
+        let mut keys = m.pending_messages();
+        keys.sort();
+        keys.iter()
+            .filter_map(|k| m.take_message(k))
+            .filter_map(|msg| r.receive(&msg.value, msg.version))
+            .flat_map(|(_, changes)| changes.into_iter().map(|(_, _, p)| p))
+            .collect()
+    }
+
+    /// The race of smbtorture smb2.notify.basedir across nodes, made
+    /// certain: a watch begins on n1 and a change is made on n2 before
+    /// n2's copy of the registrations holds the watch (n2 reads its copy
+    /// only after the change). When the copy learns of the watch, the
+    /// change goes to n1; one made before the watch began, or outside the
+    /// watched directory, does not.
+    #[test]
+    fn a_change_made_before_the_copy_knew_of_a_watch_still_reaches_it() {
+        let Pair {
+            root, m1, r1, r2, ..
+        } = &pair("notify-late");
+        r2.registry.reload();
+
+        r2.publish(root, &[modified("base/before")]);
+        r1.watching(root, "base", Some(false));
+        r2.publish(root, &[modified("base/after"), modified("other/f")]);
+        assert!(
+            m1.pending_messages().is_empty(),
+            "n2's copy knew of the watch already"
+        );
+        // n2's copy catches up (as its watch, or its resync, would).
+        r2.registry.reload();
+        assert_eq!(delivered(m1, r1), ["base/after"]);
+        // Once known, a change goes at once, and nothing goes twice.
+        r2.publish(root, &[modified("base/next")]);
+        r2.registry.reload();
+        assert_eq!(delivered(m1, r1), ["base/next"]);
+    }
+
+    /// The same through n2's etcd watch, as a node runs: whichever way the
+    /// race goes (the copy knew of the watch, or learned of it after the
+    /// change), the change reaches n1.
+    #[test]
+    fn a_change_made_as_a_watch_begins_elsewhere_reaches_it_through_the_watch() {
+        let Pair {
+            root, m1, r1, r2, ..
+        } = &pair("notify-race");
+        r2.follow();
+        for i in 0..5 {
+            let dir = format!("d{i}");
+            let path = format!("{dir}/f");
+            r1.watching(root, &dir, Some(false));
+            r2.publish(root, &[modified(&path)]);
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            let mut got = Vec::new();
+            while got.is_empty() && std::time::Instant::now() < until {
+                got = delivered(m1, r1);
+                if got.is_empty() {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+            }
+            assert_eq!(got, [path]);
+        }
+    }
+
+    #[test]
+    fn a_registration_says_its_tree_and_when_it_began() {
+        assert_eq!(
+            decode_registration(&encode_registration(true, 7)),
+            (true, Some(7))
+        );
+        assert_eq!(
+            decode_registration(&encode_registration(false, 9)),
+            (false, Some(9))
+        );
+        // What a node before began-times wrote, and damage.
+        assert_eq!(decode_registration(b"1"), (true, None));
+        assert_eq!(decode_registration(b""), (false, None));
+        assert_eq!(decode_registration(b"1abc"), (true, None));
+    }
 
     #[test]
     fn a_change_older_than_every_covering_registration_is_dropped() {

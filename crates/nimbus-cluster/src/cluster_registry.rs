@@ -37,6 +37,10 @@ fn parse<'k>(prefix: &[u8], key: &'k [u8]) -> Option<(&'k str, &'k str)> {
         .split_once('/')
 }
 
+/// Told of a registration another node made or changed: (node, item,
+/// value).
+pub type Noticed = Box<dyn Fn(&str, &str, &[u8]) + Send + Sync>;
+
 pub struct Registry {
     m: Arc<Membership>,
     prefix: &'static [u8],
@@ -47,6 +51,9 @@ pub struct Registry {
     count: AtomicUsize,
     /// This node's registrations, to put back under a new lease.
     mine: Mutex<HashMap<String, Vec<u8>>>,
+    /// Called as the copy learns of another node's new or changed
+    /// registration (`on_noticed`).
+    noticed: std::sync::OnceLock<Noticed>,
 }
 
 impl Registry {
@@ -60,6 +67,7 @@ impl Registry {
             others: RwLock::new(HashMap::new()),
             count: AtomicUsize::new(0),
             mine: Mutex::new(HashMap::new()),
+            noticed: std::sync::OnceLock::new(),
         });
         let weak = Arc::downgrade(&r);
         m.on_new_lease(Box::new(move |_| {
@@ -137,32 +145,38 @@ impl Registry {
         self.count.store(n, Ordering::Release);
     }
 
-    /// A registration changed in etcd (a watch event): its current value
-    /// is read back and kept.
-    pub fn seen(&self, key: &[u8]) {
+    /// Sets what to call as the copy learns of another node's new or
+    /// changed registration (once, before `follow`).
+    pub fn on_noticed(&self, f: Noticed) {
+        let _ = self.noticed.set(f);
+    }
+
+    fn notice(&self, node: &str, item: &str, value: &[u8]) {
+        if let Some(f) = self.noticed.get() {
+            f(node, item, value);
+        }
+    }
+
+    /// A registration changed in etcd (a watch event, which carries the
+    /// value it was given: reading it back would only add to the moment
+    /// the copy lags).
+    pub fn seen(&self, key: &[u8], value: Option<&[u8]>) {
         let Some((node, item)) = self.parse(key) else {
             return;
         };
         if node == self.m.node {
             return;
         }
-        let value = match self.m.store.get(key) {
-            Ok(v) => v.map(|v| v.value),
-            Err(e) => {
-                tracing::warn!("cluster: reading {} registration: {e}", self.what);
-                return;
-            }
-        };
         match &value {
             Some(_) => tracing::debug!("cluster: node \"{node}\" registered {} {item}", self.what),
             None => tracing::debug!("cluster: node \"{node}\" withdrew {} {item}", self.what),
         }
+        let mut new = false;
         self.replace(|others| match value {
             Some(v) => {
-                others
-                    .entry(item.to_owned())
-                    .or_default()
-                    .insert(node.to_owned(), v);
+                let held = others.entry(item.to_owned()).or_default();
+                new = held.get(node).is_none_or(|old| old.as_slice() != v);
+                held.insert(node.to_owned(), v.to_vec());
             }
             None => {
                 if let Some(nodes) = others.get_mut(item) {
@@ -173,6 +187,9 @@ impl Registry {
                 }
             }
         });
+        if let (true, Some(v)) = (new, value) {
+            self.notice(node, item, v);
+        }
     }
 
     /// Reads every registration again (at start, and when the watch may
@@ -196,7 +213,22 @@ impl Registry {
                 }
             }
         }
-        self.replace(|others| *others = fresh);
+        // What the watch missed, as it would have told it.
+        let mut noticed = Vec::new();
+        self.replace(|others| {
+            for (item, nodes) in &fresh {
+                for (node, value) in nodes {
+                    let old = others.get(item).and_then(|n| n.get(node));
+                    if old.is_none_or(|old| old != value) {
+                        noticed.push((node.clone(), item.clone(), value.clone()));
+                    }
+                }
+            }
+            *others = fresh;
+        });
+        for (node, item, value) in noticed {
+            self.notice(&node, &item, &value);
+        }
     }
 
     /// Keeps the copy for as long as the process runs (a watch thread).
@@ -206,7 +238,7 @@ impl Registry {
             name,
             self.prefix.to_vec(),
             std::time::Duration::from_secs(10),
-            move |key| a.seen(key),
+            move |e| a.seen(&e.key, e.value.as_deref()),
             move || b.reload(),
         );
     }

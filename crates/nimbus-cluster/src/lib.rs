@@ -25,6 +25,7 @@ pub mod lease_ack_handover;
 pub mod let_go_handover;
 pub mod message;
 pub mod node_message;
+pub mod notify_recent;
 pub mod session_handover;
 
 // The configuration and the services live in crates of their own; these

@@ -639,8 +639,8 @@ impl Server {
                 "nimbus-inbox",
                 m.inbox(),
                 Duration::from_secs(1),
-                move |key| {
-                    if let (Some(s), Some(msg)) = (on_change.upgrade(), m1.take_message(key)) {
+                move |e| {
+                    if let (Some(s), Some(msg)) = (on_change.upgrade(), m1.take_message(&e.key)) {
                         s.on_message(&msg.value, msg.version);
                     }
                 },
@@ -686,10 +686,11 @@ impl Server {
             name,
             prefix.to_vec(),
             Duration::from_secs(1),
-            move |key| {
-                if let (Some(s), Some(file)) =
-                    (on_change.upgrade(), FileKey::from_record_key(prefix, key))
-                {
+            move |e| {
+                if let (Some(s), Some(file)) = (
+                    on_change.upgrade(),
+                    FileKey::from_record_key(prefix, &e.key),
+                ) {
                     retry(&s, file);
                 }
             },

@@ -82,8 +82,10 @@ const ENTRY_OVERHEAD: usize = std::mem::size_of::<Entry>();
 
 /// Carries changes between cluster nodes.
 pub trait Relay: Send + Sync {
-    /// Whether another node watches anything: changes are then worked out
-    /// even while this node watches nothing.
+    /// Whether another node is known to watch anything (a directory's
+    /// delete-pending is then worth telling). Changes are worked out on a
+    /// cluster node whatever it says: a watch another node began a moment
+    /// ago may not be known here yet, and hears of them late.
     fn anyone_watches(&self) -> bool;
     /// What this node watches of `dir` on the share at `root` now: None
     /// (nothing any more), or whether some watch covers its whole tree.
@@ -435,8 +437,10 @@ impl ChangeNotify {
         lock(&self.watches)
     }
 
+    /// No watch anywhere could hear of a change: none here, and no other
+    /// node (see `Relay::anyone_watches`).
     fn nobody_watches(&self) -> bool {
-        self.nobody_here() && self.relay.get().is_none_or(|r| !r.anyone_watches())
+        self.nobody_here() && self.relay.get().is_none()
     }
 
     /// No watch on this node.
