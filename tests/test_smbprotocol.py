@@ -562,24 +562,25 @@ def test_dotdot_path_refused(server, template):
             pytest.fail(f"{path!r} was opened; it reads {f.read(0, 64)!r}")
         # Samba's smbd answers the same to each of these names (pytest
         # --target=samba: its check_path_syntax() refuses a `..` that climbs
-        # above the share root). They differ on a `..` that stays inside
-        # (sub\..\x.txt): smbd opens x.txt, nimbus refuses every `..`
-        # component (names.rs to_vfs_path) before any lookup. Nimbus's choice
-        # stands: clients resolve dot components themselves (smbclient, the
-        # Windows redirector), so a `..` on the wire is only ever a probe.
+        # above the share root), as nimbus does (names.rs to_vfs_path)
+        # before any lookup.
         assert status_of(excinfo) == NtStatus.STATUS_OBJECT_PATH_SYNTAX_BAD
     assert outside.read_bytes() == OUTSIDE_SECRET
 
 
-@pytest.mark.nimbus_only  # smbd opens these (it resolves a `..` that stays inside the share)
-@pytest.mark.parametrize("path", ["sub\\..\\inside.txt", ".\\inside.txt"], ids=["sub-dotdot", "dot"])
-def test_dot_components_refused_even_inside_the_share(server, path):
+@pytest.mark.parametrize("path", ["sub\\..\\inside.txt", ".\\inside.txt", "sub\\.\\..\\inside.txt"], ids=["sub-dotdot", "dot", "sub-dot-dotdot"])
+def test_dot_components_inside_the_share_resolve_as_written(server, path):
+    """As smbd does (smbtorture smb2.notify.tree watches `zqy\\..`): a dot
+    component that stays inside the share names the directory as written,
+    never through a link on disk."""
     (server.share_path / "sub").mkdir()
     (server.share_path / "inside.txt").write_bytes(b"inside")
     with smb_tree(server) as (conn, session, tree):
-        with pytest.raises(SMBResponseException) as excinfo:
-            open_file(tree, path, CreateDisposition.FILE_OPEN)
-        assert status_of(excinfo) == NtStatus.STATUS_OBJECT_PATH_SYNTAX_BAD
+        f = open_file(tree, path, CreateDisposition.FILE_OPEN)
+        try:
+            assert f.read(0, 6) == b"inside"
+        finally:
+            f.close()
 
 
 def test_a_directory_created_where_a_file_is(server):

@@ -81,9 +81,20 @@ pub fn to_vfs_path_and_stream(name: &str) -> Result<(String, Stream), NtStatus> 
             return Err(NtStatus::OBJECT_NAME_INVALID);
         }
         if comp == "." || comp == ".." {
-            // Clients resolve dot components themselves; one on the wire is
-            // an attempt to walk out of a directory.
-            return Err(NtStatus::OBJECT_PATH_SYNTAX_BAD);
+            // A dot component names the directory before it, or that
+            // directory's parent: `a\b\..` is `a`, as Samba resolves it
+            // (smbtorture smb2.notify.tree watches `zqy\..`). The names are
+            // taken as written, never through a link on disk, so the path
+            // stays in the share; one that would climb above the share's
+            // root is refused (smb2.mkdir: `..\..\..`).
+            if comp == ".." {
+                match out.rfind('/') {
+                    Some(cut) => out.truncate(cut),
+                    None if !out.is_empty() => out.clear(),
+                    None => return Err(NtStatus::OBJECT_PATH_SYNTAX_BAD),
+                }
+            }
+            continue;
         }
         if comp
             .chars()
@@ -560,16 +571,26 @@ mod tests {
             to_vfs_path("..\\..\\etc\\passwd"),
             Err(NtStatus::OBJECT_PATH_SYNTAX_BAD)
         );
+        assert_eq!(to_vfs_path("a\\..\\b").unwrap(), "b");
+        assert_eq!(to_vfs_path("a\\b\\..").unwrap(), "a");
+        assert_eq!(to_vfs_path("a\\b\\.\\c").unwrap(), "a/b/c");
+        assert_eq!(to_vfs_path("a\\..").unwrap(), "");
         assert_eq!(
-            to_vfs_path("a\\..\\b"),
+            to_vfs_path("a\\..\\.."),
             Err(NtStatus::OBJECT_PATH_SYNTAX_BAD)
+        );
+        assert_eq!(to_vfs_path(".\\a").unwrap(), "a");
+        assert_eq!(to_vfs_path(".").unwrap(), "");
+        assert_eq!(
+            to_vfs_path("a\\..\\.NIMBUS-streams\\x"),
+            Err(NtStatus::OBJECT_NAME_INVALID)
         );
         assert_eq!(to_vfs_path("a\\\\b"), Err(NtStatus::OBJECT_NAME_INVALID));
         assert_eq!(to_vfs_path("a*b"), Err(NtStatus::OBJECT_NAME_INVALID));
         assert_eq!(to_vfs_path("a/b").unwrap(), "a/b");
         assert_eq!(to_vfs_path("a/b\\c").unwrap(), "a/b/c");
         assert_eq!(to_vfs_path("a//b"), Err(NtStatus::OBJECT_NAME_INVALID));
-        assert_eq!(to_vfs_path("a/../b"), Err(NtStatus::OBJECT_PATH_SYNTAX_BAD));
+        assert_eq!(to_vfs_path("a/../b").unwrap(), "b");
         assert_eq!(to_vfs_path("/a"), Err(NtStatus::OBJECT_NAME_INVALID));
         assert_eq!(to_vfs_path("f:stream"), Err(NtStatus::OBJECT_NAME_INVALID));
         assert_eq!(to_smb_name("a/b"), "\\a\\b");
