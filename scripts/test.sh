@@ -66,6 +66,9 @@ if [ "$install" -eq 1 ]; then
     # smbclient (with rpcclient) and smbtorture (samba-testsuite) are the real clients the
     # integration tests drive.
     apt_install smbclient samba-testsuite
+    # smbtorture's multichannel and replay tests stop a channel with it
+    # (torture:use_iptables).
+    apt_install iptables
     # A real three-member etcd cluster (etcd-server, and etcdctl from
     # etcd-client) backs the cluster tests and the etcd store's own.
     apt_install etcd-server etcd-client

@@ -35,7 +35,9 @@ own suite's result.
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import os
+import shutil
 import re
 import subprocess
 import threading
@@ -254,6 +256,35 @@ SAMBA3_TARGET = {
 }
 
 
+# smbtorture's multichannel and replay tests stop a channel that should
+# stop acknowledging by dropping its packets with iptables
+# (torture:use_iptables): Samba's own FSCTL for it exists only in smbd. Each
+# run gets chains of its own (smbtorture/iptables-lane), removed after it.
+IPTABLES_LANE = Path(__file__).resolve().parent / "smbtorture" / "iptables-lane"
+_BLOCKING_RUNS = itertools.count(1)
+
+
+def blocking_options(prefix: str) -> list[str]:
+    if not shutil.which("iptables"):
+        raise RuntimeError("iptables not found: smbtorture's multichannel and replay tests need it (scripts/test.sh installs it)")
+    return ["--option=torture:use_iptables=yes", f"--option=torture:iptables_command={IPTABLES_LANE} {prefix}"]
+
+
+def remove_blocking_chains(prefix: str) -> None:
+    """What a run left in iptables (smbtorture killed before it unblocked):
+    its chains, and the jump to them."""
+    listing = subprocess.run(["iptables", "-S"], capture_output=True, text=True, check=False).stdout.splitlines()
+    chains = [line.split()[1] for line in listing if line.startswith("-N ") and line.split()[1].startswith(prefix)]
+    for chain in chains:
+        subprocess.run(["iptables", "-F", chain], capture_output=True, check=False)
+    for line in listing:
+        words = line.split()
+        if line.startswith("-A OUTPUT ") and words[-1] in chains:
+            subprocess.run(["iptables", "-D", "OUTPUT", "-j", words[-1]], capture_output=True, check=False)
+    for chain in chains:
+        subprocess.run(["iptables", "-X", chain], capture_output=True, check=False)
+
+
 def run_smbtorture(
     server, suite: str, client_conf: Path, log_path: Path, timeout: int = SUITE_TIMEOUT, options: list[str] = (), pinned: tuple[object, dict[str, str]] | None = None
 ) -> SuiteRun:
@@ -283,6 +314,19 @@ def run_smbtorture(
     deadline = time.monotonic() + timeout
     result = SuiteRun()
     logs: list[str] = []
+    prefix = f"ST{next(_BLOCKING_RUNS):04d}"
+    options = [*options, *blocking_options(prefix)]
+    try:
+        run_phases(phases, client_conf, options, suite, workdir, deadline, result, logs)
+    finally:
+        remove_blocking_chains(prefix)
+    result.output = "\n".join(logs)
+    result.log_path = log_path
+    log_path.write_text(result.output)
+    return result
+
+
+def run_phases(phases, client_conf: Path, options: list[str], suite: str, workdir: Path, deadline: float, result: SuiteRun, logs: list[str]) -> None:
     for n, (to, target, tests) in enumerate(phases):
         if tests == []:
             continue
@@ -300,10 +344,6 @@ def run_smbtorture(
         ]  # fmt: skip
         if not run_phase(base, suite, tests, workdir, f"{n}", deadline, result, logs):
             break
-    result.output = "\n".join(logs)
-    result.log_path = log_path
-    log_path.write_text(result.output)
-    return result
 
 
 def run_phase(base: list[str], suite: str, tests: list[str] | None, workdir: Path, tag: str, deadline: float, result: SuiteRun, logs: list[str]) -> bool:
