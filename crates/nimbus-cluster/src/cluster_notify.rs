@@ -218,6 +218,10 @@ impl Relay for NotifyRelay {
         // The changes each other node watches, in order.
         let mut per_node: Vec<(String, Vec<usize>)> = Vec::new();
         {
+            // Held until the batch is recorded: a registration the copy
+            // learns of meanwhile (`Registry::seen` takes the copy's write
+            // lock, then looks for what it missed) finds the batch either
+            // sent to its node or recorded as not sent there.
             let others = self.registry.others();
             for (i, c) in changes.iter().enumerate() {
                 let Some(mut dir) = parent_of(c.path) else {
@@ -242,20 +246,19 @@ impl Relay for NotifyRelay {
                     direct = false;
                 }
             }
+            let owned = changes
+                .iter()
+                .map(|c| (c.action, c.filter, c.path.to_owned()))
+                .collect();
+            let sent_to = per_node.iter().map(|(n, _)| n.clone()).collect();
+            self.recent.record(at, &share, owned, sent_to);
         }
-        let mut sent_to = Vec::with_capacity(per_node.len());
         for (node, picked) in per_node {
             let batch: Vec<&Change<'_>> = picked.iter().map(|&i| &changes[i]).collect();
             if let Err(e) = self.m.post(&node, &encode_changes(&share, &batch)) {
                 tracing::warn!("cluster: changes for node \"{node}\" not sent: {e}");
             }
-            sent_to.push(node);
         }
-        let owned = changes
-            .iter()
-            .map(|c| (c.action, c.filter, c.path.to_owned()))
-            .collect();
-        self.recent.record(at, &share, owned, sent_to);
     }
 
     fn delete_pending(&self, root: &Path, dir: &str, key: FileKey) {
@@ -291,16 +294,25 @@ fn send_missed(m: &Membership, recent: &Recent, node: &str, item: &str, value: &
     let Some((share, dir)) = item.split_once('/') else {
         return;
     };
-    for batch in recent.missed(node, share, dir, tree, began) {
-        let changes: Vec<Change<'_>> = batch
-            .iter()
-            .map(|(action, filter, path)| Change {
+    // The batches in order, as few messages as their size allows (this
+    // runs on the thread that keeps the copy).
+    let missed = recent.missed(node, share, dir, tree, began);
+    let mut message: Vec<Change<'_>> = Vec::new();
+    let mut bytes = 0;
+    let mut batches = missed.iter().peekable();
+    while let Some(batch) = batches.next() {
+        for (action, filter, path) in batch {
+            bytes += 12 + 2 * path.len();
+            message.push(Change {
                 action: *action,
                 filter: *filter,
                 path,
-            })
-            .collect();
-        let refs: Vec<&Change<'_>> = changes.iter().collect();
+            });
+        }
+        if bytes < LATE_MESSAGE_BYTES && batches.peek().is_some() {
+            continue;
+        }
+        let refs: Vec<&Change<'_>> = message.iter().collect();
         tracing::debug!(
             "cluster: {} change(s) made before node \"{node}\" was known to watch {item}, sent to it late",
             refs.len()
@@ -308,8 +320,14 @@ fn send_missed(m: &Membership, recent: &Recent, node: &str, item: &str, value: &
         if let Err(e) = m.post(node, &encode_changes(share, &refs)) {
             tracing::warn!("cluster: changes for node \"{node}\" not sent: {e}");
         }
+        message.clear();
+        bytes = 0;
     }
 }
+
+/// About the most bytes of changes one late message carries (etcd takes
+/// values up to 1.5 MiB by default).
+const LATE_MESSAGE_BYTES: usize = 256 * 1024;
 
 /// Whether a change to `path` of `share`, whose message the store holds at
 /// `revision`, was made before this node watched the directories it is

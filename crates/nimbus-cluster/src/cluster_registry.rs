@@ -6,8 +6,10 @@
 //! its clients watch; oplocks the directories its clients hold leases on.
 //!
 //! A registration reaches the other nodes' copies within the latency of an
-//! etcd watch (milliseconds): something another node does in that moment
-//! is handled as if it had come a moment before the registration.
+//! etcd watch (milliseconds): a directory lease's node handles what another
+//! node does in that moment as if it had come a moment before the
+//! registration; change notify sends it late (`on_noticed`,
+//! `crate::notify_recent`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};

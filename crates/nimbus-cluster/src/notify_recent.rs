@@ -38,9 +38,11 @@ pub type OwnedChange = (NotifyAction, u32, String);
 /// far beyond an etcd watch's latency.
 pub const KEPT_FOR: Duration = Duration::from_secs(2);
 
-/// The most batches kept, whatever their age: memory stays bounded however
-/// fast clients change things.
+/// The most batches kept, and the most bytes of names they hold, whatever
+/// their age: memory stays bounded however fast clients change things. A
+/// watch the copy learns of late misses what was dropped for room.
 pub const KEPT_MOST: usize = 4096;
+pub const KEPT_BYTES: usize = 8 << 20;
 
 /// The system clock in nanoseconds since the Unix epoch (0 before it).
 pub fn now() -> u64 {
@@ -57,30 +59,46 @@ struct Made {
     changes: Vec<OwnedChange>,
     /// The nodes it went to.
     sent_to: Vec<String>,
+    /// What its names take.
+    bytes: usize,
 }
 
 #[derive(Default)]
 pub struct Recent {
-    made: Mutex<VecDeque<Made>>,
+    made: Mutex<Kept>,
+}
+
+#[derive(Default)]
+struct Kept {
+    batches: VecDeque<Made>,
+    bytes: usize,
 }
 
 impl Recent {
     /// Keeps a batch made at `at` and sent to `sent_to`, and forgets those
     /// older than `KEPT_FOR`.
     pub fn record(&self, at: u64, share: &str, changes: Vec<OwnedChange>, sent_to: Vec<String>) {
-        let mut made = crate::sync::lock(&self.made);
+        let bytes = changes
+            .iter()
+            .map(|(_, _, p)| p.len() + std::mem::size_of::<OwnedChange>())
+            .sum::<usize>()
+            + share.len();
+        let mut kept = crate::sync::lock(&self.made);
         let oldest = at.saturating_sub(KEPT_FOR.as_nanos() as u64);
-        while made
-            .front()
-            .is_some_and(|m| m.at < oldest || made.len() >= KEPT_MOST)
-        {
-            made.pop_front();
+        while kept.batches.front().is_some_and(|m| {
+            m.at < oldest || kept.batches.len() >= KEPT_MOST || kept.bytes + bytes > KEPT_BYTES
+        }) {
+            if let Some(gone) = kept.batches.pop_front() {
+                kept.bytes -= gone.bytes;
+            }
         }
-        made.push_back(Made {
+        kept.bytes += bytes;
+        kept.batches.push_back(Made {
             at,
             share: share.to_owned(),
             changes,
             sent_to,
+            bytes,
         });
     }
 
@@ -96,9 +114,9 @@ impl Recent {
         tree: bool,
         began: u64,
     ) -> Vec<Vec<OwnedChange>> {
-        let mut made = crate::sync::lock(&self.made);
+        let mut kept = crate::sync::lock(&self.made);
         let mut late = Vec::new();
-        for m in made.iter_mut() {
+        for m in kept.batches.iter_mut() {
             if m.at <= began || m.share != share || m.sent_to.iter().any(|n| n == node) {
                 continue;
             }
@@ -196,7 +214,24 @@ mod tests {
                 vec![],
             );
         }
-        assert_eq!(crate::sync::lock(&r.made).len(), KEPT_MOST);
+        assert_eq!(crate::sync::lock(&r.made).batches.len(), KEPT_MOST);
+        // Long names: the bytes bound holds first.
+        let r = Recent::default();
+        let long = "d/".to_owned() + &"n".repeat(60_000);
+        for i in 0..500 {
+            r.record(
+                t + i,
+                "data",
+                vec![(NotifyAction::Added, 1, long.clone())],
+                vec![],
+            );
+        }
+        let kept = crate::sync::lock(&r.made);
+        assert!(kept.bytes <= KEPT_BYTES && kept.batches.len() < 500);
+        assert_eq!(
+            kept.bytes,
+            kept.batches.iter().map(|m| m.bytes).sum::<usize>()
+        );
     }
 
     #[test]

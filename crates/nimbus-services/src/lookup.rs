@@ -77,6 +77,12 @@ fn spelling_in(fs: &LocalFs, dir: &str, name: &str, max_dos_entries: usize) -> O
     let names = nimbus_state::blocking::off_worker(|| {
         handle.find_names(|n| {
             entries += 1;
+            // The share's store of named streams is the server's own: no
+            // spelling of a client's, its 8.3 name included, reaches it
+            // (the name as given is refused before: names::to_vfs_path).
+            if dir.is_empty() && eq_ignore_case(n, nimbus_vfs::STORE_DIR) {
+                return false;
+            }
             eq_ignore_case(n, name)
                 || (short && entries <= max_dos_entries && eq_ignore_case(&dos_name(n), name))
         })
@@ -94,6 +100,29 @@ fn spelling_in(fs: &LocalFs, dir: &str, name: &str, max_dos_entries: usize) -> O
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The 8.3 name of the share's stream store names no entry: a client
+    /// that spells the store that way reaches a name of its own, never the
+    /// store.
+    #[test]
+    fn no_spelling_reaches_the_stream_store() {
+        let dir = std::env::temp_dir().join(format!("nimbus-lookup-store-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join(nimbus_vfs::STORE_DIR).join("inside")).unwrap();
+        std::fs::create_dir_all(dir.join("Long Directory")).unwrap();
+        let fs = LocalFs::new(&dir).unwrap();
+        let short = dos_name(nimbus_vfs::STORE_DIR);
+        assert_eq!(
+            resolve(&fs, &format!("{short}/inside"), 1000),
+            format!("{short}/inside")
+        );
+        // Other short names still reach their entries.
+        assert_eq!(
+            resolve(&fs, &dos_name("Long Directory"), 1000),
+            "Long Directory"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn short_names_reach_long_names_in_every_component() {

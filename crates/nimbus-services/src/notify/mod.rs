@@ -437,10 +437,19 @@ impl ChangeNotify {
         lock(&self.watches)
     }
 
-    /// No watch anywhere could hear of a change: none here, and no other
-    /// node (see `Relay::anyone_watches`).
+    /// No watch anywhere could hear of a change: none here, and this node
+    /// is no cluster node (on one, a watch another node began a moment ago
+    /// may not be known here yet: `Relay::anyone_watches`).
     fn nobody_watches(&self) -> bool {
         self.nobody_here() && self.relay.get().is_none()
+    }
+
+    /// No watch is known, here or on another node. A write is only marked
+    /// for its close while one is (WRITE is far more frequent than the
+    /// changes that name a file), so a watch set up between a write and
+    /// its handle's close misses that one change.
+    fn nobody_known_to_watch(&self) -> bool {
+        self.nobody_here() && self.relay.get().is_none_or(|r| !r.anyone_watches())
     }
 
     /// No watch on this node.
@@ -873,7 +882,7 @@ impl ChangeNotify {
     /// when it closes. While nobody watches, nothing is kept (a watch set
     /// up between the write and the close misses that one change).
     pub fn wrote(&self, open: &Open) {
-        if self.nobody_watches() {
+        if self.nobody_known_to_watch() {
             return;
         }
         self.at_close(open.open_id, cf::SIZE | cf::LAST_WRITE);
