@@ -84,7 +84,7 @@ class Node:
 
     def start(self) -> Node:
         log = open(self.log_path, "ab")
-        env = dict(os.environ, NIMBUS_LOG="info,nimbus_cluster::cluster_registry=debug,nimbus_server::failover=debug,nimbus_cluster::cluster=debug")
+        env = dict(os.environ, NIMBUS_LOG="info,nimbus_cluster::cluster_registry=debug,nimbus_node::failover=debug,nimbus_cluster::cluster=debug")
         self.proc = subprocess.Popen(
             [str(nimbus_binary()), "serve", "--config", str(self.conf)], stdout=log, stderr=subprocess.STDOUT, env=env
         )

@@ -4,7 +4,7 @@ reconnects) is not refused by the handles it left open on the first: the
 server may not have read the first connection's end yet, or may still be
 releasing its opens. A CREATE refused by such opens (sharing violation,
 delete pending) waits for them to go and looks again
-(crates/nimbus-server/src/teardowns.rs).
+(crates/nimbus-node/src/teardowns.rs).
 
 Deterministic: a client's close of its socket on loopback puts the end of
 stream in the server's socket before `close` returns, and the server looks

@@ -1,7 +1,7 @@
 //! The records of a failover in etcd: a node's claim of a gone node's
 //! open, and the mark a live node leaves on an open it let go of. Below
 //! both the membership (`crate::cluster`), which sends a break to whoever
-//! holds an open, and the failover that writes them (`nimbus_server::failover`).
+//! holds an open, and the failover that writes them (`nimbus_node::failover`).
 
 use nimbus_state::StateStore;
 

@@ -32,7 +32,7 @@
 //! acknowledgement) go the same way and are answered (`ask_nodes`).
 //! Directory leases (`crate::dir_leases`), change notify
 //! (`crate::cluster_notify`) and the failover of durable and persistent
-//! handles (`nimbus_server::failover`) build on these.
+//! handles (`nimbus_node::failover`) build on these.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -157,13 +157,13 @@ pub struct Membership {
     pinned: Mutex<HashSet<u64>>,
     /// Durable opens of this node (its incarnation's, or an adopted one's)
     /// it let go of for their clients on other nodes while it lives
-    /// (`nimbus_server::failover::let_go`): another node serves them now, whose
+    /// (`nimbus_node::failover::let_go`): another node serves them now, whose
     /// breaks this node forwards, and their entries are not this node's to
     /// decide from memory. Each is kept until its record is gone.
     released: Mutex<HashSet<u64>>,
     /// This node's requests to let go of an open that wait for the other
     /// node's answer (open id, request number), each with what resumes
-    /// its reconnect (`nimbus_server::failover::reclaim`).
+    /// its reconnect (`nimbus_node::failover::reclaim`).
     let_go_waits: Mutex<std::collections::HashMap<(u64, u64), (LetGoWait, tokio::runtime::Handle)>>,
     /// Requests to let go asked for each session lately: one session may
     /// not make this node flood other nodes with them.
@@ -963,7 +963,7 @@ impl Membership {
     /// Whether an open is over for good: its node is gone, and it is not a
     /// persistent open whose record waits in etcd for its client (those
     /// keep their share modes, locks and caching until reclaimed or
-    /// expired: `nimbus_server::failover`). An etcd that does not answer proves
+    /// expired: `nimbus_node::failover`). An etcd that does not answer proves
     /// nothing: not gone.
     pub fn open_is_gone(&self, open_id: u64) -> bool {
         if !self.is_gone(incarnation_of(open_id)) {

@@ -1,6 +1,6 @@
 //! A reconnect's request to the node that holds its durable open to let
 //! go of it, and that node's answer (the failover in
-//! `nimbus_server::failover` sends and acts on them). Written by hand, as
+//! `nimbus_node::failover` sends and acts on them). Written by hand, as
 //! the other node-to-node messages: a tag byte, fixed fields
 //! little-endian, then strings each a 16-bit length and UTF-8; a message
 //! cut short or with bytes to spare is refused whole.

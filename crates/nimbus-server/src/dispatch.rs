@@ -8,29 +8,23 @@ use std::time::Instant;
 
 use nimbus_wire::codec::Put;
 use nimbus_wire::header::{
-    chain_offsets, flags, Command, Header, PROTOCOL_ID, SMB1_PROTOCOL_ID, TRANSFORM_PROTOCOL_ID,
+    flags, Command, Header, PROTOCOL_ID, SMB1_PROTOCOL_ID, TRANSFORM_PROTOCOL_ID,
 };
 use nimbus_wire::simple::encode_error;
 use nimbus_wire::smb1::{smb1_negotiate_offer, Smb1Offer};
-use nimbus_wire::transform::{TransformHeader, TRANSFORM_HEADER_SIZE};
+use nimbus_wire::transform::TRANSFORM_HEADER_SIZE;
 use nimbus_wire::{FileId, NtStatus, HEADER_SIZE};
 
 use crate::connection::{Connection, Outgoing};
+use crate::ctx::{Ctx, HandlerResult, PreauthTarget};
+use crate::frames::{decrypt, ends_handles_command, refuse, OnSent, Unsealed, RESPONSE_OVERHEAD};
 use crate::handlers;
-use crate::limits::Limits;
-use crate::pending::{Canceller, PendingRequest, Reply};
+use crate::pending::PendingRequest;
 use crate::security::SessionCipher;
-use crate::server::Server;
-use crate::session::{Open, Session, SessionState, SigningKey, Tree};
+use crate::session::{SessionState, SigningKey};
 use crate::sync::lock;
 
-/// Handlers append their response body to `out` and return the status to
-/// put in the header: SUCCESS, or a warning / MORE_PROCESSING_REQUIRED that
-/// still carries a body. An `Err` becomes an SMB2 ERROR response.
-pub type HandlerResult = Result<NtStatus, NtStatus>;
 type Handler = fn(&mut Ctx<'_>, &[u8], &mut Vec<u8>) -> HandlerResult;
-/// Something to do once a response is on its way to the client.
-pub type OnSent = Box<dyn FnOnce() + Send>;
 
 /// What a command needs before its handler may run (MS-SMB2 3.3.5.2.9,
 /// 3.3.5.2.11): a valid session, and a tree connect.
@@ -72,336 +66,10 @@ fn spec(cmd: Command) -> Spec {
     }
 }
 
-/// Everything a handler may use about the request it serves.
-/// The 3.1.1 preauth hash a SESSION_SETUP exchange folds its messages
-/// into (MS-SMB2 3.3.5.5): a new session's, or a binding's on this
-/// connection (by session id).
-pub enum PreauthTarget {
-    Session(Arc<Session>),
-    Binding(u64),
-}
-
-pub struct Ctx<'a> {
-    pub conn: &'a Arc<Connection>,
-    pub server: &'a Arc<Server>,
-    pub hdr: &'a Header,
-    /// The whole request message (header and body), for the preauth hash.
-    pub msg: &'a [u8],
-    pub session: Option<Arc<Session>>,
-    pub tree: Option<Arc<Tree>>,
-    /// The file the previous request of a related chain used or created.
-    pub chain_file_id: Option<FileId>,
-    pub related: bool,
-    /// Session id to put in the response (SESSION_SETUP assigns one).
-    pub response_session_id: u64,
-    /// Tree id to put in the response (TREE_CONNECT assigns one).
-    pub response_tree_id: Option<u32>,
-    /// Sign the response with this session even if the request was not
-    /// signed (the final SESSION_SETUP response).
-    pub sign_with: Option<SigningKey>,
-    /// After the response is built, fold it into this exchange's preauth
-    /// hash (a non-final SESSION_SETUP response, MS-SMB2 3.3.5.5).
-    pub preauth_session: Option<PreauthTarget>,
-    /// Close the connection after this request, without a response.
-    pub disconnect: bool,
-    /// ErrorData for an error response (e.g. the size BUFFER_TOO_SMALL needs).
-    pub error_data: Vec<u8>,
-    /// Bytes this request's response may still take from the room the
-    /// connection reserved for the frame (see `response_allowance`).
-    pub response_room: usize,
-    /// The key that verified the request's signature.
-    pub signed_by: Option<SigningKey>,
-    /// The session and cipher that decrypted the request's frame.
-    pub sealed_by: Option<(u64, Arc<SessionCipher>)>,
-    /// Set by `go_async`: the request is answered STATUS_PENDING with this
-    /// AsyncId now and completes later.
-    pub went_async: Option<u64>,
-    /// The request `go_async` registered.
-    pub interim: Option<Arc<PendingRequest>>,
-    /// Run once this request's response has been written to the socket
-    /// (a persistent open's record is marked answered), on the writer's
-    /// runtime thread: they must not wait for the disk.
-    pub on_sent: Vec<OnSent>,
-    /// A request already answered STATUS_PENDING that is being run again
-    /// (a CREATE retried once the breaks it waited for ended): if it must
-    /// wait once more, it waits as this same request.
-    pub resumed: Option<Arc<PendingRequest>>,
-    /// When the handling of this request began (for its latency metric).
-    pub started: std::time::Instant,
-}
-
-impl Ctx<'_> {
-    /// Turns this request into one that completes later (MS-SMB2 3.3.4.2):
-    /// registers it in the connection's pending table with `cancel` (made
-    /// from the request, it ends the wait and completes the request with the
-    /// status it is given) and returns it. The handler then returns
-    /// Ok(STATUS_PENDING); dispatch sends the interim response. None when
-    /// the connection already has `limits.max_pending_requests` waiting.
-    pub fn go_async(
-        &mut self,
-        cancel: impl FnOnce(&Arc<PendingRequest>) -> Canceller,
-    ) -> Option<Arc<PendingRequest>> {
-        let limit = self.server.config().limits.max_pending_requests;
-        if self.conn.pending.len() >= limit {
-            tracing::warn!(
-                "{}: {} requests already pending (limits.max_pending_requests); refused",
-                self.conn.peer,
-                limit
-            );
-            return None;
-        }
-        let async_id = self.conn.new_async_id();
-        let request = PendingRequest::new(
-            Reply {
-                message_id: self.hdr.message_id,
-                async_id,
-                command: self.hdr.command,
-                credit_charge: self.hdr.credit_charge,
-                session_id: self.hdr.session_id,
-                priority: self.hdr.flags & flags::PRIORITY_MASK,
-                sign_with: self.signed_by.clone(),
-                seal_with: self.sealed_by.clone(),
-                started: self.started,
-            },
-            self.conn,
-        );
-        self.conn.pending.insert(request.clone(), cancel(&request));
-        self.went_async = Some(async_id);
-        self.interim = Some(request.clone());
-        Some(request)
-    }
-
-    pub fn session(&self) -> Result<&Arc<Session>, NtStatus> {
-        self.session.as_ref().ok_or(NtStatus::USER_SESSION_DELETED)
-    }
-
-    pub fn tree(&self) -> Result<&Arc<Tree>, NtStatus> {
-        self.tree.as_ref().ok_or(NtStatus::NETWORK_NAME_DELETED)
-    }
-
-    /// A request's FileId, the "previous file" id of a related compound
-    /// request (MS-SMB2 3.3.5.2.7.2) resolved to the file it stands for.
-    pub fn resolve_file_id(&self, id: FileId) -> Result<FileId, NtStatus> {
-        if id != FileId::RELATED {
-            return Ok(id);
-        }
-        match (self.related, self.chain_file_id) {
-            (true, Some(prev)) => Ok(prev),
-            _ => Err(NtStatus::FILE_CLOSED),
-        }
-    }
-
-    /// Resolves a request's FileId, including the "previous file" id of a
-    /// related compound request (MS-SMB2 3.3.5.2.7.2).
-    pub fn open(&mut self, id: FileId) -> Result<Arc<Open>, NtStatus> {
-        let id = self.resolve_file_id(id)?;
-        let open = self
-            .session()?
-            .open(id.volatile)
-            .ok_or(NtStatus::FILE_CLOSED)?;
-        // The open must belong to the tree the request runs on, related or
-        // not: that tree's rules (read-only, encryption) were the ones
-        // checked, so an open of another tree would slip past them.
-        if open.open_id != id.persistent || open.tree_id() != self.hdr.tree_id {
-            return Err(NtStatus::FILE_CLOSED);
-        }
-        // Written only on the first request after the CREATE: every READ
-        // and WRITE must not dirty a shared cache line for it.
-        if open
-            .replay_eligible
-            .load(std::sync::atomic::Ordering::Relaxed)
-        {
-            open.replay_eligible
-                .store(false, std::sync::atomic::Ordering::Relaxed);
-        }
-        self.check_channel_sequence(&open)?;
-        self.chain_file_id = Some(id);
-        Ok(open)
-    }
-}
-
-impl Ctx<'_> {
-    /// MS-SMB2 3.3.5.2.10: a WRITE, SET_INFO or IOCTL whose ChannelSequence
-    /// is older than the open's (more than 0x7FFF behind, in 16-bit
-    /// arithmetic) comes from a channel the client has since failed over
-    /// from, and must not overwrite what the newer channel did:
-    /// FILE_NOT_AVAILABLE. A newer one, on any request, becomes the open's
-    /// (as Samba does: a READ after a failover moves the open on too, and
-    /// smbtorture smb2.replay.replay4 expects a stale WRITE after it to
-    /// fail); an older one on a request that changes nothing is served.
-    fn check_channel_sequence(&self, open: &Open) -> Result<(), NtStatus> {
-        use std::sync::atomic::Ordering;
-        let asked = self.hdr.channel_sequence();
-        // The usual case, and every 2.x request (whose Status field is 0,
-        // as the CREATE's was): the open's own sequence, nothing to check.
-        if open.channel_sequence.load(Ordering::Acquire) == asked {
-            return Ok(());
-        }
-        if !self.conn.negotiated().is_some_and(|n| n.dialect.is_smb3()) {
-            return Ok(());
-        }
-        let modifies = matches!(
-            Command::from_u16(self.hdr.command),
-            Some(Command::Write | Command::SetInfo | Command::Ioctl)
-        );
-        let r =
-            open.channel_sequence
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |current| {
-                    (asked.wrapping_sub(current) <= 0x7FFF).then_some(asked)
-                });
-        match r {
-            Err(_) if modifies => Err(NtStatus::FILE_NOT_AVAILABLE),
-            _ => Ok(()),
-        }
-    }
-}
-
 /// Where the first response of a frame starts in the output buffer: after
 /// the NBSS header and a slot for the TRANSFORM header, so that an encrypted
 /// response is sealed in place and a clear one is sent from the slot's end.
 const RESPONSE_START: usize = 4 + TRANSFORM_HEADER_SIZE;
-
-/// Room reserved for any one response beyond its payload: headers, error
-/// responses and the small responses of most commands.
-const RESPONSE_OVERHEAD: usize = 64 * 1024;
-
-/// How many bytes the responses to a received frame may take, reserved
-/// from the connection's memory budget before the frame is processed. A
-/// request that moves data is charged one credit per 64 KiB (MS-SMB2
-/// 3.3.5.2.5), so its charge bounds its response; an encrypted frame
-/// cannot be looked into yet and may hold one request of the largest size.
-pub fn response_allowance(frame: &[u8], limits: &Limits) -> usize {
-    let max_io = limits.max_io() as usize;
-    if frame.starts_with(&TRANSFORM_PROTOCOL_ID) {
-        return max_io + RESPONSE_OVERHEAD;
-    }
-    let total: usize = chain_offsets(frame, limits.max_compound_requests)
-        .map(|off| {
-            let charge = u16::from_le_bytes([frame[off + 6], frame[off + 7]]).max(1) as usize;
-            (charge * 65536).min(max_io) + RESPONSE_OVERHEAD
-        })
-        .sum();
-    total.max(RESPONSE_OVERHEAD)
-}
-
-/// Frames larger than this always go to the blocking pool.
-const QUICK_FRAME_MAX: usize = 16 * 1024;
-
-/// READs of at most this many bytes run in place (`is_quick`): a read from
-/// the page cache costs little more than the copy, 64 KiB in some 5 µs, so
-/// less than the hand-over it saves; larger ones (streaming) still spread
-/// over the pool's threads.
-const QUICK_READ_MAX: u32 = 64 * 1024;
-
-/// The Length of the READ request at `off` (MS-SMB2 2.2.19: after the
-/// 64-byte header, StructureSize (2), Padding (1), Flags (1), Length (4)).
-fn read_length(frame: &[u8], off: usize) -> Option<u32> {
-    let at = off.checked_add(64 + 4)?;
-    let bytes = frame.get(at..at.checked_add(4)?)?;
-    Some(u32::from_le_bytes(bytes.try_into().ok()?))
-}
-
-/// Whether a frame may be processed on the connection's reader task rather
-/// than handed to the blocking pool. Handing over costs two thread wake-ups
-/// per request (to a pool thread, and back to the writer), which on small
-/// metadata requests was most of the server's CPU (BENCHMARKS.md);
-/// requests that only touch metadata finish in microseconds on a local
-/// file system, so they run in place. So do small READs (up to
-/// `QUICK_READ_MAX`): they read what the page cache holds without waiting
-/// and hand only a read that must wait for the disk off the worker
-/// (`handlers::read`). Other data transfer (WRITE, FLUSH, larger READs),
-/// directory listings, IOCTLs and encrypted frames (which cannot be looked
-/// into before decryption, and may ask for a read of any size) still go to
-/// the pool, where a slow disk blocks nobody else. The cost: a metadata
-/// call that is slow after all (unlinking a huge file on delete-on-close,
-/// truncating one on overwrite, a hung network file system) holds one
-/// runtime worker meanwhile; the other workers take over its queued tasks.
-/// CREATE and LOCK on a continuously available share go to the pool:
-/// they may wait for the state store's fsync (a persistent handle's record
-/// is on disk before the client hears of it), and many of them waiting
-/// together is what lets one commit serve them all.
-///
-/// A cluster node decides the files it owns from memory, so its metadata
-/// commands run in place too; when one needs etcd after all, it waits off
-/// the worker (`nimbus_state::blocking`). They stay in order with the
-/// connection's requests queued before them (`is_ordered`): while that
-/// queue holds any, they join it.
-pub fn is_quick(frame: &[u8], limits: &Limits, conn: &Connection) -> bool {
-    if frame.len() > QUICK_FRAME_MAX || frame.starts_with(&TRANSFORM_PROTOCOL_ID) {
-        return false;
-    }
-    chain_offsets(frame, limits.max_compound_requests).all(|off| {
-        let command = u16::from_le_bytes([frame[off + 12], frame[off + 13]]);
-        match Command::from_u16(command) {
-            Some(Command::Read) => read_length(frame, off).is_some_and(|n| n <= QUICK_READ_MAX),
-            Some(Command::Write | Command::Flush | Command::QueryDirectory | Command::Ioctl) => {
-                false
-            }
-            Some(Command::Create | Command::Lock)
-                if conn.server.offers_persistent_handles() && on_ca_share(frame, off, conn) =>
-            {
-                false
-            }
-            // CANCEL must reach what waits in the queue; ECHO keeps the
-            // connection alive.
-            Some(Command::Cancel | Command::Echo) => true,
-            _ if conn.server.cluster.is_some() => conn.ordered_queue_is_empty(),
-            _ => true,
-        }
-    })
-}
-
-/// Whether a frame that is not quick must run after the connection's
-/// earlier such frames (`Connection`'s serial queue): on a cluster node,
-/// a frame of metadata commands only, which would run in place, in order,
-/// on a single node. Data transfer, listings and IOCTLs, and encrypted
-/// frames (which cannot be looked into), run side by side.
-pub fn is_ordered(frame: &[u8], limits: &Limits, conn: &Connection) -> bool {
-    if conn.server.cluster.is_none() || frame.starts_with(&TRANSFORM_PROTOCOL_ID) {
-        return false;
-    }
-    chain_offsets(frame, limits.max_compound_requests).all(|off| !is_data_command(frame, off))
-}
-
-/// Whether the request at `off` of a chain moves data or lists (READ,
-/// WRITE, FLUSH, QUERY_DIRECTORY, IOCTL): it never waits on another client.
-fn is_data_command(frame: &[u8], off: usize) -> bool {
-    matches!(
-        Command::from_u16(u16::from_le_bytes([frame[off + 12], frame[off + 13]])),
-        Some(
-            Command::Read
-                | Command::Write
-                | Command::Flush
-                | Command::QueryDirectory
-                | Command::Ioctl
-        )
-    )
-}
-
-/// Whether the request at `off` (or, for a related request naming no tree,
-/// the frame's first) is on a tree of a continuously available share.
-fn on_ca_share(frame: &[u8], off: usize, conn: &Connection) -> bool {
-    let ids = |at: usize| {
-        let mut tree = [0u8; 4];
-        let mut session = [0u8; 8];
-        tree.copy_from_slice(&frame[at + 36..at + 40]);
-        session.copy_from_slice(&frame[at + 40..at + 48]);
-        (u32::from_le_bytes(tree), u64::from_le_bytes(session))
-    };
-    let ca = |(tree, session): (u32, u64)| {
-        conn.session(session)
-            .and_then(|s| lock(&s.trees).get(&tree).cloned())
-            .map(|t| t.share.continuous_availability)
-    };
-    ca(ids(off)).or_else(|| ca(ids(0))).unwrap_or(false)
-}
-
-/// The session whose keys decrypted a request frame; they encrypt the
-/// response.
-struct Encrypted {
-    session_id: u64,
-    cipher: Arc<SessionCipher>,
-}
 
 /// State carried from one request of a compound chain to the next.
 #[derive(Default)]
@@ -431,40 +99,44 @@ pub(crate) struct Chain {
     arrival: Option<u64>,
 }
 
-/// Processes one received frame; returns the frame to send back (if any).
-/// Protocol violations that the spec answers with a disconnect call
-/// `conn.close()` and return None. `allowance` bounds the bytes of the
-/// responses (reserved by the caller, see `response_allowance`).
-pub fn process_frame(
-    conn: &Arc<Connection>,
-    frame: &mut [u8],
-    allowance: usize,
-    arrival: Option<u64>,
-    unsealed: Option<Unsealed>,
-) -> Option<Outgoing> {
-    if frame.starts_with(&SMB1_PROTOCOL_ID) {
-        return smb1_negotiate(conn, frame);
+/// The SMB2 dispatcher the connection loop hands each frame to.
+pub struct Smb2;
+
+/// Protocol violations that the spec answers with a disconnect close the
+/// connection (`frames::refuse`).
+impl crate::connection::Dispatch for Smb2 {
+    fn process_frame(
+        &self,
+        conn: &Arc<Connection>,
+        frame: &mut [u8],
+        allowance: usize,
+        arrival: Option<u64>,
+        unsealed: Option<Unsealed>,
+    ) -> Option<Outgoing> {
+        if frame.starts_with(&SMB1_PROTOCOL_ID) {
+            return smb1_negotiate(conn, frame);
+        }
+        let mut encrypted = None;
+        let mut frame = frame;
+        if let Some(Unsealed(e)) = unsealed {
+            encrypted = Some(e);
+            frame = &mut frame[TRANSFORM_HEADER_SIZE..];
+        } else if frame.starts_with(&TRANSFORM_PROTOCOL_ID) {
+            let e = decrypt(conn, frame)?;
+            encrypted = Some(e);
+            frame = &mut frame[TRANSFORM_HEADER_SIZE..];
+        }
+        if !frame.starts_with(&PROTOCOL_ID) {
+            return refuse(conn, "message with unknown protocol id");
+        }
+        let chain = Chain {
+            encrypted_for: encrypted.as_ref().map(|e| e.session_id),
+            sealed_by: encrypted.as_ref().map(|e| e.cipher.clone()),
+            arrival,
+            ..Chain::default()
+        };
+        run_chain(conn, frame, chain, allowance, true)
     }
-    let mut encrypted = None;
-    let mut frame = frame;
-    if let Some(Unsealed(e)) = unsealed {
-        encrypted = Some(e);
-        frame = &mut frame[TRANSFORM_HEADER_SIZE..];
-    } else if frame.starts_with(&TRANSFORM_PROTOCOL_ID) {
-        let e = decrypt(conn, frame)?;
-        encrypted = Some(e);
-        frame = &mut frame[TRANSFORM_HEADER_SIZE..];
-    }
-    if !frame.starts_with(&PROTOCOL_ID) {
-        return refuse(conn, "message with unknown protocol id");
-    }
-    let chain = Chain {
-        encrypted_for: encrypted.as_ref().map(|e| e.session_id),
-        sealed_by: encrypted.as_ref().map(|e| e.cipher.clone()),
-        arrival,
-        ..Chain::default()
-    };
-    run_chain(conn, frame, chain, allowance, true)
 }
 
 /// Runs the requests of a chain (all of a frame, or what follows a request
@@ -654,84 +326,11 @@ fn continuation(
     })
 }
 
-/// MS-SMB2 3.3.5.2.1.1: a TRANSFORM message is decrypted with the keys of
-/// the session it names. Anything wrong (too short, unknown session, no
-/// keys, bad size, failed authentication) closes the connection.
-fn decrypt(conn: &Connection, frame: &mut [u8]) -> Option<Encrypted> {
-    let Ok(hdr) = TransformHeader::parse(frame) else {
-        refuse(conn, "encrypted message shorter than its TRANSFORM header");
-        return None;
-    };
-    let cipher = conn
-        .session(hdr.session_id)
-        .and_then(|s| match &*lock(&s.state) {
-            SessionState::Valid(auth) => auth.cipher.clone(),
-            SessionState::InProgress { .. } => None,
-        });
-    let Some(cipher) = cipher else {
-        refuse(
-            conn,
-            &format!(
-                "encrypted message for session {:#x}, which has no encryption keys",
-                hdr.session_id
-            ),
-        );
-        return None;
-    };
-    if let Err(e) = cipher.open(&hdr, frame) {
-        refuse(
-            conn,
-            &format!(
-                "encrypted message for session {:#x} not accepted: {e:?}",
-                hdr.session_id
-            ),
-        );
-        return None;
-    }
-    Some(Encrypted {
-        session_id: hdr.session_id,
-        cipher,
-    })
-}
-
-/// A sealed frame opened on the connection's reader (`unseal_small`):
-/// its messages follow the TRANSFORM header in plaintext.
-pub struct Unsealed(Encrypted);
-
-/// Opens a sealed frame of at most QUICK_FRAME_MAX bytes where it was
-/// read: a few microseconds of AES, after which it is looked into like a
-/// frame that came in the clear (run in place when quick, in order with
-/// the frames around it). Unopened it went to the pool, where a request
-/// could overtake the CANCEL before it: smbtorture smb2.session.expire2e
-/// saw a NOTIFY's answer before the CANCELLED of the NOTIFY it had
-/// cancelled first. Ok(None): not sealed, or big (opened on the pool);
-/// Err: refused, the connection closes.
-pub fn unseal_small(conn: &Connection, frame: &mut [u8]) -> Result<Option<Unsealed>, ()> {
-    if frame.len() > QUICK_FRAME_MAX || !frame.starts_with(&TRANSFORM_PROTOCOL_ID) {
-        return Ok(None);
-    }
-    decrypt(conn, frame).map(|e| Some(Unsealed(e))).ok_or(())
-}
-
-/// The SMB2 messages of a frame: after its TRANSFORM header once opened.
-pub fn messages<'a>(frame: &'a [u8], unsealed: &Option<Unsealed>) -> &'a [u8] {
-    match unsealed {
-        Some(_) => &frame[TRANSFORM_HEADER_SIZE..],
-        None => frame,
-    }
-}
-
 /// Fills a response's reserved 64-byte header slot.
 fn write_header(resp: &Header, slot: &mut [u8]) {
     if let Ok(slot) = <&mut [u8; HEADER_SIZE]>::try_from(slot) {
         resp.write_into(slot);
     }
-}
-
-fn refuse(conn: &Connection, why: &str) -> Option<Outgoing> {
-    tracing::warn!("{}: {why}; closing connection", conn.peer);
-    conn.close();
-    None
 }
 
 /// Handles one request of a chain and appends its response to `out`.
@@ -1146,35 +745,6 @@ fn check_and_run<'a>(
         }
     }
     (spec.handler)(ctx, body, out)
-}
-
-fn ends_handles_command(cmd: Option<Command>) -> bool {
-    matches!(
-        cmd,
-        Some(Command::Close | Command::TreeDisconnect | Command::Logoff)
-    )
-}
-
-/// Whether a plaintext frame holds only data commands (READ, WRITE, FLUSH,
-/// QUERY_DIRECTORY, IOCTL), which never wait on another client: the
-/// frames a CLOSE behind them waits for (`crate::arrivals`).
-pub fn data_only(frame: &[u8], limits: &Limits) -> bool {
-    !frame.starts_with(&TRANSFORM_PROTOCOL_ID)
-        && chain_offsets(frame, limits.max_compound_requests).all(|off| is_data_command(frame, off))
-}
-
-/// Whether a frame holds a CLOSE, TREE_DISCONNECT or LOGOFF, which must
-/// not overtake the connection's frames already on the blocking pool
-/// (`crate::arrivals`). An encrypted frame cannot be looked into: it runs
-/// on the pool, and waits there if it holds one.
-pub fn ends_handles(frame: &[u8], limits: &Limits) -> bool {
-    !frame.starts_with(&TRANSFORM_PROTOCOL_ID)
-        && chain_offsets(frame, limits.max_compound_requests).any(|off| {
-            ends_handles_command(Command::from_u16(u16::from_le_bytes([
-                frame[off + 12],
-                frame[off + 13],
-            ])))
-        })
 }
 
 /// The commands an expired session still serves: re-authentication,

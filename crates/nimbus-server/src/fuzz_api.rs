@@ -22,7 +22,8 @@ const MAX_CHAIN: usize = 64;
 
 use crate::config::{Config, ShareConfig};
 use crate::connection::Connection;
-use crate::dispatch::{process_frame, response_allowance};
+use crate::connection::Dispatch;
+use crate::frames::response_allowance;
 use crate::security::{session_signer, sign, verify, SessionCipher};
 use crate::server::Server;
 
@@ -74,7 +75,13 @@ impl Harness {
             .admit(peer.ip(), &server.config().limits)
             .ok()?;
         Some(Harness {
-            conn: Connection::new(server.clone(), peer, peer, slot),
+            conn: Connection::new(
+                server.clone(),
+                Arc::new(crate::dispatch::Smb2),
+                peer,
+                peer,
+                slot,
+            ),
             sessions: Vec::new(),
         })
     }
@@ -115,7 +122,7 @@ impl Harness {
     pub fn feed_frame(&mut self, frame: &mut [u8]) -> Option<Vec<u8>> {
         self.map_session_ids(frame);
         let allowance = response_allowance(frame, &self.conn.server.config().limits);
-        let out = process_frame(&self.conn, frame, allowance, None, None)?;
+        let out = crate::dispatch::Smb2.process_frame(&self.conn, frame, allowance, None, None)?;
         let resp = out.buf[out.start..].to_vec();
         self.conn.pool.give(out.buf);
         self.note_sessions(&resp);

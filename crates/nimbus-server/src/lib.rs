@@ -1,59 +1,44 @@
-//! The Nimbus SMB server: listeners, the connection loop, the dispatch
-//! table and one handler module per SMB2 command, the services still tied
-//! to `Server` (durable and persistent handles and their failover,
-//! sessions, status), and `Server::new`, which wires every layer.
+//! The Nimbus SMB2 server: the dispatch table, which walks a frame's
+//! compound chain and checks credits, session, signature and tree once per
+//! request, and one handler module per SMB2 command, each turning a typed
+//! request into calls on the services and a typed response or an NTSTATUS.
 //!
-//! Below it: `nimbus-transport` (connection security, credits),
-//! `nimbus-services` (opens, oplocks and leases, locks, notify, ACLs,
-//! metrics) and `nimbus-cluster` (membership, relay, node-to-node
-//! messages). Nothing
-//! here may be imported by them. Handlers never call a crypto library;
-//! they see typed requests and return typed responses or an NTSTATUS.
+//! Below it: `nimbus-node` (`Server`, the connection loop, sessions,
+//! durable handles), and under that the services, the cluster and the
+//! transport. Handlers never call a crypto library and never see signing,
+//! sealing or credits; the connection loop reaches them only through
+//! `connection::Dispatch`, which [`dispatcher`] gives.
 //!
-//! Start reading at [`Server`] (`server.rs`), then `dispatch.rs` and
-//! `connection.rs`.
+//! Start reading at `dispatch.rs`, then `ctx.rs` (what a handler is given)
+//! and the handler of the command you care about (`handlers/`).
 
-mod admission;
-mod apple;
-// The layers below live in crates of their own; these paths keep the
-// server's `crate::notify::...` and `nimbus_server::metrics::...` uses.
-pub use nimbus_cluster::cluster;
-use nimbus_cluster::{
-    app_instance_handover, claims, cluster_notify, dir_leases, lease_ack_handover, let_go_handover,
-    message, session_handover,
+// The layers below: these paths keep the handlers' `crate::server::...`,
+// `crate::notify::...` uses, and `nimbus_server::status::...` for the
+// binary.
+pub use nimbus_node::{
+    accounts, acl, admission, app_instance_handover, apple, arrivals, claims, cluster,
+    cluster_notify, config, connection, credits, dir_budget, dir_leases, dosinfo, drain, durable,
+    durable_handle, eas, errors, failover, fileinfo, frames, gauges, held_bytes, interfaces,
+    lease_ack_handover, lease_loss, let_go_handover, limits, locks, log_limit, logon_guard, lookup,
+    memory_use, message, metrics, notify, open, open_files, open_registry, oplocks, pending,
+    persist, release, reload, security, server, session, session_end, session_handover,
+    session_registry, share, status, status_listing, sync, teardowns, write_times,
 };
-pub use nimbus_services::metrics;
-use nimbus_services::{
-    accounts, acl, dir_budget, dosinfo, durable_handle, eas, errors, held_bytes, locks, log_limit,
-    lookup, memory_use, notify, open, open_files, open_registry, oplocks, pending, share, sync,
-    write_times,
+pub use nimbus_node::{
+    kerberos_acceptor, Config, ConfigError, KeytabError, LogFormat, Server, ShareConfig,
+    SigningPolicy, StartError,
 };
-use nimbus_transport::{arrivals, credits, security};
-// `crate::config::...` and `nimbus_server::config::...` name the
-// configuration crate's modules.
-pub use nimbus_config::{config, limits};
-mod connection;
+
+#[cfg(all(test, feature = "fuzzing"))]
+mod channel_tests;
+mod ctx;
 mod dispatch;
-mod drain;
-mod durable;
-mod failover;
-mod fileinfo;
 #[doc(hidden)]
 #[cfg(feature = "fuzzing")]
 pub mod fuzz_api;
-mod gauges;
 mod handlers;
-mod interfaces;
-mod lease_loss;
-mod logon_guard;
-mod persist;
-pub mod reload;
-mod server;
-mod session;
-mod session_registry;
-pub mod status;
-pub mod status_listing;
-mod teardowns;
 
-pub use config::{Config, ConfigError, LogFormat, ShareConfig, SigningPolicy};
-pub use server::{kerberos_acceptor, KeytabError, Server, StartError};
+/// The SMB2 dispatcher that `Server::run` hands each connection's frames to.
+pub fn dispatcher() -> std::sync::Arc<dyn connection::Dispatch> {
+    std::sync::Arc::new(dispatch::Smb2)
+}

@@ -1,6 +1,6 @@
 //! What an open granted durability carries (MS-SMB2 Open.IsDurable,
 //! Open.DurableOwner, Open.DurableOpenTimeout, Open.CreateGuid), below
-//! the open and the durable-handle service (`nimbus_server::durable`) alike.
+//! the open and the durable-handle service (`nimbus_node::durable`) alike.
 
 use std::time::Duration;
 
@@ -39,9 +39,9 @@ pub struct Durable {
     /// How long the open is kept after its connection is lost.
     pub timeout: Duration,
     pub persistent: bool,
-    /// Its record is in the state store (`nimbus_server::persist`): every
+    /// Its record is in the state store (`nimbus_node::persist`): every
     /// persistent open, and on a cluster node a durable open that a leaving
-    /// node handed back (`nimbus_server::failover`). Its changes follow it there,
+    /// node handed back (`nimbus_node::failover`). Its changes follow it there,
     /// and its close removes it.
     pub in_store: bool,
     pub owner: Owner,

@@ -711,7 +711,7 @@ impl Oplocks {
     }
 
     /// A persistent open of a gone cluster node is taken over here
-    /// (`nimbus_server::failover`): its grant is in the file's record already;
+    /// (`nimbus_node::failover`): its grant is in the file's record already;
     /// this node learns its lease and keeps it disconnected.
     pub fn take_over(&self, file: FileKey, open_id: u64) {
         let _turn = self.turn(file);
@@ -729,7 +729,7 @@ impl Oplocks {
     }
 
     /// Breaks for `open_id` no longer end here: a disconnected open this
-    /// node took over was let go to another node (`nimbus_server::failover::let_go`;
+    /// node took over was let go to another node (`nimbus_node::failover::let_go`;
     /// its grant stays in the file's record, for the node that takes it),
     /// or an open that holds no grant closed.
     pub fn let_go(&self, open_id: u64) {

@@ -1,7 +1,7 @@
 //! A share as the server serves it: what a tree connect names.
 //!
 //! Some of a share's settings may change while clients use it (a reload,
-//! `nimbus_server::reload`): they are kept behind a lock and read where they
+//! `nimbus_node::reload`): they are kept behind a lock and read where they
 //! decide something, so that a change applies to the next request of
 //! every connected client. The rest (the path, guest access, continuous
 //! availability, Apple's extensions) were promised to the client at its
@@ -41,7 +41,7 @@ pub struct Share {
     pub created: u64,
     /// Continuously available: persistent handles may be granted here.
     pub continuous_availability: bool,
-    /// Apple's extensions for macOS clients (nimbus_server::apple).
+    /// Apple's extensions for macOS clients (nimbus_node::apple).
     pub apple_extensions: bool,
     /// Bytes read and written here (`crate::metrics`).
     pub counters: crate::metrics::ShareCounters,

@@ -1,4 +1,4 @@
-//! nimbus-server's byte-range lock service (crates/nimbus-server/src/
+//! nimbus-services' byte-range lock service (crates/nimbus-services/src/
 //! locks.rs) as the harness runs it: each file's granted locks and its
 //! blocking requests in arrival order, retried whenever a file's locks
 //! shrink (an unlock or a close). Requests are named by their async id

@@ -1,4 +1,4 @@
-//! nimbus-server's oplock and lease service (crates/nimbus-server/src/
+//! nimbus-services' oplock and lease service (crates/nimbus-services/src/
 //! oplocks.rs) as the harness runs it, step for step but without
 //! connections or a clock: a break "sent" is counted, an acknowledgement
 //! timer is an entry in `timers` that the input fires when it likes (a

@@ -362,7 +362,7 @@ fn serve(args: ServeArgs, logging: &logging::Logging) -> Result<(), String> {
             .map_err(|e| format!("cannot watch for SIGTERM: {e}"))?;
         let mut hangup =
             signal(SignalKind::hangup()).map_err(|e| format!("cannot watch for SIGHUP: {e}"))?;
-        let run = running.clone().run();
+        let run = running.clone().run(nimbus_server::dispatcher());
         tokio::pin!(run);
         loop {
             tokio::select! {

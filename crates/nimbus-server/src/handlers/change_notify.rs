@@ -11,7 +11,7 @@ use nimbus_wire::notify::{encode_change_notify_response, ChangeNotifyRequest};
 use nimbus_wire::NtStatus;
 
 use super::{check_credit_charge, malformed};
-use crate::dispatch::{Ctx, HandlerResult};
+use crate::ctx::{Ctx, HandlerResult};
 use crate::notify::Answer;
 
 /// MS-SMB2 2.2.13.1.2: on a directory, FILE_READ_DATA is FILE_LIST_DIRECTORY.

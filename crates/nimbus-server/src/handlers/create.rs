@@ -18,7 +18,7 @@ use super::create_durable::{self, DurableAsk};
 use super::create_security;
 use super::create_stream;
 use super::malformed;
-use crate::dispatch::{Ctx, HandlerResult};
+use crate::ctx::{Ctx, HandlerResult};
 use crate::dosinfo::{DosInfo, STORED_ATTRIBUTES};
 use crate::errors::{sharing_status, vfs_status};
 use crate::fileinfo::{file_info, is_readonly, stream_info, times_and_sizes};
@@ -825,8 +825,8 @@ fn abandon(
     key: FileKey,
     open_id: u64,
 ) {
-    let _ = super::close::leave_record(ctx.server, key, open_id, || {
-        super::close::delete_abandoned(ctx.server, share, path, is_dir, key)
+    let _ = crate::release::leave_record(ctx.server, key, open_id, || {
+        crate::release::delete_abandoned(ctx.server, share, path, is_dir, key)
     });
 }
 
@@ -839,7 +839,7 @@ fn abandon_stream(
     key: FileKey,
     open_id: u64,
 ) {
-    let _ = super::close::leave_record(ctx.server, key, open_id, || {
+    let _ = crate::release::leave_record(ctx.server, key, open_id, || {
         if let Some(streams) = &base.streams {
             let _ = streams.remove_if(name, (key.dev, key.ino));
         }

@@ -21,7 +21,7 @@ use nimbus_wire::oplock::{oplock_level, LeaseContext};
 use nimbus_wire::{FileId, NtStatus};
 
 use crate::acl::Token;
-use crate::dispatch::Ctx;
+use crate::ctx::Ctx;
 use crate::durable::{Durable, GuidEntry, GuidKey, Owner};
 use crate::fileinfo::times_and_sizes;
 use crate::oplocks::Route;

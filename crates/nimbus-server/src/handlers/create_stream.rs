@@ -154,7 +154,7 @@ impl Drop for BaseEntry<'_> {
         }
         // The last entry of a file deleted meanwhile: the file goes now.
         if let Ok(true) = self.server.share_modes.remove_open(self.key, self.open_id) {
-            super::close::delete_abandoned(
+            crate::release::delete_abandoned(
                 self.server,
                 self.share,
                 &self.path,

@@ -13,7 +13,7 @@ use nimbus_wire::header::{Command, Header};
 use nimbus_wire::NtStatus;
 
 use crate::connection::Connection;
-use crate::dispatch::{Ctx, HandlerResult};
+use crate::ctx::{Ctx, HandlerResult};
 use crate::pending::PendingRequest;
 use crate::security::SessionCipher;
 use crate::session::{Session, SigningKey, Tree};
@@ -158,7 +158,7 @@ impl Resume {
                     if let Some(id) = opened {
                         let removed = lock(&self.session.opens).remove(&id.volatile);
                         if let Some(open) = removed {
-                            super::close::release(&server, &open);
+                            crate::release::release(&server, &open);
                         }
                     }
                 }

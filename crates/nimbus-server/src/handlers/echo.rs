@@ -4,7 +4,7 @@ use nimbus_wire::simple::{encode_empty, parse_empty};
 use nimbus_wire::NtStatus;
 
 use super::malformed;
-use crate::dispatch::{Ctx, HandlerResult};
+use crate::ctx::{Ctx, HandlerResult};
 
 pub fn handle(_ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
     parse_empty(body).map_err(malformed)?;

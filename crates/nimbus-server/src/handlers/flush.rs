@@ -6,7 +6,7 @@ use nimbus_wire::simple::encode_empty;
 use nimbus_wire::NtStatus;
 
 use super::malformed;
-use crate::dispatch::{Ctx, HandlerResult};
+use crate::ctx::{Ctx, HandlerResult};
 use crate::errors::vfs_status;
 
 pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {

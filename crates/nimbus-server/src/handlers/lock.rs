@@ -10,7 +10,7 @@ use nimbus_wire::lock::{encode_lock_response, lock_flags as lf, LockElement, Loc
 use nimbus_wire::NtStatus;
 
 use super::malformed;
-use crate::dispatch::{Ctx, HandlerResult};
+use crate::ctx::{Ctx, HandlerResult};
 use crate::locks::{OnGrant, Outcome};
 use crate::session::{Open, NO_LOCK_SEQUENCE};
 use crate::sync::lock;

@@ -1,15 +1,13 @@
-//! MS-SMB2 3.3.5.6 Receiving an SMB2 LOGOFF Request, and the release of a
-//! session's trees and opens that logoff, disconnect and teardown share.
-
-use std::sync::Arc;
+//! MS-SMB2 3.3.5.6 Receiving an SMB2 LOGOFF Request. The end of the
+//! session itself, which disconnect and teardown share, is
+//! `crate::session_end`.
 
 use nimbus_wire::simple::{encode_empty, parse_empty};
 use nimbus_wire::NtStatus;
 
 use super::malformed;
-use crate::dispatch::{Ctx, HandlerResult};
-use crate::server::Server;
-use crate::session::{Session, SessionState};
+use crate::ctx::{Ctx, HandlerResult};
+use crate::session::SessionState;
 use crate::sync::lock;
 
 pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
@@ -23,93 +21,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             ctx.conn.peer
         );
     }
-    end_everywhere(ctx.server, &session);
+    crate::session_end::end_everywhere(ctx.server, &session);
     encode_empty(out);
     Ok(NtStatus::SUCCESS)
-}
-
-/// Ends a session as LOGOFF does (also a failed or foreign
-/// re-authentication, a logon naming it as its PreviousSessionId): gone
-/// from every connection it is bound to (MS-SMB2 3.3.5.6: the session is
-/// removed with all its channels), its opens released, and what still
-/// waits in it (on its kept durable opens) ended. Nothing if it already
-/// ended.
-pub fn end_everywhere(server: &Server, session: &Session) {
-    let Some(conns) = session.end_channels() else {
-        return;
-    };
-    for conn in &conns {
-        let mut sessions = lock(&conn.sessions);
-        if sessions
-            .get(&session.id)
-            .is_some_and(|e| std::ptr::eq(Arc::as_ptr(&e.session), session))
-        {
-            sessions.remove(&session.id);
-        }
-        drop(sessions);
-        lock(&conn.bindings).remove(&session.id);
-    }
-    end_session(server, session);
-    for conn in &conns {
-        conn.pending
-            .end_all(NtStatus::CANCELLED, |p| p.session_id() == session.id);
-    }
-}
-
-/// Ends a session (LOGOFF, the loss of its connection, a logon that
-/// replaces it): its durable opens are kept for a reconnect (MS-SMB2
-/// 3.3.5.6, 3.3.7.1), the others close, and its trees go.
-pub fn end_session(server: &Server, session: &Session) {
-    server.sessions.forget(session.id);
-    let opens: Vec<_> = lock(&session.opens).drain().map(|(_, o)| o).collect();
-    for open in opens {
-        crate::durable::keep_or_close(server, &open);
-    }
-    lock(&session.trees).clear();
-    // What the pipes hold goes back to their connections' budgets now,
-    // not when the last request holding the session ends.
-    lock(&session.pipes).clear();
-}
-
-/// Who a session is logged on as, for PreviousSessionId (MS-SMB2
-/// 3.3.5.5.3): user and domain without case; None for a guest, an
-/// anonymous session or one not logged on yet.
-pub fn logged_on_as(s: &Session) -> Option<(String, String)> {
-    match &*lock(&s.state) {
-        SessionState::Valid(a) if !a.guest => {
-            Some((a.user.to_lowercase(), a.domain.to_lowercase()))
-        }
-        _ => None,
-    }
-}
-
-/// Another node's logon names a session of this node as its
-/// PreviousSessionId (`crate::session_handover`): the session ends as a
-/// local one would, if it is logged on as the same user, and the asking
-/// node is answered either way.
-pub fn end_for_another_node(server: &Server, req: &crate::session_handover::EndSession) {
-    let Some(m) = &server.cluster else {
-        return;
-    };
-    let asker = Some((req.user.to_lowercase(), req.domain.to_lowercase()));
-    let ended = match server.sessions.find(req.session_id) {
-        Some(session) if logged_on_as(&session).is_some() && logged_on_as(&session) == asker => {
-            tracing::info!(
-                "session {:#x} ends: its client logged on again through {}",
-                req.session_id,
-                req.reply_to
-            );
-            end_everywhere(server, &session);
-            true
-        }
-        _ => false,
-    };
-    let answer = crate::session_handover::encode_answer(req.nonce, ended);
-    if let Err(e) = m.post(&req.reply_to, &answer) {
-        tracing::warn!(
-            "cluster: answering {} about session {:#x}: {e}",
-            req.reply_to,
-            req.session_id
-        );
-    }
 }

@@ -8,7 +8,7 @@ use std::time::Instant;
 use nimbus_auth::AuthError;
 use nimbus_wire::NtStatus;
 
-use crate::dispatch::Ctx;
+use crate::ctx::Ctx;
 use crate::logon_guard::BackedOff;
 use crate::sync::lock;
 

@@ -51,7 +51,7 @@ pub fn malformed(_: WireError) -> NtStatus {
 /// credit per 64 KiB, and never exceed the negotiated maximum. The room
 /// reserved for the frame's responses must hold it too (a compound of many
 /// large reads, or an encrypted one, may ask for more than was reserved).
-pub fn check_credit_charge(ctx: &crate::dispatch::Ctx<'_>, len: u32) -> Result<(), NtStatus> {
+pub fn check_credit_charge(ctx: &crate::ctx::Ctx<'_>, len: u32) -> Result<(), NtStatus> {
     let neg = ctx.conn.negotiated().ok_or(NtStatus::INVALID_PARAMETER)?;
     if len > neg.max_io {
         return Err(NtStatus::INVALID_PARAMETER);

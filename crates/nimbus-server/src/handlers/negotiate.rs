@@ -13,7 +13,7 @@ use nimbus_wire::NtStatus;
 use super::malformed;
 use crate::config::SigningPolicy;
 use crate::connection::{Connection, Negotiated};
-use crate::dispatch::{Ctx, HandlerResult};
+use crate::ctx::{Ctx, HandlerResult};
 use crate::server::now_filetime;
 use crate::sync::lock;
 

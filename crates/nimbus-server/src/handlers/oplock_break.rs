@@ -7,7 +7,7 @@ use nimbus_wire::oplock::{oplock_level, BreakAck, LeaseBreakAck, OplockBreak};
 use nimbus_wire::NtStatus;
 
 use super::malformed;
-use crate::dispatch::{Ctx, HandlerResult};
+use crate::ctx::{Ctx, HandlerResult};
 use crate::lease_ack_handover::{self, AckLease, Found};
 use crate::oplocks::AckOutcome;
 

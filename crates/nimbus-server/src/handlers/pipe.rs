@@ -28,7 +28,7 @@ use nimbus_wire::{FileId, NtStatus};
 
 use super::check_credit_charge;
 use crate::config::EncryptionPolicy;
-use crate::dispatch::{Ctx, HandlerResult};
+use crate::ctx::{Ctx, HandlerResult};
 use crate::held_bytes::HeldCharge;
 use crate::session::{HeldPipe, PipeOpen, Session, SessionState};
 use crate::sync::lock;

@@ -11,7 +11,7 @@ use nimbus_wire::NtStatus;
 
 use super::{check_credit_charge, malformed};
 use crate::acl::{check, store, Token};
-use crate::dispatch::{Ctx, HandlerResult};
+use crate::ctx::{Ctx, HandlerResult};
 use crate::dosinfo::DosInfo;
 use crate::eas;
 use crate::errors::vfs_status;

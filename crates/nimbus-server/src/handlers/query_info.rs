@@ -12,7 +12,7 @@ use nimbus_wire::query_directory::encode_output_buffer_response;
 use nimbus_wire::NtStatus;
 
 use super::{check_credit_charge, malformed};
-use crate::dispatch::{Ctx, HandlerResult};
+use crate::ctx::{Ctx, HandlerResult};
 use crate::eas::{self, Ea};
 use crate::errors::vfs_status;
 use crate::fileinfo::{open_info, volume_info};

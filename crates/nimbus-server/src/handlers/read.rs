@@ -6,7 +6,7 @@ use nimbus_wire::read::{encode_read_response_head, ReadRequest};
 use nimbus_wire::NtStatus;
 
 use super::{check_credit_charge, malformed};
-use crate::dispatch::{Ctx, HandlerResult};
+use crate::ctx::{Ctx, HandlerResult};
 use crate::errors::vfs_status;
 
 pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
@@ -76,7 +76,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
 /// Reads `len` bytes at `offset` onto `out`: what the page cache holds at
 /// once, the rest (a read that would wait for the disk) off the runtime's
 /// worker. A small READ runs on the connection's task
-/// (`crate::dispatch::is_quick`), so a cached one costs a plain pread and
+/// (`crate::ctx::is_quick`), so a cached one costs a plain pread and
 /// no thread hand-over; one that must wait lets the worker's other tasks
 /// move to another thread meanwhile (`nimbus_state::blocking`).
 fn read_cached_first(

@@ -15,7 +15,7 @@ use nimbus_wire::NtStatus;
 
 use super::create_security::sd_status;
 use crate::acl::{assign, store, Token};
-use crate::dispatch::Ctx;
+use crate::ctx::Ctx;
 use crate::errors::vfs_status;
 use crate::fileinfo::is_readonly;
 use crate::session::Open;

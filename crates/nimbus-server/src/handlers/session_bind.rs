@@ -29,7 +29,7 @@ use nimbus_wire::session_setup::{SessionSetupRequest, SessionSetupResponse};
 use nimbus_wire::NtStatus;
 
 use crate::connection::{Binding, ChannelEntry};
-use crate::dispatch::{Ctx, HandlerResult, PreauthTarget};
+use crate::ctx::{Ctx, HandlerResult, PreauthTarget};
 use crate::security::session_signer;
 use crate::session::{Session, SessionState, SigningKey};
 use crate::sync::lock;

@@ -27,7 +27,7 @@ use nimbus_auth::AuthStep;
 use nimbus_wire::session_setup::{session_flags, SessionSetupResponse};
 use nimbus_wire::NtStatus;
 
-use crate::dispatch::{Ctx, HandlerResult};
+use crate::ctx::{Ctx, HandlerResult};
 use crate::session::{Session, SessionState};
 use crate::sync::lock;
 
@@ -126,5 +126,5 @@ pub fn handle(
 /// still goes out signed with this channel's key, which the client holds.
 fn end(ctx: &mut Ctx<'_>, session: &Arc<Session>) {
     ctx.sign_with = ctx.conn.signing_key(session.id);
-    super::logoff::end_everywhere(ctx.server, session);
+    crate::session_end::end_everywhere(ctx.server, session);
 }

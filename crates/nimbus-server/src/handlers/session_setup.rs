@@ -15,7 +15,7 @@ use nimbus_wire::NtStatus;
 use super::malformed;
 use crate::config::SigningPolicy;
 use crate::connection::ChannelEntry;
-use crate::dispatch::{Ctx, HandlerResult};
+use crate::ctx::{Ctx, HandlerResult};
 use crate::security::{session_signer, SessionCipher};
 use crate::session::{Authenticated, Session, SessionState, SigningKey};
 use crate::sync::lock;
@@ -69,7 +69,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
             }
             .encode(out);
             drop(state);
-            ctx.preauth_session = Some(crate::dispatch::PreauthTarget::Session(session));
+            ctx.preauth_session = Some(crate::ctx::PreauthTarget::Session(session));
             Ok(NtStatus::MORE_PROCESSING_REQUIRED)
         }
         Ok(AuthStep::Complete(res)) => {
@@ -253,7 +253,7 @@ fn end_previous_session(ctx: &Ctx<'_>, session: &Session, previous_id: u64) {
     if previous_id == 0 || previous_id == session.id {
         return;
     }
-    let who = super::logoff::logged_on_as;
+    let who = crate::session_end::logged_on_as;
     let Some(previous) = ctx.server.sessions.find(previous_id) else {
         if let Some((user, domain)) = who(session) {
             end_on_another_node(ctx, previous_id, &user, &domain);
@@ -263,7 +263,7 @@ fn end_previous_session(ctx: &Ctx<'_>, session: &Session, previous_id: u64) {
     if who(&previous).is_none() || who(&previous) != who(session) {
         return;
     }
-    super::logoff::end_everywhere(ctx.server, &previous);
+    crate::session_end::end_everywhere(ctx.server, &previous);
 }
 
 /// How long a logon waits for the node of its previous session to end it.

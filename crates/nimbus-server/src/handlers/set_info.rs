@@ -14,7 +14,7 @@ use nimbus_wire::info::{encode_set_info_response, info_type, SetInfoRequest};
 use nimbus_wire::NtStatus;
 
 use super::{malformed, require};
-use crate::dispatch::{Ctx, HandlerResult};
+use crate::ctx::{Ctx, HandlerResult};
 use crate::dosinfo::{ChangeTime, DosInfo, STORED_ATTRIBUTES};
 use crate::errors::{sharing_status, vfs_status};
 use crate::fileinfo::is_readonly;

@@ -31,7 +31,7 @@ use nimbus_vfs::{CreateMode, FileHandle, Kind, OpenOptions, VfsError};
 use nimbus_wire::fscc::access;
 use nimbus_wire::{FileId, NtStatus};
 
-use crate::dispatch::Ctx;
+use crate::ctx::Ctx;
 use crate::errors::{sharing_status, vfs_status};
 use crate::oplocks::Route;
 use crate::session::{NewOpen, Open, ReplayOf, StreamOf};
@@ -174,7 +174,7 @@ pub fn rename(
     server.opens.register(&rebuilt);
     if !session.replace_open(&current, rebuilt.clone()) {
         // Closed meanwhile (its session ended): the rebuilt open goes too.
-        super::close::release(server, &rebuilt);
+        crate::release::release(server, &rebuilt);
     }
     // The file's data changed and a stream went.
     server.notify.stream_named(&open.share, &path, &name, false);

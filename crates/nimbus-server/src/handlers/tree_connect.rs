@@ -9,7 +9,7 @@ use nimbus_wire::NtStatus;
 
 use super::malformed;
 use crate::config::EncryptionPolicy;
-use crate::dispatch::{Ctx, HandlerResult};
+use crate::ctx::{Ctx, HandlerResult};
 use crate::session::{SessionState, Tree};
 use crate::sync::lock;
 
@@ -125,7 +125,7 @@ pub fn handle_disconnect(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> H
         ids.iter().filter_map(|id| table.remove(id)).collect()
     };
     for open in opens {
-        super::close::release(ctx.server, &open);
+        crate::release::release(ctx.server, &open);
     }
     encode_empty(out);
     Ok(NtStatus::SUCCESS)

@@ -7,7 +7,7 @@ use nimbus_wire::write::{encode_write_response, WriteRequest, WRITEFLAG_WRITE_TH
 use nimbus_wire::NtStatus;
 
 use super::{check_credit_charge, malformed};
-use crate::dispatch::{Ctx, HandlerResult};
+use crate::ctx::{Ctx, HandlerResult};
 use crate::errors::vfs_status;
 use crate::session::Open;
 

@@ -13,7 +13,7 @@ use nimbus_wire::ioctl::IoctlRequest;
 use nimbus_wire::NtStatus;
 
 use super::sparse::is_sparse;
-use crate::dispatch::Ctx;
+use crate::ctx::Ctx;
 use crate::errors::vfs_status;
 use crate::handlers::write::change_data_past_locks;
 

@@ -15,7 +15,7 @@ use nimbus_wire::fsctl::{
 use nimbus_wire::ioctl::{ctl_code, encode_ioctl_response, IoctlRequest};
 use nimbus_wire::NtStatus;
 
-use crate::dispatch::{Ctx, HandlerResult};
+use crate::ctx::{Ctx, HandlerResult};
 use crate::errors::vfs_status;
 use crate::handlers::write::{change_data, MAX_FILE_SIZE};
 use crate::session::Open;
@@ -102,9 +102,9 @@ pub fn copy_chunk(ctx: &mut Ctx<'_>, req: &IoctlRequest<'_>, out: &mut Vec<u8>) 
         return reply(out, limits, NtStatus::INVALID_PARAMETER);
     }
     check_access(req.ctl_code, &source, &target)?;
-    // A Mac's whole-file copy (crate::apple::copyfile).
+    // A Mac's whole-file copy (`super::copyfile`).
     if copy.chunk_count == 0 && ctx.conn.apple.copyfile(&target.share) {
-        return match crate::apple::copyfile::copy_whole(ctx, &source, &target) {
+        return match super::copyfile::copy_whole(ctx, &source, &target) {
             Ok(n) => {
                 let total = CopyChunkResponse {
                     total_bytes_written: n.min(u64::from(u32::MAX)) as u32,

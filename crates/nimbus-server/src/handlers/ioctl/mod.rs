@@ -4,6 +4,7 @@
 
 mod clone;
 mod copychunk;
+mod copyfile;
 mod sparse;
 
 use nimbus_wire::ioctl::{
@@ -13,7 +14,7 @@ use nimbus_wire::ioctl::{
 use nimbus_wire::NtStatus;
 
 use super::{check_credit_charge, malformed};
-use crate::dispatch::{Ctx, HandlerResult};
+use crate::ctx::{Ctx, HandlerResult};
 
 pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
     let req = IoctlRequest::parse(body).map_err(malformed)?;

@@ -18,7 +18,7 @@ use nimbus_wire::ioctl::IoctlRequest;
 use nimbus_wire::notify::completion_filter as cf;
 use nimbus_wire::NtStatus;
 
-use crate::dispatch::Ctx;
+use crate::ctx::Ctx;
 use crate::dosinfo::DosInfo;
 use crate::errors::vfs_status;
 use crate::handlers::require;

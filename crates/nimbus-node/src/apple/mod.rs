@@ -19,12 +19,11 @@
 //!   listings carry each file's Finder information, resource fork size and
 //!   Unix mode (`readdir`); security descriptors carry the Unix owner,
 //!   group and mode (`nfs_ace`); a copy-chunk request without chunks copies
-//!   a whole file with its streams (`copyfile`); and a directory handle may
+//!   a whole file with its streams (`handlers::ioctl::copyfile`); and a directory handle may
 //!   be renamed with files below it open, as on a Mac's own file systems.
 
 pub mod afp_info;
 pub mod apple_double;
-pub mod copyfile;
 pub mod nfs_ace;
 pub mod readdir;
 
@@ -41,7 +40,7 @@ use crate::share::Share;
 
 /// How this module opens the streams (and companion files) it reads and
 /// writes itself: as plain files, the server's own.
-fn file_options(mode: CreateMode, read: bool, write: bool) -> OpenOptions {
+pub fn file_options(mode: CreateMode, read: bool, write: bool) -> OpenOptions {
     OpenOptions {
         read,
         write,

@@ -334,7 +334,7 @@ fn take_away(server: &Server, share: &Arc<Share>) -> (usize, usize) {
             volatile.iter().filter_map(|v| table.remove(v)).collect()
         };
         for open in closing {
-            crate::handlers::close::release(server, &open);
+            crate::release::release(server, &open);
             opens += 1;
         }
     }

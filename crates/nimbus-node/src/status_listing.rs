@@ -130,7 +130,7 @@ impl Server {
     /// An open's session (None while it waits for its client to
     /// reconnect), the user it is listed under (its session's, else the
     /// durable open's owner), and whether it is disconnected.
-    pub(crate) fn open_owner(&self, open: &Open) -> (Option<Arc<Session>>, String, bool) {
+    pub fn open_owner(&self, open: &Open) -> (Option<Arc<Session>>, String, bool) {
         let disconnected = self.durables.find_disconnected(open.open_id).is_some();
         let session = (!disconnected)
             .then(|| self.sessions.find(open.session_id()))

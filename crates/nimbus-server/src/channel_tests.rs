@@ -7,7 +7,7 @@ use std::sync::Arc;
 use nimbus_crypto::SigningAlgorithm;
 use nimbus_wire::negotiate::Dialect;
 
-use super::{ChannelEntry, Connection, Negotiated};
+use crate::connection::{ChannelEntry, Connection, Negotiated};
 use crate::server::Server;
 use crate::session::Session;
 use crate::sync::lock;
@@ -24,7 +24,13 @@ fn connection(server: &Arc<Server>, port: u16) -> Arc<Connection> {
         .admission
         .admit(peer.ip(), &server.config().limits)
         .expect("admitted");
-    Connection::new(server.clone(), peer, peer, slot)
+    Connection::new(
+        server.clone(),
+        Arc::new(crate::dispatch::Smb2),
+        peer,
+        peer,
+        slot,
+    )
 }
 
 /// A session made on `first` and bound to `second`.
@@ -84,7 +90,7 @@ fn logoff_on_one_channel_ends_the_session_on_all() {
     let server = server("logoff");
     let (a, b) = (connection(&server, 50011), connection(&server, 50012));
     let s = bound_session(&server, &a, &b);
-    crate::handlers::logoff::end_everywhere(&server, &s);
+    crate::session_end::end_everywhere(&server, &s);
     assert!(s.has_ended());
     assert!(a.session(s.id).is_none() && b.session(s.id).is_none());
     // A second end (the other connection's loss) changes nothing.

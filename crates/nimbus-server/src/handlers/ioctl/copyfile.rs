@@ -6,8 +6,8 @@
 use nimbus_vfs::CreateMode;
 use nimbus_wire::NtStatus;
 
-use super::{stream_listed, AppleState};
-use crate::dispatch::Ctx;
+use crate::apple::{file_options, stream_listed, AppleState};
+use crate::ctx::Ctx;
 use crate::errors::vfs_status;
 use crate::handlers::write::change_data;
 use crate::session::Open;
@@ -69,8 +69,8 @@ fn copy_streams(
     let Some(to) = fs.streams(target.meta(), true).map_err(vfs)? else {
         return Ok(());
     };
-    let read = super::file_options(CreateMode::OpenExisting, true, false);
-    let write = super::file_options(CreateMode::OpenOrCreate, false, true);
+    let read = file_options(CreateMode::OpenExisting, true, false);
+    let write = file_options(CreateMode::OpenOrCreate, false, true);
     let path = target.path();
     for (name, size) in names {
         let (src, _, _) = match from.open(&name, &read) {

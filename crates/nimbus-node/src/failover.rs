@@ -550,7 +550,7 @@ fn serve_again(server: &Server, open: &Arc<Open>) {
     }
     server.oplocks.detach(open.open_id);
     if server.durables.disconnect(open, Instant::now()).is_err() {
-        crate::handlers::close::release(server, open);
+        crate::release::release(server, open);
     }
 }
 
@@ -560,7 +560,7 @@ fn serve_again(server: &Server, open: &Arc<Open>) {
 /// as at a close (the next holder keeps its own).
 fn drop_copy(server: &Server, open: &Open) {
     let open_id = open.open_id;
-    crate::handlers::close::settle_write_time(server, open);
+    crate::release::settle_write_time(server, open);
     server.opens.forget(open_id);
     server.durables.closed(open);
     tracing::info!(

@@ -21,8 +21,8 @@ use tokio::time::timeout;
 use crate::admission::ConnectionSlot;
 use crate::credits::CreditWindow;
 use crate::dir_budget::EntryBudget;
-use crate::dispatch::Unsealed;
 use crate::drain::Stage;
+use crate::frames::Unsealed;
 use crate::held_bytes::HeldBytes;
 use crate::limits::Limits;
 use crate::pending::PendingTable;
@@ -36,6 +36,27 @@ const IDLE_TRIM: Duration = Duration::from_secs(5);
 /// How long queued responses may take to go out once the connection is
 /// closing, before they are dropped.
 const CLOSE_GRACE: Duration = Duration::from_secs(5);
+
+/// What handles a connection's requests: the SMB2 dispatcher, in the crate
+/// above. The connection loop frames, schedules and sends; it knows no
+/// handler, so another transport can sit beside it.
+pub trait Dispatch: Send + Sync + 'static {
+    /// Processes one received frame and returns the frame to send back, if
+    /// any. A protocol violation that the spec answers with a disconnect
+    /// calls `conn.close()` and returns None. `allowance` bounds the bytes
+    /// of the responses (reserved by the caller: `frames::response_allowance`);
+    /// `arrival` is the frame's arrival number when it runs on the
+    /// blocking pool (`crate::arrivals`); `unsealed`, a sealed frame already
+    /// opened by the reader (`frames::unseal_small`).
+    fn process_frame(
+        &self,
+        conn: &Arc<Connection>,
+        frame: &mut [u8],
+        allowance: usize,
+        arrival: Option<u64>,
+        unsealed: Option<Unsealed>,
+    ) -> Option<Outgoing>;
+}
 
 /// What NEGOTIATE settled (MS-SMB2 3.3.1.7 Connection).
 pub struct Negotiated {
@@ -126,7 +147,7 @@ pub struct Outgoing {
     /// or the client would see an interim for a finished request).
     pub interims: Vec<Arc<crate::pending::PendingRequest>>,
     /// Run once the frame is written.
-    pub on_sent: Vec<crate::dispatch::OnSent>,
+    pub on_sent: Vec<crate::frames::OnSent>,
 }
 
 impl From<crate::pending::Frame> for Outgoing {
@@ -175,7 +196,7 @@ impl Outgoing {
         self
     }
 
-    pub fn with_on_sent(mut self, on_sent: Vec<crate::dispatch::OnSent>) -> Outgoing {
+    pub fn with_on_sent(mut self, on_sent: Vec<crate::frames::OnSent>) -> Outgoing {
         self.on_sent = on_sent;
         self
     }
@@ -209,6 +230,8 @@ pub struct Binding {
 
 pub struct Connection {
     pub server: Arc<Server>,
+    /// What handles the requests this connection reads.
+    dispatch: Arc<dyn Dispatch>,
     pub peer: SocketAddr,
     pub local: SocketAddr,
     pub negotiated: Mutex<Option<Arc<Negotiated>>>,
@@ -272,7 +295,7 @@ type Job = Box<dyn FnOnce() + Send>;
 /// Runs jobs on the blocking pool one at a time, in the order submitted,
 /// with no thread of its own while idle. On a cluster node, a CREATE or
 /// LOCK on a continuously available share waits for etcd on the pool
-/// (`dispatch::is_quick`); the metadata requests that follow it on the
+/// (`frames::is_quick`); the metadata requests that follow it on the
 /// connection queue behind it rather than overtake it, which keeps what a
 /// client sees the same as on a single node (a rename's break is sent
 /// before a later CREATE of the same connection is answered, as smbtorture
@@ -318,16 +341,18 @@ impl Serial {
 impl Connection {
     pub fn new(
         server: Arc<Server>,
+        dispatch: Arc<dyn Dispatch>,
         peer: SocketAddr,
         local: SocketAddr,
         slot: ConnectionSlot,
     ) -> Arc<Connection> {
-        Self::in_span(server, peer, local, slot, client_span(peer))
+        Self::in_span(server, dispatch, peer, local, slot, client_span(peer))
     }
 
     /// The same, with the span its lines go in.
     fn in_span(
         server: Arc<Server>,
+        dispatch: Arc<dyn Dispatch>,
         peer: SocketAddr,
         local: SocketAddr,
         slot: ConnectionSlot,
@@ -343,6 +368,7 @@ impl Connection {
             held: HeldBytes::new(limits.max_connection_memory_bytes),
             pool: BufferPool::new(limits.max_frame_bytes, limits.max_connection_memory_bytes),
             server,
+            dispatch,
             peer,
             local,
             negotiated: Mutex::new(None),
@@ -431,7 +457,7 @@ impl Connection {
     }
 
     /// Whether none of this connection's ordered requests is queued or
-    /// running (`dispatch::is_ordered`).
+    /// running (`frames::is_ordered`).
     pub fn ordered_queue_is_empty(&self) -> bool {
         self.serial.is_idle()
     }
@@ -527,7 +553,7 @@ impl Connection {
     /// Releases every open of every session that has no other channel:
     /// share modes, delete-on-close. A session bound to other connections
     /// too lives on there with its opens (MS-SMB2 3.3.7.1).
-    pub(crate) fn teardown(&self) {
+    pub fn teardown(&self) {
         lock(&self.bindings).clear();
         let sessions: Vec<_> = lock(&self.sessions)
             .drain()
@@ -547,7 +573,7 @@ impl Connection {
             !p.is_replayable() || !survivors.iter().any(|s| s.id == p.session_id())
         });
         for s in &ended {
-            crate::handlers::logoff::end_session(&self.server, s);
+            crate::session_end::end_session(&self.server, s);
         }
         for s in &survivors {
             // Said once per session, not by each of its channels closing
@@ -696,7 +722,7 @@ async fn read_frame(
     // Room for the responses, as much as the requests may ask for (never
     // more than the budget, so that every frame can proceed).
     let wanted_kib =
-        kib(crate::dispatch::response_allowance(&frame, limits)).min(budget.memory_kib - frame_kib);
+        kib(crate::frames::response_allowance(&frame, limits)).min(budget.memory_kib - frame_kib);
     if wanted_kib > 0 {
         let more = budget
             .memory
@@ -729,7 +755,8 @@ fn run_frame(
 ) -> Option<Outgoing> {
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let _client = conn.span.enter();
-        crate::dispatch::process_frame(conn, &mut frame, allowance, arrival, unsealed)
+        conn.dispatch
+            .process_frame(conn, &mut frame, allowance, arrival, unsealed)
     }));
     conn.pool.give(frame);
     result.unwrap_or_else(|_| {
@@ -765,16 +792,23 @@ fn client_span(peer: SocketAddr) -> tracing::Span {
 
 /// Serves one client connection until it ends; every line it logs names
 /// the client (`Connection::span`).
-pub async fn serve(server: Arc<Server>, stream: TcpStream, peer: SocketAddr, slot: ConnectionSlot) {
+pub async fn serve(
+    server: Arc<Server>,
+    dispatch: Arc<dyn Dispatch>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    slot: ConnectionSlot,
+) {
     use tracing::Instrument;
     let span = client_span(peer);
-    serve_in(server, stream, peer, slot, span.clone())
+    serve_in(server, dispatch, stream, peer, slot, span.clone())
         .instrument(span)
         .await
 }
 
 async fn serve_in(
     server: Arc<Server>,
+    dispatch: Arc<dyn Dispatch>,
     stream: TcpStream,
     peer: SocketAddr,
     slot: ConnectionSlot,
@@ -791,7 +825,7 @@ async fn serve_in(
     let draining = async move { crate::drain::reached(&mut until_drain, Stage::Draining).await };
     tokio::pin!(draining);
     let (tx, mut rx) = mpsc::channel::<(Outgoing, InFlight)>(limits.max_outstanding_requests);
-    let conn = Connection::in_span(server, peer, local, slot, span);
+    let conn = Connection::in_span(server, dispatch, peer, local, slot, span);
     {
         use std::os::fd::AsRawFd;
         conn.socket.store(rd.as_ref().as_raw_fd(), Ordering::SeqCst);
@@ -905,15 +939,15 @@ async fn serve_in(
             break;
         }
         let mut frame = frame;
-        let Ok(unsealed) = crate::dispatch::unseal_small(&conn, &mut frame) else {
+        let Ok(unsealed) = crate::frames::unseal_small(&conn, &mut frame) else {
             conn.pool.give(frame);
             break;
         };
-        let messages = crate::dispatch::messages(&frame, &unsealed);
+        let messages = crate::frames::messages(&frame, &unsealed);
         // A CLOSE, TREE_DISCONNECT or LOGOFF waits for the frames already on
         // the pool (`crate::arrivals`): on the pool too, not here.
-        if crate::dispatch::is_quick(messages, &limits, &conn)
-            && !(conn.arrivals.any_running() && crate::dispatch::ends_handles(messages, &limits))
+        if crate::frames::is_quick(messages, &limits, &conn)
+            && !(conn.arrivals.any_running() && crate::frames::ends_handles(messages, &limits))
         {
             // In place, on this task: no thread hand-over (see is_quick).
             if let Some(out) = run_frame(&conn, frame, allowance, None, unsealed) {
@@ -924,8 +958,8 @@ async fn serve_in(
             continue;
         }
         // Looked at only for a frame that goes to the pool, before it does.
-        let ordered = crate::dispatch::is_ordered(messages, &limits, &conn);
-        let data_only = crate::dispatch::data_only(messages, &limits);
+        let ordered = crate::frames::is_ordered(messages, &limits, &conn);
+        let data_only = crate::frames::data_only(messages, &limits);
         let conn2 = conn.clone();
         let tx2 = tx.clone();
         // Only frames of data commands are waited for: they never wait on
@@ -1006,6 +1040,3 @@ async fn serve_in(
     }
     tracing::debug!("connection from {peer} closed");
 }
-
-#[cfg(all(test, feature = "fuzzing"))]
-mod channel_tests;

@@ -122,7 +122,8 @@ pub struct Server {
     /// Volatile FileIds equal the open id instead of being random: only for
     /// the fuzz harness, whose recorded streams name the FileIds a fresh
     /// server handed out, and whose runs must be reproducible.
-    pub(crate) predictable_file_ids: AtomicBool,
+    #[doc(hidden)]
+    pub predictable_file_ids: AtomicBool,
 }
 
 pub fn now_filetime() -> u64 {
@@ -551,7 +552,10 @@ impl Server {
     }
 
     /// Binds every listen address, then serves until the process ends.
-    pub async fn run(self: Arc<Self>) -> Result<(), StartError> {
+    pub async fn run(
+        self: Arc<Self>,
+        dispatch: Arc<dyn crate::connection::Dispatch>,
+    ) -> Result<(), StartError> {
         let mut listeners = Vec::new();
         for addr in &self.config().listen {
             let l = TcpListener::bind(addr).await.map_err(|e| StartError::Bind {
@@ -662,7 +666,10 @@ impl Server {
         }
         for l in listeners {
             let server = self.clone();
-            tasks.push(tokio::spawn(async move { server.accept_loop(l).await }));
+            let dispatch = dispatch.clone();
+            tasks.push(tokio::spawn(async move {
+                server.accept_loop(l, dispatch).await
+            }));
         }
         for t in tasks {
             let _ = t.await;
@@ -790,7 +797,7 @@ impl Server {
                     m.let_go_answered(open_id, nonce);
                 }
             }
-            M::EndSession(req) => crate::handlers::logoff::end_for_another_node(self, &req),
+            M::EndSession(req) => crate::session_end::end_for_another_node(self, &req),
             M::SessionEnded { nonce, ended } => {
                 if let Some(m) = &self.cluster {
                     m.answered(nonce, ended as u8);
@@ -867,7 +874,11 @@ impl Server {
         }
     }
 
-    async fn accept_loop(self: Arc<Self>, listener: TcpListener) {
+    async fn accept_loop(
+        self: Arc<Self>,
+        listener: TcpListener,
+        dispatch: Arc<dyn crate::connection::Dispatch>,
+    ) {
         let mut stage = self.drain.watch();
         loop {
             let accepted = tokio::select! {
@@ -888,8 +899,9 @@ impl Server {
                     };
                     let _ = stream.set_nodelay(true);
                     let server = self.clone();
+                    let dispatch = dispatch.clone();
                     tokio::spawn(async move {
-                        crate::connection::serve(server, stream, peer, slot).await;
+                        crate::connection::serve(server, dispatch, stream, peer, slot).await;
                     });
                 }
                 Err(e) => {

@@ -223,7 +223,7 @@ impl DurableOpens {
             "durable open {open_id} ({}) closed while disconnected",
             open.path()
         );
-        crate::handlers::close::release(server, &open);
+        crate::release::release(server, &open);
         true
     }
 
@@ -330,7 +330,7 @@ pub fn keep_or_close(server: &Server, open: &Arc<Open>) {
                 server.durables.purge(server, open.open_id);
             }
         }
-        Err(_) => crate::handlers::close::release(server, open),
+        Err(_) => crate::release::release(server, open),
     }
 }
 
@@ -392,7 +392,7 @@ pub fn close_app_instance_opens(
                 "open {} closed by a CREATE of its AppInstanceId",
                 open.open_id
             );
-            crate::handlers::close::release(server, &open);
+            crate::release::release(server, &open);
             closed += 1;
         }
     }
