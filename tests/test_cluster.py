@@ -116,11 +116,14 @@ def members(cluster: EtcdCluster) -> dict[str, dict]:
     return found
 
 
-def wait_until(what: str, check) -> None:
+def wait_until(what: str, check, show=None) -> None:
+    """Polls `check` until it holds; `show`, if given, tells what was
+    found instead when it never does."""
     deadline = time.monotonic() + WAIT
     while not check():
         if time.monotonic() > deadline:
-            pytest.fail(f"not within {WAIT:.0f} s: {what}", pytrace=False)
+            found = f" (found: {show()})" if show else ""
+            pytest.fail(f"not within {WAIT:.0f} s: {what}{found}", pytrace=False)
         time.sleep(0.1)
 
 
@@ -466,8 +469,10 @@ def test_many_clients_on_all_nodes_opening_one_file_for_data_are_all_answered(no
         assert outcomes == {k: "ok" for k in range(len(procs))}
         # Nothing is left open: the records in etcd go with the last close,
         # and every request for the file is answered.
-        wait_until("no record of the file's opens in etcd", lambda: etcd_keys(etcd_cluster, "/nimbus/file/") == [])
-        wait_until("no hand-over request left", lambda: etcd_keys(etcd_cluster, "/nimbus/release/") == [])
+        records = lambda: etcd_keys(etcd_cluster, "/nimbus/file/")  # noqa: E731
+        wait_until("no record of the file's opens in etcd", lambda: records() == [], show=records)
+        requests = lambda: etcd_keys(etcd_cluster, "/nimbus/release/")  # noqa: E731
+        wait_until("no hand-over request left", lambda: requests() == [], show=requests)
     finally:
         for p in procs:
             p.join(timeout=10)

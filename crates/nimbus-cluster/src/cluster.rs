@@ -953,6 +953,26 @@ impl Membership {
         }
     }
 
+    /// Open `open_id` closed: its claim, and the mark of its node letting
+    /// go of it, go with it, where this node may drop them (it runs the
+    /// open's incarnation and never let go of it, or its node is gone).
+    pub fn closed(&self, open_id: u64) {
+        self.unpin(open_id);
+        let origin = incarnation_of(open_id);
+        if !self.runs(origin) || self.is_released(open_id) || self.is_gone(origin) {
+            let (holder, marker) = (
+                crate::claims::holder_key(open_id),
+                crate::claims::released_key(open_id),
+            );
+            crate::errors::cleanup(
+                format_args!("dropping the claim of closed open {open_id:#x}"),
+                self.store
+                    .txn(&[], &[Op::Delete(&holder), Op::Delete(&marker)], &[]),
+            );
+            self.forget_released(open_id);
+        }
+    }
+
     /// `open_id` closed for good (or was never let go of after all).
     pub fn forget_released(&self, open_id: u64) {
         if crate::sync::lock(&self.released).remove(&open_id) {

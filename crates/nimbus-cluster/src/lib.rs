@@ -31,4 +31,4 @@ pub mod session_handover;
 // The configuration and the services live in crates of their own; these
 // paths keep the modules' `crate::config::...` uses.
 use nimbus_config::config;
-use nimbus_services::{metrics, notify, open, oplocks, sync};
+use nimbus_services::{errors, metrics, notify, open, oplocks, sync};

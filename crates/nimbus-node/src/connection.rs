@@ -2,15 +2,15 @@
 //! requests processed on the blocking pool, and a writer task that sends
 //! responses in the order they complete.
 
+pub mod frames;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use nimbus_crypto::{CipherAlgorithm, SigningAlgorithm};
 use nimbus_wire::nbss::frame_length;
-use nimbus_wire::negotiate::Dialect;
 use nimbus_wire::NtStatus;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedReadHalf;
@@ -22,13 +22,14 @@ use crate::admission::ConnectionSlot;
 use crate::credits::CreditWindow;
 use crate::dir_budget::EntryBudget;
 use crate::drain::Stage;
-use crate::frames::Unsealed;
 use crate::held_bytes::HeldBytes;
 use crate::limits::Limits;
+pub use crate::negotiated::Negotiated;
 use crate::pending::PendingTable;
 use crate::server::Server;
 use crate::session::{Session, SigningKey};
 use crate::sync::lock;
+use frames::Unsealed;
 
 /// A connection that has sent nothing for this long gives its spare
 /// buffers back, so idle connections hold little memory.
@@ -56,21 +57,6 @@ pub trait Dispatch: Send + Sync + 'static {
         arrival: Option<u64>,
         unsealed: Option<Unsealed>,
     ) -> Option<Outgoing>;
-}
-
-/// What NEGOTIATE settled (MS-SMB2 3.3.1.7 Connection).
-pub struct Negotiated {
-    pub dialect: Dialect,
-    pub client_guid: [u8; 16],
-    pub client_security_mode: u16,
-    pub client_capabilities: u32,
-    pub client_dialects: Vec<u16>,
-    pub server_security_mode: u16,
-    pub server_capabilities: u32,
-    pub signing_algorithm: SigningAlgorithm,
-    /// Connection.CipherId: None if the client cannot encrypt.
-    pub cipher: Option<CipherAlgorithm>,
-    pub max_io: u32,
 }
 
 /// Payload buffers reused across requests of one connection, so that steady
@@ -147,7 +133,7 @@ pub struct Outgoing {
     /// or the client would see an interim for a finished request).
     pub interims: Vec<Arc<crate::pending::PendingRequest>>,
     /// Run once the frame is written.
-    pub on_sent: Vec<crate::frames::OnSent>,
+    pub on_sent: Vec<frames::OnSent>,
 }
 
 impl From<crate::pending::Frame> for Outgoing {
@@ -181,6 +167,38 @@ impl crate::pending::ResponseChannel for Connection {
     }
 }
 
+/// What a session needs of the connections of its channels.
+impl crate::session::Channel for Connection {
+    fn client_gone(&self) -> bool {
+        Connection::client_gone(self)
+    }
+
+    fn drop_now(&self) {
+        Connection::drop_now(self)
+    }
+
+    fn has_ended(&self) -> bool {
+        Connection::has_ended(self)
+    }
+
+    fn forget_session(&self, session: &Session) {
+        let mut sessions = lock(&self.sessions);
+        if sessions
+            .get(&session.id)
+            .is_some_and(|e| std::ptr::eq(Arc::as_ptr(&e.session), session))
+        {
+            sessions.remove(&session.id);
+        }
+        drop(sessions);
+        lock(&self.bindings).remove(&session.id);
+    }
+
+    fn end_requests_of(&self, session_id: u64) {
+        self.pending
+            .end_all(NtStatus::CANCELLED, |p| p.session_id() == session_id);
+    }
+}
+
 impl Outgoing {
     pub fn new(buf: Vec<u8>, start: usize) -> Outgoing {
         Outgoing {
@@ -196,7 +214,7 @@ impl Outgoing {
         self
     }
 
-    pub fn with_on_sent(mut self, on_sent: Vec<crate::frames::OnSent>) -> Outgoing {
+    pub fn with_on_sent(mut self, on_sent: Vec<frames::OnSent>) -> Outgoing {
         self.on_sent = on_sent;
         self
     }
@@ -722,7 +740,7 @@ async fn read_frame(
     // Room for the responses, as much as the requests may ask for (never
     // more than the budget, so that every frame can proceed).
     let wanted_kib =
-        kib(crate::frames::response_allowance(&frame, limits)).min(budget.memory_kib - frame_kib);
+        kib(frames::response_allowance(&frame, limits)).min(budget.memory_kib - frame_kib);
     if wanted_kib > 0 {
         let more = budget
             .memory
@@ -939,15 +957,15 @@ async fn serve_in(
             break;
         }
         let mut frame = frame;
-        let Ok(unsealed) = crate::frames::unseal_small(&conn, &mut frame) else {
+        let Ok(unsealed) = frames::unseal_small(&conn, &mut frame) else {
             conn.pool.give(frame);
             break;
         };
-        let messages = crate::frames::messages(&frame, &unsealed);
+        let messages = frames::messages(&frame, &unsealed);
         // A CLOSE, TREE_DISCONNECT or LOGOFF waits for the frames already on
         // the pool (`crate::arrivals`): on the pool too, not here.
-        if crate::frames::is_quick(messages, &limits, &conn)
-            && !(conn.arrivals.any_running() && crate::frames::ends_handles(messages, &limits))
+        if frames::is_quick(messages, &limits, &conn)
+            && !(conn.arrivals.any_running() && frames::ends_handles(messages, &limits))
         {
             // In place, on this task: no thread hand-over (see is_quick).
             if let Some(out) = run_frame(&conn, frame, allowance, None, unsealed) {
@@ -958,8 +976,8 @@ async fn serve_in(
             continue;
         }
         // Looked at only for a frame that goes to the pool, before it does.
-        let ordered = crate::frames::is_ordered(messages, &limits, &conn);
-        let data_only = crate::frames::data_only(messages, &limits);
+        let ordered = frames::is_ordered(messages, &limits, &conn);
+        let data_only = frames::data_only(messages, &limits);
         let conn2 = conn.clone();
         let tx2 = tx.clone();
         // Only frames of data commands are waited for: they never wait on

@@ -80,8 +80,8 @@ use nimbus_state::{FileKey, StateStore};
 use crate::claims::{holder_key, holder_of, released_key, HOLDER_PREFIX};
 use crate::cluster::incarnation_of;
 use crate::let_go_handover::{encode_answer, encode_let_go, Asked, LetGo, LetGoAnswer};
+use crate::open::Open;
 use crate::server::Server;
-use crate::session::Open;
 
 /// What `claim_for` did.
 enum Claimed {
@@ -634,7 +634,7 @@ pub fn close_handed_back(server: &Arc<Server>, open_id: u64) -> bool {
         return false;
     }
     tracing::info!("cluster: durable open {open_id:#x} of a node that left closed by a break");
-    server.durables.purge(server, open_id)
+    crate::disconnected::purge(server, open_id)
 }
 
 /// When this node leaves (SIGTERM), after its connections are closed: each
@@ -672,24 +672,6 @@ pub fn hand_back(server: &Arc<Server>) -> usize {
         }
     }
     handed
-}
-
-/// The claim of `open_id`, and the mark of its node letting go of it, go
-/// with its close.
-pub fn closed(server: &Server, open_id: u64) {
-    if let Some(m) = &server.cluster {
-        m.unpin(open_id);
-        let origin = incarnation_of(open_id);
-        if !m.runs(origin) || m.is_released(open_id) || m.is_gone(origin) {
-            let (holder, marker) = (holder_key(open_id), released_key(open_id));
-            crate::errors::cleanup(
-                format_args!("dropping the claim of closed open {open_id:#x}"),
-                m.store
-                    .txn(&[], &[Op::Delete(&holder), Op::Delete(&marker)], &[]),
-            );
-            m.forget_released(open_id);
-        }
-    }
 }
 
 /// A break another node sent here for `open_id`, an open this node let go
@@ -832,7 +814,7 @@ fn take_over(
         if r.persistent {
             server.oplocks.acknowledge_pending_for(file, r.open_id);
         } else {
-            server.durables.purge(server, r.open_id);
+            crate::disconnected::purge(server, r.open_id);
         }
     }
     Ok(())
@@ -899,7 +881,7 @@ pub fn sweep_orphans(server: &Arc<Server>, orphans: &mut Orphans) {
                 kind(&r),
                 r.path
             );
-            server.durables.purge(server, open_id);
+            crate::disconnected::purge(server, open_id);
         } else if r.answered != Answered::Yes {
             // Never answered: no client knows it, and its entries go as a
             // gone node's once the record has.

@@ -11,8 +11,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::connection::Connection;
 use crate::server::Server;
+use crate::session::Channel;
 
 /// How long the dropped connections may take to end before the node goes
 /// on regardless (their requests wait on nothing by then: every etcd call
@@ -22,10 +22,13 @@ const DROP_WAIT: Duration = Duration::from_secs(10);
 /// Drops every connection with a session and every durable open kept
 /// for a client, and waits for them to be released.
 pub fn drop_clients(server: &Server) {
-    let mut conns: Vec<Arc<Connection>> = Vec::new();
+    let mut conns: Vec<Arc<dyn Channel>> = Vec::new();
     for session in server.sessions.all() {
         for c in session.connections() {
-            if !conns.iter().any(|k| Arc::ptr_eq(k, &c)) {
+            if !conns
+                .iter()
+                .any(|k| std::ptr::addr_eq(Arc::as_ptr(k), Arc::as_ptr(&c)))
+            {
                 conns.push(c);
             }
         }
@@ -47,7 +50,7 @@ pub fn drop_clients(server: &Server) {
     }
     let kept = server.durables.all_disconnected();
     for open in &kept {
-        server.durables.purge(server, open.open_id);
+        crate::disconnected::purge(server, open.open_id);
     }
     tracing::warn!(
         "cluster: {} client connections dropped and {} disconnected durable handles given up with \

@@ -11,8 +11,11 @@
 //! each frame to a `connection::Dispatch`, which the crate above
 //! (`nimbus-server`) implements.
 //!
-//! Start reading at [`Server`] (`server.rs`), then `connection.rs` and
-//! `frames.rs`.
+//! Start reading at [`Server`] (`server.rs`: what a node holds), then
+//! `start.rs` (how it is built, run and stopped; the only module that
+//! knows all the others) and `connection.rs`. A session sees its
+//! connections only as `session::Channel`s, so sessions, durable handles
+//! and failover never reach the connection loop.
 
 pub mod admission;
 pub mod apple;
@@ -34,15 +37,17 @@ pub use nimbus_transport::{arrivals, credits, security};
 // configuration crate's modules.
 pub use nimbus_config::{config, limits};
 pub mod connection;
+pub mod disconnected;
 pub mod drain;
 pub mod durable;
 pub mod failover;
 pub mod fileinfo;
-pub mod frames;
 pub mod gauges;
 pub mod interfaces;
 pub mod lease_loss;
+pub mod leaving;
 pub mod logon_guard;
+pub mod negotiated;
 pub mod persist;
 pub mod release;
 pub mod reload;
@@ -50,9 +55,11 @@ pub mod server;
 pub mod session;
 pub mod session_end;
 pub mod session_registry;
+pub mod start;
 pub mod status;
 pub mod status_listing;
 pub mod teardowns;
 
 pub use config::{Config, ConfigError, LogFormat, ShareConfig, SigningPolicy};
-pub use server::{kerberos_acceptor, KeytabError, Server, StartError};
+pub use server::Server;
+pub use start::{kerberos_acceptor, KeytabError, StartError};

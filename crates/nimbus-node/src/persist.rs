@@ -29,9 +29,9 @@ use nimbus_wire::fscc::access;
 use nimbus_wire::FileId;
 
 use crate::durable::{Durable, Owner};
+use crate::open::{NewOpen, Open, ReplayOf};
 use crate::oplocks::Route;
 use crate::server::{Server, Share};
-use crate::session::{NewOpen, Open, ReplayOf};
 use crate::sync::lock;
 
 /// Writes `open`'s record as it stands now, on disk before it returns.
@@ -218,7 +218,9 @@ pub fn forget(server: &Server, open: &Open) {
     if let Err(e) = r {
         tracing::error!("durable open {}: record not removed: {e}", open.open_id);
     }
-    crate::failover::closed(server, open.open_id);
+    if let Some(m) = &server.cluster {
+        m.closed(open.open_id);
+    }
 }
 
 /// At start: every answered record becomes a disconnected open again,

@@ -6,8 +6,8 @@
 use nimbus_state::FileKey;
 use nimbus_vfs::VfsError;
 
+use crate::open::Open;
 use crate::server::{Server, Share};
-use crate::session::Open;
 
 /// A handle that wrote sets the write time as it goes (this node's memory
 /// of it ends with its last writer). A change through SMB (reported at

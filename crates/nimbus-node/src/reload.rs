@@ -339,7 +339,7 @@ fn take_away(server: &Server, share: &Arc<Share>) -> (usize, usize) {
         }
     }
     for open in server.durables.all_disconnected() {
-        if Arc::ptr_eq(&open.share, share) && server.durables.purge(server, open.open_id) {
+        if Arc::ptr_eq(&open.share, share) && crate::disconnected::purge(server, open.open_id) {
             opens += 1;
         }
     }

@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex, Weak};
 
 use nimbus_auth::AuthExchange;
 
-use crate::connection::{Connection, Negotiated};
+use crate::negotiated::Negotiated;
+
 pub use crate::open::{
     share_maximal_access, DirEnum, HeldPipe, NewOpen, Open, PipeOpen, ReplayOf, StreamOf, Tree,
     NO_LOCK_SEQUENCE,
@@ -16,6 +17,30 @@ use crate::security::SessionCipher;
 pub use crate::security::SigningKey;
 
 use crate::sync::lock;
+
+/// A connection as a session sees it: one of its channels (MS-SMB2
+/// 3.3.1.8 Session.ChannelList). The connection loop implements it; a
+/// session never knows more of its connections.
+pub trait Channel: crate::pending::ResponseChannel {
+    /// Whether the client is known to be gone (its connection closing or
+    /// silent past its keep-alive).
+    fn client_gone(&self) -> bool;
+    /// Stops reading and closes the connection now.
+    fn drop_now(&self);
+    /// Whether the connection has ended, its sessions released.
+    fn has_ended(&self) -> bool;
+    /// `session` ended: it leaves this connection's session table and
+    /// bindings.
+    fn forget_session(&self, session: &Session);
+    /// `session` ended: its requests still waiting on this connection end
+    /// CANCELLED.
+    fn end_requests_of(&self, session_id: u64);
+}
+
+/// Whether `w` (a channel's address) is `conn`'s.
+fn same_channel(w: *const dyn Channel, conn: &dyn Channel) -> bool {
+    std::ptr::addr_eq(w, conn as *const dyn Channel)
+}
 
 pub enum SessionState {
     /// SESSION_SETUP exchange under way (MS-SMB2 3.3.5.5).
@@ -75,20 +100,21 @@ pub struct Session {
 /// last one goes (3.3.7.1) or when it is logged off on any of them.
 #[derive(Default)]
 struct Channels {
-    conns: Vec<Weak<Connection>>,
+    conns: Vec<Weak<dyn Channel>>,
     /// Ended (logged off, replaced, or its last channel lost): no channel
     /// may be bound to it any more.
     ended: bool,
 }
 
 impl Session {
-    pub fn new(
+    pub fn new<C: Channel + 'static>(
         id: u64,
         exchange: AuthExchange,
         preauth: [u8; 64],
         origin: Arc<Negotiated>,
-        conn: &Arc<Connection>,
+        conn: &Arc<C>,
     ) -> Session {
+        let first: Weak<C> = Arc::downgrade(conn);
         Session {
             id,
             state: Mutex::new(SessionState::InProgress {
@@ -101,7 +127,7 @@ impl Session {
             reauth: Mutex::new(None),
             origin,
             channels: Mutex::new(Channels {
-                conns: vec![Arc::downgrade(conn)],
+                conns: vec![first as Weak<dyn Channel>],
                 ended: false,
             }),
             next_tree_id: AtomicU32::new(1),
@@ -125,7 +151,7 @@ impl Session {
 
     /// The connections of the session's channels that still exist, first
     /// channel first.
-    pub fn connections(&self) -> Vec<Arc<Connection>> {
+    pub fn connections(&self) -> Vec<Arc<dyn Channel>> {
         lock(&self.channels)
             .conns
             .iter()
@@ -139,21 +165,22 @@ impl Session {
 
     /// Adds `conn` as a channel (a completed binding); false if the session
     /// ended meanwhile or already has `max` channels.
-    pub fn add_channel(&self, conn: &Arc<Connection>, max: usize) -> bool {
+    pub fn add_channel<C: Channel + 'static>(&self, conn: &Arc<C>, max: usize) -> bool {
         let mut ch = lock(&self.channels);
         if ch.ended || ch.conns.len() >= max {
             return false;
         }
-        ch.conns.push(Arc::downgrade(conn));
+        let conn: Weak<C> = Arc::downgrade(conn);
+        ch.conns.push(conn as Weak<dyn Channel>);
         true
     }
 
     /// Removes the channel of `conn` (its connection is gone): true if it
     /// was the last one, and the session now ends (MS-SMB2 3.3.7.1).
-    pub fn leave(&self, conn: &Connection) -> bool {
+    pub fn leave(&self, conn: &dyn Channel) -> bool {
         let mut ch = lock(&self.channels);
         ch.conns
-            .retain(|w| !std::ptr::eq(w.as_ptr(), conn) && w.strong_count() > 0);
+            .retain(|w| !same_channel(w.as_ptr(), conn) && w.strong_count() > 0);
         if ch.conns.is_empty() && !ch.ended {
             ch.ended = true;
             return true;
@@ -163,7 +190,7 @@ impl Session {
 
     /// Ends the session on every channel: the connections it was on, or
     /// None if it had already ended.
-    pub fn end_channels(&self) -> Option<Vec<Arc<Connection>>> {
+    pub fn end_channels(&self) -> Option<Vec<Arc<dyn Channel>>> {
         let mut ch = lock(&self.channels);
         if ch.ended {
             return None;

@@ -3,10 +3,6 @@
 //! pipes go, its durable opens are kept for a reconnect and the others
 //! close (MS-SMB2 3.3.5.6, 3.3.7.1).
 
-use std::sync::Arc;
-
-use nimbus_wire::NtStatus;
-
 use crate::server::Server;
 use crate::session::{Session, SessionState};
 use crate::sync::lock;
@@ -22,20 +18,11 @@ pub fn end_everywhere(server: &Server, session: &Session) {
         return;
     };
     for conn in &conns {
-        let mut sessions = lock(&conn.sessions);
-        if sessions
-            .get(&session.id)
-            .is_some_and(|e| std::ptr::eq(Arc::as_ptr(&e.session), session))
-        {
-            sessions.remove(&session.id);
-        }
-        drop(sessions);
-        lock(&conn.bindings).remove(&session.id);
+        conn.forget_session(session);
     }
     end_session(server, session);
     for conn in &conns {
-        conn.pending
-            .end_all(NtStatus::CANCELLED, |p| p.session_id() == session.id);
+        conn.end_requests_of(session.id);
     }
 }
 
@@ -46,7 +33,7 @@ pub fn end_session(server: &Server, session: &Session) {
     server.sessions.forget(session.id);
     let opens: Vec<_> = lock(&session.opens).drain().map(|(_, o)| o).collect();
     for open in opens {
-        crate::durable::keep_or_close(server, &open);
+        crate::disconnected::keep_or_close(server, &open);
     }
     lock(&session.trees).clear();
     // What the pipes hold goes back to their connections' budgets now,

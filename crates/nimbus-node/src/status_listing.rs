@@ -166,7 +166,11 @@ fn session_line(s: &Session) -> SessionLine {
     SessionLine {
         id: format!("{:#018x}", s.id),
         user: user_of(s),
-        clients: s.connections().iter().map(|c| c.peer.to_string()).collect(),
+        clients: s
+            .connections()
+            .iter()
+            .map(|c| c.peer().to_string())
+            .collect(),
         dialect: dialect(s.origin.dialect).into(),
         protection,
         shares,

@@ -15,14 +15,16 @@
 // The layers below: these paths keep the handlers' `crate::server::...`,
 // `crate::notify::...` uses, and `nimbus_server::status::...` for the
 // binary.
+pub use nimbus_node::connection::frames;
 pub use nimbus_node::{
     accounts, acl, admission, app_instance_handover, apple, arrivals, claims, cluster,
-    cluster_notify, config, connection, credits, dir_budget, dir_leases, dosinfo, drain, durable,
-    durable_handle, eas, errors, failover, fileinfo, frames, gauges, held_bytes, interfaces,
-    lease_ack_handover, lease_loss, let_go_handover, limits, locks, log_limit, logon_guard, lookup,
-    memory_use, message, metrics, notify, open, open_files, open_registry, oplocks, pending,
-    persist, release, reload, security, server, session, session_end, session_handover,
-    session_registry, share, status, status_listing, sync, teardowns, write_times,
+    cluster_notify, config, connection, credits, dir_budget, dir_leases, disconnected, dosinfo,
+    drain, durable, durable_handle, eas, errors, failover, fileinfo, gauges, held_bytes,
+    interfaces, lease_ack_handover, lease_loss, leaving, let_go_handover, limits, locks, log_limit,
+    logon_guard, lookup, memory_use, message, metrics, notify, open, open_files, open_registry,
+    oplocks, pending, persist, release, reload, security, server, session, session_end,
+    session_handover, session_registry, share, status, status_listing, sync, teardowns,
+    write_times,
 };
 pub use nimbus_node::{
     kerberos_acceptor, Config, ConfigError, KeytabError, LogFormat, Server, ShareConfig,

@@ -426,7 +426,7 @@ fn open_or_create(
             // again from the name (the file may be gone with them).
             Err(SharingError::Violation | SharingError::DeletePending)
                 if first
-                    && crate::teardowns::waited_for_leaving(
+                    && crate::leaving::waited_for_leaving(
                         ctx.server,
                         key,
                         ctx.conn,
@@ -808,7 +808,7 @@ fn join_session(
     if joined {
         return Ok(());
     }
-    crate::durable::keep_or_close(server, open);
+    crate::disconnected::keep_or_close(server, open);
     if open.share.is_removed() {
         return Err(NtStatus::NETWORK_NAME_DELETED);
     }

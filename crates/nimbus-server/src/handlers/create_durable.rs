@@ -98,7 +98,7 @@ impl DurableAsk {
 /// database since it logged on, which acts as a guest), which may neither
 /// be granted a durable handle nor reclaim or replay one.
 pub(crate) fn owner(ctx: &Ctx<'_>) -> Option<Owner> {
-    crate::durable::session_owner(ctx.session().ok()?)
+    crate::disconnected::session_owner(ctx.session().ok()?)
 }
 
 /// Whether what the open caches makes it durable (MS-SMB2 3.3.5.9.6): a
@@ -538,7 +538,7 @@ fn attach(ctx: &Ctx<'_>, open: &Arc<Open>) -> Result<FileId, NtStatus> {
     let ended = |open: &Arc<Open>| {
         // Logged off on another channel meanwhile: the claimed open goes
         // back to waiting for a reconnect.
-        crate::durable::keep_or_close(ctx.server, open);
+        crate::disconnected::keep_or_close(ctx.server, open);
         Err(NtStatus::USER_SESSION_DELETED)
     };
     let volatile = {
@@ -587,7 +587,7 @@ fn disconnect_if_closing(ctx: &Ctx<'_>, open_id: u64) -> Option<Arc<Open>> {
         return None;
     }
     let removed = session.take_open(&open)?;
-    crate::durable::keep_or_close(server, &removed);
+    crate::disconnected::keep_or_close(server, &removed);
     server.durables.find_disconnected(open_id)
 }
 
@@ -625,7 +625,7 @@ pub fn close_app_instance(ctx: &Ctx<'_>, file: nimbus_state::FileKey, id: [u8; 1
         return;
     };
     let share = tree.share.name.clone();
-    crate::durable::close_app_instance_opens(server, file, id, &share, neg.client_guid, &me);
+    crate::disconnected::close_app_instance_opens(server, file, id, &share, neg.client_guid, &me);
     if let Some(m) = &server.cluster {
         close_on_other_nodes(m, file, id, &share, neg.client_guid, &me);
     }

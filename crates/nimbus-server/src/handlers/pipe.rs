@@ -150,7 +150,7 @@ fn session_who(s: &Session) -> Option<(String, String, bool)> {
     let client = s
         .connections()
         .first()
-        .map(|c| c.peer.ip().to_canonical().to_string())
+        .map(|c| c.peer().ip().to_canonical().to_string())
         .unwrap_or_default();
     Some((client, user, guest))
 }

@@ -1,0 +1,733 @@
+//! Starting and running a node: `Server::new` builds and wires every
+//! service, `run` binds the listeners and serves, the inbox acts on other
+//! cluster nodes' messages, and `stop` drains before the process exits.
+//! The only module that knows every other; nothing imports it.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use nimbus_auth::{AuthConfig, Authenticator, UserDb};
+use nimbus_crypto::{CipherAlgorithm, CryptoProvider};
+use nimbus_state::{FileKey, MemoryStore, ShareModes, StateStore};
+use tokio::net::TcpListener;
+
+use crate::admission::Admission;
+use crate::config::Config;
+use crate::locks::ByteRangeLocks;
+use crate::logon_guard::LogonGuard;
+use crate::open_files::{open_file_cap, raise_descriptor_limit, OpenFiles};
+use crate::open_registry::OpenRegistry;
+use crate::oplocks::Oplocks;
+
+use crate::server::{now_filetime, Server, Share};
+
+/// Why the server could not start; each is one line for the operator.
+#[derive(Debug)]
+pub enum StartError {
+    UserDb(nimbus_auth::UserDbError),
+    Share {
+        name: String,
+        path: String,
+        reason: nimbus_vfs::VfsError,
+    },
+    Bind {
+        addr: SocketAddr,
+        reason: String,
+    },
+    Runtime(String),
+    /// The state directory or its store could not be opened.
+    StateDir(nimbus_state::redb_store::OpenError),
+    /// The persistent handles of the last run could not be read back.
+    Restore(nimbus_state::StateError),
+    /// `[cluster]`: etcd out of reach, refused, or the node name taken.
+    Cluster(crate::cluster::JoinError),
+    /// `[kerberos]`: the keytab cannot be used.
+    Kerberos(KeytabError),
+}
+
+impl std::fmt::Display for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            // The user database's errors name the file themselves.
+            StartError::UserDb(e) => write!(f, "{e}"),
+            StartError::Share { name, path, reason } => {
+                write!(f, "share \"{name}\": path {path}: {reason}")
+            }
+            StartError::Bind { addr, reason } => write!(f, "cannot listen on {addr}: {reason}"),
+            StartError::Runtime(e) => write!(f, "{e}"),
+            StartError::Cluster(e) => write!(f, "{e}"),
+            StartError::Kerberos(e) => write!(
+                f,
+                "[kerberos]: {e} (keytab and principal in the configuration name the keys)"
+            ),
+            StartError::StateDir(e) => write!(
+                f,
+                "{e} (state_dir in the configuration, or --state-dir, names the directory)"
+            ),
+            StartError::Restore(e) => write!(
+                f,
+                "{e} (state_dir in the configuration, or --state-dir, names the directory)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for StartError {}
+
+impl Server {
+    pub fn new(mut config: Config) -> Result<Arc<Server>, StartError> {
+        let provider = if config.fips {
+            let p = CryptoProvider::fips_if_built().ok_or_else(|| {
+                StartError::Runtime(
+                    "[security] fips = true, but this binary was built without the FIPS provider \
+                     (build with `cargo build --release --features fips`)"
+                        .into(),
+                )
+            })?;
+            if config.kerberos.is_some() {
+                tracing::info!(
+                    "FIPS mode: crypto provider \"{}\" (AWS-LC FIPS module only); Kerberos logons \
+                     only: NTLM needs MD4, MD5 and RC4, which FIPS does not approve",
+                    p.name()
+                );
+            } else {
+                tracing::warn!(
+                    "FIPS mode: crypto provider \"{}\" (AWS-LC FIPS module only). NTLM logon is \
+                     disabled (it needs MD4, MD5 and RC4, which FIPS does not approve) and no \
+                     [kerberos] is configured, so no user can log on",
+                    p.name()
+                );
+            }
+            p
+        } else {
+            let p = CryptoProvider::default_provider();
+            tracing::info!("{}", p.summary());
+            p
+        };
+        let (offered, dropped): (Vec<CipherAlgorithm>, Vec<CipherAlgorithm>) = config
+            .ciphers
+            .iter()
+            .copied()
+            .partition(|c| provider.offers_cipher(*c));
+        if !dropped.is_empty() {
+            tracing::warn!(
+                "ciphers {:?} are not offered: provider \"{}\" has no approved implementation \
+                 (SMB 3.0 and 3.0.2 clients cannot encrypt without AES-128-CCM)",
+                dropped.iter().map(|c| c.name()).collect::<Vec<_>>(),
+                provider.name()
+            );
+        }
+        config.ciphers = offered;
+        let users = UserDb::load(&config.user_db).map_err(StartError::UserDb)?;
+        if users.names().is_empty() && !config.shares.iter().any(|s| s.guest_ok) {
+            tracing::warn!(
+                "user database {} has no users: nobody can log on (add one with `nimbus user add NAME --db {}`)",
+                config.user_db.display(),
+                config.user_db.display()
+            );
+        }
+        let start_time = now_filetime();
+        let mut shares = Vec::new();
+        for s in &config.shares {
+            let share = Share::open(s, config.encryption, start_time).map_err(|reason| {
+                StartError::Share {
+                    name: s.name.clone(),
+                    path: s.path.display().to_string(),
+                    reason,
+                }
+            })?;
+            shares.push(Arc::new(share));
+        }
+        shares.push(Arc::new(Share::ipc(
+            config.share_encryption(None),
+            start_time,
+        )));
+        let kerberos = match &config.kerberos {
+            Some(k) => Some(kerberos_acceptor(k).map_err(StartError::Kerberos)?),
+            None => None,
+        };
+        let auth = Authenticator::with_kerberos(
+            provider.clone(),
+            Arc::new(RwLock::new(users)),
+            AuthConfig {
+                netbios_computer: config.server_name.to_uppercase(),
+                netbios_domain: config.workgroup.to_uppercase(),
+                dns_computer: config.server_name.to_lowercase(),
+                dns_domain: String::new(),
+                allow_guest: config.shares.iter().any(|s| s.guest_ok),
+                aliases: config.server_aliases.clone(),
+            },
+            kerberos,
+        );
+        let mut guid = [0u8; 16];
+        provider.fill_random(&mut guid);
+        let logon_guard = LogonGuard::new(&config.limits);
+        let descriptors = raise_descriptor_limit();
+        let (open_cap, warning) = open_file_cap(descriptors, &config.limits);
+        if let Some(w) = warning {
+            tracing::warn!("{w}");
+        }
+        tracing::debug!("descriptor limit {descriptors}: up to {open_cap} files open server-wide");
+        let break_timeout = config.limits.oplock_break_timeout;
+        // One store for every kind of per-file record (memory on one node).
+        let store: Arc<dyn StateStore> = Arc::new(MemoryStore::new());
+        let max_inotify_watches = config.limits.max_inotify_watches;
+        // Opened before anything is served: a damaged or unwritable store is
+        // a reason not to start, never a silently empty one.
+        let mut disk_store = match &config.state_dir {
+            Some(dir) => {
+                let s = nimbus_state::RedbStore::open(dir).map_err(StartError::StateDir)?;
+                tracing::info!("state store {}", s.path().display());
+                Some(Arc::new(s) as Arc<dyn StateStore>)
+            }
+            None => None,
+        };
+        // Joined before anything is served: a node that cannot reach etcd,
+        // or whose name another node holds, does not start.
+        let cluster = match &config.cluster {
+            Some(c) => Some(Arc::new(
+                crate::cluster::Membership::join(c).map_err(StartError::Cluster)?,
+            )),
+            None => None,
+        };
+        // A cluster node keeps persistent handles in etcd, where they
+        // outlive it (`crate::failover`), whatever `state_dir` says.
+        if let Some(m) = &cluster {
+            disk_store = Some(m.store.clone() as Arc<dyn StateStore>);
+        }
+        // A cluster node decides share modes, byte-range locks, oplocks
+        // and leases through per-file ownership over etcd.
+        let (share_modes, locks, oplocks) = match &cluster {
+            Some(m) => {
+                let owned = crate::cluster::owned_store(m);
+                m.set_owned_store(owned.clone());
+                let m2 = m.clone();
+                let gone: nimbus_state::share_modes::Gone =
+                    Arc::new(move |open_id| m2.open_is_gone(open_id));
+                let oplocks = Oplocks::with_liveness(break_timeout, owned.clone(), gone.clone());
+                oplocks.set_elsewhere(crate::dir_leases::ClusterDirLeases::start(m.clone()));
+                (
+                    ShareModes::with_liveness(owned.clone(), gone.clone()),
+                    ByteRangeLocks::with_liveness(owned, gone),
+                    oplocks,
+                )
+            }
+            None => (
+                ShareModes::new(store.clone()),
+                ByteRangeLocks::new(store.clone()),
+                Oplocks::new(break_timeout, store.clone()),
+            ),
+        };
+        let locks = locks.with_caps(nimbus_state::byte_range::LockCaps {
+            per_open: config.limits.max_byte_range_locks_per_open,
+            per_file: config.limits.max_byte_range_locks_per_file,
+        });
+        let first_open_id = cluster
+            .as_ref()
+            .map_or(0, |m| m.incarnation() << crate::cluster::OPEN_ID_SHIFT)
+            + 1;
+        let notify_relay = cluster.as_ref().map(|m| {
+            let roots = shares
+                .iter()
+                .filter_map(|s| Some((s.fs.as_ref()?.root_path().to_path_buf(), s.name.clone())))
+                .collect();
+            Arc::new(crate::cluster_notify::NotifyRelay::new(m.clone(), roots))
+        });
+        let notify = Arc::new(crate::notify::ChangeNotify::new(max_inotify_watches));
+        if let Some(r) = &notify_relay {
+            notify.set_relay(r.clone());
+        }
+        let keep = crate::durable::KeepLimits {
+            total: config.limits.max_durable_handles,
+            per_user: config.limits.max_durable_handles_per_user,
+        };
+        let server = Arc::new(Server {
+            config: RwLock::new(Arc::new(config)),
+            provider,
+            auth,
+            shares: RwLock::new(Arc::new(shares)),
+            share_modes,
+            guid,
+            start_time,
+            admission: Arc::new(Admission::default()),
+            logon_guard,
+            open_files: OpenFiles::new(open_cap),
+            locks,
+            oplocks,
+            opens: OpenRegistry::default(),
+            teardowns: Default::default(),
+            notify,
+            write_times: Default::default(),
+            durables: crate::durable::DurableOpens::new(keep),
+            sessions: Default::default(),
+            drain: Default::default(),
+            disk_store,
+            cluster,
+            notify_relay,
+            next_session_id: AtomicU64::new(1),
+            next_open_id: AtomicU64::new(first_open_id),
+            predictable_file_ids: AtomicBool::new(false),
+        });
+        // A break for a durable open whose client is gone closes that open
+        // (there is nobody to acknowledge it, and the open that caused it
+        // must not wait out the break timeout).
+        let weak = Arc::downgrade(&server);
+        server
+            .oplocks
+            .on_disconnected_break(Box::new(move |open_id, order| {
+                let Some(s) = weak.upgrade() else {
+                    return;
+                };
+                // A persistent open stays for its client: the break is
+                // taken as acknowledged instead (its write caching goes).
+                match s.durables.find_disconnected(open_id) {
+                    Some(open) if open.is_persistent() => {
+                        s.oplocks.acknowledge_for(open.file_key, open_id, order)
+                    }
+                    _ => {
+                        crate::disconnected::purge(&s, open_id);
+                    }
+                }
+            }));
+        // Breaks for other nodes' opens go there as messages; one for an
+        // open no node serves is taken as acknowledged (a persistent open
+        // waiting for its client), or closes it (a durable one a leaving
+        // node handed back: `crate::failover`).
+        if let Some(m) = &server.cluster {
+            let (m3, m4) = (m.clone(), m.clone());
+            let (w3, w4) = (Arc::downgrade(&server), Arc::downgrade(&server));
+            server.oplocks.on_forward(
+                Box::new(move |open_id, order| {
+                    m3.send_break(open_id, &order)
+                        || w3
+                            .upgrade()
+                            .is_some_and(|s| crate::failover::close_handed_back(&s, open_id))
+                }),
+                Box::new(move |open_id| {
+                    crate::failover::is_stranded(&m4, open_id)
+                        && !w4
+                            .upgrade()
+                            .is_some_and(|s| crate::failover::close_handed_back(&s, open_id))
+                }),
+            );
+        }
+        // A node that lost its lease drops its clients (`crate::lease_loss`).
+        if let Some(m) = &server.cluster {
+            let weak = Arc::downgrade(&server);
+            m.on_lease_lost(Box::new(move || {
+                if let Some(s) = weak.upgrade() {
+                    crate::lease_loss::drop_clients(&s);
+                }
+            }));
+        }
+        let weak = Arc::downgrade(&server);
+        server.oplocks.on_has_locks(Box::new(move |file| {
+            weak.upgrade().is_some_and(|s| s.locks.has_locks(file))
+        }));
+        // A record follows the caching its open holds: a lease broken from
+        // RH to R must not come back with H after a restart or on another
+        // node.
+        if server.offers_persistent_handles() || server.cluster.is_some() {
+            let weak = Arc::downgrade(&server);
+            server.oplocks.on_caching_changed(Box::new(move |open_ids| {
+                let Some(s) = weak.upgrade() else {
+                    return;
+                };
+                for id in open_ids {
+                    if let Some(open) = s.opens.get(*id) {
+                        crate::persist::changed_soon(&s, &open);
+                    }
+                }
+            }));
+        }
+        // Persistent handles of the last run wait for their clients; a
+        // cluster node's are taken over by whichever node their client
+        // reconnects to.
+        let restored = if server.cluster.is_some() {
+            0
+        } else {
+            crate::persist::restore(&server).map_err(StartError::Restore)?
+        };
+        if restored > 0 {
+            tracing::info!("{restored} persistent handle(s) restored from the state store");
+        }
+        Ok(server)
+    }
+
+    /// Binds every listen address, then serves until the process ends.
+    pub async fn run(
+        self: Arc<Self>,
+        dispatch: Arc<dyn crate::connection::Dispatch>,
+    ) -> Result<(), StartError> {
+        let mut listeners = Vec::new();
+        for addr in &self.config().listen {
+            let l = TcpListener::bind(addr).await.map_err(|e| StartError::Bind {
+                addr: *addr,
+                reason: match e.kind() {
+                    std::io::ErrorKind::AddrInUse => "address already in use (another server is running on that port; pick another port with --listen)".into(),
+                    std::io::ErrorKind::PermissionDenied => "permission denied (ports below 1024 need root or CAP_NET_BIND_SERVICE; try --listen 127.0.0.1:4450)".into(),
+                    _ => e.to_string(),
+                },
+            })?;
+            tracing::info!(
+                "listening on {} with shares: {}",
+                addr,
+                self.config()
+                    .shares
+                    .iter()
+                    .map(|s| s.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            listeners.push(l);
+        }
+        // Under systemd (Type=notify): ready once every address is bound.
+        // Without NOTIFY_SOCKET this does nothing.
+        if let Err(e) = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]) {
+            tracing::warn!("telling the service manager the server is ready: {e}");
+        }
+        let mut tasks = Vec::new();
+        tokio::spawn(crate::disconnected::scavenge(self.clone()));
+        tokio::spawn(crate::status::publish_forever(self.clone()));
+        tokio::spawn(crate::gauges::refresh_forever(Arc::downgrade(&self)));
+        crate::oplocks::remember_runtime();
+        if let Some(m) = &self.cluster {
+            m.clone().keep_alive();
+            m.clone().serve_ownership();
+            // Waiting LOCK requests hear of unlocks on other nodes through
+            // etcd, and of locks a gone node left behind once a second;
+            // CREATEs and renames waiting for breaks hear of
+            // acknowledgements the same way.
+            self.watch_waiters(
+                m,
+                "nimbus-lockwatch",
+                nimbus_state::records::LOCKS_PREFIX,
+                |s, file| s.locks.retry(file),
+                |s| s.locks.waiting_files(),
+            );
+            self.watch_waiters(
+                m,
+                "nimbus-breakwatch",
+                nimbus_state::records::CACHING_PREFIX,
+                |s, file| s.oplocks.retry(file),
+                |s| s.oplocks.waiting_files(),
+            );
+            // Persistent opens of gone nodes nobody reclaimed in time.
+            let weak = Arc::downgrade(&self);
+            let spawned = std::thread::Builder::new()
+                .name("nimbus-orphans".into())
+                .spawn(move || {
+                    let mut orphans = crate::failover::Orphans::default();
+                    loop {
+                        std::thread::sleep(Duration::from_secs(2));
+                        let Some(s) = weak.upgrade() else { return };
+                        if s.cluster.as_ref().is_none_or(|m| m.is_stopping()) {
+                            return;
+                        }
+                        crate::failover::sweep_orphans(&s, &mut orphans);
+                        // Entries of closed opens etcd did not take out
+                        // when they closed (it did not answer).
+                        s.locks.retry_releases();
+                        for file in s.share_modes.retry_releases() {
+                            tracing::warn!(
+                                "{file:?}: the last open of a delete-pending file was taken \
+                                 out of its record late; the file stays"
+                            );
+                        }
+                    }
+                });
+            if let Err(e) = spawned {
+                tracing::error!("cluster: cannot start the orphan sweep: {e}");
+            }
+            // Breaks and changes other nodes send for this node's clients.
+            let (on_change, on_tick) = (Arc::downgrade(&self), Arc::downgrade(&self));
+            let (m1, m2) = (m.clone(), m.clone());
+            m.clone().watch_records(
+                "nimbus-inbox",
+                m.inbox(),
+                Duration::from_secs(1),
+                move |e| {
+                    if let (Some(s), Some(msg)) = (on_change.upgrade(), m1.take_message(&e.key)) {
+                        s.on_message(&msg.value, msg.version);
+                    }
+                },
+                move || {
+                    let Some(s) = on_tick.upgrade() else {
+                        return;
+                    };
+                    for key in m2.pending_messages() {
+                        if let Some(msg) = m2.take_message(&key) {
+                            s.on_message(&msg.value, msg.version);
+                        }
+                    }
+                },
+            );
+            // Which directories other nodes watch for changes.
+            if let Some(relay) = &self.notify_relay {
+                relay.follow();
+            }
+        }
+        for l in listeners {
+            let server = self.clone();
+            let dispatch = dispatch.clone();
+            tasks.push(tokio::spawn(async move {
+                server.accept_loop(l, dispatch).await
+            }));
+        }
+        for t in tasks {
+            let _ = t.await;
+        }
+        Ok(())
+    }
+
+    /// Starts a thread that calls `retry` for each file whose record under
+    /// `prefix` changes in etcd, and for every file `waiting` names once a
+    /// second.
+    fn watch_waiters(
+        self: &Arc<Self>,
+        m: &Arc<crate::cluster::Membership>,
+        name: &str,
+        prefix: &'static [u8],
+        retry: fn(&Server, FileKey),
+        waiting: fn(&Server) -> Vec<FileKey>,
+    ) {
+        let (on_change, on_tick) = (Arc::downgrade(self), Arc::downgrade(self));
+        m.clone().watch_records(
+            name,
+            prefix.to_vec(),
+            Duration::from_secs(1),
+            move |e| {
+                if let (Some(s), Some(file)) = (
+                    on_change.upgrade(),
+                    FileKey::from_record_key(prefix, &e.key),
+                ) {
+                    retry(&s, file);
+                }
+            },
+            move || {
+                if let Some(s) = on_tick.upgrade() {
+                    for file in waiting(&s) {
+                        retry(&s, file);
+                    }
+                }
+            },
+        );
+    }
+
+    /// Another node's request to apply a client's acknowledgement of a
+    /// lease this node may hold (`crate::lease_ack_handover`): applied on
+    /// the runtime (a break it leads to starts its timer there), and
+    /// answered.
+    fn ack_lease_for_node(self: &Arc<Self>, req: crate::lease_ack_handover::AckLease) {
+        let Some(m) = self.cluster.clone() else {
+            return;
+        };
+        let server = self.clone();
+        crate::oplocks::on_runtime(Box::new(move || {
+            use crate::lease_ack_handover::{encode_answer, Found};
+            let id = nimbus_state::caching::LeaseId {
+                client: req.client_guid,
+                key: req.lease_key,
+            };
+            let found = server
+                .oplocks
+                .ack_lease(id, req.lease_state)
+                .map_or(Found::NotHere, crate::lease_ack_handover::found);
+            if found != Found::NotHere {
+                tracing::info!(
+                    "a lease break acknowledged on node {} applied here: {found:?}",
+                    req.reply_to
+                );
+            }
+            if let Err(e) = m.post(&req.reply_to, &encode_answer(req.nonce, found)) {
+                tracing::warn!("cluster: answering {} about a lease: {e}", req.reply_to);
+            }
+        }));
+    }
+
+    /// A message from another cluster node: a break for one of this node's
+    /// opens, changes for its watches (or a watched directory now
+    /// delete-pending), a request to let go of an open whose client
+    /// reconnected there, to end a session, to close an application's
+    /// opens or to apply a lease break's acknowledgement, or the answer to
+    /// one of this node's requests.
+    /// `revision`: the store's revision of the message's writing.
+    fn on_message(self: &Arc<Self>, msg: &[u8], revision: u64) {
+        use crate::message::ClusterMessage as M;
+        let msg = match M::decode(msg) {
+            Ok(msg) => msg,
+            Err(malformed) => {
+                tracing::warn!("cluster: {malformed} from another node");
+                return;
+            }
+        };
+        match msg {
+            M::Changes(raw) => {
+                let Some(relay) = &self.notify_relay else {
+                    return;
+                };
+                if let Some((root, changes)) = relay.receive(raw, revision) {
+                    let changes: Vec<crate::notify::Change<'_>> = changes
+                        .iter()
+                        .map(|(action, filter, path)| crate::notify::Change {
+                            action: *action,
+                            filter: *filter,
+                            path,
+                        })
+                        .collect();
+                    self.notify.deliver_local(&root, &changes);
+                }
+            }
+            // Only a hint: the flag is read from the file's record, off
+            // the inbox thread (the read may wait on etcd), and only for a
+            // directory watched here.
+            M::DirDeletePending(key) if self.notify.watches_file(key) => {
+                let server = self.clone();
+                crate::oplocks::on_runtime(Box::new(move || {
+                    if server
+                        .share_modes
+                        .record(key)
+                        .is_ok_and(|r| r.delete_pending)
+                    {
+                        server.notify.end_deleted_watches(key);
+                    }
+                }));
+            }
+            M::DirDeletePending(_) => {}
+            M::LetGo(req) => crate::failover::let_go(self, &req),
+            M::LetGoAnswered { open_id, nonce, .. } => {
+                if let Some(m) = &self.cluster {
+                    m.let_go_answered(open_id, nonce);
+                }
+            }
+            M::EndSession(req) => crate::session_end::end_for_another_node(self, &req),
+            M::SessionEnded { nonce, ended } => {
+                if let Some(m) = &self.cluster {
+                    m.answered(nonce, ended as u8);
+                }
+            }
+            M::CloseAppInstance(req) => {
+                crate::disconnected::close_app_instance_for_node(self, &req)
+            }
+            M::AppInstanceClosed { nonce, closed } => {
+                if let Some(m) = &self.cluster {
+                    m.answered(nonce, closed as u8);
+                }
+            }
+            M::AckLease(req) => self.ack_lease_for_node(req),
+            M::LeaseAcked { nonce, found } => {
+                if let Some(m) = &self.cluster {
+                    m.answered(nonce, found as u8);
+                }
+            }
+            M::Break { open_id, order } => {
+                if !crate::failover::forward_break(self, open_id, &order) {
+                    self.oplocks.deliver_here(open_id, order)
+                }
+            }
+        }
+    }
+
+    /// On SIGTERM or Ctrl-C, before `shutdown`: no more requests are taken,
+    /// those already read are answered, every connection's sessions end,
+    /// and a cluster node hands its durable opens back to etcd and leaves;
+    /// only then do the sockets close (`crate::drain`). A connection whose
+    /// requests do not finish within `within` is not waited for.
+    pub async fn stop(self: &Arc<Self>, within: Duration) {
+        let open = self.drain.live();
+        if !self.drain.begin(within).await {
+            tracing::warn!(
+                "stopping: {} of {open} connection(s) did not finish their requests within {}s",
+                self.drain.live(),
+                within.as_secs()
+            );
+        }
+        if self.cluster.is_some() {
+            let s = self.clone();
+            let handed = tokio::task::spawn_blocking(move || {
+                let n = crate::failover::hand_back(&s);
+                s.leave_cluster();
+                n
+            })
+            .await
+            .unwrap_or(0);
+            tracing::info!(
+                "stopping: {handed} durable handle(s) handed back for their clients to \
+                 reclaim on another node"
+            );
+        }
+        self.drain.release();
+    }
+
+    async fn accept_loop(
+        self: Arc<Self>,
+        listener: TcpListener,
+        dispatch: Arc<dyn crate::connection::Dispatch>,
+    ) {
+        let mut stage = self.drain.watch();
+        loop {
+            let accepted = tokio::select! {
+                a = listener.accept() => a,
+                // Stopping: the listener closes, a client's new connection
+                // is refused and goes to another node.
+                _ = crate::drain::reached(&mut stage, crate::drain::Stage::Draining) => return,
+            };
+            match accepted {
+                Ok((stream, peer)) => {
+                    let slot = match self.admission.admit(peer.ip(), &self.config().limits) {
+                        Ok(slot) => slot,
+                        Err(why) => {
+                            // Dropping the stream closes it at once.
+                            self.admission.log_refusal(peer, &why);
+                            continue;
+                        }
+                    };
+                    let _ = stream.set_nodelay(true);
+                    let server = self.clone();
+                    let dispatch = dispatch.clone();
+                    tokio::spawn(async move {
+                        crate::connection::serve(server, dispatch, stream, peer, slot).await;
+                    });
+                }
+                Err(e) => {
+                    // Running out of file descriptors must not spin the loop.
+                    tracing::warn!("accept failed: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+}
+
+/// A keytab that cannot serve: which one, and what GSS-API said.
+#[derive(Debug)]
+pub struct KeytabError {
+    pub keytab: String,
+    pub error: nimbus_auth::GssError,
+}
+
+impl std::fmt::Display for KeytabError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "keytab {}: {}", self.keytab, self.error)
+    }
+}
+
+/// The Kerberos acceptor of `[kerberos]`: the keytab's keys, acquired now so
+/// that a keytab that cannot serve is a reason not to start.
+pub fn kerberos_acceptor(
+    k: &crate::config::KerberosConfig,
+) -> Result<nimbus_auth::KerberosAcceptor, KeytabError> {
+    let map = nimbus_auth::PrincipalMap {
+        explicit: k.user_map.iter().cloned().collect(),
+        explicit_only: !k.map_by_name,
+    };
+    let keytab = k.keytab.to_string_lossy();
+    nimbus_auth::KerberosAcceptor::new(&keytab, k.principal.as_deref(), k.ntlm, map).map_err(
+        |error| KeytabError {
+            keytab: keytab.into_owned(),
+            error,
+        },
+    )
+}
