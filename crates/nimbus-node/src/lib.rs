@@ -48,6 +48,7 @@ pub mod lease_loss;
 pub mod leaving;
 pub mod logon_guard;
 pub mod negotiated;
+pub mod oplock_host;
 pub mod persist;
 pub mod release;
 pub mod reload;

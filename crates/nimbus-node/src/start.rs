@@ -207,7 +207,8 @@ impl Server {
                 let gone: nimbus_state::share_modes::Gone =
                     Arc::new(move |open_id| m2.open_is_gone(open_id));
                 let oplocks = Oplocks::with_liveness(break_timeout, owned.clone(), gone.clone());
-                oplocks.set_elsewhere(crate::dir_leases::ClusterDirLeases::start(m.clone()));
+                let oplocks =
+                    oplocks.with_elsewhere(crate::dir_leases::ClusterDirLeases::start(m.clone()));
                 (
                     ShareModes::with_liveness(owned.clone(), gone.clone()),
                     ByteRangeLocks::with_liveness(owned, gone),
@@ -243,7 +244,10 @@ impl Server {
             total: config.limits.max_durable_handles,
             per_user: config.limits.max_durable_handles_per_user,
         };
-        let server = Arc::new(Server {
+        let follows_caching = cluster.is_some()
+            || (disk_store.is_some() && shares.iter().any(|s| s.continuous_availability));
+        let host_cluster = cluster.clone();
+        let server = Arc::new_cyclic(|weak| Server {
             config: RwLock::new(Arc::new(config)),
             provider,
             auth,
@@ -255,7 +259,11 @@ impl Server {
             logon_guard,
             open_files: OpenFiles::new(open_cap),
             locks,
-            oplocks,
+            oplocks: oplocks.with_host(Arc::new(crate::oplock_host::NodeOplockHost {
+                server: weak.clone(),
+                cluster: host_cluster,
+                follows_caching,
+            })),
             opens: OpenRegistry::default(),
             teardowns: Default::default(),
             notify,
@@ -270,75 +278,12 @@ impl Server {
             next_open_id: AtomicU64::new(first_open_id),
             predictable_file_ids: AtomicBool::new(false),
         });
-        // A break for a durable open whose client is gone closes that open
-        // (there is nobody to acknowledge it, and the open that caused it
-        // must not wait out the break timeout).
-        let weak = Arc::downgrade(&server);
-        server
-            .oplocks
-            .on_disconnected_break(Box::new(move |open_id, order| {
-                let Some(s) = weak.upgrade() else {
-                    return;
-                };
-                // A persistent open stays for its client: the break is
-                // taken as acknowledged instead (its write caching goes).
-                match s.durables.find_disconnected(open_id) {
-                    Some(open) if open.is_persistent() => {
-                        s.oplocks.acknowledge_for(open.file_key, open_id, order)
-                    }
-                    _ => {
-                        crate::disconnected::purge(&s, open_id);
-                    }
-                }
-            }));
-        // Breaks for other nodes' opens go there as messages; one for an
-        // open no node serves is taken as acknowledged (a persistent open
-        // waiting for its client), or closes it (a durable one a leaving
-        // node handed back: `crate::failover`).
-        if let Some(m) = &server.cluster {
-            let (m3, m4) = (m.clone(), m.clone());
-            let (w3, w4) = (Arc::downgrade(&server), Arc::downgrade(&server));
-            server.oplocks.on_forward(
-                Box::new(move |open_id, order| {
-                    m3.send_break(open_id, &order)
-                        || w3
-                            .upgrade()
-                            .is_some_and(|s| crate::failover::close_handed_back(&s, open_id))
-                }),
-                Box::new(move |open_id| {
-                    crate::failover::is_stranded(&m4, open_id)
-                        && !w4
-                            .upgrade()
-                            .is_some_and(|s| crate::failover::close_handed_back(&s, open_id))
-                }),
-            );
-        }
         // A node that lost its lease drops its clients (`crate::lease_loss`).
         if let Some(m) = &server.cluster {
             let weak = Arc::downgrade(&server);
             m.on_lease_lost(Box::new(move || {
                 if let Some(s) = weak.upgrade() {
                     crate::lease_loss::drop_clients(&s);
-                }
-            }));
-        }
-        let weak = Arc::downgrade(&server);
-        server.oplocks.on_has_locks(Box::new(move |file| {
-            weak.upgrade().is_some_and(|s| s.locks.has_locks(file))
-        }));
-        // A record follows the caching its open holds: a lease broken from
-        // RH to R must not come back with H after a restart or on another
-        // node.
-        if server.offers_persistent_handles() || server.cluster.is_some() {
-            let weak = Arc::downgrade(&server);
-            server.oplocks.on_caching_changed(Box::new(move |open_ids| {
-                let Some(s) = weak.upgrade() else {
-                    return;
-                };
-                for id in open_ids {
-                    if let Some(open) = s.opens.get(*id) {
-                        crate::persist::changed_soon(&s, &open);
-                    }
                 }
             }));
         }

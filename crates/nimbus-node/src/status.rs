@@ -226,42 +226,90 @@ fn health(status: &NodeStatus) -> &'static str {
     }
 }
 
+/// Why `nimbus status` could not read what the servers say.
+#[derive(Debug)]
+pub enum ReadError {
+    /// The configuration file does not load; each error names its key.
+    Config(Vec<crate::config::ConfigError>),
+    /// A single node without a state directory publishes nothing.
+    NoStateDir { file: PathBuf },
+    /// The single node's status file cannot be read.
+    StatusFile {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    /// The single node's status file is not one.
+    NotAStatusFile {
+        path: PathBuf,
+        error: serde_json::Error,
+    },
+    /// etcd could not be reached as `[cluster]` says.
+    Reach(crate::cluster::JoinError),
+    /// etcd did not answer a read.
+    Etcd(nimbus_state::StateError),
+    /// `--node` names no member of the cluster.
+    NoSuchNode(String),
+}
+
+impl std::fmt::Display for ReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadError::Config(errors) => {
+                let lines: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+                write!(f, "{}", lines.join("\n"))
+            }
+            ReadError::NoStateDir { file } => write!(
+                f,
+                "{}: a single node publishes its status in its state directory, and none is \
+                 configured; set the top-level key state_dir, or [cluster]",
+                file.display()
+            ),
+            ReadError::StatusFile { path, error } => write!(
+                f,
+                "{}: {error} (is the server running with this state_dir?)",
+                path.display()
+            ),
+            ReadError::NotAStatusFile { path, error } => {
+                write!(f, "{}: not a status file: {error}", path.display())
+            }
+            ReadError::Reach(e) => write!(f, "{e}"),
+            ReadError::Etcd(e) => write!(f, "[cluster] etcd: {e}"),
+            ReadError::NoSuchNode(node) => write!(f, "no node \"{node}\" in the cluster"),
+        }
+    }
+}
+
+impl std::error::Error for ReadError {}
+
 /// What the servers of configuration `file` say: every node of its
 /// cluster (or the one named `only`), or the single node's file; with
 /// `listings`, each node's sessions and open files too.
-pub fn read(file: &Path, only: Option<&str>, listings: bool) -> Result<Vec<NodeReport>, String> {
-    let cfg = Config::from_file(file).map_err(|errors| {
-        errors
-            .iter()
-            .map(|e| e.to_string())
-            .collect::<Vec<_>>()
-            .join("\n")
-    })?;
+pub fn read(file: &Path, only: Option<&str>, listings: bool) -> Result<Vec<NodeReport>, ReadError> {
+    let cfg = Config::from_file(file).map_err(ReadError::Config)?;
     match &cfg.cluster {
         Some(c) => read_cluster(c, only, listings),
         None => {
-            let dir = cfg.state_dir.as_ref().ok_or_else(|| {
-                format!(
-                    "{}: a single node publishes its status in its state directory, and \
-                     none is configured; set the top-level key state_dir, or [cluster]",
-                    file.display()
-                )
-            })?;
+            let dir = cfg
+                .state_dir
+                .as_ref()
+                .ok_or_else(|| ReadError::NoStateDir {
+                    file: file.to_path_buf(),
+                })?;
             read_local(dir, listings).map(|r| vec![r])
         }
     }
 }
 
-fn read_local(dir: &Path, listings: bool) -> Result<NodeReport, String> {
+fn read_local(dir: &Path, listings: bool) -> Result<NodeReport, ReadError> {
     let path: PathBuf = dir.join(STATUS_FILE);
-    let bytes = std::fs::read(&path).map_err(|e| {
-        format!(
-            "{}: {e} (is the server running with this state_dir?)",
-            path.display()
-        )
-    })?;
-    let status: NodeStatus = serde_json::from_slice(&bytes)
-        .map_err(|e| format!("{}: not a status file: {e}", path.display()))?;
+    let bytes = match std::fs::read(&path) {
+        Ok(bytes) => bytes,
+        Err(error) => return Err(ReadError::StatusFile { path, error }),
+    };
+    let status: NodeStatus = match serde_json::from_slice(&bytes) {
+        Ok(status) => status,
+        Err(error) => return Err(ReadError::NotAStatusFile { path, error }),
+    };
     // Written after the first figures: a server just started may not
     // have one yet.
     let listing = listings
@@ -280,19 +328,15 @@ fn read_cluster(
     cfg: &crate::config::ClusterConfig,
     only: Option<&str>,
     listings: bool,
-) -> Result<Vec<NodeReport>, String> {
+) -> Result<Vec<NodeReport>, ReadError> {
     let store =
-        crate::cluster::reader_store(cfg, Duration::from_secs(3)).map_err(|e| e.to_string())?;
+        crate::cluster::reader_store(cfg, Duration::from_secs(3)).map_err(ReadError::Reach)?;
     let members = store
         .scan_prefix(crate::cluster::NODES_PREFIX)
-        .map_err(|e| format!("[cluster] etcd: {e}"))?;
-    let figures = store
-        .scan_prefix(STATUS_PREFIX)
-        .map_err(|e| format!("[cluster] etcd: {e}"))?;
+        .map_err(ReadError::Etcd)?;
+    let figures = store.scan_prefix(STATUS_PREFIX).map_err(ReadError::Etcd)?;
     let lists = if listings {
-        store
-            .scan_prefix(LISTING_PREFIX)
-            .map_err(|e| format!("[cluster] etcd: {e}"))?
+        store.scan_prefix(LISTING_PREFIX).map_err(ReadError::Etcd)?
     } else {
         Vec::new()
     };
@@ -318,7 +362,7 @@ fn read_cluster(
         });
     }
     if let (Some(o), true) = (only, out.is_empty()) {
-        return Err(format!("no node \"{o}\" in the cluster"));
+        return Err(ReadError::NoSuchNode(o.to_string()));
     }
     Ok(out)
 }

@@ -119,7 +119,6 @@ pub trait Notifier: Send + Sync {
 
 /// The notifier of a single node: the route of every open that may be
 /// sent a break, and the durable opens whose client is gone.
-#[derive(Default)]
 pub struct LocalNotifier {
     routes: Mutex<HashMap<u64, Destination>>,
     /// The last break each open was sent that needs an acknowledgement,
@@ -127,18 +126,60 @@ pub struct LocalNotifier {
     /// open's session if that connection is lost (`redeliver_breaks`).
     last_sent: Mutex<HashMap<u64, Sent>>,
     /// What a break that needs acknowledgement does to a disconnected
-    /// durable open instead: the server closes that open (MS-SMB2 3.3.4.6-7
-    /// have no client to ask).
-    on_disconnected: std::sync::OnceLock<DisconnectedBreak>,
+    /// durable open instead (`OplockHost::disconnected_break`).
+    host: Arc<dyn OplockHost>,
 }
 
-/// What the server does with a break for a disconnected durable open.
-type DisconnectedBreak = Box<dyn Fn(u64, BreakOrder) + Send + Sync>;
+/// What the oplock service asks of the node it runs in, given once at
+/// construction (`Oplocks::with_host`). Each default is that of a node
+/// alone without persistent handles (`Alone`): no durable open to close,
+/// no byte-range locks asked about, no records following caching, no
+/// other node.
+pub trait OplockHost: Send + Sync {
+    /// A break that needs acknowledgement, for a disconnected durable open:
+    /// MS-SMB2 3.3.4.6-7 have no client to ask, so the node closes the
+    /// open (or takes a persistent one's break as acknowledged).
+    fn disconnected_break(&self, _open_id: u64, _order: BreakOrder) {}
+    /// Whether a file holds byte-range locks
+    /// (`crate::locks::ByteRangeLocks::has_locks`): a lease or oplock is
+    /// not granted read or handle caching beside them.
+    fn has_locks(&self, _file: FileKey) -> bool {
+        false
+    }
+    /// Whether the node keeps records that follow the caching of opens
+    /// (persistent handles, or a cluster): only then are changes worked
+    /// out and told (`caching_changed`).
+    fn follows_caching(&self) -> bool {
+        false
+    }
+    /// The caching some opens hold changed without a CREATE of theirs (a
+    /// break sent, acknowledged or timed out): their records follow.
+    fn caching_changed(&self, _open_ids: &[u64]) {}
+    /// Whether the node is one of a cluster: a break for an open not
+    /// served here goes to another node (`forward`), and breaks to opens
+    /// no node serves are looked for (`stranded`).
+    fn in_cluster(&self) -> bool {
+        false
+    }
+    /// Sends a break to the node that serves an open this node does not;
+    /// false when no node does (a gone node's persistent open nobody took
+    /// over yet: its client cannot answer, so the break is taken as
+    /// acknowledged, as for a disconnected persistent open on one node).
+    fn forward(&self, _open_id: u64, _order: BreakOrder) -> bool {
+        false
+    }
+    /// Whether an open is stranded: a gone node's persistent open nobody
+    /// took over (its breaks are taken as acknowledged).
+    fn stranded(&self, _open_id: u64) -> bool {
+        false
+    }
+}
 
-/// What the server does when the caching some opens hold changed without
-/// a CREATE of theirs (a break sent, acknowledged or timed out): their
-/// persistent records follow.
-pub type CachingChanged = Box<dyn Fn(&[u64]) + Send + Sync>;
+/// A node alone without persistent handles: every default of
+/// `OplockHost`.
+pub struct Alone;
+
+impl OplockHost for Alone {}
 
 #[derive(Clone)]
 enum Destination {
@@ -148,6 +189,14 @@ enum Destination {
 }
 
 impl LocalNotifier {
+    fn new(host: Arc<dyn OplockHost>) -> LocalNotifier {
+        LocalNotifier {
+            routes: Mutex::default(),
+            last_sent: Mutex::default(),
+            host,
+        }
+    }
+
     fn register(&self, open_id: u64, route: Route) {
         lock(&self.routes).insert(open_id, Destination::Client(route));
     }
@@ -207,13 +256,17 @@ impl Notifier for LocalNotifier {
                     order.from,
                     order.to
                 );
-                if let Some(f) = self.on_disconnected.get() {
-                    f(open_id, order);
-                }
+                self.host.disconnected_break(open_id, order);
             }
             Destination::Disconnected => {}
         }
     }
+}
+
+/// Whether changed caching is to be told: the host follows it, and some
+/// changed.
+fn watch_told(host: &dyn OplockHost, changed: &[u64]) -> bool {
+    host.follows_caching() && !changed.is_empty()
 }
 
 /// A CREATE or rename waiting for breaks on a file to end.
@@ -224,20 +277,6 @@ struct Waiter {
     /// died meanwhile (no timer left anywhere) ends them itself.
     since: Instant,
 }
-
-/// Sends a break to the node that serves an open this node does not;
-/// false when no node does (a gone node's persistent open nobody took
-/// over yet: its client cannot answer, so the break is taken as
-/// acknowledged, as for a disconnected persistent open on one node).
-pub type Forward = Box<dyn Fn(u64, BreakOrder) -> bool + Send + Sync>;
-
-/// Whether a file holds byte-range locks (`crate::locks::ByteRangeLocks::has_locks`):
-/// a lease or oplock is not granted read or handle caching beside them.
-pub type HasLocks = Box<dyn Fn(FileKey) -> bool + Send + Sync>;
-
-/// Whether an open is stranded: a gone node's persistent open nobody took
-/// over (its breaks are taken as acknowledged).
-pub type Stranded = Box<dyn Fn(u64) -> bool + Send + Sync>;
 
 /// The directory leases of other cluster nodes, and the way to tell them
 /// of this node's (`nimbus_cluster::dir_leases::ClusterDirLeases`).
@@ -405,28 +444,20 @@ pub struct Oplocks {
     notifier: Arc<LocalNotifier>,
     /// Milliseconds; a reload may change it (`set_break_timeout`).
     break_timeout: std::sync::atomic::AtomicU64,
-    /// Told of opens whose caching changed, once set (a server with
-    /// persistent handles); unset, nothing is watched.
-    on_changed: Arc<std::sync::OnceLock<CachingChanged>>,
+    /// The node this service runs in (`OplockHost`).
+    host: Arc<dyn OplockHost>,
     /// How many directories hold a lease, read without the lock: while
     /// none does, a change to a file costs no look-up of its directory.
     dir_leases: AtomicUsize,
     /// On a cluster node: whether an open belongs to a node that is gone
     /// (its grants hold nothing any more).
     gone: Option<Gone>,
-    /// On a cluster node: how a break reaches another node's open.
-    forward: std::sync::OnceLock<Forward>,
-    /// On a cluster node: which opens no node serves now.
-    stranded: std::sync::OnceLock<Stranded>,
     /// On a cluster node: the directory leases of the others.
-    elsewhere: std::sync::OnceLock<Arc<dyn DirLeasesElsewhere>>,
+    elsewhere: Option<Arc<dyn DirLeasesElsewhere>>,
     /// Orders the telling of other nodes (see `publish_dirs`).
     publishing: Mutex<()>,
     /// CREATEs and closes of shared files waiting to be written together.
     gatherings: together::Gatherings,
-    /// Whether a file holds byte-range locks, asked by a write of gathered
-    /// admits (once for them all); unset, none does.
-    has_locks: std::sync::OnceLock<HasLocks>,
 }
 
 /// What an acknowledgement came to.
@@ -501,35 +532,47 @@ impl Oplocks {
         self.break_timeout.store(millis(timeout), Ordering::Relaxed);
     }
 
+    /// The oplocks of a node alone without persistent handles (`Alone`).
     pub fn new(break_timeout: Duration, store: Arc<dyn StateStore>) -> Oplocks {
+        let host: Arc<dyn OplockHost> = Arc::new(Alone);
         Oplocks {
             table: Arc::new(Mutex::new(Table::default())),
             turns: Arc::default(),
             store,
-            notifier: Arc::new(LocalNotifier::default()),
+            notifier: Arc::new(LocalNotifier::new(host.clone())),
             break_timeout: std::sync::atomic::AtomicU64::new(millis(break_timeout)),
-            on_changed: Arc::new(std::sync::OnceLock::new()),
+            host,
             dir_leases: AtomicUsize::new(0),
             gone: None,
-            forward: std::sync::OnceLock::new(),
-            stranded: std::sync::OnceLock::new(),
-            elsewhere: std::sync::OnceLock::new(),
+            elsewhere: None,
             publishing: Mutex::new(()),
             gatherings: together::Gatherings::default(),
-            has_locks: std::sync::OnceLock::new(),
         }
     }
 
-    /// Sets where other nodes' directory leases are known; once, at start.
-    pub fn set_elsewhere(&self, e: Arc<dyn DirLeasesElsewhere>) {
-        let _ = self.elsewhere.set(e);
+    /// The same, run in `host`: at construction, before any open is
+    /// routed.
+    pub fn with_host(self, host: Arc<dyn OplockHost>) -> Oplocks {
+        Oplocks {
+            notifier: Arc::new(LocalNotifier::new(host.clone())),
+            host,
+            ..self
+        }
+    }
+
+    /// The same, knowing where other nodes' directory leases are.
+    pub fn with_elsewhere(self, e: Arc<dyn DirLeasesElsewhere>) -> Oplocks {
+        Oplocks {
+            elsewhere: Some(e),
+            ..self
+        }
     }
 
     /// Tells other nodes whether this node still holds leases on the
     /// directories `touched` names. Each is told the state it has when
     /// told, one at a time: whoever tells last tells the latest.
     fn publish_dirs(&self, touched: Vec<FileKey>) {
-        let Some(e) = self.elsewhere.get() else {
+        let Some(e) = &self.elsewhere else {
             return;
         };
         if touched.is_empty() {
@@ -554,13 +597,6 @@ impl Oplocks {
             gone: Some(gone),
             ..Oplocks::new(break_timeout, store)
         }
-    }
-
-    /// Sets how breaks reach other nodes' opens, and which opens no node
-    /// serves; once, at start.
-    pub fn on_forward(&self, f: Forward, stranded: Stranded) {
-        let _ = self.forward.set(f);
-        let _ = self.stranded.set(stranded);
     }
 
     /// Takes a break nobody can receive as acknowledged with what it asked.
@@ -599,19 +635,8 @@ impl Oplocks {
         ended
     }
 
-    /// Sets how a write of gathered admits learns whether the file holds
-    /// byte-range locks; once, at start.
-    pub fn on_has_locks(&self, f: HasLocks) {
-        let _ = self.has_locks.set(f);
-    }
-
-    /// Sets what is told of opens whose caching changed; once, at start.
-    pub fn on_caching_changed(&self, f: CachingChanged) {
-        let _ = self.on_changed.set(f);
-    }
-
     fn watching(&self) -> bool {
-        self.on_changed.get().is_some()
+        self.host.follows_caching()
     }
 
     /// Sends what an open of `file` requires of other holders first. When
@@ -698,14 +723,8 @@ impl Oplocks {
         }
     }
 
-    /// Sets what a break to a disconnected durable open does (the server
-    /// closes that open); once, at start.
-    pub fn on_disconnected_break(&self, f: DisconnectedBreak) {
-        let _ = self.notifier.on_disconnected.set(f);
-    }
-
     /// `open_id` lost its client but is kept (a durable open): breaks to it
-    /// go to the handler set by `on_disconnected_break`.
+    /// go to `OplockHost::disconnected_break`.
     pub fn detach(&self, open_id: u64) {
         lock(&self.notifier.routes).insert(open_id, Destination::Disconnected);
     }
@@ -860,8 +879,7 @@ impl Oplocks {
                 // Now decided here, step by step: the lock check the write
                 // would have made is made for this admit alone.
                 let mut ask = *ask;
-                ask.has_byte_range_locks |=
-                    !ask.overwrite && self.has_locks.get().is_some_and(|f| f(file));
+                ask.has_byte_range_locks |= !ask.overwrite && self.host.has_locks(file);
                 self.admit(file, &ask, route)
             }
             Some(Ok(together::Stepped::Admitted(granted))) => granted,
@@ -1069,7 +1087,8 @@ impl Oplocks {
         wake(woken);
         // Breaks sent while their node still looked alive, to opens no
         // node serves now.
-        if let Some(stranded) = self.stranded.get() {
+        if self.host.in_cluster() {
+            let stranded = |open_id: u64| self.host.stranded(open_id);
             let s =
                 records::read::<FileCaching>(&*self.store, &record_key(file)).unwrap_or_default();
             for g in s.grants.iter() {
@@ -1182,7 +1201,7 @@ impl Oplocks {
     /// Whether any directory holds a lease now, here or on another node.
     pub fn has_dir_leases(&self) -> bool {
         self.dir_leases.load(Ordering::Acquire) != 0
-            || self.elsewhere.get().is_some_and(|e| e.any())
+            || self.elsewhere.as_ref().is_some_and(|e| e.any())
     }
 
     fn count_dirs(&self, t: &Table) {
@@ -1194,7 +1213,7 @@ impl Oplocks {
     /// waits for these acknowledgements.
     pub fn contend_children(&self, dir: FileKey, by: Option<LeaseId>) {
         let here = self.table().dirs.contains(&dir);
-        if !here && !self.elsewhere.get().is_some_and(|e| e.holds(dir)) {
+        if !here && !self.elsewhere.as_ref().is_some_and(|e| e.holds(dir)) {
             return;
         }
         self.contend_with(dir, |s| s.contend_children(by));
@@ -1258,7 +1277,7 @@ impl Oplocks {
         let table = Arc::downgrade(&self.table);
         let turns = self.turns.clone();
         let store = self.store.clone();
-        let on_changed = self.on_changed.clone();
+        let host = self.host.clone();
         let after = self.break_timeout();
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
@@ -1279,7 +1298,7 @@ impl Oplocks {
                     }
                     local.break_serial.remove(&holder);
                 }
-                let watch = on_changed.get().is_some();
+                let watch = host.follows_caching();
                 let Some((timed_out, summary)) =
                     apply(&*store, file, watch, |s| s.break_timed_out(holder))
                 else {
@@ -1298,8 +1317,8 @@ impl Oplocks {
                 t.settle(file, &summary);
                 (woken, summary.changed)
             };
-            if let (Some(f), false) = (on_changed.get(), changed.is_empty()) {
-                f(&changed);
+            if watch_told(&*host, &changed) {
+                host.caching_changed(&changed);
             }
             wake(woken);
         };
@@ -1327,8 +1346,8 @@ impl Oplocks {
     /// Tells the server of opens whose caching changed. Outside the table
     /// lock: the server reads the caching state back.
     fn tell(&self, changed: Vec<u64>) {
-        if let (Some(f), false) = (self.on_changed.get(), changed.is_empty()) {
-            f(&changed);
+        if watch_told(&*self.host, &changed) {
+            self.host.caching_changed(&changed);
         }
     }
 
@@ -1336,13 +1355,12 @@ impl Oplocks {
         let mut stranded = Vec::new();
         for (order, open_id) in sends {
             let here = lock(&self.notifier.routes).contains_key(&open_id);
-            match self.forward.get() {
-                Some(forward) if !here => {
-                    if !forward(open_id, order) && order.ack_required {
-                        stranded.push(order);
-                    }
+            if self.host.in_cluster() && !here {
+                if !self.host.forward(open_id, order) && order.ack_required {
+                    stranded.push(order);
                 }
-                _ => self.notifier.deliver(open_id, order),
+            } else {
+                self.notifier.deliver(open_id, order);
             }
         }
         for order in stranded {
@@ -1692,10 +1710,18 @@ mod tests {
 
     #[test]
     fn the_server_is_told_when_a_break_lowers_an_opens_caching() {
-        let oplocks = Oplocks::new(Duration::from_secs(35), Arc::new(MemoryStore::new()));
+        struct Follows(Arc<Mutex<Vec<u64>>>);
+        impl OplockHost for Follows {
+            fn follows_caching(&self) -> bool {
+                true
+            }
+            fn caching_changed(&self, ids: &[u64]) {
+                lock(&self.0).extend_from_slice(ids);
+            }
+        }
         let told = Arc::new(Mutex::new(Vec::<u64>::new()));
-        let sink = told.clone();
-        oplocks.on_caching_changed(Box::new(move |ids| lock(&sink).extend_from_slice(ids)));
+        let oplocks = Oplocks::new(Duration::from_secs(35), Arc::new(MemoryStore::new()))
+            .with_host(Arc::new(Follows(told.clone())));
         let id = LeaseId {
             client: [1; 16],
             key: [2; 16],

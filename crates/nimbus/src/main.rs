@@ -213,8 +213,9 @@ fn main() -> ExitCode {
             json,
             sessions,
             files,
-        } => nimbus_server::status::read(&config, node.as_deref(), sessions || files).map(
-            |reports| {
+        } => nimbus_server::status::read(&config, node.as_deref(), sessions || files)
+            .map_err(|e| e.to_string())
+            .map(|reports| {
                 if json {
                     println!("{}", nimbus_server::status::json(&reports));
                     return;
@@ -226,8 +227,7 @@ fn main() -> ExitCode {
                 if files {
                     print!("\n{}", nimbus_server::status::files_table(&reports));
                 }
-            },
-        ),
+            }),
         Cmd::Bench {
             command: BenchCmd::Crypto { millis },
         } => {

@@ -19,7 +19,7 @@
 //!   listings carry each file's Finder information, resource fork size and
 //!   Unix mode (`readdir`); security descriptors carry the Unix owner,
 //!   group and mode (`nfs_ace`); a copy-chunk request without chunks copies
-//!   a whole file with its streams (`handlers::ioctl::copyfile`); and a directory handle may
+//!   a whole file with its streams (the IOCTL handler's `copyfile`); and a directory handle may
 //!   be renamed with files below it open, as on a Mac's own file systems.
 
 pub mod afp_info;

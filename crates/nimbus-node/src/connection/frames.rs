@@ -67,7 +67,7 @@ fn read_length(frame: &[u8], off: usize) -> Option<u32> {
 /// file system, so they run in place. So do small READs (up to
 /// `QUICK_READ_MAX`): they read what the page cache holds without waiting
 /// and hand only a read that must wait for the disk off the worker
-/// (`handlers::read`). Other data transfer (WRITE, FLUSH, larger READs),
+/// (the READ handler). Other data transfer (WRITE, FLUSH, larger READs),
 /// directory listings, IOCTLs and encrypted frames (which cannot be looked
 /// into before decryption, and may ask for a read of any size) still go to
 /// the pool, where a slow disk blocks nobody else. The cost: a metadata

@@ -348,7 +348,7 @@ impl Oplocks {
         let locked = steps
             .iter()
             .any(|(_, s)| matches!(s, Step::Admit { ask } if asking(ask)))
-            && self.has_locks.get().is_some_and(|f| f(file));
+            && self.host.has_locks(file);
         let mut claimed = Claimed::default();
         let mut t = self.table();
         let steps = steps
@@ -527,16 +527,21 @@ mod tests {
         // transaction of its own on a file the nodes share.
         use nimbus_state::caching::{HANDLE, READ};
         let store = Arc::new(SharedMemory::default());
-        let oplocks = Arc::new(Oplocks::new(Duration::from_secs(35), store.clone()));
-        let sm = Arc::new(ShareModes::new(store.clone()));
         // Whether the file holds byte-range locks: a read of the lock
         // record on a shared file, asked once per write of admits.
+        struct CountsAsks(Arc<std::sync::atomic::AtomicUsize>);
+        impl crate::oplocks::OplockHost for CountsAsks {
+            fn has_locks(&self, _: FileKey) -> bool {
+                self.0.fetch_add(1, Ordering::SeqCst);
+                false
+            }
+        }
         let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let count = asked.clone();
-        oplocks.on_has_locks(Box::new(move |_| {
-            count.fetch_add(1, Ordering::SeqCst);
-            false
-        }));
+        let oplocks = Arc::new(
+            Oplocks::new(Duration::from_secs(35), store.clone())
+                .with_host(Arc::new(CountsAsks(asked.clone()))),
+        );
+        let sm = Arc::new(ShareModes::new(store.clone()));
         let lease = |id: u64| LeaseId {
             client: [1; 16],
             key: [id as u8; 16],
@@ -671,14 +676,20 @@ mod tests {
         // close is a step of the same file: it must not wait for the write
         // that sent the break (it did, forever).
         let store = Arc::new(SharedMemory::default());
-        let oplocks = Arc::new(Oplocks::new(Duration::from_secs(35), store.clone()));
         let sm = Arc::new(ShareModes::new(store.clone()));
-        let (o, s) = (Arc::downgrade(&oplocks), sm.clone());
-        oplocks.on_disconnected_break(Box::new(move |open_id, _| {
-            if let Some(o) = o.upgrade() {
-                let _ = o.forget_closing(K, open_id, &s);
+        // The node closes the open the break went to.
+        struct Closes(std::sync::Weak<Oplocks>, Arc<ShareModes>);
+        impl crate::oplocks::OplockHost for Closes {
+            fn disconnected_break(&self, open_id: u64, _: nimbus_state::caching::BreakOrder) {
+                if let Some(o) = self.0.upgrade() {
+                    let _ = o.forget_closing(K, open_id, &self.1);
+                }
             }
-        }));
+        }
+        let oplocks = Arc::new_cyclic(|o| {
+            Oplocks::new(Duration::from_secs(35), store.clone())
+                .with_host(Arc::new(Closes(o.clone(), sm.clone())))
+        });
         // Open 1 holds a batch oplock, and its client is gone.
         let share_all = |(ask, open): (OpenAsk, OpenRecord)| {
             (
