@@ -38,7 +38,7 @@ use nimbus_wire::notify::NotifyAction;
 
 use crate::cluster::Membership;
 use crate::cluster_registry::Registry;
-use crate::notify::{parent_of, Change, Relay};
+use crate::notify::{covering, Change, Relay};
 use crate::notify_recent::{now, Recent};
 
 /// Key prefix of the registrations: `notify/<node>/<share>/<dir>`.
@@ -224,11 +224,7 @@ impl Relay for NotifyRelay {
             // sent to its node or recorded as not sent there.
             let others = self.registry.others();
             for (i, c) in changes.iter().enumerate() {
-                let Some(mut dir) = parent_of(c.path) else {
-                    continue;
-                };
-                let mut direct = true;
-                loop {
+                for (dir, direct) in covering(c.path) {
                     for (node, value) in others.get(&item(&share, dir)).into_iter().flatten() {
                         if !(direct || decode_registration(value).0) {
                             continue;
@@ -239,11 +235,6 @@ impl Relay for NotifyRelay {
                             None => per_node.push((node.clone(), vec![i])),
                         }
                     }
-                    match parent_of(dir) {
-                        Some(up) => dir = up,
-                        None => break,
-                    }
-                    direct = false;
                 }
             }
             let owned = changes
@@ -356,12 +347,8 @@ pub fn made_before_watched(
     path: &str,
     revision: u64,
 ) -> bool {
-    let Some(mut dir) = parent_of(path) else {
-        return false;
-    };
     let mut covered = false;
-    let mut direct = true;
-    loop {
+    for (dir, direct) in covering(path) {
         if let Some(s) = since.get(&item(share, dir)) {
             if direct || s.tree {
                 if s.revision <= revision {
@@ -370,12 +357,8 @@ pub fn made_before_watched(
                 covered = true;
             }
         }
-        match parent_of(dir) {
-            Some(up) => dir = up,
-            None => return covered,
-        }
-        direct = false;
     }
+    covered
 }
 
 /// The message of `Relay::delete_pending`: the tag and the directory's file

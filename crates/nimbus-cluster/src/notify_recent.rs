@@ -29,7 +29,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use nimbus_wire::notify::NotifyAction;
 
-use crate::notify::parent_of;
+use crate::notify::covering;
 
 /// Changes as they travel: (action, filter, share-relative path).
 pub type OwnedChange = (NotifyAction, u32, String);
@@ -138,16 +138,7 @@ impl Recent {
 /// Whether a watch of `dir` hears of a change to `path`: `dir` is its
 /// directory, or an ancestor of it and the watch covers the tree.
 fn beneath(path: &str, dir: &str, tree: bool) -> bool {
-    let mut up = parent_of(path);
-    let mut direct = true;
-    while let Some(d) = up {
-        if d == dir {
-            return direct || tree;
-        }
-        up = parent_of(d);
-        direct = false;
-    }
-    false
+    covering(path).any(|(d, direct)| d == dir && (direct || tree))
 }
 
 #[cfg(test)]

@@ -36,7 +36,9 @@ pub enum StartError {
         addr: SocketAddr,
         reason: String,
     },
-    Runtime(String),
+    /// `[security] fips = true` in a binary built without the FIPS
+    /// provider.
+    FipsNotBuilt,
     /// The state directory or its store could not be opened.
     StateDir(nimbus_state::redb_store::OpenError),
     /// The persistent handles of the last run could not be read back.
@@ -56,7 +58,11 @@ impl std::fmt::Display for StartError {
                 write!(f, "share \"{name}\": path {path}: {reason}")
             }
             StartError::Bind { addr, reason } => write!(f, "cannot listen on {addr}: {reason}"),
-            StartError::Runtime(e) => write!(f, "{e}"),
+            StartError::FipsNotBuilt => write!(
+                f,
+                "[security] fips = true, but this binary was built without the FIPS provider \
+                 (build with `cargo build --release --features fips`)"
+            ),
             StartError::Cluster(e) => write!(f, "{e}"),
             StartError::Kerberos(e) => write!(
                 f,
@@ -79,13 +85,7 @@ impl std::error::Error for StartError {}
 impl Server {
     pub fn new(mut config: Config) -> Result<Arc<Server>, StartError> {
         let provider = if config.fips {
-            let p = CryptoProvider::fips_if_built().ok_or_else(|| {
-                StartError::Runtime(
-                    "[security] fips = true, but this binary was built without the FIPS provider \
-                     (build with `cargo build --release --features fips`)"
-                        .into(),
-                )
-            })?;
+            let p = CryptoProvider::fips_if_built().ok_or(StartError::FipsNotBuilt)?;
             if config.kerberos.is_some() {
                 tracing::info!(
                     "FIPS mode: crypto provider \"{}\" (AWS-LC FIPS module only); Kerberos logons \

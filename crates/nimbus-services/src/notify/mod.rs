@@ -229,6 +229,21 @@ pub fn parent_of(path: &str) -> Option<&str> {
     (!path.is_empty()).then(|| nimbus_vfs::names::parent(path))
 }
 
+/// The directories whose watches may hear of a change to `path`, nearest
+/// first, each with whether it is `path`'s own directory (`direct`): its
+/// own directory's watch hears it; an ancestor's only when it watches the
+/// tree. Up to the share's root.
+pub fn covering(path: &str) -> impl Iterator<Item = (&str, bool)> {
+    let mut next = parent_of(path);
+    let mut direct = true;
+    std::iter::from_fn(move || {
+        let dir = next?;
+        next = parent_of(dir);
+        let own = std::mem::replace(&mut direct, false);
+        Some((dir, own))
+    })
+}
+
 /// `path` relative to its ancestor `dir`, in the '\'-separated form of the
 /// wire.
 fn relative_name(path: &str, dir: &str) -> String {
@@ -1070,6 +1085,14 @@ impl ChangeNotify {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_change_is_covered_by_its_directory_then_each_ancestor_up_to_the_root() {
+        let dirs: Vec<(&str, bool)> = covering("a/b/c.txt").collect();
+        assert_eq!(dirs, [("a/b", true), ("a", false), ("", false)]);
+        assert_eq!(covering("top.txt").collect::<Vec<_>>(), [("", true)]);
+        assert_eq!(covering("").count(), 0);
+    }
 
     #[test]
     fn parents_and_relative_names() {
