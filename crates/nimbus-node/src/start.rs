@@ -82,85 +82,149 @@ impl std::fmt::Display for StartError {
 
 impl std::error::Error for StartError {}
 
-impl Server {
-    pub fn new(mut config: Config) -> Result<Arc<Server>, StartError> {
-        let provider = if config.fips {
-            let p = CryptoProvider::fips_if_built().ok_or(StartError::FipsNotBuilt)?;
-            if config.kerberos.is_some() {
-                tracing::info!(
-                    "FIPS mode: crypto provider \"{}\" (AWS-LC FIPS module only); Kerberos logons \
-                     only: NTLM needs MD4, MD5 and RC4, which FIPS does not approve",
-                    p.name()
-                );
-            } else {
-                tracing::warn!(
-                    "FIPS mode: crypto provider \"{}\" (AWS-LC FIPS module only). NTLM logon is \
-                     disabled (it needs MD4, MD5 and RC4, which FIPS does not approve) and no \
-                     [kerberos] is configured, so no user can log on",
-                    p.name()
-                );
-            }
-            p
+/// The crypto provider `[security]` asks for, logged once, and the
+/// configured ciphers cut to those it offers.
+fn crypto_provider(config: &mut Config) -> Result<Arc<CryptoProvider>, StartError> {
+    let provider = if config.fips {
+        let p = CryptoProvider::fips_if_built().ok_or(StartError::FipsNotBuilt)?;
+        if config.kerberos.is_some() {
+            tracing::info!(
+                "FIPS mode: crypto provider \"{}\" (AWS-LC FIPS module only); Kerberos logons \
+                 only: NTLM needs MD4, MD5 and RC4, which FIPS does not approve",
+                p.name()
+            );
         } else {
-            let p = CryptoProvider::default_provider();
-            tracing::info!("{}", p.summary());
-            p
-        };
-        let (offered, dropped): (Vec<CipherAlgorithm>, Vec<CipherAlgorithm>) = config
-            .ciphers
-            .iter()
-            .copied()
-            .partition(|c| provider.offers_cipher(*c));
-        if !dropped.is_empty() {
             tracing::warn!(
-                "ciphers {:?} are not offered: provider \"{}\" has no approved implementation \
-                 (SMB 3.0 and 3.0.2 clients cannot encrypt without AES-128-CCM)",
-                dropped.iter().map(|c| c.name()).collect::<Vec<_>>(),
-                provider.name()
+                "FIPS mode: crypto provider \"{}\" (AWS-LC FIPS module only). NTLM logon is \
+                 disabled (it needs MD4, MD5 and RC4, which FIPS does not approve) and no \
+                 [kerberos] is configured, so no user can log on",
+                p.name()
             );
         }
-        config.ciphers = offered;
-        let users = UserDb::load(&config.user_db).map_err(StartError::UserDb)?;
-        if users.names().is_empty() && !config.shares.iter().any(|s| s.guest_ok) {
-            tracing::warn!(
-                "user database {} has no users: nobody can log on (add one with `nimbus user add NAME --db {}`)",
-                config.user_db.display(),
-                config.user_db.display()
-            );
-        }
-        let start_time = now_filetime();
-        let mut shares = Vec::new();
-        for s in &config.shares {
-            let share = Share::open(s, config.encryption, start_time).map_err(|reason| {
-                StartError::Share {
-                    name: s.name.clone(),
-                    path: s.path.display().to_string(),
-                    reason,
-                }
-            })?;
-            shares.push(Arc::new(share));
-        }
-        shares.push(Arc::new(Share::ipc(
-            config.share_encryption(None),
-            start_time,
-        )));
-        let kerberos = match &config.kerberos {
-            Some(k) => Some(kerberos_acceptor(k).map_err(StartError::Kerberos)?),
-            None => None,
-        };
-        let auth = Authenticator::with_kerberos(
-            provider.clone(),
-            Arc::new(RwLock::new(users)),
-            AuthConfig {
-                netbios_computer: config.server_name.to_uppercase(),
-                netbios_domain: config.workgroup.to_uppercase(),
-                dns_computer: config.server_name.to_lowercase(),
-                dns_domain: String::new(),
-                allow_guest: config.shares.iter().any(|s| s.guest_ok),
-                aliases: config.server_aliases.clone(),
-            },
-            kerberos,
+        p
+    } else {
+        let p = CryptoProvider::default_provider();
+        tracing::info!("{}", p.summary());
+        p
+    };
+    let (offered, dropped): (Vec<CipherAlgorithm>, Vec<CipherAlgorithm>) = config
+        .ciphers
+        .iter()
+        .copied()
+        .partition(|c| provider.offers_cipher(*c));
+    if !dropped.is_empty() {
+        tracing::warn!(
+            "ciphers {:?} are not offered: provider \"{}\" has no approved implementation \
+             (SMB 3.0 and 3.0.2 clients cannot encrypt without AES-128-CCM)",
+            dropped.iter().map(|c| c.name()).collect::<Vec<_>>(),
+            provider.name()
         );
+    }
+    config.ciphers = offered;
+    Ok(provider)
+}
+
+/// Every configured share, opened (a share whose path cannot serve is a
+/// reason not to start), and IPC$ last.
+fn open_shares(config: &Config, start_time: u64) -> Result<Vec<Arc<Share>>, StartError> {
+    let mut shares = Vec::new();
+    for s in &config.shares {
+        let share =
+            Share::open(s, config.encryption, start_time).map_err(|reason| StartError::Share {
+                name: s.name.clone(),
+                path: s.path.display().to_string(),
+                reason,
+            })?;
+        shares.push(Arc::new(share));
+    }
+    shares.push(Arc::new(Share::ipc(
+        config.share_encryption(None),
+        start_time,
+    )));
+    Ok(shares)
+}
+
+/// The logon service: the user database, and the Kerberos acceptor of
+/// `[kerberos]` (a keytab that cannot serve is a reason not to start).
+fn authenticator(
+    config: &Config,
+    provider: &Arc<CryptoProvider>,
+) -> Result<Authenticator, StartError> {
+    let users = UserDb::load(&config.user_db).map_err(StartError::UserDb)?;
+    if users.names().is_empty() && !config.shares.iter().any(|s| s.guest_ok) {
+        tracing::warn!(
+            "user database {} has no users: nobody can log on (add one with `nimbus user add NAME --db {}`)",
+            config.user_db.display(),
+            config.user_db.display()
+        );
+    }
+    let kerberos = match &config.kerberos {
+        Some(k) => Some(kerberos_acceptor(k).map_err(StartError::Kerberos)?),
+        None => None,
+    };
+    Ok(Authenticator::with_kerberos(
+        provider.clone(),
+        Arc::new(RwLock::new(users)),
+        AuthConfig {
+            netbios_computer: config.server_name.to_uppercase(),
+            netbios_domain: config.workgroup.to_uppercase(),
+            dns_computer: config.server_name.to_lowercase(),
+            dns_domain: String::new(),
+            allow_guest: config.shares.iter().any(|s| s.guest_ok),
+            aliases: config.server_aliases.clone(),
+        },
+        kerberos,
+    ))
+}
+
+/// The protocol-state services: share modes, byte-range locks, oplocks
+/// and leases, their records in memory on a node alone.
+fn protocol_state(
+    config: &Config,
+    cluster: Option<&Arc<crate::cluster::Membership>>,
+) -> (ShareModes, ByteRangeLocks, Oplocks) {
+    let break_timeout = config.limits.oplock_break_timeout;
+    // One store for every kind of per-file record (memory on one node).
+    let store: Arc<dyn StateStore> = Arc::new(MemoryStore::new());
+    // A cluster node decides share modes, byte-range locks, oplocks
+    // and leases through per-file ownership over etcd.
+    let (share_modes, locks, oplocks) = match cluster {
+        Some(m) => {
+            let owned = crate::cluster::owned_store(m);
+            m.set_owned_store(owned.clone());
+            let m2 = m.clone();
+            let gone: nimbus_state::share_modes::Gone =
+                Arc::new(move |open_id| m2.open_is_gone(open_id));
+            let oplocks = Oplocks::with_liveness(break_timeout, owned.clone(), gone.clone());
+            let oplocks =
+                oplocks.with_elsewhere(crate::dir_leases::ClusterDirLeases::start(m.clone()));
+            (
+                ShareModes::with_liveness(owned.clone(), gone.clone()),
+                ByteRangeLocks::with_liveness(owned, gone),
+                oplocks,
+            )
+        }
+        None => (
+            ShareModes::new(store.clone()),
+            ByteRangeLocks::new(store.clone()),
+            Oplocks::new(break_timeout, store.clone()),
+        ),
+    };
+    let locks = locks.with_caps(nimbus_state::byte_range::LockCaps {
+        per_open: config.limits.max_byte_range_locks_per_open,
+        per_file: config.limits.max_byte_range_locks_per_file,
+    });
+    (share_modes, locks, oplocks)
+}
+
+impl Server {
+    /// Builds a node from `config` and wires every service: nothing is
+    /// served until `run`.
+    pub fn new(mut config: Config) -> Result<Arc<Server>, StartError> {
+        let provider = crypto_provider(&mut config)?;
+        let start_time = now_filetime();
+        let shares = open_shares(&config, start_time)?;
+        let auth = authenticator(&config, &provider)?;
         let mut guid = [0u8; 16];
         provider.fill_random(&mut guid);
         let logon_guard = LogonGuard::new(&config.limits);
@@ -170,9 +234,6 @@ impl Server {
             tracing::warn!("{w}");
         }
         tracing::debug!("descriptor limit {descriptors}: up to {open_cap} files open server-wide");
-        let break_timeout = config.limits.oplock_break_timeout;
-        // One store for every kind of per-file record (memory on one node).
-        let store: Arc<dyn StateStore> = Arc::new(MemoryStore::new());
         let max_inotify_watches = config.limits.max_inotify_watches;
         // Opened before anything is served: a damaged or unwritable store is
         // a reason not to start, never a silently empty one.
@@ -197,34 +258,7 @@ impl Server {
         if let Some(m) = &cluster {
             disk_store = Some(m.store.clone() as Arc<dyn StateStore>);
         }
-        // A cluster node decides share modes, byte-range locks, oplocks
-        // and leases through per-file ownership over etcd.
-        let (share_modes, locks, oplocks) = match &cluster {
-            Some(m) => {
-                let owned = crate::cluster::owned_store(m);
-                m.set_owned_store(owned.clone());
-                let m2 = m.clone();
-                let gone: nimbus_state::share_modes::Gone =
-                    Arc::new(move |open_id| m2.open_is_gone(open_id));
-                let oplocks = Oplocks::with_liveness(break_timeout, owned.clone(), gone.clone());
-                let oplocks =
-                    oplocks.with_elsewhere(crate::dir_leases::ClusterDirLeases::start(m.clone()));
-                (
-                    ShareModes::with_liveness(owned.clone(), gone.clone()),
-                    ByteRangeLocks::with_liveness(owned, gone),
-                    oplocks,
-                )
-            }
-            None => (
-                ShareModes::new(store.clone()),
-                ByteRangeLocks::new(store.clone()),
-                Oplocks::new(break_timeout, store.clone()),
-            ),
-        };
-        let locks = locks.with_caps(nimbus_state::byte_range::LockCaps {
-            per_open: config.limits.max_byte_range_locks_per_open,
-            per_file: config.limits.max_byte_range_locks_per_file,
-        });
+        let (share_modes, locks, oplocks) = protocol_state(&config, cluster.as_ref());
         let first_open_id = cluster
             .as_ref()
             .map_or(0, |m| m.incarnation() << crate::cluster::OPEN_ID_SHIFT)
