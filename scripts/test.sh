@@ -118,11 +118,12 @@ if [ "$cargo_checks" -eq 1 ]; then
     step "cargo clippy"
     cargo clippy --workspace --all-targets -- -D warnings
 
-    # The layers below the server build on their own, with their tests:
-    # no server, connection or handler code, and no feature that only the
-    # workspace's other crates switch on.
+    # The layers below the handlers build on their own, with their tests:
+    # the services and the cluster without server, connection or handler
+    # code, the node without handlers, and none with a feature that only
+    # the workspace's other crates switch on.
     step "cargo check of each layer alone"
-    for layer in nimbus-transport nimbus-services nimbus-cluster; do
+    for layer in nimbus-transport nimbus-services nimbus-cluster nimbus-node; do
         cargo check -p "$layer" --all-targets
     done
 
