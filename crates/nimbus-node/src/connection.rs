@@ -1015,7 +1015,7 @@ async fn serve_in(
     // CREATEs other connections' clients send meanwhile and that these
     // opens refuse wait for them to go (`crate::teardowns`).
     let server = conn.server.clone();
-    let tearing_down = server.teardowns.begin(crate::teardowns::id(&conn));
+    let tearing_down = server.teardowns.begin(crate::teardowns::id(&*conn));
     drop(tx);
     // The writer ends when both its queues are closed.
     lock(&conn.unsolicited).take();

@@ -144,12 +144,9 @@ fn open_shares(config: &Config, start_time: u64) -> Result<Vec<Arc<Share>>, Star
     Ok(shares)
 }
 
-/// The logon service: the user database, and the Kerberos acceptor of
-/// `[kerberos]` (a keytab that cannot serve is a reason not to start).
-fn authenticator(
-    config: &Config,
-    provider: &Arc<CryptoProvider>,
-) -> Result<Authenticator, StartError> {
+/// The user database (one without users, and no guest share, is
+/// worth a warning: nobody can log on).
+fn load_users(config: &Config) -> Result<UserDb, StartError> {
     let users = UserDb::load(&config.user_db).map_err(StartError::UserDb)?;
     if users.names().is_empty() && !config.shares.iter().any(|s| s.guest_ok) {
         tracing::warn!(
@@ -158,6 +155,16 @@ fn authenticator(
             config.user_db.display()
         );
     }
+    Ok(users)
+}
+
+/// The logon service: `users`, and the Kerberos acceptor of `[kerberos]`
+/// (a keytab that cannot serve is a reason not to start).
+fn authenticator(
+    config: &Config,
+    provider: &Arc<CryptoProvider>,
+    users: UserDb,
+) -> Result<Authenticator, StartError> {
     let kerberos = match &config.kerberos {
         Some(k) => Some(kerberos_acceptor(k).map_err(StartError::Kerberos)?),
         None => None,
@@ -222,9 +229,10 @@ impl Server {
     /// served until `run`.
     pub fn new(mut config: Config) -> Result<Arc<Server>, StartError> {
         let provider = crypto_provider(&mut config)?;
+        let users = load_users(&config)?;
         let start_time = now_filetime();
         let shares = open_shares(&config, start_time)?;
-        let auth = authenticator(&config, &provider)?;
+        let auth = authenticator(&config, &provider, users)?;
         let mut guid = [0u8; 16];
         provider.fill_random(&mut guid);
         let logon_guard = LogonGuard::new(&config.limits);

@@ -16,6 +16,7 @@ use std::collections::HashSet;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::session::Channel;
 use crate::sync::lock;
 
 /// How long a refused CREATE waits for teardowns under way: they take
@@ -34,8 +35,8 @@ pub struct Teardowns {
 /// A connection's name here: its address (a connection that ends and
 /// another made at the same address share it, which costs at most a wait
 /// for the newer one).
-pub fn id<C>(conn: &C) -> usize {
-    conn as *const C as usize
+pub fn id(conn: &dyn Channel) -> usize {
+    conn as *const dyn Channel as *const () as usize
 }
 
 struct Waiting<'a>(&'a std::sync::atomic::AtomicUsize);
