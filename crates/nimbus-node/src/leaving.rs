@@ -1,6 +1,8 @@
 //! A CREATE refused (sharing violation, delete pending) because of opens
 //! whose client has gone: it waits, briefly, for them to be released
-//! (`crate::teardowns` says why), and looks again.
+//! (`crate::teardowns` says why), and looks again. So does a durable
+//! reconnect that finds no disconnected open, for the connection its client
+//! has just left (`reconnect_look`).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -10,6 +12,7 @@ use nimbus_state::FileKey;
 
 use crate::connection::Connection;
 use crate::server::Server;
+use crate::session::Channel;
 use crate::sync::lock;
 
 /// Opens of `file` held by sessions all of whose connections' clients
@@ -83,4 +86,146 @@ pub fn waited_for_leaving(
         }
         std::thread::sleep(Duration::from_millis(1));
     })
+}
+
+/// A durable reconnect on `me` names open `open_id`, and `look` finds no
+/// disconnected open: a client that closes a connection and at once
+/// reconnects on another (smbtorture's durable tests do, within a
+/// millisecond) may get here before the server has read the old
+/// connection's end of stream, or while its teardown is moving the open to
+/// the disconnected table. Waits up to `limit` for that connection (or for
+/// the teardowns under way) to end, and looks once more.
+pub fn reconnect_look<T>(
+    server: &Server,
+    open_id: u64,
+    me: &Connection,
+    limit: Duration,
+    mut look: impl FnMut() -> Option<T>,
+) -> Option<T> {
+    if let Some(found) = look() {
+        return Some(found);
+    }
+    if waited_for_holder(server, open_id, me, limit) {
+        return look();
+    }
+    server
+        .teardowns
+        .look_after_others(crate::teardowns::id(me), limit, look)
+}
+
+/// Waits up to `limit` for the connections of the session holding durable
+/// open `open_id` to end, when the clients of all of them have gone (other
+/// than `me`). Whether there were such and they ended.
+fn waited_for_holder(server: &Server, open_id: u64, me: &Connection, limit: Duration) -> bool {
+    let Some(open) = server.opens.get(open_id) else {
+        return false;
+    };
+    if !open.is_durable() {
+        return false;
+    }
+    let Some(session) = server.sessions.find(open.session_id()) else {
+        return false;
+    };
+    let me: &dyn Channel = me;
+    waited_for_gone(&session.connections(), me, limit)
+}
+
+/// Waits up to `limit` for `conns` to end, when the clients of all of them
+/// have gone and none is `me`. Whether there were such and they ended.
+fn waited_for_gone(conns: &[Arc<dyn Channel>], me: &dyn Channel, limit: Duration) -> bool {
+    let gone = !conns.is_empty()
+        && conns.iter().all(|c| {
+            !std::ptr::addr_eq(Arc::as_ptr(c), me as *const dyn Channel) && c.client_gone()
+        });
+    if !gone {
+        return false;
+    }
+    let deadline = Instant::now() + limit;
+    nimbus_state::blocking::off_worker(|| loop {
+        if conns.iter().all(|c| c.has_ended()) {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+    use crate::pending::{Frame, ResponseChannel};
+    use crate::session::Session;
+
+    /// A connection as a session sees it: only whether its client has gone
+    /// and whether it has ended matter here.
+    #[derive(Default)]
+    struct Line {
+        gone: AtomicBool,
+        ended: AtomicBool,
+    }
+
+    impl ResponseChannel for Line {
+        fn send_frame(&self, _: Frame) {}
+        fn forget_pending(&self, _: u64) {}
+        fn is_closing(&self) -> bool {
+            self.gone.load(Ordering::SeqCst)
+        }
+        fn close_unsendable(&self) {}
+        fn peer(&self) -> std::net::SocketAddr {
+            std::net::SocketAddr::from(([127, 0, 0, 1], 1))
+        }
+    }
+
+    impl Channel for Line {
+        fn client_gone(&self) -> bool {
+            self.gone.load(Ordering::SeqCst)
+        }
+        fn drop_now(&self) {}
+        fn has_ended(&self) -> bool {
+            self.ended.load(Ordering::SeqCst)
+        }
+        fn forget_session(&self, _: &Session) {}
+        fn end_requests_of(&self, _: u64) {}
+    }
+
+    fn line(gone: bool) -> Arc<Line> {
+        let l = Arc::new(Line::default());
+        l.gone.store(gone, Ordering::SeqCst);
+        l
+    }
+
+    #[test]
+    fn a_reconnect_waits_for_the_connection_its_client_left_to_end() {
+        let me = line(false);
+        let old = line(true);
+        let conns: Vec<Arc<dyn Channel>> = vec![old.clone()];
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| waited_for_gone(&conns, &*me, Duration::from_secs(30)));
+            std::thread::yield_now();
+            old.ended.store(true, Ordering::SeqCst);
+            assert!(waiter.join().unwrap(), "waited for the end");
+        });
+        // Ended too late: not waited for past the limit.
+        let late = line(true);
+        let conns: Vec<Arc<dyn Channel>> = vec![late];
+        assert!(!waited_for_gone(&conns, &*me, Duration::from_millis(20)));
+    }
+
+    #[test]
+    fn a_live_client_or_the_asking_connection_is_not_waited_for() {
+        let me = line(true);
+        let (live, gone) = (line(false), line(true));
+        // One channel of the holder still has its client: the open is not
+        // disconnected, and the reconnect is refused at once.
+        let conns: Vec<Arc<dyn Channel>> = vec![gone.clone(), live];
+        assert!(!waited_for_gone(&conns, &*me, Duration::from_secs(30)));
+        // The holder is the asking connection itself.
+        let conns: Vec<Arc<dyn Channel>> = vec![me.clone()];
+        assert!(!waited_for_gone(&conns, &*me, Duration::from_secs(30)));
+        assert!(!waited_for_gone(&[], &*me, Duration::from_secs(30)));
+    }
 }

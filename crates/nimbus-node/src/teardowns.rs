@@ -10,7 +10,10 @@
 //! DELETE_PENDING when its first request on the new connection deleted the
 //! file those handles still hold. A CREATE refused for either reason while
 //! other connections are being torn down waits (briefly, `WAIT`) for those
-//! teardowns (`crate::leaving`) and looks again.
+//! teardowns (`crate::leaving`) and looks again. So does a durable
+//! reconnect that finds no disconnected open: the open it names may be on
+//! its way there from the connection the client just left
+//! (`look_after_others`).
 
 use std::collections::HashSet;
 use std::sync::{Condvar, Mutex};
@@ -103,6 +106,21 @@ impl Teardowns {
     }
 }
 
+impl Teardowns {
+    /// `look`s for what a teardown under way may be about to put in place
+    /// (a durable open on its way to the disconnected table): when nothing
+    /// is found while connections other than `conn` are being torn down,
+    /// waits for them (up to `limit`) and looks once more.
+    pub fn look_after_others<T>(
+        &self,
+        conn: usize,
+        limit: Duration,
+        mut look: impl FnMut() -> Option<T>,
+    ) -> Option<T> {
+        look().or_else(|| self.wait_for_others(conn, limit).then(look).flatten())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -136,5 +154,29 @@ mod tests {
         let start = Instant::now();
         assert!(!t.wait_for_others(1, Duration::from_millis(50)));
         assert!(start.elapsed() >= Duration::from_millis(50));
+    }
+
+    #[test]
+    fn a_reconnect_finds_what_another_connections_teardown_puts_in_place() {
+        let t = Teardowns::default();
+        let kept = Mutex::new(None);
+        let look = || *lock(&kept);
+        // Nothing under way: not found, at once.
+        assert_eq!(t.look_after_others(1, WAIT, look), None);
+
+        // The open is put in place by a teardown under way: found once it
+        // ends, though the first look came before.
+        let other = t.begin(2);
+        std::thread::scope(|s| {
+            let reconnect = s.spawn(|| t.look_after_others(1, Duration::from_secs(30), look));
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while t.waiting.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+                assert!(Instant::now() < deadline, "the wait never began");
+                std::thread::yield_now();
+            }
+            *lock(&kept) = Some(7u64);
+            drop(other);
+            assert_eq!(reconnect.join().unwrap(), Some(7));
+        });
     }
 }

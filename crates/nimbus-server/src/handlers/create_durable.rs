@@ -354,11 +354,20 @@ pub fn reconnect(
     // tested one by one for whose open they name.
     let not_found = NtStatus::OBJECT_NAME_NOT_FOUND;
     let me = owner(ctx).ok_or(not_found)?;
-    let mut open = ctx
-        .server
-        .durables
-        .find_disconnected(file_id.persistent)
-        .or_else(|| disconnect_if_closing(ctx, file_id.persistent));
+    // The client may have left the open's connection a moment ago, and
+    // the open not be disconnected yet (`crate::leaving`).
+    let mut open = crate::leaving::reconnect_look(
+        ctx.server,
+        file_id.persistent,
+        ctx.conn,
+        crate::teardowns::WAIT,
+        || {
+            ctx.server
+                .durables
+                .find_disconnected(file_id.persistent)
+                .or_else(|| disconnect_if_closing(ctx, file_id.persistent))
+        },
+    );
     // On a cluster node, an open another node held is taken over here
     // (`crate::failover`); one a live node holds is asked for, and this
     // request waits for the answer, answered STATUS_PENDING meanwhile.
