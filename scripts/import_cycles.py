@@ -48,16 +48,20 @@ def imports(text: str, parent: tuple[str, ...]) -> set[tuple[str, ...]]:
     text = "\n".join(LINE_COMMENT.sub("", line) for line in text.splitlines())
     found = set()
 
-    def base(kind: str) -> tuple[str, ...]:
-        return () if kind == "crate" else parent
+    def resolved(kind: str, path: tuple[str, ...]) -> tuple[str, ...]:
+        start = () if kind == "crate" else parent
+        # `super::super::x`: each further `super` is one module higher.
+        while path and path[0] == "super" and kind == "super":
+            start, path = start[:-1], path[1:]
+        return start + path
 
     for m in PATH.finditer(text):
-        found.add(base(m.group(1)) + tuple(m.group(2).split("::")))
+        found.add(resolved(m.group(1), tuple(m.group(2).split("::"))))
     for m in GROUP.finditer(text):
         for item in re.split(r"[,\s]+", m.group(2)):
             item = item.strip()
             if item and re.match(r"[a-z_]", item):
-                found.add(base(m.group(1)) + tuple(item.split("::")))
+                found.add(resolved(m.group(1), tuple(item.split("::"))))
     return found
 
 

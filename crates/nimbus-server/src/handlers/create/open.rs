@@ -1,0 +1,143 @@
+//! CREATE, stage 4: the file opened, or made, on disk, and only the file
+//! whose share modes were checked (MS-SMB2 3.3.5.9).
+
+use nimbus_state::FileKey;
+use nimbus_vfs::{CreateMode, FileHandle, Kind, OpenOptions, OwnChange, Stat, VfsError};
+use nimbus_wire::create::CreateDisposition;
+use nimbus_wire::fscc::access;
+use nimbus_wire::NtStatus;
+
+use super::contend::Admitted;
+use super::found::Found;
+use super::request::Create;
+use super::{undo, Failed, WRITE_RIGHTS};
+use crate::ctx::Ctx;
+use crate::errors::{sharing_status, vfs_status};
+use crate::open_files::OpenFileSlot;
+
+/// The file a CREATE opened.
+pub struct Opened {
+    pub handle: FileHandle,
+    /// As opened.
+    pub st: Stat,
+    /// Made by this CREATE.
+    pub created: bool,
+    pub key: FileKey,
+    /// Its place among the server's open files.
+    pub file_slot: OpenFileSlot,
+    /// What this CREATE does to the disk (the file, its DOS attributes,
+    /// its allocation) is reported by `finish`, not again by the disk
+    /// watch (crate::notify::disk), until this goes.
+    pub own: Option<OwnChange>,
+}
+
+/// Opens or makes the file `c` names, as `f` and `a` decided.
+pub fn open(ctx: &Ctx<'_>, c: &Create<'_>, f: &Found, a: &Admitted<'_>) -> Result<Opened, Failed> {
+    let (share, fs, path, disposition, truncating, want_file) = (
+        c.share,
+        c.fs,
+        &c.path,
+        c.disposition,
+        c.truncating,
+        c.want_file,
+    );
+    let (base, stream_name, existing, creating, is_dir, readonly_attr, granted) = (
+        &f.base,
+        &f.stream_name,
+        &f.existing,
+        f.creating,
+        f.is_dir,
+        f.readonly_attr,
+        f.granted,
+    );
+    let (registered, recorded, record) = (a.registered, a.recorded, a.record);
+    let unregister = |key: FileKey| undo::unregister(ctx, c, f, a.open_id, key);
+    let mode = match (&existing, truncating) {
+        (Some(_), true) => CreateMode::TruncateExisting,
+        (Some(_), false) => CreateMode::OpenExisting,
+        (None, _) => CreateMode::CreateNew,
+    };
+    let kind = if is_dir {
+        Kind::Directory
+    } else if creating || want_file {
+        Kind::File
+    } else {
+        Kind::Any
+    };
+    let perm = match (is_dir, readonly_attr) {
+        (true, _) => 0o755,
+        (false, true) => 0o444,
+        (false, false) => 0o644,
+    };
+    let opts = OpenOptions {
+        read: granted & (access::FILE_READ_DATA | access::FILE_EXECUTE) != 0,
+        // Overwriting needs a writable descriptor even for an open that
+        // asked only for attributes (Windows allows that open).
+        write: granted & WRITE_RIGHTS != 0 || truncating,
+        mode,
+        kind,
+        perm,
+        // MS-FSA 2.1.5.3: data written through an open that may append but
+        // not write goes to the end of the file, whatever offset it names.
+        append_only: granted & WRITE_RIGHTS == access::FILE_APPEND_DATA,
+        // Act (truncation included) only on the file whose share modes were
+        // checked above; if the name was replaced meanwhile, look again.
+        expect: existing.as_ref().map(|st| (st.dev, st.ino)),
+    };
+    // A place among the server's open files before a descriptor is taken.
+    let Some(file_slot) = ctx.server.open_files.reserve() else {
+        if let Some(key) = registered {
+            unregister(key);
+        }
+        return Err(NtStatus::TOO_MANY_OPENED_FILES.into());
+    };
+    // What this CREATE does to the disk (the file, its DOS attributes, its
+    // allocation) is reported by `finish`, not again by the disk
+    // watch (crate::notify::disk). Opening what exists changes nothing.
+    let own = (mode != CreateMode::OpenExisting)
+        .then(|| ctx.server.notify.own_change(share, &[path]))
+        .flatten();
+    let opened = match (&base, &stream_name) {
+        (Some(b), Some(name)) => match &b.streams {
+            Some(streams) => streams.open(name, &opts),
+            None => Err(VfsError::NotFound),
+        },
+        _ => fs.open(path, &opts),
+    };
+    let (handle, st, created) = match opened {
+        Ok(r) => r,
+        Err(e) => {
+            if let Some(key) = registered {
+                unregister(key);
+            }
+            return Err(match e {
+                // Another creator won: open what it made instead.
+                VfsError::Exists if creating && disposition != CreateDisposition::Create => {
+                    Failed::Raced
+                }
+                // The file checked was replaced or removed meanwhile.
+                VfsError::Changed | VfsError::NotFound if !creating => Failed::Raced,
+                e => vfs_status(&e).into(),
+            });
+        }
+    };
+    let key = FileKey {
+        dev: st.dev,
+        ino: st.ino,
+    };
+    if registered.is_none() && recorded {
+        ctx.server
+            .share_modes
+            .add_open(key, record)
+            .map_err(|e| sharing_status(&e))?;
+    }
+
+    Ok(Opened {
+        handle,
+        st,
+        created,
+        key,
+        file_slot,
+        own,
+    })
+}
