@@ -400,7 +400,7 @@ fn open_store(
     let key = nimbus_state::etcd_seal::RecordKey::from_secret(&secret).map_err(|why| {
         JoinError::Secret {
             path: file.clone(),
-            why,
+            why: why.to_string(),
         }
     })?;
     Ok(store.sealed(Arc::new(key)))

@@ -510,11 +510,11 @@ fn pem_checked(
     key: &str,
     path: &std::path::Path,
     fail: &mut dyn FnMut(&str, String, &str),
-    check: impl FnOnce(&[u8]) -> Result<(), String>,
+    check: impl FnOnce(&[u8]) -> Result<(), nimbus_state::etcd_store::PemProblem>,
 ) -> bool {
     let checked = std::fs::read(path)
         .map_err(|e| e.to_string())
-        .and_then(|pem| check(&pem));
+        .and_then(|pem| check(&pem).map_err(|p| p.to_string()));
     if let Err(why) = &checked {
         fail(
             key,
@@ -541,10 +541,10 @@ fn identity_checked(
     };
     match nimbus_state::etcd_store::check_identity(&cert_pem, &key_pem) {
         Ok(()) => true,
-        Err((at_fault, why)) => {
-            let (k, path) = match at_fault {
-                "cert" => ("cluster.cert_file", cert),
-                _ => ("cluster.key_file", key),
+        Err(why) => {
+            let (k, path) = match why.file() {
+                nimbus_state::etcd_store::PemFile::Cert => ("cluster.cert_file", cert),
+                nimbus_state::etcd_store::PemFile::Key => ("cluster.key_file", key),
             };
             fail(
                 k,
@@ -956,7 +956,7 @@ impl Config {
             if let Err(problem) = crate::hide::HideNames::new(s.hide_dot_files, &s.hide_files) {
                 errors.push(err(
                     &format!("share[{i}].hide_files"),
-                    problem,
+                    problem.to_string(),
                     "give names or patterns of one path component, e.g. hide_files = [\"*.tmp\", \"desktop.ini\"]",
                 ));
             }

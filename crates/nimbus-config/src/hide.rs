@@ -19,17 +19,37 @@ pub struct HideNames {
     pub patterns: Vec<SearchPattern>,
 }
 
+/// A `hide_files` entry that is not a pattern of one name.
+#[derive(Debug, PartialEq, Eq)]
+pub enum BadPattern {
+    Empty,
+    /// Not a search pattern of one path component (it holds a separator,
+    /// or a character no name may hold).
+    NotANamePattern(String),
+}
+
+impl std::fmt::Display for BadPattern {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BadPattern::Empty => f.write_str("an empty pattern hides nothing"),
+            BadPattern::NotANamePattern(p) => write!(f, "\"{p}\" is not a name pattern"),
+        }
+    }
+}
+
+impl std::error::Error for BadPattern {}
+
 impl HideNames {
     /// From a share's configuration; a pattern that is not a valid search
     /// pattern is the configuration's error.
-    pub fn new(dot_files: bool, patterns: &[String]) -> Result<HideNames, String> {
+    pub fn new(dot_files: bool, patterns: &[String]) -> Result<HideNames, BadPattern> {
         let patterns = patterns
             .iter()
             .map(|p| {
                 if p.is_empty() {
-                    return Err("an empty pattern hides nothing".to_string());
+                    return Err(BadPattern::Empty);
                 }
-                SearchPattern::parse(p).map_err(|_| format!("\"{p}\" is not a name pattern"))
+                SearchPattern::parse(p).map_err(|_| BadPattern::NotANamePattern(p.clone()))
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(HideNames {

@@ -49,54 +49,115 @@ const KEEP_ALIVE: Duration = Duration::from_secs(2);
 /// How a node proves itself to etcd, and etcd to it: what a production
 /// etcd asks for (`[cluster]` ca_file, cert_file, key_file, username,
 /// password_file), read from the files by the caller.
+/// Why a PEM file cannot be the CA of the etcd members' certificates, or
+/// the node's own certificate and key.
+#[derive(Debug, PartialEq, Eq)]
+pub enum PemProblem {
+    /// A certificate block that does not parse.
+    NotACertificate(String),
+    /// No certificate (BEGIN CERTIFICATE) in the file.
+    NoCertificate,
+    /// A private key block that does not parse.
+    NotAKey(String),
+    /// A private key TLS cannot use.
+    UnusableKey(String),
+    /// The key is not the one the certificate was made for.
+    NotTheCertificatesKey(String),
+    /// The certificate expired this many days ago.
+    Expired { days: u64 },
+    /// The certificate is valid only in this many days.
+    NotYetValid { days: u64 },
+}
+
+/// Which of the node's identity files a `PemProblem` is in.
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+pub enum PemFile {
+    /// `[cluster] cert_file`.
+    Cert,
+    /// `[cluster] key_file`.
+    Key,
+}
+
+impl PemProblem {
+    /// The file at fault, of the node's certificate and key.
+    pub fn file(&self) -> PemFile {
+        match self {
+            PemProblem::NotAKey(_)
+            | PemProblem::UnusableKey(_)
+            | PemProblem::NotTheCertificatesKey(_) => PemFile::Key,
+            _ => PemFile::Cert,
+        }
+    }
+}
+
+impl std::fmt::Display for PemProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PemProblem::NotACertificate(e) => write!(f, "not a PEM certificate: {e}"),
+            PemProblem::NoCertificate => {
+                f.write_str("no PEM certificate (BEGIN CERTIFICATE) in it")
+            }
+            PemProblem::NotAKey(e) => write!(f, "not a PEM private key: {e}"),
+            PemProblem::UnusableKey(e) => write!(f, "a private key TLS cannot use: {e}"),
+            PemProblem::NotTheCertificatesKey(e) => {
+                write!(f, "not the key of the certificate in cert_file ({e})")
+            }
+            PemProblem::Expired { days } => {
+                write!(
+                    f,
+                    "the certificate expired {days} day(s) ago; etcd refuses it"
+                )
+            }
+            PemProblem::NotYetValid { days } => write!(
+                f,
+                "the certificate is not valid for {days} more day(s); etcd refuses it (is the \
+                 clock right?)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for PemProblem {}
+
 /// Whether `ca_pem` holds at least one PEM certificate.
-pub fn check_ca(ca_pem: &[u8]) -> Result<(), String> {
+pub fn check_ca(ca_pem: &[u8]) -> Result<(), PemProblem> {
     use rustls::pki_types::{pem::PemObject, CertificateDer};
     match CertificateDer::pem_slice_iter(ca_pem).next() {
         Some(Ok(_)) => Ok(()),
-        Some(Err(e)) => Err(format!("not a PEM certificate: {e}")),
-        None => Err("no PEM certificate (BEGIN CERTIFICATE) in it".into()),
+        Some(Err(e)) => Err(PemProblem::NotACertificate(e.to_string())),
+        None => Err(PemProblem::NoCertificate),
     }
 }
 
 /// Why `cert_pem` (a PEM certificate chain, the node's own first) and
 /// `key_pem` (a PEM private key) cannot be one TLS identity: one does not
-/// parse, or the key is not the certificate's. The first element names
-/// the file at fault: "cert" or "key".
-pub fn check_identity(cert_pem: &[u8], key_pem: &[u8]) -> Result<(), (&'static str, String)> {
+/// parse, or the key is not the certificate's (`PemProblem::file` names
+/// the file at fault).
+pub fn check_identity(cert_pem: &[u8], key_pem: &[u8]) -> Result<(), PemProblem> {
     use rustls::pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
     let certs = CertificateDer::pem_slice_iter(cert_pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| ("cert", format!("not a PEM certificate: {e}")))?;
-    if certs.is_empty() {
-        return Err((
-            "cert",
-            "no PEM certificate (BEGIN CERTIFICATE) in it".into(),
-        ));
-    }
-    let key = PrivateKeyDer::from_pem_slice(key_pem)
-        .map_err(|e| ("key", format!("not a PEM private key: {e}")))?;
+        .map_err(|e| PemProblem::NotACertificate(e.to_string()))?;
+    let Some(node) = certs.first().cloned() else {
+        return Err(PemProblem::NoCertificate);
+    };
+    let key =
+        PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| PemProblem::NotAKey(e.to_string()))?;
     let signer = rustls::crypto::aws_lc_rs::default_provider()
         .key_provider
         .load_private_key(key)
-        .map_err(|e| ("key", format!("a private key TLS cannot use: {e}")))?;
-    let node = certs[0].clone();
+        .map_err(|e| PemProblem::UnusableKey(e.to_string()))?;
     rustls::sign::CertifiedKey::new(certs, signer)
         .keys_match()
-        .map_err(|e| {
-            (
-                "key",
-                format!("not the key of the certificate in cert_file ({e})"),
-            )
-        })?;
-    in_its_dates(&node).map_err(|why| ("cert", why))
+        .map_err(|e| PemProblem::NotTheCertificatesKey(e.to_string()))?;
+    in_its_dates(&node)
 }
 
 /// Whether certificate `cert` is valid today. webpki checks a
 /// certificate's dates before it looks for its issuer, so a chain to the
 /// certificate itself tells its dates apart from everything else, which
 /// etcd decides.
-fn in_its_dates(cert: &rustls::pki_types::CertificateDer<'_>) -> Result<(), String> {
+fn in_its_dates(cert: &rustls::pki_types::CertificateDer<'_>) -> Result<(), PemProblem> {
     use rustls::pki_types::UnixTime;
     let Ok(ee) = webpki::EndEntityCert::try_from(cert) else {
         return Ok(());
@@ -115,15 +176,12 @@ fn in_its_dates(cert: &rustls::pki_types::CertificateDer<'_>) -> Result<(), Stri
         None,
         None,
     ) {
-        Err(webpki::Error::CertExpired { not_after, .. }) => Err(format!(
-            "the certificate expired {} day(s) ago; etcd refuses it",
-            days(now, not_after)
-        )),
-        Err(webpki::Error::CertNotValidYet { not_before, .. }) => Err(format!(
-            "the certificate is not valid for {} more day(s); etcd refuses it (is the clock \
-             right?)",
-            days(not_before, now)
-        )),
+        Err(webpki::Error::CertExpired { not_after, .. }) => Err(PemProblem::Expired {
+            days: days(now, not_after),
+        }),
+        Err(webpki::Error::CertNotValidYet { not_before, .. }) => Err(PemProblem::NotYetValid {
+            days: days(not_before, now),
+        }),
         _ => Ok(()),
     }
 }

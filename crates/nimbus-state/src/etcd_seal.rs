@@ -40,15 +40,31 @@ impl std::fmt::Debug for RecordKey {
     }
 }
 
+/// A cluster secret too short to derive the record key from.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ShortSecret {
+    /// Its length, in bytes.
+    pub len: usize,
+}
+
+impl std::fmt::Display for ShortSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} bytes; the cluster secret needs at least {MIN_SECRET} random bytes",
+            self.len
+        )
+    }
+}
+
+impl std::error::Error for ShortSecret {}
+
 impl RecordKey {
     /// The record key of cluster secret `secret` (the bytes of
     /// `[cluster] secret_file`), or why it cannot be one.
-    pub fn from_secret(secret: &[u8]) -> Result<RecordKey, String> {
+    pub fn from_secret(secret: &[u8]) -> Result<RecordKey, ShortSecret> {
         if secret.len() < MIN_SECRET {
-            return Err(format!(
-                "{} bytes; the cluster secret needs at least {MIN_SECRET} random bytes",
-                secret.len()
-            ));
+            return Err(ShortSecret { len: secret.len() });
         }
         let derived = hmac::sign(&hmac::Key::new(hmac::HMAC_SHA256, secret), PURPOSE);
         Ok(RecordKey {

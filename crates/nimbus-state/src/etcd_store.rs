@@ -31,7 +31,7 @@ use etcd_client::{
     Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
 };
 
-pub use crate::etcd_rpc::{check_ca, check_identity, Access};
+pub use crate::etcd_rpc::{check_ca, check_identity, Access, PemFile, PemProblem};
 use crate::etcd_rpc::{Members, Retry};
 use crate::etcd_seal::{RecordKey, FORGED};
 use crate::store::{StateError, StateStore, Versioned};
@@ -791,11 +791,17 @@ mod tests {
             check_identity(&read("client.pem"), &read("client.key")),
             Ok(())
         );
-        let at_fault = |cert: &[u8], key: &[u8]| check_identity(cert, key).unwrap_err().0;
+        let at_fault = |cert: &[u8], key: &[u8]| check_identity(cert, key).unwrap_err().file();
         // Another certificate's key, a certificate for a key, no certificate.
-        assert_eq!(at_fault(&read("client.pem"), &read("member.key")), "key");
-        assert_eq!(at_fault(&read("client.pem"), &read("client.pem")), "key");
-        assert_eq!(at_fault(b"junk", &read("client.key")), "cert");
+        assert_eq!(
+            at_fault(&read("client.pem"), &read("member.key")),
+            PemFile::Key
+        );
+        assert_eq!(
+            at_fault(&read("client.pem"), &read("client.pem")),
+            PemFile::Key
+        );
+        assert_eq!(at_fault(b"junk", &read("client.key")), PemFile::Cert);
         assert_eq!(check_ca(&read("ca.pem")), Ok(()));
         assert!(check_ca(&read("client.key")).is_err());
         let _ = std::fs::remove_dir_all(&dir);
