@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use nimbus_state::FileKey;
 
 use crate::connection::Connection;
+use crate::durable::Owner;
 use crate::server::Server;
 use crate::session::Channel;
 use crate::sync::lock;
@@ -94,18 +95,22 @@ pub fn waited_for_leaving(
 /// millisecond) may get here before the server has read the old
 /// connection's end of stream, or while its teardown is moving the open to
 /// the disconnected table. Waits up to `limit` for that connection (or for
-/// the teardowns under way) to end, and looks once more.
+/// the teardowns under way) to end, and looks once more. `asker` is the
+/// reconnect's connection and user: only an open of that user's is waited
+/// for, so that how long a refusal takes tells nobody whose open a FileId
+/// names.
 pub fn reconnect_look<T>(
     server: &Server,
     open_id: u64,
-    me: &Connection,
+    asker: (&Connection, &Owner),
     limit: Duration,
     mut look: impl FnMut() -> Option<T>,
 ) -> Option<T> {
+    let (me, owner) = asker;
     if let Some(found) = look() {
         return Some(found);
     }
-    if waited_for_holder(server, open_id, me, limit) {
+    if waited_for_holder(server, open_id, me, owner, limit) {
         return look();
     }
     server
@@ -113,21 +118,35 @@ pub fn reconnect_look<T>(
         .look_after_others(crate::teardowns::id(me), limit, look)
 }
 
-/// Waits up to `limit` for the connections of the session holding durable
-/// open `open_id` to end, when the clients of all of them have gone (other
-/// than `me`). Whether there were such and they ended.
-fn waited_for_holder(server: &Server, open_id: u64, me: &Connection, limit: Duration) -> bool {
-    let Some(open) = server.opens.get(open_id) else {
-        return false;
-    };
-    if !open.is_durable() {
-        return false;
-    }
-    let Some(session) = server.sessions.find(open.session_id()) else {
-        return false;
+/// Waits up to `limit` for the connections of the session holding
+/// `owner`'s durable open `open_id` to end, when the clients of all of them
+/// have gone (other than `me`). Whether there were such and they ended.
+fn waited_for_holder(
+    server: &Server,
+    open_id: u64,
+    me: &Connection,
+    owner: &Owner,
+    limit: Duration,
+) -> bool {
+    // Neither the open nor its session is held during the wait: the
+    // teardown releases them.
+    let conns = {
+        let Some(open) = server.opens.get(open_id) else {
+            return false;
+        };
+        let owned = lock(&open.durable)
+            .as_ref()
+            .is_some_and(|d| d.owner == *owner);
+        if !owned {
+            return false;
+        }
+        let Some(session) = server.sessions.find(open.session_id()) else {
+            return false;
+        };
+        session.connections()
     };
     let me: &dyn Channel = me;
-    waited_for_gone(&session.connections(), me, limit)
+    waited_for_gone(&conns, me, limit)
 }
 
 /// Waits up to `limit` for `conns` to end, when the clients of all of them

@@ -359,7 +359,7 @@ pub fn reconnect(
     let mut open = crate::leaving::reconnect_look(
         ctx.server,
         file_id.persistent,
-        ctx.conn,
+        (ctx.conn, &me),
         crate::teardowns::WAIT,
         || {
             ctx.server

@@ -65,15 +65,14 @@ pub fn finish(
     let mut ask = a.ask;
     let (base, stream_name, security) = (&f.base, &f.stream_name, &f.security);
     let (max, granted, parent_lease) = (f.max, f.granted, f.parent_lease);
-    let Opened {
-        handle,
-        st,
-        created,
-        key,
-        file_slot,
-        own,
-    } = o;
+    // Bound in the order the stages made them, so that an early return
+    // drops them in reverse: the descriptor, then the open-file slot, then
+    // a stream's entry among its file's opens.
     let base_entry = a.base_entry;
+    let file_slot = o.file_slot;
+    let own = o.own;
+    let (handle, st, created) = (o.handle, o.st, o.created);
+    let key = o.key;
     // What the file's metadata is read and written through: for a stream,
     // its file's handle (the stream has none of its own).
     let meta = base.as_ref().map_or(&handle, |b| &b.handle);
