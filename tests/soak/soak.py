@@ -455,6 +455,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--kill-nodes", default="n2,n3", help="nodes the kills go to, in turn")
     p.add_argument("--partition-nodes", default="n1,n2,n3", help="nodes the partitions go to, in turn")
     p.add_argument(
+        "--no-metrics",
+        action="store_true",
+        help="run the nodes without their metrics endpoint (no heap figure then: the RSS alone), to tell the exporter's memory from the server's",
+    )
+    p.add_argument(
         "--inject", action="append", default=[], choices=["overlap", "lost-write", "unclustered"], help="plant a violation (to see a check fail)"
     )
     args = p.parse_args()
@@ -523,9 +528,10 @@ def main() -> int:
             proxies[name] = ProxySet([("127.0.0.1", m.client_port) for m in etcd.members], lifetime=lifetime).__enter__()
             through = [f"{etcd.scheme}://127.0.0.1:{p.port}" for p in proxies[name].proxies]
             node = Node(base, name, f"127.0.0.{i + 1}", etcd.node_toml_lines(endpoints=through), share, db, ttl=TTL)
-            # The metrics endpoint, for the heap figure (sections after [cluster] end it).
-            node.metrics_port = free_port()
-            node.conf.write_text(node.conf.read_text() + f'[metrics]\nlisten = "127.0.0.1:{node.metrics_port}"\n')
+            if not args.no_metrics:
+                # The metrics endpoint, for the heap figure (sections after [cluster] end it).
+                node.metrics_port = free_port()
+                node.conf.write_text(node.conf.read_text() + f'[metrics]\nlisten = "127.0.0.1:{node.metrics_port}"\n')
             nodes.append(node)
         for n in nodes:
             n.start()

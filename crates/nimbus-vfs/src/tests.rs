@@ -373,6 +373,62 @@ fn cached_reads_read_what_the_page_cache_holds() {
 }
 
 #[test]
+fn cached_writes_write_what_need_not_wait() {
+    let mut roots = vec![std::env::temp_dir()];
+    if std::path::Path::new("/dev/shm").is_dir() {
+        roots.push("/dev/shm".into());
+    }
+    for root in roots {
+        let base = root.join(format!("nimbus-vfs-cached-w-{}", std::process::id()));
+        std::fs::create_dir_all(&base).unwrap();
+        let fs = LocalFs::new(&base).unwrap();
+        let (h, _, _) = fs.open("data", &rw(CreateMode::CreateNew)).unwrap();
+        let payload: Vec<u8> = (0..70_000u32).map(|i| (i % 251) as u8).collect();
+        // Finished by write_at when short, as handlers::write does.
+        let write = |at: u64| {
+            let (n, short) = h.write_at_cached(&payload, at).unwrap();
+            let rest = if short {
+                h.write_at(&payload[n..], at + n as u64).unwrap()
+            } else {
+                0
+            };
+            assert_eq!(n + rest, payload.len(), "{root:?}: written");
+            short
+        };
+        let short = write(10_000);
+        let mut got = vec![0u8; 80_000];
+        assert_eq!(h.read_at(&mut got, 0).unwrap(), 80_000);
+        assert_eq!(&got[..10_000], &[0u8; 10_000][..], "{root:?}: the hole");
+        assert_eq!(&got[10_000..], &payload[..], "{root:?}: the data");
+        if root.starts_with("/dev/shm") {
+            // tmpfs has no disk to wait for: never short, and known so.
+            assert!(!short, "{root:?}: a write to memory stopped short");
+            assert!(h.writes_without_waiting());
+        }
+        // What the first write learnt holds for the next: a file system
+        // that refused RWF_NOWAIT writes is not asked again.
+        if !h.writes_without_waiting() {
+            assert_eq!(h.write_at_cached(&payload, 0).unwrap(), (0, true));
+        }
+        write(5);
+        got.fill(0);
+        assert_eq!(h.read_at(&mut got, 0).unwrap(), 80_000);
+        assert_eq!(&got[5..70_005], &payload[..], "{root:?}: the second write");
+        assert_err!(h.write_at_cached(b"x", 1 << 63), VfsError::InvalidParameter);
+        let (ro, _, _) = fs
+            .open(
+                "data",
+                &opts(true, false, CreateMode::OpenExisting, Kind::File),
+            )
+            .unwrap();
+        assert_err!(ro.write_at_cached(b"x", 0), VfsError::AccessDenied);
+        drop(ro);
+        drop(h);
+        let _ = std::fs::remove_dir_all(&base);
+    }
+}
+
+#[test]
 fn access_is_enforced_per_handle() {
     let s = Scratch::new();
     let fs = &s.fs;

@@ -7,8 +7,10 @@
 
 use std::sync::Arc;
 
+use nimbus_wire::create::create_options::WRITE_THROUGH;
 use nimbus_wire::header::{chain_offsets, Command, TRANSFORM_PROTOCOL_ID};
 use nimbus_wire::transform::{TransformHeader, TRANSFORM_HEADER_SIZE};
+use nimbus_wire::write::WRITEFLAG_WRITE_THROUGH;
 
 use crate::connection::{Connection, Outgoing};
 use crate::limits::Limits;
@@ -42,7 +44,8 @@ pub fn response_allowance(frame: &[u8], limits: &Limits) -> usize {
     total.max(RESPONSE_OVERHEAD)
 }
 
-/// Frames larger than this always go to the blocking pool.
+/// Frames larger than this, less the data of their quick WRITEs, always
+/// go to the blocking pool.
 pub const QUICK_FRAME_MAX: usize = 16 * 1024;
 
 /// READs of at most this many bytes run in place (`is_quick`): a read from
@@ -59,6 +62,46 @@ fn read_length(frame: &[u8], off: usize) -> Option<u32> {
     Some(u32::from_le_bytes(bytes.try_into().ok()?))
 }
 
+/// WRITEs of at most this many bytes run in place (`is_quick`) when their
+/// file's file system lets them be written without waiting (`quick_write`):
+/// the copy into the page cache costs what a READ's copy out of it does.
+const QUICK_WRITE_MAX: u32 = 64 * 1024;
+
+/// A little-endian u32 of the request body at `off` + 64 + `at`.
+fn body_u32(frame: &[u8], off: usize, at: usize) -> Option<u32> {
+    let start = off.checked_add(64 + at)?;
+    let bytes = frame.get(start..start.checked_add(4)?)?;
+    Some(u32::from_le_bytes(bytes.try_into().ok()?))
+}
+
+/// The data length of the WRITE request at `off` if it may run in place,
+/// or None. MS-SMB2 2.2.21: after the 64-byte header, StructureSize (2),
+/// DataOffset (2), Length (4), Offset (8), FileId (16: persistent, then
+/// volatile), Channel (4), RemainingBytes (4), WriteChannelInfoOffset (2),
+/// WriteChannelInfoLength (2), Flags (4). In place: at most
+/// `QUICK_WRITE_MAX` bytes, not written through (an fsync waits for the
+/// disk: by the request's flag or its open's mode, MS-FSA 2.1.5.3), to an
+/// open of this connection's session (not a related request's FileId of
+/// all ones) whose file system takes writes that do not wait
+/// (`FileHandle::writes_without_waiting`: on ext4, whose buffered writes
+/// refuse RWF_NOWAIT, a write waits for the writeback when the page cache
+/// is full of dirty pages, so it goes to the pool).
+fn quick_write(frame: &[u8], off: usize, conn: &Connection) -> Option<usize> {
+    let len = body_u32(frame, off, 4)?;
+    if len > QUICK_WRITE_MAX || body_u32(frame, off, 44)? & WRITEFLAG_WRITE_THROUGH != 0 {
+        return None;
+    }
+    let word = |at: usize| {
+        let start = off.checked_add(at)?;
+        let bytes = frame.get(start..start.checked_add(8)?)?;
+        Some(u64::from_le_bytes(bytes.try_into().ok()?))
+    };
+    let (session, volatile) = (word(40)?, word(64 + 24)?);
+    let open = conn.session(session)?.open(volatile)?;
+    let through = open.mode.load(std::sync::atomic::Ordering::Relaxed) & WRITE_THROUGH != 0;
+    (!open.is_dir && !through && open.handle.writes_without_waiting()).then_some(len as usize)
+}
+
 /// Whether a frame may be processed on the connection's reader task rather
 /// than handed to the blocking pool. Handing over costs two thread wake-ups
 /// per request (to a pool thread, and back to the writer), which on small
@@ -67,7 +110,9 @@ fn read_length(frame: &[u8], off: usize) -> Option<u32> {
 /// file system, so they run in place. So do small READs (up to
 /// `QUICK_READ_MAX`): they read what the page cache holds without waiting
 /// and hand only a read that must wait for the disk off the worker
-/// (the READ handler). Other data transfer (WRITE, FLUSH, larger READs),
+/// (the READ handler); and small WRITEs where the file system lets them
+/// (`quick_write`), likewise. Other data transfer (FLUSH, larger READs
+/// and WRITEs),
 /// directory listings, IOCTLs and encrypted frames (which cannot be looked
 /// into before decryption, and may ask for a read of any size) still go to
 /// the pool, where a slow disk blocks nobody else. The cost: a metadata
@@ -85,16 +130,22 @@ fn read_length(frame: &[u8], off: usize) -> Option<u32> {
 /// connection's requests queued before them (`is_ordered`): while that
 /// queue holds any, they join it.
 pub fn is_quick(frame: &[u8], limits: &Limits, conn: &Connection) -> bool {
-    if frame.len() > QUICK_FRAME_MAX || frame.starts_with(&TRANSFORM_PROTOCOL_ID) {
+    if frame.starts_with(&TRANSFORM_PROTOCOL_ID) {
         return false;
     }
-    chain_offsets(frame, limits.max_compound_requests).all(|off| {
+    // Looked into only when small, or when a WRITE's data may be most of it.
+    if frame.len() > QUICK_FRAME_MAX + QUICK_WRITE_MAX as usize {
+        return false;
+    }
+    let mut write_data = 0usize;
+    let each = chain_offsets(frame, limits.max_compound_requests).all(|off| {
         let command = u16::from_le_bytes([frame[off + 12], frame[off + 13]]);
         match Command::from_u16(command) {
             Some(Command::Read) => read_length(frame, off).is_some_and(|n| n <= QUICK_READ_MAX),
-            Some(Command::Write | Command::Flush | Command::QueryDirectory | Command::Ioctl) => {
-                false
-            }
+            Some(Command::Write) => quick_write(frame, off, conn)
+                .map(|n| write_data += n)
+                .is_some(),
+            Some(Command::Flush | Command::QueryDirectory | Command::Ioctl) => false,
             Some(Command::Create | Command::Lock)
                 if conn.server.offers_persistent_handles() && on_ca_share(frame, off, conn) =>
             {
@@ -106,7 +157,8 @@ pub fn is_quick(frame: &[u8], limits: &Limits, conn: &Connection) -> bool {
             _ if conn.server.cluster.is_some() => conn.ordered_queue_is_empty(),
             _ => true,
         }
-    })
+    });
+    each && frame.len().saturating_sub(write_data) <= QUICK_FRAME_MAX
 }
 
 /// Whether a frame that is not quick must run after the connection's

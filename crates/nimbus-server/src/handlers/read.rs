@@ -76,7 +76,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
 /// Reads `len` bytes at `offset` onto `out`: what the page cache holds at
 /// once, the rest (a read that would wait for the disk) off the runtime's
 /// worker. A small READ runs on the connection's task
-/// (`crate::ctx::is_quick`), so a cached one costs a plain pread and
+/// (`frames::is_quick` in nimbus-node), so a cached one costs a plain pread and
 /// no thread hand-over; one that must wait lets the worker's other tasks
 /// move to another thread meanwhile (`nimbus_state::blocking`).
 fn read_cached_first(

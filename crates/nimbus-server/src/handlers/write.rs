@@ -46,17 +46,15 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         return Ok(NtStatus::SUCCESS);
     }
     let n = change_data(ctx, &open, offset, req.data.len() as u64, || {
-        let n = open
-            .handle
-            .write_at(req.data, offset)
-            .map_err(|e| vfs_status(&e))?;
+        let n = write_cached_first(&open.handle, req.data, offset).map_err(|e| vfs_status(&e))?;
         // Written through when the WRITE asks (MS-SMB2 3.3.5.13) or the
         // open was made, or set, write-through (FILE_WRITE_THROUGH, MS-FSA
         // 2.1.5.3): on the disk before it is answered.
         let open_through =
             open.mode.load(std::sync::atomic::Ordering::Relaxed) & WRITE_THROUGH != 0;
         if req.flags & WRITEFLAG_WRITE_THROUGH != 0 || open_through {
-            open.handle.sync().map_err(|e| vfs_status(&e))?;
+            nimbus_state::blocking::off_worker(|| open.handle.sync())
+                .map_err(|e| vfs_status(&e))?;
         }
         open.position
             .store(offset + n as u64, std::sync::atomic::Ordering::Relaxed);
@@ -65,6 +63,26 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     open.share.counters.written(n);
     encode_write_response(out, n as u32);
     Ok(NtStatus::SUCCESS)
+}
+
+/// Writes `data` at `offset`: into the page cache at once what need not
+/// wait, the rest (a write that must wait for the disk or the writeback)
+/// off the runtime's worker. A small WRITE runs on the connection's task
+/// when its file system lets it (`frames::is_quick` in nimbus-node), so a
+/// write to memory costs a plain pwrite and no thread hand-over; on a pool
+/// thread `off_worker` just runs.
+fn write_cached_first(
+    handle: &nimbus_vfs::FileHandle,
+    data: &[u8],
+    offset: u64,
+) -> nimbus_vfs::VfsResult<usize> {
+    let (n, short) = handle.write_at_cached(data, offset)?;
+    if !short {
+        return Ok(n);
+    }
+    let rest =
+        nimbus_state::blocking::off_worker(|| handle.write_at(&data[n..], offset + n as u64))?;
+    Ok(n + rest)
 }
 
 /// Every change to a file's data goes through here, WRITE or FSCTL (server

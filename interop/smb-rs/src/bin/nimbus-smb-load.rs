@@ -10,7 +10,10 @@
 //! Each connection is its own logged-on session with the file open once;
 //! D tasks per connection each keep one operation in flight, so the server
 //! sees N×D at a time. Offsets are random multiples of the block within
-//! the file's length (a fixed xorshift seed per task: runs repeat). With
+//! the file's length (a fixed xorshift seed per task: runs repeat). A
+//! WRITE's block is bytes 0x5a with its own offset (u64, little-endian)
+//! in its first and last 8 (blocks of 16 bytes or more), so that a test
+//! can tell a block the server put in the wrong place. With
 //! --rate, the tasks together start that many operations per second,
 //! evenly spread; without, each starts its next when its last ends.
 //!
@@ -251,7 +254,10 @@ async fn task(
         let start = Instant::now();
         let n = match plan.op {
             Op::Read => file.read_at(&mut buf, at).await,
-            Op::Write => file.write_at(&buf, at).await,
+            Op::Write => {
+                stamp(&mut buf, at);
+                file.write_at(&buf, at).await
+            }
             Op::Cycle => cycle(&client, &path, &mut buf, at).await,
         }
         .map_err(|e| format!("{:?} at {at}: {e}", plan.op))?;
@@ -263,6 +269,16 @@ async fn task(
         tally.bytes += n as u64;
     }
     Ok(tally)
+}
+
+/// Marks a WRITE's block with its offset, at both ends (see the module
+/// comment); two stores, so the client's cost per request stays flat.
+fn stamp(buf: &mut [u8], at: u64) {
+    let n = buf.len();
+    if n >= 16 {
+        buf[..8].copy_from_slice(&at.to_le_bytes());
+        buf[n - 8..].copy_from_slice(&at.to_le_bytes());
+    }
 }
 
 /// Opens the file, reads a block, closes it.
@@ -453,6 +469,18 @@ async fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_written_block_names_its_offset_at_both_ends() {
+        let mut buf = vec![0x5au8; 4096];
+        stamp(&mut buf, 0x1234_5000);
+        assert_eq!(buf[..8], 0x1234_5000u64.to_le_bytes());
+        assert_eq!(buf[4088..], 0x1234_5000u64.to_le_bytes());
+        assert!(buf[8..4088].iter().all(|&b| b == 0x5a));
+        let mut small = vec![0x5au8; 8];
+        stamp(&mut small, 7);
+        assert_eq!(small, [0x5a; 8]);
+    }
 
     #[test]
     fn percentiles_take_the_nearest_rank() {
