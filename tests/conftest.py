@@ -26,6 +26,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -474,6 +475,19 @@ def server_factory(request, tmp_path):
     died = factory.stop_all()
     if died:
         pytest.fail("; ".join(died), pytrace=False)
+
+
+@pytest.fixture
+def memory_dir():
+    """A directory on tmpfs (/dev/shm), removed after the test."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        if os.environ.get("CI"):
+            pytest.fail("/dev/shm (tmpfs) is missing")
+        pytest.skip("no /dev/shm")
+    d = Path(tempfile.mkdtemp(prefix="nimbus-test-", dir=shm))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture

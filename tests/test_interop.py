@@ -20,11 +20,8 @@ messages (tests/rawsmb.py) so that exactly the bytes in question are sent.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import struct
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -131,19 +128,6 @@ def load_binary() -> Path:
     """bench/small_io.py's load generator, built beside the smb-rs check
     (interop/smb-rs's second binary)."""
     return smbrs_binary().with_name("nimbus-smb-load")
-
-
-@pytest.fixture
-def memory_dir():
-    """A directory on tmpfs (/dev/shm), removed after the test."""
-    shm = Path("/dev/shm")
-    if not shm.is_dir():
-        if os.environ.get("CI"):
-            pytest.fail("/dev/shm (tmpfs) is missing")
-        pytest.skip("no /dev/shm")
-    d = Path(tempfile.mkdtemp(prefix="nimbus-test-", dir=shm))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.mark.nimbus_only

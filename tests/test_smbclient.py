@@ -180,6 +180,38 @@ def test_put_then_get_is_byte_identical(server, proto, size, samba_client_conf, 
                 p.unlink(missing_ok=True)
 
 
+@pytest.mark.parametrize("protection", ["off", "sign"])
+@pytest.mark.parametrize("place", ["disk", "memory"])
+def test_get_is_byte_identical_with_and_without_signing(server_factory, request, samba_client_conf, client_dir, protection, place):
+    """An unsigned READ of 128 KiB or more sends its data from the page
+    cache after the response (sendfile, crates/nimbus-node/src/connection/
+    tail.rs); a signed one carries it in the response. Both give the
+    file's bytes: whole (8 MiB READs, the last one short) and from an
+    offset that is not a multiple of anything (reget resumes after what
+    the local file holds)."""
+    paths = {"data": request.getfixturevalue("memory_dir")} if place == "memory" else None
+    server = server_factory.start(signing="auto", paths=paths)
+    size = 20 * MIB + 12345
+    digest = make_file(server.share_path / "big.bin", size)
+    expected = (server.share_path / "big.bin").read_bytes()
+
+    def smbclient(commands):
+        cmd = [
+            "smbclient", f"//{server.host}/{server.share}", "-p", str(server.port),
+            "-U", f"{server.user}%{server.password}", "-m", "SMB3_11",
+            f"--client-protection={protection}", "--use-kerberos=off", "-s", str(samba_client_conf), "-c", commands,
+        ]  # fmt: skip
+        proc = subprocess.run(cmd, cwd=client_dir, capture_output=True, text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0 and "NT_STATUS_" not in out, f"smbclient -c {commands!r}:\n{out}"
+
+    smbclient("get big.bin whole.bin")
+    assert sha256_file(client_dir / "whole.bin") == digest, "the file got differs from the server's"
+    (client_dir / "part.bin").write_bytes(expected[: 3 * MIB + 777])
+    smbclient("reget big.bin part.bin")
+    assert (client_dir / "part.bin").read_bytes() == expected, "the file resumed at an offset differs"
+
+
 def test_put_overwrites_and_truncates(server, smb, client_dir):
     (server.share_path / "f.txt").write_bytes(b"a much longer original content\n")
     (client_dir / "short.txt").write_bytes(b"short\n")

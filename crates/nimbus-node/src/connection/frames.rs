@@ -262,7 +262,12 @@ pub struct Refused;
 /// its messages follow the TRANSFORM header in plaintext.
 pub struct Unsealed(pub Encrypted);
 
-/// Opens a sealed frame of at most QUICK_FRAME_MAX bytes where it was
+/// Sealed frames of at most this many bytes are opened where they were
+/// read (`unseal_small`): room for a quick WRITE's data besides the
+/// requests, so that a small encrypted WRITE can run in place too.
+const SEALED_OPEN_MAX: usize = TRANSFORM_HEADER_SIZE + QUICK_FRAME_MAX + QUICK_WRITE_MAX as usize;
+
+/// Opens a sealed frame of at most SEALED_OPEN_MAX bytes where it was
 /// read: a few microseconds of AES, after which it is looked into like a
 /// frame that came in the clear (run in place when quick, in order with
 /// the frames around it). Unopened it went to the pool, where a request
@@ -271,7 +276,7 @@ pub struct Unsealed(pub Encrypted);
 /// cancelled first. Ok(None): not sealed, or big (opened on the pool);
 /// Err: refused, the connection closes.
 pub fn unseal_small(conn: &Connection, frame: &mut [u8]) -> Result<Option<Unsealed>, Refused> {
-    if frame.len() > QUICK_FRAME_MAX || !frame.starts_with(&TRANSFORM_PROTOCOL_ID) {
+    if frame.len() > SEALED_OPEN_MAX || !frame.starts_with(&TRANSFORM_PROTOCOL_ID) {
         return Ok(None);
     }
     decrypt(conn, frame)
