@@ -54,6 +54,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 sys.path.insert(0, str(BENCH))
+import bare_sender  # noqa: E402
 import durable_loop  # noqa: E402
 import lease_break  # noqa: E402
 import lock_loop  # noqa: E402
@@ -337,6 +338,13 @@ def report(args, results: dict) -> list[str]:
                 if s and n:
                     lines.append(f"| {op} | {mode} | {s[0]:.0f} | {n[0]:.0f} | {ratio(n[0], s[0])} | {s[1]:.3f} | {n[1]:.3f} | {ratio(n[1], s[1])} |")
         lines.append("")
+        bare = med.get(("bare",))
+        if bare:
+            lines += [
+                f"Bare sender, same run (bench/bare_sender.py: pread of 8 MiB and send over loopback TCP, no protocol, "
+                f"its transfer loop's CPU): {bare[0]:.0f} MiB/s, {bare[1]:.3f} s/GiB.",
+                "",
+            ]
     if any(k[0] in ("contention", "loop", "lock", "open_close") for k in med):
         lines += [
             f"### Metadata ({args.seconds} s per run)",
@@ -409,6 +417,17 @@ def targets(med: dict, args) -> list[str]:
             if off and n:
                 r = n[0] / off[0]
                 out.append(f"Nimbus {op} {mode} ≥ {floor} × unprotected throughput: {r:.2f} × — {verdict(r >= floor)}")
+    bare, plain, signed = med.get(("bare",)), med.get(("xfer", "get", "off", "Nimbus")), med.get(("xfer", "get", "sign", "Nimbus"))
+    if bare and plain:
+        r = plain[1] / bare[1]
+        out.append(f"plain get server CPU/GiB ≤ 1.2 × a bare pread+send sender (issue 48): {r:.2f} × — {verdict(r <= 1.2)}")
+    if plain and signed:
+        out.append(f"plain get cheaper than signed get (issue 48): {plain[1]:.3f} against {signed[1]:.3f} s/GiB — {verdict(plain[1] < signed[1])}")
+    for mode in ("sign", "AES-128-GCM"):
+        s, n = med.get(("xfer", "put", mode, "Samba")), med.get(("xfer", "put", mode, "Nimbus"))
+        if s and n:
+            r = n[1] / s[1]
+            out.append(f"put server CPU/GiB ≤ 0.6 × Samba, {mode} (issue 48): {r:.2f} × — {verdict(r <= 0.6)}")
     for n_procs in (4, 16):
         s, n = med.get(("contention", n_procs, "Samba")), med.get(("contention", n_procs, "Nimbus"))
         if s and n:
@@ -504,6 +523,11 @@ def main() -> int:
                             # kernel finding 1 GiB of free pages for tmpfs).
                             for s in order:
                                 transfer(s, "off", "put", source, size)
+                        if op == "get" and "off" in args.modes:
+                            # The floor of a get, beside it (issue 48).
+                            r = bare_sender.run(shares["Nimbus"] / "big.bin")
+                            results.setdefault(("bare",), []).append(r)
+                            print(f"  get bare sender        {r[0]:7.0f} MiB/s {r[1]:6.3f} s/GiB", flush=True)
                         for mode in args.modes:
                             for s in order:
                                 r = transfer(s, mode, op, source, size)
