@@ -922,10 +922,13 @@ async fn serve_in(
             drop(slices);
             if let Some(tail) = batch.last().and_then(|(out, _)| out.tail.as_ref()) {
                 if let Err(e) = tail.send(&mut wr).await {
-                    tracing::debug!(
-                        "{}: sending a READ's data from its file: {e}",
+                    // The head is out: the client would wait for the rest
+                    // of a frame that will not come, so the connection ends.
+                    tracing::warn!(
+                        "{}: cannot send a READ's data from its file: {e}; closing connection",
                         writer_conn.peer
                     );
+                    writer_conn.close();
                     break;
                 }
             }

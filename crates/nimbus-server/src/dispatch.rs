@@ -267,10 +267,17 @@ fn run_chain(
         out.align_to_from(RESPONSE_START, 8);
     }
     // A READ leaves its data in the file only for a response alone in its
-    // frame, neither signed nor sealed (`handlers::read`); should one
-    // reach here otherwise, its bytes are read in now.
+    // frame (`Ctx::alone`), neither signed nor sealed (`handlers::read`).
+    // Should a signed or sealed one reach here, its bytes are read in
+    // now, right after its head (it is the frame's only response).
+    if chain.tail.is_some() && requests > 1 {
+        return refuse(
+            conn,
+            "a READ's data left in its file, in a compound response",
+        );
+    }
     let signed = responses.iter().any(|(_, signer)| signer.is_some());
-    if chain.tail.is_some() && (requests > 1 || signed || chain.encrypted_for.is_some()) {
+    if chain.tail.is_some() && (signed || chain.encrypted_for.is_some()) {
         if let Some(Err(e)) = chain.tail.take().map(|t| t.read_into(&mut out)) {
             return refuse(conn, &format!("cannot read a READ's data: {e}"));
         }

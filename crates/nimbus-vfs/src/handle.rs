@@ -55,7 +55,8 @@ pub struct FileHandle {
     is_dir: bool,
     pub(crate) access: Access,
     /// Whether the file lives in memory (tmpfs, ramfs), learnt at the
-    /// first read that asks: 0 not known yet, 1 yes, 2 no.
+    /// first read, write or question that needs it: 0 not known yet, 1
+    /// yes, 2 no.
     in_memory: AtomicU8,
     /// Whether its file system takes buffered writes with RWF_NOWAIT,
     /// learnt at the first write that tries: 0 not known yet, 1 yes, 2 no
@@ -280,10 +281,13 @@ impl FileHandle {
             nr_evicted: u64,
             nr_recently_evicted: u64,
         }
-        /// cachestat's number, the same on every architecture (it came
-        /// after the tables were unified); the libc crate names it only
-        /// for a few.
+        /// cachestat's number on x86_64 and arm64 (the unified table; alpha
+        /// alone differs); the libc crate names it only for a few
+        /// architectures.
+        #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
         const SYS_CACHESTAT: libc::c_long = 451;
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+        return false;
         if len == 0 {
             return true;
         }
@@ -384,8 +388,12 @@ impl FileHandle {
     /// (`writes_without_waiting` tells callers beforehand).
     pub fn write_at_cached(&self, buf: &[u8], offset: u64) -> VfsResult<(usize, bool)> {
         let start = self.check_write(buf, offset)?;
+        let written = |(done, failed): (usize, Option<i32>)| match failed {
+            None => Ok(done),
+            Some(e) => Err(VfsError::from_errno(e)),
+        };
         if self.in_memory.load(Ordering::Relaxed) == 1 {
-            return self.write_at(buf, offset).map(|n| (n, false));
+            return written(self.pwrite_from(buf, start, 0)).map(|n| (n, false));
         }
         if self.nowait_writes.load(Ordering::Relaxed) == 2 {
             return Ok((0, true));
@@ -400,7 +408,7 @@ impl FileHandle {
                 // tmpfs refuses RWF_NOWAIT (Linux 6.18) but has no disk to
                 // wait for: write the rest here.
                 if self.in_memory() {
-                    let rest = self.write_at(&buf[done..], offset + done as u64)?;
+                    let rest = written(self.pwrite_from(&buf[done..], start + done as i64, 0))?;
                     return Ok((done + rest, false));
                 }
                 self.nowait_writes.store(2, Ordering::Relaxed);

@@ -54,14 +54,6 @@ pub const QUICK_FRAME_MAX: usize = 16 * 1024;
 /// over the pool's threads.
 const QUICK_READ_MAX: u32 = 64 * 1024;
 
-/// The Length of the READ request at `off` (MS-SMB2 2.2.19: after the
-/// 64-byte header, StructureSize (2), Padding (1), Flags (1), Length (4)).
-fn read_length(frame: &[u8], off: usize) -> Option<u32> {
-    let at = off.checked_add(64 + 4)?;
-    let bytes = frame.get(at..at.checked_add(4)?)?;
-    Some(u32::from_le_bytes(bytes.try_into().ok()?))
-}
-
 /// WRITEs of at most this many bytes run in place (`is_quick`) when their
 /// file's file system lets them be written without waiting (`quick_write`):
 /// the copy into the page cache costs what a READ's copy out of it does.
@@ -112,9 +104,9 @@ fn quick_write(frame: &[u8], off: usize, conn: &Connection) -> Option<usize> {
 /// and hand only a read that must wait for the disk off the worker
 /// (the READ handler); and small WRITEs where the file system lets them
 /// (`quick_write`), likewise. Other data transfer (FLUSH, larger READs
-/// and WRITEs),
-/// directory listings, IOCTLs and encrypted frames (which cannot be looked
-/// into before decryption, and may ask for a read of any size) still go to
+/// and WRITEs), directory listings, IOCTLs and the encrypted frames the
+/// reader did not open (`unseal_small`: those larger than
+/// `SEALED_OPEN_MAX`, which may ask for a read of any size) still go to
 /// the pool, where a slow disk blocks nobody else. The cost: a metadata
 /// call that is slow after all (unlinking a huge file on delete-on-close,
 /// truncating one on overwrite, a hung network file system) holds one
@@ -141,7 +133,9 @@ pub fn is_quick(frame: &[u8], limits: &Limits, conn: &Connection) -> bool {
     let each = chain_offsets(frame, limits.max_compound_requests).all(|off| {
         let command = u16::from_le_bytes([frame[off + 12], frame[off + 13]]);
         match Command::from_u16(command) {
-            Some(Command::Read) => read_length(frame, off).is_some_and(|n| n <= QUICK_READ_MAX),
+            // MS-SMB2 2.2.19: Length after StructureSize (2), Padding (1)
+            // and Flags (1).
+            Some(Command::Read) => body_u32(frame, off, 4).is_some_and(|n| n <= QUICK_READ_MAX),
             Some(Command::Write) => quick_write(frame, off, conn)
                 .map(|n| write_data += n)
                 .is_some(),

@@ -6,6 +6,12 @@
 //! bytes in this process) and is alone in its frame (`handlers::read`
 //! decides, and `dispatch` falls back to reading the bytes when it may
 //! not); sent by the connection's writer task.
+//!
+//! The bytes are read when they are sent, not when the READ was handled:
+//! a WRITE answered in between (by another client; this one waits for
+//! its READ's answer) may show in them, as it may on Samba with sendfile
+//! on. A READ racing a WRITE or a truncate gets the data of some moment
+//! during it, which is what a client can rely on anyway.
 
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
@@ -46,6 +52,15 @@ impl FileTail {
     /// the client reads the frame to its length: the data read is then
     /// as of some moment during the READ, as any read racing a truncate.
     pub async fn send(&self, wr: &mut OwnedWriteHalf) -> std::io::Result<()> {
+        // The handler found the range in memory, but the response may have
+        // waited in the queue meanwhile: sendfile would wait for a page the
+        // kernel let go of on this runtime's worker, so such a range is
+        // read where waiting is allowed and written from a buffer.
+        if !self.open.handle.is_cached(self.offset, self.len) {
+            let mut bytes = Vec::new();
+            nimbus_state::blocking::off_worker(|| self.read_into(&mut bytes))?;
+            return wr.write_all(&bytes).await;
+        }
         send_with(wr, self.len, |socket, sent, want| {
             self.open
                 .handle

@@ -87,7 +87,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     Ok(NtStatus::SUCCESS)
 }
 
-/// READs of at least this many bytes may leave their data in the file,
+/// READs that return at least this many bytes may leave their data in the file,
 /// to be sent from the page cache after the response (`tail_length`):
 /// streaming reads, where the copy is most of the cost; a smaller READ's
 /// copy costs less than the calls that would decide.
@@ -105,7 +105,7 @@ fn tail_length(ctx: &Ctx<'_>, open: &Open, req: &ReadRequest) -> Option<usize> {
     }
     let size = open.handle.stat().ok()?.size;
     let n = (req.length as u64).min(size.saturating_sub(req.offset)) as usize;
-    let enough = n > 0 && n as u64 >= req.minimum_count as u64;
+    let enough = n >= TAIL_MIN as usize && n as u64 >= req.minimum_count as u64;
     (enough && open.handle.is_cached(req.offset, n)).then_some(n)
 }
 
