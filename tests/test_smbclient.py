@@ -183,12 +183,10 @@ def test_put_then_get_is_byte_identical(server, proto, size, samba_client_conf, 
 @pytest.mark.parametrize("protection", ["off", "sign"])
 @pytest.mark.parametrize("place", ["disk", "memory"])
 def test_get_is_byte_identical_with_and_without_signing(server_factory, request, samba_client_conf, client_dir, protection, place):
-    """An unsigned READ of 128 KiB or more sends its data from the page
-    cache after the response (sendfile, crates/nimbus-node/src/connection/
-    tail.rs); a signed one carries it in the response. Both give the
-    file's bytes: whole (8 MiB READs, the last one short) and from an
-    offset that is not a multiple of anything (reget resumes after what
-    the local file holds)."""
+    """Unsigned and signed large READs, from a share on disk and one in
+    memory (tmpfs), give the file's bytes: whole (8 MiB READs, the last
+    one short) and from an offset that is not a multiple of anything
+    (reget resumes after what the local file holds)."""
     paths = {"data": request.getfixturevalue("memory_dir")} if place == "memory" else None
     server = server_factory.start(signing="auto", paths=paths)
     size = 20 * MIB + 12345

@@ -3,7 +3,6 @@
 //! responses in the order they complete.
 
 pub mod frames;
-pub mod tail;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -31,7 +30,6 @@ use crate::server::Server;
 use crate::session::{Session, SigningKey};
 use crate::sync::lock;
 use frames::Unsealed;
-pub use tail::FileTail;
 
 /// A connection that has sent nothing for this long gives its spare
 /// buffers back, so idle connections hold little memory.
@@ -136,8 +134,6 @@ pub struct Outgoing {
     pub interims: Vec<Arc<crate::pending::PendingRequest>>,
     /// Run once the frame is written.
     pub on_sent: Vec<frames::OnSent>,
-    /// The frame's last bytes, sent from the file after `buf` (`tail`).
-    pub tail: Option<FileTail>,
 }
 
 impl From<crate::pending::Frame> for Outgoing {
@@ -210,13 +206,7 @@ impl Outgoing {
             start,
             interims: Vec::new(),
             on_sent: Vec::new(),
-            tail: None,
         }
-    }
-
-    pub fn with_tail(mut self, tail: Option<FileTail>) -> Outgoing {
-        self.tail = tail;
-        self
     }
 
     pub fn with_interims(mut self, interims: Vec<Arc<crate::pending::PendingRequest>>) -> Outgoing {
@@ -892,12 +882,7 @@ async fn serve_in(
             // response was a large part of a small request's cost.
             let mut bytes = first.0.buf.len() - first.0.start;
             batch.push(first);
-            // A frame ending in a file's bytes ends its batch: they follow
-            // the batch's write.
-            while batch.len() < BATCH_MESSAGES
-                && bytes < BATCH_BYTES
-                && batch.last().is_some_and(|(out, _)| out.tail.is_none())
-            {
+            while batch.len() < BATCH_MESSAGES && bytes < BATCH_BYTES {
                 let next = match async_rx.try_recv() {
                     Ok(out) => Some((out, None)),
                     Err(_) => rx.try_recv().ok().map(|(out, f)| (out, Some(f))),
@@ -920,18 +905,6 @@ async fn serve_in(
                 break;
             }
             drop(slices);
-            if let Some(tail) = batch.last().and_then(|(out, _)| out.tail.as_ref()) {
-                if let Err(e) = tail.send(&mut wr).await {
-                    // The head is out: the client would wait for the rest
-                    // of a frame that will not come, so the connection ends.
-                    tracing::warn!(
-                        "{}: cannot send a READ's data from its file: {e}; closing connection",
-                        writer_conn.peer
-                    );
-                    writer_conn.close();
-                    break;
-                }
-            }
             for (mut out, in_flight) in batch.drain(..) {
                 if in_flight.is_none() {
                     writer_conn.held.release(out.buf.capacity());

@@ -76,13 +76,6 @@ pub struct Ctx<'a> {
     pub resumed: Option<Arc<PendingRequest>>,
     /// When the handling of this request began (for its latency metric).
     pub started: std::time::Instant,
-    /// The request is its frame's only one: its response is a frame of its
-    /// own.
-    pub alone: bool,
-    /// Set by a READ whose data is sent from the file after the response
-    /// (`crate::connection::FileTail`): the response counts its bytes but
-    /// holds none of them.
-    pub tail: Option<crate::connection::FileTail>,
 }
 
 impl Ctx<'_> {

@@ -15,7 +15,7 @@ use nimbus_wire::smb1::{smb1_negotiate_offer, Smb1Offer};
 use nimbus_wire::transform::TRANSFORM_HEADER_SIZE;
 use nimbus_wire::{FileId, NtStatus, HEADER_SIZE};
 
-use crate::connection::{Connection, FileTail, Outgoing};
+use crate::connection::{Connection, Outgoing};
 use crate::ctx::{Ctx, HandlerResult, PreauthTarget};
 use crate::frames::{decrypt, ends_handles_command, refuse, OnSent, Unsealed, RESPONSE_OVERHEAD};
 use crate::handlers;
@@ -97,8 +97,6 @@ pub(crate) struct Chain {
     /// The frame's arrival number, if it runs on the blocking pool
     /// (`crate::arrivals`).
     arrival: Option<u64>,
-    /// A READ's data left in its file, to follow the response (`Ctx::tail`).
-    tail: Option<FileTail>,
 }
 
 /// The SMB2 dispatcher the connection loop hands each frame to.
@@ -266,22 +264,6 @@ fn run_chain(
     if requests > 1 {
         out.align_to_from(RESPONSE_START, 8);
     }
-    // A READ leaves its data in the file only for a response alone in its
-    // frame (`Ctx::alone`), neither signed nor sealed (`handlers::read`).
-    // Should a signed or sealed one reach here, its bytes are read in
-    // now, right after its head (it is the frame's only response).
-    if chain.tail.is_some() && requests > 1 {
-        return refuse(
-            conn,
-            "a READ's data left in its file, in a compound response",
-        );
-    }
-    let signed = responses.iter().any(|(_, signer)| signer.is_some());
-    if chain.tail.is_some() && (signed || chain.encrypted_for.is_some()) {
-        if let Some(Err(e)) = chain.tail.take().map(|t| t.read_into(&mut out)) {
-            return refuse(conn, &format!("cannot read a READ's data: {e}"));
-        }
-    }
     if let (Some(session_id), Some(cipher)) = (chain.encrypted_for, chain.sealed_by.as_ref()) {
         // Encrypted responses are not also signed (MS-SMB2 3.3.4.1.4).
         if let Err(err) = cipher.seal(session_id, &mut out[4..]) {
@@ -303,15 +285,13 @@ fn run_chain(
             crate::security::sign(signer.as_ref(), &mut out[start..end]);
         }
     }
-    let tail_len = chain.tail.as_ref().map_or(0, |t| t.len);
-    let len = out.len() - RESPONSE_START + tail_len;
+    let len = out.len() - RESPONSE_START;
     let start = RESPONSE_START - 4;
     out[start..RESPONSE_START].copy_from_slice(&nimbus_wire::nbss::frame_header(len));
     Some(
         Outgoing::new(out, start)
             .with_interims(chain.interims)
-            .with_on_sent(chain.on_sent)
-            .with_tail(chain.tail),
+            .with_on_sent(chain.on_sent),
     )
 }
 
@@ -402,8 +382,6 @@ fn handle_one(
         resumed: None,
         on_sent: Vec::new(),
         started,
-        alone: first && hdr.next_command == 0,
-        tail: None,
     };
     let mut sign_session: Option<SigningKey> = None;
     let result = check_and_run(
@@ -426,9 +404,6 @@ fn handle_one(
         chain.create_error = result.err();
     }
     chain.session_ok = ctx.session.as_ref().is_some_and(|s| s.is_valid());
-    if result.is_ok() {
-        chain.tail = ctx.tail.take();
-    }
     let status = match result {
         Ok(status) => status,
         Err(status) => {

@@ -55,8 +55,7 @@ pub struct FileHandle {
     is_dir: bool,
     pub(crate) access: Access,
     /// Whether the file lives in memory (tmpfs, ramfs), learnt at the
-    /// first read, write or question that needs it: 0 not known yet, 1
-    /// yes, 2 no.
+    /// first read or write that needs it: 0 not known yet, 1 yes, 2 no.
     in_memory: AtomicU8,
     /// Whether its file system takes buffered writes with RWF_NOWAIT,
     /// learnt at the first write that tries: 0 not known yet, 1 yes, 2 no
@@ -216,108 +215,6 @@ impl FileHandle {
         // capacity.
         unsafe { buf.set_len(buf.len() + done) };
         Ok((done, short))
-    }
-
-    /// Sends up to `len` bytes of the file at `offset` to the socket
-    /// `socket` with sendfile(2): from the page cache to the socket with no
-    /// copy through this process (a plain READ's data, sent after its
-    /// response head). Returns the bytes sent: fewer when the socket is
-    /// full, 0 at the end of the file; an error of kind WouldBlock when
-    /// the socket takes nothing now. The socket side never waits (it is
-    /// non-blocking); the file side may, for pages not in memory, so a
-    /// caller on an async runtime asks `is_cached` first.
-    pub fn send_to(
-        &self,
-        socket: std::os::fd::BorrowedFd<'_>,
-        offset: u64,
-        len: usize,
-    ) -> std::io::Result<usize> {
-        if !self.access.can_read() || self.is_dir {
-            return Err(std::io::Error::from_raw_os_error(libc::EBADF));
-        }
-        let mut off =
-            i64::try_from(offset).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
-        loop {
-            // SAFETY: both descriptors are open for the call; `off` is a
-            // valid in/out pointer.
-            let n = unsafe { libc::sendfile(socket.as_raw_fd(), self.raw(), &mut off, len) };
-            if n >= 0 {
-                return Ok(n as usize);
-            }
-            let e = std::io::Error::last_os_error();
-            if e.kind() != std::io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        }
-    }
-
-    /// Whether `len` bytes at `offset` can be read without waiting for a
-    /// disk: the file system keeps files in memory, or cachestat(2) (Linux
-    /// 6.5) finds every page of the range in the page cache now. False
-    /// when it cannot tell (an older kernel), and for a handle that cannot
-    /// read. A page may still be evicted after the answer; then the read
-    /// waits for it, as any read would.
-    pub fn is_cached(&self, offset: u64, len: usize) -> bool {
-        if self.is_dir || !self.access.can_read() {
-            return false;
-        }
-        if self.in_memory() {
-            return true;
-        }
-        /// struct cachestat_range (include/uapi/linux/mman.h).
-        #[repr(C)]
-        struct Range {
-            off: u64,
-            len: u64,
-        }
-        /// struct cachestat: pages cached, dirty, under writeback,
-        /// evicted, recently evicted.
-        #[repr(C)]
-        #[derive(Default)]
-        struct Counts {
-            nr_cache: u64,
-            nr_dirty: u64,
-            nr_writeback: u64,
-            nr_evicted: u64,
-            nr_recently_evicted: u64,
-        }
-        /// cachestat's number on x86_64 and arm64 (the unified table; alpha
-        /// alone differs); the libc crate names it only for a few
-        /// architectures.
-        #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-        const SYS_CACHESTAT: libc::c_long = 451;
-        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-        return false;
-        if len == 0 {
-            return true;
-        }
-        // SAFETY: sysconf only reads its argument.
-        let page = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
-            n if n > 0 => n as u64,
-            _ => return false,
-        };
-        let first = offset / page;
-        let Some(last) = offset.checked_add(len as u64 - 1).map(|end| end / page) else {
-            return false;
-        };
-        let range = Range {
-            off: first * page,
-            len: (last - first + 1) * page,
-        };
-        let mut counts = Counts::default();
-        // SAFETY: the kernel reads `range` and writes `counts`, both valid
-        // for their sizes; flags must be 0.
-        let r = unsafe {
-            libc::syscall(
-                SYS_CACHESTAT,
-                self.raw(),
-                &range as *const Range,
-                &mut counts as *mut Counts,
-                0u32,
-            )
-        };
-        let pages = last - first + 1;
-        r == 0 && counts.nr_cache >= pages
     }
 
     /// Whether the file's file system keeps it in memory (asked once).

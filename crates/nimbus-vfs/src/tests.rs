@@ -318,17 +318,6 @@ fn read_write_round_trip() {
 /// `read_append_cached` on a file just written (so in the page cache), on
 /// the temporary directory's file system and, where there is one, on
 /// tmpfs (which may not know RWF_NOWAIT and is read in full anyway).
-/// Whether the running kernel is at least `major`.`minor`.
-fn kernel_at_least(major: u32, minor: u32) -> bool {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let mut parts = release
-        .trim()
-        .split(|c: char| !c.is_ascii_digit())
-        .map(|p| p.parse::<u32>().unwrap_or(0));
-    let have = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    have >= (major, minor)
-}
-
 /// The temporary directory (a disk file system, ext4 on the test
 /// machines) and /dev/shm (tmpfs) where there is one: the page-cache
 /// tests run on both.
@@ -438,61 +427,6 @@ fn cached_writes_write_what_need_not_wait() {
         assert_err!(ro.write_at_cached(b"x", 0), VfsError::AccessDenied);
         drop(ro);
         drop(h);
-        let _ = std::fs::remove_dir_all(&base);
-    }
-}
-
-#[test]
-fn a_range_is_sent_to_a_socket_from_the_page_cache() {
-    use std::io::Read;
-    use std::os::fd::AsFd;
-    for root in disk_and_memory_roots() {
-        let base = root.join(format!("nimbus-vfs-sendfile-{}", std::process::id()));
-        std::fs::create_dir_all(&base).unwrap();
-        let fs = LocalFs::new(&base).unwrap();
-        let (h, _, _) = fs.open("data", &rw(CreateMode::CreateNew)).unwrap();
-        let payload: Vec<u8> = (0..300_000u32).map(|i| (i % 241) as u8).collect();
-        h.write_at(&payload, 0).unwrap();
-        // Just written: in memory on tmpfs, and in the page cache on a
-        // disk, which a kernel with cachestat (6.5) can tell.
-        if root.starts_with("/dev/shm") || kernel_at_least(6, 5) {
-            assert!(
-                h.is_cached(1_000, 200_000),
-                "{root:?}: a range just written"
-            );
-        }
-        assert!(h.is_cached(0, 0));
-        let (mut rx, tx) = std::os::unix::net::UnixStream::pair().unwrap();
-        let reader = std::thread::spawn(move || {
-            let mut got = Vec::new();
-            rx.read_to_end(&mut got).unwrap();
-            got
-        });
-        let mut sent = 0usize;
-        while sent < 150_000 {
-            let n = h
-                .send_to(tx.as_fd(), 12_345 + sent as u64, 150_000 - sent)
-                .unwrap();
-            assert!(n > 0, "{root:?}: sendfile stopped at {sent}");
-            sent += n;
-        }
-        // Past the end of the file: nothing, not an error.
-        assert_eq!(h.send_to(tx.as_fd(), 300_000, 10).unwrap(), 0);
-        drop(tx);
-        let got = reader.join().unwrap();
-        assert_eq!(got, &payload[12_345..162_345], "{root:?}: the bytes sent");
-        let (wo, _, _) = fs
-            .open(
-                "data",
-                &opts(false, true, CreateMode::OpenExisting, Kind::File),
-            )
-            .unwrap();
-        let (_rx2, tx2) = std::os::unix::net::UnixStream::pair().unwrap();
-        assert!(
-            wo.send_to(tx2.as_fd(), 0, 10).is_err(),
-            "a write-only handle"
-        );
-        drop((h, wo));
         let _ = std::fs::remove_dir_all(&base);
     }
 }

@@ -136,10 +136,6 @@ impl Resume {
             resumed: Some(self.request.clone()),
             on_sent: Vec::new(),
             started: self.request.started(),
-            // Its answer goes out on its own later (a pending frame),
-            // with the bytes in it.
-            alone: false,
-            tail: None,
         };
         let mut out = Vec::new();
         let opens_a_file = self.hdr.command == Command::Create as u16;

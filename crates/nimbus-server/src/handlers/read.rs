@@ -6,10 +6,8 @@ use nimbus_wire::read::{encode_read_response_head, ReadRequest};
 use nimbus_wire::NtStatus;
 
 use super::{check_credit_charge, malformed};
-use crate::connection::FileTail;
 use crate::ctx::{Ctx, HandlerResult};
 use crate::errors::vfs_status;
-use crate::session::Open;
 
 pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
     let req = ReadRequest::parse(body).map_err(malformed)?;
@@ -55,18 +53,6 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         out[head + 4..head + 8].copy_from_slice(&(data.len() as u32).to_le_bytes());
         return Ok(NtStatus::SUCCESS);
     }
-    if let Some(n) = tail_length(ctx, &open, &req) {
-        out[head + 4..head + 8].copy_from_slice(&(n as u32).to_le_bytes());
-        ctx.tail = Some(FileTail {
-            open: open.clone(),
-            offset: req.offset,
-            len: n,
-        });
-        open.position
-            .store(req.offset + n as u64, std::sync::atomic::Ordering::Relaxed);
-        open.share.counters.read(n);
-        return Ok(NtStatus::SUCCESS);
-    }
     let n = match read_cached_first(&open.handle, out, req.length as usize, req.offset) {
         Ok(n) => n,
         Err(e) => {
@@ -85,28 +71,6 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         .store(req.offset + n as u64, std::sync::atomic::Ordering::Relaxed);
     open.share.counters.read(n);
     Ok(NtStatus::SUCCESS)
-}
-
-/// READs that return at least this many bytes may leave their data in the file,
-/// to be sent from the page cache after the response (`tail_length`):
-/// streaming reads, where the copy is most of the cost; a smaller READ's
-/// copy costs less than the calls that would decide.
-const TAIL_MIN: u32 = 128 * 1024;
-
-/// How many bytes a READ sends from its file after the response, if it
-/// may (`crate::connection::FileTail`): a large READ, alone in its frame,
-/// neither signed nor sealed (both need the bytes here), of a range the
-/// page cache holds (the writer task that sends it must not wait for a
-/// disk), with at least MinimumCount bytes before the end of the file.
-/// None: the bytes are read into the response as usual.
-fn tail_length(ctx: &Ctx<'_>, open: &Open, req: &ReadRequest) -> Option<usize> {
-    if !ctx.alone || ctx.signed_by.is_some() || ctx.sealed_by.is_some() || req.length < TAIL_MIN {
-        return None;
-    }
-    let size = open.handle.stat().ok()?.size;
-    let n = (req.length as u64).min(size.saturating_sub(req.offset)) as usize;
-    let enough = n >= TAIL_MIN as usize && n as u64 >= req.minimum_count as u64;
-    (enough && open.handle.is_cached(req.offset, n)).then_some(n)
 }
 
 /// Reads `len` bytes at `offset` onto `out`: what the page cache holds at
