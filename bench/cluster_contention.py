@@ -117,6 +117,26 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def node_config(name: str, host: str, port: int, db: Path, share_dir: Path, etcd: EtcdCluster) -> str:
+    """A cluster node's configuration file: one share, no inotify watches."""
+    lines = [
+        f'listen = ["{host}:{port}"]',
+        f"user_db = {json.dumps(str(db))}",
+        "[security]",
+        'signing = "auto"',
+        "[[share]]",
+        f'name = "{SHARE}"',
+        f"path = {json.dumps(str(share_dir))}",
+        "[limits]",
+        "max_inotify_watches = 0",
+        "[cluster]",
+        *etcd.node_toml_lines(),
+        f'node = "{name}"',
+        f'advertise = "{host}:{port}"',
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def start_cluster(nimbus: str, state: Path, share_dir: Path, etcd: EtcdCluster) -> tuple[Target, list[subprocess.Popen]]:
     """Three nodes, one port on three loopback addresses (smbtorture's
     unclist names hosts; the port is one for all)."""
@@ -127,26 +147,7 @@ def start_cluster(nimbus: str, state: Path, share_dir: Path, etcd: EtcdCluster) 
     for i, host in enumerate(HOSTS):
         name = f"n{i + 1}"
         conf = state / f"{name}.toml"
-        conf.write_text(
-            "\n".join(
-                [
-                    f'listen = ["{host}:{port}"]',
-                    f"user_db = {json.dumps(str(db))}",
-                    "[security]",
-                    'signing = "auto"',
-                    "[[share]]",
-                    f'name = "{SHARE}"',
-                    f"path = {json.dumps(str(share_dir))}",
-                    "[limits]",
-                    "max_inotify_watches = 0",
-                    "[cluster]",
-                    *etcd.node_toml_lines(),
-                    f'node = "{name}"',
-                    f'advertise = "{host}:{port}"',
-                ]
-            )
-            + "\n"
-        )
+        conf.write_text(node_config(name, host, port, db, share_dir, etcd))
         log = open(state / f"{name}.log", "wb")
         procs.append(subprocess.Popen([nimbus, "serve", "--config", str(conf)], stdout=log, stderr=subprocess.STDOUT))
         try:

@@ -1155,16 +1155,17 @@ impl Membership {
 
     /// Starts a thread (named `name`) that calls `changed` with the change
     /// (key, new value) of every record under `prefix` another node (or
-    /// this one) changes in etcd, and `tick` once per `every` and whenever changes may have been
-    /// missed (the watch fell behind etcd's compaction), for as long as the
-    /// process runs.
+    /// this one) changes in etcd, and `tick` once per `every`, for as long
+    /// as the process runs. `tick(true)`: the watch (re)started, and
+    /// changes before it may have been missed (at the start, or the watch
+    /// fell behind etcd's compaction): read the range whole.
     pub fn watch_records(
         self: Arc<Self>,
         name: &str,
         prefix: Vec<u8>,
         every: Duration,
         changed: impl Fn(&nimbus_state::etcd_watch::Event) + Send + 'static,
-        tick: impl Fn() + Send + 'static,
+        tick: impl Fn(bool) + Send + 'static,
     ) {
         let stop = self.stopping.clone();
         let thread = name.to_owned();
@@ -1181,7 +1182,7 @@ impl Membership {
                             // From now on; what came before is covered by
                             // the tick.
                             Ok(r) => {
-                                tick();
+                                tick(true);
                                 last_tick = Instant::now();
                                 watch.insert(self.store.watch(&prefix, r + 1))
                             }
@@ -1207,7 +1208,7 @@ impl Membership {
                         }
                     }
                     if last_tick.elapsed() >= every {
-                        tick();
+                        tick(false);
                         last_tick = Instant::now();
                     }
                 }
@@ -1290,6 +1291,27 @@ impl Membership {
         key.extend_from_slice(format!("{}-{n}", self.incarnation()).as_bytes());
         let put = nimbus_state::etcd_store::Op::Put(&key, value, self.lease());
         self.store.txn(&[], &[put], &[]).map(|_| ())
+    }
+
+    /// Takes the message a watch of this node's box delivered, once (one
+    /// another thread took already, or a deletion, gives None): deleted
+    /// if it is still the version the watch saw, without reading it
+    /// again. Err: etcd did not answer, and the message may still be
+    /// there.
+    pub fn take_delivered(
+        &self,
+        e: &nimbus_state::etcd_watch::Event,
+    ) -> Result<Option<Versioned>, StateError> {
+        let Some(value) = &e.value else {
+            return Ok(None);
+        };
+        Ok(self
+            .store
+            .compare_and_set(&e.key, Some(e.revision), None)?
+            .map(|_| Versioned {
+                version: e.revision,
+                value: value.clone(),
+            }))
     }
 
     /// Takes the message under `key` out of this node's box, once (a

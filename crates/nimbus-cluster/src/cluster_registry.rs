@@ -20,6 +20,11 @@ use nimbus_state::StateStore;
 
 use crate::cluster::Membership;
 
+/// How often the copy is read whole though the watch keeps it: a safety
+/// net. The watch reads it whole itself whenever it (re)starts, so this
+/// costs one read per node per period and nothing more.
+const RELOAD_EVERY: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// Item to node to the value that node registered.
 pub type Entries = HashMap<String, HashMap<String, Vec<u8>>>;
 
@@ -239,9 +244,9 @@ impl Registry {
         self.m.clone().watch_records(
             name,
             self.prefix.to_vec(),
-            std::time::Duration::from_secs(10),
+            RELOAD_EVERY,
             move |e| a.seen(&e.key, e.value.as_deref()),
-            move || b.reload(),
+            move |_| b.reload(),
         );
     }
 }

@@ -27,6 +27,7 @@ pub mod message;
 pub mod node_message;
 pub mod notify_recent;
 pub mod session_handover;
+pub mod sweeper;
 
 // The configuration and the services live in crates of their own; these
 // paths keep the modules' `crate::config::...` uses.

@@ -75,7 +75,7 @@ use nimbus_state::caching::BreakOrder;
 use nimbus_state::durable_record::{Answered, DurableOpen, OPEN_PREFIX};
 use nimbus_state::etcd_store::{Cmp, Op};
 use nimbus_state::records::Record;
-use nimbus_state::{FileKey, StateStore};
+use nimbus_state::{FileKey, StateError, StateStore, Versioned};
 
 use crate::claims::{holder_key, holder_of, released_key, HOLDER_PREFIX};
 use crate::cluster::incarnation_of;
@@ -828,29 +828,35 @@ pub struct Orphans {
     seen: HashMap<u64, Instant>,
 }
 
-/// One look for orphaned open records (every few seconds).
-pub fn sweep_orphans(server: &Arc<Server>, orphans: &mut Orphans) {
+/// One look for orphaned open records (every few seconds). The node
+/// elected to look (`nimbus_cluster::sweeper`, `everyone`) reads every
+/// handle record; any other node only those of its own opens it let go of
+/// (point reads, none while it has let go of nothing), which no other
+/// node counts as orphaned.
+pub fn sweep_orphans(server: &Arc<Server>, orphans: &mut Orphans, everyone: bool) {
     let Some(m) = &server.cluster else {
         return;
     };
-    // Looked at before the scan: an open marked let go had its record
-    // written first, so one in this list without a record in the scan
-    // closed for good.
+    // Looked at before the reads: an open marked let go had its record
+    // written first, so one in this list without a record below closed
+    // for good.
     let released = m.released();
-    let (records, held) = match (
-        m.store.scan_prefix(OPEN_PREFIX),
-        m.store.scan_prefix(HOLDER_PREFIX),
-    ) {
-        (Ok(r), Ok(h)) => (r, h),
-        (Err(e), _) | (_, Err(e)) => {
+    if !everyone && released.is_empty() {
+        orphans.seen.clear();
+        return;
+    }
+    let read = if everyone {
+        read_all_records(m)
+    } else {
+        read_records_of(m, &released)
+    };
+    let (records, held) = match read {
+        Ok(found) => found,
+        Err(e) => {
             tracing::warn!("cluster: looking for orphaned durable opens: {e}");
             return;
         }
     };
-    let held: HashSet<Vec<u8>> = held
-        .into_iter()
-        .filter_map(|(k, _)| k.strip_prefix(HOLDER_PREFIX).map(<[u8]>::to_vec))
-        .collect();
     let mut now_orphaned = HashSet::new();
     let mut with_record = HashSet::new();
     for (key, v) in records {
@@ -903,4 +909,39 @@ pub fn sweep_orphans(server: &Arc<Server>, orphans: &mut Orphans) {
             m.forget_released(open_id);
         }
     }
+}
+
+/// Handle records (key, record) and the ids of those somebody holds.
+type RecordsAndHolders = (Vec<(Vec<u8>, Versioned)>, HashSet<Vec<u8>>);
+
+/// Every handle record of the cluster, and which are held (two range
+/// reads).
+fn read_all_records(m: &crate::cluster::Membership) -> Result<RecordsAndHolders, StateError> {
+    let records = m.store.scan_prefix(OPEN_PREFIX)?;
+    let held = m
+        .store
+        .scan_prefix(HOLDER_PREFIX)?
+        .into_iter()
+        .filter_map(|(k, _)| k.strip_prefix(HOLDER_PREFIX).map(<[u8]>::to_vec))
+        .collect();
+    Ok((records, held))
+}
+
+/// The records of `open_ids`, and which are held (two point reads each).
+fn read_records_of(
+    m: &crate::cluster::Membership,
+    open_ids: &[u64],
+) -> Result<RecordsAndHolders, StateError> {
+    let mut records = Vec::new();
+    let mut held = HashSet::new();
+    for &open_id in open_ids {
+        let key = DurableOpen::key(open_id);
+        if let Some(v) = m.store.get(&key)? {
+            records.push((key, v));
+        }
+        if m.store.get(&holder_key(open_id))?.is_some() {
+            held.insert(open_id.to_be_bytes().to_vec());
+        }
+    }
+    Ok((records, held))
 }

@@ -8,6 +8,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+/// How often a cluster node reads its whole message box though its watch
+/// delivered every message: a safety net that costs one read.
+const INBOX_READ_AGAIN: Duration = Duration::from_secs(30);
+
 use nimbus_auth::{AuthConfig, Authenticator, UserDb};
 use nimbus_crypto::{CipherAlgorithm, CryptoProvider};
 use nimbus_state::{FileKey, MemoryStore, ShareModes, StateStore};
@@ -401,8 +405,11 @@ impl Server {
                 |s, file| s.oplocks.retry(file),
                 |s| s.oplocks.waiting_files(),
             );
-            // Persistent opens of gone nodes nobody reclaimed in time.
+            // Persistent opens of gone nodes nobody reclaimed in time,
+            // looked for by one elected node.
             let weak = Arc::downgrade(&self);
+            let sweeper = Arc::new(nimbus_cluster::sweeper::Sweeper::default());
+            sweeper.follow(m);
             let spawned = std::thread::Builder::new()
                 .name("nimbus-orphans".into())
                 .spawn(move || {
@@ -410,10 +417,11 @@ impl Server {
                     loop {
                         std::thread::sleep(Duration::from_secs(2));
                         let Some(s) = weak.upgrade() else { return };
-                        if s.cluster.as_ref().is_none_or(|m| m.is_stopping()) {
+                        let Some(m) = s.cluster.as_ref().filter(|m| !m.is_stopping()) else {
                             return;
-                        }
-                        crate::failover::sweep_orphans(&s, &mut orphans);
+                        };
+                        let everyone = sweeper.is_mine(m);
+                        crate::failover::sweep_orphans(&s, &mut orphans, everyone);
                         // Entries of closed opens etcd did not take out
                         // when they closed (it did not answer).
                         s.locks.retry_releases();
@@ -428,22 +436,44 @@ impl Server {
             if let Err(e) = spawned {
                 tracing::error!("cluster: cannot start the orphan sweep: {e}");
             }
-            // Breaks and changes other nodes send for this node's clients.
+            // Breaks and changes other nodes send for this node's clients:
+            // each taken as its watch delivers it. The box is read whole
+            // when the watch starts (what came before it), after a take
+            // etcd did not answer, and once per `INBOX_READ_AGAIN`.
             let (on_change, on_tick) = (Arc::downgrade(&self), Arc::downgrade(&self));
             let (m1, m2) = (m.clone(), m.clone());
+            let missed = Arc::new(std::sync::atomic::AtomicBool::new(true));
+            let (missed1, missed2) = (missed.clone(), missed);
+            let last_read = std::sync::Mutex::new(None::<std::time::Instant>);
             m.clone().watch_records(
                 "nimbus-inbox",
                 m.inbox(),
                 Duration::from_secs(1),
                 move |e| {
-                    if let (Some(s), Some(msg)) = (on_change.upgrade(), m1.take_message(&e.key)) {
-                        s.on_message(&msg.value, msg.version);
+                    let Some(s) = on_change.upgrade() else {
+                        return;
+                    };
+                    match m1.take_delivered(e) {
+                        Ok(Some(msg)) => s.on_message(&msg.value, msg.version),
+                        Ok(None) => {}
+                        Err(err) => {
+                            tracing::debug!("cluster: taking a message: {err}");
+                            missed1.store(true, std::sync::atomic::Ordering::SeqCst);
+                        }
                     }
                 },
-                move || {
+                move |fresh| {
                     let Some(s) = on_tick.upgrade() else {
                         return;
                     };
+                    let mut last = crate::sync::lock(&last_read);
+                    let due = last.is_none_or(|at| at.elapsed() >= INBOX_READ_AGAIN);
+                    let missed = missed2.swap(false, std::sync::atomic::Ordering::SeqCst);
+                    if !(fresh || missed || due) {
+                        return;
+                    }
+                    *last = Some(std::time::Instant::now());
+                    drop(last);
                     for key in m2.pending_messages() {
                         if let Some(msg) = m2.take_message(&key) {
                             s.on_message(&msg.value, msg.version);
@@ -493,7 +523,7 @@ impl Server {
                     retry(&s, file);
                 }
             },
-            move || {
+            move |_| {
                 if let Some(s) = on_tick.upgrade() {
                     for file in waiting(&s) {
                         retry(&s, file);

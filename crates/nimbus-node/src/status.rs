@@ -3,13 +3,19 @@
 //! waiting for their clients, leases, locked files, files it owns in a
 //! cluster), and how the command reads it back.
 //!
-//! A node publishes its figures every `PUBLISH_EVERY`: a cluster node to
-//! etcd (`status/<node>`, under its lease, so a dead node's goes with it),
-//! a single node with a `state_dir` to `state_dir/status.json` (written to a
-//! temporary file, then renamed). The command reads the whole cluster (or
-//! one node of it) from etcd, or the single node's file, and prints a table
-//! or JSON. A figure is as old as its `updated` time; a node whose last
-//! figures are older than `STALE_AFTER` is shown as not answering.
+//! A single node with a `state_dir` writes its figures to
+//! `state_dir/status.json` every `PUBLISH_EVERY` (to a temporary file,
+//! then renamed). A cluster node puts them in etcd (`status/<node>`, under
+//! its lease, so a dead node's goes with it), and only when they changed,
+//! at most once per `CLUSTER_CHANGED_EVERY`, or, unchanged, once per
+//! `CLUSTER_HEARTBEAT` so that a node that stopped publishing shows: every
+//! write is a Raft write on every member, and every node's figures each
+//! 2 s were most of what an idle cluster asked of etcd (issue 49:
+//! 0.5 writes/s per node). The command reads the whole cluster (or one
+//! node of it) from etcd, or the single node's file, and prints a table or
+//! JSON. A figure is as old as its `updated` time; a node whose last
+//! figures are older than `STALE_AFTER` (a cluster node's:
+//! `CLUSTER_STALE_AFTER`) is shown as not answering.
 //!
 //! Beside its figures a node publishes its listing of sessions and open
 //! files (`crate::status_listing`, for `--sessions` and `--files`): under
@@ -31,11 +37,22 @@ use crate::status_listing::{Listing, OpenLine, SessionLine};
 /// Key prefix of the cluster nodes' figures.
 pub const STATUS_PREFIX: &[u8] = b"status/";
 
-/// How often a node publishes its figures.
+/// How often a node looks at its figures (a single node: writes them).
 pub const PUBLISH_EVERY: Duration = Duration::from_secs(2);
 
-/// Figures older than this are a node that does not answer.
+/// A cluster node's changed figures go to etcd at most this often.
+pub const CLUSTER_CHANGED_EVERY: Duration = Duration::from_secs(10);
+
+/// A cluster node's unchanged figures go to etcd this often.
+pub const CLUSTER_HEARTBEAT: Duration = Duration::from_secs(30);
+
+/// A single node's figures older than this are a node that does not
+/// answer.
 pub const STALE_AFTER: Duration = Duration::from_secs(10);
+
+/// A cluster node's figures older than this (two heartbeats and a half)
+/// are a node that does not answer.
+pub const CLUSTER_STALE_AFTER: Duration = Duration::from_secs(75);
 
 /// The file a single node writes in its state directory.
 pub const STATUS_FILE: &str = "status.json";
@@ -93,6 +110,11 @@ pub struct NodeReport {
 /// not written again.
 #[derive(Default)]
 pub struct Published {
+    /// A cluster node's figures last put, without their time; when, and
+    /// under which lease.
+    figures: Vec<u8>,
+    figures_at: Option<std::time::Instant>,
+    figures_lease: i64,
     listing: Vec<u8>,
     /// The cluster lease it was put under: a node that registered again
     /// (its old lease, and the keys under it, gone) puts it again.
@@ -137,7 +159,25 @@ pub fn publish(server: &Server, last: &mut Published) {
     let Ok(json) = serde_json::to_vec(&status) else {
         return;
     };
-    put(server, STATUS_PREFIX, STATUS_FILE, &json);
+    match &server.cluster {
+        None => {
+            put(server, STATUS_PREFIX, STATUS_FILE, &json);
+        }
+        Some(m) => {
+            let figures = serde_json::to_vec(&NodeStatus {
+                updated: 0,
+                ..status
+            })
+            .unwrap_or_default();
+            let lease = m.lease();
+            if figures_due(last, &figures, lease) && put(server, STATUS_PREFIX, STATUS_FILE, &json)
+            {
+                last.figures = figures;
+                last.figures_at = Some(std::time::Instant::now());
+                last.figures_lease = lease;
+            }
+        }
+    }
     last.round = last.round.wrapping_add(1);
     if server.cluster.is_some() && last.round % CLUSTER_LISTING_ROUNDS != 1 {
         return;
@@ -153,6 +193,19 @@ pub fn publish(server: &Server, last: &mut Published) {
         last.listing = listing;
         last.lease = lease;
     }
+}
+
+/// Whether a cluster node puts its figures now: never put under this
+/// lease (a node that registered again lost the old key with its lease),
+/// changed and `CLUSTER_CHANGED_EVERY` since the last, or a heartbeat due.
+fn figures_due(last: &Published, figures: &[u8], lease: i64) -> bool {
+    let Some(at) = last.figures_at else {
+        return true;
+    };
+    let since = at.elapsed();
+    lease != last.figures_lease
+        || since >= CLUSTER_HEARTBEAT
+        || (figures != last.figures.as_slice() && since >= CLUSTER_CHANGED_EVERY)
 }
 
 /// Writes `value` under `prefix`<node> (a cluster node, under its lease)
@@ -219,7 +272,12 @@ pub async fn publish_forever(server: Arc<Server>) {
 }
 
 fn health(status: &NodeStatus) -> &'static str {
-    if now_unix().saturating_sub(status.updated) > STALE_AFTER.as_secs() {
+    let stale_after = if status.node.is_empty() {
+        STALE_AFTER
+    } else {
+        CLUSTER_STALE_AFTER
+    };
+    if now_unix().saturating_sub(status.updated) > stale_after.as_secs() {
         "not answering"
     } else {
         "up"
