@@ -2,7 +2,7 @@
 """What a Nimbus cluster's control plane asks of etcd, at 3, 16 and 64
 nodes (issue 49).
 
-    target/test-venv/bin/python3 bench/control_plane.py [--nodes 3 16 64] [--seconds 60] [--rate 1] [--nimbus BIN]
+    bash bench/run.sh --control-plane [--nodes 3 16 64] [--seconds 60] [--rate 1]
 
 For each cluster size N: one 3-member etcd cluster (plain http://, data on
 tmpfs) and N nodes on 127.0.0.1..N, one port, one share. Once every node

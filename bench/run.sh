@@ -17,6 +17,11 @@
 #                                      its own session, opening and reading
 #                                      (bench/many_clients.py, about 4
 #                                      minutes; its --help for options)
+#   bash bench/run.sh --control-plane [...]  what 3, 16 and 64 cluster nodes
+#                                      ask of etcd idle and under a light
+#                                      load, join, leave and reclaim
+#                                      (bench/control_plane.py, about 12
+#                                      minutes; its --help for options)
 #
 # Needs root, or sudo: smbd serves files as the logged-on user.
 set -euo pipefail
@@ -26,9 +31,14 @@ set -euo pipefail
 cd "$NIMBUS_ROOT"
 
 cluster=0
+control_plane=0
 load_script=""
 if [ "${1:-}" = "--cluster" ]; then
     cluster=1
+    shift
+elif [ "${1:-}" = "--control-plane" ]; then
+    cluster=1
+    control_plane=1
     shift
 elif [ "${1:-}" = "--small-io" ]; then
     load_script=bench/small_io.py
@@ -57,6 +67,13 @@ if [ -n "$load_script" ]; then
     as_root "$NIMBUS_VENV/bin/python3" "$load_script" \
         --nimbus "$NIMBUS_TARGET_DIR/release/nimbus" \
         --load "$NIMBUS_TARGET_DIR/interop/release/nimbus-smb-load" "$@"
+    exit 0
+fi
+
+if [ "$control_plane" = 1 ]; then
+    section "The cluster's control plane at 3, 16 and 64 nodes"
+    as_root "$NIMBUS_VENV/bin/python3" bench/control_plane.py \
+        --nimbus "$NIMBUS_TARGET_DIR/release/nimbus" "$@"
     exit 0
 fi
 

@@ -134,6 +134,12 @@ pub struct Membership {
     /// checks the other nodes' opens on every change, and an answer a
     /// moment old only delays dropping a dead node's entries by that much.
     alive: Mutex<std::collections::HashMap<u64, Instant>>,
+    /// The live incarnations as a watch on `incarnations/` last showed
+    /// them (`follow_incarnations`): an incarnation found there is alive
+    /// without a read. With many nodes' opens in one shared file's
+    /// records, the 1-second look-ups above were some N reads a second
+    /// per node (issue 49).
+    live: Mutex<LiveIncarnations>,
     /// The store whose ownerships live under the lease.
     owned: OnceLock<Arc<ClusterStore>>,
     /// When the last registration or renewal that etcd answered was sent:
@@ -192,6 +198,61 @@ const SWEEP_IDLE: Duration = Duration::from_secs(30);
 
 /// How long an incarnation found alive is taken to be, without asking.
 const ALIVE_FOR: Duration = Duration::from_secs(1);
+
+/// How long the watch of `incarnations/` may go without answering before
+/// its copy is no longer trusted (`is_gone` reads etcd again).
+const LIVE_FRESH: Duration = Duration::from_secs(3);
+
+/// Waits up to `every` on `watch` and hands its changes to `changed`; a
+/// watch that fell behind etcd's compaction is dropped (None), for the
+/// caller to read the range whole and start it again.
+pub(crate) fn deliver_next(
+    watch: &mut Option<nimbus_state::etcd_watch::Watch>,
+    every: Duration,
+    name: &str,
+    changed: &dyn Fn(&nimbus_state::etcd_watch::Event),
+) {
+    let Some(w) = watch.as_mut() else {
+        return;
+    };
+    match w.next(every) {
+        Ok(batch) => {
+            if batch.resync {
+                *watch = None;
+            }
+            for e in &batch.events {
+                changed(e);
+            }
+        }
+        Err(e) => {
+            tracing::warn!("cluster: watching {name}: {e}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+/// The copy of `incarnations/` (`Membership::follow_incarnations`).
+#[derive(Default)]
+struct LiveIncarnations {
+    numbers: HashSet<u64>,
+    /// When the watch last answered (None: no copy yet, or it was lost).
+    heard: Option<Instant>,
+}
+
+impl LiveIncarnations {
+    fn says_alive(&self, incarnation: u64) -> bool {
+        self.heard.is_some_and(|at| at.elapsed() < LIVE_FRESH)
+            && self.numbers.contains(&incarnation)
+    }
+}
+
+/// The incarnation an `incarnations/<n>` key names.
+fn incarnation_of_key(key: &[u8]) -> Option<u64> {
+    std::str::from_utf8(key.strip_prefix(INCARNATIONS_PREFIX)?)
+        .ok()?
+        .parse()
+        .ok()
+}
 
 /// How long an operation waits for another node to hand a file over:
 /// past it, that node's lease has expired and etcd took its ownership.
@@ -469,6 +530,7 @@ impl Membership {
             adopted: Mutex::new(HashSet::new()),
             gone: Mutex::new(HashSet::new()),
             alive: Mutex::new(std::collections::HashMap::new()),
+            live: Mutex::new(LiveIncarnations::default()),
             owned: OnceLock::new(),
             last_proof: Mutex::new(None),
             lost: AtomicBool::new(false),
@@ -700,6 +762,13 @@ impl Membership {
     /// (its node died or left, and nobody adopted them). An etcd that does
     /// not answer proves nothing: not gone.
     pub fn is_gone(&self, incarnation: u64) -> bool {
+        self.is_gone_trusting(incarnation, true)
+    }
+
+    /// `is_gone`; without `trust_copies`, an incarnation is read from etcd
+    /// even if the watch's copy or a look-up of the last second says it
+    /// is alive.
+    fn is_gone_trusting(&self, incarnation: u64, trust_copies: bool) -> bool {
         if incarnation == 0
             || incarnation == self.incarnation()
             || crate::sync::lock(&self.adopted).contains(&incarnation)
@@ -709,10 +778,14 @@ impl Membership {
         if crate::sync::lock(&self.gone).contains(&incarnation) {
             return true;
         }
+        if trust_copies && crate::sync::lock(&self.live).says_alive(incarnation) {
+            return false;
+        }
         let fresh = |at: &Instant| at.elapsed() < ALIVE_FOR;
-        if crate::sync::lock(&self.alive)
-            .get(&incarnation)
-            .is_some_and(fresh)
+        if trust_copies
+            && crate::sync::lock(&self.alive)
+                .get(&incarnation)
+                .is_some_and(fresh)
         {
             return false;
         }
@@ -746,7 +819,78 @@ impl Membership {
     /// last second: a client reconnects right after its node left.
     pub fn is_gone_now(&self, incarnation: u64) -> bool {
         crate::sync::lock(&self.alive).remove(&incarnation);
-        self.is_gone(incarnation)
+        self.is_gone_trusting(incarnation, false)
+    }
+
+    /// Starts the thread that keeps the copy of `incarnations/` (which
+    /// runs are alive) by a watch, for as long as the process runs. Only
+    /// "alive" is taken from it: "gone" is always read from etcd once
+    /// (and remembered, since a run never comes back), so a copy that
+    /// lags can delay dropping a dead node's entries, never drop a live
+    /// one's.
+    pub fn follow_incarnations(self: Arc<Self>) {
+        let stop = self.stopping.clone();
+        let spawned = std::thread::Builder::new()
+            .name("nimbus-incarnations".into())
+            .spawn(move || {
+                let mut watch = None;
+                while !stop.load(Ordering::SeqCst) {
+                    let Some(w) = watch.as_mut() else {
+                        match self.copy_incarnations() {
+                            Ok(r) => watch = Some(self.store.watch(INCARNATIONS_PREFIX, r + 1)),
+                            Err(e) => {
+                                tracing::debug!("cluster: reading the incarnations: {e}");
+                                std::thread::sleep(Duration::from_millis(200));
+                            }
+                        }
+                        continue;
+                    };
+                    match w.next(Duration::from_secs(1)) {
+                        Ok(batch) => {
+                            let mut live = crate::sync::lock(&self.live);
+                            for e in &batch.events {
+                                let Some(n) = incarnation_of_key(&e.key) else {
+                                    continue;
+                                };
+                                if e.value.is_some() {
+                                    live.numbers.insert(n);
+                                } else {
+                                    live.numbers.remove(&n);
+                                }
+                            }
+                            live.heard = (!batch.resync).then(Instant::now);
+                            if batch.resync {
+                                watch = None;
+                            }
+                        }
+                        Err(e) => {
+                            crate::sync::lock(&self.live).heard = None;
+                            tracing::debug!("cluster: watching the incarnations: {e}");
+                            std::thread::sleep(Duration::from_millis(200));
+                        }
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::error!("cluster: cannot start the incarnations thread: {e}");
+        }
+    }
+
+    /// Reads `incarnations/` whole into the copy; the revision it was
+    /// read after (the watch starts past it).
+    fn copy_incarnations(&self) -> Result<u64, StateError> {
+        let revision = self.store.revision()?;
+        let numbers = self
+            .store
+            .scan_prefix(INCARNATIONS_PREFIX)?
+            .into_iter()
+            .filter_map(|(k, _)| incarnation_of_key(&k))
+            .collect();
+        *crate::sync::lock(&self.live) = LiveIncarnations {
+            numbers,
+            heard: Some(Instant::now()),
+        };
+        Ok(revision)
     }
 
     /// `open_id` is a persistent open of this node: its file's records
@@ -1176,37 +1320,23 @@ impl Membership {
                 let mut watch = None;
                 let mut last_tick = Instant::now();
                 while !stop.load(Ordering::SeqCst) {
-                    let w = match watch.as_mut() {
-                        Some(w) => w,
-                        None => match self.store.revision() {
+                    if watch.is_none() {
+                        match self.store.revision() {
                             // From now on; what came before is covered by
                             // the tick.
                             Ok(r) => {
                                 tick(true);
                                 last_tick = Instant::now();
-                                watch.insert(self.store.watch(&prefix, r + 1))
+                                watch = Some(self.store.watch(&prefix, r + 1));
                             }
                             Err(e) => {
                                 tracing::warn!("cluster: watching {}: {e}", name);
                                 std::thread::sleep(Duration::from_millis(200));
                                 continue;
                             }
-                        },
-                    };
-                    match w.next(every) {
-                        Ok(batch) => {
-                            if batch.resync {
-                                watch = None;
-                            }
-                            for e in &batch.events {
-                                changed(e);
-                            }
-                        }
-                        Err(e) => {
-                            tracing::warn!("cluster: watching {}: {e}", name);
-                            std::thread::sleep(Duration::from_millis(200));
                         }
                     }
+                    deliver_next(&mut watch, every, &name, &changed);
                     if last_tick.elapsed() >= every {
                         tick(false);
                         last_tick = Instant::now();
@@ -1393,6 +1523,23 @@ mod tests {
     /// new incarnation, renews the new lease as it did the first, and
     /// decides again: the renewal thread does not stop (nor deadlock) at
     /// the new registration.
+    #[test]
+    fn the_copy_of_the_incarnations_says_alive_only_while_fresh() {
+        assert_eq!(incarnation_of_key(b"incarnations/42"), Some(42));
+        assert_eq!(incarnation_of_key(b"incarnations/4x"), None);
+        assert_eq!(incarnation_of_key(b"nodes/42"), None);
+        let mut live = LiveIncarnations::default();
+        live.numbers.insert(42);
+        // No copy yet: it says nothing.
+        assert!(!live.says_alive(42));
+        live.heard = Some(Instant::now());
+        assert!(live.says_alive(42));
+        assert!(!live.says_alive(43));
+        // A watch that has not answered for a while: nothing either.
+        live.heard = Instant::now().checked_sub(LIVE_FRESH + Duration::from_millis(10));
+        assert!(!live.says_alive(42));
+    }
+
     #[test]
     fn a_node_that_lost_its_lease_joins_again_and_renews_the_new_one() {
         let etcd = nimbus_state::etcd_test_cluster::Cluster::start("rejoin");

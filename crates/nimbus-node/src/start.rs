@@ -386,25 +386,29 @@ impl Server {
         crate::oplocks::remember_runtime();
         if let Some(m) = &self.cluster {
             m.clone().keep_alive();
+            m.clone().follow_incarnations();
             m.clone().serve_ownership();
             // Waiting LOCK requests hear of unlocks on other nodes through
             // etcd, and of locks a gone node left behind once a second;
             // CREATEs and renames waiting for breaks hear of
-            // acknowledgements the same way.
-            self.watch_waiters(
+            // acknowledgements the same way. Each watch runs only while
+            // this node has such requests (`nimbus_cluster::interest`).
+            let wake = self.watch_waiters(
                 m,
                 "nimbus-lockwatch",
                 nimbus_state::records::LOCKS_PREFIX,
                 |s, file| s.locks.retry(file),
                 |s| s.locks.waiting_files(),
             );
-            self.watch_waiters(
+            self.locks.on_wait(wake);
+            let wake = self.watch_waiters(
                 m,
                 "nimbus-breakwatch",
                 nimbus_state::records::CACHING_PREFIX,
                 |s, file| s.oplocks.retry(file),
                 |s| s.oplocks.waiting_files(),
             );
+            self.oplocks.on_wait(wake);
             // Persistent opens of gone nodes nobody reclaimed in time,
             // looked for by one elected node.
             let weak = Arc::downgrade(&self);
@@ -499,9 +503,10 @@ impl Server {
         Ok(())
     }
 
-    /// Starts a thread that calls `retry` for each file whose record under
-    /// `prefix` changes in etcd, and for every file `waiting` names once a
-    /// second.
+    /// Starts a thread that, while `waiting` names files (and a moment
+    /// after), calls `retry` for each file whose record under `prefix`
+    /// changes in etcd, and for every file `waiting` names once a second.
+    /// Returns what the service calls when it parks a request.
     fn watch_waiters(
         self: &Arc<Self>,
         m: &Arc<crate::cluster::Membership>,
@@ -509,12 +514,18 @@ impl Server {
         prefix: &'static [u8],
         retry: fn(&Server, FileKey),
         waiting: fn(&Server) -> Vec<FileKey>,
-    ) {
-        let (on_change, on_tick) = (Arc::downgrade(self), Arc::downgrade(self));
-        m.clone().watch_records(
+    ) -> nimbus_cluster::interest::Wake {
+        let (on_change, on_tick, on_look) = (
+            Arc::downgrade(self),
+            Arc::downgrade(self),
+            Arc::downgrade(self),
+        );
+        nimbus_cluster::interest::watch_while_waiting(
+            m.clone(),
             name,
             prefix.to_vec(),
             Duration::from_secs(1),
+            move || on_look.upgrade().is_some_and(|s| !waiting(&s).is_empty()),
             move |e| {
                 if let (Some(s), Some(file)) = (
                     on_change.upgrade(),
@@ -530,7 +541,7 @@ impl Server {
                     }
                 }
             },
-        );
+        )
     }
 
     /// Another node's request to apply a client's acknowledgement of a

@@ -115,6 +115,9 @@ pub struct ByteRangeLocks {
     /// answer): released again by `retry_releases`, since no other node
     /// drops a live node's entries.
     unreleased: std::sync::Mutex<std::collections::HashSet<(FileKey, u64)>>,
+    /// Told when a request starts waiting (a cluster node's watch of the
+    /// lock records runs only while requests wait).
+    on_wait: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
 fn refusal(e: LockError) -> NtStatus {
@@ -194,7 +197,13 @@ impl ByteRangeLocks {
             files: (0..SHARDS).map(|_| Shard::default()).collect(),
             locked_files: AtomicUsize::new(0),
             unreleased: Default::default(),
+            on_wait: std::sync::OnceLock::new(),
         }
+    }
+
+    /// What to tell when a request starts waiting (set once).
+    pub fn on_wait(&self, f: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.on_wait.set(f);
     }
 
     /// The same, with caps on the locks of one open and of one file.
@@ -402,6 +411,9 @@ impl ByteRangeLocks {
                             on_grant,
                         });
                         crate::metrics::lock_waited();
+                        if let Some(f) = self.on_wait.get() {
+                            f();
+                        }
                         Outcome::Waiting
                     }
                     None => Outcome::Refused(NtStatus::INSUFFICIENT_RESOURCES),

@@ -458,6 +458,9 @@ pub struct Oplocks {
     publishing: Mutex<()>,
     /// CREATEs and closes of shared files waiting to be written together.
     gatherings: together::Gatherings,
+    /// Told when a request starts waiting for breaks (a cluster node's
+    /// watch of the caching records runs only while requests wait).
+    on_wait: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
 /// What an acknowledgement came to.
@@ -547,7 +550,13 @@ impl Oplocks {
             elsewhere: None,
             publishing: Mutex::new(()),
             gatherings: together::Gatherings::default(),
+            on_wait: std::sync::OnceLock::new(),
         }
+    }
+
+    /// What to tell when a request starts waiting for breaks (set once).
+    pub fn on_wait(&self, f: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.on_wait.set(f);
     }
 
     /// The same, run in `host`: at construction, before any open is
@@ -1032,6 +1041,9 @@ impl Oplocks {
                     wake: wake_fn,
                     since: Instant::now(),
                 });
+                if let Some(f) = self.on_wait.get() {
+                    f();
+                }
                 None
             } else {
                 Some(wake_fn)
