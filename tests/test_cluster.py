@@ -29,7 +29,7 @@ import smbclient
 
 import rawsmb
 from conftest import PASSWORD, USER, add_user, free_port, nimbus_binary, toml_str, wait_for_port
-from etcd_cluster import EtcdCluster, etcd_cluster, etcd_toml_line  # noqa: F401  (the fixture)
+from etcd_cluster import EtcdCluster, etcd_cluster, etcd_toml_line, require_etcd  # noqa: F401  (the fixture)
 
 TTL = 2  # [cluster] node_ttl_secs in these tests: expiry within seconds
 WAIT = 20.0  # bound of every wait on the cluster's state
@@ -1193,18 +1193,20 @@ def test_an_idle_cluster_asks_little_of_etcd(nodes, etcd_cluster):  # noqa: F811
         n.start()
     wait_until("every node published its figures", lambda: set(status_reports(nodes[0])) == {"n1", "n2", "n3"})
     wait_until("a node looks for orphans", lambda: any(LOOKS_FOR_ORPHANS in n.log() for n in nodes))
-    window = 12.0
+    # Longer than a heartbeat, so that each node's shows.
+    window = 35.0
     (rev0, req0), started = etcd_counts(etcd_cluster), time.monotonic()
     time.sleep(window)
     (rev1, req1), took = etcd_counts(etcd_cluster), time.monotonic() - started
     writes, requests = rev1 - rev0, req1 - req0
-    # At most one heartbeat per node in the window (each node's figures
-    # every 2 s: 18 writes).
-    assert writes <= len(nodes), writes
-    # The looker's two range reads per round (6 rounds), a box read and a
-    # heartbeat per node at most, some slack for the window's length
-    # (every node looking and reading its box every second: about 80).
-    assert requests <= 2 * (took / 2 + 1) + 2 * len(nodes) + 4, (requests, took)
+    # One or two heartbeats per node in the window, nothing else (each
+    # node's figures every 2 s: about 50).
+    assert len(nodes) <= writes <= 2 * len(nodes), writes
+    # The looker's two range reads per round; per node a heartbeat or two,
+    # a box read and a fresh copy of the incarnations (two reads); some
+    # slack (every node looking and reading its box every second: about
+    # 230).
+    assert requests <= 2 * (took / 2 + 1) + 5 * len(nodes) + 4, (requests, took)
 
 
 def test_nimbus_status_shows_every_node_with_its_sessions_and_opens(nodes):
@@ -1604,6 +1606,7 @@ def test_the_control_plane_benchmark_runs():
     """bench/control_plane.py (issue 49), at its smallest: not a measurement,
     only proof that it drives a real cluster through every phase (idle,
     light load, join, leave, reclaim after a kill) and prints its tables."""
+    require_etcd()
     bench = Path(__file__).resolve().parent.parent / "bench" / "control_plane.py"
     out = subprocess.run(
         [sys.executable, str(bench), "--nodes", "3", "--seconds", "2", "--settle", "1", "--nimbus", str(nimbus_binary())],

@@ -231,6 +231,10 @@ pub(crate) fn deliver_next(
     }
 }
 
+/// How often the copy of `incarnations/` is read whole though its watch
+/// keeps it.
+const LIVE_COPY_AGAIN: Duration = Duration::from_secs(60);
+
 /// The copy of `incarnations/` (`Membership::follow_incarnations`).
 #[derive(Default)]
 struct LiveIncarnations {
@@ -834,10 +838,20 @@ impl Membership {
             .name("nimbus-incarnations".into())
             .spawn(move || {
                 let mut watch = None;
+                let mut copied = Instant::now();
                 while !stop.load(Ordering::SeqCst) {
+                    // Read whole again now and then: a watch stream that
+                    // hangs without failing would otherwise keep a dead
+                    // run alive in the copy until it fails.
+                    if copied.elapsed() >= LIVE_COPY_AGAIN {
+                        watch = None;
+                    }
                     let Some(w) = watch.as_mut() else {
                         match self.copy_incarnations() {
-                            Ok(r) => watch = Some(self.store.watch(INCARNATIONS_PREFIX, r + 1)),
+                            Ok(r) => {
+                                copied = Instant::now();
+                                watch = Some(self.store.watch(INCARNATIONS_PREFIX, r + 1));
+                            }
                             Err(e) => {
                                 tracing::debug!("cluster: reading the incarnations: {e}");
                                 std::thread::sleep(Duration::from_millis(200));
@@ -1448,22 +1462,37 @@ impl Membership {
     /// message another thread took already gives None), with the store's
     /// revision of its writing (what it was posted after).
     pub fn take_message(&self, key: &[u8]) -> Option<Versioned> {
-        let v = self.store.get(key).ok()??;
-        match self.store.compare_and_set(key, Some(v.version), None) {
-            Ok(Some(_)) => Some(v),
-            _ => None,
-        }
+        self.try_take_message(key).ok().flatten()
+    }
+
+    /// `take_message`; Err: etcd did not answer (the message may still be
+    /// there).
+    pub fn try_take_message(&self, key: &[u8]) -> Result<Option<Versioned>, StateError> {
+        let Some(v) = self.store.get(key)? else {
+            return Ok(None);
+        };
+        Ok(self
+            .store
+            .compare_and_set(key, Some(v.version), None)?
+            .map(|_| v))
     }
 
     /// The keys of the messages waiting in this node's box.
     pub fn pending_messages(&self) -> Vec<Vec<u8>> {
-        match self.store.scan_prefix(&self.inbox()) {
-            Ok(found) => found.into_iter().map(|(k, _)| k).collect(),
-            Err(e) => {
-                tracing::warn!("cluster: reading messages: {e}");
-                Vec::new()
-            }
-        }
+        self.try_pending_messages().unwrap_or_else(|e| {
+            tracing::warn!("cluster: reading messages: {e}");
+            Vec::new()
+        })
+    }
+
+    /// `pending_messages`; Err: etcd did not answer.
+    pub fn try_pending_messages(&self) -> Result<Vec<Vec<u8>>, StateError> {
+        Ok(self
+            .store
+            .scan_prefix(&self.inbox())?
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect())
     }
 
     /// Leaves the cluster (at shutdown): the record goes at once.

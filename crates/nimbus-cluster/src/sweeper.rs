@@ -5,7 +5,9 @@
 //! Done by every node every few seconds, that read grows with the number
 //! of nodes for no gain: one looker finds what all of them would. So one
 //! node is elected: the one whose lease holds `sweeper` (its value is the
-//! node's name). It goes with its holder's lease, when the holder dies,
+//! node's name and lease id, so that a node whose put was applied but not
+//! answered knows the key for its own at the next look). It goes with its
+//! holder's lease, when the holder dies,
 //! loses its lease or leaves, and every node watches the key: a deletion
 //! has each of them try to take it (one compare-and-set wins). Between
 //! changes a node that does not hold it costs etcd nothing but one point
@@ -105,13 +107,13 @@ impl Sweeper {
     /// Whether this node holds it (under `lease`) afterwards. An etcd
     /// that does not answer: not held, looked at again next round.
     fn take(&self, m: &Membership, lease: i64) -> bool {
-        let value = m.node.as_bytes();
+        let value = format!("{}/{lease:x}", m.node).into_bytes();
+        let value = value.as_slice();
         match m.store.get(SWEEPER_KEY) {
-            Ok(Some(v)) => {
-                // This node's name under another lease: an earlier run's
-                // or registration's, gone when that lease ends.
-                return v.value == value && self.held_under.load(Ordering::SeqCst) == lease;
-            }
+            // This node's under this lease (perhaps taken by a put whose
+            // answer was lost), or another holder's: another node's, or
+            // this node's under an earlier lease, gone when that ends.
+            Ok(Some(v)) => return v.value == value,
             Ok(None) => {}
             Err(e) => {
                 tracing::debug!("cluster: who looks for orphans? etcd: {e}");

@@ -845,7 +845,8 @@ pub fn sweep_orphans(server: &Arc<Server>, orphans: &mut Orphans, everyone: bool
         orphans.seen.clear();
         return;
     }
-    let read = if everyone {
+    // Point reads for a few; past that, the two range reads cost less.
+    let read = if everyone || released.len() > RELEASED_POINT_READS {
         read_all_records(m)
     } else {
         read_records_of(m, &released)
@@ -910,6 +911,10 @@ pub fn sweep_orphans(server: &Arc<Server>, orphans: &mut Orphans, everyone: bool
         }
     }
 }
+
+/// Up to this many opens let go of, a node that does not look for every
+/// orphan reads their records one by one.
+const RELEASED_POINT_READS: usize = 16;
 
 /// Handle records (key, record) and the ids of those somebody holds.
 type RecordsAndHolders = (Vec<(Vec<u8>, Versioned)>, HashSet<Vec<u8>>);

@@ -476,11 +476,23 @@ impl Server {
                     if !(fresh || missed || due) {
                         return;
                     }
+                    // Anything etcd did not answer is tried again at the
+                    // next tick (a second), not at the next safety read.
+                    let failed = |e: nimbus_state::StateError| {
+                        tracing::debug!("cluster: reading messages: {e}");
+                        missed2.store(true, std::sync::atomic::Ordering::SeqCst);
+                    };
+                    let keys = match m2.try_pending_messages() {
+                        Ok(keys) => keys,
+                        Err(e) => return failed(e),
+                    };
                     *last = Some(std::time::Instant::now());
                     drop(last);
-                    for key in m2.pending_messages() {
-                        if let Some(msg) = m2.take_message(&key) {
-                            s.on_message(&msg.value, msg.version);
+                    for key in keys {
+                        match m2.try_take_message(&key) {
+                            Ok(Some(msg)) => s.on_message(&msg.value, msg.version),
+                            Ok(None) => {}
+                            Err(e) => failed(e),
                         }
                     }
                 },

@@ -613,7 +613,50 @@ mod tests {
         let back: NodeStatus = serde_json::from_slice(&serde_json::to_vec(&s).unwrap()).unwrap();
         assert_eq!(back, s);
         assert_eq!(health(&s), "up");
-        assert_eq!(health(&figures(now_unix() - 60)), "not answering");
+        // A cluster node's figures: unchanged ones come every 30 s.
+        assert_eq!(health(&figures(now_unix() - 60)), "up");
+        assert_eq!(health(&figures(now_unix() - 80)), "not answering");
+        // A single node's (no node name) are written every 2 s.
+        let single = |updated| NodeStatus {
+            node: String::new(),
+            ..figures(updated)
+        };
+        assert_eq!(health(&single(now_unix() - 5)), "up");
+        assert_eq!(health(&single(now_unix() - 11)), "not answering");
+    }
+
+    #[test]
+    fn a_cluster_nodes_figures_go_out_when_changed_or_as_a_heartbeat() {
+        let ago = |d: Duration| std::time::Instant::now().checked_sub(d);
+        let last = |at, lease| Published {
+            figures: b"same".to_vec(),
+            figures_at: at,
+            figures_lease: lease,
+            ..Published::default()
+        };
+        // Never put: now.
+        assert!(figures_due(&last(None, 7), b"same", 7));
+        // Unchanged: only once the heartbeat is due.
+        assert!(!figures_due(
+            &last(ago(Duration::from_secs(20)), 7),
+            b"same",
+            7
+        ));
+        assert!(figures_due(&last(ago(CLUSTER_HEARTBEAT), 7), b"same", 7));
+        // Changed: not twice within CLUSTER_CHANGED_EVERY.
+        assert!(!figures_due(
+            &last(ago(Duration::from_secs(3)), 7),
+            b"new",
+            7
+        ));
+        assert!(figures_due(&last(ago(CLUSTER_CHANGED_EVERY), 7), b"new", 7));
+        // Registered again under another lease: the old key went with the
+        // old lease, so at once.
+        assert!(figures_due(
+            &last(ago(Duration::from_secs(1)), 7),
+            b"same",
+            8
+        ));
     }
 
     #[test]
