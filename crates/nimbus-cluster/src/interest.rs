@@ -9,7 +9,7 @@
 //! requests, and `KEEP_FOR` after the last one, to spare a node whose
 //! requests wait now and then the cost of starting it each time.
 //!
-//! The service that parks a request says so at once (`Interest::woken`),
+//! The service that parks a request says so at once (the `Wake` returned),
 //! and the watch starts from etcd's current revision after one look at
 //! every waiting file (`tick(true)`): a change before that look is seen by
 //! the look, one after by the watch. While the watch runs, `tick(false)`
