@@ -584,6 +584,24 @@ def etcd_counts(cluster: EtcdCluster) -> tuple[int, int]:  # noqa: F811
     return revision, requests
 
 
+def open_and_close(c: LockClient, name: str) -> None:
+    """One raw CREATE of `name` for reading (sharing all), then its CLOSE."""
+    resp = c.call(rawsmb.CREATE, rawsmb.create_body(name))
+    assert rawsmb.status(resp) == 0, hex(rawsmb.status(resp))
+    assert rawsmb.status(c.call(CLOSE, close_body(resp[rawsmb.HEADER_SIZE + 64 : rawsmb.HEADER_SIZE + 80]))) == 0
+
+
+def counted_pairs(cluster: EtcdCluster, c: LockClient, name: str, pairs: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Three open/close pairs, then `pairs` more between two etcd_counts:
+    the counts before and after."""
+    for _ in range(3):
+        open_and_close(c, name)
+    before = etcd_counts(cluster)
+    for _ in range(pairs):
+        open_and_close(c, name)
+    return before, etcd_counts(cluster)
+
+
 def test_an_open_and_close_of_a_file_nodes_share_costs_two_etcd_transactions(nodes, etcd_cluster):  # noqa: F811
     """A file with opens on two nodes is decided in etcd. An open's share-mode
     check and caching contention are one transaction, its close's leaving of
@@ -597,22 +615,10 @@ def test_an_open_and_close_of_a_file_nodes_share_costs_two_etcd_transactions(nod
     resp = holder.call(rawsmb.CREATE, rawsmb.create_body("counted.bin"))
     assert rawsmb.status(resp) == 0
     c = LockClient(nodes[0])
-
-    def pair() -> None:
-        resp = c.call(rawsmb.CREATE, rawsmb.create_body("counted.bin"))
-        assert rawsmb.status(resp) == 0, hex(rawsmb.status(resp))
-        file_id = resp[rawsmb.HEADER_SIZE + 64 : rawsmb.HEADER_SIZE + 80]
-        assert rawsmb.status(c.call(CLOSE, close_body(file_id))) == 0
-
     # The first opens move the file from n2's memory into etcd, and read
     # what each later update starts from.
-    for _ in range(3):
-        pair()
     pairs = 50
-    rev0, req0 = etcd_counts(etcd_cluster)
-    for _ in range(pairs):
-        pair()
-    rev1, req1 = etcd_counts(etcd_cluster)
+    (rev0, req0), (rev1, req1) = counted_pairs(etcd_cluster, c, "counted.bin", pairs)
     # Besides the pairs: the nodes' published status (a write every 2 s
     # each) and the two etcd_counts themselves (reads, not key-value ones).
     slack = 10
@@ -637,20 +643,14 @@ def test_a_node_knows_which_nodes_are_alive_without_asking_etcd_at_each_write(no
     for h in holders:
         assert rawsmb.status(h.call(rawsmb.CREATE, rawsmb.create_body("alive.bin"))) == 0
     c = LockClient(nodes[0])
-
-    def pair() -> None:
-        resp = c.call(rawsmb.CREATE, rawsmb.create_body("alive.bin"))
-        assert rawsmb.status(resp) == 0, hex(rawsmb.status(resp))
-        assert rawsmb.status(c.call(CLOSE, close_body(resp[rawsmb.HEADER_SIZE + 64 : rawsmb.HEADER_SIZE + 80]))) == 0
-
     for _ in range(3):
-        pair()
+        open_and_close(c, "alive.bin")
     # Pairs spread over some 10 s, so that once-a-second look-ups of the
     # two other nodes' incarnations would add about 20 reads.
     pairs = 40
     (rev0, req0), started = etcd_counts(etcd_cluster), time.monotonic()
     for _ in range(pairs):
-        pair()
+        open_and_close(c, "alive.bin")
         time.sleep(0.25)
     (rev1, req1), took = etcd_counts(etcd_cluster), time.monotonic() - started
     assert rev1 - rev0 >= 2 * pairs, (rev1 - rev0, req1 - req0)
@@ -664,6 +664,60 @@ def test_a_node_knows_which_nodes_are_alive_without_asking_etcd_at_each_write(no
     c.close()
     for h in holders:
         h.close()
+
+
+def test_alike_opens_of_one_node_share_an_entry_and_their_opens_and_closes_write_nothing(nodes, etcd_cluster):  # noqa: F811
+    """A node records its opens of a file that ask the same access and
+    sharing once (nimbus_state::grouped_opens): on a file decided in etcd,
+    an open that joins its node's recorded entry reads the records and
+    writes nothing, and a close that leaves others writes nothing. The
+    entry still refuses what any of its opens would, and goes with the
+    last of them."""
+    for n in nodes:
+        n.start()
+    (nodes[0].share / "grouped.bin").write_bytes(b"x" * 100)
+    # Opens on two nodes: the file is decided in etcd.
+    holder = LockClient(nodes[1])
+    resp = holder.call(rawsmb.CREATE, rawsmb.create_body("grouped.bin"))
+    assert rawsmb.status(resp) == 0
+    held = resp[rawsmb.HEADER_SIZE + 64 : rawsmb.HEADER_SIZE + 80]
+    keeper, c = LockClient(nodes[0]), LockClient(nodes[0])
+    resp = keeper.call(rawsmb.CREATE, rawsmb.create_body("grouped.bin"))
+    assert rawsmb.status(resp) == 0
+    kept = resp[rawsmb.HEADER_SIZE + 64 : rawsmb.HEADER_SIZE + 80]
+    pairs = 50
+    (rev0, req0), (rev1, req1) = counted_pairs(etcd_cluster, c, "grouped.bin", pairs)
+    # Each open reads the two records in one read-only transaction
+    # (delete-pending may have been set since); its close, and its admit,
+    # write nothing. Besides the pairs: the nodes' own upkeep. An entry
+    # per open would be two writes per pair (test above); a read of each
+    # record, two requests per open. Measured: 0 writes, 50 requests.
+    print(f"{rev1 - rev0} writes, {req1 - req0} requests for {pairs} pairs")
+    assert rev1 - rev0 <= 5, (rev1 - rev0, req1 - req0)
+    assert req1 - req0 <= pairs + 10, (rev1 - rev0, req1 - req0)
+    # The entry refuses what the readers would (they share read, write and
+    # delete, and read): a client of a third node that shares no reading.
+    other = Client(Target(nodes[2]), uuid.uuid4())
+    try:
+        no_read_sharing = ShareAccess.FILE_SHARE_WRITE | ShareAccess.FILE_SHARE_DELETE
+        assert open_status(other, "grouped.bin", no_read_sharing)[0] == STATUS_SHARING_VIOLATION
+        # Delete-pending set on another node refuses the next member.
+        status, deleter = open_status(other, "grouped.bin", SHARE_ALL, DELETE | READ_ATTRIBUTES)
+        assert status == 0
+        set_info(deleter, FileInformationClass.FILE_DISPOSITION_INFORMATION, struct.pack("<B", 1))
+        resp = c.call(rawsmb.CREATE, rawsmb.create_body("grouped.bin"))
+        assert rawsmb.status(resp) == STATUS_DELETE_PENDING, hex(rawsmb.status(resp))
+        deleter.close()
+    finally:
+        other.close()
+    # The file goes with its last open: the keeper's, the last member of
+    # its node's entry, after the holder's on another node.
+    assert rawsmb.status(holder.call(CLOSE, close_body(held))) == 0
+    assert (nodes[0].share / "grouped.bin").exists()
+    assert rawsmb.status(keeper.call(CLOSE, close_body(kept))) == 0
+    assert not (nodes[0].share / "grouped.bin").exists()
+    for cl in (c, holder, keeper):
+        cl.close()
 
 
 def attribute_open(client: Client, name: str) -> tuple[int, Open | None]:

@@ -33,7 +33,7 @@ fn leaving_holders(server: &Server, file: FileKey, me: &Connection) -> Vec<u64> 
         // the session's lock (a save holds it through a store write).
         let held: Vec<std::sync::Arc<crate::open::Open>> = lock(&s.opens)
             .values()
-            .filter(|o| ids.contains(&o.open_id))
+            .filter(|o| ids.contains(&server.share_modes.grouped().entry_id(o.open_id)))
             .cloned()
             .collect();
         let held: Vec<u64> = held
@@ -53,7 +53,25 @@ fn leaving_holders(server: &Server, file: FileKey, me: &Connection) -> Vec<u64> 
             leaving.extend(held);
         }
     }
-    leaving
+    leaving_entries(server, leaving, &ids)
+}
+
+/// The record entries that go once `leaving` are released: an open's
+/// own, and a group's (nimbus_state::grouped_opens) only when every
+/// member of it is among them.
+fn leaving_entries(server: &Server, leaving: Vec<u64>, ids: &HashSet<u64>) -> Vec<u64> {
+    let grouped = server.share_modes.grouped();
+    let mut leaving_of: std::collections::HashMap<u64, usize> = Default::default();
+    for open_id in leaving {
+        *leaving_of.entry(grouped.entry_id(open_id)).or_default() += 1;
+    }
+    leaving_of
+        .into_iter()
+        .filter(|(entry, n)| {
+            ids.contains(entry) && (!grouped.is_group(*entry) || grouped.members(*entry) <= *n)
+        })
+        .map(|(entry, _)| entry)
+        .collect()
 }
 
 /// A CREATE of `file` on `me` was refused (sharing violation, delete

@@ -51,26 +51,40 @@ pub fn release(server: &Server, open: &Open) {
         // Others' cached handles keep the file; ask them to let go.
         server.oplocks.contend_handles(open.file_key, open.open_id);
     }
+    // The entry the open leaves in its file's records: its own, or its
+    // group's (nimbus_state::grouped_opens) when it is the group's last
+    // member. A member that leaves others writes nothing: the group's
+    // entry stands for them as it did for it.
+    let entry = sm.grouped().entry_to_leave(open.open_id);
+    if entry != Some(open.open_id) {
+        // Its break route is under its own id, not its group's.
+        server.oplocks.let_go(open.open_id);
+    }
     // A file's open leaves its share modes and its caching in one write
     // where they would be two etcd transactions (a file cluster nodes
     // share); the last open of a delete-pending file, and a stream's
     // (whose file's record is left too), go step by step.
-    let forgotten = open.stream.is_none()
-        && matches!(
-            server
-                .oplocks
-                .forget_closing(open.file_key, open.open_id, sm),
-            Some(Ok(true))
-        );
-    let removed = match forgotten {
-        true => Ok(None),
-        false => leave_record(server, open.file_key, open.open_id, || match open.stream {
-            Some(_) => {
-                delete_stream(server, open);
-                false
-            }
-            None => delete_file(server, open),
-        }),
+    let forgotten = match entry {
+        None => true,
+        Some(entry) => {
+            open.stream.is_none()
+                && matches!(
+                    server.oplocks.forget_closing(open.file_key, entry, sm),
+                    Some(Ok(true))
+                )
+        }
+    };
+    let removed = match entry {
+        Some(entry) if !forgotten => {
+            leave_record(server, open.file_key, entry, || match open.stream {
+                Some(_) => {
+                    delete_stream(server, open);
+                    false
+                }
+                None => delete_file(server, open),
+            })
+        }
+        _ => Ok(None),
     };
     let deleted = match removed {
         Ok(Some(deleted)) => {
@@ -95,7 +109,7 @@ pub fn release(server: &Server, open: &Open) {
         }
         Err(e) => {
             tracing::error!("releasing open {}: {:?}; retried", open.open_id, e);
-            sm.release_later(open.file_key, open.open_id);
+            sm.release_later(open.file_key, entry.unwrap_or(open.open_id));
             false
         }
     };
@@ -108,8 +122,8 @@ pub fn release(server: &Server, open: &Open) {
     // Its oplock or its share of a lease goes last (or with its share
     // modes, above): CREATEs waiting for its break acknowledgement go on,
     // and must find its share modes gone.
-    if !forgotten {
-        server.oplocks.forget(open.file_key, open.open_id);
+    if let Some(entry) = entry.filter(|_| !forgotten) {
+        server.oplocks.forget(open.file_key, entry);
     }
 }
 

@@ -188,7 +188,13 @@ impl Server {
             // 0 and all ones are never an open's (all ones is the
             // "previous file" FileId of related compounds, MS-SMB2
             // 3.3.5.2.7.2).
-            if low != 0 && id != u64::MAX && !self.opens.contains(id) {
+            // A group of alike opens keeps the id of its first member
+            // after that one closed (nimbus_state::grouped_opens).
+            if low != 0
+                && id != u64::MAX
+                && !self.opens.contains(id)
+                && !self.share_modes.grouped().is_group(id)
+            {
                 return id;
             }
         }

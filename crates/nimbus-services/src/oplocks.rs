@@ -690,7 +690,10 @@ impl Oplocks {
     fn contend_rule(&self, s: &mut FileCaching, ask: &OpenAsk) -> (Contention, Vec<Target>) {
         self.purge_gone(s);
         let c = s.contend(ask);
-        if !c.wait && !ask.sharing_violation {
+        // A group of alike opens (nimbus_state::grouped_opens) is counted
+        // once, under its id, however many join it.
+        let counted = s.opens.iter().any(|o| o.open_id == ask.open_id);
+        if !c.wait && !ask.sharing_violation && !counted {
             s.opens.push(caching::OpenEntry {
                 open_id: ask.open_id,
                 stat: caching::stat_open(ask.access),

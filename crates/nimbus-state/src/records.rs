@@ -165,7 +165,7 @@ fn both_in_turn<A: Record, B: Record, T, E: From<StateError>>(
         .into()));
     }
     let read_both = || -> Result<[Option<Versioned>; 2], StateError> {
-        Ok([store.get(keys[0])?, store.get(keys[1])?])
+        <[Option<Versioned>; 2]>::try_from(store.get_together(&keys)?).map_err(|_| miscounted())
     };
     let remembered = |i: usize| match &memos[i] {
         Some(m) if m.key == keys[i] => Some(m.record.clone()),

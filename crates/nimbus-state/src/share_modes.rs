@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use crate::grouped_opens::{GroupedOpens, GROUP_ENTRY};
 use crate::records::{self, Record};
 use crate::store::{InPlace, StateError, StateStore};
 
@@ -152,7 +153,10 @@ pub fn compatible(existing: &OpenRecord, access: u32, share: u32) -> bool {
 /// `ShareModes::update_with`): true, and nothing removed, for the last
 /// open of a delete-pending file.
 pub fn leave_rule(rec: &mut FileRecord, open_id: u64) -> bool {
-    if rec.delete_pending && rec.opens.iter().all(|o| o.open_id == open_id) {
+    // Not an open the record holds (a refused open leaving, or one whose
+    // entry went already): not the last open, whatever else is left.
+    let named = rec.opens.iter().any(|o| o.open_id == open_id);
+    if named && rec.delete_pending && rec.opens.iter().all(|o| o.open_id == open_id) {
         return true;
     }
     rec.opens.retain(|o| o.open_id != open_id);
@@ -169,6 +173,8 @@ pub struct ShareModes {
     /// Closed opens whose entries the store did not let go of: removed
     /// again by `retry_releases` (nobody else drops a live node's entries).
     unreleased: std::sync::Mutex<Vec<(FileKey, u64)>>,
+    /// This node's alike opens recorded as one entry each.
+    grouped: GroupedOpens,
 }
 
 impl ShareModes {
@@ -177,6 +183,7 @@ impl ShareModes {
             store,
             gone: None,
             unreleased: Default::default(),
+            grouped: GroupedOpens::default(),
         }
     }
 
@@ -187,6 +194,25 @@ impl ShareModes {
         ShareModes {
             gone: Some(gone),
             ..ShareModes::new(store)
+        }
+    }
+
+    /// This node's groups of alike opens (`crate::grouped_opens`).
+    pub fn grouped(&self) -> &GroupedOpens {
+        &self.grouped
+    }
+
+    /// Puts `open` of `file` into its node's group of alike opens
+    /// (`crate::grouped_opens`): the entry to check and record for it, the
+    /// group's (its id, marked `GROUP_ENTRY`). Recording an entry that is
+    /// there already changes nothing (`admit_rule`). The open must leave
+    /// its group (`grouped().leave`) however its CREATE ends.
+    pub fn join_group(&self, file: FileKey, open: OpenRecord) -> OpenRecord {
+        let share = open.share_access & !GROUP_ENTRY;
+        OpenRecord {
+            open_id: self.grouped.join(file, open.open_id, open.access, share),
+            access: open.access,
+            share_access: share | GROUP_ENTRY,
         }
     }
 
@@ -252,9 +278,14 @@ impl ShareModes {
     /// The sharing rule of `add_open`, applied to the file's record (for
     /// `update_with`). A refusal may still have dropped entries of gone
     /// nodes' opens from it.
+    /// An open that joins a group recorded already (`GROUP_ENTRY`) is
+    /// checked against that entry too, and leaves the record as it was.
     pub fn admit_rule(&self, rec: &mut FileRecord, open: OpenRecord) -> Result<(), SharingError> {
-        // A restored open registers again under its old id.
-        rec.opens.retain(|o| o.open_id != open.open_id);
+        let joining = open.share_access & GROUP_ENTRY != 0 && rec.opens.contains(&open);
+        if !joining {
+            // A restored open registers again under its old id.
+            rec.opens.retain(|o| o.open_id != open.open_id);
+        }
         if self.drop_gone(rec) && rec.opens.is_empty() {
             // Every open of a delete-pending file was a dead node's: the
             // deletion went with it.
@@ -270,7 +301,9 @@ impl ShareModes {
         {
             return Err(SharingError::Violation);
         }
-        rec.opens.push(open);
+        if !joining {
+            rec.opens.push(open);
+        }
         Ok(())
     }
 
@@ -595,6 +628,64 @@ mod tests {
         sm.add_open(K, open(5, READ_DATA, SHARE_READ)).unwrap();
         assert_eq!(sm.record(K).unwrap().opens.len(), 3);
         assert!(!sm.remove_open(K, 1).unwrap());
+    }
+
+    #[test]
+    fn alike_opens_of_a_node_join_one_entry_and_are_checked_as_each_open_would_be() {
+        let store = Arc::new(MemoryStore::new());
+        let sm = ShareModes::new(store.clone());
+        let key = K.record_key(OPENS_PREFIX);
+        let readers = |id| sm.join_group(K, open(id, READ_DATA, SHARE_READ));
+        let first = readers(1);
+        sm.add_open(K, first).unwrap();
+        let written = store.get(&key).unwrap().unwrap();
+        // The second reader joins the entry: the record is not written.
+        let second = readers(2);
+        assert_eq!(second, first);
+        sm.add_open(K, second).unwrap();
+        assert_eq!(store.get(&key).unwrap().unwrap().version, written.version);
+        assert_eq!(sm.record(K).unwrap().opens, vec![first]);
+        // The entry refuses what either reader would: a writer.
+        assert!(matches!(
+            sm.add_open(K, open(9, WRITE_DATA, 7)),
+            Err(SharingError::Violation)
+        ));
+        // An open that shares nothing conflicts with its own twin.
+        const K2: FileKey = FileKey { dev: 1, ino: 3 };
+        let lone = |id| sm.join_group(K2, open(id, READ_DATA, 0));
+        sm.add_open(K2, lone(5)).unwrap();
+        assert!(matches!(
+            sm.add_open(K2, lone(6)),
+            Err(SharingError::Violation)
+        ));
+        assert_eq!(sm.grouped().entry_to_leave(6), None);
+        assert_eq!(sm.grouped().entry_to_leave(5), Some(5));
+        // A delete-pending file refuses a member as any open.
+        sm.set_delete_pending(K, true).unwrap();
+        assert!(matches!(
+            sm.add_open(K, readers(4)),
+            Err(SharingError::DeletePending)
+        ));
+        sm.set_delete_pending(K, false).unwrap();
+        // Members leave; the entry goes with the last.
+        for id in [2, 4] {
+            assert_eq!(sm.grouped().entry_to_leave(id), None);
+        }
+        assert_eq!(sm.grouped().entry_to_leave(1), Some(1));
+        assert!(!sm.remove_open(K, 1).unwrap());
+        sm.add_open(K, open(9, WRITE_DATA, 7)).unwrap();
+    }
+
+    #[test]
+    fn an_open_the_record_does_not_name_is_never_the_last_of_a_deleted_file() {
+        // Open 1's node is gone; open 2 was refused and leaves: the file's
+        // deletion went with node 1 (as `add_open` finds), not to open 2.
+        let gone: Gone = Arc::new(|id| id == 1);
+        let sm = ShareModes::with_liveness(Arc::new(MemoryStore::new()), gone);
+        sm.add_open(K, open(1, DELETE, 7)).unwrap();
+        sm.set_delete_pending(K, true).unwrap();
+        assert!(!sm.remove_open_unless_last_of_deleted(K, 2).unwrap());
+        assert_eq!(sm.record(K).unwrap(), FileRecord::default());
     }
 
     #[test]

@@ -153,6 +153,15 @@ pub trait StateStore: Send + Sync {
         Ok(Written::NotTogether)
     }
 
+    /// Reads several records of one file, each as `get` would. A store
+    /// that keeps a shared file's records in etcd reads them in one
+    /// request where it can (`ClusterStore`): an update that changed
+    /// nothing on records it remembered reads them again this way to prove
+    /// its answer.
+    fn get_together(&self, keys: &[&[u8]]) -> Result<Vec<Option<Versioned>>, StateError> {
+        keys.iter().map(|k| self.get(k)).collect()
+    }
+
     /// `in_turn` for one update of several records (`records::update_both`):
     /// in the turn of each, with what each last update left. A store that
     /// takes no turns runs `update` at once, with none.

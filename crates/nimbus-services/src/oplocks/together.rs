@@ -522,6 +522,54 @@ mod tests {
     }
 
     #[test]
+    fn alike_opens_of_a_node_write_the_shared_records_once_and_their_closes_once() {
+        // Readers of one node, each opening and closing the file: one
+        // entry in both records stands for all of them
+        // (nimbus_state::grouped_opens), written by the first open and
+        // the last close alone.
+        let store = Arc::new(SharedMemory::default());
+        let oplocks = Oplocks::new(Duration::from_secs(35), store.clone());
+        let sm = ShareModes::new(store.clone());
+        let open_member = |id: u64| {
+            let (ask, open) = opening(id, READ_DATA);
+            let entry = sm.join_group(K, open);
+            let ask = OpenAsk {
+                open_id: entry.open_id,
+                ..ask
+            };
+            oplocks.contend_opening(K, &ask, &sm, entry).unwrap()
+        };
+        for id in 1..=4 {
+            assert!(!open_member(id).unwrap().wait);
+        }
+        assert_eq!(store.writes(), 1);
+        assert_eq!(named(&sm, &store), (vec![1], vec![1]));
+        // A writer of another node is refused by the entry, as by each
+        // reader (they share only reading).
+        let (ask, open) = opening(9, WRITE_DATA);
+        assert!(matches!(
+            oplocks.contend_opening(K, &ask, &sm, open),
+            Some(Err(SharingError::Violation))
+        ));
+        // Members close: nothing to write until the last.
+        for id in [1, 3, 2] {
+            assert_eq!(sm.grouped().entry_to_leave(id), None);
+        }
+        assert_eq!(sm.grouped().entry_to_leave(4), Some(1));
+        assert!(matches!(oplocks.forget_closing(K, 1, &sm), Some(Ok(true))));
+        assert_eq!(store.writes(), 2);
+        assert_eq!(named(&sm, &store), (vec![], vec![]));
+        let (ask, open) = opening(9, WRITE_DATA);
+        assert!(
+            !oplocks
+                .contend_opening(K, &ask, &sm, open)
+                .unwrap()
+                .unwrap()
+                .wait
+        );
+    }
+
+    #[test]
     fn admits_of_leases_that_come_during_a_write_go_in_the_next_one() {
         // Windows asks for a lease with every open: each admit would be a
         // transaction of its own on a file the nodes share.

@@ -137,17 +137,64 @@ pub fn contend<'s>(
         }
         _ => true,
     };
+    // On a cluster, this node's alike opens of a file share one entry in
+    // its records (nimbus_state::grouped_opens): where the file's records
+    // are in etcd, an open that joins a recorded group reads them and
+    // writes nothing, and a member's close that leaves others writes
+    // nothing. Only an open nothing else follows by its id may join.
+    let grouped = ctx.server.cluster.is_some()
+        && existing_key.is_some()
+        && recorded
+        && !attribute_only
+        && base.is_none()
+        && !is_dir
+        && !creating
+        && !truncating
+        && !delete_on_close
+        && granted & access::DELETE == 0
+        && matches!(want, Want::Nothing)
+        && matches!(durable, DurableAsk::None)
+        && app_instance.is_none()
+        && replay_key.is_none()
+        // A kind that conflicts with itself (reading without sharing
+        // reading, say) would refuse its second member: nothing to gain,
+        // and a client reopening after a lost connection must wait for its
+        // old open's own entry to go (`crate::leaving`).
+        && nimbus_state::share_modes::compatible(&record, record.access, record.share_access);
     if let Some(key) = existing_key.filter(|_| recorded) {
+        // The entry this open is recorded under, and its caching ask: its
+        // group's where it joined one.
+        let entry = match grouped {
+            true => ctx.server.share_modes.join_group(key, record),
+            false => record,
+        };
+        let entry_ask = OpenAsk {
+            open_id: entry.open_id,
+            ..ask
+        };
+        // A grouped CREATE that does not go on leaves its group, once; the
+        // group's entry goes with its last member (`undo::abandon`).
+        let in_group = std::cell::Cell::new(grouped);
+        let leave_group = |ctx: &Ctx<'_>| {
+            if in_group.replace(false) {
+                undo::abandon(ctx, share, path, is_dir, key, open_id);
+            }
+        };
         // Share modes and caching in one write where they would be two
         // etcd transactions (a file cluster nodes share), else one by one.
         let together =
             ctx.server
                 .oplocks
-                .contend_opening(key, &ask, &ctx.server.share_modes, record);
+                .contend_opening(key, &entry_ask, &ctx.server.share_modes, entry);
         let added = match together {
             Some(r) => r.map(Some),
-            None => ctx.server.share_modes.add_open(key, record).map(|()| None),
+            None => ctx.server.share_modes.add_open(key, entry).map(|()| None),
         };
+        if added.is_err() {
+            // Refused: out of its group before it waits for anything, so
+            // that the group's entry goes with its other members alone.
+            leave_group(ctx);
+        }
         let contended = match added {
             Ok(contended) => contended,
             // A persistent open waits for its client to reclaim it after a
@@ -186,10 +233,24 @@ pub fn contend<'s>(
                 counted = !c.wait;
                 c
             }
-            None => ctx.server.oplocks.contend(key, &ask),
+            None => {
+                let c = ctx.server.oplocks.contend(
+                    key,
+                    &OpenAsk {
+                        sharing_violation: ask.sharing_violation,
+                        ..entry_ask
+                    },
+                );
+                // A group is counted in the caching record by `contend`
+                // already, under its id: the admit writes nothing more.
+                counted = grouped && !c.wait && !ask.sharing_violation;
+                c
+            }
         };
         if contention.wait {
-            if !ask.sharing_violation {
+            if grouped {
+                leave_group(ctx);
+            } else if !ask.sharing_violation {
                 undo::abandon(ctx, share, path, is_dir, key, open_id);
             }
             // The breaks went to disconnected durable opens, which closed
@@ -209,6 +270,7 @@ pub fn contend<'s>(
             return Err(Failed::Waits(status));
         }
         if ask.sharing_violation {
+            leave_group(ctx);
             return Err(NtStatus::SHARING_VIOLATION.into());
         }
         registered = Some(key);
