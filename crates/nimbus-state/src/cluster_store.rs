@@ -1068,11 +1068,6 @@ impl StateStore for ClusterStore {
         }
     }
 
-    /// Writes a shared file's records in one etcd transaction, which also
-    /// checks that nobody took the file meanwhile; a lost one reads them
-    /// all in its failure branch. A file this node holds, or one another
-    /// node took meanwhile, is not written here (None): its records are
-    /// updated one by one where they are.
     /// Where the file's records are shared in etcd (no node owns it, and
     /// they name other nodes' opens): one read-only transaction, which
     /// etcd answers without a consensus round, where `get` of each would
@@ -1113,6 +1108,11 @@ impl StateStore for ClusterStore {
         }
     }
 
+    /// Writes a shared file's records in one etcd transaction, which also
+    /// checks that nobody took the file meanwhile; a lost one reads them
+    /// all in its failure branch. A file this node holds, or one another
+    /// node took meanwhile, is not written here (None): its records are
+    /// updated one by one where they are.
     fn compare_and_set_together(&self, writes: &[Together<'_>]) -> Result<Written, StateError> {
         let Some(group) = writes.first().and_then(|w| self.group(w.key)) else {
             return Ok(Written::NotTogether);
@@ -1468,13 +1468,14 @@ mod tests {
 
         two.add("2a");
         assert!(!one.store.owns(G) && !two.store.owns(G));
-        // The first write reads both records (one read-only transaction:
-        // they name node 2's entries, so node 1 could not take the file),
-        // then writes both in one; the next starts from what it left.
-        assert_eq!(one.calls_of(|| assert_eq!(one.add_both("1b"), Some(()))), 2);
+        // The first write reads both records (a round trip each), then
+        // writes both in one; the next starts from what it left.
+        assert_eq!(one.calls_of(|| assert_eq!(one.add_both("1b"), Some(()))), 3);
         assert_eq!(one.calls_of(|| assert_eq!(one.add_both("1c"), Some(()))), 1);
         // An update that changes nothing on the records it remembers
-        // proves its answer on both records as they are now: one read.
+        // proves its answer on both records as they are now: one
+        // read-only transaction (they name node 2's entries, so node 1
+        // could not take the file).
         let unchanged = || {
             crate::records::update_both::<Raw, Raw, (), StateError>(
                 &*one.store,

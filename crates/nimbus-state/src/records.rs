@@ -164,7 +164,13 @@ fn both_in_turn<A: Record, B: Record, T, E: From<StateError>>(
         )
         .into()));
     }
+    // A first read by `get`, which takes a file nobody holds into this
+    // node's memory; a read again of records remembered from etcd (a
+    // shared file) in one request (`StateStore::get_together`).
     let read_both = || -> Result<[Option<Versioned>; 2], StateError> {
+        Ok([store.get(keys[0])?, store.get(keys[1])?])
+    };
+    let read_again = || -> Result<[Option<Versioned>; 2], StateError> {
         <[Option<Versioned>; 2]>::try_from(store.get_together(&keys)?).map_err(|_| miscounted())
     };
     let remembered = |i: usize| match &memos[i] {
@@ -199,7 +205,7 @@ fn both_in_turn<A: Record, B: Record, T, E: From<StateError>>(
             |i: usize| current[i].as_ref().map(|v| v.value.as_slice()) == values[i].as_deref();
         if out.is_err() || (unchanged(0) && unchanged(1)) {
             if !fresh {
-                current = match read_both() {
+                current = match read_again() {
                     Ok(c) => c,
                     Err(e) => return Some(Err(e.into())),
                 };
