@@ -1120,7 +1120,7 @@ def test_a_directory_lease_on_one_node_breaks_when_a_file_is_made_in_it_on_anoth
 
 from smbprotocol.open import LockFlags  # noqa: E402
 from test_durable import STATUS_OBJECT_NAME_NOT_FOUND, plain_open, status_of  # noqa: E402
-from test_persistent import STATUS_FILE_NOT_AVAILABLE, exclusive_open_status, persistent_open, persistent_reconnect  # noqa: E402
+from test_persistent import STATUS_FILE_NOT_AVAILABLE, exclusive_open_status, persistent_open, persistent_open_uncached, persistent_reconnect, reconnect_uncached  # noqa: E402
 
 STATUS_LOCK_NOT_GRANTED_ = 0xC0000055
 LOCK_EXCLUSIVE = LockFlags.SMB2_LOCKFLAG_EXCLUSIVE_LOCK | LockFlags.SMB2_LOCKFLAG_FAIL_IMMEDIATELY
@@ -1550,6 +1550,48 @@ def test_a_durable_handle_moves_away_from_the_live_node_that_made_it(nodes, etcd
     finally:
         other.close()
         again.close()
+
+
+def test_a_persistent_handle_of_a_delete_pending_file_moves_to_another_node_and_its_close_deletes_the_file(nodes, etcd_cluster):  # noqa: F811
+    """Another client marks the file of a persistent handle for deletion
+    while the handle is open. The handle's client loses its connection to
+    n1 and reconnects to n2: the handle is still one of the file's opens,
+    not a new one, so delete-pending does not refuse it. A new open is
+    refused, and the handle's close deletes the file."""
+    for n in nodes:
+        n.start()
+    n1, n2, n3 = nodes
+    guid, create_guid = uuid.uuid4(), uuid.uuid4()
+    first = Client(CaTarget(n1), guid)
+    f = persistent_open_uncached(first, "doomed.dat", create_guid)
+    f.write(b"still open", 0)
+    file_id = f.file_id
+    other = Client(CaTarget(n3), uuid.uuid4())
+    again = None
+    try:
+        status, d = open_status(other, "doomed.dat", SHARE_ALL, ACCESS | DELETE)
+        assert status == 0, hex(status)
+        set_info(d, FileInformationClass.FILE_DISPOSITION_INFORMATION, b"\x01")
+        d.close()
+        assert (n1.share / "doomed.dat").exists(), "deleted while the persistent handle is open"
+        first.drop()
+
+        def waits_for_its_client():
+            (r,) = json.loads(nimbus_status(n1, "--node", "n1", "--files", "--json").stdout)
+            return any(o["path"] == "doomed.dat" and o["disconnected"] for o in (r.get("listing") or {}).get("opens", []))
+
+        wait_until("n1 lists the handle as waiting for its client", waits_for_its_client)
+        again = Client(CaTarget(n2), guid)
+        g = reconnect_uncached(again, "doomed.dat", file_id, create_guid)
+        assert "taken over from the node that let go of it" in n2.log()
+        assert g.read(0, 10) == b"still open"
+        assert open_status(other, "doomed.dat", SHARE_ALL, ACCESS, CreateDisposition.FILE_OPEN)[0] == STATUS_DELETE_PENDING
+        g.close()
+        assert not (n1.share / "doomed.dat").exists(), "the last close left the delete-pending file"
+    finally:
+        other.close()
+        if again:
+            again.close()
 
 
 def test_a_reconnect_for_a_handle_still_connected_on_another_node_is_refused_at_once_and_cheaply(nodes, etcd_cluster):  # noqa: F811

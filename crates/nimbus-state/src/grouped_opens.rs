@@ -29,6 +29,7 @@
 //! node's alone, and it dies with the process, as its opens do.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use crate::blocking::lock;
@@ -70,6 +71,12 @@ struct Groups {
 #[derive(Default)]
 pub struct GroupedOpens {
     groups: Mutex<Groups>,
+    /// How many opens are in groups (`Groups::of_open`'s size), changed
+    /// under the lock. At 0 (a single node, which groups nothing, and a
+    /// cluster node without a shared file) the questions every open and
+    /// close asks are answered without the lock, which every thread of
+    /// the node would otherwise take in turn.
+    grouped: AtomicUsize,
 }
 
 impl GroupedOpens {
@@ -98,6 +105,7 @@ impl GroupedOpens {
             group.members.insert(open_id);
         }
         g.of_open.insert(open_id, id);
+        self.grouped.store(g.of_open.len(), Ordering::SeqCst);
         id
     }
 
@@ -105,10 +113,14 @@ impl GroupedOpens {
     /// forgotten at once: an open that comes meanwhile starts a new one
     /// (under its own id) rather than joining an entry about to go.
     pub fn leave(&self, open_id: u64) -> Leaving {
+        if self.none_grouped() {
+            return Leaving::Alone;
+        }
         let mut g = lock(&self.groups);
         let Some(id) = g.of_open.remove(&open_id) else {
             return Leaving::Alone;
         };
+        self.grouped.store(g.of_open.len(), Ordering::SeqCst);
         let Some(group) = g.groups.get_mut(&id) else {
             return Leaving::Alone;
         };
@@ -138,6 +150,9 @@ impl GroupedOpens {
     /// The id under which `open_id` is in its file's records: its group's,
     /// or its own.
     pub fn entry_id(&self, open_id: u64) -> u64 {
+        if self.none_grouped() {
+            return open_id;
+        }
         lock(&self.groups)
             .of_open
             .get(&open_id)
@@ -156,7 +171,13 @@ impl GroupedOpens {
     /// Whether `id` names a group: a new open must not take it, as the
     /// group may outlive the open it was named after.
     pub fn is_group(&self, id: u64) -> bool {
-        lock(&self.groups).groups.contains_key(&id)
+        !self.none_grouped() && lock(&self.groups).groups.contains_key(&id)
+    }
+
+    /// No open is in a group, so none is asked about: an open's own
+    /// joining happens before its questions (its CREATE's order).
+    fn none_grouped(&self) -> bool {
+        self.grouped.load(Ordering::SeqCst) == 0
     }
 }
 

@@ -282,8 +282,12 @@ impl ShareModes {
     /// checked against that entry too, and leaves the record as it was.
     pub fn admit_rule(&self, rec: &mut FileRecord, open: OpenRecord) -> Result<(), SharingError> {
         let joining = open.share_access & GROUP_ENTRY != 0 && rec.opens.contains(&open);
+        // A durable open taken over or a persistent one restored registers
+        // again under its old id: it is one of the file's opens already,
+        // not a new one, so a deletion set since does not refuse it (its
+        // close is what may delete the file).
+        let registered_again = !joining && rec.opens.iter().any(|o| o.open_id == open.open_id);
         if !joining {
-            // A restored open registers again under its old id.
             rec.opens.retain(|o| o.open_id != open.open_id);
         }
         if self.drop_gone(rec) && rec.opens.is_empty() {
@@ -291,7 +295,7 @@ impl ShareModes {
             // deletion went with it.
             rec.delete_pending = false;
         }
-        if rec.delete_pending {
+        if rec.delete_pending && !registered_again {
             return Err(SharingError::DeletePending);
         }
         if rec
@@ -334,9 +338,13 @@ impl ShareModes {
     /// was delete-pending: the caller must now delete the file.
     pub fn remove_open(&self, key: FileKey, open_id: u64) -> Result<bool, SharingError> {
         self.update(key, |rec| {
+            // Only an open the record names can be the file's last (as in
+            // `leave_rule`): a record a dead node's opens left empty lost
+            // its deletion with them (`admit_rule`).
+            let named = rec.opens.iter().any(|o| o.open_id == open_id);
             rec.opens.retain(|o| o.open_id != open_id);
             self.drop_gone(rec);
-            let delete_now = rec.opens.is_empty() && rec.delete_pending;
+            let delete_now = named && rec.opens.is_empty() && rec.delete_pending;
             if rec.opens.is_empty() {
                 rec.delete_pending = false;
             }
@@ -686,6 +694,10 @@ mod tests {
         sm.set_delete_pending(K, true).unwrap();
         assert!(!sm.remove_open_unless_last_of_deleted(K, 2).unwrap());
         assert_eq!(sm.record(K).unwrap(), FileRecord::default());
+        // Nor at a close that removes it outright.
+        sm.add_open(K, open(1, DELETE, 7)).unwrap();
+        sm.set_delete_pending(K, true).unwrap();
+        assert!(!sm.remove_open(K, 2).unwrap());
     }
 
     #[test]
@@ -698,6 +710,10 @@ mod tests {
             sm.add_open(K, open(3, READ_DATA, 7)),
             Err(SharingError::DeletePending)
         ));
+        // Open 2 registered again under its id (a durable open taken over,
+        // a persistent one restored) is one of the file's opens already,
+        // not a new one: a deletion set since does not refuse it.
+        sm.add_open(K, open(2, READ_DATA, 7)).unwrap();
         assert!(!sm.remove_open(K, 1).unwrap());
         assert!(sm.remove_open(K, 2).unwrap());
         // The record is gone, so a new file with the same inode starts clean.
