@@ -2,6 +2,7 @@
 //! requests processed on the blocking pool, and a writer task that sends
 //! responses in the order they complete.
 
+mod delivery;
 pub mod frames;
 
 use std::collections::HashMap;
@@ -149,6 +150,12 @@ impl crate::pending::ResponseChannel for Connection {
         self.send_unsolicited(frame.into());
     }
 
+    fn send_frame_watched(&self, frame: crate::pending::Frame) {
+        let me = self.me.clone();
+        let watch: frames::OnSent = Box::new(move || delivery::watch(me));
+        self.send_unsolicited(Outgoing::from(frame).with_on_sent(vec![watch]));
+    }
+
     fn forget_pending(&self, async_id: u64) {
         self.pending.remove(async_id);
     }
@@ -283,8 +290,14 @@ pub struct Connection {
     /// Counts this connection in the server's admission limits.
     slot: ConnectionSlot,
     /// The socket, while the reader has it (-1 after): looked at, never
-    /// read, by `client_gone`.
+    /// read, by `client_gone` and `delivery`.
     socket: std::sync::atomic::AtomicI32,
+    /// A watched break went unacknowledged by the client's TCP
+    /// (`delivery`): the reader resets the connection as it ends, on the
+    /// socket it owns.
+    reset_requested: AtomicBool,
+    /// This connection, for what outlives a call on it (`delivery`).
+    me: Weak<Connection>,
     closing: AtomicBool,
     /// Closed because the client does not read: what is queued for it is
     /// not waited for.
@@ -377,7 +390,9 @@ impl Connection {
         span: tracing::Span,
     ) -> Arc<Connection> {
         let limits = &server.config().limits;
-        Arc::new(Connection {
+        Arc::new_cyclic(|me| Connection {
+            me: me.clone(),
+            reset_requested: AtomicBool::new(false),
             credits: Mutex::new(CreditWindow::new(limits.max_credits)),
             dir_entries: EntryBudget::new(limits.max_directory_entries),
             pending: PendingTable::default(),
@@ -1012,6 +1027,10 @@ async fn serve_in(
     }
     conn.close();
     conn.socket.store(-1, Ordering::SeqCst);
+    if conn.reset_requested.load(Ordering::SeqCst) {
+        use std::os::fd::AsRawFd;
+        delivery::reset(rd.as_ref().as_raw_fd());
+    }
     // CREATEs other connections' clients send meanwhile and that these
     // opens refuse wait for them to go (`crate::teardowns`).
     let server = conn.server.clone();

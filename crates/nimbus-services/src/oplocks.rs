@@ -55,15 +55,28 @@ pub struct Route {
 }
 
 impl Route {
-    /// The connection a break goes on: the open's own while it lasts,
-    /// else the first live channel of its session (multichannel: the
-    /// session outlives a lost connection, MS-SMB2 3.3.4.1.6).
-    fn channel(&self) -> Option<Arc<dyn ResponseChannel>> {
+    /// The connection a break goes on. An oplock's: the open's own while
+    /// it lasts, else the first live channel of its session (multichannel:
+    /// the session outlives a lost connection, MS-SMB2 3.3.4.1.6). A
+    /// lease's: the first live channel of the session, as a lease is the
+    /// client's rather than one open's (3.3.4.7); should that channel fail,
+    /// the break goes again on the next (`redeliver_breaks`), in the order
+    /// the channels were bound, as Samba's smbd sends them and smbtorture's
+    /// smb2.multichannel.leases tests expect.
+    fn channel(&self, lease: bool) -> Option<Arc<dyn ResponseChannel>> {
+        let first_of_session = || {
+            let session = self.session.upgrade()?;
+            session.channels().into_iter().find(|c| !c.is_closing())
+        };
+        if lease {
+            if let Some(conn) = first_of_session() {
+                return Some(conn);
+            }
+        }
         if let Some(conn) = self.conn.upgrade().filter(|c| !c.is_closing()) {
             return Some(conn);
         }
-        let session = self.session.upgrade()?;
-        session.channels().into_iter().find(|c| !c.is_closing())
+        first_of_session()
     }
 }
 
@@ -1492,8 +1505,8 @@ struct Outbound {
 impl Outbound {
     /// Sends the break; the connection it went on, if any.
     fn send(self) -> Option<Arc<dyn ResponseChannel>> {
-        let conn = self.route.channel()?;
         let b = self.order;
+        let conn = self.route.channel(matches!(b.holder, Holder::Lease(_)))?;
         tracing::debug!(
             "{}: break {:?} from {:#x} to {:#x} (ack {})",
             conn.peer(),
@@ -1528,7 +1541,15 @@ impl Outbound {
             .clone()
             .map(|cipher| (self.route.session_id, cipher));
         let file_id = self.route.file_id;
-        crate::pending::send_message(
+        // A break awaiting acknowledgement on a session with several
+        // channels goes again on another should this one prove dead.
+        let watched = b.ack_required
+            && self
+                .route
+                .session
+                .upgrade()
+                .is_some_and(|s| s.channels().iter().filter(|c| !c.is_closing()).count() > 1);
+        let frame = crate::pending::build_message(
             conn.as_ref(),
             &header,
             |out| match b.holder {
@@ -1553,6 +1574,11 @@ impl Outbound {
             None,
             seal.as_ref(),
         );
+        match frame {
+            Some(frame) if watched => conn.send_frame_watched(frame),
+            Some(frame) => conn.send_frame(frame),
+            None => {}
+        }
         Some(conn)
     }
 }

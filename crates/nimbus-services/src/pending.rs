@@ -31,6 +31,15 @@ use crate::sync::lock;
 pub trait ResponseChannel: Send + Sync {
     /// Queues a framed message, `frame.buf[frame.start..]`, on the writer.
     fn send_frame(&self, frame: Frame);
+    /// `send_frame` for a break that awaits acknowledgement, on a channel
+    /// of a session that has others: a connection that can tell whether
+    /// the client's TCP acknowledged the bytes closes itself as a failed
+    /// channel when it has not within six retransmission timeouts, so that
+    /// the break goes out again on another channel (MS-SMB2 3.3.4.6-7;
+    /// `crate::oplocks::redeliver_breaks`). Others just send it.
+    fn send_frame_watched(&self, frame: Frame) {
+        self.send_frame(frame)
+    }
     /// Takes an ended request out of the connection's pending table.
     fn forget_pending(&self, async_id: u64);
     /// Whether the connection is going: what it would send is dropped.
@@ -373,7 +382,7 @@ pub fn send_message(
 
 /// The framed message `send_message` sends; None when it cannot be sealed
 /// (the connection is then closed).
-fn build_message(
+pub(crate) fn build_message(
     conn: &dyn ResponseChannel,
     header: &Header,
     body: impl FnOnce(&mut Vec<u8>),
