@@ -24,7 +24,8 @@ const MAX_TOKEN: usize = 64 * 1024;
 /// Seconds between 1601-01-01 (FILETIME epoch) and 1970-01-01.
 const FILETIME_UNIX_OFFSET_SECS: u64 = 11_644_473_600;
 
-/// Accepts logons against the local user database.
+/// Accepts logons against the local user database. Clones share it.
+#[derive(Clone)]
 pub struct Authenticator {
     shared: Arc<Shared>,
 }
@@ -156,6 +157,21 @@ impl Authenticator {
         spnego::build_server_init(&self.shared.offered())
     }
 
+    /// The signing and sealing context of a completed NTLM logon (MS-NLMP
+    /// 3.4), for DCE/RPC's integrity and privacy levels; None for Kerberos,
+    /// guest and anonymous logons, and NTLM without extended session
+    /// security. Made on demand: an SMB logon never needs it.
+    pub fn ntlm_session_security(&self, logon: &AuthResult) -> Option<crate::NtlmSessionSecurity> {
+        if logon.guest || logon.anonymous {
+            return None;
+        }
+        crate::NtlmSessionSecurity::new(
+            self.shared.provider.clone(),
+            &logon.session_key,
+            logon.ntlm_flags?,
+        )
+    }
+
     /// Begins one SESSION_SETUP exchange whose connection's local address
     /// is unknown: an MsvAvTargetName naming an IP address is refused.
     pub fn start(&self) -> AuthExchange {
@@ -215,6 +231,9 @@ pub struct AuthResult {
     pub guest: bool,
     /// Anonymous logon (with `allow_guest`).
     pub anonymous: bool,
+    /// The NegotiateFlags of an NTLM logon, for its session security
+    /// ([`Authenticator::ntlm_session_security`]); None for Kerberos.
+    pub ntlm_flags: Option<u32>,
 }
 
 impl fmt::Debug for AuthResult {
@@ -692,6 +711,7 @@ impl AuthExchange {
             key_type: Some(logon.key_type),
             guest: false,
             anonymous: false,
+            ntlm_flags: None,
         }))
     }
 
@@ -767,7 +787,7 @@ impl AuthExchange {
                 return Err(AuthError::Malformed("expected an NTLMSSP AUTHENTICATE"));
             }
             let v = self.verify_authenticate(&p, input)?;
-            return Ok(AuthStep::Complete(result(v, Vec::new())));
+            return Ok(AuthStep::Complete(result(v, p.flags, Vec::new())));
         };
         let resp = spnego::parse_resp(input).map_err(AuthError::Malformed)?;
         let auth = resp.response_token.ok_or(AuthError::Malformed(
@@ -788,7 +808,7 @@ impl AuthExchange {
             None,
             server_mic.as_ref().map(|m| &m[..]),
         );
-        Ok(AuthStep::Complete(result(v, output)))
+        Ok(AuthStep::Complete(result(v, p.flags, output)))
     }
 
     /// Checks the client's mechListMIC (if any) and computes ours (RFC 4178
@@ -1073,8 +1093,9 @@ impl AuthExchange {
     }
 }
 
-fn result(v: Verified, output: Vec<u8>) -> AuthResult {
+fn result(v: Verified, flags: u32, output: Vec<u8>) -> AuthResult {
     AuthResult {
+        ntlm_flags: Some(flags),
         output,
         user: v.user,
         domain: v.domain,

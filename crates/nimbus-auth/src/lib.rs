@@ -15,6 +15,7 @@ mod binding;
 mod der;
 mod kerberos;
 mod ntlm;
+mod session_security;
 mod spnego;
 mod userdb;
 
@@ -22,4 +23,5 @@ pub use acceptor::{AuthError, AuthExchange, AuthResult, AuthStep, Authenticator}
 pub use auth_config::AuthConfig;
 pub use kerberos::{KerberosAcceptor, PrincipalMap};
 pub use nimbus_gssapi::GssError;
+pub use session_security::{BadSignature, NtlmSessionSecurity, SIGNATURE_LEN};
 pub use userdb::{MachineSid, NtHash, UserDb, UserDbError, FIRST_USER_RID};

@@ -205,6 +205,13 @@ pub struct Config {
     /// `[metrics] listen`: where Prometheus scrapes `/metrics`; None: no
     /// endpoint, and nothing is counted.
     pub metrics_listen: Option<SocketAddr>,
+    /// `[witness] listen`: where the witness service (MS-SWN) takes
+    /// DCE/RPC over TCP; empty: no witness service.
+    pub witness_listen: Vec<SocketAddr>,
+    /// `[witness] endpoint_mapper`: where the endpoint mapper answers
+    /// which port the witness service is at; None: port 135 at the
+    /// `listen` addresses, skipped with a warning where that is refused.
+    pub witness_endpoint_mapper: Option<Vec<SocketAddr>>,
     /// `[security] admins`: users and groups of the user database whose
     /// sessions are administrators (BUILTIN\Administrators in the token).
     pub admins: Vec<String>,
@@ -233,6 +240,8 @@ impl Default for Config {
             log_format: LogFormat::Text,
             log_level: "info".into(),
             metrics_listen: None,
+            witness_listen: Vec::new(),
+            witness_endpoint_mapper: None,
             admins: Vec::new(),
         }
     }
@@ -261,6 +270,14 @@ struct RawConfig {
     cluster: Option<RawCluster>,
     kerberos: Option<RawKerberos>,
     metrics: Option<RawMetrics>,
+    witness: Option<RawWitness>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawWitness {
+    listen: Option<Vec<String>>,
+    endpoint_mapper: Option<Vec<String>>,
 }
 
 #[derive(Deserialize)]
@@ -789,6 +806,32 @@ impl Config {
                      (a loopback or management address: the endpoint has no authentication)",
                 )),
             }
+        }
+        let witness = raw.witness.unwrap_or(RawWitness {
+            listen: None,
+            endpoint_mapper: None,
+        });
+        let mut addresses = |key: &str, list: &[String], out: &mut Vec<SocketAddr>| {
+            for (i, l) in list.iter().enumerate() {
+                match l.parse::<SocketAddr>() {
+                    Ok(a) => out.push(a),
+                    Err(_) => errors.push(err(
+                        &format!("witness.{key}[{i}]"),
+                        format!("\"{l}\" is not an address and port"),
+                        "write addresses clients reach this node at, e.g. [\"192.0.2.10:5445\"]",
+                    )),
+                }
+            }
+        };
+        addresses(
+            "listen",
+            witness.listen.as_deref().unwrap_or_default(),
+            &mut cfg.witness_listen,
+        );
+        if let Some(list) = &witness.endpoint_mapper {
+            let mut mapper = Vec::new();
+            addresses("endpoint_mapper", list, &mut mapper);
+            cfg.witness_endpoint_mapper = Some(mapper);
         }
         if let Some(dir) = raw.state_dir {
             cfg.state_dir = Some(resolve(dir));
@@ -1468,6 +1511,7 @@ mod tests {
                     "cluster.",
                 ),
                 "[metrics]" => ("[metrics]\n".into(), "metrics."),
+                "[witness]" => ("[witness]\n".into(), "witness."),
                 "[kerberos]" => (
                     format!("[kerberos]\nkeytab = \"{}\"\n", keytab.display()),
                     "kerberos.",

@@ -60,6 +60,8 @@ pub mod start;
 pub mod status;
 pub mod status_listing;
 pub mod teardowns;
+pub mod witness;
+pub mod witness_registry;
 
 pub use config::{Config, ConfigError, LogFormat, ShareConfig, SigningPolicy};
 pub use server::Server;

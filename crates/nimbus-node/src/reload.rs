@@ -233,6 +233,8 @@ pub fn needs_restart(old: &Config, new: &Config) -> Vec<String> {
         log_format: _,
         log_level: _,
         metrics_listen,
+        witness_listen,
+        witness_endpoint_mapper,
         admins: _,
     } = new;
     let mut keys = Vec::new();
@@ -256,6 +258,11 @@ pub fn needs_restart(old: &Config, new: &Config) -> Vec<String> {
     differs(*cluster != old.cluster, "[cluster]");
     differs(*kerberos != old.kerberos, "[kerberos]");
     differs(*metrics_listen != old.metrics_listen, "metrics.listen");
+    differs(*witness_listen != old.witness_listen, "witness.listen");
+    differs(
+        *witness_endpoint_mapper != old.witness_endpoint_mapper,
+        "witness.endpoint_mapper",
+    );
     differs(
         limits.max_inotify_watches != old.limits.max_inotify_watches,
         "limits.max_inotify_watches",

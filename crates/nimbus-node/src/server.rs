@@ -65,6 +65,8 @@ pub struct Server {
     pub cluster: Option<Arc<crate::cluster::Membership>>,
     /// A cluster node's way to other nodes' change notify watches.
     pub(crate) notify_relay: Option<Arc<crate::cluster_notify::NotifyRelay>>,
+    /// The witness service's registrations (`[witness] listen`).
+    pub(crate) witness: Arc<crate::witness_registry::Witness>,
     pub(crate) next_session_id: AtomicU64,
     pub(crate) next_open_id: AtomicU64,
     /// Volatile FileIds equal the open id instead of being random: only for

@@ -320,6 +320,7 @@ impl Server {
             disk_store,
             cluster,
             notify_relay,
+            witness: Arc::default(),
             next_session_id: AtomicU64::new(1),
             next_open_id: AtomicU64::new(first_open_id),
             predictable_file_ids: AtomicBool::new(false),
@@ -373,6 +374,19 @@ impl Server {
                     .join(", ")
             );
             listeners.push(l);
+        }
+        let cfg = self.config();
+        if !cfg.witness_listen.is_empty() {
+            crate::witness::serve(
+                self.clone(),
+                cfg.witness_listen.clone(),
+                cfg.witness_endpoint_mapper.clone(),
+            )
+            .await
+            .map_err(|e| StartError::Bind {
+                addr: e.addr,
+                reason: format!("{}: {}", e.key, e.error),
+            })?;
         }
         // Under systemd (Type=notify): ready once every address is bound.
         // Without NOTIFY_SOCKET this does nothing.

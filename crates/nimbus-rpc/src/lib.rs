@@ -1,7 +1,9 @@
 //! DCE/RPC over SMB named pipes (MS-RPCE, C706), for the services a
 //! client browsing a server asks IPC$ for: srvsvc (MS-SRVS: shares,
 //! server information), wkssvc (MS-WKST: workstation information) and
-//! lsarpc (MS-LSAT: the names of the SIDs in security descriptors).
+//! lsarpc (MS-LSAT: the names of the SIDs in security descriptors); and
+//! over TCP (`ip_tcp`, authenticated) for the witness service (MS-SWN,
+//! `witness`).
 //!
 //! The crate does no I/O. The server opens a [`Pipe`] for a CREATE of
 //! `srvsvc`, `wkssvc` or `lsarpc` on IPC$, hands it what the client writes (WRITE,
@@ -14,11 +16,15 @@
 //! server needs here is a small PDU codec and an NDR writer for a
 //! handful of calls, kept short and fuzzed.
 
+pub mod epmapper;
+mod fragments;
+pub mod ip_tcp;
 pub mod lsarpc;
 pub mod ndr;
 pub mod pdu;
 pub mod pipe;
 pub mod srvsvc;
+pub mod witness;
 pub mod wkssvc;
 
 pub use lsarpc::{Account, SidNameUse};

@@ -18,6 +18,8 @@ pub mod ptype {
     pub const BIND_NAK: u8 = 13;
     pub const ALTER_CONTEXT: u8 = 14;
     pub const ALTER_CONTEXT_RESP: u8 = 15;
+    /// MS-RPCE 2.2.2.10: the third leg of a three-leg authentication.
+    pub const AUTH3: u8 = 16;
 }
 
 /// C706 12.6.3.1 pfc_flags.
@@ -78,6 +80,12 @@ impl Header {
         out.extend_from_slice(&[0, 0, 0, 0]); // frag_length, auth_length
         out.extend_from_slice(&call_id.to_le_bytes());
         start
+    }
+
+    /// Sets frag_length to the PDU's length from `start` and auth_length.
+    pub(crate) fn set_lengths(start: usize, out: &mut [u8], auth_length: u16) {
+        Header::finish(start, out);
+        out[start + 10..start + 12].copy_from_slice(&auth_length.to_le_bytes());
     }
 
     fn finish(start: usize, out: &mut [u8]) {
@@ -332,4 +340,107 @@ pub fn encode_fault(
     out.extend_from_slice(&status.to_le_bytes());
     out.extend_from_slice(&0u32.to_le_bytes()); // reserved
     Header::finish(start, out);
+}
+
+/// Which presentation contexts of a BIND or ALTER_CONTEXT are accepted
+/// (C706 12.6.3.1, MS-RPCE 3.3.1.5.3): those that name an interface
+/// `served` takes and offer NDR 2.0. A bind time feature negotiation
+/// (MS-RPCE 2.2.2.14) is acknowledged with no feature granted.
+pub fn judge_contexts(bind: &Bind, served: impl Fn(&SyntaxId) -> bool) -> Vec<ContextResult> {
+    const NONE: SyntaxId = SyntaxId {
+        uuid: [0; 16],
+        major: 0,
+        minor: 0,
+    };
+    let refused = |reason| ContextResult {
+        result: result::PROVIDER_REJECTION,
+        reason,
+        transfer_syntax: NONE,
+    };
+    bind.contexts
+        .iter()
+        .map(|c| {
+            if c.transfer_syntaxes.iter().any(is_bind_time_features) {
+                ContextResult {
+                    result: result::NEGOTIATE_ACK,
+                    reason: 0,
+                    transfer_syntax: NONE,
+                }
+            } else if !served(&c.abstract_syntax) {
+                refused(reason::ABSTRACT_SYNTAX_NOT_SUPPORTED)
+            } else if c.transfer_syntaxes.contains(&NDR20) {
+                ContextResult {
+                    result: result::ACCEPTANCE,
+                    reason: reason::NONE,
+                    transfer_syntax: NDR20,
+                }
+            } else {
+                refused(reason::TRANSFER_SYNTAXES_NOT_SUPPORTED)
+            }
+        })
+        .collect()
+}
+
+/// MS-RPCE 2.2.1.1.7-8: the authentication services and levels.
+pub mod auth {
+    pub const TYPE_SPNEGO: u8 = 9;
+    /// RPC_C_AUTHN_WINNT: NTLMSSP tokens.
+    pub const TYPE_NTLMSSP: u8 = 10;
+    pub const LEVEL_CONNECT: u8 = 2;
+    pub const LEVEL_INTEGRITY: u8 = 5;
+    pub const LEVEL_PRIVACY: u8 = 6;
+}
+
+/// MS-RPCE 2.2.2.11 sec_trailer: what precedes the auth_value at the end
+/// of an authenticated PDU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SecTrailer {
+    pub auth_type: u8,
+    pub auth_level: u8,
+    pub pad_length: u8,
+    pub context_id: u32,
+}
+
+/// Length of a sec_trailer.
+pub const SEC_TRAILER_LEN: usize = 8;
+
+impl SecTrailer {
+    /// The trailer of a PDU with auth_length `auth`, and where it starts.
+    pub fn find(pdu: &[u8], auth: usize) -> Result<(SecTrailer, usize), RpcError> {
+        let at = pdu
+            .len()
+            .checked_sub(auth + SEC_TRAILER_LEN)
+            .filter(|&a| a >= HEADER_LEN)
+            .ok_or(RpcError::Protocol("auth trailer longer than the PDU"))?;
+        let b = &pdu[at..at + SEC_TRAILER_LEN];
+        Ok((
+            SecTrailer {
+                auth_type: b[0],
+                auth_level: b[1],
+                pad_length: b[2],
+                context_id: u32::from_le_bytes([b[4], b[5], b[6], b[7]]),
+            },
+            at,
+        ))
+    }
+
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&[self.auth_type, self.auth_level, self.pad_length, 0]);
+        out.extend_from_slice(&self.context_id.to_le_bytes());
+    }
+}
+
+/// Appends an auth verifier to the PDU that starts at `start` in `out`
+/// (padded to 4 first, as the trailer must be aligned) and fixes its
+/// lengths.
+pub fn append_auth(out: &mut Vec<u8>, start: usize, trailer: SecTrailer, value: &[u8]) {
+    let pad = (4 - (out.len() - start) % 4) % 4;
+    out.resize(out.len() + pad, 0);
+    SecTrailer {
+        pad_length: pad as u8,
+        ..trailer
+    }
+    .encode(out);
+    out.extend_from_slice(value);
+    Header::set_lengths(start, out, value.len() as u16);
 }

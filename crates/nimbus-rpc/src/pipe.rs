@@ -4,9 +4,8 @@
 
 use std::collections::VecDeque;
 
-use crate::pdu::{
-    self, flags, ptype, reason, result, Bind, BindAck, ContextResult, Header, Request, SyntaxId,
-};
+use crate::fragments::Reassembly;
+use crate::pdu::{self, ptype, result, Bind, BindAck, ContextResult, Header, Request};
 use crate::{fault, HostSource, RpcError, Service};
 
 /// The largest fragment this end sends and accepts (the value Windows
@@ -47,20 +46,12 @@ struct Association {
     contexts: Vec<u16>,
 }
 
-/// A request whose fragments are still arriving.
-struct PartialCall {
-    call_id: u32,
-    context_id: u16,
-    opnum: u16,
-    stub: Vec<u8>,
-}
-
 pub struct Pipe {
     service: Service,
     association: Option<Association>,
     /// Bytes of a PDU not complete yet.
     input: Vec<u8>,
-    call: Option<PartialCall>,
+    call: Reassembly,
     /// Answers, one PDU each; `read_at` bytes of the first are read.
     output: VecDeque<Vec<u8>>,
     read_at: usize,
@@ -76,7 +67,7 @@ impl Pipe {
             service,
             association: None,
             input: Vec::new(),
-            call: None,
+            call: Reassembly::default(),
             output: VecDeque::new(),
             read_at: 0,
             queued: 0,
@@ -98,7 +89,7 @@ impl Pipe {
     /// what a request still arriving has brought so far. The server counts
     /// them against the connection's memory.
     pub fn buffered(&self) -> usize {
-        self.queued + self.input.len() + self.call.as_ref().map_or(0, |c| c.stub.len())
+        self.queued + self.input.len() + self.call.held()
     }
 
     /// Closes the pipe and drops everything it holds, answers included:
@@ -106,7 +97,7 @@ impl Pipe {
     /// Later writes fail as after a protocol error; reads find nothing.
     pub fn shut(&mut self) {
         self.closed = true;
-        self.call = None;
+        self.call.clear();
         self.input = Vec::new();
         self.output = VecDeque::new();
         self.read_at = 0;
@@ -155,7 +146,7 @@ impl Pipe {
         };
         if let Err(e) = outcome {
             self.closed = true;
-            self.call = None;
+            self.call.clear();
             return Err(e);
         }
         input.drain(..at);
@@ -288,46 +279,8 @@ impl Pipe {
     /// C706 12.6.3.1 / MS-RPCE 3.3.1.5.3: each context is accepted when
     /// it names this pipe's interface and offers NDR 2.0.
     fn judge_contexts(&self, bind: &Bind) -> Vec<ContextResult> {
-        const NONE: SyntaxId = SyntaxId {
-            uuid: [0; 16],
-            major: 0,
-            minor: 0,
-        };
         let ours = self.service.interface();
-        bind.contexts
-            .iter()
-            .map(|c| {
-                if c.transfer_syntaxes.iter().any(pdu::is_bind_time_features) {
-                    // No optional features (MS-RPCE 2.2.2.14): the ack
-                    // carries the bits granted, none.
-                    return ContextResult {
-                        result: result::NEGOTIATE_ACK,
-                        reason: 0,
-                        transfer_syntax: NONE,
-                    };
-                }
-                if c.abstract_syntax != ours {
-                    return ContextResult {
-                        result: result::PROVIDER_REJECTION,
-                        reason: reason::ABSTRACT_SYNTAX_NOT_SUPPORTED,
-                        transfer_syntax: NONE,
-                    };
-                }
-                if c.transfer_syntaxes.contains(&pdu::NDR20) {
-                    ContextResult {
-                        result: result::ACCEPTANCE,
-                        reason: reason::NONE,
-                        transfer_syntax: pdu::NDR20,
-                    }
-                } else {
-                    ContextResult {
-                        result: result::PROVIDER_REJECTION,
-                        reason: reason::TRANSFER_SYNTAXES_NOT_SUPPORTED,
-                        transfer_syntax: NONE,
-                    }
-                }
-            })
-            .collect()
+        pdu::judge_contexts(bind, |s| *s == ours)
     }
 
     fn request<H: HostSource + ?Sized>(
@@ -341,61 +294,10 @@ impl Pipe {
             return Err(PipeError("REQUEST before BIND"));
         };
         let known_context = a.contexts.contains(&req.context_id);
-        let first = hdr.flags & flags::FIRST_FRAG != 0;
-        let last = hdr.flags & flags::LAST_FRAG != 0;
-        // C706 12.6.4.9: fragments of one call come in order, one call at
-        // a time on a pipe.
-        match (&mut self.call, first) {
-            (Some(_), true) => {
-                return self.refuse(
-                    hdr.call_id,
-                    req.context_id,
-                    "a call began before the previous one ended",
-                )
-            }
-            (None, false) => {
-                return self.refuse(
-                    hdr.call_id,
-                    req.context_id,
-                    "a fragment of no call in progress",
-                )
-            }
-            (Some(call), false)
-                if call.call_id != hdr.call_id || call.context_id != req.context_id =>
-            {
-                return self.refuse(hdr.call_id, req.context_id, "a fragment of another call");
-            }
-            (Some(call), false) => {
-                if call.stub.len() + req.stub.len() > MAX_STUB {
-                    return self.refuse(
-                        hdr.call_id,
-                        req.context_id,
-                        "request longer than the pipe accepts",
-                    );
-                }
-                call.stub.extend_from_slice(req.stub);
-            }
-            (None, true) => {
-                if req.stub.len() > MAX_STUB {
-                    return self.refuse(
-                        hdr.call_id,
-                        req.context_id,
-                        "request longer than the pipe accepts",
-                    );
-                }
-                self.call = Some(PartialCall {
-                    call_id: hdr.call_id,
-                    context_id: req.context_id,
-                    opnum: req.opnum,
-                    stub: req.stub.to_vec(),
-                });
-            }
-        }
-        if !last {
-            return Ok(());
-        }
-        let Some(call) = self.call.take() else {
-            return Ok(());
+        let call = match self.call.add(hdr, &req, MAX_STUB) {
+            Ok(Some(call)) => call,
+            Ok(None) => return Ok(()),
+            Err(why) => return self.refuse(hdr.call_id, req.context_id, why),
         };
         if !known_context {
             let mut out = Vec::new();
@@ -432,7 +334,7 @@ impl Pipe {
         context_id: u16,
         why: &'static str,
     ) -> Result<(), PipeError> {
-        self.call = None;
+        self.call.clear();
         let mut out = Vec::new();
         pdu::encode_fault(call_id, context_id, fault::PROTO_ERROR, true, &mut out);
         self.push(out);
@@ -445,30 +347,10 @@ impl Pipe {
     fn respond(&mut self, call_id: u32, context_id: u16, stub: &[u8]) {
         let xmit = self.association.as_ref().map_or(MIN_FRAG, |a| a.xmit_frag) as usize;
         let chunk = ((xmit - pdu::REQUEST_HEADER_LEN) / 8) * 8;
-        let mut at = 0;
-        loop {
-            let end = (at + chunk).min(stub.len());
-            let mut pfc = 0;
-            if at == 0 {
-                pfc |= flags::FIRST_FRAG;
-            }
-            if end == stub.len() {
-                pfc |= flags::LAST_FRAG;
-            }
-            let mut out = Vec::with_capacity(pdu::REQUEST_HEADER_LEN + end - at);
-            pdu::encode_response(
-                call_id,
-                pfc,
-                (stub.len() - at) as u32,
-                context_id,
-                &stub[at..end],
-                &mut out,
-            );
+        for (pfc, alloc_hint, range) in crate::fragments::split(stub.len(), chunk) {
+            let mut out = Vec::with_capacity(pdu::REQUEST_HEADER_LEN + range.len());
+            pdu::encode_response(call_id, pfc, alloc_hint, context_id, &stub[range], &mut out);
             self.push(out);
-            if end == stub.len() {
-                break;
-            }
-            at = end;
         }
     }
 }
@@ -487,6 +369,8 @@ fn accepted(bind: &Bind, results: &[ContextResult]) -> Vec<u16> {
 mod tests {
     use super::*;
     use crate::ndr::{Reader, Writer};
+    use crate::pdu::SyntaxId;
+    use crate::pdu::{flags, reason};
     use crate::{srvsvc, werror, Host, ShareEntry, ShareKind};
 
     const NDR64: SyntaxId = SyntaxId {

@@ -352,6 +352,88 @@ pub fn rpc_pipe(data: &[u8]) -> PipeRun {
     run
 }
 
+/// DCE/RPC over TCP (the witness service's association, the `rpc_ip_tcp`
+/// target): the first byte picks what the rest is.
+/// - 0: PDUs, each a 2-byte little-endian length and its bytes, fed to an
+///   association serving the witness (integrity required) and the
+///   endpoint mapper; every answer must be one whole PDU, nothing comes
+///   after the association closed, and each call that comes out has its
+///   stub run through the decoders.
+/// - 1: a stub for every witness decoder.
+/// - 2: a stub for the endpoint mapper's decoder.
+///
+/// Returns the PDU type of each answer.
+pub fn rpc_ip_tcp(data: &[u8]) -> Vec<u8> {
+    use nimbus_rpc::ip_tcp::{Association, Served};
+    use nimbus_rpc::{epmapper, witness};
+    let decode_all = |stub: &[u8]| {
+        let _ = witness::decode_register(stub);
+        let _ = witness::decode_register_ex(stub);
+        let _ = witness::decode_handle(stub);
+        let _ = epmapper::decode_map(stub).map(|r| epmapper::encode_map(&r, None));
+    };
+    let mut answers = Vec::new();
+    let Some((&mode, mut rest)) = data.split_first() else {
+        return answers;
+    };
+    match mode {
+        1 => decode_all(rest),
+        2 => {
+            if let Ok(r) = epmapper::decode_map(rest) {
+                let at = std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, 5445);
+                let _ = epmapper::encode_map(&r, Some(at));
+            }
+        }
+        _ => {
+            let provider = CryptoProvider::default_provider();
+            let users = Arc::new(std::sync::RwLock::new(UserDb::new()));
+            let config = nimbus_auth::AuthConfig {
+                netbios_computer: "NIMBUS".into(),
+                netbios_domain: "WORKGROUP".into(),
+                dns_computer: String::new(),
+                dns_domain: String::new(),
+                allow_guest: false,
+                aliases: Vec::new(),
+            };
+            let auth = nimbus_auth::Authenticator::new(provider, users, config);
+            let served = vec![
+                Served {
+                    syntax: witness::INTERFACE,
+                    needs_integrity: true,
+                },
+                Served {
+                    syntax: epmapper::INTERFACE,
+                    needs_integrity: false,
+                },
+            ];
+            let mut a = Association::new(served, auth, std::net::Ipv4Addr::LOCALHOST.into());
+            let mut closed = false;
+            while rest.len() >= 2 && !closed {
+                let n = (u16::from_le_bytes([rest[0], rest[1]]) as usize).min(rest.len() - 2);
+                let pdu = rest[2..2 + n].to_vec();
+                rest = &rest[2 + n..];
+                let r = a.receive(pdu);
+                let mut out = r.out;
+                if let Some(call) = &r.call {
+                    decode_all(&call.stub);
+                    out.extend(a.respond(call, &call.stub));
+                }
+                for o in &out {
+                    assert!(
+                        o.len() >= nimbus_rpc::pdu::HEADER_LEN,
+                        "answer shorter than a header"
+                    );
+                    let frag = u16::from_le_bytes([o[8], o[9]]) as usize;
+                    assert_eq!(frag, o.len(), "frag_length disagrees with the answer");
+                    answers.push(o[2]);
+                }
+                closed = r.close.is_some();
+            }
+        }
+    }
+    answers
+}
+
 /// What `rpc_pipe` saw: the PDU type of each answer, and whether the
 /// pipe was closed by a protocol error.
 #[derive(Debug, Default, PartialEq, Eq)]

@@ -12,13 +12,14 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use nimbus_server::fuzz_api::{
-    create_name, rpc_pipe, search_pattern, security_descriptor, security_layer, server, Harness,
+    create_name, rpc_ip_tcp, rpc_pipe, search_pattern, security_descriptor, security_layer, server,
+    Harness,
 };
 use nimbus_wire::header::chain_offsets;
 use nimbus_wire::{Header, NtStatus};
 
 /// Every fuzz target, each with its directory under fuzz/regressions/.
-const TARGETS: [&str; 12] = [
+const TARGETS: [&str; 13] = [
     "connection",
     "security_layer",
     "wire_decoders",
@@ -28,6 +29,7 @@ const TARGETS: [&str; 12] = [
     "create_name",
     "state_rules",
     "rpc_pipe",
+    "rpc_ip_tcp",
     "security_descriptor",
     "byte_range_locks",
     "etcd_records",
@@ -558,6 +560,38 @@ fn byte_range_locks_regressions() {
 const RESPONSE: u8 = 2;
 const FAULT: u8 = 3;
 const BIND_ACK: u8 = 12;
+
+/// The witness service's seeds get their answers: the endpoint mapper
+/// maps without a logon, a witness call without one is refused with a
+/// fault, an NTLMSSP BIND gets its BIND_ACK (with the CHALLENGE); the
+/// regressions are refused without a panic.
+#[test]
+fn rpc_ip_tcp_seeds_are_answered_and_findings_refused() {
+    let seeds = inputs("seeds/rpc_ip_tcp");
+    let expected: [(&str, &[u8]); 5] = [
+        ("epmapper-map-witness", &[BIND_ACK, RESPONSE]),
+        ("witness-unauthenticated-register", &[BIND_ACK, FAULT]),
+        ("witness-bind-ntlmssp", &[BIND_ACK]),
+        ("witness-register-ex-stub", &[]),
+        ("epmapper-map-stub", &[]),
+    ];
+    for (name, answers) in expected {
+        let (_, data) = seeds
+            .iter()
+            .find(|(n, _)| n == name)
+            .unwrap_or_else(|| panic!("seeds/rpc_ip_tcp/{name} is missing"));
+        assert_eq!(rpc_ip_tcp(data), answers, "{name}");
+    }
+    let found = regressions("rpc_ip_tcp");
+    assert_present(
+        "rpc_ip_tcp",
+        &found,
+        &["auth-length-past-the-pdu", "tower-claims-4-gib"],
+    );
+    for (name, data) in &found {
+        assert!(rpc_ip_tcp(data).is_empty(), "{name}");
+    }
+}
 
 #[test]
 fn rpc_pipe_seeds_are_answered_and_findings_refused() {

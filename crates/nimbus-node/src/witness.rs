@@ -1,0 +1,506 @@
+//! The witness service (MS-SWN): a client of a continuously available
+//! share registers, through one node's witness service, for the interface
+//! it reaches the share at on another node, and waits in AsyncNotify; when
+//! that node leaves the cluster (its membership record goes: a leave, or
+//! its lease expired after a kill), the waiting call answers
+//! RESOURCE_CHANGE and the client moves before its TCP connection times
+//! out.
+//!
+//! What this step serves: DCE/RPC over TCP on `[witness] listen`, NTLM
+//! logons at the integrity or privacy level (`nimbus_rpc::ip_tcp`), and
+//! WitnessrGetInterfaceList, Register, RegisterEx, UnRegister and
+//! AsyncNotify with RESOURCE_CHANGE, and the endpoint mapper's ept_map
+//! (`[witness] endpoint_mapper`, port 135 by default), through which
+//! Windows and rpcclient find the service. Registrations live with the
+//! association that made them, as context handles do (MS-SWN 3.1.1.1);
+//! the node that serves them watches the membership. Still to come:
+//! registrations in etcd, CLIENT_MOVE and SHARE_MOVE from
+//! `nimbus witness move`, Kerberos.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use nimbus_rpc::epmapper;
+use nimbus_rpc::ip_tcp::{Association, Call, Served, MAX_FRAG};
+use nimbus_rpc::pdu::{Header, HEADER_LEN};
+use nimbus_rpc::witness::{self, opnum, werror, Handle, InterfaceInfo, Register};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, Notify};
+
+use crate::server::Server;
+use crate::witness_registry::{lock, Registration};
+
+/// Connections served at once; more are closed at accept.
+const MAX_CONNECTIONS: usize = 1024;
+/// Registrations one association may hold.
+const MAX_REGISTRATIONS: usize = 64;
+/// How often the membership is read while a notification is awaited.
+const MEMBERSHIP_EVERY: Duration = Duration::from_secs(1);
+/// Answers queued for one connection's writer.
+const QUEUED: usize = 64;
+
+/// The cluster's interfaces as a client asking `local` sees them: each
+/// member's advertised address, or on a single node its own listening
+/// addresses.
+fn interfaces(server: &Server, local: IpAddr) -> Result<Vec<InterfaceInfo>, String> {
+    let cfg = server.config();
+    match &server.cluster {
+        Some(m) => Ok(m
+            .members()
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .filter_map(|x| {
+                let addr = x.advertise.parse::<SocketAddr>().ok()?.ip();
+                Some(InterfaceInfo {
+                    witness_if: addr != local,
+                    group_name: x.node,
+                    available: true,
+                    addr,
+                })
+            })
+            .collect()),
+        None => Ok(cfg
+            .listen
+            .iter()
+            .map(|a| {
+                if a.ip().is_unspecified() {
+                    local
+                } else {
+                    a.ip()
+                }
+            })
+            .map(|addr| InterfaceInfo {
+                group_name: cfg.server_name.clone(),
+                available: true,
+                addr,
+                witness_if: false,
+            })
+            .collect()),
+    }
+}
+
+/// MS-SWN 3.1.4.2: NetName must be the server's name (ServerGlobalName):
+/// its NetBIOS name, an alias, or a DNS name whose first label is one.
+fn is_our_name(server: &Server, name: &str) -> bool {
+    let cfg = server.config();
+    let first = name.split('.').next().unwrap_or(name);
+    std::iter::once(&cfg.server_name)
+        .chain(cfg.server_aliases.iter())
+        .any(|n| n.eq_ignore_ascii_case(name) || n.eq_ignore_ascii_case(first))
+}
+
+/// What a listener serves.
+#[derive(Clone, Copy)]
+enum Port {
+    /// The witness service (and the mapper, harmlessly).
+    Witness,
+    /// The endpoint mapper alone.
+    Mapper,
+}
+
+impl Port {
+    fn served(self) -> Vec<Served> {
+        let mapper = Served {
+            syntax: epmapper::INTERFACE,
+            needs_integrity: false,
+        };
+        match self {
+            Port::Witness => vec![
+                Served {
+                    syntax: witness::INTERFACE,
+                    needs_integrity: true,
+                },
+                mapper,
+            ],
+            Port::Mapper => vec![mapper],
+        }
+    }
+}
+
+/// Why the witness service could not start.
+#[derive(Debug)]
+pub struct BindError {
+    pub addr: SocketAddr,
+    pub key: &'static str,
+    pub error: std::io::Error,
+}
+
+/// Binds `[witness] listen` and the endpoint mapper, and serves them
+/// until the server goes.
+pub async fn serve(
+    server: Arc<Server>,
+    listen: Vec<SocketAddr>,
+    mapper: Option<Vec<SocketAddr>>,
+) -> Result<(), BindError> {
+    let mut listeners = Vec::new();
+    for a in &listen {
+        let l = TcpListener::bind(a).await.map_err(|error| BindError {
+            addr: *a,
+            key: "witness.listen",
+            error,
+        })?;
+        tracing::info!("witness: listening on {a}");
+        listeners.push((l, Port::Witness));
+    }
+    let chosen = mapper.is_some();
+    let mapper = mapper.unwrap_or_else(|| {
+        listen
+            .iter()
+            .map(|a| SocketAddr::new(a.ip(), 135))
+            .collect()
+    });
+    for a in &mapper {
+        match TcpListener::bind(a).await {
+            Ok(l) => {
+                tracing::info!("witness: endpoint mapper on {a}");
+                listeners.push((l, Port::Mapper));
+            }
+            Err(error) if chosen => {
+                return Err(BindError {
+                    addr: *a,
+                    key: "witness.endpoint_mapper",
+                    error,
+                })
+            }
+            Err(e) => tracing::warn!(
+                "witness: no endpoint mapper on {a} ({e}): Windows clients and rpcclient, which \
+                 ask port 135 for the witness service's port, will not find it; run with \
+                 CAP_NET_BIND_SERVICE or set [witness] endpoint_mapper"
+            ),
+        }
+    }
+    let weak = Arc::downgrade(&server);
+    drop(server);
+    for (l, port) in listeners {
+        tokio::spawn(accept(weak.clone(), l, port));
+    }
+    tokio::spawn(follow_members(weak));
+    Ok(())
+}
+
+async fn accept(server: Weak<Server>, listener: TcpListener, port: Port) {
+    loop {
+        let Ok((stream, peer)) = listener.accept().await else {
+            continue;
+        };
+        let Some(s) = server.upgrade() else { return };
+        let w = s.witness.clone();
+        if w.connections.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
+            w.connections.fetch_sub(1, Ordering::SeqCst);
+            tracing::warn!("witness: {peer} refused: {MAX_CONNECTIONS} connections already");
+            continue;
+        }
+        tokio::spawn(async move {
+            connection(s, stream, port).await;
+            w.connections.fetch_sub(1, Ordering::SeqCst);
+        });
+    }
+}
+
+/// Reads the membership while anyone waits, and reports what left.
+async fn follow_members(server: Weak<Server>) {
+    loop {
+        tokio::time::sleep(MEMBERSHIP_EVERY).await;
+        let Some(s) = server.upgrade() else { return };
+        if lock(&s.witness.registrations).is_empty() {
+            continue;
+        }
+        let s2 = s.clone();
+        let live =
+            tokio::task::spawn_blocking(move || interfaces(&s2, IpAddr::from([0, 0, 0, 0]))).await;
+        match live {
+            Ok(Ok(live)) => s.witness.note_members(&live),
+            Ok(Err(e)) => tracing::debug!("witness: reading the membership: {e}"),
+            Err(_) => {}
+        }
+    }
+}
+
+/// Reads one whole PDU; None at the end of the stream or on a length no
+/// client sends.
+async fn read_pdu(rd: &mut tokio::net::tcp::OwnedReadHalf) -> Option<Vec<u8>> {
+    let mut head = [0u8; HEADER_LEN];
+    rd.read_exact(&mut head).await.ok()?;
+    let hdr = Header::parse(&head).ok()?;
+    let len = hdr.frag_length as usize;
+    if len > MAX_FRAG as usize {
+        return None;
+    }
+    let mut pdu = vec![0u8; len];
+    pdu[..HEADER_LEN].copy_from_slice(&head);
+    rd.read_exact(&mut pdu[HEADER_LEN..]).await.ok()?;
+    Some(pdu)
+}
+
+async fn connection(server: Arc<Server>, stream: TcpStream, port: Port) {
+    let Ok(local) = stream.local_addr() else {
+        return;
+    };
+    let peer = stream.peer_addr().ok();
+    let _ = stream.set_nodelay(true);
+    let (mut rd, mut wr) = stream.into_split();
+    let assoc = Arc::new(tokio::sync::Mutex::new(Association::new(
+        port.served(),
+        server.auth.clone(),
+        local.ip(),
+    )));
+    let id = server
+        .witness
+        .next_association
+        .fetch_add(1, Ordering::Relaxed);
+    let (tx, mut rx) = mpsc::channel::<Vec<u8>>(QUEUED);
+    let writer = tokio::spawn(async move {
+        while let Some(pdu) = rx.recv().await {
+            if wr.write_all(&pdu).await.is_err() {
+                return;
+            }
+        }
+    });
+    while let Some(pdu) = read_pdu(&mut rd).await {
+        let mut a = assoc.lock().await;
+        let r = a.receive(pdu);
+        for out in r.out {
+            if tx.send(out).await.is_err() {
+                break;
+            }
+        }
+        if let Some(why) = r.close {
+            tracing::info!("witness: closing the connection of {peer:?}: {why}");
+            break;
+        }
+        let Some(call) = r.call else { continue };
+        drop(a);
+        match run(&server, id, local.ip(), &call).await {
+            Answer::Now(stub) => {
+                let mut a = assoc.lock().await;
+                for out in a.respond(&call, &stub) {
+                    let _ = tx.send(out).await;
+                }
+            }
+            Answer::Fault(status) => {
+                let mut a = assoc.lock().await;
+                let _ = tx.send(a.fault(&call, status)).await;
+            }
+            Answer::Wait(handle, wake, timeout) => {
+                let (server, assoc, tx) = (server.clone(), assoc.clone(), tx.clone());
+                tokio::spawn(async move {
+                    let stub = notify_when(&server, handle, wake, timeout).await;
+                    let mut a = assoc.lock().await;
+                    for out in a.respond(&call, &stub) {
+                        let _ = tx.send(out).await;
+                    }
+                });
+            }
+        }
+    }
+    server.witness.drop_association(id);
+    drop(tx);
+    let _ = writer.await;
+}
+
+enum Answer {
+    Now(Vec<u8>),
+    Fault(u32),
+    /// AsyncNotify: answered when the registration has news.
+    Wait(Handle, Arc<Notify>, u32),
+}
+
+async fn run(server: &Arc<Server>, association: u64, local: IpAddr, call: &Call) -> Answer {
+    if call.interface == epmapper::INTERFACE {
+        return map(server, local, call);
+    }
+    match call.opnum {
+        opnum::GET_INTERFACE_LIST => {
+            let s = server.clone();
+            match tokio::task::spawn_blocking(move || interfaces(&s, local)).await {
+                Ok(Ok(list)) => Answer::Now(witness::encode_interface_list(&list)),
+                Ok(Err(e)) => {
+                    tracing::warn!("witness: listing the interfaces: {e}");
+                    Answer::Now(witness::encode_result(werror::NO_SYSTEM_RESOURCES, true))
+                }
+                Err(_) => Answer::Now(witness::encode_result(werror::NO_SYSTEM_RESOURCES, true)),
+            }
+        }
+        opnum::REGISTER | opnum::REGISTER_EX => {
+            let decoded = if call.opnum == opnum::REGISTER {
+                witness::decode_register(&call.stub)
+            } else {
+                witness::decode_register_ex(&call.stub)
+            };
+            let Ok(req) = decoded else {
+                return Answer::Fault(nimbus_rpc::fault::BAD_STUB_DATA);
+            };
+            let s = server.clone();
+            let ex = call.opnum == opnum::REGISTER_EX;
+            let r = tokio::task::spawn_blocking(move || register(&s, association, local, &req, ex))
+                .await
+                .unwrap_or(Err(werror::NO_SYSTEM_RESOURCES));
+            Answer::Now(match r {
+                Ok(h) => witness::encode_register_answer(Some(&h), werror::OK),
+                Err(e) => witness::encode_register_answer(None, e),
+            })
+        }
+        opnum::UNREGISTER => {
+            let Ok(h) = witness::decode_handle(&call.stub) else {
+                return Answer::Fault(nimbus_rpc::fault::BAD_STUB_DATA);
+            };
+            let mut regs = lock(&server.witness.registrations);
+            let result = match regs.get(&h) {
+                Some(r) if r.association == association => {
+                    if let Some(r) = regs.remove(&h) {
+                        r.wake.notify_one();
+                    }
+                    werror::OK
+                }
+                _ => werror::NOT_FOUND,
+            };
+            Answer::Now(witness::encode_result(result, false))
+        }
+        opnum::ASYNC_NOTIFY => {
+            let Ok(h) = witness::decode_handle(&call.stub) else {
+                return Answer::Fault(nimbus_rpc::fault::BAD_STUB_DATA);
+            };
+            let regs = lock(&server.witness.registrations);
+            match regs.get(&h) {
+                Some(r) if r.association == association => {
+                    Answer::Wait(h, r.wake.clone(), r.timeout)
+                }
+                _ => Answer::Now(witness::encode_notify(Err(werror::NOT_FOUND))),
+            }
+        }
+        _ => Answer::Fault(nimbus_rpc::fault::OP_RNG_ERROR),
+    }
+}
+
+/// ept_map: the witness service's address, for a client that connected
+/// to `local`: the listen address at that IP, or else the first.
+fn map(server: &Server, local: IpAddr, call: &Call) -> Answer {
+    if call.opnum != epmapper::OPNUM_MAP {
+        return Answer::Fault(nimbus_rpc::fault::OP_RNG_ERROR);
+    }
+    let Ok(req) = epmapper::decode_map(&call.stub) else {
+        return Answer::Fault(nimbus_rpc::fault::BAD_STUB_DATA);
+    };
+    let listen = server.config().witness_listen.clone();
+    let at = (req.interface == witness::INTERFACE)
+        .then(|| {
+            listen
+                .iter()
+                .find(|a| a.ip() == local || a.ip().is_unspecified())
+                .or(listen.first())
+                .map(|a| {
+                    if a.ip().is_unspecified() {
+                        SocketAddr::new(local, a.port())
+                    } else {
+                        *a
+                    }
+                })
+        })
+        .flatten()
+        .and_then(|a| match a {
+            SocketAddr::V4(v4) => Some(v4),
+            SocketAddr::V6(_) => None,
+        });
+    Answer::Now(epmapper::encode_map(&req, at))
+}
+
+/// MS-SWN 3.1.4.2 and 3.1.4.5: checks a registration and records it.
+fn register(
+    server: &Server,
+    association: u64,
+    local: IpAddr,
+    req: &Register,
+    ex: bool,
+) -> Result<Handle, u32> {
+    let version_ok = if ex {
+        req.version == witness::VERSION_2
+    } else {
+        req.version == witness::VERSION_1
+    };
+    if !version_ok {
+        return Err(werror::REVISION_MISMATCH);
+    }
+    let (Some(net_name), Some(ip), Some(_client)) = (
+        req.net_name.as_deref(),
+        req.ip_address.as_deref(),
+        req.client_computer_name.as_deref(),
+    ) else {
+        return Err(werror::INVALID_PARAMETER);
+    };
+    if !is_our_name(server, net_name) {
+        return Err(werror::INVALID_PARAMETER);
+    }
+    if let Some(share) = req.share_name.as_deref() {
+        let known = server
+            .config()
+            .shares
+            .iter()
+            .any(|s| s.name.eq_ignore_ascii_case(share));
+        if !known {
+            return Err(werror::INVALID_STATE);
+        }
+    }
+    let addr: IpAddr = ip.parse().map_err(|_| werror::INVALID_STATE)?;
+    let live = interfaces(server, local).map_err(|e| {
+        tracing::warn!("witness: listing the interfaces: {e}");
+        werror::NO_SYSTEM_RESOURCES
+    })?;
+    let Some(iface) = live.into_iter().find(|i| i.addr == addr) else {
+        return Err(werror::INVALID_STATE);
+    };
+    let w = &server.witness;
+    let mut regs = lock(&w.registrations);
+    if regs
+        .values()
+        .filter(|r| r.association == association)
+        .count()
+        >= MAX_REGISTRATIONS
+    {
+        return Err(werror::NO_SYSTEM_RESOURCES);
+    }
+    let h = w.issue();
+    regs.insert(
+        h,
+        Registration {
+            association,
+            node: iface.group_name,
+            addr,
+            timeout: if ex { req.timeout } else { 0 },
+            pending: Vec::new(),
+            gone: false,
+            wake: Arc::new(Notify::new()),
+        },
+    );
+    Ok(h)
+}
+
+/// Waits until the registration has a notification (or goes, or its
+/// timeout passes) and encodes the answer.
+async fn notify_when(server: &Server, handle: Handle, wake: Arc<Notify>, timeout: u32) -> Vec<u8> {
+    let deadline = (timeout > 0)
+        .then(|| tokio::time::Instant::now() + Duration::from_secs(u64::from(timeout)));
+    loop {
+        {
+            let mut regs = lock(&server.witness.registrations);
+            let Some(r) = regs.get_mut(&handle) else {
+                return witness::encode_notify(Err(werror::CALL_CANCELLED));
+            };
+            if !r.pending.is_empty() {
+                let n = r.pending.remove(0);
+                return witness::encode_notify(Ok(&n));
+            }
+        }
+        let woken = wake.notified();
+        match deadline {
+            Some(d) => {
+                if tokio::time::timeout_at(d, woken).await.is_err() {
+                    return witness::encode_notify(Err(werror::TIMEOUT));
+                }
+            }
+            None => woken.await,
+        }
+    }
+}

@@ -1,0 +1,77 @@
+//! The witness service's registrations (MS-SWN 3.1.1.1), apart from the
+//! service (`crate::witness`) so that `Server` can hold them without the
+//! service's imports.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use nimbus_rpc::witness::{Handle, InterfaceInfo, Notification};
+use tokio::sync::Notify;
+
+/// One registration (MS-SWN 3.1.1.1 WitnessRegistration).
+pub(crate) struct Registration {
+    pub(crate) association: u64,
+    /// The interface registered for: its node and address.
+    pub(crate) node: String,
+    pub(crate) addr: IpAddr,
+    /// Seconds an AsyncNotify waits (RegisterEx); 0: no limit.
+    pub(crate) timeout: u32,
+    /// Notifications not yet reported.
+    pub(crate) pending: Vec<Notification>,
+    /// The interface was reported gone: reported once.
+    pub(crate) gone: bool,
+    pub(crate) wake: Arc<Notify>,
+}
+
+/// Every registration this node serves.
+#[derive(Default)]
+pub struct Witness {
+    pub(crate) registrations: Mutex<HashMap<Handle, Registration>>,
+    next_handle: AtomicU64,
+    pub(crate) next_association: AtomicU64,
+    pub(crate) connections: AtomicUsize,
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Witness {
+    pub(crate) fn issue(&self) -> Handle {
+        let n = self.next_handle.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut h = [0u8; 20];
+        h[4..12].copy_from_slice(&n.to_le_bytes());
+        h[12..20].copy_from_slice(b"nimbusWT");
+        h
+    }
+
+    /// Compares the registrations with the live interfaces: one whose
+    /// node left gets RESOURCE_CHANGE (unavailable), once.
+    pub(crate) fn note_members(&self, live: &[InterfaceInfo]) {
+        let mut regs = lock(&self.registrations);
+        for r in regs.values_mut() {
+            let alive = live
+                .iter()
+                .any(|i| i.group_name == r.node && i.addr == r.addr);
+            if !alive && !r.gone {
+                r.gone = true;
+                r.pending.push(Notification::ResourceChange {
+                    name: r.addr.to_string(),
+                    available: false,
+                });
+                r.wake.notify_one();
+            }
+        }
+    }
+
+    pub(crate) fn drop_association(&self, association: u64) {
+        lock(&self.registrations).retain(|_, r| {
+            if r.association == association {
+                r.wake.notify_one();
+            }
+            r.association != association
+        });
+    }
+}

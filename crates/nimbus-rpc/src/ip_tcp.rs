@@ -1,0 +1,604 @@
+//! One DCE/RPC association over TCP (`ncacn_ip_tcp`, MS-RPCE 2.1.1.1),
+//! with the authentication a service reached over the network needs:
+//! NTLMSSP, bare or in SPNEGO, at the integrity or privacy level
+//! (MS-RPCE 3.3.1.5.2), as the witness service asks of its clients
+//! (MS-SWN 7: Windows refuses calls below integrity).
+//!
+//! No I/O, as the rest of the crate: the caller reads whole PDUs (the
+//! header's frag_length says how long) and hands each to
+//! [`Association::receive`]; it gets back PDUs to write and, when a call's
+//! last fragment arrived, the call to run. Calls may be answered out of
+//! order (the witness's AsyncNotify waits for an event while later calls
+//! are answered), through [`Association::respond`] and
+//! [`Association::fault`], whose PDUs must be written in the order they
+//! are made: each carries the next signature sequence number.
+//!
+//! Kerberos at the integrity level needs GSS-API's per-message tokens in
+//! DCE/RPC's layout, not built yet: a Kerberos logon gets an association
+//! at the connect level, whose calls to services that need integrity
+//! are refused.
+
+use std::net::IpAddr;
+
+use nimbus_auth::{AuthStep, Authenticator, NtlmSessionSecurity, SIGNATURE_LEN};
+
+use crate::fragments::Reassembly;
+use crate::pdu::{
+    self, auth, flags, ptype, result, Bind, BindAck, ContextResult, Header, Request, SecTrailer,
+    SyntaxId, SEC_TRAILER_LEN,
+};
+use crate::{fault, RpcError};
+
+/// The largest fragment this end sends and accepts.
+pub const MAX_FRAG: u16 = 5840;
+/// C706 12.6.3.1: every implementation takes fragments this long.
+const MIN_FRAG: u16 = 1432;
+/// A request's stub, all fragments together: the calls served take a
+/// few hundred bytes.
+pub const MAX_STUB: usize = 64 * 1024;
+/// Presentation contexts one association may hold.
+const MAX_CONTEXTS: usize = 16;
+/// MS-RPCE 3.3.1.5.6: the association group a BIND without one joins.
+const ASSOC_GROUP: u32 = 0x0005_3a10;
+/// Stub data of an authenticated PDU is padded to this (MS-RPCE 2.2.2.11:
+/// Windows pads to 16, which also suits every cipher).
+const AUTH_PAD: usize = 16;
+/// RPC_S_ACCESS_DENIED, as a fault status (MS-RPCE 3.3.1.5.2).
+const ACCESS_DENIED: u32 = 0x0000_0005;
+/// C706 12.6.3.1 p_reject_reason_t values sent in a BIND_NAK.
+const NAK_REASON_NOT_SPECIFIED: u16 = 0;
+const NAK_AUTH_TYPE_NOT_RECOGNIZED: u16 = 8;
+
+/// An interface the association serves, and whether its calls need the
+/// integrity level.
+#[derive(Clone, Copy, Debug)]
+pub struct Served {
+    pub syntax: SyntaxId,
+    pub needs_integrity: bool,
+}
+
+/// A call whose fragments all arrived, to run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call {
+    pub call_id: u32,
+    pub context_id: u16,
+    pub interface: SyntaxId,
+    pub opnum: u16,
+    pub stub: Vec<u8>,
+}
+
+/// What one received PDU produced.
+#[derive(Debug, Default)]
+pub struct Received {
+    /// PDUs to write now, in order.
+    pub out: Vec<Vec<u8>>,
+    /// A call to run and answer.
+    pub call: Option<Call>,
+    /// The association must end (the reason, for the log) once `out` is
+    /// written.
+    pub close: Option<&'static str>,
+}
+
+/// Who the client proved to be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    pub user: String,
+    pub domain: String,
+    /// The level every call of the association is protected at.
+    pub level: u8,
+}
+
+enum Security {
+    /// No authentication asked for.
+    None,
+    /// Legs still to come.
+    Pending {
+        exchange: Box<nimbus_auth::AuthExchange>,
+        auth_type: u8,
+        level: u8,
+        context_id: u32,
+    },
+    Done {
+        caller: Caller,
+        auth_type: u8,
+        context_id: u32,
+        /// The signing context, for levels at or above integrity.
+        ntlm: Option<Box<NtlmSessionSecurity>>,
+    },
+}
+
+pub struct Association {
+    served: Vec<Served>,
+    authenticator: Authenticator,
+    local: IpAddr,
+    /// The client's max_recv_frag within ours; None before the BIND.
+    xmit_frag: Option<u16>,
+    contexts: Vec<(u16, SyntaxId)>,
+    security: Security,
+    partial: Reassembly,
+}
+
+impl Association {
+    /// A new association on a connection the client made to `local`.
+    pub fn new(served: Vec<Served>, authenticator: Authenticator, local: IpAddr) -> Association {
+        Association {
+            served,
+            authenticator,
+            local,
+            xmit_frag: None,
+            contexts: Vec::new(),
+            security: Security::None,
+            partial: Reassembly::default(),
+        }
+    }
+
+    /// The authenticated client, once its logon completed.
+    pub fn caller(&self) -> Option<&Caller> {
+        match &self.security {
+            Security::Done { caller, .. } => Some(caller),
+            _ => None,
+        }
+    }
+
+    /// Handles one whole PDU (`pdu.len()` is its frag_length).
+    pub fn receive(&mut self, mut pdu: Vec<u8>) -> Received {
+        let hdr = match Header::parse(&pdu) {
+            Ok(h) if h.frag_length as usize == pdu.len() => h,
+            Ok(_) => return closing("fragment length is not the PDU's length"),
+            Err(RpcError::Protocol(why)) => return closing(why),
+            Err(RpcError::BadStub) => return closing("malformed PDU"),
+        };
+        let r = match hdr.ptype {
+            ptype::BIND => self.bind(&hdr, &pdu),
+            ptype::ALTER_CONTEXT => self.alter_context(&hdr, &pdu),
+            ptype::AUTH3 => self.auth3(&hdr, &pdu),
+            ptype::REQUEST => self.request(&hdr, &mut pdu),
+            _ => Err("PDU type a client does not send"),
+        };
+        r.unwrap_or_else(closing)
+    }
+
+    fn bind(&mut self, hdr: &Header, pdu: &[u8]) -> Result<Received, &'static str> {
+        if self.xmit_frag.is_some() {
+            // MS-RPCE 3.3.1.5.3: one BIND per association.
+            let mut out = Vec::new();
+            pdu::encode_bind_nak(hdr.call_id, NAK_REASON_NOT_SPECIFIED, &mut out);
+            return Ok(Received {
+                out: vec![out],
+                call: None,
+                close: Some("second BIND on one association"),
+            });
+        }
+        let (bind, token) = parse_bind(hdr, pdu)?;
+        if bind.max_recv_frag < MIN_FRAG {
+            let mut out = Vec::new();
+            pdu::encode_bind_nak(hdr.call_id, NAK_REASON_NOT_SPECIFIED, &mut out);
+            return Ok(answer(out));
+        }
+        let mut reply_token = None;
+        if let Some((trailer, token)) = token {
+            match self.start_auth(trailer, token) {
+                Ok(t) => reply_token = Some((trailer, t)),
+                Err(why) => {
+                    tracing::info!("rpc: BIND refused: {why}");
+                    let mut out = Vec::new();
+                    pdu::encode_bind_nak(hdr.call_id, NAK_AUTH_TYPE_NOT_RECOGNIZED, &mut out);
+                    return Ok(answer(out));
+                }
+            }
+        }
+        let xmit = bind.max_recv_frag.min(MAX_FRAG);
+        self.xmit_frag = Some(xmit);
+        let results = self.accept_contexts(&bind);
+        let mut out = Vec::new();
+        BindAck {
+            ptype: ptype::BIND_ACK,
+            call_id: hdr.call_id,
+            max_xmit_frag: xmit,
+            max_recv_frag: MAX_FRAG,
+            assoc_group_id: if bind.assoc_group_id != 0 {
+                bind.assoc_group_id
+            } else {
+                ASSOC_GROUP
+            },
+            secondary_address: "",
+            results: &results,
+        }
+        .encode(&mut out);
+        if let Some((trailer, token)) = reply_token {
+            pdu::append_auth(&mut out, 0, trailer, &token);
+        }
+        Ok(answer(out))
+    }
+
+    fn alter_context(&mut self, hdr: &Header, pdu: &[u8]) -> Result<Received, &'static str> {
+        let Some(xmit) = self.xmit_frag else {
+            return Err("ALTER_CONTEXT before BIND");
+        };
+        let (bind, token) = parse_bind(hdr, pdu)?;
+        let mut reply = None;
+        if let Some((trailer, token)) = token {
+            // A leg of the logon (SPNEGO's last one comes this way).
+            match self.next_leg(trailer, token) {
+                Ok(Some(t)) => reply = Some((trailer, t)),
+                Ok(None) => {}
+                Err(why) => {
+                    let mut out = Vec::new();
+                    pdu::encode_fault(hdr.call_id, 0, ACCESS_DENIED, true, &mut out);
+                    return Ok(Received {
+                        out: vec![out],
+                        call: None,
+                        close: Some(why),
+                    });
+                }
+            }
+        }
+        let results = self.accept_contexts(&bind);
+        let mut out = Vec::new();
+        BindAck {
+            ptype: ptype::ALTER_CONTEXT_RESP,
+            call_id: hdr.call_id,
+            max_xmit_frag: xmit,
+            max_recv_frag: MAX_FRAG,
+            assoc_group_id: ASSOC_GROUP,
+            secondary_address: "",
+            results: &results,
+        }
+        .encode(&mut out);
+        if let Some((trailer, token)) = reply {
+            pdu::append_auth(&mut out, 0, trailer, &token);
+        }
+        Ok(answer(out))
+    }
+
+    fn auth3(&mut self, hdr: &Header, pdu: &[u8]) -> Result<Received, &'static str> {
+        if hdr.auth_length == 0 {
+            return Err("AUTH3 without a token");
+        }
+        let (trailer, at) = SecTrailer::find(pdu, hdr.auth_length as usize)
+            .map_err(|_| "AUTH3 with a malformed trailer")?;
+        let token = &pdu[at + SEC_TRAILER_LEN..];
+        match self.next_leg(trailer, token) {
+            // AUTH3 has no answer (MS-RPCE 3.3.1.5.2.2).
+            Ok(None) => Ok(Received::default()),
+            Ok(Some(_)) => Err("an AUTH3 leg that needs another"),
+            Err(why) => Err(why),
+        }
+    }
+
+    /// The first leg, from a BIND: what to answer in the BIND_ACK.
+    fn start_auth(&mut self, trailer: SecTrailer, token: &[u8]) -> Result<Vec<u8>, String> {
+        if !matches!(trailer.auth_type, auth::TYPE_NTLMSSP | auth::TYPE_SPNEGO) {
+            return Err(format!(
+                "authentication type {} (only NTLMSSP and SPNEGO are served)",
+                trailer.auth_type
+            ));
+        }
+        if !(auth::LEVEL_CONNECT..=auth::LEVEL_PRIVACY).contains(&trailer.auth_level) {
+            return Err(format!("authentication level {}", trailer.auth_level));
+        }
+        let mut exchange = Box::new(self.authenticator.start_at(self.local));
+        match exchange.step(token) {
+            Ok(AuthStep::Continue(t)) => {
+                self.security = Security::Pending {
+                    exchange,
+                    auth_type: trailer.auth_type,
+                    level: trailer.auth_level,
+                    context_id: trailer.context_id,
+                };
+                Ok(t)
+            }
+            Ok(AuthStep::Complete(_)) => Err("a logon in one leg".into()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// A later leg: the token to answer with, if any.
+    fn next_leg(
+        &mut self,
+        trailer: SecTrailer,
+        token: &[u8],
+    ) -> Result<Option<Vec<u8>>, &'static str> {
+        let Security::Pending {
+            mut exchange,
+            auth_type,
+            level,
+            context_id,
+        } = std::mem::replace(&mut self.security, Security::None)
+        else {
+            return Err("an authentication leg with no logon under way");
+        };
+        if trailer.auth_type != auth_type
+            || trailer.auth_level != level
+            || trailer.context_id != context_id
+        {
+            return Err("an authentication leg that changes type, level or context");
+        }
+        match exchange.step(token) {
+            Ok(AuthStep::Continue(t)) => {
+                self.security = Security::Pending {
+                    exchange,
+                    auth_type,
+                    level,
+                    context_id,
+                };
+                Ok(Some(t))
+            }
+            Ok(AuthStep::Complete(logon)) => {
+                if logon.guest || logon.anonymous {
+                    tracing::info!("rpc: a guest or anonymous logon refused");
+                    return Err("guest and anonymous logons may not use this service");
+                }
+                let ntlm = self
+                    .authenticator
+                    .ntlm_session_security(&logon)
+                    .map(Box::new);
+                let level = if ntlm.is_some() {
+                    level
+                } else {
+                    // See the module comment: no per-message protection
+                    // without NTLM's.
+                    level.min(auth::LEVEL_CONNECT)
+                };
+                tracing::info!(
+                    "rpc: {}\\{} logged on (authentication level {level})",
+                    logon.domain,
+                    logon.user
+                );
+                self.security = Security::Done {
+                    caller: Caller {
+                        user: logon.user,
+                        domain: logon.domain,
+                        level,
+                    },
+                    auth_type,
+                    context_id,
+                    ntlm,
+                };
+                Ok((!logon.output.is_empty()).then_some(logon.output))
+            }
+            Err(e) => {
+                tracing::info!("rpc: logon refused: {e}");
+                Err("logon refused")
+            }
+        }
+    }
+
+    fn accept_contexts(&mut self, bind: &Bind) -> Vec<ContextResult> {
+        let served = &self.served;
+        let results = pdu::judge_contexts(bind, |s| served.iter().any(|x| x.syntax == *s));
+        for (c, r) in bind.contexts.iter().zip(&results) {
+            if r.result == result::ACCEPTANCE
+                && !self.contexts.iter().any(|(id, _)| *id == c.id)
+                && self.contexts.len() < MAX_CONTEXTS
+            {
+                self.contexts.push((c.id, c.abstract_syntax));
+            }
+        }
+        results
+    }
+
+    fn request(&mut self, hdr: &Header, pdu: &mut [u8]) -> Result<Received, &'static str> {
+        if self.xmit_frag.is_none() {
+            return Err("REQUEST before BIND");
+        }
+        let stub_start = if hdr.flags & flags::OBJECT_UUID != 0 {
+            pdu::REQUEST_HEADER_LEN + 16
+        } else {
+            pdu::REQUEST_HEADER_LEN
+        };
+        let stub_end = self.check_request(hdr, pdu, stub_start)?;
+        let req = Request::parse(hdr, &pdu[pdu::HEADER_LEN..stub_end])
+            .map_err(|_| "malformed REQUEST")?;
+        let Some(p) = self.partial.add(hdr, &req, MAX_STUB)? else {
+            return Ok(Received::default());
+        };
+        let Some(&(_, interface)) = self.contexts.iter().find(|(id, _)| *id == p.context_id) else {
+            return Ok(answer(fault_pdu(p.call_id, p.context_id, fault::UNK_IF)));
+        };
+        let needs = self
+            .served
+            .iter()
+            .any(|s| s.syntax == interface && s.needs_integrity);
+        let level = self.caller().map_or(0, |c| c.level);
+        if needs && level < auth::LEVEL_INTEGRITY {
+            return Ok(answer(fault_pdu(p.call_id, p.context_id, ACCESS_DENIED)));
+        }
+        Ok(Received {
+            out: Vec::new(),
+            call: Some(Call {
+                call_id: p.call_id,
+                context_id: p.context_id,
+                interface,
+                opnum: p.opnum,
+                stub: p.stub,
+            }),
+            close: None,
+        })
+    }
+
+    /// Checks (and, at the privacy level, unseals) a REQUEST's verifier;
+    /// returns where its stub ends.
+    fn check_request(
+        &mut self,
+        hdr: &Header,
+        pdu: &mut [u8],
+        stub_start: usize,
+    ) -> Result<usize, &'static str> {
+        let auth_len = hdr.auth_length as usize;
+        let (ntlm, level, context) = match &mut self.security {
+            Security::Done {
+                ntlm,
+                caller,
+                context_id,
+                ..
+            } if caller.level >= auth::LEVEL_INTEGRITY => (ntlm, caller.level, *context_id),
+            _ => {
+                // Below integrity a verifier carries nothing to check.
+                if auth_len == 0 {
+                    return Ok(pdu.len());
+                }
+                let (t, at) = SecTrailer::find(pdu, auth_len).map_err(|_| "malformed trailer")?;
+                return (at >= stub_start && (t.pad_length as usize) <= at - stub_start)
+                    .then(|| at - t.pad_length as usize)
+                    .ok_or("malformed trailer");
+            }
+        };
+        if auth_len != SIGNATURE_LEN {
+            return Err("a request without its signature");
+        }
+        let (t, at) = SecTrailer::find(pdu, auth_len).map_err(|_| "malformed trailer")?;
+        if t.auth_level != level || t.context_id != context || at < stub_start {
+            return Err("a request whose trailer is not the association's");
+        }
+        let pad = t.pad_length as usize;
+        if pad > at - stub_start {
+            return Err("auth padding longer than the stub");
+        }
+        let Some(ntlm) = ntlm.as_mut() else {
+            return Err("no signing context");
+        };
+        let signed = at + SEC_TRAILER_LEN;
+        let sig: [u8; SIGNATURE_LEN] = pdu[signed..]
+            .try_into()
+            .map_err(|_| "malformed signature")?;
+        let ok = if level == auth::LEVEL_PRIVACY {
+            ntlm.unseal(pdu, stub_start..at, signed, &sig)
+        } else {
+            ntlm.verify(&pdu[..signed], &sig)
+        };
+        ok.map_err(|_| "a request whose signature does not verify")?;
+        Ok(at - pad)
+    }
+
+    /// The call's result, in as many RESPONSE fragments as the client's
+    /// max_recv_frag needs, each signed or sealed at the association's
+    /// level. Write them in the order made.
+    pub fn respond(&mut self, call: &Call, stub: &[u8]) -> Vec<Vec<u8>> {
+        let xmit = self.xmit_frag.unwrap_or(MIN_FRAG) as usize;
+        let protected = self.protection();
+        let overhead = pdu::REQUEST_HEADER_LEN
+            + if protected.is_some() {
+                AUTH_PAD + SEC_TRAILER_LEN + SIGNATURE_LEN
+            } else {
+                0
+            };
+        // Every fragment but the last carries a multiple of 16 (so of 8,
+        // C706 12.6.3.4) stub bytes.
+        let chunk = ((xmit - overhead) / AUTH_PAD) * AUTH_PAD;
+        let mut pdus = Vec::new();
+        for (pfc, alloc_hint, range) in crate::fragments::split(stub.len(), chunk) {
+            let mut out = Vec::with_capacity(overhead + range.len());
+            pdu::encode_response(
+                call.call_id,
+                pfc,
+                alloc_hint,
+                call.context_id,
+                &stub[range],
+                &mut out,
+            );
+            if let Some((trailer, level)) = protected {
+                self.protect(&mut out, trailer, level);
+            }
+            pdus.push(out);
+        }
+        pdus
+    }
+
+    /// A fault in answer to `call`.
+    pub fn fault(&mut self, call: &Call, status: u32) -> Vec<u8> {
+        fault_pdu(call.call_id, call.context_id, status)
+    }
+
+    fn protection(&self) -> Option<(SecTrailer, u8)> {
+        match &self.security {
+            Security::Done {
+                caller,
+                auth_type,
+                context_id,
+                ntlm: Some(_),
+            } if caller.level >= auth::LEVEL_INTEGRITY => Some((
+                SecTrailer {
+                    auth_type: *auth_type,
+                    auth_level: caller.level,
+                    pad_length: 0,
+                    context_id: *context_id,
+                },
+                caller.level,
+            )),
+            _ => None,
+        }
+    }
+
+    /// Pads the stub of the RESPONSE in `out`, appends the trailer and
+    /// signs or seals.
+    fn protect(&mut self, out: &mut Vec<u8>, trailer: SecTrailer, level: u8) {
+        let Security::Done { ntlm: Some(n), .. } = &mut self.security else {
+            return;
+        };
+        let stub_len = out.len() - pdu::REQUEST_HEADER_LEN;
+        let pad = (AUTH_PAD - stub_len % AUTH_PAD) % AUTH_PAD;
+        out.resize(out.len() + pad, 0);
+        let stub_end = out.len();
+        SecTrailer {
+            pad_length: pad as u8,
+            ..trailer
+        }
+        .encode(out);
+        let signed = out.len();
+        out.resize(signed + SIGNATURE_LEN, 0);
+        Header::set_lengths(0, out, SIGNATURE_LEN as u16);
+        let sig = if level == auth::LEVEL_PRIVACY {
+            n.seal(out, pdu::REQUEST_HEADER_LEN..stub_end, signed)
+        } else {
+            n.sign(&out[..signed])
+        };
+        out[signed..].copy_from_slice(&sig);
+    }
+}
+
+/// A BIND or ALTER_CONTEXT's body and its auth verifier's trailer and
+/// token, if any.
+#[allow(clippy::type_complexity)]
+fn parse_bind<'a>(
+    hdr: &Header,
+    pdu: &'a [u8],
+) -> Result<(Bind, Option<(SecTrailer, &'a [u8])>), &'static str> {
+    let auth_len = hdr.auth_length as usize;
+    let (body_end, token) = if auth_len == 0 {
+        (pdu.len(), None)
+    } else {
+        let (t, at) = SecTrailer::find(pdu, auth_len).map_err(|_| "malformed trailer")?;
+        (at, Some((t, &pdu[at + SEC_TRAILER_LEN..])))
+    };
+    let bind = Bind::parse(&pdu[pdu::HEADER_LEN..body_end]).map_err(|_| "malformed BIND")?;
+    Ok((bind, token))
+}
+
+fn fault_pdu(call_id: u32, context_id: u16, status: u32) -> Vec<u8> {
+    let mut out = Vec::new();
+    pdu::encode_fault(
+        call_id,
+        context_id,
+        status,
+        status == fault::OP_RNG_ERROR || status == fault::UNK_IF || status == ACCESS_DENIED,
+        &mut out,
+    );
+    out
+}
+
+fn answer(pdu: Vec<u8>) -> Received {
+    Received {
+        out: vec![pdu],
+        call: None,
+        close: None,
+    }
+}
+
+fn closing(why: &'static str) -> Received {
+    Received {
+        out: Vec::new(),
+        call: None,
+        close: Some(why),
+    }
+}

@@ -1,0 +1,281 @@
+"""The witness service (MS-SWN, issue 49, first step): DCE/RPC over TCP on
+`[witness] listen`, found through the endpoint mapper, NTLM at the
+integrity and privacy levels, and GetInterfaceList, Register,
+RegisterEx, UnRegister and AsyncNotify.
+
+Two real clients: Samba's rpcclient (its witness commands, through the
+endpoint mapper on port 135 of a loopback address of the test's own),
+and impacket's DCE/RPC over TCP for what rpcclient cannot send (a cut
+stub, an AsyncNotify that waits). The cluster test runs three nodes on
+a real three-member etcd: a client registers with n1's interface
+through n2's witness service, n1 is killed, and the waiting AsyncNotify
+answers RESOURCE_CHANGE once n1's membership expires.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import struct
+import subprocess
+import threading
+import time
+
+import pytest
+
+from conftest import PASSWORD, USER, add_user, free_port, nimbus_binary, require_tool, wait_for_port, write_config
+from etcd_cluster import etcd_cluster  # noqa: F401  (the fixture)
+from test_cluster import TTL, Node, nodes  # noqa: F401  (the fixture)
+
+WITNESS_UUID = ("ccd8c074-d0e5-4a40-92b4-d074faa6ba28", "1.1")
+V1, V2 = 0x00010001, 0x00020000
+ERROR_NOT_FOUND, ERROR_TIMEOUT, ERROR_INVALID_STATE = 1168, 1460, 5023
+
+
+def rpcclient_at(ip: str, level: str, user: str = USER, password: str = PASSWORD) -> list[str]:
+    """rpcclient for the witness at `ip`: it asks the endpoint mapper at
+    ip:135 for the port, and binds at `level` ("sign", "seal" or "")."""
+    binding = f"ncacn_ip_tcp:{ip}[{level}]" if level else f"ncacn_ip_tcp:{ip}"
+    return ["stdbuf", "-oL", "rpcclient", "-U", f"{user}%{password}", binding]
+
+
+def rpc(ip: str, level: str, commands: str, user: str = USER, password: str = PASSWORD) -> str:
+    r = subprocess.run(
+        [*rpcclient_at(ip, level, user, password), "-c", commands], capture_output=True, text=True, timeout=30
+    )
+    return r.stdout + r.stderr
+
+
+@pytest.fixture
+def witness_node(tmp_path):
+    """One node with the witness service on a loopback address of this
+    test's own, its endpoint mapper at port 135 there (the tests run as
+    root, as rpcclient only asks port 135). Yields (ip, witness port)."""
+    if os.geteuid() != 0:
+        pytest.fail("the witness tests bind port 135 for rpcclient's endpoint mapper lookup: run them as root")
+    ip = f"127.{random.randint(100, 250)}.{random.randint(1, 250)}.{random.randint(2, 250)}"
+    share = tmp_path / "share"
+    share.mkdir()
+    db = tmp_path / "users.db"
+    add_user(db)
+    port, wport = free_port(), free_port()
+    conf = write_config(tmp_path / "nimbus.toml", port, db, [("data", share, False)])
+    text = conf.read_text().replace("127.0.0.1:", f"{ip}:")
+    conf.write_text(text + f'\n[witness]\nlisten = ["{ip}:{wport}"]\nendpoint_mapper = ["{ip}:135"]\n')
+    log = tmp_path / "nimbus.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([str(nimbus_binary()), "serve", "--config", str(conf)], stdout=out, stderr=out)
+    try:
+        wait_for_port(ip, port, proc)
+        wait_for_port(ip, wport, proc)
+        wait_for_port(ip, 135, proc)
+        yield ip, wport, log
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+    assert "panicked at" not in log.read_text(errors="replace")
+
+
+# impacket, for raw calls -------------------------------------------------
+
+
+def wstr_ptr(s: str | None, referent: int) -> bytes:
+    """A unique pointer to a [string] wchar_t*, pointee in place, padded to 4."""
+    if s is None:
+        return b"\0\0\0\0"
+    units = (s + "\0").encode("utf-16-le")
+    n = len(units) // 2
+    out = struct.pack("<IIII", referent, n, 0, n) + units
+    return out + b"\0" * (-len(out) % 4)
+
+
+def register_ex(net: str, share: str | None, ip: str, client: str, timeout: int, version: int = V2) -> bytes:
+    return (
+        struct.pack("<I", version)
+        + wstr_ptr(net, 0x20000)
+        + wstr_ptr(share, 0x20004)
+        + wstr_ptr(ip, 0x20008)
+        + wstr_ptr(client, 0x2000C)
+        + struct.pack("<II", 0, timeout)
+    )
+
+
+def connect(ip: str, port: int, level: str = "seal", password: str = PASSWORD):
+    from impacket.dcerpc.v5 import transport
+    from impacket.dcerpc.v5.rpcrt import RPC_C_AUTHN_LEVEL_PKT_INTEGRITY, RPC_C_AUTHN_LEVEL_PKT_PRIVACY
+    from impacket.uuid import uuidtup_to_bin
+
+    t = transport.DCERPCTransportFactory(f"ncacn_ip_tcp:{ip}[{port}]")
+    t.set_credentials(USER, password, "", "", "")
+    d = t.get_dce_rpc()
+    d.set_auth_level({"sign": RPC_C_AUTHN_LEVEL_PKT_INTEGRITY, "seal": RPC_C_AUTHN_LEVEL_PKT_PRIVACY}[level])
+    d.connect()
+    d.bind(uuidtup_to_bin(WITNESS_UUID))
+    return d
+
+
+def call(d, opnum: int, stub: bytes) -> bytes:
+    d.call(opnum, stub)
+    return d.recv()
+
+
+def result_of(answer: bytes) -> int:
+    return struct.unpack("<I", answer[-4:])[0]
+
+
+def interfaces(answer: bytes) -> list[tuple[str, str, int]]:
+    """(group name, IPv4 address, flags) of each entry of a
+    GetInterfaceList answer: 552 bytes each after a 16-byte head."""
+    n = struct.unpack("<I", answer[4:8])[0]
+    out = []
+    for i in range(n):
+        e = answer[16 + 552 * i : 16 + 552 * (i + 1)]
+        name = e[:520].decode("utf-16-le").split("\0")[0]
+        out.append((name, ".".join(str(b) for b in e[528:532]), struct.unpack("<I", e[548:552])[0]))
+    return out
+
+
+def resource_change(answer: bytes) -> tuple[int, str, int]:
+    """(message type, resource name, change type) of an AsyncNotify answer."""
+    kind, length, num = struct.unpack("<III", answer[4:16])
+    assert num == 1, answer.hex()
+    message = answer[24 : 24 + length]
+    _, change = struct.unpack("<II", message[:8])
+    return kind, message[8:].decode("utf-16-le").rstrip("\0"), change
+
+
+# single node ------------------------------------------------------------
+
+
+@require_tool("rpcclient", "smbclient")
+def test_rpcclient_finds_the_service_through_the_endpoint_mapper_at_integrity_and_privacy(witness_node):
+    ip, _, _ = witness_node
+    for level in ("sign", "seal"):
+        out = rpc(ip, level, "GetInterfaceList")
+        # Available ("+"), not another node's witness (" "), version 2.
+        assert f" + NIMBUS {ip} V2" in out, f"{level}: {out}"
+    # Without authentication, or with a wrong password, nothing is served.
+    assert "WERR_ACCESS_DENIED" in rpc(ip, "", "GetInterfaceList")
+    assert "NIMBUS" not in rpc(ip, "sign", "GetInterfaceList", password="wrong")
+
+
+@require_tool("rpcclient", "smbclient")
+def test_rpcclient_registers_and_unregisters_and_bad_registrations_get_their_errors(witness_node):
+    ip, _, _ = witness_node
+    p = subprocess.Popen(rpcclient_at(ip, "seal"), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    try:
+        assert p.stdin and p.stdout
+        p.stdin.write(f"Register --net=nimbus --ip={ip} --client=c1\n")
+        p.stdin.flush()
+        line = p.stdout.readline()
+        handle = line.strip()
+        assert handle.startswith("0:"), line
+        # The handle is the association's: a second UnRegister finds none.
+        p.stdin.write(f"UnRegister {handle}\nUnRegister {handle}\nquit\n")
+        p.stdin.flush()
+        rest = p.communicate(timeout=30)[0]
+    finally:
+        p.kill()
+    assert rest.count("WERR_NOT_FOUND") >= 1 and "UnRegister failed" in rest, rest
+    assert rest.count("dcerpc_witness_UnRegister failed") == 1, rest
+    cases = {
+        # MS-SWN 3.1.4.2: Register takes version 1 only.
+        f"Register --version={V2} --net=NIMBUS --ip={ip} --client=c1": "WERR_REVISION_MISMATCH",
+        f"Register --net=OTHER --ip={ip} --client=c1": "WERR_INVALID_PARAMETER",
+        "Register --net=NIMBUS --ip=192.0.2.1 --client=c1": "WERR_INVALID_STATE",
+        f"RegisterEx --net=NIMBUS --share=nosuch --ip={ip} --client=c1": "WERR_INVALID_STATE",
+        "UnRegister 0:00000000-0000-0000-0000-000000000000": "WERR_NOT_FOUND",
+    }
+    for command, error in cases.items():
+        assert error in rpc(ip, "sign", command), command
+    assert rpc(ip, "sign", f"RegisterEx --net=NIMBUS --share=data --ip={ip} --client=c1").strip().startswith("0:")
+
+
+def test_bad_input_gets_its_error_and_the_service_goes_on(witness_node):
+    from impacket.dcerpc.v5.rpcrt import DCERPCException
+
+    ip, port, _ = witness_node
+    d = connect(ip, port)
+    # A cut stub: a fault, and the association goes on.
+    with pytest.raises(DCERPCException) as e:
+        call(d, 4, register_ex("NIMBUS", "data", ip, "c1", 0)[:10])
+    assert "rpc_x_bad_stub_data" in str(e.value), str(e.value)
+    # An AsyncNotify and an UnRegister of a handle never issued.
+    assert result_of(call(d, 3, b"\0" * 20)) == ERROR_NOT_FOUND
+    assert result_of(call(d, 2, b"\x01" * 20)) == ERROR_NOT_FOUND
+    assert interfaces(call(d, 0, b"")) == [("NIMBUS", ip, 0x1)]
+    # A handle is valid on its own association only.
+    h = call(d, 4, register_ex("NIMBUS", "data", ip, "c1", 0))[:20]
+    other = connect(ip, port, level="sign")
+    assert result_of(call(other, 3, h)) == ERROR_NOT_FOUND
+    assert result_of(call(d, 2, h)) == 0
+
+
+@pytest.mark.parametrize("level", ["sign", "seal"])
+def test_a_request_changed_on_the_wire_is_refused_and_the_connection_closed(witness_node, level):
+    """One byte of a signed (or sealed) request's stub changed after the
+    client protected it: the signature does not verify, nothing runs, and
+    the connection closes; a new connection is served."""
+    ip, port, log = witness_node
+    d = connect(ip, port, level=level)
+    send = d._transport.send
+
+    def tampered(data: bytes, *args, **kwargs):
+        b = bytearray(data)
+        b[24 + 10] ^= 0x01  # a byte of the stub: the net name's
+        return send(bytes(b), *args, **kwargs)
+
+    d._transport.send = tampered
+    with pytest.raises(Exception):
+        call(d, 4, register_ex("NIMBUS", "data", ip, "c1", 0))
+    assert "signature does not verify" in log.read_text(errors="replace")
+    assert result_of(call(connect(ip, port, level=level), 0, b"")) == 0
+
+
+def test_an_async_notify_waits_out_its_registrations_timeout(witness_node):
+    ip, port, _ = witness_node
+    d = connect(ip, port)
+    answer = call(d, 4, register_ex("NIMBUS", "data", ip, "c1", 1))
+    assert result_of(answer) == 0
+    began = time.monotonic()
+    assert result_of(call(d, 3, answer[:20])) == ERROR_TIMEOUT
+    assert time.monotonic() - began >= 0.9
+
+
+# cluster ----------------------------------------------------------------
+
+
+def test_a_client_registered_through_n2_hears_that_n1_went(nodes):  # noqa: F811
+    """n1 is killed; the client that registered for n1's interface through
+    n2's witness service gets RESOURCE_CHANGE (unavailable) for n1's
+    address once n1's membership expires (node_ttl_secs)."""
+    ports = {}
+    for n in nodes:
+        ports[n.name] = free_port()
+        n.conf.write_text(n.conf.read_text() + f'\n[witness]\nlisten = ["{n.host}:{ports[n.name]}"]\nendpoint_mapper = []\n')
+        n.start()
+        wait_for_port(n.host, ports[n.name], n.proc)
+    n1, n2, _ = nodes
+    d = connect(n2.host, ports["n2"])
+    listed = interfaces(call(d, 0, b""))
+    # Every node, and every one but n2 offered as a witness.
+    assert sorted(listed) == sorted((n.name, n.host, 0x1 | (0x4 if n is not n2 else 0)) for n in nodes), listed
+    answer = call(d, 4, register_ex("NIMBUS", "ca", n1.host, "c1", 0))
+    assert result_of(answer) == 0
+    handle = answer[:20]
+
+    got: list[bytes] = []
+    d.call(3, handle)
+    waiter = threading.Thread(target=lambda: got.append(d.recv()), daemon=True)
+    waiter.start()
+    waiter.join(timeout=TTL + 1)
+    assert not got, "AsyncNotify answered while n1 was alive"
+    assert n1.proc
+    n1.proc.kill()
+    killed = time.monotonic()
+    waiter.join(timeout=TTL + 10)
+    assert got, "no notification after n1 was killed"
+    assert time.monotonic() - killed <= TTL + 5
+    # MS-SWN 2.2.2.5: RESOURCE_CHANGE, the address, unavailable (0xff).
+    assert resource_change(got[0]) == (1, n1.host, 0xFF)
+    assert result_of(got[0]) == 0
