@@ -20,6 +20,7 @@ import struct
 import subprocess
 import threading
 import time
+import uuid
 
 import pytest
 
@@ -154,9 +155,10 @@ def test_rpcclient_finds_the_service_through_the_endpoint_mapper_at_integrity_an
         out = rpc(ip, level, "GetInterfaceList")
         # Available ("+"), not another node's witness (" "), version 2.
         assert f" + NIMBUS {ip} V2" in out, f"{level}: {out}"
-    # Without authentication, or with a wrong password, nothing is served.
+    # Without authentication, or with a wrong password, nothing is served:
+    # the calls are refused with ACCESS_DENIED.
     assert "WERR_ACCESS_DENIED" in rpc(ip, "", "GetInterfaceList")
-    assert "NIMBUS" not in rpc(ip, "sign", "GetInterfaceList", password="wrong")
+    assert "WERR_ACCESS_DENIED" in rpc(ip, "sign", "GetInterfaceList", password="wrong")
 
 
 @require_tool("rpcclient", "smbclient")
@@ -189,6 +191,26 @@ def test_rpcclient_registers_and_unregisters_and_bad_registrations_get_their_err
     for command, error in cases.items():
         assert error in rpc(ip, "sign", command), command
     assert rpc(ip, "sign", f"RegisterEx --net=NIMBUS --share=data --ip={ip} --client=c1").strip().startswith("0:")
+
+
+@require_tool("smbtorture", "samba-testsuite")
+@pytest.mark.parametrize("level", ["sign", "seal"])
+def test_smbtorture_rpc_witness(witness_node, level):
+    """Samba's smbtorture rpc.witness (its client logs on with SPNEGO, whose
+    mechListMIC takes the first NTLM sequence number). GetInterfaceList and
+    UnRegister pass. Register and RegisterEx first list the shares over a
+    signed srvsvc pipe on port 445 (RPC-level signing on IPC$ pipes is not
+    served); AsyncNotify and AsyncNotify_timeouts drive a cluster through
+    clusapi (MS-CMRP, the Windows cluster API), which Nimbus does not
+    serve. Samba 4.17 has no witness service at all (rpcd_witness came
+    with 4.20)."""
+    ip, port, _ = witness_node
+    r = subprocess.run(["smbtorture", f"ncacn_ip_tcp:{ip}[{port},{level}]", "-U", f"{USER}%{PASSWORD}", "rpc.witness"], capture_output=True, text=True, timeout=120)
+    out = r.stdout + r.stderr
+    for test in ("GetInterfaceList", "UnRegister"):
+        assert f"success: witness.{test}" in out, out
+    for test, why in (("Register", "failed to setup srvsvc connection"), ("RegisterEx", "failed to setup srvsvc connection"), ("AsyncNotify", "clusapi"), ("AsyncNotify_timeouts", "clusapi")):
+        assert f"failure: witness.{test} [" in out and why in out, (test, out)
 
 
 def test_bad_input_gets_its_error_and_the_service_goes_on(witness_node):
@@ -232,6 +254,23 @@ def test_a_request_changed_on_the_wire_is_refused_and_the_connection_closed(witn
     assert result_of(call(connect(ip, port, level=level), 0, b"")) == 0
 
 
+def test_a_request_without_its_verifier_on_a_signed_association_closes_it(witness_node):
+    """A REQUEST with no auth verifier (auth_length 0) after an integrity
+    logon: nothing runs and the connection closes."""
+    ip, port, log = witness_node
+    d = connect(ip, port, level="sign")
+    # C706 12.6.4.9: header (REQUEST, first and last fragment), alloc_hint,
+    # context 0, opnum 0 (GetInterfaceList), no stub, no verifier.
+    bare = struct.pack("<BBBB4sHHIIHH", 5, 0, 0, 3, b"\x10\0\0\0", 24, 0, 7, 0, 0, 0)
+    d._transport.send(bare)
+    try:
+        got = d._transport.recv()
+    except Exception:  # impacket raises on a closed connection, or returns nothing
+        got = b""
+    assert not got, got
+    assert "a request without its signature" in log.read_text(errors="replace")
+
+
 def test_an_async_notify_waits_out_its_registrations_timeout(witness_node):
     ip, port, _ = witness_node
     d = connect(ip, port)
@@ -245,16 +284,111 @@ def test_an_async_notify_waits_out_its_registrations_timeout(witness_node):
 # cluster ----------------------------------------------------------------
 
 
-def test_a_client_registered_through_n2_hears_that_n1_went(nodes):  # noqa: F811
-    """n1 is killed; the client that registered for n1's interface through
-    n2's witness service gets RESOURCE_CHANGE (unavailable) for n1's
-    address once n1's membership expires (node_ttl_secs)."""
+def start_with_witness(nodes) -> dict[str, int]:  # noqa: F811
+    """Starts the nodes, each with its witness service (no endpoint mapper:
+    impacket is given the port); their witness ports by name."""
     ports = {}
     for n in nodes:
         ports[n.name] = free_port()
         n.conf.write_text(n.conf.read_text() + f'\n[witness]\nlisten = ["{n.host}:{ports[n.name]}"]\nendpoint_mapper = []\n')
         n.start()
         wait_for_port(n.host, ports[n.name], n.proc)
+    return ports
+
+
+def waiting_notify(d, handle: bytes) -> tuple[threading.Thread, list[bytes]]:
+    """An AsyncNotify sent, its answer awaited on a thread."""
+    got: list[bytes] = []
+    d.call(3, handle)
+    waiter = threading.Thread(target=lambda: got.append(d.recv()), daemon=True)
+    waiter.start()
+    return waiter, got
+
+
+def client_move(answer: bytes) -> tuple[int, list[str]]:
+    """(message type, addresses) of an AsyncNotify answer with an
+    IPADDR_INFO_LIST (MS-SWN 2.2.2.7)."""
+    kind, length, num = struct.unpack("<III", answer[4:16])
+    assert num == 1, answer.hex()
+    message = answer[24 : 24 + length]
+    count = struct.unpack("<I", message[8:12])[0]
+    addrs = []
+    for i in range(count):
+        entry = message[12 + 24 * i : 12 + 24 * (i + 1)]
+        assert struct.unpack("<I", entry[:4])[0] == 0x01 | 0x08  # IPv4, online
+        addrs.append(".".join(str(b) for b in entry[4:8]))
+    return kind, addrs
+
+
+def share_capabilities(host: str, port: int, share: str, monkeypatch) -> int:
+    """The Capabilities of a 3.1.1 TREE_CONNECT response (MS-SMB2 2.2.10)."""
+    from smbprotocol import tree as smbtree
+    from smbprotocol.connection import Connection
+    from smbprotocol.session import Session
+
+    seen: list[int] = []
+    unpack = smbtree.SMB2TreeConnectResponse.unpack
+
+    def recording(self, data):
+        out = unpack(self, data)
+        seen.append(self["capabilities"].get_value())
+        return out
+
+    monkeypatch.setattr(smbtree.SMB2TreeConnectResponse, "unpack", recording)
+    conn = Connection(uuid.uuid4(), host, port)
+    conn.connect()
+    try:
+        sess = Session(conn, USER, PASSWORD)
+        sess.connect()
+        smbtree.TreeConnect(sess, rf"\\{host}\{share}").connect()
+    finally:
+        conn.disconnect()
+    return seen[-1]
+
+
+def test_a_continuously_available_share_of_a_witness_cluster_announces_cluster_and_scaleout(nodes, monkeypatch):  # noqa: F811
+    """MS-SMB2 2.2.10: CA, SCALEOUT and CLUSTER on the CA share, so that a
+    client registers with the witness; the other shares announce none."""
+    start_with_witness(nodes)
+    n = nodes[0]
+    assert share_capabilities(n.host, n.port, "ca", monkeypatch) == 0x10 | 0x20 | 0x40
+    assert share_capabilities(n.host, n.port, "data", monkeypatch) == 0
+
+
+def test_nimbus_witness_move_tells_the_client_to_move_through_whichever_node_holds_it(nodes, tmp_path):  # noqa: F811
+    """`nimbus witness move` run with any node's configuration: the client
+    registered through n2 gets CLIENT_MOVE to n3's address; a move naming
+    another client, or a node that is not a member, tells it nothing."""
+    ports = start_with_witness(nodes)
+    n1, n2, n3 = nodes
+    d = connect(n2.host, ports["n2"])
+    me = d.get_rpc_transport().get_socket().getsockname()[0]
+    answer = call(d, 4, register_ex("NIMBUS", "ca", n1.host, "c1", 0))
+    assert result_of(answer) == 0
+    waiter, got = waiting_notify(d, answer[:20])
+
+    def move(client: str, to: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(nimbus_binary()), "witness", "move", "--config", str(n1.conf), "--client", client, "--to", to], capture_output=True, text=True, timeout=30)
+
+    r = move("192.0.2.99", "n3")
+    assert r.returncode == 0, r.stderr
+    r = move(me, "n9")
+    assert r.returncode != 0 and "no such node" in r.stderr, r.stderr
+    waiter.join(timeout=2)
+    assert not got, "a move for another client reached this one"
+    r = move(me, "n3")
+    assert r.returncode == 0 and "asked 3 node(s)" in r.stdout, (r.stdout, r.stderr)
+    waiter.join(timeout=10)
+    assert got, "no CLIENT_MOVE"
+    assert client_move(got[0]) == (2, [n3.host])
+    assert "told 1 registration(s)" in n2.log()
+
+
+def test_a_client_registered_through_n2_hears_that_n1_went(nodes):  # noqa: F811
+    """n1 is killed; the client that registered for n1's interface through
+    n2's witness service gets RESOURCE_CHANGE (unavailable) for n1's
+    address once n1's membership expires (node_ttl_secs)."""
+    ports = start_with_witness(nodes)
     n1, n2, _ = nodes
     d = connect(n2.host, ports["n2"])
     listed = interfaces(call(d, 0, b""))
@@ -264,10 +398,7 @@ def test_a_client_registered_through_n2_hears_that_n1_went(nodes):  # noqa: F811
     assert result_of(answer) == 0
     handle = answer[:20]
 
-    got: list[bytes] = []
-    d.call(3, handle)
-    waiter = threading.Thread(target=lambda: got.append(d.recv()), daemon=True)
-    waiter.start()
+    waiter, got = waiting_notify(d, handle)
     waiter.join(timeout=TTL + 1)
     assert not got, "AsyncNotify answered while n1 was alive"
     assert n1.proc

@@ -169,6 +169,7 @@ impl Authenticator {
             self.shared.provider.clone(),
             &logon.session_key,
             logon.ntlm_flags?,
+            logon.ntlm_first_seq,
         )
     }
 
@@ -234,6 +235,11 @@ pub struct AuthResult {
     /// The NegotiateFlags of an NTLM logon, for its session security
     /// ([`Authenticator::ntlm_session_security`]); None for Kerberos.
     pub ntlm_flags: Option<u32>,
+    /// The sequence numbers NTLM session security goes on from, client to
+    /// server and back: 1 in a direction whose SPNEGO mechListMIC took
+    /// number 0 (MS-SPNG 3.3.5.1 restores the RC4 state after the MIC,
+    /// but not the number), else 0.
+    pub ntlm_first_seq: (u32, u32),
 }
 
 impl fmt::Debug for AuthResult {
@@ -712,6 +718,7 @@ impl AuthExchange {
             guest: false,
             anonymous: false,
             ntlm_flags: None,
+            ntlm_first_seq: (0, 0),
         }))
     }
 
@@ -808,7 +815,12 @@ impl AuthExchange {
             None,
             server_mic.as_ref().map(|m| &m[..]),
         );
-        Ok(AuthStep::Complete(result(v, p.flags, output)))
+        let mut r = result(v, p.flags, output);
+        r.ntlm_first_seq = (
+            u32::from(resp.mech_list_mic.is_some()),
+            u32::from(server_mic.is_some()),
+        );
+        Ok(AuthStep::Complete(r))
     }
 
     /// Checks the client's mechListMIC (if any) and computes ours (RFC 4178
@@ -1096,6 +1108,7 @@ impl AuthExchange {
 fn result(v: Verified, flags: u32, output: Vec<u8>) -> AuthResult {
     AuthResult {
         ntlm_flags: Some(flags),
+        ntlm_first_seq: (0, 0),
         output,
         user: v.user,
         domain: v.domain,

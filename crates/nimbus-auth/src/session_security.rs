@@ -58,13 +58,15 @@ impl fmt::Debug for NtlmSessionSecurity {
 
 impl NtlmSessionSecurity {
     /// The context of a logon whose ExportedSessionKey is `exported` and
-    /// whose negotiated flags are `neg_flags`; None when the provider has
-    /// no NTLM primitives or the logon did not negotiate extended session
-    /// security.
+    /// whose negotiated flags are `neg_flags`, its sequence numbers going
+    /// on from `first_seq` (client to server, server to client); None when
+    /// the provider has no NTLM primitives or the logon did not negotiate
+    /// extended session security.
     pub(crate) fn new(
         provider: Arc<CryptoProvider>,
         exported: &[u8; 16],
         neg_flags: u32,
+        first_seq: (u32, u32),
     ) -> Option<NtlmSessionSecurity> {
         if neg_flags & flags::EXTENDED_SESSIONSECURITY == 0 {
             return None;
@@ -78,8 +80,10 @@ impl NtlmSessionSecurity {
                 seq: 0,
             }
         };
-        let incoming = half(Direction::ClientToServer);
-        let outgoing = half(Direction::ServerToClient);
+        let mut incoming = half(Direction::ClientToServer);
+        let mut outgoing = half(Direction::ServerToClient);
+        incoming.seq = first_seq.0;
+        outgoing.seq = first_seq.1;
         Some(NtlmSessionSecurity {
             key_exch: neg_flags & flags::KEY_EXCH != 0,
             incoming,
@@ -225,8 +229,10 @@ mod tests {
         let provider = CryptoProvider::default_provider();
         let exported: [u8; 16] = [0x55; 16];
         let neg = flags::NEGOTIATE_128 | flags::KEY_EXCH | flags::EXTENDED_SESSIONSECURITY;
-        let mut server = NtlmSessionSecurity::new(provider.clone(), &exported, neg).unwrap();
-        let mut client_view = NtlmSessionSecurity::new(provider.clone(), &exported, neg).unwrap();
+        let mut server =
+            NtlmSessionSecurity::new(provider.clone(), &exported, neg, (0, 0)).unwrap();
+        let mut client_view =
+            NtlmSessionSecurity::new(provider.clone(), &exported, neg, (0, 0)).unwrap();
         // The client's direction is our incoming one: swap to play client.
         std::mem::swap(&mut client_view.incoming, &mut client_view.outgoing);
         let plaintext = crate::userdb::utf16le("Plaintext");
@@ -255,8 +261,9 @@ mod tests {
         let provider = CryptoProvider::default_provider();
         let exported: [u8; 16] = [7; 16];
         let neg = flags::EXTENDED_SESSIONSECURITY | flags::KEY_EXCH | flags::NEGOTIATE_128;
-        let mut server = NtlmSessionSecurity::new(provider.clone(), &exported, neg).unwrap();
-        let mut client = NtlmSessionSecurity::new(provider, &exported, neg).unwrap();
+        let mut server =
+            NtlmSessionSecurity::new(provider.clone(), &exported, neg, (0, 0)).unwrap();
+        let mut client = NtlmSessionSecurity::new(provider, &exported, neg, (0, 0)).unwrap();
         std::mem::swap(&mut client.incoming, &mut client.outgoing);
         let a = client.sign(b"first");
         let b = client.sign(b"second");

@@ -89,7 +89,7 @@ pub fn incarnation_of(open_id: u64) -> u64 {
     open_id >> OPEN_ID_SHIFT
 }
 
-fn message_box(node: &str) -> Vec<u8> {
+pub(crate) fn message_box(node: &str) -> Vec<u8> {
     let mut k = MSG_PREFIX.to_vec();
     k.extend_from_slice(node.as_bytes());
     k.push(b'/');

@@ -29,6 +29,7 @@ pub mod node_message;
 pub mod notify_recent;
 pub mod session_handover;
 pub mod sweeper;
+pub mod witness_move;
 
 // The configuration and the services live in crates of their own; these
 // paths keep the modules' `crate::config::...` uses.

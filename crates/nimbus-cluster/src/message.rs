@@ -17,6 +17,7 @@ use crate::let_go_handover::{
     self, Asked, LetGoAnswer, LET_GO_DONE_V1, LET_GO_REFUSED_V1, LET_GO_V4,
 };
 use crate::session_handover::{self, EndSession, END_SESSION_V1, SESSION_ENDED_V1};
+use crate::witness_move::{self, WitnessMove, WITNESS_MOVE_V1};
 
 /// One message from another node.
 #[derive(Debug)]
@@ -49,6 +50,8 @@ pub enum ClusterMessage<'a> {
     LeaseAcked { nonce: u64, found: Found },
     /// A break for an open of this node.
     Break { open_id: u64, order: BreakOrder },
+    /// `nimbus witness move`: tell a witness client to move.
+    WitnessMove(WitnessMove),
 }
 
 /// A message that did not decode: which kind it claimed to be, and what
@@ -104,6 +107,7 @@ impl<'a> ClusterMessage<'a> {
             ACK_LEASE_V1 => lease_ack_handover::decode_request(msg).map(M::AckLease),
             LEASE_ACKED_V1 => lease_ack_handover::decode_answer(msg)
                 .map(|(nonce, found)| M::LeaseAcked { nonce, found }),
+            WITNESS_MOVE_V1 => witness_move::decode(msg).map(M::WitnessMove),
             _ => {
                 return nimbus_state::records::decode_break(msg)
                     .map(|(open_id, order)| M::Break { open_id, order })
@@ -133,6 +137,7 @@ fn kind(tag: u8) -> &'static str {
         APP_INSTANCE_CLOSED_V1 => "answer about an application's opens",
         ACK_LEASE_V1 => "lease acknowledgement",
         LEASE_ACKED_V1 => "answer about a lease acknowledgement",
+        WITNESS_MOVE_V1 => "witness client move",
         _ => "break (or a message of no known kind)",
     }
 }
@@ -235,6 +240,13 @@ mod tests {
                 "LeaseAcked",
             ),
             (nimbus_state::records::encode_break(0x2a, &order), "Break"),
+            (
+                witness_move::encode(&WitnessMove {
+                    client: "192.0.2.7".parse().unwrap(),
+                    to: vec!["127.0.0.3".parse().unwrap()],
+                }),
+                "WitnessMove",
+            ),
         ]
     }
 
@@ -275,6 +287,7 @@ mod tests {
                 open_id: 0x2a,
                 order,
             } if order.to == 0x01 => "Break",
+            M::WitnessMove(m) if m.to.len() == 1 => "WitnessMove",
             _ => "a wrong decoding",
         }
     }

@@ -681,6 +681,16 @@ impl Server {
                     self.oplocks.deliver_here(open_id, order)
                 }
             }
+            M::WitnessMove(m) => {
+                let moved = self.witness.move_client(m.client, &m.to);
+                if moved > 0 {
+                    tracing::info!(
+                        "witness: told {moved} registration(s) of {} to move to {:?}",
+                        m.client,
+                        m.to
+                    );
+                }
+            }
         }
     }
 

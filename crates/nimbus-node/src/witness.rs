@@ -13,14 +13,17 @@
 //! (`[witness] endpoint_mapper`, port 135 by default), through which
 //! Windows and rpcclient find the service. Registrations live with the
 //! association that made them, as context handles do (MS-SWN 3.1.1.1);
-//! the node that serves them watches the membership. Still to come:
-//! registrations in etcd, CLIENT_MOVE and SHARE_MOVE from
-//! `nimbus witness move`, Kerberos.
+//! the node that serves them watches the membership. `nimbus witness move`
+//! puts a CLIENT_MOVE in every node's box (`nimbus_cluster::witness_move`);
+//! the node that holds the client's registrations tells it. Still to
+//! come: registrations in etcd, SHARE_MOVE, Kerberos.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
+
+use nimbus_state::StateStore;
 
 use nimbus_rpc::epmapper;
 use nimbus_rpc::ip_tcp::{Association, Call, Served, MAX_FRAG};
@@ -41,6 +44,10 @@ const MAX_REGISTRATIONS: usize = 64;
 const MEMBERSHIP_EVERY: Duration = Duration::from_secs(1);
 /// Answers queued for one connection's writer.
 const QUEUED: usize = 64;
+/// AsyncNotify calls one association may have waiting.
+const MAX_WAITING: usize = 8;
+/// How long a connection not yet logged on may take per PDU.
+const LOGON_WITHIN: Duration = Duration::from_secs(30);
 
 /// The cluster's interfaces as a client asking `local` sees them: each
 /// member's advertised address, or on a single node its own listening
@@ -102,6 +109,13 @@ enum Port {
 }
 
 impl Port {
+    fn count(self, w: &crate::witness_registry::Witness) -> &std::sync::atomic::AtomicUsize {
+        match self {
+            Port::Witness => &w.connections,
+            Port::Mapper => &w.mapper_connections,
+        }
+    }
+
     fn served(self) -> Vec<Served> {
         let mapper = Served {
             syntax: epmapper::INTERFACE,
@@ -183,19 +197,25 @@ pub async fn serve(
 
 async fn accept(server: Weak<Server>, listener: TcpListener, port: Port) {
     loop {
-        let Ok((stream, peer)) = listener.accept().await else {
-            continue;
+        let (stream, peer) = match listener.accept().await {
+            Ok(a) => a,
+            Err(e) => {
+                // Out of descriptors, most likely: wait rather than spin.
+                tracing::warn!("witness: accepting a connection: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
         };
         let Some(s) = server.upgrade() else { return };
         let w = s.witness.clone();
-        if w.connections.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
-            w.connections.fetch_sub(1, Ordering::SeqCst);
+        if port.count(&w).fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
+            port.count(&w).fetch_sub(1, Ordering::SeqCst);
             tracing::warn!("witness: {peer} refused: {MAX_CONNECTIONS} connections already");
             continue;
         }
         tokio::spawn(async move {
             connection(s, stream, port).await;
-            w.connections.fetch_sub(1, Ordering::SeqCst);
+            port.count(&w).fetch_sub(1, Ordering::SeqCst);
         });
     }
 }
@@ -205,7 +225,8 @@ async fn follow_members(server: Weak<Server>) {
     loop {
         tokio::time::sleep(MEMBERSHIP_EVERY).await;
         let Some(s) = server.upgrade() else { return };
-        if lock(&s.witness.registrations).is_empty() {
+        // A single node's interfaces do not go while it serves.
+        if s.cluster.is_none() || lock(&s.witness.registrations).is_empty() {
             continue;
         }
         let s2 = s.clone();
@@ -240,6 +261,7 @@ async fn connection(server: Arc<Server>, stream: TcpStream, port: Port) {
         return;
     };
     let peer = stream.peer_addr().ok();
+    let peer_ip = peer.map_or(local.ip(), |p| p.ip());
     let _ = stream.set_nodelay(true);
     let (mut rd, mut wr) = stream.into_split();
     let assoc = Arc::new(tokio::sync::Mutex::new(Association::new(
@@ -259,7 +281,18 @@ async fn connection(server: Arc<Server>, stream: TcpStream, port: Port) {
             }
         }
     });
-    while let Some(pdu) = read_pdu(&mut rd).await {
+    let waiting = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    loop {
+        let logged_on = assoc.lock().await.caller().is_some();
+        let pdu = if logged_on {
+            read_pdu(&mut rd).await
+        } else {
+            tokio::time::timeout(LOGON_WITHIN, read_pdu(&mut rd))
+                .await
+                .ok()
+                .flatten()
+        };
+        let Some(pdu) = pdu else { break };
         let mut a = assoc.lock().await;
         let r = a.receive(pdu);
         for out in r.out {
@@ -273,7 +306,7 @@ async fn connection(server: Arc<Server>, stream: TcpStream, port: Port) {
         }
         let Some(call) = r.call else { continue };
         drop(a);
-        match run(&server, id, local.ip(), &call).await {
+        match run(&server, id, (local.ip(), peer_ip), &call).await {
             Answer::Now(stub) => {
                 let mut a = assoc.lock().await;
                 for out in a.respond(&call, &stub) {
@@ -284,18 +317,29 @@ async fn connection(server: Arc<Server>, stream: TcpStream, port: Port) {
                 let mut a = assoc.lock().await;
                 let _ = tx.send(a.fault(&call, status)).await;
             }
+            Answer::Wait(..) if waiting.load(Ordering::SeqCst) >= MAX_WAITING => {
+                let stub = witness::encode_notify(Err(werror::NO_SYSTEM_RESOURCES));
+                let mut a = assoc.lock().await;
+                for out in a.respond(&call, &stub) {
+                    let _ = tx.send(out).await;
+                }
+            }
             Answer::Wait(handle, wake, timeout) => {
                 let (server, assoc, tx) = (server.clone(), assoc.clone(), tx.clone());
+                let waiting = waiting.clone();
+                waiting.fetch_add(1, Ordering::SeqCst);
                 tokio::spawn(async move {
                     let stub = notify_when(&server, handle, wake, timeout).await;
                     let mut a = assoc.lock().await;
                     for out in a.respond(&call, &stub) {
                         let _ = tx.send(out).await;
                     }
+                    waiting.fetch_sub(1, Ordering::SeqCst);
                 });
             }
         }
     }
+    assoc.lock().await.close();
     server.witness.drop_association(id);
     drop(tx);
     let _ = writer.await;
@@ -308,7 +352,12 @@ enum Answer {
     Wait(Handle, Arc<Notify>, u32),
 }
 
-async fn run(server: &Arc<Server>, association: u64, local: IpAddr, call: &Call) -> Answer {
+async fn run(
+    server: &Arc<Server>,
+    association: u64,
+    (local, peer): (IpAddr, IpAddr),
+    call: &Call,
+) -> Answer {
     if call.interface == epmapper::INTERFACE {
         return map(server, local, call);
     }
@@ -335,9 +384,11 @@ async fn run(server: &Arc<Server>, association: u64, local: IpAddr, call: &Call)
             };
             let s = server.clone();
             let ex = call.opnum == opnum::REGISTER_EX;
-            let r = tokio::task::spawn_blocking(move || register(&s, association, local, &req, ex))
-                .await
-                .unwrap_or(Err(werror::NO_SYSTEM_RESOURCES));
+            let r = tokio::task::spawn_blocking(move || {
+                register(&s, association, local, peer, &req, ex)
+            })
+            .await
+            .unwrap_or(Err(werror::NO_SYSTEM_RESOURCES));
             Answer::Now(match r {
                 Ok(h) => witness::encode_register_answer(Some(&h), werror::OK),
                 Err(e) => witness::encode_register_answer(None, e),
@@ -351,7 +402,7 @@ async fn run(server: &Arc<Server>, association: u64, local: IpAddr, call: &Call)
             let result = match regs.get(&h) {
                 Some(r) if r.association == association => {
                     if let Some(r) = regs.remove(&h) {
-                        r.wake.notify_one();
+                        r.wake.notify_waiters();
                     }
                     werror::OK
                 }
@@ -412,6 +463,7 @@ fn register(
     server: &Server,
     association: u64,
     local: IpAddr,
+    client: IpAddr,
     req: &Register,
     ex: bool,
 ) -> Result<Handle, u32> {
@@ -466,6 +518,7 @@ fn register(
         h,
         Registration {
             association,
+            client,
             node: iface.group_name,
             addr,
             timeout: if ex { req.timeout } else { 0 },
@@ -483,6 +536,11 @@ async fn notify_when(server: &Server, handle: Handle, wake: Arc<Notify>, timeout
     let deadline = (timeout > 0)
         .then(|| tokio::time::Instant::now() + Duration::from_secs(u64::from(timeout)));
     loop {
+        // Registered for a wake-up before looking, so that one sent in
+        // between is not missed (`notify_waiters` keeps no permit).
+        let woken = wake.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
         {
             let mut regs = lock(&server.witness.registrations);
             let Some(r) = regs.get_mut(&handle) else {
@@ -493,7 +551,6 @@ async fn notify_when(server: &Server, handle: Handle, wake: Arc<Notify>, timeout
                 return witness::encode_notify(Ok(&n));
             }
         }
-        let woken = wake.notified();
         match deadline {
             Some(d) => {
                 if tokio::time::timeout_at(d, woken).await.is_err() {
@@ -503,4 +560,57 @@ async fn notify_when(server: &Server, handle: Handle, wake: Arc<Notify>, timeout
             None => woken.await,
         }
     }
+}
+
+/// `nimbus witness move --client IP --to NODE`: asks every node of the
+/// cluster `file` configures to tell the witness clients at `client` to
+/// move to `to`'s advertised address (MS-SWN CLIENT_MOVE). What to print.
+pub fn move_command(file: &std::path::Path, client: IpAddr, to: &str) -> Result<String, String> {
+    use nimbus_cluster::witness_move::{post, WitnessMove};
+    let cfg = crate::config::Config::from_file(file).map_err(|errors| {
+        errors
+            .iter()
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+            .join("\n")
+    })?;
+    let Some(cluster) = &cfg.cluster else {
+        return Err(format!(
+            "{}: no [cluster]: a witness client moves to another node of a cluster, and a \
+             single node has none",
+            file.display()
+        ));
+    };
+    let store = crate::cluster::reader_store(cluster, Duration::from_secs(3))
+        .map_err(|e| format!("etcd: {e}"))?;
+    let members = store
+        .scan_prefix(crate::cluster::NODES_PREFIX)
+        .map_err(|e| format!("etcd: reading the members: {e}"))?;
+    let mut nodes = Vec::new();
+    let mut target = None;
+    for (key, value) in members {
+        let node = String::from_utf8_lossy(&key[crate::cluster::NODES_PREFIX.len()..]).into_owned();
+        if node == to {
+            target = String::from_utf8_lossy(&value.value)
+                .parse::<SocketAddr>()
+                .ok()
+                .map(|a| a.ip());
+        }
+        nodes.push(node);
+    }
+    let Some(addr) = target else {
+        return Err(format!(
+            "--to {to}: no such node in the cluster (its members: {})",
+            nodes.join(", ")
+        ));
+    };
+    let m = WitnessMove {
+        client,
+        to: vec![addr],
+    };
+    let posted = post(&store, &nodes, &m).map_err(|e| format!("etcd: {e}"))?;
+    Ok(format!(
+        "asked {posted} node(s) to move the witness clients at {client} to {to} ({addr}); \
+         the node holding their registrations logs how many it told"
+    ))
 }

@@ -13,6 +13,9 @@ use tokio::sync::Notify;
 /// One registration (MS-SWN 3.1.1.1 WitnessRegistration).
 pub(crate) struct Registration {
     pub(crate) association: u64,
+    /// The client's address, as its witness connection came from: what
+    /// `nimbus witness move --client` names.
+    pub(crate) client: IpAddr,
     /// The interface registered for: its node and address.
     pub(crate) node: String,
     pub(crate) addr: IpAddr,
@@ -31,7 +34,9 @@ pub struct Witness {
     pub(crate) registrations: Mutex<HashMap<Handle, Registration>>,
     next_handle: AtomicU64,
     pub(crate) next_association: AtomicU64,
+    /// Connections to the witness service, and to the endpoint mapper.
     pub(crate) connections: AtomicUsize,
+    pub(crate) mapper_connections: AtomicUsize,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -61,15 +66,28 @@ impl Witness {
                     name: r.addr.to_string(),
                     available: false,
                 });
-                r.wake.notify_one();
+                r.wake.notify_waiters();
             }
         }
+    }
+
+    /// `nimbus witness move`: every registration of the client at
+    /// `client` gets CLIENT_MOVE to `to`; how many there were.
+    pub fn move_client(&self, client: IpAddr, to: &[IpAddr]) -> usize {
+        let mut regs = lock(&self.registrations);
+        let mut moved = 0;
+        for r in regs.values_mut().filter(|r| r.client == client) {
+            r.pending.push(Notification::ClientMove(to.to_vec()));
+            r.wake.notify_waiters();
+            moved += 1;
+        }
+        moved
     }
 
     pub(crate) fn drop_association(&self, association: u64) {
         lock(&self.registrations).retain(|_, r| {
             if r.association == association {
-                r.wake.notify_one();
+                r.wake.notify_waiters();
             }
             r.association != association
         });

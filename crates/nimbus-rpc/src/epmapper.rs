@@ -42,6 +42,8 @@ pub struct MapRequest {
     /// The interface of the tower's first floor (uuid, major, minor).
     pub interface: SyntaxId,
     pub handle: [u8; 20],
+    /// How many towers the answer's array has room for (its size_is).
+    pub max_towers: u32,
 }
 
 /// Decodes an ept_map request: `[in, ptr] uuid_p_t object, [in, ptr]
@@ -66,10 +68,11 @@ pub fn decode_map(stub: &[u8]) -> Result<MapRequest, RpcError> {
     r.bytes(pad)?;
     let mut handle = [0u8; 20];
     handle.copy_from_slice(r.bytes(20)?);
-    let _max_towers = r.u32()?;
+    let max_towers = r.u32()?;
     Ok(MapRequest {
         interface: first_floor(tower)?,
         handle,
+        max_towers,
     })
 }
 
@@ -135,7 +138,7 @@ pub fn encode_map(req: &MapRequest, at: Option<SocketAddrV4>) -> Vec<u8> {
         Some(at) => {
             let t = tower(&req.interface, at);
             w.u32(1); // num_towers
-            w.u32(1); // max_count
+            w.u32(req.max_towers.max(1)); // max_count: size_is(max_towers)
             w.u32(0); // offset
             w.u32(1); // actual_count
             w.pointer();
@@ -145,10 +148,10 @@ pub fn encode_map(req: &MapRequest, at: Option<SocketAddrV4>) -> Vec<u8> {
             w.u32(0);
         }
         None => {
-            w.u32(0);
-            w.u32(0);
-            w.u32(0);
-            w.u32(0);
+            w.u32(0); // num_towers
+            w.u32(req.max_towers); // max_count
+            w.u32(0); // offset
+            w.u32(0); // actual_count
             w.u32(NOT_REGISTERED);
         }
     }

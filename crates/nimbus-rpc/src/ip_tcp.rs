@@ -91,6 +91,9 @@ pub struct Caller {
 enum Security {
     /// No authentication asked for.
     None,
+    /// The logon failed: calls that need integrity are refused with
+    /// ACCESS_DENIED, as the association's are after a failed AUTH3.
+    Failed,
     /// Legs still to come.
     Pending {
         exchange: Box<nimbus_auth::AuthExchange>,
@@ -113,6 +116,10 @@ pub struct Association {
     local: IpAddr,
     /// The client's max_recv_frag within ours; None before the BIND.
     xmit_frag: Option<u16>,
+    /// The association group the BIND_ACK named.
+    assoc_group: u32,
+    /// The association ended: nothing more is answered on it.
+    closed: bool,
     contexts: Vec<(u16, SyntaxId)>,
     security: Security,
     partial: Reassembly,
@@ -126,6 +133,8 @@ impl Association {
             authenticator,
             local,
             xmit_frag: None,
+            assoc_group: ASSOC_GROUP,
+            closed: false,
             contexts: Vec::new(),
             security: Security::None,
             partial: Reassembly::default(),
@@ -148,6 +157,9 @@ impl Association {
             Err(RpcError::Protocol(why)) => return closing(why),
             Err(RpcError::BadStub) => return closing("malformed PDU"),
         };
+        if self.closed {
+            return closing("the association ended");
+        }
         let r = match hdr.ptype {
             ptype::BIND => self.bind(&hdr, &pdu),
             ptype::ALTER_CONTEXT => self.alter_context(&hdr, &pdu),
@@ -155,7 +167,15 @@ impl Association {
             ptype::REQUEST => self.request(&hdr, &mut pdu),
             _ => Err("PDU type a client does not send"),
         };
-        r.unwrap_or_else(closing)
+        let r = r.unwrap_or_else(closing);
+        self.closed |= r.close.is_some();
+        r
+    }
+
+    /// Ends the association (its connection closed): later answers to
+    /// calls still running are dropped, never sent unprotected.
+    pub fn close(&mut self) {
+        self.closed = true;
     }
 
     fn bind(&mut self, hdr: &Header, pdu: &[u8]) -> Result<Received, &'static str> {
@@ -189,6 +209,9 @@ impl Association {
         }
         let xmit = bind.max_recv_frag.min(MAX_FRAG);
         self.xmit_frag = Some(xmit);
+        if bind.assoc_group_id != 0 {
+            self.assoc_group = bind.assoc_group_id;
+        }
         let results = self.accept_contexts(&bind);
         let mut out = Vec::new();
         BindAck {
@@ -196,11 +219,7 @@ impl Association {
             call_id: hdr.call_id,
             max_xmit_frag: xmit,
             max_recv_frag: MAX_FRAG,
-            assoc_group_id: if bind.assoc_group_id != 0 {
-                bind.assoc_group_id
-            } else {
-                ASSOC_GROUP
-            },
+            assoc_group_id: self.assoc_group,
             secondary_address: "",
             results: &results,
         }
@@ -240,7 +259,7 @@ impl Association {
             call_id: hdr.call_id,
             max_xmit_frag: xmit,
             max_recv_frag: MAX_FRAG,
-            assoc_group_id: ASSOC_GROUP,
+            assoc_group_id: self.assoc_group,
             secondary_address: "",
             results: &results,
         }
@@ -258,10 +277,14 @@ impl Association {
         let (trailer, at) = SecTrailer::find(pdu, hdr.auth_length as usize)
             .map_err(|_| "AUTH3 with a malformed trailer")?;
         let token = &pdu[at + SEC_TRAILER_LEN..];
+        let was_pending = matches!(self.security, Security::Pending { .. });
         match self.next_leg(trailer, token) {
             // AUTH3 has no answer (MS-RPCE 3.3.1.5.2.2).
             Ok(None) => Ok(Received::default()),
             Ok(Some(_)) => Err("an AUTH3 leg that needs another"),
+            // A failed logon: its calls are refused (ACCESS_DENIED), as a
+            // client expects to be told, rather than the connection cut.
+            Err(_) if was_pending => Ok(Received::default()),
             Err(why) => Err(why),
         }
     }
@@ -288,23 +311,38 @@ impl Association {
                 };
                 Ok(t)
             }
-            Ok(AuthStep::Complete(_)) => Err("a logon in one leg".into()),
+            Ok(AuthStep::Complete(logon)) => {
+                let token = logon.output.clone();
+                self.complete(
+                    logon,
+                    trailer.auth_type,
+                    trailer.auth_level,
+                    trailer.context_id,
+                )
+                .map_err(String::from)?;
+                Ok(token)
+            }
             Err(e) => Err(e.to_string()),
         }
     }
 
-    /// A later leg: the token to answer with, if any.
+    /// A later leg: the token to answer with, if any. A leg when no logon
+    /// is under way (an association already logged on, or never) is
+    /// refused and leaves the association as it was.
     fn next_leg(
         &mut self,
         trailer: SecTrailer,
         token: &[u8],
     ) -> Result<Option<Vec<u8>>, &'static str> {
+        if !matches!(self.security, Security::Pending { .. }) {
+            return Err("an authentication leg with no logon under way");
+        }
         let Security::Pending {
             mut exchange,
             auth_type,
             level,
             context_id,
-        } = std::mem::replace(&mut self.security, Security::None)
+        } = std::mem::replace(&mut self.security, Security::Failed)
         else {
             return Err("an authentication leg with no logon under way");
         };
@@ -325,37 +363,9 @@ impl Association {
                 Ok(Some(t))
             }
             Ok(AuthStep::Complete(logon)) => {
-                if logon.guest || logon.anonymous {
-                    tracing::info!("rpc: a guest or anonymous logon refused");
-                    return Err("guest and anonymous logons may not use this service");
-                }
-                let ntlm = self
-                    .authenticator
-                    .ntlm_session_security(&logon)
-                    .map(Box::new);
-                let level = if ntlm.is_some() {
-                    level
-                } else {
-                    // See the module comment: no per-message protection
-                    // without NTLM's.
-                    level.min(auth::LEVEL_CONNECT)
-                };
-                tracing::info!(
-                    "rpc: {}\\{} logged on (authentication level {level})",
-                    logon.domain,
-                    logon.user
-                );
-                self.security = Security::Done {
-                    caller: Caller {
-                        user: logon.user,
-                        domain: logon.domain,
-                        level,
-                    },
-                    auth_type,
-                    context_id,
-                    ntlm,
-                };
-                Ok((!logon.output.is_empty()).then_some(logon.output))
+                let output = logon.output.clone();
+                self.complete(logon, auth_type, level, context_id)?;
+                Ok((!output.is_empty()).then_some(output))
             }
             Err(e) => {
                 tracing::info!("rpc: logon refused: {e}");
@@ -364,15 +374,73 @@ impl Association {
         }
     }
 
+    /// A completed logon: the association's caller and protection from
+    /// now on. Fragments received before it are dropped: a call is
+    /// protected whole or not at all.
+    fn complete(
+        &mut self,
+        logon: nimbus_auth::AuthResult,
+        auth_type: u8,
+        level: u8,
+        context_id: u32,
+    ) -> Result<(), &'static str> {
+        self.partial.clear();
+        if logon.guest || logon.anonymous {
+            tracing::info!("rpc: a guest or anonymous logon refused");
+            self.security = Security::Failed;
+            return Err("guest and anonymous logons may not use this service");
+        }
+        let ntlm = self
+            .authenticator
+            .ntlm_session_security(&logon)
+            .map(Box::new);
+        let level = if ntlm.is_some() {
+            level
+        } else {
+            // See the module comment: no per-message protection without
+            // NTLM's.
+            level.min(auth::LEVEL_CONNECT)
+        };
+        tracing::info!(
+            "rpc: {}\\{} logged on (authentication level {level})",
+            logon.domain,
+            logon.user
+        );
+        self.security = Security::Done {
+            caller: Caller {
+                user: logon.user,
+                domain: logon.domain,
+                level,
+            },
+            auth_type,
+            context_id,
+            ntlm,
+        };
+        Ok(())
+    }
+
+    /// Judges a BIND's or ALTER_CONTEXT's contexts and records those
+    /// accepted: a context id named again takes its new interface, and
+    /// beyond `MAX_CONTEXTS` a new one is refused.
     fn accept_contexts(&mut self, bind: &Bind) -> Vec<ContextResult> {
         let served = &self.served;
-        let results = pdu::judge_contexts(bind, |s| served.iter().any(|x| x.syntax == *s));
-        for (c, r) in bind.contexts.iter().zip(&results) {
-            if r.result == result::ACCEPTANCE
-                && !self.contexts.iter().any(|(id, _)| *id == c.id)
-                && self.contexts.len() < MAX_CONTEXTS
-            {
+        let mut results = pdu::judge_contexts(bind, |s| served.iter().any(|x| x.syntax == *s));
+        for (c, r) in bind.contexts.iter().zip(results.iter_mut()) {
+            if r.result != result::ACCEPTANCE {
+                continue;
+            }
+            if let Some(known) = self.contexts.iter_mut().find(|(id, _)| *id == c.id) {
+                known.1 = c.abstract_syntax;
+            } else if self.contexts.len() < MAX_CONTEXTS {
                 self.contexts.push((c.id, c.abstract_syntax));
+            } else {
+                r.result = result::PROVIDER_REJECTION;
+                r.reason = pdu::reason::NONE;
+                r.transfer_syntax = SyntaxId {
+                    uuid: [0; 16],
+                    major: 0,
+                    minor: 0,
+                };
             }
         }
         results
@@ -475,6 +543,9 @@ impl Association {
     /// max_recv_frag needs, each signed or sealed at the association's
     /// level. Write them in the order made.
     pub fn respond(&mut self, call: &Call, stub: &[u8]) -> Vec<Vec<u8>> {
+        if self.closed {
+            return Vec::new();
+        }
         let xmit = self.xmit_frag.unwrap_or(MIN_FRAG) as usize;
         let protected = self.protection();
         let overhead = pdu::REQUEST_HEADER_LEN

@@ -23,7 +23,7 @@ pub use nimbus_node::{
     interfaces, lease_ack_handover, lease_loss, leaving, let_go_handover, limits, locks, log_limit,
     logon_guard, lookup, memory_use, message, metrics, notify, open, open_files, open_registry,
     oplocks, pending, persist, release, reload, security, server, session, session_end,
-    session_handover, session_registry, share, status, status_listing, sync, teardowns,
+    session_handover, session_registry, share, status, status_listing, sync, teardowns, witness,
     write_times,
 };
 pub use nimbus_node::{

@@ -22,6 +22,12 @@ pub mod share_flags {
 /// MS-SMB2 2.2.10 Capabilities: the share is continuously available
 /// (persistent handles may be asked for).
 pub const SHARE_CAP_CONTINUOUS_AVAILABILITY: u32 = 0x0000_0010;
+/// MS-SMB2 2.2.10: the share is served by every node of a scale-out
+/// cluster.
+pub const SHARE_CAP_SCALEOUT: u32 = 0x0000_0020;
+/// MS-SMB2 2.2.10: the share's availability is monitored by the witness
+/// service (MS-SWN): a client registers for it.
+pub const SHARE_CAP_CLUSTER: u32 = 0x0000_0040;
 
 /// MS-SMB2 2.2.9: with EXTENSION_PRESENT (3.1.1) the path offset is
 /// relative to the extension; the server reads PathOffset either way.

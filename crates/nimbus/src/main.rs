@@ -89,6 +89,29 @@ enum Cmd {
         #[command(subcommand)]
         command: BenchCmd,
     },
+    /// The witness service's clients (MS-SWN).
+    Witness {
+        #[command(subcommand)]
+        command: WitnessCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum WitnessCmd {
+    /// Tell the witness clients at an address to move to another node
+    /// (CLIENT_MOVE): they reconnect there, keeping their persistent
+    /// handles.
+    Move {
+        /// The cluster's configuration file.
+        #[arg(long)]
+        config: PathBuf,
+        /// The client's address, as its witness connection comes from.
+        #[arg(long)]
+        client: std::net::IpAddr,
+        /// The node to move it to, by name.
+        #[arg(long)]
+        to: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -228,6 +251,9 @@ fn main() -> ExitCode {
                     print!("\n{}", nimbus_server::status::files_table(&reports));
                 }
             }),
+        Cmd::Witness {
+            command: WitnessCmd::Move { config, client, to },
+        } => nimbus_server::witness::move_command(&config, client, &to).map(|m| println!("{m}")),
         Cmd::Bench {
             command: BenchCmd::Crypto { millis },
         } => {

@@ -61,13 +61,19 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         );
         return Err(NtStatus::INSUFFICIENT_RESOURCES);
     }
-    // MS-SMB2 2.2.10: SMB2_SHARE_CAP_CONTINUOUS_AVAILABILITY, for 3.x.
+    // MS-SMB2 2.2.10, for 3.x: CONTINUOUS_AVAILABILITY; and on a cluster
+    // whose nodes serve the witness service, SCALEOUT and CLUSTER with it,
+    // so that a client registers with the witness (CLUSTER has no effect
+    // without CA: Windows registers for continuously available shares).
     let smb3 = ctx.conn.negotiated().is_some_and(|n| n.dialect.is_smb3());
-    let capabilities = if smb3 && share.continuous_availability && ctx.server.disk_store.is_some() {
-        nimbus_wire::tree_connect::SHARE_CAP_CONTINUOUS_AVAILABILITY
-    } else {
-        0
-    };
+    let mut capabilities = 0;
+    if smb3 && share.continuous_availability && ctx.server.disk_store.is_some() {
+        use nimbus_wire::tree_connect as tc;
+        capabilities |= tc::SHARE_CAP_CONTINUOUS_AVAILABILITY;
+        if ctx.server.cluster.is_some() && !ctx.server.config().witness_listen.is_empty() {
+            capabilities |= tc::SHARE_CAP_SCALEOUT | tc::SHARE_CAP_CLUSTER;
+        }
+    }
     let id = session.next_tree_id();
     let share_type = if share.is_ipc() {
         ShareType::Pipe

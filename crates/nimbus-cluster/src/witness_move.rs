@@ -1,0 +1,101 @@
+//! `nimbus witness move`: an administrator moves a client to another
+//! node (MS-SWN CLIENT_MOVE). The command puts one message in every
+//! node's box, since any node's witness service may hold the client's
+//! registration; a node that holds one tells the client, the others drop
+//! the message. Each message lives under a short lease of its own, so
+//! that one a node never takes (it left meanwhile) does not stay in etcd.
+
+use std::net::IpAddr;
+
+use nimbus_state::etcd_store::{EtcdStore, Op};
+use nimbus_state::StateError;
+
+use crate::node_message::{put_strings, take_strings};
+
+/// The message's first byte.
+pub const WITNESS_MOVE_V1: u8 = 0x2c;
+/// How long an undelivered move stays in a box.
+const MESSAGE_TTL_SECS: i64 = 60;
+/// Most addresses a move names (a node's interfaces).
+const MAX_TARGETS: usize = 16;
+
+/// Move the witness clients at `client` to `to`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WitnessMove {
+    pub client: IpAddr,
+    pub to: Vec<IpAddr>,
+}
+
+pub fn encode(m: &WitnessMove) -> Vec<u8> {
+    let mut v = vec![WITNESS_MOVE_V1];
+    let to: Vec<String> =
+        m.to.iter()
+            .take(MAX_TARGETS)
+            .map(|a| a.to_string())
+            .collect();
+    let joined = to.join(",");
+    put_strings(&mut v, &[&m.client.to_string(), &joined]);
+    v
+}
+
+/// Decodes a move; None for anything else (addresses that do not parse,
+/// too many, none).
+pub fn decode(msg: &[u8]) -> Option<WitnessMove> {
+    let (&tag, rest) = msg.split_first()?;
+    if tag != WITNESS_MOVE_V1 {
+        return None;
+    }
+    let [client, to] = take_strings::<2>(rest)?;
+    let to: Vec<IpAddr> = to
+        .split(',')
+        .map(|a| a.parse().ok())
+        .collect::<Option<Vec<_>>>()?;
+    if to.is_empty() || to.len() > MAX_TARGETS {
+        return None;
+    }
+    Some(WitnessMove {
+        client: client.parse().ok()?,
+        to,
+    })
+}
+
+/// Puts `m` in the box of each of `nodes`; how many took it.
+pub fn post(store: &EtcdStore, nodes: &[String], m: &WitnessMove) -> Result<usize, StateError> {
+    let lease = store.grant_lease(MESSAGE_TTL_SECS)?;
+    let value = encode(m);
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let mut posted = 0;
+    for node in nodes {
+        let mut key = crate::cluster::message_box(node);
+        key.extend_from_slice(format!("witness-move-{stamp}").as_bytes());
+        store.txn(&[], &[Op::Put(&key, &value, lease)], &[])?;
+        posted += 1;
+    }
+    Ok(posted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_move_round_trips_and_bad_ones_are_refused() {
+        let m = WitnessMove {
+            client: "192.0.2.7".parse().unwrap(),
+            to: vec!["127.0.0.3".parse().unwrap(), "::1".parse().unwrap()],
+        };
+        assert_eq!(decode(&encode(&m)), Some(m.clone()));
+        let enc = encode(&m);
+        for cut in 0..enc.len() {
+            assert_eq!(decode(&enc[..cut]), None, "{cut}");
+        }
+        let mut bad = vec![WITNESS_MOVE_V1];
+        put_strings(&mut bad, &["192.0.2.7", "not-an-address"]);
+        assert_eq!(decode(&bad), None);
+        let mut none = vec![WITNESS_MOVE_V1];
+        put_strings(&mut none, &["192.0.2.7", ""]);
+        assert_eq!(decode(&none), None);
+    }
+}
