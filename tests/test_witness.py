@@ -384,6 +384,58 @@ def test_nimbus_witness_move_tells_the_client_to_move_through_whichever_node_hol
     assert "told 1 registration(s)" in n2.log()
 
 
+def test_nimbus_drain_moves_a_witness_client_which_keeps_its_persistent_handle(nodes):  # noqa: F811
+    """`nimbus drain` of n1: the client registered for n1 (through n2) is
+    told to move to n3, n1 refuses new connections, the client reconnects
+    to n3 and reclaims its persistent handle (taken over from n1, which let
+    go of it: not reopened) with its data, and n1 stops by itself once its
+    client has gone, handing back what it held."""
+    import rawsmb
+    from test_cluster import CaTarget
+    from test_durable import Client
+    from test_persistent import persistent_open_uncached, reconnect_uncached
+
+    ports = start_with_witness(nodes)
+    n1, n2, n3 = nodes
+    guid, create_guid = uuid.uuid4(), uuid.uuid4()
+    first = Client(CaTarget(n1), guid)
+    f = persistent_open_uncached(first, "moving.dat", create_guid)
+    f.write(b"kept across the move", 0)
+    file_id = f.file_id
+    d = connect(n2.host, ports["n2"])
+    answer = call(d, 4, register_ex("NIMBUS", "ca", n1.host, "c1", 0))
+    assert result_of(answer) == 0
+    waiter, got = waiting_notify(d, answer[:20])
+
+    r = subprocess.run([str(nimbus_binary()), "drain", "--config", str(n1.conf), "--to", "n3", "--within", "60"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    waiter.join(timeout=10)
+    assert got, "no CLIENT_MOVE"
+    assert client_move(got[0]) == (2, [n3.host])
+    # n1 takes no new connection meanwhile, and is still running.
+    deadline = time.monotonic() + 10
+    while "draining: new connections refused" not in n1.log():
+        assert time.monotonic() < deadline, "n1 never began its drain"
+        time.sleep(0.1)
+    s = rawsmb.connect(n1.host, n1.port)
+    assert rawsmb.is_closed(s)
+    assert n1.proc and n1.proc.poll() is None
+    # The client moves where it was told.
+    first.drop()
+    again = Client(CaTarget(n3), guid)
+    try:
+        g = reconnect_uncached(again, "moving.dat", file_id, create_guid)
+        assert g.read(0, 20) == b"kept across the move"
+        assert "taken over from the node that let go of it" in n3.log()
+        g.close()
+    finally:
+        again.close()
+    # n1 stops by itself, as at SIGTERM.
+    assert n1.proc.wait(timeout=30) == 0, n1.log()[-2000:]
+    log = n1.log()
+    assert "draining: new connections refused" in log and "handed back" in log
+
+
 def test_a_client_registered_through_n2_hears_that_n1_went(nodes):  # noqa: F811
     """n1 is killed; the client that registered for n1's interface through
     n2's witness service gets RESOURCE_CHANGE (unavailable) for n1's

@@ -17,7 +17,9 @@ use crate::let_go_handover::{
     self, Asked, LetGoAnswer, LET_GO_DONE_V1, LET_GO_REFUSED_V1, LET_GO_V4,
 };
 use crate::session_handover::{self, EndSession, END_SESSION_V1, SESSION_ENDED_V1};
-use crate::witness_move::{self, WitnessMove, WITNESS_MOVE_V1};
+use crate::witness_move::{
+    self, WitnessDrain, WitnessMove, DRAIN_V1, WITNESS_DRAIN_V1, WITNESS_MOVE_V1,
+};
 
 /// One message from another node.
 #[derive(Debug)]
@@ -52,6 +54,11 @@ pub enum ClusterMessage<'a> {
     Break { open_id: u64, order: BreakOrder },
     /// `nimbus witness move`: tell a witness client to move.
     WitnessMove(WitnessMove),
+    /// `nimbus drain`: tell the witness clients of a draining node to move.
+    WitnessDrain(WitnessDrain),
+    /// `nimbus drain` of this node: stop once its clients have gone, or
+    /// after this many seconds.
+    Drain { within_secs: u32 },
 }
 
 /// A message that did not decode: which kind it claimed to be, and what
@@ -108,6 +115,8 @@ impl<'a> ClusterMessage<'a> {
             LEASE_ACKED_V1 => lease_ack_handover::decode_answer(msg)
                 .map(|(nonce, found)| M::LeaseAcked { nonce, found }),
             WITNESS_MOVE_V1 => witness_move::decode(msg).map(M::WitnessMove),
+            WITNESS_DRAIN_V1 => witness_move::decode_drain(msg).map(M::WitnessDrain),
+            DRAIN_V1 => witness_move::decode_stop(msg).map(|within_secs| M::Drain { within_secs }),
             _ => {
                 return nimbus_state::records::decode_break(msg)
                     .map(|(open_id, order)| M::Break { open_id, order })
@@ -138,6 +147,8 @@ fn kind(tag: u8) -> &'static str {
         ACK_LEASE_V1 => "lease acknowledgement",
         LEASE_ACKED_V1 => "answer about a lease acknowledgement",
         WITNESS_MOVE_V1 => "witness client move",
+        WITNESS_DRAIN_V1 => "witness clients' move off a draining node",
+        DRAIN_V1 => "drain",
         _ => "break (or a message of no known kind)",
     }
 }
@@ -247,6 +258,14 @@ mod tests {
                 }),
                 "WitnessMove",
             ),
+            (
+                witness_move::encode_drain(&WitnessDrain {
+                    node: "n1".into(),
+                    to: vec!["127.0.0.3".parse().unwrap()],
+                }),
+                "WitnessDrain",
+            ),
+            (witness_move::encode_stop(60), "Drain"),
         ]
     }
 
@@ -288,6 +307,8 @@ mod tests {
                 order,
             } if order.to == 0x01 => "Break",
             M::WitnessMove(m) if m.to.len() == 1 => "WitnessMove",
+            M::WitnessDrain(d) if d.node == "n1" => "WitnessDrain",
+            M::Drain { within_secs: 60 } => "Drain",
             _ => "a wrong decoding",
         }
     }

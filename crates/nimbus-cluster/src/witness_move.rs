@@ -12,8 +12,11 @@ use nimbus_state::StateError;
 
 use crate::node_message::{put_strings, take_strings};
 
-/// The message's first byte.
+/// The messages' first bytes: a client's move, the moves of every
+/// client of a draining node, and the drain itself for that node.
 pub const WITNESS_MOVE_V1: u8 = 0x2c;
+pub const WITNESS_DRAIN_V1: u8 = 0x2d;
+pub const DRAIN_V1: u8 = 0x2e;
 /// How long an undelivered move stays in a box.
 const MESSAGE_TTL_SECS: i64 = 60;
 /// Most addresses a move names (a node's interfaces).
@@ -26,43 +29,75 @@ pub struct WitnessMove {
     pub to: Vec<IpAddr>,
 }
 
+/// Move every witness client registered for `node`'s interface to `to`:
+/// `node` is draining.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WitnessDrain {
+    pub node: String,
+    pub to: Vec<IpAddr>,
+}
+
+fn addresses(to: &[IpAddr]) -> String {
+    let to: Vec<String> = to.iter().take(MAX_TARGETS).map(|a| a.to_string()).collect();
+    to.join(",")
+}
+
+fn parse_addresses(s: &str) -> Option<Vec<IpAddr>> {
+    let to: Vec<IpAddr> = s
+        .split(',')
+        .map(|a| a.parse().ok())
+        .collect::<Option<Vec<_>>>()?;
+    (!to.is_empty() && to.len() <= MAX_TARGETS).then_some(to)
+}
+
 pub fn encode(m: &WitnessMove) -> Vec<u8> {
     let mut v = vec![WITNESS_MOVE_V1];
-    let to: Vec<String> =
-        m.to.iter()
-            .take(MAX_TARGETS)
-            .map(|a| a.to_string())
-            .collect();
-    let joined = to.join(",");
-    put_strings(&mut v, &[&m.client.to_string(), &joined]);
+    put_strings(&mut v, &[&m.client.to_string(), &addresses(&m.to)]);
     v
 }
 
 /// Decodes a move; None for anything else (addresses that do not parse,
 /// too many, none).
 pub fn decode(msg: &[u8]) -> Option<WitnessMove> {
-    let (&tag, rest) = msg.split_first()?;
-    if tag != WITNESS_MOVE_V1 {
-        return None;
-    }
+    let rest = msg.strip_prefix(&[WITNESS_MOVE_V1])?;
     let [client, to] = take_strings::<2>(rest)?;
-    let to: Vec<IpAddr> = to
-        .split(',')
-        .map(|a| a.parse().ok())
-        .collect::<Option<Vec<_>>>()?;
-    if to.is_empty() || to.len() > MAX_TARGETS {
-        return None;
-    }
     Some(WitnessMove {
         client: client.parse().ok()?,
-        to,
+        to: parse_addresses(&to)?,
     })
 }
 
-/// Puts `m` in the box of each of `nodes`; how many took it.
-pub fn post(store: &EtcdStore, nodes: &[String], m: &WitnessMove) -> Result<usize, StateError> {
+pub fn encode_drain(m: &WitnessDrain) -> Vec<u8> {
+    let mut v = vec![WITNESS_DRAIN_V1];
+    put_strings(&mut v, &[&m.node, &addresses(&m.to)]);
+    v
+}
+
+pub fn decode_drain(msg: &[u8]) -> Option<WitnessDrain> {
+    let rest = msg.strip_prefix(&[WITNESS_DRAIN_V1])?;
+    let [node, to] = take_strings::<2>(rest)?;
+    Some(WitnessDrain {
+        node,
+        to: parse_addresses(&to)?,
+    })
+}
+
+/// The drain of the receiving node: stop once its clients have gone, or
+/// after this many seconds.
+pub fn encode_stop(within_secs: u32) -> Vec<u8> {
+    let mut v = vec![DRAIN_V1];
+    v.extend_from_slice(&within_secs.to_le_bytes());
+    v
+}
+
+pub fn decode_stop(msg: &[u8]) -> Option<u32> {
+    let rest = msg.strip_prefix(&[DRAIN_V1])?;
+    Some(u32::from_le_bytes(rest.try_into().ok()?))
+}
+
+/// Puts `value` in the box of each of `nodes`; how many took it.
+pub fn post(store: &EtcdStore, nodes: &[String], value: &[u8]) -> Result<usize, StateError> {
     let lease = store.grant_lease(MESSAGE_TTL_SECS)?;
-    let value = encode(m);
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
@@ -70,7 +105,7 @@ pub fn post(store: &EtcdStore, nodes: &[String], m: &WitnessMove) -> Result<usiz
     for node in nodes {
         let mut key = crate::cluster::message_box(node);
         key.extend_from_slice(format!("witness-move-{stamp}").as_bytes());
-        store.txn(&[], &[Op::Put(&key, &value, lease)], &[])?;
+        store.txn(&[], &[Op::Put(&key, value, lease)], &[])?;
         posted += 1;
     }
     Ok(posted)
@@ -97,5 +132,12 @@ mod tests {
         let mut none = vec![WITNESS_MOVE_V1];
         put_strings(&mut none, &["192.0.2.7", ""]);
         assert_eq!(decode(&none), None);
+        let d = WitnessDrain {
+            node: "n1".into(),
+            to: vec!["127.0.0.3".parse().unwrap()],
+        };
+        assert_eq!(decode_drain(&encode_drain(&d)), Some(d));
+        assert_eq!(decode_stop(&encode_stop(60)), Some(60));
+        assert_eq!(decode_stop(&encode_stop(60)[..4]), None);
     }
 }

@@ -33,6 +33,9 @@ pub enum Stage {
 
 pub struct Drain {
     stage: watch::Sender<Stage>,
+    /// `nimbus drain`: new connections are closed at once while the
+    /// node's clients move to other nodes.
+    refusing: std::sync::atomic::AtomicBool,
     /// Connections whose sessions have not ended yet.
     live: AtomicUsize,
     idle: Notify,
@@ -53,6 +56,7 @@ impl Default for Drain {
     fn default() -> Self {
         Drain {
             stage: watch::Sender::new(Stage::Serving),
+            refusing: std::sync::atomic::AtomicBool::new(false),
             live: AtomicUsize::new(0),
             idle: Notify::new(),
         }
@@ -98,6 +102,15 @@ impl Drain {
     /// How many connections have not ended their sessions yet.
     pub fn live(&self) -> usize {
         self.live.load(Ordering::SeqCst)
+    }
+
+    /// From now on new connections are closed at once (`nimbus drain`).
+    pub fn refuse_new(&self) {
+        self.refusing.store(true, Ordering::SeqCst);
+    }
+
+    pub fn refusing_new(&self) -> bool {
+        self.refusing.load(Ordering::SeqCst)
     }
 }
 

@@ -681,6 +681,17 @@ impl Server {
                     self.oplocks.deliver_here(open_id, order)
                 }
             }
+            M::WitnessDrain(d) => {
+                let moved = self.witness.move_node_clients(&d.node, &d.to);
+                tracing::info!(
+                    "witness: {} is draining: told {moved} registration(s) to move to {:?}",
+                    d.node,
+                    d.to
+                );
+            }
+            M::Drain { within_secs } => {
+                crate::witness::drain(self.clone(), Duration::from_secs(u64::from(within_secs)))
+            }
             M::WitnessMove(m) => {
                 let moved = self.witness.move_client(m.client, &m.to);
                 if moved > 0 {
@@ -739,6 +750,10 @@ impl Server {
                 _ = crate::drain::reached(&mut stage, crate::drain::Stage::Draining) => return,
             };
             match accepted {
+                Ok((_, peer)) if self.drain.refusing_new() => {
+                    // `nimbus drain`: the client goes to another node.
+                    tracing::debug!("{peer}: connection closed: the node is draining");
+                }
                 Ok((stream, peer)) => {
                     let slot = match self.admission.admit(peer.ip(), &self.config().limits) {
                         Ok(slot) => slot,

@@ -562,11 +562,105 @@ async fn notify_when(server: &Server, handle: Handle, wake: Arc<Notify>, timeout
     }
 }
 
-/// `nimbus witness move --client IP --to NODE`: asks every node of the
-/// cluster `file` configures to tell the witness clients at `client` to
-/// move to `to`'s advertised address (MS-SWN CLIENT_MOVE). What to print.
-pub fn move_command(file: &std::path::Path, client: IpAddr, to: &str) -> Result<String, String> {
-    use nimbus_cluster::witness_move::{post, WitnessMove};
+/// How often a draining node looks whether its clients have gone.
+const DRAIN_POLL: Duration = Duration::from_millis(200);
+
+/// `nimbus drain` reached this node: new connections are closed, and once
+/// its clients have gone (moved by their witness) or `within` passed, it
+/// stops as at SIGTERM: durable handles handed back, the cluster left.
+pub fn drain(server: Arc<Server>, within: Duration) {
+    if server.drain.refusing_new() {
+        return;
+    }
+    server.drain.refuse_new();
+    tracing::info!(
+        "draining: new connections refused; stopping once this node's {} connection(s) have \
+         gone, or in {}s",
+        server.drain.live(),
+        within.as_secs()
+    );
+    crate::oplocks::on_runtime(Box::new(move || {
+        tokio::spawn(async move {
+            let until = tokio::time::Instant::now() + within;
+            while server.drain.live() > 0 && tokio::time::Instant::now() < until {
+                tokio::time::sleep(DRAIN_POLL).await;
+            }
+            tracing::info!(
+                "draining: {} connection(s) left; stopping",
+                server.drain.live()
+            );
+            // SAFETY: kill(2) of this process with SIGTERM touches no
+            // memory; the server's own handler stops it as an
+            // administrator's SIGTERM does.
+            unsafe {
+                libc::kill(libc::getpid(), libc::SIGTERM);
+            }
+        });
+    }));
+}
+
+/// What `nimbus drain` does: the witness clients of the node `file`
+/// configures are told to move (to `to`, or to every other node), and the
+/// node stops once they have gone, or after `within`. What to print.
+pub fn drain_command(
+    file: &std::path::Path,
+    to: Option<&str>,
+    within: Duration,
+) -> Result<String, String> {
+    use nimbus_cluster::witness_move::{encode_drain, encode_stop, post, WitnessDrain};
+    let (cfg, store, members) = cluster_members(file)?;
+    let Some(cluster) = &cfg.cluster else {
+        return Err("no [cluster]".into());
+    };
+    let me = cluster.node.clone();
+    if !members.iter().any(|(n, _)| *n == me) {
+        return Err(format!("node {me} is not running in the cluster"));
+    }
+    let targets: Vec<(String, IpAddr)> = members
+        .iter()
+        .filter(|(n, _)| *n != me && to.is_none_or(|t| t == n))
+        .filter_map(|(n, a)| a.map(|a| (n.clone(), a)))
+        .collect();
+    if targets.is_empty() {
+        return Err(match to {
+            Some(t) => format!("--to {t}: no such node in the cluster besides {me}"),
+            None => format!("{me} is the only node: its clients have nowhere to go"),
+        });
+    }
+    let nodes: Vec<String> = members.iter().map(|(n, _)| n.clone()).collect();
+    let m = WitnessDrain {
+        node: me.clone(),
+        to: targets.iter().map(|(_, a)| *a).collect(),
+    };
+    post(&store, &nodes, &encode_drain(&m)).map_err(|e| format!("etcd: {e}"))?;
+    let secs = u32::try_from(within.as_secs()).unwrap_or(u32::MAX);
+    post(&store, std::slice::from_ref(&me), &encode_stop(secs))
+        .map_err(|e| format!("etcd: {e}"))?;
+    Ok(format!(
+        "{me} drains: its witness clients are told to move to {}; it stops once they have gone, \
+         or in {}s",
+        targets
+            .iter()
+            .map(|(n, a)| format!("{n} ({a})"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        within.as_secs()
+    ))
+}
+
+/// The configuration `file`, a store on its cluster's etcd, and the
+/// members: names and advertised addresses.
+#[allow(clippy::type_complexity)]
+fn cluster_members(
+    file: &std::path::Path,
+) -> Result<
+    (
+        crate::config::Config,
+        nimbus_state::etcd_store::EtcdStore,
+        Vec<(String, Option<IpAddr>)>,
+    ),
+    String,
+> {
     let cfg = crate::config::Config::from_file(file).map_err(|errors| {
         errors
             .iter()
@@ -585,20 +679,29 @@ pub fn move_command(file: &std::path::Path, client: IpAddr, to: &str) -> Result<
         .map_err(|e| format!("etcd: {e}"))?;
     let members = store
         .scan_prefix(crate::cluster::NODES_PREFIX)
-        .map_err(|e| format!("etcd: reading the members: {e}"))?;
-    let mut nodes = Vec::new();
-    let mut target = None;
-    for (key, value) in members {
-        let node = String::from_utf8_lossy(&key[crate::cluster::NODES_PREFIX.len()..]).into_owned();
-        if node == to {
-            target = String::from_utf8_lossy(&value.value)
+        .map_err(|e| format!("etcd: reading the members: {e}"))?
+        .into_iter()
+        .map(|(key, value)| {
+            let node =
+                String::from_utf8_lossy(&key[crate::cluster::NODES_PREFIX.len()..]).into_owned();
+            let addr = String::from_utf8_lossy(&value.value)
                 .parse::<SocketAddr>()
                 .ok()
                 .map(|a| a.ip());
-        }
-        nodes.push(node);
-    }
-    let Some(addr) = target else {
+            (node, addr)
+        })
+        .collect();
+    Ok((cfg, store, members))
+}
+
+/// `nimbus witness move --client IP --to NODE`: asks every node of the
+/// cluster `file` configures to tell the witness clients at `client` to
+/// move to `to`'s advertised address (MS-SWN CLIENT_MOVE). What to print.
+pub fn move_command(file: &std::path::Path, client: IpAddr, to: &str) -> Result<String, String> {
+    use nimbus_cluster::witness_move::{encode, post, WitnessMove};
+    let (_, store, members) = cluster_members(file)?;
+    let nodes: Vec<String> = members.iter().map(|(n, _)| n.clone()).collect();
+    let Some(addr) = members.iter().find(|(n, _)| n == to).and_then(|(_, a)| *a) else {
         return Err(format!(
             "--to {to}: no such node in the cluster (its members: {})",
             nodes.join(", ")
@@ -608,7 +711,7 @@ pub fn move_command(file: &std::path::Path, client: IpAddr, to: &str) -> Result<
         client,
         to: vec![addr],
     };
-    let posted = post(&store, &nodes, &m).map_err(|e| format!("etcd: {e}"))?;
+    let posted = post(&store, &nodes, &encode(&m)).map_err(|e| format!("etcd: {e}"))?;
     Ok(format!(
         "asked {posted} node(s) to move the witness clients at {client} to {to} ({addr}); \
          the node holding their registrations logs how many it told"

@@ -74,9 +74,19 @@ impl Witness {
     /// `nimbus witness move`: every registration of the client at
     /// `client` gets CLIENT_MOVE to `to`; how many there were.
     pub fn move_client(&self, client: IpAddr, to: &[IpAddr]) -> usize {
+        self.move_where(|r| r.client == client, to)
+    }
+
+    /// `nimbus drain` of `node`: every registration for its interface
+    /// gets CLIENT_MOVE to `to`; how many there were.
+    pub fn move_node_clients(&self, node: &str, to: &[IpAddr]) -> usize {
+        self.move_where(|r| r.node == node, to)
+    }
+
+    fn move_where(&self, which: impl Fn(&Registration) -> bool, to: &[IpAddr]) -> usize {
         let mut regs = lock(&self.registrations);
         let mut moved = 0;
-        for r in regs.values_mut().filter(|r| r.client == client) {
+        for r in regs.values_mut().filter(|r| which(r)) {
             r.pending.push(Notification::ClientMove(to.to_vec()));
             r.wake.notify_waiters();
             moved += 1;

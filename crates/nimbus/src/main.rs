@@ -89,6 +89,21 @@ enum Cmd {
         #[command(subcommand)]
         command: BenchCmd,
     },
+    /// Drain this node of a cluster: its witness clients are told to move
+    /// to other nodes, new connections are refused, and once its clients
+    /// have gone (or the time is up) it stops as at SIGTERM, handing its
+    /// durable handles back.
+    Drain {
+        /// The node's configuration file.
+        #[arg(long)]
+        config: PathBuf,
+        /// The node to move clients to; default: every other node.
+        #[arg(long)]
+        to: Option<String>,
+        /// Seconds to wait for the clients to move before stopping anyway.
+        #[arg(long, default_value_t = 60)]
+        within: u64,
+    },
     /// The witness service's clients (MS-SWN).
     Witness {
         #[command(subcommand)]
@@ -251,6 +266,12 @@ fn main() -> ExitCode {
                     print!("\n{}", nimbus_server::status::files_table(&reports));
                 }
             }),
+        Cmd::Drain { config, to, within } => nimbus_server::witness::drain_command(
+            &config,
+            to.as_deref(),
+            std::time::Duration::from_secs(within),
+        )
+        .map(|m| println!("{m}")),
         Cmd::Witness {
             command: WitnessCmd::Move { config, client, to },
         } => nimbus_server::witness::move_command(&config, client, &to).map(|m| println!("{m}")),
