@@ -788,3 +788,47 @@ fn user_db_file_changes_are_picked_up() {
     expect_complete(logon("bob"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The client's signature of `message` with sequence number `seq` and a
+/// fresh RC4 state (MS-SPNG 3.3.5.1: after the mechListMIC, the state is
+/// restored, the number is not).
+fn client_signature(ctx: &ClientCtx, seq: u32, message: &[u8]) -> [u8; 16] {
+    let p = provider();
+    let ntlm = p.ntlm().unwrap();
+    let dir = Direction::ClientToServer;
+    let sk = ntlm::sign_key(ntlm, &ctx.exported, dir);
+    let mut seal = (ctx.flags & flags::KEY_EXCH != 0)
+        .then(|| ntlm.rc4_stream(&ntlm::seal_key(ntlm, &ctx.exported, ctx.flags, dir)));
+    ntlm::mac(ntlm, &sk, seal.as_deref_mut(), seq, message)
+}
+
+/// Session security after an NTLM logon: in SPNEGO with mechListMICs, the
+/// client's first signed message takes sequence number 1 (the MIC took
+/// 0), with the RC4 state as fresh; in bare NTLMSSP it takes 0.
+#[test]
+fn session_security_goes_on_from_the_mech_list_mic() {
+    let auth = authenticator(false);
+    let (out, ctx) = spnego_exchange(&auth, &Client::default(), true);
+    let r = expect_complete(out);
+    let ctx = ctx.unwrap();
+    assert_eq!(r.ntlm_first_seq, (1, 1));
+    let mut s = auth.ntlm_session_security(&r).unwrap();
+    let request = b"a request after the logon";
+    assert!(s
+        .verify(request, &client_signature(&ctx, 0, request))
+        .is_err());
+    let mut s = auth.ntlm_session_security(&r).unwrap();
+    s.verify(request, &client_signature(&ctx, 1, request))
+        .unwrap();
+
+    let c = Client::default();
+    let mut ex = auth.start();
+    let neg = negotiate_msg(&c);
+    let challenge = expect_continue(ex.step(&neg));
+    let (msg, ctx) = authenticate_msg(&c, &neg, &challenge);
+    let r = expect_complete(ex.step(&msg));
+    assert_eq!(r.ntlm_first_seq, (0, 0));
+    let mut s = auth.ntlm_session_security(&r).unwrap();
+    s.verify(request, &client_signature(&ctx, 0, request))
+        .unwrap();
+}

@@ -18,7 +18,7 @@ use crate::let_go_handover::{
 };
 use crate::session_handover::{self, EndSession, END_SESSION_V1, SESSION_ENDED_V1};
 use crate::witness_move::{
-    self, WitnessDrain, WitnessMove, DRAIN_V1, WITNESS_DRAIN_V1, WITNESS_MOVE_V1,
+    self, Drain, WitnessDrain, WitnessMove, DRAIN_V1, WITNESS_DRAIN_V1, WITNESS_MOVE_V1,
 };
 
 /// One message from another node.
@@ -56,9 +56,8 @@ pub enum ClusterMessage<'a> {
     WitnessMove(WitnessMove),
     /// `nimbus drain`: tell the witness clients of a draining node to move.
     WitnessDrain(WitnessDrain),
-    /// `nimbus drain` of this node: stop once its clients have gone, or
-    /// after this many seconds.
-    Drain { within_secs: u32 },
+    /// `nimbus drain` of this node.
+    Drain(Drain),
 }
 
 /// A message that did not decode: which kind it claimed to be, and what
@@ -116,7 +115,7 @@ impl<'a> ClusterMessage<'a> {
                 .map(|(nonce, found)| M::LeaseAcked { nonce, found }),
             WITNESS_MOVE_V1 => witness_move::decode(msg).map(M::WitnessMove),
             WITNESS_DRAIN_V1 => witness_move::decode_drain(msg).map(M::WitnessDrain),
-            DRAIN_V1 => witness_move::decode_stop(msg).map(|within_secs| M::Drain { within_secs }),
+            DRAIN_V1 => witness_move::decode_stop(msg).map(M::Drain),
             _ => {
                 return nimbus_state::records::decode_break(msg)
                     .map(|(open_id, order)| M::Break { open_id, order })
@@ -255,6 +254,7 @@ mod tests {
                 witness_move::encode(&WitnessMove {
                     client: "192.0.2.7".parse().unwrap(),
                     to: vec!["127.0.0.3".parse().unwrap()],
+                    sent: 1,
                 }),
                 "WitnessMove",
             ),
@@ -262,10 +262,18 @@ mod tests {
                 witness_move::encode_drain(&WitnessDrain {
                     node: "n1".into(),
                     to: vec!["127.0.0.3".parse().unwrap()],
+                    sent: 1,
                 }),
                 "WitnessDrain",
             ),
-            (witness_move::encode_stop(60), "Drain"),
+            (
+                witness_move::encode_stop(&Drain {
+                    incarnation: 3,
+                    within_secs: 60,
+                    sent: 1,
+                }),
+                "Drain",
+            ),
         ]
     }
 
@@ -308,7 +316,7 @@ mod tests {
             } if order.to == 0x01 => "Break",
             M::WitnessMove(m) if m.to.len() == 1 => "WitnessMove",
             M::WitnessDrain(d) if d.node == "n1" => "WitnessDrain",
-            M::Drain { within_secs: 60 } => "Drain",
+            M::Drain(d) if d.within_secs == 60 && d.incarnation == 3 => "Drain",
             _ => "a wrong decoding",
         }
     }

@@ -4,6 +4,12 @@
 //! registration; a node that holds one tells the client, the others drop
 //! the message. Each message lives under a short lease of its own, so
 //! that one a node never takes (it left meanwhile) does not stay in etcd.
+//!
+//! Messages are sealed with the cluster key like every other, but a seal
+//! does not stop a value from being put back later by someone with etcd
+//! access. So each carries the time it was sent and is refused once
+//! `MESSAGE_TTL_SECS` old; a drain also names the incarnation it stops,
+//! so that an old one cannot stop the node's next run.
 
 use std::net::IpAddr;
 
@@ -27,6 +33,8 @@ const MAX_TARGETS: usize = 16;
 pub struct WitnessMove {
     pub client: IpAddr,
     pub to: Vec<IpAddr>,
+    /// When it was sent (Unix seconds).
+    pub sent: u64,
 }
 
 /// Move every witness client registered for `node`'s interface to `to`:
@@ -35,6 +43,29 @@ pub struct WitnessMove {
 pub struct WitnessDrain {
     pub node: String,
     pub to: Vec<IpAddr>,
+    pub sent: u64,
+}
+
+/// The drain of the receiving node's run `incarnation`: stop once its
+/// clients have gone, or after `within_secs`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Drain {
+    pub incarnation: u64,
+    pub within_secs: u32,
+    pub sent: u64,
+}
+
+/// Now, in Unix seconds.
+pub fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// A message sent at `sent` may still be acted on: it is not older than
+/// its lease, nor from the future (clocks a little apart).
+pub fn fresh(sent: u64) -> bool {
+    now().abs_diff(sent) <= MESSAGE_TTL_SECS as u64
 }
 
 fn addresses(to: &[IpAddr]) -> String {
@@ -52,7 +83,14 @@ fn parse_addresses(s: &str) -> Option<Vec<IpAddr>> {
 
 pub fn encode(m: &WitnessMove) -> Vec<u8> {
     let mut v = vec![WITNESS_MOVE_V1];
-    put_strings(&mut v, &[&m.client.to_string(), &addresses(&m.to)]);
+    put_strings(
+        &mut v,
+        &[
+            &m.client.to_string(),
+            &addresses(&m.to),
+            &m.sent.to_string(),
+        ],
+    );
     v
 }
 
@@ -60,39 +98,47 @@ pub fn encode(m: &WitnessMove) -> Vec<u8> {
 /// too many, none).
 pub fn decode(msg: &[u8]) -> Option<WitnessMove> {
     let rest = msg.strip_prefix(&[WITNESS_MOVE_V1])?;
-    let [client, to] = take_strings::<2>(rest)?;
+    let [client, to, sent] = take_strings::<3>(rest)?;
     Some(WitnessMove {
         client: client.parse().ok()?,
         to: parse_addresses(&to)?,
+        sent: sent.parse().ok()?,
     })
 }
 
 pub fn encode_drain(m: &WitnessDrain) -> Vec<u8> {
     let mut v = vec![WITNESS_DRAIN_V1];
-    put_strings(&mut v, &[&m.node, &addresses(&m.to)]);
+    put_strings(&mut v, &[&m.node, &addresses(&m.to), &m.sent.to_string()]);
     v
 }
 
 pub fn decode_drain(msg: &[u8]) -> Option<WitnessDrain> {
     let rest = msg.strip_prefix(&[WITNESS_DRAIN_V1])?;
-    let [node, to] = take_strings::<2>(rest)?;
+    let [node, to, sent] = take_strings::<3>(rest)?;
     Some(WitnessDrain {
         node,
         to: parse_addresses(&to)?,
+        sent: sent.parse().ok()?,
     })
 }
 
-/// The drain of the receiving node: stop once its clients have gone, or
-/// after this many seconds.
-pub fn encode_stop(within_secs: u32) -> Vec<u8> {
+pub fn encode_stop(d: &Drain) -> Vec<u8> {
     let mut v = vec![DRAIN_V1];
-    v.extend_from_slice(&within_secs.to_le_bytes());
+    v.extend_from_slice(&d.incarnation.to_le_bytes());
+    v.extend_from_slice(&d.within_secs.to_le_bytes());
+    v.extend_from_slice(&d.sent.to_le_bytes());
     v
 }
 
-pub fn decode_stop(msg: &[u8]) -> Option<u32> {
-    let rest = msg.strip_prefix(&[DRAIN_V1])?;
-    Some(u32::from_le_bytes(rest.try_into().ok()?))
+pub fn decode_stop(msg: &[u8]) -> Option<Drain> {
+    let rest: &[u8; 20] = msg.strip_prefix(&[DRAIN_V1])?.try_into().ok()?;
+    let (incarnation, rest) = rest.split_first_chunk::<8>()?;
+    let (within, sent) = rest.split_first_chunk::<4>()?;
+    Some(Drain {
+        incarnation: u64::from_le_bytes(*incarnation),
+        within_secs: u32::from_le_bytes(*within),
+        sent: u64::from_le_bytes(sent.try_into().ok()?),
+    })
 }
 
 /// Puts `value` in the box of each of `nodes`; how many took it.
@@ -120,6 +166,7 @@ mod tests {
         let m = WitnessMove {
             client: "192.0.2.7".parse().unwrap(),
             to: vec!["127.0.0.3".parse().unwrap(), "::1".parse().unwrap()],
+            sent: now(),
         };
         assert_eq!(decode(&encode(&m)), Some(m.clone()));
         let enc = encode(&m);
@@ -127,17 +174,28 @@ mod tests {
             assert_eq!(decode(&enc[..cut]), None, "{cut}");
         }
         let mut bad = vec![WITNESS_MOVE_V1];
-        put_strings(&mut bad, &["192.0.2.7", "not-an-address"]);
+        put_strings(&mut bad, &["192.0.2.7", "not-an-address", "1"]);
         assert_eq!(decode(&bad), None);
         let mut none = vec![WITNESS_MOVE_V1];
-        put_strings(&mut none, &["192.0.2.7", ""]);
+        put_strings(&mut none, &["192.0.2.7", "", "1"]);
         assert_eq!(decode(&none), None);
         let d = WitnessDrain {
             node: "n1".into(),
             to: vec!["127.0.0.3".parse().unwrap()],
+            sent: 5,
         };
         assert_eq!(decode_drain(&encode_drain(&d)), Some(d));
-        assert_eq!(decode_stop(&encode_stop(60)), Some(60));
-        assert_eq!(decode_stop(&encode_stop(60)[..4]), None);
+        let stop = Drain {
+            incarnation: 7,
+            within_secs: 60,
+            sent: now(),
+        };
+        assert_eq!(decode_stop(&encode_stop(&stop)), Some(stop.clone()));
+        let enc = encode_stop(&stop);
+        for cut in 0..enc.len() {
+            assert_eq!(decode_stop(&enc[..cut]), None, "{cut}");
+        }
+        assert!(fresh(stop.sent));
+        assert!(!fresh(stop.sent - 61) && !fresh(stop.sent + 61));
     }
 }

@@ -36,6 +36,7 @@ pub struct Drain {
     /// `nimbus drain`: new connections are closed at once while the
     /// node's clients move to other nodes.
     refusing: std::sync::atomic::AtomicBool,
+    stop_requested: Notify,
     /// Connections whose sessions have not ended yet.
     live: AtomicUsize,
     idle: Notify,
@@ -57,6 +58,7 @@ impl Default for Drain {
         Drain {
             stage: watch::Sender::new(Stage::Serving),
             refusing: std::sync::atomic::AtomicBool::new(false),
+            stop_requested: Notify::new(),
             live: AtomicUsize::new(0),
             idle: Notify::new(),
         }
@@ -104,9 +106,24 @@ impl Drain {
         self.live.load(Ordering::SeqCst)
     }
 
-    /// From now on new connections are closed at once (`nimbus drain`).
-    pub fn refuse_new(&self) {
-        self.refusing.store(true, Ordering::SeqCst);
+    /// From now on new connections are closed at once (`nimbus drain`);
+    /// false if they already were.
+    pub fn refuse_new(&self) -> bool {
+        !self.refusing.swap(true, Ordering::SeqCst)
+    }
+
+    /// Asks the process to stop as at SIGTERM (`nimbus drain`, its
+    /// clients gone), once, and only while it serves: a stop already under
+    /// way is left to finish. What `nimbus serve` waits on beside signals.
+    pub fn request_stop(&self) {
+        if self.stage() == Stage::Serving {
+            self.stop_requested.notify_one();
+        }
+    }
+
+    /// Resolves when `request_stop` was called.
+    pub async fn stop_requested(&self) {
+        self.stop_requested.notified().await
     }
 
     pub fn refusing_new(&self) -> bool {

@@ -681,6 +681,12 @@ impl Server {
                     self.oplocks.deliver_here(open_id, order)
                 }
             }
+            M::WitnessDrain(d) if !nimbus_cluster::witness_move::fresh(d.sent) => {
+                tracing::warn!(
+                    "witness: a drain of {} too old or from the future: ignored",
+                    d.node
+                );
+            }
             M::WitnessDrain(d) => {
                 let moved = self.witness.move_node_clients(&d.node, &d.to);
                 tracing::info!(
@@ -689,8 +695,25 @@ impl Server {
                     d.to
                 );
             }
-            M::Drain { within_secs } => {
-                crate::witness::drain(self.clone(), Duration::from_secs(u64::from(within_secs)))
+            M::Drain(d) => {
+                let mine = self.cluster.as_ref().map(|m| m.incarnation());
+                if mine != Some(d.incarnation) || !nimbus_cluster::witness_move::fresh(d.sent) {
+                    tracing::warn!(
+                        "a drain for run {} of this node, sent at {}: not this run's, or too \
+                         old; ignored",
+                        d.incarnation,
+                        d.sent
+                    );
+                } else {
+                    let within = Duration::from_secs(u64::from(d.within_secs));
+                    crate::witness::drain(self.clone(), within)
+                }
+            }
+            M::WitnessMove(m) if !nimbus_cluster::witness_move::fresh(m.sent) => {
+                tracing::warn!(
+                    "witness: a move of {} too old or from the future: ignored",
+                    m.client
+                );
             }
             M::WitnessMove(m) => {
                 let moved = self.witness.move_client(m.client, &m.to);

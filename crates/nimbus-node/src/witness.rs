@@ -261,7 +261,8 @@ async fn connection(server: Arc<Server>, stream: TcpStream, port: Port) {
         return;
     };
     let peer = stream.peer_addr().ok();
-    let peer_ip = peer.map_or(local.ip(), |p| p.ip());
+    // An IPv4 client of a dual-stack listener, as `--client` names it.
+    let peer_ip = peer.map_or(local.ip(), |p| p.ip().to_canonical());
     let _ = stream.set_nodelay(true);
     let (mut rd, mut wr) = stream.into_split();
     let assoc = Arc::new(tokio::sync::Mutex::new(Association::new(
@@ -567,12 +568,12 @@ const DRAIN_POLL: Duration = Duration::from_millis(200);
 
 /// `nimbus drain` reached this node: new connections are closed, and once
 /// its clients have gone (moved by their witness) or `within` passed, it
-/// stops as at SIGTERM: durable handles handed back, the cluster left.
+/// stops as at SIGTERM: durable handles handed back, the cluster left
+/// (`Drain::request_stop`, which `nimbus serve` waits on).
 pub fn drain(server: Arc<Server>, within: Duration) {
-    if server.drain.refusing_new() {
+    if !server.drain.refuse_new() {
         return;
     }
-    server.drain.refuse_new();
     tracing::info!(
         "draining: new connections refused; stopping once this node's {} connection(s) have \
          gone, or in {}s",
@@ -589,12 +590,7 @@ pub fn drain(server: Arc<Server>, within: Duration) {
                 "draining: {} connection(s) left; stopping",
                 server.drain.live()
             );
-            // SAFETY: kill(2) of this process with SIGTERM touches no
-            // memory; the server's own handler stops it as an
-            // administrator's SIGTERM does.
-            unsafe {
-                libc::kill(libc::getpid(), libc::SIGTERM);
-            }
+            server.drain.request_stop();
         });
     }));
 }
@@ -607,12 +603,13 @@ pub fn drain_command(
     to: Option<&str>,
     within: Duration,
 ) -> Result<String, String> {
-    use nimbus_cluster::witness_move::{encode_drain, encode_stop, post, WitnessDrain};
+    use nimbus_cluster::witness_move::{encode_drain, encode_stop, now, post, Drain, WitnessDrain};
     let (cfg, store, members) = cluster_members(file)?;
-    let Some(cluster) = &cfg.cluster else {
-        return Err("no [cluster]".into());
-    };
-    let me = cluster.node.clone();
+    let me = cfg
+        .cluster
+        .as_ref()
+        .map(|c| c.node.clone())
+        .unwrap_or_default();
     if !members.iter().any(|(n, _)| *n == me) {
         return Err(format!("node {me} is not running in the cluster"));
     }
@@ -627,15 +624,38 @@ pub fn drain_command(
             None => format!("{me} is the only node: its clients have nowhere to go"),
         });
     }
+    // The node's current run: the newest incarnation recorded for it.
+    let incarnation = store
+        .scan_prefix(crate::cluster::INCARNATIONS_PREFIX)
+        .map_err(|e| format!("etcd: reading the incarnations: {e}"))?
+        .into_iter()
+        .filter(|(_, v)| v.value == me.as_bytes())
+        .filter_map(|(k, _)| {
+            std::str::from_utf8(&k[crate::cluster::INCARNATIONS_PREFIX.len()..])
+                .ok()?
+                .parse::<u64>()
+                .ok()
+        })
+        .max()
+        .ok_or_else(|| format!("node {me} has no incarnation record in etcd; is it running?"))?;
     let nodes: Vec<String> = members.iter().map(|(n, _)| n.clone()).collect();
     let m = WitnessDrain {
         node: me.clone(),
         to: targets.iter().map(|(_, a)| *a).collect(),
+        sent: now(),
     };
     post(&store, &nodes, &encode_drain(&m)).map_err(|e| format!("etcd: {e}"))?;
-    let secs = u32::try_from(within.as_secs()).unwrap_or(u32::MAX);
-    post(&store, std::slice::from_ref(&me), &encode_stop(secs))
-        .map_err(|e| format!("etcd: {e}"))?;
+    let stop = Drain {
+        incarnation,
+        within_secs: u32::try_from(within.as_secs()).unwrap_or(u32::MAX),
+        sent: now(),
+    };
+    post(&store, std::slice::from_ref(&me), &encode_stop(&stop)).map_err(|e| {
+        format!(
+            "etcd: {e}; the witness clients of {me} were told to move, but {me} was not asked \
+             to stop: run the command again"
+        )
+    })?;
     Ok(format!(
         "{me} drains: its witness clients are told to move to {}; it stops once they have gone, \
          or in {}s",
@@ -701,15 +721,24 @@ pub fn move_command(file: &std::path::Path, client: IpAddr, to: &str) -> Result<
     use nimbus_cluster::witness_move::{encode, post, WitnessMove};
     let (_, store, members) = cluster_members(file)?;
     let nodes: Vec<String> = members.iter().map(|(n, _)| n.clone()).collect();
-    let Some(addr) = members.iter().find(|(n, _)| n == to).and_then(|(_, a)| *a) else {
-        return Err(format!(
-            "--to {to}: no such node in the cluster (its members: {})",
-            nodes.join(", ")
-        ));
+    let addr = match members.iter().find(|(n, _)| n == to) {
+        Some((_, Some(a))) => *a,
+        Some((_, None)) => {
+            return Err(format!(
+                "--to {to}: its membership record names no address clients can use"
+            ))
+        }
+        None => {
+            return Err(format!(
+                "--to {to}: no such node in the cluster (its members: {})",
+                nodes.join(", ")
+            ))
+        }
     };
     let m = WitnessMove {
         client,
         to: vec![addr],
+        sent: nimbus_cluster::witness_move::now(),
     };
     let posted = post(&store, &nodes, &encode(&m)).map_err(|e| format!("etcd: {e}"))?;
     Ok(format!(

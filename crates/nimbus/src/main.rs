@@ -422,6 +422,10 @@ fn serve(args: ServeArgs, logging: &logging::Logging) -> Result<(), String> {
                     tracing::info!("terminated; shutting down");
                     break;
                 }
+                _ = running.drain.stop_requested() => {
+                    tracing::info!("drained; shutting down");
+                    break;
+                }
                 _ = hangup.recv() => reload(&args, &running, logging).await,
             }
         }
