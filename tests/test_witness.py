@@ -28,6 +28,9 @@ from conftest import PASSWORD, USER, add_user, free_port, nimbus_binary, require
 from etcd_cluster import etcd_cluster  # noqa: F401  (the fixture)
 from test_cluster import TTL, Node, nodes  # noqa: F401  (the fixture)
 
+# Nimbus's own service: Samba 4.17 has none (rpcd_witness came with 4.20).
+pytestmark = pytest.mark.nimbus_only
+
 WITNESS_UUID = ("ccd8c074-d0e5-4a40-92b4-d074faa6ba28", "1.1")
 V1, V2 = 0x00010001, 0x00020000
 ERROR_NOT_FOUND, ERROR_TIMEOUT, ERROR_INVALID_STATE = 1168, 1460, 5023
