@@ -369,6 +369,14 @@ def test_nimbus_witness_move_tells_the_client_to_move_through_whichever_node_hol
     answer = call(d, 4, register_ex("NIMBUS", "ca", n1.host, "c1", 0))
     assert result_of(answer) == 0
     waiter, got = waiting_notify(d, answer[:20])
+    # `nimbus status` shows where the registration is held.
+    from test_cluster import status_reports, wait_until
+
+    wait_until(
+        "n2's figures count its witness registration",
+        lambda: status_reports(n2)["n2"].get("witness_registrations") == 1 and status_reports(n2)["n1"].get("witness_registrations") == 0,
+        lambda: {k: v.get("witness_registrations") for k, v in status_reports(n2).items()},
+    )
 
     def move(client: str, to: str) -> subprocess.CompletedProcess:
         return subprocess.run([str(nimbus_binary()), "witness", "move", "--config", str(n1.conf), "--client", client, "--to", to], capture_output=True, text=True, timeout=30)

@@ -87,6 +87,10 @@ pub struct NodeStatus {
     pub locked_files: usize,
     /// Files whose state this cluster node owns (decided in its memory).
     pub owned_files: usize,
+    /// Witness registrations this node's witness service holds (absent
+    /// from the figures of a node older than the service).
+    #[serde(default)]
+    pub witness_registrations: usize,
     /// Unix seconds of these figures.
     pub updated: u64,
 }
@@ -146,6 +150,7 @@ impl Server {
             leases: self.oplocks.lease_count(),
             locked_files: self.locks.locked_files(),
             owned_files: self.cluster.as_ref().map_or(0, |m| m.owned_files()),
+            witness_registrations: self.witness.registration_count(),
             updated: now_unix(),
         }
     }
@@ -434,6 +439,7 @@ pub fn json(reports: &[NodeReport]) -> String {
 pub fn table(reports: &[NodeReport]) -> String {
     let mut rows = vec![[
         "NODE", "HEALTH", "ADDRESS", "SESSIONS", "OPENS", "WAITING", "LEASES", "LOCKED", "OWNED",
+        "WITNESS",
     ]
     .map(String::from)];
     for r in reports {
@@ -449,6 +455,7 @@ pub fn table(reports: &[NodeReport]) -> String {
             n(|s| s.leases),
             n(|s| s.locked_files),
             n(|s| s.owned_files),
+            n(|s| s.witness_registrations),
         ]);
     }
     columns(&rows)
@@ -603,6 +610,7 @@ mod tests {
             leases: 3,
             locked_files: 0,
             owned_files: 4,
+            witness_registrations: 0,
             updated,
         }
     }

@@ -71,6 +71,11 @@ impl Witness {
         }
     }
 
+    /// Registrations held now (`nimbus status`).
+    pub fn registration_count(&self) -> usize {
+        lock(&self.registrations).len()
+    }
+
     /// `nimbus witness move`: every registration of the client at
     /// `client` gets CLIENT_MOVE to `to`; how many there were.
     pub fn move_client(&self, client: IpAddr, to: &[IpAddr]) -> usize {
