@@ -315,7 +315,7 @@ async fn connection(server: Arc<Server>, stream: TcpStream, port: Port) {
                 }
             }
             Answer::Fault(status) => {
-                let mut a = assoc.lock().await;
+                let a = assoc.lock().await;
                 let _ = tx.send(a.fault(&call, status)).await;
             }
             Answer::Wait(..) if waiting.load(Ordering::SeqCst) >= MAX_WAITING => {

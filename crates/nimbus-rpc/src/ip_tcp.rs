@@ -212,22 +212,7 @@ impl Association {
         if bind.assoc_group_id != 0 {
             self.assoc_group = bind.assoc_group_id;
         }
-        let results = self.accept_contexts(&bind);
-        let mut out = Vec::new();
-        BindAck {
-            ptype: ptype::BIND_ACK,
-            call_id: hdr.call_id,
-            max_xmit_frag: xmit,
-            max_recv_frag: MAX_FRAG,
-            assoc_group_id: self.assoc_group,
-            secondary_address: "",
-            results: &results,
-        }
-        .encode(&mut out);
-        if let Some((trailer, token)) = reply_token {
-            pdu::append_auth(&mut out, 0, trailer, &token);
-        }
-        Ok(answer(out))
+        Ok(self.context_ack(ptype::BIND_ACK, hdr.call_id, xmit, &bind, reply_token))
     }
 
     fn alter_context(&mut self, hdr: &Header, pdu: &[u8]) -> Result<Received, &'static str> {
@@ -252,11 +237,24 @@ impl Association {
                 }
             }
         }
-        let results = self.accept_contexts(&bind);
+        Ok(self.context_ack(ptype::ALTER_CONTEXT_RESP, hdr.call_id, xmit, &bind, reply))
+    }
+
+    /// The BIND_ACK or ALTER_CONTEXT_RESP: the contexts judged (and those
+    /// accepted recorded), and the logon's next token if there is one.
+    fn context_ack(
+        &mut self,
+        ptype: u8,
+        call_id: u32,
+        xmit: u16,
+        bind: &Bind,
+        token: Option<(SecTrailer, Vec<u8>)>,
+    ) -> Received {
+        let results = self.accept_contexts(bind);
         let mut out = Vec::new();
         BindAck {
-            ptype: ptype::ALTER_CONTEXT_RESP,
-            call_id: hdr.call_id,
+            ptype,
+            call_id,
             max_xmit_frag: xmit,
             max_recv_frag: MAX_FRAG,
             assoc_group_id: self.assoc_group,
@@ -264,10 +262,10 @@ impl Association {
             results: &results,
         }
         .encode(&mut out);
-        if let Some((trailer, token)) = reply {
+        if let Some((trailer, token)) = token {
             pdu::append_auth(&mut out, 0, trailer, &token);
         }
-        Ok(answer(out))
+        answer(out)
     }
 
     fn auth3(&mut self, hdr: &Header, pdu: &[u8]) -> Result<Received, &'static str> {
@@ -577,7 +575,7 @@ impl Association {
     }
 
     /// A fault in answer to `call`.
-    pub fn fault(&mut self, call: &Call, status: u32) -> Vec<u8> {
+    pub fn fault(&self, call: &Call, status: u32) -> Vec<u8> {
         fault_pdu(call.call_id, call.context_id, status)
     }
 
