@@ -27,6 +27,7 @@ import pytest
 from conftest import PASSWORD, USER, add_user, free_port, nimbus_binary, require_tool, wait_for_port, write_config
 from etcd_cluster import etcd_cluster  # noqa: F401  (the fixture)
 from test_cluster import TTL, Node, nodes  # noqa: F401  (the fixture)
+from test_kerberos import kdc  # noqa: F401  (the fixture)
 
 # Nimbus's own service: Samba 4.17 has none (rpcd_witness came with 4.20).
 pytestmark = pytest.mark.nimbus_only
@@ -476,3 +477,172 @@ def test_a_client_registered_through_n2_hears_that_n1_went(nodes):  # noqa: F811
     # MS-SWN 2.2.2.5: RESOURCE_CHANGE, the address, unavailable (0xff).
     assert resource_change(got[0]) == (1, n1.host, 0xFF)
     assert result_of(got[0]) == 0
+
+
+# Kerberos ------------------------------------------------------------------
+
+KRB_USER, KRB_PASSWORD = "watcher", "W1tness-Kerberos!"
+
+
+@pytest.fixture
+def kerberos_witness(kdc, tmp_path):  # noqa: F811
+    """One node with [kerberos] and the witness service on the loopback
+    address this machine's name resolves to (Kerberos needs a name), its
+    keytab holding cifs/<name> and host/<name>, the service RPC clients
+    ask for. Yields (name, address, witness port, log)."""
+    from kdc import REALM
+    from test_kerberos import loopback_host_name
+
+    if os.geteuid() != 0:
+        pytest.fail("the witness tests bind port 135 for rpcclient's endpoint mapper lookup: run them as root")
+    name, addr = loopback_host_name()
+    conf_text = kdc.krb5_conf.read_text()
+    if f"  {name} = {REALM}\n" not in conf_text:
+        kdc.krb5_conf.write_text(conf_text.replace("[domain_realm]\n", f"[domain_realm]\n  {name} = {REALM}\n"))
+    keytab = tmp_path / "node.keytab"
+    for service in ("cifs", "host"):
+        kdc.kadmin(f"addprinc -randkey {service}/{name}")
+        kdc.kadmin(f"ktadd -k {keytab} {service}/{name}")
+    keytab.chmod(0o600)
+    kdc.kadmin(f"addprinc -pw {KRB_PASSWORD} {KRB_USER}")
+    share = tmp_path / "share"
+    share.mkdir()
+    db = tmp_path / "users.db"
+    add_user(db, KRB_USER, KRB_PASSWORD)
+    port, wport = free_port(), free_port()
+    conf = write_config(tmp_path / "nimbus.toml", port, db, [("data", share, False)])
+    text = conf.read_text().replace("127.0.0.1:", f"{addr}:")
+    conf.write_text(
+        text
+        + f'\n[kerberos]\nkeytab = "{keytab}"\n'
+        + f'\n[witness]\nlisten = ["{addr}:{wport}"]\nendpoint_mapper = ["{addr}:135"]\n'
+    )
+    log = tmp_path / "nimbus.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([str(nimbus_binary()), "serve", "--config", str(conf)], stdout=out, stderr=out, env=kdc.env)
+    try:
+        wait_for_port(addr, port, proc)
+        wait_for_port(addr, wport, proc)
+        wait_for_port(addr, 135, proc)
+        yield name, addr, wport, log
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+    assert "panicked at" not in log.read_text(errors="replace")
+
+
+def smbtorture_witness_kerberos(kdc, name: str, port: int, level: str) -> str:  # noqa: F811
+    from kdc import REALM
+
+    r = subprocess.run(
+        ["smbtorture", f"ncacn_ip_tcp:{name}[{port},{level}]", "--use-kerberos=required", "-U", f"{KRB_USER}@{REALM}%{KRB_PASSWORD}", "rpc.witness"],
+        capture_output=True, text=True, timeout=120, env=kdc.env,
+    )  # fmt: skip
+    return r.stdout + r.stderr
+
+
+@require_tool("rpcclient", "smbclient")
+@require_tool("smbtorture", "samba-testsuite")
+@require_tool("kinit", "krb5-user")
+def test_rpcclient_and_smbtorture_log_on_to_the_witness_with_kerberos_at_integrity_and_privacy(kdc, kerberos_witness, tmp_path):  # noqa: F811
+    """A Kerberos logon (SPNEGO, and bare krb5) of Samba's clients at the
+    integrity and privacy levels: the DCE style's three legs, MIC tokens
+    and DCE-style wrap tokens with headers signed. The client checks every
+    answer's verifier, so a call that returns checked ours, and ours
+    checked its requests."""
+    from kdc import REALM
+
+    name, addr, wport, log = kerberos_witness
+    for level in ("sign", "seal"):
+        out = smbtorture_witness_kerberos(kdc, name, wport, level)
+        for test in ("GetInterfaceList", "UnRegister"):
+            assert f"success: witness.{test}" in out, f"{level}: {out}"
+    # rpcclient takes its ticket from a credential cache only.
+    ccache = tmp_path / "ccache"
+    env = dict(kdc.env, KRB5CCNAME=f"FILE:{ccache}")
+    subprocess.run(["kinit", f"{KRB_USER}@{REALM}"], input=KRB_PASSWORD + "\n", env=env, check=True, capture_output=True, text=True, timeout=30)
+    for level in ("sign", "seal", "krb5,sign", "krb5,seal"):
+        r = subprocess.run(
+            ["rpcclient", "--use-kerberos=required", f"--use-krb5-ccache=FILE:{ccache}", f"ncacn_ip_tcp:{name}[{level}]", "-c", "GetInterfaceList"],
+            capture_output=True, text=True, timeout=60, env=env,
+        )  # fmt: skip
+        out = r.stdout + r.stderr
+        assert f" + NIMBUS {addr} V2" in out, f"{level}: {out}\n{log.read_text(errors='replace')[-3000:]}"
+    logged = log.read_text(errors="replace")
+    for level in (5, 6):
+        assert f"{REALM}\\{KRB_USER} logged on (authentication level {level})" in logged, logged[-3000:]
+
+
+def flipping_proxy(addr: str, port: int, at: int) -> tuple[int, threading.Thread]:
+    """A one-connection proxy to addr:port on addr that flips byte `at` of
+    the first REQUEST PDU the client sends (the PDUs are cut by their
+    frag_length, C706 12.6.4). Bounded: it ends when either side closes,
+    or after 60 s."""
+    import socket
+
+    listener = socket.create_server((addr, 0))
+    listener.settimeout(60)
+
+    def pump(src, dst, flip: bool) -> None:
+        buf, flipped = b"", not flip
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                if flipped:
+                    dst.sendall(data)
+                    continue
+                buf += data
+                while len(buf) >= 10 and len(buf) >= struct.unpack_from("<H", buf, 8)[0]:
+                    n = struct.unpack_from("<H", buf, 8)[0]
+                    pdu = bytearray(buf[:n])
+                    buf = buf[n:]
+                    if not flipped and pdu[2] == 0:  # REQUEST
+                        pdu[at] ^= 0x01
+                        flipped = True
+                    dst.sendall(bytes(pdu))
+                if flipped and buf:
+                    dst.sendall(buf)
+                    buf = b""
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def serve() -> None:
+        with listener:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection((addr, port), timeout=60)
+            client.settimeout(60)
+            back = threading.Thread(target=pump, args=(upstream, client, False), daemon=True)
+            back.start()
+            pump(client, upstream, True)
+            back.join(60)
+            client.close()
+            upstream.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    return listener.getsockname()[1], t
+
+
+@require_tool("smbtorture", "samba-testsuite")
+@pytest.mark.parametrize("level", ["sign", "seal"])
+def test_a_kerberos_protected_request_changed_on_the_wire_is_refused(kdc, kerberos_witness, level):  # noqa: F811
+    """The first request's alloc_hint (a header field nothing else checks)
+    is changed on its way: the headers are signed, so the MIC or wrap token
+    does not verify, nothing runs and the connection closes."""
+    name, _, wport, log = kerberos_witness
+    port, proxy = flipping_proxy(kerberos_witness[1], wport, 16)
+    out = smbtorture_witness_kerberos(kdc, name, port, level)
+    proxy.join(60)
+    assert "success: witness.GetInterfaceList" not in out, out
+    assert "a request whose signature does not verify" in log.read_text(errors="replace")

@@ -180,6 +180,7 @@ impl Authenticator {
             shared: self.shared.clone(),
             local: None,
             state: State::Start,
+            rpc: false,
         }
     }
 
@@ -190,6 +191,19 @@ impl Authenticator {
             shared: self.shared.clone(),
             local: Some(local),
             state: State::Start,
+            rpc: false,
+        }
+    }
+
+    /// Begins one DCE/RPC logon (MS-RPCE 3.3.1.5.2) on a connection made to
+    /// `local`: as `start_at`, but a Kerberos ticket may also be for the
+    /// `host/` service (the one RPC clients ask for), and a Kerberos logon
+    /// keeps its context for per-message protection
+    /// ([`AuthResult::kerberos`]).
+    pub fn start_rpc_at(&self, local: IpAddr) -> AuthExchange {
+        AuthExchange {
+            rpc: true,
+            ..self.start_at(local)
         }
     }
 }
@@ -240,6 +254,9 @@ pub struct AuthResult {
     /// number 0 (MS-SPNG 3.3.5.1 restores the RC4 state after the MIC,
     /// but not the number), else 0.
     pub ntlm_first_seq: (u32, u32),
+    /// A Kerberos logon's context, for per-message protection; kept only
+    /// by exchanges begun with [`Authenticator::start_rpc_at`].
+    pub kerberos: Option<Box<crate::KerberosSessionSecurity>>,
 }
 
 impl fmt::Debug for AuthResult {
@@ -372,6 +389,8 @@ struct KerberosPending {
     mic_required: bool,
     /// The context is established; what is left is the client's MIC.
     established: Option<Box<kerberos::KerberosLogon>>,
+    /// Our mechListMIC was sent.
+    mic_sent: bool,
     /// The client sent Kerberos tokens without SPNEGO around them (MS-SMB2
     /// 3.3.5.5.3 hands the buffer to GSS-API as it is; Windows and Samba
     /// take a bare krb5 token, and Python's smbprotocol sends one): the
@@ -400,12 +419,17 @@ struct Verified {
     mic_present: bool,
 }
 
+/// The DER tag of a bare Kerberos AP-REQ.
+const AP_REQ_TAG: u8 = 0x6e;
+
 /// One SESSION_SETUP exchange.
 pub struct AuthExchange {
     shared: Arc<Shared>,
     /// The address the client connected to, if known.
     local: Option<IpAddr>,
     state: State,
+    /// A DCE/RPC logon ([`Authenticator::start_rpc_at`]).
+    rpc: bool,
 }
 
 impl AuthExchange {
@@ -448,6 +472,11 @@ impl AuthExchange {
         if spnego::initial_token_mech(input).is_some_and(|m| [OID_KRB5, OID_MS_KRB5].contains(&m)) {
             return self.kerberos_raw(input);
         }
+        // The DCE style sends its AP-REQ (RFC 4120 5.5.1, [APPLICATION 14])
+        // without GSS-API's framing (RFC 4121 4.1); the library takes it so.
+        if self.rpc && input[0] == AP_REQ_TAG {
+            return self.kerberos_raw(input);
+        }
         match input[0] {
             0x60 | 0xa0 => self.spnego_init(input),
             _ => Err(AuthError::Malformed("unknown security token")),
@@ -464,6 +493,7 @@ impl AuthExchange {
             mech_types: Vec::new(),
             mic_required: false,
             established: None,
+            mic_sent: false,
             raw: true,
         };
         self.kerberos_token(pending, input, None, None)
@@ -581,6 +611,7 @@ impl AuthExchange {
             mech_types: init.mech_types_raw.to_vec(),
             mic_required: pos != 0,
             established: None,
+            mic_sent: false,
             raw: false,
         };
         match init.mech_token {
@@ -651,13 +682,14 @@ impl AuthExchange {
         self.reload_users();
         let users = self.shared.users.read().unwrap_or_else(|e| e.into_inner());
         let logon = k
-            .logon(&p.gss, &users, self.shared.provider.fips())
+            .logon(&p.gss, &users, self.shared.provider.fips(), self.rpc)
             .map_err(|(principal, reason)| AuthError::Kerberos { principal, reason })?;
         drop(users);
         p.established = Some(Box::new(logon));
         if p.mic_required && client_mic.is_none() {
             // Our MIC now; the client's comes in its next token.
             let mic = p.gss.get_mic(&p.mech_types).map_err(refused)?;
+            p.mic_sent = true;
             self.state = State::AwaitKerberos(Box::new(p));
             return Ok(AuthStep::Continue(spnego::build_resp(
                 NegState::AcceptIncomplete,
@@ -700,13 +732,26 @@ impl AuthExchange {
             }
             None => {}
         }
+        // RFC 4178 5: a client that sent its MIC gets ours (the DCE style's
+        // last leg carries the client's MIC with its token).
+        let mic = match client_mic {
+            Some(_) if !p.mic_sent && !p.raw => Some(
+                p.gss
+                    .get_mic(&p.mech_types)
+                    .map_err(|e| refuse(format!("gss_get_mic: {e}")))?,
+            ),
+            _ => None,
+        };
         let token = (!output.is_empty()).then_some(&output[..]);
         let logon = *logon;
         let output = if p.raw {
             output
         } else {
-            spnego::build_resp(NegState::AcceptCompleted, oid, token, None)
+            spnego::build_resp(NegState::AcceptCompleted, oid, token, mic.as_deref())
         };
+        let kerberos = self
+            .rpc
+            .then(|| Box::new(crate::KerberosSessionSecurity::new(p.gss, logon.enctype)));
         Ok(AuthStep::Complete(AuthResult {
             output,
             user: logon.user,
@@ -719,6 +764,7 @@ impl AuthExchange {
             anonymous: false,
             ntlm_flags: None,
             ntlm_first_seq: (0, 0),
+            kerberos,
         }))
     }
 
@@ -1109,6 +1155,7 @@ fn result(v: Verified, flags: u32, output: Vec<u8>) -> AuthResult {
     AuthResult {
         ntlm_flags: Some(flags),
         ntlm_first_seq: (0, 0),
+        kerberos: None,
         output,
         user: v.user,
         domain: v.domain,

@@ -83,8 +83,9 @@ impl KerberosAcceptor {
         gss: &AcceptContext,
         users: &UserDb,
         fips: bool,
+        rpc: bool,
     ) -> Result<KerberosLogon, (String, String)> {
-        logon(gss, &self.map, users, fips)
+        logon(gss, &self.map, users, fips, rpc)
     }
 }
 
@@ -98,6 +99,8 @@ pub(crate) struct KerberosLogon {
     pub expires_in: Option<std::time::Duration>,
     /// The session key's type, for logs.
     pub key_type: String,
+    /// Its RFC 3961 number, when the library names it.
+    pub enctype: Option<i32>,
 }
 
 /// RFC 3962 / RFC 8009 AES-256 encryption types: aes256-cts-hmac-sha1-96
@@ -142,6 +145,7 @@ fn logon(
     map: &PrincipalMap,
     users: &UserDb,
     fips: bool,
+    rpc: bool,
 ) -> Result<KerberosLogon, (String, String)> {
     let principal = gss
         .client()
@@ -149,10 +153,13 @@ fn logon(
     let fail = |why: String| (principal.clone(), why);
     // Any key of the keytab decrypts tickets; only a file-service one is
     // for this server (a host/ key in the same keytab must not serve SMB).
+    // DCE/RPC clients (the witness's) ask for host/ by default.
     let target = gss.target().map_err(|e| fail(e.to_string()))?;
-    if !target.to_ascii_lowercase().starts_with("cifs/") {
+    let lower = target.to_ascii_lowercase();
+    if !(lower.starts_with("cifs/") || rpc && lower.starts_with("host/")) {
+        let wanted = if rpc { "a cifs/ or host/" } else { "a cifs/" };
         return Err(fail(format!(
-            "the ticket is for {target:?}, not a cifs/ principal"
+            "the ticket is for {target:?}, not {wanted} principal"
         )));
     }
     let home_realm = target.rsplit_once('@').map(|(_, r)| r).unwrap_or_default();
@@ -188,6 +195,7 @@ fn logon(
         full_session_key: full,
         expires_in: (life != u32::MAX).then(|| std::time::Duration::from_secs(life.into())),
         key_type: enctype.map_or("unknown".into(), |e| enctype_name(e).to_string()),
+        enctype,
     })
 }
 

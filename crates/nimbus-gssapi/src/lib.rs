@@ -59,6 +59,16 @@ type Ctx = *mut c_void;
 const GSS_S_COMPLETE: OmUint32 = 0;
 const GSS_S_CONTINUE_NEEDED: OmUint32 = 1;
 const GSS_C_ACCEPT: c_int = 2;
+/// MIT gssapi_ext.h GSS_IOV_BUFFER_TYPE_* values.
+const IOV_EMPTY: OmUint32 = 0;
+const IOV_DATA: OmUint32 = 1;
+const IOV_HEADER: OmUint32 = 2;
+const IOV_SIGN_ONLY: OmUint32 = 11;
+/// RFC 2744 context flag: the DCE/RPC style (three legs, wrap tokens
+/// without padding), which the DCE/RPC wrap layout needs.
+pub const GSS_C_DCE_STYLE: u32 = 0x1000;
+/// RFC 2744 context flag: the client asked for confidentiality.
+pub const GSS_C_CONF_FLAG: u32 = 16;
 const GSS_C_GSS_CODE: c_int = 1;
 const GSS_C_MECH_CODE: c_int = 2;
 /// RFC 2744: the routine errors live in the top 16 bits.
@@ -133,6 +143,30 @@ type VerifyMic = unsafe extern "C" fn(
     *const Buffer,
     *mut OmUint32,
 ) -> OmUint32;
+/// RFC 4121 / MIT gssapi_ext.h gss_iov_buffer_desc.
+#[repr(C)]
+struct IovBuffer {
+    kind: OmUint32,
+    buffer: Buffer,
+}
+/// gss_wrap_iov and gss_wrap_iov_length (MIT gssapi_ext.h).
+type WrapIov = unsafe extern "C" fn(
+    *mut OmUint32,
+    Ctx,
+    c_int,
+    OmUint32,
+    *mut c_int,
+    *mut IovBuffer,
+    c_int,
+) -> OmUint32;
+type UnwrapIov = unsafe extern "C" fn(
+    *mut OmUint32,
+    Ctx,
+    *mut c_int,
+    *mut OmUint32,
+    *mut IovBuffer,
+    c_int,
+) -> OmUint32;
 type DisplayStatus = unsafe extern "C" fn(
     *mut OmUint32,
     OmUint32,
@@ -157,6 +191,9 @@ struct Lib {
     inquire_by_oid: InquireByOid,
     get_mic: GetMic,
     verify_mic: VerifyMic,
+    wrap_iov: WrapIov,
+    wrap_iov_length: WrapIov,
+    unwrap_iov: UnwrapIov,
     display_status: DisplayStatus,
     release_buffer: ReleaseBuffer,
     release_buffer_set: ReleaseBufferSet,
@@ -205,6 +242,9 @@ fn load() -> Result<Lib, String> {
         inquire_by_oid: sym!(b"gss_inquire_sec_context_by_oid\0"),
         get_mic: sym!(b"gss_get_mic\0"),
         verify_mic: sym!(b"gss_verify_mic\0"),
+        wrap_iov: sym!(b"gss_wrap_iov\0"),
+        wrap_iov_length: sym!(b"gss_wrap_iov_length\0"),
+        unwrap_iov: sym!(b"gss_unwrap_iov\0"),
         display_status: sym!(b"gss_display_status\0"),
         release_buffer: sym!(b"gss_release_buffer\0"),
         release_buffer_set: sym!(b"gss_release_buffer_set\0"),
@@ -311,6 +351,49 @@ fn input(bytes: &[u8]) -> Buffer {
         length: bytes.len(),
         value: bytes.as_ptr() as *mut c_void,
     }
+}
+
+fn iov_of(kind: OmUint32, bytes: &mut [u8]) -> IovBuffer {
+    IovBuffer {
+        kind,
+        buffer: Buffer {
+            length: bytes.len(),
+            value: bytes.as_mut_ptr().cast(),
+        },
+    }
+}
+
+/// A descriptor of `len` bytes with no buffer (gss_wrap_iov_length).
+fn iov_len(kind: OmUint32, len: usize) -> IovBuffer {
+    IovBuffer {
+        kind,
+        buffer: Buffer {
+            length: len,
+            value: ptr::null_mut(),
+        },
+    }
+}
+
+/// A read-only descriptor: SIGN_ONLY when there are bytes, EMPTY when not.
+fn iov_signed(bytes: &[u8]) -> IovBuffer {
+    if bytes.is_empty() {
+        return iov_len(IOV_EMPTY, 0);
+    }
+    IovBuffer {
+        kind: IOV_SIGN_ONLY,
+        buffer: input(bytes),
+    }
+}
+
+/// Header, signed prefix, data, signed suffix: the order DCE/RPC's wrap
+/// tokens are computed over.
+fn dce_iov(before: &[u8], data: &mut [u8], after: &[u8], token: &mut [u8]) -> [IovBuffer; 4] {
+    [
+        iov_of(IOV_HEADER, token),
+        iov_signed(before),
+        iov_of(IOV_DATA, data),
+        iov_signed(after),
+    ]
 }
 
 /// A GSS name, released on drop.
@@ -438,6 +521,8 @@ pub struct AcceptContext {
     client: Option<OwnedName>,
     /// Seconds the context stays valid (the ticket's remaining life).
     lifetime: u32,
+    /// The context's flags (RFC 2744 ret_flags) once established.
+    flags: u32,
 }
 
 // SAFETY: a context is used by one thread at a time (it lives behind the
@@ -461,6 +546,7 @@ impl AcceptContext {
             ctx: ptr::null_mut(),
             client: None,
             lifetime: 0,
+            flags: 0,
         }
     }
 
@@ -502,6 +588,7 @@ impl AcceptContext {
         if complete {
             self.client = Some(src);
             self.lifetime = lifetime;
+            self.flags = flags;
         }
         debug_assert!(complete || maj & GSS_S_CONTINUE_NEEDED != 0);
         Ok(Accepted { output, complete })
@@ -622,6 +709,86 @@ impl AcceptContext {
         let maj =
             unsafe { (lib.verify_mic)(&mut min, self.ctx, &input(message), &input(mic), &mut qop) };
         check(lib, "gss_verify_mic", maj, min)
+    }
+
+    /// The flags of the established context (RFC 2744 ret_flags:
+    /// [`GSS_C_DCE_STYLE`], [`GSS_C_CONF_FLAG`], ...).
+    pub fn flags(&self) -> u32 {
+        self.flags
+    }
+
+    /// The length of the token [`AcceptContext::seal_dce`] makes for
+    /// `data_len` bytes sealed (for DCE style, a header that also holds
+    /// what RFC 4121 puts after the data).
+    pub fn seal_dce_len(&self, data_len: usize) -> Result<usize, GssError> {
+        let lib = lib()?;
+        let mut iov = [iov_of(IOV_HEADER, &mut []), iov_len(IOV_DATA, data_len)];
+        let (mut min, mut sealed) = (0, 0);
+        // SAFETY: an established context; the library only writes the
+        // lengths of the two descriptors.
+        let maj = unsafe {
+            (lib.wrap_iov_length)(&mut min, self.ctx, 1, 0, &mut sealed, iov.as_mut_ptr(), 2)
+        };
+        check(lib, "gss_wrap_iov_length", maj, min)?;
+        Ok(iov[0].buffer.length)
+    }
+
+    /// Seals `data` in place (RFC 4121 4.2.6.2 in DCE/RPC's layout, as
+    /// GSS_Wrap with DCE style and a detached header): `token` receives the
+    /// header, and `before` and `after` are covered by the checksum but not
+    /// encrypted (DCE/RPC's PDU header and sec_trailer when the two sides
+    /// sign headers; empty otherwise). `token.len()` must be
+    /// [`AcceptContext::seal_dce_len`].
+    pub fn seal_dce(
+        &self,
+        before: &[u8],
+        data: &mut [u8],
+        after: &[u8],
+        token: &mut [u8],
+    ) -> Result<(), GssError> {
+        let lib = lib()?;
+        let mut iov = dce_iov(before, data, after, token);
+        let (mut min, mut sealed) = (0, 0);
+        // SAFETY: an established context; every descriptor points at a
+        // live slice of its length, and only DATA and HEADER are written.
+        let maj =
+            unsafe { (lib.wrap_iov)(&mut min, self.ctx, 1, 0, &mut sealed, iov.as_mut_ptr(), 4) };
+        check(lib, "gss_wrap_iov", maj, min)?;
+        if sealed == 0 {
+            return Err(GssError::Argument("the context cannot seal"));
+        }
+        Ok(())
+    }
+
+    /// Checks and unseals what the client sealed with GSS_Wrap in
+    /// DCE/RPC's layout (see [`AcceptContext::seal_dce`]); `token` is its
+    /// header, which the library may rewrite while checking.
+    pub fn unseal_dce(
+        &self,
+        before: &[u8],
+        data: &mut [u8],
+        after: &[u8],
+        token: &mut [u8],
+    ) -> Result<(), GssError> {
+        let lib = lib()?;
+        let mut iov = dce_iov(before, data, after, token);
+        let (mut min, mut sealed, mut qop) = (0, 0, 0);
+        // SAFETY: as in `seal_dce`.
+        let maj = unsafe {
+            (lib.unwrap_iov)(
+                &mut min,
+                self.ctx,
+                &mut sealed,
+                &mut qop,
+                iov.as_mut_ptr(),
+                4,
+            )
+        };
+        check(lib, "gss_unwrap_iov", maj, min)?;
+        if sealed == 0 {
+            return Err(GssError::Argument("the client's data was not sealed"));
+        }
+        Ok(())
     }
 }
 

@@ -313,6 +313,9 @@ async fn connection(server: Arc<Server>, stream: TcpStream, port: Port) {
                 for out in a.respond(&call, &stub) {
                     let _ = tx.send(out).await;
                 }
+                if a.is_closed() {
+                    break;
+                }
             }
             Answer::Fault(status) => {
                 let a = assoc.lock().await;

@@ -1,8 +1,9 @@
 //! One DCE/RPC association over TCP (`ncacn_ip_tcp`, MS-RPCE 2.1.1.1),
 //! with the authentication a service reached over the network needs:
-//! NTLMSSP, bare or in SPNEGO, at the integrity or privacy level
-//! (MS-RPCE 3.3.1.5.2), as the witness service asks of its clients
-//! (MS-SWN 7: Windows refuses calls below integrity).
+//! NTLMSSP or Kerberos, bare or in SPNEGO, at the integrity or privacy
+//! level (MS-RPCE 3.3.1.5.2), as the witness service asks of its clients
+//! (MS-SWN 7: Windows refuses calls below integrity). The verifiers are
+//! made and checked in `protection`.
 //!
 //! No I/O, as the rest of the crate: the caller reads whole PDUs (the
 //! header's frag_length says how long) and hands each to
@@ -13,14 +14,17 @@
 //! [`Association::fault`], whose PDUs must be written in the order they
 //! are made: each carries the next signature sequence number.
 //!
-//! Kerberos at the integrity level needs GSS-API's per-message tokens in
-//! DCE/RPC's layout, not built yet: a Kerberos logon gets an association
-//! at the connect level, whose calls to services that need integrity
-//! are refused.
+//! A Kerberos logon whose key type has no per-message tokens here (RC4,
+//! DES), or that asks for privacy without the DCE style, gets an
+//! association at the connect level, whose calls to services that need
+//! integrity are refused.
+
+mod protection;
 
 use std::net::IpAddr;
 
-use nimbus_auth::{AuthStep, Authenticator, NtlmSessionSecurity, SIGNATURE_LEN};
+use nimbus_auth::{AuthStep, Authenticator};
+use protection::{Layout, Protection};
 
 use crate::fragments::Reassembly;
 use crate::pdu::{
@@ -106,8 +110,16 @@ enum Security {
         auth_type: u8,
         context_id: u32,
         /// The signing context, for levels at or above integrity.
-        ntlm: Option<Box<NtlmSessionSecurity>>,
+        protection: Option<Protection>,
     },
+}
+
+/// What one leg of a logon left to do.
+enum Leg {
+    /// Answer with this token and wait for the next leg.
+    More(Vec<u8>),
+    /// The logon completed; a last token to send, if the PDU can carry one.
+    Done(Option<Vec<u8>>),
 }
 
 pub struct Association {
@@ -122,6 +134,9 @@ pub struct Association {
     closed: bool,
     contexts: Vec<(u16, SyntaxId)>,
     security: Security,
+    /// The BIND asked for PFC_SUPPORT_HEADER_SIGN, and the BIND_ACK
+    /// granted it.
+    header_sign: bool,
     partial: Reassembly,
 }
 
@@ -137,6 +152,7 @@ impl Association {
             closed: false,
             contexts: Vec::new(),
             security: Security::None,
+            header_sign: false,
             partial: Reassembly::default(),
         }
     }
@@ -190,6 +206,7 @@ impl Association {
             });
         }
         let (bind, token) = parse_bind(hdr, pdu)?;
+        self.header_sign = hdr.flags & flags::SUPPORT_HEADER_SIGN != 0;
         if bind.max_recv_frag < MIN_FRAG {
             let mut out = Vec::new();
             pdu::encode_bind_nak(hdr.call_id, NAK_REASON_NOT_SPECIFIED, &mut out);
@@ -224,8 +241,8 @@ impl Association {
         if let Some((trailer, token)) = token {
             // A leg of the logon (SPNEGO's last one comes this way).
             match self.next_leg(trailer, token) {
-                Ok(Some(t)) => reply = Some((trailer, t)),
-                Ok(None) => {}
+                Ok(Leg::More(t) | Leg::Done(Some(t))) => reply = Some((trailer, t)),
+                Ok(Leg::Done(None)) => {}
                 Err(why) => {
                     let mut out = Vec::new();
                     pdu::encode_fault(hdr.call_id, 0, ACCESS_DENIED, true, &mut out);
@@ -260,6 +277,7 @@ impl Association {
             assoc_group_id: self.assoc_group,
             secondary_address: "",
             results: &results,
+            header_sign: ptype == ptype::BIND_ACK && self.header_sign,
         }
         .encode(&mut out);
         if let Some((trailer, token)) = token {
@@ -277,9 +295,10 @@ impl Association {
         let token = &pdu[at + SEC_TRAILER_LEN..];
         let was_pending = matches!(self.security, Security::Pending { .. });
         match self.next_leg(trailer, token) {
-            // AUTH3 has no answer (MS-RPCE 3.3.1.5.2.2).
-            Ok(None) => Ok(Received::default()),
-            Ok(Some(_)) => Err("an AUTH3 leg that needs another"),
+            // AUTH3 has no answer (MS-RPCE 3.3.1.5.2.2): a last token
+            // (SPNEGO's accept-completed) is not sent.
+            Ok(Leg::Done(_)) => Ok(Received::default()),
+            Ok(Leg::More(_)) => Err("an AUTH3 leg that needs another"),
             // A failed logon: its calls are refused (ACCESS_DENIED), as a
             // client expects to be told, rather than the connection cut.
             Err(_) if was_pending => Ok(Received::default()),
@@ -289,16 +308,19 @@ impl Association {
 
     /// The first leg, from a BIND: what to answer in the BIND_ACK.
     fn start_auth(&mut self, trailer: SecTrailer, token: &[u8]) -> Result<Vec<u8>, String> {
-        if !matches!(trailer.auth_type, auth::TYPE_NTLMSSP | auth::TYPE_SPNEGO) {
+        if !matches!(
+            trailer.auth_type,
+            auth::TYPE_NTLMSSP | auth::TYPE_SPNEGO | auth::TYPE_KRB5
+        ) {
             return Err(format!(
-                "authentication type {} (only NTLMSSP and SPNEGO are served)",
+                "authentication type {} (only NTLMSSP, Kerberos and SPNEGO are served)",
                 trailer.auth_type
             ));
         }
         if !(auth::LEVEL_CONNECT..=auth::LEVEL_PRIVACY).contains(&trailer.auth_level) {
             return Err(format!("authentication level {}", trailer.auth_level));
         }
-        let mut exchange = Box::new(self.authenticator.start_at(self.local));
+        let mut exchange = Box::new(self.authenticator.start_rpc_at(self.local));
         match exchange.step(token) {
             Ok(AuthStep::Continue(t)) => {
                 self.security = Security::Pending {
@@ -327,11 +349,7 @@ impl Association {
     /// A later leg: the token to answer with, if any. A leg when no logon
     /// is under way (an association already logged on, or never) is
     /// refused and leaves the association as it was.
-    fn next_leg(
-        &mut self,
-        trailer: SecTrailer,
-        token: &[u8],
-    ) -> Result<Option<Vec<u8>>, &'static str> {
+    fn next_leg(&mut self, trailer: SecTrailer, token: &[u8]) -> Result<Leg, &'static str> {
         if !matches!(self.security, Security::Pending { .. }) {
             return Err("an authentication leg with no logon under way");
         }
@@ -358,12 +376,12 @@ impl Association {
                     level,
                     context_id,
                 };
-                Ok(Some(t))
+                Ok(Leg::More(t))
             }
             Ok(AuthStep::Complete(logon)) => {
                 let output = logon.output.clone();
                 self.complete(logon, auth_type, level, context_id)?;
-                Ok((!output.is_empty()).then_some(output))
+                Ok(Leg::Done((!output.is_empty()).then_some(output)))
             }
             Err(e) => {
                 tracing::info!("rpc: logon refused: {e}");
@@ -377,7 +395,7 @@ impl Association {
     /// protected whole or not at all.
     fn complete(
         &mut self,
-        logon: nimbus_auth::AuthResult,
+        mut logon: nimbus_auth::AuthResult,
         auth_type: u8,
         level: u8,
         context_id: u32,
@@ -388,15 +406,18 @@ impl Association {
             self.security = Security::Failed;
             return Err("guest and anonymous logons may not use this service");
         }
-        let ntlm = self
-            .authenticator
-            .ntlm_session_security(&logon)
-            .map(Box::new);
-        let level = if ntlm.is_some() {
+        let protection = match logon.kerberos.take() {
+            Some(gss) => Protection::kerberos(gss, level, self.header_sign),
+            None => self
+                .authenticator
+                .ntlm_session_security(&logon)
+                .map(|n| Protection::Ntlm(Box::new(n))),
+        };
+        let level = if protection.is_some() {
             level
         } else {
             // See the module comment: no per-message protection without
-            // NTLM's.
+            // the mechanism's.
             level.min(auth::LEVEL_CONNECT)
         };
         tracing::info!(
@@ -412,7 +433,7 @@ impl Association {
             },
             auth_type,
             context_id,
-            ntlm,
+            protection,
         };
         Ok(())
     }
@@ -492,13 +513,13 @@ impl Association {
         stub_start: usize,
     ) -> Result<usize, &'static str> {
         let auth_len = hdr.auth_length as usize;
-        let (ntlm, level, context) = match &mut self.security {
+        let (protection, level, context) = match &mut self.security {
             Security::Done {
-                ntlm,
+                protection: Some(p),
                 caller,
                 context_id,
                 ..
-            } if caller.level >= auth::LEVEL_INTEGRITY => (ntlm, caller.level, *context_id),
+            } if caller.level >= auth::LEVEL_INTEGRITY => (p, caller.level, *context_id),
             _ => {
                 // Below integrity a verifier carries nothing to check.
                 if auth_len == 0 {
@@ -510,7 +531,7 @@ impl Association {
                     .ok_or("malformed trailer");
             }
         };
-        if auth_len != SIGNATURE_LEN {
+        if auth_len == 0 {
             return Err("a request without its signature");
         }
         let (t, at) = SecTrailer::find(pdu, auth_len).map_err(|_| "malformed trailer")?;
@@ -521,19 +542,16 @@ impl Association {
         if pad > at - stub_start {
             return Err("auth padding longer than the stub");
         }
-        let Some(ntlm) = ntlm.as_mut() else {
-            return Err("no signing context");
+        if protection.verifier_len(level, at - stub_start) != Ok(auth_len) {
+            return Err("a request without its signature");
+        }
+        let layout = Layout {
+            stub: stub_start..at,
+            signed: at + SEC_TRAILER_LEN,
         };
-        let signed = at + SEC_TRAILER_LEN;
-        let sig: [u8; SIGNATURE_LEN] = pdu[signed..]
-            .try_into()
-            .map_err(|_| "malformed signature")?;
-        let ok = if level == auth::LEVEL_PRIVACY {
-            ntlm.unseal(pdu, stub_start..at, signed, &sig)
-        } else {
-            ntlm.verify(&pdu[..signed], &sig)
-        };
-        ok.map_err(|_| "a request whose signature does not verify")?;
+        protection
+            .check(pdu, layout, level)
+            .map_err(|_| "a request whose signature does not verify")?;
         Ok(at - pad)
     }
 
@@ -546,12 +564,20 @@ impl Association {
         }
         let xmit = self.xmit_frag.unwrap_or(MIN_FRAG) as usize;
         let protected = self.protection();
+        let verifier = match protected {
+            Some((_, level, p)) => match p.verifier_len(level, xmit) {
+                Ok(n) => n,
+                Err(_) => return self.give_up(),
+            },
+            None => 0,
+        };
         let overhead = pdu::REQUEST_HEADER_LEN
             + if protected.is_some() {
-                AUTH_PAD + SEC_TRAILER_LEN + SIGNATURE_LEN
+                AUTH_PAD + SEC_TRAILER_LEN + verifier
             } else {
                 0
             };
+        let protected = protected.map(|(trailer, level, _)| (trailer, level));
         // Every fragment but the last carries a multiple of 16 (so of 8,
         // C706 12.6.3.4) stub bytes.
         let chunk = ((xmit - overhead) / AUTH_PAD) * AUTH_PAD;
@@ -567,11 +593,26 @@ impl Association {
                 &mut out,
             );
             if let Some((trailer, level)) = protected {
-                self.protect(&mut out, trailer, level);
+                if self.protect(&mut out, trailer, level).is_err() {
+                    return self.give_up();
+                }
             }
             pdus.push(out);
         }
         pdus
+    }
+
+    /// A verifier could not be made (the GSS-API library refused): the
+    /// association ends rather than answer unprotected.
+    fn give_up(&mut self) -> Vec<Vec<u8>> {
+        tracing::warn!("rpc: an answer could not be protected; the association ends");
+        self.closed = true;
+        Vec::new()
+    }
+
+    /// Whether the association ended (its connection should close).
+    pub fn is_closed(&self) -> bool {
+        self.closed
     }
 
     /// A fault in answer to `call`.
@@ -579,13 +620,13 @@ impl Association {
         fault_pdu(call.call_id, call.context_id, status)
     }
 
-    fn protection(&self) -> Option<(SecTrailer, u8)> {
+    fn protection(&self) -> Option<(SecTrailer, u8, &Protection)> {
         match &self.security {
             Security::Done {
                 caller,
                 auth_type,
                 context_id,
-                ntlm: Some(_),
+                protection: Some(p),
             } if caller.level >= auth::LEVEL_INTEGRITY => Some((
                 SecTrailer {
                     auth_type: *auth_type,
@@ -594,6 +635,7 @@ impl Association {
                     context_id: *context_id,
                 },
                 caller.level,
+                p,
             )),
             _ => None,
         }
@@ -601,9 +643,18 @@ impl Association {
 
     /// Pads the stub of the RESPONSE in `out`, appends the trailer and
     /// signs or seals.
-    fn protect(&mut self, out: &mut Vec<u8>, trailer: SecTrailer, level: u8) {
-        let Security::Done { ntlm: Some(n), .. } = &mut self.security else {
-            return;
+    fn protect(
+        &mut self,
+        out: &mut Vec<u8>,
+        trailer: SecTrailer,
+        level: u8,
+    ) -> Result<(), nimbus_auth::BadSignature> {
+        let Security::Done {
+            protection: Some(p),
+            ..
+        } = &mut self.security
+        else {
+            return Err(nimbus_auth::BadSignature);
         };
         let stub_len = out.len() - pdu::REQUEST_HEADER_LEN;
         let pad = (AUTH_PAD - stub_len % AUTH_PAD) % AUTH_PAD;
@@ -615,14 +666,15 @@ impl Association {
         }
         .encode(out);
         let signed = out.len();
-        out.resize(signed + SIGNATURE_LEN, 0);
-        Header::set_lengths(0, out, SIGNATURE_LEN as u16);
-        let sig = if level == auth::LEVEL_PRIVACY {
-            n.seal(out, pdu::REQUEST_HEADER_LEN..stub_end, signed)
-        } else {
-            n.sign(&out[..signed])
+        let verifier = p.verifier_len(level, stub_end - pdu::REQUEST_HEADER_LEN)?;
+        let verifier_u16 = u16::try_from(verifier).map_err(|_| nimbus_auth::BadSignature)?;
+        out.resize(signed + verifier, 0);
+        Header::set_lengths(0, out, verifier_u16);
+        let layout = Layout {
+            stub: pdu::REQUEST_HEADER_LEN..stub_end,
+            signed,
         };
-        out[signed..].copy_from_slice(&sig);
+        p.protect(out, layout, level)
     }
 }
 

@@ -26,6 +26,10 @@ pub mod ptype {
 pub mod flags {
     pub const FIRST_FRAG: u8 = 0x01;
     pub const LAST_FRAG: u8 = 0x02;
+    /// MS-RPCE 2.2.2.3 PFC_SUPPORT_HEADER_SIGN, in a BIND and its BIND_ACK
+    /// (the same bit is PFC_PENDING_CANCEL in a REQUEST): the
+    /// verifier covers the PDU's header and sec_trailer too.
+    pub const SUPPORT_HEADER_SIGN: u8 = 0x04;
     pub const DID_NOT_EXECUTE: u8 = 0x20;
     pub const OBJECT_UUID: u8 = 0x80;
 }
@@ -227,13 +231,20 @@ pub struct BindAck<'a> {
     /// ALTER_CONTEXT_RESP.
     pub secondary_address: &'a str,
     pub results: &'a [ContextResult],
+    /// Answers a BIND's PFC_SUPPORT_HEADER_SIGN.
+    pub header_sign: bool,
 }
 
 impl BindAck<'_> {
     pub fn encode(&self, out: &mut Vec<u8>) {
+        let header_sign = if self.header_sign {
+            flags::SUPPORT_HEADER_SIGN
+        } else {
+            0
+        };
         let start = Header::encode(
             self.ptype,
-            flags::FIRST_FRAG | flags::LAST_FRAG,
+            flags::FIRST_FRAG | flags::LAST_FRAG | header_sign,
             self.call_id,
             out,
         );
@@ -384,6 +395,8 @@ pub fn judge_contexts(bind: &Bind, served: impl Fn(&SyntaxId) -> bool) -> Vec<Co
 /// MS-RPCE 2.2.1.1.7-8: the authentication services and levels.
 pub mod auth {
     pub const TYPE_SPNEGO: u8 = 9;
+    /// RPC_C_AUTHN_GSS_KERBEROS: bare Kerberos (GSS-API) tokens.
+    pub const TYPE_KRB5: u8 = 16;
     /// RPC_C_AUTHN_WINNT: NTLMSSP tokens.
     pub const TYPE_NTLMSSP: u8 = 10;
     pub const LEVEL_CONNECT: u8 = 2;

@@ -240,6 +240,7 @@ impl Pipe {
             assoc_group_id: association.assoc_group,
             secondary_address: self.service.endpoint(),
             results: &results,
+            header_sign: false,
         }
         .encode(&mut out);
         self.association = Some(association);
@@ -270,6 +271,7 @@ impl Pipe {
             assoc_group_id: a.assoc_group,
             secondary_address: "",
             results: &results,
+            header_sign: false,
         }
         .encode(&mut out);
         self.push(out);
