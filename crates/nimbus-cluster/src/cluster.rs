@@ -140,6 +140,10 @@ pub struct Membership {
     /// records, the 1-second look-ups above were some N reads a second
     /// per node (issue 49).
     live: Mutex<LiveIncarnations>,
+    /// Bumped whenever the copy of `incarnations/` changes (a run joined
+    /// or went), for those who follow the membership
+    /// (`Membership::membership_changes`).
+    changed: tokio::sync::watch::Sender<u64>,
     /// The store whose ownerships live under the lease.
     owned: OnceLock<Arc<ClusterStore>>,
     /// When the last registration or renewal that etcd answered was sent:
@@ -535,6 +539,7 @@ impl Membership {
             gone: Mutex::new(HashSet::new()),
             alive: Mutex::new(std::collections::HashMap::new()),
             live: Mutex::new(LiveIncarnations::default()),
+            changed: tokio::sync::watch::Sender::new(0),
             owned: OnceLock::new(),
             last_proof: Mutex::new(None),
             lost: AtomicBool::new(false),
@@ -861,6 +866,9 @@ impl Membership {
                     };
                     match w.next(Duration::from_secs(1)) {
                         Ok(batch) => {
+                            if !batch.events.is_empty() {
+                                self.changed.send_modify(|n| *n += 1);
+                            }
                             let mut live = crate::sync::lock(&self.live);
                             for e in &batch.events {
                                 let Some(n) = incarnation_of_key(&e.key) else {
@@ -904,7 +912,15 @@ impl Membership {
             numbers,
             heard: Some(Instant::now()),
         };
+        // What changed while the watch was down is in this copy.
+        self.changed.send_modify(|n| *n += 1);
         Ok(revision)
+    }
+
+    /// Wakes (`changed()`) when a run joins or goes, as the watch of
+    /// `incarnations/` sees it; then read `members`.
+    pub fn membership_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changed.subscribe()
     }
 
     /// `open_id` is a persistent open of this node: its file's records

@@ -40,8 +40,9 @@ use crate::witness_registry::{lock, Registration};
 const MAX_CONNECTIONS: usize = 1024;
 /// Registrations one association may hold.
 const MAX_REGISTRATIONS: usize = 64;
-/// How often the membership is read while a notification is awaited.
-const MEMBERSHIP_EVERY: Duration = Duration::from_secs(1);
+/// How often the membership is read while registrations exist even when
+/// the watch of the membership reports nothing (a watch that lags).
+const MEMBERSHIP_AGAIN: Duration = Duration::from_secs(30);
 /// Answers queued for one connection's writer.
 const QUEUED: usize = 64;
 /// AsyncNotify calls one association may have waiting.
@@ -220,13 +221,24 @@ async fn accept(server: Weak<Server>, listener: TcpListener, port: Port) {
     }
 }
 
-/// Reads the membership while anyone waits, and reports what left.
+/// Reads the membership when it changes (and now and then), while
+/// registrations exist, and reports what left.
 async fn follow_members(server: Weak<Server>) {
+    // A single node's interfaces do not go while it serves.
+    let Some(mut changes) = server
+        .upgrade()
+        .and_then(|s| s.cluster.as_ref().map(|m| m.membership_changes()))
+    else {
+        return;
+    };
     loop {
-        tokio::time::sleep(MEMBERSHIP_EVERY).await;
+        // Woken by the cluster's watch of its runs when one joins or goes.
+        if let Ok(Err(_)) = tokio::time::timeout(MEMBERSHIP_AGAIN, changes.changed()).await {
+            // The membership is gone (shutting down): no more wake-ups.
+            tokio::time::sleep(MEMBERSHIP_AGAIN).await;
+        }
         let Some(s) = server.upgrade() else { return };
-        // A single node's interfaces do not go while it serves.
-        if s.cluster.is_none() || lock(&s.witness.registrations).is_empty() {
+        if lock(&s.witness.registrations).is_empty() {
             continue;
         }
         let s2 = s.clone();
