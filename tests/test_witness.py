@@ -398,6 +398,51 @@ def test_nimbus_witness_move_tells_the_client_to_move_through_whichever_node_hol
     assert "told 1 registration(s)" in n2.log()
 
 
+def test_nimbus_witness_move_share_moves_only_that_shares_registrations(nodes):  # noqa: F811
+    """`nimbus witness move --share ca --to n3`: the client registered for
+    share ca (RegisterEx with its name) gets SHARE_MOVE to n3's address; a
+    registration without a share, and moves naming another share or
+    another client, tell nobody. The answers show it: each registration's
+    first notification is the one meant for it."""
+    ports = start_with_witness(nodes)
+    n1, n2, n3 = nodes
+    with_share = connect(n2.host, ports["n2"])
+    without = connect(n2.host, ports["n2"])
+    me = with_share.get_rpc_transport().get_socket().getsockname()[0]
+    a = call(with_share, 4, register_ex("NIMBUS", "ca", n1.host, "c1", 0))
+    b = call(without, 4, register_ex("NIMBUS", None, n1.host, "c1", 0))
+    assert result_of(a) == 0 and result_of(b) == 0
+    share_waiter, share_got = waiting_notify(with_share, a[:20])
+    plain_waiter, plain_got = waiting_notify(without, b[:20])
+
+    def move(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(nimbus_binary()), "witness", "move", "--config", str(n1.conf), *args], capture_output=True, text=True, timeout=30)
+
+    r = move("--share", "nosuch", "--to", "n3")
+    assert r.returncode != 0 and "no such share" in r.stderr, r.stderr
+    r = move("--to", "n3")
+    assert r.returncode != 0, r.stdout
+    # Were either delivered to the registration for ca, its answer below
+    # would name n2.
+    for args in (("--share", "data", "--to", "n2"), ("--share", "ca", "--client", "192.0.2.99", "--to", "n2")):
+        r = move(*args)
+        assert r.returncode == 0 and "asked 3 node(s)" in r.stdout, (args, r.stdout, r.stderr)
+    r = move("--share", "CA", "--client", me, "--to", "n3")
+    assert r.returncode == 0 and "registered for share CA" in r.stdout, (r.stdout, r.stderr)
+    share_waiter.join(timeout=10)
+    assert share_got, "no SHARE_MOVE"
+    # MS-SWN 2.2.2.5: SHARE_MOVE (3), n3's address.
+    assert client_move(share_got[0]) == (3, [n3.host])
+    # The registration without a share heard none of that: its first
+    # notification is the client move sent now.
+    r = move("--client", me, "--to", "n1")
+    assert r.returncode == 0, r.stderr
+    plain_waiter.join(timeout=10)
+    assert plain_got, "no CLIENT_MOVE"
+    assert client_move(plain_got[0]) == (2, [n1.host])
+    assert "registration(s) for share CA to move" in n2.log()
+
+
 def test_nimbus_drain_moves_a_witness_client_which_keeps_its_persistent_handle(nodes):  # noqa: F811
     """`nimbus drain` of n1: the client registered for n1 (through n2) is
     told to move to n3, n1 refuses new connections, the client reconnects
@@ -573,11 +618,12 @@ def test_rpcclient_and_smbtorture_log_on_to_the_witness_with_kerberos_at_integri
         assert f"{REALM}\\{KRB_USER} logged on (authentication level {level})" in logged, logged[-3000:]
 
 
-def flipping_proxy(addr: str, port: int, at: int) -> tuple[int, threading.Thread]:
-    """A one-connection proxy to addr:port on addr that flips byte `at` of
-    the first REQUEST PDU the client sends (the PDUs are cut by their
-    frag_length, C706 12.6.4). Bounded: it ends when either side closes,
-    or after 60 s."""
+def changing_proxy(addr: str, port: int, change) -> tuple[int, threading.Thread]:
+    """A one-connection proxy to addr:port on addr that hands each PDU the
+    client sends (cut by its frag_length, C706 12.6.4) to `change`, which
+    returns what to send in its place, or None to send it as it is; after
+    the first change the rest passes unchanged. Bounded: it ends when either side closes, or
+    after 60 s."""
     import socket
 
     listener = socket.create_server((addr, 0))
@@ -596,12 +642,11 @@ def flipping_proxy(addr: str, port: int, at: int) -> tuple[int, threading.Thread
                 buf += data
                 while len(buf) >= 10 and len(buf) >= struct.unpack_from("<H", buf, 8)[0]:
                     n = struct.unpack_from("<H", buf, 8)[0]
-                    pdu = bytearray(buf[:n])
+                    pdu = bytes(buf[:n])
                     buf = buf[n:]
-                    if not flipped and pdu[2] == 0:  # REQUEST
-                        pdu[at] ^= 0x01
-                        flipped = True
-                    dst.sendall(bytes(pdu))
+                    changed = None if flipped else change(bytearray(pdu))
+                    flipped = flipped or changed is not None
+                    dst.sendall(pdu if changed is None else changed)
                 if flipped and buf:
                     dst.sendall(buf)
                     buf = b""
@@ -641,8 +686,55 @@ def test_a_kerberos_protected_request_changed_on_the_wire_is_refused(kdc, kerber
     is changed on its way: the headers are signed, so the MIC or wrap token
     does not verify, nothing runs and the connection closes."""
     name, _, wport, log = kerberos_witness
-    port, proxy = flipping_proxy(kerberos_witness[1], wport, 16)
+
+    def alloc_hint(pdu: bytearray) -> bytes | None:
+        if pdu[2] != 0:  # REQUEST
+            return None
+        pdu[16] ^= 0x01
+        return bytes(pdu)
+
+    port, proxy = changing_proxy(kerberos_witness[1], wport, alloc_hint)
     out = smbtorture_witness_kerberos(kdc, name, port, level)
     proxy.join(60)
     assert "success: witness.GetInterfaceList" not in out, out
     assert "a request whose signature does not verify" in log.read_text(errors="replace")
+
+
+@require_tool("smbtorture", "samba-testsuite")
+def test_a_bind_stripped_of_header_signing_gets_no_kerberos_logon(kdc, kerberos_witness):  # noqa: F811
+    """PFC_SUPPORT_HEADER_SIGN cleared from the BIND on its way (the BIND
+    itself is not protected): were the logon served, its tokens would not
+    cover the opnum or the padding. It is refused, and nothing is
+    answered."""
+    name, _, wport, log = kerberos_witness
+
+    def no_header_signing(pdu: bytearray) -> bytes | None:
+        if pdu[2] != 11 or not pdu[3] & 0x04:  # a BIND asking for it
+            return None
+        pdu[3] &= ~0x04
+        return bytes(pdu)
+
+    port, proxy = changing_proxy(kerberos_witness[1], wport, no_header_signing)
+    out = smbtorture_witness_kerberos(kdc, name, port, "sign")
+    proxy.join(60)
+    assert "success: witness.GetInterfaceList" not in out, out
+    assert "which its logon cannot protect" in log.read_text(errors="replace")
+
+
+@require_tool("smbtorture", "samba-testsuite")
+@pytest.mark.parametrize("level", ["sign", "seal"])
+def test_a_kerberos_protected_request_sent_twice_is_refused_the_second_time(kdc, kerberos_witness, level):  # noqa: F811
+    """The first request is sent again right after itself, as one who
+    recorded it would replay it: its token verifies once; the second time
+    GSS-API's replay detection refuses it and the connection closes."""
+    name, _, wport, log = kerberos_witness
+
+    def twice(pdu: bytearray) -> bytes | None:
+        return bytes(pdu) * 2 if pdu[2] == 0 else None  # REQUEST
+
+    port, proxy = changing_proxy(kerberos_witness[1], wport, twice)
+    smbtorture_witness_kerberos(kdc, name, port, level)
+    proxy.join(60)
+    logged = log.read_text(errors="replace")
+    assert "a token replayed, out of order or after a gap" in logged, logged[-3000:]
+    assert "a request whose signature does not verify" in logged, logged[-3000:]

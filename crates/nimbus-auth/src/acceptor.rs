@@ -181,6 +181,7 @@ impl Authenticator {
             local: None,
             state: State::Start,
             rpc: false,
+            unanswered: false,
         }
     }
 
@@ -192,6 +193,7 @@ impl Authenticator {
             local: Some(local),
             state: State::Start,
             rpc: false,
+            unanswered: false,
         }
     }
 
@@ -430,6 +432,8 @@ pub struct AuthExchange {
     state: State,
     /// A DCE/RPC logon ([`Authenticator::start_rpc_at`]).
     rpc: bool,
+    /// The next leg's answer is not sent (DCE/RPC's AUTH3).
+    unanswered: bool,
 }
 
 impl AuthExchange {
@@ -453,6 +457,13 @@ impl AuthExchange {
                 "authentication exchange already finished",
             )),
         }
+    }
+
+    /// The next leg's answer will not reach the client (it comes in a
+    /// DCE/RPC AUTH3, which has none): nothing that uses up a sequence
+    /// number (our SPNEGO mechListMIC) is made for it.
+    pub fn last_leg_unanswered(&mut self) {
+        self.unanswered = true;
     }
 
     fn step_start(&mut self, input: &[u8]) -> Result<AuthStep, AuthError> {
@@ -735,7 +746,7 @@ impl AuthExchange {
         // RFC 4178 5: a client that sent its MIC gets ours (the DCE style's
         // last leg carries the client's MIC with its token).
         let mic = match client_mic {
-            Some(_) if !p.mic_sent && !p.raw => Some(
+            Some(_) if !p.mic_sent && !p.raw && !self.unanswered => Some(
                 p.gss
                     .get_mic(&p.mech_types)
                     .map_err(|e| refuse(format!("gss_get_mic: {e}")))?,

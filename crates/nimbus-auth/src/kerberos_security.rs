@@ -6,7 +6,9 @@
 
 use std::fmt;
 
-use nimbus_gssapi::{AcceptContext, GSS_C_CONF_FLAG, GSS_C_DCE_STYLE};
+use nimbus_gssapi::{
+    AcceptContext, GSS_C_CONF_FLAG, GSS_C_DCE_STYLE, GSS_C_REPLAY_FLAG, GSS_C_SEQUENCE_FLAG,
+};
 
 use crate::BadSignature;
 
@@ -53,6 +55,13 @@ impl KerberosSessionSecurity {
     /// no per-message protection here.
     pub fn mic_len(&self) -> Option<usize> {
         self.mic_len
+    }
+
+    /// The client asked for replay and sequence detection, without which
+    /// a token captured once verifies again (Windows and Samba ask).
+    pub fn detects_replays(&self) -> bool {
+        let f = self.gss.flags();
+        f & GSS_C_REPLAY_FLAG != 0 && f & GSS_C_SEQUENCE_FLAG != 0
     }
 
     /// The client asked for the DCE style (three legs, wrap tokens in

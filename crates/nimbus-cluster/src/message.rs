@@ -18,7 +18,8 @@ use crate::let_go_handover::{
 };
 use crate::session_handover::{self, EndSession, END_SESSION_V1, SESSION_ENDED_V1};
 use crate::witness_move::{
-    self, Drain, WitnessDrain, WitnessMove, DRAIN_V1, WITNESS_DRAIN_V1, WITNESS_MOVE_V1,
+    self, Drain, ShareMove, WitnessDrain, WitnessMove, DRAIN_V1, WITNESS_DRAIN_V1, WITNESS_MOVE_V1,
+    WITNESS_SHARE_MOVE_V1,
 };
 
 /// One message from another node.
@@ -54,6 +55,9 @@ pub enum ClusterMessage<'a> {
     Break { open_id: u64, order: BreakOrder },
     /// `nimbus witness move`: tell a witness client to move.
     WitnessMove(WitnessMove),
+    /// `nimbus witness move --share`: tell a share's witness clients to
+    /// move.
+    ShareMove(ShareMove),
     /// `nimbus drain`: tell the witness clients of a draining node to move.
     WitnessDrain(WitnessDrain),
     /// `nimbus drain` of this node.
@@ -115,6 +119,7 @@ impl<'a> ClusterMessage<'a> {
                 .map(|(nonce, found)| M::LeaseAcked { nonce, found }),
             WITNESS_MOVE_V1 => witness_move::decode(msg).map(M::WitnessMove),
             WITNESS_DRAIN_V1 => witness_move::decode_drain(msg).map(M::WitnessDrain),
+            WITNESS_SHARE_MOVE_V1 => witness_move::decode_share(msg).map(M::ShareMove),
             DRAIN_V1 => witness_move::decode_stop(msg).map(M::Drain),
             _ => {
                 return nimbus_state::records::decode_break(msg)
@@ -147,6 +152,7 @@ fn kind(tag: u8) -> &'static str {
         LEASE_ACKED_V1 => "answer about a lease acknowledgement",
         WITNESS_MOVE_V1 => "witness client move",
         WITNESS_DRAIN_V1 => "witness clients' move off a draining node",
+        WITNESS_SHARE_MOVE_V1 => "witness share move",
         DRAIN_V1 => "drain",
         _ => "break (or a message of no known kind)",
     }
@@ -259,6 +265,15 @@ mod tests {
                 "WitnessMove",
             ),
             (
+                witness_move::encode_share(&ShareMove {
+                    share: "data".into(),
+                    client: None,
+                    to: vec!["127.0.0.3".parse().unwrap()],
+                    sent: 1,
+                }),
+                "ShareMove",
+            ),
+            (
                 witness_move::encode_drain(&WitnessDrain {
                     node: "n1".into(),
                     to: vec!["127.0.0.3".parse().unwrap()],
@@ -316,6 +331,7 @@ mod tests {
             } if order.to == 0x01 => "Break",
             M::WitnessMove(m) if m.to.len() == 1 => "WitnessMove",
             M::WitnessDrain(d) if d.node == "n1" => "WitnessDrain",
+            M::ShareMove(m) if m.share == "data" => "ShareMove",
             M::Drain(d) if d.within_secs == 60 && d.incarnation == 3 => "Drain",
             _ => "a wrong decoding",
         }

@@ -1,5 +1,5 @@
 //! `nimbus witness move`: an administrator moves a client to another
-//! node (MS-SWN CLIENT_MOVE). The command puts one message in every
+//! node (MS-SWN CLIENT_MOVE), or a share's clients (SHARE_MOVE). The command puts one message in every
 //! node's box, since any node's witness service may hold the client's
 //! registration; a node that holds one tells the client, the others drop
 //! the message. Each message lives under a short lease of its own, so
@@ -23,6 +23,8 @@ use crate::node_message::{put_strings, take_strings};
 pub const WITNESS_MOVE_V1: u8 = 0x2c;
 pub const WITNESS_DRAIN_V1: u8 = 0x2d;
 pub const DRAIN_V1: u8 = 0x2e;
+/// A share's move: its registered clients (of one address, or all).
+pub const WITNESS_SHARE_MOVE_V1: u8 = 0x2f;
 /// How long an undelivered move stays in a box.
 const MESSAGE_TTL_SECS: i64 = 60;
 /// Most addresses a move names (a node's interfaces).
@@ -36,6 +38,19 @@ pub struct WitnessMove {
     /// When it was sent (Unix seconds).
     pub sent: u64,
 }
+
+/// Move the witness clients registered for `share` (RegisterEx with a
+/// share name), those at `client` only when it is named, to `to`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShareMove {
+    pub share: String,
+    pub client: Option<IpAddr>,
+    pub to: Vec<IpAddr>,
+    pub sent: u64,
+}
+
+/// The longest share name a move names (MS-SRVS: 80 characters).
+const MAX_SHARE_NAME: usize = 80;
 
 /// Move every witness client registered for `node`'s interface to `to`:
 /// `node` is draining.
@@ -101,6 +116,36 @@ pub fn decode(msg: &[u8]) -> Option<WitnessMove> {
     let [client, to, sent] = take_strings::<3>(rest)?;
     Some(WitnessMove {
         client: client.parse().ok()?,
+        to: parse_addresses(&to)?,
+        sent: sent.parse().ok()?,
+    })
+}
+
+pub fn encode_share(m: &ShareMove) -> Vec<u8> {
+    let mut v = vec![WITNESS_SHARE_MOVE_V1];
+    let client = m.client.map(|c| c.to_string()).unwrap_or_default();
+    put_strings(
+        &mut v,
+        &[&m.share, &client, &addresses(&m.to), &m.sent.to_string()],
+    );
+    v
+}
+
+/// Decodes a share's move; None for anything else (no share name or one
+/// too long, an address that does not parse).
+pub fn decode_share(msg: &[u8]) -> Option<ShareMove> {
+    let rest = msg.strip_prefix(&[WITNESS_SHARE_MOVE_V1])?;
+    let [share, client, to, sent] = take_strings::<4>(rest)?;
+    if share.is_empty() || share.chars().count() > MAX_SHARE_NAME {
+        return None;
+    }
+    let client = match client.as_str() {
+        "" => None,
+        c => Some(c.parse().ok()?),
+    };
+    Some(ShareMove {
+        share,
+        client,
         to: parse_addresses(&to)?,
         sent: sent.parse().ok()?,
     })
@@ -195,6 +240,27 @@ mod tests {
         for cut in 0..enc.len() {
             assert_eq!(decode_stop(&enc[..cut]), None, "{cut}");
         }
+        let share = ShareMove {
+            share: "projects".into(),
+            client: None,
+            to: vec!["127.0.0.3".parse().unwrap()],
+            sent: 9,
+        };
+        assert_eq!(decode_share(&encode_share(&share)), Some(share.clone()));
+        let one = ShareMove {
+            client: Some("192.0.2.7".parse().unwrap()),
+            ..share.clone()
+        };
+        let enc = encode_share(&one);
+        assert_eq!(decode_share(&enc), Some(one));
+        for cut in 0..enc.len() {
+            assert_eq!(decode_share(&enc[..cut]), None, "{cut}");
+        }
+        let long = ShareMove {
+            share: "s".repeat(81),
+            ..share
+        };
+        assert_eq!(decode_share(&encode_share(&long)), None);
         assert!(fresh(stop.sent));
         assert!(!fresh(stop.sent - 61) && !fresh(stop.sent + 61));
     }

@@ -69,6 +69,10 @@ const IOV_SIGN_ONLY: OmUint32 = 11;
 pub const GSS_C_DCE_STYLE: u32 = 0x1000;
 /// RFC 2744 context flag: the client asked for confidentiality.
 pub const GSS_C_CONF_FLAG: u32 = 16;
+/// RFC 2744 context flags: replayed and out-of-order tokens are detected
+/// (without them the library keeps no sequence state).
+pub const GSS_C_REPLAY_FLAG: u32 = 4;
+pub const GSS_C_SEQUENCE_FLAG: u32 = 8;
 const GSS_C_GSS_CODE: c_int = 1;
 const GSS_C_MECH_CODE: c_int = 2;
 /// RFC 2744: the routine errors live in the top 16 bits.
@@ -344,6 +348,31 @@ fn check(lib: &Lib, call: &'static str, major: OmUint32, minor: OmUint32) -> Res
     } else {
         Ok(())
     }
+}
+
+/// `check` for a token received: a supplementary status (RFC 2743
+/// 1.2.1.1: the token is a duplicate, old, out of order, or after a gap)
+/// refuses it too. The library reports a replayed or reordered token that
+/// way, not as an error.
+fn check_token(
+    lib: &Lib,
+    call: &'static str,
+    major: OmUint32,
+    minor: OmUint32,
+) -> Result<(), GssError> {
+    check(lib, call, major, minor)?;
+    if major & 0xffff != 0 {
+        return Err(GssError::Call {
+            call,
+            major,
+            minor,
+            message: format!(
+                "a token replayed, out of order or after a gap (supplementary status {:#x})",
+                major & 0xffff
+            ),
+        });
+    }
+    Ok(())
 }
 
 fn input(bytes: &[u8]) -> Buffer {
@@ -708,7 +737,7 @@ impl AcceptContext {
         // SAFETY: an established context and live inputs.
         let maj =
             unsafe { (lib.verify_mic)(&mut min, self.ctx, &input(message), &input(mic), &mut qop) };
-        check(lib, "gss_verify_mic", maj, min)
+        check_token(lib, "gss_verify_mic", maj, min)
     }
 
     /// The flags of the established context (RFC 2744 ret_flags:
@@ -784,7 +813,7 @@ impl AcceptContext {
                 4,
             )
         };
-        check(lib, "gss_unwrap_iov", maj, min)?;
+        check_token(lib, "gss_unwrap_iov", maj, min)?;
         if sealed == 0 {
             return Err(GssError::Argument("the client's data was not sealed"));
         }

@@ -709,6 +709,22 @@ impl Server {
                     crate::witness::drain(self.clone(), within)
                 }
             }
+            M::ShareMove(m) if !nimbus_cluster::witness_move::fresh(m.sent) => {
+                tracing::warn!(
+                    "witness: a move of share {} too old or from the future: ignored",
+                    m.share
+                );
+            }
+            M::ShareMove(m) => {
+                let moved = self.witness.move_share(&m.share, m.client, &m.to);
+                if moved > 0 {
+                    tracing::info!(
+                        "witness: told {moved} registration(s) for share {} to move to {:?}",
+                        m.share,
+                        m.to
+                    );
+                }
+            }
             M::WitnessMove(m) if !nimbus_cluster::witness_move::fresh(m.sent) => {
                 tracing::warn!(
                     "witness: a move of {} too old or from the future: ignored",

@@ -252,6 +252,18 @@ async fn follow_members(server: Weak<Server>) {
     }
 }
 
+/// Queues the call's answer for the writer; when it could not be
+/// protected (the association ended), an empty PDU that closes the
+/// connection instead.
+async fn answer(a: &mut Association, call: &Call, stub: &[u8], tx: &mpsc::Sender<Vec<u8>>) {
+    for out in a.respond(call, stub) {
+        let _ = tx.send(out).await;
+    }
+    if a.is_closed() {
+        let _ = tx.send(Vec::new()).await;
+    }
+}
+
 /// Reads one whole PDU; None at the end of the stream or on a length no
 /// client sends.
 async fn read_pdu(rd: &mut tokio::net::tcp::OwnedReadHalf) -> Option<Vec<u8>> {
@@ -289,6 +301,12 @@ async fn connection(server: Arc<Server>, stream: TcpStream, port: Port) {
     let (tx, mut rx) = mpsc::channel::<Vec<u8>>(QUEUED);
     let writer = tokio::spawn(async move {
         while let Some(pdu) = rx.recv().await {
+            // An empty one: the association ended after an answer it could
+            // not protect; the client sees the connection close.
+            if pdu.is_empty() {
+                let _ = wr.shutdown().await;
+                return;
+            }
             if wr.write_all(&pdu).await.is_err() {
                 return;
             }
@@ -322,9 +340,7 @@ async fn connection(server: Arc<Server>, stream: TcpStream, port: Port) {
         match run(&server, id, (local.ip(), peer_ip), &call).await {
             Answer::Now(stub) => {
                 let mut a = assoc.lock().await;
-                for out in a.respond(&call, &stub) {
-                    let _ = tx.send(out).await;
-                }
+                answer(&mut a, &call, &stub, &tx).await;
                 if a.is_closed() {
                     break;
                 }
@@ -336,9 +352,7 @@ async fn connection(server: Arc<Server>, stream: TcpStream, port: Port) {
             Answer::Wait(..) if waiting.load(Ordering::SeqCst) >= MAX_WAITING => {
                 let stub = witness::encode_notify(Err(werror::NO_SYSTEM_RESOURCES));
                 let mut a = assoc.lock().await;
-                for out in a.respond(&call, &stub) {
-                    let _ = tx.send(out).await;
-                }
+                answer(&mut a, &call, &stub, &tx).await;
             }
             Answer::Wait(handle, wake, timeout) => {
                 let (server, assoc, tx) = (server.clone(), assoc.clone(), tx.clone());
@@ -347,9 +361,7 @@ async fn connection(server: Arc<Server>, stream: TcpStream, port: Port) {
                 tokio::spawn(async move {
                     let stub = notify_when(&server, handle, wake, timeout).await;
                     let mut a = assoc.lock().await;
-                    for out in a.respond(&call, &stub) {
-                        let _ = tx.send(out).await;
-                    }
+                    answer(&mut a, &call, &stub, &tx).await;
                     waiting.fetch_sub(1, Ordering::SeqCst);
                 });
             }
@@ -537,6 +549,7 @@ fn register(
             client,
             node: iface.group_name,
             addr,
+            share: req.share_name.clone().filter(|_| ex),
             timeout: if ex { req.timeout } else { 0 },
             pending: Vec::new(),
             gone: false,
@@ -729,12 +742,33 @@ fn cluster_members(
     Ok((cfg, store, members))
 }
 
-/// `nimbus witness move --client IP --to NODE`: asks every node of the
-/// cluster `file` configures to tell the witness clients at `client` to
-/// move to `to`'s advertised address (MS-SWN CLIENT_MOVE). What to print.
-pub fn move_command(file: &std::path::Path, client: IpAddr, to: &str) -> Result<String, String> {
-    use nimbus_cluster::witness_move::{encode, post, WitnessMove};
-    let (_, store, members) = cluster_members(file)?;
+/// `nimbus witness move [--client IP] [--share NAME] --to NODE`: asks
+/// every node of the cluster `file` configures to tell the witness clients
+/// at `client` to move to `to`'s advertised address (MS-SWN CLIENT_MOVE),
+/// or with a share, the clients registered for it (those at `client`
+/// only, when named) to move that share there (SHARE_MOVE). What to print.
+pub fn move_command(
+    file: &std::path::Path,
+    client: Option<IpAddr>,
+    share: Option<&str>,
+    to: &str,
+) -> Result<String, String> {
+    use nimbus_cluster::witness_move::{encode, encode_share, post, ShareMove, WitnessMove};
+    let (cfg, store, members) = cluster_members(file)?;
+    if let Some(share) = share {
+        if !cfg
+            .shares
+            .iter()
+            .any(|s| s.name.eq_ignore_ascii_case(share))
+        {
+            let names: Vec<&str> = cfg.shares.iter().map(|s| s.name.as_str()).collect();
+            return Err(format!(
+                "--share {share}: {} configures no such share (its shares: {})",
+                file.display(),
+                names.join(", ")
+            ));
+        }
+    }
     let nodes: Vec<String> = members.iter().map(|(n, _)| n.clone()).collect();
     let addr = match members.iter().find(|(n, _)| n == to) {
         Some((_, Some(a))) => *a,
@@ -750,14 +784,33 @@ pub fn move_command(file: &std::path::Path, client: IpAddr, to: &str) -> Result<
             ))
         }
     };
-    let m = WitnessMove {
-        client,
-        to: vec![addr],
-        sent: nimbus_cluster::witness_move::now(),
+    let sent = nimbus_cluster::witness_move::now();
+    let (message, whom) = match (share, client) {
+        (Some(share), client) => (
+            encode_share(&ShareMove {
+                share: share.to_string(),
+                client,
+                to: vec![addr],
+                sent,
+            }),
+            match client {
+                Some(c) => format!("the witness clients at {c} registered for share {share}"),
+                None => format!("the witness clients registered for share {share}"),
+            },
+        ),
+        (None, Some(client)) => (
+            encode(&WitnessMove {
+                client,
+                to: vec![addr],
+                sent,
+            }),
+            format!("the witness clients at {client}"),
+        ),
+        (None, None) => return Err("name --client IP, --share NAME, or both".into()),
     };
-    let posted = post(&store, &nodes, &encode(&m)).map_err(|e| format!("etcd: {e}"))?;
+    let posted = post(&store, &nodes, &message).map_err(|e| format!("etcd: {e}"))?;
     Ok(format!(
-        "asked {posted} node(s) to move the witness clients at {client} to {to} ({addr}); \
-         the node holding their registrations logs how many it told"
+        "asked {posted} node(s) to move {whom} to {to} ({addr}); the node holding their \
+         registrations logs how many it told"
     ))
 }

@@ -19,6 +19,8 @@ pub(crate) struct Registration {
     /// The interface registered for: its node and address.
     pub(crate) node: String,
     pub(crate) addr: IpAddr,
+    /// The share RegisterEx named, for SHARE_MOVE.
+    pub(crate) share: Option<String>,
     /// Seconds an AsyncNotify waits (RegisterEx); 0: no limit.
     pub(crate) timeout: u32,
     /// Notifications not yet reported.
@@ -80,6 +82,26 @@ impl Witness {
     /// `client` gets CLIENT_MOVE to `to`; how many there were.
     pub fn move_client(&self, client: IpAddr, to: &[IpAddr]) -> usize {
         self.move_where(|r| r.client == client, to)
+    }
+
+    /// `nimbus witness move --share`: every registration for `share` (of
+    /// the client at `client` only, when named) gets SHARE_MOVE to `to`;
+    /// how many there were.
+    pub fn move_share(&self, share: &str, client: Option<IpAddr>, to: &[IpAddr]) -> usize {
+        let mut regs = lock(&self.registrations);
+        let mut moved = 0;
+        let named = |r: &Registration| {
+            r.share
+                .as_deref()
+                .is_some_and(|s| s.eq_ignore_ascii_case(share))
+                && client.is_none_or(|c| c == r.client)
+        };
+        for r in regs.values_mut().filter(|r| named(r)) {
+            r.pending.push(Notification::ShareMove(to.to_vec()));
+            r.wake.notify_waiters();
+            moved += 1;
+        }
+        moved
     }
 
     /// `nimbus drain` of `node`: every registration for its interface

@@ -14,10 +14,10 @@
 //! [`Association::fault`], whose PDUs must be written in the order they
 //! are made: each carries the next signature sequence number.
 //!
-//! A Kerberos logon whose key type has no per-message tokens here (RC4,
-//! DES), or that asks for privacy without the DCE style, gets an
-//! association at the connect level, whose calls to services that need
-//! integrity are refused.
+//! A logon at the integrity or privacy level whose messages cannot be
+//! protected is refused: NTLM without extended session security, and
+//! Kerberos with an RC4 or DES key, without replay and sequence detection,
+//! without header signing, or asking for privacy without the DCE style.
 
 mod protection;
 
@@ -294,6 +294,9 @@ impl Association {
             .map_err(|_| "AUTH3 with a malformed trailer")?;
         let token = &pdu[at + SEC_TRAILER_LEN..];
         let was_pending = matches!(self.security, Security::Pending { .. });
+        if let Security::Pending { exchange, .. } = &mut self.security {
+            exchange.last_leg_unanswered();
+        }
         match self.next_leg(trailer, token) {
             // AUTH3 has no answer (MS-RPCE 3.3.1.5.2.2): a last token
             // (SPNEGO's accept-completed) is not sent.
@@ -319,6 +322,12 @@ impl Association {
         }
         if !(auth::LEVEL_CONNECT..=auth::LEVEL_PRIVACY).contains(&trailer.auth_level) {
             return Err(format!("authentication level {}", trailer.auth_level));
+        }
+        if !token_fits(trailer.auth_type, token) {
+            return Err(format!(
+                "a token that is not of authentication type {}",
+                trailer.auth_type
+            ));
         }
         let mut exchange = Box::new(self.authenticator.start_rpc_at(self.local));
         match exchange.step(token) {
@@ -413,13 +422,19 @@ impl Association {
                 .ntlm_session_security(&logon)
                 .map(|n| Protection::Ntlm(Box::new(n))),
         };
-        let level = if protection.is_some() {
-            level
-        } else {
-            // See the module comment: no per-message protection without
-            // the mechanism's.
-            level.min(auth::LEVEL_CONNECT)
-        };
+        if protection.is_none() && level >= auth::LEVEL_INTEGRITY {
+            // Asked for protection this logon cannot give (see the module
+            // comment): refused, not served at a lower level.
+            tracing::info!(
+                "rpc: {}\\{} asked for authentication level {level}, which its logon cannot \
+                 protect (an RC4 or DES key, no replay detection or header signing, or \
+                 sealing without the DCE style): refused",
+                logon.domain,
+                logon.user
+            );
+            self.security = Security::Failed;
+            return Err("a logon whose messages cannot be protected at the level asked for");
+        }
         tracing::info!(
             "rpc: {}\\{} logged on (authentication level {level})",
             logon.domain,
@@ -513,13 +528,15 @@ impl Association {
         stub_start: usize,
     ) -> Result<usize, &'static str> {
         let auth_len = hdr.auth_length as usize;
-        let (protection, level, context) = match &mut self.security {
+        let (protection, level, context, auth_type) = match &mut self.security {
             Security::Done {
                 protection: Some(p),
                 caller,
                 context_id,
-                ..
-            } if caller.level >= auth::LEVEL_INTEGRITY => (p, caller.level, *context_id),
+                auth_type,
+            } if caller.level >= auth::LEVEL_INTEGRITY => {
+                (p, caller.level, *context_id, *auth_type)
+            }
             _ => {
                 // Below integrity a verifier carries nothing to check.
                 if auth_len == 0 {
@@ -535,7 +552,11 @@ impl Association {
             return Err("a request without its signature");
         }
         let (t, at) = SecTrailer::find(pdu, auth_len).map_err(|_| "malformed trailer")?;
-        if t.auth_level != level || t.context_id != context || at < stub_start {
+        if t.auth_level != level
+            || t.context_id != context
+            || t.auth_type != auth_type
+            || at < stub_start
+        {
             return Err("a request whose trailer is not the association's");
         }
         let pad = t.pad_length as usize;
@@ -678,6 +699,26 @@ impl Association {
     }
 }
 
+/// DER value octets of SPNEGO's OID (1.3.6.1.5.5.2), after its tag and
+/// length in an InitialContextToken (RFC 2743 3.1).
+const SPNEGO_OID: &[u8] = &[0x06, 0x06, 0x2b, 0x06, 0x01, 0x05, 0x05, 0x02];
+
+/// The first token of a logon is of the mechanism its auth_type names:
+/// NTLMSSP's signature, SPNEGO's initial token, or a Kerberos token
+/// (framed, or a bare AP-REQ as the DCE style sends it).
+fn token_fits(auth_type: u8, token: &[u8]) -> bool {
+    let ntlm = token.starts_with(b"NTLMSSP\0");
+    // 0x60: [APPLICATION 0], its length (one to three bytes), the OID.
+    let spnego = token.first() == Some(&0x60)
+        && (2..=4).any(|at| token.get(at..at + SPNEGO_OID.len()) == Some(SPNEGO_OID));
+    match auth_type {
+        auth::TYPE_NTLMSSP => ntlm,
+        auth::TYPE_SPNEGO => spnego,
+        auth::TYPE_KRB5 => !ntlm && !spnego && matches!(token.first(), Some(0x60 | 0x6e)),
+        _ => false,
+    }
+}
+
 /// A BIND or ALTER_CONTEXT's body and its auth verifier's trailer and
 /// token, if any.
 #[allow(clippy::type_complexity)]
@@ -721,5 +762,38 @@ fn closing(why: &'static str) -> Received {
         out: Vec::new(),
         call: None,
         close: Some(why),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_first_token_must_be_of_the_type_its_trailer_names() {
+        let ntlm = b"NTLMSSP\0\x01\0\0\0".to_vec();
+        let mut spnego = vec![0x60, 0x20];
+        spnego.extend_from_slice(SPNEGO_OID);
+        let mut long_spnego = vec![0x60, 0x82, 0x01, 0x00];
+        long_spnego.extend_from_slice(SPNEGO_OID);
+        let framed_krb5 = [0x60, 0x10, 0x06, 0x09, 0x2a, 0x86, 0x48, 0x86, 0xf7, 0x12];
+        let bare_ap_req = [0x6e, 0x82, 0x01, 0x00];
+        assert!(token_fits(auth::TYPE_NTLMSSP, &ntlm));
+        assert!(token_fits(auth::TYPE_SPNEGO, &spnego));
+        assert!(token_fits(auth::TYPE_SPNEGO, &long_spnego));
+        assert!(token_fits(auth::TYPE_KRB5, &framed_krb5));
+        assert!(token_fits(auth::TYPE_KRB5, &bare_ap_req));
+        for (t, token) in [
+            (auth::TYPE_NTLMSSP, &spnego[..]),
+            (auth::TYPE_NTLMSSP, &bare_ap_req[..]),
+            (auth::TYPE_SPNEGO, &ntlm[..]),
+            (auth::TYPE_SPNEGO, &framed_krb5[..]),
+            (auth::TYPE_KRB5, &ntlm[..]),
+            (auth::TYPE_KRB5, &spnego[..]),
+            (auth::TYPE_KRB5, &[][..]),
+            (99, &ntlm[..]),
+        ] {
+            assert!(!token_fits(t, token), "{t} {token:02x?}");
+        }
     }
 }

@@ -115,14 +115,18 @@ enum Cmd {
 enum WitnessCmd {
     /// Tell the witness clients at an address to move to another node
     /// (CLIENT_MOVE): they reconnect there, keeping their persistent
-    /// handles.
+    /// handles. With --share, the clients registered for that share move
+    /// it (SHARE_MOVE): all of them, or those at --client.
     Move {
         /// The cluster's configuration file.
         #[arg(long)]
         config: PathBuf,
         /// The client's address, as its witness connection comes from.
+        #[arg(long, required_unless_present = "share")]
+        client: Option<std::net::IpAddr>,
+        /// A share (scale-out): move its registered clients' connections.
         #[arg(long)]
-        client: std::net::IpAddr,
+        share: Option<String>,
         /// The node to move it to, by name.
         #[arg(long)]
         to: String,
@@ -273,8 +277,15 @@ fn main() -> ExitCode {
         )
         .map(|m| println!("{m}")),
         Cmd::Witness {
-            command: WitnessCmd::Move { config, client, to },
-        } => nimbus_server::witness::move_command(&config, client, &to).map(|m| println!("{m}")),
+            command:
+                WitnessCmd::Move {
+                    config,
+                    client,
+                    share,
+                    to,
+                },
+        } => nimbus_server::witness::move_command(&config, client, share.as_deref(), &to)
+            .map(|m| println!("{m}")),
         Cmd::Bench {
             command: BenchCmd::Crypto { millis },
         } => {

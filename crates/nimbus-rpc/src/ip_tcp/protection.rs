@@ -32,14 +32,20 @@ pub(super) struct Layout {
 
 impl Protection {
     /// A Kerberos context that can protect at `level`; None when its key
-    /// type has no MIC length here, or sealing was asked for by a client
-    /// that did not ask for the DCE style and confidentiality.
+    /// type has no MIC length here, when the client did not ask for replay
+    /// and sequence detection or for header signing (the BIND is not
+    /// protected, so a client that would sign headers could be made not
+    /// to, leaving the opnum and the padding open to change), or when it
+    /// asked for sealing without the DCE style and confidentiality.
     pub fn kerberos(
         gss: Box<KerberosSessionSecurity>,
         level: u8,
         header_sign: bool,
     ) -> Option<Protection> {
-        let usable = gss.mic_len().is_some() && (level < auth::LEVEL_PRIVACY || gss.can_seal());
+        let usable = gss.mic_len().is_some()
+            && gss.detects_replays()
+            && header_sign
+            && (level < auth::LEVEL_PRIVACY || gss.can_seal());
         usable.then_some(Protection::Kerberos { gss, header_sign })
     }
 
