@@ -499,7 +499,8 @@ def test_nimbus_drain_moves_a_witness_client_which_keeps_its_persistent_handle(n
 def test_a_client_registered_through_n2_hears_that_n1_went(nodes):  # noqa: F811
     """n1 is killed; the client that registered for n1's interface through
     n2's witness service gets RESOURCE_CHANGE (unavailable) for n1's
-    address once n1's membership expires (node_ttl_secs)."""
+    address once n1's membership expires (node_ttl_secs), and
+    RESOURCE_CHANGE (available) once n1 is back."""
     ports = start_with_witness(nodes)
     n1, n2, _ = nodes
     d = connect(n2.host, ports["n2"])
@@ -522,6 +523,12 @@ def test_a_client_registered_through_n2_hears_that_n1_went(nodes):  # noqa: F811
     # MS-SWN 2.2.2.5: RESOURCE_CHANGE, the address, unavailable (0xff).
     assert resource_change(got[0]) == (1, n1.host, 0xFF)
     assert result_of(got[0]) == 0
+    # n1 starts again at the same address: available (0x1).
+    waiter, got = waiting_notify(d, handle)
+    n1.start()
+    waiter.join(timeout=TTL + 10)
+    assert got, "no notification after n1 came back"
+    assert resource_change(got[0]) == (1, n1.host, 0x1)
 
 
 # Kerberos ------------------------------------------------------------------

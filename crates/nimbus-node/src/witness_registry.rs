@@ -25,7 +25,7 @@ pub(crate) struct Registration {
     pub(crate) timeout: u32,
     /// Notifications not yet reported.
     pub(crate) pending: Vec<Notification>,
-    /// The interface was reported gone: reported once.
+    /// The interface was reported gone (and not since back).
     pub(crate) gone: bool,
     pub(crate) wake: Arc<Notify>,
 }
@@ -55,18 +55,19 @@ impl Witness {
     }
 
     /// Compares the registrations with the live interfaces: one whose
-    /// node left gets RESOURCE_CHANGE (unavailable), once.
+    /// node left gets RESOURCE_CHANGE (unavailable), once; when the node
+    /// is back with that address, RESOURCE_CHANGE (available).
     pub(crate) fn note_members(&self, live: &[InterfaceInfo]) {
         let mut regs = lock(&self.registrations);
         for r in regs.values_mut() {
             let alive = live
                 .iter()
                 .any(|i| i.group_name == r.node && i.addr == r.addr);
-            if !alive && !r.gone {
-                r.gone = true;
+            if alive == r.gone {
+                r.gone = !alive;
                 r.pending.push(Notification::ResourceChange {
                     name: r.addr.to_string(),
-                    available: false,
+                    available: alive,
                 });
                 r.wake.notify_waiters();
             }
