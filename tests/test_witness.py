@@ -94,14 +94,14 @@ def wstr_ptr(s: str | None, referent: int) -> bytes:
     return out + b"\0" * (-len(out) % 4)
 
 
-def register_ex(net: str, share: str | None, ip: str, client: str, timeout: int, version: int = V2) -> bytes:
+def register_ex(net: str, share: str | None, ip: str, client: str, timeout: int, version: int = V2, flags: int = 0) -> bytes:
     return (
         struct.pack("<I", version)
         + wstr_ptr(net, 0x20000)
         + wstr_ptr(share, 0x20004)
         + wstr_ptr(ip, 0x20008)
         + wstr_ptr(client, 0x2000C)
-        + struct.pack("<II", 0, timeout)
+        + struct.pack("<II", flags, timeout)
     )
 
 
@@ -324,6 +324,17 @@ def client_move(answer: bytes) -> tuple[int, list[str]]:
     return kind, addrs
 
 
+def ip_change(answer: bytes) -> tuple[int, list[tuple[str, int]]]:
+    """(message type, [(IPv4 address, flags)]) of an AsyncNotify answer
+    with an IPADDR_INFO_LIST (MS-SWN 2.2.2.6-7)."""
+    kind, length, num = struct.unpack("<III", answer[4:16])
+    assert num == 1, answer.hex()
+    message = answer[24 : 24 + length]
+    count = struct.unpack("<I", message[8:12])[0]
+    entries = [message[12 + 24 * i : 12 + 24 * (i + 1)] for i in range(count)]
+    return kind, [(".".join(str(b) for b in e[4:8]), struct.unpack("<I", e[:4])[0]) for e in entries]
+
+
 def share_capabilities(host: str, port: int, share: str, monkeypatch) -> int:
     """The Capabilities of a 3.1.1 TREE_CONNECT response (MS-SMB2 2.2.10)."""
     from smbprotocol import tree as smbtree
@@ -510,6 +521,12 @@ def test_a_client_registered_through_n2_hears_that_n1_went(nodes):  # noqa: F811
     answer = call(d, 4, register_ex("NIMBUS", "ca", n1.host, "c1", 0))
     assert result_of(answer) == 0
     handle = answer[:20]
+    # Another client asks for IP notifications too
+    # (WITNESS_REGISTER_IP_NOTIFICATION); its AsyncNotify waits 10 s at most.
+    ip_client = connect(n2.host, ports["n2"])
+    answer = call(ip_client, 4, register_ex("NIMBUS", None, n1.host, "c2", 10, flags=0x1))
+    assert result_of(answer) == 0
+    ip_handle = answer[:20]
 
     waiter, got = waiting_notify(d, handle)
     waiter.join(timeout=TTL + 1)
@@ -523,12 +540,20 @@ def test_a_client_registered_through_n2_hears_that_n1_went(nodes):  # noqa: F811
     # MS-SWN 2.2.2.5: RESOURCE_CHANGE, the address, unavailable (0xff).
     assert resource_change(got[0]) == (1, n1.host, 0xFF)
     assert result_of(got[0]) == 0
-    # n1 starts again at the same address: available (0x1).
+    # The client that asked for IP notifications hears the same, then
+    # IP_CHANGE: n1's address offline (IPv4 0x1 | OFFLINE 0x10). The other
+    # has no second notification: its next waits.
+    assert resource_change(call(ip_client, 3, ip_handle)) == (1, n1.host, 0xFF)
+    assert ip_change(call(ip_client, 3, ip_handle)) == (4, [(n1.host, 0x1 | 0x10)])
+    # n1 starts again at the same address: available (0x1), and for the
+    # other client its address online (IPv4 0x1 | ONLINE 0x8).
     waiter, got = waiting_notify(d, handle)
     n1.start()
     waiter.join(timeout=TTL + 10)
     assert got, "no notification after n1 came back"
     assert resource_change(got[0]) == (1, n1.host, 0x1)
+    assert resource_change(call(ip_client, 3, ip_handle)) == (1, n1.host, 0x1)
+    assert ip_change(call(ip_client, 3, ip_handle)) == (4, [(n1.host, 0x1 | 0x8)])
 
 
 # Kerberos ------------------------------------------------------------------

@@ -550,6 +550,7 @@ fn register(
             node: iface.group_name,
             addr,
             share: req.share_name.clone().filter(|_| ex),
+            ip_notify: ex && req.flags & witness::REGISTER_IP_NOTIFICATION != 0,
             timeout: if ex { req.timeout } else { 0 },
             pending: Vec::new(),
             gone: false,

@@ -21,6 +21,8 @@ pub(crate) struct Registration {
     pub(crate) addr: IpAddr,
     /// The share RegisterEx named, for SHARE_MOVE.
     pub(crate) share: Option<String>,
+    /// RegisterEx asked for IP_CHANGE (WITNESS_REGISTER_IP_NOTIFICATION).
+    pub(crate) ip_notify: bool,
     /// Seconds an AsyncNotify waits (RegisterEx); 0: no limit.
     pub(crate) timeout: u32,
     /// Notifications not yet reported.
@@ -56,7 +58,9 @@ impl Witness {
 
     /// Compares the registrations with the live interfaces: one whose
     /// node left gets RESOURCE_CHANGE (unavailable), once; when the node
-    /// is back with that address, RESOURCE_CHANGE (available).
+    /// is back with that address, RESOURCE_CHANGE (available). One that
+    /// asked for IP notifications also gets IP_CHANGE: the address
+    /// offline, then online.
     pub(crate) fn note_members(&self, live: &[InterfaceInfo]) {
         let mut regs = lock(&self.registrations);
         for r in regs.values_mut() {
@@ -69,6 +73,10 @@ impl Witness {
                     name: r.addr.to_string(),
                     available: alive,
                 });
+                if r.ip_notify {
+                    r.pending
+                        .push(Notification::IpChange(vec![(r.addr, alive)]));
+                }
                 r.wake.notify_waiters();
             }
         }

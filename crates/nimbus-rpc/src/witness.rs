@@ -110,6 +110,10 @@ pub fn encode_interface_list(list: &[InterfaceInfo]) -> Vec<u8> {
     w.into_bytes()
 }
 
+/// MS-SWN 3.1.4.5, RegisterEx Flags: WITNESS_REGISTER_IP_NOTIFICATION asks for
+/// IP_CHANGE notifications.
+pub const REGISTER_IP_NOTIFICATION: u32 = 0x1;
+
 /// WitnessrRegister (3.1.4.2) and WitnessrRegisterEx (3.1.4.5) requests;
 /// Register has no share name, flags or timeout.
 #[derive(Debug, Clone, PartialEq, Eq)]
