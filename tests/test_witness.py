@@ -546,8 +546,11 @@ def test_a_client_registered_through_n2_hears_that_n1_went(nodes):  # noqa: F811
     assert resource_change(call(ip_client, 3, ip_handle)) == (1, n1.host, 0xFF)
     assert ip_change(call(ip_client, 3, ip_handle)) == (4, [(n1.host, 0x1 | 0x10)])
     # n1 starts again at the same address: available (0x1), and for the
-    # other client its address online (IPv4 0x1 | ONLINE 0x8).
+    # other client its address online (IPv4 0x1 | ONLINE 0x8). Nothing
+    # comes while n1 is still down.
     waiter, got = waiting_notify(d, handle)
+    waiter.join(timeout=TTL + 1)
+    assert not got, "a notification while n1 was still down"
     n1.start()
     waiter.join(timeout=TTL + 10)
     assert got, "no notification after n1 came back"

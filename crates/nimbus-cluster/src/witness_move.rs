@@ -50,7 +50,7 @@ pub struct ShareMove {
 }
 
 /// The longest share name a move names (MS-SRVS: 80 characters).
-const MAX_SHARE_NAME: usize = 80;
+pub const MAX_SHARE_NAME: usize = 80;
 
 /// Move every witness client registered for `node`'s interface to `to`:
 /// `node` is draining.

@@ -43,6 +43,8 @@ const MAX_REGISTRATIONS: usize = 64;
 /// How often the membership is read while registrations exist even when
 /// the watch of the membership reports nothing (a watch that lags).
 const MEMBERSHIP_AGAIN: Duration = Duration::from_secs(30);
+/// How soon a read of the membership that failed is tried again.
+const MEMBERSHIP_RETRY: Duration = Duration::from_secs(1);
 /// Answers queued for one connection's writer.
 const QUEUED: usize = 64;
 /// AsyncNotify calls one association may have waiting.
@@ -231,24 +233,49 @@ async fn follow_members(server: Weak<Server>) {
     else {
         return;
     };
+    let mut failed = false;
     loop {
-        // Woken by the cluster's watch of its runs when one joins or goes.
-        if let Ok(Err(_)) = tokio::time::timeout(MEMBERSHIP_AGAIN, changes.changed()).await {
+        let Some(s) = server.upgrade() else { return };
+        // Woken by the cluster's watch of its runs when one joins or goes,
+        // or by a new registration; a read that failed is tried again
+        // each second.
+        let wait = if failed {
+            MEMBERSHIP_RETRY
+        } else {
+            MEMBERSHIP_AGAIN
+        };
+        let recheck = s.witness.recheck.clone();
+        drop(s);
+        let woken = tokio::time::timeout(wait, async {
+            tokio::select! {
+                changed = changes.changed() => changed.is_ok(),
+                () = recheck.notified() => true,
+            }
+        });
+        if let Ok(false) = woken.await {
             // The membership is gone (shutting down): no more wake-ups.
             tokio::time::sleep(MEMBERSHIP_AGAIN).await;
         }
         let Some(s) = server.upgrade() else { return };
         if lock(&s.witness.registrations).is_empty() {
+            failed = false;
             continue;
         }
+        let upto = s.witness.issued();
         let s2 = s.clone();
         let live =
             tokio::task::spawn_blocking(move || interfaces(&s2, IpAddr::from([0, 0, 0, 0]))).await;
-        match live {
-            Ok(Ok(live)) => s.witness.note_members(&live),
-            Ok(Err(e)) => tracing::debug!("witness: reading the membership: {e}"),
-            Err(_) => {}
-        }
+        failed = match live {
+            Ok(Ok(live)) => {
+                s.witness.note_members(&live, upto);
+                false
+            }
+            Ok(Err(e)) => {
+                tracing::debug!("witness: reading the membership: {e}");
+                true
+            }
+            Err(_) => true,
+        };
     }
 }
 
@@ -541,10 +568,11 @@ fn register(
     {
         return Err(werror::NO_SYSTEM_RESOURCES);
     }
-    let h = w.issue();
+    let (h, seq) = w.issue();
     regs.insert(
         h,
         Registration {
+            seq,
             association,
             client,
             node: iface.group_name,
@@ -557,6 +585,9 @@ fn register(
             wake: Arc::new(Notify::new()),
         },
     );
+    drop(regs);
+    // Its node may have gone since `interfaces` was read above.
+    w.recheck.notify_one();
     Ok(h)
 }
 
@@ -757,6 +788,12 @@ pub fn move_command(
     use nimbus_cluster::witness_move::{encode, encode_share, post, ShareMove, WitnessMove};
     let (cfg, store, members) = cluster_members(file)?;
     if let Some(share) = share {
+        if share.chars().count() > nimbus_cluster::witness_move::MAX_SHARE_NAME {
+            return Err(format!(
+                "--share {share}: longer than a share name may be ({} characters)",
+                nimbus_cluster::witness_move::MAX_SHARE_NAME
+            ));
+        }
         if !cfg
             .shares
             .iter()

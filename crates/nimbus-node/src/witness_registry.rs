@@ -19,6 +19,9 @@ pub(crate) struct Registration {
     /// The interface registered for: its node and address.
     pub(crate) node: String,
     pub(crate) addr: IpAddr,
+    /// Its place in the order registrations were made (`Witness::issue`):
+    /// a read of the membership begun before it was made does not judge it.
+    pub(crate) seq: u64,
     /// The share RegisterEx named, for SHARE_MOVE.
     pub(crate) share: Option<String>,
     /// RegisterEx asked for IP_CHANGE (WITNESS_REGISTER_IP_NOTIFICATION).
@@ -38,9 +41,32 @@ pub struct Witness {
     pub(crate) registrations: Mutex<HashMap<Handle, Registration>>,
     next_handle: AtomicU64,
     pub(crate) next_association: AtomicU64,
+    /// Woken when a registration is made, so that the membership is read
+    /// again for it (its node may have gone between its check and now).
+    pub(crate) recheck: Arc<Notify>,
     /// Connections to the witness service, and to the endpoint mapper.
     pub(crate) connections: AtomicUsize,
     pub(crate) mapper_connections: AtomicUsize,
+}
+
+/// Notifications one registration keeps for its client: beyond this the
+/// oldest goes (a client that does not ask has heard none of them).
+const MAX_PENDING: usize = 16;
+
+fn queue(pending: &mut Vec<Notification>, n: Notification) {
+    if pending.len() >= MAX_PENDING {
+        pending.remove(0);
+    }
+    pending.push(n);
+}
+
+/// Whether `n` reports the state of `addr` (RESOURCE_CHANGE or IP_CHANGE).
+fn about(n: &Notification, addr: IpAddr) -> bool {
+    match n {
+        Notification::ResourceChange { name, .. } => *name == addr.to_string(),
+        Notification::IpChange(a) => a.iter().any(|(x, _)| *x == addr),
+        Notification::ClientMove(_) | Notification::ShareMove(_) => false,
+    }
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -48,12 +74,19 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Witness {
-    pub(crate) fn issue(&self) -> Handle {
-        let n = self.next_handle.fetch_add(1, Ordering::Relaxed) + 1;
+    /// A new registration's handle and its `seq`.
+    pub(crate) fn issue(&self) -> (Handle, u64) {
+        let n = self.next_handle.fetch_add(1, Ordering::SeqCst) + 1;
         let mut h = [0u8; 20];
         h[4..12].copy_from_slice(&n.to_le_bytes());
         h[12..20].copy_from_slice(b"nimbusWT");
-        h
+        (h, n)
+    }
+
+    /// The `seq` of the last registration made so far: a read of the
+    /// membership begun now judges those up to it.
+    pub(crate) fn issued(&self) -> u64 {
+        self.next_handle.load(Ordering::SeqCst)
     }
 
     /// Compares the registrations with the live interfaces: one whose
@@ -61,21 +94,29 @@ impl Witness {
     /// is back with that address, RESOURCE_CHANGE (available). One that
     /// asked for IP notifications also gets IP_CHANGE: the address
     /// offline, then online.
-    pub(crate) fn note_members(&self, live: &[InterfaceInfo]) {
+    /// `live` was read after registration `upto` was made; later ones are
+    /// left to the next read.
+    pub(crate) fn note_members(&self, live: &[InterfaceInfo], upto: u64) {
         let mut regs = lock(&self.registrations);
-        for r in regs.values_mut() {
+        for r in regs.values_mut().filter(|r| r.seq <= upto) {
             let alive = live
                 .iter()
                 .any(|i| i.group_name == r.node && i.addr == r.addr);
             if alive == r.gone {
                 r.gone = !alive;
-                r.pending.push(Notification::ResourceChange {
-                    name: r.addr.to_string(),
-                    available: alive,
-                });
+                let addr = r.addr;
+                // What was not reported yet about this address is out of
+                // date: only the newest state is kept.
+                r.pending.retain(|n| !about(n, addr));
+                queue(
+                    &mut r.pending,
+                    Notification::ResourceChange {
+                        name: addr.to_string(),
+                        available: alive,
+                    },
+                );
                 if r.ip_notify {
-                    r.pending
-                        .push(Notification::IpChange(vec![(r.addr, alive)]));
+                    queue(&mut r.pending, Notification::IpChange(vec![(addr, alive)]));
                 }
                 r.wake.notify_waiters();
             }
@@ -106,7 +147,7 @@ impl Witness {
                 && client.is_none_or(|c| c == r.client)
         };
         for r in regs.values_mut().filter(|r| named(r)) {
-            r.pending.push(Notification::ShareMove(to.to_vec()));
+            queue(&mut r.pending, Notification::ShareMove(to.to_vec()));
             r.wake.notify_waiters();
             moved += 1;
         }
@@ -123,7 +164,7 @@ impl Witness {
         let mut regs = lock(&self.registrations);
         let mut moved = 0;
         for r in regs.values_mut().filter(|r| which(r)) {
-            r.pending.push(Notification::ClientMove(to.to_vec()));
+            queue(&mut r.pending, Notification::ClientMove(to.to_vec()));
             r.wake.notify_waiters();
             moved += 1;
         }
@@ -137,5 +178,84 @@ impl Witness {
             }
             r.association != association
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn registration(w: &Witness, addr: IpAddr) -> Handle {
+        let (h, seq) = w.issue();
+        lock(&w.registrations).insert(
+            h,
+            Registration {
+                association: 1,
+                client: IpAddr::from([192, 0, 2, 7]),
+                node: "n1".into(),
+                addr,
+                seq,
+                share: None,
+                ip_notify: true,
+                timeout: 0,
+                pending: Vec::new(),
+                gone: false,
+                wake: Arc::new(Notify::new()),
+            },
+        );
+        h
+    }
+
+    fn pending(w: &Witness, h: &Handle) -> Vec<Notification> {
+        lock(&w.registrations)[h].pending.clone()
+    }
+
+    #[test]
+    fn a_read_judges_only_older_registrations_and_keeps_the_newest_state() {
+        let w = Witness::default();
+        let addr = IpAddr::from([127, 0, 0, 1]);
+        let before = w.issued();
+        let h = registration(&w, addr);
+        // Read before the registration was made: its node's absence there
+        // says nothing about it.
+        w.note_members(&[], before);
+        assert!(pending(&w, &h).is_empty());
+        w.note_members(&[], w.issued());
+        let gone = Notification::ResourceChange {
+            name: addr.to_string(),
+            available: false,
+        };
+        assert_eq!(
+            pending(&w, &h),
+            vec![gone, Notification::IpChange(vec![(addr, false)])]
+        );
+        // Back before the client asked: only that is reported.
+        let live = [InterfaceInfo {
+            group_name: "n1".into(),
+            addr,
+            available: true,
+            witness_if: true,
+        }];
+        w.note_members(&live, w.issued());
+        let back = Notification::ResourceChange {
+            name: addr.to_string(),
+            available: true,
+        };
+        assert_eq!(
+            pending(&w, &h),
+            vec![back, Notification::IpChange(vec![(addr, true)])]
+        );
+        // A client that never asks keeps the newest MAX_PENDING.
+        for i in 0..20u8 {
+            w.move_client(IpAddr::from([192, 0, 2, 7]), &[IpAddr::from([10, 0, 0, i])]);
+        }
+        let kept = pending(&w, &h);
+        assert_eq!(kept.len(), MAX_PENDING);
+        assert_eq!(
+            kept.last(),
+            Some(&Notification::ClientMove(vec![IpAddr::from([
+                10, 0, 0, 19
+            ])]))
+        );
     }
 }
