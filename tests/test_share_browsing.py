@@ -116,13 +116,14 @@ def test_a_list_longer_than_one_fragment(server_factory, samba_client_conf):
     assert all(shares[n] == ("Disk", f"comment of {n}, long enough to need several fragments") for n in names)
 
 
-def rpcclient(server, conf, command: str, *, fails: bool = False, auth: tuple[str, str] | None = None, ndr: bool = False) -> str:
+def rpcclient(server, conf, command: str, *, fails: bool = False, auth: tuple[str, str] | None = None, ndr: bool = False, binding: str | None = None) -> str:
     """rpcclient's output for `command`, as `auth` (user, password; the
     server's user by default); it exits 1 when the call fails. `ndr`: with
-    the call's answer as Samba's NDR decodes it (debug level 10)."""
+    the call's answer as Samba's NDR decodes it (debug level 10).
+    `binding`: in place of the server's address, e.g. ncacn_np:HOST[sign]."""
     user, password = auth or (server.user, server.password)
     debug = ["-d", "10"] if ndr else []
-    cmd = ["rpcclient", "-p", str(server.port), "-U", f"{user}%{password}", "-s", str(conf), *debug, server.host, "-c", command]
+    cmd = ["rpcclient", "-p", str(server.port), "-U", f"{user}%{password}", "-s", str(conf), *debug, binding or server.host, "-c", command]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL)
     out = proc.stdout + proc.stderr
     assert proc.returncode == (1 if fails else 0), f"rpcclient -c {command!r}: exit {proc.returncode}\n{out}"
@@ -156,6 +157,29 @@ def test_rpcclient_server_and_share_information(browsing_server, samba_client_co
     assert "WERR_INVALID_LEVEL" in rpcclient(srv, conf, "netshareenumall 7", fails=True)
     out = rpcclient(srv, conf, "wkssvc_wkstagetinfo")
     assert "WERR" not in out and "NT_STATUS" not in out, out
+
+
+@require_tool("rpcclient", "smbclient")
+@pytest.mark.parametrize("level", ["sign", "seal"])
+def test_rpcclient_asks_for_rpcs_own_signing_or_sealing_on_a_pipe(browsing_server, samba_client_conf, level):
+    """RPC's own logon on an IPC$ pipe (NTLM in SPNEGO, as rpcclient does
+    with [sign] or [seal]), over srvsvc and lsarpc: every request's
+    verifier is checked, and the client checks every answer's."""
+    srv, conf = browsing_server, samba_client_conf
+    binding = f"ncacn_np:{srv.host}[{level}]"
+    out = rpcclient(srv, conf, "srvinfo", binding=binding)
+    assert "NIMBUS" in out and SERVER_COMMENT in out, out
+    # Several fragments each way: the answer is long.
+    out = rpcclient(srv, conf, "netshareenumall 502", binding=binding)
+    assert netnames(out) == ["data", "hidden$", "ro", "IPC$"], out
+    out = rpcclient(srv, conf, "lookupnames Everyone", binding=binding)
+    assert "S-1-1-0" in out, out
+    if srv.kind == "nimbus":
+        wanted = {"sign": 5, "seal": 6}[level]
+        assert f"logged on (authentication level {wanted})" in srv.log_path.read_text(errors="replace")
+    # A wrong password: the logon fails, and so does the call.
+    out = rpcclient(srv, conf, "srvinfo", binding=binding, auth=(srv.user, "wrong"), fails=True)
+    assert "NIMBUS" not in out, out
 
 
 @require_tool("smbclient", "smbclient")
@@ -514,3 +538,35 @@ def test_share_check_finds_no_shared_device(ipc):
         # Type (0: set only on success), then NERR_DeviceNotShared.
         assert resp[24:] == struct.pack("<II", 0, 2311), resp.hex()
     pipe.close()
+
+
+@pytest.mark.parametrize("level", ["sign", "seal"])
+def test_a_signed_pipe_request_changed_on_its_way_closes_the_pipe(browsing_server, level):
+    """impacket's NTLM logon on the srvsvc pipe at integrity or privacy: a
+    call is answered; then one byte of a request's stub is changed after
+    impacket signed it, and the server refuses it and closes the pipe
+    (the SMB session goes on)."""
+    from impacket.dcerpc.v5 import srvs, transport
+    from impacket.dcerpc.v5.rpcrt import RPC_C_AUTHN_LEVEL_PKT_INTEGRITY, RPC_C_AUTHN_LEVEL_PKT_PRIVACY
+
+    srv = browsing_server
+    t = transport.SMBTransport(srv.host, dstport=srv.port, filename=r"\srvsvc", username=srv.user, password=srv.password)
+    d = t.get_dce_rpc()
+    d.set_auth_level({"sign": RPC_C_AUTHN_LEVEL_PKT_INTEGRITY, "seal": RPC_C_AUTHN_LEVEL_PKT_PRIVACY}[level])
+    d.connect()
+    d.bind(srvs.MSRPC_UUID_SRVS)
+    info = srvs.hNetrServerGetInfo(d, 101)
+    assert info["InfoStruct"]["ServerInfo101"]["sv101_comment"].rstrip("\x00") == SERVER_COMMENT
+    if srv.kind != "nimbus":
+        return
+    send = d._transport.send
+
+    def tampered(data: bytes, *args, **kwargs):
+        b = bytearray(data)
+        b[24 + 4] ^= 0x01  # a byte of the stub (the level)
+        return send(bytes(b), *args, **kwargs)
+
+    d._transport.send = tampered
+    with pytest.raises(Exception):
+        srvs.hNetrServerGetInfo(d, 101)
+    assert "RPC pipe closed: a request whose signature does not verify" in srv.log_path.read_text(errors="replace")

@@ -82,6 +82,9 @@ fn interfaces(server: &Server, local: IpAddr) -> Result<Vec<InterfaceInfo>, Stri
                     a.ip()
                 }
             })
+            // One interface per address, however many ports listen on it.
+            .collect::<std::collections::BTreeSet<IpAddr>>()
+            .into_iter()
             .map(|addr| InterfaceInfo {
                 group_name: cfg.server_name.clone(),
                 available: true,

@@ -23,6 +23,7 @@ pub mod lsarpc;
 pub mod ndr;
 pub mod pdu;
 pub mod pipe;
+mod security;
 pub mod srvsvc;
 pub mod witness;
 pub mod wkssvc;

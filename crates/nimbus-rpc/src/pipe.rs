@@ -1,11 +1,23 @@
 //! One open of a named pipe on IPC$: the RPC association on it (MS-RPCE
 //! 3.3.3), the PDUs the client has written and the answers waiting to be
 //! read, one PDU per message (the pipe is in message mode).
+//!
+//! The SMB session around the pipe is authenticated already; a client may
+//! still ask for RPC's own logon and integrity or privacy on top (Samba's
+//! `ncacn_np:HOST[sign]`, and smbtorture's witness tests for srvsvc), which
+//! `crate::security` gives as on TCP.
 
 use std::collections::VecDeque;
+use std::net::IpAddr;
+
+use nimbus_auth::Authenticator;
 
 use crate::fragments::Reassembly;
-use crate::pdu::{self, ptype, result, Bind, BindAck, ContextResult, Header, Request};
+use crate::pdu::{
+    self, flags, ptype, result, Bind, BindAck, ContextResult, Header, Request, SecTrailer,
+    SEC_TRAILER_LEN,
+};
+use crate::security::{RpcSecurity, AUTH_PAD};
 use crate::{fault, HostSource, RpcError, Service};
 
 /// The largest fragment this end sends and accepts (the value Windows
@@ -24,6 +36,8 @@ const ASSOC_GROUP_BASE: u32 = 0x0001_2340;
 /// C706 12.6.3.1 p_reject_reason_t values sent in a BIND_NAK.
 const NAK_REASON_NOT_SPECIFIED: u16 = 0;
 const NAK_AUTH_TYPE_NOT_RECOGNIZED: u16 = 8;
+/// RPC_S_ACCESS_DENIED, as a fault status (MS-RPCE 3.3.1.5.2).
+const ACCESS_DENIED: u32 = 0x0000_0005;
 
 /// Why a write to the pipe failed: the pipe is closed (what the client
 /// sent broke the protocol, said here for the log).
@@ -59,11 +73,15 @@ pub struct Pipe {
     closed: bool,
     /// LSA policy handles opened on this pipe.
     policy_handles: crate::lsarpc::PolicyHandles,
+    /// RPC's own logon, when the pipe offers one (`with_security`).
+    security: Option<RpcSecurity>,
 }
 
 impl Pipe {
+    /// A pipe whose BINDs with a logon are refused (BIND_NAK).
     pub fn new(service: Service) -> Pipe {
         Pipe {
+            security: None,
             service,
             association: None,
             input: Vec::new(),
@@ -73,6 +91,15 @@ impl Pipe {
             queued: 0,
             closed: false,
             policy_handles: Default::default(),
+        }
+    }
+
+    /// A pipe that takes RPC's own logon through `authenticator` on a
+    /// connection the client made to `local`.
+    pub fn with_security(service: Service, authenticator: Authenticator, local: IpAddr) -> Pipe {
+        Pipe {
+            security: Some(RpcSecurity::new(authenticator, local)),
+            ..Pipe::new(service)
         }
     }
 
@@ -190,15 +217,76 @@ impl Pipe {
             return Err(PipeError("auth trailer longer than the PDU"));
         };
         let body = &pdu[pdu::HEADER_LEN..body_end];
+        // The logon's token, after the sec_trailer that starts where the
+        // body ends (a BIND's, an ALTER_CONTEXT's, an AUTH3's).
+        let token = || -> Result<Option<(SecTrailer, &[u8])>, PipeError> {
+            if auth == 0 {
+                return Ok(None);
+            }
+            let (t, at) =
+                SecTrailer::find(pdu, auth).map_err(|_| PipeError("malformed auth trailer"))?;
+            Ok(Some((t, &pdu[at + SEC_TRAILER_LEN..])))
+        };
         match hdr.ptype {
-            ptype::BIND => self.bind(hdr, body),
-            ptype::ALTER_CONTEXT => self.alter_context(hdr, body),
+            ptype::BIND => {
+                let body = &pdu[pdu::HEADER_LEN..body_start_of_trailer(pdu, auth)?];
+                self.bind(hdr, body, token()?)
+            }
+            ptype::ALTER_CONTEXT => {
+                let body = &pdu[pdu::HEADER_LEN..body_start_of_trailer(pdu, auth)?];
+                self.alter_context(hdr, body, token()?)
+            }
+            ptype::AUTH3 => self.auth3(token()?),
+            ptype::REQUEST
+                if auth != 0 || self.security.as_ref().is_some_and(|s| s.caller().is_some()) =>
+            {
+                let mut owned = pdu.to_vec();
+                self.protected_request(hdr, &mut owned, host)
+            }
             ptype::REQUEST => self.request(hdr, body, host),
             _ => Err(PipeError("PDU type a client does not send")),
         }
     }
 
-    fn bind(&mut self, hdr: &Header, body: &[u8]) -> Result<(), PipeError> {
+    /// A REQUEST with a verifier: checked (and unsealed) before it runs.
+    fn protected_request<H: HostSource + ?Sized>(
+        &mut self,
+        hdr: &Header,
+        pdu: &mut [u8],
+        host: &H,
+    ) -> Result<(), PipeError> {
+        let Some(security) = self.security.as_mut() else {
+            return Err(PipeError("a verifier on a pipe without a logon"));
+        };
+        let stub_start = if hdr.flags & flags::OBJECT_UUID != 0 {
+            pdu::REQUEST_HEADER_LEN + 16
+        } else {
+            pdu::REQUEST_HEADER_LEN
+        };
+        let stub_end = security
+            .check_request(hdr, pdu, stub_start)
+            .map_err(PipeError)?;
+        self.request(hdr, &pdu[pdu::HEADER_LEN..stub_end], host)
+    }
+
+    /// An AUTH3: the logon's last leg, which has no answer (MS-RPCE
+    /// 3.3.1.5.2.2). A failed logon leaves the pipe, whose calls are then
+    /// refused.
+    fn auth3(&mut self, token: Option<(SecTrailer, &[u8])>) -> Result<(), PipeError> {
+        let (Some(security), Some((trailer, token))) = (self.security.as_mut(), token) else {
+            return Err(PipeError("AUTH3 without a logon under way"));
+        };
+        let leg = security.auth3_leg(trailer, token);
+        self.call.clear();
+        leg.map_err(PipeError)
+    }
+
+    fn bind(
+        &mut self,
+        hdr: &Header,
+        body: &[u8],
+        token: Option<(SecTrailer, &[u8])>,
+    ) -> Result<(), PipeError> {
         let bind = Bind::parse(body).map_err(|_| PipeError("malformed BIND"))?;
         let mut out = Vec::new();
         if self.association.is_some() {
@@ -208,18 +296,29 @@ impl Pipe {
             self.push(out);
             return Err(PipeError("second BIND on one association"));
         }
-        if hdr.auth_length != 0 {
-            // RPC-level security is not offered: the pipe runs inside the
-            // SMB session, which is already authenticated (and signed or
-            // encrypted as the server requires).
-            pdu::encode_bind_nak(hdr.call_id, NAK_AUTH_TYPE_NOT_RECOGNIZED, &mut out);
-            self.push(out);
-            return Ok(());
-        }
         if bind.max_recv_frag < MIN_FRAG {
             pdu::encode_bind_nak(hdr.call_id, NAK_REASON_NOT_SPECIFIED, &mut out);
             self.push(out);
             return Ok(());
+        }
+        let mut reply = None;
+        if let Some((trailer, token)) = token {
+            let started = match self.security.as_mut() {
+                Some(security) => {
+                    security.set_header_sign(hdr.flags & flags::SUPPORT_HEADER_SIGN != 0);
+                    security.start(trailer, token)
+                }
+                None => Err("RPC logons are not offered on this pipe".to_string()),
+            };
+            match started {
+                Ok(t) => reply = Some((trailer, t)),
+                Err(why) => {
+                    tracing::info!("rpc: a pipe's BIND refused: {why}");
+                    pdu::encode_bind_nak(hdr.call_id, NAK_AUTH_TYPE_NOT_RECOGNIZED, &mut out);
+                    self.push(out);
+                    return Ok(());
+                }
+            }
         }
         let results = self.judge_contexts(&bind);
         let assoc_group = if bind.assoc_group_id != 0 {
@@ -240,18 +339,44 @@ impl Pipe {
             assoc_group_id: association.assoc_group,
             secondary_address: self.service.endpoint(),
             results: &results,
-            header_sign: false,
+            header_sign: self.security.as_ref().is_some_and(|s| s.header_sign()),
         }
         .encode(&mut out);
+        if let Some((trailer, token)) = reply {
+            pdu::append_auth(&mut out, 0, trailer, &token);
+        }
         self.association = Some(association);
         self.push(out);
         Ok(())
     }
 
-    fn alter_context(&mut self, hdr: &Header, body: &[u8]) -> Result<(), PipeError> {
+    fn alter_context(
+        &mut self,
+        hdr: &Header,
+        body: &[u8],
+        token: Option<(SecTrailer, &[u8])>,
+    ) -> Result<(), PipeError> {
         let bind = Bind::parse(body).map_err(|_| PipeError("malformed ALTER_CONTEXT"))?;
         if self.association.is_none() {
             return Err(PipeError("ALTER_CONTEXT before BIND"));
+        }
+        let mut reply = None;
+        if let Some((trailer, token)) = token {
+            // A leg of the logon (SPNEGO's last one comes this way).
+            let Some(security) = self.security.as_mut() else {
+                return Err(PipeError("a logon leg on a pipe without a logon"));
+            };
+            let leg = security.context_leg(trailer, token);
+            self.call.clear();
+            match leg {
+                Ok(t) => reply = t.map(|t| (trailer, t)),
+                Err(why) => {
+                    let mut out = Vec::new();
+                    pdu::encode_fault(hdr.call_id, 0, ACCESS_DENIED, true, &mut out);
+                    self.push(out);
+                    return Err(PipeError(why));
+                }
+            }
         }
         let results = self.judge_contexts(&bind);
         let Some(a) = self.association.as_mut() else {
@@ -274,6 +399,9 @@ impl Pipe {
             header_sign: false,
         }
         .encode(&mut out);
+        if let Some((trailer, token)) = reply {
+            pdu::append_auth(&mut out, 0, trailer, &token);
+        }
         self.push(out);
         Ok(())
     }
@@ -304,6 +432,17 @@ impl Pipe {
         if !known_context {
             let mut out = Vec::new();
             pdu::encode_fault(call.call_id, call.context_id, fault::UNK_IF, true, &mut out);
+            self.push(out);
+            return Ok(());
+        }
+        if self
+            .security
+            .as_ref()
+            .is_some_and(|s| s.failed() || s.pending())
+        {
+            // The client asked for a logon that did not complete.
+            let mut out = Vec::new();
+            pdu::encode_fault(call.call_id, call.context_id, ACCESS_DENIED, true, &mut out);
             self.push(out);
             return Ok(());
         }
@@ -348,13 +487,45 @@ impl Pipe {
     /// multiple of 8 stub bytes (C706 12.6.3.4).
     fn respond(&mut self, call_id: u32, context_id: u16, stub: &[u8]) {
         let xmit = self.association.as_ref().map_or(MIN_FRAG, |a| a.xmit_frag) as usize;
-        let chunk = ((xmit - pdu::REQUEST_HEADER_LEN) / 8) * 8;
+        let overhead = match self.security.as_ref().map(|s| s.overhead(xmit)) {
+            None | Some(Ok(None)) => None,
+            Some(Ok(Some(n))) => Some(n),
+            Some(Err(_)) => return self.give_up(),
+        };
+        // Protected fragments' stubs are padded to 16 (so to 8).
+        let chunk = match overhead {
+            Some(n) => ((xmit - pdu::REQUEST_HEADER_LEN - n) / AUTH_PAD) * AUTH_PAD,
+            None => ((xmit - pdu::REQUEST_HEADER_LEN) / 8) * 8,
+        };
         for (pfc, alloc_hint, range) in crate::fragments::split(stub.len(), chunk) {
             let mut out = Vec::with_capacity(pdu::REQUEST_HEADER_LEN + range.len());
             pdu::encode_response(call_id, pfc, alloc_hint, context_id, &stub[range], &mut out);
+            if let Some(security) = self.security.as_mut() {
+                if security.protect(&mut out).is_err() {
+                    return self.give_up();
+                }
+            }
             self.push(out);
         }
     }
+
+    /// An answer could not be protected (the GSS-API library refused):
+    /// the pipe closes rather than answer unprotected.
+    fn give_up(&mut self) {
+        tracing::warn!("rpc: a pipe's answer could not be protected; the pipe closes");
+        self.closed = true;
+    }
+}
+
+/// Where a BIND's or ALTER_CONTEXT's body ends: at its sec_trailer when
+/// it carries a token (the padding before the trailer is not the body's).
+fn body_start_of_trailer(pdu: &[u8], auth_len: usize) -> Result<usize, PipeError> {
+    if auth_len == 0 {
+        return Ok(pdu.len());
+    }
+    SecTrailer::find(pdu, auth_len)
+        .map(|(_, at)| at)
+        .map_err(|_| PipeError("malformed auth trailer"))
 }
 
 fn accepted(bind: &Bind, results: &[ContextResult]) -> Vec<u16> {

@@ -319,7 +319,16 @@ pub fn rpc_pipe(data: &[u8]) -> PipeRun {
     } else {
         Service::Wkssvc
     };
-    let mut pipe = Pipe::new(service);
+    // Half the inputs reach RPC's own logon on the pipe too.
+    let mut pipe = if first & 8 != 0 {
+        Pipe::with_security(
+            service,
+            fuzz_authenticator(),
+            std::net::Ipv4Addr::LOCALHOST.into(),
+        )
+    } else {
+        Pipe::new(service)
+    };
     let mut closed = false;
     while rest.len() >= 2 {
         let n = (u16::from_le_bytes([rest[0], rest[1]]) as usize).min(rest.len() - 2);
@@ -363,6 +372,22 @@ pub fn rpc_pipe(data: &[u8]) -> PipeRun {
 /// - 2: a stub for the endpoint mapper's decoder.
 ///
 /// Returns the PDU type of each answer.
+/// An acceptor with no users: every logon fails, which is what fuzzed
+/// tokens reach.
+fn fuzz_authenticator() -> nimbus_auth::Authenticator {
+    let provider = CryptoProvider::default_provider();
+    let users = Arc::new(std::sync::RwLock::new(UserDb::new()));
+    let config = nimbus_auth::AuthConfig {
+        netbios_computer: "NIMBUS".into(),
+        netbios_domain: "WORKGROUP".into(),
+        dns_computer: String::new(),
+        dns_domain: String::new(),
+        allow_guest: false,
+        aliases: Vec::new(),
+    };
+    nimbus_auth::Authenticator::new(provider, users, config)
+}
+
 pub fn rpc_ip_tcp(data: &[u8]) -> Vec<u8> {
     use nimbus_rpc::ip_tcp::{Association, Served};
     use nimbus_rpc::{epmapper, witness};
@@ -385,17 +410,7 @@ pub fn rpc_ip_tcp(data: &[u8]) -> Vec<u8> {
             }
         }
         _ => {
-            let provider = CryptoProvider::default_provider();
-            let users = Arc::new(std::sync::RwLock::new(UserDb::new()));
-            let config = nimbus_auth::AuthConfig {
-                netbios_computer: "NIMBUS".into(),
-                netbios_domain: "WORKGROUP".into(),
-                dns_computer: String::new(),
-                dns_domain: String::new(),
-                allow_guest: false,
-                aliases: Vec::new(),
-            };
-            let auth = nimbus_auth::Authenticator::new(provider, users, config);
+            let auth = fuzz_authenticator();
             let served = vec![
                 Served {
                     syntax: witness::INTERFACE,

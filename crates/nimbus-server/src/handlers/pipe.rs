@@ -77,7 +77,7 @@ pub fn create(ctx: &mut Ctx<'_>, req: &CreateRequest, out: &mut Vec<u8>) -> Hand
             file_id,
             tree_id,
             pipe: Mutex::new(HeldPipe {
-                pipe: Pipe::new(service),
+                pipe: Pipe::with_security(service, ctx.server.auth.clone(), ctx.conn.local.ip()),
                 charge: HeldCharge::default(),
             }),
         }),
