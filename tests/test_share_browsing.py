@@ -570,3 +570,44 @@ def test_a_signed_pipe_request_changed_on_its_way_closes_the_pipe(browsing_serve
     with pytest.raises(Exception):
         srvs.hNetrServerGetInfo(d, 101)
     assert "RPC pipe closed: a request whose signature does not verify" in srv.log_path.read_text(errors="replace")
+
+
+def test_wrong_passwords_in_rpcs_own_logon_count_toward_the_back_off(browsing_server):
+    """Ten wrong passwords in RPC's own logon on the srvsvc pipe, over one
+    SMB session, back the user off as ten wrong SESSION_SETUPs would
+    (limits.max_failed_logons_per_user, 10 by default): the right password
+    is then refused there too, and so is a new SMB logon
+    (STATUS_ACCOUNT_LOCKED_OUT)."""
+    from impacket.dcerpc.v5 import srvs, transport
+    from impacket.dcerpc.v5.rpcrt import RPC_C_AUTHN_LEVEL_PKT_INTEGRITY, DCERPCException
+    from impacket.smbconnection import SessionError, SMBConnection
+
+    srv = browsing_server
+    if srv.kind != "nimbus":
+        pytest.skip("Nimbus's back-off")
+    smb = SMBConnection(srv.host, srv.host, sess_port=srv.port)
+    smb.login(srv.user, srv.password)
+
+    def rpc_logon(password: str) -> bool:
+        t = transport.SMBTransport(srv.host, dstport=srv.port, filename=r"\srvsvc", smb_connection=smb)
+        d = t.get_dce_rpc()
+        d.set_credentials(srv.user, password)
+        d.set_auth_level(RPC_C_AUTHN_LEVEL_PKT_INTEGRITY)
+        d.connect()
+        try:
+            d.bind(srvs.MSRPC_UUID_SRVS)
+            srvs.hNetrServerGetInfo(d, 101)
+            return True
+        except DCERPCException:
+            return False
+        finally:
+            d.disconnect()
+
+    assert rpc_logon(srv.password)
+    for _ in range(10):
+        assert not rpc_logon("wrong")
+    assert not rpc_logon(srv.password)
+    again = SMBConnection(srv.host, srv.host, sess_port=srv.port)
+    with pytest.raises(SessionError) as e:
+        again.login(srv.user, srv.password)
+    assert e.value.getErrorCode() == 0xC0000234  # STATUS_ACCOUNT_LOCKED_OUT

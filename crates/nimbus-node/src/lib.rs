@@ -52,6 +52,7 @@ pub mod oplock_host;
 pub mod persist;
 pub mod release;
 pub mod reload;
+pub mod rpc_logon_gate;
 pub mod server;
 pub mod session;
 pub mod session_end;

@@ -33,6 +33,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, Notify};
 
+use crate::rpc_logon_gate::ServerLogonGate;
 use crate::server::Server;
 use crate::witness_registry::{lock, Registration};
 
@@ -323,6 +324,7 @@ async fn connection(server: Arc<Server>, stream: TcpStream, port: Port) {
         port.served(),
         server.auth.clone(),
         local.ip(),
+        Some(ServerLogonGate::for_client(server.clone(), peer_ip)),
     )));
     let id = server
         .witness

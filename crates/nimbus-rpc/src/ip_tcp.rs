@@ -23,7 +23,7 @@ use crate::pdu::{
     self, auth, flags, ptype, result, Bind, BindAck, ContextResult, Header, Request, SecTrailer,
     SyntaxId, SEC_TRAILER_LEN,
 };
-pub use crate::security::Caller;
+pub use crate::security::{Caller, LogonGate};
 use crate::security::{RpcSecurity, AUTH_PAD};
 use crate::{fault, RpcError};
 
@@ -89,14 +89,19 @@ pub struct Association {
 
 impl Association {
     /// A new association on a connection the client made to `local`.
-    pub fn new(served: Vec<Served>, authenticator: Authenticator, local: IpAddr) -> Association {
+    pub fn new(
+        served: Vec<Served>,
+        authenticator: Authenticator,
+        local: IpAddr,
+        gate: Option<std::sync::Arc<dyn LogonGate>>,
+    ) -> Association {
         Association {
             served,
             xmit_frag: None,
             assoc_group: ASSOC_GROUP,
             closed: false,
             contexts: Vec::new(),
-            security: RpcSecurity::new(authenticator, local),
+            security: RpcSecurity::new(authenticator, local, gate),
             partial: Reassembly::default(),
         }
     }

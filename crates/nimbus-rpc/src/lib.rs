@@ -24,6 +24,7 @@ pub mod ndr;
 pub mod pdu;
 pub mod pipe;
 mod security;
+pub use security::LogonGate;
 pub mod srvsvc;
 pub mod witness;
 pub mod wkssvc;

@@ -96,9 +96,14 @@ impl Pipe {
 
     /// A pipe that takes RPC's own logon through `authenticator` on a
     /// connection the client made to `local`.
-    pub fn with_security(service: Service, authenticator: Authenticator, local: IpAddr) -> Pipe {
+    pub fn with_security(
+        service: Service,
+        authenticator: Authenticator,
+        local: IpAddr,
+        gate: Option<std::sync::Arc<dyn crate::security::LogonGate>>,
+    ) -> Pipe {
         Pipe {
-            security: Some(RpcSecurity::new(authenticator, local)),
+            security: Some(RpcSecurity::new(authenticator, local, gate)),
             ..Pipe::new(service)
         }
     }
@@ -451,7 +456,7 @@ impl Pipe {
             .service
             .call(call.opnum, &call.stub, host, &mut self.policy_handles);
         match answer {
-            Ok(stub) => self.respond(call.call_id, call.context_id, &stub),
+            Ok(stub) => return self.respond(call.call_id, call.context_id, &stub),
             Err(status) => {
                 let mut out = Vec::new();
                 pdu::encode_fault(
@@ -485,7 +490,7 @@ impl Pipe {
     /// The call's result in as many RESPONSE fragments as the client's
     /// max_recv_frag needs; every fragment but the last carries a
     /// multiple of 8 stub bytes (C706 12.6.3.4).
-    fn respond(&mut self, call_id: u32, context_id: u16, stub: &[u8]) {
+    fn respond(&mut self, call_id: u32, context_id: u16, stub: &[u8]) -> Result<(), PipeError> {
         let xmit = self.association.as_ref().map_or(MIN_FRAG, |a| a.xmit_frag) as usize;
         let overhead = match self.security.as_ref().map(|s| s.overhead(xmit)) {
             None | Some(Ok(None)) => None,
@@ -497,6 +502,9 @@ impl Pipe {
             Some(n) => ((xmit - pdu::REQUEST_HEADER_LEN - n) / AUTH_PAD) * AUTH_PAD,
             None => ((xmit - pdu::REQUEST_HEADER_LEN) / 8) * 8,
         };
+        // Made whole before any is queued: an answer is sent complete and
+        // protected, or not at all.
+        let mut fragments = Vec::new();
         for (pfc, alloc_hint, range) in crate::fragments::split(stub.len(), chunk) {
             let mut out = Vec::with_capacity(pdu::REQUEST_HEADER_LEN + range.len());
             pdu::encode_response(call_id, pfc, alloc_hint, context_id, &stub[range], &mut out);
@@ -505,15 +513,18 @@ impl Pipe {
                     return self.give_up();
                 }
             }
+            fragments.push(out);
+        }
+        for out in fragments {
             self.push(out);
         }
+        Ok(())
     }
 
     /// An answer could not be protected (the GSS-API library refused):
     /// the pipe closes rather than answer unprotected.
-    fn give_up(&mut self) {
-        tracing::warn!("rpc: a pipe's answer could not be protected; the pipe closes");
-        self.closed = true;
+    fn give_up(&mut self) -> Result<(), PipeError> {
+        Err(PipeError("an answer that could not be protected"))
     }
 }
 

@@ -13,8 +13,9 @@
 mod protection;
 
 use std::net::IpAddr;
+use std::sync::Arc;
 
-use nimbus_auth::{AuthStep, Authenticator, BadSignature};
+use nimbus_auth::{AuthError, AuthStep, Authenticator, BadSignature};
 use protection::{Layout, Protection};
 
 use crate::pdu::{self, auth, Header, SecTrailer, SEC_TRAILER_LEN};
@@ -62,9 +63,26 @@ enum Leg {
     Done(Option<Vec<u8>>),
 }
 
+/// The server's failed-logon back-off (`limits.max_failed_logons_per_*`),
+/// which RPC's own logons pass as SMB's do: a client that may not guess
+/// passwords through SESSION_SETUP may not guess them through a pipe or
+/// the witness port either. One per connection: it knows the client's
+/// address.
+pub trait LogonGate: Send + Sync {
+    /// Whether `user` may log on now (a backed-off name or address is
+    /// refused even with the right password, so guessing learns nothing).
+    fn may_log_on(&self, user: &str) -> bool;
+    /// A wrong password or an unknown user: counted, and logged as the
+    /// server logs such refusals.
+    fn failed(&self, user: &str, why: &AuthError);
+    /// `user` logged on: the failures counted are cleared.
+    fn succeeded(&self, user: &str);
+}
+
 pub(crate) struct RpcSecurity {
     authenticator: Authenticator,
     local: IpAddr,
+    gate: Option<Arc<dyn LogonGate>>,
     state: State,
     /// The BIND asked for PFC_SUPPORT_HEADER_SIGN, and the BIND_ACK
     /// granted it.
@@ -73,10 +91,15 @@ pub(crate) struct RpcSecurity {
 
 impl RpcSecurity {
     /// No logon yet, on a connection the client made to `local`.
-    pub fn new(authenticator: Authenticator, local: IpAddr) -> RpcSecurity {
+    pub fn new(
+        authenticator: Authenticator,
+        local: IpAddr,
+        gate: Option<Arc<dyn LogonGate>>,
+    ) -> RpcSecurity {
         RpcSecurity {
             authenticator,
             local,
+            gate,
             state: State::None,
             header_sign: false,
         }
@@ -109,8 +132,19 @@ impl RpcSecurity {
         matches!(self.state, State::Failed)
     }
 
+    /// A refused leg: a wrong password or unknown user goes to the gate.
+    fn refused(&self, e: &AuthError) {
+        match (&self.gate, e) {
+            (Some(gate), AuthError::LogonFailure { user, .. }) => gate.failed(user, e),
+            _ => tracing::info!("rpc: logon refused: {e}"),
+        }
+    }
+
     /// The first leg, from a BIND: what to answer in the BIND_ACK.
     pub fn start(&mut self, trailer: SecTrailer, token: &[u8]) -> Result<Vec<u8>, String> {
+        // A BIND begins anew: a logon refused in an earlier BIND (answered
+        // with BIND_NAK) leaves nothing behind.
+        self.state = State::None;
         if !matches!(
             trailer.auth_type,
             auth::TYPE_NTLMSSP | auth::TYPE_SPNEGO | auth::TYPE_KRB5
@@ -120,7 +154,15 @@ impl RpcSecurity {
                 trailer.auth_type
             ));
         }
-        if !(auth::LEVEL_CONNECT..=auth::LEVEL_PRIVACY).contains(&trailer.auth_level) {
+        // Levels 3 (CALL) and 4 (PKT) would protect nothing here: refused
+        // rather than served as if they did.
+        if ![
+            auth::LEVEL_CONNECT,
+            auth::LEVEL_INTEGRITY,
+            auth::LEVEL_PRIVACY,
+        ]
+        .contains(&trailer.auth_level)
+        {
             return Err(format!("authentication level {}", trailer.auth_level));
         }
         if !token_fits(trailer.auth_type, token) {
@@ -151,7 +193,10 @@ impl RpcSecurity {
                 .map_err(String::from)?;
                 Ok(token)
             }
-            Err(e) => Err(e.to_string()),
+            Err(e) => {
+                self.refused(&e);
+                Err(e.to_string())
+            }
         }
     }
 
@@ -202,7 +247,7 @@ impl RpcSecurity {
                 Ok(Leg::Done((!output.is_empty()).then_some(output)))
             }
             Err(e) => {
-                tracing::info!("rpc: logon refused: {e}");
+                self.refused(&e);
                 Err("logon refused")
             }
         }
@@ -248,6 +293,13 @@ impl RpcSecurity {
             tracing::info!("rpc: a guest or anonymous logon refused");
             self.state = State::Failed;
             return Err("guest and anonymous logons may not use this service");
+        }
+        if let Some(gate) = &self.gate {
+            if !gate.may_log_on(&logon.user) {
+                self.state = State::Failed;
+                return Err("a logon while its user or address is backed off");
+            }
+            gate.succeeded(&logon.user);
         }
         let protection = match logon.kerberos.take() {
             Some(gss) => Protection::kerberos(gss, level, self.header_sign),
@@ -305,8 +357,31 @@ impl RpcSecurity {
             } if caller.level >= auth::LEVEL_INTEGRITY => {
                 (p, caller.level, *context_id, *auth_type)
             }
+            State::Done {
+                caller,
+                context_id,
+                auth_type,
+                ..
+            } => {
+                // At the connect level a verifier carries nothing to check,
+                // but its trailer must be the association's: a request that
+                // says it was signed while the logon was not is refused.
+                if auth_len == 0 {
+                    return Ok(pdu.len());
+                }
+                let (t, at) = SecTrailer::find(pdu, auth_len).map_err(|_| "malformed trailer")?;
+                if t.auth_level != caller.level
+                    || t.context_id != *context_id
+                    || t.auth_type != *auth_type
+                {
+                    return Err("a request whose trailer is not the association's");
+                }
+                return (at >= stub_start && (t.pad_length as usize) <= at - stub_start)
+                    .then(|| at - t.pad_length as usize)
+                    .ok_or("malformed trailer");
+            }
             _ => {
-                // Below integrity a verifier carries nothing to check.
+                // No logon: a verifier carries nothing to check.
                 if auth_len == 0 {
                     return Ok(pdu.len());
                 }

@@ -325,6 +325,7 @@ pub fn rpc_pipe(data: &[u8]) -> PipeRun {
             service,
             fuzz_authenticator(),
             std::net::Ipv4Addr::LOCALHOST.into(),
+            None,
         )
     } else {
         Pipe::new(service)
@@ -361,17 +362,6 @@ pub fn rpc_pipe(data: &[u8]) -> PipeRun {
     run
 }
 
-/// DCE/RPC over TCP (the witness service's association, the `rpc_ip_tcp`
-/// target): the first byte picks what the rest is.
-/// - 0: PDUs, each a 2-byte little-endian length and its bytes, fed to an
-///   association serving the witness (integrity required) and the
-///   endpoint mapper; every answer must be one whole PDU, nothing comes
-///   after the association closed, and each call that comes out has its
-///   stub run through the decoders.
-/// - 1: a stub for every witness decoder.
-/// - 2: a stub for the endpoint mapper's decoder.
-///
-/// Returns the PDU type of each answer.
 /// An acceptor with no users: every logon fails, which is what fuzzed
 /// tokens reach.
 fn fuzz_authenticator() -> nimbus_auth::Authenticator {
@@ -388,6 +378,17 @@ fn fuzz_authenticator() -> nimbus_auth::Authenticator {
     nimbus_auth::Authenticator::new(provider, users, config)
 }
 
+/// DCE/RPC over TCP (the witness service's association, the `rpc_ip_tcp`
+/// target): the first byte picks what the rest is.
+/// - 0: PDUs, each a 2-byte little-endian length and its bytes, fed to an
+///   association serving the witness (integrity required) and the
+///   endpoint mapper; every answer must be one whole PDU, nothing comes
+///   after the association closed, and each call that comes out has its
+///   stub run through the decoders.
+/// - 1: a stub for every witness decoder.
+/// - 2: a stub for the endpoint mapper's decoder.
+///
+/// Returns the PDU type of each answer.
 pub fn rpc_ip_tcp(data: &[u8]) -> Vec<u8> {
     use nimbus_rpc::ip_tcp::{Association, Served};
     use nimbus_rpc::{epmapper, witness};
@@ -421,7 +422,7 @@ pub fn rpc_ip_tcp(data: &[u8]) -> Vec<u8> {
                     needs_integrity: false,
                 },
             ];
-            let mut a = Association::new(served, auth, std::net::Ipv4Addr::LOCALHOST.into());
+            let mut a = Association::new(served, auth, std::net::Ipv4Addr::LOCALHOST.into(), None);
             let mut closed = false;
             while rest.len() >= 2 && !closed {
                 let n = (u16::from_le_bytes([rest[0], rest[1]]) as usize).min(rest.len() - 2);

@@ -22,9 +22,9 @@ pub use nimbus_node::{
     drain, durable, durable_handle, eas, errors, failover, fileinfo, gauges, held_bytes,
     interfaces, lease_ack_handover, lease_loss, leaving, let_go_handover, limits, locks, log_limit,
     logon_guard, lookup, memory_use, message, metrics, notify, open, open_files, open_registry,
-    oplocks, pending, persist, release, reload, security, server, session, session_end,
-    session_handover, session_registry, share, status, status_listing, sync, teardowns, witness,
-    write_times,
+    oplocks, pending, persist, release, reload, rpc_logon_gate, security, server, session,
+    session_end, session_handover, session_registry, share, status, status_listing, sync,
+    teardowns, witness, write_times,
 };
 pub use nimbus_node::{
     kerberos_acceptor, Config, ConfigError, KeytabError, LogFormat, Server, ShareConfig,

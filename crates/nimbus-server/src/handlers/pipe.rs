@@ -77,7 +77,15 @@ pub fn create(ctx: &mut Ctx<'_>, req: &CreateRequest, out: &mut Vec<u8>) -> Hand
             file_id,
             tree_id,
             pipe: Mutex::new(HeldPipe {
-                pipe: Pipe::with_security(service, ctx.server.auth.clone(), ctx.conn.local.ip()),
+                pipe: Pipe::with_security(
+                    service,
+                    ctx.server.auth.clone(),
+                    ctx.conn.local.ip(),
+                    Some(crate::rpc_logon_gate::ServerLogonGate::for_client(
+                        ctx.server.clone(),
+                        ctx.conn.peer.ip(),
+                    )),
+                ),
                 charge: HeldCharge::default(),
             }),
         }),
