@@ -572,17 +572,18 @@ def test_a_signed_pipe_request_changed_on_its_way_closes_the_pipe(browsing_serve
     assert "RPC pipe closed: a request whose signature does not verify" in srv.log_path.read_text(errors="replace")
 
 
-def test_wrong_passwords_in_rpcs_own_logon_count_toward_the_back_off(browsing_server):
-    """Ten wrong passwords in RPC's own logon on the srvsvc pipe, over one
-    SMB session, back the user off as ten wrong SESSION_SETUPs would
-    (limits.max_failed_logons_per_user, 10 by default): the right password
-    is then refused there too, and so is a new SMB logon
-    (STATUS_ACCOUNT_LOCKED_OUT)."""
+def test_wrong_passwords_in_rpcs_own_logon_count_toward_the_back_off(server_factory):
+    """Three wrong passwords in RPC's own logon on the srvsvc pipe, over one
+    SMB session, back the user off as three wrong SESSION_SETUPs would
+    (limits.max_failed_logons_per_user): the right password is then
+    refused there too, and so is a new SMB logon (STATUS_ACCOUNT_LOCKED_OUT).
+    The back-off lasts 30 s, far longer than the test."""
     from impacket.dcerpc.v5 import srvs, transport
     from impacket.dcerpc.v5.rpcrt import RPC_C_AUTHN_LEVEL_PKT_INTEGRITY, DCERPCException
     from impacket.smbconnection import SessionError, SMBConnection
 
-    srv = browsing_server
+    limits = {"max_failed_logons_per_user": 3, "max_failed_logons_per_address": 100, "logon_backoff_secs": 30, "max_logon_backoff_secs": 30}
+    srv = server_factory.start([("data", False)], security=Security(server_comment=SERVER_COMMENT, limits=limits))
     if srv.kind != "nimbus":
         pytest.skip("Nimbus's back-off")
     smb = SMBConnection(srv.host, srv.host, sess_port=srv.port)
@@ -604,7 +605,7 @@ def test_wrong_passwords_in_rpcs_own_logon_count_toward_the_back_off(browsing_se
             d.disconnect()
 
     assert rpc_logon(srv.password)
-    for _ in range(10):
+    for _ in range(3):
         assert not rpc_logon("wrong")
     assert not rpc_logon(srv.password)
     again = SMBConnection(srv.host, srv.host, sess_port=srv.port)

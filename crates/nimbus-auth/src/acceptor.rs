@@ -850,14 +850,15 @@ impl AuthExchange {
             if !input.starts_with(ntlm::SIGNATURE) {
                 return Err(AuthError::Malformed("expected an NTLMSSP AUTHENTICATE"));
             }
-            let v = self.verify_authenticate(&p, input)?;
+            let v = self.verify_authenticate(&p, input, false)?;
             return Ok(AuthStep::Complete(result(v, p.flags, Vec::new())));
         };
         let resp = spnego::parse_resp(input).map_err(AuthError::Malformed)?;
         let auth = resp.response_token.ok_or(AuthError::Malformed(
             "NegTokenResp without NTLMSSP AUTHENTICATE",
         ))?;
-        let v = self.verify_authenticate(&p, auth)?;
+        let mic_needed = resp.mech_list_mic.is_some() || !ctx.ntlm_preferred;
+        let v = self.verify_authenticate(&p, auth, mic_needed)?;
 
         let mut server_mic = None;
         if !v.guest && !v.anonymous {
@@ -937,7 +938,14 @@ impl AuthExchange {
     }
 
     /// Checks an AUTHENTICATE message (MS-NLMP 3.2.5.1.2), NTLMv2 only.
-    fn verify_authenticate(&self, p: &Pending, msg: &[u8]) -> Result<Verified, AuthError> {
+    /// `mic_needed`: SPNEGO will need a mechListMIC whatever the message
+    /// says (the client sent one, or NTLM was not its first choice).
+    fn verify_authenticate(
+        &self,
+        p: &Pending,
+        msg: &[u8],
+        mic_needed: bool,
+    ) -> Result<Verified, AuthError> {
         let ntlm = self.ntlm()?;
         let a = ntlm::parse_authenticate(msg).map_err(AuthError::Malformed)?;
         let user = utf16_string(a.user)?;
@@ -986,6 +994,34 @@ impl AuthExchange {
                 reason: "empty user name",
             });
         }
+        // Everything the message alone decides is checked before the
+        // password: a refusal that came only after a right password would
+        // tell a guesser so, past the failed-logon back-off.
+        if p.flags & flags::KEY_EXCH != 0 && !matches!(a.encrypted_session_key.len(), 0 | 16) {
+            return Err(AuthError::Malformed(
+                "EncryptedRandomSessionKey is not 16 bytes",
+            ));
+        }
+        let av_pairs = &a.nt_response[16 + ntlm::CLIENT_CHALLENGE_FIXED..];
+        let av_flags = ntlm::find_av_pair(av_pairs, av::FLAGS)
+            .map_err(AuthError::Malformed)?
+            .and_then(|v| v.get(..4))
+            .map(|v| u32::from_le_bytes([v[0], v[1], v[2], v[3]]))
+            .unwrap_or(0);
+        let mic_present = av_flags & av::FLAG_MIC_PRESENT != 0;
+        if mic_present && !a.has_mic_room {
+            return Err(AuthError::Malformed("MIC announced but no room for it"));
+        }
+        // A mechListMIC (MS-SPNG 3.1.5.1) needs extended session security.
+        if (mic_present || mic_needed)
+            && p.spnego.is_some()
+            && p.flags & flags::EXTENDED_SESSIONSECURITY == 0
+        {
+            return Err(AuthError::NotSupported(
+                "NTLM signing without extended session security",
+            ));
+        }
+        self.check_binding(ntlm, av_pairs, &user)?;
 
         self.reload_users();
         let found = {
@@ -1054,33 +1090,13 @@ impl AuthExchange {
         // MS-NLMP 3.3.2: for NTLMv2, KeyExchangeKey = SessionBaseKey.
         let key_exchange_key = Zeroizing::new(ntlm.hmac_md5(&owf[..], &[nt_proof]));
         let mut exported = Zeroizing::new(*key_exchange_key);
-        if p.flags & flags::KEY_EXCH != 0 {
-            match a.encrypted_session_key.len() {
-                16 => {
-                    exported.copy_from_slice(a.encrypted_session_key);
-                    ntlm.rc4(&key_exchange_key[..], &mut exported[..]);
-                }
-                // A client may decline the exchange; keep KeyExchangeKey.
-                0 => {}
-                _ => {
-                    return Err(AuthError::Malformed(
-                        "EncryptedRandomSessionKey is not 16 bytes",
-                    ))
-                }
-            }
+        // A client may decline the exchange (no key): KeyExchangeKey stays.
+        if p.flags & flags::KEY_EXCH != 0 && a.encrypted_session_key.len() == 16 {
+            exported.copy_from_slice(a.encrypted_session_key);
+            ntlm.rc4(&key_exchange_key[..], &mut exported[..]);
         }
 
-        let av_pairs = &blob[ntlm::CLIENT_CHALLENGE_FIXED..];
-        let av_flags = ntlm::find_av_pair(av_pairs, av::FLAGS)
-            .map_err(AuthError::Malformed)?
-            .and_then(|v| v.get(..4))
-            .map(|v| u32::from_le_bytes([v[0], v[1], v[2], v[3]]))
-            .unwrap_or(0);
-        let mic_present = av_flags & av::FLAG_MIC_PRESENT != 0;
         if mic_present {
-            if !a.has_mic_room {
-                return Err(AuthError::Malformed("MIC announced but no room for it"));
-            }
             let mut zeroed = msg.to_vec();
             let mic = msg[MIC_OFFSET..MIC_OFFSET + 16].to_vec();
             zeroed[MIC_OFFSET..MIC_OFFSET + 16].fill(0);
@@ -1092,8 +1108,6 @@ impl AuthExchange {
                 });
             }
         }
-
-        self.check_binding(ntlm, av_pairs, &user)?;
 
         Ok(Verified {
             user: stored_name,

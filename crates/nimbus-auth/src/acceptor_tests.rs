@@ -832,3 +832,38 @@ fn session_security_goes_on_from_the_mech_list_mic() {
     s.verify(request, &client_signature(&ctx, 0, request))
         .unwrap();
 }
+
+#[test]
+fn what_the_message_alone_decides_is_refused_alike_for_right_and_wrong_passwords() {
+    // A refusal that came only after a right password would tell a guesser
+    // so, past the failed-logon back-off (counted only for LogonFailure).
+    fn refusal(password: &'static str, target: Option<&'static str>, cut_key: bool) -> String {
+        let auth = authenticator(false);
+        let c = Client {
+            password,
+            target_name: target,
+            ..Client::default()
+        };
+        let mut ex = auth.start();
+        let neg = negotiate_msg(&c);
+        let challenge = expect_continue(ex.step(&neg));
+        let (mut msg, _) = authenticate_msg(&c, &neg, &challenge);
+        if cut_key {
+            // EncryptedRandomSessionKeyFields.Len (MS-NLMP 2.2.1.3): 15.
+            msg[52..54].copy_from_slice(&15u16.to_le_bytes());
+        }
+        match ex.step(&msg) {
+            Ok(_) => "accepted".into(),
+            Err(e) => format!("{e:?}"),
+        }
+    }
+    for (target, cut_key) in [(None, true), (Some("cifs/elsewhere.example"), false)] {
+        let right = refusal("correct horse", target, cut_key);
+        let wrong = refusal("wrong", target, cut_key);
+        assert!(
+            !right.contains("LogonFailure") && right != "accepted",
+            "{right}"
+        );
+        assert_eq!(right, wrong);
+    }
+}

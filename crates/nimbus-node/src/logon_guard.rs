@@ -141,6 +141,9 @@ impl LogonGuard {
         limits: &Limits,
     ) -> Result<(), BackedOff> {
         let window = limits.failed_logon_window;
+        // An IPv4 client of a dual-stack listener has one budget, however
+        // its address is spelled.
+        let addr = addr.to_canonical();
         let address_blocked = lock(&self.addresses).blocked(&addr, now, window);
         if let Some(remaining) = address_blocked {
             return Err(BackedOff::Address { remaining });
@@ -153,7 +156,7 @@ impl LogonGuard {
     }
 
     pub fn failed(&self, user: &str, addr: IpAddr, now: Instant, limits: &Limits) {
-        lock(&self.addresses).fail(addr, now, limits);
+        lock(&self.addresses).fail(addr.to_canonical(), now, limits);
         if !user.is_empty() {
             lock(&self.users).fail(Self::user_key(user), now, limits);
         }
@@ -161,7 +164,7 @@ impl LogonGuard {
 
     /// A successful logon clears the user's and the address's failures.
     pub fn succeeded(&self, user: &str, addr: IpAddr) {
-        lock(&self.addresses).entries.remove(&addr);
+        lock(&self.addresses).entries.remove(&addr.to_canonical());
         lock(&self.users).entries.remove(&Self::user_key(user));
     }
 }

@@ -153,7 +153,7 @@ impl Association {
         }
         let (bind, token) = parse_bind(hdr, pdu)?;
         self.security
-            .set_header_sign(hdr.flags & flags::SUPPORT_HEADER_SIGN != 0);
+            .bind(hdr.flags & flags::SUPPORT_HEADER_SIGN != 0);
         if bind.max_recv_frag < MIN_FRAG {
             let mut out = Vec::new();
             pdu::encode_bind_nak(hdr.call_id, NAK_REASON_NOT_SPECIFIED, &mut out);

@@ -306,13 +306,13 @@ impl Pipe {
             self.push(out);
             return Ok(());
         }
+        if let Some(security) = self.security.as_mut() {
+            security.bind(hdr.flags & flags::SUPPORT_HEADER_SIGN != 0);
+        }
         let mut reply = None;
         if let Some((trailer, token)) = token {
             let started = match self.security.as_mut() {
-                Some(security) => {
-                    security.set_header_sign(hdr.flags & flags::SUPPORT_HEADER_SIGN != 0);
-                    security.start(trailer, token)
-                }
+                Some(security) => security.start(trailer, token),
                 None => Err("RPC logons are not offered on this pipe".to_string()),
             };
             match started {

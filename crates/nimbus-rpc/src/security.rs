@@ -105,9 +105,12 @@ impl RpcSecurity {
         }
     }
 
-    /// The BIND's PFC_SUPPORT_HEADER_SIGN, which the BIND_ACK answers.
-    pub fn set_header_sign(&mut self, asked: bool) {
-        self.header_sign = asked;
+    /// A BIND (the association's one): what an earlier, refused BIND
+    /// left is forgotten, and its PFC_SUPPORT_HEADER_SIGN is what the
+    /// BIND_ACK answers.
+    pub fn bind(&mut self, header_sign: bool) {
+        self.state = State::None;
+        self.header_sign = header_sign;
     }
 
     pub fn header_sign(&self) -> bool {
@@ -142,9 +145,6 @@ impl RpcSecurity {
 
     /// The first leg, from a BIND: what to answer in the BIND_ACK.
     pub fn start(&mut self, trailer: SecTrailer, token: &[u8]) -> Result<Vec<u8>, String> {
-        // A BIND begins anew: a logon refused in an earlier BIND (answered
-        // with BIND_NAK) leaves nothing behind.
-        self.state = State::None;
         if !matches!(
             trailer.auth_type,
             auth::TYPE_NTLMSSP | auth::TYPE_SPNEGO | auth::TYPE_KRB5
@@ -380,11 +380,12 @@ impl RpcSecurity {
                     .then(|| at - t.pad_length as usize)
                     .ok_or("malformed trailer");
             }
+            _ if auth_len == 0 => return Ok(pdu.len()),
+            // A verifier where no logon was ever asked for.
+            State::None => return Err("a request with a verifier but no logon"),
             _ => {
-                // No logon: a verifier carries nothing to check.
-                if auth_len == 0 {
-                    return Ok(pdu.len());
-                }
+                // A logon that failed or is not done: its calls are refused
+                // (ACCESS_DENIED) by the caller, which needs the stub's end.
                 let (t, at) = SecTrailer::find(pdu, auth_len).map_err(|_| "malformed trailer")?;
                 return (at >= stub_start && (t.pad_length as usize) <= at - stub_start)
                     .then(|| at - t.pad_length as usize)
