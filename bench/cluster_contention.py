@@ -117,8 +117,11 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def node_config(name: str, host: str, port: int, db: Path, share_dir: Path, etcd: EtcdCluster) -> str:
-    """A cluster node's configuration file: one share, no inotify watches."""
+def node_config(name: str, host: str, port: int, db: Path, share_dir: Path, etcd: EtcdCluster, ca_share: str | None = None) -> str:
+    """A cluster node's configuration file: one share, no inotify watches;
+    with `ca_share`, the same directory again under that name as a
+    continuously available share (persistent handles, kept in etcd)."""
+    ca = ["[[share]]", f"name = {json.dumps(ca_share)}", f"path = {json.dumps(str(share_dir))}", "continuous_availability = true"] if ca_share else []
     lines = [
         f'listen = ["{host}:{port}"]',
         f"user_db = {json.dumps(str(db))}",
@@ -127,6 +130,7 @@ def node_config(name: str, host: str, port: int, db: Path, share_dir: Path, etcd
         "[[share]]",
         f'name = "{SHARE}"',
         f"path = {json.dumps(str(share_dir))}",
+        *ca,
         "[limits]",
         "max_inotify_watches = 0",
         "[cluster]",

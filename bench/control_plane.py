@@ -5,27 +5,49 @@ nodes (issue 49).
     bash bench/run.sh --control-plane [--nodes 3 16 64] [--seconds 60] [--rate 1]
 
 For each cluster size N: one 3-member etcd cluster (plain http://, data on
-tmpfs) and N nodes on 127.0.0.1..N, one port, one share. Once every node
+tmpfs) and N nodes on 127.0.0.1..N, one port, one share (and its
+directory again as a continuously available share, for 6). Once every node
 listens and has registered, the cluster is left alone for --settle
-seconds, then measured four ways:
+seconds, then measured six ways:
 
 1. **idle**, for --seconds, no client;
-2. **light load**, for --seconds: one client per node (its own session,
-   all in this process) opening and closing, --rate times a second each,
-   alternately a file of its own and one file every client shares
-   (GENERIC_READ, all sharing allowed, no oplock): the shared file's
-   records live in etcd, and each change of them reaches every node's
-   watch;
-3. **join and leave**: node N+1 starts (counted from its launch to 3 s
+2. **light load, own files**, for --seconds: one client per node (its own
+   session, all in this process) opening and closing, --rate times a
+   second each, a file of its own (GENERIC_READ, all sharing allowed, no
+   oplock): the control plane's cost of a light load spread over all
+   nodes;
+3. **light load, mixed**: the same with new clients, each opening
+   alternately its own file and one file every client shares: the shared
+   file's records live in etcd, and each change of them reaches every
+   node's watch. At 64 nodes some opens of the shared file are refused
+   with STATUS_INSUFFICIENT_RESOURCES (a share-mode record contended from
+   every node, the limit docs/SCALING.md describes): 2 measures the load
+   without that file;
+4. **join and leave**: node N+1 starts (counted from its launch to 3 s
    after it listens), then gets SIGTERM (counted until it exits and 1 s
    more);
-4. **reclaim**: a client of node N holds a file open with no sharing;
+5. **reclaim**: a client of node N holds a file open with no sharing;
    node N gets SIGKILL; a client of node 1, logged on before, tries an
    exclusive open every 100 ms: the time from the kill to the first open
    granted (the file's ownership goes with node N's lease, after
-   `node_ttl_secs`, 10 s by default).
+   `node_ttl_secs`, 10 s by default);
+6. **persistent reclaim** (3 nodes or more): a client of node N-1 opens a
+   file on the continuously available share (the same directory, SMB
+   3.1.1, a DH2Q create context with SMB2_DHANDLE_FLAG_PERSISTENT, MS-SMB2
+   2.2.13.2.11; the run stops unless the answer's DH2Q grants it
+   persistent); node N-1 gets SIGKILL; the same client (same ClientGuid
+   and user, a new connection and session to node 1, logged on before)
+   sends a CREATE with a DH2C reconnect context (2.2.13.2.12, flag
+   PERSISTENT) every 100 ms after each refusal: the time from the kill to
+   the reclaim granted, checked to be the same open (its FileId's
+   persistent part). While node N-1's membership lives, node 1 asks it to
+   let go of the open and waits up to 5 s (LET_GO_WAIT) for an answer
+   that does not come (STATUS_PENDING meanwhile), then refuses the
+   reconnect (STATUS_OBJECT_NAME_NOT_FOUND); a reconnect waiting when the
+   lease ends is run again at once and takes the open over
+   (`crates/nimbus-node/src/failover.rs`).
 
-In 1 and 2:
+In 1 to 3:
 
 - etcd write transactions per second: the revision's advance (every write
   transaction advances it by one);
@@ -53,6 +75,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -65,6 +88,9 @@ from side_by_side import PASSWORD, SHARE, USER  # noqa: E402
 from cluster_contention import cpu_seconds, node_config  # noqa: E402
 from meta_loop import CLOSE, Client, close_body  # noqa: E402
 import rawsmb  # noqa: E402  (meta_loop put tests/ on the path)
+import test_durable  # noqa: E402
+import test_persistent  # noqa: E402
+from smbprotocol.exceptions import SMBResponseException  # noqa: E402
 
 HANDLED = re.compile(r'^grpc_server_handled_total\{([^}]*)\} (\S+)$', re.M)
 RECEIVED = re.compile(r'^grpc_server_msg_received_total\{([^}]*)\} (\S+)$', re.M)
@@ -72,6 +98,15 @@ METHOD = re.compile(r'grpc_method="([^"]+)"')
 EVENTS = re.compile(r"^etcd_debugging_mvcc_events_total (\S+)$", re.M)
 WATCHERS = re.compile(r"^etcd_debugging_mvcc_watcher_total (\S+)$", re.M)
 KV_METHODS = ("Range", "Txn", "Put", "DeleteRange")
+# The continuously available share of every node: SHARE's directory again.
+CA_SHARE = "ca"
+# The light loads, in the order run: key, what the table calls it, the
+# file every client opens besides its own (None: its own file alone).
+LOADS = (("own", "own files", None), ("mixed", "own and shared file", "shared.dat"))
+# What a persistent reconnect may be answered before its open is taken
+# over: no such open here (yet), or the file held by an open another
+# node decides (MS-SMB2 3.3.5.9: STATUS_FILE_NOT_AVAILABLE).
+NOT_YET = (test_durable.STATUS_OBJECT_NAME_NOT_FOUND, test_persistent.STATUS_FILE_NOT_AVAILABLE)
 
 
 def counters(etcd: EtcdCluster) -> dict[str, float]:
@@ -112,7 +147,7 @@ def start_nodes(nimbus: str, work: Path, etcd: EtcdCluster, n: int, port: int, f
     for i in range(first, first + n):
         name, host = f"n{i + 1}", f"127.0.0.{i + 1}"
         conf = work / f"{name}.toml"
-        conf.write_text(node_config(name, host, port, db, share, etcd))
+        conf.write_text(node_config(name, host, port, db, share, etcd, ca_share=CA_SHARE))
         log = open(work / f"{name}.log", "wb")
         procs.append(subprocess.Popen([nimbus, "serve", "--config", str(conf)], stdout=log, stderr=subprocess.STDOUT))
     for i, p in enumerate(procs, start=first):
@@ -145,18 +180,18 @@ def pair(c: Client, body: bytes) -> None:
     c.call(CLOSE, close_body(resp[rawsmb.HEADER_SIZE + 64 : rawsmb.HEADER_SIZE + 80]))
 
 
-def light_load(clients: list[Client], rate: float, stop: threading.Event, done: list[int], failures: list[str]) -> list[threading.Thread]:
-    """One thread per client: a pair every 1/rate s, its own file and the
-    shared one in turn; counts pairs in done[k], and a client's failure
-    (which ends its thread) in `failures`."""
+def light_load(clients: list[Client], rate: float, shared: str | None, stop: threading.Event, done: list[int], failures: list[str]) -> list[threading.Thread]:
+    """One thread per client: a pair every 1/rate s, of its own file, or
+    its own file and `shared` in turn; counts pairs in done[k], and a
+    client's failure (which ends its thread) in `failures`."""
 
     def run(k: int, c: Client) -> None:
-        own, shared = rawsmb.create_body(f"own-{k}.dat"), rawsmb.create_body("shared.dat")
+        bodies = [rawsmb.create_body(f"own-{k}.dat")] + ([rawsmb.create_body(shared)] if shared else [])
         next_at = time.monotonic() + (k / len(clients)) / rate
         while not stop.is_set():
             time.sleep(max(0.0, next_at - time.monotonic()))
             try:
-                pair(c, shared if done[k] % 2 else own)
+                pair(c, bodies[done[k] % len(bodies)])
             except (OSError, RuntimeError) as e:
                 failures.append(f"client {k}: {e}")
                 return
@@ -167,6 +202,25 @@ def light_load(clients: list[Client], rate: float, stop: threading.Event, done: 
     for t in threads:
         t.start()
     return threads
+
+
+def loaded(etcd: EtcdCluster, procs: list[subprocess.Popen], clients: list[Client], rate: float, shared: str | None, seconds: float) -> dict[str, float]:
+    """`measure` while the clients run `light_load` (begun 2 s before),
+    with the pairs per second they managed and the number of clients a
+    refused open ended (the rate is what the rest managed)."""
+    stop_load, done, failures = threading.Event(), [0] * len(clients), []
+    threads = light_load(clients, rate, shared, stop_load, done, failures)
+    time.sleep(2)
+    before, t0 = sum(done), time.monotonic()
+    row = measure(etcd, procs, seconds)
+    row["pairs"] = (sum(done) - before) / (time.monotonic() - t0)
+    stop_load.set()
+    for t in threads:
+        t.join(timeout=30)
+    row["refused"] = len(failures)
+    if failures:
+        print(f"light load ({'own files and ' + shared if shared else 'own files'}), refused: " + "; ".join(failures[:5]), file=sys.stderr)
+    return row
 
 
 def counted(etcd: EtcdCluster, action) -> dict[str, float]:
@@ -196,6 +250,43 @@ def reclaim_time(procs: list[subprocess.Popen], port: int, n: int) -> float:
             return took
         time.sleep(0.1)
     raise TimeoutError(f"held.dat was not granted within 120 s of node {n}'s kill")
+
+
+def persistent_reclaim_time(procs: list[subprocess.Popen], port: int, n: int) -> tuple[float, dict[str, int]]:
+    """Seconds from SIGKILL of node n (1-based) until its client, on node 1,
+    is granted the reconnect of the persistent handle it had on node n;
+    and the refusals met before, by status."""
+    client_guid, create_guid = uuid.uuid4(), uuid.uuid4()
+    holder = test_durable.Client(test_persistent.Node(f"127.0.0.{n}", port, CA_SHARE, USER, PASSWORD), client_guid)
+    again = None
+    try:
+        again = test_durable.Client(test_persistent.Node("127.0.0.1", port, CA_SHARE, USER, PASSWORD), client_guid)
+        file_id = test_persistent.persistent_open_uncached(holder, "persistent.dat", create_guid).file_id
+        killed = time.monotonic()
+        procs[n - 1].send_signal(signal.SIGKILL)
+        procs[n - 1].wait()
+        holder.drop()
+        refused: dict[str, int] = {}
+        deadline = killed + 120
+        while time.monotonic() < deadline:
+            try:
+                f = test_persistent.reconnect_uncached(again, "persistent.dat", file_id, create_guid)
+            except SMBResponseException as e:
+                if e.status not in NOT_YET:
+                    raise
+                refused[f"{e.status:#010x}"] = refused.get(f"{e.status:#010x}", 0) + 1
+                time.sleep(0.1)
+                continue
+            took = time.monotonic() - killed
+            if f.file_id[:8] != file_id[:8]:
+                raise RuntimeError(f"the reconnect was answered with another open: FileId {f.file_id.hex()}, not {file_id.hex()}")
+            f.close()
+            return took, refused
+        raise TimeoutError(f"the persistent handle was not reclaimed within 120 s of node {n}'s kill (refused: {refused})")
+    finally:
+        holder.close()
+        if again:
+            again.close()
 
 
 def stop(procs: list[subprocess.Popen]) -> None:
@@ -256,28 +347,15 @@ def main() -> int:
                 row: dict = {"nodes": n, "idle": measure(etcd, procs, args.seconds)}
                 print(json.dumps(row), flush=True)
 
-                clients = [logged_on(f"127.0.0.{i + 1}", port) for i in range(n)]
                 for k in range(n):
                     (work / "share" / f"own-{k}.dat").write_bytes(b"own\n")
-                stop_load, done, failures = threading.Event(), [0] * n, []
-                threads = light_load(clients, args.rate, stop_load, done, failures)
-                time.sleep(2)
-                before, t0 = sum(done), time.monotonic()
-                loaded = measure(etcd, procs, args.seconds)
-                loaded["pairs"] = (sum(done) - before) / (time.monotonic() - t0)
-                stop_load.set()
-                for t in threads:
-                    t.join(timeout=30)
-                # A refused open ends its client: counted and shown, and
-                # the pairs rate is what the rest managed.
-                loaded["refused"] = len(failures)
-                if failures:
-                    print("light load, refused: " + "; ".join(failures[:5]), file=sys.stderr)
-                for c in clients:
-                    c.sock.close()
-                clients = []
-                row["load"] = loaded
-                print(json.dumps(row), flush=True)
+                for state, _, shared in LOADS:
+                    clients = [logged_on(f"127.0.0.{i + 1}", port) for i in range(n)]
+                    row[state] = loaded(etcd, procs, clients, args.rate, shared, args.seconds)
+                    for c in clients:
+                        c.sock.close()
+                    clients = []
+                    print(json.dumps(row), flush=True)
 
                 joined: list[subprocess.Popen] = []
 
@@ -295,6 +373,8 @@ def main() -> int:
 
                 row["leave"] = counted(etcd, leave)
                 row["reclaim"] = reclaim_time(procs, port, n)
+                # On node n-1: node n is dead already, and node 1 reclaims.
+                row["persistent_reclaim"], row["persistent_refused"] = persistent_reclaim_time(procs, port, n - 1) if n >= 3 else (None, {})
                 print(json.dumps(row), flush=True)
                 rows.append(row)
             finally:
@@ -307,21 +387,22 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         n = r["nodes"]
-        for state in ("idle", "load"):
+        for state, label in (("idle", "idle"), *((key, label) for key, label, _ in LOADS)):
             m = r[state]
             calls = sum(m[k] for k in KV_METHODS)
-            what = "idle" if state == "idle" else f"{m['pairs']:.0f} pairs/s" + (f", {m['refused']} clients refused" if m["refused"] else "")
+            what = label if state == "idle" else f"{label}, {m['pairs']:.0f} pairs/s" + (f", {m['refused']} clients refused" if m["refused"] else "")
             per_write = f"{m['events'] / m['writes']:.1f}" if m["writes"] else "-"
             print(
                 f"| {n} | {what} | {m['writes']:.2f} ({m['writes'] / n:.3f}) | {calls:.2f} ({calls / n:.3f}) | {m['Range']:.2f} | {m['Txn']:.2f} "
                 f"| {m['events']:.1f} ({per_write}) | {m['watchers']:.0f} | {m['node_cpu']:.3f} | {m['etcd_cpu']:.3f} |"
             )
     print()
-    print("| nodes | join: writes / calls | leave: writes / calls | reclaim after kill (s) |")
-    print("|---|---|---|---|")
+    print("| nodes | join: writes / calls | leave: writes / calls | reclaim after kill (s) | persistent reclaim after kill (s) |")
+    print("|---|---|---|---|---|")
     for r in rows:
         j, lv = r["join"], r["leave"]
-        print(f"| {r['nodes']} | {j['writes']:.0f} / {j['requests']:.0f} | {lv['writes']:.0f} / {lv['requests']:.0f} | {r['reclaim']:.1f} |")
+        persistent = "-" if r["persistent_reclaim"] is None else f"{r['persistent_reclaim']:.1f}"
+        print(f"| {r['nodes']} | {j['writes']:.0f} / {j['requests']:.0f} | {lv['writes']:.0f} / {lv['requests']:.0f} | {r['reclaim']:.1f} | {persistent} |")
     return 0
 
 

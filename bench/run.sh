@@ -18,9 +18,10 @@
 #                                      (bench/many_clients.py, about 4
 #                                      minutes; its --help for options)
 #   bash bench/run.sh --control-plane [...]  what 3, 16 and 64 cluster nodes
-#                                      ask of etcd idle and under a light
-#                                      load, join, leave and reclaim
-#                                      (bench/control_plane.py, about 12
+#                                      ask of etcd idle and under two light
+#                                      loads, join, leave, reclaim and
+#                                      persistent reclaim
+#                                      (bench/control_plane.py, about 16
 #                                      minutes; its --help for options)
 #
 # Needs root, or sudo: smbd serves files as the logged-on user.

@@ -1701,7 +1701,9 @@ def test_a_dacl_set_through_one_node_holds_on_the_others(nodes, tmp_path):
 def test_the_control_plane_benchmark_runs():
     """bench/control_plane.py (issue 49), at its smallest: not a measurement,
     only proof that it drives a real cluster through every phase (idle,
-    light load, join, leave, reclaim after a kill) and prints its tables."""
+    light load on own files and with a shared one, join, leave, reclaim
+    after a kill, a persistent handle's reclaim after another) and prints
+    its tables."""
     require_etcd()
     bench = Path(__file__).resolve().parent.parent / "bench" / "control_plane.py"
     out = subprocess.run(
@@ -1710,7 +1712,7 @@ def test_the_control_plane_benchmark_runs():
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = [line for line in out.stdout.splitlines() if line.startswith("| 3 |")]
-    # Idle and loaded rows, and one of join, leave and reclaim.
-    assert len(rows) == 3, out.stdout
-    reclaim = float(rows[-1].rstrip(" |").rsplit("|", 1)[1])
-    assert 0 < reclaim < 60, rows[-1]
+    # Idle and two loaded rows, and one of join, leave and the reclaims.
+    assert len(rows) == 4, out.stdout
+    reclaim, persistent = (float(c) for c in rows[-1].rstrip(" |").split("|")[-2:])
+    assert 0 < reclaim < 60 and 0 < persistent < 60, rows[-1]

@@ -14,8 +14,10 @@ answers RESOURCE_CHANGE once n1's membership expires.
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import signal
 import struct
 import subprocess
 import threading
@@ -373,8 +375,10 @@ def test_a_continuously_available_share_of_a_witness_cluster_announces_cluster_a
 
 def test_nimbus_witness_move_tells_the_client_to_move_through_whichever_node_holds_it(nodes, tmp_path):  # noqa: F811
     """`nimbus witness move` run with any node's configuration: the client
-    registered through n2 gets CLIENT_MOVE to n3's address; a move naming
-    another client, or a node that is not a member, tells it nothing."""
+    registered through n2 gets CLIENT_MOVE to n3's address, asked of n2
+    alone (the holder its record in etcd names); a move naming a client
+    with no registration, or a node that is not a member, is refused and
+    tells it nothing."""
     ports = start_with_witness(nodes)
     n1, n2, n3 = nodes
     d = connect(n2.host, ports["n2"])
@@ -397,13 +401,11 @@ def test_nimbus_witness_move_tells_the_client_to_move_through_whichever_node_hol
     # Another client's move, to n2: were it delivered here, the answer
     # below would name n2.
     r = move("192.0.2.99", "n2")
-    assert r.returncode == 0, r.stderr
+    assert r.returncode != 0 and "no registration of the witness clients at 192.0.2.99" in r.stderr, (r.stdout, r.stderr)
     r = move(me, "n9")
     assert r.returncode != 0 and "no such node" in r.stderr, r.stderr
-    waiter.join(timeout=2)
-    assert not got, "a move for another client reached this one"
     r = move(me, "n3")
-    assert r.returncode == 0 and "asked 3 node(s)" in r.stdout, (r.stdout, r.stderr)
+    assert r.returncode == 0 and "asked 1 node(s) (n2)" in r.stdout, (r.stdout, r.stderr)
     waiter.join(timeout=10)
     assert got, "no CLIENT_MOVE"
     assert client_move(got[0]) == (2, [n3.host])
@@ -435,12 +437,14 @@ def test_nimbus_witness_move_share_moves_only_that_shares_registrations(nodes): 
     r = move("--to", "n3")
     assert r.returncode != 0, r.stdout
     # Were either delivered to the registration for ca, its answer below
-    # would name n2.
+    # would name n2. No registration matches either: nobody is asked.
     for args in (("--share", "data", "--to", "n2"), ("--share", "ca", "--client", "192.0.2.99", "--to", "n2")):
         r = move(*args)
-        assert r.returncode == 0 and "asked 3 node(s)" in r.stdout, (args, r.stdout, r.stderr)
+        assert r.returncode != 0 and "no registration of" in r.stderr, (args, r.stdout, r.stderr)
+    # n2 holds both registrations, so it is asked, and tells only the one
+    # for ca.
     r = move("--share", "CA", "--client", me, "--to", "n3")
-    assert r.returncode == 0 and "registered for share CA" in r.stdout, (r.stdout, r.stderr)
+    assert r.returncode == 0 and "registered for share CA" in r.stdout and "asked 1 node(s) (n2)" in r.stdout, (r.stdout, r.stderr)
     share_waiter.join(timeout=10)
     assert share_got, "no SHARE_MOVE"
     # MS-SWN 2.2.2.5: SHARE_MOVE (3), n3's address.
@@ -453,6 +457,54 @@ def test_nimbus_witness_move_share_moves_only_that_shares_registrations(nodes): 
     assert plain_got, "no CLIENT_MOVE"
     assert client_move(plain_got[0]) == (2, [n1.host])
     assert "registration(s) for share CA to move" in n2.log()
+
+
+def witness_list(n) -> list[dict]:
+    """`nimbus witness list --json` with node n's configuration."""
+    r = subprocess.run([str(nimbus_binary()), "witness", "list", "--config", str(n.conf), "--json"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_registrations_live_in_etcd_while_their_clients_hold_them(nodes):  # noqa: F811
+    """Each registration is kept in etcd by the node holding it, so that
+    `nimbus witness list`, run with any node's configuration, shows every
+    node's: the holder, the client, the node and address it watches, the
+    share. UnRegister takes it out at once; a client whose connection
+    closes takes its registrations with it; a holder killed with SIGKILL
+    takes them with its lease. The table names them too."""
+    from test_cluster import wait_until
+
+    ports = start_with_witness(nodes)
+    n1, n2, n3 = nodes
+    assert witness_list(n1) == []
+    through_n2 = connect(n2.host, ports["n2"])
+    through_n3 = connect(n3.host, ports["n3"])
+    me = through_n2.get_rpc_transport().get_socket().getsockname()[0]
+    a = call(through_n2, 4, register_ex("NIMBUS", "ca", n1.host, "ws-one", 0, flags=1))
+    b = call(through_n3, 4, register_ex("NIMBUS", None, n2.host, "ws-two", 0))
+    c = call(through_n3, 4, register_ex("NIMBUS", "ca", n1.host, "ws-two", 0))
+    assert result_of(a) == result_of(b) == result_of(c) == 0
+    # Written before the answer: no wait.
+    seen = {(r["holder"], r["client_name"], r["node"], r["address"], r["share"], r["ip_notify"], r["client"]) for r in witness_list(n1)}
+    assert seen == {
+        ("n2", "ws-one", "n1", n1.host, "ca", True, me),
+        ("n3", "ws-two", "n2", n2.host, None, False, me),
+        ("n3", "ws-two", "n1", n1.host, "ca", False, me),
+    }, seen
+    table = subprocess.run([str(nimbus_binary()), "witness", "list", "--config", str(n3.conf)], capture_output=True, text=True, timeout=30)
+    assert table.returncode == 0 and "HELD BY" in table.stdout and "3 registration(s)" in table.stdout, (table.stdout, table.stderr)
+    # UnRegister: out at once.
+    assert result_of(call(through_n3, 2, b[:20])) == 0
+    left = witness_list(n2)
+    assert sorted((r["holder"], r["node"]) for r in left) == [("n2", "n1"), ("n3", "n1")], left
+    # A connection that closes takes its registrations.
+    through_n3.disconnect()
+    wait_until("n3's registrations to go with their connection", lambda: [r["holder"] for r in witness_list(n1)] == ["n2"], lambda: witness_list(n1))
+    # A holder killed: its registrations go with its lease.
+    n2.proc.send_signal(signal.SIGKILL)
+    n2.proc.wait()
+    wait_until("n2's registrations to go with its lease", lambda: witness_list(n1) == [], lambda: witness_list(n1))
 
 
 def test_nimbus_drain_moves_a_witness_client_which_keeps_its_persistent_handle(nodes):  # noqa: F811
@@ -479,7 +531,7 @@ def test_nimbus_drain_moves_a_witness_client_which_keeps_its_persistent_handle(n
     waiter, got = waiting_notify(d, answer[:20])
 
     r = subprocess.run([str(nimbus_binary()), "drain", "--config", str(n1.conf), "--to", "n3", "--within", "60"], capture_output=True, text=True, timeout=30)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 0 and "registered through n2" in r.stdout, (r.stdout, r.stderr)
     waiter.join(timeout=10)
     assert got, "no CLIENT_MOVE"
     assert client_move(got[0]) == (2, [n3.host])

@@ -2,7 +2,8 @@
 //! could have written: share-mode, caching, lock and open records, the
 //! messages nodes send each other (breaks, requests to let go of an open
 //! or to end a session or to close an application's opens, and their
-//! answers, change notifications) and the published status and listings.
+//! answers, change notifications), the published status and listings, and
+//! the witness service's registrations.
 //! A selector byte picks the decoder (`fuzz_api::etcd_record`).
 //! Each must refuse or accept without panicking or allocating past its
 //! input, and a record it accepts must survive a round trip.

@@ -37,7 +37,7 @@
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use nimbus_state::cluster_store::ClusterStore;
@@ -866,9 +866,6 @@ impl Membership {
                     };
                     match w.next(Duration::from_secs(1)) {
                         Ok(batch) => {
-                            if !batch.events.is_empty() {
-                                self.changed.send_modify(|n| *n += 1);
-                            }
                             let mut live = crate::sync::lock(&self.live);
                             for e in &batch.events {
                                 let Some(n) = incarnation_of_key(&e.key) else {
@@ -881,6 +878,12 @@ impl Membership {
                                 }
                             }
                             live.heard = (!batch.resync).then(Instant::now);
+                            drop(live);
+                            // Told once the copy shows the change: a
+                            // waiter woken reads it (`await_let_go`).
+                            if !batch.events.is_empty() {
+                                self.changed.send_modify(|n| *n += 1);
+                            }
                             if batch.resync {
                                 watch = None;
                             }
@@ -988,8 +991,9 @@ impl Membership {
     }
 
     /// Waits for the answer to request `nonce` for `open_id`: `resume`
-    /// runs when it comes, or when `wait_at_most` has passed without one,
-    /// on `runtime`'s blocking pool (the reconnect asks etcd again).
+    /// runs when it comes, when the asked node's run `asked` ends, or when
+    /// `wait_at_most` has passed without either, on `runtime`'s blocking
+    /// pool (the reconnect asks etcd again).
     pub fn await_let_go(
         self: &Arc<Self>,
         open_id: u64,
@@ -997,15 +1001,59 @@ impl Membership {
         resume: LetGoWait,
         runtime: tokio::runtime::Handle,
         wait_at_most: Duration,
+        asked: u64,
     ) {
         crate::sync::lock(&self.let_go_waits).insert((open_id, nonce), (resume, runtime.clone()));
         let me = Arc::downgrade(self);
+        let mut changes = self.membership_changes();
         runtime.spawn(async move {
-            tokio::time::sleep(wait_at_most).await;
+            // The asked node's run ending is an answer too: the reconnect
+            // runs again at once and takes the open over, rather than at
+            // the end of the wait (a kill's clients would otherwise wait
+            // up to `wait_at_most` past the node's lease).
+            // The copy is a hint; etcd decides (a run the copy has not
+            // seen yet is not gone).
+            let gone = |me: Weak<Membership>| async move {
+                let Some(m) = me.upgrade() else { return false };
+                if !m.copy_says_gone(asked) {
+                    return false;
+                }
+                tokio::task::spawn_blocking(move || m.is_gone_now(asked))
+                    .await
+                    .unwrap_or(false)
+            };
+            let until = tokio::time::sleep(wait_at_most);
+            tokio::pin!(until);
+            // Its run may have ended before the watch was subscribed to.
+            if !gone(me.clone()).await {
+                loop {
+                    tokio::select! {
+                        _ = &mut until => break,
+                        changed = changes.changed() => {
+                            if changed.is_err() {
+                                (&mut until).await;
+                                break;
+                            }
+                            if gone(me.clone()).await {
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
             if let Some(m) = me.upgrade() {
                 m.let_go_answered(open_id, nonce);
             }
         });
+    }
+
+    /// The watched copy of `incarnations/` is current and lacks
+    /// `incarnation`: its run has most likely ended. A hint read without
+    /// etcd; what acts on it decides from etcd again (`is_gone`).
+    fn copy_says_gone(&self, incarnation: u64) -> bool {
+        let live = crate::sync::lock(&self.live);
+        live.heard.is_some_and(|at| at.elapsed() < LIVE_FRESH)
+            && !live.numbers.contains(&incarnation)
     }
 
     /// The answer to request `nonce` for `open_id` came (or its wait ran

@@ -25,6 +25,12 @@ use crate::cluster::Membership;
 /// costs one read per node per period and nothing more.
 const RELOAD_EVERY: std::time::Duration = std::time::Duration::from_secs(120);
 
+/// Registrations put back per etcd transaction (etcd allows 128 by
+/// default).
+const PUT_BACK_BATCH: usize = 64;
+/// How many times `settle` writes an item that keeps changing.
+const SETTLE_TRIES: usize = 3;
+
 /// Item to node to the value that node registered.
 pub type Entries = HashMap<String, HashMap<String, Vec<u8>>>;
 
@@ -85,21 +91,58 @@ impl Registry {
         r
     }
 
-    /// Puts this node's registrations back (they went with its old lease).
+    /// Puts this node's registrations back (they went with its old lease),
+    /// `PUT_BACK_BATCH` to a transaction: this runs before the new lease's
+    /// first renewal.
     fn put_back(&self) {
         let mine: Vec<(String, Vec<u8>)> = crate::sync::lock(&self.mine)
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        for (item, value) in mine {
-            let key = self.key(&self.m.node, &item);
-            if let Err(e) = self
-                .m
-                .store
-                .txn(&[], &[Op::Put(&key, &value, self.m.lease())], &[])
-            {
-                tracing::warn!("cluster: registering {} {item} again: {e}", self.what);
+        let lease = self.m.lease();
+        for chunk in mine.chunks(PUT_BACK_BATCH) {
+            let keys: Vec<Vec<u8>> = chunk
+                .iter()
+                .map(|(item, _)| self.key(&self.m.node, item))
+                .collect();
+            let ops: Vec<Op> = chunk
+                .iter()
+                .zip(&keys)
+                .map(|((_, value), key)| Op::Put(key, value, lease))
+                .collect();
+            if let Err(e) = self.m.store.txn(&[], &ops, &[]) {
+                tracing::warn!(
+                    "cluster: registering {} {} item(s) again: {e}",
+                    self.what,
+                    chunk.len()
+                );
             }
+            for ((item, value), key) in chunk.iter().zip(&keys) {
+                self.settle(item, value, key, lease);
+            }
+        }
+    }
+
+    /// After `put_back` wrote `value` for `item`: a registration withdrawn
+    /// or changed meanwhile (`set_mine`, whose own write may have landed
+    /// before the one put back) is written again as it stands now, until
+    /// it stands still (a few times at most).
+    fn settle(&self, item: &str, value: &[u8], key: &[u8], lease: i64) {
+        let mut written = Some(value.to_vec());
+        for _ in 0..SETTLE_TRIES {
+            let now = crate::sync::lock(&self.mine).get(item).cloned();
+            if now == written {
+                return;
+            }
+            let op = match &now {
+                Some(v) => Op::Put(key, v, lease),
+                None => Op::Delete(key),
+            };
+            if let Err(e) = self.m.store.txn(&[], &[op], &[]) {
+                tracing::warn!("cluster: registering {} {item} again: {e}", self.what);
+                return;
+            }
+            written = now;
         }
     }
 

@@ -30,6 +30,7 @@ pub mod notify_recent;
 pub mod session_handover;
 pub mod sweeper;
 pub mod witness_move;
+pub mod witness_records;
 
 // The configuration and the services live in crates of their own; these
 // paths keep the modules' `crate::config::...` uses.

@@ -60,8 +60,9 @@
 //! `LET_GO_REFUSED_V1` for an open that does not wait for its client
 //! there, or not for that CreateGuid and owner: one still connected there
 //! is refused as on one node). Meanwhile the reconnect is answered
-//! STATUS_PENDING and holds no thread; the answer, or `LET_GO_WAIT`
-//! without one, runs it again, and that run only claims.
+//! STATUS_PENDING and holds no thread; the answer, the end of the asked
+//! node's run (its lease ran out: etcd says so), or `LET_GO_WAIT` without
+//! either, runs it again, and that run only claims.
 //!
 //! **Expiry.** A record nobody reclaims is kept for its durable timeout
 //! from when a node first saw it orphaned; after that any node takes it and
@@ -253,7 +254,8 @@ pub enum Reclaim {
     /// The open is this node's now, waiting for its client.
     Claimed,
     /// The node holding it was asked to let go; the reconnect waits for
-    /// its answer, and `resumed` runs then (or after `LET_GO_WAIT`).
+    /// its answer, and `resumed` runs then (or when that node's run ends,
+    /// or after `LET_GO_WAIT`).
     Asked,
     /// No open for this reconnect: none, another user's, or one its node
     /// keeps (its client is still connected there).
@@ -349,7 +351,7 @@ fn ask_to_let_go(
         return false;
     };
     // Registered before the request goes: the answer may come at once.
-    m.await_let_go(open_id, asked.nonce, wake, runtime, LET_GO_WAIT);
+    m.await_let_go(open_id, asked.nonce, wake, runtime, LET_GO_WAIT, holder);
     tracing::debug!("cluster: open {open_id:#x}: asking node {node} to let go");
     if let Err(e) = m.post(&node, &encode_let_go(&asked)) {
         tracing::warn!("cluster: asking node {node} for open {open_id:#x}: {e}");

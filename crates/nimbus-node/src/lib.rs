@@ -24,7 +24,7 @@ pub mod apple;
 pub use nimbus_cluster::cluster;
 pub use nimbus_cluster::{
     app_instance_handover, claims, cluster_notify, dir_leases, lease_ack_handover, let_go_handover,
-    message, session_handover,
+    message, session_handover, witness_records,
 };
 pub use nimbus_services::metrics;
 pub use nimbus_services::{
@@ -62,6 +62,7 @@ pub mod status;
 pub mod status_listing;
 pub mod teardowns;
 pub mod witness;
+pub mod witness_admin;
 pub mod witness_registry;
 
 pub use config::{Config, ConfigError, LogFormat, ShareConfig, SigningPolicy};

@@ -325,6 +325,15 @@ impl Server {
             next_open_id: AtomicU64::new(first_open_id),
             predictable_file_ids: AtomicBool::new(false),
         });
+        if let Some(m) = &server.cluster {
+            server
+                .witness
+                .keep_in(nimbus_cluster::cluster_registry::Registry::new(
+                    m.clone(),
+                    nimbus_cluster::witness_records::WITNESS_PREFIX,
+                    "witness registration",
+                ));
+        }
         // A node that lost its lease drops its clients (`crate::lease_loss`).
         if let Some(m) = &server.cluster {
             let weak = Arc::downgrade(&server);

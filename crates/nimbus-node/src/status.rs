@@ -579,7 +579,7 @@ fn with_more(mut table: String, more: usize, what: &str) -> String {
 }
 
 /// Rows as left-aligned columns two spaces apart.
-fn columns<const N: usize>(rows: &[[String; N]]) -> String {
+pub(crate) fn columns<const N: usize>(rows: &[[String; N]]) -> String {
     let widths: Vec<usize> = (0..N)
         .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
         .collect();

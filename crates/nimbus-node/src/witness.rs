@@ -6,24 +6,23 @@
 //! RESOURCE_CHANGE and the client moves before its TCP connection times
 //! out.
 //!
-//! What this step serves: DCE/RPC over TCP on `[witness] listen`, NTLM
-//! logons at the integrity or privacy level (`nimbus_rpc::ip_tcp`), and
-//! WitnessrGetInterfaceList, Register, RegisterEx, UnRegister and
-//! AsyncNotify with RESOURCE_CHANGE, and the endpoint mapper's ept_map
-//! (`[witness] endpoint_mapper`, port 135 by default), through which
-//! Windows and rpcclient find the service. Registrations live with the
-//! association that made them, as context handles do (MS-SWN 3.1.1.1);
-//! the node that serves them watches the membership. `nimbus witness move`
-//! puts a CLIENT_MOVE in every node's box (`nimbus_cluster::witness_move`);
-//! the node that holds the client's registrations tells it. Still to
-//! come: registrations in etcd, SHARE_MOVE, Kerberos.
+//! What it serves: DCE/RPC over TCP on `[witness] listen`, NTLM and
+//! Kerberos logons at the integrity or privacy level
+//! (`nimbus_rpc::ip_tcp`), WitnessrGetInterfaceList, Register, RegisterEx,
+//! UnRegister and AsyncNotify (RESOURCE_CHANGE, CLIENT_MOVE, SHARE_MOVE,
+//! IP_CHANGE), and the endpoint mapper's ept_map (`[witness]
+//! endpoint_mapper`, port 135 by default), through which Windows and
+//! rpcclient find the service. Registrations live with the association
+//! that made them, as context handles do (MS-SWN 3.1.1.1), and on a
+//! cluster node also in etcd (`crate::witness_registry`); the node that
+//! serves them watches the membership. `nimbus witness move` and `nimbus
+//! drain` (`crate::witness_admin`) put their messages in the boxes of the
+//! nodes holding the registrations concerned.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
-
-use nimbus_state::StateStore;
 
 use nimbus_rpc::epmapper;
 use nimbus_rpc::ip_tcp::{Association, Call, Served, MAX_FRAG};
@@ -345,15 +344,25 @@ async fn connection(server: Arc<Server>, stream: TcpStream, port: Port) {
         }
     });
     let waiting = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    // Told by a waiting AsyncNotify whose answer closed the association
+    // (one it could not protect): the reader stops at once rather than
+    // when the client next sends.
+    let closed = Arc::new(Notify::new());
     loop {
         let logged_on = assoc.lock().await.caller().is_some();
-        let pdu = if logged_on {
-            read_pdu(&mut rd).await
-        } else {
-            tokio::time::timeout(LOGON_WITHIN, read_pdu(&mut rd))
-                .await
-                .ok()
-                .flatten()
+        let read = async {
+            if logged_on {
+                read_pdu(&mut rd).await
+            } else {
+                tokio::time::timeout(LOGON_WITHIN, read_pdu(&mut rd))
+                    .await
+                    .ok()
+                    .flatten()
+            }
+        };
+        let pdu = tokio::select! {
+            pdu = read => pdu,
+            _ = closed.notified() => None,
         };
         let Some(pdu) = pdu else { break };
         let mut a = assoc.lock().await;
@@ -385,22 +394,32 @@ async fn connection(server: Arc<Server>, stream: TcpStream, port: Port) {
                 let stub = witness::encode_notify(Err(werror::NO_SYSTEM_RESOURCES));
                 let mut a = assoc.lock().await;
                 answer(&mut a, &call, &stub, &tx).await;
+                if a.is_closed() {
+                    break;
+                }
             }
             Answer::Wait(handle, wake, timeout) => {
                 let (server, assoc, tx) = (server.clone(), assoc.clone(), tx.clone());
-                let waiting = waiting.clone();
+                let (waiting, closed) = (waiting.clone(), closed.clone());
                 waiting.fetch_add(1, Ordering::SeqCst);
                 tokio::spawn(async move {
                     let stub = notify_when(&server, handle, wake, timeout).await;
                     let mut a = assoc.lock().await;
                     answer(&mut a, &call, &stub, &tx).await;
+                    if a.is_closed() {
+                        closed.notify_one();
+                    }
                     waiting.fetch_sub(1, Ordering::SeqCst);
                 });
             }
         }
     }
     assoc.lock().await.close();
-    server.witness.drop_association(id);
+    let gone = server.witness.drop_association(id);
+    if !gone.is_empty() {
+        let s = server.clone();
+        let _ = tokio::task::spawn_blocking(move || s.witness.forget_records(&gone)).await;
+    }
     drop(tx);
     let _ = writer.await;
 }
@@ -458,17 +477,20 @@ async fn run(
             let Ok(h) = witness::decode_handle(&call.stub) else {
                 return Answer::Fault(nimbus_rpc::fault::BAD_STUB_DATA);
             };
-            let mut regs = lock(&server.witness.registrations);
-            let result = match regs.get(&h) {
-                Some(r) if r.association == association => {
-                    if let Some(r) = regs.remove(&h) {
-                        r.wake.notify_waiters();
-                    }
-                    werror::OK
+            let removed = {
+                let mut regs = lock(&server.witness.registrations);
+                match regs.get(&h) {
+                    Some(r) if r.association == association => regs.remove(&h),
+                    _ => None,
                 }
-                _ => werror::NOT_FOUND,
             };
-            Answer::Now(witness::encode_result(result, false))
+            let Some(r) = removed else {
+                return Answer::Now(witness::encode_result(werror::NOT_FOUND, false));
+            };
+            r.wake.notify_waiters();
+            let s = server.clone();
+            let _ = tokio::task::spawn_blocking(move || s.witness.forget_records(&[h])).await;
+            Answer::Now(witness::encode_result(werror::OK, false))
         }
         opnum::ASYNC_NOTIFY => {
             let Ok(h) = witness::decode_handle(&call.stub) else {
@@ -535,7 +557,7 @@ fn register(
     if !version_ok {
         return Err(werror::REVISION_MISMATCH);
     }
-    let (Some(net_name), Some(ip), Some(_client)) = (
+    let (Some(net_name), Some(ip), Some(client_name)) = (
         req.net_name.as_deref(),
         req.ip_address.as_deref(),
         req.client_computer_name.as_deref(),
@@ -564,33 +586,36 @@ fn register(
         return Err(werror::INVALID_STATE);
     };
     let w = &server.witness;
-    let mut regs = lock(&w.registrations);
-    if regs
+    let held = lock(&w.registrations)
         .values()
         .filter(|r| r.association == association)
-        .count()
-        >= MAX_REGISTRATIONS
-    {
+        .count();
+    // Registrations of one association are made one at a time (its
+    // connection waits for each answer), so the count cannot change
+    // between this check and the insert below.
+    if held >= MAX_REGISTRATIONS {
         return Err(werror::NO_SYSTEM_RESOURCES);
     }
     let (h, seq) = w.issue();
-    regs.insert(
-        h,
-        Registration {
-            seq,
-            association,
-            client,
-            node: iface.group_name,
-            addr,
-            share: req.share_name.clone().filter(|_| ex),
-            ip_notify: ex && req.flags & witness::REGISTER_IP_NOTIFICATION != 0,
-            timeout: if ex { req.timeout } else { 0 },
-            pending: Vec::new(),
-            gone: false,
-            wake: Arc::new(Notify::new()),
-        },
-    );
-    drop(regs);
+    let registration = Registration {
+        seq,
+        association,
+        client,
+        node: iface.group_name,
+        addr,
+        share: req.share_name.clone().filter(|_| ex),
+        ip_notify: ex && req.flags & witness::REGISTER_IP_NOTIFICATION != 0,
+        timeout: if ex { req.timeout } else { 0 },
+        pending: Vec::new(),
+        gone: false,
+        wake: Arc::new(Notify::new()),
+    };
+    // Kept in etcd before the client hears of it, outside the lock (a
+    // round trip).
+    if !w.record(&h, &registration, client_name) {
+        return Err(werror::NO_SYSTEM_RESOURCES);
+    }
+    lock(&w.registrations).insert(h, registration);
     // Its node may have gone since `interfaces` was read above.
     w.recheck.notify_one();
     Ok(h)
@@ -658,202 +683,4 @@ pub fn drain(server: Arc<Server>, within: Duration) {
             server.drain.request_stop();
         });
     }));
-}
-
-/// What `nimbus drain` does: the witness clients of the node `file`
-/// configures are told to move (to `to`, or to every other node), and the
-/// node stops once they have gone, or after `within`. What to print.
-pub fn drain_command(
-    file: &std::path::Path,
-    to: Option<&str>,
-    within: Duration,
-) -> Result<String, String> {
-    use nimbus_cluster::witness_move::{encode_drain, encode_stop, now, post, Drain, WitnessDrain};
-    let (cfg, store, members) = cluster_members(file)?;
-    let me = cfg
-        .cluster
-        .as_ref()
-        .map(|c| c.node.clone())
-        .unwrap_or_default();
-    if !members.iter().any(|(n, _)| *n == me) {
-        return Err(format!("node {me} is not running in the cluster"));
-    }
-    let targets: Vec<(String, IpAddr)> = members
-        .iter()
-        .filter(|(n, _)| *n != me && to.is_none_or(|t| t == n))
-        .filter_map(|(n, a)| a.map(|a| (n.clone(), a)))
-        .collect();
-    if targets.is_empty() {
-        return Err(match to {
-            Some(t) => format!("--to {t}: no such node in the cluster besides {me}"),
-            None => format!("{me} is the only node: its clients have nowhere to go"),
-        });
-    }
-    // The node's current run: the newest incarnation recorded for it.
-    let incarnation = store
-        .scan_prefix(crate::cluster::INCARNATIONS_PREFIX)
-        .map_err(|e| format!("etcd: reading the incarnations: {e}"))?
-        .into_iter()
-        .filter(|(_, v)| v.value == me.as_bytes())
-        .filter_map(|(k, _)| {
-            std::str::from_utf8(&k[crate::cluster::INCARNATIONS_PREFIX.len()..])
-                .ok()?
-                .parse::<u64>()
-                .ok()
-        })
-        .max()
-        .ok_or_else(|| format!("node {me} has no incarnation record in etcd; is it running?"))?;
-    let nodes: Vec<String> = members.iter().map(|(n, _)| n.clone()).collect();
-    let m = WitnessDrain {
-        node: me.clone(),
-        to: targets.iter().map(|(_, a)| *a).collect(),
-        sent: now(),
-    };
-    post(&store, &nodes, &encode_drain(&m)).map_err(|e| format!("etcd: {e}"))?;
-    let stop = Drain {
-        incarnation,
-        within_secs: u32::try_from(within.as_secs()).unwrap_or(u32::MAX),
-        sent: now(),
-    };
-    post(&store, std::slice::from_ref(&me), &encode_stop(&stop)).map_err(|e| {
-        format!(
-            "etcd: {e}; the witness clients of {me} were told to move, but {me} was not asked \
-             to stop: run the command again"
-        )
-    })?;
-    Ok(format!(
-        "{me} drains: its witness clients are told to move to {}; it stops once they have gone, \
-         or in {}s",
-        targets
-            .iter()
-            .map(|(n, a)| format!("{n} ({a})"))
-            .collect::<Vec<_>>()
-            .join(", "),
-        within.as_secs()
-    ))
-}
-
-/// The configuration `file`, a store on its cluster's etcd, and the
-/// members: names and advertised addresses.
-#[allow(clippy::type_complexity)]
-fn cluster_members(
-    file: &std::path::Path,
-) -> Result<
-    (
-        crate::config::Config,
-        nimbus_state::etcd_store::EtcdStore,
-        Vec<(String, Option<IpAddr>)>,
-    ),
-    String,
-> {
-    let cfg = crate::config::Config::from_file(file).map_err(|errors| {
-        errors
-            .iter()
-            .map(|e| e.to_string())
-            .collect::<Vec<_>>()
-            .join("\n")
-    })?;
-    let Some(cluster) = &cfg.cluster else {
-        return Err(format!(
-            "{}: no [cluster]: a witness client moves to another node of a cluster, and a \
-             single node has none",
-            file.display()
-        ));
-    };
-    let store = crate::cluster::reader_store(cluster, Duration::from_secs(3))
-        .map_err(|e| format!("etcd: {e}"))?;
-    let members = store
-        .scan_prefix(crate::cluster::NODES_PREFIX)
-        .map_err(|e| format!("etcd: reading the members: {e}"))?
-        .into_iter()
-        .map(|(key, value)| {
-            let node =
-                String::from_utf8_lossy(&key[crate::cluster::NODES_PREFIX.len()..]).into_owned();
-            let addr = String::from_utf8_lossy(&value.value)
-                .parse::<SocketAddr>()
-                .ok()
-                .map(|a| a.ip());
-            (node, addr)
-        })
-        .collect();
-    Ok((cfg, store, members))
-}
-
-/// `nimbus witness move [--client IP] [--share NAME] --to NODE`: asks
-/// every node of the cluster `file` configures to tell the witness clients
-/// at `client` to move to `to`'s advertised address (MS-SWN CLIENT_MOVE),
-/// or with a share, the clients registered for it (those at `client`
-/// only, when named) to move that share there (SHARE_MOVE). What to print.
-pub fn move_command(
-    file: &std::path::Path,
-    client: Option<IpAddr>,
-    share: Option<&str>,
-    to: &str,
-) -> Result<String, String> {
-    use nimbus_cluster::witness_move::{encode, encode_share, post, ShareMove, WitnessMove};
-    let (cfg, store, members) = cluster_members(file)?;
-    if let Some(share) = share {
-        if share.chars().count() > nimbus_cluster::witness_move::MAX_SHARE_NAME {
-            return Err(format!(
-                "--share {share}: longer than a share name may be ({} characters)",
-                nimbus_cluster::witness_move::MAX_SHARE_NAME
-            ));
-        }
-        if !cfg
-            .shares
-            .iter()
-            .any(|s| s.name.eq_ignore_ascii_case(share))
-        {
-            let names: Vec<&str> = cfg.shares.iter().map(|s| s.name.as_str()).collect();
-            return Err(format!(
-                "--share {share}: {} configures no such share (its shares: {})",
-                file.display(),
-                names.join(", ")
-            ));
-        }
-    }
-    let nodes: Vec<String> = members.iter().map(|(n, _)| n.clone()).collect();
-    let addr = match members.iter().find(|(n, _)| n == to) {
-        Some((_, Some(a))) => *a,
-        Some((_, None)) => {
-            return Err(format!(
-                "--to {to}: its membership record names no address clients can use"
-            ))
-        }
-        None => {
-            return Err(format!(
-                "--to {to}: no such node in the cluster (its members: {})",
-                nodes.join(", ")
-            ))
-        }
-    };
-    let sent = nimbus_cluster::witness_move::now();
-    let (message, whom) = match (share, client) {
-        (Some(share), client) => (
-            encode_share(&ShareMove {
-                share: share.to_string(),
-                client,
-                to: vec![addr],
-                sent,
-            }),
-            match client {
-                Some(c) => format!("the witness clients at {c} registered for share {share}"),
-                None => format!("the witness clients registered for share {share}"),
-            },
-        ),
-        (None, Some(client)) => (
-            encode(&WitnessMove {
-                client,
-                to: vec![addr],
-                sent,
-            }),
-            format!("the witness clients at {client}"),
-        ),
-        (None, None) => return Err("name --client IP, --share NAME, or both".into()),
-    };
-    let posted = post(&store, &nodes, &message).map_err(|e| format!("etcd: {e}"))?;
-    Ok(format!(
-        "asked {posted} node(s) to move {whom} to {to} ({addr}); the node holding their \
-         registrations logs how many it told"
-    ))
 }

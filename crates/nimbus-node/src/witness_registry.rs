@@ -1,12 +1,16 @@
 //! The witness service's registrations (MS-SWN 3.1.1.1), apart from the
 //! service (`crate::witness`) so that `Server` can hold them without the
-//! service's imports.
+//! service's imports. On a cluster node each is also kept in etcd
+//! (`nimbus_cluster::witness_records`), for `nimbus witness list` and so
+//! that moves and drains reach only the nodes holding registrations.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
+use nimbus_cluster::cluster_registry::Registry;
+use nimbus_cluster::witness_records::{self, WitnessRecord};
 use nimbus_rpc::witness::{Handle, InterfaceInfo, Notification};
 use tokio::sync::Notify;
 
@@ -47,6 +51,8 @@ pub struct Witness {
     /// Connections to the witness service, and to the endpoint mapper.
     pub(crate) connections: AtomicUsize,
     pub(crate) mapper_connections: AtomicUsize,
+    /// On a cluster node: where the registrations are kept in etcd.
+    records: OnceLock<Arc<Registry>>,
 }
 
 /// Notifications one registration keeps for its client: beyond this the
@@ -81,6 +87,51 @@ impl Witness {
         h[4..12].copy_from_slice(&n.to_le_bytes());
         h[12..20].copy_from_slice(b"nimbusWT");
         (h, n)
+    }
+
+    /// Keeps the registrations in etcd from now on (a cluster node).
+    pub fn keep_in(&self, records: Arc<Registry>) {
+        if self.records.set(records).is_err() {
+            tracing::warn!(
+                "witness: the registrations' etcd registry was set twice; kept the first"
+            );
+        }
+    }
+
+    /// Writes registration `h` to etcd (blocking); false if that failed,
+    /// and the registration must not stand: nothing else would list it or
+    /// send it a move. True on a single node, which keeps none.
+    pub(crate) fn record(&self, h: &Handle, r: &Registration, client_name: &str) -> bool {
+        let Some(records) = self.records.get() else {
+            return true;
+        };
+        let value = witness_records::encode(&WitnessRecord {
+            client: r.client,
+            client_name: client_name.to_owned(),
+            node: r.node.clone(),
+            addr: r.addr,
+            share: r.share.clone(),
+            ip_notify: r.ip_notify,
+            since: nimbus_cluster::witness_move::now(),
+        });
+        let item = witness_records::item(h);
+        if records.set_mine(&item, Some(&value)).is_some() {
+            return true;
+        }
+        // Not put back under a new lease, and gone from etcd should the
+        // failed write have been applied after all.
+        records.set_mine(&item, None);
+        false
+    }
+
+    /// Takes registrations `handles` out of etcd (blocking). One that
+    /// fails stays listed until the node's lease ends (logged).
+    pub(crate) fn forget_records(&self, handles: &[Handle]) {
+        if let Some(records) = self.records.get() {
+            for h in handles {
+                records.set_mine(&witness_records::item(h), None);
+            }
+        }
     }
 
     /// The `seq` of the last registration made so far: a read of the
@@ -171,13 +222,18 @@ impl Witness {
         moved
     }
 
-    pub(crate) fn drop_association(&self, association: u64) {
-        lock(&self.registrations).retain(|_, r| {
+    /// Ends the registrations of `association` (its connection closed);
+    /// their handles, for `forget_records`.
+    pub(crate) fn drop_association(&self, association: u64) -> Vec<Handle> {
+        let mut gone = Vec::new();
+        lock(&self.registrations).retain(|h, r| {
             if r.association == association {
                 r.wake.notify_waiters();
+                gone.push(*h);
             }
             r.association != association
         });
+        gone
     }
 }
 
@@ -245,6 +301,12 @@ mod tests {
             pending(&w, &h),
             vec![back, Notification::IpChange(vec![(addr, true)])]
         );
+        // Another client's move, or a move of another node's clients, is
+        // not this registration's.
+        assert_eq!(w.move_client(IpAddr::from([192, 0, 2, 8]), &[addr]), 0);
+        assert_eq!(w.move_node_clients("n2", &[addr]), 0);
+        assert_eq!(w.move_share("ca", None, &[addr]), 0);
+        assert_eq!(pending(&w, &h).len(), 2);
         // A client that never asks keeps the newest MAX_PENDING.
         for i in 0..20u8 {
             w.move_client(IpAddr::from([192, 0, 2, 7]), &[IpAddr::from([10, 0, 0, i])]);

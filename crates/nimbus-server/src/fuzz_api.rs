@@ -496,7 +496,14 @@ pub fn etcd_record(data: &[u8]) -> bool {
             assert_eq!(again.as_ref(), Some(&a), "a let-go request changed");
             true
         }),
-        6 => crate::let_go_handover::decode_answer(input).is_some(),
+        6 => {
+            crate::let_go_handover::decode_answer(input).is_some()
+                | crate::witness_records::decode(input).is_some_and(|r| {
+                    let again = crate::witness_records::decode(&crate::witness_records::encode(&r));
+                    assert_eq!(again.as_ref(), Some(&r), "a witness registration changed");
+                    true
+                })
+        }
         7 => {
             crate::cluster_notify::decode_changes(input).is_ok()
                 | crate::cluster_notify::decode_delete_pending(input).is_some()
@@ -617,7 +624,16 @@ pub fn etcd_record_samples() -> Vec<Vec<u8>> {
         lease_state: 0x3,
         reply_to: "n2".into(),
     };
-    let values: [(u8, Vec<u8>); 15] = [
+    let registration = crate::witness_records::WitnessRecord {
+        client: std::net::IpAddr::from([192, 0, 2, 7]),
+        client_name: "WS7".into(),
+        node: "n1".into(),
+        addr: std::net::IpAddr::from([127, 0, 0, 1]),
+        share: Some("ca".into()),
+        ip_notify: true,
+        since: 1_790_000_000,
+    };
+    let values: [(u8, Vec<u8>); 16] = [
         (0, FileRecord::default().encode()),
         (1, FileCaching::default().encode()),
         (2, LockList(vec![held]).encode()),
@@ -632,6 +648,7 @@ pub fn etcd_record_samples() -> Vec<Vec<u8>> {
                 9,
             ),
         ),
+        (6, crate::witness_records::encode(&registration)),
         (7, crate::cluster_notify::encode_changes("data", &[&change])),
         (9, status),
         (

@@ -24,7 +24,7 @@ pub use nimbus_node::{
     logon_guard, lookup, memory_use, message, metrics, notify, open, open_files, open_registry,
     oplocks, pending, persist, release, reload, rpc_logon_gate, security, server, session,
     session_end, session_handover, session_registry, share, status, status_listing, sync,
-    teardowns, witness, write_times,
+    teardowns, witness, witness_admin, witness_records, write_times,
 };
 pub use nimbus_node::{
     kerberos_acceptor, Config, ConfigError, KeytabError, LogFormat, Server, ShareConfig,

@@ -128,6 +128,9 @@ pub(crate) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     vec![0]
 }
 
+/// Keys (without the store's prefix) and their values, in key order.
+pub type Scanned = Vec<(Vec<u8>, Versioned)>;
+
 impl EtcdStore {
     /// A store on the etcd cluster at `urls` (client URLs), its keys under
     /// `prefix`. Connects lazily; `check` proves the cluster answers.
@@ -194,6 +197,50 @@ impl EtcdStore {
             Some(k) => k.seal(full_key, value),
             None => value.to_vec(),
         }
+    }
+
+    /// Every key under `prefix`; with `skip_forged`, a value that fails
+    /// its seal is left out and counted (logged by `versioned`) instead of
+    /// failing the whole read: for listings, where one forged record must
+    /// not hide the others.
+    fn scan(&self, prefix: &[u8], skip_forged: bool) -> Result<(Scanned, usize), StateError> {
+        let full = self.full_key(prefix);
+        let end = prefix_end(&full);
+        let r = self.call("Range", Retry::Anywhere, move |c| {
+            let (full, end) = (full.clone(), end.clone());
+            async move {
+                let options = GetOptions::new()
+                    .with_range(end)
+                    .with_sort(SortTarget::Key, SortOrder::Ascend);
+                c.kv_client()
+                    .max_decoding_message_size(MAX_RESPONSE)
+                    .get(full, Some(options))
+                    .await
+            }
+        })?;
+        let (mut out, mut refused) = (Vec::new(), 0);
+        for kv in r.kvs() {
+            let Some(key) = kv.key().strip_prefix(self.prefix.as_slice()) else {
+                return Err(StateError::Corrupt(
+                    "etcd: a key outside the store's prefix",
+                ));
+            };
+            match self.versioned(kv) {
+                Ok(v) => out.push((key.to_vec(), v)),
+                Err(_) if skip_forged => refused += 1,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok((out, refused))
+    }
+
+    /// `scan_prefix`, leaving out (and counting) values that fail their
+    /// seal.
+    pub fn scan_prefix_skipping_forged(
+        &self,
+        prefix: &[u8],
+    ) -> Result<(Scanned, usize), StateError> {
+        self.scan(prefix, true)
     }
 
     /// A record as etcd gave it; refused when its tag is not valid.
@@ -495,30 +542,7 @@ impl StateStore for EtcdStore {
     }
 
     fn scan_prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Versioned)>, StateError> {
-        let full = self.full_key(prefix);
-        let end = prefix_end(&full);
-        let r = self.call("Range", Retry::Anywhere, move |c| {
-            let (full, end) = (full.clone(), end.clone());
-            async move {
-                let options = GetOptions::new()
-                    .with_range(end)
-                    .with_sort(SortTarget::Key, SortOrder::Ascend);
-                c.kv_client()
-                    .max_decoding_message_size(MAX_RESPONSE)
-                    .get(full, Some(options))
-                    .await
-            }
-        })?;
-        let mut out = Vec::new();
-        for kv in r.kvs() {
-            let Some(key) = kv.key().strip_prefix(self.prefix.as_slice()) else {
-                return Err(StateError::Corrupt(
-                    "etcd: a key outside the store's prefix",
-                ));
-            };
-            out.push((key.to_vec(), self.versioned(kv)?));
-        }
-        Ok(out)
+        self.scan(prefix, false).map(|(found, _)| found)
     }
 }
 

@@ -113,6 +113,16 @@ enum Cmd {
 
 #[derive(Subcommand)]
 enum WitnessCmd {
+    /// Every witness registration in the cluster: the node holding it, the
+    /// client, the node and address it watches, the share (RegisterEx).
+    List {
+        /// The cluster's configuration file.
+        #[arg(long)]
+        config: PathBuf,
+        /// Print a JSON array instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Tell the witness clients at an address to move to another node
     /// (CLIENT_MOVE): they reconnect there, keeping their persistent
     /// handles. With --share, the clients registered for that share move
@@ -270,12 +280,15 @@ fn main() -> ExitCode {
                     print!("\n{}", nimbus_server::status::files_table(&reports));
                 }
             }),
-        Cmd::Drain { config, to, within } => nimbus_server::witness::drain_command(
+        Cmd::Drain { config, to, within } => nimbus_server::witness_admin::drain_command(
             &config,
             to.as_deref(),
             std::time::Duration::from_secs(within),
         )
         .map(|m| println!("{m}")),
+        Cmd::Witness {
+            command: WitnessCmd::List { config, json },
+        } => nimbus_server::witness_admin::list_command(&config, json).map(|m| println!("{m}")),
         Cmd::Witness {
             command:
                 WitnessCmd::Move {
@@ -284,7 +297,7 @@ fn main() -> ExitCode {
                     share,
                     to,
                 },
-        } => nimbus_server::witness::move_command(&config, client, share.as_deref(), &to)
+        } => nimbus_server::witness_admin::move_command(&config, client, share.as_deref(), &to)
             .map(|m| println!("{m}")),
         Cmd::Bench {
             command: BenchCmd::Crypto { millis },
