@@ -23,9 +23,9 @@ seconds, then measured six ways:
    with STATUS_INSUFFICIENT_RESOURCES (a share-mode record contended from
    every node, the limit docs/SCALING.md describes): 2 measures the load
    without that file;
-4. **join and leave**: node N+1 starts (counted from its launch to 3 s
-   after it listens), then gets SIGTERM (counted until it exits and 1 s
-   more);
+4. **join and leave**, once the loads have settled (12 s or --settle):
+   node N+1 starts (counted from its launch to 3 s after it listens),
+   then gets SIGTERM (counted until it exits and 1 s more);
 5. **reclaim**: a client of node N holds a file open with no sharing;
    node N gets SIGKILL; a client of node 1, logged on before, tries an
    exclusive open every 100 ms: the time from the kill to the first open
@@ -357,6 +357,11 @@ def main() -> int:
                     clients = []
                     print(json.dumps(row), flush=True)
 
+                # The loads' aftermath first: each node publishes its
+                # changed figures (sessions and opens gone) within 10 s
+                # (status.rs CLUSTER_CHANGED_EVERY), N writes that would
+                # otherwise be counted as the join's.
+                time.sleep(max(args.settle, 12))
                 joined: list[subprocess.Popen] = []
 
                 def join() -> None:
