@@ -201,6 +201,31 @@ def test_rpcclient_registers_and_unregisters_and_bad_registrations_get_their_err
 
 
 @require_tool("smbtorture", "samba-testsuite")
+def test_the_packet_level_is_served_signed_and_the_call_level_refused(witness_node):
+    """RPC_C_AUTHN_LEVEL_PKT (4) is served as integrity, as Samba serves
+    it: rpcclient and smbtorture at `[packet]` get their answers, and the
+    node's answers carry signatures the client checks (a BIND_ACK at level
+    4 whose answers were unsigned would fail the client's check). Level 3
+    (CALL) is refused at BIND."""
+    from impacket.dcerpc.v5.rpcrt import RPC_C_AUTHN_LEVEL_CALL, DCERPCException
+    from impacket.dcerpc.v5 import transport
+    from impacket.uuid import uuidtup_to_bin
+
+    ip, port, log = witness_node
+    out = rpc(ip, "packet", "GetInterfaceList")
+    assert f" + NIMBUS {ip} V2" in out, out
+    r = subprocess.run(["smbtorture", f"ncacn_ip_tcp:{ip}[{port},packet]", "-U", f"{USER}%{PASSWORD}", "rpc.witness"], capture_output=True, text=True, timeout=120)
+    assert "success: witness.GetInterfaceList" in r.stdout + r.stderr, r.stdout + r.stderr
+    t = transport.DCERPCTransportFactory(f"ncacn_ip_tcp:{ip}[{port}]")
+    t.set_credentials(USER, PASSWORD, "", "", "")
+    d = t.get_dce_rpc()
+    d.set_auth_level(RPC_C_AUTHN_LEVEL_CALL)
+    d.connect()
+    with pytest.raises(DCERPCException):
+        d.bind(uuidtup_to_bin(WITNESS_UUID))
+    assert "authentication level 3" in log.read_text(errors="replace")
+
+
 @pytest.mark.parametrize("level", ["sign", "seal"])
 def test_smbtorture_rpc_witness(witness_node, level):
     """Samba's smbtorture rpc.witness (its client logs on with SPNEGO, whose

@@ -300,7 +300,7 @@ impl Association {
             .iter()
             .any(|s| s.syntax == interface && s.needs_integrity);
         let level = self.caller().map_or(0, |c| c.level);
-        if needs && level < auth::LEVEL_INTEGRITY {
+        if needs && !auth::signs(level) {
             return Ok(answer(fault_pdu(p.call_id, p.context_id, ACCESS_DENIED)));
         }
         Ok(Received {

@@ -400,8 +400,20 @@ pub mod auth {
     /// RPC_C_AUTHN_WINNT: NTLMSSP tokens.
     pub const TYPE_NTLMSSP: u8 = 10;
     pub const LEVEL_CONNECT: u8 = 2;
+    /// RPC_C_AUTHN_LEVEL_CALL: protects only a call's first fragment, which
+    /// the per-message protections here cannot express; refused.
+    pub const LEVEL_CALL: u8 = 3;
+    /// RPC_C_AUTHN_LEVEL_PKT: served as integrity (every PDU signed, as
+    /// Samba serves it): the client gets more than it asked for.
+    pub const LEVEL_PKT: u8 = 4;
     pub const LEVEL_INTEGRITY: u8 = 5;
     pub const LEVEL_PRIVACY: u8 = 6;
+
+    /// Whether every PDU of an association at `level` is signed or sealed
+    /// here.
+    pub fn signs(level: u8) -> bool {
+        level == LEVEL_PKT || level >= LEVEL_INTEGRITY
+    }
 }
 
 /// MS-RPCE 2.2.2.11 sec_trailer: what precedes the auth_value at the end

@@ -154,10 +154,11 @@ impl RpcSecurity {
                 trailer.auth_type
             ));
         }
-        // Levels 3 (CALL) and 4 (PKT) would protect nothing here: refused
-        // rather than served as if they did.
+        // Level 3 (CALL) cannot be served as it asks (`auth::LEVEL_CALL`):
+        // refused rather than served as if it were.
         if ![
             auth::LEVEL_CONNECT,
+            auth::LEVEL_PKT,
             auth::LEVEL_INTEGRITY,
             auth::LEVEL_PRIVACY,
         ]
@@ -308,7 +309,7 @@ impl RpcSecurity {
                 .ntlm_session_security(&logon)
                 .map(|n| Protection::Ntlm(Box::new(n))),
         };
-        if protection.is_none() && level >= auth::LEVEL_INTEGRITY {
+        if protection.is_none() && auth::signs(level) {
             // Asked for protection this logon cannot give (see the module
             // comment): refused, not served at a lower level.
             tracing::info!(
@@ -354,9 +355,7 @@ impl RpcSecurity {
                 caller,
                 context_id,
                 auth_type,
-            } if caller.level >= auth::LEVEL_INTEGRITY => {
-                (p, caller.level, *context_id, *auth_type)
-            }
+            } if auth::signs(caller.level) => (p, caller.level, *context_id, *auth_type),
             State::Done {
                 caller,
                 context_id,
@@ -439,7 +438,7 @@ impl RpcSecurity {
                 auth_type,
                 context_id,
                 protection: Some(p),
-            } if caller.level >= auth::LEVEL_INTEGRITY => Some((
+            } if auth::signs(caller.level) => Some((
                 SecTrailer {
                     auth_type: *auth_type,
                     auth_level: caller.level,
