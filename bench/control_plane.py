@@ -402,12 +402,13 @@ def main() -> int:
                 f"| {m['events']:.1f} ({per_write}) | {m['watchers']:.0f} | {m['node_cpu']:.3f} | {m['etcd_cpu']:.3f} |"
             )
     print()
-    print("| nodes | join: writes / calls | leave: writes / calls | reclaim after kill (s) | persistent reclaim after kill (s) |")
-    print("|---|---|---|---|---|")
+    print("| nodes | join: writes / calls | leave: writes / calls | reclaim after kill (s) | persistent reclaim after kill (s) | persistent reconnects refused before |")
+    print("|---|---|---|---|---|---|")
     for r in rows:
         j, lv = r["join"], r["leave"]
         persistent = "-" if r["persistent_reclaim"] is None else f"{r['persistent_reclaim']:.1f}"
-        print(f"| {r['nodes']} | {j['writes']:.0f} / {j['requests']:.0f} | {lv['writes']:.0f} / {lv['requests']:.0f} | {r['reclaim']:.1f} | {persistent} |")
+        refused = ", ".join(f"{n} × {status}" for status, n in sorted(r["persistent_refused"].items())) or "-"
+        print(f"| {r['nodes']} | {j['writes']:.0f} / {j['requests']:.0f} | {lv['writes']:.0f} / {lv['requests']:.0f} | {r['reclaim']:.1f} | {persistent} | {refused} |")
     return 0
 
 

@@ -214,6 +214,9 @@ def test_the_packet_level_is_served_signed_and_the_call_level_refused(witness_no
     ip, port, log = witness_node
     out = rpc(ip, "packet", "GetInterfaceList")
     assert f" + NIMBUS {ip} V2" in out, out
+    # At level 4 indeed (rpcclient falls back to integrity, 5, when it
+    # does not understand the binding's level).
+    assert "logged on (authentication level 4)" in log.read_text(errors="replace")
     r = subprocess.run(["smbtorture", f"ncacn_ip_tcp:{ip}[{port},packet]", "-U", f"{USER}%{PASSWORD}", "rpc.witness"], capture_output=True, text=True, timeout=120)
     assert "success: witness.GetInterfaceList" in r.stdout + r.stderr, r.stdout + r.stderr
     t = transport.DCERPCTransportFactory(f"ncacn_ip_tcp:{ip}[{port}]")

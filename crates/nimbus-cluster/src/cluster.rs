@@ -1025,23 +1025,26 @@ impl Membership {
             let until = tokio::time::sleep(wait_at_most);
             tokio::pin!(until);
             // Its run may have ended before the watch was subscribed to.
-            if !gone(me.clone()).await {
-                loop {
-                    tokio::select! {
-                        _ = &mut until => break,
-                        changed = changes.changed() => {
-                            if changed.is_err() {
-                                (&mut until).await;
-                                break;
-                            }
-                            if gone(me.clone()).await {
-                                break;
-                            }
+            let mut ended = gone(me.clone()).await;
+            while !ended {
+                tokio::select! {
+                    _ = &mut until => break,
+                    changed = changes.changed() => {
+                        if changed.is_err() {
+                            (&mut until).await;
+                            break;
                         }
+                        ended = gone(me.clone()).await;
                     }
                 }
             }
             if let Some(m) = me.upgrade() {
+                if ended {
+                    tracing::info!(
+                        "cluster: open {open_id:#x}: the run asked to let go of it (incarnation \
+                         {asked}) ended; its reconnect runs again"
+                    );
+                }
                 m.let_go_answered(open_id, nonce);
             }
         });

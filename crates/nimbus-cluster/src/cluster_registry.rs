@@ -111,11 +111,18 @@ impl Registry {
                 .map(|((_, value), key)| Op::Put(key, value, lease))
                 .collect();
             if let Err(e) = self.m.store.txn(&[], &ops, &[]) {
-                tracing::warn!(
-                    "cluster: registering {} {} item(s) again: {e}",
+                // One at a time then: a failed batch (too large a
+                // request, say) must not cost all of its items.
+                tracing::debug!(
+                    "cluster: registering {} {} item(s) again at once: {e}",
                     self.what,
                     chunk.len()
                 );
+                for (op, (item, _)) in ops.iter().zip(chunk) {
+                    if let Err(e) = self.m.store.txn(&[], std::slice::from_ref(op), &[]) {
+                        tracing::warn!("cluster: registering {} {item} again: {e}", self.what);
+                    }
+                }
             }
             for ((item, value), key) in chunk.iter().zip(&keys) {
                 self.settle(item, value, key, lease);

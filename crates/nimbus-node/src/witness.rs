@@ -7,8 +7,9 @@
 //! out.
 //!
 //! What it serves: DCE/RPC over TCP on `[witness] listen`, NTLM and
-//! Kerberos logons at the integrity or privacy level
-//! (`nimbus_rpc::ip_tcp`), WitnessrGetInterfaceList, Register, RegisterEx,
+//! Kerberos logons at the integrity or privacy level (or packet, served
+//! as integrity; `nimbus_rpc::ip_tcp`), WitnessrGetInterfaceList,
+//! Register, RegisterEx,
 //! UnRegister and AsyncNotify (RESOURCE_CHANGE, CLIENT_MOVE, SHARE_MOVE,
 //! IP_CHANGE), and the endpoint mapper's ept_map (`[witness]
 //! endpoint_mapper`, port 135 by default), through which Windows and

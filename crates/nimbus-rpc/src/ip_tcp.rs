@@ -1,7 +1,8 @@
 //! One DCE/RPC association over TCP (`ncacn_ip_tcp`, MS-RPCE 2.1.1.1),
 //! with the authentication a service reached over the network needs:
 //! NTLMSSP or Kerberos, bare or in SPNEGO, at the integrity or privacy
-//! level (MS-RPCE 3.3.1.5.2), as the witness service asks of its clients
+//! level (MS-RPCE 3.3.1.5.2; the packet level is served as integrity,
+//! `crate::pdu::auth::signs`), as the witness service asks of its clients
 //! (MS-SWN 7: Windows refuses calls below integrity). The logon and the
 //! verifiers are `crate::security`'s.
 //!
@@ -44,8 +45,8 @@ const ACCESS_DENIED: u32 = 0x0000_0005;
 const NAK_REASON_NOT_SPECIFIED: u16 = 0;
 const NAK_AUTH_TYPE_NOT_RECOGNIZED: u16 = 8;
 
-/// An interface the association serves, and whether its calls need the
-/// integrity level.
+/// An interface the association serves, and whether its calls need
+/// every PDU signed (the packet, integrity or privacy level).
 #[derive(Clone, Copy, Debug)]
 pub struct Served {
     pub syntax: SyntaxId,

@@ -5,7 +5,7 @@
 //! request's verifier and protects each answer at the level the client
 //! asked for; the verifiers themselves are `protection`'s.
 //!
-//! A logon at the integrity or privacy level whose messages cannot be
+//! A logon at the packet, integrity or privacy level whose messages cannot be
 //! protected is refused: NTLM without extended session security, and
 //! Kerberos with an RC4 or DES key, without replay and sequence detection,
 //! without header signing, or asking for privacy without the DCE style.
@@ -50,7 +50,8 @@ enum State {
         caller: Caller,
         auth_type: u8,
         context_id: u32,
-        /// The signing context, for levels at or above integrity.
+        /// The signing context, for the levels that sign
+        /// (`auth::signs`).
         protection: Option<Protection>,
     },
 }
