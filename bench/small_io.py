@@ -4,19 +4,25 @@
     bash bench/run.sh --small-io [--seconds 5] [--depths 1 8 32 128] ...
 
 Random READs and WRITEs of 4 KiB and 64 KiB on one file (1 GiB by
-default) on tmpfs, through interop/smb-rs's nimbus-smb-load (the Rust `smb`
-crate: the same pipelining client for both servers), signed and encrypted
-(AES-128-GCM; the crate signs every non-guest session, so there is no
-unsigned row). Each row: --connections connections, each with --depth
-requests in flight.
+default) on tmpfs, and LOCK/UNLOCK pairs of one byte, through
+nimbus-io-load (crates/nimbus-load: a pipelining SMB 3.1.1 client on
+nimbus-wire's codecs, the same for both servers), plain, signed and
+encrypted (AES-128-GCM). Each row: --connections connections, each with
+--depth requests in flight.
+
+On a machine of two or more CPUs each server is pinned to CPU 0 and the
+client to CPU 1 (--no-pin: all share every CPU), so the server measured
+never competes with the client for a core: a row's IOPS are the server's
+unless the client's CPU per request says the client was the limit.
+`--load target/interop/release/nimbus-smb-load` runs the earlier client,
+the Rust `smb` crate, which spends 20-50 µs per request.
 
 Per row and server: IOPS and MiB/s, the client's p50/p99/p99.9 latency,
 the server's CPU per request (user+sys of its processes from /proc, smbd's
 children included, across the measured window) and the client's CPU per
-request beside it, to show the client is not what limits the row. Servers
-alternate which goes first. Prints a table with Nimbus/Samba ratios and
-writes it into BENCHMARKS.md between the small-io markers (--no-write:
-print only).
+request beside it. Servers alternate which goes first. Prints a table with
+Nimbus/Samba ratios and writes it into BENCHMARKS.md between the small-io
+markers (--no-write: print only).
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
-from load_servers import add_common_options, check_tools, report, servers_with_file  # noqa: E402
+from load_servers import REPO, add_common_options, check_tools, pin, report, servers_with_file  # noqa: E402
 from side_by_side import PASSWORD, SHARE, USER, Server, _stat_fields  # noqa: E402
 
 FILE = "small-io.bin"
@@ -55,13 +61,18 @@ class Row:
     client_us: float
 
 
-def run_load(load: str, server: Server, op: str, block: int, depth: int, connections: int, protection: str, seconds: float) -> Row:
+SERVER_CPUS = {0}
+CLIENT_CPUS = {1}
+
+
+def run_load(load: str, server: Server, op: str, block: int, depth: int, connections: int, protection: str, seconds: float, pinned: bool) -> Row:
     """One run of the generator; server and client CPU are read at the
     generator's `measuring` and `done` lines."""
     cmd = [load, "127.0.0.1", str(server.port), SHARE, USER, PASSWORD, FILE,
-           "--connections", str(connections), "--depth", str(depth), "--block", str(block),
+           "--connections", str(connections), "--depth", str(depth), "--block", str(block or 4096),
            "--op", op, "--seconds", str(seconds), "--protection", protection]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pin_client = (lambda: os.sched_setaffinity(0, CLIENT_CPUS)) if pinned else None
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=pin_client)
     assert proc.stdout is not None
     marks: dict[str, tuple[float, float]] = {}
     lines = []
@@ -73,7 +84,7 @@ def run_load(load: str, server: Server, op: str, block: int, depth: int, connect
             lines.append(line)
     err = proc.stderr.read() if proc.stderr else ""
     if proc.wait(timeout=60 + seconds) != 0 or len(marks) != 2 or not lines:
-        sys.exit(f"nimbus-smb-load against {server.name} ({op} {block} depth {depth} {protection}) failed: {err.strip()}")
+        sys.exit(f"{Path(load).name} against {server.name} ({op} {block} depth {depth} {protection}) failed: {err.strip()}")
     r = json.loads(lines[-1])
     requests = max(r["requests"], 1)
     server_s = marks["done"][0] - marks["measuring"][0]
@@ -86,11 +97,12 @@ def ratio(n: float, s: float) -> str:
 
 
 def table(results: dict, args) -> list[str]:
+    where = ("each server pinned to CPU 0 and the client to CPU 1" if args.pin else "server and client sharing every CPU")
     lines = [
-        f"Small I/O: random reads and writes on one {args.file_mib} MiB file on tmpfs, "
+        f"Small I/O: random reads and writes on one {args.file_mib} MiB file on tmpfs, and lock/unlock pairs of one byte, "
         f"{args.connections} connection(s) × depth requests in flight, {args.seconds:g} s per run, "
-        "client nimbus-smb-load (the Rust `smb` crate, TCP_NODELAY), SMB 3.1.1. "
-        "CPU is µs per request (server: its processes; client: the generator).",
+        f"client {Path(args.load).name}, SMB 3.1.1, {where}. "
+        "CPU is µs per request (server: its processes; client: the generator); a lock row's request is a LOCK or an UNLOCK.",
         "",
         "| op | block | depth | protection | Nimbus IOPS | Samba IOPS | IOPS ratio | Nimbus p99 µs | Samba p99 µs | Nimbus server CPU | Samba server CPU | CPU ratio | client CPU (N / S) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -101,7 +113,7 @@ def table(results: dict, args) -> list[str]:
             continue
         op, block, depth, prot = key
         lines.append(
-            f"| {op} | {block // 1024} KiB | {depth} | {prot} | {n.iops:,.0f} | {s.iops:,.0f} | {ratio(n.iops, s.iops)} "
+            f"| {op} | {f'{block // 1024} KiB' if block else '1 byte'} | {depth} | {prot} | {n.iops:,.0f} | {s.iops:,.0f} | {ratio(n.iops, s.iops)} "
             f"| {n.p99_us:,} | {s.p99_us:,} | {n.server_us:.1f} | {s.server_us:.1f} | {ratio(n.server_us, s.server_us)} "
             f"| {n.client_us:.1f} / {s.client_us:.1f} |"
         )
@@ -114,24 +126,29 @@ def main() -> int:
     ap.add_argument("--file-mib", type=int, default=1024)
     ap.add_argument("--depths", type=int, nargs="+", default=[1, 8, 32, 128])
     ap.add_argument("--blocks", type=int, nargs="+", default=[4096, 65536])
-    ap.add_argument("--ops", nargs="+", default=["read", "write"], choices=["read", "write"])
-    ap.add_argument("--protections", nargs="+", default=["signed", "encrypted"], choices=["signed", "encrypted"])
+    ap.add_argument("--ops", nargs="+", default=["read", "write", "lock"], choices=["read", "write", "lock"])
+    ap.add_argument("--protections", nargs="+", default=["plain", "signed", "encrypted"], choices=["plain", "signed", "encrypted"])
     ap.add_argument("--connections", type=int, default=1)
-    add_common_options(ap)
+    ap.add_argument("--pin", action=argparse.BooleanOptionalAction, default=(os.cpu_count() or 1) >= 2,
+                    help="server on CPU 0, client on CPU 1 (default on a machine of two or more CPUs)")
+    add_common_options(ap, REPO / "target" / "release" / "nimbus-io-load")
     args = ap.parse_args()
     check_tools(args, "--small-io")
 
     results: dict[tuple, Row] = {}
     with servers_with_file(args, "nimbus-small-io-", FILE, args.file_mib) as servers:
+        if args.pin:
+            for s in servers:
+                pin(s.pid, SERVER_CPUS)
         turn = 0
         for prot in args.protections:
             for op in args.ops:
-                for block in args.blocks:
+                for block in args.blocks if op != "lock" else [0]:
                     for depth in args.depths:
                         order = servers if turn % 2 == 0 else servers[::-1]
                         turn += 1
                         for s in order:
-                            row = run_load(args.load, s, op, block, depth, args.connections, prot, args.seconds)
+                            row = run_load(args.load, s, op, block, depth, args.connections, prot, args.seconds, args.pin)
                             results[(op, block, depth, prot, s.name)] = row
                             print(
                                 f"  {op:<5} {block // 1024:>2} KiB depth {depth:<3} {prot:<9} {s.name:<6} "
@@ -139,7 +156,7 @@ def main() -> int:
                                 flush=True,
                             )
                             s.settle()
-    report(args, "## Small I/O at queue depth (Nimbus against Samba)", table(results, args), MARK_BEGIN, MARK_END)
+    report(args, "## Small I/O at queue depth (Nimbus against Samba)", table(results, args), MARK_BEGIN, MARK_END, client=Path(args.load).name)
     return 0
 
 

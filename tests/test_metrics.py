@@ -86,6 +86,31 @@ def _metered(tmp_path, name: str, security: Security | None):
     assert "panicked at" not in log.read_text(errors="replace")
 
 
+def test_small_encrypted_requests_are_read_on_while_large_answers_fill_the_budget(metered):
+    """A small sealed frame is opened before the room for its answers is
+    taken from the connection's memory budget (32 MiB by default). Taken
+    before, a sealed 4 KiB READ reserved room for the largest READ there
+    is (8 MiB), so at 32 in flight the reader stopped, again and again,
+    until answers went out: nimbus_connection_reader_waits_total counts
+    each stop. Signed 1 MiB READs at the same depth do need more than the
+    budget (32 × 1 MiB), and are the control that the count counts."""
+    from test_load_generator import run_load
+
+    srv, metrics_port = metered
+    (srv.share_path / "big.bin").write_bytes(os.urandom(64 << 20))
+
+    def waits() -> float:
+        return value(scrape(metrics_port), "nimbus_connection_reader_waits_total", limit="max_connection_memory_bytes")
+
+    start = waits()
+    r = run_load(srv, "big.bin", "--depth", "32", "--op", "read", "--block", "4096", "--seconds", "1", "--protection", "encrypted")
+    assert r["requests"] > 64, r
+    assert waits() == start, "the reader stopped for memory while only 4 KiB answers were in flight"
+    r = run_load(srv, "big.bin", "--depth", "32", "--op", "read", "--block", str(1 << 20), "--seconds", "1", "--protection", "signed")
+    assert r["requests"] > 32, r
+    assert waits() > start, "32 READs of 1 MiB in flight never made the reader wait for memory"
+
+
 @require_tool("promtool", "prometheus")
 def test_a_scrape_counts_exactly_the_workload_and_passes_promtool(metered, tmp_path):
     srv, metrics_port = metered

@@ -226,6 +226,37 @@ def test_unsigned_request_refused_when_signing_required(server):
     assert not (server.share_path / "unsigned.txt").exists()
 
 
+def test_smb311_unsigned_tree_connect_refused_when_signing_is_not_required(server_factory):
+    """MS-SMB2 3.3.5.7: on 3.1.1 a TREE_CONNECT of a session with keys is
+    signed or sealed even where the server does not require signing; it is
+    what shows the NEGOTIATE was not altered. smbprotocol without
+    require_signing sends it in clear, which is refused as Samba refuses
+    it; signed, it is served, and the session's later requests may go
+    unsigned."""
+    srv = server_factory.start(signing="auto")
+    conn = Connection(uuid.uuid4(), srv.host, srv.port, require_signing=False)
+    conn.connect(Dialects.SMB_3_1_1, timeout=TIMEOUT)
+    try:
+        session = Session(conn, srv.user, srv.password, require_encryption=False, auth_protocol="ntlm")
+        session.connect()
+        assert not session.signing_required
+        with pytest.raises(SMBResponseException) as excinfo:
+            TreeConnect(session, rf"\\{srv.host}\{srv.share}").connect()
+        assert status_of(excinfo) == NtStatus.STATUS_ACCESS_DENIED
+        session.signing_required = True
+        tree = TreeConnect(session, rf"\\{srv.host}\{srv.share}")
+        tree.connect()
+        session.signing_required = False
+        f = open_file(tree, "plain.txt")
+        f.write(b"unsigned", 0)
+        f.close()
+    finally:
+        with contextlib.suppress(Exception):
+            conn.disconnect(close=True, timeout=TIMEOUT)
+    assert (srv.share_path / "plain.txt").read_bytes() == b"unsigned"
+    assert "neither signed nor encrypted" in srv.log_path.read_text(errors="replace")
+
+
 @pytest.mark.parametrize("dialect", [Dialects.SMB_2_0_2, Dialects.SMB_3_1_1], ids=["2.0.2", "3.1.1"])
 def test_wrong_password_refused(server, dialect):
     with smb_connection(server, dialect) as conn:

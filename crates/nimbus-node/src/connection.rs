@@ -699,6 +699,29 @@ async fn read_to_len(rd: &mut OwnedReadHalf, buf: &mut Vec<u8>, len: usize) -> s
     Ok(())
 }
 
+/// Takes `n` permits of one of the connection's budgets, waiting for
+/// answers to go out if they are all in use; a wait is counted by the
+/// configuration key (`limits.<limit>`) that bounds the budget, so that an
+/// administrator sees which limit holds clients back.
+async fn room(
+    budget: &Arc<Semaphore>,
+    n: u32,
+    limit: &'static str,
+) -> Result<OwnedSemaphorePermit, ReadEnd> {
+    match budget.clone().try_acquire_many_owned(n) {
+        Ok(permit) => Ok(permit),
+        Err(tokio::sync::TryAcquireError::Closed) => Err(ReadEnd::Closed),
+        Err(tokio::sync::TryAcquireError::NoPermits) => {
+            nimbus_services::metrics::reader_waited(limit);
+            budget
+                .clone()
+                .acquire_many_owned(n)
+                .await
+                .map_err(|_| ReadEnd::Closed)
+        }
+    }
+}
+
 /// Reads one frame: waits as long as needed for its first byte, then
 /// within `frame_timeout` for the rest. Room in the connection's budget is
 /// taken before the frame is allocated. Ok(None): a keep-alive.
@@ -707,7 +730,7 @@ async fn read_frame(
     rd: &mut OwnedReadHalf,
     limits: &Limits,
     budget: &Budget,
-) -> Result<Option<(Vec<u8>, InFlight, usize)>, ReadEnd> {
+) -> Result<Option<(Vec<u8>, InFlight, usize, Option<Unsealed>)>, ReadEnd> {
     let mut head = [0u8; 4];
     match timeout(IDLE_TRIM, rd.read_exact(&mut head[..1])).await {
         Ok(r) => r.map(|_| ())?,
@@ -734,17 +757,11 @@ async fn read_frame(
         Ok(None) => return Ok(None),
         Err(e) => return Err(ReadEnd::Refused(format!("refused frame ({e:?})"))),
     };
-    let closed = |_| ReadEnd::Closed;
-    let slot = budget.slots.clone().acquire_owned().await.map_err(closed)?;
+    let slot = room(&budget.slots, 1, "max_outstanding_requests").await?;
     // Never more than the whole budget, or the wait would never end (the
     // limits are validated so that a largest frame fits).
     let frame_kib = kib(len).min(budget.memory_kib);
-    let mut memory = budget
-        .memory
-        .clone()
-        .acquire_many_owned(frame_kib)
-        .await
-        .map_err(closed)?;
+    let mut memory = room(&budget.memory, frame_kib, "max_connection_memory_bytes").await?;
     let mut frame = conn.pool.take(len);
     frame.reserve_exact(len);
     // The wait for budget above is the server's, not the client's: only
@@ -752,18 +769,20 @@ async fn read_frame(
     timeout(left, read_to_len(rd, &mut frame, len))
         .await
         .map_err(|_| slow())??;
+    // A small sealed frame is opened here, before its responses' room is
+    // reserved: unopened, it could hold a READ of any size and took the
+    // largest allowance, so a 32 MiB budget let only three small encrypted
+    // requests be in flight, and the reader waited on the writer.
+    let Ok(unsealed) = frames::unseal_small(conn, &mut frame) else {
+        conn.pool.give(frame);
+        return Err(ReadEnd::Closed);
+    };
     // Room for the responses, as much as the requests may ask for (never
     // more than the budget, so that every frame can proceed).
-    let wanted_kib =
-        kib(frames::response_allowance(&frame, limits)).min(budget.memory_kib - frame_kib);
+    let asked = frames::response_allowance(frames::messages(&frame, &unsealed), limits);
+    let wanted_kib = kib(asked).min(budget.memory_kib - frame_kib);
     if wanted_kib > 0 {
-        let more = budget
-            .memory
-            .clone()
-            .acquire_many_owned(wanted_kib)
-            .await
-            .map_err(closed)?;
-        memory.merge(more);
+        memory.merge(room(&budget.memory, wanted_kib, "max_connection_memory_bytes").await?);
     }
     let wanted = wanted_kib as usize * 1024;
     Ok(Some((
@@ -773,6 +792,7 @@ async fn read_frame(
             _memory: memory,
         },
         wanted,
+        unsealed,
     )))
 }
 
@@ -959,7 +979,7 @@ async fn serve_in(
             // The server stops: no more requests are read (`crate::drain`).
             _ = &mut draining => break,
         };
-        let (frame, in_flight, allowance) = match read {
+        let (frame, in_flight, allowance, unsealed) = match read {
             Ok(Some(f)) => f,
             Ok(None) => continue,
             Err(ReadEnd::Closed) => break,
@@ -971,11 +991,6 @@ async fn serve_in(
         if conn.is_closing() {
             break;
         }
-        let mut frame = frame;
-        let Ok(unsealed) = frames::unseal_small(&conn, &mut frame) else {
-            conn.pool.give(frame);
-            break;
-        };
         let messages = frames::messages(&frame, &unsealed);
         // A CLOSE, TREE_DISCONNECT or LOGOFF waits for the frames already on
         // the pool (`crate::arrivals`): on the pool too, not here.

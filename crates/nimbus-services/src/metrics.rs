@@ -28,6 +28,7 @@ pub const SESSIONS: &str = "nimbus_sessions";
 pub const BREAKS: &str = "nimbus_breaks_sent_total";
 pub const BREAK_TIMEOUTS: &str = "nimbus_break_timeouts_total";
 pub const LOCK_WAITS: &str = "nimbus_byte_range_lock_waits_total";
+pub const READER_WAITS: &str = "nimbus_connection_reader_waits_total";
 pub const HANDLES_WAITING: &str = "nimbus_durable_handles_waiting";
 pub const LEASE_PROVEN: &str = "nimbus_cluster_lease_proven";
 pub const LEASE_RENEWALS: &str = "nimbus_cluster_lease_renewals_total";
@@ -87,6 +88,11 @@ pub fn describe() {
     describe_counter!(
         LOCK_WAITS,
         "byte-range LOCK requests that had to wait for a conflicting lock"
+    );
+    describe_counter!(
+        READER_WAITS,
+        "times a connection stopped reading requests until answers went out, by the limit \
+         that stopped it (limits.max_outstanding_requests or limits.max_connection_memory_bytes)"
     );
     describe_gauge!(
         HANDLES_WAITING,
@@ -270,6 +276,12 @@ pub fn break_timed_out() {
 
 pub fn lock_waited() {
     counter!(LOCK_WAITS).increment(1);
+}
+
+/// A connection's reader waited for room: `limit` is the configuration
+/// key whose budget its requests in flight had used up.
+pub fn reader_waited(limit: &'static str) {
+    counter!(READER_WAITS, "limit" => limit).increment(1);
 }
 
 /// The sessions now, by (dialect, signing, cipher): every group seen

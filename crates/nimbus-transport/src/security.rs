@@ -111,6 +111,13 @@ pub struct SessionCipher {
     next_nonce: AtomicU64,
 }
 
+/// Which end of the connection a `SessionCipher` serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    Server,
+    Client,
+}
+
 /// Why an encrypted message was not accepted; the connection is closed.
 #[derive(Debug, PartialEq, Eq)]
 pub enum DecryptError {
@@ -126,6 +133,28 @@ impl SessionCipher {
         alg: CipherAlgorithm,
         session_key: &[u8],
         preauth_hash: &[u8; 64],
+    ) -> Result<SessionCipher, CryptoError> {
+        Self::derive_for(
+            provider,
+            dialect,
+            alg,
+            session_key,
+            preauth_hash,
+            Side::Server,
+        )
+    }
+
+    /// Derives both keys as `side` holds them: a client seals with the
+    /// key the server opens with, and opens with the one it seals with
+    /// (MS-SMB2 3.2.5.3.1). The client side serves the load generator,
+    /// which must pay the same crypto a client pays.
+    pub fn derive_for(
+        provider: &CryptoProvider,
+        dialect: Dialect,
+        alg: CipherAlgorithm,
+        session_key: &[u8],
+        preauth_hash: &[u8; 64],
+        side: Side,
     ) -> Result<SessionCipher, CryptoError> {
         let n = alg.key_len();
         let mut enc = Zeroizing::new([0u8; 32]);
@@ -146,6 +175,9 @@ impl SessionCipher {
         } else {
             provider.kdf(session_key, b"SMB2AESCCM\0", b"ServerOut\0", &mut enc[..n]);
             provider.kdf(session_key, b"SMB2AESCCM\0", b"ServerIn \0", &mut dec[..n]);
+        }
+        if side == Side::Client {
+            std::mem::swap(&mut enc, &mut dec);
         }
         Ok(SessionCipher {
             encryptor: provider.cipher(alg, &enc[..n])?,
@@ -293,6 +325,27 @@ mod tests {
                 );
                 server.open(&rh, &mut req).unwrap();
                 assert_eq!(&req[TRANSFORM_HEADER_SIZE..], b"\xfeSMB request");
+                // `derive_for(Side::Client)` is that same client view.
+                let derived_client = SessionCipher::derive_for(
+                    &provider,
+                    dialect,
+                    alg,
+                    &[9; 16],
+                    &preauth,
+                    Side::Client,
+                )
+                .unwrap();
+                let mut sealed = vec![0u8; TRANSFORM_HEADER_SIZE];
+                sealed.extend_from_slice(&msg);
+                server.seal(0x1234, &mut sealed).unwrap();
+                let sh = TransformHeader::parse(&sealed).unwrap();
+                derived_client.open(&sh, &mut sealed).unwrap();
+                assert_eq!(&sealed[TRANSFORM_HEADER_SIZE..], &msg[..]);
+                let mut up = vec![0u8; TRANSFORM_HEADER_SIZE];
+                up.extend_from_slice(b"\xfeSMB request");
+                derived_client.seal(0x1234, &mut up).unwrap();
+                let uh = TransformHeader::parse(&up).unwrap();
+                server.open(&uh, &mut up).unwrap();
             }
         }
     }

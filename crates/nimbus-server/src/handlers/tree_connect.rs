@@ -24,10 +24,27 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         );
         return Err(NtStatus::BAD_NETWORK_NAME);
     };
-    let (guest, can_encrypt) = match &*lock(&session.state) {
-        SessionState::Valid(a) => (a.guest, a.cipher.is_some()),
+    let (guest, can_encrypt, can_sign) = match &*lock(&session.state) {
+        SessionState::Valid(a) => (a.guest, a.cipher.is_some(), a.signer.is_some()),
         SessionState::InProgress { .. } => return Err(NtStatus::USER_SESSION_DELETED),
     };
+    // MS-SMB2 3.3.5.7: on 3.1.1 a TREE_CONNECT of a session that has keys
+    // (neither guest nor anonymous) must be signed or sealed. 3.1.1 has no
+    // VALIDATE_NEGOTIATE: this signature over the preauth-bound key is what
+    // shows the client's NEGOTIATE reached the server unaltered, even when
+    // the server does not require signing. Refused as Samba refuses it.
+    let dialect_311 = ctx
+        .conn
+        .negotiated()
+        .is_some_and(|n| n.dialect == nimbus_wire::negotiate::Dialect::Smb311);
+    if dialect_311 && can_sign && ctx.signed_by.is_none() && ctx.sealed_by.is_none() {
+        tracing::warn!(
+            "{}: tree connect to \"{name}\" refused: a 3.1.1 session with keys sent it \
+             neither signed nor encrypted",
+            ctx.conn.peer
+        );
+        return Err(NtStatus::ACCESS_DENIED);
+    }
     // MS-SMB2 3.3.5.7: a share that requires encryption refuses a session
     // that cannot encrypt (SMB 2.x, no common cipher, guest).
     if share.encryption() == EncryptionPolicy::Required && !can_encrypt {

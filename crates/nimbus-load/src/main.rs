@@ -1,0 +1,289 @@
+//! nimbus-io-load: random READs, WRITEs or LOCK/UNLOCK pairs on one
+//! existing file, from several connections with many requests in flight
+//! on each, for bench/small_io.py to measure Nimbus and Samba with the
+//! same client.
+//!
+//!     nimbus-io-load HOST PORT SHARE USER PASSWORD FILE \
+//!         --connections N --depth D --block BYTES --op read|write|lock \
+//!         --seconds S --protection plain|signed|encrypted [--domain D]
+//!
+//! Why not the `smb` crate (interop/smb-rs's nimbus-smb-load): it spends
+//! 20-50 µs of CPU per 4 KiB request, as much as the servers it measures,
+//! so on a two-core machine it decides the IOPS of both. This client
+//! builds frames with the server's own codecs (nimbus-wire), signs and
+//! seals with nimbus-transport, keeps D requests in flight per connection
+//! from one thread with blocking sockets, and sends every request that is
+//! ready in one write. It speaks SMB 3.1.1 only, logs on with NTLMv2, and
+//! opens the file without caching.
+//!
+//! Offsets are random multiples of the block within the file (a fixed
+//! xorshift seed per slot: runs repeat). A WRITE's block is bytes 0x5a
+//! with its own offset (u64, little-endian) in its first and last 8, so
+//! a test can tell a block the server put in the wrong place. A lock
+//! slot takes an exclusive lock of its own byte (FAIL_IMMEDIATELY: no two
+//! slots, of any connection, share one) and releases it, two requests.
+//!
+//! Output, for bench/small_io.py to time the server and this client from
+//! /proc around the measured window: `measuring` when every connection is
+//! ready, `done` when the window ends, then one JSON object: requests,
+//! bytes, seconds, IOPS, MiB/s, latency percentiles in microseconds (from
+//! send to answer) and the signing algorithm negotiated. Any error ends
+//! the run with a non-zero status.
+
+mod conn;
+mod load;
+mod ntlm;
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use conn::Protection;
+use load::{Op, Plan, Tally};
+
+#[derive(Clone)]
+struct Args {
+    host: String,
+    port: u16,
+    share: String,
+    user: String,
+    password: String,
+    domain: String,
+    file: String,
+    connections: usize,
+    depth: usize,
+    block: usize,
+    op: Op,
+    seconds: f64,
+    protection: Protection,
+}
+
+const USAGE: &str = "usage: nimbus-io-load HOST PORT SHARE USER PASSWORD FILE --connections N \
+     --depth D --block BYTES --op read|write|lock --seconds S \
+     --protection plain|signed|encrypted [--domain DOMAIN]";
+
+fn parse(args: &[String]) -> Result<Args, String> {
+    let (fixed, flags) = args.split_at(args.len().min(6));
+    let [host, port, share, user, password, file] = fixed else {
+        return Err(USAGE.into());
+    };
+    let mut a = Args {
+        host: host.clone(),
+        port: port.parse().map_err(|e| format!("PORT: {e}"))?,
+        share: share.clone(),
+        user: user.clone(),
+        password: password.clone(),
+        domain: String::new(),
+        file: file.clone(),
+        connections: 1,
+        depth: 1,
+        block: 4096,
+        op: Op::Read,
+        seconds: 5.0,
+        protection: Protection::Signed,
+    };
+    let mut it = flags.iter();
+    while let Some(flag) = it.next() {
+        let value = it
+            .next()
+            .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))?;
+        let number = |what: &str, max: usize| -> Result<usize, String> {
+            value
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (1..=max).contains(n))
+                .ok_or_else(|| format!("{what}: a whole number from 1 to {max}, not {value}"))
+        };
+        match flag.as_str() {
+            "--connections" => a.connections = number("--connections", 4096)?,
+            "--depth" => a.depth = number("--depth", 1024)?,
+            "--block" => a.block = number("--block", 1 << 20)?,
+            "--seconds" => {
+                a.seconds = value
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|s| *s > 0.0 && *s <= 3600.0)
+                    .ok_or_else(|| format!("--seconds: from 0 to 3600, not {value}"))?
+            }
+            "--op" => {
+                a.op = match value.as_str() {
+                    "read" => Op::Read,
+                    "write" => Op::Write,
+                    "lock" => Op::Lock,
+                    _ => return Err(format!("--op: read, write or lock, not {value}")),
+                }
+            }
+            "--protection" => {
+                a.protection = match value.as_str() {
+                    "plain" => Protection::Plain,
+                    "signed" => Protection::Signed,
+                    "encrypted" => Protection::Encrypted,
+                    _ => {
+                        return Err(format!(
+                            "--protection: plain, signed or encrypted, not {value}"
+                        ))
+                    }
+                }
+            }
+            "--domain" => a.domain = value.clone(),
+            _ => return Err(format!("unknown option {flag}\n{USAGE}")),
+        }
+    }
+    Ok(a)
+}
+
+fn percentile(sorted: &[u32], p: f64) -> u32 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn run(a: Args) -> Result<(), String> {
+    let ready = Arc::new(Barrier::new(a.connections + 1));
+    let go = Arc::new(Barrier::new(a.connections + 1));
+    let mut threads = Vec::new();
+    for c in 0..a.connections {
+        let (a, ready, go) = (a.clone(), ready.clone(), go.clone());
+        threads.push(std::thread::spawn(
+            move || -> Result<(Tally, String), String> {
+                let opened = (|| {
+                    let addr = format!("{}:{}", a.host, a.port);
+                    let unc = format!("\\\\{}\\{}", a.host, a.share);
+                    let mut conn = conn::Conn::open(
+                        &addr,
+                        &unc,
+                        &a.user,
+                        &a.domain,
+                        &a.password,
+                        a.protection,
+                    )?;
+                    let (file, len) = conn.open_file(&a.file)?;
+                    Ok::<_, String>((conn, file, len))
+                })();
+                // Every thread reaches both barriers, so a failed one cannot
+                // leave the others waiting.
+                ready.wait();
+                go.wait();
+                let (mut conn, file, len) = opened?;
+                let plan = Plan {
+                    op: a.op,
+                    file,
+                    blocks: len / a.block as u64,
+                    block: a.block,
+                    depth: a.depth,
+                    until: Instant::now() + Duration::from_secs_f64(a.seconds),
+                    seed: 0x9E37_79B9_7F4A_7C15u64 ^ (c as u64 + 1),
+                    lock_base: (c * a.depth) as u64,
+                };
+                let tally = load::run(&mut conn, &plan)?;
+                Ok((tally, format!("{:?}", conn.signing_algorithm)))
+            },
+        ));
+    }
+    ready.wait();
+    println!("measuring");
+    std::io::stdout().flush().map_err(|e| e.to_string())?;
+    go.wait();
+    let start = Instant::now();
+    let mut latencies = Vec::new();
+    let mut bytes = 0u64;
+    let mut errors = Vec::new();
+    let mut signing = String::new();
+    for t in threads {
+        match t.join() {
+            Ok(Ok((tally, alg))) => {
+                latencies.extend(tally.latencies_us);
+                bytes += tally.bytes;
+                signing = alg;
+            }
+            Ok(Err(e)) => errors.push(e),
+            Err(_) => errors.push("a connection's thread panicked".into()),
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    println!("done");
+    if let Some(e) = errors.first() {
+        return Err(format!(
+            "{} of {} connections failed; the first: {e}",
+            errors.len(),
+            a.connections
+        ));
+    }
+    latencies.sort_unstable();
+    let requests = latencies.len();
+    let signing = if a.protection == Protection::Signed {
+        signing
+    } else {
+        String::new()
+    };
+    println!(
+        "{{\"requests\": {requests}, \"bytes\": {bytes}, \"seconds\": {seconds:.3}, \
+         \"iops\": {:.0}, \"mib_s\": {:.1}, \"p50_us\": {}, \"p99_us\": {}, \
+         \"p999_us\": {}, \"signing\": \"{signing}\", \"errors\": 0}}",
+        requests as f64 / seconds,
+        bytes as f64 / seconds / (1024.0 * 1024.0),
+        percentile(&latencies, 0.50),
+        percentile(&latencies, 0.99),
+        percentile(&latencies, 0.999),
+    );
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let a = match parse(&args) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(a) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("nimbus-io-load: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(extra: &[&str]) -> Result<Args, String> {
+        let mut v: Vec<String> = ["h", "445", "s", "u", "p", "f"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        v.extend(extra.iter().map(|s| s.to_string()));
+        parse(&v)
+    }
+
+    #[test]
+    fn options_parse_and_bad_ones_are_refused() {
+        let a = with(&["--depth", "32", "--op", "lock", "--protection", "plain"]).unwrap();
+        assert_eq!(
+            (a.depth, a.op, a.protection),
+            (32, Op::Lock, Protection::Plain)
+        );
+        assert!(with(&["--depth", "0"]).is_err());
+        assert!(with(&["--depth", "5000"]).is_err());
+        assert!(with(&["--op", "delete"]).is_err());
+        assert!(with(&["--protection", "sealed"]).is_err());
+        assert!(with(&["--seconds", "inf"]).is_err());
+        assert!(with(&["--depth"]).is_err());
+        assert!(with(&["--speed", "1"]).is_err());
+        assert!(parse(&["h".to_string()]).is_err());
+    }
+
+    #[test]
+    fn percentiles_of_a_sorted_list() {
+        let v: Vec<u32> = (1..=100).collect();
+        assert_eq!(percentile(&v, 0.5), 51);
+        assert_eq!(percentile(&v, 0.99), 99);
+        assert_eq!(percentile(&[], 0.5), 0);
+    }
+}
