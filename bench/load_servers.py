@@ -20,13 +20,13 @@ from side_by_side import Server, machine, process_tree, start_nimbus, start_smbd
 MIB = 1 << 20
 
 
-SMB_RS_LOAD = REPO / "target" / "interop" / "release" / "nimbus-smb-load"
+IO_LOAD = REPO / "target" / "release" / "nimbus-io-load"
 
 
-def add_common_options(ap: argparse.ArgumentParser, load: Path = SMB_RS_LOAD) -> None:
+def add_common_options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--servers", nargs="+", default=["Nimbus", "Samba"], choices=["Nimbus", "Samba"])
     ap.add_argument("--nimbus", default=str(REPO / "target" / "release" / "nimbus"))
-    ap.add_argument("--load", default=str(load), help=f"the load generator (default: {load.name})")
+    ap.add_argument("--load", default=str(IO_LOAD), help="the load generator, nimbus-io-load (crates/nimbus-load)")
     ap.add_argument("--output", default=str(REPO / "BENCHMARKS.md"))
     ap.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
 
@@ -69,8 +69,8 @@ def servers_with_file(args, prefix: str, file: str, mib: int, connections: int =
                 s.stop()
 
 
-def about(client: str = "nimbus-smb-load (smb crate)") -> list[str]:
-    return [line.replace("client smbclient/smbtorture of the same Samba", f"client {client}") for line in machine()]
+def about() -> list[str]:
+    return [line.replace("client smbclient/smbtorture of the same Samba", "client nimbus-io-load") for line in machine()]
 
 
 def pin(pid: int, cpus: set[int]) -> None:
@@ -85,12 +85,12 @@ def pin(pid: int, cpus: set[int]) -> None:
             pass  # gone meanwhile
 
 
-def report(args, title: str, table: list[str], begin: str, end: str, client: str | None = None) -> None:
+def report(args, title: str, table: list[str], begin: str, end: str) -> None:
     """Prints the section, and writes it into BENCHMARKS.md between `begin`
     and `end` when both servers ran and --no-write was not given."""
     from side_by_side import write_benchmarks_md
 
-    lines = [title, "", *(about(client) if client else about()), "", *table]
+    lines = [title, "", *about(), "", *table]
     print("\n".join(lines))
     if not args.no_write and len(args.servers) == 2:
         write_benchmarks_md(Path(args.output), lines, begin, end)

@@ -4,7 +4,7 @@
     bash bench/run.sh --many-clients [--connections 16 256 1000] ...
 
 Each connection is its own logged-on session (NTLM, signed) of
-interop/smb-rs's nimbus-smb-load, and repeats one cycle: open a file,
+nimbus-io-load (crates/nimbus-load), and repeats one cycle: open a file,
 read 4 KiB at a random offset, close. Each --connections count is run
 twice:
 - flat out: every connection starts its next cycle when its last ends;
@@ -92,7 +92,7 @@ def run_load(load: str, server: Server, connections: int, rate: float | None, se
             lines.append(line)
     err = proc.stderr.read() if proc.stderr else ""
     if proc.wait(timeout=120 + seconds) != 0 or len(cpu) != 2 or not lines:
-        sys.exit(f"nimbus-smb-load against {server.name} ({connections} connections, rate {rate}) failed: {err.strip()}")
+        sys.exit(f"nimbus-io-load against {server.name} ({connections} connections, rate {rate}) failed: {err.strip()}")
     r = json.loads(lines[-1])
     return Row(r["iops"], r["p50_us"], r["p99_us"], (cpu["done"] - cpu["measuring"]) / max(r["requests"], 1) * 1e6, memory)
 
@@ -105,7 +105,7 @@ def table(results: dict, args) -> list[str]:
     lines = [
         f"Many clients: each connection its own NTLM session (signed, SMB 3.1.1), repeating open / read 4 KiB / close of one "
         f"{FILE_BYTES >> 20} MiB file on tmpfs, {args.seconds:g} s per run; flat out, and at {args.rate:g} cycles/s in all. "
-        "Client nimbus-smb-load; server memory is the PSS of all its processes with every connection logged on.",
+        "Client nimbus-io-load; server memory is the PSS of all its processes with every connection logged on.",
         "",
         "| connections | load | Nimbus cycles/s | Samba cycles/s | ratio | Nimbus p50 / p99 µs | Samba p50 / p99 µs | Nimbus server CPU µs/cycle | Samba server CPU µs/cycle | CPU ratio | Nimbus memory MiB | Samba memory MiB | memory ratio |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",

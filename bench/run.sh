@@ -60,22 +60,13 @@ ensure_test_venv
 section "Building nimbus (release)"
 cargo build --release -p nimbus
 
-if [ "$load_script" = bench/small_io.py ]; then
+if [ -n "$load_script" ]; then
     section "Building the load generator (crates/nimbus-load, release)"
     cargo build --release -p nimbus-load
     section "Nimbus against Samba: $load_script"
     as_root "$NIMBUS_VENV/bin/python3" "$load_script" \
         --nimbus "$NIMBUS_TARGET_DIR/release/nimbus" \
         --load "$NIMBUS_TARGET_DIR/release/nimbus-io-load" "$@"
-    exit 0
-elif [ -n "$load_script" ]; then
-    section "Building the load generator (interop/smb-rs, release)"
-    CARGO_TARGET_DIR=$NIMBUS_TARGET_DIR/interop cargo build --release \
-        --manifest-path interop/smb-rs/Cargo.toml
-    section "Nimbus against Samba: $load_script"
-    as_root "$NIMBUS_VENV/bin/python3" "$load_script" \
-        --nimbus "$NIMBUS_TARGET_DIR/release/nimbus" \
-        --load "$NIMBUS_TARGET_DIR/interop/release/nimbus-smb-load" "$@"
     exit 0
 fi
 

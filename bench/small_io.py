@@ -13,9 +13,9 @@ encrypted (AES-128-GCM). Each row: --connections connections, each with
 On a machine of two or more CPUs each server is pinned to CPU 0 and the
 client to CPU 1 (--no-pin: all share every CPU), so the server measured
 never competes with the client for a core: a row's IOPS are the server's
-unless the client's CPU per request says the client was the limit.
-`--load target/interop/release/nimbus-smb-load` runs the earlier client,
-the Rust `smb` crate, which spends 20-50 µs per request.
+unless the client's CPU per request says the client was the limit. (The
+rows of 2026-11-29 and 2026-11-30 below were measured unpinned with the
+earlier client, the Rust `smb` crate, which spent 20-50 µs per request.)
 
 Per row and server: IOPS and MiB/s, the client's p50/p99/p99.9 latency,
 the server's CPU per request (user+sys of its processes from /proc, smbd's
@@ -37,7 +37,7 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
-from load_servers import REPO, add_common_options, check_tools, pin, report, servers_with_file  # noqa: E402
+from load_servers import add_common_options, check_tools, pin, report, servers_with_file  # noqa: E402
 from side_by_side import PASSWORD, SHARE, USER, Server, _stat_fields  # noqa: E402
 
 FILE = "small-io.bin"
@@ -131,7 +131,7 @@ def main() -> int:
     ap.add_argument("--connections", type=int, default=1)
     ap.add_argument("--pin", action=argparse.BooleanOptionalAction, default=(os.cpu_count() or 1) >= 2,
                     help="server on CPU 0, client on CPU 1 (default on a machine of two or more CPUs)")
-    add_common_options(ap, REPO / "target" / "release" / "nimbus-io-load")
+    add_common_options(ap)
     args = ap.parse_args()
     check_tools(args, "--small-io")
 
@@ -156,7 +156,7 @@ def main() -> int:
                                 flush=True,
                             )
                             s.settle()
-    report(args, "## Small I/O at queue depth (Nimbus against Samba)", table(results, args), MARK_BEGIN, MARK_END, client=Path(args.load).name)
+    report(args, "## Small I/O at queue depth (Nimbus against Samba)", table(results, args), MARK_BEGIN, MARK_END)
     return 0
 
 

@@ -19,7 +19,6 @@ messages (tests/rawsmb.py) so that exactly the bytes in question are sent.
 
 from __future__ import annotations
 
-import json
 import struct
 import subprocess
 from pathlib import Path
@@ -122,57 +121,3 @@ def test_the_rust_smb_crate_logs_on_and_reads_back_what_it_wrote(server, dialect
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (server.share_path / "smb-rs-check.bin").stat().st_size == size
-
-
-def load_binary() -> Path:
-    """bench/small_io.py's load generator, built beside the smb-rs check
-    (interop/smb-rs's second binary)."""
-    return smbrs_binary().with_name("nimbus-smb-load")
-
-
-@pytest.mark.nimbus_only
-@pytest.mark.parametrize("protection", ["signed", "encrypted"])
-@pytest.mark.parametrize("place", ["disk", "memory"])
-def test_the_small_io_load_generator_runs_against_the_server(server_factory, request, protection, place):
-    """Not a benchmark (bench/small_io.py and bench/many_clients.py are):
-    the load generator runs a second each of random 4 KiB reads, writes and
-    open / read / close cycles, with 8 in flight on each of 2 connections,
-    then cycles at a fixed rate from 20 connections, against the real
-    server; what it wrote is in the file, each block where its WRITE put
-    it. On a share in memory (tmpfs) small WRITEs run on the connection's
-    task; on one on disk (ext4, which refuses RWF_NOWAIT writes) they go
-    to the blocking pool (crates/nimbus-node/src/connection/frames.rs,
-    `quick_write`)."""
-    paths = {SHARE: request.getfixturevalue("memory_dir")} if place == "memory" else None
-    server = server_factory.start(paths=paths)
-    size = 4 << 20
-    path = server.share_path / "small-io.bin"
-    path.write_bytes(bytes(size))
-    runs = [["--connections", "2", "--depth", "8", "--op", op] for op in ("read", "write", "cycle")]
-    runs.append(["--connections", "20", "--depth", "1", "--op", "cycle", "--rate", "200"])
-    for run in runs:
-        proc = subprocess.run(
-            [str(load_binary()), server.host, str(server.port), server.share, server.user, server.password, "small-io.bin",
-             *run, "--block", "4096", "--seconds", "1", "--protection", protection],
-            capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        lines = proc.stdout.splitlines()
-        assert lines[:2] == ["measuring", "done"], proc.stdout
-        r = json.loads(lines[2])
-        assert r["requests"] > 16 and r["errors"] == 0 and r["bytes"] == r["requests"] * 4096, r
-        assert 0 < r["p50_us"] <= r["p99_us"] <= r["p999_us"], r
-        if "--rate" in run:
-            # 200 a second for a second, give or take the last turns.
-            assert 150 <= r["requests"] <= 210, r
-    data = path.read_bytes()
-    assert len(data) == size
-    # Every WRITE put a 4 KiB block of 0x5a at a multiple of 4 KiB, with
-    # its offset in its first and last 8 bytes.
-    def stamped(at: int) -> bytes:
-        mark = struct.pack("<Q", at)
-        return mark + b"\x5a" * (4096 - 16) + mark
-
-    written = sum(1 for at in range(0, size, 4096) if data[at : at + 4096] == stamped(at))
-    untouched = sum(1 for at in range(0, size, 4096) if data[at : at + 4096] == bytes(4096))
-    assert written > 0 and written + untouched == size // 4096, (written, untouched)

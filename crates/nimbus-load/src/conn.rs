@@ -5,9 +5,10 @@
 //! more, and every microsecond it spends is one the server cannot use on
 //! a two-core machine.
 
-use std::io::{Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
+use std::time::Instant;
 
 use nimbus_crypto::{CipherAlgorithm, CryptoProvider, Signer, SigningAlgorithm};
 use nimbus_transport::security::{self, SessionCipher, Side};
@@ -67,6 +68,8 @@ pub struct Conn {
     rbuf: Vec<u8>,
     rpos: usize,
     rend: usize,
+    /// The socket has a read timeout set (`fill`'s `wake`).
+    timed: bool,
     /// What NEGOTIATE chose, for the report.
     pub signing_algorithm: SigningAlgorithm,
 }
@@ -114,6 +117,7 @@ impl Conn {
             rbuf: vec![0; 1 << 20],
             rpos: 0,
             rend: 0,
+            timed: false,
             signing_algorithm: SigningAlgorithm::AesCmac,
         };
         let (preauth, cipher_id) = c.negotiate()?;
@@ -280,36 +284,12 @@ impl Conn {
     }
 
     /// Opens `name` for reading and writing without caching; returns the
-    /// handle and the file's length (MS-SMB2 2.2.14 EndofFile).
+    /// handle and the file's length.
     pub fn open_file(&mut self, name: &str) -> Result<(FileId, u64), String> {
         let mut body = Vec::new();
-        CreateRequest {
-            requested_oplock_level: 0,
-            impersonation_level: 2,
-            desired_access: 0x0012_019F,
-            file_attributes: 0,
-            share_access: 7,
-            create_disposition: 1,
-            create_options: 0x40,
-            name: name.to_string(),
-            contexts: Vec::new(),
-        }
-        .encode(&mut body);
+        encode_open(&mut body, name, 0x0012_019F);
         let (_, resp) = self.call(Command::Create, &body)?;
-        let field = |at: usize| {
-            resp.get(at..at + 8)
-                .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()))
-        };
-        match (field(48), field(64), field(72)) {
-            (Some(eof), Some(persistent), Some(volatile)) => Ok((
-                FileId {
-                    persistent,
-                    volatile,
-                },
-                eof,
-            )),
-            _ => Err("CREATE answer cut short".into()),
-        }
+        opened(&resp).ok_or_else(|| "CREATE answer cut short".into())
     }
 
     /// One request and its answer, outside the measured window: the
@@ -320,7 +300,7 @@ impl Conn {
         self.send(&out)?;
         let mut got = None;
         while got.is_none() {
-            self.receive(&mut |a: Answer<'_>| {
+            self.receive(None, &mut |a: Answer<'_>| {
                 if a.message_id == id {
                     got = Some((a.status, a.tree_id, a.body.to_vec()));
                 }
@@ -407,7 +387,7 @@ impl Conn {
             if let Some(range) = self.next_frame()? {
                 break range;
             }
-            self.fill()?;
+            self.fill(None)?;
         };
         let msg = self.rbuf[s..e].to_vec();
         let hdr = Header::parse(&msg).map_err(|e| format!("answer header: {e:?}"))?;
@@ -441,9 +421,10 @@ impl Conn {
         Ok(Some((s, s + len)))
     }
 
-    /// Reads what the socket holds (blocking for at least one byte),
-    /// first moving a partial frame to the buffer's start.
-    fn fill(&mut self) -> Result<(), String> {
+    /// Reads what the socket holds (blocking for at least one byte, or
+    /// until `wake`: then Ok(false)), first moving a partial frame to the
+    /// buffer's start.
+    fn fill(&mut self, wake: Option<Instant>) -> Result<bool, String> {
         if self.rpos == self.rend {
             self.rpos = 0;
             self.rend = 0;
@@ -452,31 +433,47 @@ impl Conn {
             self.rend -= self.rpos;
             self.rpos = 0;
         }
-        let n = self
-            .sock
-            .read(&mut self.rbuf[self.rend..])
-            .map_err(|e| format!("receive: {e}"))?;
+        let timeout = match wake {
+            Some(at) => match at.checked_duration_since(Instant::now()) {
+                Some(left) if !left.is_zero() => Some(left),
+                _ => return Ok(false),
+            },
+            None => None,
+        };
+        if timeout.is_some() || self.timed {
+            self.sock
+                .set_read_timeout(timeout)
+                .map_err(|e| e.to_string())?;
+            self.timed = timeout.is_some();
+        }
+        let n = match self.sock.read(&mut self.rbuf[self.rend..]) {
+            Ok(n) => n,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                return Ok(false)
+            }
+            Err(e) => return Err(format!("receive: {e}")),
+        };
         if n == 0 {
             return Err("the server closed the connection".into());
         }
         self.rend += n;
-        Ok(())
+        Ok(true)
     }
 
-    /// Waits for answers and hands each to `each`: opened or checked as
-    /// the session is protected, interim (PENDING) answers skipped.
-    /// Returns how many were handed over.
+    /// Waits for answers (no longer than until `wake`) and hands each to
+    /// `each`: opened or checked as the session is protected, interim
+    /// (PENDING) answers skipped. Returns how many were handed over.
     pub fn receive(
         &mut self,
+        wake: Option<Instant>,
         each: &mut dyn FnMut(Answer<'_>) -> Result<(), String>,
     ) -> Result<usize, String> {
         let mut handed = 0;
         loop {
             let Some((s, e)) = self.next_frame()? else {
-                if handed > 0 {
+                if handed > 0 || !self.fill(wake)? {
                     return Ok(handed);
                 }
-                self.fill()?;
                 continue;
             };
             let frame = &mut self.rbuf[s..e];
@@ -525,6 +522,34 @@ impl Conn {
             })?;
         }
     }
+}
+
+/// A CREATE opening the existing file `name` with `access`, sharing
+/// everything, without caching (MS-SMB2 2.2.13).
+pub fn encode_open(out: &mut Vec<u8>, name: &str, access: u32) {
+    CreateRequest {
+        requested_oplock_level: 0,
+        impersonation_level: 2,
+        desired_access: access,
+        file_attributes: 0,
+        share_access: 7,
+        create_disposition: 1,
+        create_options: 0x40,
+        name: name.to_string(),
+        contexts: Vec::new(),
+    }
+    .encode(out);
+}
+
+/// The handle and the file's length (EndofFile) of a CREATE answer's
+/// body (MS-SMB2 2.2.14).
+pub fn opened(body: &[u8]) -> Option<(FileId, u64)> {
+    let field = |at: usize| Some(u64::from_le_bytes(body.get(at..at + 8)?.try_into().ok()?));
+    let file = FileId {
+        persistent: field(64)?,
+        volatile: field(72)?,
+    };
+    Some((file, field(48)?))
 }
 
 /// The CreditCharge of a request moving `payload` bytes.

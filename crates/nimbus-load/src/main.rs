@@ -4,11 +4,12 @@
 //! same client.
 //!
 //!     nimbus-io-load HOST PORT SHARE USER PASSWORD FILE \
-//!         --connections N --depth D --block BYTES --op read|write|lock \
-//!         --seconds S --protection plain|signed|encrypted [--domain D]
+//!         --connections N --depth D --block BYTES --op read|write|lock|cycle \
+//!         --seconds S --protection plain|signed|encrypted \
+//!         [--rate OPS_PER_SECOND] [--domain D]
 //!
-//! Why not the `smb` crate (interop/smb-rs's nimbus-smb-load): it spends
-//! 20-50 µs of CPU per 4 KiB request, as much as the servers it measures,
+//! Why not the `smb` crate (nimbus-smb-load, which this replaced): it spent
+//! 20-50 µs of CPU per 4 KiB request, as much as the servers it measured,
 //! so on a two-core machine it decides the IOPS of both. This client
 //! builds frames with the server's own codecs (nimbus-wire), signs and
 //! seals with nimbus-transport, keeps D requests in flight per connection
@@ -21,7 +22,11 @@
 //! with its own offset (u64, little-endian) in its first and last 8, so
 //! a test can tell a block the server put in the wrong place. A lock
 //! slot takes an exclusive lock of its own byte (FAIL_IMMEDIATELY: no two
-//! slots, of any connection, share one) and releases it, two requests.
+//! slots, of any connection, share one) and releases it, two requests. A
+//! cycle opens the file by name, reads a block and closes it: one
+//! operation of three requests. With --rate the connections together
+//! start that many operations per second, evenly spread; without, each
+//! slot starts its next when its last ends.
 //!
 //! Output, for bench/small_io.py to time the server and this client from
 //! /proc around the measured window: `measuring` when every connection is
@@ -57,11 +62,14 @@ struct Args {
     op: Op,
     seconds: f64,
     protection: Protection,
+    /// Operations per second for the whole run, spread over the
+    /// connections; None: flat out.
+    rate: Option<f64>,
 }
 
 const USAGE: &str = "usage: nimbus-io-load HOST PORT SHARE USER PASSWORD FILE --connections N \
-     --depth D --block BYTES --op read|write|lock --seconds S \
-     --protection plain|signed|encrypted [--domain DOMAIN]";
+     --depth D --block BYTES --op read|write|lock|cycle --seconds S \
+     --protection plain|signed|encrypted [--rate OPS_PER_SECOND] [--domain DOMAIN]";
 
 fn parse(args: &[String]) -> Result<Args, String> {
     let (fixed, flags) = args.split_at(args.len().min(6));
@@ -82,6 +90,7 @@ fn parse(args: &[String]) -> Result<Args, String> {
         op: Op::Read,
         seconds: 5.0,
         protection: Protection::Signed,
+        rate: None,
     };
     let mut it = flags.iter();
     while let Some(flag) = it.next() {
@@ -111,7 +120,8 @@ fn parse(args: &[String]) -> Result<Args, String> {
                     "read" => Op::Read,
                     "write" => Op::Write,
                     "lock" => Op::Lock,
-                    _ => return Err(format!("--op: read, write or lock, not {value}")),
+                    "cycle" => Op::Cycle,
+                    _ => return Err(format!("--op: read, write, lock or cycle, not {value}")),
                 }
             }
             "--protection" => {
@@ -127,6 +137,15 @@ fn parse(args: &[String]) -> Result<Args, String> {
                 }
             }
             "--domain" => a.domain = value.clone(),
+            "--rate" => {
+                a.rate = Some(
+                    value
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|r| r.is_finite() && *r > 0.0 && *r <= 1e7)
+                        .ok_or_else(|| format!("--rate: operations per second, not {value}"))?,
+                )
+            }
             _ => return Err(format!("unknown option {flag}\n{USAGE}")),
         }
     }
@@ -176,6 +195,13 @@ fn run(a: Args) -> Result<(), String> {
                     until: Instant::now() + Duration::from_secs_f64(a.seconds),
                     seed: 0x9E37_79B9_7F4A_7C15u64 ^ (c as u64 + 1),
                     lock_base: (c * a.depth) as u64,
+                    name: a.file.clone(),
+                    every: a
+                        .rate
+                        .map(|r| Duration::from_secs_f64(a.connections as f64 / r)),
+                    start_in: a
+                        .rate
+                        .map_or(Duration::ZERO, |r| Duration::from_secs_f64(c as f64 / r)),
                 };
                 let tally = load::run(&mut conn, &plan)?;
                 Ok((tally, format!("{:?}", conn.signing_algorithm)))
@@ -276,6 +302,10 @@ mod tests {
         assert!(with(&["--seconds", "inf"]).is_err());
         assert!(with(&["--depth"]).is_err());
         assert!(with(&["--speed", "1"]).is_err());
+        let a = with(&["--op", "cycle", "--rate", "500"]).unwrap();
+        assert_eq!((a.op, a.rate), (Op::Cycle, Some(500.0)));
+        assert!(with(&["--rate", "0"]).is_err());
+        assert!(with(&["--rate", "inf"]).is_err());
         assert!(parse(&["h".to_string()]).is_err());
     }
 
