@@ -73,16 +73,32 @@ def about() -> list[str]:
     return [line.replace("client smbclient/smbtorture of the same Samba", "client nimbus-io-load") for line in machine()]
 
 
+def pinned_cpus() -> tuple[set[int], set[int]]:
+    """The CPUs a pinned run gives the server and the client: the first two
+    this process may use."""
+    mine = sorted(os.sched_getaffinity(0))
+    if len(mine) < 2:
+        sys.exit(f"--pin needs two CPUs; this process may use {mine}")
+    return {mine[0]}, {mine[1]}
+
+
 def pin(pid: int, cpus: set[int]) -> None:
-    """Pins every thread of `pid` and of its children to `cpus`; threads
-    and processes they start later inherit it (smbd's per-connection
-    children, Nimbus's blocking pool)."""
+    """Pins every thread of `pid` and of its children to `cpus`, and checks
+    that it holds; threads and processes they start later inherit it
+    (smbd's per-connection children, Nimbus's blocking pool). Only a thread
+    that ended meanwhile is passed over."""
     for p in process_tree(pid):
         try:
-            for task in Path(f"/proc/{p}/task").iterdir():
-                os.sched_setaffinity(int(task.name), cpus)
-        except OSError:
-            pass  # gone meanwhile
+            tasks = [int(t.name) for t in Path(f"/proc/{p}/task").iterdir()]
+        except FileNotFoundError:
+            continue
+        for tid in tasks:
+            try:
+                os.sched_setaffinity(tid, cpus)
+            except ProcessLookupError:
+                continue
+            if os.sched_getaffinity(tid) != cpus:
+                sys.exit(f"thread {tid} of {pid} is not pinned to {cpus}")
 
 
 def report(args, title: str, table: list[str], begin: str, end: str) -> None:

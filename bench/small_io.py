@@ -10,8 +10,10 @@ nimbus-wire's codecs, the same for both servers), plain, signed and
 encrypted (AES-128-GCM). Each row: --connections connections, each with
 --depth requests in flight.
 
-On a machine of two or more CPUs each server is pinned to CPU 0 and the
-client to CPU 1 (--no-pin: all share every CPU), so the server measured
+On a machine of two or more CPUs each server is started on one CPU and
+pinned there, and the client on another (--no-pin: all share every CPU;
+with two, a server's runtime sizes itself to the one it is given, as it
+would on a one-CPU machine), so the server measured
 never competes with the client for a core: a row's IOPS are the server's
 unless the client's CPU per request says the client was the limit. (The
 rows of 2026-11-29 and 2026-11-30 below were measured unpinned with the
@@ -37,7 +39,7 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
-from load_servers import add_common_options, check_tools, pin, report, servers_with_file  # noqa: E402
+from load_servers import add_common_options, check_tools, pin, pinned_cpus, report, servers_with_file  # noqa: E402
 from side_by_side import PASSWORD, SHARE, USER, Server, _stat_fields  # noqa: E402
 
 FILE = "small-io.bin"
@@ -61,17 +63,13 @@ class Row:
     client_us: float
 
 
-SERVER_CPUS = {0}
-CLIENT_CPUS = {1}
-
-
-def run_load(load: str, server: Server, op: str, block: int, depth: int, connections: int, protection: str, seconds: float, pinned: bool) -> Row:
+def run_load(load: str, server: Server, op: str, block: int, depth: int, connections: int, protection: str, seconds: float, client_cpus: set[int] | None) -> Row:
     """One run of the generator; server and client CPU are read at the
     generator's `measuring` and `done` lines."""
     cmd = [load, "127.0.0.1", str(server.port), SHARE, USER, PASSWORD, FILE,
            "--connections", str(connections), "--depth", str(depth), "--block", str(block or 4096),
            "--op", op, "--seconds", str(seconds), "--protection", protection]  # fmt: skip
-    pin_client = (lambda: os.sched_setaffinity(0, CLIENT_CPUS)) if pinned else None
+    pin_client = (lambda: os.sched_setaffinity(0, client_cpus)) if client_cpus else None
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=pin_client)
     assert proc.stdout is not None
     marks: dict[str, tuple[float, float]] = {}
@@ -97,7 +95,7 @@ def ratio(n: float, s: float) -> str:
 
 
 def table(results: dict, args) -> list[str]:
-    where = ("each server pinned to CPU 0 and the client to CPU 1" if args.pin else "server and client sharing every CPU")
+    where = ("each server pinned to one CPU, started there, and the client to another" if args.pin else "server and client sharing every CPU")
     lines = [
         f"Small I/O: random reads and writes on one {args.file_mib} MiB file on tmpfs, and lock/unlock pairs of one byte, "
         f"{args.connections} connection(s) × depth requests in flight, {args.seconds:g} s per run, "
@@ -130,16 +128,22 @@ def main() -> int:
     ap.add_argument("--protections", nargs="+", default=["plain", "signed", "encrypted"], choices=["plain", "signed", "encrypted"])
     ap.add_argument("--connections", type=int, default=1)
     ap.add_argument("--pin", action=argparse.BooleanOptionalAction, default=(os.cpu_count() or 1) >= 2,
-                    help="server on CPU 0, client on CPU 1 (default on a machine of two or more CPUs)")
+                    help="the server on one CPU, the client on another (default on a machine of two or more CPUs)")
     add_common_options(ap)
     args = ap.parse_args()
     check_tools(args, "--small-io")
 
     results: dict[tuple, Row] = {}
+    server_cpus, client_cpus = pinned_cpus() if args.pin else (None, None)
+    everywhere = os.sched_getaffinity(0)
+    if server_cpus:
+        # The servers start on their CPU, so each sizes itself to it (Nimbus's
+        # runtime takes one worker thread per CPU it may use).
+        os.sched_setaffinity(0, server_cpus)
     with servers_with_file(args, "nimbus-small-io-", FILE, args.file_mib) as servers:
-        if args.pin:
-            for s in servers:
-                pin(s.pid, SERVER_CPUS)
+        os.sched_setaffinity(0, everywhere)
+        for s in servers if server_cpus else []:
+            pin(s.pid, server_cpus)
         turn = 0
         for prot in args.protections:
             for op in args.ops:
@@ -148,10 +152,10 @@ def main() -> int:
                         order = servers if turn % 2 == 0 else servers[::-1]
                         turn += 1
                         for s in order:
-                            row = run_load(args.load, s, op, block, depth, args.connections, prot, args.seconds, args.pin)
+                            row = run_load(args.load, s, op, block, depth, args.connections, prot, args.seconds, client_cpus)
                             results[(op, block, depth, prot, s.name)] = row
                             print(
-                                f"  {op:<5} {block // 1024:>2} KiB depth {depth:<3} {prot:<9} {s.name:<6} "
+                                f"  {op:<5} {f'{block // 1024:>2} KiB' if block else '1 byte'} depth {depth:<3} {prot:<9} {s.name:<6} "
                                 f"{row.iops:9,.0f} IOPS  p99 {row.p99_us:7,} µs  server {row.server_us:6.1f} µs/req  client {row.client_us:6.1f} µs/req",
                                 flush=True,
                             )

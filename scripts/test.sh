@@ -133,6 +133,9 @@ fi
 
 step "cargo build --release"
 cargo build --release
+# bench/small_io.py's client, which tests/test_load_generator.py runs.
+export NIMBUS_IO_LOAD_BIN=$NIMBUS_TARGET_DIR/release/nimbus-io-load
+[ -x "$NIMBUS_IO_LOAD_BIN" ] || die "the release build made no $NIMBUS_IO_LOAD_BIN"
 export NIMBUS_BIN=$NIMBUS_TARGET_DIR/release/nimbus
 [ -x "$NIMBUS_BIN" ] || die "the release build made no $NIMBUS_BIN"
 

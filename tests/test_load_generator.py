@@ -51,31 +51,45 @@ def test_the_load_generator_reads_writes_locks_and_cycles_with_each_protection(s
     server = server_factory.start(signing="auto", paths=paths)
     size = 4 << 20
     path = server.share_path / "small-io.bin"
-    path.write_bytes(bytes(size))
+    # Every block stamped as a WRITE stamps it: --verify checks that each
+    # READ's data is the block it asked for, before and after the WRITEs.
+    path.write_bytes(b"".join(stamped(at) for at in range(0, size, BLOCK)))
     runs = [["--connections", "2", "--depth", "8", "--op", op] for op in ("read", "write", "lock", "cycle")]
     runs.append(["--connections", "20", "--depth", "1", "--op", "cycle", "--rate", "200"])
     for run in runs:
-        r = run_load(server, "small-io.bin", *run, "--block", str(BLOCK), "--seconds", "1", "--protection", protection)
-        assert r["requests"] > 16 and r["errors"] == 0, r
-        assert r["bytes"] == (0 if "lock" in run else r["requests"] * BLOCK), r
-        assert 0 < r["p50_us"] <= r["p99_us"] <= r["p999_us"], r
+        r = run_load(server, "small-io.bin", *run, "--block", str(BLOCK), "--seconds", "1", "--protection", protection, "--verify")
+        assert r["requests"] > 16, r
+        assert r["p50_us"] > 0, r
         assert r["signing"] == ("AesGmac" if protection == "signed" else ""), r
         if "--rate" in run:
             # 200 a second for a second, give or take the last turns.
             assert 150 <= r["requests"] <= 210, r
+    # Every WRITE put its block where its offset says: the file is as it
+    # was stamped, block for block.
     data = path.read_bytes()
     assert len(data) == size
-
-    # Every WRITE put a block of 0x5a at a multiple of the block, with its
-    # offset in its first and last 8 bytes.
-    def stamped(at: int) -> bytes:
-        mark = struct.pack("<Q", at)
-        return mark + b"\x5a" * (BLOCK - 16) + mark
-
-    written = sum(1 for at in range(0, size, BLOCK) if data[at : at + BLOCK] == stamped(at))
-    untouched = sum(1 for at in range(0, size, BLOCK) if data[at : at + BLOCK] == bytes(BLOCK))
-    assert written > 0 and written + untouched == size // BLOCK, (written, untouched)
+    misplaced = [at for at in range(0, size, BLOCK) if data[at : at + BLOCK] != stamped(at)]
+    assert not misplaced, misplaced[:8]
     assert "panicked at" not in server.log_path.read_text(errors="replace")
+
+
+def test_a_read_of_the_wrong_block_fails_the_run(server_factory, memory_dir):
+    """--verify can fail: in a file of zeros no READ's data begins with
+    its offset but the first block's."""
+    server = server_factory.start(signing="auto", paths={SHARE: memory_dir})
+    (server.share_path / "zeros.bin").write_bytes(bytes(1 << 20))
+    proc = subprocess.run(
+        [str(load_binary()), server.host, str(server.port), server.share, server.user, server.password, "zeros.bin",
+         "--depth", "4", "--seconds", "1", "--protection", "signed", "--verify"],
+        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert proc.returncode == 1 and "does not begin with its offset" in proc.stderr, proc.stdout + proc.stderr
+
+
+def stamped(at: int) -> bytes:
+    """A WRITE's block: 0x5a with its offset in its first and last 8 bytes."""
+    mark = struct.pack("<Q", at)
+    return mark + b"\x5a" * (BLOCK - 16) + mark
 
 
 def test_the_load_generator_is_refused_a_wrong_password(server_factory):

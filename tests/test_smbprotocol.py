@@ -243,6 +243,11 @@ def test_smb311_unsigned_tree_connect_refused_when_signing_is_not_required(serve
         with pytest.raises(SMBResponseException) as excinfo:
             TreeConnect(session, rf"\\{srv.host}\{srv.share}").connect()
         assert status_of(excinfo) == NtStatus.STATUS_ACCESS_DENIED
+        # Refused before the share is looked up: no answer tells an
+        # unsigned request which shares exist.
+        with pytest.raises(SMBResponseException) as excinfo:
+            TreeConnect(session, rf"\\{srv.host}\no-such-share").connect()
+        assert status_of(excinfo) == NtStatus.STATUS_ACCESS_DENIED
         session.signing_required = True
         tree = TreeConnect(session, rf"\\{srv.host}\{srv.share}")
         tree.connect()

@@ -8,7 +8,7 @@
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use nimbus_crypto::{CipherAlgorithm, CryptoProvider, Signer, SigningAlgorithm};
 use nimbus_transport::security::{self, SessionCipher, Side};
@@ -41,9 +41,13 @@ pub enum Protection {
 
 /// Credits asked for on every request: enough for depth 128 and more.
 const CREDITS_ASKED: u16 = 256;
-/// The largest frame this client takes: a 64 KiB answer and its headers,
-/// with room to spare; anything longer is a protocol error.
+/// The largest frame this client takes: a 1 MiB answer (the largest block
+/// it asks for) and its headers, with room to spare; anything longer is a
+/// protocol error.
 const MAX_FRAME: usize = 8 << 20;
+/// How long a connection waits for an answer before it gives up: a server
+/// that stops answering ends the run instead of hanging it.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// An answer as the caller sees it: its id, status and body.
 pub struct Answer<'a> {
@@ -68,7 +72,7 @@ pub struct Conn {
     rbuf: Vec<u8>,
     rpos: usize,
     rend: usize,
-    /// The socket has a read timeout set (`fill`'s `wake`).
+    /// The socket's read timeout is `fill`'s `wake`, not ANSWER_TIMEOUT.
     timed: bool,
     /// What NEGOTIATE chose, for the report.
     pub signing_algorithm: SigningAlgorithm,
@@ -104,6 +108,10 @@ impl Conn {
     ) -> Result<Conn, String> {
         let sock = TcpStream::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?;
         sock.set_nodelay(true).map_err(|e| e.to_string())?;
+        sock.set_read_timeout(Some(ANSWER_TIMEOUT))
+            .map_err(|e| e.to_string())?;
+        sock.set_write_timeout(Some(ANSWER_TIMEOUT))
+            .map_err(|e| e.to_string())?;
         let mut c = Conn {
             sock,
             provider: CryptoProvider::default_provider(),
@@ -367,6 +375,10 @@ impl Conn {
         Ok(id)
     }
 
+    /// Sends a batch whole. The batches this client makes never fill both
+    /// directions at once (large requests get small answers, and the other
+    /// way round), so a blocking write cannot wait on a server that waits
+    /// for it to read.
     pub fn send(&mut self, out: &[u8]) -> Result<(), String> {
         self.sock.write_all(out).map_err(|e| format!("send: {e}"))
     }
@@ -380,19 +392,24 @@ impl Conn {
         Ok(out[4..].to_vec())
     }
 
-    /// The next frame, whole and untouched (setup answers are neither
-    /// sealed nor, but for the last, signed), with its header.
+    /// The next final answer, whole and untouched (setup answers are
+    /// neither sealed nor, but for the last, signed), with its header; an
+    /// interim (PENDING) answer is skipped.
     fn recv_setup(&mut self) -> Result<(Vec<u8>, Header), String> {
-        let (s, e) = loop {
-            if let Some(range) = self.next_frame()? {
-                break range;
+        loop {
+            let (s, e) = loop {
+                if let Some(range) = self.next_frame()? {
+                    break range;
+                }
+                self.fill(None)?;
+            };
+            let msg = self.rbuf[s..e].to_vec();
+            let hdr = Header::parse(&msg).map_err(|e| format!("answer header: {e:?}"))?;
+            self.credits += u64::from(hdr.credits);
+            if !(hdr.status == NtStatus::PENDING && hdr.is_async()) {
+                return Ok((msg, hdr));
             }
-            self.fill(None)?;
-        };
-        let msg = self.rbuf[s..e].to_vec();
-        let hdr = Header::parse(&msg).map_err(|e| format!("answer header: {e:?}"))?;
-        self.credits += u64::from(hdr.credits);
-        Ok((msg, hdr))
+        }
     }
 
     /// The bounds of the next whole frame in the buffer, taken from it, or
@@ -435,21 +452,27 @@ impl Conn {
         }
         let timeout = match wake {
             Some(at) => match at.checked_duration_since(Instant::now()) {
-                Some(left) if !left.is_zero() => Some(left),
+                Some(left) if !left.is_zero() => Some(left.min(ANSWER_TIMEOUT)),
                 _ => return Ok(false),
             },
             None => None,
         };
         if timeout.is_some() || self.timed {
+            let set = timeout.unwrap_or(ANSWER_TIMEOUT);
             self.sock
-                .set_read_timeout(timeout)
+                .set_read_timeout(Some(set))
                 .map_err(|e| e.to_string())?;
             self.timed = timeout.is_some();
         }
         let n = match self.sock.read(&mut self.rbuf[self.rend..]) {
             Ok(n) => n,
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                return Ok(false)
+                if wake.is_some() {
+                    return Ok(false);
+                }
+                return Err(format!(
+                    "the server answered nothing for {ANSWER_TIMEOUT:?}"
+                ));
             }
             Err(e) => return Err(format!("receive: {e}")),
         };

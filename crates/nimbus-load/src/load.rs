@@ -45,6 +45,9 @@ pub struct Plan {
     /// Time between this connection's operation starts; None: each slot
     /// starts its next operation when its last ends.
     pub every: Option<Duration>,
+    /// Every READ's data must begin with its offset (u64, little-endian):
+    /// the file was stamped so, as WRITEs stamp their blocks.
+    pub verify: bool,
     /// With `every`: when the first starts, so that connections take turns.
     pub start_in: Duration,
 }
@@ -62,10 +65,11 @@ const LOCK_FAIL_IMMEDIATELY: u32 = 0x10;
 /// FILE_READ_DATA | FILE_READ_ATTRIBUTES | SYNCHRONIZE: a cycle's open.
 const READ_ACCESS: u32 = 0x0010_0081;
 
-/// Slots of answers awaited, indexed by MessageId; a power of two larger
-/// than any depth times the largest charge, so an id's slot is free again
-/// long before it is reused.
-const RING: usize = 1 << 15;
+/// Slots of answers awaited, indexed by MessageId. The servers' credit
+/// windows (8,192 at most) keep every id in flight within 8,192 of the
+/// oldest unanswered one, and depth times charge is held to that too
+/// (`main`'s parse), so an id's slot is free again before it is reused.
+pub const RING: usize = 1 << 15;
 
 /// The request a slot sends next.
 #[derive(Clone, Copy)]
@@ -78,6 +82,8 @@ enum Step {
 struct Sent {
     id: u64,
     slot: usize,
+    /// The offset of a READ or WRITE.
+    offset: u64,
     /// When the slot's operation began (a cycle's first request).
     began: Instant,
     /// The handle a cycle's CREATE answer names is read, then closed.
@@ -182,6 +188,7 @@ impl Slots<'_> {
         *at = Some(Sent {
             id,
             slot,
+            offset,
             began,
             step,
         });
@@ -209,13 +216,30 @@ impl Slots<'_> {
             (Op::Cycle, Step::Read(file)) => Some(Step::Close(file)),
             _ => None,
         };
-        if matches!(sent.step, Step::Read(_)) || plan.op == Op::Read {
-            let got = a
+        // MS-SMB2 2.2.20 DataLength and 2.2.22 Count sit at the same place.
+        let count = a
+            .body
+            .get(4..8)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+        let reads = matches!(sent.step, Step::Read(_)) || plan.op == Op::Read;
+        if (reads || plan.op == Op::Write) && count != Some(plan.block as u32) {
+            return Err(format!(
+                "a {:?} answered {count:?} bytes of {}",
+                plan.op, plan.block
+            ));
+        }
+        if reads && plan.verify {
+            // 2.2.20: DataOffset, from the header's start, in the body's
+            // third byte.
+            let data = a
                 .body
-                .get(4..8)
-                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-            if got != Some(plan.block as u32) {
-                return Err(format!("a READ answered {got:?} bytes of {}", plan.block));
+                .get(2)
+                .and_then(|&off| a.body.get((off as usize).checked_sub(64)?..)?.get(..8));
+            if data != Some(&sent.offset.to_le_bytes()[..]) {
+                return Err(format!(
+                    "the READ at {} answered data that does not begin with its offset",
+                    sent.offset
+                ));
             }
         }
         if let Some(step) = next {
@@ -254,7 +278,7 @@ pub fn run(conn: &mut Conn, plan: &Plan) -> Result<Tally, String> {
     };
     let mut free: Vec<usize> = (0..plan.depth).rev().collect();
     let mut next_steps: Vec<(usize, Step, Instant)> = Vec::new();
-    let mut out = Vec::with_capacity(plan.depth * (plan.block + 200));
+    let mut out = Vec::with_capacity((plan.depth * (plan.block + 200)).min(4 << 20));
     let charge = u64::from(conn::charge(if plan.op == Op::Lock {
         0
     } else {

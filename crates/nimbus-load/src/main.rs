@@ -6,7 +6,7 @@
 //!     nimbus-io-load HOST PORT SHARE USER PASSWORD FILE \
 //!         --connections N --depth D --block BYTES --op read|write|lock|cycle \
 //!         --seconds S --protection plain|signed|encrypted \
-//!         [--rate OPS_PER_SECOND] [--domain D]
+//!         [--rate OPS_PER_SECOND] [--domain D] [--verify]
 //!
 //! Why not the `smb` crate (nimbus-smb-load, which this replaced): it spent
 //! 20-50 µs of CPU per 4 KiB request, as much as the servers it measured,
@@ -26,14 +26,19 @@
 //! cycle opens the file by name, reads a block and closes it: one
 //! operation of three requests. With --rate the connections together
 //! start that many operations per second, evenly spread; without, each
-//! slot starts its next when its last ends.
+//! slot starts its next when its last ends. With --verify every READ's
+//! data must begin with its offset, as in a file whose blocks were all
+//! stamped so (a test's check, not a benchmark's). A READ's or WRITE's
+//! answer must count its whole block.
 //!
 //! Output, for bench/small_io.py to time the server and this client from
 //! /proc around the measured window: `measuring` when every connection is
 //! ready, `done` when the window ends, then one JSON object: requests,
 //! bytes, seconds, IOPS, MiB/s, latency percentiles in microseconds (from
 //! send to answer) and the signing algorithm negotiated. Any error ends
-//! the run with a non-zero status.
+//! the run with a non-zero status: a refused request, an answer short of
+//! its block, one not signed or sealed as the session is, or no answer
+//! within a minute.
 
 mod conn;
 mod load;
@@ -65,11 +70,13 @@ struct Args {
     /// Operations per second for the whole run, spread over the
     /// connections; None: flat out.
     rate: Option<f64>,
+    /// READs check their data begins with its offset (`load::Plan`).
+    verify: bool,
 }
 
 const USAGE: &str = "usage: nimbus-io-load HOST PORT SHARE USER PASSWORD FILE --connections N \
      --depth D --block BYTES --op read|write|lock|cycle --seconds S \
-     --protection plain|signed|encrypted [--rate OPS_PER_SECOND] [--domain DOMAIN]";
+     --protection plain|signed|encrypted [--rate OPS_PER_SECOND] [--domain DOMAIN] [--verify]";
 
 fn parse(args: &[String]) -> Result<Args, String> {
     let (fixed, flags) = args.split_at(args.len().min(6));
@@ -91,9 +98,14 @@ fn parse(args: &[String]) -> Result<Args, String> {
         seconds: 5.0,
         protection: Protection::Signed,
         rate: None,
+        verify: false,
     };
     let mut it = flags.iter();
     while let Some(flag) = it.next() {
+        if flag == "--verify" {
+            a.verify = true;
+            continue;
+        }
         let value = it
             .next()
             .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))?;
@@ -149,6 +161,15 @@ fn parse(args: &[String]) -> Result<Args, String> {
             _ => return Err(format!("unknown option {flag}\n{USAGE}")),
         }
     }
+    let ids = a.depth * usize::from(conn::charge(a.block));
+    if ids > load::RING / 4 {
+        return Err(format!(
+            "--depth {} of {}-byte blocks keeps {ids} credits in flight; at most {} (the servers' credit window)",
+            a.depth,
+            a.block,
+            load::RING / 4
+        ));
+    }
     Ok(a)
 }
 
@@ -202,6 +223,7 @@ fn run(a: Args) -> Result<(), String> {
                     start_in: a
                         .rate
                         .map_or(Duration::ZERO, |r| Duration::from_secs_f64(c as f64 / r)),
+                    verify: a.verify,
                 };
                 let tally = load::run(&mut conn, &plan)?;
                 Ok((tally, format!("{:?}", conn.signing_algorithm)))
@@ -247,7 +269,7 @@ fn run(a: Args) -> Result<(), String> {
     println!(
         "{{\"requests\": {requests}, \"bytes\": {bytes}, \"seconds\": {seconds:.3}, \
          \"iops\": {:.0}, \"mib_s\": {:.1}, \"p50_us\": {}, \"p99_us\": {}, \
-         \"p999_us\": {}, \"signing\": \"{signing}\", \"errors\": 0}}",
+         \"p999_us\": {}, \"signing\": \"{signing}\"}}",
         requests as f64 / seconds,
         bytes as f64 / seconds / (1024.0 * 1024.0),
         percentile(&latencies, 0.50),
@@ -297,6 +319,10 @@ mod tests {
         );
         assert!(with(&["--depth", "0"]).is_err());
         assert!(with(&["--depth", "5000"]).is_err());
+        // 1,024 in flight of 1 MiB: 16,384 credits, beyond any window.
+        assert!(with(&["--depth", "1024", "--block", "1048576"]).is_err());
+        assert!(with(&["--depth", "128", "--block", "1048576"]).is_ok());
+        assert!(with(&["--verify"]).unwrap().verify);
         assert!(with(&["--op", "delete"]).is_err());
         assert!(with(&["--protection", "sealed"]).is_err());
         assert!(with(&["--seconds", "inf"]).is_err());

@@ -712,7 +712,7 @@ async fn room(
         Ok(permit) => Ok(permit),
         Err(tokio::sync::TryAcquireError::Closed) => Err(ReadEnd::Closed),
         Err(tokio::sync::TryAcquireError::NoPermits) => {
-            nimbus_services::metrics::reader_waited(limit);
+            crate::metrics::reader_waited(limit);
             budget
                 .clone()
                 .acquire_many_owned(n)
@@ -724,7 +724,8 @@ async fn room(
 
 /// Reads one frame: waits as long as needed for its first byte, then
 /// within `frame_timeout` for the rest. Room in the connection's budget is
-/// taken before the frame is allocated. Ok(None): a keep-alive.
+/// taken for the frame before it is allocated, and for its answers once it
+/// is read (and, if small and sealed, opened). Ok(None): a keep-alive.
 async fn read_frame(
     conn: &Connection,
     rd: &mut OwnedReadHalf,

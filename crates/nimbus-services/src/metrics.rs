@@ -91,8 +91,9 @@ pub fn describe() {
     );
     describe_counter!(
         READER_WAITS,
-        "times a connection stopped reading requests until answers went out, by the limit \
-         that stopped it (limits.max_outstanding_requests or limits.max_connection_memory_bytes)"
+        "waits of a connection's reader for answers to go out before it took the next request \
+         (one for its slot, one for its frame's or answers' room), by the limit whose budget \
+         was used up (limits.max_outstanding_requests or limits.max_connection_memory_bytes)"
     );
     describe_gauge!(
         HANDLES_WAITING,

@@ -28,8 +28,10 @@ pub const RESPONSE_OVERHEAD: usize = 64 * 1024;
 /// How many bytes the responses to a received frame may take, reserved
 /// from the connection's memory budget before the frame is processed. A
 /// request that moves data is charged one credit per 64 KiB (MS-SMB2
-/// 3.3.5.2.5), so its charge bounds its response; an encrypted frame
-/// cannot be looked into yet and may hold one request of the largest size.
+/// 3.3.5.2.5), so its charge bounds its response. Given the messages of a
+/// small sealed frame the reader opened (`unseal_small`), it counts them;
+/// a sealed frame left unopened (larger than `SEALED_OPEN_MAX`) cannot be
+/// looked into and may hold one request of the largest size.
 pub fn response_allowance(frame: &[u8], limits: &Limits) -> usize {
     let max_io = limits.max_io() as usize;
     if frame.starts_with(&TRANSFORM_PROTOCOL_ID) {

@@ -17,13 +17,6 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     let req = TreeConnectRequest::parse(body).map_err(malformed)?;
     let session = ctx.session()?.clone();
     let name = req.share_name();
-    let Some(share) = ctx.server.find_share(name) else {
-        tracing::info!(
-            "{}: tree connect to unknown share \"{name}\"",
-            ctx.conn.peer
-        );
-        return Err(NtStatus::BAD_NETWORK_NAME);
-    };
     let (guest, can_encrypt, can_sign) = match &*lock(&session.state) {
         SessionState::Valid(a) => (a.guest, a.cipher.is_some(), a.signer.is_some()),
         SessionState::InProgress { .. } => return Err(NtStatus::USER_SESSION_DELETED),
@@ -32,7 +25,10 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     // (neither guest nor anonymous) must be signed or sealed. 3.1.1 has no
     // VALIDATE_NEGOTIATE: this signature over the preauth-bound key is what
     // shows the client's NEGOTIATE reached the server unaltered, even when
-    // the server does not require signing. Refused as Samba refuses it.
+    // the server does not require signing. Checked before the share is
+    // looked up, so that an unsigned request learns nothing of which shares
+    // exist. The section says to disconnect; refused with ACCESS_DENIED as
+    // Samba refuses it, which a client can report.
     let dialect_311 = ctx
         .conn
         .negotiated()
@@ -45,6 +41,13 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         );
         return Err(NtStatus::ACCESS_DENIED);
     }
+    let Some(share) = ctx.server.find_share(name) else {
+        tracing::info!(
+            "{}: tree connect to unknown share \"{name}\"",
+            ctx.conn.peer
+        );
+        return Err(NtStatus::BAD_NETWORK_NAME);
+    };
     // MS-SMB2 3.3.5.7: a share that requires encryption refuses a session
     // that cannot encrypt (SMB 2.x, no common cipher, guest).
     if share.encryption() == EncryptionPolicy::Required && !can_encrypt {
