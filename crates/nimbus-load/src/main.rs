@@ -187,7 +187,7 @@ fn run(a: Args) -> Result<(), String> {
     for c in 0..a.connections {
         let (a, ready, go) = (a.clone(), ready.clone(), go.clone());
         threads.push(std::thread::spawn(
-            move || -> Result<(Tally, String), String> {
+            move || -> Result<(Tally, conn::Conn), String> {
                 let opened = (|| {
                     let addr = format!("{}:{}", a.host, a.port);
                     let unc = format!("\\\\{}\\{}", a.host, a.share);
@@ -226,7 +226,7 @@ fn run(a: Args) -> Result<(), String> {
                     verify: a.verify,
                 };
                 let tally = load::run(&mut conn, &plan)?;
-                Ok((tally, format!("{:?}", conn.signing_algorithm)))
+                Ok((tally, conn))
             },
         ));
     }
@@ -239,12 +239,17 @@ fn run(a: Args) -> Result<(), String> {
     let mut bytes = 0u64;
     let mut errors = Vec::new();
     let mut signing = String::new();
+    // The connections stay open until `done` is printed: a server's CPU is
+    // read then, and an smbd that had already exited and not yet been
+    // reaped would count for nothing.
+    let mut open = Vec::new();
     for t in threads {
         match t.join() {
-            Ok(Ok((tally, alg))) => {
+            Ok(Ok((tally, conn))) => {
                 latencies.extend(tally.latencies_us);
                 bytes += tally.bytes;
-                signing = alg;
+                signing = format!("{:?}", conn.signing_algorithm);
+                open.push(conn);
             }
             Ok(Err(e)) => errors.push(e),
             Err(_) => errors.push("a connection's thread panicked".into()),
@@ -252,6 +257,8 @@ fn run(a: Args) -> Result<(), String> {
     }
     let seconds = start.elapsed().as_secs_f64();
     println!("done");
+    std::io::stdout().flush().map_err(|e| e.to_string())?;
+    drop(open);
     if let Some(e) = errors.first() {
         return Err(format!(
             "{} of {} connections failed; the first: {e}",
