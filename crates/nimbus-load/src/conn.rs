@@ -453,7 +453,8 @@ impl Conn {
         let timeout = match wake {
             Some(at) => match at.checked_duration_since(Instant::now()) {
                 Some(left) if !left.is_zero() => Some(left.min(ANSWER_TIMEOUT)),
-                _ => return Ok(false),
+                // Already late: take what has come without waiting.
+                _ => return self.fill_now(),
             },
             None => None,
         };
@@ -481,6 +482,24 @@ impl Conn {
         }
         self.rend += n;
         Ok(true)
+    }
+
+    /// `fill` without waiting: Ok(false) if nothing has come.
+    fn fill_now(&mut self) -> Result<bool, String> {
+        self.sock.set_nonblocking(true).map_err(|e| e.to_string())?;
+        let read = self.sock.read(&mut self.rbuf[self.rend..]);
+        self.sock
+            .set_nonblocking(false)
+            .map_err(|e| e.to_string())?;
+        match read {
+            Ok(0) => Err("the server closed the connection".into()),
+            Ok(n) => {
+                self.rend += n;
+                Ok(true)
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(false),
+            Err(e) => Err(format!("receive: {e}")),
+        }
     }
 
     /// Waits for answers (no longer than until `wake`) and hands each to

@@ -313,8 +313,14 @@ pub fn run(conn: &mut Conn, plan: &Plan) -> Result<Tally, String> {
                 return Err("no credit to send with and nothing in flight".into());
             }
         }
-        // At a fixed rate, wait no longer than the next start.
-        let wake = plan.every.map(|_| next_start.min(plan.until));
+        // At a fixed rate, wait no longer than the next start, if a slot
+        // is free to make it; otherwise (and after the window) until an
+        // answer comes.
+        let may_start = now < plan.until && !free.is_empty();
+        let wake = plan
+            .every
+            .filter(|_| may_start)
+            .map(|_| next_start.min(plan.until));
         conn.receive(wake, &mut |a: Answer<'_>| {
             match slots.answered(a, &mut tally)? {
                 Next::Continue(slot, step, began) => next_steps.push((slot, step, began)),
