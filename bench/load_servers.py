@@ -95,9 +95,10 @@ def pin(pid: int, cpus: set[int]) -> None:
         for tid in tasks:
             try:
                 os.sched_setaffinity(tid, cpus)
+                pinned = os.sched_getaffinity(tid)
             except ProcessLookupError:
                 continue
-            if os.sched_getaffinity(tid) != cpus:
+            if pinned != cpus:
                 sys.exit(f"thread {tid} of {pid} is not pinned to {cpus}")
 
 

@@ -72,11 +72,11 @@ class Row:
 def run_load(load: str, server: Server, connections: int, rate: float | None, seconds: float) -> Row:
     cmd = [load, "127.0.0.1", str(server.port), SHARE, USER, PASSWORD, FILE,
            "--connections", str(connections), "--depth", "1", "--block", "4096",
-           "--op", "cycle", "--seconds", str(seconds), "--protection", "signed"]  # fmt: skip
+           "--op", "cycle", "--seconds", str(seconds), "--protection", "signed", "--hold"]  # fmt: skip
     if rate:
         cmd += ["--rate", str(rate)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdin is not None
     cpu: dict[str, float] = {}
     memory = 0.0
     lines = []
@@ -88,6 +88,7 @@ def run_load(load: str, server: Server, connections: int, rate: float | None, se
             memory = tree_pss_mib(server.pid)
         elif line == "done":
             cpu[line] = server.cpu()
+            proc.stdin.close()  # --hold: read; the connections may end
         else:
             lines.append(line)
     err = proc.stderr.read() if proc.stderr else ""

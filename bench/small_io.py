@@ -68,16 +68,18 @@ def run_load(load: str, server: Server, op: str, block: int, depth: int, connect
     generator's `measuring` and `done` lines."""
     cmd = [load, "127.0.0.1", str(server.port), SHARE, USER, PASSWORD, FILE,
            "--connections", str(connections), "--depth", str(depth), "--block", str(block or 4096),
-           "--op", op, "--seconds", str(seconds), "--protection", protection]  # fmt: skip
+           "--op", op, "--seconds", str(seconds), "--protection", protection, "--hold"]  # fmt: skip
     pin_client = (lambda: os.sched_setaffinity(0, client_cpus)) if client_cpus else None
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=pin_client)
-    assert proc.stdout is not None
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=pin_client)
+    assert proc.stdout is not None and proc.stdin is not None
     marks: dict[str, tuple[float, float]] = {}
     lines = []
     for line in proc.stdout:
         line = line.strip()
         if line in ("measuring", "done"):
             marks[line] = (server.cpu(), cpu_seconds(proc.pid))
+            if line == "done":
+                proc.stdin.close()  # --hold: read; the connections may end
         else:
             lines.append(line)
     err = proc.stderr.read() if proc.stderr else ""
@@ -87,6 +89,8 @@ def run_load(load: str, server: Server, op: str, block: int, depth: int, connect
     requests = max(r["requests"], 1)
     server_s = marks["done"][0] - marks["measuring"][0]
     client_s = marks["done"][1] - marks["measuring"][1]
+    if server_s <= 0:
+        sys.exit(f"{server.name}'s CPU did not grow over a run of {r['requests']} operations: a process was missed")
     return Row(r["iops"], r["mib_s"], r["p50_us"], r["p99_us"], r["p999_us"], server_s / requests * 1e6, client_s / requests * 1e6)
 
 

@@ -1,6 +1,8 @@
-//! The measured loop of one connection: keep `depth` operations in flight
-//! until the window ends, then wait for the last answers.
+//! The measured loop of one connection: keep up to `depth` operations in
+//! flight (flat out, or started at a fixed rate) until the window ends,
+//! then wait for the last answers.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use nimbus_wire::close::CloseRequest;
@@ -65,11 +67,10 @@ const LOCK_FAIL_IMMEDIATELY: u32 = 0x10;
 /// FILE_READ_DATA | FILE_READ_ATTRIBUTES | SYNCHRONIZE: a cycle's open.
 const READ_ACCESS: u32 = 0x0010_0081;
 
-/// Slots of answers awaited, indexed by MessageId. The servers' credit
-/// windows (8,192 at most) keep every id in flight within 8,192 of the
-/// oldest unanswered one, and depth times charge is held to that too
-/// (`main`'s parse), so an id's slot is free again before it is reused.
-pub const RING: usize = 1 << 15;
+/// The most credits one connection keeps in flight (depth times each
+/// request's charge): the largest window Samba grants (8,192), which is
+/// also more than Nimbus's.
+pub const MAX_CREDITS_IN_FLIGHT: usize = 8192;
 
 /// The request a slot sends next.
 #[derive(Clone, Copy)]
@@ -80,7 +81,6 @@ enum Step {
 }
 
 struct Sent {
-    id: u64,
     slot: usize,
     /// The offset of a READ or WRITE.
     offset: u64,
@@ -99,7 +99,8 @@ fn xorshift(s: &mut u64) -> u64 {
 
 struct Slots<'a> {
     plan: &'a Plan,
-    ring: Vec<Option<Sent>>,
+    /// Requests awaiting their answer, by MessageId.
+    waiting: HashMap<u64, Sent>,
     rng: Vec<u64>,
     locked: Vec<bool>,
     data: Vec<u8>,
@@ -179,19 +180,15 @@ impl Slots<'_> {
                 })?
             }
         };
-        let at = &mut self.ring[id as usize % RING];
-        if at.is_some() {
-            return Err(format!(
-                "request {id} sent while an earlier one in its slot is unanswered"
-            ));
-        }
-        *at = Some(Sent {
-            id,
+        let sent = Sent {
             slot,
             offset,
             began,
             step,
-        });
+        };
+        if self.waiting.insert(id, sent).is_some() {
+            return Err(format!("MessageId {id} used twice"));
+        }
         self.in_flight += 1;
         Ok(())
     }
@@ -200,9 +197,9 @@ impl Slots<'_> {
     /// the slot, free again, if it ended (and was counted).
     fn answered(&mut self, a: Answer<'_>, tally: &mut Tally) -> Result<Next, String> {
         let plan = self.plan;
-        let sent = self.ring[a.message_id as usize % RING]
-            .take()
-            .filter(|s| s.id == a.message_id)
+        let sent = self
+            .waiting
+            .remove(&a.message_id)
             .ok_or_else(|| format!("an answer to {}, which is not in flight", a.message_id))?;
         self.in_flight -= 1;
         if a.status != NtStatus::SUCCESS {
@@ -268,7 +265,7 @@ pub fn run(conn: &mut Conn, plan: &Plan) -> Result<Tally, String> {
     let mut tally = Tally::default();
     let mut slots = Slots {
         plan,
-        ring: (0..RING).map(|_| None).collect(),
+        waiting: HashMap::with_capacity(plan.depth),
         rng: (0..plan.depth as u64)
             .map(|d| plan.seed ^ (d * 0x1000_0001 + 1))
             .collect(),
@@ -287,8 +284,18 @@ pub fn run(conn: &mut Conn, plan: &Plan) -> Result<Tally, String> {
     let mut next_start = Instant::now() + plan.start_in;
     loop {
         let now = Instant::now();
-        // Operations under way go on whatever the time.
-        for (slot, step, began) in next_steps.drain(..) {
+        // Operations under way go on whatever the time, as credits allow
+        // (a cycle's READ may cost more than one).
+        while let Some(&(slot, step, began)) = next_steps.last() {
+            let cost = if matches!(step, Step::Read(_)) {
+                charge
+            } else {
+                1
+            };
+            if conn.credits() < cost {
+                break;
+            }
+            next_steps.pop();
             slots.send(conn, &mut out, slot, step, began)?;
         }
         while now < plan.until
@@ -296,7 +303,10 @@ pub fn run(conn: &mut Conn, plan: &Plan) -> Result<Tally, String> {
             && plan.every.is_none_or(|_| now >= next_start)
         {
             let Some(slot) = free.pop() else { break };
-            slots.send(conn, &mut out, slot, Step::Start, now)?;
+            // At a fixed rate an operation began when it was due, so that
+            // a server that falls behind pays for it in latency.
+            let began = plan.every.map_or(now, |_| next_start);
+            slots.send(conn, &mut out, slot, Step::Start, began)?;
             if let Some(every) = plan.every {
                 next_start += every;
             }
@@ -306,17 +316,17 @@ pub fn run(conn: &mut Conn, plan: &Plan) -> Result<Tally, String> {
             out.clear();
         }
         if slots.in_flight == 0 {
-            if now >= plan.until {
+            if now >= plan.until && next_steps.is_empty() {
                 return Ok(tally);
             }
-            if plan.every.is_none() {
+            if conn.credits() < charge {
                 return Err("no credit to send with and nothing in flight".into());
             }
         }
         // At a fixed rate, wait no longer than the next start, if a slot
-        // is free to make it; otherwise (and after the window) until an
-        // answer comes.
-        let may_start = now < plan.until && !free.is_empty();
+        // and credits are free to make it; otherwise (and after the window)
+        // until an answer comes.
+        let may_start = now < plan.until && !free.is_empty() && conn.credits() >= charge;
         let wake = plan
             .every
             .filter(|_| may_start)

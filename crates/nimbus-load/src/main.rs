@@ -1,12 +1,12 @@
-//! nimbus-io-load: random READs, WRITEs or LOCK/UNLOCK pairs on one
-//! existing file, from several connections with many requests in flight
-//! on each, for bench/small_io.py to measure Nimbus and Samba with the
-//! same client.
+//! nimbus-io-load: random READs, WRITEs, LOCK/UNLOCK pairs or open /
+//! read / close cycles on one existing file, from several connections
+//! with many requests in flight on each, for bench/small_io.py and
+//! bench/many_clients.py to measure Nimbus and Samba with the same client.
 //!
 //!     nimbus-io-load HOST PORT SHARE USER PASSWORD FILE \
 //!         --connections N --depth D --block BYTES --op read|write|lock|cycle \
 //!         --seconds S --protection plain|signed|encrypted \
-//!         [--rate OPS_PER_SECOND] [--domain D] [--verify]
+//!         [--rate OPS_PER_SECOND] [--domain D] [--verify] [--hold]
 //!
 //! Why not the `smb` crate (nimbus-smb-load, which this replaced): it spent
 //! 20-50 µs of CPU per 4 KiB request, as much as the servers it measured,
@@ -33,9 +33,13 @@
 //!
 //! Output, for bench/small_io.py to time the server and this client from
 //! /proc around the measured window: `measuring` when every connection is
-//! ready, `done` when the window ends, then one JSON object: requests,
-//! bytes, seconds, IOPS, MiB/s, latency percentiles in microseconds (from
-//! send to answer) and the signing algorithm negotiated. Any error ends
+//! ready, `done` when the window has ended and the operations under way
+//! have finished, then one JSON object: operations (`requests`), bytes,
+//! seconds, IOPS, MiB/s, latency percentiles in microseconds (from send to
+//! answer; at a fixed rate, from when the operation was due) and the
+//! signing algorithm negotiated. With --hold the connections stay open
+//! after that until stdin closes, so that the servers' CPU read at `done`
+//! holds every connection's. Any error ends
 //! the run with a non-zero status: a refused request, an answer short of
 //! its block, one not signed or sealed as the session is, or no answer
 //! within a minute.
@@ -44,7 +48,7 @@ mod conn;
 mod load;
 mod ntlm;
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::process::ExitCode;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -72,11 +76,13 @@ struct Args {
     rate: Option<f64>,
     /// READs check their data begins with its offset (`load::Plan`).
     verify: bool,
+    /// After `done`, the connections stay open until stdin closes.
+    hold: bool,
 }
 
 const USAGE: &str = "usage: nimbus-io-load HOST PORT SHARE USER PASSWORD FILE --connections N \
      --depth D --block BYTES --op read|write|lock|cycle --seconds S \
-     --protection plain|signed|encrypted [--rate OPS_PER_SECOND] [--domain DOMAIN] [--verify]";
+     --protection plain|signed|encrypted [--rate OPS_PER_SECOND] [--domain DOMAIN] [--verify] [--hold]";
 
 fn parse(args: &[String]) -> Result<Args, String> {
     let (fixed, flags) = args.split_at(args.len().min(6));
@@ -99,11 +105,13 @@ fn parse(args: &[String]) -> Result<Args, String> {
         protection: Protection::Signed,
         rate: None,
         verify: false,
+        hold: false,
     };
     let mut it = flags.iter();
     while let Some(flag) = it.next() {
-        if flag == "--verify" {
-            a.verify = true;
+        if flag == "--verify" || flag == "--hold" {
+            a.verify |= flag == "--verify";
+            a.hold |= flag == "--hold";
             continue;
         }
         let value = it
@@ -154,7 +162,7 @@ fn parse(args: &[String]) -> Result<Args, String> {
                     value
                         .parse::<f64>()
                         .ok()
-                        .filter(|r| r.is_finite() && *r > 0.0 && *r <= 1e7)
+                        .filter(|r| r.is_finite() && (0.001..=1e7).contains(r))
                         .ok_or_else(|| format!("--rate: operations per second, not {value}"))?,
                 )
             }
@@ -162,12 +170,13 @@ fn parse(args: &[String]) -> Result<Args, String> {
         }
     }
     let ids = a.depth * usize::from(conn::charge(a.block));
-    if ids > load::RING / 4 {
+    if ids > load::MAX_CREDITS_IN_FLIGHT {
         return Err(format!(
-            "--depth {} of {}-byte blocks keeps {ids} credits in flight; at most {} (the servers' credit window)",
+            "--depth {} of {}-byte blocks keeps {ids} credits in flight; at most {} (the largest \
+             credit window a server grants)",
             a.depth,
             a.block,
-            load::RING / 4
+            load::MAX_CREDITS_IN_FLIGHT
         ));
     }
     Ok(a)
@@ -258,32 +267,44 @@ fn run(a: Args) -> Result<(), String> {
     let seconds = start.elapsed().as_secs_f64();
     println!("done");
     std::io::stdout().flush().map_err(|e| e.to_string())?;
-    drop(open);
-    if let Some(e) = errors.first() {
-        return Err(format!(
-            "{} of {} connections failed; the first: {e}",
-            errors.len(),
-            a.connections
-        ));
+    let report = (|| {
+        if let Some(e) = errors.first() {
+            return Err(format!(
+                "{} of {} connections failed; the first: {e}",
+                errors.len(),
+                a.connections
+            ));
+        }
+        latencies.sort_unstable();
+        let requests = latencies.len();
+        let signing = if a.protection == Protection::Signed {
+            signing
+        } else {
+            String::new()
+        };
+        println!(
+            "{{\"requests\": {requests}, \"bytes\": {bytes}, \"seconds\": {seconds:.3}, \
+             \"iops\": {:.0}, \"mib_s\": {:.1}, \"p50_us\": {}, \"p99_us\": {}, \
+             \"p999_us\": {}, \"signing\": \"{signing}\"}}",
+            requests as f64 / seconds,
+            bytes as f64 / seconds / (1024.0 * 1024.0),
+            percentile(&latencies, 0.50),
+            percentile(&latencies, 0.99),
+            percentile(&latencies, 0.999),
+        );
+        Ok(())
+    })();
+    std::io::stdout().flush().map_err(|e| e.to_string())?;
+    // With --hold the connections stay open until whoever reads `done`
+    // has read the servers' CPU and closes our stdin: an smbd that exited
+    // and was reaped while its parent's figures were read would be counted
+    // nowhere.
+    if a.hold {
+        let mut rest = Vec::new();
+        let _ = std::io::stdin().read_to_end(&mut rest);
     }
-    latencies.sort_unstable();
-    let requests = latencies.len();
-    let signing = if a.protection == Protection::Signed {
-        signing
-    } else {
-        String::new()
-    };
-    println!(
-        "{{\"requests\": {requests}, \"bytes\": {bytes}, \"seconds\": {seconds:.3}, \
-         \"iops\": {:.0}, \"mib_s\": {:.1}, \"p50_us\": {}, \"p99_us\": {}, \
-         \"p999_us\": {}, \"signing\": \"{signing}\"}}",
-        requests as f64 / seconds,
-        bytes as f64 / seconds / (1024.0 * 1024.0),
-        percentile(&latencies, 0.50),
-        percentile(&latencies, 0.99),
-        percentile(&latencies, 0.999),
-    );
-    Ok(())
+    drop(open);
+    report
 }
 
 fn main() -> ExitCode {

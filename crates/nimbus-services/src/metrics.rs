@@ -92,7 +92,7 @@ pub fn describe() {
     describe_counter!(
         READER_WAITS,
         "waits of a connection's reader for answers to go out before it took the next request \
-         (one for its slot, one for its frame's or answers' room), by the limit whose budget \
+         (for its slot, its frame's room or its answers' room), by the limit whose budget \
          was used up (limits.max_outstanding_requests or limits.max_connection_memory_bytes)"
     );
     describe_gauge!(
