@@ -303,10 +303,11 @@ pub fn run(conn: &mut Conn, plan: &Plan) -> Result<Tally, String> {
             && plan.every.is_none_or(|_| now >= next_start)
         {
             let Some(slot) = free.pop() else { break };
-            // At a fixed rate an operation began when it was due, so that
-            // a server that falls behind pays for it in latency.
-            let began = plan.every.map_or(now, |_| next_start);
-            slots.send(conn, &mut out, slot, Step::Start, began)?;
+            // Timed from when it is sent, not from when it was due: a
+            // thread's wake-up for its next start is late by the timer's
+            // slack (milliseconds), which would count against every server
+            // alike and hide their differences.
+            slots.send(conn, &mut out, slot, Step::Start, now)?;
             if let Some(every) = plan.every {
                 next_start += every;
             }

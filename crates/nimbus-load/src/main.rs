@@ -36,13 +36,13 @@
 //! ready, `done` when the window has ended and the operations under way
 //! have finished, then one JSON object: operations (`requests`), bytes,
 //! seconds, IOPS, MiB/s, latency percentiles in microseconds (from send to
-//! answer; at a fixed rate, from when the operation was due) and the
+//! answer) and the
 //! signing algorithm negotiated. With --hold the connections stay open
 //! after that until stdin closes, so that the servers' CPU read at `done`
 //! holds every connection's. Any error ends
 //! the run with a non-zero status: a refused request, an answer short of
 //! its block, one not signed or sealed as the session is, or no answer
-//! within a minute.
+//! within five minutes.
 
 mod conn;
 mod load;
