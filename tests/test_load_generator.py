@@ -73,6 +73,24 @@ def test_the_load_generator_reads_writes_locks_and_cycles_with_each_protection(s
     assert "panicked at" not in server.log_path.read_text(errors="replace")
 
 
+@pytest.mark.parametrize("protection", ["plain", "encrypted"])
+def test_large_answers_made_in_place_arrive_whole_when_the_socket_fills(server_factory, memory_dir, protection):
+    """64 KiB READs, which the server answers on the connection's own task,
+    64 in flight on each of 2 connections: the reader writes its answers
+    itself (crates/nimbus-node/src/connection/send.rs), fills the socket,
+    and leaves a message it wrote in part for the writer task to finish
+    before anything else. Every answer must arrive whole, in its own seal
+    (or unsigned frame), holding its own block."""
+    server = server_factory.start(signing="auto", paths={SHARE: memory_dir})
+    size = 16 << 20
+    path = server.share_path / "large-answers.bin"
+    path.write_bytes(b"".join(stamped(at) for at in range(0, size, BLOCK)))
+    r = run_load(server, "large-answers.bin", "--connections", "2", "--depth", "64", "--op", "read",
+                 "--block", str(64 << 10), "--seconds", "2", "--protection", protection, "--verify")  # fmt: skip
+    assert r["requests"] > 128, r
+    assert "panicked at" not in server.log_path.read_text(errors="replace")
+
+
 def test_a_read_of_the_wrong_block_fails_the_run(server_factory, memory_dir):
     """--verify can fail: in a file of zeros no READ's data begins with
     its offset but the first block's."""

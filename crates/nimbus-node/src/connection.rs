@@ -1,13 +1,15 @@
-//! One TCP connection: a reader task that frames messages, a bounded set of
-//! requests processed on the blocking pool, and a writer task that sends
-//! responses in the order they complete.
+//! One TCP connection: a reader task that frames messages and answers
+//! the quick ones itself, a bounded set of requests processed on the
+//! blocking pool, and a writer task that sends their responses in the
+//! order they complete (`send`).
 
 mod delivery;
 pub mod frames;
+mod send;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -280,6 +282,10 @@ pub struct Connection {
     /// breaks.
     /// None until `serve` starts the writer (and in the fuzz harness).
     unsolicited: Mutex<Option<mpsc::UnboundedSender<Outgoing>>>,
+    /// Messages handed to the writer task and not yet written: while any
+    /// is, the reader queues its answers behind them rather than write
+    /// them itself (`send`).
+    queued_out: AtomicUsize,
     /// What that queue and this connection's named pipes hold, at most
     /// `limits.max_connection_memory_bytes` (`crate::held_bytes`). Each
     /// message on the queue answers something the client holds (an open's
@@ -398,6 +404,7 @@ impl Connection {
             pending: PendingTable::default(),
             next_async_id: AtomicU64::new(1),
             unsolicited: Mutex::new(None),
+            queued_out: AtomicUsize::new(0),
             held: HeldBytes::new(limits.max_connection_memory_bytes),
             pool: BufferPool::new(limits.max_frame_bytes, limits.max_connection_memory_bytes),
             server,
@@ -551,7 +558,9 @@ impl Connection {
                 return;
             };
             if self.held.charge(size) {
+                self.queued_out.fetch_add(1, Ordering::SeqCst);
                 if tx.send(out).is_err() {
+                    self.queued_out.fetch_sub(1, Ordering::SeqCst);
                     self.held.release(size);
                 }
                 return;
@@ -647,31 +656,6 @@ impl From<std::io::Error> for ReadEnd {
 }
 
 /// The memory budget is counted in KiB so that it fits a semaphore.
-/// At most this many responses, and about this many bytes, go out in one
-/// write (`serve_in`'s writer).
-const BATCH_MESSAGES: usize = 64;
-const BATCH_BYTES: usize = 256 * 1024;
-
-/// Writes the batch's messages (`slices`, in order) with as few system
-/// calls as the socket takes.
-async fn write_batch(
-    wr: &mut tokio::net::tcp::OwnedWriteHalf,
-    slices: &mut [std::io::IoSlice<'_>],
-) -> std::io::Result<()> {
-    if let [one] = slices {
-        return wr.write_all(one).await;
-    }
-    let mut rest = slices;
-    while !rest.is_empty() {
-        let n = wr.write_vectored(rest).await?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        std::io::IoSlice::advance_slices(&mut rest, n);
-    }
-    Ok(())
-}
-
 fn kib(bytes: usize) -> u32 {
     bytes.div_ceil(1024).min(u32::MAX as usize) as u32
 }
@@ -700,10 +684,15 @@ async fn read_to_len(rd: &mut OwnedReadHalf, buf: &mut Vec<u8>, len: usize) -> s
 }
 
 /// Takes `n` permits of one of the connection's budgets, waiting for
-/// answers to go out if they are all in use; a wait is counted by the
+/// answers to go out if they are all in use. The answers the reader made
+/// itself and holds are sent first: they may hold the very permits it
+/// waits for, and the client may wait for them before it sends more. A
+/// wait is counted by the
 /// configuration key (`limits.<limit>`) that bounds the budget, so that an
 /// administrator sees which limit holds clients back.
 async fn room(
+    conn: &Connection,
+    answers: &mut send::Answers,
     budget: &Arc<Semaphore>,
     n: u32,
     limit: &'static str,
@@ -712,6 +701,10 @@ async fn room(
         Ok(permit) => Ok(permit),
         Err(tokio::sync::TryAcquireError::Closed) => Err(ReadEnd::Closed),
         Err(tokio::sync::TryAcquireError::NoPermits) => {
+            answers.send(conn).await.map_err(|_| ReadEnd::Closed)?;
+            if let Ok(permit) = budget.clone().try_acquire_many_owned(n) {
+                return Ok(permit);
+            }
             crate::metrics::reader_waited(limit);
             budget
                 .clone()
@@ -726,18 +719,25 @@ async fn room(
 /// within `frame_timeout` for the rest. Room in the connection's budget is
 /// taken for the frame before it is allocated, and for its answers once it
 /// is read (and, if small and sealed, opened). Ok(None): a keep-alive.
+/// `first`: the frame's first byte, if the caller has read it already.
 async fn read_frame(
     conn: &Connection,
     rd: &mut OwnedReadHalf,
     limits: &Limits,
     budget: &Budget,
+    first: Option<u8>,
+    answers: &mut send::Answers,
 ) -> Result<Option<(Vec<u8>, InFlight, usize, Option<Unsealed>)>, ReadEnd> {
     let mut head = [0u8; 4];
-    match timeout(IDLE_TRIM, rd.read_exact(&mut head[..1])).await {
-        Ok(r) => r.map(|_| ())?,
-        Err(_) => {
-            conn.pool.trim();
-            rd.read_exact(&mut head[..1]).await?;
+    if let Some(byte) = first {
+        head[0] = byte;
+    } else {
+        match timeout(IDLE_TRIM, rd.read_exact(&mut head[..1])).await {
+            Ok(r) => r.map(|_| ())?,
+            Err(_) => {
+                conn.pool.trim();
+                rd.read_exact(&mut head[..1]).await?;
+            }
         }
     }
     let slow = || {
@@ -758,11 +758,21 @@ async fn read_frame(
         Ok(None) => return Ok(None),
         Err(e) => return Err(ReadEnd::Refused(format!("refused frame ({e:?})"))),
     };
-    let slot = room(&budget.slots, 1, "max_outstanding_requests").await?;
+    if len > send::HOLD_MAX_FRAME {
+        answers.send(conn).await.map_err(|_| ReadEnd::Closed)?;
+    }
+    let slot = room(conn, answers, &budget.slots, 1, "max_outstanding_requests").await?;
     // Never more than the whole budget, or the wait would never end (the
     // limits are validated so that a largest frame fits).
     let frame_kib = kib(len).min(budget.memory_kib);
-    let mut memory = room(&budget.memory, frame_kib, "max_connection_memory_bytes").await?;
+    let mut memory = room(
+        conn,
+        answers,
+        &budget.memory,
+        frame_kib,
+        "max_connection_memory_bytes",
+    )
+    .await?;
     let mut frame = conn.pool.take(len);
     frame.reserve_exact(len);
     // The wait for budget above is the server's, not the client's: only
@@ -783,7 +793,16 @@ async fn read_frame(
     let asked = frames::response_allowance(frames::messages(&frame, &unsealed), limits);
     let wanted_kib = kib(asked).min(budget.memory_kib - frame_kib);
     if wanted_kib > 0 {
-        memory.merge(room(&budget.memory, wanted_kib, "max_connection_memory_bytes").await?);
+        memory.merge(
+            room(
+                conn,
+                answers,
+                &budget.memory,
+                wanted_kib,
+                "max_connection_memory_bytes",
+            )
+            .await?,
+        );
     }
     let wanted = wanted_kib as usize * 1024;
     Ok(Some((
@@ -869,7 +888,7 @@ async fn serve_in(
     span: tracing::Span,
 ) {
     let local = stream.local_addr().unwrap_or(peer);
-    let (mut rd, mut wr) = stream.into_split();
+    let (mut rd, wr) = stream.into_split();
     let limits = server.config().limits.clone();
     let stopping = server.clone();
     let live = stopping.drain.connection_started();
@@ -878,7 +897,7 @@ async fn serve_in(
     let mut until_drain = stopping.drain.watch();
     let draining = async move { crate::drain::reached(&mut until_drain, Stage::Draining).await };
     tokio::pin!(draining);
-    let (tx, mut rx) = mpsc::channel::<(Outgoing, InFlight)>(limits.max_outstanding_requests);
+    let (tx, rx) = mpsc::channel::<(Outgoing, InFlight)>(limits.max_outstanding_requests);
     let conn = Connection::in_span(server, dispatch, peer, local, slot, span);
     {
         use std::os::fd::AsRawFd;
@@ -887,80 +906,10 @@ async fn serve_in(
     tracing::debug!("connection from {peer}");
     start_logon_deadline(Arc::downgrade(&conn), limits.unauthenticated_timeout);
 
-    let (async_tx, mut async_rx) = mpsc::unbounded_channel::<Outgoing>();
+    let (async_tx, async_rx) = mpsc::unbounded_channel::<Outgoing>();
     *lock(&conn.unsolicited) = Some(async_tx);
-    let writer_conn = conn.clone();
-    let mut writer = tokio::spawn(async move {
-        let mut async_open = true;
-        let mut batch: Vec<(Outgoing, Option<InFlight>)> = Vec::new();
-        loop {
-            // Messages on their own (final responses of pending requests,
-            // breaks) before responses to frames: one queued while a frame
-            // was processed (a pending LOCK ended by a CLOSE) goes out
-            // before that frame's response, as the client expects. What
-            // they may hold is bounded (see `send_unsolicited`).
-            let first = tokio::select! {
-                biased;
-                r = async_rx.recv(), if async_open => match r {
-                    Some(out) => (out, None),
-                    None => {
-                        async_open = false;
-                        continue;
-                    }
-                },
-                r = rx.recv() => match r {
-                    Some((out, in_flight)) => (out, Some(in_flight)),
-                    None => break,
-                },
-            };
-            // What else is ready goes out in the same system call, taken in
-            // the same order: with many requests in flight, one write per
-            // response was a large part of a small request's cost.
-            let mut bytes = first.0.buf.len() - first.0.start;
-            batch.push(first);
-            while batch.len() < BATCH_MESSAGES && bytes < BATCH_BYTES {
-                let next = match async_rx.try_recv() {
-                    Ok(out) => Some((out, None)),
-                    Err(_) => rx.try_recv().ok().map(|(out, f)| (out, Some(f))),
-                };
-                let Some(next) = next else {
-                    break;
-                };
-                bytes += next.0.buf.len() - next.0.start;
-                batch.push(next);
-            }
-            // Dropped (`Connection::drop_now`): nothing more goes out.
-            if writer_conn.not_reading.load(Ordering::SeqCst) {
-                break;
-            }
-            let mut slices: Vec<std::io::IoSlice<'_>> = batch
-                .iter()
-                .map(|(out, _)| std::io::IoSlice::new(&out.buf[out.start..]))
-                .collect();
-            if write_batch(&mut wr, &mut slices).await.is_err() {
-                break;
-            }
-            drop(slices);
-            for (mut out, in_flight) in batch.drain(..) {
-                if in_flight.is_none() {
-                    writer_conn.held.release(out.buf.capacity());
-                }
-                for request in &out.interims {
-                    request.interim_written();
-                }
-                // In place: they must not wait for the disk (a persistent
-                // open's answered mark is a `Durability::Soon` write, made
-                // in memory); a hand-over to the blocking pool cost more
-                // CPU than the mark itself.
-                for f in std::mem::take(&mut out.on_sent) {
-                    f();
-                }
-                writer_conn.pool.give(out.buf);
-                drop(in_flight);
-            }
-        }
-        wr
-    });
+    let sender = send::Sender::new(wr);
+    let mut writer = tokio::spawn(send::writer(conn.clone(), sender.clone(), rx, async_rx));
 
     let memory_kib = kib(limits.max_connection_memory_bytes);
     let budget = Budget {
@@ -968,9 +917,28 @@ async fn serve_in(
         memory: Arc::new(Semaphore::new(memory_kib as usize)),
         memory_kib,
     };
+    // Answers made in place, sent every few and whenever the reader would
+    // wait for the client (`send`).
+    let mut answers = send::Answers::new(sender.clone(), tx.clone());
     loop {
+        // Whether the next frame is here already, without waiting (no
+        // more system calls than reading its first byte would make).
+        let mut first = None;
+        let mut byte = [0u8; 1];
+        match rd.try_read(&mut byte) {
+            Ok(0) => break,
+            Ok(_) => first = Some(byte[0]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => answers.caught_up(),
+            Err(_) => break,
+        }
+        if !answers.is_empty()
+            && (first.is_none() || answers.enough())
+            && answers.send(&conn).await.is_err()
+        {
+            break;
+        }
         let read = tokio::select! {
-            r = read_frame(&conn, &mut rd, &limits, &budget) => r,
+            r = read_frame(&conn, &mut rd, &limits, &budget, first, &mut answers) => r,
             _ = conn.close_notify.notified() => break,
             // Closed to make room for a newcomer (`crate::admission`).
             _ = conn.slot.evicted() => {
@@ -1000,9 +968,7 @@ async fn serve_in(
         {
             // In place, on this task: no thread hand-over (see is_quick).
             if let Some(out) = run_frame(&conn, frame, allowance, None, unsealed) {
-                if tx.send((out, in_flight)).await.is_err() {
-                    break;
-                }
+                answers.push(out, in_flight);
             }
             continue;
         }
@@ -1030,6 +996,7 @@ async fn serve_in(
             // Finished: commands that end handles stop waiting for it.
             drop(arrival);
             if let Some(out) = out {
+                conn2.queued_out.fetch_add(1, Ordering::SeqCst);
                 if tx2.blocking_send((out, in_flight)).is_err() {
                     conn2.close();
                 }
@@ -1041,6 +1008,9 @@ async fn serve_in(
             tokio::task::spawn_blocking(job);
         }
     }
+    // What was answered goes out in the close's grace, behind the rest.
+    let _ = answers.send(&conn).await;
+    drop(answers);
     conn.close();
     conn.socket.store(-1, Ordering::SeqCst);
     if conn.reset_requested.load(Ordering::SeqCst) {
@@ -1063,15 +1033,14 @@ async fn serve_in(
     } else {
         CLOSE_GRACE
     };
-    let mut wr = match timeout(grace, &mut writer).await {
-        Ok(Ok(wr)) => Some(wr),
-        Ok(Err(_)) => None,
-        Err(_) => {
-            writer.abort();
-            let _ = writer.await;
-            None
-        }
-    };
+    if timeout(grace, &mut writer).await.is_err() {
+        writer.abort();
+        let _ = writer.await;
+    }
+    // The writer has ended: a message left part written is dropped with
+    // the room it held (the wait below needs that room back), and the
+    // socket is closed only further down, as a stopping server needs.
+    let mut wr = sender.into_write_half();
     // Wait for requests still being processed before releasing the
     // connection's opens.
     let _ = budget
