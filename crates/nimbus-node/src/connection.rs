@@ -5,6 +5,7 @@
 
 mod delivery;
 pub mod frames;
+mod read_ahead;
 mod send;
 
 use std::collections::HashMap;
@@ -509,7 +510,9 @@ impl Connection {
     /// Whether the client has closed this connection, though the reader
     /// may not have seen it yet: the socket's end of stream is waiting to
     /// be read (a look with MSG_PEEK takes nothing from it). Data waiting,
-    /// or nothing yet: not gone.
+    /// or nothing yet: not gone. Requests the reader has read ahead
+    /// (`read_ahead`) and not yet served do not count: a client that sent
+    /// them and closed is gone.
     pub fn client_gone(&self) -> bool {
         if self.is_closing() {
             return true;
@@ -719,24 +722,22 @@ async fn room(
 /// within `frame_timeout` for the rest. Room in the connection's budget is
 /// taken for the frame before it is allocated, and for its answers once it
 /// is read (and, if small and sealed, opened). Ok(None): a keep-alive.
-/// `first`: the frame's first byte, if the caller has read it already.
+/// What was read ahead (`read_ahead`) is taken first.
 async fn read_frame(
     conn: &Connection,
     rd: &mut OwnedReadHalf,
+    ahead: &mut read_ahead::ReadAhead,
     limits: &Limits,
     budget: &Budget,
-    first: Option<u8>,
     answers: &mut send::Answers,
 ) -> Result<Option<(Vec<u8>, InFlight, usize, Option<Unsealed>)>, ReadEnd> {
-    let mut head = [0u8; 4];
-    if let Some(byte) = first {
-        head[0] = byte;
-    } else {
-        match timeout(IDLE_TRIM, rd.read_exact(&mut head[..1])).await {
-            Ok(r) => r.map(|_| ())?,
+    if ahead.is_empty() {
+        match timeout(IDLE_TRIM, ahead.fill(rd)).await {
+            Ok(r) => r?,
             Err(_) => {
                 conn.pool.trim();
-                rd.read_exact(&mut head[..1]).await?;
+                ahead.release();
+                ahead.fill(rd).await?;
             }
         }
     }
@@ -749,9 +750,13 @@ async fn read_frame(
     // One allowance for the whole frame, header and body, from its first
     // byte: a client trickling bytes gets frame_timeout, not one per part.
     let first_byte = tokio::time::Instant::now();
-    timeout(limits.frame_timeout, rd.read_exact(&mut head[1..]))
-        .await
-        .map_err(|_| slow())??;
+    while ahead.bytes().len() < 4 {
+        let left = limits.frame_timeout.saturating_sub(first_byte.elapsed());
+        timeout(left, ahead.fill(rd)).await.map_err(|_| slow())??;
+    }
+    let mut head = [0u8; 4];
+    head.copy_from_slice(&ahead.bytes()[..4]);
+    ahead.consume(4);
     let left = limits.frame_timeout.saturating_sub(first_byte.elapsed());
     let len = match frame_length(head, limits.max_frame_bytes) {
         Ok(Some(len)) => len,
@@ -775,6 +780,9 @@ async fn read_frame(
     .await?;
     let mut frame = conn.pool.take(len);
     frame.reserve_exact(len);
+    let have = len.min(ahead.bytes().len());
+    frame.extend_from_slice(&ahead.bytes()[..have]);
+    ahead.consume(have);
     // The wait for budget above is the server's, not the client's: only
     // the time the client itself took counts against it.
     timeout(left, read_to_len(rd, &mut frame, len))
@@ -920,25 +928,27 @@ async fn serve_in(
     // Answers made in place, sent every few and whenever the reader would
     // wait for the client (`send`).
     let mut answers = send::Answers::new(sender.clone(), tx.clone());
+    let mut ahead = read_ahead::ReadAhead::default();
     loop {
-        // Whether the next frame is here already, without waiting (no
-        // more system calls than reading its first byte would make).
-        let mut first = None;
-        let mut byte = [0u8; 1];
-        match rd.try_read(&mut byte) {
-            Ok(0) => break,
-            Ok(_) => first = Some(byte[0]),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => answers.caught_up(),
-            Err(_) => break,
+        // Whether the next frame is here already, without waiting: read
+        // ahead, or in the socket now.
+        let here = if ahead.is_empty() {
+            match ahead.try_fill(&rd) {
+                Ok(here) => here,
+                Err(_) => break,
+            }
+        } else {
+            true
+        };
+        if !here {
+            answers.caught_up();
         }
-        if !answers.is_empty()
-            && (first.is_none() || answers.enough())
-            && answers.send(&conn).await.is_err()
+        if !answers.is_empty() && (!here || answers.enough()) && answers.send(&conn).await.is_err()
         {
             break;
         }
         let read = tokio::select! {
-            r = read_frame(&conn, &mut rd, &limits, &budget, first, &mut answers) => r,
+            r = read_frame(&conn, &mut rd, &mut ahead, &limits, &budget, &mut answers) => r,
             _ = conn.close_notify.notified() => break,
             // Closed to make room for a newcomer (`crate::admission`).
             _ = conn.slot.evicted() => {
