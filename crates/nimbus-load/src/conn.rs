@@ -17,8 +17,8 @@ use nimbus_wire::create::CreateRequest;
 use nimbus_wire::file_id::FileId;
 use nimbus_wire::header::{flags, Header, TRANSFORM_PROTOCOL_ID};
 use nimbus_wire::negotiate::{
-    capabilities, cipher, context_type, id_list_context, security_mode, Dialect, NegotiateRequest,
-    NegotiateResponse, PreauthIntegrity, HASH_SHA512,
+    capabilities, cipher, context_type, id_list_context, parse_id_list, security_mode, Dialect,
+    NegotiateRequest, NegotiateResponse, PreauthIntegrity, HASH_SHA512,
 };
 use nimbus_wire::session_setup::SessionSetupRequest;
 use nimbus_wire::status::NtStatus;
@@ -193,7 +193,10 @@ impl Conn {
         }
         let mut cipher_id = None;
         for ctx in &resp.contexts {
-            let first = ctx.data.get(2..4).map(|b| u16::from_le_bytes([b[0], b[1]]));
+            // The server's choice: a list of one (MS-SMB2 2.2.4.1.2, 2.2.4.1.7).
+            let first = parse_id_list(&ctx.data)
+                .ok()
+                .and_then(|ids| ids.first().copied());
             match ctx.context_type {
                 context_type::ENCRYPTION_CAPABILITIES => cipher_id = first,
                 context_type::SIGNING_CAPABILITIES => {

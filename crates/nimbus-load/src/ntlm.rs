@@ -8,7 +8,7 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use nimbus_crypto::{CryptoProvider, NtlmPrimitives};
-use nimbus_wire::codec::{utf16le, Put};
+use nimbus_wire::codec::{utf16le, Put, Reader};
 
 const SIGNATURE: &[u8; 8] = b"NTLMSSP\0";
 
@@ -45,29 +45,24 @@ struct Challenge<'a> {
     target_info: &'a [u8],
 }
 
-fn u16_at(b: &[u8], at: usize) -> Option<u16> {
-    Some(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?))
-}
-
-fn u32_at(b: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
-}
-
 fn parse_challenge(m: &[u8]) -> Result<Challenge<'_>, String> {
-    if m.get(..8) != Some(&SIGNATURE[..]) || u32_at(m, 8) != Some(2) {
+    let short = |_| "CHALLENGE_MESSAGE cut short".to_string();
+    let mut r = Reader::new(m);
+    if r.bytes(8).ok() != Some(&SIGNATURE[..]) || r.u32().ok() != Some(2) {
         return Err("the server's token is not an NTLM CHALLENGE_MESSAGE".into());
     }
-    let short = || "CHALLENGE_MESSAGE cut short".to_string();
-    let flags = u32_at(m, 20).ok_or_else(short)?;
-    let server_challenge = m
-        .get(24..32)
-        .ok_or_else(short)?
-        .try_into()
-        .map_err(|_| short())?;
-    let len = u16_at(m, 40).ok_or_else(short)? as usize;
-    let off = u32_at(m, 44).ok_or_else(short)? as usize;
-    let target_info = m
-        .get(off..off.checked_add(len).ok_or_else(short)?)
+    // TargetNameFields, then NegotiateFlags and ServerChallenge.
+    r.skip(8).map_err(short)?;
+    let flags = r.u32().map_err(short)?;
+    let server_challenge = r.array::<8>().map_err(short)?;
+    // Reserved, then TargetInfoFields: Len, MaxLen, BufferOffset.
+    r.skip(8).map_err(short)?;
+    let len = r.u16().map_err(short)? as usize;
+    r.skip(2).map_err(short)?;
+    let off = r.u32().map_err(short)? as usize;
+    let target_info = off
+        .checked_add(len)
+        .and_then(|end| m.get(off..end))
         .ok_or("CHALLENGE_MESSAGE's TargetInfo lies outside it")?;
     Ok(Challenge {
         flags,
@@ -78,18 +73,18 @@ fn parse_challenge(m: &[u8]) -> Result<Challenge<'_>, String> {
 
 /// MsvAvTimestamp's value, if the server sent one (MS-NLMP 3.1.5.1.2: the
 /// client then uses it as its own time).
-fn timestamp(mut pairs: &[u8]) -> Option<u64> {
-    while pairs.len() >= 4 {
-        let id = u16_at(pairs, 0)?;
-        let len = u16_at(pairs, 2)? as usize;
-        let value = pairs.get(4..4 + len)?;
+fn timestamp(pairs: &[u8]) -> Option<u64> {
+    let mut r = Reader::new(pairs);
+    while r.remaining() >= 4 {
+        let id = r.u16().ok()?;
+        let len = r.u16().ok()? as usize;
+        let value = r.bytes(len).ok()?;
         if id == 0 {
             return None;
         }
         if id == AV_TIMESTAMP && len == 8 {
             return Some(u64::from_le_bytes(value.try_into().ok()?));
         }
-        pairs = &pairs[4 + len..];
     }
     None
 }
