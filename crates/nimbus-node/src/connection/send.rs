@@ -93,14 +93,39 @@ impl Sender {
     }
 }
 
-/// The bytes of messages still to send, in order, for one vectored write.
-fn slices<'a, F>(messages: impl Iterator<Item = &'a (Outgoing, F)>) -> Vec<IoSlice<'a>>
-where
-    F: 'a,
-{
-    messages
-        .map(|(out, _)| IoSlice::new(&out.buf[out.start..]))
-        .collect()
+/// At most this many slices go into one vectored write: a batch of the
+/// writer's and the message left unfinished before it.
+const MAX_SLICES: usize = BATCH_MESSAGES + 1;
+
+/// The bytes of messages still to send, in order, for one vectored write:
+/// on the stack, as a write every few requests made an allocation each.
+struct Slices<'a> {
+    list: [IoSlice<'a>; MAX_SLICES],
+    len: usize,
+}
+
+impl<'a> Slices<'a> {
+    fn new() -> Slices<'a> {
+        Slices {
+            list: [IoSlice::new(&[]); MAX_SLICES],
+            len: 0,
+        }
+    }
+
+    /// Adds the unsent bytes of `messages`, in order, as many as fit.
+    fn extend<F: 'a>(&mut self, messages: impl Iterator<Item = &'a (Outgoing, F)>) {
+        for (out, _) in messages {
+            let Some(slot) = self.list.get_mut(self.len) else {
+                return;
+            };
+            *slot = IoSlice::new(&out.buf[out.start..]);
+            self.len += 1;
+        }
+    }
+
+    fn as_mut(&mut self) -> &mut [IoSlice<'a>] {
+        &mut self.list[..self.len]
+    }
 }
 
 /// Writes `slices` in order, with as few system calls as the socket takes.
@@ -195,12 +220,14 @@ pub(super) async fn writer(
         // A message the reader wrote in part is finished first: nothing
         // may come between its bytes.
         let unfinished = out.unfinished.take();
-        let mut bufs = slices(unfinished.iter());
-        bufs.extend(slices(batch.iter()));
-        if !bufs.is_empty() && write_all(&mut out.wr, &mut bufs).await.is_err() {
+        // Fits: the batch holds at most BATCH_MESSAGES.
+        debug_assert!(batch.len() < MAX_SLICES);
+        let mut bufs = Slices::new();
+        bufs.extend(unfinished.iter());
+        bufs.extend(batch.iter());
+        if bufs.len > 0 && write_all(&mut out.wr, bufs.as_mut()).await.is_err() {
             break;
         }
-        drop(bufs);
         drop(out);
         let written = batch.len() + usize::from(unfinished.is_some());
         if let Some((part, in_flight)) = unfinished {
@@ -270,37 +297,40 @@ impl Answers {
             return Ok(());
         }
         self.bytes = 0;
-        let mut list = std::mem::take(&mut self.list);
         if !conn.not_reading.load(Ordering::SeqCst) {
             if let Ok(mut out) = self.sender.out.try_lock() {
                 if conn.queued_out.load(Ordering::SeqCst) == 0 {
-                    let bufs = slices(list.iter());
-                    let written = match out.wr.try_write_vectored(&bufs) {
+                    // The first MAX_SLICES at most; the rest go to the
+                    // writer below.
+                    let mut bufs = Slices::new();
+                    bufs.extend(self.list.iter());
+                    let written = match out.wr.try_write_vectored(bufs.as_mut()) {
                         Ok(n) => n,
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
-                        Err(_) => return Err(()),
+                        Err(_) => {
+                            self.list.clear();
+                            return Err(());
+                        }
                     };
-                    drop(bufs);
-                    let done = whole_messages(&list, written);
-                    let mut rest = list.split_off(done.count);
+                    let done = whole_messages(&self.list, written);
                     if done.into_next > 0 {
                         // Part of the next one went out: the writer
                         // finishes it before anything else.
-                        let (mut part, in_flight) = rest.remove(0);
+                        let (mut part, in_flight) = self.list.remove(done.count);
                         part.start += done.into_next;
                         conn.queued_out.fetch_add(1, Ordering::SeqCst);
                         out.unfinished = Some((part, in_flight));
                         self.sender.wake.notify_one();
                     }
                     drop(out);
-                    for (out, in_flight) in list {
+                    for (out, in_flight) in self.list.drain(..done.count) {
                         sent(conn, out, Some(in_flight));
                     }
-                    list = rest;
                 }
             }
         }
-        for answer in list {
+        // Drained: the list keeps its room for the next answers.
+        for answer in self.list.drain(..) {
             conn.queued_out.fetch_add(1, Ordering::SeqCst);
             if self.tx.send(answer).await.is_err() {
                 return Err(());
