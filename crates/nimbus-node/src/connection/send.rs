@@ -331,10 +331,14 @@ impl Answers {
         }
         // Drained: the list keeps its room for the next answers.
         for answer in self.list.drain(..) {
-            conn.queued_out.fetch_add(1, Ordering::SeqCst);
-            if self.tx.send(answer).await.is_err() {
+            // Counted once the writer's queue has room for it: an answer
+            // dropped before it reaches the writer (the writer gone, or
+            // this send cancelled) is never counted as queued.
+            let Ok(permit) = self.tx.reserve().await else {
                 return Err(());
-            }
+            };
+            conn.queued_out.fetch_add(1, Ordering::SeqCst);
+            permit.send(answer);
         }
         Ok(())
     }
@@ -348,7 +352,7 @@ struct Progress {
     into_next: usize,
 }
 
-fn whole_messages(list: &[(Outgoing, InFlight)], mut written: usize) -> Progress {
+fn whole_messages<F>(list: &[(Outgoing, F)], mut written: usize) -> Progress {
     let mut count = 0;
     for (out, _) in list {
         let len = out.buf.len() - out.start;
@@ -364,5 +368,55 @@ fn whole_messages(list: &[(Outgoing, InFlight)], mut written: usize) -> Progress
     Progress {
         count,
         into_next: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn messages(lengths: &[usize]) -> Vec<(Outgoing, ())> {
+        lengths
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| (Outgoing::new(vec![i as u8; len + 2], 2), ()))
+            .collect()
+    }
+
+    #[test]
+    fn a_write_is_split_into_whole_messages_and_the_part_of_the_next() {
+        let list = messages(&[10, 20, 30]);
+        for (written, count, into_next) in [
+            (0, 0, 0),
+            (9, 0, 9),
+            (10, 1, 0),
+            (29, 1, 19),
+            (30, 2, 0),
+            (59, 2, 29),
+            (60, 3, 0),
+        ] {
+            let done = whole_messages(&list, written);
+            assert_eq!(
+                (done.count, done.into_next),
+                (count, into_next),
+                "{written}"
+            );
+        }
+    }
+
+    #[test]
+    fn slices_take_the_unsent_bytes_in_order_and_stop_when_full() {
+        let lengths: Vec<usize> = (1..=MAX_SLICES + 5).collect();
+        let list = messages(&lengths);
+        let mut slices = Slices::new();
+        slices.extend(list[..1].iter());
+        slices.extend(list[1..].iter());
+        let taken = slices.as_mut();
+        assert_eq!(taken.len(), MAX_SLICES);
+        for (i, slice) in taken.iter().enumerate() {
+            // Each message's own bytes, without the 2 before `start`.
+            assert_eq!(slice.len(), i + 1);
+            assert!(slice.iter().all(|&b| b == i as u8));
+        }
     }
 }
