@@ -158,6 +158,13 @@ def hold_leases(srv) -> tuple[Smb311Client, dict[str, bytes]]:
     return a, keys
 
 
+# READ requests the server's reader may hold in its read-ahead buffer
+# (8 KiB, crates/nimbus-node/src/connection/read_ahead.rs) while it waits
+# for room in its budget: they leave the kernel's queue, so the window
+# is full only once more than these are sent.
+READ_AHEAD_REQUESTS = 8192 // 117 + 1
+
+
 def fill_window(srv, a: Smb311Client) -> list[int]:
     """Leaves more READ responses for A than the TCP window and both
     sockets' buffers hold, so that the server's writer for A is stuck and
@@ -171,8 +178,10 @@ def fill_window(srv, a: Smb311Client) -> list[int]:
     (srv.share_path / "big.bin").write_bytes(bytes(READ_SIZE))
     big = a.open_with("big.bin", LEVEL_NONE)
     # What the kernel holds, then the server's own budget of requests in
-    # flight (limits.max_outstanding_requests, 64), then some it cannot read.
-    count = (wmem_max + MIB) // READ_SIZE + 64 + 16
+    # flight (limits.max_outstanding_requests, 64), then what its reader
+    # reads ahead of that budget (an 8 KiB buffer: about 70 READ requests
+    # of 117 bytes), then some it cannot read.
+    count = (wmem_max + MIB) // READ_SIZE + 64 + READ_AHEAD_REQUESTS + 16
     reads = [a.send(rawsmb.READ, rawsmb.read_body(big, 0, READ_SIZE)) for _ in range(count)]
     # The window is full when the server has a lot unacknowledged and has
     # stopped reading A's requests (each request slot waits for the writer).
