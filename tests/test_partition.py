@@ -34,6 +34,7 @@ import struct
 import threading
 import time
 import traceback
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -44,8 +45,24 @@ import rawsmb
 from conftest import _SERVERS, add_user
 from cut_proxy import CutProxy, ProxySet
 from etcd_cluster import etcd_cluster  # noqa: F401  (the fixture)
-from test_cluster import Node, members, open_body, wait_until
+from test_cluster import (
+    DELETE,
+    READ_ATTRIBUTES,
+    SHARE_ALL,
+    STATUS_DELETE_PENDING,
+    Client,
+    FileInformationClass,
+    LockClient,
+    Node,
+    Target,
+    members,
+    open_body,
+    open_status,
+    set_info,
+    wait_until,
+)
 from test_locks import (
+    CLOSE,
     EXCLUSIVE,
     FAIL_IMMEDIATELY,
     LOCK,
@@ -55,6 +72,7 @@ from test_locks import (
     STATUS_PENDING,
     STATUS_RANGE_NOT_LOCKED,
     UNLOCK,
+    close_body,
     lock_body,
     message_id,
 )
@@ -694,6 +712,86 @@ def test_locks_stay_exclusive_while_a_node_is_partitioned(cluster, mode, run):
     )
     if failures:
         pytest.fail("\n".join(f"{k}: {v}" for k, v in sorted(failures.items())), pytrace=False)
+
+
+GROUPED = "grouped.bin"
+
+
+@pytest.mark.parametrize("cut", [False, True], ids=["in_touch", "cut_off"])
+def test_no_open_joins_without_a_read_once_another_node_set_the_file_delete_pending(cluster, cut):
+    """A node's alike opens of a file share one entry, and once that entry
+    is written its opens join it without reading etcd
+    (nimbus_state::grouped_opens). Delete-pending set on another node must
+    still refuse every open asked after the setter was answered: the setter
+    first has the node revoke its group, and a node cut off from etcd
+    (`cut`) neither answers nor, once its lease is no longer proven, joins
+    without a read; the setter waits until its lease has run out.
+
+    n3's client opens and closes the file in a loop, recording when each
+    CREATE was sent and what it was answered; n1's client sets the file
+    delete-pending. No CREATE sent after n1's SET_INFO was answered may
+    succeed."""
+    n1, _, n3 = cluster.nodes
+    (n1.share / GROUPED).write_bytes(b"x" * 100)
+    # Open on two nodes, so the file is decided in etcd, and n3's entry for
+    # its readers is written (the keeper's open).
+    holder, keeper, c = LockClient(n1), LockClient(n3), LockClient(n3)
+    for cl in (holder, keeper):
+        assert rawsmb.status(cl.call(rawsmb.CREATE, rawsmb.create_body(GROUPED))) == 0
+    c.s.settimeout(REQUEST_TIMEOUT)
+    answers: list[tuple[float, int | None]] = []  # (sent, status; None: no answer)
+    stop = threading.Event()
+
+    def join_and_leave() -> None:
+        while not stop.is_set():
+            sent = time.monotonic()
+            try:
+                resp = c.call(rawsmb.CREATE, rawsmb.create_body(GROUPED))
+                status = rawsmb.status(resp)
+                answers.append((sent, status))
+                if status == 0:
+                    assert rawsmb.status(c.call(CLOSE, close_body(resp[rawsmb.HEADER_SIZE + 64 : rawsmb.HEADER_SIZE + 80]))) == 0
+            except (OSError, ConnectionError, AssertionError, struct.error):
+                answers.append((sent, None))
+                return
+
+    joiner = threading.Thread(target=join_and_leave, daemon=True)
+    joiner.start()
+    other = None
+    try:
+        wait_until("n3 joins its group", lambda: sum(1 for _, st in answers if st == 0) >= 20)
+        if cut:
+            cut_at = time.monotonic()
+            cluster.etcd_proxies.blackhole()
+            # n3 still answers joins from memory while its lease is proven.
+            wait_until("n3 joins while cut off", lambda: any(t > cut_at and st == 0 for t, st in answers))
+        other = Client(Target(n1), uuid.uuid4())
+        status, deleter = open_status(other, GROUPED, SHARE_ALL, DELETE | READ_ATTRIBUTES)
+        assert status == 0, hex(status)
+        asked = time.monotonic()
+        set_info(deleter, FileInformationClass.FILE_DISPOSITION_INFORMATION, struct.pack("<B", 1))
+        set_at = time.monotonic()
+        # Joins asked after it, for a while: each must be refused (or, on a
+        # node that lost its lease, its connection dropped).
+        wait_until("n3 answers after the deletion", lambda: not joiner.is_alive() or any(t > set_at for t, _ in answers))
+        time.sleep(0.5)
+        stop.set()
+        joiner.join(REQUEST_TIMEOUT + 1)
+        late = [(round(t - set_at, 3), st) for t, st in answers if t > set_at and st == 0]
+        refused = sorted({hex(st) if st is not None else "no answer" for t, st in answers if t > set_at})
+        print(f"SET_INFO took {set_at - asked:.2f} s; after it: {refused}; {len(answers)} CREATEs in all")
+        assert late == [], f"{len(late)} opens on n3 joined after the file was set delete-pending on n1: {late[:5]}"
+        if not cut:
+            assert refused == [hex(STATUS_DELETE_PENDING)], refused
+        deleter.close()
+    finally:
+        stop.set()
+        if cut:
+            cluster.etcd_proxies.heal()
+        if other is not None:
+            other.close()
+        for cl in (holder, keeper, c):
+            cl.close()
 
 
 def test_cut_proxy_switches():

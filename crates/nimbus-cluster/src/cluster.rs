@@ -683,6 +683,13 @@ impl Membership {
         proof.map(|sent| sent + self.ttl)
     }
 
+    /// How long a node that sets a file delete-pending asks other nodes
+    /// to revoke their groups of its opens (`ShareModes::with_revoker`):
+    /// past it, a node that did not answer has lost its lease.
+    pub fn revoke_wait(&self) -> Duration {
+        handover_timeout(self.ttl)
+    }
+
     /// Whether the node has lost its lease and not joined again yet.
     pub fn is_lost(&self) -> bool {
         self.lost.load(Ordering::SeqCst)

@@ -21,6 +21,7 @@ pub mod cluster;
 pub mod cluster_notify;
 pub mod cluster_registry;
 pub mod dir_leases;
+pub mod group_revoke;
 pub mod interest;
 pub mod lease_ack_handover;
 pub mod let_go_handover;

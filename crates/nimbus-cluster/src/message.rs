@@ -12,6 +12,7 @@ use crate::app_instance_handover::{
     self, CloseAppInstance, APP_INSTANCE_CLOSED_V1, CLOSE_APP_INSTANCE_V1,
 };
 use crate::cluster_notify::{self, CHANGES_V1, DIR_DELETE_PENDING_V1};
+use crate::group_revoke::{self, RevokeGroups, GROUPS_REVOKED_V1, REVOKE_GROUPS_V1};
 use crate::lease_ack_handover::{self, AckLease, Found, ACK_LEASE_V1, LEASE_ACKED_V1};
 use crate::let_go_handover::{
     self, Asked, LetGoAnswer, LET_GO_DONE_V1, LET_GO_REFUSED_V1, LET_GO_V4,
@@ -51,6 +52,11 @@ pub enum ClusterMessage<'a> {
     AckLease(AckLease),
     /// The answer to this node's forwarded lease acknowledgement.
     LeaseAcked { nonce: u64, found: Found },
+    /// Revoke this node's groups of alike opens of a file, which another
+    /// node sets delete-pending.
+    RevokeGroups(RevokeGroups),
+    /// The answer to this node's request to revoke groups.
+    GroupsRevoked { nonce: u64 },
     /// A break for an open of this node.
     Break { open_id: u64, order: BreakOrder },
     /// `nimbus witness move`: tell a witness client to move.
@@ -117,6 +123,10 @@ impl<'a> ClusterMessage<'a> {
             ACK_LEASE_V1 => lease_ack_handover::decode_request(msg).map(M::AckLease),
             LEASE_ACKED_V1 => lease_ack_handover::decode_answer(msg)
                 .map(|(nonce, found)| M::LeaseAcked { nonce, found }),
+            REVOKE_GROUPS_V1 => group_revoke::decode_request(msg).map(M::RevokeGroups),
+            GROUPS_REVOKED_V1 => {
+                group_revoke::decode_answer(msg).map(|nonce| M::GroupsRevoked { nonce })
+            }
             WITNESS_MOVE_V1 => witness_move::decode(msg).map(M::WitnessMove),
             WITNESS_DRAIN_V1 => witness_move::decode_drain(msg).map(M::WitnessDrain),
             WITNESS_SHARE_MOVE_V1 => witness_move::decode_share(msg).map(M::ShareMove),
@@ -150,6 +160,8 @@ fn kind(tag: u8) -> &'static str {
         APP_INSTANCE_CLOSED_V1 => "answer about an application's opens",
         ACK_LEASE_V1 => "lease acknowledgement",
         LEASE_ACKED_V1 => "answer about a lease acknowledgement",
+        REVOKE_GROUPS_V1 => "request to revoke groups of opens",
+        GROUPS_REVOKED_V1 => "answer about revoked groups of opens",
         WITNESS_MOVE_V1 => "witness client move",
         WITNESS_DRAIN_V1 => "witness clients' move off a draining node",
         WITNESS_SHARE_MOVE_V1 => "witness share move",
@@ -255,6 +267,15 @@ mod tests {
                 lease_ack_handover::encode_answer(4, Found::Refused),
                 "LeaseAcked",
             ),
+            (
+                group_revoke::encode_request(&RevokeGroups {
+                    nonce: 6,
+                    file: key,
+                    reply_to: "n2".into(),
+                }),
+                "RevokeGroups",
+            ),
+            (group_revoke::encode_answer(6), "GroupsRevoked"),
             (nimbus_state::records::encode_break(0x2a, &order), "Break"),
             (
                 witness_move::encode(&WitnessMove {
@@ -325,6 +346,8 @@ mod tests {
                 nonce: 4,
                 found: Found::Refused,
             } => "LeaseAcked",
+            M::RevokeGroups(r) if r.nonce == 6 && r.file.ino == 42 => "RevokeGroups",
+            M::GroupsRevoked { nonce: 6 } => "GroupsRevoked",
             M::Break {
                 open_id: 0x2a,
                 order,

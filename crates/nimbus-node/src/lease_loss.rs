@@ -22,6 +22,9 @@ const DROP_WAIT: Duration = Duration::from_secs(10);
 /// Drops every connection with a session and every durable open kept
 /// for a client, and waits for them to be released.
 pub fn drop_clients(server: &Server) {
+    // Its groups of alike opens are joined by reading again: what it
+    // remembers of shared files proves nothing now (`nimbus_state::grouped_opens`).
+    server.share_modes.grouped().revoke_all();
     let mut conns: Vec<Arc<dyn Channel>> = Vec::new();
     for session in server.sessions.all() {
         for c in session.connections() {

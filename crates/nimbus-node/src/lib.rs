@@ -43,6 +43,7 @@ pub mod durable;
 pub mod failover;
 pub mod fileinfo;
 pub mod gauges;
+pub mod group_revoker;
 pub mod interfaces;
 pub mod lease_loss;
 pub mod leaving;

@@ -210,7 +210,8 @@ fn protocol_state(
             let oplocks =
                 oplocks.with_elsewhere(crate::dir_leases::ClusterDirLeases::start(m.clone()));
             (
-                ShareModes::with_liveness(owned.clone(), gone.clone()),
+                ShareModes::with_liveness(owned.clone(), gone.clone())
+                    .with_revoker(crate::group_revoker::revoker(m.clone()), m.revoke_wait()),
                 ByteRangeLocks::with_liveness(owned, gone),
                 oplocks,
             )
@@ -683,6 +684,12 @@ impl Server {
             M::LeaseAcked { nonce, found } => {
                 if let Some(m) = &self.cluster {
                     m.answered(nonce, found as u8);
+                }
+            }
+            M::RevokeGroups(req) => crate::group_revoker::revoke_for_node(self, req),
+            M::GroupsRevoked { nonce } => {
+                if let Some(m) = &self.cluster {
+                    m.answered(nonce, 1);
                 }
             }
             M::Break { open_id, order } => {

@@ -939,6 +939,10 @@ impl ClusterStore {
 }
 
 impl StateStore for ClusterStore {
+    fn lease_proven(&self) -> bool {
+        self.fenced().is_ok()
+    }
+
     fn get(&self, key: &[u8]) -> Result<Option<Versioned>, StateError> {
         let Some(group) = self.group(key) else {
             return self.local.get(key);

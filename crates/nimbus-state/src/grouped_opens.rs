@@ -27,6 +27,22 @@
 //!
 //! Nothing here is written to the store: a group's member set is this
 //! node's alone, and it dies with the process, as its opens do.
+//!
+//! **Joins without a read.** An open that joins a recorded group needs
+//! no look at the records to be decided: every entry recorded before the
+//! group's was checked against the group's first member, and every entry
+//! recorded after it was checked against the group's entry, which asks
+//! what the joining open asks; no grant that excludes other opens (a
+//! write-caching lease, a batch oplock) is given while the entry is
+//! there. Only delete-pending, set on another node, could refuse it. So a
+//! group is *licensed* (`license`) once a write of this node that holds
+//! its entry has gone through, and its joins are then decided from what
+//! the node remembers of the records, with no etcd request. A node that
+//! sets delete-pending first has every node whose groups the record
+//! names *revoke* them (`revoke`, `ShareModes::set_delete_pending`), and
+//! a revoked group is never licensed again: its joins read the records,
+//! as before. A group formed after a revocation is a new entry, so the
+//! setter's compare-and-set fails and it revokes again.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -56,6 +72,10 @@ type Kind = (FileKey, u32, u32);
 struct Group {
     kind: Kind,
     members: HashSet<u64>,
+    /// Its joins may be decided without reading the records.
+    licensed: bool,
+    /// Revoked for delete-pending (or a lost lease): never licensed again.
+    revoked: bool,
 }
 
 #[derive(Default)]
@@ -96,6 +116,8 @@ impl GroupedOpens {
                     Group {
                         kind,
                         members: HashSet::new(),
+                        licensed: false,
+                        revoked: false,
                     },
                 );
                 open_id
@@ -174,6 +196,51 @@ impl GroupedOpens {
         !self.none_grouped() && lock(&self.groups).groups.contains_key(&id)
     }
 
+    /// A write of this node holding group `id`'s entry went through: its
+    /// joins may be decided without reading, unless it was revoked.
+    pub fn license(&self, id: u64) {
+        if self.none_grouped() {
+            return;
+        }
+        if let Some(g) = lock(&self.groups).groups.get_mut(&id) {
+            g.licensed = !g.revoked;
+        }
+    }
+
+    /// Whether a join of group `id` may be decided without reading the
+    /// file's records.
+    pub fn licensed(&self, id: u64) -> bool {
+        !self.none_grouped()
+            && lock(&self.groups)
+                .groups
+                .get(&id)
+                .is_some_and(|g| g.licensed)
+    }
+
+    /// Another node is about to set `file` delete-pending (or this one
+    /// is): every group of it is revoked, for good, before the answer
+    /// that lets the setter write. The ids of the groups revoked.
+    pub fn revoke(&self, file: FileKey) -> Vec<u64> {
+        self.revoke_where(|kind| kind.0 == file)
+    }
+
+    /// The node's lease is lost: what it remembers of the records proves
+    /// nothing now, and its entries may be dropped by other nodes.
+    pub fn revoke_all(&self) {
+        self.revoke_where(|_| true);
+    }
+
+    fn revoke_where(&self, which: impl Fn(&Kind) -> bool) -> Vec<u64> {
+        let mut g = lock(&self.groups);
+        let mut ids = Vec::new();
+        for (id, group) in g.groups.iter_mut().filter(|(_, g)| which(&g.kind)) {
+            group.revoked = true;
+            group.licensed = false;
+            ids.push(*id);
+        }
+        ids
+    }
+
     /// No open is in a group, so none is asked about: an open's own
     /// joining happens before its questions (its CREATE's order).
     fn none_grouped(&self) -> bool {
@@ -220,6 +287,29 @@ mod tests {
         for id in ids {
             assert_eq!(g.leave(id), Leaving::Last(id));
         }
+    }
+
+    #[test]
+    fn a_revoked_group_is_never_licensed_again_and_a_new_one_may_be() {
+        let g = GroupedOpens::default();
+        g.join(F, 1, 1, 7);
+        g.join(G, 2, 1, 7);
+        assert!(!g.licensed(1), "licensed before any write");
+        g.license(1);
+        g.license(2);
+        assert!(g.licensed(1) && g.licensed(2));
+        assert_eq!(g.revoke(F), vec![1]);
+        assert!(!g.licensed(1), "revoked, still licensed");
+        assert!(g.licensed(2), "another file's group was revoked");
+        g.license(1);
+        assert!(!g.licensed(1), "a revoked group licensed again");
+        // A group that forms once the revoked one has gone is a new entry.
+        assert_eq!(g.leave(1), Leaving::Last(1));
+        assert_eq!(g.join(F, 3, 1, 7), 3);
+        g.license(3);
+        assert!(g.licensed(3));
+        g.revoke_all();
+        assert!(!g.licensed(2) && !g.licensed(3));
     }
 
     #[test]

@@ -137,14 +137,39 @@ fn update_in_turn<R: Record, T, E: From<StateError>>(
 pub fn update_both<A: Record, B: Record, T, E: From<StateError>>(
     store: &dyn StateStore,
     keys: [&[u8]; 2],
-    mut f: impl FnMut(&mut A, &mut B) -> Result<T, E>,
+    f: impl FnMut(&mut A, &mut B) -> Result<T, E>,
 ) -> Option<Result<T, E>> {
+    update_both_trusting(store, keys, false, f).map(|r| r.map(|(out, _)| out))
+}
+
+/// How `update_both_trusting` came to its answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decided {
+    /// The records were written (a compare-and-set went through).
+    Written,
+    /// Nothing to write, proven on records read for it.
+    Read,
+    /// Nothing to write, decided on the records remembered, unread: the
+    /// caller trusted them (`crate::grouped_opens`, joins without a read).
+    Remembered,
+}
+
+/// `update_both`, where the caller may say that an answer that writes
+/// nothing is right on the records this node remembers, however stale
+/// (`trust_remembered`): it then stands without the read that would
+/// prove it. A refusal is still decided again on the current records.
+pub fn update_both_trusting<A: Record, B: Record, T, E: From<StateError>>(
+    store: &dyn StateStore,
+    keys: [&[u8]; 2],
+    trust_remembered: bool,
+    mut f: impl FnMut(&mut A, &mut B) -> Result<T, E>,
+) -> Option<Result<(T, Decided), E>> {
     if keys.iter().any(|k| store.is_local(k)) {
         return None;
     }
     let mut answer = None;
     store.in_turns(&keys, &mut |memos| {
-        answer = memos.and_then(|memos| both_in_turn(store, keys, &mut f, memos));
+        answer = memos.and_then(|memos| both_in_turn(store, keys, trust_remembered, &mut f, memos));
     });
     answer
 }
@@ -155,9 +180,10 @@ pub fn update_both<A: Record, B: Record, T, E: From<StateError>>(
 fn both_in_turn<A: Record, B: Record, T, E: From<StateError>>(
     store: &dyn StateStore,
     keys: [&[u8]; 2],
+    trust_remembered: bool,
     f: &mut impl FnMut(&mut A, &mut B) -> Result<T, E>,
     memos: &mut [Option<Memo>],
-) -> Option<Result<T, E>> {
+) -> Option<Result<(T, Decided), E>> {
     if memos.len() != keys.len() {
         return Some(Err(StateError::Unavailable(
             "a store gave an update the wrong turns".into(),
@@ -204,6 +230,9 @@ fn both_in_turn<A: Record, B: Record, T, E: From<StateError>>(
         let unchanged =
             |i: usize| current[i].as_ref().map(|v| v.value.as_slice()) == values[i].as_deref();
         if out.is_err() || (unchanged(0) && unchanged(1)) {
+            if !fresh && out.is_ok() && trust_remembered {
+                return Some(out.map(|t| (t, Decided::Remembered)));
+            }
             if !fresh {
                 current = match read_again() {
                     Ok(c) => c,
@@ -218,7 +247,7 @@ fn both_in_turn<A: Record, B: Record, T, E: From<StateError>>(
                     record,
                 });
             }
-            return Some(out);
+            return Some(out.map(|t| (t, Decided::Read)));
         }
         // The encoded records move into the write, and back into the
         // memos once written: no copy of them is made.
@@ -257,7 +286,7 @@ fn both_in_turn<A: Record, B: Record, T, E: From<StateError>>(
                         record,
                     });
                 }
-                return Some(out);
+                return Some(out.map(|t| (t, Decided::Written)));
             }
             Ok(Written::Changed(now)) => match <[Option<Versioned>; 2]>::try_from(now) {
                 Ok(now) => {

@@ -167,6 +167,24 @@ pub fn leave_rule(rec: &mut FileRecord, open_id: u64) -> bool {
 /// are stale: nobody will close them).
 pub type Gone = Arc<dyn Fn(u64) -> bool + Send + Sync>;
 
+/// Asks the nodes of the given group entries (`GROUP_ENTRY`) of a file to
+/// revoke their groups of it (`GroupedOpens::revoke`) and waits for their
+/// answers: the entries whose nodes answered, or that are gone or this
+/// node's own. Blocks for at most a few seconds.
+pub type Revoker = Arc<dyn Fn(FileKey, &[u64]) -> Vec<u64> + Send + Sync>;
+
+/// Rounds of `set_delete_pending` at most: each finds groups recorded
+/// since the last (a group forms with a client's first open of a kind).
+const REVOKE_ROUNDS: usize = 64;
+
+/// How long `set_delete_pending` asks nodes to revoke their groups before
+/// it gives up: a node cut off from etcd neither answers nor joins once
+/// its lease is past, and its entries then go with it.
+struct Revoking {
+    revoke: Revoker,
+    give_up_after: std::time::Duration,
+}
+
 pub struct ShareModes {
     store: Arc<dyn StateStore>,
     gone: Option<Gone>,
@@ -175,6 +193,9 @@ pub struct ShareModes {
     unreleased: std::sync::Mutex<Vec<(FileKey, u64)>>,
     /// This node's alike opens recorded as one entry each.
     grouped: GroupedOpens,
+    /// On a cluster: how other nodes' groups are revoked before a file is
+    /// set delete-pending.
+    revoking: Option<Revoking>,
 }
 
 impl ShareModes {
@@ -184,6 +205,7 @@ impl ShareModes {
             gone: None,
             unreleased: Default::default(),
             grouped: GroupedOpens::default(),
+            revoking: None,
         }
     }
 
@@ -194,6 +216,19 @@ impl ShareModes {
         ShareModes {
             gone: Some(gone),
             ..ShareModes::new(store)
+        }
+    }
+
+    /// How other nodes' groups of alike opens are revoked before a file
+    /// is set delete-pending (`set_delete_pending`), asking for at most
+    /// `give_up_after` in all.
+    pub fn with_revoker(self, revoke: Revoker, give_up_after: std::time::Duration) -> Self {
+        ShareModes {
+            revoking: Some(Revoking {
+                revoke,
+                give_up_after,
+            }),
+            ..self
         }
     }
 
@@ -265,12 +300,28 @@ impl ShareModes {
         &self,
         key: FileKey,
         other_key: &[u8],
-        mut f: impl FnMut(&mut FileRecord, &mut R) -> T,
+        f: impl FnMut(&mut FileRecord, &mut R) -> T,
     ) -> Option<Result<T, SharingError>> {
+        self.update_with_trusting(key, other_key, false, f)
+            .map(|r| r.map(|(out, _)| out))
+    }
+
+    /// `update_with`, where an answer that writes nothing may stand on the
+    /// records remembered, unread (`records::update_both_trusting`: the
+    /// joins of a licensed group, `crate::grouped_opens`), and how it was
+    /// decided.
+    pub fn update_with_trusting<R: Record, T>(
+        &self,
+        key: FileKey,
+        other_key: &[u8],
+        trust_remembered: bool,
+        mut f: impl FnMut(&mut FileRecord, &mut R) -> T,
+    ) -> Option<Result<(T, records::Decided), SharingError>> {
         let k = key.record_key(OPENS_PREFIX);
-        records::update_both::<FileRecord, R, T, SharingError>(
+        records::update_both_trusting::<FileRecord, R, T, SharingError>(
             &*self.store,
             [&k, other_key],
+            trust_remembered,
             |rec, r| Ok(f(rec, r)),
         )
     }
@@ -366,11 +417,65 @@ impl ShareModes {
         self.update(key, |rec| Ok(self.leave_rule(rec, open_id)))
     }
 
+    /// Sets or clears the file's delete-pending. On a cluster a node's
+    /// group of alike opens may be joined without reading the records
+    /// (`crate::grouped_opens`), so before the flag is written every live
+    /// group the record names is revoked by its node: this node's at once,
+    /// another's by request (`with_revoker`). The write refuses itself
+    /// while the record names a group not revoked, so a group recorded
+    /// meanwhile (a write, which also fails the compare-and-set) is
+    /// revoked in the next round.
     pub fn set_delete_pending(&self, key: FileKey, pending: bool) -> Result<(), SharingError> {
-        self.update(key, |rec| {
-            rec.delete_pending = pending;
-            Ok(())
-        })
+        let Some(revoking) = self.revoking.as_ref().filter(|_| pending) else {
+            return self.update(key, |rec| {
+                rec.delete_pending = pending;
+                Ok(())
+            });
+        };
+        let dead = |id: u64| self.gone.as_ref().is_some_and(|gone| gone(id));
+        let give_up_at = std::time::Instant::now() + revoking.give_up_after;
+        let mut revoked: std::collections::HashSet<u64> = Default::default();
+        let mut rounds = 0;
+        loop {
+            revoked.extend(self.grouped.revoke(key));
+            let mut unrevoked = Vec::new();
+            let set = self.update(key, |rec| {
+                unrevoked.clear();
+                unrevoked.extend(
+                    rec.opens
+                        .iter()
+                        .filter(|o| o.share_access & GROUP_ENTRY != 0)
+                        .map(|o| o.open_id)
+                        .filter(|id| !revoked.contains(id) && !dead(*id)),
+                );
+                if !unrevoked.is_empty() {
+                    // Told apart from a real refusal by `unrevoked`.
+                    return Err(SharingError::Violation);
+                }
+                rec.delete_pending = true;
+                Ok(())
+            });
+            if unrevoked.is_empty() {
+                return set;
+            }
+            // This node's own groups formed meanwhile: the next round's.
+            let (own, others): (Vec<u64>, Vec<u64>) =
+                unrevoked.iter().partition(|id| self.grouped.is_group(**id));
+            if !others.is_empty() {
+                let answered = crate::blocking::off_worker(|| (revoking.revoke)(key, &others));
+                revoked.extend(answered);
+            }
+            rounds += 1;
+            let unanswered = others.iter().any(|id| !revoked.contains(id));
+            if (unanswered && std::time::Instant::now() >= give_up_at) || rounds >= REVOKE_ROUNDS {
+                return Err(SharingError::Store(StateError::Unavailable(format!(
+                    "{} group(s) of opens of the file were not revoked within {}s ({rounds} \
+                     rounds)",
+                    own.len() + others.len(),
+                    revoking.give_up_after.as_secs()
+                ))));
+            }
+        }
     }
 
     /// How an open with none of the sharing rights (an attribute-only
@@ -438,6 +543,54 @@ mod tests {
     use crate::MemoryStore;
 
     const K: FileKey = FileKey { dev: 1, ino: 2 };
+
+    #[test]
+    fn delete_pending_is_set_only_once_every_live_group_the_record_names_is_revoked() {
+        use std::sync::Mutex;
+        use std::time::Duration;
+        // Another node's group entry (900), a gone node's (950), this
+        // node's own group (1), and a lone open (7).
+        let asked: Arc<Mutex<Vec<Vec<u64>>>> = Default::default();
+        let answering = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (a, on) = (asked.clone(), answering.clone());
+        let revoker: Revoker = Arc::new(move |file, ids| {
+            assert_eq!(file, K);
+            a.lock().unwrap().push(ids.to_vec());
+            match on.load(std::sync::atomic::Ordering::SeqCst) {
+                true => ids.to_vec(),
+                false => Vec::new(),
+            }
+        });
+        let gone: Gone = Arc::new(|id| id == 950);
+        let sm = ShareModes::with_liveness(Arc::new(MemoryStore::new()), gone)
+            .with_revoker(revoker, Duration::ZERO);
+        let member = |id| open(id, READ_DATA, SHARE_READ | GROUP_ENTRY);
+        sm.add_open(K, member(900)).unwrap();
+        sm.add_open(K, member(950)).unwrap();
+        let own = sm.join_group(K, open(1, READ_DATA, SHARE_READ));
+        sm.add_open(K, own).unwrap();
+        sm.grouped().license(1);
+        sm.add_open(K, open(7, READ_DATA, SHARE_READ)).unwrap();
+        // Node of 900 does not answer: nothing is set, and the setter says
+        // why once its time is up.
+        assert!(matches!(
+            sm.set_delete_pending(K, true),
+            Err(SharingError::Store(_))
+        ));
+        assert!(!sm.record(K).unwrap().delete_pending);
+        assert!(
+            !sm.grouped().licensed(1),
+            "this node's own group was not revoked"
+        );
+        // It answers: set. Only the live other node's entry was asked about.
+        answering.store(true, std::sync::atomic::Ordering::SeqCst);
+        sm.set_delete_pending(K, true).unwrap();
+        assert!(sm.record(K).unwrap().delete_pending);
+        assert_eq!(*asked.lock().unwrap(), vec![vec![900], vec![900]]);
+        // Clearing it asks nobody.
+        sm.set_delete_pending(K, false).unwrap();
+        assert_eq!(asked.lock().unwrap().len(), 2);
+    }
 
     fn open(id: u64, access: u32, share: u32) -> OpenRecord {
         OpenRecord {

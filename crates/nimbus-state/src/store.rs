@@ -98,6 +98,13 @@ pub trait StateStore: Send + Sync {
         true
     }
 
+    /// Whether this node may decide from what it remembers of records
+    /// other nodes change: its cluster lease is proven now. A store of one
+    /// node always may.
+    fn lease_proven(&self) -> bool {
+        true
+    }
+
     /// Every record whose key starts with `prefix`, in key order.
     fn scan_prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Versioned)>, StateError>;
 

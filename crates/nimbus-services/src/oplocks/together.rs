@@ -25,6 +25,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 
 use nimbus_state::caching::{Contention, FileCaching, Granted, Holder, LeaseId, OpenAsk, Want};
+use nimbus_state::grouped_opens::GROUP_ENTRY;
+use nimbus_state::records::Decided;
 use nimbus_state::{FileKey, FileRecord, OpenRecord, ShareModes, SharingError, StateError};
 
 use super::{caching_of, changed_opens, record_key, wake, Claimed, Oplocks, Summary, Target};
@@ -205,8 +207,21 @@ impl Oplocks {
         let turn = self.turn(file);
         let (steps, claimed) = self.claim_for_admits(file, steps);
         let watch = self.watching();
-        let written =
-            share_modes.update_with(file, &record_key(file), |rec, s: &mut FileCaching| {
+        // Joins of licensed groups alone, on a node whose lease is proven:
+        // an answer that changes nothing stands on the records remembered
+        // (nimbus_state::grouped_opens, joins without a read).
+        let grouped = share_modes.grouped();
+        let trusted = steps.iter().all(|step| match step {
+            Step::Open { open, .. } => {
+                open.share_access & GROUP_ENTRY != 0 && grouped.licensed(open.open_id)
+            }
+            _ => false,
+        }) && self.store.lease_proven();
+        let written = share_modes.update_with_trusting(
+            file,
+            &record_key(file),
+            trusted,
+            |rec, s: &mut FileCaching| {
                 let before = if watch { caching_of(s) } else { Vec::new() };
                 let mut applied: Vec<Applied> = steps
                     .iter()
@@ -226,9 +241,23 @@ impl Oplocks {
                     summary.changed.retain(|id| !told_by_create(&steps, *id));
                 }
                 (applied, summary)
-            });
+            },
+        );
         let (applied, summary) = match written {
-            Some(Ok(v)) => v,
+            Some(Ok((v, decided))) => {
+                if decided == Decided::Written {
+                    // Written with their entries: a group's joins may go
+                    // without a read from now on, unless revoked.
+                    for (step, a) in steps.iter().zip(&v.0) {
+                        if let (Step::Open { open, .. }, Applied::Opened(..)) = (step, a) {
+                            if open.share_access & GROUP_ENTRY != 0 {
+                                grouped.license(open.open_id);
+                            }
+                        }
+                    }
+                }
+                v
+            }
             not_written => {
                 self.table().give_back(file, claimed);
                 let outcomes = match not_written {
