@@ -35,14 +35,19 @@
 //! what the joining open asks; no grant that excludes other opens (a
 //! write-caching lease, a batch oplock) is given while the entry is
 //! there. Only delete-pending, set on another node, could refuse it. So a
-//! group is *licensed* (`license`) once a write of this node that holds
-//! its entry has gone through, and its joins are then decided from what
-//! the node remembers of the records, with no etcd request. A node that
-//! sets delete-pending first has every node whose groups the record
-//! names *revoke* them (`revoke`, `ShareModes::set_delete_pending`), and
-//! a revoked group is never licensed again: its joins read the records,
-//! as before. A group formed after a revocation is a new entry, so the
-//! setter's compare-and-set fails and it revokes again.
+//! group is *licensed* (`license`) once the node has seen its entry in the
+//! records without delete-pending (a write of its own, or a read that
+//! proved a join), and its joins are then decided from what the node
+//! remembers of the records, with no etcd request. A node that sets
+//! delete-pending first has every node whose groups the record names
+//! *revoke* them (`revoke`, `ShareModes::set_delete_pending`), and a
+//! revoked group is never licensed again: its joins read the records, as
+//! before. That is what makes a license safe whenever it is given: the
+//! entry stays in the record while the group lives, so a setter's write
+//! can only go through on a record that names it, after the node's answer,
+//! and so after the group was revoked for good. A group formed after a
+//! revocation is a new entry, so the setter's compare-and-set fails and it
+//! revokes again.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -196,8 +201,9 @@ impl GroupedOpens {
         !self.none_grouped() && lock(&self.groups).groups.contains_key(&id)
     }
 
-    /// A write of this node holding group `id`'s entry went through: its
-    /// joins may be decided without reading, unless it was revoked.
+    /// Group `id`'s entry was seen in the file's records, without
+    /// delete-pending: its joins may be decided without reading, unless
+    /// it was revoked.
     pub fn license(&self, id: u64) {
         if self.none_grouped() {
             return;

@@ -245,8 +245,9 @@ impl Oplocks {
         );
         let (applied, summary) = match written {
             Some(Ok((v, decided))) => {
-                if decided == Decided::Written {
-                    // Written with their entries: a group's joins may go
+                if decided != Decided::Remembered {
+                    // Its entry proven in the records (written or read),
+                    // with no delete-pending: a group's joins may go
                     // without a read from now on, unless revoked.
                     for (step, a) in steps.iter().zip(&v.0) {
                         if let (Step::Open { open, .. }, Applied::Opened(..)) = (step, a) {
