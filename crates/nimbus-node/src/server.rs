@@ -231,6 +231,9 @@ impl Server {
     pub(crate) fn leave_cluster(&self) {
         if let Some(m) = &self.cluster {
             if !m.is_stopping() {
+                // Past this, other nodes take the node for gone: no join is
+                // decided from memory (`nimbus_state::grouped_opens`).
+                self.share_modes.grouped().revoke_all();
                 m.leave();
             }
         }

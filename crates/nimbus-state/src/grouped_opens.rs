@@ -230,10 +230,13 @@ impl GroupedOpens {
         self.revoke_where(|kind| kind.0 == file)
     }
 
-    /// The node's lease is lost: what it remembers of the records proves
-    /// nothing now, and its entries may be dropped by other nodes.
+    /// The node's lease is lost, or it leaves its cluster: what it
+    /// remembers of the records proves nothing now, and its entries may be
+    /// dropped by other nodes. New opens start groups of their own rather
+    /// than join one whose entry may be gone.
     pub fn revoke_all(&self) {
         self.revoke_where(|_| true);
+        lock(&self.groups).by_kind.clear();
     }
 
     fn revoke_where(&self, which: impl Fn(&Kind) -> bool) -> Vec<u64> {
@@ -316,6 +319,13 @@ mod tests {
         assert!(g.licensed(3));
         g.revoke_all();
         assert!(!g.licensed(2) && !g.licensed(3));
+        assert_eq!(
+            g.join(F, 4, 1, 7),
+            4,
+            "joined a group from before the lease was lost"
+        );
+        assert_eq!(g.leave(3), Leaving::Last(3));
+        assert_eq!(g.leave(4), Leaving::Last(4));
     }
 
     #[test]

@@ -139,7 +139,7 @@ pub fn update_both<A: Record, B: Record, T, E: From<StateError>>(
     keys: [&[u8]; 2],
     f: impl FnMut(&mut A, &mut B) -> Result<T, E>,
 ) -> Option<Result<T, E>> {
-    update_both_trusting(store, keys, false, f).map(|r| r.map(|(out, _)| out))
+    update_both_trusting(store, keys, |_| false, f).map(|r| r.map(|(out, _)| out))
 }
 
 /// How `update_both_trusting` came to its answer.
@@ -154,14 +154,16 @@ pub enum Decided {
     Remembered,
 }
 
-/// `update_both`, where the caller may say that an answer that writes
-/// nothing is right on the records this node remembers, however stale
-/// (`trust_remembered`): it then stands without the read that would
-/// prove it. A refusal is still decided again on the current records.
+/// `update_both`, where the caller may say of an answer that writes
+/// nothing that it is right on the records this node remembers, however
+/// stale (`trust_remembered`): it then stands without the read that would
+/// prove it, while the node's lease is proven (`StateStore::lease_proven`,
+/// asked in the records' turn). A refusal is still decided again on the
+/// current records.
 pub fn update_both_trusting<A: Record, B: Record, T, E: From<StateError>>(
     store: &dyn StateStore,
     keys: [&[u8]; 2],
-    trust_remembered: bool,
+    trust_remembered: impl Fn(&T) -> bool,
     mut f: impl FnMut(&mut A, &mut B) -> Result<T, E>,
 ) -> Option<Result<(T, Decided), E>> {
     if keys.iter().any(|k| store.is_local(k)) {
@@ -169,7 +171,8 @@ pub fn update_both_trusting<A: Record, B: Record, T, E: From<StateError>>(
     }
     let mut answer = None;
     store.in_turns(&keys, &mut |memos| {
-        answer = memos.and_then(|memos| both_in_turn(store, keys, trust_remembered, &mut f, memos));
+        answer =
+            memos.and_then(|memos| both_in_turn(store, keys, &trust_remembered, &mut f, memos));
     });
     answer
 }
@@ -180,7 +183,7 @@ pub fn update_both_trusting<A: Record, B: Record, T, E: From<StateError>>(
 fn both_in_turn<A: Record, B: Record, T, E: From<StateError>>(
     store: &dyn StateStore,
     keys: [&[u8]; 2],
-    trust_remembered: bool,
+    trust_remembered: &impl Fn(&T) -> bool,
     f: &mut impl FnMut(&mut A, &mut B) -> Result<T, E>,
     memos: &mut [Option<Memo>],
 ) -> Option<Result<(T, Decided), E>> {
@@ -230,7 +233,7 @@ fn both_in_turn<A: Record, B: Record, T, E: From<StateError>>(
         let unchanged =
             |i: usize| current[i].as_ref().map(|v| v.value.as_slice()) == values[i].as_deref();
         if out.is_err() || (unchanged(0) && unchanged(1)) {
-            if !fresh && out.is_ok() && trust_remembered {
+            if !fresh && out.as_ref().is_ok_and(trust_remembered) && store.lease_proven() {
                 return Some(out.map(|t| (t, Decided::Remembered)));
             }
             if !fresh {

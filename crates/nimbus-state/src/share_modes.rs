@@ -177,6 +177,9 @@ pub type Revoker = Arc<dyn Fn(FileKey, &[u64]) -> Vec<u64> + Send + Sync>;
 /// since the last (a group forms with a client's first open of a kind).
 const REVOKE_ROUNDS: usize = 64;
 
+/// Between rounds of `set_delete_pending` in which a node did not answer.
+const REVOKE_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// How long `set_delete_pending` asks nodes to revoke their groups before
 /// it gives up: a node cut off from etcd neither answers nor joins once
 /// its lease is past, and its entries then go with it.
@@ -302,19 +305,19 @@ impl ShareModes {
         other_key: &[u8],
         f: impl FnMut(&mut FileRecord, &mut R) -> T,
     ) -> Option<Result<T, SharingError>> {
-        self.update_with_trusting(key, other_key, false, f)
+        self.update_with_trusting(key, other_key, |_| false, f)
             .map(|r| r.map(|(out, _)| out))
     }
 
     /// `update_with`, where an answer that writes nothing may stand on the
-    /// records remembered, unread (`records::update_both_trusting`: the
-    /// joins of a licensed group, `crate::grouped_opens`), and how it was
-    /// decided.
+    /// records remembered, unread, where `trust_remembered` says so of it
+    /// (`records::update_both_trusting`: the joins of a licensed group,
+    /// `crate::grouped_opens`), and how it was decided.
     pub fn update_with_trusting<R: Record, T>(
         &self,
         key: FileKey,
         other_key: &[u8],
-        trust_remembered: bool,
+        trust_remembered: impl Fn(&T) -> bool,
         mut f: impl FnMut(&mut FileRecord, &mut R) -> T,
     ) -> Option<Result<(T, records::Decided), SharingError>> {
         let k = key.record_key(OPENS_PREFIX);
@@ -467,6 +470,11 @@ impl ShareModes {
             }
             rounds += 1;
             let unanswered = others.iter().any(|id| !revoked.contains(id));
+            if unanswered {
+                // A node that could not be asked at all (etcd refused the
+                // request) is asked again after a pause, not at once.
+                crate::blocking::off_worker(|| std::thread::sleep(REVOKE_PAUSE));
+            }
             if (unanswered && std::time::Instant::now() >= give_up_at) || rounds >= REVOKE_ROUNDS {
                 return Err(SharingError::Store(StateError::Unavailable(format!(
                     "{} group(s) of opens of the file were not revoked within {}s ({rounds} \

@@ -208,15 +208,19 @@ impl Oplocks {
         let (steps, claimed) = self.claim_for_admits(file, steps);
         let watch = self.watching();
         // Joins of licensed groups alone, on a node whose lease is proven:
-        // an answer that changes nothing stands on the records remembered
-        // (nimbus_state::grouped_opens, joins without a read).
+        // an answer that changes nothing and goes on at once (no break to
+        // wait for, which a stale memo may show) stands on the records
+        // remembered (nimbus_state::grouped_opens, joins without a read).
         let grouped = share_modes.grouped();
-        let trusted = steps.iter().all(|step| match step {
+        let licensed = steps.iter().all(|step| match step {
             Step::Open { open, .. } => {
                 open.share_access & GROUP_ENTRY != 0 && grouped.licensed(open.open_id)
             }
             _ => false,
-        }) && self.store.lease_proven();
+        });
+        let trusted = |(applied, _): &(Vec<Applied>, Summary)| {
+            licensed && applied.iter().all(goes_on_at_once)
+        };
         let written = share_modes.update_with_trusting(
             file,
             &record_key(file),
@@ -250,7 +254,7 @@ impl Oplocks {
                     // with no delete-pending: a group's joins may go
                     // without a read from now on, unless revoked.
                     for (step, a) in steps.iter().zip(&v.0) {
-                        if let (Step::Open { open, .. }, Applied::Opened(..)) = (step, a) {
+                        if let (Step::Open { open, .. }, true) = (step, goes_on_at_once(a)) {
                             if open.share_access & GROUP_ENTRY != 0 {
                                 grouped.license(open.open_id);
                             }
@@ -394,6 +398,12 @@ impl Oplocks {
             .collect();
         (steps, claimed)
     }
+}
+
+/// An open admitted that waits for no break and sends none: what a join
+/// without a read may be (a break under way in a stale memo may be over).
+fn goes_on_at_once(a: &Applied) -> bool {
+    matches!(a, Applied::Opened(c, to) if !c.wait && c.breaks.is_empty() && to.is_empty())
 }
 
 /// Whether the change of `open_id`'s caching in a write of `steps` is its
