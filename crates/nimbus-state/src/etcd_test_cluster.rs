@@ -158,12 +158,38 @@ pub fn make_certificates(dir: &std::path::Path) {
     }
 }
 
+/// A loopback port nothing listens on, below Linux's ephemeral range
+/// (32768 and up by default). A port the kernel handed out and took
+/// back (bind to port 0) can be handed again to an outgoing connection,
+/// such as one member's link to another, before etcd binds it: etcd then
+/// exits with "address already in use". Ports are taken in turn from a
+/// place set by the process id, so the clusters a test binary starts at
+/// once never pick the same one.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 10_000;
+    const SPAN: u32 = 22_000;
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        std::process::id().wrapping_mul(7919) % SPAN,
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
+    for _ in 0..SPAN {
+        let port = (LOW + NEXT.fetch_add(1, Ordering::Relaxed) % SPAN) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {LOW}..{}", LOW + SPAN)
+}
+
+/// The last lines of member `name`'s log in `dir`.
+fn log_tail(dir: &std::path::Path, name: &str) -> String {
+    let log = std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default();
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(5)..].join("\n")
 }
 
 impl Cluster {
@@ -177,7 +203,20 @@ impl Cluster {
         Cluster::start_with(name, true)
     }
 
+    /// Starts the cluster, again on new ports if a member exits or does
+    /// not answer (a port taken between its choice and etcd's bind).
     fn start_with(name: &str, tls: bool) -> Cluster {
+        let mut failures = Vec::new();
+        for _ in 0..3 {
+            match Cluster::try_start(name, tls) {
+                Ok(cluster) => return cluster,
+                Err(e) => failures.push(e),
+            }
+        }
+        panic!("etcd cluster {name} did not start: {}", failures.join("; "))
+    }
+
+    fn try_start(name: &str, tls: bool) -> Result<Cluster, String> {
         let dir = std::env::temp_dir().join(format!("nimbus-etcd-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -224,7 +263,7 @@ impl Cluster {
             .iter()
             .map(|(c, _)| format!("{scheme}://127.0.0.1:{c}"))
             .collect();
-        let cluster = Cluster {
+        let mut cluster = Cluster {
             dir,
             members,
             urls,
@@ -233,14 +272,16 @@ impl Cluster {
         // Ready when every member answers a linearizable read (a leader
         // exists, and each serves clients): a test may count which member
         // a connection went to.
-        for url in &cluster.urls {
-            cluster.wait_ready(url);
+        for url in cluster.urls.clone() {
+            cluster.wait_ready(&url, 0..3)?;
         }
-        cluster
+        Ok(cluster)
     }
 
-    /// Waits until the member at `url` answers a linearizable read.
-    fn wait_ready(&self, url: &str) {
+    /// Waits until the member at `url` answers a linearizable read: an
+    /// error, with the member's log, if one of the members `watched`
+    /// exits or 30 s pass.
+    fn wait_ready(&mut self, url: &str, watched: std::ops::Range<usize>) -> Result<(), String> {
         let until = std::time::Instant::now() + Duration::from_secs(30);
         let store = EtcdStore::with_access(
             &[url.to_string()],
@@ -250,12 +291,21 @@ impl Cluster {
         )
         .unwrap();
         while let Err(e) = store.check() {
-            assert!(
-                std::time::Instant::now() < until,
-                "etcd member {url} not ready: {e}"
-            );
+            for i in watched.clone() {
+                if let Ok(Some(status)) = self.members[i].try_wait() {
+                    let name = format!("m{i}");
+                    return Err(format!(
+                        "member {name} exited ({status}): {}",
+                        log_tail(&self.dir, &name)
+                    ));
+                }
+            }
+            if std::time::Instant::now() >= until {
+                return Err(format!("etcd member {url} not ready: {e}"));
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
+        Ok(())
     }
 }
 
@@ -292,7 +342,9 @@ impl Cluster {
         let token = "unused-for-an-existing-cluster";
         self.members
             .push(spawn(&self.dir, &member, initial, "existing", token, &[]));
-        self.wait_ready(&member.client_url);
+        if let Err(e) = self.wait_ready(&member.client_url, n..n + 1) {
+            panic!("the new member m{n}: {e}");
+        }
         // The old member's id, from `id, status, name, peers, clients, learner`.
         let list = etcdctl(&kept, &["member", "list"]);
         let old = format!("m{i}");
