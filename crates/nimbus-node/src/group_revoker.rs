@@ -10,6 +10,7 @@ use std::time::Duration;
 use nimbus_cluster::cluster::{incarnation_of, Membership};
 use nimbus_cluster::group_revoke::{encode_answer, encode_request, RevokeGroups};
 use nimbus_state::share_modes::Revoker;
+use nimbus_state::FileKey;
 
 use crate::server::Server;
 
@@ -38,26 +39,42 @@ pub fn revoker(m: Arc<Membership>) -> Revoker {
                 Err(e) => tracing::warn!("cluster: finding the node of a group of opens: {e}"),
             }
         }
-        for (node, ids) in by_node {
-            let request = |nonce| {
-                encode_request(&RevokeGroups {
-                    nonce,
-                    file,
-                    reply_to: m.node.clone(),
-                })
-            };
-            if m.ask_nodes(std::slice::from_ref(&node), request, ANSWER_WAIT) == [1] {
-                revoked.extend(ids);
-            } else {
-                tracing::warn!(
-                    "cluster: node {node} did not answer a request to revoke its opens' groups \
-                     within {}s; asked again",
-                    ANSWER_WAIT.as_secs()
-                );
-            }
-        }
+        // Every node at once, each with a request of its own (an answer
+        // names only its request): a deletion waits for the slowest node,
+        // not for the sum of them.
+        let answered: Vec<Vec<u64>> = std::thread::scope(|scope| {
+            let asks: Vec<_> = by_node
+                .into_iter()
+                .map(|(node, ids)| scope.spawn(|| ask_to_revoke(&m, file, node, ids)))
+                .collect();
+            asks.into_iter()
+                .map(|ask| ask.join().unwrap_or_default())
+                .collect()
+        });
+        revoked.extend(answered.into_iter().flatten());
         revoked
     })
+}
+
+/// Asks `node` to revoke its groups of `file`: their entries `ids` if it
+/// answered in time, else none (it is asked again in the next round).
+fn ask_to_revoke(m: &Membership, file: FileKey, node: String, ids: Vec<u64>) -> Vec<u64> {
+    let request = |nonce| {
+        encode_request(&RevokeGroups {
+            nonce,
+            file,
+            reply_to: m.node.clone(),
+        })
+    };
+    if m.ask_nodes(std::slice::from_ref(&node), request, ANSWER_WAIT) == [1] {
+        return ids;
+    }
+    tracing::warn!(
+        "cluster: node {node} did not answer a request to revoke its opens' groups \
+         within {}s; asked again",
+        ANSWER_WAIT.as_secs()
+    );
+    Vec::new()
 }
 
 /// Another node sets a file delete-pending: this node's groups of it are
