@@ -53,6 +53,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -106,6 +107,13 @@ class Target:
             text = self.etcd.metrics(i)
             total += sum(int(float(m.group(1))) for m in KV_REQUESTS.finditer(text))
         return total
+
+
+def pause(etcd: EtcdCluster, paused: bool) -> None:
+    """Stops (SIGSTOP) or continues (SIGCONT) every member of `etcd`."""
+    for m in etcd.members:
+        if m.alive():
+            m.process.send_signal(signal.SIGSTOP if paused else signal.SIGCONT)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -284,7 +292,15 @@ def check_perf(etcd: EtcdCluster) -> str:
 # cluster-tls: the same three nodes on a second etcd cluster, reached as a
 # production one is (client and peer TLS, client certificates, a role on
 # the prefix, the records tagged): what that costs against plain http://.
-KINDS = ["cluster", "cluster-tls", "single", "samba"]
+# cluster-tls-plain-peers and cluster-tls-no-auth take one part off it
+# (TLS between the members; etcd's users and roles), each on an etcd of
+# its own, to tell what each part costs.
+TLS_KINDS = {
+    "cluster-tls": dict(tls=True),
+    "cluster-tls-plain-peers": dict(tls=True, peer_tls=False),
+    "cluster-tls-no-auth": dict(tls=True, auth=False),
+}
+KINDS = ["cluster", *TLS_KINDS, "single", "samba"]
 
 
 def main() -> int:
@@ -325,12 +341,23 @@ def main() -> int:
         # before the tests' etcd went TLS; "cluster-tls" on its own etcd.
         etcd = EtcdCluster(work / "etcd", tls=False)
         etcd.start()
-        tls_etcd: EtcdCluster | None = None
+        # Every etcd the kinds use is made at the start, and only the one a
+        # kind uses runs while it is measured: the others are paused
+        # (SIGSTOP), so no kind pays for another's idle members (a member
+        # heartbeats 20 times a second), and all kinds run alike.
+        tls_etcds: dict[str, EtcdCluster] = {}
+        for kind in args.kinds:
+            if kind in TLS_KINDS:
+                tls_etcds[kind] = EtcdCluster(work / f"etcd-{kind}", **TLS_KINDS[kind])
+                tls_etcds[kind].start()
+        every_etcd = [etcd, *tls_etcds.values()]
         cluster_procs: list[subprocess.Popen] = []
         try:
             names = {
                 "cluster": "Nimbus, 3-node cluster",
                 "cluster-tls": "Nimbus, cluster, TLS etcd",
+                "cluster-tls-plain-peers": "Nimbus, TLS, plain peers",
+                "cluster-tls-no-auth": "Nimbus, TLS, no etcd auth",
                 "single": "Nimbus, one node",
                 "samba": "Samba, one node",
             }
@@ -340,11 +367,13 @@ def main() -> int:
                 state.mkdir()
                 share.mkdir()
                 server = None
-                if kind == "cluster-tls" and tls_etcd is None:
-                    tls_etcd = EtcdCluster(work / "etcd-tls", tls=True)
-                    tls_etcd.start()
+                used = tls_etcds.get(kind, etcd) if kind.startswith("cluster") else None
+                for e in every_etcd:
+                    pause(e, e is not used)
+                if used is not None:
+                    used.wait_healthy()
                 if kind.startswith("cluster"):
-                    target, cluster_procs = start_cluster(args.nimbus, state, share, tls_etcd if kind == "cluster-tls" else etcd)
+                    target, cluster_procs = start_cluster(args.nimbus, state, share, tls_etcds.get(kind, etcd))
                     idle = idle_rates(target)
                 else:
                     server = start_nimbus(args.nimbus, state, share) if kind == "single" else start_smbd(state, share)
@@ -369,18 +398,25 @@ def main() -> int:
                         p.terminate()
                         p.wait(timeout=20)
                     cluster_procs = []
+            for e in every_etcd:
+                pause(e, e is not etcd)
+            etcd.wait_healthy()
             perf = "not measured" if args.no_check_perf else check_perf(etcd)
         finally:
+            pause(etcd, False)
             etcd.stop()
-            if tls_etcd:
-                tls_etcd.stop()
+            for e in tls_etcds.values():
+                pause(e, False)
+                e.stop()
 
     # Each key's median round (by rate).
     results = {key: sorted(rows, key=lambda row: row["rate"])[(len(rows) - 1) // 2] for key, rows in runs.items()}
     table = render(results, args.nprocs, perf, args.seconds)
     print(table)
-    if args.rounds > 1 and "cluster" in args.kinds and "cluster-tls" in args.kinds:
-        print(tls_rounds(runs, args.cases, args.nprocs))
+    if args.rounds > 1 and "cluster" in args.kinds:
+        for kind in TLS_KINDS:
+            if kind in args.kinds:
+                print(f"{kind}:\n{tls_rounds(runs, args.cases, args.nprocs, kind)}")
     if not args.no_write:
         write(Path(args.output), table)
     return 0
@@ -439,9 +475,10 @@ def render(results: dict, nprocs: list[int], perf: str, seconds: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def tls_rounds(runs: dict[tuple[str, str, int], list[dict]], cases: list[str], nprocs: list[int]) -> str:
-    """TLS over plain in each round (the two kinds of one round ran next to
-    each other, in the round's order), and their geometric mean."""
+def tls_rounds(runs: dict[tuple[str, str, int], list[dict]], cases: list[str], nprocs: list[int], kind: str = "cluster-tls") -> str:
+    """`kind` (a TLS etcd) over plain in each round (the kinds of one round
+    ran next to each other, in the round's order), and their geometric
+    mean."""
     lines = [
         "| case | nprocs | TLS / plain, each round | geometric mean | etcd requests/open, plain / TLS | "
         "etcd CPU µs/open, plain / TLS | nodes' CPU µs/open, plain / TLS |",
@@ -453,7 +490,7 @@ def tls_rounds(runs: dict[tuple[str, str, int], list[dict]], cases: list[str], n
 
     for case in cases:
         for n in nprocs:
-            plain, tls = runs.get(("cluster", case, n), []), runs.get(("cluster-tls", case, n), [])
+            plain, tls = runs.get(("cluster", case, n), []), runs.get((kind, case, n), [])
             ratios = [t["rate"] / max(p["rate"], 1) for p, t in zip(plain, tls)]
             if ratios:
                 mean = statistics.geometric_mean(ratios) if all(x > 0 for x in ratios) else 0.0

@@ -203,9 +203,10 @@ class Member:
     test's report carries each member's log.
     """
 
-    def __init__(self, name: str, base_dir: Path, pki: Pki | None = None):
+    def __init__(self, name: str, base_dir: Path, pki: Pki | None = None, peer_tls: bool = True):
         self.name = name
         self.pki = pki
+        self.peer_tls = peer_tls
         self.kind = f"etcd {name}"
         self.data_dir = base_dir / f"{name}.etcd"
         self.log_path = base_dir / f"{name}.log"
@@ -223,7 +224,8 @@ class Member:
 
     @property
     def peer_url(self) -> str:
-        return f"{self.scheme}://127.0.0.1:{self.peer_port}"
+        scheme = "https" if self.pki and self.peer_tls else "http"
+        return f"{scheme}://127.0.0.1:{self.peer_port}"
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -264,6 +266,10 @@ class Member:
                 f"--key-file={key}",
                 f"--trusted-ca-file={self.pki.ca}",
                 "--client-cert-auth",
+            ]
+        if self.pki and self.peer_tls:
+            cert, key = self.pki.member
+            args += [
                 f"--peer-cert-file={cert}",
                 f"--peer-key-file={key}",
                 f"--peer-trusted-ca-file={self.pki.ca}",
@@ -306,15 +312,20 @@ class Member:
 class EtcdCluster:
     """`members` etcd processes forming one cluster on 127.0.0.1: with `tls`
     (the default) TLS only, certificates asked of clients and peers, and
-    etcd users; without, plain http:// open to anyone."""
+    etcd users; without, plain http:// open to anyone. `peer_tls` and
+    `auth` False take one part off a TLS cluster (plain links between the
+    members; no users and roles), for bench/cluster_contention.py to tell
+    what each part costs."""
 
-    def __init__(self, base_dir: Path, members: int = 3, tls: bool = True):
+    def __init__(self, base_dir: Path, members: int = 3, tls: bool = True, peer_tls: bool = True, auth: bool = True):
         if members < 1:
             raise ValueError("a cluster needs at least one member")
         self.base_dir = Path(base_dir)
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self.pki = Pki(self.base_dir / "pki") if tls else None
-        self.members = [Member(f"m{i}", self.base_dir, self.pki) for i in range(members)]
+        self.peer_tls = peer_tls
+        self.auth = auth
+        self.members = [Member(f"m{i}", self.base_dir, self.pki, peer_tls) for i in range(members)]
         self.retired: list[Member] = []  # members `replace_member` removed
         # A test's list of servers whose logs a failure report carries (the
         # fixtures' stash): members `replace_member` adds join it.
@@ -345,7 +356,7 @@ class EtcdCluster:
                 for m in self.members:
                     m.launch(self._initial_cluster, self.token)
                 self.wait_healthy(timeout=START_TIMEOUT)
-                if self.pki:
+                if self.pki and self.auth:
                     self._enable_auth()
                 return
             except (RuntimeError, TimeoutError) as e:
@@ -386,7 +397,7 @@ class EtcdCluster:
         again."""
         old = self.members[i]
         names = {m.name for m in self.members + self.retired}
-        new = Member(next(f"m{n}" for n in range(len(names) + 1) if f"m{n}" not in names), self.base_dir, self.pki)
+        new = Member(next(f"m{n}" for n in range(len(names) + 1) if f"m{n}" not in names), self.base_dir, self.pki, self.peer_tls)
         new.client_port, new.peer_port = free_port(), free_port()
         while new.peer_port == new.client_port:
             new.peer_port = free_port()
