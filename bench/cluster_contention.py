@@ -340,19 +340,21 @@ def main() -> int:
         # "cluster" on plain http://: comparable with the runs measured
         # before the tests' etcd went TLS; "cluster-tls" on its own etcd.
         etcd = EtcdCluster(work / "etcd", tls=False)
-        etcd.start()
-        # Every etcd the kinds use is made at the start, and only the one a
-        # kind uses runs while it is measured: the others are paused
-        # (SIGSTOP), so no kind pays for another's idle members (a member
-        # heartbeats 20 times a second), and all kinds run alike.
         tls_etcds: dict[str, EtcdCluster] = {}
-        for kind in args.kinds:
-            if kind in TLS_KINDS:
-                tls_etcds[kind] = EtcdCluster(work / f"etcd-{kind}", **TLS_KINDS[kind])
-                tls_etcds[kind].start()
-        every_etcd = [etcd, *tls_etcds.values()]
+        every_etcd = [etcd]
         cluster_procs: list[subprocess.Popen] = []
         try:
+            etcd.start()
+            # Every etcd the kinds use is made at the start, and only the
+            # one a kind uses runs while it is measured: the others are
+            # paused (SIGSTOP), so no kind pays for another's idle members
+            # (a member heartbeats 20 times a second), and all kinds run
+            # alike.
+            for kind in args.kinds:
+                if kind in TLS_KINDS:
+                    tls_etcds[kind] = EtcdCluster(work / f"etcd-{kind}", **TLS_KINDS[kind])
+                    every_etcd.append(tls_etcds[kind])
+                    tls_etcds[kind].start()
             names = {
                 "cluster": "Nimbus, 3-node cluster",
                 "cluster-tls": "Nimbus, cluster, TLS etcd",
@@ -403,11 +405,14 @@ def main() -> int:
             etcd.wait_healthy()
             perf = "not measured" if args.no_check_perf else check_perf(etcd)
         finally:
-            pause(etcd, False)
-            etcd.stop()
-            for e in tls_etcds.values():
+            # All continued first: a stop that fails leaves none paused.
+            for e in every_etcd:
                 pause(e, False)
-                e.stop()
+            for e in every_etcd:
+                try:
+                    e.stop()
+                except Exception as err:  # the next ones are stopped all the same
+                    print(f"stopping etcd in {e.base_dir}: {err}", file=sys.stderr)
 
     # Each key's median round (by rate).
     results = {key: sorted(rows, key=lambda row: row["rate"])[(len(rows) - 1) // 2] for key, rows in runs.items()}

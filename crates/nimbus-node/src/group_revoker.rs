@@ -41,17 +41,34 @@ pub fn revoker(m: Arc<Membership>) -> Revoker {
         }
         // Every node at once, each with a request of its own (an answer
         // names only its request): a deletion waits for the slowest node,
-        // not for the sum of them.
-        let answered: Vec<Vec<u64>> = std::thread::scope(|scope| {
-            let asks: Vec<_> = by_node
-                .into_iter()
-                .map(|(node, ids)| scope.spawn(|| ask_to_revoke(&m, file, node, ids)))
-                .collect();
-            asks.into_iter()
-                .map(|ask| ask.join().unwrap_or_default())
-                .collect()
+        // not for the sum of them. A node whose thread could not be made
+        // is asked on this one.
+        std::thread::scope(|scope| {
+            let mut asks = Vec::new();
+            for (node, ids) in by_node {
+                let m = &m;
+                let asking = move || ask_to_revoke(m, file, node, ids);
+                let (tx, rx) = std::sync::mpsc::sync_channel(1);
+                let job = asking.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("revoke-ask".into())
+                    .spawn_scoped(scope, move || {
+                        let _ = tx.send(job());
+                    });
+                match spawned {
+                    Ok(_) => asks.push(rx),
+                    Err(e) => {
+                        tracing::warn!("cluster: no thread to ask a node to revoke groups: {e}");
+                        revoked.extend(asking());
+                    }
+                }
+            }
+            // A thread that panicked sent nothing: its node is asked
+            // again in the next round.
+            for rx in asks {
+                revoked.extend(rx.recv().unwrap_or_default());
+            }
         });
-        revoked.extend(answered.into_iter().flatten());
         revoked
     })
 }
