@@ -48,25 +48,22 @@ pub fn revoker(m: Arc<Membership>) -> Revoker {
             for (node, ids) in by_node {
                 let m = &m;
                 let asking = move || ask_to_revoke(m, file, node, ids);
-                let (tx, rx) = std::sync::mpsc::sync_channel(1);
-                let job = asking.clone();
-                let spawned = std::thread::Builder::new()
+                match std::thread::Builder::new()
                     .name("revoke-ask".into())
-                    .spawn_scoped(scope, move || {
-                        let _ = tx.send(job());
-                    });
-                match spawned {
-                    Ok(_) => asks.push(rx),
+                    .spawn_scoped(scope, asking.clone())
+                {
+                    Ok(ask) => asks.push(ask),
                     Err(e) => {
                         tracing::warn!("cluster: no thread to ask a node to revoke groups: {e}");
                         revoked.extend(asking());
                     }
                 }
             }
-            // A thread that panicked sent nothing: its node is asked
-            // again in the next round.
-            for rx in asks {
-                revoked.extend(rx.recv().unwrap_or_default());
+            // Joined here, so a thread that panicked does not panic the
+            // scope: its node counts as not answered, asked again in the
+            // next round.
+            for ask in asks {
+                revoked.extend(ask.join().unwrap_or_default());
             }
         });
         revoked
