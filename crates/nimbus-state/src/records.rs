@@ -166,28 +166,49 @@ pub fn update_both_trusting<A: Record, B: Record, T, E: From<StateError>>(
     trust_remembered: impl Fn(&T) -> bool,
     mut f: impl FnMut(&mut A, &mut B) -> Result<T, E>,
 ) -> Option<Result<(T, Decided), E>> {
-    if keys.iter().any(|k| store.is_local(k)) {
+    update_both_reading(store, keys, None, trust_remembered, |a, b, _| f(a, b))
+}
+
+/// `update_both_trusting`, where the rules also read a third record of
+/// the same file that they never change (`also`: a CREATE's admits ask
+/// whether the file has byte-range locks). `f` gets its encoded value
+/// (None: there is none, or no third record was named). Its version is
+/// compared by the same compare-and-set as the other two, so the answer
+/// stands on all three as they are at the write, in one transaction where
+/// a read of it first would be a second.
+pub fn update_both_reading<A: Record, B: Record, T, E: From<StateError>>(
+    store: &dyn StateStore,
+    keys: [&[u8]; 2],
+    also: Option<&[u8]>,
+    trust_remembered: impl Fn(&T) -> bool,
+    mut f: impl FnMut(&mut A, &mut B, Option<&[u8]>) -> Result<T, E>,
+) -> Option<Result<(T, Decided), E>> {
+    let mut all: Vec<&[u8]> = keys.to_vec();
+    all.extend(also);
+    if all.iter().any(|k| store.is_local(k)) {
         return None;
     }
     let mut answer = None;
-    store.in_turns(&keys, &mut |memos| {
+    store.in_turns(&all, &mut |memos| {
         answer =
-            memos.and_then(|memos| both_in_turn(store, keys, &trust_remembered, &mut f, memos));
+            memos.and_then(|memos| both_in_turn(store, &all, &trust_remembered, &mut f, memos));
     });
     answer
 }
 
-/// `update_both` in the records' turns: from what `memos` remember where
-/// they do (proven by the compare-and-set; a refusal or no change on a
-/// remembered record is decided again on the current ones), else read.
+/// `update_both_reading` in the records' turns (`keys`: the two records
+/// the rules change, then any they only read): from what `memos`
+/// remember where they do (proven by the compare-and-set; a refusal or
+/// no change on a remembered record is decided again on the current
+/// ones), else read.
 fn both_in_turn<A: Record, B: Record, T, E: From<StateError>>(
     store: &dyn StateStore,
-    keys: [&[u8]; 2],
+    keys: &[&[u8]],
     trust_remembered: &impl Fn(&T) -> bool,
-    f: &mut impl FnMut(&mut A, &mut B) -> Result<T, E>,
+    f: &mut impl FnMut(&mut A, &mut B, Option<&[u8]>) -> Result<T, E>,
     memos: &mut [Option<Memo>],
 ) -> Option<Result<(T, Decided), E>> {
-    if memos.len() != keys.len() {
+    if memos.len() != keys.len() || !(2..=3).contains(&keys.len()) {
         return Some(Err(StateError::Unavailable(
             "a store gave an update the wrong turns".into(),
         )
@@ -196,27 +217,36 @@ fn both_in_turn<A: Record, B: Record, T, E: From<StateError>>(
     // A first read by `get`, which takes a file nobody holds into this
     // node's memory; a read again of records remembered from etcd (a
     // shared file) in one request (`StateStore::get_together`).
-    let read_both = || -> Result<[Option<Versioned>; 2], StateError> {
-        Ok([store.get(keys[0])?, store.get(keys[1])?])
-    };
-    let read_again = || -> Result<[Option<Versioned>; 2], StateError> {
-        <[Option<Versioned>; 2]>::try_from(store.get_together(&keys)?).map_err(|_| miscounted())
-    };
-    let remembered = |i: usize| match &memos[i] {
-        Some(m) if m.key == keys[i] => Some(m.record.clone()),
-        _ => None,
-    };
-    let mut fresh = false;
-    let mut current = match (remembered(0), remembered(1)) {
-        (Some(a), Some(b)) => [a, b],
-        _ => {
-            fresh = true;
-            match read_both() {
-                Ok(c) => c,
-                Err(e) => return Some(Err(e.into())),
-            }
+    let read_again = || -> Result<Vec<Option<Versioned>>, StateError> {
+        let now = store.get_together(keys)?;
+        if now.len() != keys.len() {
+            return Err(miscounted());
         }
+        Ok(now)
     };
+    let remembered: Vec<Option<Option<Versioned>>> = memos
+        .iter()
+        .zip(keys)
+        .map(|(m, key)| match m {
+            Some(m) if m.key == *key => Some(m.record.clone()),
+            _ => None,
+        })
+        .collect();
+    // Both records the rules change remembered, or all read, as one
+    // answer decided on each of them must be; a read-only record
+    // forgotten alone (by an update of its own) is read alone, and proven
+    // with the remembered ones by the compare-and-set.
+    let mut fresh = remembered[..2].iter().any(Option::is_none);
+    let mut current = Vec::with_capacity(keys.len());
+    for (key, r) in keys.iter().zip(remembered) {
+        current.push(match r {
+            Some(r) if !fresh => r,
+            _ => match store.get(key) {
+                Ok(r) => r,
+                Err(e) => return Some(Err(e.into())),
+            },
+        });
+    }
     for _ in 0..CAS_RETRIES {
         let (mut a, mut b) = match (
             decode_or_default::<A>(&current[0]),
@@ -225,8 +255,12 @@ fn both_in_turn<A: Record, B: Record, T, E: From<StateError>>(
             (Ok(a), Ok(b)) => (a, b),
             (Err(e), _) | (_, Err(e)) => return Some(Err(e.into())),
         };
-        let out = f(&mut a, &mut b);
-        let values = [
+        let read_only = current
+            .get(2)
+            .and_then(|r| r.as_ref())
+            .map(|r| r.value.as_slice());
+        let out = f(&mut a, &mut b, read_only);
+        let mut values = vec![
             (!a.is_empty()).then(|| a.encode()),
             (!b.is_empty()).then(|| b.encode()),
         ];
@@ -253,8 +287,10 @@ fn both_in_turn<A: Record, B: Record, T, E: From<StateError>>(
             return Some(out.map(|t| (t, Decided::Read)));
         }
         // The encoded records move into the write, and back into the
-        // memos once written: no copy of them is made.
+        // memos once written: no copy of them is made. A record only
+        // read is compared and kept.
         let kept = [unchanged(0), unchanged(1)];
+        values.resize(keys.len(), None);
         let writes: Vec<Together<'_>> = values
             .into_iter()
             .enumerate()
@@ -262,7 +298,7 @@ fn both_in_turn<A: Record, B: Record, T, E: From<StateError>>(
                 key: keys[i],
                 expected: current[i].as_ref().map(|v| v.version),
                 change: match value {
-                    _ if kept[i] => Change::Keep,
+                    _ if i >= 2 || kept[i] => Change::Keep,
                     Some(v) => Change::Put(v),
                     None => Change::Delete,
                 },
@@ -291,14 +327,11 @@ fn both_in_turn<A: Record, B: Record, T, E: From<StateError>>(
                 }
                 return Some(out.map(|t| (t, Decided::Written)));
             }
-            Ok(Written::Changed(now)) => match <[Option<Versioned>; 2]>::try_from(now) {
-                Ok(now) => {
-                    current = now;
-                    fresh = true;
-                }
-                Err(_) => return Some(Err(miscounted())),
-            },
-            Ok(Written::Done(_)) => return Some(Err(miscounted())),
+            Ok(Written::Changed(now)) if now.len() == keys.len() => {
+                current = now;
+                fresh = true;
+            }
+            Ok(_) => return Some(Err(miscounted())),
         }
         std::thread::yield_now();
     }
@@ -309,7 +342,7 @@ fn both_in_turn<A: Record, B: Record, T, E: From<StateError>>(
 }
 
 fn miscounted<E: From<StateError>>() -> E {
-    StateError::Unavailable("a store answered a write of two records with another count".into())
+    StateError::Unavailable("a store answered a write of several records with another count".into())
         .into()
 }
 

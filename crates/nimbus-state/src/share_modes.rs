@@ -303,29 +303,33 @@ impl ShareModes {
         &self,
         key: FileKey,
         other_key: &[u8],
-        f: impl FnMut(&mut FileRecord, &mut R) -> T,
+        mut f: impl FnMut(&mut FileRecord, &mut R) -> T,
     ) -> Option<Result<T, SharingError>> {
-        self.update_with_trusting(key, other_key, |_| false, f)
+        self.update_with_trusting(key, other_key, None, |_| false, |rec, r, _| f(rec, r))
             .map(|r| r.map(|(out, _)| out))
     }
 
     /// `update_with`, where an answer that writes nothing may stand on the
     /// records remembered, unread, where `trust_remembered` says so of it
     /// (`records::update_both_trusting`: the joins of a licensed group,
-    /// `crate::grouped_opens`), and how it was decided.
+    /// `crate::grouped_opens`), and how it was decided. `f` also reads the
+    /// record under `also`, a third of the file's that it does not change
+    /// (`records::update_both_reading`), when one is named.
     pub fn update_with_trusting<R: Record, T>(
         &self,
         key: FileKey,
         other_key: &[u8],
+        also: Option<&[u8]>,
         trust_remembered: impl Fn(&T) -> bool,
-        mut f: impl FnMut(&mut FileRecord, &mut R) -> T,
+        mut f: impl FnMut(&mut FileRecord, &mut R, Option<&[u8]>) -> T,
     ) -> Option<Result<(T, records::Decided), SharingError>> {
         let k = key.record_key(OPENS_PREFIX);
-        records::update_both_trusting::<FileRecord, R, T, SharingError>(
+        records::update_both_reading::<FileRecord, R, T, SharingError>(
             &*self.store,
             [&k, other_key],
+            also,
             trust_remembered,
-            |rec, r| Ok(f(rec, r)),
+            |rec, r, read| Ok(f(rec, r, read)),
         )
     }
 

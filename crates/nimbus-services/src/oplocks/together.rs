@@ -26,7 +26,7 @@ use std::sync::{Condvar, Mutex};
 
 use nimbus_state::caching::{Contention, FileCaching, Granted, Holder, LeaseId, OpenAsk, Want};
 use nimbus_state::grouped_opens::GROUP_ENTRY;
-use nimbus_state::records::Decided;
+use nimbus_state::records::{Decided, LockList, Record, LOCKS_PREFIX};
 use nimbus_state::{FileKey, FileRecord, OpenRecord, ShareModes, SharingError, StateError};
 
 use super::{caching_of, changed_opens, record_key, wake, Claimed, Oplocks, Summary, Target};
@@ -205,7 +205,9 @@ impl Oplocks {
         share_modes: &ShareModes,
     ) -> (Vec<Outcome>, AfterWrite) {
         let turn = self.turn(file);
-        let (steps, claimed) = self.claim_for_admits(file, steps);
+        let (steps, claimed, asking) = self.claim_for_admits(file, steps);
+        // Read (and proven) by the write itself, where an admit asks.
+        let locks_key = asking.then(|| file.record_key(LOCKS_PREFIX));
         let watch = self.watching();
         // Joins of licensed groups alone, on a node whose lease is proven:
         // an answer that changes nothing and goes on at once (no break to
@@ -224,12 +226,14 @@ impl Oplocks {
         let written = share_modes.update_with_trusting(
             file,
             &record_key(file),
+            locks_key.as_deref(),
             trusted,
-            |rec, s: &mut FileCaching| {
+            |rec, s: &mut FileCaching, locks| {
                 let before = if watch { caching_of(s) } else { Vec::new() };
+                let locked = holds_locks(locks);
                 let mut applied: Vec<Applied> = steps
                     .iter()
-                    .map(|step| self.apply_step(share_modes, rec, s, step))
+                    .map(|step| self.apply_step(share_modes, rec, s, step, locked))
                     .collect();
                 // A lease whose last open closed and that a later admit
                 // of the batch granted again (a client reusing the key)
@@ -344,6 +348,7 @@ impl Oplocks {
         rec: &mut FileRecord,
         s: &mut FileCaching,
         step: &Step,
+        locked: bool,
     ) -> Applied {
         match *step {
             Step::Open { ask, open } => match share_modes.admit_rule(rec, open) {
@@ -364,7 +369,8 @@ impl Oplocks {
                     gone,
                 }
             }
-            Step::Admit { ask } => {
+            Step::Admit { mut ask } => {
+                ask.has_byte_range_locks |= locked && asks_caching(&ask);
                 s.opens.retain(|o| o.open_id != ask.open_id);
                 Applied::Admitted(ask, s.admit(&ask))
             }
@@ -372,32 +378,42 @@ impl Oplocks {
     }
 
     /// As `admit` does before its write (`Table::claim_for_admit`), for
-    /// each admit of the write; and whether the file holds byte-range
-    /// locks (which take read and handle caching away) is asked once for
-    /// them all (on a shared file, a read of the lock record), before the
-    /// table is locked. The steps as they are to be applied, and what was
-    /// claimed.
-    fn claim_for_admits(&self, file: FileKey, steps: &[(u64, Step)]) -> (Vec<Step>, Claimed) {
-        let asking = |ask: &OpenAsk| !matches!(ask.want, Want::Nothing) && !ask.overwrite;
-        let locked = steps
-            .iter()
-            .any(|(_, s)| matches!(s, Step::Admit { ask } if asking(ask)))
-            && self.host.has_locks(file);
+    /// each admit of the write. The steps as they are to be applied, what
+    /// was claimed, and whether an admit asks for caching (which byte-range
+    /// locks take read and handle caching from: the write then reads the
+    /// lock record too, `asks_caching`).
+    fn claim_for_admits(&self, file: FileKey, steps: &[(u64, Step)]) -> (Vec<Step>, Claimed, bool) {
         let mut claimed = Claimed::default();
+        let mut asking = false;
         let mut t = self.table();
         let steps = steps
             .iter()
             .map(|(_, step)| match *step {
                 Step::Admit { mut ask } => {
-                    ask.has_byte_range_locks |= locked && asking(&ask);
+                    asking |= asks_caching(&ask);
                     t.claim_for_admit(file, &mut ask, &mut claimed);
                     Step::Admit { ask }
                 }
                 other => other,
             })
             .collect();
-        (steps, claimed)
+        (steps, claimed, asking)
     }
+}
+
+/// Whether an admit's grant depends on the file's byte-range locks: it
+/// asks for caching, and does not overwrite the file (MS-FSA: locks take
+/// read and handle caching away, an overwrite's grant stands regardless).
+fn asks_caching(ask: &OpenAsk) -> bool {
+    !matches!(ask.want, Want::Nothing) && !ask.overwrite
+}
+
+/// Whether the lock record's encoded value (`records::LockList`; None:
+/// there is none) holds a lock. One that does not decode counts as
+/// locked: no read or handle caching is granted beside locks nobody could
+/// read.
+fn holds_locks(value: Option<&[u8]>) -> bool {
+    value.is_some_and(|v| LockList::decode(v).map_or(true, |list| !list.0.is_empty()))
 }
 
 /// An open admitted that waits for no break and sends none: what a join
@@ -458,6 +474,12 @@ mod tests {
             share_access: SHARE_READ,
         };
         (ask, open)
+    }
+
+    /// Whether an open's contention, written with its share-mode entry,
+    /// lets it go on without waiting for a break.
+    fn goes_on(o: &Oplocks, ask: &OpenAsk, sm: &ShareModes, open: OpenRecord) -> bool {
+        !o.contend_opening(K, ask, sm, open).unwrap().unwrap().wait
     }
 
     /// The opens the file's share-mode and caching records name.
@@ -600,13 +622,7 @@ mod tests {
         assert_eq!(store.writes(), 2);
         assert_eq!(named(&sm, &store), (vec![], vec![]));
         let (ask, open) = opening(9, WRITE_DATA);
-        assert!(
-            !oplocks
-                .contend_opening(K, &ask, &sm, open)
-                .unwrap()
-                .unwrap()
-                .wait
-        );
+        assert!(goes_on(&oplocks, &ask, &sm, open));
     }
 
     #[test]
@@ -615,20 +631,7 @@ mod tests {
         // transaction of its own on a file the nodes share.
         use nimbus_state::caching::{HANDLE, READ};
         let store = Arc::new(SharedMemory::default());
-        // Whether the file holds byte-range locks: a read of the lock
-        // record on a shared file, asked once per write of admits.
-        struct CountsAsks(Arc<std::sync::atomic::AtomicUsize>);
-        impl crate::oplocks::OplockHost for CountsAsks {
-            fn has_locks(&self, _: FileKey) -> bool {
-                self.0.fetch_add(1, Ordering::SeqCst);
-                false
-            }
-        }
-        let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let oplocks = Arc::new(
-            Oplocks::new(Duration::from_secs(35), store.clone())
-                .with_host(Arc::new(CountsAsks(asked.clone()))),
-        );
+        let oplocks = Arc::new(Oplocks::new(Duration::from_secs(35), store.clone()));
         let sm = Arc::new(ShareModes::new(store.clone()));
         let lease = |id: u64| LeaseId {
             client: [1; 16],
@@ -680,13 +683,61 @@ mod tests {
         }
         // Open 1's admit, then the other two together.
         assert_eq!(store.writes(), 5);
-        assert_eq!(asked.load(Ordering::SeqCst), 2);
         let caching = records::read::<FileCaching>(&*store, &K.record_key(CACHING_PREFIX)).unwrap();
         assert_eq!(caching.grants.len(), 3);
         // Each key names this file now, and no other.
         let elsewhere = FileKey { dev: 1, ino: 8 };
         assert!((1..=3).all(|id| oplocks.lease_fits(lease(id), Some(K))
             && !oplocks.lease_fits(lease(id), Some(elsewhere))));
+    }
+
+    #[test]
+    fn a_lock_taken_while_an_admit_is_written_keeps_read_and_handle_caching_from_it() {
+        // Another node locks a range of the file after the admit read the
+        // lock record and before its write: the write, which proves the
+        // lock record's version with the others, must not go through on
+        // the record it read, and the lease is granted as beside a lock.
+        use nimbus_state::byte_range::RangeLock;
+        use nimbus_state::caching::{HANDLE, READ};
+        use nimbus_state::StateStore;
+        let store = Arc::new(SharedMemory::default());
+        let oplocks = Arc::new(Oplocks::new(Duration::from_secs(35), store.clone()));
+        let sm = Arc::new(ShareModes::new(store.clone()));
+        let want = Want::Lease {
+            id: LeaseId {
+                client: [1; 16],
+                key: [1; 16],
+            },
+            state: READ | HANDLE,
+            version: 2,
+            parent_key: None,
+            epoch: 0,
+        };
+        let (ask, open) = opening_for(1, READ_DATA, want);
+        assert!(goes_on(&oplocks, &ask, &sm, open));
+
+        store.close_gate_on(&K.record_key(CACHING_PREFIX));
+        let admitting = {
+            let (o, s) = (oplocks.clone(), sm.clone());
+            std::thread::spawn(move || o.admit_counted(K, &ask, super::super::tests::route(), &s))
+        };
+        store.wait_held(1);
+        let lock = LockList(vec![RangeLock {
+            owner: 77,
+            offset: 0,
+            length: 10,
+            exclusive: true,
+        }]);
+        let locks_key = K.record_key(LOCKS_PREFIX);
+        assert!(store
+            .compare_and_set(&locks_key, None, Some(lock.encode()))
+            .unwrap()
+            .is_some());
+        store.open_gate();
+        assert!(matches!(
+            admitting.join().unwrap(),
+            Granted::Lease { state: 0, .. }
+        ));
     }
 
     #[test]
