@@ -334,8 +334,13 @@ def main() -> int:
             sys.exit(f"{tool} not found: run through bash bench/run.sh --cluster, which installs it")
 
     runs: dict[tuple[str, str, int], list[dict]] = {}
-    keep = contextlib.nullcontext(tempfile.mkdtemp(prefix="nimbus-cluster-bench-", dir="/dev/shm"))
-    with keep if args.keep else tempfile.TemporaryDirectory(prefix="nimbus-cluster-bench-", dir="/dev/shm") as tmp:
+    # Made only when kept: an unused one would be left behind by every run.
+    work_dir = (
+        contextlib.nullcontext(tempfile.mkdtemp(prefix="nimbus-cluster-bench-", dir="/dev/shm"))
+        if args.keep
+        else tempfile.TemporaryDirectory(prefix="nimbus-cluster-bench-", dir="/dev/shm")
+    )
+    with work_dir as tmp:
         work = Path(tmp)
         # "cluster" on plain http://: comparable with the runs measured
         # before the tests' etcd went TLS; "cluster-tls" on its own etcd.

@@ -203,12 +203,12 @@ class Member:
     test's report carries each member's log.
     """
 
-    def __init__(self, name: str, base_dir: Path, pki: Pki | None = None, peer_tls: bool = True):
+    def __init__(self, name: str, base_dir: Path, pki: Pki | None = None, peer_tls: bool = True, data_root: Path | None = None):
         self.name = name
         self.pki = pki
         self.peer_tls = peer_tls
         self.kind = f"etcd {name}"
-        self.data_dir = base_dir / f"{name}.etcd"
+        self.data_dir = (data_root or base_dir) / f"{name}.etcd"
         self.log_path = base_dir / f"{name}.log"
         self.client_port = 0
         self.peer_port = 0
@@ -315,9 +315,20 @@ class EtcdCluster:
     etcd users; without, plain http:// open to anyone. `peer_tls` and
     `auth` False take one part off a TLS cluster (plain links between the
     members; no users and roles), for bench/cluster_contention.py to tell
-    what each part costs."""
+    what each part costs. `data_root`: where the members keep their data,
+    when not beside their logs in `base_dir` (a memory file system, for a
+    test that judges the nodes' answers and not etcd's durability, whose
+    fsyncs would otherwise wait behind the test's own disk writes)."""
 
-    def __init__(self, base_dir: Path, members: int = 3, tls: bool = True, peer_tls: bool = True, auth: bool = True):
+    def __init__(
+        self,
+        base_dir: Path,
+        members: int = 3,
+        tls: bool = True,
+        peer_tls: bool = True,
+        auth: bool = True,
+        data_root: Path | None = None,
+    ):
         if members < 1:
             raise ValueError("a cluster needs at least one member")
         self.base_dir = Path(base_dir)
@@ -325,7 +336,8 @@ class EtcdCluster:
         self.pki = Pki(self.base_dir / "pki") if tls else None
         self.peer_tls = peer_tls
         self.auth = auth
-        self.members = [Member(f"m{i}", self.base_dir, self.pki, peer_tls) for i in range(members)]
+        self.data_root = data_root
+        self.members = [Member(f"m{i}", self.base_dir, self.pki, peer_tls, data_root) for i in range(members)]
         self.retired: list[Member] = []  # members `replace_member` removed
         # A test's list of servers whose logs a failure report carries (the
         # fixtures' stash): members `replace_member` adds join it.
@@ -397,7 +409,7 @@ class EtcdCluster:
         again."""
         old = self.members[i]
         names = {m.name for m in self.members + self.retired}
-        new = Member(next(f"m{n}" for n in range(len(names) + 1) if f"m{n}" not in names), self.base_dir, self.pki, self.peer_tls)
+        new = Member(next(f"m{n}" for n in range(len(names) + 1) if f"m{n}" not in names), self.base_dir, self.pki, self.peer_tls, self.data_root)
         new.client_port, new.peer_port = free_port(), free_port()
         while new.peer_port == new.client_port:
             new.peer_port = free_port()

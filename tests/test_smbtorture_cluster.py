@@ -20,7 +20,9 @@ from __future__ import annotations
 import fnmatch
 import os
 import queue
+import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,8 +93,18 @@ def no_apple_share(share: str) -> str:
 def cluster_node(tmp_path_factory):
     require_etcd()
     base = tmp_path_factory.mktemp("torture-cluster")
-    etcd = EtcdCluster(base / "etcd")
-    etcd.start()
+    # The members' data in memory: the suites judge the nodes' answers,
+    # and on the test machine's one disk etcd's fsyncs waited behind
+    # smbtorture's writes until the leader missed its heartbeats and a
+    # CREATE's record write ran out of time (STATUS_INSUFFICIENT_RESOURCES).
+    # etcd's durability has tests of its own (test_etcd_failover.py).
+    etcd_data = Path(tempfile.mkdtemp(prefix="nimbus-torture-etcd-", dir="/dev/shm"))
+    etcd = EtcdCluster(base / "etcd", data_root=etcd_data)
+    try:
+        etcd.start()
+    except BaseException:
+        shutil.rmtree(etcd_data, ignore_errors=True)
+        raise
     share_names = ["data"] + [f"data{n}" for n in range(2, ts.LANES + 1)]
     shares = []
     for name in share_names:
@@ -171,6 +183,7 @@ def cluster_node(tmp_path_factory):
                 p.kill()
                 p.wait(timeout=10)
         etcd.stop()
+        shutil.rmtree(etcd_data, ignore_errors=True)
     panicked = [f"n{i + 1}" for i in range(len(procs)) if "panicked at" in (base / f"n{i + 1}" / "nimbus.log").read_text(errors="replace")]
     assert not panicked, f"cluster nodes that panicked: {panicked}"
 
