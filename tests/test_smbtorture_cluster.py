@@ -93,18 +93,6 @@ def no_apple_share(share: str) -> str:
 def cluster_node(tmp_path_factory):
     require_etcd()
     base = tmp_path_factory.mktemp("torture-cluster")
-    # The members' data in memory: the suites judge the nodes' answers,
-    # and on the test machine's one disk etcd's fsyncs waited behind
-    # smbtorture's writes until the leader missed its heartbeats and a
-    # CREATE's record write ran out of time (STATUS_INSUFFICIENT_RESOURCES).
-    # etcd's durability has tests of its own (test_etcd_failover.py).
-    etcd_data = Path(tempfile.mkdtemp(prefix="nimbus-torture-etcd-", dir="/dev/shm"))
-    etcd = EtcdCluster(base / "etcd", data_root=etcd_data)
-    try:
-        etcd.start()
-    except BaseException:
-        shutil.rmtree(etcd_data, ignore_errors=True)
-        raise
     share_names = ["data"] + [f"data{n}" for n in range(2, ts.LANES + 1)]
     shares = []
     for name in share_names:
@@ -121,8 +109,16 @@ def cluster_node(tmp_path_factory):
     db = base / "users.db"
     add_user(db)
     add_user(db, *ts.USER2)  # smb2.session.bind_different_user
+    # The members' data in memory: the suites judge the nodes' answers,
+    # and on the test machine's one disk etcd's fsyncs waited behind
+    # smbtorture's writes until the leader missed its heartbeats and a
+    # CREATE's record write ran out of time (STATUS_INSUFFICIENT_RESOURCES).
+    # etcd's durability has tests of its own (test_etcd_failover.py).
+    etcd_data = Path(tempfile.mkdtemp(prefix="nimbus-torture-etcd-", dir="/dev/shm"))
+    etcd = EtcdCluster(base / "etcd", data_root=etcd_data)
     procs, proxies, lanes = [], [], []
     try:
+        etcd.start()
         ports = []
         for i in range(3):
             host, port = f"127.0.0.{i + 1}", free_port()
@@ -182,8 +178,10 @@ def cluster_node(tmp_path_factory):
             if p.poll() is None:
                 p.kill()
                 p.wait(timeout=10)
-        etcd.stop()
-        shutil.rmtree(etcd_data, ignore_errors=True)
+        try:
+            etcd.stop()
+        finally:
+            shutil.rmtree(etcd_data, ignore_errors=True)
     panicked = [f"n{i + 1}" for i in range(len(procs)) if "panicked at" in (base / f"n{i + 1}" / "nimbus.log").read_text(errors="replace")]
     assert not panicked, f"cluster nodes that panicked: {panicked}"
 
