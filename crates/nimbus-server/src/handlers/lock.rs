@@ -151,14 +151,19 @@ fn run(
                 });
                 Some((request, on_grant))
             };
-            // A byte-range lock ends others' read caching (MS-FSA 2.1.5.7).
-            server.oplocks.contend_readers(file, owner);
             let outcome = server.locks.lock(
                 file,
                 owner,
                 ranges,
                 if blocking { Some(&mut wait) } else { None },
             );
+            // A byte-range lock request ends others' read caching (MS-FSA
+            // 2.1.5.7), whatever becomes of it; the client hears of its
+            // lock after the breaks went. After the lock is written, not
+            // before: an open admitted in between would be granted read
+            // caching on the record without the lock, and never broken.
+            // One admitted after it sees the lock (oplocks/together.rs).
+            server.oplocks.contend_readers(file, owner);
             match outcome {
                 Outcome::Granted => {}
                 Outcome::Refused(status) => return Err(status),
