@@ -392,7 +392,11 @@ impl FileCaching {
                     _ => 0,
                 };
                 if let Some(g) = self.grant_mut(holder) {
-                    g.opens.push(ask.open_id);
+                    // A group's entry (`group_leases`) is admitted again
+                    // for later members: it is one open of the lease.
+                    if !g.opens.contains(&ask.open_id) {
+                        g.opens.push(ask.open_id);
+                    }
                     let breaking = g.breaking.is_some();
                     // An existing lease is upgraded only to a superset of
                     // what it holds, only when nothing asked for is held

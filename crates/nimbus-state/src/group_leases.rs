@@ -33,7 +33,14 @@
 //!   no member still waits (`GroupAck`), at the union of what the members
 //!   kept, which is within what the break allows;
 //! - a member admitted while a break is under way gets no more than the
-//!   break's target.
+//!   break's target, nor more than an acknowledgement handed out;
+//! - what the node learns of the grant is ordered by the grant's epoch
+//!   (`Known`): a write's answer, a break order or the end of a break
+//!   that is older than what the node knows changes nothing;
+//! - the group's acknowledgement names the epoch of its break, and the
+//!   service writes it only into that break (the record would take any
+//!   state within what a break allows, and an old acknowledgement could
+//!   end a newer break below a member's state).
 //!
 //! So the record's grant is never less than what a member caches, and every
 //! open on another node meets the rules it would meet with one grant per
@@ -87,6 +94,14 @@ pub struct Member {
     pub sent: Option<u32>,
 }
 
+/// The group's grant as an admit's write left it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GrantSeen {
+    pub state: u32,
+    pub breaking: bool,
+    pub epoch: u16,
+}
+
 /// The group's grant is to be acknowledged in the record at `state`: no
 /// member waits any more.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,6 +110,11 @@ pub struct GroupAck {
     pub file: FileKey,
     pub id: LeaseId,
     pub state: u32,
+    /// The epoch of the break it ends: it is written only while the
+    /// record's grant is still in that break (the record takes any
+    /// acknowledgement within what a break allows, and an old one could
+    /// end a newer break).
+    pub epoch: u16,
 }
 
 /// What a break of a group's grant leads to.
@@ -131,6 +151,11 @@ struct Group {
     /// The epoch of the last break order of the grant: an order with the
     /// same epoch is a step of the same break (no new epoch for members).
     order_epoch: Option<u16>,
+    /// The newest state of the record's grant this node has learnt, from
+    /// a break order, its own acknowledgement or an admit's write
+    /// (`Known`): a write's answer taken in after a newer one is not
+    /// believed.
+    known: Option<Known>,
     /// The grant was proven by this node's last write, and no break of it
     /// has come since: members may be granted from memory.
     licensed: bool,
@@ -188,6 +213,14 @@ impl GroupLeases {
         Some((*id, m))
     }
 
+    /// The epoch of member `id`'s break that awaits its acknowledgement
+    /// (its timer checks that it is still the same break).
+    pub fn waiting_epoch(&self, id: &LeaseId) -> Option<u16> {
+        let group = self.of_lease.get(id)?;
+        let m = self.groups.get(group)?.members.get(id)?;
+        m.sent.map(|_| m.epoch)
+    }
+
     /// How many member leases this node keeps.
     pub fn len(&self) -> usize {
         self.of_lease.len()
@@ -217,33 +250,71 @@ impl GroupLeases {
         Some(self.join(group, ask, open_id, granted))
     }
 
-    /// The record admitted the group's lease for open `open_id`, which asked
-    /// `ask`: the grant holds `grant_state` now, and is being broken when
-    /// `grant_breaking`. Returns what the member is granted.
+    /// An admit of group `group`'s lease is about to be written for a
+    /// member: a break of the grant that comes before the member is in
+    /// the group (`admitted`) must find the group, to be answered for the
+    /// members it has and to bound the newcomer.
+    pub fn expect(&mut self, group: u64, file: FileKey) {
+        self.groups.entry(group).or_insert_with(|| Group {
+            file,
+            granted: 0,
+            breaking: None,
+            acked: None,
+            order_epoch: None,
+            known: None,
+            licensed: false,
+            members: HashMap::new(),
+        });
+    }
+
+    /// The admit `expect` announced was not written: a group left without
+    /// members is forgotten (no grant of it was written either).
+    pub fn abandon(&mut self, group: u64) {
+        if self
+            .groups
+            .get(&group)
+            .is_some_and(|g| g.members.is_empty())
+        {
+            self.groups.remove(&group);
+        }
+    }
+
+    /// The record admitted the group's lease (after `expect`) for open
+    /// `open_id`, which asked `ask`; the write left the grant as `seen`.
+    /// Returns what the member is granted.
     pub fn admitted(
         &mut self,
         group: u64,
         file: FileKey,
         ask: &MemberAsk,
         open_id: u64,
-        grant_state: u32,
-        grant_breaking: bool,
+        seen: GrantSeen,
     ) -> Granted {
-        let g = self.groups.entry(group).or_insert_with(|| Group {
-            file,
-            granted: 0,
-            breaking: None,
-            acked: None,
-            order_epoch: None,
-            licensed: false,
-            members: HashMap::new(),
-        });
-        g.granted = grant_state;
-        g.licensed = !grant_breaking && g.breaking.is_none();
-        // A break being fanned out bounds what a new member may hold; one
-        // whose order has not come yet will reach this member too.
-        let allowed =
-            grant_state & g.breaking.unwrap_or(READ | HANDLE) & g.acked.unwrap_or(READ | HANDLE);
+        self.expect(group, file);
+        let Some(g) = self.groups.get_mut(&group) else {
+            return self.join(group, ask, open_id, 0);
+        };
+        // A break order, or the end of a break, that came between the
+        // write and now is newer than what the write saw: the group's
+        // view stands.
+        let overtaken = !learn(
+            &mut g.known,
+            Known {
+                epoch: seen.epoch,
+                settled: !seen.breaking,
+            },
+        );
+        if !overtaken {
+            g.granted = seen.state;
+        }
+        g.licensed = !overtaken && !seen.breaking && g.breaking.is_none();
+        // A break being fanned out bounds what a new member may hold, and
+        // so does an acknowledgement handed out; a break whose order has
+        // not come yet will reach this member too.
+        let allowed = g.granted
+            & seen.state
+            & g.breaking.unwrap_or(READ | HANDLE)
+            & g.acked.unwrap_or(READ | HANDLE);
         self.join(group, ask, open_id, allowed)
     }
 
@@ -328,9 +399,31 @@ impl GroupLeases {
         let Some(g) = self.groups.get_mut(&group) else {
             return out;
         };
-        g.licensed = false;
+        // Epochs rise by one at each break or upgrade of the grant: an
+        // order older than the last one that came was overtaken (orders
+        // from different nodes travel different ways), and what the record
+        // did since reached the group already.
+        if g.known.is_some_and(|k| later(k.epoch, order.epoch)) {
+            return out;
+        }
         let new_break = g.order_epoch != Some(order.epoch);
+        if !new_break && g.acked.is_some() {
+            // A step of a break the group answered already: told again.
+            return out;
+        }
+        g.licensed = false;
+        if new_break {
+            // The record settled the last break before it sent this one.
+            g.acked = None;
+        }
         g.order_epoch = Some(order.epoch);
+        learn(
+            &mut g.known,
+            Known {
+                epoch: order.epoch,
+                settled: !order.ack_required,
+            },
+        );
         if order.ack_required {
             g.breaking = Some(g.breaking.map_or(order.to, |b| b & order.to));
         } else {
@@ -392,16 +485,27 @@ impl GroupLeases {
         self.ack_if_done(group)
     }
 
-    /// The record's grant settled at `state`: the group's acknowledgement
-    /// was written, or the record ended the break otherwise (its timer on
-    /// the breaking node fired first). No member may cache more: a member
-    /// that still does is broken now (the breaks returned), and one that
-    /// waits is held to it when it answers. After the group's own
-    /// acknowledgement there are none: every member is within it.
-    pub fn settled(&mut self, group: u64, state: u32) -> Vec<(BreakOrder, u64)> {
+    /// The record's grant settled at `state`, at epoch `epoch`: the
+    /// group's acknowledgement was written, or the record was read after
+    /// the break ended otherwise (its timer on the breaking node fired
+    /// first). No member may cache more: a member that still does is
+    /// broken now (the breaks returned), and one that waits is held to it
+    /// when it answers. After the group's own acknowledgement there are
+    /// none: every member is within it. What the group learnt since (a
+    /// newer break, a newer write) is newer than this, and is left to run.
+    pub fn settled(&mut self, group: u64, state: u32, epoch: u16) -> Vec<(BreakOrder, u64)> {
         let Some(g) = self.groups.get_mut(&group) else {
             return Vec::new();
         };
+        if !learn(
+            &mut g.known,
+            Known {
+                epoch,
+                settled: true,
+            },
+        ) {
+            return Vec::new();
+        }
         g.granted = state;
         g.breaking = None;
         g.acked = None;
@@ -429,6 +533,7 @@ impl GroupLeases {
         }
         let state = g.members.values().fold(0, |s, m| s | m.state);
         let file = g.file;
+        let epoch = g.order_epoch?;
         // Written once. It, and the break's target, bound members admitted
         // before the record settles (`settled`).
         g.acked = Some(state);
@@ -437,8 +542,36 @@ impl GroupLeases {
             file,
             id: self.lease_id(group),
             state,
+            epoch,
         })
     }
+}
+
+/// A state of the group's grant in the record: its epoch, and whether a
+/// break at that epoch had ended (a break raises the epoch and is then
+/// under way; its acknowledgement ends it at the same epoch).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Known {
+    epoch: u16,
+    settled: bool,
+}
+
+/// Whether epoch `a` comes after `b`. Epochs rise by one at each break or
+/// upgrade of the grant, and wrap: far fewer than 2^15 changes are ever
+/// in flight at once.
+fn later(a: u16, b: u16) -> bool {
+    (a.wrapping_sub(b) as i16) > 0
+}
+
+/// Takes in `seen` unless what is `known` is newer; whether it was taken.
+fn learn(known: &mut Option<Known>, seen: Known) -> bool {
+    let newer = known.is_some_and(|k| {
+        later(k.epoch, seen.epoch) || (k.epoch == seen.epoch && k.settled && !seen.settled)
+    });
+    if !newer {
+        *known = Some(seen);
+    }
+    !newer
 }
 
 /// `state` as a lease state: read is the least one holds (handle alone
@@ -505,6 +638,14 @@ mod tests {
         }
     }
 
+    fn seen(state: u32, breaking: bool, epoch: u16) -> GrantSeen {
+        GrantSeen {
+            state,
+            breaking,
+            epoch,
+        }
+    }
+
     fn state_of(g: Granted) -> u32 {
         match g {
             Granted::Lease { state, .. } => state,
@@ -550,7 +691,7 @@ mod tests {
         let mut l = GroupLeases::new(NODE);
         for (i, (n, open)) in members.iter().enumerate() {
             if i == 0 {
-                l.admitted(GROUP, file(), &ask(*n, RH), *open, RH, false);
+                l.admitted(GROUP, file(), &ask(*n, RH), *open, seen(RH, false, 1));
             } else {
                 assert!(l.from_memory(GROUP, &ask(*n, RH), *open).is_some());
             }
@@ -573,7 +714,7 @@ mod tests {
     fn members_after_the_first_are_granted_from_memory_what_the_grant_holds() {
         let mut l = GroupLeases::new(NODE);
         assert_eq!(l.from_memory(GROUP, &ask(1, RH), 10), None, "no grant yet");
-        let first = l.admitted(GROUP, file(), &ask(1, RH), 10, RH, false);
+        let first = l.admitted(GROUP, file(), &ask(1, RH), 10, seen(RH, false, 1));
         assert_eq!(state_of(first), RH);
         let second = l.from_memory(GROUP, &ask(2, READ), 11).unwrap();
         assert_eq!(state_of(second), READ);
@@ -587,10 +728,10 @@ mod tests {
     #[test]
     fn a_grant_that_holds_less_than_asked_or_is_being_broken_sends_members_to_the_record() {
         let mut l = GroupLeases::new(NODE);
-        l.admitted(GROUP, file(), &ask(1, READ), 10, READ, false);
+        l.admitted(GROUP, file(), &ask(1, READ), 10, seen(READ, false, 1));
         assert_eq!(l.from_memory(GROUP, &ask(2, RH), 11), None);
         let mut l = GroupLeases::new(NODE);
-        l.admitted(GROUP, file(), &ask(1, RH), 10, RH, true);
+        l.admitted(GROUP, file(), &ask(1, RH), 10, seen(RH, true, 1));
         assert_eq!(l.from_memory(GROUP, &ask(2, READ), 11), None, "not proven");
         // Write caching is never a group's.
         let mut l = group_with(&[(1, 10)]);
@@ -633,14 +774,14 @@ mod tests {
         let settled = rec.ack_lease(ack.id, ack.state).unwrap();
         assert_eq!(settled.state, READ);
         assert!(!rec.breaking());
-        assert_eq!(l.settled(GROUP, settled.state), vec![]);
+        assert_eq!(l.settled(GROUP, settled.state, ack.epoch), vec![]);
         assert_eq!(l.member_of_open(10).unwrap().1.state, READ);
     }
 
     #[test]
     fn a_break_that_needs_no_answer_lowers_members_at_once() {
         let mut l = GroupLeases::new(NODE);
-        l.admitted(GROUP, file(), &ask(1, READ), 10, READ, false);
+        l.admitted(GROUP, file(), &ask(1, READ), 10, seen(READ, false, 1));
         l.from_memory(GROUP, &ask(2, READ), 11).unwrap();
         let mut rec = record_with_group(&l, READ);
         let orders = rec.contend_readers(99);
@@ -658,7 +799,7 @@ mod tests {
         let order = break_of(&l, READ);
         l.fan_out(GROUP, &order);
         // The record still holds RH (breaking); a new member is admitted.
-        let g = l.admitted(GROUP, file(), &ask(2, RH), 11, RH, true);
+        let g = l.admitted(GROUP, file(), &ask(2, RH), 11, seen(RH, true, 2));
         assert_eq!(state_of(g), READ);
         // Its acknowledgement is not waited for: only member 1's is.
         let acked = l.ack(&lease(1), READ).unwrap();
@@ -697,7 +838,7 @@ mod tests {
         l.ack(&lease(1), READ).unwrap();
         // The breaker's timer ended the break in the record at none: the
         // member that answered is broken again, the other held to none.
-        let breaks = l.settled(GROUP, 0);
+        let breaks = l.settled(GROUP, 0, 2);
         assert_eq!(breaks.len(), 1);
         assert_eq!(
             (breaks[0].0.from, breaks[0].0.to, breaks[0].1),
@@ -711,7 +852,7 @@ mod tests {
     #[test]
     fn a_key_of_another_group_is_not_joined_and_a_group_s_end_forgets_its_members() {
         let mut l = group_with(&[(1, 10)]);
-        l.admitted(GROUP + 1, file(), &ask(2, RH), 20, RH, false);
+        l.admitted(GROUP + 1, file(), &ask(2, RH), 20, seen(RH, false, 1));
         assert_eq!(l.from_memory(GROUP, &ask(2, RH), 11), None);
         l.forget_group(GROUP);
         assert_eq!(l.member_group(&lease(1)), None);
@@ -727,7 +868,7 @@ mod tests {
     /// member answering, no break is left under way.
     #[test]
     fn no_member_ever_caches_more_than_the_record_grants() {
-        for seed in 1..=1000u64 {
+        for seed in 1..=2000u64 {
             run_model(seed, 300);
         }
     }
@@ -780,6 +921,11 @@ mod tests {
         orders: Vec<BreakOrder>,
         acks: Vec<GroupAck>,
         opens: Vec<u64>,
+        /// Members whose admit was written, not yet taken in.
+        admitting: Vec<(MemberAsk, u64, GrantSeen)>,
+        /// The group's acknowledgements written, their answers not yet
+        /// taken in.
+        settling: Vec<(u16, crate::caching::Acked)>,
         next_open: u64,
     }
 
@@ -800,22 +946,35 @@ mod tests {
             if self.rec.contend(&asked).wait {
                 return;
             }
+            self.l.expect(GROUP, file());
+            // As `Oplocks::admit` does: the entry, counted by `contend`, is
+            // admitted in its place.
+            self.rec.opens.retain(|o| o.open_id != GROUP);
             self.rec.admit(&asked);
-            // The group's entry is one open of the record, however many
-            // of its members went through it.
-            self.rec.opens.dedup_by_key(|o| o.open_id);
-            self.rec.grants.iter_mut().for_each(|g| g.opens.dedup());
+            // The group's entry is one open of the grant, however many of
+            // its members went through the record.
             let g = self.rec.grant(self.holder()).cloned().unwrap();
             assert_eq!(g.opens, vec![GROUP]);
-            self.l
-                .admitted(GROUP, file(), &a, open, g.state, g.breaking.is_some());
+            // Breaks may come before the write's answer is taken in.
+            let seen = GrantSeen {
+                state: g.state,
+                breaking: g.breaking.is_some(),
+                epoch: g.epoch,
+            };
+            self.admitting.push((a, open, seen));
+        }
+
+        fn admitted(&mut self, at: usize) {
+            let (a, open, seen) = self.admitting.remove(at);
+            self.l.admitted(GROUP, file(), &a, open, seen);
             self.opens.push(open);
         }
 
         fn leave(&mut self, at: usize) {
             let open = self.opens.swap_remove(at);
             self.acks.extend(self.l.leave(open));
-            if self.opens.is_empty() {
+            if self.opens.is_empty() && self.admitting.is_empty() {
+                self.settling.clear();
                 // The group's entry goes with its last open, and its grant
                 // with it: what was in flight for it finds nothing.
                 self.l.forget_group(GROUP);
@@ -871,27 +1030,32 @@ mod tests {
 
         fn write_ack(&mut self, at: usize) {
             let ack = self.acks.remove(at);
-            match self.rec.ack_lease(ack.id, ack.state) {
-                Ok(done) => {
-                    // Every member is within what the group acknowledged,
-                    // unless the record went on at once to a lower
-                    // requirement (a follow-up needing no answer): its
-                    // breaks are those of `settled`.
-                    let breaks = self.l.settled(GROUP, done.state);
-                    match done.follow_up {
-                        Some(f) if !f.ack_required => {
-                            assert!(breaks.iter().all(|(b, _)| !b.ack_required && b.to == f.to))
-                        }
-                        _ => assert_eq!(breaks, vec![]),
-                    }
-                    self.orders.extend(done.follow_up);
-                }
-                Err(_) => {
-                    let g = self.rec.grant(self.holder()).cloned().unwrap();
-                    assert!(g.breaking.is_none(), "{g:?}");
-                    assert_eq!(self.l.settled(GROUP, g.state), vec![]);
-                }
+            // As the service writes it: only into the break it ends.
+            let g = self.rec.grant(self.holder()).cloned().unwrap();
+            if g.epoch != ack.epoch || g.breaking.is_none() {
+                return;
             }
+            match self.rec.ack_lease(ack.id, ack.state) {
+                // Taken in later: another break may reach the group first.
+                Ok(done) => self.settling.push((ack.epoch, done)),
+                Err(e) => panic!("the group's acknowledgement of {g:?} refused: {e:?} ({ack:?})"),
+            }
+        }
+
+        fn settle(&mut self, at: usize) {
+            let (epoch, done) = self.settling.remove(at);
+            // Every member is within what the group acknowledged, unless
+            // the record went on at once to a lower requirement (a
+            // follow-up needing no answer): its breaks are those of
+            // `settled`.
+            let breaks = self.l.settled(GROUP, done.state, epoch);
+            match done.follow_up {
+                Some(f) if !f.ack_required => {
+                    assert!(breaks.iter().all(|(b, _)| !b.ack_required && b.to == f.to))
+                }
+                _ => assert_eq!(breaks, vec![]),
+            }
+            self.orders.extend(done.follow_up);
         }
 
         fn check(&self, seed: u64, step: usize) {
@@ -914,6 +1078,11 @@ mod tests {
             let told_late = self
                 .orders
                 .iter()
+                .chain(
+                    self.settling
+                        .iter()
+                        .filter_map(|(_, a)| a.follow_up.as_ref()),
+                )
                 .filter(|o| !o.ack_required)
                 .fold(0, |s, o| s | o.from);
             for m in members {
@@ -936,10 +1105,12 @@ mod tests {
             orders: Vec::new(),
             acks: Vec::new(),
             opens: Vec::new(),
+            admitting: Vec::new(),
+            settling: Vec::new(),
             next_open: 100,
         };
         for step in 0..steps {
-            match rng.below(8) {
+            match rng.below(10) {
                 0 | 1 => {
                     let state = if rng.below(2) == 0 { READ } else { RH };
                     w.join(rng.below(4) as u8 + 1, state);
@@ -956,6 +1127,12 @@ mod tests {
                     }
                 }
                 6 if !w.acks.is_empty() => w.write_ack(rng.below(w.acks.len() as u64) as usize),
+                8 if !w.settling.is_empty() => {
+                    w.settle(rng.below(w.settling.len() as u64) as usize)
+                }
+                7 if !w.admitting.is_empty() => {
+                    w.admitted(rng.below(w.admitting.len() as u64) as usize)
+                }
                 _ => {}
             }
             w.check(seed, step);
@@ -963,6 +1140,9 @@ mod tests {
         // Everything delivered, every member answering: the record's break
         // ends.
         for _ in 0..32 {
+            while !w.admitting.is_empty() {
+                w.admitted(0);
+            }
             while !w.orders.is_empty() {
                 w.deliver(0);
             }
@@ -971,6 +1151,9 @@ mod tests {
             }
             while !w.acks.is_empty() {
                 w.write_ack(0);
+            }
+            while !w.settling.is_empty() {
+                w.settle(0);
             }
             w.check(seed, steps);
         }
