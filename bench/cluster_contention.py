@@ -125,10 +125,13 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def node_config(name: str, host: str, port: int, db: Path, share_dir: Path, etcd: EtcdCluster, ca_share: str | None = None) -> str:
+def node_config(
+    name: str, host: str, port: int, db: Path, share_dir: Path, etcd: EtcdCluster, ca_share: str | None = None, cluster_extra: tuple[str, ...] = ()
+) -> str:
     """A cluster node's configuration file: one share, no inotify watches;
     with `ca_share`, the same directory again under that name as a
-    continuously available share (persistent handles, kept in etcd)."""
+    continuously available share (persistent handles, kept in etcd);
+    `cluster_extra`: more lines of its `[cluster]` section."""
     ca = ["[[share]]", f"name = {json.dumps(ca_share)}", f"path = {json.dumps(str(share_dir))}", "continuous_availability = true"] if ca_share else []
     lines = [
         f'listen = ["{host}:{port}"]',
@@ -145,11 +148,14 @@ def node_config(name: str, host: str, port: int, db: Path, share_dir: Path, etcd
         *etcd.node_toml_lines(),
         f'node = "{name}"',
         f'advertise = "{host}:{port}"',
+        *cluster_extra,
     ]
     return "\n".join(lines) + "\n"
 
 
-def start_cluster(nimbus: str, state: Path, share_dir: Path, etcd: EtcdCluster) -> tuple[Target, list[subprocess.Popen]]:
+def start_cluster(
+    nimbus: str, state: Path, share_dir: Path, etcd: EtcdCluster, cluster_extra: tuple[str, ...] = ()
+) -> tuple[Target, list[subprocess.Popen]]:
     """Three nodes, one port on three loopback addresses (smbtorture's
     unclist names hosts; the port is one for all)."""
     db = state / "users.db"
@@ -159,7 +165,7 @@ def start_cluster(nimbus: str, state: Path, share_dir: Path, etcd: EtcdCluster) 
     for i, host in enumerate(HOSTS):
         name = f"n{i + 1}"
         conf = state / f"{name}.toml"
-        conf.write_text(node_config(name, host, port, db, share_dir, etcd))
+        conf.write_text(node_config(name, host, port, db, share_dir, etcd, cluster_extra=cluster_extra))
         log = open(state / f"{name}.log", "wb")
         procs.append(subprocess.Popen([nimbus, "serve", "--config", str(conf)], stdout=log, stderr=subprocess.STDOUT))
         try:
@@ -299,8 +305,12 @@ TLS_KINDS = {
     "cluster-tls": dict(tls=True),
     "cluster-tls-plain-peers": dict(tls=True, peer_tls=False),
     "cluster-tls-no-auth": dict(tls=True, auth=False),
+    "cluster-tls-groups": dict(tls=True),
 }
-KINDS = ["cluster", *TLS_KINDS, "single", "samba"]
+# cluster-groups: the plain cluster with leases granted through the node
+# (`[cluster] group_leases`, docs/SCALING.md).
+GROUP_KINDS = {"cluster-groups": ("group_leases = true",), "cluster-tls-groups": ("group_leases = true",)}
+KINDS = ["cluster", *TLS_KINDS, *GROUP_KINDS, "single", "samba"]
 
 
 def main() -> int:
@@ -365,6 +375,8 @@ def main() -> int:
                 "cluster-tls": "Nimbus, cluster, TLS etcd",
                 "cluster-tls-plain-peers": "Nimbus, TLS, plain peers",
                 "cluster-tls-no-auth": "Nimbus, TLS, no etcd auth",
+                "cluster-groups": "Nimbus, cluster, groups",
+                "cluster-tls-groups": "Nimbus, TLS, groups",
                 "single": "Nimbus, one node",
                 "samba": "Samba, one node",
             }
@@ -380,7 +392,7 @@ def main() -> int:
                 if used is not None:
                     used.wait_healthy()
                 if kind.startswith("cluster"):
-                    target, cluster_procs = start_cluster(args.nimbus, state, share, tls_etcds.get(kind, etcd))
+                    target, cluster_procs = start_cluster(args.nimbus, state, share, tls_etcds.get(kind, etcd), GROUP_KINDS.get(kind, ()))
                     idle = idle_rates(target)
                 else:
                     server = start_nimbus(args.nimbus, state, share) if kind == "single" else start_smbd(state, share)

@@ -1656,6 +1656,7 @@ mod tests {
             node_ttl_secs: 2,
             tls: None,
             user: None,
+            group_leases: false,
             secret_file: Some(secret),
         };
         let ttl = Duration::from_secs(2);

@@ -454,6 +454,7 @@ mod tests {
                 node_ttl_secs: 10,
                 tls: None,
                 user: None,
+                group_leases: false,
                 secret_file: None,
             };
             Arc::new(Membership::join(&cfg).unwrap())

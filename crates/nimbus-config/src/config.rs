@@ -129,6 +129,11 @@ pub struct ClusterConfig {
     /// The cluster secret, the same on every node: the records nodes write
     /// to etcd are tagged with a key derived from it.
     pub secret_file: Option<PathBuf>,
+    /// `group_leases`: read and read-handle leases of a node's alike opens
+    /// are held in the file's record as one grant of the node's, the
+    /// clients' own leases in the node's memory (docs/SCALING.md). Off by
+    /// default.
+    pub group_leases: bool,
 }
 
 /// `[cluster]` ca_file, cert_file and key_file.
@@ -310,6 +315,7 @@ struct RawCluster {
     username: Option<String>,
     password_file: Option<PathBuf>,
     secret_file: Option<PathBuf>,
+    group_leases: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -518,6 +524,7 @@ fn cluster_config(
         tls,
         user,
         secret_file: c.secret_file,
+        group_leases: c.group_leases.unwrap_or(false),
     })
     .filter(|_| ok)
 }

@@ -6,12 +6,13 @@
 //! a weak reference: the service lives inside the server it asks.
 
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use nimbus_state::caching::BreakOrder;
 use nimbus_state::FileKey;
 
 use crate::cluster::Membership;
-use crate::oplocks::OplockHost;
+use crate::oplocks::{OplockHost, Oplocks};
 use crate::server::Server;
 
 pub struct NodeOplockHost {
@@ -65,6 +66,18 @@ impl OplockHost for NodeOplockHost {
                 crate::persist::changed_soon(&s, &open);
             }
         }
+    }
+
+    fn later(&self, after: Duration, f: Box<dyn FnOnce(&Oplocks) + Send>) {
+        let server = self.server.clone();
+        crate::oplocks::after(
+            after,
+            Box::new(move || {
+                if let Some(s) = server.upgrade() {
+                    f(&s.oplocks)
+                }
+            }),
+        );
     }
 
     fn in_cluster(&self) -> bool {

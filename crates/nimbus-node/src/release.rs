@@ -55,6 +55,9 @@ pub fn release(server: &Server, open: &Open) {
     // group's (nimbus_state::grouped_opens) when it is the group's last
     // member. A member that leaves others writes nothing: the group's
     // entry stands for them as it did for it.
+    // Its lease through its group's, if it had one, goes first (a break
+    // that waited only for it is answered for the group).
+    server.oplocks.leave_member(open.open_id);
     let entry = sm.grouped().entry_to_leave(open.open_id);
     if entry != Some(open.open_id) {
         // Its break route is under its own id, not its group's.

@@ -193,6 +193,7 @@ fn authenticator(
 fn protocol_state(
     config: &Config,
     cluster: Option<&Arc<crate::cluster::Membership>>,
+    provider: &CryptoProvider,
 ) -> (ShareModes, ByteRangeLocks, Oplocks) {
     let break_timeout = config.limits.oplock_break_timeout;
     // One store for every kind of per-file record (memory on one node).
@@ -207,8 +208,16 @@ fn protocol_state(
             let gone: nimbus_state::share_modes::Gone =
                 Arc::new(move |open_id| m2.open_is_gone(open_id));
             let oplocks = Oplocks::with_liveness(break_timeout, owned.clone(), gone.clone());
-            let oplocks =
+            let mut oplocks =
                 oplocks.with_elsewhere(crate::dir_leases::ClusterDirLeases::start(m.clone()));
+            if config.cluster.as_ref().is_some_and(|c| c.group_leases) {
+                // Names this node's group leases: bytes no client can see
+                // or guess (open ids, which clients see, name the node's
+                // incarnation).
+                let mut node = [0; 8];
+                provider.fill_random(&mut node);
+                oplocks = oplocks.with_group_leases(node);
+            }
             (
                 ShareModes::with_liveness(owned.clone(), gone.clone())
                     .with_revoker(crate::group_revoker::revoker(m.clone()), m.revoke_wait()),
@@ -271,7 +280,7 @@ impl Server {
         if let Some(m) = &cluster {
             disk_store = Some(m.store.clone() as Arc<dyn StateStore>);
         }
-        let (share_modes, locks, oplocks) = protocol_state(&config, cluster.as_ref());
+        let (share_modes, locks, oplocks) = protocol_state(&config, cluster.as_ref(), &provider);
         let first_open_id = cluster
             .as_ref()
             .map_or(0, |m| m.incarnation() << crate::cluster::OPEN_ID_SHIFT)

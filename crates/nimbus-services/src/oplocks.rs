@@ -36,6 +36,7 @@ use crate::pending::ResponseChannel;
 use crate::security::SessionCipher;
 use crate::sync::lock;
 
+mod grouped;
 mod together;
 mod turns;
 
@@ -181,6 +182,11 @@ pub trait OplockHost: Send + Sync {
     fn forward(&self, _open_id: u64, _order: BreakOrder) -> bool {
         false
     }
+    /// Runs `f` on the node's oplocks after `after` (off the runtime's
+    /// workers: it may wait on the store). A host without a runtime runs
+    /// nothing: its breaks end by their record's timer.
+    fn later(&self, _after: Duration, _f: Box<dyn FnOnce(&Oplocks) + Send>) {}
+
     /// Whether an open is stranded: a gone node's persistent open nobody
     /// took over (its breaks are taken as acknowledged).
     fn stranded(&self, _open_id: u64) -> bool {
@@ -319,11 +325,17 @@ struct Table {
     granted: HashSet<FileKey>,
     /// The file each lease is on (a lease key names one file).
     lease_files: HashMap<LeaseId, FileKey>,
+    /// Leases held through this node's groups (`grouped`): an open outside
+    /// the group gets no lease of its own under the same key.
+    members: HashSet<LeaseId>,
     /// Directories that hold a lease: changes inside them must break it.
     dirs: HashSet<FileKey>,
     /// Directories that came into `dirs` or left it since other cluster
     /// nodes were last told.
     dirs_touched: Vec<FileKey>,
+    /// Group leases (`grouped`) whose grants went from their records, to
+    /// be forgotten once the table's lock is let go.
+    groups_gone: Vec<LeaseId>,
     next_serial: u64,
 }
 
@@ -350,7 +362,7 @@ impl Table {
         claimed.marked |= self.granted.insert(file);
         if let Want::Lease { id, .. } = ask.want {
             match self.lease_files.get(&id) {
-                Some(k) if *k != file => ask.want = Want::Nothing,
+                Some(k) if *k != file || self.members.contains(&id) => ask.want = Want::Nothing,
                 Some(_) => {}
                 None => {
                     self.lease_files.insert(id, file);
@@ -474,6 +486,20 @@ pub struct Oplocks {
     /// Told when a request starts waiting for breaks (a cluster node's
     /// watch of the caching records runs only while requests wait).
     on_wait: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
+    /// Leases granted through this node's groups of alike opens
+    /// (`grouped`); None: each lease is a grant of its own.
+    groups: Option<Mutex<nimbus_state::group_leases::GroupLeases>>,
+}
+
+/// An open id no open has (ids count from 1 within each incarnation).
+const NO_OPEN: u64 = 0;
+
+/// What follows an acknowledgement's write (`Oplocks::after_ack`).
+#[derive(Default)]
+struct AckEffects {
+    sends: Vec<Target>,
+    woken: Vec<Waiter>,
+    changed: Vec<u64>,
 }
 
 /// What an acknowledgement came to.
@@ -564,6 +590,7 @@ impl Oplocks {
             publishing: Mutex::new(()),
             gatherings: together::Gatherings::default(),
             on_wait: std::sync::OnceLock::new(),
+            groups: None,
         }
     }
 
@@ -637,7 +664,10 @@ impl Oplocks {
 
     /// Delivers a break another node sent for an open of this one.
     pub fn deliver_here(&self, open_id: u64, order: BreakOrder) {
-        self.notifier.deliver(open_id, order);
+        match self.group_of_order(&order) {
+            Some(group) => self.fan_out(group, &order),
+            None => self.notifier.deliver(open_id, order),
+        }
     }
 
     /// Drops the opens of gone nodes from `s`; whether a break ended with
@@ -855,6 +885,9 @@ impl Oplocks {
     /// What `open_id` caches now: its oplock level, or its lease's state
     /// and the lease's key.
     pub fn held_by(&self, file: FileKey, open_id: u64) -> (Granted, Option<LeaseId>) {
+        if let Some((granted, id)) = self.member_holds(open_id) {
+            return (granted, Some(id));
+        }
         let s = records::read::<FileCaching>(&*self.store, &record_key(file)).unwrap_or_default();
         match s.grants.iter().find(|g| g.opens.contains(&open_id)) {
             Some(g) => match g.holder {
@@ -918,6 +951,16 @@ impl Oplocks {
 
     /// Records an open that went ahead and returns what it was granted.
     pub fn admit(&self, file: FileKey, ask: &OpenAsk, route: Route) -> Granted {
+        self.admit_routed(file, ask, Some(route))
+    }
+
+    /// `admit` of a group's entry for a member (`grouped`): the member's
+    /// own open is routed, not the entry.
+    fn admit_unrouted(&self, file: FileKey, ask: &OpenAsk) -> Granted {
+        self.admit_routed(file, ask, None)
+    }
+
+    fn admit_routed(&self, file: FileKey, ask: &OpenAsk, route: Option<Route>) -> Granted {
         let turn = self.turn(file);
         let mut ask = *ask;
         // `lease_fits` was asked before the file was opened; a CREATE
@@ -933,7 +976,9 @@ impl Oplocks {
             self.table().give_back(file, claimed);
             return nothing_granted(ask);
         };
-        self.notifier.register(ask.open_id, route);
+        if let Some(route) = route {
+            self.notifier.register(ask.open_id, route);
+        }
         let mut t = self.table();
         if let Want::Lease { .. } = ask.want {
             if ask.is_dir && t.dirs.insert(file) {
@@ -1007,6 +1052,7 @@ impl Oplocks {
         let (woken, touched) = self.settle_leaving(&mut t, file, wake_them, gone, &summary);
         drop(t);
         drop(turn);
+        self.forget_gone_groups();
         self.publish_dirs(touched);
         self.tell(summary.changed);
         wake(woken);
@@ -1032,9 +1078,16 @@ impl Oplocks {
         };
         t.settle(file, summary);
         self.count_dirs(t);
-        for id in gone {
-            t.lease_files.remove(&id);
+        for id in &gone {
+            t.lease_files.remove(id);
         }
+        // The groups' lock is never taken under the table's (`grouped`
+        // takes one, lets it go, then the other): their leases are
+        // forgotten once it is let go (`forget_gone_groups`).
+        t.groups_gone.extend(
+            gone.into_iter()
+                .filter(nimbus_state::group_leases::is_group_lease),
+        );
         (woken, std::mem::take(&mut t.dirs_touched))
     }
 
@@ -1167,6 +1220,9 @@ impl Oplocks {
     /// OPLOCK_BREAK acknowledgement of a lease; None when the lease is
     /// unknown.
     pub fn ack_lease(&self, id: LeaseId, state: u32) -> Option<AckOutcome> {
+        if let Some(outcome) = self.ack_member(id, state) {
+            return Some(outcome);
+        }
         let file = *self.table().lease_files.get(&id)?;
         Some(self.ack(file, |s| s.ack_lease(id, state)))
     }
@@ -1174,41 +1230,71 @@ impl Oplocks {
     fn ack(
         &self,
         file: FileKey,
-        mut f: impl FnMut(&mut FileCaching) -> Result<Acked, AckError>,
+        f: impl FnMut(&mut FileCaching) -> Result<Acked, AckError>,
     ) -> AckOutcome {
-        let (outcome, sends, woken, changed) = {
-            let _turn = self.turn(file);
-            let Some((r, summary)) = apply(&*self.store, file, self.watching(), |s| {
-                f(s).map(|acked| {
-                    let follow: Vec<BreakOrder> = acked.follow_up.into_iter().collect();
-                    (acked, targets(s, &follow))
-                })
-            }) else {
-                return AckOutcome::Refused(AckError::NotBreaking);
-            };
-            let (acked, to) = match r {
-                Ok(v) => v,
-                Err(e) => return AckOutcome::Refused(e),
-            };
-            let mut t = self.table();
-            let woken = match t.files.get_mut(&file) {
-                Some(local) if !summary.breaking => std::mem::take(&mut local.waiters),
-                _ => Vec::new(),
-            };
-            let sends = self.prepare_breaks(&mut t, file, to);
-            t.settle(file, &summary);
-            (AckOutcome::Done(acked), sends, woken, summary.changed)
-        };
-        self.send(file, sends);
-        self.tell(changed);
-        wake(woken);
+        let (outcome, effects) = self.ack_applied(file, f);
+        self.after_ack(file, effects);
         outcome
+    }
+
+    /// `ack`'s change of the record, and what is to follow it
+    /// (`after_ack`).
+    fn ack_applied(
+        &self,
+        file: FileKey,
+        mut f: impl FnMut(&mut FileCaching) -> Result<Acked, AckError>,
+    ) -> (AckOutcome, AckEffects) {
+        let _turn = self.turn(file);
+        let Some((r, summary)) = apply(&*self.store, file, self.watching(), |s| {
+            f(s).map(|acked| {
+                let follow: Vec<BreakOrder> = acked.follow_up.into_iter().collect();
+                (acked, targets(s, &follow))
+            })
+        }) else {
+            return (
+                AckOutcome::Refused(AckError::NotBreaking),
+                AckEffects::default(),
+            );
+        };
+        let (acked, to) = match r {
+            Ok(v) => v,
+            Err(e) => return (AckOutcome::Refused(e), AckEffects::default()),
+        };
+        let mut t = self.table();
+        let woken = match t.files.get_mut(&file) {
+            Some(local) if !summary.breaking => std::mem::take(&mut local.waiters),
+            _ => Vec::new(),
+        };
+        let sends = self.prepare_breaks(&mut t, file, to);
+        t.settle(file, &summary);
+        let effects = AckEffects {
+            sends,
+            woken,
+            changed: summary.changed,
+        };
+        (AckOutcome::Done(acked), effects)
+    }
+
+    /// What follows an acknowledgement's write: further breaks sent, the
+    /// opens whose caching changed told, waiting requests woken.
+    fn after_ack(&self, file: FileKey, effects: AckEffects) {
+        self.send(file, effects.sends);
+        self.tell(effects.changed);
+        wake(effects.woken);
     }
 
     /// Another open writes, truncates or locks: read caching of the other
     /// holders goes, without waiting (MS-FSA 2.1.4.12).
     pub fn contend_readers(&self, file: FileKey, writer_open: u64) {
-        self.contend_with(file, |s| s.contend_readers(writer_open));
+        // A member's lease is its group's grant in the record, which names
+        // the group's entry (perhaps this very open's id): its lock breaks
+        // the grant like anyone's, so that the other members' read caching
+        // goes too (its own goes with it).
+        let writer = match self.member_holds(writer_open) {
+            Some(_) => NO_OPEN,
+            None => writer_open,
+        };
+        self.contend_with(file, |s| s.contend_readers(writer));
     }
 
     /// The file is being deleted or renamed through `by`: other holders'
@@ -1223,7 +1309,22 @@ impl Oplocks {
 
     /// How many leases this node's opens hold.
     pub fn lease_count(&self) -> usize {
-        self.table().lease_files.len()
+        // Group leases (`grouped`) stand for their members, which are
+        // counted themselves.
+        self.table()
+            .lease_files
+            .keys()
+            .filter(|id| !nimbus_state::group_leases::is_group_lease(id))
+            .count()
+    }
+
+    /// Forgets the groups whose grants went from their records
+    /// (`settle_leaving` notes them under the table's lock).
+    fn forget_gone_groups(&self) {
+        let gone = std::mem::take(&mut self.table().groups_gone);
+        for id in gone {
+            self.forget_group_lease(&id);
+        }
     }
 
     /// Whether any directory holds a lease now, here or on another node.
@@ -1306,7 +1407,10 @@ impl Oplocks {
         let turns = self.turns.clone();
         let store = self.store.clone();
         let host = self.host.clone();
-        let after = self.break_timeout();
+        let mut after = self.break_timeout();
+        if Self::is_group_holder(holder) {
+            after += grouped::GROUP_GRACE;
+        }
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -1382,6 +1486,10 @@ impl Oplocks {
     fn send(&self, file: FileKey, sends: Vec<Target>) {
         let mut stranded = Vec::new();
         for (order, open_id) in sends {
+            if let Some(group) = self.group_of_order(&order) {
+                self.fan_out(group, &order);
+                continue;
+            }
             let here = lock(&self.notifier.routes).contains_key(&open_id);
             if self.host.in_cluster() && !here {
                 if !self.host.forward(open_id, order) && order.ack_required {
@@ -1600,6 +1708,20 @@ pub fn remember_runtime() {
 /// which needs the runtime.
 pub fn on_runtime(f: Box<dyn FnOnce() + Send>) {
     spawn(f)
+}
+
+/// Runs `f` after `delay`, on the runtime's blocking pool (it may wait on
+/// etcd); without a runtime, never.
+pub fn after(delay: Duration, f: Box<dyn FnOnce() + Send>) {
+    let rt = tokio::runtime::Handle::try_current()
+        .ok()
+        .or_else(|| RUNTIME.get().cloned());
+    if let Some(rt) = rt {
+        rt.spawn(async move {
+            tokio::time::sleep(delay).await;
+            let _ = tokio::task::spawn_blocking(f).await;
+        });
+    }
 }
 
 /// Runs a woken request again, on the runtime's blocking pool: it may

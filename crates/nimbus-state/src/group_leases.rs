@@ -379,15 +379,18 @@ impl GroupLeases {
 
     /// The group's entry left the records (its last open closed): the
     /// grant went with it.
-    pub fn forget_group(&mut self, group: u64) {
-        if let Some(g) = self.groups.remove(&group) {
-            for (id, m) in &g.members {
-                self.of_lease.remove(id);
-                for o in &m.opens {
-                    self.of_open.remove(o);
-                }
+    /// The member leases that went with it.
+    pub fn forget_group(&mut self, group: u64) -> Vec<LeaseId> {
+        let Some(g) = self.groups.remove(&group) else {
+            return Vec::new();
+        };
+        for (id, m) in &g.members {
+            self.of_lease.remove(id);
+            for o in &m.opens {
+                self.of_open.remove(o);
             }
         }
+        g.members.into_keys().collect()
     }
 
     /// A break of group `group`'s grant came (from this node's own

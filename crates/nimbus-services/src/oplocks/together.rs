@@ -316,6 +316,7 @@ impl Oplocks {
         let (woken, touched) = self.settle_leaving(&mut t, file, wake_them, gone_leases, &summary);
         drop(t);
         drop(turn);
+        self.forget_gone_groups();
         let after = AfterWrite {
             touched,
             sends,

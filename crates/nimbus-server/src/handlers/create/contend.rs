@@ -16,6 +16,14 @@ use crate::ctx::Ctx;
 use crate::errors::sharing_status;
 use crate::server::Server;
 
+/// Access that writes the file's data: an open granted any of it keeps its
+/// lease to itself (a write breaks every other holder's read caching).
+const WRITES: u32 = access::FILE_WRITE_DATA
+    | access::FILE_APPEND_DATA
+    | access::GENERIC_WRITE
+    | access::GENERIC_ALL
+    | access::MAXIMUM_ALLOWED;
+
 /// A CREATE let on to open its file.
 pub struct Admitted<'s> {
     /// The open's persistent FileId.
@@ -36,6 +44,9 @@ pub struct Admitted<'s> {
     /// A stream's open is also one of its file's.
     pub base_entry: Option<BaseEntry<'s>>,
     pub app_instance: Option<[u8; 16]>,
+    /// The group whose lease the open's lease is granted through
+    /// (`Oplocks::admit_member`), if any.
+    pub group_lease: Option<u64>,
 }
 
 /// Checks `c`'s sharing against the file's other opens and contends for
@@ -100,6 +111,7 @@ pub fn contend<'s>(
     // Whether the open's caching entry was written with its share modes
     // (`Oplocks::contend_opening`): its admit then writes nothing more.
     let mut counted = false;
+    let mut group_lease = None;
     // A stream's open is also one of its file's (create_stream::BaseEntry).
     let base_entry = match &base {
         Some(b) => Some(BaseEntry::add(
@@ -137,11 +149,24 @@ pub fn contend<'s>(
         }
         _ => true,
     };
+    // With `[cluster] group_leases`, a read or read-handle lease of an open
+    // that reads (no writes: its own write would break its group's lease)
+    // is granted through the node's group (`Oplocks::admit_member`).
+    let lease_by_group = ctx.server.cluster.is_some()
+        && matches!(want, Want::Lease { .. })
+        && granted & WRITES == 0
+        && existing_key.is_some_and(|k| {
+            ctx.server
+                .oplocks
+                .group_lease_ask(k, open_id, &ask)
+                .is_some()
+        });
     // On a cluster, this node's alike opens of a file share one entry in
     // its records (nimbus_state::grouped_opens): where the file's records
     // are in etcd, an open that joins a recorded group reads them and
     // writes nothing, and a member's close that leaves others writes
-    // nothing. Only an open nothing else follows by its id may join.
+    // nothing. Only an open nothing else follows by its id (or whose
+    // lease its group holds for it) may join.
     let grouped = ctx.server.cluster.is_some()
         && existing_key.is_some()
         && recorded
@@ -152,7 +177,7 @@ pub fn contend<'s>(
         && !truncating
         && !delete_on_close
         && granted & access::DELETE == 0
-        && matches!(want, Want::Nothing)
+        && (matches!(want, Want::Nothing) || lease_by_group)
         && matches!(durable, DurableAsk::None)
         && app_instance.is_none()
         && replay_key.is_none()
@@ -168,10 +193,16 @@ pub fn contend<'s>(
             true => ctx.server.share_modes.join_group(key, record),
             false => record,
         };
-        let entry_ask = OpenAsk {
-            open_id: entry.open_id,
-            ..ask
-        };
+        if grouped && lease_by_group {
+            group_lease = Some(entry.open_id);
+        }
+        // A group's lease is asked for under the group's own lease key.
+        let entry_ask = group_lease
+            .and_then(|group| ctx.server.oplocks.group_lease_ask(key, group, &ask))
+            .unwrap_or(OpenAsk {
+                open_id: entry.open_id,
+                ..ask
+            });
         // A grouped CREATE that does not go on leaves its group, once; the
         // group's entry goes with its last member (`undo::abandon`).
         let in_group = std::cell::Cell::new(grouped);
@@ -285,5 +316,6 @@ pub fn contend<'s>(
         recorded,
         base_entry,
         app_instance,
+        group_lease,
     })
 }

@@ -63,6 +63,7 @@ pub fn finish(
         a.app_instance,
     );
     let mut ask = a.ask;
+    let group_lease = a.group_lease;
     let (base, stream_name, security) = (&f.base, &f.stream_name, &f.security);
     let (max, granted, parent_lease) = (f.max, f.granted, f.parent_lease);
     // Bound in the order the stages made them, so that an early return
@@ -235,7 +236,13 @@ pub fn finish(
         file_id,
         seal: super::super::create_caching::break_cipher(session, tree),
     };
-    let granted_caching = if counted {
+    let granted_caching = if let Some(group) = group_lease.filter(|_| counted) {
+        // Its lease through its group's: from memory, or through the
+        // record as the group's entry's.
+        ctx.server
+            .oplocks
+            .admit_member(key, group, &ask, route, &ctx.server.share_modes)
+    } else if counted {
         // Whether the file holds byte-range locks is read by the write of
         // the admit, once for all the admits written with it.
         ctx.server

@@ -11,6 +11,7 @@ use crate::ctx::Ctx;
 /// Takes the open `open_id` of `c` out of file `key`'s entries (and its
 /// caching), as `f` found the file.
 pub fn unregister(ctx: &Ctx<'_>, c: &Create<'_>, f: &Found, open_id: u64, key: FileKey) {
+    ctx.server.oplocks.leave_member(open_id);
     // The entry to take out: the open's own, or its group's when it was
     // the group's last member (none while other members remain).
     let Some(entry) = ctx.server.share_modes.grouped().entry_to_leave(open_id) else {
@@ -36,6 +37,7 @@ pub fn abandon(
     key: FileKey,
     open_id: u64,
 ) {
+    ctx.server.oplocks.leave_member(open_id);
     match ctx.server.share_modes.grouped().leave(open_id) {
         Leaving::Alone => abandon_entry(ctx, share, path, is_dir, key, open_id),
         Leaving::Stays => {}

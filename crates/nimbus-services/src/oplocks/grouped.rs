@@ -1,0 +1,352 @@
+//! Leases granted through this node's groups of alike opens
+//! (`nimbus_state::group_leases`, docs/SCALING.md "Leases granted through
+//! the node"), on a cluster node whose `[cluster] group_leases` is on.
+//!
+//! The file's caching record holds one lease for a group, named by a lease
+//! id this node made up, whose one open is the group's entry. Its members'
+//! own leases are in memory (`GroupLeases`). Here is what moves between
+//! the two:
+//! - an open of the group is granted its lease from memory when the
+//!   group's grant allows it (no etcd request), or through the record: an
+//!   admit of the group's lease, written with the file's other steps;
+//! - a break of the group's grant, from this node's own contention or
+//!   another node's message, is fanned out to the members it touches;
+//! - a member's acknowledgement changes memory; the last one the group
+//!   waited for writes the group's acknowledgement into the record;
+//! - a member that does not answer within the break timeout is answered
+//!   for (its caching goes), before the breaking node's own timer of the
+//!   group's grant fires (`GROUP_GRACE`).
+
+use std::sync::MutexGuard;
+use std::time::Duration;
+
+use nimbus_state::caching::{AckError, Acked, BreakOrder, Granted, Holder, LeaseId, OpenAsk, Want};
+use nimbus_state::group_leases::{self, GrantSeen, GroupAck, GroupLeases, MemberAsk};
+use nimbus_state::{FileKey, ShareModes};
+
+use super::together::{Step, Stepped};
+use super::{nothing_granted, AckOutcome, Notifier, Oplocks, Route};
+use crate::sync::lock;
+
+/// How much longer the node that breaks a group's grant waits for its
+/// acknowledgement than for a lease's own: the group's node answers for
+/// members that do not answer, and its timers start only when the break
+/// reaches it.
+pub(super) const GROUP_GRACE: Duration = Duration::from_secs(5);
+
+impl Oplocks {
+    /// The same, granting leases through this node's groups of alike opens;
+    /// `node`: bytes drawn at random when the node starts, which name its
+    /// groups' leases.
+    pub fn with_group_leases(self, node: [u8; 8]) -> Oplocks {
+        Oplocks {
+            groups: Some(std::sync::Mutex::new(GroupLeases::new(node))),
+            ..self
+        }
+    }
+
+    fn groups(&self) -> Option<MutexGuard<'_, GroupLeases>> {
+        self.groups.as_ref().map(lock)
+    }
+
+    /// For an open that joins group `group` of `file` (its entry's id) and
+    /// asks a lease: the ask the group's entry makes of the record in its
+    /// place, when the lease may be granted through the group. None: it may
+    /// not (groups are off, the lease asks for writes, or its key is held
+    /// outside the groups), and the open asks for its lease alone.
+    pub fn group_lease_ask(&self, file: FileKey, group: u64, ask: &OpenAsk) -> Option<OpenAsk> {
+        let (member, _) = self.member_ask(file, ask)?;
+        let id = self.groups()?.lease_id(group);
+        Some(OpenAsk {
+            open_id: group,
+            want: Want::Lease {
+                id,
+                state: member.state,
+                version: 2,
+                parent_key: None,
+                epoch: 0,
+            },
+            ..*ask
+        })
+    }
+
+    /// `ask`'s lease as a member's, and whether its key is a member's
+    /// already, if it may be granted through a group.
+    fn member_ask(&self, file: FileKey, ask: &OpenAsk) -> Option<(MemberAsk, bool)> {
+        let Want::Lease {
+            id,
+            state,
+            version,
+            parent_key,
+            epoch,
+        } = ask.want
+        else {
+            return None;
+        };
+        if !group_leases::groupable(state) || group_leases::is_group_lease(&id) || ask.is_dir {
+            return None;
+        }
+        // One lease key, one holder: a key this node holds outside its
+        // groups, or on another file, stays its own lease.
+        let member = {
+            let t = self.table();
+            match t.lease_files.get(&id) {
+                None => false,
+                Some(k) if *k == file && t.members.contains(&id) => true,
+                Some(_) => return None,
+            }
+        };
+        let _ = self.groups.as_ref()?;
+        Some((
+            MemberAsk {
+                id,
+                state,
+                version,
+                parent_key,
+                epoch,
+            },
+            member,
+        ))
+    }
+
+    /// Grants open `ask.open_id`, which joined group `group` of `file`
+    /// asking a lease `group_lease_ask` let through, its lease: from memory
+    /// when the group's grant allows, else through the record (the group's
+    /// entry's admit, written with the file's other steps).
+    pub fn admit_member(
+        &self,
+        file: FileKey,
+        group: u64,
+        ask: &OpenAsk,
+        route: Route,
+        share_modes: &ShareModes,
+    ) -> Granted {
+        // Routed first: a break of the grant may come at once.
+        self.notifier.register(ask.open_id, route);
+        let Some((member, _)) = self.member_ask(file, ask) else {
+            // Its key was taken meanwhile (by an open of another file, or
+            // one that holds it alone): no lease, as for a key in use.
+            return nothing_granted(ask);
+        };
+        let entry = self.group_lease_ask(file, group, ask);
+        let Some(entry) = entry else {
+            return nothing_granted(ask);
+        };
+        if let Some(granted) = self
+            .groups()
+            .and_then(|mut g| g.from_memory(group, &member, ask.open_id))
+        {
+            self.note_member(file, member.id);
+            return granted;
+        }
+        if let Some(mut g) = self.groups() {
+            g.expect(group, file);
+        }
+        let granted = match self.together(file, Step::Admit { ask: entry }, share_modes) {
+            None => {
+                let mut entry = entry;
+                entry.has_byte_range_locks |= self.host.has_locks(file);
+                self.admit_unrouted(file, &entry)
+            }
+            Some(Ok(Stepped::Admitted(granted))) => granted,
+            Some(Err(e)) => {
+                tracing::error!("caching state of {file:?}: {e:?}");
+                nothing_granted(&entry)
+            }
+            Some(Ok(_)) => nothing_granted(&entry),
+        };
+        let Granted::Lease {
+            state,
+            epoch,
+            breaking,
+            ..
+        } = granted
+        else {
+            return nothing_granted(ask);
+        };
+        let seen = GrantSeen {
+            state,
+            breaking,
+            epoch,
+        };
+        let Some(granted) = self
+            .groups()
+            .map(|mut g| g.admitted(group, file, &member, ask.open_id, seen))
+        else {
+            return nothing_granted(ask);
+        };
+        self.note_member(file, member.id);
+        granted
+    }
+
+    /// Member key `id` is on `file`: no other file's open may use it, and
+    /// no open outside the group may hold it alone.
+    fn note_member(&self, file: FileKey, id: LeaseId) {
+        let mut t = self.table();
+        t.lease_files.insert(id, file);
+        t.members.insert(id);
+    }
+
+    /// Open `open_id` closed, or its CREATE did not go on: it leaves its
+    /// member lease (which goes with its last open). A break that waited
+    /// only for it is acknowledged for the group.
+    pub fn leave_member(&self, open_id: u64) {
+        let Some(mut g) = self.groups() else {
+            return;
+        };
+        let Some((id, _)) = g.member_of_open(open_id) else {
+            return;
+        };
+        let ack = g.leave(open_id);
+        let gone = g.member_group(&id).is_none();
+        drop(g);
+        if gone {
+            let mut t = self.table();
+            t.members.remove(&id);
+            t.lease_files.remove(&id);
+        }
+        if let Some(ack) = ack {
+            self.write_group_ack(ack);
+        }
+    }
+
+    /// The group whose lease `order` breaks, if it is one of this node's.
+    pub(super) fn group_of_order(&self, order: &BreakOrder) -> Option<u64> {
+        let Holder::Lease(id) = order.holder else {
+            return None;
+        };
+        self.groups()?.group_of(&id)
+    }
+
+    /// A break of this node's group `group`'s grant: each member it
+    /// touches gets its own break; one that needs no member's answer is
+    /// acknowledged for the group at once.
+    pub(super) fn fan_out(&self, group: u64, order: &BreakOrder) {
+        let Some(out) = self.groups().map(|mut g| g.fan_out(group, order)) else {
+            return;
+        };
+        self.send_member_breaks(out.breaks);
+        if let Some(ack) = out.ack {
+            self.write_group_ack(ack);
+        }
+    }
+
+    /// Sends members their own breaks (through their first open's route),
+    /// and times those that need an answer.
+    fn send_member_breaks(&self, breaks: Vec<(BreakOrder, u64)>) {
+        for (order, open_id) in breaks {
+            self.notifier.deliver(open_id, order);
+            if let (true, Holder::Lease(id)) = (order.ack_required, order.holder) {
+                let epoch = order.epoch;
+                self.host.later(
+                    self.break_timeout(),
+                    Box::new(move |oplocks: &Oplocks| oplocks.member_timed_out(id, epoch)),
+                );
+            }
+        }
+    }
+
+    /// Member `id` did not answer its break of `epoch` in time: its caching
+    /// goes (MS-SMB2 3.3.6.5), and the group may be acknowledged.
+    pub fn member_timed_out(&self, id: LeaseId, epoch: u16) {
+        let ack = {
+            let Some(mut g) = self.groups() else {
+                return;
+            };
+            if g.waiting_epoch(&id) != Some(epoch) {
+                return;
+            }
+            super::log_timeout(Holder::Lease(id), self.break_timeout());
+            g.timed_out(&id)
+        };
+        if let Some(ack) = ack {
+            self.write_group_ack(ack);
+        }
+    }
+
+    /// A client's acknowledgement of a member lease's break (MS-SMB2
+    /// 3.3.5.22.2), applied in memory. None: `id` is no member here.
+    pub(super) fn ack_member(&self, id: LeaseId, state: u32) -> Option<AckOutcome> {
+        let acked = {
+            let mut g = self.groups()?;
+            g.member_group(&id)?;
+            g.ack(&id, state)
+        };
+        Some(match acked {
+            Ok(a) => {
+                self.send_member_breaks(a.follow_up.into_iter().collect());
+                if let Some(ack) = a.group {
+                    self.write_group_ack(ack);
+                }
+                AckOutcome::Done(Acked {
+                    state: a.state,
+                    follow_up: None,
+                })
+            }
+            Err(e) => AckOutcome::Refused(e),
+        })
+    }
+
+    /// Writes the group's acknowledgement into the record, only while its
+    /// grant is in the break it ends; members still above what the record
+    /// then holds are broken, and a further break the record asks reaches
+    /// the group after that.
+    fn write_group_ack(&self, ack: GroupAck) {
+        let (outcome, effects) = self.ack_applied(ack.file, |s| {
+            match s.grant(Holder::Lease(ack.id)) {
+                Some(g) if g.epoch == ack.epoch && g.breaking.is_some() => {}
+                // That break is over (the breaking node timed it out, or
+                // the group was acknowledged already): nothing to answer.
+                _ => return Err(AckError::NotBreaking),
+            }
+            s.ack_lease(ack.id, ack.state)
+        });
+        if let AckOutcome::Done(acked) = outcome {
+            let breaks = self
+                .groups()
+                .map(|mut g| g.settled(ack.group, acked.state, ack.epoch))
+                .unwrap_or_default();
+            self.send_member_breaks(breaks);
+        }
+        self.after_ack(ack.file, effects);
+    }
+
+    /// What `held_by` answers for a member's open.
+    pub(super) fn member_holds(&self, open_id: u64) -> Option<(Granted, LeaseId)> {
+        let g = self.groups()?;
+        let (id, m) = g.member_of_open(open_id)?;
+        Some((
+            Granted::Lease {
+                state: m.state,
+                epoch: m.epoch,
+                breaking: m.sent.is_some(),
+                version: m.version,
+            },
+            id,
+        ))
+    }
+
+    /// The group's grant went from the record with its entry: its members
+    /// go from memory.
+    pub(super) fn forget_group_lease(&self, id: &LeaseId) {
+        let Some(mut g) = self.groups() else {
+            return;
+        };
+        let Some(group) = g.group_of(id) else {
+            return;
+        };
+        let members = g.forget_group(group);
+        drop(g);
+        let mut t = self.table();
+        for id in members {
+            t.members.remove(&id);
+            t.lease_files.remove(&id);
+        }
+    }
+
+    /// Whether `holder` is a group's lease (any node's): its breaker waits
+    /// `GROUP_GRACE` longer.
+    pub(super) fn is_group_holder(holder: Holder) -> bool {
+        matches!(holder, Holder::Lease(id) if group_leases::is_group_lease(&id))
+    }
+}
