@@ -90,8 +90,11 @@ def no_apple_share(share: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def cluster_node(tmp_path_factory):
+def cluster_node(request, tmp_path_factory):
     require_etcd()
+    # More lines of the nodes' `[cluster]` sections, from the module whose
+    # suites run (tests/test_smbtorture_group_leases.py turns a key on).
+    cluster_extra = getattr(request.module, "CLUSTER_EXTRA", [])
     base = tmp_path_factory.mktemp("torture-cluster")
     share_names = ["data"] + [f"data{n}" for n in range(2, ts.LANES + 1)]
     shares = []
@@ -143,6 +146,7 @@ def cluster_node(tmp_path_factory):
                         f"node = \"n{i + 1}\"",
                         f"advertise = {toml_str(f'{host}:{port}')}",
                         "node_ttl_secs = 5",
+                        *cluster_extra,
                     ]
                 )
                 + "\n"
@@ -221,13 +225,19 @@ def cluster_suite_runs(request, cluster_node, tmp_path_factory, samba_client_con
 @require_tool("smbtorture", "samba-testsuite")  # skipped when missing; fails under CI=true
 @pytest.mark.parametrize("suite", ts.SUITES)
 def test_smbtorture_suite_against_a_cluster_node(request, cluster_suite_runs, suite):
+    judge_on_cluster(request, cluster_suite_runs, suite, "a cluster node")
+
+
+def judge_on_cluster(request, runs, suite: str, node: str) -> None:
+    """`suite`'s run against `node` (its description), judged against the
+    one-node known failures and expected skips."""
     known, _ = ts.load_known_failures()
     skips, _ = ts.load_expected_skips()
     listed = ts.list_tests(suite)
-    run = cluster_suite_runs.result(suite)
-    ts.report(request, suite, run, listed, " on a cluster node")
+    run = runs.result(suite)
+    ts.report(request, suite, run, listed, f" on {node}")
     problems = ts.judge(suite, listed, run, known, skips)
-    assert not problems, f"smbtorture {suite} against a cluster node:\n" + "\n".join(problems)
+    assert not problems, f"smbtorture {suite} against {node}:\n" + "\n".join(problems)
 
 
 @require_tool("smbtorture", "samba-testsuite")

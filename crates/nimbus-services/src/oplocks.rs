@@ -665,7 +665,12 @@ impl Oplocks {
     /// Delivers a break another node sent for an open of this one.
     pub fn deliver_here(&self, open_id: u64, order: BreakOrder) {
         match self.group_of_order(&order) {
-            Some(group) => self.fan_out(group, &order),
+            // Off the inbox's thread: the group's acknowledgement may be
+            // written at once, an etcd round trip under the file's turn.
+            Some(group) => self.host.later(
+                Duration::ZERO,
+                Box::new(move |oplocks: &Oplocks| oplocks.fan_out(group, &order)),
+            ),
             None => self.notifier.deliver(open_id, order),
         }
     }
@@ -952,15 +957,16 @@ impl Oplocks {
     /// Records an open that went ahead and returns what it was granted.
     pub fn admit(&self, file: FileKey, ask: &OpenAsk, route: Route) -> Granted {
         self.admit_routed(file, ask, Some(route))
+            .unwrap_or_else(|| nothing_granted(ask))
     }
 
     /// `admit` of a group's entry for a member (`grouped`): the member's
-    /// own open is routed, not the entry.
-    fn admit_unrouted(&self, file: FileKey, ask: &OpenAsk) -> Granted {
+    /// own open is routed, not the entry. None: the store did not take it.
+    fn admit_unrouted(&self, file: FileKey, ask: &OpenAsk) -> Option<Granted> {
         self.admit_routed(file, ask, None)
     }
 
-    fn admit_routed(&self, file: FileKey, ask: &OpenAsk, route: Option<Route>) -> Granted {
+    fn admit_routed(&self, file: FileKey, ask: &OpenAsk, route: Option<Route>) -> Option<Granted> {
         let turn = self.turn(file);
         let mut ask = *ask;
         // `lease_fits` was asked before the file was opened; a CREATE
@@ -974,7 +980,7 @@ impl Oplocks {
             s.admit(ask)
         }) else {
             self.table().give_back(file, claimed);
-            return nothing_granted(ask);
+            return None;
         };
         if let Some(route) = route {
             self.notifier.register(ask.open_id, route);
@@ -997,7 +1003,7 @@ impl Oplocks {
         let mut changed = summary.changed;
         changed.retain(|id| *id != ask.open_id);
         self.tell(changed);
-        granted
+        Some(granted)
     }
 
     /// Forgets an open: closed, or its CREATE failed after `contend`.
@@ -1309,10 +1315,13 @@ impl Oplocks {
 
     /// How many leases this node's opens hold.
     pub fn lease_count(&self) -> usize {
+        let t = self.table();
+        if self.groups.is_none() {
+            return t.lease_files.len();
+        }
         // Group leases (`grouped`) stand for their members, which are
         // counted themselves.
-        self.table()
-            .lease_files
+        t.lease_files
             .keys()
             .filter(|id| !nimbus_state::group_leases::is_group_lease(id))
             .count()
@@ -1408,7 +1417,7 @@ impl Oplocks {
         let store = self.store.clone();
         let host = self.host.clone();
         let mut after = self.break_timeout();
-        if Self::is_group_holder(holder) {
+        if self.gone.is_some() && Self::is_group_holder(holder) {
             after += grouped::GROUP_GRACE;
         }
         let Ok(rt) = tokio::runtime::Handle::try_current() else {

@@ -321,15 +321,22 @@ impl GroupLeases {
     /// Adds the open to its member lease (new, or upgraded within `allowed`
     /// as MS-SMB2 3.3.5.9.8 upgrades an existing lease).
     fn join(&mut self, group: u64, ask: &MemberAsk, open_id: u64, allowed: u32) -> Granted {
-        self.of_lease.insert(ask.id, group);
-        let Some(g) = self.groups.get_mut(&group) else {
-            return Granted::Lease {
-                state: 0,
-                epoch: ask.epoch,
-                breaking: false,
-                version: ask.version,
-            };
+        let none = Granted::Lease {
+            state: 0,
+            epoch: ask.epoch,
+            breaking: false,
+            version: ask.version,
         };
+        // One lease key has one holder: a key another group holds (the
+        // same client opening the file with other access or sharing) is
+        // granted nothing here.
+        if self.of_lease.get(&ask.id).is_some_and(|&o| o != group) {
+            return none;
+        }
+        let Some(g) = self.groups.get_mut(&group) else {
+            return none;
+        };
+        self.of_lease.insert(ask.id, group);
         let offered = lease_state(ask.state & allowed & (READ | HANDLE));
         let m = g.members.entry(ask.id).or_insert_with(|| Member {
             state: offered,
@@ -456,7 +463,7 @@ impl GroupLeases {
     pub fn ack(&mut self, id: &LeaseId, state: u32) -> Result<MemberAcked, AckError> {
         let group = self.member_group(id).ok_or(AckError::Unknown)?;
         let g = self.groups.get_mut(&group).ok_or(AckError::Unknown)?;
-        let target = g.breaking;
+        let (target, granted) = (g.breaking, g.granted);
         let m = g.members.get_mut(id).ok_or(AckError::Unknown)?;
         let sent = m.sent.ok_or(AckError::NotBreaking)?;
         if state & !sent != 0 {
@@ -468,8 +475,9 @@ impl GroupLeases {
         m.sent = None;
         m.state = state;
         // Held to what the group's break now allows, as `caching::settle`
-        // holds a lease to a lowered requirement.
-        let follow_up = target.and_then(|to| member_break(*id, m, to & state));
+        // holds a lease to a lowered requirement, or, the break being
+        // over, to what the record's grant holds.
+        let follow_up = member_break(*id, m, target.unwrap_or(granted) & state);
         let state = m.state;
         Ok(MemberAcked {
             state,
@@ -514,8 +522,9 @@ impl GroupLeases {
         g.acked = None;
         let mut breaks = Vec::new();
         for (id, m) in &mut g.members {
-            if let Some(sent) = m.sent {
-                m.sent = Some(lease_state(sent & state));
+            if m.sent.is_some() {
+                // It answers what it was told; `ack` then holds it to the
+                // grant.
                 continue;
             }
             if m.state & !state != 0 {
@@ -524,6 +533,20 @@ impl GroupLeases {
             }
         }
         breaks
+    }
+
+    /// The group's acknowledgement handed out could not be written (the
+    /// store did not answer): it is handed out again by `retry_ack`.
+    pub fn unack(&mut self, group: u64) {
+        if let Some(g) = self.groups.get_mut(&group) {
+            g.acked = None;
+        }
+    }
+
+    /// The group's acknowledgement, if a break of its grant waits for no
+    /// member and none is being written: after `unack`.
+    pub fn retry_ack(&mut self, group: u64) -> Option<GroupAck> {
+        self.ack_if_done(group)
     }
 
     /// The group's acknowledgement, once a break of its grant waits for no
@@ -848,7 +871,14 @@ mod tests {
             (READ, 0, 10)
         );
         assert_eq!(l.member_of_open(10).unwrap().1.state, 0);
-        assert_eq!(l.ack(&lease(2), 0).unwrap().state, 0);
+        // The other answers what it was told, and is held to the record.
+        let late = l.ack(&lease(2), READ).unwrap();
+        assert_eq!(late.state, 0);
+        let (follow_up, open) = late.follow_up.unwrap();
+        assert_eq!(
+            (follow_up.from, follow_up.to, follow_up.ack_required, open),
+            (READ, 0, false, 11)
+        );
         assert_eq!(l.from_memory(GROUP, &ask(3, READ), 12), None);
     }
 
@@ -857,6 +887,11 @@ mod tests {
         let mut l = group_with(&[(1, 10)]);
         l.admitted(GROUP + 1, file(), &ask(2, RH), 20, seen(RH, false, 1));
         assert_eq!(l.from_memory(GROUP, &ask(2, RH), 11), None);
+        // Nor through the record: the key stays with its group.
+        let other = l.admitted(GROUP + 1, file(), &ask(1, RH), 21, seen(RH, false, 1));
+        assert_eq!(state_of(other), 0);
+        assert_eq!(l.member_group(&lease(1)), Some(GROUP));
+        assert_eq!(l.member_of_open(21), None);
         l.forget_group(GROUP);
         assert_eq!(l.member_group(&lease(1)), None);
         assert_eq!(l.member_group(&lease(2)), Some(GROUP + 1));

@@ -34,6 +34,10 @@ use crate::sync::lock;
 /// reaches it.
 pub(super) const GROUP_GRACE: Duration = Duration::from_secs(5);
 
+/// How soon a group's acknowledgement the store did not take is written
+/// again.
+const GROUP_ACK_RETRY: Duration = Duration::from_secs(1);
+
 impl Oplocks {
     /// The same, granting leases through this node's groups of alike opens;
     /// `node`: bytes drawn at random when the node starts, which name its
@@ -55,7 +59,7 @@ impl Oplocks {
     /// not (groups are off, the lease asks for writes, or its key is held
     /// outside the groups), and the open asks for its lease alone.
     pub fn group_lease_ask(&self, file: FileKey, group: u64, ask: &OpenAsk) -> Option<OpenAsk> {
-        let (member, _) = self.member_ask(file, ask)?;
+        let member = self.member_ask(file, group, ask)?;
         let id = self.groups()?.lease_id(group);
         Some(OpenAsk {
             open_id: group,
@@ -70,9 +74,33 @@ impl Oplocks {
         })
     }
 
-    /// `ask`'s lease as a member's, and whether its key is a member's
-    /// already, if it may be granted through a group.
-    fn member_ask(&self, file: FileKey, ask: &OpenAsk) -> Option<(MemberAsk, bool)> {
+    /// Whether `ask`'s lease, on `file`, is one a group may grant (which
+    /// group, the open's joining decides).
+    pub fn lease_groupable(&self, file: FileKey, ask: &OpenAsk) -> bool {
+        self.groupable(file, ask).is_some()
+    }
+
+    /// `ask`'s lease as a member's of group `group`, if it may be granted
+    /// through it.
+    fn member_ask(&self, file: FileKey, group: u64, ask: &OpenAsk) -> Option<MemberAsk> {
+        let member = self.groupable(file, ask)?;
+        // One lease key, one holder: a key of another group of the file
+        // (the same client opening it with other access or sharing) stays
+        // with that group.
+        let groups = self.groups.as_ref()?;
+        if lock(groups)
+            .member_group(&member.id)
+            .is_some_and(|g| g != group)
+        {
+            return None;
+        }
+        Some(member)
+    }
+
+    /// `ask`'s lease as a member's, if groups grant leases of its kind and
+    /// its key is not held outside them.
+    fn groupable(&self, file: FileKey, ask: &OpenAsk) -> Option<MemberAsk> {
+        self.groups.as_ref()?;
         let Want::Lease {
             id,
             state,
@@ -86,27 +114,23 @@ impl Oplocks {
         if !group_leases::groupable(state) || group_leases::is_group_lease(&id) || ask.is_dir {
             return None;
         }
-        // One lease key, one holder: a key this node holds outside its
-        // groups, or on another file, stays its own lease.
-        let member = {
+        // A key this node holds outside its groups, or on another file,
+        // stays where it is.
+        {
             let t = self.table();
             match t.lease_files.get(&id) {
-                None => false,
-                Some(k) if *k == file && t.members.contains(&id) => true,
+                None => {}
+                Some(k) if *k == file && t.members.contains(&id) => {}
                 Some(_) => return None,
             }
-        };
-        let _ = self.groups.as_ref()?;
-        Some((
-            MemberAsk {
-                id,
-                state,
-                version,
-                parent_key,
-                epoch,
-            },
-            member,
-        ))
+        }
+        Some(MemberAsk {
+            id,
+            state,
+            version,
+            parent_key,
+            epoch,
+        })
     }
 
     /// Grants open `ask.open_id`, which joined group `group` of `file`
@@ -123,7 +147,7 @@ impl Oplocks {
     ) -> Granted {
         // Routed first: a break of the grant may come at once.
         self.notifier.register(ask.open_id, route);
-        let Some((member, _)) = self.member_ask(file, ask) else {
+        let Some(member) = self.member_ask(file, group, ask) else {
             // Its key was taken meanwhile (by an open of another file, or
             // one that holds it alone): no lease, as for a key in use.
             return nothing_granted(ask);
@@ -132,14 +156,11 @@ impl Oplocks {
         let Some(entry) = entry else {
             return nothing_granted(ask);
         };
-        if let Some(granted) = self
-            .groups()
-            .and_then(|mut g| g.from_memory(group, &member, ask.open_id))
-        {
-            self.note_member(file, member.id);
-            return granted;
-        }
         if let Some(mut g) = self.groups() {
+            if let Some(granted) = g.from_memory(group, &member, ask.open_id) {
+                self.note_member(file, member.id);
+                return granted;
+            }
             g.expect(group, file);
         }
         let granted = match self.together(file, Step::Admit { ask: entry }, share_modes) {
@@ -148,20 +169,24 @@ impl Oplocks {
                 entry.has_byte_range_locks |= self.host.has_locks(file);
                 self.admit_unrouted(file, &entry)
             }
-            Some(Ok(Stepped::Admitted(granted))) => granted,
+            Some(Ok(Stepped::Admitted(granted))) => Some(granted),
             Some(Err(e)) => {
                 tracing::error!("caching state of {file:?}: {e:?}");
-                nothing_granted(&entry)
+                None
             }
-            Some(Ok(_)) => nothing_granted(&entry),
+            Some(Ok(_)) => None,
         };
-        let Granted::Lease {
+        let Some(Granted::Lease {
             state,
             epoch,
             breaking,
             ..
-        } = granted
+        }) = granted
         else {
+            // Not written: no answer of the record's to take in.
+            if let Some(mut g) = self.groups() {
+                g.abandon(group);
+            }
             return nothing_granted(ask);
         };
         let seen = GrantSeen {
@@ -169,18 +194,20 @@ impl Oplocks {
             breaking,
             epoch,
         };
-        let Some(granted) = self
-            .groups()
-            .map(|mut g| g.admitted(group, file, &member, ask.open_id, seen))
-        else {
+        let Some(mut g) = self.groups() else {
             return nothing_granted(ask);
         };
-        self.note_member(file, member.id);
+        let granted = g.admitted(group, file, &member, ask.open_id, seen);
+        if g.member_group(&member.id) == Some(group) {
+            self.note_member(file, member.id);
+        }
         granted
     }
 
     /// Member key `id` is on `file`: no other file's open may use it, and
-    /// no open outside the group may hold it alone.
+    /// no open outside the group may hold it alone. Called with the groups
+    /// locked (their lock comes before the table's), so that a member's
+    /// leaving cannot come between.
     fn note_member(&self, file: FileKey, id: LeaseId) {
         let mut t = self.table();
         t.lease_files.insert(id, file);
@@ -198,13 +225,12 @@ impl Oplocks {
             return;
         };
         let ack = g.leave(open_id);
-        let gone = g.member_group(&id).is_none();
-        drop(g);
-        if gone {
+        if g.member_group(&id).is_none() {
             let mut t = self.table();
             t.members.remove(&id);
             t.lease_files.remove(&id);
         }
+        drop(g);
         if let Some(ack) = ack {
             self.write_group_ack(ack);
         }
@@ -292,19 +318,53 @@ impl Oplocks {
     /// then holds are broken, and a further break the record asks reaches
     /// the group after that.
     fn write_group_ack(&self, ack: GroupAck) {
+        // The grant as the write found it, when the break was over; and
+        // whether the store answered at all.
+        let mut found = None;
+        let mut answered = false;
         let (outcome, effects) = self.ack_applied(ack.file, |s| {
+            found = None;
+            answered = true;
             match s.grant(Holder::Lease(ack.id)) {
                 Some(g) if g.epoch == ack.epoch && g.breaking.is_some() => {}
-                // That break is over (the breaking node timed it out, or
-                // the group was acknowledged already): nothing to answer.
-                _ => return Err(AckError::NotBreaking),
+                // That break is over: the breaking node timed it out (its
+                // timer fired first), or a newer break began. Nothing to
+                // answer; what the record settled at holds the members.
+                Some(g) => {
+                    found = g.breaking.is_none().then_some((g.state, g.epoch));
+                    return Err(AckError::NotBreaking);
+                }
+                None => return Err(AckError::NotBreaking),
             }
             s.ack_lease(ack.id, ack.state)
         });
-        if let AckOutcome::Done(acked) = outcome {
+        if !answered {
+            // The store did not answer: handed out again, and tried again
+            // shortly (the breaking node's timer ends the break meanwhile
+            // if the store stays away, and the next try finds it over).
+            if let Some(mut g) = self.groups() {
+                g.unack(ack.group);
+            }
+            let group = ack.group;
+            self.host.later(
+                GROUP_ACK_RETRY,
+                Box::new(move |oplocks: &Oplocks| {
+                    let again = oplocks.groups().and_then(|mut g| g.retry_ack(group));
+                    if let Some(ack) = again {
+                        oplocks.write_group_ack(ack);
+                    }
+                }),
+            );
+            return;
+        }
+        let settled = match outcome {
+            AckOutcome::Done(acked) => Some((acked.state, ack.epoch)),
+            AckOutcome::Refused(_) => found,
+        };
+        if let Some((state, epoch)) = settled {
             let breaks = self
                 .groups()
-                .map(|mut g| g.settled(ack.group, acked.state, ack.epoch))
+                .map(|mut g| g.settled(ack.group, state, epoch))
                 .unwrap_or_default();
             self.send_member_breaks(breaks);
         }
@@ -336,7 +396,6 @@ impl Oplocks {
             return;
         };
         let members = g.forget_group(group);
-        drop(g);
         let mut t = self.table();
         for id in members {
             t.members.remove(&id);

@@ -155,12 +155,7 @@ pub fn contend<'s>(
     let lease_by_group = ctx.server.cluster.is_some()
         && matches!(want, Want::Lease { .. })
         && granted & WRITES == 0
-        && existing_key.is_some_and(|k| {
-            ctx.server
-                .oplocks
-                .group_lease_ask(k, open_id, &ask)
-                .is_some()
-        });
+        && existing_key.is_some_and(|k| ctx.server.oplocks.lease_groupable(k, &ask));
     // On a cluster, this node's alike opens of a file share one entry in
     // its records (nimbus_state::grouped_opens): where the file's records
     // are in etcd, an open that joins a recorded group reads them and
