@@ -19,21 +19,48 @@ What each test shows:
 
 from __future__ import annotations
 
+import shutil
 import struct
+import tempfile
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 import rawsmb
 import test_oplocks as ol
-from etcd_cluster import EtcdCluster, etcd_cluster  # noqa: F401  (the fixture)
-from test_cluster import WAIT, Node, counted_pairs, etcd_counts, nodes  # noqa: F401  (the fixture)
+from conftest import _SERVERS
+from etcd_cluster import EtcdCluster, require_etcd
+from test_cluster import WAIT, Node, etcd_counts, nodes  # noqa: F401  (the fixture)
 from test_locks import CLOSE, EXCLUSIVE, FAIL_IMMEDIATELY, LOCK, close_body, lock_body, message_id
 
 GENERIC_READ = 0x8000_0000
 FILE_SHARE_READ, FILE_SHARE_WRITE, FILE_SHARE_DELETE = 0x1, 0x2, 0x4
 STATUS_SHARING_VIOLATION = 0xC000_0043
 WRITE = 0x09
+
+
+@pytest.fixture
+def etcd_cluster(request, tmp_path) -> Iterator[EtcdCluster]:
+    """The shared fixture's three-member TLS cluster (which `nodes` asks
+    for), its members' data in memory: these tests judge the nodes' grants,
+    and etcd's durability has tests of its own (test_etcd_failover.py). On
+    the test machine's one disk, a stall of etcd's writes once failed a
+    CREATE here with STATUS_INSUFFICIENT_RESOURCES."""
+    require_etcd()
+    data = Path(tempfile.mkdtemp(prefix="nimbus-group-leases-etcd-", dir="/dev/shm"))
+    try:
+        cluster = EtcdCluster(tmp_path / "etcd", tls=True, data_root=data)
+        cluster.report = request.node.stash.setdefault(_SERVERS, [])
+        cluster.report.extend(cluster.members)
+        try:
+            cluster.start()
+            yield cluster
+        finally:
+            cluster.stop()
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
 
 
 def with_group_leases(nodes: list[Node]) -> list[Node]:
