@@ -734,9 +734,9 @@ def require_etcd() -> None:
             pytest.skip(message)
 
 
-def _started(request, base_dir: Path, tls: bool) -> Iterator[EtcdCluster]:
+def started(request, base_dir: Path, tls: bool, data_root: Path | None = None) -> Iterator[EtcdCluster]:
     require_etcd()
-    cluster = EtcdCluster(base_dir, tls=tls)
+    cluster = EtcdCluster(base_dir, tls=tls, data_root=data_root)
     cluster.report = request.node.stash.setdefault(_SERVERS, [])
     cluster.report.extend(cluster.members)
     try:
@@ -750,10 +750,10 @@ def _started(request, base_dir: Path, tls: bool) -> Iterator[EtcdCluster]:
 def etcd_cluster(request, tmp_path) -> Iterator[EtcdCluster]:
     """A started three-member etcd cluster with TLS and users, stopped after
     the test; a failed test's report carries each member's log."""
-    yield from _started(request, tmp_path / "etcd", tls=True)
+    yield from started(request, tmp_path / "etcd", tls=True)
 
 
 @pytest.fixture
 def plain_etcd_cluster(request, tmp_path) -> Iterator[EtcdCluster]:
     """The same, on plain http:// without users."""
-    yield from _started(request, tmp_path / "etcd", tls=False)
+    yield from started(request, tmp_path / "etcd", tls=False)

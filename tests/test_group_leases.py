@@ -30,8 +30,7 @@ import pytest
 
 import rawsmb
 import test_oplocks as ol
-from conftest import _SERVERS
-from etcd_cluster import EtcdCluster, require_etcd
+from etcd_cluster import EtcdCluster, started
 from test_cluster import WAIT, Node, etcd_counts, nodes  # noqa: F401  (the fixture)
 from test_locks import CLOSE, EXCLUSIVE, FAIL_IMMEDIATELY, LOCK, close_body, lock_body, message_id
 
@@ -48,17 +47,9 @@ def etcd_cluster(request, tmp_path) -> Iterator[EtcdCluster]:
     and etcd's durability has tests of its own (test_etcd_failover.py). On
     the test machine's one disk, a stall of etcd's writes once failed a
     CREATE here with STATUS_INSUFFICIENT_RESOURCES."""
-    require_etcd()
     data = Path(tempfile.mkdtemp(prefix="nimbus-group-leases-etcd-", dir="/dev/shm"))
     try:
-        cluster = EtcdCluster(tmp_path / "etcd", tls=True, data_root=data)
-        cluster.report = request.node.stash.setdefault(_SERVERS, [])
-        cluster.report.extend(cluster.members)
-        try:
-            cluster.start()
-            yield cluster
-        finally:
-            cluster.stop()
+        yield from started(request, tmp_path / "etcd", tls=True, data_root=data)
     finally:
         shutil.rmtree(data, ignore_errors=True)
 
