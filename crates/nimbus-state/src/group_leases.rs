@@ -683,21 +683,7 @@ mod tests {
     /// entry: what `admitted` is told.
     fn record_with_group(leases: &GroupLeases, state: u32) -> FileCaching {
         let mut rec = FileCaching::default();
-        rec.admit(&OpenAsk {
-            open_id: GROUP,
-            access: 0x8000_0000,
-            overwrite: false,
-            sharing_violation: false,
-            is_dir: false,
-            has_byte_range_locks: false,
-            want: Want::Lease {
-                id: leases.lease_id(GROUP),
-                state,
-                version: 2,
-                parent_key: None,
-                epoch: 0,
-            },
-        });
+        rec.admit(&group_ask(leases, state));
         rec
     }
 
