@@ -305,12 +305,13 @@ TLS_KINDS = {
     "cluster-tls": dict(tls=True),
     "cluster-tls-plain-peers": dict(tls=True, peer_tls=False),
     "cluster-tls-no-auth": dict(tls=True, auth=False),
-    "cluster-tls-groups": dict(tls=True),
 }
-# cluster-groups: the plain cluster with leases granted through the node
-# (`[cluster] group_leases`, docs/SCALING.md).
-GROUP_KINDS = {"cluster-groups": ("group_leases = true",), "cluster-tls-groups": ("group_leases = true",)}
-KINDS = ["cluster", *TLS_KINDS, *GROUP_KINDS, "single", "samba"]
+# Every cluster kind runs the nodes' default configuration, which grants
+# leases through the node's groups of alike opens (`[cluster]
+# group_leases`, docs/SCALING.md). cluster-per-lease is the plain cluster
+# with that key off: each lease a grant of its own in the record.
+EXTRA_KINDS = {"cluster-per-lease": ("group_leases = false",)}
+KINDS = ["cluster", *TLS_KINDS, *EXTRA_KINDS, "single", "samba"]
 
 
 def main() -> int:
@@ -375,8 +376,7 @@ def main() -> int:
                 "cluster-tls": "Nimbus, cluster, TLS etcd",
                 "cluster-tls-plain-peers": "Nimbus, TLS, plain peers",
                 "cluster-tls-no-auth": "Nimbus, TLS, no etcd auth",
-                "cluster-groups": "Nimbus, cluster, groups",
-                "cluster-tls-groups": "Nimbus, TLS, groups",
+                "cluster-per-lease": "Nimbus, cluster, a grant per lease",
                 "single": "Nimbus, one node",
                 "samba": "Samba, one node",
             }
@@ -392,7 +392,7 @@ def main() -> int:
                 if used is not None:
                     used.wait_healthy()
                 if kind.startswith("cluster"):
-                    target, cluster_procs = start_cluster(args.nimbus, state, share, tls_etcds.get(kind, etcd), GROUP_KINDS.get(kind, ()))
+                    target, cluster_procs = start_cluster(args.nimbus, state, share, tls_etcds.get(kind, etcd), EXTRA_KINDS.get(kind, ()))
                     idle = idle_rates(target)
                 else:
                     server = start_nimbus(args.nimbus, state, share) if kind == "single" else start_smbd(state, share)

@@ -14,7 +14,8 @@ What each test shows:
   test_cluster.py, orders what the waiting node has seen);
 - a write on another node takes read caching from every member, and so
   does a byte-range lock taken through a member (the first, whose open's
-  id names the group's entry in the record).
+  id names the group's entry in the record), or through the group's first
+  open when it asked no lease.
 """
 
 from __future__ import annotations
@@ -217,6 +218,31 @@ def test_a_lock_through_the_first_member_takes_read_caching_from_the_others(node
         assert (flags, got, current, new, epoch) == (ol.LEASE_BREAK_ACK_REQUIRED, t.key_b, ol.R | ol.H, 0, 2)
         for c, key in ((t.a, t.key_a), (t.b, t.key_b)):
             assert rawsmb.status(c.call(ol.OPLOCK_BREAK, ol.lease_ack_body(key, 0))) == 0
+
+
+
+def test_a_lock_through_the_group_s_first_open_without_a_lease_takes_read_caching_from_the_members(nodes):
+    with TwoMembers(nodes, b"locked by a reader without a lease\n") as t:
+        assert rawsmb.status(t.other.create("g.txt", access=GENERIC_READ)) == 0
+        # The first open of node 1's group asks no lease: its id names the
+        # group's entry, which is the one open of the members' grant.
+        first = ol.Smb311Client(nodes[0], uuid.uuid4().bytes)
+        try:
+            first.s.settimeout(WAIT)
+            resp = first.create("g.txt", access=GENERIC_READ)
+            assert rawsmb.status(resp) == 0, hex(rawsmb.status(resp))
+            ff = ol.file_id_of(resp)
+            for c, key in ((t.a, t.key_a), (t.b, t.key_b)):
+                assert ol.lease_of(lease_open(c, "g.txt", key, ol.R | ol.H)) == (key, ol.R | ol.H, 0, 1)
+            # Its lock is not the grant's holder's own: every member is told.
+            resp = first.call(LOCK, lock_body(ff, (0, 10, EXCLUSIVE | FAIL_IMMEDIATELY)))
+            assert rawsmb.status(resp) == 0, hex(rawsmb.status(resp))
+            for c, key in ((t.a, t.key_a), (t.b, t.key_b)):
+                epoch, flags, got, current, new = break_of(c.recv())
+                assert (flags, got, current, new, epoch) == (ol.LEASE_BREAK_ACK_REQUIRED, key, ol.R | ol.H, 0, 2)
+                assert rawsmb.status(c.call(ol.OPLOCK_BREAK, ol.lease_ack_body(key, 0))) == 0
+        finally:
+            first.close()
 
 
 if __name__ == "__main__":

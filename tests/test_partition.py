@@ -42,6 +42,7 @@ from types import SimpleNamespace
 import pytest
 
 import rawsmb
+import test_oplocks as ol
 from conftest import _SERVERS, add_user
 from cut_proxy import CutProxy, ProxySet
 from etcd_cluster import etcd_cluster  # noqa: F401  (the fixture)
@@ -72,9 +73,11 @@ from test_locks import (
     STATUS_PENDING,
     STATUS_RANGE_NOT_LOCKED,
     UNLOCK,
+    WRITE,
     close_body,
     lock_body,
     message_id,
+    write_body,
 )
 
 TTL = 4  # [cluster] node_ttl_secs: 2 can expire spuriously on a loaded machine
@@ -792,6 +795,110 @@ def test_no_open_joins_without_a_read_once_another_node_set_the_file_delete_pend
             other.close()
         for cl in (holder, keeper, c):
             cl.close()
+
+
+LEASED = "leased.bin"
+GENERIC_READ = 0x8000_0000
+# How long after n3 was cut off n1's exclusive CREATE may take: n3's lease
+# runs out (at most 2 x TTL after its last renewal) and the survivors take
+# its opens as gone. A break timeout (35 s) is far beyond it.
+CUT_OFF_GROUP_BOUND = 2 * TTL + 6
+
+
+def answers_echo(c: ol.Smb311Client) -> bool:
+    """Whether `c`'s connection still answers an ECHO."""
+    try:
+        return rawsmb.status(c.call(rawsmb.ECHO, rawsmb.echo_body())) == 0
+    except (OSError, ConnectionError, struct.error):
+        return False
+
+
+def test_a_group_cut_off_from_etcd_holds_up_no_other_node_and_grants_past_nothing(cluster):
+    """n3's two clients read `leased.bin` with read-handle leases, granted
+    through n3's group (`[cluster] group_leases`, the default): one grant
+    in the file's record, the clients' own leases in n3's memory. n3 is
+    cut off from etcd, and n1's client opens the file sharing nothing, so
+    the group's handle caching must be broken, and the break cannot reach
+    n3. What must hold:
+
+    - n1's CREATE is answered once n3's lease has run out (n3's opens are
+      gone then), not after a break that can never end;
+    - by then n3 has dropped its clients: none goes on believing it holds
+      a lease n1's open was granted over;
+    - healed, n3 grants through the record again: two new members' read
+      caching is taken, each with its own break, by a write on n1."""
+    n1, _, n3 = cluster.nodes
+    (n1.share / LEASED).write_bytes(b"read by n3, then taken by n1\n")
+    # A reader on n1: the file is decided in etcd.
+    keeper = ol.Smb311Client(n1, uuid.uuid4().bytes)
+    a, b = ol.Smb311Client(n3, uuid.uuid4().bytes), ol.Smb311Client(n3, uuid.uuid4().bytes)
+    excl = ol.Smb311Client(n1, uuid.uuid4().bytes)
+    clients = [keeper, a, b, excl]
+    healed = False
+    try:
+        for c in clients:
+            c.s.settimeout(CUT_OFF_GROUP_BOUND + REQUEST_TIMEOUT)
+        assert rawsmb.status(keeper.create(LEASED, access=GENERIC_READ)) == 0
+        for c in (a, b):
+            key = uuid.uuid4().bytes
+            resp = c.create(LEASED, oplock=ol.LEVEL_LEASE, access=GENERIC_READ, contexts=ol.lease_context(key, ol.R | ol.H))
+            assert rawsmb.status(resp) == 0, hex(rawsmb.status(resp))
+            assert ol.lease_of(resp) == (key, ol.R | ol.H, 0, 1)
+        cut_at = time.monotonic()
+        cluster.etcd_proxies.blackhole()
+        # Sharing nothing: n3's opens (and the keeper's) conflict, and n3's
+        # group's handle caching must go first.
+        mid = excl.send(CREATE, ol.create_body(LEASED, share=ol.SHARE_NONE, access=GENERIC_READ))
+        while True:
+            resp = excl.recv()
+            if message_id(resp) == mid and rawsmb.status(resp) != STATUS_PENDING:
+                break
+        answered = time.monotonic() - cut_at
+        # The keeper still shares the file: a sharing violation, once the
+        # break ended without n3's answer (its opens gone with its lease).
+        print(f"n1's CREATE answered {rawsmb.status(resp):#x} {answered:.1f} s after n3 was cut off")
+        assert answered <= CUT_OFF_GROUP_BOUND, f"n1's CREATE took {answered:.1f} s"
+        assert rawsmb.status(resp) == ol.STATUS_SHARING_VIOLATION, hex(rawsmb.status(resp))
+        # n3 saw its lease run out as n1 did, and drops its clients
+        # (crate::lease_loss): each member's connection is closed.
+        for c in (a, b):
+            wait_until("n3 drops a member's connection", lambda c=c: not answers_echo(c))
+        cluster.etcd_proxies.heal()
+        healed = True
+
+        def serves() -> bool:
+            """n3 opens a file again: it has joined the cluster anew."""
+            try:
+                probe = ol.Smb311Client(n3, uuid.uuid4().bytes)
+                try:
+                    return rawsmb.status(probe.create(FILE, access=GENERIC_READ)) == 0
+                finally:
+                    probe.close()
+            except (OSError, ConnectionError, AssertionError, struct.error):
+                return False
+
+        wait_until("n3 serves again", serves)
+        resp = excl.create(LEASED, access=ol.READ_WRITE)
+        assert rawsmb.status(resp) == 0, hex(rawsmb.status(resp))
+        writer = ol.file_id_of(resp)
+        c, d = ol.Smb311Client(n3, uuid.uuid4().bytes), ol.Smb311Client(n3, uuid.uuid4().bytes)
+        clients += [c, d]
+        keys = {}
+        for m in (c, d):
+            m.s.settimeout(REQUEST_TIMEOUT)
+            keys[m] = uuid.uuid4().bytes
+            resp = m.create(LEASED, oplock=ol.LEVEL_LEASE, access=GENERIC_READ, contexts=ol.lease_context(keys[m], ol.R))
+            assert rawsmb.status(resp) == 0, hex(rawsmb.status(resp))
+            assert ol.lease_of(resp) == (keys[m], ol.R, 0, 1)
+        assert rawsmb.status(excl.call(WRITE, write_body(writer, 0, b"W"))) == 0
+        # Read caching alone needs no answer (MS-SMB2 3.3.4.7).
+        for m in (c, d):
+            assert ol.lease_break_of(m.recv()) == (2, 0, keys[m], ol.R, 0)
+    finally:
+        if not healed:
+            cluster.etcd_proxies.heal()
+        for c in clients:
+            c.close()
 
 
 def test_cut_proxy_switches():

@@ -93,7 +93,7 @@ def no_apple_share(share: str) -> str:
 def cluster_node(request, tmp_path_factory):
     require_etcd()
     # More lines of the nodes' `[cluster]` sections, from the module whose
-    # suites run (tests/test_smbtorture_group_leases.py turns a key on).
+    # suites run (tests/test_smbtorture_per_lease.py turns a key off).
     cluster_extra = getattr(request.module, "CLUSTER_EXTRA", [])
     base = tmp_path_factory.mktemp("torture-cluster")
     share_names = ["data"] + [f"data{n}" for n in range(2, ts.LANES + 1)]

@@ -131,8 +131,8 @@ pub struct ClusterConfig {
     pub secret_file: Option<PathBuf>,
     /// `group_leases`: read and read-handle leases of a node's alike opens
     /// are held in the file's record as one grant of the node's, the
-    /// clients' own leases in the node's memory (docs/SCALING.md). Off by
-    /// default.
+    /// clients' own leases in the node's memory (docs/SCALING.md). On by
+    /// default; `false` gives every lease its own grant in the record.
     pub group_leases: bool,
 }
 
@@ -524,7 +524,7 @@ fn cluster_config(
         tls,
         user,
         secret_file: c.secret_file,
-        group_leases: c.group_leases.unwrap_or(false),
+        group_leases: c.group_leases.unwrap_or(true),
     })
     .filter(|_| ok)
 }

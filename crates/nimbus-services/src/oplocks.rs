@@ -878,6 +878,11 @@ impl Oplocks {
 
     /// Whether a break of what `open_id` holds awaits acknowledgement.
     pub fn open_breaking(&self, file: FileKey, open_id: u64) -> bool {
+        // A member's break is its own, in memory (the record's grant is
+        // its group's, and names only the group's entry).
+        if let Some((Granted::Lease { breaking, .. }, _)) = self.member_holds(open_id) {
+            return breaking;
+        }
         records::read::<FileCaching>(&*self.store, &record_key(file))
             .map(|s| {
                 s.grants
@@ -894,7 +899,13 @@ impl Oplocks {
             return (granted, Some(id));
         }
         let s = records::read::<FileCaching>(&*self.store, &record_key(file)).unwrap_or_default();
-        match s.grants.iter().find(|g| g.opens.contains(&open_id)) {
+        // A group's grant names the group's entry, whose id is its first
+        // open's: that open holds it only as a member (answered above).
+        let own = |g: &&caching::Grant| {
+            g.opens.contains(&open_id)
+                && !matches!(g.holder, Holder::Lease(id) if nimbus_state::group_leases::is_group_lease(&id))
+        };
+        match s.grants.iter().find(own) {
             Some(g) => match g.holder {
                 Holder::Oplock(_) => (Granted::Oplock(caching::oplock_level(g.state)), None),
                 Holder::Lease(id) => (
@@ -1145,19 +1156,27 @@ impl Oplocks {
             else {
                 return;
             };
-            let overdue = oldest.elapsed() > self.break_timeout() + Duration::from_secs(1);
+            // A group's grant is given GROUP_GRACE more, as its timer is
+            // (`start_timer`): its node answers for its members first.
+            let waited = oldest.elapsed();
+            let overdue = |h: Holder| {
+                let grace = if self.gone.is_some() && Self::is_group_holder(h) {
+                    grouped::GROUP_GRACE
+                } else {
+                    Duration::ZERO
+                };
+                waited > self.break_timeout() + grace + Duration::from_secs(1)
+            };
             let Some(((), summary)) = apply(&*self.store, file, self.watching(), |s| {
                 self.purge_gone(s);
-                if overdue {
-                    let breaking: Vec<Holder> = s
-                        .grants
-                        .iter()
-                        .filter(|g| g.breaking.is_some())
-                        .map(|g| g.holder)
-                        .collect();
-                    for h in breaking {
-                        s.break_timed_out(h);
-                    }
+                let breaking: Vec<Holder> = s
+                    .grants
+                    .iter()
+                    .filter(|g| g.breaking.is_some() && overdue(g.holder))
+                    .map(|g| g.holder)
+                    .collect();
+                for h in breaking {
+                    s.break_timed_out(h);
                 }
             }) else {
                 return;
@@ -1295,11 +1314,15 @@ impl Oplocks {
         // A member's lease is its group's grant in the record, which names
         // the group's entry (perhaps this very open's id): its lock breaks
         // the grant like anyone's, so that the other members' read caching
-        // goes too (its own goes with it).
-        let writer = match self.member_holds(writer_open) {
-            Some(_) => NO_OPEN,
-            None => writer_open,
-        };
+        // goes too (its own goes with it). So does a lock of an open of the
+        // group that asked no lease, when its id names the entry (it was
+        // the group's first): the grant is the members', not its own.
+        let writer =
+            if self.member_holds(writer_open).is_some() || self.names_group_lease(writer_open) {
+                NO_OPEN
+            } else {
+                writer_open
+            };
         self.contend_with(file, |s| s.contend_readers(writer));
     }
 

@@ -1,8 +1,8 @@
 //! The leases of one cluster node's group of alike opens
 //! (`grouped_opens`), held in the file's caching record as a single grant:
-//! the first steps of "leases granted through the node" (docs/SCALING.md).
-//! Nothing here is wired to CREATE yet; the service that will own it sends
-//! the breaks and writes the record.
+//! "leases granted through the node" (docs/SCALING.md). Pure rules: the
+//! service (`nimbus_services::oplocks::grouped`) sends the breaks and
+//! writes the record.
 //!
 //! **Why.** A file that clients of several nodes open for reading with a
 //! read or read-handle lease of their own costs a write of its caching
@@ -27,7 +27,10 @@
 //! **What keeps it safe** (the invariant the tests below hold):
 //! - a member is granted from memory only what the group's grant holds,
 //!   and only while no break of it is known and the grant was proven by
-//!   this node's last write (`from_memory`);
+//!   this node's last write, less than `LICENCE_LIFETIME` ago
+//!   (`from_memory`): a break order that never came (its message lost,
+//!   or its sender gone before it was sent) holds new members to the
+//!   record again within that time;
 //! - a break of the grant goes to every member whose state it lowers
 //!   (`fan_out`); the group's grant is acknowledged in the record only once
 //!   no member still waits (`GroupAck`), at the union of what the members
@@ -47,9 +50,16 @@
 //! lease.
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use crate::caching::{AckError, BreakOrder, Granted, Holder, LeaseId, HANDLE, READ, WRITE};
 use crate::file_key::FileKey;
+
+/// How long a write that proved the group's grant lets members be granted
+/// from memory; the next member after it goes through the record, whose
+/// answer proves the grant again. A second costs a busy group one write a
+/// second at most.
+pub const LICENCE_LIFETIME: Duration = Duration::from_secs(1);
 
 /// The first half of a group lease's client GUID.
 pub const MARK: [u8; 8] = *b"nimbus-g";
@@ -159,6 +169,8 @@ struct Group {
     /// The grant was proven by this node's last write, and no break of it
     /// has come since: members may be granted from memory.
     licensed: bool,
+    /// When that write's answer was taken in.
+    proven_at: Option<Instant>,
     members: HashMap<LeaseId, Member>,
 }
 
@@ -171,6 +183,8 @@ pub struct GroupLeases {
     of_lease: HashMap<LeaseId, u64>,
     /// Each member open's lease.
     of_open: HashMap<u64, LeaseId>,
+    /// `LICENCE_LIFETIME`, unless a test sets another.
+    licence_lifetime: Duration,
 }
 
 impl GroupLeases {
@@ -181,6 +195,15 @@ impl GroupLeases {
             groups: HashMap::new(),
             of_lease: HashMap::new(),
             of_open: HashMap::new(),
+            licence_lifetime: LICENCE_LIFETIME,
+        }
+    }
+
+    /// The same, its grants' proofs lasting `lifetime` instead.
+    pub fn with_licence_lifetime(self, lifetime: Duration) -> GroupLeases {
+        GroupLeases {
+            licence_lifetime: lifetime,
+            ..self
         }
     }
 
@@ -198,6 +221,12 @@ impl GroupLeases {
     pub fn group_of(&self, id: &LeaseId) -> Option<u64> {
         let group = u64::from_le_bytes(id.key[..8].try_into().ok()?);
         (self.lease_id(group) == *id).then_some(group)
+    }
+
+    /// Whether group `group` (an open's id) holds a grant of this node's, or
+    /// is about to.
+    pub fn has_group(&self, group: u64) -> bool {
+        self.groups.contains_key(&group)
     }
 
     /// The group lease `id` is a member of.
@@ -234,8 +263,10 @@ impl GroupLeases {
     /// when the group's grant is proven, holds what is asked, and no break
     /// of it is known. `None`: go through the record (`admitted`).
     pub fn from_memory(&mut self, group: u64, ask: &MemberAsk, open_id: u64) -> Option<Granted> {
+        let lifetime = self.licence_lifetime;
         let g = self.groups.get_mut(&group)?;
-        if !g.licensed || g.breaking.is_some() || !groupable(ask.state) {
+        let proven = g.proven_at.is_some_and(|t| t.elapsed() < lifetime);
+        if !g.licensed || !proven || g.breaking.is_some() || !groupable(ask.state) {
             return None;
         }
         // One lease key has one holder: a key of another group is not
@@ -263,6 +294,7 @@ impl GroupLeases {
             order_epoch: None,
             known: None,
             licensed: false,
+            proven_at: None,
             members: HashMap::new(),
         });
     }
@@ -308,6 +340,9 @@ impl GroupLeases {
             g.granted = seen.state;
         }
         g.licensed = !overtaken && !seen.breaking && g.breaking.is_none();
+        if g.licensed {
+            g.proven_at = Some(Instant::now());
+        }
         // A break being fanned out bounds what a new member may hold, and
         // so does an acknowledgement handed out; a break whose order has
         // not come yet will reach this member too.
@@ -535,6 +570,27 @@ impl GroupLeases {
         breaks
     }
 
+    /// After `admitted` took in a grant lower than what members cache and
+    /// no break of it is known (its order never came): those members are
+    /// broken to it now (the breaks returned), as `settled` breaks them.
+    pub fn hold_to_grant(&mut self, group: u64) -> Vec<(BreakOrder, u64)> {
+        let Some(g) = self.groups.get_mut(&group) else {
+            return Vec::new();
+        };
+        if g.breaking.is_some() || !g.licensed {
+            return Vec::new();
+        }
+        let state = g.granted;
+        let mut breaks = Vec::new();
+        for (id, m) in &mut g.members {
+            if m.sent.is_none() && m.state & !state != 0 {
+                m.epoch = m.epoch.wrapping_add(1);
+                breaks.extend(member_break(*id, m, state));
+            }
+        }
+        breaks
+    }
+
     /// The group's acknowledgement handed out could not be written (the
     /// store did not answer): it is handed out again by `retry_ack`.
     pub fn unack(&mut self, group: u64) {
@@ -642,6 +698,8 @@ mod tests {
     const NODE: [u8; 8] = [7; 8];
     const GROUP: u64 = 3 << 40 | 9;
     const RH: u32 = READ | HANDLE;
+    /// A proof's lifetime no test outlasts.
+    const HOUR: Duration = Duration::from_secs(3600);
 
     fn file() -> FileKey {
         FileKey { dev: 1, ino: 2 }
@@ -700,7 +758,7 @@ mod tests {
     }
 
     fn group_with(members: &[(u8, u64)]) -> GroupLeases {
-        let mut l = GroupLeases::new(NODE);
+        let mut l = GroupLeases::new(NODE).with_licence_lifetime(HOUR);
         for (i, (n, open)) in members.iter().enumerate() {
             if i == 0 {
                 l.admitted(GROUP, file(), &ask(*n, RH), *open, seen(RH, false, 1));
@@ -713,18 +771,22 @@ mod tests {
 
     #[test]
     fn a_group_lease_id_names_its_group_and_only_this_node_s() {
-        let l = GroupLeases::new(NODE);
+        let l = GroupLeases::new(NODE).with_licence_lifetime(HOUR);
         let id = l.lease_id(GROUP);
         assert!(is_group_lease(&id));
         assert_eq!(l.group_of(&id), Some(GROUP));
         assert_eq!(GroupLeases::new([8; 8]).group_of(&id), None);
         assert_eq!(l.group_of(&lease(1)), None);
         assert!(!is_group_lease(&lease(1)));
+        // Any open's id makes a well-formed group lease id: only a group
+        // this node keeps has one.
+        assert!(!l.has_group(GROUP));
+        assert!(group_with(&[(1, 10)]).has_group(GROUP));
     }
 
     #[test]
     fn members_after_the_first_are_granted_from_memory_what_the_grant_holds() {
-        let mut l = GroupLeases::new(NODE);
+        let mut l = GroupLeases::new(NODE).with_licence_lifetime(HOUR);
         assert_eq!(l.from_memory(GROUP, &ask(1, RH), 10), None, "no grant yet");
         let first = l.admitted(GROUP, file(), &ask(1, RH), 10, seen(RH, false, 1));
         assert_eq!(state_of(first), RH);
@@ -738,11 +800,46 @@ mod tests {
     }
 
     #[test]
-    fn a_grant_that_holds_less_than_asked_or_is_being_broken_sends_members_to_the_record() {
+    fn a_proof_older_than_its_lifetime_sends_the_next_member_to_the_record() {
+        // A break order may never come (its message lost): the grant in
+        // memory is believed only for a while after a write proved it.
+        let mut l = GroupLeases::new(NODE).with_licence_lifetime(Duration::ZERO);
+        l.admitted(GROUP, file(), &ask(1, RH), 10, seen(RH, false, 1));
+        assert_eq!(
+            l.from_memory(GROUP, &ask(2, READ), 11),
+            None,
+            "proof expired"
+        );
+        // The record's answer, taken in through the next member's admit,
+        // is what the group then holds: here the grant lost its read
+        // caching to a write whose order never came.
+        let second = l.admitted(GROUP, file(), &ask(2, RH), 11, seen(0, false, 2));
+        assert_eq!(state_of(second), 0);
+        // The first member, which still caches, is broken to it.
+        let breaks = l.hold_to_grant(GROUP);
+        assert_eq!(breaks.len(), 1);
+        let (order, open) = breaks[0];
+        assert_eq!(
+            (order.holder, order.from, order.to, order.ack_required, open),
+            (Holder::Lease(lease(1)), RH, 0, true, 10)
+        );
+        assert!(l.hold_to_grant(GROUP).is_empty(), "told once");
+        assert_eq!(l.ack(&lease(1), 0).unwrap().state, 0);
         let mut l = GroupLeases::new(NODE);
+        assert_eq!(LICENCE_LIFETIME, Duration::from_secs(1));
+        l.admitted(GROUP, file(), &ask(1, RH), 10, seen(RH, false, 1));
+        assert!(
+            l.from_memory(GROUP, &ask(2, READ), 11).is_some(),
+            "a fresh proof is used"
+        );
+    }
+
+    #[test]
+    fn a_grant_that_holds_less_than_asked_or_is_being_broken_sends_members_to_the_record() {
+        let mut l = GroupLeases::new(NODE).with_licence_lifetime(HOUR);
         l.admitted(GROUP, file(), &ask(1, READ), 10, seen(READ, false, 1));
         assert_eq!(l.from_memory(GROUP, &ask(2, RH), 11), None);
-        let mut l = GroupLeases::new(NODE);
+        let mut l = GroupLeases::new(NODE).with_licence_lifetime(HOUR);
         l.admitted(GROUP, file(), &ask(1, RH), 10, seen(RH, true, 1));
         assert_eq!(l.from_memory(GROUP, &ask(2, READ), 11), None, "not proven");
         // Write caching is never a group's.
@@ -792,7 +889,7 @@ mod tests {
 
     #[test]
     fn a_break_that_needs_no_answer_lowers_members_at_once() {
-        let mut l = GroupLeases::new(NODE);
+        let mut l = GroupLeases::new(NODE).with_licence_lifetime(HOUR);
         l.admitted(GROUP, file(), &ask(1, READ), 10, seen(READ, false, 1));
         l.from_memory(GROUP, &ask(2, READ), 11).unwrap();
         let mut rec = record_with_group(&l, READ);
@@ -991,6 +1088,9 @@ mod tests {
         fn admitted(&mut self, at: usize) {
             let (a, open, seen) = self.admitting.remove(at);
             self.l.admitted(GROUP, file(), &a, open, seen);
+            // As the service does: members above a lower grant the write
+            // found are broken to it (their breaks are in `waiting`).
+            self.l.hold_to_grant(GROUP);
             self.opens.push(open);
         }
 
@@ -1125,7 +1225,7 @@ mod tests {
         let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
         let mut w = World {
             rec: FileCaching::default(),
-            l: GroupLeases::new(NODE),
+            l: GroupLeases::new(NODE).with_licence_lifetime(HOUR),
             orders: Vec::new(),
             acks: Vec::new(),
             opens: Vec::new(),

@@ -157,8 +157,13 @@ impl Oplocks {
             return nothing_granted(ask);
         };
         if let Some(mut g) = self.groups() {
+            // The key is the group's from now: an open outside the groups
+            // that names it while the group's admit is written gets no
+            // lease of its own (`claim_for_admit`), as after it.
+            if !self.reserve_member(file, member.id) {
+                return nothing_granted(ask);
+            }
             if let Some(granted) = g.from_memory(group, &member, ask.open_id) {
-                self.note_member(file, member.id);
                 return granted;
             }
             g.expect(group, file);
@@ -186,6 +191,7 @@ impl Oplocks {
             // Not written: no answer of the record's to take in.
             if let Some(mut g) = self.groups() {
                 g.abandon(group);
+                self.unreserve_unless_member(&g, member.id);
             }
             return nothing_granted(ask);
         };
@@ -198,20 +204,37 @@ impl Oplocks {
             return nothing_granted(ask);
         };
         let granted = g.admitted(group, file, &member, ask.open_id, seen);
-        if g.member_group(&member.id) == Some(group) {
-            self.note_member(file, member.id);
-        }
+        self.unreserve_unless_member(&g, member.id);
+        let breaks = g.hold_to_grant(group);
+        drop(g);
+        self.send_member_breaks(breaks);
         granted
     }
 
-    /// Member key `id` is on `file`: no other file's open may use it, and
-    /// no open outside the group may hold it alone. Called with the groups
-    /// locked (their lock comes before the table's), so that a member's
-    /// leaving cannot come between.
-    fn note_member(&self, file: FileKey, id: LeaseId) {
+    /// Claims member key `id` on `file`: no other file's open may use it,
+    /// and no open outside the groups may hold it alone. False: it is
+    /// held so already. Called with the groups locked (their lock comes
+    /// before the table's), so that a member's leaving cannot come between.
+    fn reserve_member(&self, file: FileKey, id: LeaseId) -> bool {
         let mut t = self.table();
-        t.lease_files.insert(id, file);
-        t.members.insert(id);
+        match t.lease_files.get(&id) {
+            Some(k) if *k != file || !t.members.contains(&id) => false,
+            _ => {
+                t.lease_files.insert(id, file);
+                t.members.insert(id);
+                true
+            }
+        }
+    }
+
+    /// Gives back `reserve_member`'s claim of a key that joined no group
+    /// after all. Called with the groups locked, as `g`.
+    fn unreserve_unless_member(&self, g: &GroupLeases, id: LeaseId) {
+        if g.member_group(&id).is_none() {
+            let mut t = self.table();
+            t.members.remove(&id);
+            t.lease_files.remove(&id);
+        }
     }
 
     /// Open `open_id` closed, or its CREATE did not go on: it leaves its
@@ -283,6 +306,7 @@ impl Oplocks {
                 return;
             }
             super::log_timeout(Holder::Lease(id), self.break_timeout());
+            crate::metrics::break_timed_out();
             g.timed_out(&id)
         };
         if let Some(ack) = ack {
@@ -322,8 +346,12 @@ impl Oplocks {
         // whether the store answered at all.
         let mut found = None;
         let mut answered = false;
+        // The rule passed, and the acknowledgement was to be written: a
+        // refusal then is the store's (its compare-and-set, or no answer).
+        let mut passed = false;
         let (outcome, effects) = self.ack_applied(ack.file, |s| {
             found = None;
+            passed = false;
             answered = true;
             match s.grant(Holder::Lease(ack.id)) {
                 Some(g) if g.epoch == ack.epoch && g.breaking.is_some() => {}
@@ -336,10 +364,14 @@ impl Oplocks {
                 }
                 None => return Err(AckError::NotBreaking),
             }
-            s.ack_lease(ack.id, ack.state)
+            let r = s.ack_lease(ack.id, ack.state);
+            passed = r.is_ok();
+            r
         });
-        if !answered {
-            // The store did not answer: handed out again, and tried again
+        let written = matches!(outcome, AckOutcome::Done(_));
+        if !answered || (passed && !written) {
+            // The store did not answer, or did not take the write (its
+            // compare-and-set lost to another change): handed out again, and tried again
             // shortly (the breaking node's timer ends the break meanwhile
             // if the store stays away, and the next try finds it over).
             if let Some(mut g) = self.groups() {
@@ -401,6 +433,12 @@ impl Oplocks {
             t.members.remove(&id);
             t.lease_files.remove(&id);
         }
+    }
+
+    /// Whether `open_id` is the id of one of this node's groups that holds
+    /// a group lease (the group's first open, lease or not, has it).
+    pub(super) fn names_group_lease(&self, open_id: u64) -> bool {
+        self.groups().is_some_and(|g| g.has_group(open_id))
     }
 
     /// Whether `holder` is a group's lease (any node's): its breaker waits
