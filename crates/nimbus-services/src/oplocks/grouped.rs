@@ -371,9 +371,10 @@ impl Oplocks {
         let written = matches!(outcome, AckOutcome::Done(_));
         if !answered || (passed && !written) {
             // The store did not answer, or did not take the write (its
-            // compare-and-set lost to another change): handed out again, and tried again
-            // shortly (the breaking node's timer ends the break meanwhile
-            // if the store stays away, and the next try finds it over).
+            // compare-and-set lost to another change): handed out again,
+            // and tried again shortly (the breaking node's timer ends the
+            // break meanwhile if the store stays away, and the next try
+            // finds it over).
             if let Some(mut g) = self.groups() {
                 g.unack(ack.group);
             }
