@@ -21,6 +21,7 @@ import re
 import time
 import uuid
 from base64 import b64decode
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -29,7 +30,7 @@ import smbclient
 
 import rawsmb
 from conftest import PASSWORD, USER, add_user, free_port, nimbus_binary, toml_str, wait_for_port
-from etcd_cluster import EtcdCluster, etcd_cluster, etcd_toml_line, require_etcd  # noqa: F401  (the fixture)
+from etcd_cluster import EtcdCluster, etcd_toml_line, require_etcd, started_in_memory
 
 TTL = 2  # [cluster] node_ttl_secs in these tests: expiry within seconds
 WAIT = 20.0  # bound of every wait on the cluster's state
@@ -126,6 +127,15 @@ def wait_until(what: str, check, show=None) -> None:
             found = f" (found: {show()})" if show else ""
             pytest.fail(f"not within {WAIT:.0f} s: {what}{found}", pytrace=False)
         time.sleep(0.1)
+
+
+@pytest.fixture
+def etcd_cluster(request, tmp_path) -> Iterator[EtcdCluster]:
+    """The shared three-member TLS cluster, its members' data in memory
+    (`etcd_cluster.started_in_memory`): these tests give the nodes a lease
+    of 2 s, which a stall of etcd's writes on the test machine's disk
+    outlasted once (2.3 s), failing a test for the disk's sake."""
+    yield from started_in_memory(request, tmp_path / "etcd", "nimbus-cluster-etcd-")
 
 
 @pytest.fixture

@@ -20,18 +20,15 @@ What each test shows:
 
 from __future__ import annotations
 
-import shutil
 import struct
-import tempfile
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 import rawsmb
 import test_oplocks as ol
-from etcd_cluster import EtcdCluster, started
+from etcd_cluster import EtcdCluster, started_in_memory
 from test_cluster import WAIT, Node, etcd_counts, nodes  # noqa: F401  (the fixture)
 from test_locks import CLOSE, EXCLUSIVE, FAIL_IMMEDIATELY, LOCK, close_body, lock_body, message_id
 
@@ -44,15 +41,10 @@ WRITE = 0x09
 @pytest.fixture
 def etcd_cluster(request, tmp_path) -> Iterator[EtcdCluster]:
     """The shared fixture's three-member TLS cluster (which `nodes` asks
-    for), its members' data in memory: these tests judge the nodes' grants,
-    and etcd's durability has tests of its own (test_etcd_failover.py). On
-    the test machine's one disk, a stall of etcd's writes once failed a
-    CREATE here with STATUS_INSUFFICIENT_RESOURCES."""
-    data = Path(tempfile.mkdtemp(prefix="nimbus-group-leases-etcd-", dir="/dev/shm"))
-    try:
-        yield from started(request, tmp_path / "etcd", tls=True, data_root=data)
-    finally:
-        shutil.rmtree(data, ignore_errors=True)
+    for), its members' data in memory: these tests judge the nodes' grants
+    (a stall of etcd's writes on the test machine's disk once failed a
+    CREATE here with STATUS_INSUFFICIENT_RESOURCES)."""
+    yield from started_in_memory(request, tmp_path / "etcd", "nimbus-group-leases-etcd-")
 
 
 def with_group_leases(nodes: list[Node]) -> list[Node]:

@@ -204,8 +204,27 @@ impl Oplocks {
             return nothing_granted(ask);
         };
         let granted = g.admitted(group, file, &member, ask.open_id, seen);
-        self.unreserve_unless_member(&g, member.id);
+        // Claimed again: another open of the same key may have given the
+        // claim back while this one's admit was being written.
+        if g.member_group(&member.id) == Some(group) {
+            self.reserve_member(file, member.id);
+        } else {
+            self.unreserve_unless_member(&g, member.id);
+        }
         let breaks = g.hold_to_grant(group);
+        // The member itself may be among those broken (another open of its
+        // key cached more than the grant): it is answered as it now is.
+        let granted = match g.member_of_open(ask.open_id) {
+            Some((id, m)) if breaks.iter().any(|(b, _)| b.holder == Holder::Lease(id)) => {
+                Granted::Lease {
+                    state: m.state,
+                    epoch: m.epoch,
+                    breaking: m.sent.is_some(),
+                    version: m.version,
+                }
+            }
+            _ => granted,
+        };
         drop(g);
         self.send_member_breaks(breaks);
         granted
