@@ -22,29 +22,18 @@ from __future__ import annotations
 
 import struct
 import uuid
-from collections.abc import Iterator
 
 import pytest
 
 import rawsmb
 import test_oplocks as ol
-from etcd_cluster import EtcdCluster, started_in_memory
-from test_cluster import WAIT, Node, etcd_counts, nodes  # noqa: F401  (the fixture)
+from test_cluster import WAIT, Node, etcd_cluster, etcd_counts, nodes  # noqa: F401  (the fixtures: etcd's data in memory)
 from test_locks import CLOSE, EXCLUSIVE, FAIL_IMMEDIATELY, LOCK, close_body, lock_body, message_id
 
 GENERIC_READ = 0x8000_0000
 FILE_SHARE_READ, FILE_SHARE_WRITE, FILE_SHARE_DELETE = 0x1, 0x2, 0x4
 STATUS_SHARING_VIOLATION = 0xC000_0043
 WRITE = 0x09
-
-
-@pytest.fixture
-def etcd_cluster(request, tmp_path) -> Iterator[EtcdCluster]:
-    """The shared fixture's three-member TLS cluster (which `nodes` asks
-    for), its members' data in memory: these tests judge the nodes' grants
-    (a stall of etcd's writes on the test machine's disk once failed a
-    CREATE here with STATUS_INSUFFICIENT_RESOURCES)."""
-    yield from started_in_memory(request, tmp_path / "etcd", "nimbus-group-leases-etcd-")
 
 
 def with_group_leases(nodes: list[Node]) -> list[Node]:

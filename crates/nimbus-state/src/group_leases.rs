@@ -555,19 +555,7 @@ impl GroupLeases {
         g.granted = state;
         g.breaking = None;
         g.acked = None;
-        let mut breaks = Vec::new();
-        for (id, m) in &mut g.members {
-            if m.sent.is_some() {
-                // It answers what it was told; `ack` then holds it to the
-                // grant.
-                continue;
-            }
-            if m.state & !state != 0 {
-                m.epoch = m.epoch.wrapping_add(1);
-                breaks.extend(member_break(*id, m, state));
-            }
-        }
-        breaks
+        break_above(&mut g.members, state)
     }
 
     /// After `admitted` took in a grant lower than what members cache and
@@ -580,15 +568,7 @@ impl GroupLeases {
         if g.breaking.is_some() || !g.licensed {
             return Vec::new();
         }
-        let state = g.granted;
-        let mut breaks = Vec::new();
-        for (id, m) in &mut g.members {
-            if m.sent.is_none() && m.state & !state != 0 {
-                m.epoch = m.epoch.wrapping_add(1);
-                breaks.extend(member_break(*id, m, state));
-            }
-        }
-        breaks
+        break_above(&mut g.members, g.granted)
     }
 
     /// The group's acknowledgement handed out could not be written (the
@@ -668,6 +648,20 @@ fn lease_state(state: u32) -> u32 {
 
 /// Breaks member `m` to `to` if it holds more: recorded as awaiting its
 /// acknowledgement when it caches handles, done at once otherwise.
+/// Breaks, each with a new epoch, the members that cache more than
+/// `state`. One that waits for its answer is left: it answers what it was
+/// told, and `ack` then holds it to the grant.
+fn break_above(members: &mut HashMap<LeaseId, Member>, state: u32) -> Vec<(BreakOrder, u64)> {
+    let mut breaks = Vec::new();
+    for (id, m) in members {
+        if m.sent.is_none() && m.state & !state != 0 {
+            m.epoch = m.epoch.wrapping_add(1);
+            breaks.extend(member_break(*id, m, state));
+        }
+    }
+    breaks
+}
+
 fn member_break(id: LeaseId, m: &mut Member, to: u32) -> Option<(BreakOrder, u64)> {
     let to = m.state & to;
     if m.state & !to == 0 {
