@@ -52,6 +52,8 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -308,6 +310,15 @@ class Member:
     def stop(self) -> None:
         self.terminate()
         self.reap(time.monotonic() + STOP_TIMEOUT)
+
+
+@dataclass
+class Election:
+    """One term's election (`EtcdCluster.elections`), in time.time() seconds."""
+
+    term: int
+    began: float
+    ended: float | None
 
 
 class EtcdCluster:
@@ -656,6 +667,50 @@ class EtcdCluster:
             context.load_cert_chain(*self.pki.cert(ROOT))
         with urllib.request.urlopen(f"{self.members[i].client_url}/metrics", timeout=10, context=context) as r:
             return r.read().decode()
+
+    def elections(self) -> list[Election]:
+        """Every leader election the members' logs record, oldest first, in
+        time.time() seconds: from the first member that stood for a term
+        (zap's "became candidate at term N") to the one that won it
+        ("became leader at term N"), or None when no member has won yet.
+        Terms that nobody won are folded into the next one.
+        On two shared cores a leader starved for an election timeout loses
+        its followers, who elect another: etcd is then unavailable for a
+        moment that no kill or cut of the test caused, and a test that
+        judges the nodes' answers uses these spans to tell the two apart."""
+        began: dict[int, float] = {}
+        ended: dict[int, float] = {}
+        for m in self.members:
+            try:
+                lines = m.log_path.read_text(errors="replace").splitlines()
+            except OSError:
+                continue
+            for line in lines:
+                if not line.startswith("{") or "became " not in line:
+                    continue
+                try:
+                    entry = json.loads(line)
+                    words = entry["msg"].split()
+                    at = datetime.strptime(entry["ts"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp()
+                except (ValueError, KeyError, TypeError, AttributeError):
+                    continue
+                if words[-3:-1] != ["at", "term"] or not words[-1].isdigit():
+                    continue
+                term = int(words[-1])
+                if "became candidate" in entry["msg"]:
+                    began[term] = min(at, began.get(term, at))
+                elif "became leader" in entry["msg"]:
+                    ended[term] = at
+        # A term that nobody won runs on into the next one: etcd has no
+        # leader from the first candidacy to the next win.
+        found: list[Election] = []
+        since: float | None = None
+        for term in sorted(began):
+            since = began[term] if since is None else since
+            if term in ended or term == max(began):
+                found.append(Election(term, since, ended.get(term)))
+                since = None
+        return found
 
     def log_tails(self, lines: int = LOG_TAIL_LINES) -> str:
         return "\n".join(f"--- etcd {m.name} log, last {lines} lines of {m.log_path} ---\n{m.log_tail(lines)}" for m in self.members)
