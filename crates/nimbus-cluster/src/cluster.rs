@@ -187,6 +187,9 @@ pub struct Membership {
     with_record: Mutex<std::collections::HashMap<u64, Instant>>,
     /// Opens of gone nodes found without one: it never comes back.
     without_record: Mutex<HashSet<u64>>,
+    /// Break orders etcd did not take, to be posted again
+    /// (`post_unposted`).
+    unposted: crate::unposted::Waiting,
 }
 
 /// Puts back what a node keeps under its lease, given the new lease.
@@ -555,6 +558,7 @@ impl Membership {
             ack_forwards: Mutex::new((Instant::now(), 0)),
             with_record: Mutex::new(std::collections::HashMap::new()),
             without_record: Mutex::new(HashSet::new()),
+            unposted: crate::unposted::Waiting::default(),
         };
         let until = Instant::now() + m.ttl + Duration::from_secs(1);
         loop {
@@ -1285,12 +1289,60 @@ impl Membership {
     /// lease must not lapse meanwhile.
     pub fn keep_alive(self: Arc<Self>) {
         let period = self.ttl / 3;
+        let poster = self.clone();
         let spawned = std::thread::Builder::new()
             .name("nimbus-lease".into())
             .spawn(move || self.renew_every(period));
         if let Err(e) = spawned {
             tracing::error!("cluster: cannot start the lease renewal thread: {e}");
         }
+        let spawned = std::thread::Builder::new()
+            .name("nimbus-unposted".into())
+            .spawn(move || poster.post_unposted());
+        if let Err(e) = spawned {
+            tracing::error!("cluster: cannot start the thread that posts breaks again: {e}");
+        }
+    }
+
+    /// Posts again the break orders etcd did not take (`crate::unposted`),
+    /// one at a time, for as long as the process runs.
+    fn post_unposted(self: Arc<Self>) {
+        while !self.is_stopping() {
+            let Some((n, u)) = self.unposted.next(Duration::from_secs(1)) else {
+                continue;
+            };
+            if u.since.elapsed() > self.ttl {
+                tracing::warn!(
+                    "cluster: break for open {:#x} not posted within node_ttl_secs: its breaker \
+                     waits for the break timeout",
+                    u.open_id
+                );
+                self.unposted.done(n, true);
+                continue;
+            }
+            match self.try_post_break(u.to, u.open_id, &u.order) {
+                Ok(posted) => {
+                    tracing::debug!(
+                        "cluster: break for open {:#x} posted again: {posted}",
+                        u.open_id
+                    );
+                    self.unposted.done(n, true);
+                }
+                Err(e) => {
+                    tracing::debug!(
+                        "cluster: break for open {:#x} not posted yet: {e}",
+                        u.open_id
+                    );
+                    self.unposted.done(n, false);
+                    std::thread::sleep(crate::unposted::RETRY_EVERY);
+                }
+            }
+        }
+    }
+
+    /// Break orders waiting to be posted again.
+    pub fn unposted_breaks(&self) -> usize {
+        self.unposted.len()
     }
 
     fn renew_every(self: Arc<Self>, period: Duration) {
@@ -1466,6 +1518,8 @@ impl Membership {
         if to == 0 || self.runs(to) {
             return true;
         }
+        // Posted, or kept to be posted again: either way the holder may
+        // still cache, and its acknowledgement is waited for.
         self.post_break(to, open_id, order);
         true
     }
@@ -1473,24 +1527,45 @@ impl Membership {
     /// Puts a break for `open_id` into the box of the node that runs (or
     /// adopted) incarnation `to`. A gone one gets nothing: its opens are
     /// dropped where in the way, or taken over by a node whose take-over
-    /// ends the break. Whether it was posted.
+    /// ends the break. One etcd did not take is kept and posted again
+    /// (`crate::unposted`). Whether it was posted or kept.
     pub fn post_break(
         &self,
         to: u64,
         open_id: u64,
         order: &nimbus_state::caching::BreakOrder,
     ) -> bool {
-        let posted = self.node_of(to).and_then(|node| match node {
+        self.unposted.forget(open_id);
+        match self.try_post_break(to, open_id, order) {
+            Ok(posted) => posted,
+            Err(e) => {
+                tracing::warn!("cluster: break for open {open_id:#x} not posted, tried again: {e}");
+                self.unposted.push(crate::unposted::Unposted {
+                    to,
+                    open_id,
+                    order: *order,
+                    since: Instant::now(),
+                });
+                true
+            }
+        }
+    }
+
+    /// `post_break` once: whether it was posted (false: incarnation `to`
+    /// is gone), or what etcd answered.
+    fn try_post_break(
+        &self,
+        to: u64,
+        open_id: u64,
+        order: &nimbus_state::caching::BreakOrder,
+    ) -> Result<bool, StateError> {
+        match self.node_of(to)? {
             Some(node) => {
                 let value = nimbus_state::records::encode_break(open_id, order);
                 self.post(&node, &value).map(|()| true)
             }
             None => Ok(false),
-        });
-        posted.unwrap_or_else(|e| {
-            tracing::warn!("cluster: break for open {open_id:#x} not sent: {e}");
-            false
-        })
+        }
     }
 
     /// The node that runs (or adopted) incarnation `n`; None once it is
@@ -1641,6 +1716,77 @@ mod tests {
         // A watch that has not answered for a while: nothing either.
         live.heard = Instant::now().checked_sub(LIVE_FRESH + Duration::from_millis(10));
         assert!(!live.says_alive(42));
+    }
+
+    /// Sends SIGSTOP (`freeze`) or SIGCONT to every member of `etcd`: it
+    /// stops answering, without closing a connection.
+    fn signal_members(etcd: &nimbus_state::etcd_test_cluster::Cluster, signal: &str) {
+        for member in &etcd.members {
+            let sent = std::process::Command::new("kill")
+                .args([signal, &member.id().to_string()])
+                .status()
+                .unwrap();
+            assert!(sent.success(), "kill {signal} {}", member.id());
+        }
+    }
+
+    /// A break order etcd does not take while its members are frozen is
+    /// kept, and posted into the holder node's box once they answer again:
+    /// the breaker does not wait out the break timeout for a second's
+    /// outage.
+    #[test]
+    fn a_break_etcd_did_not_take_is_posted_once_it_answers_again() {
+        let etcd = nimbus_state::etcd_test_cluster::Cluster::start("unposted");
+        let secret = etcd.dir.join("cluster.secret");
+        std::fs::write(&secret, [7; 32]).unwrap();
+        // A TTL that outlasts the freeze: the nodes keep their leases.
+        let join = |node: &str| {
+            let cfg = ClusterConfig {
+                etcd: etcd.urls.clone(),
+                node: node.into(),
+                advertise: "127.0.0.1:4450".parse().unwrap(),
+                node_ttl_secs: 20,
+                tls: None,
+                user: None,
+                group_leases: false,
+                secret_file: Some(secret.clone()),
+            };
+            let m = Arc::new(Membership::join(&cfg).unwrap());
+            m.clone().keep_alive();
+            m
+        };
+        let (breaker, holder) = (join("breaker"), join("holder"));
+        let open_id = holder.incarnation() << OPEN_ID_SHIFT | 5;
+        let order = nimbus_state::caching::BreakOrder {
+            holder: nimbus_state::caching::Holder::Oplock(open_id),
+            from: 0x7,
+            to: 0x1,
+            ack_required: true,
+            epoch: 0,
+            version: 0,
+        };
+        let holders_box = || holder.store.scan_prefix(&holder.inbox()).unwrap();
+        signal_members(&etcd, "-STOP");
+        let sent = breaker.send_break(open_id, &order);
+        let kept = breaker.unposted_breaks();
+        signal_members(&etcd, "-CONT");
+        assert!(
+            sent,
+            "an order etcd did not take counts as sent: the holder may still cache"
+        );
+        assert_eq!(kept, 1, "the order etcd did not take is kept");
+        wait_for(
+            "the order is in the holder's box",
+            Duration::from_secs(15),
+            || !holders_box().is_empty(),
+        );
+        let boxed = holders_box();
+        assert_eq!(boxed.len(), 1);
+        let posted = nimbus_state::records::decode_break(&boxed[0].1.value).unwrap();
+        assert_eq!(posted, (open_id, order));
+        assert_eq!(breaker.unposted_breaks(), 0);
+        breaker.leave();
+        holder.leave();
     }
 
     #[test]

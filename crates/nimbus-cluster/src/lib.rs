@@ -30,6 +30,7 @@ pub mod node_message;
 pub mod notify_recent;
 pub mod session_handover;
 pub mod sweeper;
+pub mod unposted;
 pub mod witness_move;
 pub mod witness_records;
 
