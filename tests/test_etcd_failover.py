@@ -316,17 +316,29 @@ def run_summary(workers: list[Writer], nodes: list[str], disk: bytes) -> str:
 # between ELECTION and 2 * ELECTION after the last heartbeat), and a node's
 # request sent to the old leader is answered "leader changed" just after
 # the new one wins.
+# A refusal must come within a node's etcd call timeout of the election's
+# end (crates/nimbus-cluster/src/cluster.rs CALL_TIMEOUT): one that comes
+# later was the node's doing.
 SILENT_BEFORE_ELECTION = 2 * ELECTION
 AFTER_ELECTION = 0.5
+NODE_CALL_TIMEOUT = 3.0
 
 
-def during_an_election(r: Request, elections: list[Election], wall: float) -> bool:
+def during_an_election(r: Request, elections: list[Election], wall: float, since: float | None = None) -> bool:
     """Whether request `r` (its times from time.monotonic(), `wall` the
-    offset to time.time()) was in flight while etcd was electing a leader."""
+    offset to time.time()) was in flight while etcd was electing a leader,
+    and answered within NODE_CALL_TIMEOUT of its end. `since` (monotonic):
+    only elections that began after it count (not those a kill caused)."""
     sent, answered = r.sent + wall, r.answered + wall
     for e in elections:
+        if since is not None and e.began < since + wall:
+            continue
         ended = float("inf") if e.ended is None else e.ended
-        if sent <= ended + AFTER_ELECTION and answered >= e.began - SILENT_BEFORE_ELECTION:
+        if (
+            sent <= ended + AFTER_ELECTION
+            and answered >= e.began - SILENT_BEFORE_ELECTION
+            and answered <= ended + AFTER_ELECTION + NODE_CALL_TIMEOUT
+        ):
             return True
     return False
 
@@ -458,8 +470,13 @@ def test_locks_and_writes_survive_killing_the_etcd_leader(cluster):
     excused: dict[int, int] = {}
     for k, kill in enumerate(kills, 1):
         down = [r for r in requests if kill.workers_at is not None and kill.workers_at <= r.sent and r.answered < kill.down_until]
-        excused[k] = sum(refused_as_unavailable(r) and during_an_election(r, elections, wall) for r in down)
-        refused = {n: [r for r in down if r.node == n and refused_as_unavailable(r) and not during_an_election(r, elections, wall)] for n in nodes}
+        # Only elections after every worker was granted again: the kill's
+        # own were over by then.
+        def etcds(r: Request, kill: Kill = kill) -> bool:
+            return refused_as_unavailable(r) and during_an_election(r, elections, wall, since=kill.workers_at)
+
+        excused[k] = sum(map(etcds, down))
+        refused = {n: [r for r in down if r.node == n and refused_as_unavailable(r) and not etcds(r)] for n in nodes}
         if any(refused.values()):
             failures[f"3d. kill {k}: nodes go on through the other members"] = (
                 f"in the {kill.down_until - (kill.workers_at or 0):.2f} s on two members after every worker was granted again, "
@@ -570,3 +587,6 @@ def test_election_check(tmp_path):
     assert during_an_election(refused(23.0, 23.6), elections, t0)  # while the leader was silent
     assert not during_an_election(refused(22.0, 23.5), elections, t0)  # before it fell silent
     assert not during_an_election(refused(25.7, 25.8), elections, t0)  # after the new leader settled
+    assert not during_an_election(refused(25.0, 29.0), elections, t0)  # answered long after: the node's
+    # An election that began before `since` (a kill's own) excuses nothing.
+    assert not during_an_election(refused(23.68, 25.179), elections, t0, since=24.6)

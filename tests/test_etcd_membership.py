@@ -170,7 +170,7 @@ def test_locks_and_writes_survive_replacing_every_etcd_member(direct_cluster):
     # Refusals while etcd elected a leader of its own accord are etcd's
     # (test_etcd_failover's 3d).
     elections = etcd.elections()
-    refused = [r for r in steady if refused_as_unavailable(r) and not during_an_election(r, elections, wall)]
+    refused = [r for r in steady if refused_as_unavailable(r) and not during_an_election(r, elections, wall, since=steady_from)]
     not_served = [w.name for w in workers if not granted_since(w, steady_from)] if steady_until else nodes
     if not steady_until or refused or not_served:
         failures["4. on the new members alone"] = (

@@ -190,6 +190,8 @@ pub struct Membership {
     /// Break orders etcd did not take, to be posted again
     /// (`post_unposted`).
     unposted: crate::unposted::Waiting,
+    /// Keys of the messages this node took lately (`first_take`).
+    taken: Mutex<crate::unposted::TakenKeys>,
 }
 
 /// Puts back what a node keeps under its lease, given the new lease.
@@ -559,6 +561,7 @@ impl Membership {
             with_record: Mutex::new(std::collections::HashMap::new()),
             without_record: Mutex::new(HashSet::new()),
             unposted: crate::unposted::Waiting::default(),
+            taken: Mutex::new(crate::unposted::TakenKeys::default()),
         };
         let until = Instant::now() + m.ttl + Duration::from_secs(1);
         loop {
@@ -1311,16 +1314,22 @@ impl Membership {
             let Some((n, u)) = self.unposted.next(Duration::from_secs(1)) else {
                 continue;
             };
-            if u.since.elapsed() > self.ttl {
+            // An open of an incarnation this node now runs (it took the
+            // opens over) has its breaks decided here.
+            if self.runs(u.to) {
+                self.unposted.done(n, true);
+                continue;
+            }
+            if Instant::now() >= u.until {
                 tracing::warn!(
-                    "cluster: break for open {:#x} not posted within node_ttl_secs: its breaker \
-                     waits for the break timeout",
+                    "cluster: break for open {:#x} not posted in time: its breaker waits for the \
+                     break timeout",
                     u.open_id
                 );
                 self.unposted.done(n, true);
                 continue;
             }
-            match self.try_post_break(u.to, u.open_id, &u.order) {
+            match self.try_post_break(u.to, u.open_id, &u.order, &u.key) {
                 Ok(posted) => {
                     tracing::debug!(
                         "cluster: break for open {:#x} posted again: {posted}",
@@ -1505,7 +1514,14 @@ impl Membership {
     /// break itself after the timeout). An open of this run, or of one it
     /// adopted, has no other node to go to: nothing is sent.
     /// Returns false when no node serves the open (see `Forward`).
-    pub fn send_break(&self, open_id: u64, order: &nimbus_state::caching::BreakOrder) -> bool {
+    /// An order etcd does not take is posted again for up to half
+    /// `break_timeout` (`crate::unposted`).
+    pub fn send_break(
+        &self,
+        open_id: u64,
+        order: &nimbus_state::caching::BreakOrder,
+        break_timeout: Duration,
+    ) -> bool {
         let mut to = incarnation_of(open_id);
         // A gone node's open another node took over, or one this node let
         // go of for its client on another node.
@@ -1520,23 +1536,26 @@ impl Membership {
         }
         // Posted, or kept to be posted again: either way the holder may
         // still cache, and its acknowledgement is waited for.
-        self.post_break(to, open_id, order);
+        self.post_break(to, open_id, order, break_timeout);
         true
     }
 
     /// Puts a break for `open_id` into the box of the node that runs (or
     /// adopted) incarnation `to`. A gone one gets nothing: its opens are
     /// dropped where in the way, or taken over by a node whose take-over
-    /// ends the break. One etcd did not take is kept and posted again
+    /// ends the break. One etcd did not take is kept and posted again,
+    /// for up to half `break_timeout` and at most the node's TTL
     /// (`crate::unposted`). Whether it was posted or kept.
     pub fn post_break(
         &self,
         to: u64,
         open_id: u64,
         order: &nimbus_state::caching::BreakOrder,
+        break_timeout: Duration,
     ) -> bool {
         self.unposted.forget(open_id);
-        match self.try_post_break(to, open_id, order) {
+        let key = self.next_message_key();
+        match self.try_post_break(to, open_id, order, &key) {
             Ok(posted) => posted,
             Err(e) => {
                 tracing::warn!("cluster: break for open {open_id:#x} not posted, tried again: {e}");
@@ -1544,25 +1563,27 @@ impl Membership {
                     to,
                     open_id,
                     order: *order,
-                    since: Instant::now(),
+                    key,
+                    until: Instant::now() + (break_timeout / 2).min(self.ttl),
                 });
                 true
             }
         }
     }
 
-    /// `post_break` once: whether it was posted (false: incarnation `to`
-    /// is gone), or what etcd answered.
+    /// `post_break` once, under message key `key`: whether it was posted
+    /// (false: incarnation `to` is gone), or what etcd answered.
     fn try_post_break(
         &self,
         to: u64,
         open_id: u64,
         order: &nimbus_state::caching::BreakOrder,
+        key: &str,
     ) -> Result<bool, StateError> {
         match self.node_of(to)? {
             Some(node) => {
                 let value = nimbus_state::records::encode_break(open_id, order);
-                self.post(&node, &value).map(|()| true)
+                self.post_as(&node, key, &value).map(|()| true)
             }
             None => Ok(false),
         }
@@ -1579,11 +1600,29 @@ impl Membership {
 
     /// Puts a message into `node`'s box, under this node's lease.
     pub fn post(&self, node: &str, value: &[u8]) -> Result<(), StateError> {
+        self.post_as(node, &self.next_message_key(), value)
+    }
+
+    /// A key for a new message of this run: unique to it, whatever box it
+    /// goes to.
+    fn next_message_key(&self) -> String {
         let n = self.next_message.fetch_add(1, Ordering::Relaxed);
+        format!("{}-{n}", self.incarnation())
+    }
+
+    /// `post`, under the message key `name` (`next_message_key`).
+    fn post_as(&self, node: &str, name: &str, value: &[u8]) -> Result<(), StateError> {
         let mut key = message_box(node);
-        key.extend_from_slice(format!("{}-{n}", self.incarnation()).as_bytes());
+        key.extend_from_slice(name.as_bytes());
         let put = nimbus_state::etcd_store::Op::Put(&key, value, self.lease());
         self.store.txn(&[], &[put], &[]).map(|_| ())
+    }
+
+    /// Whether the message under `key`, just taken, was not taken before:
+    /// one its sender wrote again after an answer it did not get is
+    /// acted on once (`crate::unposted`).
+    fn first_take(&self, key: &[u8]) -> bool {
+        crate::sync::lock(&self.taken).first(key)
     }
 
     /// Takes the message a watch of this node's box delivered, once (one
@@ -1601,6 +1640,7 @@ impl Membership {
         Ok(self
             .store
             .compare_and_set(&e.key, Some(e.revision), None)?
+            .filter(|_| self.first_take(&e.key))
             .map(|_| Versioned {
                 version: e.revision,
                 value: value.clone(),
@@ -1623,6 +1663,7 @@ impl Membership {
         Ok(self
             .store
             .compare_and_set(key, Some(v.version), None)?
+            .filter(|_| self.first_take(key))
             .map(|_| v))
     }
 
@@ -1765,9 +1806,15 @@ mod tests {
             epoch: 0,
             version: 0,
         };
-        let holders_box = || holder.store.scan_prefix(&holder.inbox()).unwrap();
+        // Polled: right after the thaw a read may find no leader yet.
+        let holders_box = || {
+            holder
+                .store
+                .scan_prefix(&holder.inbox())
+                .unwrap_or_default()
+        };
         signal_members(&etcd, "-STOP");
-        let sent = breaker.send_break(open_id, &order);
+        let sent = breaker.send_break(open_id, &order, Duration::from_secs(35));
         let kept = breaker.unposted_breaks();
         signal_members(&etcd, "-CONT");
         assert!(
@@ -1784,7 +1831,26 @@ mod tests {
         assert_eq!(boxed.len(), 1);
         let posted = nimbus_state::records::decode_break(&boxed[0].1.value).unwrap();
         assert_eq!(posted, (open_id, order));
-        assert_eq!(breaker.unposted_breaks(), 0);
+        wait_for("the order leaves the queue", Duration::from_secs(5), || {
+            breaker.unposted_breaks() == 0
+        });
+        // The holder takes it once; the same key written again (as a try
+        // after an answer that never came would) is not taken again.
+        let key = boxed[0].0.clone();
+        assert!(holder.try_take_message(&key).unwrap().is_some());
+        holder
+            .store
+            .txn(
+                &[],
+                &[nimbus_state::etcd_store::Op::Put(
+                    &key,
+                    &boxed[0].1.value,
+                    0,
+                )],
+                &[],
+            )
+            .unwrap();
+        assert!(holder.try_take_message(&key).unwrap().is_none());
         breaker.leave();
         holder.leave();
     }

@@ -8,9 +8,17 @@
 //! for all of it, though etcd was out for a second. Nor may the order be
 //! taken as delivered to nobody: the holder still caches, and a break
 //! acknowledged at once would grant past it. So it is posted again, until
-//! etcd takes it or the node's TTL has passed since the first try (by
-//! then this node has lost its lease, under which the message would have
-//! lived, and its clients with it).
+//! etcd takes it or its `until` passes: half the break timeout (an order
+//! that came later than that could reach a client after its break was
+//! over), and never past the node's TTL (by then this node has lost its
+//! lease, under which the message would have lived, and its clients with
+//! it).
+//!
+//! An answer etcd did not give does not say the message was not written
+//! (a leader that changed as it committed it): so a try again writes the
+//! same key (`key`, chosen at the first try), and the receiving node takes
+//! a key it took once never again (`Membership::first_take`). The holder
+//! gets the order at most once.
 //!
 //! A newer order for the same open replaces a waiting one, and one that
 //! is posted drops it; one being tried again is waited for first, so the
@@ -36,13 +44,42 @@ pub const RETRY_EVERY: Duration = Duration::from_millis(250);
 /// than an etcd call takes, on every member.
 const IN_FLIGHT_WAIT: Duration = Duration::from_secs(10);
 
-/// A break order for `open_id` of incarnation `to`, first tried `since`.
+/// A break order for `open_id` of incarnation `to`, under message key
+/// `key` (in whichever node's box runs `to`), to be posted by `until`.
 #[derive(Clone, Debug)]
 pub struct Unposted {
     pub to: u64,
     pub open_id: u64,
     pub order: BreakOrder,
-    pub since: Instant,
+    pub key: String,
+    pub until: Instant,
+}
+
+/// Keys of messages a node took lately, so that one written twice (its
+/// sender tried again after an answer that never came) is acted on once.
+#[derive(Default)]
+pub struct TakenKeys {
+    order: VecDeque<Vec<u8>>,
+    keys: std::collections::HashSet<Vec<u8>>,
+}
+
+impl TakenKeys {
+    /// Whether `key` was not taken before (it is noted now). The oldest
+    /// keys are let go past `MAX_WAITING`: a copy written again comes
+    /// within `until` of the first, while far fewer messages arrive.
+    pub fn first(&mut self, key: &[u8]) -> bool {
+        if self.keys.contains(key) {
+            return false;
+        }
+        if self.order.len() >= MAX_WAITING {
+            if let Some(old) = self.order.pop_front() {
+                self.keys.remove(&old);
+            }
+        }
+        self.order.push_back(key.to_vec());
+        self.keys.insert(key.to_vec());
+        true
+    }
 }
 
 #[derive(Default)]
@@ -159,8 +196,21 @@ mod tests {
             to: 3,
             open_id,
             order: order(to),
-            since: Instant::now(),
+            key: format!("3-{open_id}"),
+            until: Instant::now() + Duration::from_secs(5),
         }
+    }
+
+    #[test]
+    fn a_key_is_taken_once_and_the_oldest_are_let_go() {
+        let mut t = TakenKeys::default();
+        assert!(t.first(b"7-1"));
+        assert!(!t.first(b"7-1"), "written again: not acted on again");
+        for n in 2..=(MAX_WAITING as u64 + 1) {
+            assert!(t.first(format!("7-{n}").as_bytes()));
+        }
+        assert!(t.first(b"7-1"), "let go past the bound");
+        assert!(!t.first(format!("7-{MAX_WAITING}").as_bytes()));
     }
 
     fn next_to(w: &Waiting) -> Option<(u64, u32)> {

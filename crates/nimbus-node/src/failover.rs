@@ -691,7 +691,7 @@ pub fn forward_break(server: &Arc<Server>, open_id: u64, order: &BreakOrder) -> 
     }
     match holder_of(m.store.as_ref(), open_id) {
         Some(h) if !m.runs(h) => {
-            post_to_holder(m, h, open_id, order);
+            post_to_holder(m, h, open_id, order, server.oplocks.break_timeout());
             true
         }
         // Taken back here a moment ago.
@@ -760,7 +760,9 @@ fn take_back(server: &Arc<Server>, open_id: u64, order: &BreakOrder) {
     };
     for _ in 0..2 {
         match holder_of(m.store.as_ref(), open_id) {
-            Some(h) if !m.runs(h) => return post_to_holder(m, h, open_id, order),
+            Some(h) if !m.runs(h) => {
+                return post_to_holder(m, h, open_id, order, server.oplocks.break_timeout())
+            }
             // Here (taken back by this break or one before it): it ends
             // as on one node.
             Some(_) => return server.oplocks.deliver_here(open_id, *order),
@@ -770,8 +772,14 @@ fn take_back(server: &Arc<Server>, open_id: u64, order: &BreakOrder) {
     }
 }
 
-fn post_to_holder(m: &crate::cluster::Membership, holder: u64, open_id: u64, order: &BreakOrder) {
-    if m.post_break(holder, open_id, order) {
+fn post_to_holder(
+    m: &crate::cluster::Membership,
+    holder: u64,
+    open_id: u64,
+    order: &BreakOrder,
+    break_timeout: std::time::Duration,
+) {
+    if m.post_break(holder, open_id, order, break_timeout) {
         tracing::debug!("cluster: break for open {open_id:#x} forwarded to incarnation {holder}");
     }
 }

@@ -92,11 +92,11 @@ impl OplockHost for NodeOplockHost {
         let Some(m) = &self.cluster else {
             return false;
         };
-        m.send_break(open_id, &order)
-            || self
-                .server
-                .upgrade()
-                .is_some_and(|s| crate::failover::close_handed_back(&s, open_id))
+        let Some(server) = self.server.upgrade() else {
+            return false;
+        };
+        m.send_break(open_id, &order, server.oplocks.break_timeout())
+            || crate::failover::close_handed_back(&server, open_id)
     }
 
     fn stranded(&self, open_id: u64) -> bool {

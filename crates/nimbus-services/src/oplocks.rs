@@ -565,7 +565,7 @@ impl Oplocks {
     }
 
     /// How long a break waits for its acknowledgement now.
-    fn break_timeout(&self) -> Duration {
+    pub fn break_timeout(&self) -> Duration {
         Duration::from_millis(self.break_timeout.load(Ordering::Relaxed))
     }
 
