@@ -1357,11 +1357,12 @@ mod tests {
             .unwrap()
         }
 
-        /// The etcd calls `f` made.
+        /// The etcd calls `f` made (on this thread: not the node's
+        /// hand-over thread's, which may watch again meanwhile).
         fn calls_of(&self, f: impl FnOnce()) -> u64 {
-            let before = self.etcd.calls();
+            let before = crate::etcd_store::calls_on_this_thread();
             f();
-            self.etcd.calls() - before
+            crate::etcd_store::calls_on_this_thread() - before
         }
     }
 

@@ -317,6 +317,8 @@ impl EtcdStore {
         Fut: std::future::Future<Output = Result<T, etcd_client::Error>> + Send + 'static,
     {
         self.calls.fetch_add(1, Ordering::Relaxed);
+        #[cfg(test)]
+        CALLS_ON_THIS_THREAD.with(|c| c.set(c.get() + 1));
         let deadline = self.deadline()?;
         let started = Instant::now();
         let r = self.members.call(deadline, retry, op);
@@ -395,6 +397,20 @@ pub struct TxnOutcome {
     pub revision: u64,
     /// The records the branch taken read, one per `Op::Get`, in order.
     pub reads: Vec<Option<Versioned>>,
+}
+
+// Tests count the calls one operation makes on the thread that makes it:
+// `calls` also counts the node's own threads (a hand-over watch that etcd
+// made start again, say), which run whenever they must.
+#[cfg(test)]
+thread_local! {
+    static CALLS_ON_THIS_THREAD: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// How many etcd calls this thread has made, through any store.
+#[cfg(test)]
+pub(crate) fn calls_on_this_thread() -> u64 {
+    CALLS_ON_THIS_THREAD.with(|c| c.get())
 }
 
 impl EtcdStore {
