@@ -224,6 +224,8 @@ pub struct SharedMemory {
     writes: AtomicUsize,
     gate: Mutex<Gate>,
     gate_moved: Condvar,
+    /// The key whose next write fails, as a write etcd does not answer.
+    fail_next: Mutex<Option<Vec<u8>>>,
 }
 
 #[derive(Default)]
@@ -265,6 +267,27 @@ impl SharedMemory {
         self.gate_moved.notify_all();
     }
 
+    /// The next write of `key` (alone or with others) fails with
+    /// `StateError::Unavailable`, having written nothing: a write whose
+    /// answer never came, after the rule that made it passed.
+    pub fn fail_next_write_on(&self, key: &[u8]) {
+        *self.fail_next.lock().unwrap() = Some(key.to_vec());
+    }
+
+    /// Whether a write of `keys` is the one to fail (it fails once).
+    fn fails<'k>(&self, mut keys: impl Iterator<Item = &'k [u8]>) -> Result<(), StateError> {
+        let mut next = self.fail_next.lock().unwrap();
+        match next.as_deref() {
+            Some(key) if keys.any(|k| k == key) => {
+                *next = None;
+                Err(StateError::Unavailable(
+                    "a write failed, as a test asked".into(),
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Waits until `n` writes are held at the gate.
     pub fn wait_held(&self, n: usize) {
         let mut g = self.gate.lock().unwrap();
@@ -302,6 +325,7 @@ impl StateStore for SharedMemory {
         value: Option<Vec<u8>>,
     ) -> Result<Option<u64>, StateError> {
         self.pass_gate(std::iter::once(key));
+        self.fails(std::iter::once(key))?;
         let _one = self.writing.lock().unwrap();
         self.writes.fetch_add(1, Ordering::SeqCst);
         self.records.compare_and_set(key, expected, value)
@@ -321,6 +345,7 @@ impl StateStore for SharedMemory {
 
     fn compare_and_set_together(&self, writes: &[Together<'_>]) -> Result<Written, StateError> {
         self.pass_gate(writes.iter().map(|w| w.key));
+        self.fails(writes.iter().map(|w| w.key))?;
         let _one = self.writing.lock().unwrap();
         self.writes.fetch_add(1, Ordering::SeqCst);
         let now: Vec<Option<Versioned>> = writes

@@ -467,3 +467,226 @@ impl Oplocks {
         matches!(holder, Holder::Lease(id) if group_leases::is_group_lease(&id))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The service's side of group leases, on a store that writes the
+    //! records as etcd does for a file several nodes share
+    //! (`SharedMemory`): what reaches the record, and what each member is
+    //! told, when a write fails or races.
+
+    use std::sync::{Arc, Mutex};
+
+    use nimbus_state::caching::{FileCaching, HANDLE, READ};
+    use nimbus_state::conformance::SharedMemory;
+    use nimbus_state::records::{self, CACHING_PREFIX};
+    use nimbus_state::OpenRecord;
+
+    use super::super::OplockHost;
+    use super::*;
+
+    const K: FileKey = FileKey { dev: 1, ino: 7 };
+    const READ_DATA: u32 = 0x1;
+    const SHARE_ALL: u32 = 0x7;
+    type Timer = Box<dyn FnOnce(&Oplocks) + Send>;
+
+    /// A host whose timers (`OplockHost::later`) wait for the test to run
+    /// them, whatever their delay.
+    #[derive(Default)]
+    struct Timers(Mutex<Vec<Timer>>);
+
+    impl OplockHost for Timers {
+        fn later(&self, _after: Duration, f: Timer) {
+            self.0.lock().unwrap().push(f);
+        }
+    }
+
+    impl Timers {
+        /// Runs the timers set so far; how many.
+        fn fire(&self, o: &Oplocks) -> usize {
+            let due = std::mem::take(&mut *self.0.lock().unwrap());
+            let n = due.len();
+            for f in due {
+                f(o);
+            }
+            n
+        }
+    }
+
+    /// One node's caching and share modes, over the shared records.
+    #[derive(Clone)]
+    struct Node {
+        store: Arc<SharedMemory>,
+        timers: Arc<Timers>,
+        oplocks: Arc<Oplocks>,
+        sm: Arc<ShareModes>,
+    }
+
+    fn node() -> Node {
+        let store = Arc::new(SharedMemory::default());
+        let timers = Arc::new(Timers::default());
+        let oplocks = Oplocks::new(Duration::from_secs(35), store.clone())
+            .with_host(timers.clone())
+            .with_group_leases([7; 8]);
+        Node {
+            sm: Arc::new(ShareModes::new(store.clone())),
+            store,
+            timers,
+            oplocks: Arc::new(oplocks),
+        }
+    }
+
+    fn lease(n: u8) -> LeaseId {
+        LeaseId {
+            client: [n; 16],
+            key: [n; 16],
+        }
+    }
+
+    /// Open `open_id` of `file`, for reading and sharing everything, asking
+    /// a read-handle lease under key `n`.
+    fn reader(open_id: u64, n: u8) -> OpenAsk {
+        OpenAsk {
+            open_id,
+            access: READ_DATA,
+            overwrite: false,
+            sharing_violation: false,
+            is_dir: false,
+            has_byte_range_locks: false,
+            want: Want::Lease {
+                id: lease(n),
+                state: READ | HANDLE,
+                version: 2,
+                parent_key: None,
+                epoch: 0,
+            },
+        }
+    }
+
+    impl Node {
+        /// A reader joins the node's group of `K`, as a CREATE does
+        /// (`contend`, then `admit_member`): its group's id.
+        fn join(&self, ask: OpenAsk) -> u64 {
+            let open = OpenRecord {
+                open_id: ask.open_id,
+                access: ask.access,
+                share_access: SHARE_ALL,
+            };
+            let entry = self.sm.join_group(K, open);
+            let entry_ask = self
+                .oplocks
+                .group_lease_ask(K, entry.open_id, &ask)
+                .expect("a reader's lease is groupable");
+            let c = self
+                .oplocks
+                .contend_opening(K, &entry_ask, &self.sm, entry)
+                .unwrap()
+                .unwrap();
+            assert!(!c.wait);
+            entry.open_id
+        }
+
+        fn admit(&self, group: u64, ask: &OpenAsk) -> Granted {
+            let route = super::super::tests::route();
+            self.oplocks.admit_member(K, group, ask, route, &self.sm)
+        }
+
+        /// The group lease's grant in `K`'s caching record: its state, and
+        /// whether a break of it awaits acknowledgement.
+        fn grant(&self, group: u64) -> (u32, bool) {
+            let key = K.record_key(CACHING_PREFIX);
+            let s = records::read::<FileCaching>(&*self.store, &key).unwrap();
+            let id = self.oplocks.groups().unwrap().lease_id(group);
+            let g = s.grant(Holder::Lease(id)).expect("the group's grant");
+            (g.state, g.breaking.is_some())
+        }
+    }
+
+    fn state(g: Granted) -> u32 {
+        match g {
+            Granted::Lease { state, .. } => state,
+            Granted::Oplock(_) => 0,
+        }
+    }
+
+    #[test]
+    fn a_group_acknowledgement_the_store_did_not_take_is_written_again() {
+        let n = node();
+        let ask = reader(1, 1);
+        let group = n.join(ask);
+        assert_eq!(state(n.admit(group, &ask)), READ | HANDLE);
+        // A rename elsewhere breaks handle caching: the member is told.
+        assert!(n.oplocks.contend_handles(K, 99));
+        assert_eq!(n.grant(group), (READ | HANDLE, true));
+        assert!(n.oplocks.open_breaking(K, 1));
+        // Its acknowledgement passes the record's rule, but the write of
+        // it fails (etcd did not answer).
+        n.store.fail_next_write_on(&K.record_key(CACHING_PREFIX));
+        assert!(matches!(
+            n.oplocks.ack_lease(lease(1), READ),
+            Some(AckOutcome::Done(_))
+        ));
+        assert_eq!(n.grant(group), (READ | HANDLE, true), "written anyway");
+        // The write is tried again (GROUP_ACK_RETRY), and goes through:
+        // the breaker need not wait out its timeout.
+        assert!(n.timers.fire(&n.oplocks) > 0);
+        assert_eq!(n.grant(group), (READ, false), "not written again");
+    }
+
+    #[test]
+    fn a_member_s_break_is_redelivered_while_it_awaits_its_answer() {
+        // `redeliver_breaks` asks `open_breaking` of each open whose break
+        // went out on a lost channel. A member that is not its group's
+        // first open is named by no grant of the record: only memory
+        // knows its break.
+        let n = node();
+        let (first, second) = (reader(1, 1), reader(2, 2));
+        let group = n.join(first);
+        n.admit(group, &first);
+        assert_eq!(n.join(second), group);
+        assert_eq!(state(n.admit(group, &second)), READ | HANDLE);
+        assert!(!n.oplocks.open_breaking(K, 2));
+        assert!(n.oplocks.contend_handles(K, 99));
+        assert!(
+            n.oplocks.open_breaking(K, 2),
+            "the member's break forgotten"
+        );
+        n.oplocks.ack_lease(lease(2), READ);
+        assert!(!n.oplocks.open_breaking(K, 2), "answered, still breaking");
+        // The first member still owes its answer.
+        assert!(n.oplocks.open_breaking(K, 1));
+    }
+
+    #[test]
+    fn a_key_joining_a_group_is_no_other_file_s_while_the_admit_is_written() {
+        // A CREATE of another file naming the same lease key, admitted
+        // while the group's admit waits on the store, must not take the
+        // key: it would then name two files.
+        let n = node();
+        let ask = reader(1, 1);
+        let group = n.join(ask);
+        n.store.close_gate_on(&K.record_key(CACHING_PREFIX));
+        let admitting = {
+            let n = n.clone();
+            std::thread::spawn(move || state(n.admit(group, &ask)))
+        };
+        n.store.wait_held(1);
+        let elsewhere = FileKey { dev: 1, ino: 8 };
+        let other = OpenAsk {
+            open_id: 5,
+            ..reader(5, 1)
+        };
+        let route = super::super::tests::route();
+        let c = n.oplocks.contend(elsewhere, &other);
+        assert!(!c.wait);
+        assert_eq!(
+            state(n.oplocks.admit(elsewhere, &other, route)),
+            0,
+            "the key was taken by another file's open"
+        );
+        n.store.open_gate();
+        assert_eq!(admitting.join().unwrap(), READ | HANDLE);
+        assert!(n.oplocks.lease_fits(lease(1), Some(K)));
+        assert!(!n.oplocks.lease_fits(lease(1), Some(elsewhere)));
+    }
+}
