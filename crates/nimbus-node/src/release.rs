@@ -58,7 +58,7 @@ pub fn release(server: &Server, open: &Open) {
     // Its lease through its group's, if it had one, goes first (a break
     // that waited only for it is answered for the group).
     server.oplocks.leave_member(open.open_id);
-    let entry = sm.grouped().entry_to_leave(open.open_id);
+    let entry = sm.entry_to_leave_closing(open.file_key, open.open_id);
     if entry != Some(open.open_id) {
         // Its break route is under its own id, not its group's.
         server.oplocks.let_go(open.open_id);

@@ -51,14 +51,21 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
 
-use crate::blocking::lock;
+use crate::blocking::{lock, off_worker};
 use crate::file_key::FileKey;
 
 /// Set in `OpenRecord::share_access` of an entry that stands for a group
 /// of one node's alike opens (the entry's `open_id` is its group's id).
 pub const GROUP_ENTRY: u32 = 0x4000_0000;
+
+/// How long the last member's close of a group that has had several
+/// members waits for another to join (`entry_to_leave_closing`): about an
+/// etcd write's round trip, which the close would spend on the entry's
+/// removal anyway.
+pub const REJOIN_WAIT: Duration = Duration::from_millis(2);
 
 /// What a member's leaving asks of the file's records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,6 +88,13 @@ struct Group {
     licensed: bool,
     /// Revoked for delete-pending (or a lost lease): never licensed again.
     revoked: bool,
+    /// It has had two members at once: its opens come from more than one
+    /// client (or more than one handle of one), so a close that empties
+    /// it may well be followed by an alike open at once.
+    shared: bool,
+    /// Its last member is closing and waits for an alike open to join
+    /// (`entry_to_leave_closing`).
+    emptied: bool,
 }
 
 #[derive(Default)]
@@ -102,6 +116,8 @@ pub struct GroupedOpens {
     /// close asks are answered without the lock, which every thread of
     /// the node would otherwise take in turn.
     grouped: AtomicUsize,
+    /// Told when an emptied group is joined again or revoked.
+    rejoined: Condvar,
 }
 
 impl GroupedOpens {
@@ -123,6 +139,8 @@ impl GroupedOpens {
                         members: HashSet::new(),
                         licensed: false,
                         revoked: false,
+                        shared: false,
+                        emptied: false,
                     },
                 );
                 open_id
@@ -130,6 +148,10 @@ impl GroupedOpens {
         };
         if let Some(group) = g.groups.get_mut(&id) {
             group.members.insert(open_id);
+            group.shared |= group.members.len() > 1;
+            if std::mem::take(&mut group.emptied) {
+                self.rejoined.notify_all();
+            }
         }
         g.of_open.insert(open_id, id);
         self.grouped.store(g.of_open.len(), Ordering::SeqCst);
@@ -161,6 +183,75 @@ impl GroupedOpens {
             g.by_kind.remove(&kind);
         }
         Leaving::Last(id)
+    }
+
+    /// `entry_to_leave` for a close, on a file whose records are where a
+    /// write is a round trip (etcd): when the open is the last member of a
+    /// licensed group that has had others beside it, the close waits up
+    /// to `wait` for an alike open of another client to join before the
+    /// group's entry goes. If one joins, the entry stands for it, and
+    /// neither the close nor the open writes anything; the two writes
+    /// saved are the entry's (and its lease grant's) removal and
+    /// recording again, which several clients of one node reading a file
+    /// in turns would otherwise make whenever all of them happen to be
+    /// between a close and their next open at once.
+    ///
+    /// Nothing changes for anyone else: until the close is answered, its
+    /// open is as good as open, and the entry is its (as during the
+    /// removal's own write); once it is answered, the entry is the new
+    /// member's. A group revoked meanwhile goes at once.
+    pub fn entry_to_leave_closing(&self, open_id: u64, wait: Duration) -> Option<u64> {
+        if wait.is_zero() || self.none_grouped() {
+            return self.entry_to_leave(open_id);
+        }
+        let mut g = lock(&self.groups);
+        let Some(&id) = g.of_open.get(&open_id) else {
+            return Some(open_id);
+        };
+        let waits = g.groups.get(&id).is_some_and(|group| {
+            group.members.len() == 1 && group.shared && group.licensed && !group.emptied
+        });
+        if !waits {
+            drop(g);
+            return self.entry_to_leave(open_id);
+        }
+        // The closing open stays counted among the grouped while it waits
+        // (`none_grouped` must not answer for its group meanwhile).
+        if let Some(group) = g.groups.get_mut(&id) {
+            group.members.remove(&open_id);
+            group.emptied = true;
+        }
+        let deadline = Instant::now() + wait;
+        let joined = loop {
+            let Some(group) = g.groups.get(&id) else {
+                break true;
+            };
+            if !group.emptied {
+                // Joined again: the entry is the new member's.
+                break true;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || group.revoked {
+                break false;
+            }
+            g = off_worker(|| {
+                self.rejoined
+                    .wait_timeout(g, left)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0
+            });
+        };
+        g.of_open.remove(&open_id);
+        self.grouped.store(g.of_open.len(), Ordering::SeqCst);
+        if joined {
+            return None;
+        }
+        if let Some(group) = g.groups.remove(&id) {
+            if g.by_kind.get(&group.kind) == Some(&id) {
+                g.by_kind.remove(&group.kind);
+            }
+        }
+        Some(id)
     }
 
     /// `leave`, as the entry to take out of the file's records: the open's
@@ -247,6 +338,8 @@ impl GroupedOpens {
             group.licensed = false;
             ids.push(*id);
         }
+        // A last member waiting for its group to be joined again stops.
+        self.rejoined.notify_all();
         ids
     }
 
@@ -326,6 +419,89 @@ mod tests {
         );
         assert_eq!(g.leave(3), Leaving::Last(3));
         assert_eq!(g.leave(4), Leaving::Last(4));
+    }
+
+    /// `entry_to_leave_closing(open, wait)` on a thread of its own: its
+    /// answer, once it comes.
+    fn closing(
+        g: &std::sync::Arc<GroupedOpens>,
+        open: u64,
+        wait: Duration,
+    ) -> std::sync::mpsc::Receiver<Option<u64>> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let g = g.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(g.entry_to_leave_closing(open, wait));
+        });
+        rx
+    }
+
+    /// Waits until group `id`'s last member is waiting to be joined: the
+    /// group is still there, with no member.
+    fn wait_emptied(g: &GroupedOpens, id: u64) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !(g.is_group(id) && g.members(id) == 0) {
+            assert!(Instant::now() < deadline, "the close never waited");
+            std::thread::yield_now();
+        }
+    }
+
+    const HOUR: Duration = Duration::from_secs(3600);
+    const ANSWERED: Duration = Duration::from_secs(10);
+
+    #[test]
+    fn a_closing_last_member_hands_its_entry_to_an_alike_open_that_joins() {
+        let g = std::sync::Arc::new(GroupedOpens::default());
+        g.join(F, 1, 1, 7);
+        g.join(F, 2, 1, 7);
+        g.license(1);
+        assert_eq!(g.entry_to_leave_closing(1, HOUR), None, "others remain");
+        let close = closing(&g, 2, HOUR);
+        wait_emptied(&g, 1);
+        // Another client's open joins meanwhile: the entry is its now, and
+        // neither writes anything.
+        assert_eq!(g.join(F, 3, 1, 7), 1);
+        assert_eq!(close.recv_timeout(ANSWERED), Ok(None));
+        assert_eq!(g.members(1), 1);
+        // With nobody to join, the entry goes once the wait is over.
+        g.join(F, 4, 1, 7);
+        assert_eq!(g.entry_to_leave_closing(4, HOUR), None);
+        assert_eq!(
+            g.entry_to_leave_closing(3, Duration::from_millis(1)),
+            Some(1)
+        );
+        assert!(!g.is_group(1));
+        assert_eq!(g.join(F, 5, 1, 7), 5, "joined a group whose entry went");
+    }
+
+    #[test]
+    fn only_a_licensed_unrevoked_group_that_had_several_members_waits() {
+        let g = std::sync::Arc::new(GroupedOpens::default());
+        // One client's open alone: its close does not wait.
+        g.join(F, 1, 1, 7);
+        g.license(1);
+        assert_eq!(closing(&g, 1, HOUR).recv_timeout(ANSWERED), Ok(Some(1)));
+        // Not licensed (its entry not proven in the records): no wait.
+        g.join(F, 2, 1, 7);
+        g.join(F, 3, 1, 7);
+        assert_eq!(g.entry_to_leave_closing(2, HOUR), None);
+        assert_eq!(closing(&g, 3, HOUR).recv_timeout(ANSWERED), Ok(Some(2)));
+        // Revoked while its last member waits: the entry goes at once.
+        g.join(F, 4, 1, 7);
+        g.join(F, 5, 1, 7);
+        g.license(4);
+        assert_eq!(g.entry_to_leave_closing(4, HOUR), None);
+        let close = closing(&g, 5, HOUR);
+        wait_emptied(&g, 4);
+        g.revoke(F);
+        assert_eq!(close.recv_timeout(ANSWERED), Ok(Some(4)));
+        assert!(!g.is_group(4));
+        // No wait asked (the records are in this node's memory).
+        g.join(G, 6, 1, 7);
+        g.join(G, 7, 1, 7);
+        g.license(6);
+        assert_eq!(g.entry_to_leave_closing(6, Duration::ZERO), None);
+        assert_eq!(g.entry_to_leave_closing(7, Duration::ZERO), Some(6));
     }
 
     #[test]

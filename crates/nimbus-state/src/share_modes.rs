@@ -254,6 +254,18 @@ impl ShareModes {
         }
     }
 
+    /// The entry a closing open leaves in `file`'s records
+    /// (`GroupedOpens::entry_to_leave`): where the records are in etcd, the
+    /// last member of a group that has had several waits a moment for an
+    /// alike open to join it (`GroupedOpens::entry_to_leave_closing`).
+    pub fn entry_to_leave_closing(&self, file: FileKey, open_id: u64) -> Option<u64> {
+        let wait = match self.store.is_local(&file.record_key(OPENS_PREFIX)) {
+            true => std::time::Duration::ZERO,
+            false => crate::grouped_opens::REJOIN_WAIT,
+        };
+        self.grouped.entry_to_leave_closing(open_id, wait)
+    }
+
     /// A closed open whose entry `remove_open` failed to take out: taken
     /// out by a later `retry_releases`.
     pub fn release_later(&self, key: FileKey, open_id: u64) {
