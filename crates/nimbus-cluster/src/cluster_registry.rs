@@ -284,6 +284,9 @@ impl Registry {
             *others = fresh;
         });
         for (node, item, value) in noticed {
+            // As `seen` says it: a registration made before this node's
+            // watch began is learnt here, by the first read.
+            tracing::debug!("cluster: node \"{node}\" registered {} {item}", self.what);
             self.notice(&node, &item, &value);
         }
     }

@@ -22,6 +22,20 @@ pub fn settle_write_time(server: &Server, open: &Open) {
 /// Drops an open from the share-mode table; when it was the last open of a
 /// delete-pending file, deletes the file.
 pub fn release(server: &Server, open: &Open) {
+    release_with(server, open, false);
+}
+
+/// `release` for a client's CLOSE of the open: the last member of a group
+/// of alike opens may wait a moment for another client's open to take its
+/// entry over (`ShareModes::entry_to_leave_closing`). Other ways of
+/// closing (a session's or tree's end, a share removed, failover) do not
+/// wait: nobody waits for their answer, and some run on threads other
+/// work waits for (the cluster inbox's).
+pub fn release_on_close(server: &Server, open: &Open) {
+    release_with(server, open, true);
+}
+
+fn release_with(server: &Server, open: &Open, on_close: bool) {
     settle_write_time(server, open);
     // Its byte-range locks go with the handle; its waiting LOCKs end.
     server.locks.release_open(open.file_key, open.open_id);
@@ -58,7 +72,10 @@ pub fn release(server: &Server, open: &Open) {
     // Its lease through its group's, if it had one, goes first (a break
     // that waited only for it is answered for the group).
     server.oplocks.leave_member(open.open_id);
-    let entry = sm.entry_to_leave_closing(open.file_key, open.open_id);
+    let entry = match on_close {
+        true => sm.entry_to_leave_closing(open.file_key, open.open_id),
+        false => sm.grouped().entry_to_leave(open.open_id),
+    };
     if entry != Some(open.open_id) {
         // Its break route is under its own id, not its group's.
         server.oplocks.let_go(open.open_id);

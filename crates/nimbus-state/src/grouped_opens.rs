@@ -17,7 +17,8 @@
 //!   leaves the record as it was: etcd is read, not written;
 //! - a member's close writes nothing while other members remain; the
 //!   last member's close takes the entry out, as a lone open's close
-//!   does.
+//!   does, unless another client's alike open joins while it waits a
+//!   moment for one (`entry_to_leave_closing`).
 //!
 //! Only opens that nothing else follows by id join a group: no durable
 //! handle (its record names the open), no caching (a grant names its
@@ -61,10 +62,10 @@ use crate::file_key::FileKey;
 /// of one node's alike opens (the entry's `open_id` is its group's id).
 pub const GROUP_ENTRY: u32 = 0x4000_0000;
 
-/// How long the last member's close of a group that has had several
-/// members waits for another to join (`entry_to_leave_closing`): about an
-/// etcd write's round trip, which the close would spend on the entry's
-/// removal anyway.
+/// How long the last member's close of a group that has had members of
+/// several clients waits for another to join (`entry_to_leave_closing`):
+/// about an etcd write's round trip. A wait that no join ends costs the
+/// close that much more, on top of the entry's removal.
 pub const REJOIN_WAIT: Duration = Duration::from_millis(2);
 
 /// What a member's leaving asks of the file's records.
@@ -88,9 +89,11 @@ struct Group {
     licensed: bool,
     /// Revoked for delete-pending (or a lost lease): never licensed again.
     revoked: bool,
-    /// It has had two members at once: its opens come from more than one
-    /// client (or more than one handle of one), so a close that empties
-    /// it may well be followed by an alike open at once.
+    /// The client (`join`'s) of its first member.
+    first_client: u64,
+    /// It has had members of two clients: a close that empties it may
+    /// well be followed by another client's alike open at once (a
+    /// client's own next open cannot come while its close waits).
     shared: bool,
     /// Its last member is closing and waits for an alike open to join
     /// (`entry_to_leave_closing`).
@@ -124,8 +127,9 @@ impl GroupedOpens {
     /// Puts open `open_id` of `file`, with `access` and `share`, into the
     /// group of its kind, which it starts if there is none: the group's
     /// id, under which it is recorded (`ShareModes::join_group`). The open
-    /// must `leave` however its CREATE ends.
-    pub fn join(&self, file: FileKey, open_id: u64, access: u32, share: u32) -> u64 {
+    /// must `leave` however its CREATE ends. `client` tells the opens of
+    /// one client (its connection) from another's.
+    pub fn join(&self, file: FileKey, open_id: u64, access: u32, share: u32, client: u64) -> u64 {
         let kind = (file, access, share & !GROUP_ENTRY);
         let mut g = lock(&self.groups);
         let id = match g.by_kind.get(&kind) {
@@ -139,6 +143,7 @@ impl GroupedOpens {
                         members: HashSet::new(),
                         licensed: false,
                         revoked: false,
+                        first_client: client,
                         shared: false,
                         emptied: false,
                     },
@@ -148,7 +153,7 @@ impl GroupedOpens {
         };
         if let Some(group) = g.groups.get_mut(&id) {
             group.members.insert(open_id);
-            group.shared |= group.members.len() > 1;
+            group.shared |= group.first_client != client;
             if std::mem::take(&mut group.emptied) {
                 self.rejoined.notify_all();
             }
@@ -199,10 +204,15 @@ impl GroupedOpens {
     /// Nothing changes for anyone else: until the close is answered, its
     /// open is as good as open, and the entry is its (as during the
     /// removal's own write); once it is answered, the entry is the new
-    /// member's. A group revoked meanwhile goes at once.
-    pub fn entry_to_leave_closing(&self, open_id: u64, wait: Duration) -> Option<u64> {
-        if wait.is_zero() || self.none_grouped() {
-            return self.entry_to_leave(open_id);
+    /// member's. A group revoked meanwhile goes at once. `wait` is asked
+    /// only of a close that would wait.
+    pub fn entry_to_leave_closing(
+        &self,
+        open_id: u64,
+        wait: impl FnOnce() -> Duration,
+    ) -> Option<u64> {
+        if self.none_grouped() {
+            return Some(open_id);
         }
         let mut g = lock(&self.groups);
         let Some(&id) = g.of_open.get(&open_id) else {
@@ -211,7 +221,8 @@ impl GroupedOpens {
         let waits = g.groups.get(&id).is_some_and(|group| {
             group.members.len() == 1 && group.shared && group.licensed && !group.emptied
         });
-        if !waits {
+        let wait = if waits { wait() } else { Duration::ZERO };
+        if wait.is_zero() {
             drop(g);
             return self.entry_to_leave(open_id);
         }
@@ -222,8 +233,11 @@ impl GroupedOpens {
             group.emptied = true;
         }
         let deadline = Instant::now() + wait;
-        let joined = loop {
+        // Whether the entry is no longer this close's to take out.
+        let handed_on = loop {
             let Some(group) = g.groups.get(&id) else {
+                // Joined, and emptied again by a member whose own wait
+                // ended first: that close took the entry out.
                 break true;
             };
             if !group.emptied {
@@ -243,7 +257,7 @@ impl GroupedOpens {
         };
         g.of_open.remove(&open_id);
         self.grouped.store(g.of_open.len(), Ordering::SeqCst);
-        if joined {
+        if handed_on {
             return None;
         }
         if let Some(group) = g.groups.remove(&id) {
@@ -360,9 +374,9 @@ mod tests {
     #[test]
     fn alike_opens_of_a_file_share_one_entry_until_the_last_leaves() {
         let g = GroupedOpens::default();
-        assert_eq!(g.join(F, 10, 1, 7), 10);
-        assert_eq!(g.join(F, 11, 1, 7), 10);
-        assert_eq!(g.join(F, 12, 1, 7), 10);
+        assert_eq!(g.join(F, 10, 1, 7, 10), 10);
+        assert_eq!(g.join(F, 11, 1, 7, 11), 10);
+        assert_eq!(g.join(F, 12, 1, 7, 12), 10);
         assert_eq!(g.members(10), 3);
         assert_eq!(g.entry_id(12), 10);
         // The open the group is named after leaves first: the group stays,
@@ -380,10 +394,10 @@ mod tests {
     fn opens_that_differ_in_file_access_or_sharing_are_apart() {
         let g = GroupedOpens::default();
         let ids = [
-            g.join(F, 1, 1, 7),
-            g.join(G, 2, 1, 7),
-            g.join(F, 3, 3, 7),
-            g.join(F, 4, 1, 1),
+            g.join(F, 1, 1, 7, 1),
+            g.join(G, 2, 1, 7, 2),
+            g.join(F, 3, 3, 7, 3),
+            g.join(F, 4, 1, 1, 4),
         ];
         assert_eq!(ids, [1, 2, 3, 4]);
         for id in ids {
@@ -394,8 +408,8 @@ mod tests {
     #[test]
     fn a_revoked_group_is_never_licensed_again_and_a_new_one_may_be() {
         let g = GroupedOpens::default();
-        g.join(F, 1, 1, 7);
-        g.join(G, 2, 1, 7);
+        g.join(F, 1, 1, 7, 1);
+        g.join(G, 2, 1, 7, 2);
         assert!(!g.licensed(1), "licensed before any write");
         g.license(1);
         g.license(2);
@@ -407,13 +421,13 @@ mod tests {
         assert!(!g.licensed(1), "a revoked group licensed again");
         // A group that forms once the revoked one has gone is a new entry.
         assert_eq!(g.leave(1), Leaving::Last(1));
-        assert_eq!(g.join(F, 3, 1, 7), 3);
+        assert_eq!(g.join(F, 3, 1, 7, 3), 3);
         g.license(3);
         assert!(g.licensed(3));
         g.revoke_all();
         assert!(!g.licensed(2) && !g.licensed(3));
         assert_eq!(
-            g.join(F, 4, 1, 7),
+            g.join(F, 4, 1, 7, 4),
             4,
             "joined a group from before the lease was lost"
         );
@@ -431,7 +445,7 @@ mod tests {
         let (tx, rx) = std::sync::mpsc::channel();
         let g = g.clone();
         std::thread::spawn(move || {
-            let _ = tx.send(g.entry_to_leave_closing(open, wait));
+            let _ = tx.send(g.entry_to_leave_closing(open, || wait));
         });
         rx
     }
@@ -452,64 +466,71 @@ mod tests {
     #[test]
     fn a_closing_last_member_hands_its_entry_to_an_alike_open_that_joins() {
         let g = std::sync::Arc::new(GroupedOpens::default());
-        g.join(F, 1, 1, 7);
-        g.join(F, 2, 1, 7);
+        g.join(F, 1, 1, 7, 1);
+        g.join(F, 2, 1, 7, 2);
         g.license(1);
-        assert_eq!(g.entry_to_leave_closing(1, HOUR), None, "others remain");
+        assert_eq!(g.entry_to_leave_closing(1, || HOUR), None, "others remain");
         let close = closing(&g, 2, HOUR);
         wait_emptied(&g, 1);
         // Another client's open joins meanwhile: the entry is its now, and
         // neither writes anything.
-        assert_eq!(g.join(F, 3, 1, 7), 1);
+        assert_eq!(g.join(F, 3, 1, 7, 3), 1);
         assert_eq!(close.recv_timeout(ANSWERED), Ok(None));
         assert_eq!(g.members(1), 1);
         // With nobody to join, the entry goes once the wait is over.
-        g.join(F, 4, 1, 7);
-        assert_eq!(g.entry_to_leave_closing(4, HOUR), None);
+        g.join(F, 4, 1, 7, 4);
+        assert_eq!(g.entry_to_leave_closing(4, || HOUR), None);
         assert_eq!(
-            g.entry_to_leave_closing(3, Duration::from_millis(1)),
+            g.entry_to_leave_closing(3, || Duration::from_millis(1)),
             Some(1)
         );
         assert!(!g.is_group(1));
-        assert_eq!(g.join(F, 5, 1, 7), 5, "joined a group whose entry went");
+        assert_eq!(g.join(F, 5, 1, 7, 5), 5, "joined a group whose entry went");
     }
 
     #[test]
     fn only_a_licensed_unrevoked_group_that_had_several_members_waits() {
         let g = std::sync::Arc::new(GroupedOpens::default());
         // One client's open alone: its close does not wait.
-        g.join(F, 1, 1, 7);
+        g.join(F, 1, 1, 7, 1);
         g.license(1);
         assert_eq!(closing(&g, 1, HOUR).recv_timeout(ANSWERED), Ok(Some(1)));
         // Not licensed (its entry not proven in the records): no wait.
-        g.join(F, 2, 1, 7);
-        g.join(F, 3, 1, 7);
-        assert_eq!(g.entry_to_leave_closing(2, HOUR), None);
+        g.join(F, 2, 1, 7, 2);
+        g.join(F, 3, 1, 7, 3);
+        assert_eq!(g.entry_to_leave_closing(2, || HOUR), None);
         assert_eq!(closing(&g, 3, HOUR).recv_timeout(ANSWERED), Ok(Some(2)));
         // Revoked while its last member waits: the entry goes at once.
-        g.join(F, 4, 1, 7);
-        g.join(F, 5, 1, 7);
+        g.join(F, 4, 1, 7, 4);
+        g.join(F, 5, 1, 7, 5);
         g.license(4);
-        assert_eq!(g.entry_to_leave_closing(4, HOUR), None);
+        assert_eq!(g.entry_to_leave_closing(4, || HOUR), None);
         let close = closing(&g, 5, HOUR);
         wait_emptied(&g, 4);
         g.revoke(F);
         assert_eq!(close.recv_timeout(ANSWERED), Ok(Some(4)));
         assert!(!g.is_group(4));
+        // Two handles of one client: the client's own next open cannot
+        // come while its close waits, so it does not.
+        g.join(G, 8, 1, 7, 100);
+        g.join(G, 9, 1, 7, 100);
+        g.license(8);
+        assert_eq!(g.entry_to_leave_closing(8, || HOUR), None);
+        assert_eq!(closing(&g, 9, HOUR).recv_timeout(ANSWERED), Ok(Some(8)));
         // No wait asked (the records are in this node's memory).
-        g.join(G, 6, 1, 7);
-        g.join(G, 7, 1, 7);
+        g.join(G, 6, 1, 7, 6);
+        g.join(G, 7, 1, 7, 7);
         g.license(6);
-        assert_eq!(g.entry_to_leave_closing(6, Duration::ZERO), None);
-        assert_eq!(g.entry_to_leave_closing(7, Duration::ZERO), Some(6));
+        assert_eq!(g.entry_to_leave_closing(6, || Duration::ZERO), None);
+        assert_eq!(g.entry_to_leave_closing(7, || Duration::ZERO), Some(6));
     }
 
     #[test]
     fn an_open_after_the_last_member_left_starts_a_new_group() {
         let g = GroupedOpens::default();
-        g.join(F, 1, 1, 7);
+        g.join(F, 1, 1, 7, 1);
         assert_eq!(g.leave(1), Leaving::Last(1));
-        assert_eq!(g.join(F, 2, 1, 7), 2);
+        assert_eq!(g.join(F, 2, 1, 7, 2), 2);
         assert_eq!(g.leave(2), Leaving::Last(2));
     }
 }

@@ -245,25 +245,29 @@ impl ShareModes {
     /// group's (its id, marked `GROUP_ENTRY`). Recording an entry that is
     /// there already changes nothing (`admit_rule`). The open must leave
     /// its group (`grouped().leave`) however its CREATE ends.
-    pub fn join_group(&self, file: FileKey, open: OpenRecord) -> OpenRecord {
+    pub fn join_group(&self, file: FileKey, open: OpenRecord, client: u64) -> OpenRecord {
         let share = open.share_access & !GROUP_ENTRY;
         OpenRecord {
-            open_id: self.grouped.join(file, open.open_id, open.access, share),
+            open_id: self
+                .grouped
+                .join(file, open.open_id, open.access, share, client),
             access: open.access,
             share_access: share | GROUP_ENTRY,
         }
     }
 
     /// The entry a closing open leaves in `file`'s records
-    /// (`GroupedOpens::entry_to_leave`): where the records are in etcd, the
-    /// last member of a group that has had several waits a moment for an
-    /// alike open to join it (`GroupedOpens::entry_to_leave_closing`).
+    /// (`GroupedOpens::entry_to_leave`), at a client's CLOSE: where the
+    /// records are in etcd, the last member of a group that has had
+    /// members of several clients waits a moment for an alike open to
+    /// join it (`GroupedOpens::entry_to_leave_closing`).
     pub fn entry_to_leave_closing(&self, file: FileKey, open_id: u64) -> Option<u64> {
-        let wait = match self.store.is_local(&file.record_key(OPENS_PREFIX)) {
-            true => std::time::Duration::ZERO,
-            false => crate::grouped_opens::REJOIN_WAIT,
-        };
-        self.grouped.entry_to_leave_closing(open_id, wait)
+        self.grouped.entry_to_leave_closing(open_id, || {
+            match self.store.is_local(&file.record_key(OPENS_PREFIX)) {
+                true => std::time::Duration::ZERO,
+                false => crate::grouped_opens::REJOIN_WAIT,
+            }
+        })
     }
 
     /// A closed open whose entry `remove_open` failed to take out: taken
@@ -591,7 +595,7 @@ mod tests {
         let member = |id| open(id, READ_DATA, SHARE_READ | GROUP_ENTRY);
         sm.add_open(K, member(900)).unwrap();
         sm.add_open(K, member(950)).unwrap();
-        let own = sm.join_group(K, open(1, READ_DATA, SHARE_READ));
+        let own = sm.join_group(K, open(1, READ_DATA, SHARE_READ), 1);
         sm.add_open(K, own).unwrap();
         sm.grouped().license(1);
         sm.add_open(K, open(7, READ_DATA, SHARE_READ)).unwrap();
@@ -820,7 +824,7 @@ mod tests {
         let store = Arc::new(MemoryStore::new());
         let sm = ShareModes::new(store.clone());
         let key = K.record_key(OPENS_PREFIX);
-        let readers = |id| sm.join_group(K, open(id, READ_DATA, SHARE_READ));
+        let readers = |id| sm.join_group(K, open(id, READ_DATA, SHARE_READ), id);
         let first = readers(1);
         sm.add_open(K, first).unwrap();
         let written = store.get(&key).unwrap().unwrap();
@@ -837,7 +841,7 @@ mod tests {
         ));
         // An open that shares nothing conflicts with its own twin.
         const K2: FileKey = FileKey { dev: 1, ino: 3 };
-        let lone = |id| sm.join_group(K2, open(id, READ_DATA, 0));
+        let lone = |id| sm.join_group(K2, open(id, READ_DATA, 0), id);
         sm.add_open(K2, lone(5)).unwrap();
         assert!(matches!(
             sm.add_open(K2, lone(6)),

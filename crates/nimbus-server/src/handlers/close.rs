@@ -17,7 +17,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     }
     let open = ctx.open(req.file_id)?;
     lock(&ctx.session()?.opens).remove(&open.volatile_id());
-    crate::release::release(ctx.server, &open);
+    crate::release::release_on_close(ctx.server, &open);
     // After the release: the write time a close sets is in its answer.
     let info = if req.flags & FLAG_POSTQUERY_ATTRIB != 0 {
         match open_info(&open, false) {

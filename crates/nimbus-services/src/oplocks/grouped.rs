@@ -572,7 +572,7 @@ mod tests {
                 access: ask.access,
                 share_access: SHARE_ALL,
             };
-            let entry = self.sm.join_group(K, open);
+            let entry = self.sm.join_group(K, open, ask.open_id);
             let entry_ask = self
                 .oplocks
                 .group_lease_ask(K, entry.open_id, &ask)

@@ -595,7 +595,7 @@ mod tests {
         let sm = ShareModes::new(store.clone());
         let open_member = |id: u64| {
             let (ask, open) = opening(id, READ_DATA);
-            let entry = sm.join_group(K, open);
+            let entry = sm.join_group(K, open, id);
             let ask = OpenAsk {
                 open_id: entry.open_id,
                 ..ask

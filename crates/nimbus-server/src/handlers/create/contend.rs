@@ -185,7 +185,10 @@ pub fn contend<'s>(
         // The entry this open is recorded under, and its caching ask: its
         // group's where it joined one.
         let entry = match grouped {
-            true => ctx.server.share_modes.join_group(key, record),
+            true => {
+                let client = crate::teardowns::id(&**ctx.conn) as u64;
+                ctx.server.share_modes.join_group(key, record, client)
+            }
             false => record,
         };
         if grouped && lease_by_group {
