@@ -285,7 +285,7 @@ impl Registry {
         });
         for (node, item, value) in noticed {
             // As `seen` says it: a registration made before this node's
-            // watch began is learnt here, by the first read.
+            // watch began (or one a watch missed) is learnt here.
             tracing::debug!("cluster: node \"{node}\" registered {} {item}", self.what);
             self.notice(&node, &item, &value);
         }

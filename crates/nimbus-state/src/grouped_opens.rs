@@ -93,7 +93,7 @@ struct Group {
     first_client: u64,
     /// It has had members of two clients: a close that empties it may
     /// well be followed by another client's alike open at once (a
-    /// client's own next open cannot come while its close waits).
+    /// client mostly sends its own next open once its close is answered).
     shared: bool,
     /// Its last member is closing and waits for an alike open to join
     /// (`entry_to_leave_closing`).
@@ -194,8 +194,10 @@ impl GroupedOpens {
     /// write is a round trip (etcd): when the open is the last member of a
     /// licensed group that has had others beside it, the close waits up
     /// to `wait` for an alike open of another client to join before the
-    /// group's entry goes. If one joins, the entry stands for it, and
-    /// neither the close nor the open writes anything; the two writes
+    /// group's entry goes. If one joins, the entry stands for it: the
+    /// close writes nothing, and neither does the join's share-mode check
+    /// (its lease, if the group's grant is not proven or is being broken,
+    /// is still admitted through the record); the two writes
     /// saved are the entry's (and its lease grant's) removal and
     /// recording again, which several clients of one node reading a file
     /// in turns would otherwise make whenever all of them happen to be
@@ -489,7 +491,7 @@ mod tests {
     }
 
     #[test]
-    fn only_a_licensed_unrevoked_group_that_had_several_members_waits() {
+    fn only_a_licensed_unrevoked_group_with_members_of_two_clients_waits() {
         let g = std::sync::Arc::new(GroupedOpens::default());
         // One client's open alone: its close does not wait.
         g.join(F, 1, 1, 7, 1);

@@ -634,7 +634,7 @@ mod tests {
     }
 
     #[test]
-    fn a_member_s_break_is_redelivered_while_it_awaits_its_answer() {
+    fn a_member_s_break_is_known_to_await_its_answer_for_redelivery() {
         // `redeliver_breaks` asks `open_breaking` of each open whose break
         // went out on a lost channel. A member that is not its group's
         // first open is named by no grant of the record: only memory
