@@ -173,11 +173,24 @@ class Server:
 # helpers
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that nothing listens on right now, and that
+    no earlier call in this run handed out. A port handed out is often
+    bound only later (a node's SMB port when it starts, after its witness
+    port was picked): the kernel, which knows nothing of it, may offer it
+    again, and once did, so that a node's two listeners collided and it
+    exited at start."""
+    for _ in range(1000):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise RuntimeError("no TCP port left that this test run has not handed out")
 
 
 def wait_for_port(host: str, port: int, proc: subprocess.Popen, timeout: float = START_TIMEOUT) -> None:

@@ -29,7 +29,7 @@ import pytest
 import smbclient
 
 import rawsmb
-from conftest import PASSWORD, USER, add_user, free_port, nimbus_binary, toml_str, wait_for_port
+from conftest import _SERVERS, PASSWORD, USER, add_user, free_port, nimbus_binary, toml_str, wait_for_port
 from etcd_cluster import EtcdCluster, etcd_toml_line, require_etcd, started_in_memory
 
 TTL = 2  # [cluster] node_ttl_secs in these tests: expiry within seconds
@@ -138,13 +138,27 @@ def etcd_cluster(request, tmp_path) -> Iterator[EtcdCluster]:
     yield from started_in_memory(request, tmp_path / "etcd", "nimbus-cluster-etcd-")
 
 
+class LogOf:
+    """A node's log in conftest's failure report."""
+
+    def __init__(self, node: Node):
+        self.kind, self.log_path = f"nimbus {node.name}", node.log_path
+
+    def log_tail(self, lines: int = 80) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError as e:
+            return f"(no log: {e})"
+
+
 @pytest.fixture
-def nodes(tmp_path, etcd_cluster):  # noqa: F811  (pytest's fixture injection)
+def nodes(request, tmp_path, etcd_cluster):  # noqa: F811  (pytest's fixture injection)
     share = tmp_path / "shared"
     share.mkdir()
     db = tmp_path / "users.db"
     add_user(db)
     made = [Node(tmp_path, f"n{i + 1}", f"127.0.0.{i + 1}", etcd_cluster.node_toml_lines(), share, db) for i in range(3)]
+    request.node.stash.setdefault(_SERVERS, []).extend(LogOf(n) for n in made)
     try:
         yield made
     finally:

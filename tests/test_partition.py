@@ -47,6 +47,7 @@ from conftest import _SERVERS, add_user
 from cut_proxy import CutProxy, ProxySet
 from etcd_cluster import etcd_cluster  # noqa: F401  (the fixture)
 from test_cluster import (
+    LogOf,
     DELETE,
     READ_ATTRIBUTES,
     SHARE_ALL,
@@ -458,19 +459,6 @@ def status_name(s: int | None) -> str:
 
 
 # ---------------------------------------------------------------- fixtures
-
-
-class LogOf:
-    """A node's log in conftest's failure report."""
-
-    def __init__(self, node: Node):
-        self.kind, self.log_path = f"nimbus {node.name}", node.log_path
-
-    def log_tail(self, lines: int = 80) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError as e:
-            return f"(no log: {e})"
 
 
 def three_nodes(request, tmp_path, etcd_cluster, proxied: tuple[str, ...] = ("n3",)) -> Iterator[SimpleNamespace]:  # noqa: F811

@@ -220,9 +220,13 @@ impl GroupedOpens {
         let Some(&id) = g.of_open.get(&open_id) else {
             return Some(open_id);
         };
-        let waits = g.groups.get(&id).is_some_and(|group| {
-            group.members.len() == 1 && group.shared && group.licensed && !group.emptied
-        });
+        // A revoked group is never licensed; one member left means the
+        // group is not already emptied (its last member's removal empties
+        // it).
+        let waits = g
+            .groups
+            .get(&id)
+            .is_some_and(|group| group.members.len() == 1 && group.shared && group.licensed);
         let wait = if waits { wait() } else { Duration::ZERO };
         if wait.is_zero() {
             drop(g);
