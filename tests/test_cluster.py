@@ -986,6 +986,23 @@ def test_a_lease_break_crosses_nodes_and_the_create_waits_for_the_acknowledgemen
         b.close()
 
 
+def test_a_close_that_deletes_on_one_node_waits_for_a_lease_on_another_to_give_up_handle_caching(nodes):
+    # smbtorture smb2.lease.unlink across nodes: the break travels through
+    # etcd, and the deleting client hears back only after the holder
+    # answered it.
+    for n in nodes:
+        n.start()
+    (nodes[0].share / "f.txt").write_bytes(b"cached on n1\n")
+    a, b = ol.Smb311Client(nodes[0], uuid.uuid4().bytes), ol.Smb311Client(nodes[1], uuid.uuid4().bytes)
+    try:
+        a.s.settimeout(WAIT)
+        b.s.settimeout(WAIT)
+        ol.close_waits_for_handle_caching(a, b, nodes[0].share)
+    finally:
+        a.close()
+        b.close()
+
+
 def test_a_batch_oplock_holder_closing_on_one_node_lets_the_other_nodes_create_go_on(nodes):
     for n in nodes:
         n.start()

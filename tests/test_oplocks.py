@@ -485,6 +485,43 @@ def test_rename_waits_until_other_leases_give_up_handle_caching(srv):
         b.close()
 
 
+DELETE_ON_CLOSE = 0x00001000  # MS-SMB2 2.2.13 CreateOptions
+READ_ATTRIBUTES = 0x00000080
+
+
+def close_waits_for_handle_caching(a: Smb311Client, b: Smb311Client, share_path) -> None:
+    """A holds an RH lease on f.txt; B opens it delete-on-close (answered at
+    once: A is told to give up handle caching) and closes it. B's CLOSE
+    waits (interim STATUS_PENDING) until A acknowledges; the file goes
+    with A's own handle afterwards."""
+    key_a = uuid.uuid4().bytes
+    resp = a.create("f.txt", oplock=LEVEL_LEASE, contexts=lease_context(key_a, R | H))
+    assert lease_of(resp) == (key_a, R | H, 0, 1)
+    fa = file_id_of(resp)
+    fb = b.open_with("f.txt", LEVEL_NONE, access=DELETE | READ_ATTRIBUTES, options=NON_DIRECTORY_FILE | DELETE_ON_CLOSE)
+    assert lease_break_of(a.recv()) == (2, LEASE_BREAK_ACK_REQUIRED, key_a, R | H, R)
+    mid = b.send(CLOSE, close_body(fb))
+    interim = b.recv()
+    assert (message_id(interim), rawsmb.status(interim)) == (mid, STATUS_PENDING), hex(rawsmb.status(interim))
+    aid = async_id(interim)
+    b.assert_nothing_pending()
+    # A gives up handle caching and keeps its open: B's close is answered.
+    assert rawsmb.status(a.call(OPLOCK_BREAK, lease_ack_body(key_a, R))) == 0
+    assert rawsmb.status(b.final(mid, aid)) == 0
+    assert (share_path / "f.txt").exists()
+    assert rawsmb.status(a.call(CLOSE, close_body(fa))) == 0
+    assert not (share_path / "f.txt").exists()
+
+
+def test_close_that_deletes_waits_until_other_leases_give_up_handle_caching(srv):
+    a, b = Smb311Client(srv, uuid.uuid4().bytes), Smb311Client(srv, uuid.uuid4().bytes)
+    try:
+        close_waits_for_handle_caching(a, b, srv.share_path)
+    finally:
+        a.close()
+        b.close()
+
+
 def lease_break_of(msg: bytes) -> tuple[int, int, bytes, int, int]:
     """(epoch, flags, key, current, new) of a LEASE_BREAK notification (MS-SMB2 2.2.23.2)."""
     assert command_of(msg) == OPLOCK_BREAK and message_id(msg) == BREAK_MESSAGE_ID, hex(command_of(msg))
