@@ -117,6 +117,9 @@ def _config(share, db, *, listen='["127.0.0.1:4450"]', signing='"required"', pat
         ("signing", {"signing": '"sometimes"'}),
         ("path", {"path": False}),
         ("listen", {"listen": '["not-an-address"]'}),
+        # Two listeners on one port (0.0.0.0 covers 127.0.0.1): the second
+        # bind would fail only once the first serves.
+        ("listen[1]", {"listen": '["127.0.0.1:4450", "0.0.0.0:4450"]'}),
     ],
 )
 def test_config_check_names_file_and_key(tmp_path, key, change):

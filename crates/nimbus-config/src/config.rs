@@ -1043,12 +1043,46 @@ impl Config {
                 errors.push(err(key, problem, fix))
             });
         }
+        for c in crate::listeners::clashes(&cfg.listeners()) {
+            errors.push(err(
+                &c.later.0,
+                format!(
+                    "{} is also {} ({}): the server could not bind both",
+                    c.later.1, c.earlier.0, c.earlier.1
+                ),
+                "give each listener an address and port of its own, e.g. \
+                 [witness] listen = [\"192.0.2.10:5445\"] beside listen = [\"192.0.2.10:445\"]",
+            ));
+        }
         errors.extend(cfg.validate_shares(file));
         if errors.is_empty() {
             Ok(cfg)
         } else {
             Err(errors)
         }
+    }
+
+    /// Every address the server listens on, under its key (the order of
+    /// the file: SMB, metrics, witness, endpoint mapper).
+    pub fn listeners(&self) -> Vec<crate::listeners::Listener> {
+        let mut out = Vec::new();
+        let mut add = |key: &str, list: &[SocketAddr]| {
+            out.extend(
+                list.iter()
+                    .enumerate()
+                    .map(|(i, a)| (format!("{key}[{i}]"), *a)),
+            );
+        };
+        add("listen", &self.listen);
+        add("witness.listen", &self.witness_listen);
+        add(
+            "witness.endpoint_mapper",
+            self.witness_endpoint_mapper.as_deref().unwrap_or_default(),
+        );
+        if let Some(m) = self.metrics_listen {
+            out.insert(self.listen.len(), ("metrics.listen".into(), m));
+        }
+        out
     }
 
     /// Checks the shares: valid unique names, existing directories.
@@ -1269,6 +1303,28 @@ mod tests {
         assert!(keys.contains(&"share[0].name"));
         assert!(keys.contains(&"share[0].path"));
         assert!(errs.iter().all(|e| e.to_string().starts_with("bad.toml: ")));
+    }
+
+    #[test]
+    fn two_listeners_on_one_address_are_refused_naming_both_keys() {
+        let share = format!(
+            "[[share]]\nname = \"d\"\npath = \"{}\"\n",
+            std::env::temp_dir().display()
+        );
+        let text = "listen = [\"127.0.0.9:4450\"]\n[metrics]\nlisten = \"127.0.0.9:9445\"\n\
+                    [witness]\nlisten = [\"0.0.0.0:4450\"]\n"
+            .to_string()
+            + &share;
+        let errs = Config::from_toml("n.toml", &text, None).unwrap_err();
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert_eq!(errs[0].key, "witness.listen[0]");
+        assert!(
+            errs[0].to_string().contains("listen[0] (127.0.0.9:4450)"),
+            "{}",
+            errs[0]
+        );
+        let apart = text.replace("0.0.0.0:4450", "127.0.0.9:5445");
+        assert!(Config::from_toml("n.toml", &apart, None).is_ok());
     }
 
     #[test]

@@ -12,3 +12,4 @@ pub mod config;
 pub mod config_error;
 pub mod hide;
 pub mod limits;
+pub mod listeners;
