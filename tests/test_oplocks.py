@@ -489,11 +489,11 @@ DELETE_ON_CLOSE = 0x00001000  # MS-SMB2 2.2.13 CreateOptions
 READ_ATTRIBUTES = 0x00000080
 
 
-def close_waits_for_handle_caching(a: Smb311Client, b: Smb311Client, share_path) -> None:
+def delete_on_close_waiting(a: Smb311Client, b: Smb311Client) -> tuple[bytes, bytes, bytes, int, int]:
     """A holds an RH lease on f.txt; B opens it delete-on-close (answered at
-    once: A is told to give up handle caching) and closes it. B's CLOSE
-    waits (interim STATUS_PENDING) until A acknowledges; the file goes
-    with A's own handle afterwards."""
+    once: A is told to give up handle caching) and closes it: B's CLOSE
+    waits (interim STATUS_PENDING). Returns (A's lease key, A's FileId,
+    B's FileId, the CLOSE's MessageId and AsyncId)."""
     key_a = uuid.uuid4().bytes
     resp = a.create("f.txt", oplock=LEVEL_LEASE, contexts=lease_context(key_a, R | H))
     assert lease_of(resp) == (key_a, R | H, 0, 1)
@@ -503,7 +503,13 @@ def close_waits_for_handle_caching(a: Smb311Client, b: Smb311Client, share_path)
     mid = b.send(CLOSE, close_body(fb))
     interim = b.recv()
     assert (message_id(interim), rawsmb.status(interim)) == (mid, STATUS_PENDING), hex(rawsmb.status(interim))
-    aid = async_id(interim)
+    return key_a, fa, fb, mid, async_id(interim)
+
+
+def close_waits_for_handle_caching(a: Smb311Client, b: Smb311Client, share_path) -> None:
+    """B's CLOSE of its delete-on-close handle is answered once A gives up
+    handle caching; the file goes with A's own handle afterwards."""
+    key_a, fa, _, mid, aid = delete_on_close_waiting(a, b)
     b.assert_nothing_pending()
     # A gives up handle caching and keeps its open: B's close is answered.
     assert rawsmb.status(a.call(OPLOCK_BREAK, lease_ack_body(key_a, R))) == 0
@@ -517,6 +523,38 @@ def test_close_that_deletes_waits_until_other_leases_give_up_handle_caching(srv)
     a, b = Smb311Client(srv, uuid.uuid4().bytes), Smb311Client(srv, uuid.uuid4().bytes)
     try:
         close_waits_for_handle_caching(a, b, srv.share_path)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_cancelled_close_that_deletes_is_answered_as_done_with_its_handle_closed(srv):
+    a, b = Smb311Client(srv, uuid.uuid4().bytes), Smb311Client(srv, uuid.uuid4().bytes)
+    try:
+        key_a, fa, fb, mid, aid = delete_on_close_waiting(a, b)
+        b.send(CANCEL, struct.pack("<HH", 4, 0), async_id=aid)
+        assert rawsmb.status(b.final(mid, aid)) == 0
+        # The handle was closed before the wait: nothing of it is left.
+        assert rawsmb.status(b.call(QUERY_INFO, query_standard_info_body(fb))) == STATUS_FILE_CLOSED
+        assert rawsmb.status(a.call(OPLOCK_BREAK, lease_ack_body(key_a, R))) == 0
+        assert rawsmb.status(a.call(CLOSE, close_body(fa))) == 0
+        assert not (srv.share_path / "f.txt").exists()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_close_that_deletes_is_answered_after_the_break_timeout_when_nobody_acknowledges(server_factory):
+    srv = start_guest_server(server_factory, oplock_break_timeout_secs=1)
+    a, b = Smb311Client(srv, uuid.uuid4().bytes), Smb311Client(srv, uuid.uuid4().bytes)
+    try:
+        started = time.monotonic()
+        _, fa, _, mid, aid = delete_on_close_waiting(a, b)
+        assert rawsmb.status(b.final(mid, aid)) == 0
+        waited = time.monotonic() - started
+        assert 0.9 <= waited < 8, f"the CLOSE waited {waited:.2f} s with a 1 s break timeout"
+        assert rawsmb.status(a.call(CLOSE, close_body(fa))) == 0
+        assert not (srv.share_path / "f.txt").exists()
     finally:
         a.close()
         b.close()

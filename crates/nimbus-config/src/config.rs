@@ -1043,16 +1043,8 @@ impl Config {
                 errors.push(err(key, problem, fix))
             });
         }
-        for c in crate::listeners::clashes(&cfg.listeners()) {
-            errors.push(err(
-                &c.later.0,
-                format!(
-                    "{} is also {} ({}): the server could not bind both",
-                    c.later.1, c.earlier.0, c.earlier.1
-                ),
-                "give each listener an address and port of its own, e.g. \
-                 [witness] listen = [\"192.0.2.10:5445\"] beside listen = [\"192.0.2.10:445\"]",
-            ));
+        for (key, problem) in cfg.listener_clashes() {
+            errors.push(err(&key, problem, LISTENER_CLASH_FIX));
         }
         errors.extend(cfg.validate_shares(file));
         if errors.is_empty() {
@@ -1060,6 +1052,22 @@ impl Config {
         } else {
             Err(errors)
         }
+    }
+
+    /// Each listener that cannot be bound beside an earlier one: its key,
+    /// and the problem (`crate::listeners`).
+    pub fn listener_clashes(&self) -> Vec<(String, String)> {
+        let listeners = self.listeners();
+        crate::listeners::clashes(&listeners)
+            .into_iter()
+            .map(|c| {
+                let problem = format!(
+                    "{} is also {} ({}): the server could not bind both",
+                    c.later.1, c.earlier.0, c.earlier.1
+                );
+                (c.later.0.clone(), problem)
+            })
+            .collect()
     }
 
     /// Every address the server listens on, under its key (the order of
@@ -1137,6 +1145,10 @@ impl Config {
         errors
     }
 }
+
+/// How to mend two listeners on one address and port.
+pub const LISTENER_CLASH_FIX: &str = "give each listener an address and port of its own, e.g. \
+     [witness] listen = [\"192.0.2.10:5445\"] beside listen = [\"192.0.2.10:445\"]";
 
 #[cfg(test)]
 mod tests {

@@ -7,14 +7,15 @@
 
 use std::net::SocketAddr;
 
-/// Whether two listening TCP sockets cannot both be bound: the same port,
-/// and the same address or an unspecified one that covers the other
-/// (0.0.0.0 covers IPv4; [::] covers both families, as Linux binds it
-/// dual-stack unless told otherwise, and the server does not).
+/// Whether two listening TCP sockets cannot both be bound: the same port
+/// (not 0, which the kernel picks anew for each), and the same address or
+/// an unspecified one that covers the other (0.0.0.0 covers IPv4; [::]
+/// covers both families, as Linux binds it dual-stack by default,
+/// net.ipv6.bindv6only = 0, and the server does not ask otherwise).
 pub fn clash(a: SocketAddr, b: SocketAddr) -> bool {
     let covers =
         |x: SocketAddr, y: SocketAddr| x.ip().is_unspecified() && (x.is_ipv6() || y.is_ipv4());
-    a.port() == b.port() && (a.ip() == b.ip() || covers(a, b) || covers(b, a))
+    a.port() != 0 && a.port() == b.port() && (a.ip() == b.ip() || covers(a, b) || covers(b, a))
 }
 
 /// A listening address under the key that set it, e.g. `listen[0]`.
@@ -60,6 +61,7 @@ mod tests {
         assert!(!clash(a("127.0.0.1:445"), a("127.0.0.2:445")));
         assert!(!clash(a("0.0.0.0:445"), a("[::1]:445")));
         assert!(!clash(a("[::1]:445"), a("127.0.0.1:445")));
+        assert!(!clash(a("127.0.0.1:0"), a("127.0.0.1:0")));
     }
 
     #[test]

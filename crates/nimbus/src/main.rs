@@ -369,6 +369,12 @@ fn build_config(args: &ServeArgs) -> Result<Config, String> {
     };
     if !args.listen.is_empty() {
         cfg.listen = args.listen.clone();
+        // Checked again: the file's check saw its own `listen`.
+        if let Some((key, problem)) = cfg.listener_clashes().first() {
+            return Err(format!(
+                "--listen ({key}): {problem}; give each listener an address and port of its own"
+            ));
+        }
     } else if args.config.is_none() {
         cfg.listen = vec![SocketAddr::from(([127, 0, 0, 1], 4450))];
     }

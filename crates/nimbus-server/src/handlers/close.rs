@@ -1,22 +1,30 @@
 //! MS-SMB2 3.3.5.10 Receiving an SMB2 CLOSE Request. The release of the
 //! open itself, which every way of closing shares, is `crate::release`.
 //!
-//! The close of a handle that deletes its file waits first for other
-//! clients to give up the handles they keep open only for caching (their
-//! leases' handle caching), as Samba has since 4.22: a client that deletes
-//! a file hears back once the others were told and answered, so the file
-//! goes with the last of their handles rather than staying for as long as
-//! they cache one (smbtorture smb2.lease.unlink).
+//! The CLOSE of a handle opened delete-on-close is answered only once the
+//! other clients gave up the handles they keep open for caching (their
+//! leases' handle caching, broken to R), or after the break timeout, as
+//! Samba has since 4.22: a client that deleted a file hears back once the
+//! others were told and answered (smbtorture smb2.lease.unlink, whose
+//! break otherwise raced the answer when it crossed nodes through etcd).
+//! Unlike Samba, the handle is closed before the wait, not after it: a
+//! CANCEL, a logoff or a full queue of pending requests then only answers
+//! sooner, and never leaves the open behind.
 
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use nimbus_state::FileKey;
 use nimbus_wire::close::{CloseRequest, CloseResponse, FLAG_POSTQUERY_ATTRIB};
 use nimbus_wire::create::FileTimesAndSizes;
 use nimbus_wire::NtStatus;
 
-use std::sync::atomic::Ordering;
-
 use super::malformed;
 use crate::ctx::{Ctx, HandlerResult};
 use crate::fileinfo::{open_info, times_and_sizes};
+use crate::pending::PendingRequest;
+use crate::server::Server;
 use crate::sync::lock;
 
 pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResult {
@@ -25,11 +33,14 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         return super::pipe::close(ctx, &req, out);
     }
     let open = ctx.open(req.file_id)?;
-    // Only the first run waits: the run after the breaks ended closes
-    // whatever holders came since (their breaks are sent, not awaited).
-    if ctx.resumed.is_none() && waits_for_cached_handles(ctx, &open) {
-        return super::deferred::defer(ctx, open.file_key, body, handle);
-    }
+    // Asked before the release, while the open still counts as its own
+    // lease's: its own lease is never broken, others' are.
+    let deletes = open.delete_on_close.load(Ordering::SeqCst);
+    let others_cache = deletes
+        && ctx
+            .server
+            .oplocks
+            .contend_handles(open.file_key, open.open_id);
     lock(&ctx.session()?.opens).remove(&open.volatile_id());
     crate::release::release_on_close(ctx.server, &open);
     // After the release: the write time a close sets is in its answer.
@@ -45,22 +56,71 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
     } else {
         FileTimesAndSizes::default()
     };
+    let body_at = out.len();
     CloseResponse {
         flags: req.flags & FLAG_POSTQUERY_ATTRIB,
         info,
     }
     .encode(out);
+    if others_cache && ctx.server.oplocks.is_breaking(open.file_key) {
+        let answer = out[body_at..].to_vec();
+        if answer_once_handles_go(ctx, open.file_key, answer) {
+            return Ok(NtStatus::PENDING);
+        }
+    }
     Ok(NtStatus::SUCCESS)
 }
 
-/// Whether `open` deletes its file when it closes and other leases still
-/// cache handles to it: they are told to give handle caching up (MS-FSA
-/// 2.1.5.14.3, breaks to R), and the close waits for their answers, or
-/// for the break timeout. Breaks that went to disconnected durable
-/// handles close them instead: nothing is left to wait for then.
-fn waits_for_cached_handles(ctx: &Ctx<'_>, open: &crate::session::Open) -> bool {
-    let oplocks = &ctx.server.oplocks;
-    open.delete_on_close.load(Ordering::SeqCst)
-        && oplocks.contend_handles(open.file_key, open.open_id)
-        && oplocks.is_breaking(open.file_key)
+/// Goes async and answers with the CLOSE response body `answer` once
+/// nothing on `file` is breaking any more, or the break timeout after the
+/// request arrived. False: no room for another pending request; the CLOSE
+/// is answered now.
+fn answer_once_handles_go(ctx: &mut Ctx<'_>, file: FileKey, answer: Vec<u8>) -> bool {
+    let server = ctx.server.clone();
+    let answer = Arc::new(answer);
+    let (early, early_server) = (answer.clone(), server.clone());
+    let request = ctx.go_async(move |request: &Arc<PendingRequest>| {
+        let request = Arc::downgrade(request);
+        // CANCEL, logoff and disconnect: the handle is closed already;
+        // the CLOSE is answered as done.
+        Box::new(move |_status| {
+            if let Some(request) = request.upgrade() {
+                early_server.oplocks.withdraw(file, request.async_id());
+                request.complete(NtStatus::SUCCESS, |o| o.extend_from_slice(&early));
+            }
+        })
+    });
+    let Some(request) = request else {
+        return false;
+    };
+    let deadline = ctx.started + server.oplocks.break_timeout();
+    wait_then_answer(server, file, request, answer, deadline);
+    true
+}
+
+/// Waits (with the file's other waiting requests) until nothing on `file`
+/// breaks: the wait ends whenever one break ends, so the file is looked at
+/// again until all have, or `deadline` passed.
+fn wait_then_answer(
+    server: Arc<Server>,
+    file: FileKey,
+    request: Arc<PendingRequest>,
+    answer: Arc<Vec<u8>>,
+    deadline: Instant,
+) {
+    let async_id = request.async_id();
+    let waits_on = server.clone();
+    waits_on.oplocks.wait(
+        file,
+        async_id,
+        Box::new(move || {
+            if request.is_done() {
+                return;
+            }
+            if Instant::now() < deadline && server.oplocks.is_breaking(file) {
+                return wait_then_answer(server, file, request, answer, deadline);
+            }
+            request.complete(NtStatus::SUCCESS, |o| o.extend_from_slice(&answer));
+        }),
+    );
 }
