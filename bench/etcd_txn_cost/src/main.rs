@@ -8,14 +8,23 @@
 use etcd_client::*;
 use std::time::Instant;
 
-fn cpu(pids: &[u32]) -> f64 {
+type Failed = Box<dyn std::error::Error>;
+
+/// The members' CPU time so far, in seconds (/proc/PID/stat utime+stime).
+fn cpu(pids: &[u32]) -> Result<f64, Failed> {
     let mut t = 0u64;
     for p in pids {
-        let s = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap();
-        let f: Vec<&str> = s.rsplit_once(')').unwrap().1.split_whitespace().collect();
-        t += f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+        let s = std::fs::read_to_string(format!("/proc/{p}/stat"))?;
+        let (_, after_name) = s.rsplit_once(')').ok_or("no ')' in /proc/PID/stat")?;
+        let f: Vec<&str> = after_name.split_whitespace().collect();
+        let tick = |i: usize| {
+            f.get(i)
+                .ok_or("short /proc/PID/stat")
+                .map(|v| v.parse::<u64>())
+        };
+        t += tick(11)?? + tick(12)??;
     }
-    t as f64 / 100.0
+    Ok(t as f64 / 100.0)
 }
 
 /// The transaction of `shape` on the keys `ks` (ownership first).
@@ -38,27 +47,33 @@ fn shaped(shape: &str, ks: &[String]) -> Txn {
 }
 
 #[tokio::main(flavor = "current_thread")]
-async fn main() {
+async fn main() -> Result<(), Failed> {
     let a: Vec<String> = std::env::args().collect();
+    if a.len() != 4 && a.len() != 7 {
+        return Err("usage: etcd-txn-cost ENDPOINT COUNT PID,PID,... [CA CERT KEY]".into());
+    }
     let endpoint = a[1].clone();
-    let n: usize = a[2].parse().unwrap();
-    let pids: Vec<u32> = a[3].split(',').map(|p| p.parse().unwrap()).collect();
+    let n: usize = a[2].parse()?;
+    let pids = a[3]
+        .split(',')
+        .map(str::parse)
+        .collect::<Result<Vec<u32>, _>>()?;
     let mut opts = ConnectOptions::new();
     if a.len() > 4 {
-        let ca = std::fs::read(&a[4]).unwrap();
-        let cert = std::fs::read(&a[5]).unwrap();
-        let key = std::fs::read(&a[6]).unwrap();
+        let ca = std::fs::read(&a[4])?;
+        let cert = std::fs::read(&a[5])?;
+        let key = std::fs::read(&a[6])?;
         opts = opts.with_tls(
             TlsOptions::new()
                 .ca_certificate(Certificate::from_pem(ca))
                 .identity(Identity::from_pem(cert, key)),
         );
     }
-    let mut c = Client::connect([endpoint], Some(opts)).await.unwrap();
-    c.put("/nimbus/fence", "x", None).await.unwrap();
+    let mut c = Client::connect([endpoint], Some(opts)).await?;
+    c.put("/nimbus/fence", "x", None).await?;
     for round in 0..2 {
         for shape in ["2ops", "11ops", "6ops"] {
-            let t0 = cpu(&pids);
+            let t0 = cpu(&pids)?;
             let w = Instant::now();
             for i in 0..n {
                 let k = format!("/nimbus/{shape}/{round}/{i}");
@@ -67,10 +82,12 @@ async fn main() {
                     .map(|s| format!("{k}{s}"))
                     .collect();
                 let txn = shaped(shape, &ks);
-                let r = c.txn(txn).await.unwrap();
-                assert!(r.succeeded());
+                let r = c.txn(txn).await?;
+                if !r.succeeded() {
+                    return Err(format!("{shape} transaction {i} failed its compares").into());
+                }
             }
-            let used = cpu(&pids) - t0;
+            let used = cpu(&pids)? - t0;
             println!(
                 "round {round} {shape}: etcd CPU {:.0} us/txn, {:.0} txn/s",
                 used / n as f64 * 1e6,
@@ -78,4 +95,5 @@ async fn main() {
             );
         }
     }
+    Ok(())
 }

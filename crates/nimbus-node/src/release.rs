@@ -30,12 +30,15 @@ pub fn release(server: &Server, open: &Open) {
 /// entry over (`ShareModes::entry_to_leave_closing`). Other ways of
 /// closing (a session's or tree's end, a share removed, failover) do not
 /// wait: nobody waits for their answer, and some run on threads other
-/// work waits for (the cluster inbox's).
-pub fn release_on_close(server: &Server, open: &Open) {
-    release_with(server, open, true);
+/// work waits for (the cluster inbox's). True: the open deleted its file
+/// on close and other leases still cache handles to it (asked to let go,
+/// they have not answered yet).
+pub fn release_on_close(server: &Server, open: &Open) -> bool {
+    release_with(server, open, true)
 }
 
-fn release_with(server: &Server, open: &Open, on_close: bool) {
+/// The release; see `release_on_close` for what it answers.
+fn release_with(server: &Server, open: &Open, on_close: bool) -> bool {
     settle_write_time(server, open);
     // Its byte-range locks go with the handle; its waiting LOCKs end.
     server.locks.release_open(open.file_key, open.open_id);
@@ -51,19 +54,22 @@ fn release_with(server: &Server, open: &Open, on_close: bool) {
         // its close changes nothing another open could see. Its break
         // route (a session's end marks it disconnected) goes.
         server.oplocks.let_go(open.open_id);
-        return;
+        return false;
     }
     let sm = &server.share_modes;
-    if open
+    let deletes = open
         .delete_on_close
-        .load(std::sync::atomic::Ordering::SeqCst)
-    {
+        .load(std::sync::atomic::Ordering::SeqCst);
+    // Asked while the open still counts as its own lease's: its own lease
+    // is spared, others' are broken.
+    let mut others_cache = false;
+    if deletes {
         crate::errors::sharing_cleanup(
             format_args!("marking the file of open {} delete-pending", open.open_id),
             sm.set_delete_pending(open.file_key, true),
         );
         // Others' cached handles keep the file; ask them to let go.
-        server.oplocks.contend_handles(open.file_key, open.open_id);
+        others_cache = server.oplocks.contend_handles(open.file_key, open.open_id);
     }
     // The entry the open leaves in its file's records: its own, or its
     // group's (nimbus_state::grouped_opens) when it is the group's last
@@ -145,6 +151,7 @@ fn release_with(server: &Server, open: &Open, on_close: bool) {
     if let Some(entry) = entry.filter(|_| !forgotten) {
         server.oplocks.forget(open.file_key, entry);
     }
+    others_cache
 }
 
 /// Takes `open_id` out of `file`'s record. When it is the last open of a

@@ -11,7 +11,6 @@
 //! CANCEL, a logoff or a full queue of pending requests then only answers
 //! sooner, and never leaves the open behind.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -33,16 +32,8 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         return super::pipe::close(ctx, &req, out);
     }
     let open = ctx.open(req.file_id)?;
-    // Asked before the release, while the open still counts as its own
-    // lease's: its own lease is never broken, others' are.
-    let deletes = open.delete_on_close.load(Ordering::SeqCst);
-    let others_cache = deletes
-        && ctx
-            .server
-            .oplocks
-            .contend_handles(open.file_key, open.open_id);
     lock(&ctx.session()?.opens).remove(&open.volatile_id());
-    crate::release::release_on_close(ctx.server, &open);
+    let others_cache = crate::release::release_on_close(ctx.server, &open);
     // After the release: the write time a close sets is in its answer.
     let info = if req.flags & FLAG_POSTQUERY_ATTRIB != 0 {
         match open_info(&open, false) {
