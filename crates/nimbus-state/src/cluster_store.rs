@@ -32,7 +32,8 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::etcd_store::{Cmp, Op};
+use crate::etcd_store::{Cmp, Op, TxnOutcome, Txns, MAX_TXNS_PER_REQUEST};
+use crate::group_commit::GroupCommit;
 use crate::memory::MemoryStore;
 use crate::store::{
     Change, Durability, InPlace, Memo, StateError, StateStore, Together, TurnsUpdate, Versioned,
@@ -133,6 +134,9 @@ pub struct ClusterStore {
     /// still name this node as owner with records older than these); they
     /// stay `Releasing` and `settle` tries again.
     unsettled: Mutex<HashMap<Vec<u8>, Unsettled>>,
+    /// Takes of files nobody has records of (`find`'s first transaction),
+    /// those of lookups that arrive together sent in one request.
+    takes: GroupCommit<Vec<u8>, TxnOutcome>,
     /// Tests: the next write-back is applied, but its answer is lost.
     #[cfg(test)]
     lose_write_back_answer: std::sync::atomic::AtomicBool,
@@ -228,6 +232,7 @@ impl ClusterStore {
             taken_at: Mutex::new(HashMap::new()),
             turns: Mutex::new(HashMap::new()),
             unsettled: Mutex::new(HashMap::new()),
+            takes: GroupCommit::new(MAX_TXNS_PER_REQUEST),
             #[cfg(test)]
             lose_write_back_answer: std::sync::atomic::AtomicBool::new(false),
         }
@@ -321,14 +326,10 @@ impl ClusterStore {
         let keys: Vec<Vec<u8>> = self.clustered.iter().map(|p| key_of(p, group)).collect();
         let lease = self.lease.load(Ordering::SeqCst);
         // The common case, a file nobody has records of: taken in one
-        // transaction.
-        let mut cmps = vec![Cmp::Absent(&own)];
-        cmps.extend(keys.iter().map(|k| Cmp::Absent(k)));
-        let mut reads = vec![Op::Get(&own)];
-        reads.extend(keys.iter().map(|k| Op::Get(k)));
+        // transaction, sent with those of other lookups under way.
         let t = self
-            .etcd
-            .txn(&cmps, &[Op::Put(&own, &self.me(), lease)], &reads)?;
+            .takes
+            .submit(group.to_vec(), |groups| self.take_new(groups))?;
         if t.succeeded {
             self.took(group, vec![None; keys.len()]);
             self.adopt(group, BTreeMap::new());
@@ -384,6 +385,46 @@ impl ClusterStore {
         }
         let mine = keys.iter().position(|k| k.as_slice() == key);
         Ok(Found::Shared(mine.and_then(|i| records[i].clone())))
+    }
+
+    /// `group`'s ownership key and its records' keys (in `clustered`
+    /// order).
+    fn keys_of(&self, group: &[u8]) -> (Vec<u8>, Vec<Vec<u8>>) {
+        let records = self.clustered.iter().map(|p| key_of(p, group)).collect();
+        (key_of(OWN_PREFIX, group), records)
+    }
+
+    /// Takes each of `groups` if nobody owns it and it has no record, in
+    /// one request (a transaction alone, or one for each when several
+    /// lookups arrived together: `EtcdStore::txns`); each one's outcome,
+    /// its ownership and records read when it was not taken.
+    fn take_new(&self, groups: &[Vec<u8>]) -> Result<Vec<TxnOutcome>, StateError> {
+        let me = self.me();
+        let lease = self.lease.load(Ordering::SeqCst);
+        let keys: Vec<(Vec<u8>, Vec<Vec<u8>>)> = groups.iter().map(|g| self.keys_of(g)).collect();
+        type Parts<'k> = (Vec<Cmp<'k>>, [Op<'k>; 1], Vec<Op<'k>>);
+        let parts: Vec<Parts<'_>> = keys
+            .iter()
+            .map(|(own, records)| {
+                let mut cmps = vec![Cmp::Absent(own)];
+                cmps.extend(records.iter().map(|k| Cmp::Absent(k)));
+                let mut reads = vec![Op::Get(own)];
+                reads.extend(records.iter().map(|k| Op::Get(k)));
+                (cmps, [Op::Put(own, &me, lease)], reads)
+            })
+            .collect();
+        if let [(cmps, success, failure)] = parts.as_slice() {
+            return Ok(vec![self.etcd.txn(cmps, success, failure)?]);
+        }
+        let txns: Vec<Txns<'_>> = parts
+            .iter()
+            .map(|(cmps, success, failure)| Txns {
+                cmps,
+                success,
+                failure,
+            })
+            .collect();
+        self.etcd.txns(&txns)
     }
 
     /// Reads `group` from etcd without taking it (another thread of this
@@ -711,16 +752,56 @@ impl ClusterStore {
             picked
         };
         let mut done = 0;
-        for group in &idle_groups {
-            let r = self.write_back(group, &BTreeMap::new(), &[]);
-            if self
-                .written_back_or_unsettled(group, r, BTreeMap::new(), now)
-                .is_ok()
-            {
-                done += 1;
+        for chunk in idle_groups.chunks(MAX_TXNS_PER_REQUEST) {
+            let answers = self.give_back_empty(chunk);
+            for (i, group) in chunk.iter().enumerate() {
+                let r = match &answers {
+                    Ok(written) => written
+                        .get(i)
+                        .copied()
+                        .ok_or_else(|| StateError::Unavailable("etcd: short answer".into())),
+                    Err(e) => Err(e.clone_message()),
+                };
+                if self
+                    .written_back_or_unsettled(group, r, BTreeMap::new(), now)
+                    .is_ok()
+                {
+                    done += 1;
+                }
             }
         }
         done
+    }
+
+    /// `write_back` of groups without records, in one request (a
+    /// transaction for each: `EtcdStore::txns`): an idle node's give-backs
+    /// cost etcd one request per `MAX_TXNS_PER_REQUEST` files, not one
+    /// per file.
+    fn give_back_empty(&self, groups: &[Vec<u8>]) -> Result<Vec<bool>, StateError> {
+        if let [group] = groups {
+            return self
+                .write_back(group, &BTreeMap::new(), &[])
+                .map(|w| vec![w]);
+        }
+        let me = self.me();
+        let keys: Vec<(Vec<u8>, Vec<Vec<u8>>)> = groups.iter().map(|g| self.keys_of(g)).collect();
+        let parts: Vec<([Cmp<'_>; 1], Vec<Op<'_>>)> = keys
+            .iter()
+            .map(|(own, records)| {
+                let mut ops: Vec<Op<'_>> = records.iter().map(|k| Op::Delete(k)).collect();
+                ops.push(Op::Delete(own));
+                ([Cmp::Value(own, &me)], ops)
+            })
+            .collect();
+        let txns: Vec<Txns<'_>> = parts
+            .iter()
+            .map(|(cmps, ops)| Txns {
+                cmps,
+                success: ops,
+                failure: &[],
+            })
+            .collect();
+        Ok(self.etcd.txns(&txns)?.iter().map(|t| t.succeeded).collect())
     }
 
     /// The node lost its lease: etcd ended it, or it could not be proven
@@ -1769,6 +1850,60 @@ mod tests {
                 Some(b"1".to_vec()),
                 "round {round}: owned in memory but not in etcd"
             );
+        }
+    }
+
+    /// Takes of files looked up together go in one request, and each is
+    /// decided on its own: a file with a record another node's opens
+    /// hold stays shared while the others are taken. Idle files are given
+    /// back the same way.
+    #[test]
+    fn takes_and_give_backs_sent_together_decide_each_file_alone() {
+        let cluster = Cluster::start("batch");
+        let one = Node::start(&cluster.urls, "1", &[]);
+        let raw = EtcdStore::new(&cluster.urls, b"/nimbus-test/", Duration::from_secs(5)).unwrap();
+        let groups: Vec<Vec<u8>> = (0..3)
+            .map(|i| format!("batch-{i:010}").into_bytes())
+            .collect();
+        // The middle one has a record of node 2's (not claimable by 1).
+        raw.compare_and_set(
+            &key_of(b"file/", &groups[1]),
+            None,
+            Some(b"2-open".to_vec()),
+        )
+        .unwrap();
+        let calls = one.etcd.calls();
+        let out = one.store.take_new(&groups).unwrap();
+        assert_eq!(one.etcd.calls() - calls, 1, "three takes, one request");
+        assert_eq!(
+            out.iter().map(|t| t.succeeded).collect::<Vec<_>>(),
+            [true, false, true]
+        );
+        let owner = |g: &[u8]| raw.get(&key_of(OWN_PREFIX, g)).unwrap().map(|v| v.value);
+        assert_eq!(owner(&groups[0]), Some(b"1".to_vec()));
+        assert_eq!(owner(&groups[1]), None);
+        assert_eq!(owner(&groups[2]), Some(b"1".to_vec()));
+        // The failed one read what it needs to go on: no owner, its record.
+        let record = out[1].reads.get(1).cloned().flatten().map(|r| r.value);
+        assert_eq!(out[1].reads.first().cloned().flatten(), None);
+        assert_eq!(record, Some(b"2-open".to_vec()));
+
+        // Files taken through the store's lookups, idle: given back
+        // together.
+        let idle: Vec<Vec<u8>> = (3..6)
+            .map(|i| format!("batch-{i:010}").into_bytes())
+            .collect();
+        for g in &idle {
+            assert_eq!(one.store.get(&key_of(b"file/", g)).unwrap(), None);
+            assert!(one.store.owns(g));
+            assert_eq!(owner(g), Some(b"1".to_vec()));
+        }
+        let calls = one.etcd.calls();
+        assert_eq!(one.store.sweep(Duration::ZERO), 3);
+        assert_eq!(one.etcd.calls() - calls, 1, "three give-backs, one request");
+        for g in &idle {
+            assert_eq!(owner(g), None);
+            assert!(!one.store.owns(g));
         }
     }
 

@@ -389,6 +389,18 @@ pub enum Op<'a> {
     Get(&'a [u8]),
 }
 
+/// One transaction of several sent together (`EtcdStore::txns`).
+pub struct Txns<'a> {
+    pub cmps: &'a [Cmp<'a>],
+    pub success: &'a [Op<'a>],
+    pub failure: &'a [Op<'a>],
+}
+
+/// How many transactions `EtcdStore::txns` sends in one request: etcd
+/// refuses a request with more than `--max-txn-ops` (128 by default)
+/// operations in one branch, and a nested transaction counts as one.
+pub const MAX_TXNS_PER_REQUEST: usize = 64;
+
 /// What a transaction did.
 #[derive(Debug)]
 pub struct TxnOutcome {
@@ -432,19 +444,8 @@ impl EtcdStore {
         }
     }
 
-    /// One atomic transaction: if every condition of `cmps` holds, the
-    /// `success` operations, otherwise the `failure` ones. Never sent twice
-    /// (see `Members::call`). On a fenced store a transaction that writes
-    /// is made only while the fence's record exists; when that is what
-    /// failed, the call fails `Unavailable` (`LEASE_ENDED`).
-    pub fn txn(
-        &self,
-        cmps: &[Cmp<'_>],
-        success: &[Op<'_>],
-        failure: &[Op<'_>],
-    ) -> Result<TxnOutcome, StateError> {
-        let mut compare: Vec<Compare> = cmps
-            .iter()
+    fn compares(&self, cmps: &[Cmp<'_>]) -> Vec<Compare> {
+        cmps.iter()
             .map(|c| match c {
                 Cmp::Absent(k) | Cmp::Version(k, None) => {
                     Compare::create_revision(self.full_key(k), CompareOp::Equal, 0)
@@ -459,10 +460,31 @@ impl EtcdStore {
                     Compare::value(full, CompareOp::Equal, value)
                 }
             })
-            .collect();
-        let then: Vec<TxnOp> = success.iter().map(|o| self.txn_op(o)).collect();
-        let mut or_else: Vec<TxnOp> = failure.iter().map(|o| self.txn_op(o)).collect();
-        let writes = success.iter().any(|o| !matches!(o, Op::Get(_)));
+            .collect()
+    }
+
+    /// The records a transaction's branch read, one per `Op::Get`.
+    fn reads_of(&self, responses: &[TxnOpResponse]) -> Result<Vec<Option<Versioned>>, StateError> {
+        let mut reads = Vec::new();
+        for op in responses {
+            if let TxnOpResponse::Get(g) = op {
+                reads.push(g.kvs().first().map(|kv| self.versioned(kv)).transpose()?);
+            }
+        }
+        Ok(reads)
+    }
+
+    /// Sends a transaction, made only while the fence's record exists
+    /// when it `writes` on a fenced store; its answer, and whether the
+    /// fence's read was added at the end of `or_else`.
+    fn fenced_txn(
+        &self,
+        compare: Vec<Compare>,
+        then: Vec<TxnOp>,
+        mut or_else: Vec<TxnOp>,
+        writes: bool,
+    ) -> Result<(etcd_client::TxnResponse, bool), StateError> {
+        let mut compare = compare;
         let fence = if writes {
             self.lock_fence().key.clone()
         } else {
@@ -481,21 +503,103 @@ impl EtcdStore {
             let txn = txn.clone();
             async move { c.txn(txn).await }
         })?;
-        let mut reads = Vec::new();
-        for op in r.op_responses() {
-            if let TxnOpResponse::Get(g) = op {
-                reads.push(g.kvs().first().map(|kv| self.versioned(kv)).transpose()?);
+        if fence.is_some() && !r.succeeded() {
+            let fence_read = r.op_responses().last().map(|op| match op {
+                TxnOpResponse::Get(g) => !g.kvs().is_empty(),
+                _ => false,
+            });
+            if fence_read != Some(true) {
+                return Err(StateError::Unavailable(LEASE_ENDED.into()));
             }
         }
-        let succeeded = r.succeeded();
-        if fence.is_some() && !succeeded && reads.pop().flatten().is_none() {
-            return Err(StateError::Unavailable(LEASE_ENDED.into()));
+        Ok((r, fence.is_some()))
+    }
+
+    /// One atomic transaction: if every condition of `cmps` holds, the
+    /// `success` operations, otherwise the `failure` ones. Never sent twice
+    /// (see `Members::call`). On a fenced store a transaction that writes
+    /// is made only while the fence's record exists; when that is what
+    /// failed, the call fails `Unavailable` (`LEASE_ENDED`).
+    pub fn txn(
+        &self,
+        cmps: &[Cmp<'_>],
+        success: &[Op<'_>],
+        failure: &[Op<'_>],
+    ) -> Result<TxnOutcome, StateError> {
+        let then: Vec<TxnOp> = success.iter().map(|o| self.txn_op(o)).collect();
+        let or_else: Vec<TxnOp> = failure.iter().map(|o| self.txn_op(o)).collect();
+        let writes = success.iter().any(|o| !matches!(o, Op::Get(_)));
+        let (r, fenced) = self.fenced_txn(self.compares(cmps), then, or_else, writes)?;
+        let mut reads = self.reads_of(&r.op_responses())?;
+        if fenced && !r.succeeded() {
+            // The fence's own read, added after `failure`'s.
+            reads.pop();
         }
         Ok(TxnOutcome {
-            succeeded,
+            succeeded: r.succeeded(),
             revision: r.header().map_or(0, |h| h.revision()) as u64,
             reads,
         })
+    }
+
+    /// Several transactions in one request, each deciding on its own
+    /// conditions as if sent alone (etcd's nested transactions, since
+    /// etcd 3.3), applied together; their outcomes in order. etcd's cost
+    /// is mostly per request (its permission checks, a raft entry, the
+    /// apply), so threads whose transactions arrive together share one
+    /// (`crate::group_commit`). The transactions must write distinct keys
+    /// (etcd refuses a request that writes one key twice) and be at most
+    /// `MAX_TXNS_PER_REQUEST`. Fenced as `txn`: when the fence failed,
+    /// none was made and the call fails `LEASE_ENDED`.
+    pub fn txns(&self, each: &[Txns<'_>]) -> Result<Vec<TxnOutcome>, StateError> {
+        if each.len() > MAX_TXNS_PER_REQUEST {
+            return Err(unavailable(format!(
+                "{} transactions in one request: at most {MAX_TXNS_PER_REQUEST} are sent together",
+                each.len()
+            )));
+        }
+        let nested: Vec<TxnOp> = each
+            .iter()
+            .map(|t| {
+                let then: Vec<TxnOp> = t.success.iter().map(|o| self.txn_op(o)).collect();
+                let or_else: Vec<TxnOp> = t.failure.iter().map(|o| self.txn_op(o)).collect();
+                TxnOp::txn(
+                    Txn::new()
+                        .when(self.compares(t.cmps))
+                        .and_then(then)
+                        .or_else(or_else),
+                )
+            })
+            .collect();
+        let writes = each.iter().any(|t| {
+            t.success
+                .iter()
+                .chain(t.failure)
+                .any(|o| !matches!(o, Op::Get(_)))
+        });
+        let (r, _) = self.fenced_txn(Vec::new(), nested, Vec::new(), writes)?;
+        let revision = r.header().map_or(0, |h| h.revision()) as u64;
+        let responses = r.op_responses();
+        if responses.len() != each.len() {
+            return Err(unavailable(format!(
+                "etcd answered {} of {} transactions sent together",
+                responses.len(),
+                each.len()
+            )));
+        }
+        responses
+            .iter()
+            .map(|op| match op {
+                TxnOpResponse::Txn(t) => Ok(TxnOutcome {
+                    succeeded: t.succeeded(),
+                    revision,
+                    reads: self.reads_of(&t.op_responses())?,
+                }),
+                _ => Err(unavailable(
+                    "etcd answered a nested transaction with something else".to_string(),
+                )),
+            })
+            .collect()
     }
 
     /// The store's current revision (a watch started after it sees every
@@ -647,18 +751,25 @@ mod tests {
         assert!(!held.join().unwrap().is_empty());
     }
 
-    /// A fenced store writes only while its fence record (under a lease)
-    /// lives, in etcd's own transaction, and calls nothing once the proof
-    /// of the lease has run out.
-    #[test]
-    fn a_fenced_store_writes_only_while_its_lease_record_lives() {
-        let cluster = Cluster::start("fence");
+    /// A store without a fence, and a store fenced on its record `me`
+    /// under the lease given, proven for 30 s.
+    fn fenced_store(cluster: &Cluster) -> (EtcdStore, EtcdStore, i64) {
         let control = EtcdStore::new(&cluster.urls, b"/t/", Duration::from_secs(5)).unwrap();
         let store = EtcdStore::new(&cluster.urls, b"/t/", Duration::from_secs(5)).unwrap();
         let lease = control.grant_lease(30).unwrap();
         assert!(control.create_with_lease(b"me", b"1", lease).unwrap());
         store.fence_on(b"me");
         store.proven_until(Instant::now() + Duration::from_secs(30));
+        (control, store, lease)
+    }
+
+    /// A fenced store writes only while its fence record (under a lease)
+    /// lives, in etcd's own transaction, and calls nothing once the proof
+    /// of the lease has run out.
+    #[test]
+    fn a_fenced_store_writes_only_while_its_lease_record_lives() {
+        let cluster = Cluster::start("fence");
+        let (control, store, lease) = fenced_store(&cluster);
         let put = |k: &[u8]| store.compare_and_set(k, None, Some(b"v".to_vec()));
         assert!(put(b"k").unwrap().is_some());
         // A condition of the caller's that fails is no error.
@@ -678,6 +789,95 @@ mod tests {
         }
         // A store without a fence (the node's lease keeping) is not held.
         assert!(control.get(b"k").unwrap().is_some());
+    }
+
+    /// Transactions sent together each decide on their own conditions, in
+    /// one call; on a fenced store whose lease ended none is made.
+    #[test]
+    fn transactions_sent_together_each_decide_alone_in_one_call() {
+        let cluster = Cluster::start("txns");
+        let (control, store, lease) = fenced_store(&cluster);
+        assert!(control.create_with_lease(b"taken", b"other", 0).unwrap());
+        let (a, b, taken) = (
+            [Cmp::Absent(b"a")],
+            [Cmp::Absent(b"b")],
+            [Cmp::Absent(b"taken")],
+        );
+        let (put_a, put_b, put_t) = (
+            [Op::Put(b"a", b"va", 0)],
+            [Op::Put(b"b", b"vb", 0)],
+            [Op::Put(b"taken", b"mine", 0)],
+        );
+        let read_t = [Op::Get(b"taken")];
+        let each = [
+            Txns {
+                cmps: &a,
+                success: &put_a,
+                failure: &[],
+            },
+            Txns {
+                cmps: &taken,
+                success: &put_t,
+                failure: &read_t,
+            },
+            Txns {
+                cmps: &b,
+                success: &put_b,
+                failure: &[],
+            },
+        ];
+        let calls = store.calls();
+        let out = store.txns(&each).unwrap();
+        assert_eq!(store.calls() - calls, 1);
+        let decided: Vec<bool> = out.iter().map(|t| t.succeeded).collect();
+        assert_eq!(decided, [true, false, true]);
+        assert_eq!(out[1].reads.len(), 1);
+        assert_eq!(
+            out[1].reads[0].as_ref().map(|r| r.value.clone()),
+            Some(b"other".to_vec())
+        );
+        assert!(out[0].reads.is_empty() && out[2].reads.is_empty());
+        assert_eq!(
+            control.get(b"a").unwrap().map(|r| r.value),
+            Some(b"va".to_vec())
+        );
+        assert_eq!(
+            control.get(b"b").unwrap().map(|r| r.value),
+            Some(b"vb".to_vec())
+        );
+        assert_eq!(
+            control.get(b"taken").unwrap().map(|r| r.value),
+            Some(b"other".to_vec())
+        );
+        // Too many for one request: refused before anything is sent.
+        let many: Vec<Txns<'_>> = (0..=MAX_TXNS_PER_REQUEST)
+            .map(|_| Txns {
+                cmps: &[],
+                success: &[],
+                failure: &[],
+            })
+            .collect();
+        assert!(store.txns(&many).is_err());
+        // The fence holds for all of them.
+        control.revoke_lease(lease).unwrap();
+        let (c, p) = ([Cmp::Absent(b"c")], [Op::Put(b"c", b"vc", 0)]);
+        let after = [
+            Txns {
+                cmps: &c,
+                success: &p,
+                failure: &[],
+            },
+            Txns {
+                cmps: &[],
+                success: &[],
+                failure: &[],
+            },
+        ];
+        match store.txns(&after) {
+            Err(StateError::Unavailable(why)) => assert_eq!(why, LEASE_ENDED),
+            other => panic!("writes after the lease ended: {other:?}"),
+        }
+        assert!(control.get(b"c").unwrap().is_none());
     }
 
     /// With one member down, every call still succeeds, writes included:

@@ -20,6 +20,7 @@ pub mod etcd_store;
 pub mod etcd_test_cluster;
 pub mod etcd_watch;
 mod file_key;
+pub mod group_commit;
 pub mod group_leases;
 pub mod grouped_opens;
 pub mod journal;
