@@ -206,8 +206,17 @@ class Member:
     test's report carries each member's log.
     """
 
-    def __init__(self, name: str, base_dir: Path, pki: Pki | None = None, peer_tls: bool = True, data_root: Path | None = None):
+    def __init__(
+        self,
+        name: str,
+        base_dir: Path,
+        pki: Pki | None = None,
+        peer_tls: bool = True,
+        data_root: Path | None = None,
+        extra_args: tuple[str, ...] = (),
+    ):
         self.name = name
+        self.extra_args = extra_args
         self.pki = pki
         self.peer_tls = peer_tls
         self.kind = f"etcd {name}"
@@ -261,6 +270,7 @@ class Member:
             f"--quota-backend-bytes={QUOTA_BYTES}",
             "--logger=zap",
             f"--log-outputs={self.log_path}",
+            *self.extra_args,
         ]
         if self.pki:
             cert, key = self.pki.member
@@ -330,7 +340,8 @@ class EtcdCluster:
     what each part costs. `data_root`: where the members keep their data,
     when not beside their logs in `base_dir` (a memory file system, for a
     test that judges the nodes' answers and not etcd's durability, whose
-    fsyncs would otherwise wait behind the test's own disk writes)."""
+    fsyncs would otherwise wait behind the test's own disk writes).
+    `extra_args`: more flags for every member's etcd."""
 
     def __init__(
         self,
@@ -340,6 +351,7 @@ class EtcdCluster:
         peer_tls: bool = True,
         auth: bool = True,
         data_root: Path | None = None,
+        extra_args: tuple[str, ...] = (),
     ):
         if members < 1:
             raise ValueError("a cluster needs at least one member")
@@ -349,7 +361,8 @@ class EtcdCluster:
         self.peer_tls = peer_tls
         self.auth = auth
         self.data_root = data_root
-        self.members = [Member(f"m{i}", self.base_dir, self.pki, peer_tls, data_root) for i in range(members)]
+        self.extra_args = extra_args
+        self.members = [Member(f"m{i}", self.base_dir, self.pki, peer_tls, data_root, extra_args) for i in range(members)]
         self.retired: list[Member] = []  # members `replace_member` removed
         # A test's list of servers whose logs a failure report carries (the
         # fixtures' stash): members `replace_member` adds join it.
@@ -421,7 +434,7 @@ class EtcdCluster:
         again."""
         old = self.members[i]
         names = {m.name for m in self.members + self.retired}
-        new = Member(next(f"m{n}" for n in range(len(names) + 1) if f"m{n}" not in names), self.base_dir, self.pki, self.peer_tls, self.data_root)
+        new = Member(next(f"m{n}" for n in range(len(names) + 1) if f"m{n}" not in names), self.base_dir, self.pki, self.peer_tls, self.data_root, self.extra_args)
         new.client_port, new.peer_port = free_port(), free_port()
         while new.peer_port == new.client_port:
             new.peer_port = free_port()

@@ -31,7 +31,7 @@ from types import SimpleNamespace
 import pytest
 import smbclient
 
-from conftest import PASSWORD, USER, add_user
+from conftest import _SERVERS, PASSWORD, USER, add_user
 from etcd_cluster import (  # noqa: F401  (the fixtures)
     EXPIRED,
     NODE,
@@ -43,6 +43,7 @@ from etcd_cluster import (  # noqa: F401  (the fixtures)
     etcd_cluster,
     etcd_toml_line,
     plain_etcd_cluster,
+    require_etcd,
 )
 from test_cluster import Node, members
 
@@ -228,6 +229,25 @@ def test_a_node_with_a_wrong_password_is_refused(etcd_cluster, make_node):  # no
     Path(etcd_cluster.password_file(PASSWORD_USER)).write_text("not-the-password\n")
     error = refused(etcd_cluster, n, "")
     assert "authentication failed" in error and "password" in error, error
+
+
+def test_a_node_whose_members_refuse_its_batches_of_takes_is_refused(request, tmp_path, make_node):
+    # A node sends the takes of files opened together in one request of
+    # nested transactions (MAX_TXNS_PER_REQUEST of them, each of four
+    # operations), which members started with a --max-txn-ops below 68
+    # refuse: found at start, not at the first busy minute.
+    require_etcd()
+    cluster = EtcdCluster(tmp_path / "small-txns", members=1, tls=False, extra_args=("--max-txn-ops=32",))
+    cluster.report = request.node.stash.setdefault(_SERVERS, [])
+    cluster.report.extend(cluster.members)
+    try:
+        cluster.start()
+        error = refused(cluster, make_node("n1", cluster.node_toml_lines()), "")
+        assert "too many operations" in error, error  # etcd's own refusal
+        assert "--max-txn-ops" in error and "68" in error, error
+        assert members(cluster) == {}
+    finally:
+        cluster.stop()
 
 
 # --------------------------------------------------------------- serving

@@ -41,7 +41,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use nimbus_state::cluster_store::ClusterStore;
-use nimbus_state::etcd_store::Op;
+use nimbus_state::etcd_store::{Cmp, Op, Txns, MAX_TXNS_PER_REQUEST};
 use nimbus_state::{EtcdStore, StateError, StateStore, Versioned};
 
 use crate::config::ClusterConfig;
@@ -313,7 +313,7 @@ pub fn owned_store(m: &Arc<Membership>) -> Arc<ClusterStore> {
     });
     Arc::new(ClusterStore::new(
         m.store.clone(),
-        vec![OPENS_PREFIX, LOCKS_PREFIX, CACHING_PREFIX],
+        CLUSTERED.to_vec(),
         &m.incarnation().to_string(),
         m.lease(),
         claimable,
@@ -350,6 +350,9 @@ pub enum JoinError {
     Unreachable(StateError),
     /// Writing to etcd failed otherwise.
     Writing(StateError),
+    /// The members refuse as many transactions in one request as the
+    /// node sends together (their `--max-txn-ops` is too low).
+    TxnOps(StateError),
     /// The node's record or its run's number could not be written.
     Registering {
         what: &'static str,
@@ -406,6 +409,13 @@ impl std::fmt::Display for JoinError {
                  client URLs in [cluster] etcd"
             ),
             JoinError::Writing(e) => write!(f, "[cluster] etcd: writing: {e}"),
+            JoinError::TxnOps(e) => write!(
+                f,
+                "[cluster] etcd: the members refuse {MAX_TXNS_PER_REQUEST} transactions sent \
+                 together ({e}); this node sends the takes of files opened at once that way: \
+                 start each etcd member with --max-txn-ops={TXN_OPS_NEEDED} or more (etcd's \
+                 default, 128, is enough; see docs/SCALING.md)"
+            ),
             JoinError::Registering { what, error } => write!(f, "[cluster]: {what}: {error}"),
             JoinError::NameTaken(node) => write!(
                 f,
@@ -454,6 +464,36 @@ const RENEW_RETRY: Duration = Duration::from_millis(250);
 /// Key prefix of the write a node makes at start to prove its etcd user
 /// may write the cluster's keys.
 const PROBE_PREFIX: &[u8] = b"probe/";
+
+/// The kinds of records a node takes a file's ownership of together
+/// (`ClusterStore`).
+const CLUSTERED: [&[u8]; 3] = [
+    nimbus_state::share_modes::OPENS_PREFIX,
+    nimbus_state::records::LOCKS_PREFIX,
+    nimbus_state::records::CACHING_PREFIX,
+];
+
+/// The `--max-txn-ops` etcd needs for the largest request a node sends:
+/// `MAX_TXNS_PER_REQUEST` takes together, etcd checking each nested
+/// transaction's operations (a compare and a read of the ownership and of
+/// each record) against the limit less the outer count.
+const TXN_OPS_NEEDED: usize = MAX_TXNS_PER_REQUEST + 1 + CLUSTERED.len();
+
+/// Sends, reading only, a request of the shape of the largest a node
+/// sends (`TXN_OPS_NEEDED`), so that members that would refuse it are
+/// found at start, not when many clients open files at once.
+fn takes_fit(store: &EtcdStore, probe: &[u8]) -> Result<(), StateError> {
+    let cmps = [Cmp::Absent(probe); 1 + CLUSTERED.len()];
+    let reads = [Op::Get(probe); 1 + CLUSTERED.len()];
+    let each: Vec<Txns<'_>> = (0..MAX_TXNS_PER_REQUEST)
+        .map(|_| Txns {
+            cmps: &cmps,
+            success: &[],
+            failure: &reads,
+        })
+        .collect();
+    store.txns(&each).map(|_| ())
+}
 
 /// The cluster's store, as `[cluster]` says to reach it and to tag its
 /// records; each call within `timeout`.
@@ -532,6 +572,7 @@ impl Membership {
             .txn(&[], &[Op::Put(&probe, b"", 0)], &[])
             .and_then(|_| control.txn(&[], &[Op::Delete(&probe)], &[]))
             .map_err(|e| JoinError::of(e, JoinError::Writing))?;
+        takes_fit(&control, &probe).map_err(|e| JoinError::of(e, JoinError::TxnOps))?;
         let m = Membership {
             store: Arc::new(store),
             control,

@@ -33,7 +33,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::etcd_store::{Cmp, Op, TxnOutcome, Txns, MAX_TXNS_PER_REQUEST};
-use crate::group_commit::GroupCommit;
+use crate::group_commit::{Answers, GroupCommit};
 use crate::memory::MemoryStore;
 use crate::store::{
     Change, Durability, InPlace, Memo, StateError, StateStore, Together, TurnsUpdate, Versioned,
@@ -189,6 +189,15 @@ const TENURE: Duration = Duration::from_millis(20);
 /// How many times one read looks again after losing a race.
 const FIND_TRIES: usize = 64;
 
+/// How long a batch of takes may be out before the takes queued behind it
+/// go without it (`crate::group_commit`): a healthy etcd answers in a few
+/// milliseconds, so one out longer is stuck on a member that fails or
+/// hangs, and its wait must not become every other CREATE's.
+const TAKE_PATIENCE: Duration = Duration::from_millis(25);
+
+/// At most this many batches of takes out at once.
+const TAKES_OUT: usize = 4;
+
 fn key_of(prefix: &[u8], group: &[u8]) -> Vec<u8> {
     let mut k = Vec::with_capacity(prefix.len() + group.len());
     k.extend_from_slice(prefix);
@@ -232,7 +241,7 @@ impl ClusterStore {
             taken_at: Mutex::new(HashMap::new()),
             turns: Mutex::new(HashMap::new()),
             unsettled: Mutex::new(HashMap::new()),
-            takes: GroupCommit::new(MAX_TXNS_PER_REQUEST),
+            takes: GroupCommit::new(MAX_TXNS_PER_REQUEST, TAKES_OUT, TAKE_PATIENCE),
             #[cfg(test)]
             lose_write_back_answer: std::sync::atomic::AtomicBool::new(false),
         }
@@ -384,7 +393,9 @@ impl ClusterStore {
             return Ok(Found::Retry);
         }
         let mine = keys.iter().position(|k| k.as_slice() == key);
-        Ok(Found::Shared(mine.and_then(|i| records[i].clone())))
+        Ok(Found::Shared(
+            mine.and_then(|i| records.get(i).cloned().flatten()),
+        ))
     }
 
     /// `group`'s ownership key and its records' keys (in `clustered`
@@ -398,7 +409,7 @@ impl ClusterStore {
     /// one request (a transaction alone, or one for each when several
     /// lookups arrived together: `EtcdStore::txns`); each one's outcome,
     /// its ownership and records read when it was not taken.
-    fn take_new(&self, groups: &[Vec<u8>]) -> Result<Vec<TxnOutcome>, StateError> {
+    fn take_new(&self, groups: &[Vec<u8>]) -> Answers<TxnOutcome> {
         let me = self.me();
         let lease = self.lease.load(Ordering::SeqCst);
         let keys: Vec<(Vec<u8>, Vec<Vec<u8>>)> = groups.iter().map(|g| self.keys_of(g)).collect();
@@ -414,7 +425,7 @@ impl ClusterStore {
             })
             .collect();
         if let [(cmps, success, failure)] = parts.as_slice() {
-            return Ok(vec![self.etcd.txn(cmps, success, failure)?]);
+            return Ok(vec![self.etcd.txn(cmps, success, failure)]);
         }
         let txns: Vec<Txns<'_>> = parts
             .iter()
@@ -756,10 +767,11 @@ impl ClusterStore {
             let answers = self.give_back_empty(chunk);
             for (i, group) in chunk.iter().enumerate() {
                 let r = match &answers {
-                    Ok(written) => written
-                        .get(i)
-                        .copied()
-                        .ok_or_else(|| StateError::Unavailable("etcd: short answer".into())),
+                    Ok(written) => match written.get(i) {
+                        Some(Ok(w)) => Ok(*w),
+                        Some(Err(e)) => Err(e.clone_message()),
+                        None => Err(StateError::Unavailable("etcd: short answer".into())),
+                    },
                     Err(e) => Err(e.clone_message()),
                 };
                 if self
@@ -777,11 +789,9 @@ impl ClusterStore {
     /// transaction for each: `EtcdStore::txns`): an idle node's give-backs
     /// cost etcd one request per `MAX_TXNS_PER_REQUEST` files, not one
     /// per file.
-    fn give_back_empty(&self, groups: &[Vec<u8>]) -> Result<Vec<bool>, StateError> {
+    fn give_back_empty(&self, groups: &[Vec<u8>]) -> Answers<bool> {
         if let [group] = groups {
-            return self
-                .write_back(group, &BTreeMap::new(), &[])
-                .map(|w| vec![w]);
+            return Ok(vec![self.write_back(group, &BTreeMap::new(), &[])]);
         }
         let me = self.me();
         let keys: Vec<(Vec<u8>, Vec<Vec<u8>>)> = groups.iter().map(|g| self.keys_of(g)).collect();
@@ -801,7 +811,12 @@ impl ClusterStore {
                 failure: &[],
             })
             .collect();
-        Ok(self.etcd.txns(&txns)?.iter().map(|t| t.succeeded).collect())
+        Ok(self
+            .etcd
+            .txns(&txns)?
+            .into_iter()
+            .map(|t| t.map(|t| t.succeeded))
+            .collect())
     }
 
     /// The node lost its lease: etcd ended it, or it could not be proven
@@ -1872,9 +1887,17 @@ mod tests {
             Some(b"2-open".to_vec()),
         )
         .unwrap();
-        let calls = one.etcd.calls();
-        let out = one.store.take_new(&groups).unwrap();
-        assert_eq!(one.etcd.calls() - calls, 1, "three takes, one request");
+        // Counted on this thread: the node's own threads call etcd too.
+        let on_this_thread = crate::etcd_store::calls_on_this_thread;
+        let calls = on_this_thread();
+        let out: Vec<TxnOutcome> = one
+            .store
+            .take_new(&groups)
+            .unwrap()
+            .into_iter()
+            .map(|t| t.unwrap())
+            .collect();
+        assert_eq!(on_this_thread() - calls, 1, "three takes, one request");
         assert_eq!(
             out.iter().map(|t| t.succeeded).collect::<Vec<_>>(),
             [true, false, true]
@@ -1898,9 +1921,9 @@ mod tests {
             assert!(one.store.owns(g));
             assert_eq!(owner(g), Some(b"1".to_vec()));
         }
-        let calls = one.etcd.calls();
+        let calls = on_this_thread();
         assert_eq!(one.store.sweep(Duration::ZERO), 3);
-        assert_eq!(one.etcd.calls() - calls, 1, "three give-backs, one request");
+        assert_eq!(on_this_thread() - calls, 1, "three give-backs, one request");
         for g in &idle {
             assert_eq!(owner(g), None);
             assert!(!one.store.owns(g));

@@ -370,6 +370,7 @@ impl EtcdStore {
 
 /// One condition of a transaction (`EtcdStore::txn`), on a key of the
 /// store (its prefix added).
+#[derive(Clone, Copy)]
 pub enum Cmp<'a> {
     /// No live record has the key.
     Absent(&'a [u8]),
@@ -396,9 +397,13 @@ pub struct Txns<'a> {
     pub failure: &'a [Op<'a>],
 }
 
-/// How many transactions `EtcdStore::txns` sends in one request: etcd
-/// refuses a request with more than `--max-txn-ops` (128 by default)
-/// operations in one branch, and a nested transaction counts as one.
+/// How many transactions `EtcdStore::txns` sends in one request. etcd
+/// refuses a transaction with more than `--max-txn-ops` (128 by default)
+/// compares or operations in a branch, and checks a nested transaction
+/// against that limit less its parent's count: 64 transactions sent
+/// together leave each 64 (a cluster node's take has 4: see
+/// docs/SCALING.md for the members' `--max-txn-ops`, which must be at
+/// least 68, and the node's check at start).
 pub const MAX_TXNS_PER_REQUEST: usize = 64;
 
 /// What a transaction did.
@@ -499,9 +504,16 @@ impl EtcdStore {
             or_else.push(TxnOp::get(fence.clone(), None));
         }
         let txn = Txn::new().when(compare).and_then(then).or_else(or_else);
-        let r = self.call("Txn", Retry::IfNotSent, move |mut c| {
+        let r = self.call("Txn", Retry::IfNotSent, move |c| {
             let txn = txn.clone();
-            async move { c.txn(txn).await }
+            // Reads of many records, or many transactions' answers
+            // (`txns`), may pass tonic's 4 MiB default.
+            async move {
+                c.kv_client()
+                    .max_decoding_message_size(MAX_RESPONSE)
+                    .txn(txn)
+                    .await
+            }
         })?;
         if fence.is_some() && !r.succeeded() {
             let fence_read = r.op_responses().last().map(|op| match op {
@@ -550,8 +562,13 @@ impl EtcdStore {
     /// (`crate::group_commit`). The transactions must write distinct keys
     /// (etcd refuses a request that writes one key twice) and be at most
     /// `MAX_TXNS_PER_REQUEST`. Fenced as `txn`: when the fence failed,
-    /// none was made and the call fails `LEASE_ENDED`.
-    pub fn txns(&self, each: &[Txns<'_>]) -> Result<Vec<TxnOutcome>, StateError> {
+    /// none was made and the call fails `LEASE_ENDED`. Each outcome is
+    /// its own: a record one read that does not decode (forged, say)
+    /// fails that transaction's outcome, not the others'.
+    pub fn txns(
+        &self,
+        each: &[Txns<'_>],
+    ) -> Result<Vec<Result<TxnOutcome, StateError>>, StateError> {
         if each.len() > MAX_TXNS_PER_REQUEST {
             return Err(unavailable(format!(
                 "{} transactions in one request: at most {MAX_TXNS_PER_REQUEST} are sent together",
@@ -587,7 +604,7 @@ impl EtcdStore {
                 each.len()
             )));
         }
-        responses
+        Ok(responses
             .iter()
             .map(|op| match op {
                 TxnOpResponse::Txn(t) => Ok(TxnOutcome {
@@ -599,7 +616,7 @@ impl EtcdStore {
                     "etcd answered a nested transaction with something else".to_string(),
                 )),
             })
-            .collect()
+            .collect())
     }
 
     /// The store's current revision (a watch started after it sees every
@@ -827,7 +844,12 @@ mod tests {
             },
         ];
         let calls = store.calls();
-        let out = store.txns(&each).unwrap();
+        let out: Vec<TxnOutcome> = store
+            .txns(&each)
+            .unwrap()
+            .into_iter()
+            .map(|t| t.unwrap())
+            .collect();
         assert_eq!(store.calls() - calls, 1);
         let decided: Vec<bool> = out.iter().map(|t| t.succeeded).collect();
         assert_eq!(decided, [true, false, true]);
@@ -1006,6 +1028,40 @@ mod tests {
             store.scan_prefix(b"open/"),
             Err(StateError::Corrupt(FORGED))
         ));
+        // Sent together, a transaction that reads a forged record fails
+        // alone: the others are made and answered.
+        let (free_a, forged_at, free_b) = (
+            [Cmp::Absent(b"new/a")],
+            [Cmp::Absent(b"open/2")],
+            [Cmp::Absent(b"new/b")],
+        );
+        let (put_a, read_forged, put_b) = (
+            [Op::Put(b"new/a", b"a", 0)],
+            [Op::Get(b"open/2")],
+            [Op::Put(b"new/b", b"b", 0)],
+        );
+        let together = [
+            Txns {
+                cmps: &free_a,
+                success: &put_a,
+                failure: &[],
+            },
+            Txns {
+                cmps: &forged_at,
+                success: &[],
+                failure: &read_forged,
+            },
+            Txns {
+                cmps: &free_b,
+                success: &put_b,
+                failure: &[],
+            },
+        ];
+        let out = store.txns(&together).unwrap();
+        assert!(out[0].as_ref().unwrap().succeeded);
+        assert!(matches!(out[1], Err(StateError::Corrupt(FORGED))));
+        assert!(out[2].as_ref().unwrap().succeeded);
+        assert_eq!(store.get(b"new/b").unwrap().unwrap().value, b"b");
         let mut seen = Vec::new();
         while !seen
             .iter()
