@@ -458,6 +458,26 @@ fn etcd_access(cfg: &ClusterConfig) -> Result<nimbus_state::etcd_store::Access, 
     Ok(access)
 }
 
+/// Whether the node shows etcd who it is (a client certificate, or a
+/// user and password): without either, etcd's authentication cannot be
+/// on for it.
+fn access_has_credentials(cfg: &ClusterConfig) -> bool {
+    cfg.user.is_some() || cfg.tls.as_ref().is_some_and(|t| t.cert_file.is_some())
+}
+
+/// Whether etcd `version` ("3.6.16") checks, at a put attached to a
+/// lease inside a transaction, the user's right to write every key
+/// already on that lease: etcd 3.6 and later do, 3.4 and 3.5 check the
+/// put's own key only (BENCHMARKS.md, "Which etcd"). A version that does
+/// not parse is taken for one that does not.
+fn lease_puts_check_every_key(version: &str) -> bool {
+    let mut parts = version.trim().split('.').map(|p| p.parse::<u32>());
+    match (parts.next(), parts.next()) {
+        (Some(Ok(major)), Some(Ok(minor))) => (major, minor) >= (3, 6),
+        _ => false,
+    }
+}
+
 /// How soon a lease renewal that failed is tried again.
 const RENEW_RETRY: Duration = Duration::from_millis(250);
 
@@ -573,6 +593,19 @@ impl Membership {
             .and_then(|_| control.txn(&[], &[Op::Delete(&probe)], &[]))
             .map_err(|e| JoinError::of(e, JoinError::Writing))?;
         takes_fit(&control, &probe).map_err(|e| JoinError::of(e, JoinError::TxnOps))?;
+        let credentials = access_has_credentials(cfg);
+        match control.server_version() {
+            Ok(v) if credentials && lease_puts_check_every_key(&v) => tracing::warn!(
+                "[cluster] etcd: the members run etcd {v}, which checks, when its \
+                 authentication is on, that the user may write every key on a lease at each \
+                 put attached to it; this node's ownership records are on its lease, so each \
+                 new file it takes costs etcd in proportion to the files it holds. Unless \
+                 etcd's authentication is off, run etcd 3.4 or 3.5 for now; see \
+                 docs/SCALING.md, \"Which etcd\""
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::debug!("cluster: asking etcd its version: {e}"),
+        }
         let m = Membership {
             store: Arc::new(store),
             control,
@@ -1776,6 +1809,18 @@ mod tests {
         while !check() {
             assert!(Instant::now() < until, "not within {within:?}: {what}");
             std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The versions whose lease check costs a node's takes in proportion
+    /// to the files it holds, as etcd's Status call spells them.
+    #[test]
+    fn etcd_3_6_and_later_check_every_key_on_a_lease() {
+        for v in ["3.6.0", "3.6.16", "3.7.3", "4.0.0"] {
+            assert!(lease_puts_check_every_key(v), "{v}");
+        }
+        for v in ["3.4.23", "3.5.21", "2.3.8", "", "3", "three.six", "3.x.1"] {
+            assert!(!lease_puts_check_every_key(v), "{v}");
         }
     }
 

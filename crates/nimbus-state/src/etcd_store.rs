@@ -338,6 +338,14 @@ impl EtcdStore {
         Ok(r.id())
     }
 
+    /// The etcd version the member that answers runs ("3.4.23"), as its
+    /// Status call reports it.
+    pub fn server_version(&self) -> Result<String, StateError> {
+        self.call("Status", Retry::Anywhere, move |mut c| async move {
+            c.status().await.map(|s| s.version().to_string())
+        })
+    }
+
     /// Renews lease `id`; Ok(false) when it had already expired.
     pub fn keep_alive(&self, id: i64) -> Result<bool, StateError> {
         self.call("LeaseKeepAlive", Retry::Anywhere, move |mut c| async move {

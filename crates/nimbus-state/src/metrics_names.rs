@@ -9,7 +9,7 @@ use std::time::Instant;
 use metrics::{counter, histogram};
 
 /// Calls to etcd by RPC ("Range", "Txn", "LeaseGrant", "LeaseKeepAlive",
-/// "LeaseRevoke") and result ("ok", "error").
+/// "LeaseRevoke", "Status") and result ("ok", "error").
 pub const ETCD_REQUESTS: &str = "nimbus_etcd_requests_total";
 /// Their latency, retries on other members included.
 pub const ETCD_REQUEST_SECONDS: &str = "nimbus_etcd_request_duration_seconds";
