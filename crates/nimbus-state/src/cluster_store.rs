@@ -138,8 +138,15 @@ pub struct ClusterStore {
     /// those of lookups that arrive together sent in one request.
     takes: GroupCommit<Vec<u8>, TxnOutcome>,
     /// Tests: the next write-back is applied, but its answer is lost.
+    /// How many times the node lost its lease (`forget_all`), changed
+    /// under the groups' lock: a take answered after a loss it began
+    /// before must not be adopted into memory (see `adopt`).
+    lease_losses: AtomicU64,
     #[cfg(test)]
     lose_write_back_answer: std::sync::atomic::AtomicBool,
+    /// Test hook: the lease is lost just before the next take is adopted.
+    #[cfg(test)]
+    lose_lease_before_adopting: std::sync::atomic::AtomicBool,
 }
 
 type Turn = Arc<Mutex<Option<Memo>>>;
@@ -242,8 +249,11 @@ impl ClusterStore {
             turns: Mutex::new(HashMap::new()),
             unsettled: Mutex::new(HashMap::new()),
             takes: GroupCommit::new(MAX_TXNS_PER_REQUEST, TAKES_OUT, TAKE_PATIENCE),
+            lease_losses: AtomicU64::new(0),
             #[cfg(test)]
             lose_write_back_answer: std::sync::atomic::AtomicBool::new(false),
+            #[cfg(test)]
+            lose_lease_before_adopting: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -331,6 +341,7 @@ impl ClusterStore {
     /// Reads `group` from etcd, taking it when nobody owns it and its
     /// records are claimable; `key`'s record when it stays shared.
     fn find(&self, group: &[u8], key: &[u8]) -> Result<Found, StateError> {
+        let losses = self.lease_losses.load(Ordering::SeqCst);
         let own = key_of(OWN_PREFIX, group);
         let keys: Vec<Vec<u8>> = self.clustered.iter().map(|p| key_of(p, group)).collect();
         let lease = self.lease.load(Ordering::SeqCst);
@@ -340,8 +351,7 @@ impl ClusterStore {
             .takes
             .submit(group.to_vec(), |groups| self.take_new(groups))?;
         if t.succeeded {
-            self.took(group, vec![None; keys.len()]);
-            self.adopt(group, BTreeMap::new());
+            self.adopt(group, vec![None; keys.len()], BTreeMap::new(), losses)?;
             return Ok(Found::Taken);
         }
         let [owner, records @ ..] = t.reads.as_slice() else {
@@ -368,13 +378,10 @@ impl ClusterStore {
                 .etcd
                 .txn(&cmps, &[Op::Put(&own, &self.me(), lease)], &[])?;
             if t.succeeded {
-                self.took(
-                    group,
-                    records
-                        .iter()
-                        .map(|r| r.as_ref().map(|r| r.version))
-                        .collect(),
-                );
+                let versions = records
+                    .iter()
+                    .map(|r| r.as_ref().map(|r| r.version))
+                    .collect();
                 let records = present
                     .into_iter()
                     .map(|(k, r)| {
@@ -387,7 +394,7 @@ impl ClusterStore {
                         )
                     })
                     .collect();
-                self.adopt(group, records);
+                self.adopt(group, versions, records, losses)?;
                 return Ok(Found::Taken);
             }
             return Ok(Found::Retry);
@@ -507,9 +514,36 @@ impl ClusterStore {
         t.remove(group);
     }
 
-    fn adopt(&self, group: &[u8], records: BTreeMap<Vec<u8>, Versioned>) {
+    /// Holds `group` in memory, taken in etcd with its records at
+    /// `versions` by a lookup that began after `losses` lease losses.
+    /// Refused when the node lost its lease since: etcd applied the take
+    /// under the lease that ended, so the ownership record went with it
+    /// (or will), and a group held in memory that etcd names nobody's
+    /// owner would be decided here, once the node joined again, while
+    /// another node took it too. `forget_all` dropped what it held; this
+    /// keeps a take that was under way from coming back after it.
+    fn adopt(
+        &self,
+        group: &[u8],
+        versions: Vec<Option<u64>>,
+        records: BTreeMap<Vec<u8>, Versioned>,
+        losses: u64,
+    ) -> Result<(), StateError> {
+        #[cfg(test)]
+        if self
+            .lose_lease_before_adopting
+            .swap(false, Ordering::SeqCst)
+        {
+            self.forget_all();
+        }
         let empty_since = records.is_empty().then(Instant::now);
-        self.lock().insert(
+        let mut g = self.lock();
+        if self.lease_losses.load(Ordering::SeqCst) != losses {
+            return Err(StateError::Unavailable(
+                "this node lost its etcd lease while it took a file; the file is not held".into(),
+            ));
+        }
+        g.insert(
             group.to_vec(),
             Group::Owned {
                 records,
@@ -517,7 +551,11 @@ impl ClusterStore {
                 taken: Instant::now(),
             },
         );
+        // Under the groups' lock, as `forget_all` clears both.
+        self.took(group, versions);
+        drop(g);
         self.changed.notify_all();
+        Ok(())
     }
 
     /// Asks `owner` to hand `group` over and waits until it has (or its
@@ -830,6 +868,9 @@ impl ClusterStore {
         // were about with the lease.
         let unsettled: Vec<Vec<u8>> = self.unsettled_lock().drain().map(|(k, _)| k).collect();
         let mut g = self.lock();
+        // Under the lock `adopt` checks it under: a take under way either
+        // lands before this and is dropped here, or is refused.
+        self.lease_losses.fetch_add(1, Ordering::SeqCst);
         let held = g.len();
         g.retain(|_, v| !matches!(v, Group::Owned { .. }));
         for group in &unsettled {
@@ -1774,6 +1815,29 @@ mod tests {
         assert_eq!(two.read(), "1c");
         assert_eq!(one.read(), "1c");
         assert_eq!(one.store.settle(), 0);
+    }
+
+    /// A take etcd applied under a lease the node lost before it could
+    /// hold the file in memory: the file is not held (etcd's ownership
+    /// record goes with that lease, and a node holding the file in memory
+    /// once it joined again would decide it beside whoever took it next).
+    #[test]
+    fn a_take_answered_after_the_lease_was_lost_is_not_held() {
+        let cluster = Cluster::start("take-across-loss");
+        let one = Node::start(&cluster.urls, "1", &[]);
+        one.store
+            .lose_lease_before_adopting
+            .store(true, Ordering::SeqCst);
+        let read = crate::records::read::<Raw>(&*one.store, &file_key());
+        assert!(matches!(read, Err(StateError::Unavailable(_))), "{read:?}");
+        assert!(!one.store.owns(G), "held in memory across the lease's loss");
+        assert_eq!(one.store.owned(), 0);
+        // Proven again, it finds itself named owner in etcd but holds
+        // nothing: mended as a lost hand-back, and the file taken anew.
+        one.store
+            .lease_proven_until(Instant::now() + Duration::from_secs(30));
+        assert_eq!(one.read(), "");
+        assert!(one.store.owns(G));
     }
 
     #[test]
