@@ -467,15 +467,35 @@ fn access_has_credentials(cfg: &ClusterConfig) -> bool {
 
 /// Whether etcd `version` ("3.6.16") checks, at a put attached to a
 /// lease inside a transaction, the user's right to write every key
-/// already on that lease: etcd 3.6 and later do, 3.4 and 3.5 check the
-/// put's own key only (BENCHMARKS.md, "Which etcd"). A version that does
-/// not parse is taken for one that does not.
+/// already on that lease. A security fix brought it (a put in a
+/// transaction could hang a key on a lease whose other keys its user may
+/// not write): 3.6.11 has it and 3.6.10 not, 3.5.31 has it and 3.5.27
+/// not (read in their sources); etcd's advisory names 3.5.30 and 3.4.44
+/// as the first of their branches. BENCHMARKS.md, "Which etcd". A
+/// version that does not parse is taken for one without it.
 fn lease_puts_check_every_key(version: &str) -> bool {
-    let mut parts = version.trim().split('.').map(|p| p.parse::<u32>());
-    match (parts.next(), parts.next()) {
-        (Some(Ok(major)), Some(Ok(minor))) => (major, minor) >= (3, 6),
-        _ => false,
-    }
+    let v = version.trim();
+    let v = v.strip_prefix('v').unwrap_or(v);
+    let mut parts = v.splitn(3, '.');
+    let number = |p: Option<&str>| -> Option<u32> {
+        let p = p?;
+        let digits = p.find(|c: char| !c.is_ascii_digit()).unwrap_or(p.len());
+        p.get(..digits)?.parse().ok()
+    };
+    let (Some(major), Some(minor), Some(patch)) = (
+        number(parts.next()),
+        number(parts.next()),
+        number(parts.next()),
+    ) else {
+        return false;
+    };
+    let first_fixed = match (major, minor) {
+        (3, 4) => 44,
+        (3, 5) => 30,
+        (3, 6) => 11,
+        (m, n) => return (m, n) > (3, 6),
+    };
+    patch >= first_fixed
 }
 
 /// How soon a lease renewal that failed is tried again.
@@ -596,12 +616,11 @@ impl Membership {
         let credentials = access_has_credentials(cfg);
         match control.server_version() {
             Ok(v) if credentials && lease_puts_check_every_key(&v) => tracing::warn!(
-                "[cluster] etcd: the members run etcd {v}, which checks, when its \
+                "[cluster] etcd: the member that answered runs etcd {v}, which checks, when its \
                  authentication is on, that the user may write every key on a lease at each \
-                 put attached to it; this node's ownership records are on its lease, so each \
-                 new file it takes costs etcd in proportion to the files it holds. Unless \
-                 etcd's authentication is off, run etcd 3.4 or 3.5 for now; see \
-                 docs/SCALING.md, \"Which etcd\""
+                 put attached to it; this node's ownership records are on its lease, so until \
+                 they leave it each new file the node takes costs etcd in proportion to the \
+                 files it holds; see docs/SCALING.md, \"Which etcd\""
             ),
             Ok(_) => {}
             Err(e) => tracing::debug!("cluster: asking etcd its version: {e}"),
@@ -1812,14 +1831,40 @@ mod tests {
         }
     }
 
-    /// The versions whose lease check costs a node's takes in proportion
+    /// The releases whose lease check costs a node's takes in proportion
     /// to the files it holds, as etcd's Status call spells them.
     #[test]
-    fn etcd_3_6_and_later_check_every_key_on_a_lease() {
-        for v in ["3.6.0", "3.6.16", "3.7.3", "4.0.0"] {
+    fn etcd_releases_that_check_every_key_on_a_lease_are_told_apart() {
+        for v in [
+            "3.6.11",
+            "3.6.16",
+            "v3.6.16",
+            " 3.6.12 ",
+            "3.6.11-rc.0",
+            "3.5.30",
+            "3.5.31",
+            "3.4.44",
+            "3.7.0",
+            "3.7.3",
+            "4.0.0",
+        ] {
             assert!(lease_puts_check_every_key(v), "{v}");
         }
-        for v in ["3.4.23", "3.5.21", "2.3.8", "", "3", "three.six", "3.x.1"] {
+        for v in [
+            "3.6.10",
+            "3.6.0",
+            "3.5.27",
+            "3.5.21",
+            "3.4.23",
+            "3.4.43",
+            "2.3.8",
+            "",
+            "3",
+            "3.6",
+            "three.six",
+            "3.x.1",
+            "3.6.x",
+        ] {
             assert!(!lease_puts_check_every_key(v), "{v}");
         }
     }

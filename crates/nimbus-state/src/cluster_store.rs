@@ -137,11 +137,12 @@ pub struct ClusterStore {
     /// Takes of files nobody has records of (`find`'s first transaction),
     /// those of lookups that arrive together sent in one request.
     takes: GroupCommit<Vec<u8>, TxnOutcome>,
+    /// How many times the node lost its lease (`forget_all`) or joined
+    /// again (`rejoined`), changed under the groups' lock: a take
+    /// answered after such a change that it began before must not be
+    /// adopted into memory (see `adopt`).
+    lease_changes: AtomicU64,
     /// Tests: the next write-back is applied, but its answer is lost.
-    /// How many times the node lost its lease (`forget_all`), changed
-    /// under the groups' lock: a take answered after a loss it began
-    /// before must not be adopted into memory (see `adopt`).
-    lease_losses: AtomicU64,
     #[cfg(test)]
     lose_write_back_answer: std::sync::atomic::AtomicBool,
     /// Test hook: the lease is lost just before the next take is adopted.
@@ -249,7 +250,7 @@ impl ClusterStore {
             turns: Mutex::new(HashMap::new()),
             unsettled: Mutex::new(HashMap::new()),
             takes: GroupCommit::new(MAX_TXNS_PER_REQUEST, TAKES_OUT, TAKE_PATIENCE),
-            lease_losses: AtomicU64::new(0),
+            lease_changes: AtomicU64::new(0),
             #[cfg(test)]
             lose_write_back_answer: std::sync::atomic::AtomicBool::new(false),
             #[cfg(test)]
@@ -341,7 +342,10 @@ impl ClusterStore {
     /// Reads `group` from etcd, taking it when nobody owns it and its
     /// records are claimable; `key`'s record when it stays shared.
     fn find(&self, group: &[u8], key: &[u8]) -> Result<Found, StateError> {
-        let losses = self.lease_losses.load(Ordering::SeqCst);
+        let changes = self.lease_changes.load(Ordering::SeqCst);
+        // After the count, as `forget_all` ends the proof before it counts:
+        // a take that passes this is made under the lease of `changes`.
+        self.fenced()?;
         let own = key_of(OWN_PREFIX, group);
         let keys: Vec<Vec<u8>> = self.clustered.iter().map(|p| key_of(p, group)).collect();
         let lease = self.lease.load(Ordering::SeqCst);
@@ -351,8 +355,7 @@ impl ClusterStore {
             .takes
             .submit(group.to_vec(), |groups| self.take_new(groups))?;
         if t.succeeded {
-            self.adopt(group, vec![None; keys.len()], BTreeMap::new(), losses)?;
-            return Ok(Found::Taken);
+            return Ok(self.adopt(group, vec![None; keys.len()], BTreeMap::new(), changes));
         }
         let [owner, records @ ..] = t.reads.as_slice() else {
             return Err(StateError::Unavailable(
@@ -394,8 +397,7 @@ impl ClusterStore {
                         )
                     })
                     .collect();
-                self.adopt(group, versions, records, losses)?;
-                return Ok(Found::Taken);
+                return Ok(self.adopt(group, versions, records, changes));
             }
             return Ok(Found::Retry);
         }
@@ -515,20 +517,24 @@ impl ClusterStore {
     }
 
     /// Holds `group` in memory, taken in etcd with its records at
-    /// `versions` by a lookup that began after `losses` lease losses.
-    /// Refused when the node lost its lease since: etcd applied the take
-    /// under the lease that ended, so the ownership record went with it
-    /// (or will), and a group held in memory that etcd names nobody's
-    /// owner would be decided here, once the node joined again, while
-    /// another node took it too. `forget_all` dropped what it held; this
-    /// keeps a take that was under way from coming back after it.
+    /// `versions` by a lookup that began after `changes` lease changes;
+    /// `Found::Retry` when the node lost its lease or joined again since.
+    /// etcd may have applied the take under the lease that ended, and
+    /// then the ownership record goes with it: a group held in memory
+    /// that etcd names nobody's owner would be decided here, once the
+    /// node joined again, while another node took it too. `forget_all`
+    /// dropped what it held; this keeps a take that was under way from
+    /// coming back after it. The lookup looks again: once the lease is
+    /// proven, a record the take left under a lease still alive names
+    /// this node and is mended as a lost hand-back (`ask_release`); before,
+    /// `fenced` refuses.
     fn adopt(
         &self,
         group: &[u8],
         versions: Vec<Option<u64>>,
         records: BTreeMap<Vec<u8>, Versioned>,
-        losses: u64,
-    ) -> Result<(), StateError> {
+        changes: u64,
+    ) -> Found {
         #[cfg(test)]
         if self
             .lose_lease_before_adopting
@@ -538,10 +544,9 @@ impl ClusterStore {
         }
         let empty_since = records.is_empty().then(Instant::now);
         let mut g = self.lock();
-        if self.lease_losses.load(Ordering::SeqCst) != losses {
-            return Err(StateError::Unavailable(
-                "this node lost its etcd lease while it took a file; the file is not held".into(),
-            ));
+        if self.lease_changes.load(Ordering::SeqCst) != changes {
+            tracing::debug!("cluster: a file taken across a change of lease is not held");
+            return Found::Retry;
         }
         g.insert(
             group.to_vec(),
@@ -551,11 +556,12 @@ impl ClusterStore {
                 taken: Instant::now(),
             },
         );
-        // Under the groups' lock, as `forget_all` clears both.
+        // Under the groups' lock, which `forget_all` counts under before
+        // it clears `taken_at`: a take it refuses is never recorded.
         self.took(group, versions);
         drop(g);
         self.changed.notify_all();
-        Ok(())
+        Found::Taken
     }
 
     /// Asks `owner` to hand `group` over and waits until it has (or its
@@ -870,7 +876,7 @@ impl ClusterStore {
         let mut g = self.lock();
         // Under the lock `adopt` checks it under: a take under way either
         // lands before this and is dropped here, or is refused.
-        self.lease_losses.fetch_add(1, Ordering::SeqCst);
+        self.lease_changes.fetch_add(1, Ordering::SeqCst);
         let held = g.len();
         g.retain(|_, v| !matches!(v, Group::Owned { .. }));
         for group in &unsettled {
@@ -893,8 +899,11 @@ impl ClusterStore {
     /// `me` now, under lease `lease`. It decides again once the new lease
     /// is proven (`lease_proven_until`).
     pub fn rejoined(&self, me: &str, lease: i64) {
+        let g = self.lock();
         *self.me.lock().unwrap_or_else(|p| p.into_inner()) = Arc::from(me.as_bytes());
         self.lease.store(lease, Ordering::SeqCst);
+        self.lease_changes.fetch_add(1, Ordering::SeqCst);
+        drop(g);
     }
 }
 
