@@ -1453,15 +1453,27 @@ class Load(threading.Thread):
             c.close()
 
 
-def ownership(cluster: EtcdCluster, path: Path) -> tuple[int, int] | None:
-    """The ownership key of a file in etcd (`own/` and the file's device
-    and inode): (mod revision, lease), or None while no node owns it."""
+def ownership(cluster: EtcdCluster, path: Path) -> tuple[int, str] | None:
+    """The ownership of a file in etcd (`own/` and the file's device and
+    inode): (mod revision, the owning node's name), or None while no live
+    node owns it. The record is under no lease: it names the owner's
+    incarnation, and ends with that incarnation's record (which is under
+    the node's lease) or when that record is younger than it."""
     st = path.stat()
     key = b"/nimbus/own/" + struct.pack(">QQ", st.st_dev, st.st_ino)
     # Binary keys do not pass on a command line: the prefix is scanned.
     out = json.loads(cluster.etcdctl("get", "--prefix", "/nimbus/own/", "-w", "json") or "{}")
     kvs = [kv for kv in out.get("kvs", []) if b64decode(kv["key"]) == key]
-    return (kvs[0]["mod_revision"], kvs[0].get("lease", 0)) if kvs else None
+    if not kvs:
+        return None
+    assert kvs[0].get("lease", 0) == 0, kvs[0]
+    incarnation = cluster.untagged(key, b64decode(kvs[0]["value"])).decode()
+    inc_key = f"/nimbus/incarnations/{incarnation}"
+    inc = json.loads(cluster.etcdctl("get", inc_key, "-w", "json") or "{}").get("kvs", [])
+    if not inc or inc[0]["create_revision"] >= kvs[0]["mod_revision"]:
+        return None
+    node = cluster.untagged(inc_key.encode(), b64decode(inc[0]["value"])).decode()
+    return (kvs[0]["mod_revision"], node)
 
 
 def test_a_node_joins_and_one_leaves_under_load_and_only_the_leaving_nodes_clients_notice(nodes, etcd_cluster):  # noqa: F811
@@ -1477,9 +1489,8 @@ def test_a_node_joins_and_one_leaves_under_load_and_only_the_leaving_nodes_clien
         for load in loads:
             load.wait_for(20)
         # Each file is decided in its node's memory.
-        lease = {n: members(etcd_cluster)[n]["lease"] for n in ("n1", "n2")}
         before_join = {load.file: ownership(etcd_cluster, n1.share / load.file) for load in loads}
-        assert [owner[1] for owner in before_join.values()] == [lease["n1"], lease["n2"]], before_join
+        assert [owner[1] for owner in before_join.values()] == ["n1", "n2"], before_join
         # A node joins with the same [cluster] settings while they work,
         # and takes clients of its own.
         n3.start()
@@ -1492,7 +1503,7 @@ def test_a_node_joins_and_one_leaves_under_load_and_only_the_leaving_nodes_clien
         # Joining moved nothing: each file is still decided where it was.
         assert {f: ownership(etcd_cluster, n1.share / f) for f in before_join} == before_join
         n3_owns = ownership(etcd_cluster, n1.share / on_n3.file)
-        assert n3_owns and n3_owns[1] == members(etcd_cluster)["n3"]["lease"]
+        assert n3_owns and n3_owns[1] == "n3"
         # n2 leaves on SIGTERM while its client writes.
         n2.proc.send_signal(signal.SIGTERM)
         assert n2.proc.wait(timeout=WAIT) == 0

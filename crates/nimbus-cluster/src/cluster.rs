@@ -205,6 +205,12 @@ pub type LeaseLost = Box<dyn Fn() + Send + Sync>;
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
 const SWEEP_IDLE: Duration = Duration::from_secs(30);
 
+/// How often the ownership records of node runs that are gone are looked
+/// for and deleted (`ClusterStore::clear_gone_owners`; also at start):
+/// a file's lookup clears its own, so these are only of files nobody
+/// opened since, and a pass reads every ownership record.
+const CLEAR_GONE_OWNERS_EVERY: Duration = Duration::from_secs(600);
+
 /// How long an incarnation found alive is taken to be, without asking.
 const ALIVE_FOR: Duration = Duration::from_secs(1);
 
@@ -314,6 +320,7 @@ pub fn owned_store(m: &Arc<Membership>) -> Arc<ClusterStore> {
     Arc::new(ClusterStore::new(
         m.store.clone(),
         CLUSTERED.to_vec(),
+        INCARNATIONS_PREFIX,
         &m.incarnation().to_string(),
         m.lease(),
         claimable,
@@ -844,11 +851,14 @@ impl Membership {
         // The runs it had adopted went with the old lease, as its own.
         crate::sync::lock(&self.adopted).clear();
         self.put_incarnations()?;
-        self.store.fence_on(&incarnation_key(n));
+        // The store names the new incarnation before the fence moves to
+        // it: a take fenced on the new record must name it, or its
+        // ownership would look dead (the old incarnation is gone).
         let lease = self.lease();
         if let Some(s) = self.owned.get() {
             s.rejoined(&n.to_string(), lease);
         }
+        self.store.fence_on(&incarnation_key(n));
         self.lost.store(false, Ordering::SeqCst);
         self.proved(sent);
         for f in crate::sync::lock(&self.on_new_lease).iter() {
@@ -1529,9 +1539,23 @@ impl Membership {
         let spawned = std::thread::Builder::new()
             .name("nimbus-sweep".into())
             .spawn(move || {
+                let mut cleared: Option<Instant> = None;
                 while !stop.load(Ordering::SeqCst) {
                     std::thread::sleep(SWEEP_EVERY);
                     store.sweep(SWEEP_IDLE);
+                    if cleared.is_none_or(|at| at.elapsed() >= CLEAR_GONE_OWNERS_EVERY) {
+                        cleared = Some(Instant::now());
+                        match store.clear_gone_owners() {
+                            Ok(0) => {}
+                            Ok(n) => tracing::info!(
+                                "cluster: {n} ownerships of files by node runs that are gone \
+                                 deleted from etcd"
+                            ),
+                            Err(e) => tracing::warn!(
+                                "cluster: deleting ownerships of node runs that are gone: {e}"
+                            ),
+                        }
+                    }
                 }
             });
         if let Err(e) = spawned {

@@ -141,6 +141,10 @@ pub fn describe() {
         "requests a cluster node sent another to hand a file over"
     );
     describe_counter!(
+        state::GONE_OWNERS_CLEARED,
+        "ownerships of files by node runs that were gone, deleted from etcd by this node"
+    );
+    describe_counter!(
         LOGONS,
         "session logons, by method (ntlm, kerberos, guest, anonymous; unknown for a failure) \
          and result (success, failure)"

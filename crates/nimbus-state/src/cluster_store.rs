@@ -6,15 +6,29 @@
 //! Keys under the `clustered` prefixes are one file's records (`prefix`
 //! then the file's 16-byte key, the file's "group"). For each group:
 //! - **Owned** by this node: `own/<group>` in etcd names this node's
-//!   incarnation, under its lease; the records live in this node's memory
-//!   and etcd's copy is stale. Reads and compare-and-sets are local.
+//!   incarnation; the records live in this node's memory and etcd's copy
+//!   is stale. Reads and compare-and-sets are local.
 //! - **Shared** (no `own/<group>`): etcd holds the records; every
 //!   compare-and-set is an etcd transaction that also checks nobody owns
 //!   the group.
 //! - **Owned by another node**: this node writes `release/<owner>/<group>`;
 //!   the owner, watching its `release/` range, writes its records back and
 //!   deletes `own/<group>` in one transaction; the group is then shared.
-//!   An owner that died loses `own/<group>` with its lease.
+//!
+//! An ownership record is not under the owner's lease: etcd 3.6 (and
+//! 3.5.30+, 3.4.44+) checks every key on a lease at each put under it in
+//! a transaction when authentication is on, and a node's takes would cost
+//! in proportion to the files it holds (docs/SCALING.md, "Which etcd").
+//! It names the owner's incarnation, whose record (`incarnations/<n>`) is
+//! under the lease instead, and it is **dead** unless that record was
+//! created before it: an incarnation record that is gone, or that was
+//! put again later (a restarted node adopting an earlier run), ends the
+//! ownership. A node writes `own/` only while its own incarnation record
+//! exists (the fence, `EtcdStore::fence_on`), so a live owner's record is
+//! always younger than its incarnation's; and once dead, a record stays
+//! dead (incarnation numbers are never drawn twice, and a record put
+//! again is younger). Whoever finds a dead one deletes it
+//! (`clear_if_dead`) and looks again.
 //!
 //! A node takes a group when its records name no other live node's opens
 //! (`claimable`): the first open of a file, and a file every other node
@@ -97,6 +111,8 @@ pub struct ClusterStore {
     etcd: Arc<EtcdStore>,
     local: MemoryStore,
     clustered: Vec<&'static [u8]>,
+    /// Key prefix of the incarnation records (`incarnations/<n>`).
+    incarnations: &'static [u8],
     /// This node's incarnation, as `own/` records name it: a new one
     /// after the node lost its lease and joined again (`rejoined`).
     me: Mutex<Arc<[u8]>>,
@@ -206,11 +222,33 @@ const TAKE_PATIENCE: Duration = Duration::from_millis(25);
 /// At most this many batches of takes out at once.
 const TAKES_OUT: usize = 4;
 
+/// A wait for a hand-over looks whether the owner is dead once its pause
+/// between looks has grown to this (after about 60 ms): a live owner
+/// answers sooner, and each such look costs etcd a read.
+const DEAD_OWNER_LOOKS: Duration = Duration::from_millis(32);
+
 fn key_of(prefix: &[u8], group: &[u8]) -> Vec<u8> {
     let mut k = Vec::with_capacity(prefix.len() + group.len());
     k.extend_from_slice(prefix);
     k.extend_from_slice(group);
     k
+}
+
+/// Transactions of conditions and writes that read nothing when they
+/// fail, to send together (`EtcdStore::txns`).
+fn unread<'a, C, O>(parts: &'a [(C, O)]) -> Vec<Txns<'a>>
+where
+    C: AsRef<[Cmp<'a>]>,
+    O: AsRef<[Op<'a>]>,
+{
+    parts
+        .iter()
+        .map(|(cmps, ops)| Txns {
+            cmps: cmps.as_ref(),
+            success: ops.as_ref(),
+            failure: &[],
+        })
+        .collect()
 }
 
 /// `release/<owner>/<group>`.
@@ -224,10 +262,12 @@ pub fn release_key(owner: &[u8], group: &[u8]) -> Vec<u8> {
 
 impl ClusterStore {
     /// A store deciding the records under `clustered` by ownership, as
-    /// incarnation `me` holding etcd lease `lease`.
+    /// incarnation `me` holding etcd lease `lease`; incarnation `n`'s
+    /// record is `incarnations` then `n`.
     pub fn new(
         etcd: Arc<EtcdStore>,
         clustered: Vec<&'static [u8]>,
+        incarnations: &'static [u8],
         me: &str,
         lease: i64,
         claimable: Claimable,
@@ -237,6 +277,7 @@ impl ClusterStore {
             etcd,
             local: MemoryStore::new(),
             clustered,
+            incarnations,
             me: Mutex::new(Arc::from(me.as_bytes())),
             lease: AtomicI64::new(lease),
             claimable,
@@ -348,7 +389,6 @@ impl ClusterStore {
         self.fenced()?;
         let own = key_of(OWN_PREFIX, group);
         let keys: Vec<Vec<u8>> = self.clustered.iter().map(|p| key_of(p, group)).collect();
-        let lease = self.lease.load(Ordering::SeqCst);
         // The common case, a file nobody has records of: taken in one
         // transaction, sent with those of other lookups under way.
         let t = self
@@ -377,9 +417,7 @@ impl ClusterStore {
                     .zip(records)
                     .map(|(k, r)| Cmp::Version(k, r.as_ref().map(|r| r.version))),
             );
-            let t = self
-                .etcd
-                .txn(&cmps, &[Op::Put(&own, &self.me(), lease)], &[])?;
+            let t = self.etcd.txn(&cmps, &[Op::Put(&own, &self.me(), 0)], &[])?;
             if t.succeeded {
                 let versions = records
                     .iter()
@@ -420,7 +458,6 @@ impl ClusterStore {
     /// its ownership and records read when it was not taken.
     fn take_new(&self, groups: &[Vec<u8>]) -> Answers<TxnOutcome> {
         let me = self.me();
-        let lease = self.lease.load(Ordering::SeqCst);
         let keys: Vec<(Vec<u8>, Vec<Vec<u8>>)> = groups.iter().map(|g| self.keys_of(g)).collect();
         type Parts<'k> = (Vec<Cmp<'k>>, [Op<'k>; 1], Vec<Op<'k>>);
         let parts: Vec<Parts<'_>> = keys
@@ -430,7 +467,8 @@ impl ClusterStore {
                 cmps.extend(records.iter().map(|k| Cmp::Absent(k)));
                 let mut reads = vec![Op::Get(own)];
                 reads.extend(records.iter().map(|k| Op::Get(k)));
-                (cmps, [Op::Put(own, &me, lease)], reads)
+                // Not under the lease: see the module comment.
+                (cmps, [Op::Put(own, &me, 0)], reads)
             })
             .collect();
         if let [(cmps, success, failure)] = parts.as_slice() {
@@ -584,6 +622,9 @@ impl ClusterStore {
                 .txn(&[Cmp::Version(&own, Some(since))], &[Op::Delete(&own)], &[])?;
             return Ok(());
         }
+        if self.clear_if_dead(owner, since, group)? {
+            return Ok(());
+        }
         let request = release_key(owner, group);
         let lease = self.lease.load(Ordering::SeqCst);
         let t = self.etcd.txn(
@@ -601,6 +642,12 @@ impl ClusterStore {
                 Some(v) if v.version == since => {}
                 _ => return Ok(()),
             }
+            // An owner that dies while asked never answers: its ownership
+            // ends with its incarnation record, which is looked at once
+            // the wait is past its first few quick looks.
+            if pause >= DEAD_OWNER_LOOKS && self.clear_if_dead(owner, since, group)? {
+                return Ok(());
+            }
             if Instant::now() >= deadline {
                 return Err(StateError::Unavailable(format!(
                     "node incarnation {} did not hand over a file within {:?}",
@@ -611,6 +658,89 @@ impl ClusterStore {
             crate::blocking::off_worker(|| std::thread::sleep(pause));
             pause = (pause * 2).min(Duration::from_millis(50));
         }
+    }
+
+    /// Whether the ownership of `group` by incarnation `owner` since
+    /// revision `since` is dead (see the module comment): then it is
+    /// deleted, with any request to that owner about it, and Ok(true)
+    /// tells the caller to look again. This node's own ownership is never
+    /// dead to it (it is fenced on its incarnation record instead).
+    fn clear_if_dead(&self, owner: &[u8], since: u64, group: &[u8]) -> Result<bool, StateError> {
+        if owner == &*self.me() {
+            return Ok(false);
+        }
+        let born = self.etcd.created(&key_of(self.incarnations, owner))?;
+        if born.is_some_and(|born| born < since) {
+            return Ok(false);
+        }
+        // Dead for good (the module comment): only the ownership record
+        // must still be the one read, so that a later owner's is kept.
+        let own = key_of(OWN_PREFIX, group);
+        let request = release_key(owner, group);
+        let t = self.etcd.txn(
+            &[Cmp::Version(&own, Some(since))],
+            &[Op::Delete(&own), Op::Delete(&request)],
+            &[],
+        )?;
+        if t.succeeded {
+            crate::metrics_names::gone_owner_cleared();
+            tracing::debug!(
+                "cluster: a file owned by incarnation {}, which is gone, is free again",
+                String::from_utf8_lossy(owner)
+            );
+        }
+        Ok(true)
+    }
+
+    /// Deletes every dead ownership record (see the module comment): those
+    /// of node runs that crashed, left, or lost their lease, which nobody
+    /// looked up since. A file's lookup clears its own anyway; this keeps
+    /// etcd from holding them for files nobody opens again. How many it
+    /// deleted.
+    pub fn clear_gone_owners(&self) -> Result<usize, StateError> {
+        // Ownerships first, then incarnations: an incarnation record
+        // absent or younger than an ownership read before it ends that
+        // ownership for good, whatever happens after.
+        let owned = self.etcd.scan_prefix(OWN_PREFIX)?;
+        let born: HashMap<Vec<u8>, u64> = self
+            .etcd
+            .scan_created(self.incarnations)?
+            .into_iter()
+            .filter_map(|(k, c)| Some((k.strip_prefix(self.incarnations)?.to_vec(), c)))
+            .collect();
+        let dead: Vec<(Vec<u8>, Vec<u8>, u64)> = owned
+            .into_iter()
+            .filter_map(|(key, v)| {
+                let group = key.strip_prefix(OWN_PREFIX)?.to_vec();
+                let alive = born.get(&v.value).is_some_and(|&b| b < v.version);
+                (!alive).then_some((group, v.value, v.version))
+            })
+            .collect();
+        let mut cleared = 0;
+        for chunk in dead.chunks(MAX_TXNS_PER_REQUEST) {
+            let keys: Vec<(Vec<u8>, Vec<u8>, u64)> = chunk
+                .iter()
+                .map(|(group, owner, since)| {
+                    (key_of(OWN_PREFIX, group), release_key(owner, group), *since)
+                })
+                .collect();
+            let parts: Vec<([Cmp<'_>; 1], [Op<'_>; 2])> = keys
+                .iter()
+                .map(|(own, request, since)| {
+                    (
+                        [Cmp::Version(own, Some(*since))],
+                        [Op::Delete(own), Op::Delete(request)],
+                    )
+                })
+                .collect();
+            for t in self.etcd.txns(&unread(&parts))?.into_iter().flatten() {
+                if t.succeeded {
+                    crate::metrics_names::gone_owner_cleared();
+                    cleared += 1;
+                }
+            }
+        }
+        Ok(cleared)
     }
 
     /// Hands `group` back to etcd (another node asked for it): its records
@@ -847,17 +977,9 @@ impl ClusterStore {
                 ([Cmp::Value(own, &me)], ops)
             })
             .collect();
-        let txns: Vec<Txns<'_>> = parts
-            .iter()
-            .map(|(cmps, ops)| Txns {
-                cmps,
-                success: ops,
-                failure: &[],
-            })
-            .collect();
         Ok(self
             .etcd
-            .txns(&txns)?
+            .txns(&unread(&parts))?
             .into_iter()
             .map(|t| t.map(|t| t.succeeded))
             .collect())
@@ -1063,7 +1185,11 @@ impl ClusterStore {
                     Found::OwnedBy(owner, since) if ask || *owner == *self.me() => {
                         self.ask_release(&owner, since, group)?
                     }
-                    Found::OwnedBy(..) => return Ok(InPlace::HeldElsewhere),
+                    Found::OwnedBy(owner, since) => {
+                        if !self.clear_if_dead(&owner, since, group)? {
+                            return Ok(InPlace::HeldElsewhere);
+                        }
+                    }
                 }
             } else {
                 match self.peek(group, key)? {
@@ -1073,7 +1199,11 @@ impl ClusterStore {
                     Found::OwnedBy(owner, since) if ask => {
                         self.ask_release(&owner, since, group)?
                     }
-                    Found::OwnedBy(..) => return Ok(InPlace::HeldElsewhere),
+                    Found::OwnedBy(owner, since) => {
+                        if !self.clear_if_dead(&owner, since, group)? {
+                            return Ok(InPlace::HeldElsewhere);
+                        }
+                    }
                     Found::Taken | Found::Retry => continue,
                 }
             }
@@ -1342,6 +1472,7 @@ mod tests {
     use std::sync::atomic::AtomicBool;
 
     const G: &[u8] = b"0123456789abcdef";
+    const INCARNATIONS: &[u8] = b"incarnations/";
 
     fn file_key() -> Vec<u8> {
         key_of(b"file/", G)
@@ -1364,6 +1495,12 @@ mod tests {
             let etcd =
                 Arc::new(EtcdStore::new(urls, b"/nimbus-test/", Duration::from_secs(5)).unwrap());
             let lease = etcd.grant_lease(30).unwrap();
+            // Registered as a cluster node is: its incarnation's record
+            // under its lease, which its writes are fenced on.
+            let incarnation = key_of(INCARNATIONS, me.as_bytes());
+            etcd.txn(&[], &[Op::Put(&incarnation, b"node", lease)], &[])
+                .unwrap();
+            etcd.fence_on(&incarnation);
             let claimable: Claimable = Box::new(move |_k, v| {
                 String::from_utf8_lossy(v)
                     .split(',')
@@ -1372,6 +1509,7 @@ mod tests {
             let store = Arc::new(ClusterStore::new(
                 etcd.clone(),
                 vec![b"file/", b"more/"],
+                INCARNATIONS,
                 me,
                 lease,
                 claimable,
@@ -1414,6 +1552,98 @@ mod tests {
                 let _ = t.join();
             }
         }
+    }
+
+    /// An ownership record is not under the owner's lease: it ends with
+    /// the owner's incarnation record. A node that finds an owner gone
+    /// deletes its ownership and goes on at once (neither waiting out the
+    /// hand-over timeout nor reporting the file held elsewhere); a live
+    /// owner's is kept.
+    #[test]
+    fn a_file_whose_owner_is_gone_is_free_at_once_and_a_live_owners_is_kept() {
+        let cluster = Cluster::start("gone-owner");
+        let one = Node::start(&cluster.urls, "1", &["2"]);
+        let two = Node::start(&cluster.urls, "2", &[]);
+        let raw = EtcdStore::new(&cluster.urls, b"/nimbus-test/", Duration::from_secs(5)).unwrap();
+        two.set("2a");
+        assert!(two.store.owns(G));
+
+        // Alive: held elsewhere, and not cleared.
+        assert!(matches!(
+            one.store.read_in_place(&file_key()).unwrap(),
+            InPlace::HeldElsewhere
+        ));
+        assert_eq!(one.store.clear_gone_owners().unwrap(), 0);
+        assert!(raw.get(&key_of(OWN_PREFIX, G)).unwrap().is_some());
+
+        // Gone (its lease, with its incarnation record, revoked): the
+        // record it had in memory was never written back to etcd.
+        two.etcd.revoke_lease(two.lease).unwrap();
+        assert!(raw.get(&key_of(OWN_PREFIX, G)).unwrap().is_some());
+        assert!(matches!(
+            one.store.read_in_place(&file_key()).unwrap(),
+            InPlace::Record(None)
+        ));
+        // Nobody's records: the lookup took the file.
+        assert!(one.store.owns(G));
+        one.set("1b");
+        assert_eq!(
+            raw.get(&key_of(OWN_PREFIX, G)).unwrap().unwrap().value,
+            b"1"
+        );
+    }
+
+    /// A restarted node puts its earlier runs' incarnation records again
+    /// (it adopts their persistent handles): ownerships those runs left
+    /// stay dead, to a lookup and to `clear_gone_owners` alike, while the
+    /// live node's own are kept.
+    #[test]
+    fn an_incarnation_put_again_does_not_revive_its_ownerships() {
+        let cluster = Cluster::start("adopted-owner");
+        let raw = EtcdStore::new(&cluster.urls, b"/nimbus-test/", Duration::from_secs(5)).unwrap();
+        let (g2, g3) = (b"1123456789abcdef", b"2123456789abcdef");
+        {
+            let two = Node::start(&cluster.urls, "2", &[]);
+            two.set("2a");
+            crate::records::update::<Raw, _, StateError>(&*two.store, &key_of(b"file/", g2), |r| {
+                r.0 = b"2b".to_vec();
+                Ok(())
+            })
+            .unwrap();
+            assert!(two.store.owns(G) && two.store.owns(g2));
+            two.etcd.revoke_lease(two.lease).unwrap();
+        }
+        // The next run of that node adopts incarnation 2 under its lease.
+        let lease = raw.grant_lease(30).unwrap();
+        raw.txn(
+            &[],
+            &[Op::Put(&key_of(INCARNATIONS, b"2"), b"node", lease)],
+            &[],
+        )
+        .unwrap();
+        let one = Node::start(&cluster.urls, "1", &["2"]);
+        crate::records::update::<Raw, _, StateError>(&*one.store, &key_of(b"file/", g3), |r| {
+            r.0 = b"1c".to_vec();
+            Ok(())
+        })
+        .unwrap();
+        assert!(one.store.owns(g3));
+
+        // One ownership found by a lookup (which takes the file, whose
+        // records never reached etcd), the other by a pass.
+        assert_eq!(one.store.get(&file_key()).unwrap(), None);
+        assert!(one.store.owns(G));
+        let three = Node::start(&cluster.urls, "3", &["2"]);
+        assert_eq!(three.store.clear_gone_owners().unwrap(), 1);
+        assert_eq!(raw.get(&key_of(OWN_PREFIX, g2)).unwrap(), None);
+        for live in [G, g3] {
+            assert_eq!(
+                raw.get(&key_of(OWN_PREFIX, live)).unwrap().unwrap().value,
+                b"1"
+            );
+        }
+        assert!(one.store.owns(G) && one.store.owns(g3));
+        assert_eq!(three.store.clear_gone_owners().unwrap(), 0);
     }
 
     #[test]

@@ -199,25 +199,38 @@ impl EtcdStore {
         }
     }
 
-    /// Every key under `prefix`; with `skip_forged`, a value that fails
-    /// its seal is left out and counted (logged by `versioned`) instead of
-    /// failing the whole read: for listings, where one forged record must
-    /// not hide the others.
-    fn scan(&self, prefix: &[u8], skip_forged: bool) -> Result<(Scanned, usize), StateError> {
+    /// etcd's answer to a read of every key under `prefix`, in key order
+    /// (`keys_only`: without their values).
+    fn range(
+        &self,
+        prefix: &[u8],
+        keys_only: bool,
+    ) -> Result<etcd_client::GetResponse, StateError> {
         let full = self.full_key(prefix);
         let end = prefix_end(&full);
-        let r = self.call("Range", Retry::Anywhere, move |c| {
+        self.call("Range", Retry::Anywhere, move |c| {
             let (full, end) = (full.clone(), end.clone());
             async move {
-                let options = GetOptions::new()
+                let mut options = GetOptions::new()
                     .with_range(end)
                     .with_sort(SortTarget::Key, SortOrder::Ascend);
+                if keys_only {
+                    options = options.with_keys_only();
+                }
                 c.kv_client()
                     .max_decoding_message_size(MAX_RESPONSE)
                     .get(full, Some(options))
                     .await
             }
-        })?;
+        })
+    }
+
+    /// Every key under `prefix`; with `skip_forged`, a value that fails
+    /// its seal is left out and counted (logged by `versioned`) instead of
+    /// failing the whole read: for listings, where one forged record must
+    /// not hide the others.
+    fn scan(&self, prefix: &[u8], skip_forged: bool) -> Result<(Scanned, usize), StateError> {
+        let r = self.range(prefix, false)?;
         let (mut out, mut refused) = (Vec::new(), 0);
         for kv in r.kvs() {
             let Some(key) = kv.key().strip_prefix(self.prefix.as_slice()) else {
@@ -232,6 +245,21 @@ impl EtcdStore {
             }
         }
         Ok((out, refused))
+    }
+
+    /// Every key under `prefix` with the revision its record was created
+    /// at (`created`), keys only: in key order.
+    pub fn scan_created(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, u64)>, StateError> {
+        let r = self.range(prefix, true)?;
+        r.kvs()
+            .iter()
+            .map(|kv| match kv.key().strip_prefix(self.prefix.as_slice()) {
+                Some(key) => Ok((key.to_vec(), kv.create_revision() as u64)),
+                None => Err(StateError::Corrupt(
+                    "etcd: a key outside the store's prefix",
+                )),
+            })
+            .collect()
     }
 
     /// `scan_prefix`, leaving out (and counting) values that fail their
@@ -361,6 +389,19 @@ impl EtcdStore {
         self.call("LeaseRevoke", Retry::Anywhere, move |mut c| async move {
             c.lease_revoke(id).await.map(|_| ())
         })
+    }
+
+    /// The revision at which `key`'s record was created (None: no live
+    /// record has it), read linearizably. A record deleted and put again
+    /// has a new one, so this tells a lease's record from a later one of
+    /// the same name (`ClusterStore`'s dead owners).
+    pub fn created(&self, key: &[u8]) -> Result<Option<u64>, StateError> {
+        let full = self.full_key(key);
+        let r = self.call("Range", Retry::Anywhere, move |mut c| {
+            let full = full.clone();
+            async move { c.get(full, None).await }
+        })?;
+        Ok(r.kvs().first().map(|kv| kv.create_revision() as u64))
     }
 
     /// Creates `key` with `value` under lease `lease` if no live record

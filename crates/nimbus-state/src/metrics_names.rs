@@ -19,6 +19,9 @@ pub const FILES_TAKEN: &str = "nimbus_cluster_files_taken_total";
 pub const FILES_GIVEN_BACK: &str = "nimbus_cluster_files_given_back_total";
 /// Requests it sent another node to hand a file over.
 pub const HANDOVER_REQUESTS: &str = "nimbus_cluster_handover_requests_total";
+/// Ownerships of files by node runs that were gone (died, left, lost
+/// their lease) that it deleted from etcd.
+pub const GONE_OWNERS_CLEARED: &str = "nimbus_cluster_gone_owners_cleared_total";
 
 pub(crate) fn etcd_call(kind: &'static str, ok: bool, started: Instant) {
     let result = if ok { "ok" } else { "error" };
@@ -36,4 +39,8 @@ pub(crate) fn file_given_back() {
 
 pub(crate) fn handover_asked() {
     counter!(HANDOVER_REQUESTS).increment(1);
+}
+
+pub(crate) fn gone_owner_cleared() {
+    counter!(GONE_OWNERS_CLEARED).increment(1);
 }
