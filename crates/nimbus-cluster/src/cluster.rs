@@ -1,9 +1,10 @@
 //! Cluster membership (`[cluster]`): this node's record in etcd,
 //! `nodes/<name>` holding the address clients reach it at, under a lease
 //! of `node_ttl_secs` that a task renews every third of it. A node that
-//! dies stops renewing, and its record (and everything it owns under the
-//! same lease) goes when the lease expires. SIGTERM revokes the lease: the
-//! node leaves at once.
+//! dies stops renewing, and its record (and everything else under the
+//! same lease: its incarnation record, and with it the ownership of the
+//! files it held, `ClusterStore`) goes when the lease expires. SIGTERM
+//! revokes the lease: the node leaves at once.
 //!
 //! A node whose lease is not proven within its TTL (etcd out of reach), or
 //! that finds etcd ended it, has lost it: other nodes may have taken its
@@ -144,7 +145,8 @@ pub struct Membership {
     /// or went), for those who follow the membership
     /// (`Membership::membership_changes`).
     changed: tokio::sync::watch::Sender<u64>,
-    /// The store whose ownerships live under the lease.
+    /// The store whose ownerships end with the lease (through the
+    /// incarnation record on it).
     owned: OnceLock<Arc<ClusterStore>>,
     /// When the last registration or renewal that etcd answered was sent:
     /// the lease lasts at least the TTL from then.
@@ -274,13 +276,14 @@ fn incarnation_of_key(key: &[u8]) -> Option<u64> {
 }
 
 /// How long an operation waits for another node to hand a file over:
-/// past it, that node's lease has expired and etcd took its ownership.
+/// past it, that node's lease has expired, and its ownership with the
+/// incarnation record on the lease.
 fn handover_timeout(ttl: Duration) -> Duration {
     ttl * 2 + Duration::from_secs(2)
 }
 
 /// The store share modes, byte-range locks, oplocks and leases are decided
-/// in: per-file ownership over etcd, under this node's lease. A file may be
+/// in: per-file ownership over etcd, naming this node's incarnation. A file may be
 /// taken when every open its records name (opens in the share-mode record,
 /// lock holders in the lock record, opens and holders in the caching
 /// record) is this node's or a gone node's, and no break is under way (a
@@ -465,46 +468,6 @@ fn etcd_access(cfg: &ClusterConfig) -> Result<nimbus_state::etcd_store::Access, 
     Ok(access)
 }
 
-/// Whether the node shows etcd who it is (a client certificate, or a
-/// user and password): without either, etcd's authentication cannot be
-/// on for it.
-fn access_has_credentials(cfg: &ClusterConfig) -> bool {
-    cfg.user.is_some() || cfg.tls.as_ref().is_some_and(|t| t.cert_file.is_some())
-}
-
-/// Whether etcd `version` ("3.6.16") checks, at a put attached to a
-/// lease inside a transaction, the user's right to write every key
-/// already on that lease. A security fix brought it (a put in a
-/// transaction could hang a key on a lease whose other keys its user may
-/// not write): 3.6.11 has it and 3.6.10 not, 3.5.31 has it and 3.5.27
-/// not (read in their sources); etcd's advisory names 3.5.30 and 3.4.44
-/// as the first of their branches. BENCHMARKS.md, "Which etcd". A
-/// version that does not parse is taken for one without it.
-fn lease_puts_check_every_key(version: &str) -> bool {
-    let v = version.trim();
-    let v = v.strip_prefix('v').unwrap_or(v);
-    let mut parts = v.splitn(3, '.');
-    let number = |p: Option<&str>| -> Option<u32> {
-        let p = p?;
-        let digits = p.find(|c: char| !c.is_ascii_digit()).unwrap_or(p.len());
-        p.get(..digits)?.parse().ok()
-    };
-    let (Some(major), Some(minor), Some(patch)) = (
-        number(parts.next()),
-        number(parts.next()),
-        number(parts.next()),
-    ) else {
-        return false;
-    };
-    let first_fixed = match (major, minor) {
-        (3, 4) => 44,
-        (3, 5) => 30,
-        (3, 6) => 11,
-        (m, n) => return (m, n) > (3, 6),
-    };
-    patch >= first_fixed
-}
-
 /// How soon a lease renewal that failed is tried again.
 const RENEW_RETRY: Duration = Duration::from_millis(250);
 
@@ -620,16 +583,10 @@ impl Membership {
             .and_then(|_| control.txn(&[], &[Op::Delete(&probe)], &[]))
             .map_err(|e| JoinError::of(e, JoinError::Writing))?;
         takes_fit(&control, &probe).map_err(|e| JoinError::of(e, JoinError::TxnOps))?;
-        let credentials = access_has_credentials(cfg);
+        // For the operator, who reads which etcd this cluster runs on in
+        // the start log (docs/SCALING.md, "Which etcd").
         match control.server_version() {
-            Ok(v) if credentials && lease_puts_check_every_key(&v) => tracing::warn!(
-                "[cluster] etcd: the member that answered runs etcd {v}, which checks, when its \
-                 authentication is on, that the user may write every key on a lease at each \
-                 put attached to it; this node's ownership records are on its lease, so until \
-                 they leave it each new file the node takes costs etcd in proportion to the \
-                 files it holds; see docs/SCALING.md, \"Which etcd\""
-            ),
-            Ok(_) => {}
+            Ok(v) => tracing::info!("cluster: etcd {v} answered"),
             Err(e) => tracing::debug!("cluster: asking etcd its version: {e}"),
         }
         let m = Membership {
@@ -759,7 +716,7 @@ impl Membership {
         self.lease.load(Ordering::SeqCst)
     }
 
-    /// Sets the store whose ownerships follow the lease; once.
+    /// Sets the store whose ownerships end with the lease; once.
     pub fn set_owned_store(&self, store: Arc<ClusterStore>) {
         // Read into a local first: a guard in an `if let` scrutinee would
         // live through the body.
@@ -1855,48 +1812,6 @@ mod tests {
         }
     }
 
-    /// The releases whose lease check costs a node's takes in proportion
-    /// to the files it holds, as etcd's Status call spells them.
-    #[test]
-    fn etcd_releases_that_check_every_key_on_a_lease_are_told_apart() {
-        for v in [
-            "3.6.11",
-            "3.6.16",
-            "v3.6.16",
-            " 3.6.12 ",
-            "3.6.11-rc.0",
-            "3.5.30",
-            "3.5.31",
-            "3.4.44",
-            "3.7.0",
-            "3.7.3",
-            "4.0.0",
-        ] {
-            assert!(lease_puts_check_every_key(v), "{v}");
-        }
-        for v in [
-            "3.6.10",
-            "3.6.0",
-            "3.5.27",
-            "3.5.21",
-            "3.4.23",
-            "3.4.43",
-            "2.3.8",
-            "",
-            "3",
-            "3.6",
-            "three.six",
-            "3.x.1",
-            "3.6.x",
-        ] {
-            assert!(!lease_puts_check_every_key(v), "{v}");
-        }
-    }
-
-    /// A node whose lease etcd ended joins again under a new lease and a
-    /// new incarnation, renews the new lease as it did the first, and
-    /// decides again: the renewal thread does not stop (nor deadlock) at
-    /// the new registration.
     #[test]
     fn the_copy_of_the_incarnations_says_alive_only_while_fresh() {
         assert_eq!(incarnation_of_key(b"incarnations/42"), Some(42));
@@ -2010,6 +1925,10 @@ mod tests {
         holder.leave();
     }
 
+    /// A node whose lease etcd ended joins again under a new lease and a
+    /// new incarnation, renews the new lease as it did the first, and
+    /// decides again: the renewal thread does not stop (nor deadlock) at
+    /// the new registration.
     #[test]
     fn a_node_that_lost_its_lease_joins_again_and_renews_the_new_one() {
         let etcd = nimbus_state::etcd_test_cluster::Cluster::start("rejoin");

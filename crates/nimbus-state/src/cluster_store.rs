@@ -33,7 +33,8 @@
 //! A node takes a group when its records name no other live node's opens
 //! (`claimable`): the first open of a file, and a file every other node
 //! has let go of. Groups this node owns and nobody has open are given back
-//! after a while (`sweep`), so that etcd holds one key per file in use.
+//! after a while (`sweep`), so that etcd holds one key per file in use
+//! (and, until they are cleared, those of nodes that are gone).
 //!
 //! Versions: etcd's mod_revisions for shared records, and versions with
 //! the top bit set for owned ones, so that a version read in one state
@@ -113,6 +114,9 @@ pub struct ClusterStore {
     clustered: Vec<&'static [u8]>,
     /// Key prefix of the incarnation records (`incarnations/<n>`).
     incarnations: &'static [u8],
+    /// Incarnations read alive lately: the create revision of each one's
+    /// record, and when it was read (`ALIVE_FOR`).
+    seen_alive: Mutex<HashMap<Vec<u8>, (u64, Instant)>>,
     /// This node's incarnation, as `own/` records name it: a new one
     /// after the node lost its lease and joined again (`rejoined`).
     me: Mutex<Arc<[u8]>>,
@@ -132,11 +136,6 @@ pub struct ClusterStore {
     /// within its lease TTL.
     proven_until: AtomicU64,
     epoch: Instant,
-    /// For each group this node took: the etcd versions of its records
-    /// (in `clustered` order; None: absent) when it took them. Nobody
-    /// writes them while this node owns the group, so a `rebind` that
-    /// finds them changed knows another node had the group meanwhile.
-    taken_at: Mutex<HashMap<Vec<u8>, Vec<Option<u64>>>>,
     /// Turns of updates of shared records (`StateStore::in_turn`), one
     /// per record, each with what the last update in it left. One per
     /// record, not shared by a hash: an update may wait in its turn for a
@@ -222,10 +221,30 @@ const TAKE_PATIENCE: Duration = Duration::from_millis(25);
 /// At most this many batches of takes out at once.
 const TAKES_OUT: usize = 4;
 
-/// A wait for a hand-over looks whether the owner is dead once its pause
-/// between looks has grown to this (after about 60 ms): a live owner
-/// answers sooner, and each such look costs etcd a read.
-const DEAD_OWNER_LOOKS: Duration = Duration::from_millis(32);
+/// A wait for a hand-over looks whether the owner is dead first after
+/// this, then once per `DEAD_OWNER_LOOK_EVERY`: a live owner answers
+/// sooner, and each such look costs etcd a read.
+const DEAD_OWNER_FIRST_LOOK: Duration = Duration::from_millis(30);
+const DEAD_OWNER_LOOK_EVERY: Duration = Duration::from_millis(250);
+
+/// How long an incarnation read alive is taken for alive without reading
+/// it again, where being wrong costs only time (`clear_if_dead`): an
+/// attribute open of a file another node holds is answered from its
+/// records in etcd rather than found free for up to this long after its
+/// owner died.
+const ALIVE_FOR: Duration = Duration::from_secs(1);
+
+/// At most this many incarnations are remembered alive.
+const ALIVE_KEPT: usize = 1024;
+
+/// Ownership records read at once by `clear_gone_owners`: a pass over a
+/// cluster with many files in use is many small reads, not one answer
+/// past etcd's limits or the call's timeout.
+#[cfg(not(test))]
+const GONE_OWNERS_PAGE: i64 = 1024;
+/// Small in tests, whose few records then take several pages.
+#[cfg(test)]
+const GONE_OWNERS_PAGE: i64 = 2;
 
 fn key_of(prefix: &[u8], group: &[u8]) -> Vec<u8> {
     let mut k = Vec::with_capacity(prefix.len() + group.len());
@@ -278,6 +297,7 @@ impl ClusterStore {
             local: MemoryStore::new(),
             clustered,
             incarnations,
+            seen_alive: Mutex::new(HashMap::new()),
             me: Mutex::new(Arc::from(me.as_bytes())),
             lease: AtomicI64::new(lease),
             claimable,
@@ -287,7 +307,6 @@ impl ClusterStore {
             handover_timeout,
             proven_until: AtomicU64::new(u64::MAX),
             epoch: Instant::now(),
-            taken_at: Mutex::new(HashMap::new()),
             turns: Mutex::new(HashMap::new()),
             unsettled: Mutex::new(HashMap::new()),
             takes: GroupCommit::new(MAX_TXNS_PER_REQUEST, TAKES_OUT, TAKE_PATIENCE),
@@ -395,7 +414,7 @@ impl ClusterStore {
             .takes
             .submit(group.to_vec(), |groups| self.take_new(groups))?;
         if t.succeeded {
-            return Ok(self.adopt(group, vec![None; keys.len()], BTreeMap::new(), changes));
+            return Ok(self.adopt(group, BTreeMap::new(), changes));
         }
         let [owner, records @ ..] = t.reads.as_slice() else {
             return Err(StateError::Unavailable(
@@ -419,10 +438,6 @@ impl ClusterStore {
             );
             let t = self.etcd.txn(&cmps, &[Op::Put(&own, &self.me(), 0)], &[])?;
             if t.succeeded {
-                let versions = records
-                    .iter()
-                    .map(|r| r.as_ref().map(|r| r.version))
-                    .collect();
                 let records = present
                     .into_iter()
                     .map(|(k, r)| {
@@ -435,7 +450,7 @@ impl ClusterStore {
                         )
                     })
                     .collect();
-                return Ok(self.adopt(group, versions, records, changes));
+                return Ok(self.adopt(group, records, changes));
             }
             return Ok(Found::Retry);
         }
@@ -540,39 +555,19 @@ impl ClusterStore {
         }
     }
 
-    /// Notes the etcd versions of `group`'s records as this node took it.
-    fn took(&self, group: &[u8], versions: Vec<Option<u64>>) {
-        crate::metrics_names::file_taken();
-        let mut t = self.taken_at.lock().unwrap_or_else(|p| p.into_inner());
-        t.insert(group.to_vec(), versions);
-    }
-
-    /// `group` is no longer this node's.
-    fn gave_back(&self, group: &[u8]) {
-        crate::metrics_names::file_given_back();
-        let mut t = self.taken_at.lock().unwrap_or_else(|p| p.into_inner());
-        t.remove(group);
-    }
-
-    /// Holds `group` in memory, taken in etcd with its records at
-    /// `versions` by a lookup that began after `changes` lease changes;
-    /// `Found::Retry` when the node lost its lease or joined again since.
-    /// etcd may have applied the take under the lease that ended, and
-    /// then the ownership record goes with it: a group held in memory
-    /// that etcd names nobody's owner would be decided here, once the
-    /// node joined again, while another node took it too. `forget_all`
-    /// dropped what it held; this keeps a take that was under way from
-    /// coming back after it. The lookup looks again: once the lease is
-    /// proven, a record the take left under a lease still alive names
-    /// this node and is mended as a lost hand-back (`ask_release`); before,
-    /// `fenced` refuses.
-    fn adopt(
-        &self,
-        group: &[u8],
-        versions: Vec<Option<u64>>,
-        records: BTreeMap<Vec<u8>, Versioned>,
-        changes: u64,
-    ) -> Found {
+    /// Holds `group` in memory, taken in etcd with `records` by a lookup
+    /// that began after `changes` lease changes; `Found::Retry` when the
+    /// node lost its lease or joined again since. etcd may have applied
+    /// the take under the incarnation that ended with the lease, and then
+    /// the ownership is dead: a group held in memory that etcd names
+    /// nobody's would be decided here, once the node joined again, while
+    /// another node took it too. `forget_all` dropped what it held; this
+    /// keeps a take that was under way from coming back after it. The
+    /// lookup looks again: once the lease is proven, a record the take
+    /// left under an incarnation still alive names this node and is
+    /// mended as a lost hand-back (`ask_release`); before, `fenced`
+    /// refuses.
+    fn adopt(&self, group: &[u8], records: BTreeMap<Vec<u8>, Versioned>, changes: u64) -> Found {
         #[cfg(test)]
         if self
             .lose_lease_before_adopting
@@ -594,16 +589,14 @@ impl ClusterStore {
                 taken: Instant::now(),
             },
         );
-        // Under the groups' lock, which `forget_all` counts under before
-        // it clears `taken_at`: a take it refuses is never recorded.
-        self.took(group, versions);
+        crate::metrics_names::file_taken();
         drop(g);
         self.changed.notify_all();
         Found::Taken
     }
 
-    /// Asks `owner` to hand `group` over and waits until it has (or its
-    /// lease expired). `since` is the revision of the ownership asked
+    /// Asks `owner` to hand `group` over and waits until it has (or is
+    /// found gone: `clear_if_dead`). `since` is the revision of the ownership asked
     /// about: the owner may hand the group back and take it again (its
     /// own clients' next open) between the asking and the looking, and
     /// that new ownership has not been asked for. A request for it may be
@@ -622,7 +615,7 @@ impl ClusterStore {
                 .txn(&[Cmp::Version(&own, Some(since))], &[Op::Delete(&own)], &[])?;
             return Ok(());
         }
-        if self.clear_if_dead(owner, since, group)? {
+        if self.clear_if_dead(owner, since, group, false)? {
             return Ok(());
         }
         let request = release_key(owner, group);
@@ -637,16 +630,19 @@ impl ClusterStore {
         }
         let deadline = Instant::now() + self.handover_timeout;
         let mut pause = Duration::from_millis(1);
+        let mut dead_look = Instant::now() + DEAD_OWNER_FIRST_LOOK;
         loop {
             match self.etcd.get(&own)? {
                 Some(v) if v.version == since => {}
                 _ => return Ok(()),
             }
             // An owner that dies while asked never answers: its ownership
-            // ends with its incarnation record, which is looked at once
-            // the wait is past its first few quick looks.
-            if pause >= DEAD_OWNER_LOOKS && self.clear_if_dead(owner, since, group)? {
-                return Ok(());
+            // ends with its incarnation record, read afresh now and then.
+            if Instant::now() >= dead_look {
+                dead_look = Instant::now() + DEAD_OWNER_LOOK_EVERY;
+                if self.clear_if_dead(owner, since, group, true)? {
+                    return Ok(());
+                }
             }
             if Instant::now() >= deadline {
                 return Err(StateError::Unavailable(format!(
@@ -664,13 +660,41 @@ impl ClusterStore {
     /// revision `since` is dead (see the module comment): then it is
     /// deleted, with any request to that owner about it, and Ok(true)
     /// tells the caller to look again. This node's own ownership is never
-    /// dead to it (it is fenced on its incarnation record instead).
-    fn clear_if_dead(&self, owner: &[u8], since: u64, group: &[u8]) -> Result<bool, StateError> {
+    /// dead to it (it is fenced on its incarnation record instead). Not
+    /// `fresh`, an owner read alive in the last `ALIVE_FOR` is taken for
+    /// alive without a read.
+    fn clear_if_dead(
+        &self,
+        owner: &[u8],
+        since: u64,
+        group: &[u8],
+        fresh: bool,
+    ) -> Result<bool, StateError> {
         if owner == &*self.me() {
             return Ok(false);
         }
+        let alive = |born: u64| born < since;
+        if !fresh {
+            let seen = self.seen_alive.lock().unwrap_or_else(|p| p.into_inner());
+            if seen
+                .get(owner)
+                .is_some_and(|(born, at)| at.elapsed() < ALIVE_FOR && alive(*born))
+            {
+                return Ok(false);
+            }
+        }
         let born = self.etcd.created(&key_of(self.incarnations, owner))?;
-        if born.is_some_and(|born| born < since) {
+        if let Some(born) = born {
+            let mut seen = self.seen_alive.lock().unwrap_or_else(|p| p.into_inner());
+            if seen.len() >= ALIVE_KEPT {
+                seen.retain(|_, (_, at)| at.elapsed() < ALIVE_FOR);
+                if seen.len() >= ALIVE_KEPT {
+                    seen.clear();
+                }
+            }
+            seen.insert(owner.to_vec(), (born, Instant::now()));
+        }
+        if born.is_some_and(alive) {
             return Ok(false);
         }
         // Dead for good (the module comment): only the ownership record
@@ -698,10 +722,30 @@ impl ClusterStore {
     /// etcd from holding them for files nobody opens again. How many it
     /// deleted.
     pub fn clear_gone_owners(&self) -> Result<usize, StateError> {
+        let mut cleared = 0;
+        let mut start = OWN_PREFIX.to_vec();
+        loop {
+            // A record that fails its tag is left alone (and logged): a
+            // forged one must not stop the pass.
+            let (page, _forged, more) =
+                self.etcd
+                    .scan_page_skipping_forged(OWN_PREFIX, &start, GONE_OWNERS_PAGE)?;
+            if let Some((last, _)) = page.last() {
+                start = last.clone();
+                start.push(0);
+            }
+            cleared += self.clear_dead_of(page)?;
+            if !more {
+                return Ok(cleared);
+            }
+        }
+    }
+
+    /// `clear_gone_owners` of one page of ownership records.
+    fn clear_dead_of(&self, owned: Vec<(Vec<u8>, Versioned)>) -> Result<usize, StateError> {
         // Ownerships first, then incarnations: an incarnation record
         // absent or younger than an ownership read before it ends that
         // ownership for good, whatever happens after.
-        let owned = self.etcd.scan_prefix(OWN_PREFIX)?;
         let born: HashMap<Vec<u8>, u64> = self
             .etcd
             .scan_created(self.incarnations)?
@@ -835,7 +879,7 @@ impl ClusterStore {
     /// `group`'s write-back was answered: it is no longer this node's.
     fn given_back(&self, group: &[u8]) {
         self.lock().remove(group);
-        self.gave_back(group);
+        crate::metrics_names::file_given_back();
         self.changed.notify_all();
     }
 
@@ -992,8 +1036,8 @@ impl ClusterStore {
     /// nothing is decided here until `rejoined` and a new proof.
     pub fn forget_all(&self) {
         self.proven_until.store(0, Ordering::SeqCst);
-        // Unsettled write-backs go too: etcd ended the ownership they
-        // were about with the lease.
+        // Unsettled write-backs go too: the ownership they were about
+        // ended with the incarnation, whose record was on the lease.
         let unsettled: Vec<Vec<u8>> = self.unsettled_lock().drain().map(|(k, _)| k).collect();
         let mut g = self.lock();
         // Under the lock `adopt` checks it under: a take under way either
@@ -1006,10 +1050,6 @@ impl ClusterStore {
         }
         let forgotten = held - g.len();
         drop(g);
-        self.taken_at
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clear();
         self.turns.lock().unwrap_or_else(|p| p.into_inner()).clear();
         self.changed.notify_all();
         if forgotten > 0 {
@@ -1186,7 +1226,7 @@ impl ClusterStore {
                         self.ask_release(&owner, since, group)?
                     }
                     Found::OwnedBy(owner, since) => {
-                        if !self.clear_if_dead(&owner, since, group)? {
+                        if !self.clear_if_dead(&owner, since, group, false)? {
                             return Ok(InPlace::HeldElsewhere);
                         }
                     }
@@ -1200,7 +1240,7 @@ impl ClusterStore {
                         self.ask_release(&owner, since, group)?
                     }
                     Found::OwnedBy(owner, since) => {
-                        if !self.clear_if_dead(&owner, since, group)? {
+                        if !self.clear_if_dead(&owner, since, group, false)? {
                             return Ok(InPlace::HeldElsewhere);
                         }
                     }
@@ -1577,14 +1617,27 @@ mod tests {
         assert!(raw.get(&key_of(OWN_PREFIX, G)).unwrap().is_some());
 
         // Gone (its lease, with its incarnation record, revoked): the
-        // record it had in memory was never written back to etcd.
+        // record it had in memory was never written back to etcd. A node
+        // that has not just seen it alive (node 1 has, and takes it for
+        // alive for `ALIVE_FOR`) finds it free in a read in place, and
+        // takes it: nobody's records.
         two.etcd.revoke_lease(two.lease).unwrap();
         assert!(raw.get(&key_of(OWN_PREFIX, G)).unwrap().is_some());
+        let three = Node::start(&cluster.urls, "3", &["2"]);
         assert!(matches!(
-            one.store.read_in_place(&file_key()).unwrap(),
+            three.store.read_in_place(&file_key()).unwrap(),
             InPlace::Record(None)
         ));
-        // Nobody's records: the lookup took the file.
+        assert!(three.store.owns(G));
+        // Node 1 sees it alive, then it dies too: node 1, taking it for
+        // alive still, asks it for the file, and its wait for the
+        // hand-over reads the owner afresh and finds it gone.
+        assert!(matches!(
+            one.store.read_in_place(&file_key()).unwrap(),
+            InPlace::HeldElsewhere
+        ));
+        three.etcd.revoke_lease(three.lease).unwrap();
+        assert_eq!(one.store.get(&file_key()).unwrap(), None);
         assert!(one.store.owns(G));
         one.set("1b");
         assert_eq!(
@@ -1689,7 +1742,8 @@ mod tests {
         two.set("2b,2c");
         assert_eq!(raw.get(&file_key()).unwrap().unwrap().value, b"2b");
 
-        // Node 2 dies: its ownership goes with its lease, and node 1 (for
+        // Node 2 dies: its ownership ends with its incarnation record,
+        // which was on its lease, and node 1 (for
         // which node 2 is not gone) finds the record as node 2 last wrote
         // it to etcd, shared.
         two.etcd.revoke_lease(two.lease).unwrap();
@@ -2058,7 +2112,7 @@ mod tests {
 
     /// A take etcd applied under a lease the node lost before it could
     /// hold the file in memory: the file is not held (etcd's ownership
-    /// record goes with that lease, and a node holding the file in memory
+    /// ends with the incarnation on that lease, and a node holding it
     /// once it joined again would decide it beside whoever took it next).
     #[test]
     fn a_take_answered_after_the_lease_was_lost_is_not_held() {

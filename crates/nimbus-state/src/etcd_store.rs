@@ -201,18 +201,23 @@ impl EtcdStore {
 
     /// etcd's answer to a read of every key under `prefix`, in key order
     /// (`keys_only`: without their values).
+    /// From `start` on (a key under `prefix`, or `prefix` itself), at
+    /// most `limit` keys (0: all).
     fn range(
         &self,
         prefix: &[u8],
+        start: &[u8],
         keys_only: bool,
+        limit: i64,
     ) -> Result<etcd_client::GetResponse, StateError> {
-        let full = self.full_key(prefix);
-        let end = prefix_end(&full);
+        let full = self.full_key(start);
+        let end = prefix_end(&self.full_key(prefix));
         self.call("Range", Retry::Anywhere, move |c| {
             let (full, end) = (full.clone(), end.clone());
             async move {
                 let mut options = GetOptions::new()
                     .with_range(end)
+                    .with_limit(limit)
                     .with_sort(SortTarget::Key, SortOrder::Ascend);
                 if keys_only {
                     options = options.with_keys_only();
@@ -230,7 +235,30 @@ impl EtcdStore {
     /// failing the whole read: for listings, where one forged record must
     /// not hide the others.
     fn scan(&self, prefix: &[u8], skip_forged: bool) -> Result<(Scanned, usize), StateError> {
-        let r = self.range(prefix, false)?;
+        let r = self.range(prefix, prefix, false, 0)?;
+        self.scanned(&r, skip_forged)
+    }
+
+    /// A page of `scan_prefix_skipping_forged`: at most `limit` keys from
+    /// `start` on (a key under `prefix`, or `prefix` itself), the number
+    /// of values refused, and whether keys are left after the page.
+    pub fn scan_page_skipping_forged(
+        &self,
+        prefix: &[u8],
+        start: &[u8],
+        limit: i64,
+    ) -> Result<(Scanned, usize, bool), StateError> {
+        let r = self.range(prefix, start, false, limit)?;
+        let (page, refused) = self.scanned(&r, true)?;
+        Ok((page, refused, r.more()))
+    }
+
+    /// The records of a range read.
+    fn scanned(
+        &self,
+        r: &etcd_client::GetResponse,
+        skip_forged: bool,
+    ) -> Result<(Scanned, usize), StateError> {
         let (mut out, mut refused) = (Vec::new(), 0);
         for kv in r.kvs() {
             let Some(key) = kv.key().strip_prefix(self.prefix.as_slice()) else {
@@ -250,7 +278,7 @@ impl EtcdStore {
     /// Every key under `prefix` with the revision its record was created
     /// at (`created`), keys only: in key order.
     pub fn scan_created(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, u64)>, StateError> {
-        let r = self.range(prefix, true)?;
+        let r = self.range(prefix, prefix, true, 0)?;
         r.kvs()
             .iter()
             .map(|kv| match kv.key().strip_prefix(self.prefix.as_slice()) {
