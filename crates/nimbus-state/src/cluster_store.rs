@@ -282,7 +282,11 @@ pub fn release_key(owner: &[u8], group: &[u8]) -> Vec<u8> {
 impl ClusterStore {
     /// A store deciding the records under `clustered` by ownership, as
     /// incarnation `me` holding etcd lease `lease`; incarnation `n`'s
-    /// record is `incarnations` then `n`.
+    /// record is `incarnations` then `n`. `etcd` must be fenced on `me`'s
+    /// record (`EtcdStore::fence_on`), and `rejoined` told of a new
+    /// incarnation before the fence moves to it: an ownership is alive
+    /// only while it is younger than its incarnation's record, which the
+    /// fence makes true of every take.
     pub fn new(
         etcd: Arc<EtcdStore>,
         clustered: Vec<&'static [u8]>,
