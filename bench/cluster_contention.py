@@ -2,7 +2,7 @@
 """Open/close rates of a three-node Nimbus cluster against one Nimbus node
 and one Samba smbd, same machine, same client, same run (issue 15).
 
-    bash bench/run.sh --cluster [--seconds 5] [--nprocs 1 4 16 64] [--no-write]
+    bash bench/run.sh --cluster [--seconds 5] [--nprocs 1 4 16 64] [--no-write] [--before NIMBUS]
 
 The seed workload of the Samba team's cluster talk: smbtorture
 `smb2.bench.path-contention-shared` (open and close of one path, as fast
@@ -42,7 +42,12 @@ in the same time, over the opens counted. The ceiling a design with one
 etcd transaction per open would hit is this machine's `etcdctl check
 perf` write rate, printed beside.
 
-Writes its table into BENCHMARKS.md between the cluster markers.
+With --before NIMBUS, an earlier build runs as the plain cluster too
+(kind cluster-before, on a plain etcd of its own) in the same run, and a second
+table sets each of its rows beside this build's: opens/s, etcd requests
+and the members' and nodes' CPU per open.
+
+Writes its tables into BENCHMARKS.md between the cluster markers.
 """
 
 from __future__ import annotations
@@ -154,10 +159,11 @@ def node_config(
 
 
 def start_cluster(
-    nimbus: str, state: Path, share_dir: Path, etcd: EtcdCluster, cluster_extra: tuple[str, ...] = ()
+    nimbus: str, state: Path, share_dir: Path, etcd: EtcdCluster, cluster_extra: tuple[str, ...] = (), tagged: bool = True
 ) -> tuple[Target, list[subprocess.Popen]]:
     """Three nodes, one port on three loopback addresses (smbtorture's
-    unclist names hosts; the port is one for all)."""
+    unclist names hosts; the port is one for all). Without `tagged`, the
+    nodes are given no cluster secret (a build from before it existed)."""
     db = state / "users.db"
     subprocess.run([nimbus, "user", "add", USER, "--db", str(db), "--password-stdin"], input=PASSWORD + "\n", text=True, check=True, capture_output=True)
     port = free_port()
@@ -165,7 +171,10 @@ def start_cluster(
     for i, host in enumerate(HOSTS):
         name = f"n{i + 1}"
         conf = state / f"{name}.toml"
-        conf.write_text(node_config(name, host, port, db, share_dir, etcd, cluster_extra=cluster_extra))
+        text = node_config(name, host, port, db, share_dir, etcd, cluster_extra=cluster_extra)
+        if not tagged:
+            text = "".join(line for line in text.splitlines(keepends=True) if not line.startswith("secret_file"))
+        conf.write_text(text)
         log = open(state / f"{name}.log", "wb")
         procs.append(subprocess.Popen([nimbus, "serve", "--config", str(conf)], stdout=log, stderr=subprocess.STDOUT))
         try:
@@ -311,7 +320,26 @@ TLS_KINDS = {
 # group_leases`, docs/SCALING.md). cluster-per-lease is the plain cluster
 # with that key off: each lease a grant of its own in the record.
 EXTRA_KINDS = {"cluster-per-lease": ("group_leases = false",)}
-KINDS = ["cluster", *TLS_KINDS, *EXTRA_KINDS, "single", "samba"]
+# cluster-before: the plain cluster run by the binary of --before (an
+# earlier build), on a plain etcd of its own made alike, in the same run:
+# a change's before and after, each row beside the other.
+BEFORE = "cluster-before"
+KINDS = ["cluster", BEFORE, *TLS_KINDS, *EXTRA_KINDS, "single", "samba"]
+
+
+def accepts_secret_file(nimbus: str, work: Path) -> bool:
+    """Whether `nimbus` knows `[cluster] secret_file` (builds before the
+    records were tagged refuse it as an unknown key)."""
+    secret = work / "probe.secret"
+    secret.write_bytes(os.urandom(32))
+    secret.chmod(0o600)
+    conf = work / "probe.toml"
+    conf.write_text(
+        f'listen = ["127.0.0.1:1"]\n[cluster]\netcd = ["http://127.0.0.1:1"]\nnode = "probe"\n'
+        f'advertise = "127.0.0.1:1"\nsecret_file = {json.dumps(str(secret))}\n'
+    )
+    out = subprocess.run([nimbus, "config", "check", str(conf)], capture_output=True, text=True)
+    return "unknown field `secret_file`" not in out.stdout + out.stderr
 
 
 def main() -> int:
@@ -319,6 +347,12 @@ def main() -> int:
     ap.add_argument("--seconds", type=int, default=5, help="length of each smbtorture run")
     ap.add_argument("--nprocs", type=int, nargs="+", default=[1, 4, 16, 64])
     ap.add_argument("--nimbus", default=str(REPO / "target" / "release" / "nimbus"))
+    ap.add_argument(
+        "--before",
+        metavar="NIMBUS",
+        help="an earlier build of nimbus, run as the plain cluster (kind cluster-before) in the same run "
+        "on a plain etcd of its own: each cluster row before and after, with etcd's requests and CPU per open",
+    )
     ap.add_argument("--output", default=str(REPO / "BENCHMARKS.md"))
     ap.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
     ap.add_argument("--no-check-perf", action="store_true", help="skip etcdctl check perf --load=l (60 s)")
@@ -335,11 +369,15 @@ def main() -> int:
     ap.add_argument(
         "--kinds",
         nargs="+",
-        default=KINDS,
         choices=KINDS,
-        help="which servers to measure (the cluster alone, say, to compare two builds of it)",
+        help="which servers to measure (the cluster alone, say, to compare two builds of it); "
+        f"default: all, {BEFORE} only with --before",
     )
     args = ap.parse_args()
+    if args.kinds is None:
+        args.kinds = [k for k in KINDS if k != BEFORE or args.before]
+    if (BEFORE in args.kinds) != bool(args.before):
+        sys.exit(f"--before and the kind {BEFORE} go together")
     for tool in ("smbtorture", "etcd", "etcdctl"):
         if not shutil.which(tool):
             sys.exit(f"{tool} not found: run through bash bench/run.sh --cluster, which installs it")
@@ -356,9 +394,10 @@ def main() -> int:
         # "cluster" on plain http://: comparable with the runs measured
         # before the tests' etcd went TLS; "cluster-tls" on its own etcd.
         etcd = EtcdCluster(work / "etcd", tls=False)
-        tls_etcds: dict[str, EtcdCluster] = {}
+        own_etcds: dict[str, EtcdCluster] = {}
         every_etcd = [etcd]
         cluster_procs: list[subprocess.Popen] = []
+        before_tags = bool(args.before) and accepts_secret_file(args.before, work)
         try:
             etcd.start()
             # Every etcd the kinds use is made at the start, and only the
@@ -367,12 +406,15 @@ def main() -> int:
             # (a member heartbeats 20 times a second), and all kinds run
             # alike.
             for kind in args.kinds:
-                if kind in TLS_KINDS:
-                    tls_etcds[kind] = EtcdCluster(work / f"etcd-{kind}", **TLS_KINDS[kind])
-                    every_etcd.append(tls_etcds[kind])
-                    tls_etcds[kind].start()
+                # The build of --before gets a plain etcd of its own: what
+                # one build keeps there another may not read.
+                if kind in TLS_KINDS or kind == BEFORE:
+                    own_etcds[kind] = EtcdCluster(work / f"etcd-{kind}", **TLS_KINDS.get(kind, dict(tls=False)))
+                    every_etcd.append(own_etcds[kind])
+                    own_etcds[kind].start()
             names = {
                 "cluster": "Nimbus, 3-node cluster",
+                BEFORE: "Nimbus, cluster, --before",
                 "cluster-tls": "Nimbus, cluster, TLS etcd",
                 "cluster-tls-plain-peers": "Nimbus, TLS, plain peers",
                 "cluster-tls-no-auth": "Nimbus, TLS, no etcd auth",
@@ -386,13 +428,16 @@ def main() -> int:
                 state.mkdir()
                 share.mkdir()
                 server = None
-                used = tls_etcds.get(kind, etcd) if kind.startswith("cluster") else None
+                used = own_etcds.get(kind, etcd) if kind.startswith("cluster") else None
                 for e in every_etcd:
                     pause(e, e is not used)
                 if used is not None:
                     used.wait_healthy()
-                if kind.startswith("cluster"):
-                    target, cluster_procs = start_cluster(args.nimbus, state, share, tls_etcds.get(kind, etcd), EXTRA_KINDS.get(kind, ()))
+                if kind == BEFORE:
+                    target, cluster_procs = start_cluster(args.before, state, share, own_etcds[kind], tagged=before_tags)
+                    idle = idle_rates(target)
+                elif kind.startswith("cluster"):
+                    target, cluster_procs = start_cluster(args.nimbus, state, share, own_etcds.get(kind, etcd), EXTRA_KINDS.get(kind, ()))
                     idle = idle_rates(target)
                 else:
                     server = start_nimbus(args.nimbus, state, share) if kind == "single" else start_smbd(state, share)
@@ -439,6 +484,9 @@ def main() -> int:
         for kind in TLS_KINDS:
             if kind in args.kinds:
                 print(f"{kind}:\n{tls_rounds(runs, args.cases, args.nprocs, kind)}")
+    if BEFORE in args.kinds:
+        table += "\n" + before_table(runs, args.cases, args.nprocs, args.before, before_tags)
+        print(table[table.index("\n" + BEFORE_HEADING) :])
     if not args.no_write:
         write(Path(args.output), table)
     return 0
@@ -494,6 +542,37 @@ def render(results: dict, nprocs: list[int], perf: str, seconds: int) -> str:
                 f"| {case} | {n} | {c['rate']:.0f} | {c['txn_per_open']:.3f} | {c['requests_per_open']:.3f} | {rate(t)} | "
                 f"{tls_ratio} | {rate(s)} | {rate(b)} | {ratio(s)} | {ratio(b)} |"
             )
+    return "\n".join(lines) + "\n"
+
+
+BEFORE_HEADING = "Before and after (`--before`"
+
+
+def before_table(runs: dict[tuple[str, str, int], list[dict]], cases: list[str], nprocs: list[int], before: str, tagged: bool) -> str:
+    """The plain cluster of --before against this build's, each the median
+    round: opens/s, and what etcd and the nodes spent per open."""
+    lines = [
+        f"{BEFORE_HEADING} {before}, plain etcd{'' if tagged else ', records untagged: it has no cluster secret'}):",
+        "",
+        "| case | nprocs | before, opens/s | after, opens/s | after / before | etcd requests/open, before / after | "
+        "etcd CPU µs/open, before / after | nodes' CPU µs/open, before / after |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+
+    def median(kind: str, case: str, n: int) -> dict | None:
+        rows = sorted(runs.get((kind, case, n), []), key=lambda row: row["rate"])
+        return rows[(len(rows) - 1) // 2] if rows else None
+
+    for case in cases:
+        for n in nprocs:
+            b, a = median(BEFORE, case, n), median("cluster", case, n)
+            if not (a and b):
+                continue
+            per_open = " | ".join(
+                f"{b[key]:.{digits}f} / {a[key]:.{digits}f}"
+                for key, digits in (("requests_per_open", 3), ("etcd_cpu_us_per_open", 0), ("node_cpu_us_per_open", 0))
+            )
+            lines.append(f"| {case} | {n} | {b['rate']:.0f} | {a['rate']:.0f} | {a['rate'] / max(b['rate'], 1):.2f} | {per_open} |")
     return "\n".join(lines) + "\n"
 
 

@@ -730,10 +730,13 @@ impl Membership {
     /// Etcd answered a registration or renewal sent at `sent`: the node
     /// may decide until the TTL from then.
     fn proved(&self, sent: Instant) {
-        if self.lost.load(Ordering::SeqCst) {
+        // Under the proof's lock, which `leave` ends the proof under: a
+        // renewal etcd answers after the node left proves nothing.
+        let mut proof = crate::sync::lock(&self.last_proof);
+        if self.lost.load(Ordering::SeqCst) || self.is_stopping() {
             return;
         }
-        *crate::sync::lock(&self.last_proof) = Some(sent);
+        *proof = Some(sent);
         crate::metrics::lease_proven(true);
         self.store.proven_until(sent + self.ttl);
         if let Some(s) = self.owned.get() {
@@ -1760,8 +1763,25 @@ impl Membership {
     }
 
     /// Leaves the cluster (at shutdown): the record goes at once.
+    ///
+    /// The node stops deciding before it revokes its lease: once etcd
+    /// drops the incarnation record, other nodes take this node's files
+    /// for free at once (its ownerships name the incarnation), so a
+    /// decision from memory after that could stand beside theirs. Its
+    /// store's calls and its files held in memory are cut off first, as
+    /// at a lost lease, but its clients are not dropped here: a stopping
+    /// server has drained them (`Server::stop`).
     pub fn leave(&self) {
-        self.stopping.store(true, Ordering::SeqCst);
+        {
+            let _proof = crate::sync::lock(&self.last_proof);
+            self.stopping.store(true, Ordering::SeqCst);
+            let now = Instant::now();
+            self.store.proven_until(now);
+            if let Some(s) = self.owned.get() {
+                s.lease_proven_until(now);
+            }
+        }
+        crate::metrics::lease_proven(false);
         let lease = self.lease.swap(0, Ordering::SeqCst);
         if lease != 0 {
             match self.control.revoke_lease(lease) {
@@ -1841,6 +1861,27 @@ mod tests {
         }
     }
 
+    /// A test node's `[cluster]` settings on `etcd`, its records tagged
+    /// with a secret of that cluster's, as a production node's are.
+    fn test_config(
+        etcd: &nimbus_state::etcd_test_cluster::Cluster,
+        node: &str,
+        ttl_secs: u32,
+    ) -> ClusterConfig {
+        let secret = etcd.dir.join("cluster.secret");
+        std::fs::write(&secret, [7; 32]).unwrap();
+        ClusterConfig {
+            etcd: etcd.urls.clone(),
+            node: node.into(),
+            advertise: "127.0.0.1:4450".parse().unwrap(),
+            node_ttl_secs: ttl_secs,
+            tls: None,
+            user: None,
+            group_leases: false,
+            secret_file: Some(secret),
+        }
+    }
+
     /// A break order etcd does not take while its members are frozen is
     /// kept, and posted into the holder node's box once they answer again:
     /// the breaker does not wait out the break timeout for a second's
@@ -1848,21 +1889,9 @@ mod tests {
     #[test]
     fn a_break_etcd_did_not_take_is_posted_once_it_answers_again() {
         let etcd = nimbus_state::etcd_test_cluster::Cluster::start("unposted");
-        let secret = etcd.dir.join("cluster.secret");
-        std::fs::write(&secret, [7; 32]).unwrap();
         // A TTL that outlasts the freeze: the nodes keep their leases.
         let join = |node: &str| {
-            let cfg = ClusterConfig {
-                etcd: etcd.urls.clone(),
-                node: node.into(),
-                advertise: "127.0.0.1:4450".parse().unwrap(),
-                node_ttl_secs: 20,
-                tls: None,
-                user: None,
-                group_leases: false,
-                secret_file: Some(secret.clone()),
-            };
-            let m = Arc::new(Membership::join(&cfg).unwrap());
+            let m = Arc::new(Membership::join(&test_config(&etcd, node, 20)).unwrap());
             m.clone().keep_alive();
             m
         };
@@ -1925,6 +1954,49 @@ mod tests {
         holder.leave();
     }
 
+    /// A node that leaves decides nothing more from memory: other nodes
+    /// take its files for free as soon as its incarnation record is gone,
+    /// so its proof ends before its lease is revoked, and a renewal
+    /// answered after that does not prove it again.
+    #[test]
+    fn a_node_that_leaves_decides_nothing_more_from_memory() {
+        use nimbus_state::share_modes::OPENS_PREFIX;
+        use nimbus_state::StateStore;
+        let etcd = nimbus_state::etcd_test_cluster::Cluster::start("leave");
+        let m = Arc::new(Membership::join(&test_config(&etcd, "t1", 10)).unwrap());
+        let store = owned_store(&m);
+        m.set_owned_store(store.clone());
+        m.clone().keep_alive();
+        // A look at a file nobody has records of takes it: its new record
+        // is kept in memory.
+        let key = nimbus_state::FileKey { dev: 1, ino: 2 }.record_key(OPENS_PREFIX);
+        assert_eq!(store.get(&key).unwrap(), None);
+        let v = store
+            .compare_and_set(&key, None, Some(b"first".to_vec()))
+            .unwrap()
+            .expect("a new record is written");
+        assert_eq!(m.owned_files(), 1, "the file is held in memory");
+        assert!(store.lease_proven());
+
+        m.leave();
+        assert!(
+            !store.lease_proven(),
+            "the node still decides from memory after it left"
+        );
+        let after = store.compare_and_set(&key, Some(v), Some(b"after".to_vec()));
+        assert!(
+            matches!(after, Err(StateError::Unavailable(_))),
+            "a write to a file held in memory after leaving: {after:?}"
+        );
+        // Its lease is gone from etcd, and with it its incarnation.
+        assert!(m.control.get(&node_key("t1")).unwrap().is_none());
+        // A renewal answered now (as one sent before the leave would be)
+        // proves nothing.
+        m.proved(Instant::now());
+        assert!(!store.lease_proven());
+        assert!(m.store.get(b"probe").is_err(), "the store still calls etcd");
+    }
+
     /// A node whose lease etcd ended joins again under a new lease and a
     /// new incarnation, renews the new lease as it did the first, and
     /// decides again: the renewal thread does not stop (nor deadlock) at
@@ -1932,21 +2004,8 @@ mod tests {
     #[test]
     fn a_node_that_lost_its_lease_joins_again_and_renews_the_new_one() {
         let etcd = nimbus_state::etcd_test_cluster::Cluster::start("rejoin");
-        // Its records tagged, as a production node's are.
-        let secret = etcd.dir.join("cluster.secret");
-        std::fs::write(&secret, [9; 32]).unwrap();
-        let cfg = ClusterConfig {
-            etcd: etcd.urls.clone(),
-            node: "t1".into(),
-            advertise: "127.0.0.1:4450".parse().unwrap(),
-            node_ttl_secs: 2,
-            tls: None,
-            user: None,
-            group_leases: false,
-            secret_file: Some(secret),
-        };
         let ttl = Duration::from_secs(2);
-        let m = Arc::new(Membership::join(&cfg).unwrap());
+        let m = Arc::new(Membership::join(&test_config(&etcd, "t1", 2)).unwrap());
         m.set_owned_store(owned_store(&m));
         let losses = Arc::new(AtomicUsize::new(0));
         let counted = losses.clone();
