@@ -821,6 +821,16 @@ impl Membership {
         self.store.fence_on(&incarnation_key(n));
         self.lost.store(false, Ordering::SeqCst);
         self.proved(sent);
+        if self.is_stopping() {
+            // The node left while it joined again (`proved` proved
+            // nothing): the new lease goes too, whichever of the two
+            // swapped it out.
+            let lease = self.lease.swap(0, Ordering::SeqCst);
+            if lease != 0 {
+                let _ = self.control.revoke_lease(lease);
+            }
+            return Ok(true);
+        }
         for f in crate::sync::lock(&self.on_new_lease).iter() {
             f(lease);
         }
