@@ -692,6 +692,11 @@ impl Membership {
     /// under the current lease.
     fn put_incarnations(&self) -> Result<(), StateError> {
         let lease = self.lease.load(Ordering::SeqCst);
+        if lease == 0 {
+            // The node left (`leave` took the lease): a record on no
+            // lease would keep the incarnation alive for good.
+            return Err(StateError::Unavailable("the node left the cluster".into()));
+        }
         let mut all = vec![self.incarnation()];
         all.extend(crate::sync::lock(&self.adopted).iter().copied());
         for n in all {
@@ -718,11 +723,15 @@ impl Membership {
 
     /// Sets the store whose ownerships end with the lease; once.
     pub fn set_owned_store(&self, store: Arc<ClusterStore>) {
-        // Read into a local first: a guard in an `if let` scrutinee would
-        // live through the body.
-        let proof = *crate::sync::lock(&self.last_proof);
-        if let Some(sent) = proof {
-            store.lease_proven_until(sent + self.ttl);
+        {
+            // Under the proof's lock, as `proved` and `leave`: a node that
+            // left proves nothing.
+            let proof = crate::sync::lock(&self.last_proof);
+            if let Some(sent) = *proof {
+                if !self.is_stopping() {
+                    store.lease_proven_until(sent + self.ttl);
+                }
+            }
         }
         let _ = self.owned.set(store);
     }
@@ -771,7 +780,9 @@ impl Membership {
     /// from now on, what the node held is forgotten, and its clients are
     /// dropped. Once.
     fn lose(&self, why: &str) {
-        if self.lost.swap(true, Ordering::SeqCst) {
+        // A renewal under way when the node left finds its lease revoked:
+        // not a loss, and its clients were drained.
+        if self.is_stopping() || self.lost.swap(true, Ordering::SeqCst) {
             return;
         }
         self.store.proven_until(Instant::now());
@@ -794,6 +805,21 @@ impl Membership {
     /// new one, and takes a new incarnation. Ok(false): another running
     /// node holds this node's name.
     fn rejoin(&self) -> Result<bool, StateError> {
+        let joined = self.join_again();
+        if self.is_stopping() {
+            // The node left while it joined again, perhaps before the new
+            // lease was stored (`leave` then revoked the old one): the new
+            // lease goes too, whichever of the two swaps it out.
+            let lease = self.lease.swap(0, Ordering::SeqCst);
+            if lease != 0 {
+                let _ = self.control.revoke_lease(lease);
+            }
+        }
+        joined
+    }
+
+    /// `rejoin`'s steps.
+    fn join_again(&self) -> Result<bool, StateError> {
         let old = self.lease.load(Ordering::SeqCst);
         if old != 0 {
             if let Err(e) = self.control.revoke_lease(old) {
@@ -823,12 +849,7 @@ impl Membership {
         self.proved(sent);
         if self.is_stopping() {
             // The node left while it joined again (`proved` proved
-            // nothing): the new lease goes too, whichever of the two
-            // swapped it out.
-            let lease = self.lease.swap(0, Ordering::SeqCst);
-            if lease != 0 {
-                let _ = self.control.revoke_lease(lease);
-            }
+            // nothing): `rejoin` ends the new lease.
             return Ok(true);
         }
         for f in crate::sync::lock(&self.on_new_lease).iter() {
@@ -1790,6 +1811,11 @@ impl Membership {
             if let Some(s) = self.owned.get() {
                 s.lease_proven_until(now);
             }
+        }
+        // Outside the proof's lock: a decision from memory that passed
+        // its check before the cut is over once this returns.
+        if let Some(s) = self.owned.get() {
+            s.end_proof();
         }
         crate::metrics::lease_proven(false);
         let lease = self.lease.swap(0, Ordering::SeqCst);

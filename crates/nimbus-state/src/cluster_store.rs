@@ -1061,6 +1061,15 @@ impl ClusterStore {
         }
     }
 
+    /// The node leaves its cluster: nothing more is decided here, and a
+    /// decision that passed its check under the groups' lock before this
+    /// is over when it returns. What is held stays (its ownerships end
+    /// with the incarnation the node revokes next).
+    pub fn end_proof(&self) {
+        self.proven_until.store(0, Ordering::SeqCst);
+        drop(self.lock());
+    }
+
     /// The node joined again after it lost its lease: it is incarnation
     /// `me` now, under lease `lease`. It decides again once the new lease
     /// is proven (`lease_proven_until`).
