@@ -27,6 +27,7 @@ import os
 import random
 import select
 import signal
+import struct
 import subprocess
 import threading
 import time
@@ -44,6 +45,7 @@ from smbprotocol.open import (
     ImpersonationLevel,
     Open,
     RequestedOplockLevel,
+    SMB2SetInfoRequest,
 )
 
 from conftest import nimbus_binary
@@ -249,16 +251,35 @@ def test_the_power_loss_check_finds_the_losses_when_fsync_is_ignored(tmp_path, d
     assert any("write-through.dat" in line for line in lost), lost
 
 
+def send_rename(f: Open, new_name: str) -> None:
+    """Sends a rename to `new_name` (FileRenameInformation, MS-FSCC
+    2.4.42) and reads no answer."""
+    name = new_name.encode("utf-16-le")
+    req = SMB2SetInfoRequest()
+    req["info_type"] = 1
+    req["file_info_class"] = 10
+    req["file_id"] = f.file_id
+    req["buffer"] = struct.pack("<B7xQI", 0, 0, len(name)) + name
+    tree = f.tree_connect
+    tree.session.connection.send(req, sid=tree.session.session_id, tid=tree.tree_connect_id)
+
+
 class Workload(threading.Thread):
     """One client's mix of persistent opens, write-through, flushed and
     plain writes, locks, renames, closes, write-through opens and durable
     (not persistent) opens, until the server dies under it. It records only
     what the server answered."""
 
-    def __init__(self, node, client_guid: uuid.UUID, prefix: str, seed: int):
+    def __init__(self, node, client_guid: uuid.UUID, prefix: str, seed: int, cut_a_rename: bool = False):
         super().__init__(daemon=True)
         self.node, self.client_guid, self.prefix = node, client_guid, prefix
         self.rng = random.Random(seed)
+        # When set: after a random number of steps the workload sends a
+        # rename, sets `rename_sent` and reads no answer, so the power loss
+        # that follows finds the rename unanswered however fast the server
+        # is (a random moment alone catches one only now and then).
+        self.cut_after = self.rng.randrange(1, 60) if cut_a_rename else None
+        self.rename_sent = threading.Event()
         self.handles: list[Handle] = []
         self.plain: dict[str, bytes] = {}
         self.opens: dict[str, Open] = {}
@@ -272,7 +293,7 @@ class Workload(threading.Thread):
         try:
             self.client = Client(self.node, self.client_guid)
             self.connected.set()
-            while True:
+            while not self.rename_sent.is_set():
                 self.step()
                 self.steps += 1
         except Exception:  # noqa: BLE001 - the power loss ends the workload
@@ -289,6 +310,8 @@ class Workload(threading.Thread):
         live = [h for h in self.handles if h.create_guid.hex not in self.uncertain]
         op = self.rng.choice(["open", "through", "flushed", "plain", "lock", "rename", "close", "wt-open", "durable"]) if live else "open"
         n = self.steps
+        if live and self.cut_after is not None and n >= self.cut_after:
+            op = "unanswered rename"
         if op == "open":
             h = Handle(f"{self.prefix}-{n}.dat", b"", uuid.uuid4(), os.urandom(16))
             f = open_ca(self.client, h.name, h.create_guid, h.key)
@@ -335,6 +358,10 @@ class Workload(threading.Thread):
             h.renaming_to = f"{self.prefix}-{n}-renamed.dat"
             assert rename(f, h.renaming_to) == 0
             h.name, h.renaming_to = h.renaming_to, None
+        elif op == "unanswered rename":
+            h.renaming_to = f"{self.prefix}-{n}-renamed.dat"
+            send_rename(f, h.renaming_to)
+            self.rename_sent.set()
         elif op == "close":
             self.uncertain.add(h.create_guid.hex)
             f.close()
@@ -356,12 +383,17 @@ def random_power_losses(tmp_path: Path, disk: LazyDisk, rounds: int, *, fsync_ig
         for r in range(rounds):
             if fsync_ignored:
                 disk.ignore_fsync()
-            work = Workload(node, uuid.uuid4(), f"r{r}", seed=r)
+            # One round in ten ends on a rename sent and not answered.
+            cut_a_rename = r % 10 == 9
+            work = Workload(node, uuid.uuid4(), f"r{r}", seed=r, cut_a_rename=cut_a_rename)
             work.start()
             assert work.connected.wait(30), "the workload's client did not connect"
-            # The random point: a moment of the workload, wherever its
-            # requests stand then.
-            time.sleep(rng.uniform(0.0, 0.6))
+            if cut_a_rename:
+                assert work.rename_sent.wait(60), "the workload sent no rename"
+            else:
+                # The random point: a moment of the workload, wherever its
+                # requests stand then.
+                time.sleep(rng.uniform(0.0, 0.6))
             srv.kill9()
             work.join(30)
             assert not work.is_alive(), "the workload did not end with the server"
