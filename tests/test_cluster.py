@@ -608,6 +608,15 @@ def etcd_counts(cluster: EtcdCluster) -> tuple[int, int]:  # noqa: F811
     return revision, requests
 
 
+ETCD_PROPOSALS = re.compile(r"^etcd_server_proposals_committed_total (\S+)$", re.M)
+
+
+def etcd_proposals(cluster: EtcdCluster) -> int:  # noqa: F811
+    """The raft proposals the etcd cluster committed so far (member 0's
+    count: every member commits each)."""
+    return int(float(ETCD_PROPOSALS.search(cluster.metrics(0)).group(1)))
+
+
 def open_and_close(c: LockClient, name: str) -> None:
     """One raw CREATE of `name` for reading (sharing all), then its CLOSE."""
     resp = c.call(rawsmb.CREATE, rawsmb.create_body(name))
@@ -766,7 +775,10 @@ def test_attribute_opens_on_other_nodes_leave_a_file_with_its_node_and_write_not
         # Clients of the other nodes look at it for attributes, again and
         # again: each open is answered (an attribute open conflicts with
         # none), and n1 keeps the file: its ownership record is the same,
-        # no hand-over was asked for, no record of opens went to etcd.
+        # no hand-over was asked for, no record of opens went to etcd. Each
+        # look is a read: etcd commits no proposal for it (a transaction
+        # that could write goes through raft even when its compare fails).
+        proposals_before = etcd_proposals(etcd_cluster)
         for _ in range(10):
             for client in (b, c):
                 status, f = attribute_open(client, "looked-at.txt")
@@ -777,6 +789,10 @@ def test_attribute_opens_on_other_nodes_leave_a_file_with_its_node_and_write_not
                 standard = query_info(f, FileInformationClass.FILE_STANDARD_INFORMATION)
                 assert standard[20] == 0  # DeletePending
                 f.close()
+        proposals = etcd_proposals(etcd_cluster) - proposals_before
+        # 20 opens and 40 reads of their information; the cluster's own
+        # writes meanwhile (a status listing, say) are a few.
+        assert proposals < 10, f"{proposals} raft proposals for 20 attribute opens of a file another node holds"
         assert ownership(etcd_cluster, nodes[0].share / "looked-at.txt") == owned
         assert etcd_keys(etcd_cluster, "/nimbus/release/") == []
         assert etcd_keys(etcd_cluster, "/nimbus/file/") == []

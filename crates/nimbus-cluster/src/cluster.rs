@@ -1808,12 +1808,10 @@ impl Membership {
             self.stopping.store(true, Ordering::SeqCst);
             let now = Instant::now();
             self.store.proven_until(now);
-            if let Some(s) = self.owned.get() {
-                s.lease_proven_until(now);
-            }
         }
-        // Outside the proof's lock: a decision from memory that passed
-        // its check before the cut is over once this returns.
+        // Outside the proof's lock (the groups' lock is taken under it
+        // elsewhere): the files held in memory are cut off, and a decision
+        // that passed its check before the cut is over once this returns.
         if let Some(s) = self.owned.get() {
             s.end_proof();
         }
