@@ -1711,13 +1711,14 @@ def test_a_reconnect_for_a_handle_still_connected_on_another_node_is_refused_at_
     try:
         f, _ = durable_open(holder, "live.dat", create_guid, key, timeout_ms=60_000)
         f.write(b"still connected", 0)
-        started = time.monotonic()
         _, req0 = etcd_counts(etcd_cluster)
+        started = time.monotonic()
         status = status_of(lambda: reconnect(prober, "live.dat", f.file_id, create_guid, key))
         took = time.monotonic() - started
         _, req1 = etcd_counts(etcd_cluster)
         assert status == STATUS_OBJECT_NAME_NOT_FOUND, hex(status)
-        assert took < 2, f"the refused reconnect took {took:.2f} s"
+        # Well below the 5 s a reconnect waits for a node that does not answer.
+        assert took < 3, f"the refused reconnect took {took:.2f} s"
         # A handful of requests (the record, the holder, the node, the
         # request, its answer, the claim once more), plus the nodes' own
         # background writes, not hundreds.

@@ -347,7 +347,8 @@ def test_the_frame_timeout_covers_header_and_body_together(hostile):
         time.sleep(limit - 0.7)
         s.sendall(message[3:5])  # the header's last byte and one of the body
         assert rawsmb.is_closed(s, timeout=limit + 3), "the body got a frame timeout of its own"
-        assert time.monotonic() - started < limit + 0.9
+        # The bug closed about limit + 2.3 s after the first byte.
+        assert time.monotonic() - started < limit + 1.8
     assert "frame not complete within" in srv.log_tail()
     bystander.check()
 

