@@ -166,7 +166,18 @@ pub struct ClusterStore {
     /// Test hook: the lease is lost just before the next take is adopted.
     #[cfg(test)]
     lose_lease_before_adopting: std::sync::atomic::AtomicBool,
+    /// Test hook: the next write decided from memory, once past its fence
+    /// and under the groups' lock, says so on the first channel and goes
+    /// on when the second one hears.
+    #[cfg(test)]
+    decision_gate: Mutex<Option<DecisionGate>>,
 }
+
+#[cfg(test)]
+type DecisionGate = (
+    std::sync::mpsc::SyncSender<()>,
+    std::sync::mpsc::Receiver<()>,
+);
 
 type Turn = Arc<Mutex<Option<Memo>>>;
 
@@ -331,6 +342,8 @@ impl ClusterStore {
             lose_write_back_answer: std::sync::atomic::AtomicBool::new(false),
             #[cfg(test)]
             lose_lease_before_adopting: std::sync::atomic::AtomicBool::new(false),
+            #[cfg(test)]
+            decision_gate: Mutex::new(None),
         }
     }
 
@@ -360,6 +373,16 @@ impl ClusterStore {
              decided here until it is renewed"
                 .into(),
         ))
+    }
+
+    /// Test hook: waits at `decision_gate` when a test set one.
+    #[cfg(test)]
+    fn pass_decision_gate(&self) {
+        let gate = self.decision_gate.lock().unwrap().take();
+        if let Some((paused, go)) = gate {
+            paused.send(()).unwrap();
+            go.recv().unwrap();
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<Vec<u8>, Group>> {
@@ -1363,6 +1386,8 @@ impl StateStore for ClusterStore {
             }) = g.get_mut(group)
             {
                 self.fenced()?;
+                #[cfg(test)]
+                self.pass_decision_gate();
                 if records.get(key).map(|v| v.version) != expected {
                     return Ok(None);
                 }
@@ -2202,6 +2227,64 @@ mod tests {
             .lease_proven_until(Instant::now() + Duration::from_secs(30));
         assert_eq!(one.read(), "");
         assert!(one.store.owns(G));
+    }
+
+    /// A node that leaves ends its proof (`end_proof`) and then revokes
+    /// its lease, after which other nodes take its files. A write decided
+    /// from memory that passed its fence before the end must therefore be
+    /// over when `end_proof` returns, and none may begin after it.
+    #[test]
+    fn end_proof_returns_after_a_decision_under_way_and_no_other_begins() {
+        let cluster = Cluster::start("endproof");
+        let one = Node::start(&cluster.urls, "1", &[]);
+        one.set("1a");
+        assert!(one.store.owns(G));
+        let (paused_tx, paused) = std::sync::mpsc::sync_channel(0);
+        let (go, go_rx) = std::sync::mpsc::sync_channel(0);
+        *one.store.decision_gate.lock().unwrap() = Some((paused_tx, go_rx));
+        let store = one.store.clone();
+        let deciding = std::thread::spawn(move || {
+            crate::records::update::<Raw, _, StateError>(&*store, &file_key(), |r| {
+                r.0 = b"1b".to_vec();
+                Ok(())
+            })
+        });
+        paused
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the write reached its decision");
+        let ended = Arc::new(AtomicBool::new(false));
+        let (store, flag) = (one.store.clone(), ended.clone());
+        let ending = std::thread::spawn(move || {
+            store.end_proof();
+            flag.store(true, Ordering::SeqCst);
+        });
+        // The decision holds the groups' lock: end_proof waits for it.
+        let until = Instant::now() + Duration::from_millis(300);
+        while Instant::now() < until {
+            assert!(
+                !ended.load(Ordering::SeqCst),
+                "end_proof returned while a decision from memory was under way"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        go.send(()).unwrap();
+        deciding.join().unwrap().unwrap();
+        ending.join().unwrap();
+        assert!(ended.load(Ordering::SeqCst));
+        // Nothing more is decided from memory, nor read from it.
+        assert!(!one.store.lease_proven());
+        let refused = crate::records::update::<Raw, _, StateError>(&*one.store, &file_key(), |r| {
+            r.0 = b"1c".to_vec();
+            Ok(())
+        });
+        assert!(
+            matches!(refused, Err(StateError::Unavailable(_))),
+            "{refused:?}"
+        );
+        assert!(matches!(
+            one.store.read_in_place(&file_key()),
+            Err(StateError::Unavailable(_))
+        ));
     }
 
     #[test]
