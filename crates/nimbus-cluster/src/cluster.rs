@@ -194,7 +194,17 @@ pub struct Membership {
     unposted: crate::unposted::Waiting,
     /// Keys of the messages this node took lately (`first_take`).
     taken: Mutex<crate::unposted::TakenKeys>,
+    /// Test hook: the next rejoin, once registered under its new lease,
+    /// says so on the first channel and goes on when the second hears.
+    #[cfg(test)]
+    rejoin_gate: Mutex<Option<RejoinGate>>,
 }
+
+#[cfg(test)]
+type RejoinGate = (
+    std::sync::mpsc::SyncSender<()>,
+    std::sync::mpsc::Receiver<()>,
+);
 
 /// Puts back what a node keeps under its lease, given the new lease.
 pub type NewLease = Box<dyn Fn(i64) + Send + Sync>;
@@ -619,6 +629,8 @@ impl Membership {
             without_record: Mutex::new(HashSet::new()),
             unposted: crate::unposted::Waiting::default(),
             taken: Mutex::new(crate::unposted::TakenKeys::default()),
+            #[cfg(test)]
+            rejoin_gate: Mutex::new(None),
         };
         let until = Instant::now() + m.ttl + Duration::from_secs(1);
         loop {
@@ -818,6 +830,16 @@ impl Membership {
         joined
     }
 
+    /// Test hook: waits at `rejoin_gate` when a test set one.
+    #[cfg(test)]
+    fn pass_rejoin_gate(&self) {
+        let gate = crate::sync::lock(&self.rejoin_gate).take();
+        if let Some((paused, go)) = gate {
+            paused.send(()).unwrap();
+            go.recv().unwrap();
+        }
+    }
+
     /// `rejoin`'s steps.
     fn join_again(&self) -> Result<bool, StateError> {
         let old = self.lease.load(Ordering::SeqCst);
@@ -832,6 +854,8 @@ impl Membership {
         if !self.register()? {
             return Ok(false);
         }
+        #[cfg(test)]
+        self.pass_rejoin_gate();
         let n = self.new_incarnation()?;
         self.incarnation.store(n, Ordering::SeqCst);
         // The runs it had adopted went with the old lease, as its own.
@@ -2029,6 +2053,45 @@ mod tests {
         m.proved(Instant::now());
         assert!(!store.lease_proven());
         assert!(m.store.get(b"probe").is_err(), "the store still calls etcd");
+    }
+
+    /// A node that leaves while it joins again, after it registered under
+    /// its new lease and before it wrote its new incarnation's record,
+    /// leaves nothing behind: `leave` ends the new lease, and the record
+    /// is not written on no lease (it would keep the incarnation, and the
+    /// files it owns, alive for good).
+    #[test]
+    fn a_node_that_leaves_while_it_joins_again_leaves_no_record() {
+        let etcd = nimbus_state::etcd_test_cluster::Cluster::start("leaverejoin");
+        let m = Arc::new(Membership::join(&test_config(&etcd, "t1", 2)).unwrap());
+        m.set_owned_store(owned_store(&m));
+        let (paused_tx, paused) = std::sync::mpsc::sync_channel(0);
+        let (go, go_rx) = std::sync::mpsc::sync_channel(0);
+        *crate::sync::lock(&m.rejoin_gate) = Some((paused_tx, go_rx));
+        // The lease is lost; the node joins again (what its renewal thread
+        // does then, here on a thread of the test's).
+        let lease = m.lease();
+        m.control.revoke_lease(lease).unwrap();
+        let joining = {
+            let m = m.clone();
+            std::thread::spawn(move || m.rejoin())
+        };
+        paused
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the node registers again");
+        assert_ne!(m.lease(), lease);
+        assert!(m.control.get(&node_key("t1")).unwrap().is_some());
+        m.leave();
+        go.send(()).unwrap();
+        let joined = joining.join().unwrap();
+        let record = m.control.get(&incarnation_key(m.incarnation())).unwrap();
+        assert!(
+            record.is_none(),
+            "the new incarnation's record outlives the node that left: {record:?}"
+        );
+        assert!(joined.is_err(), "{joined:?}");
+        assert!(m.control.get(&node_key("t1")).unwrap().is_none());
+        assert_eq!(m.lease(), 0);
     }
 
     /// A node whose lease etcd ended joins again under a new lease and a
