@@ -197,14 +197,8 @@ pub struct Membership {
     /// Test hook: the next rejoin, once registered under its new lease,
     /// says so on the first channel and goes on when the second hears.
     #[cfg(test)]
-    rejoin_gate: Mutex<Option<RejoinGate>>,
+    rejoin_gate: nimbus_state::test_gate::TestGate,
 }
-
-#[cfg(test)]
-type RejoinGate = (
-    std::sync::mpsc::SyncSender<()>,
-    std::sync::mpsc::Receiver<()>,
-);
 
 /// Puts back what a node keeps under its lease, given the new lease.
 pub type NewLease = Box<dyn Fn(i64) + Send + Sync>;
@@ -630,7 +624,7 @@ impl Membership {
             unposted: crate::unposted::Waiting::default(),
             taken: Mutex::new(crate::unposted::TakenKeys::default()),
             #[cfg(test)]
-            rejoin_gate: Mutex::new(None),
+            rejoin_gate: Default::default(),
         };
         let until = Instant::now() + m.ttl + Duration::from_secs(1);
         loop {
@@ -830,16 +824,6 @@ impl Membership {
         joined
     }
 
-    /// Test hook: waits at `rejoin_gate` when a test set one.
-    #[cfg(test)]
-    fn pass_rejoin_gate(&self) {
-        let gate = crate::sync::lock(&self.rejoin_gate).take();
-        if let Some((paused, go)) = gate {
-            paused.send(()).unwrap();
-            go.recv().unwrap();
-        }
-    }
-
     /// `rejoin`'s steps.
     fn join_again(&self) -> Result<bool, StateError> {
         let old = self.lease.load(Ordering::SeqCst);
@@ -855,7 +839,7 @@ impl Membership {
             return Ok(false);
         }
         #[cfg(test)]
-        self.pass_rejoin_gate();
+        self.rejoin_gate.pass();
         let n = self.new_incarnation()?;
         self.incarnation.store(n, Ordering::SeqCst);
         // The runs it had adopted went with the old lease, as its own.
@@ -2065,9 +2049,7 @@ mod tests {
         let etcd = nimbus_state::etcd_test_cluster::Cluster::start("leaverejoin");
         let m = Arc::new(Membership::join(&test_config(&etcd, "t1", 2)).unwrap());
         m.set_owned_store(owned_store(&m));
-        let (paused_tx, paused) = std::sync::mpsc::sync_channel(0);
-        let (go, go_rx) = std::sync::mpsc::sync_channel(0);
-        *crate::sync::lock(&m.rejoin_gate) = Some((paused_tx, go_rx));
+        let held = m.rejoin_gate.arm();
         // The lease is lost; the node joins again (what its renewal thread
         // does then, here on a thread of the test's).
         let lease = m.lease();
@@ -2076,13 +2058,11 @@ mod tests {
             let m = m.clone();
             std::thread::spawn(move || m.rejoin())
         };
-        paused
-            .recv_timeout(Duration::from_secs(20))
-            .expect("the node registers again");
+        held.reached(Duration::from_secs(20));
         assert_ne!(m.lease(), lease);
         assert!(m.control.get(&node_key("t1")).unwrap().is_some());
         m.leave();
-        go.send(()).unwrap();
+        held.release();
         let joined = joining.join().unwrap();
         let record = m.control.get(&incarnation_key(m.incarnation())).unwrap();
         assert!(

@@ -170,14 +170,8 @@ pub struct ClusterStore {
     /// and under the groups' lock, says so on the first channel and goes
     /// on when the second one hears.
     #[cfg(test)]
-    decision_gate: Mutex<Option<DecisionGate>>,
+    decision_gate: crate::test_gate::TestGate,
 }
-
-#[cfg(test)]
-type DecisionGate = (
-    std::sync::mpsc::SyncSender<()>,
-    std::sync::mpsc::Receiver<()>,
-);
 
 type Turn = Arc<Mutex<Option<Memo>>>;
 
@@ -343,7 +337,7 @@ impl ClusterStore {
             #[cfg(test)]
             lose_lease_before_adopting: std::sync::atomic::AtomicBool::new(false),
             #[cfg(test)]
-            decision_gate: Mutex::new(None),
+            decision_gate: Default::default(),
         }
     }
 
@@ -373,16 +367,6 @@ impl ClusterStore {
              decided here until it is renewed"
                 .into(),
         ))
-    }
-
-    /// Test hook: waits at `decision_gate` when a test set one.
-    #[cfg(test)]
-    fn pass_decision_gate(&self) {
-        let gate = self.decision_gate.lock().unwrap().take();
-        if let Some((paused, go)) = gate {
-            paused.send(()).unwrap();
-            go.recv().unwrap();
-        }
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<Vec<u8>, Group>> {
@@ -1387,7 +1371,7 @@ impl StateStore for ClusterStore {
             {
                 self.fenced()?;
                 #[cfg(test)]
-                self.pass_decision_gate();
+                self.decision_gate.pass();
                 if records.get(key).map(|v| v.version) != expected {
                     return Ok(None);
                 }
@@ -2239,9 +2223,7 @@ mod tests {
         let one = Node::start(&cluster.urls, "1", &[]);
         one.set("1a");
         assert!(one.store.owns(G));
-        let (paused_tx, paused) = std::sync::mpsc::sync_channel(0);
-        let (go, go_rx) = std::sync::mpsc::sync_channel(0);
-        *one.store.decision_gate.lock().unwrap() = Some((paused_tx, go_rx));
+        let held = one.store.decision_gate.arm();
         let store = one.store.clone();
         let deciding = std::thread::spawn(move || {
             crate::records::update::<Raw, _, StateError>(&*store, &file_key(), |r| {
@@ -2249,9 +2231,7 @@ mod tests {
                 Ok(())
             })
         });
-        paused
-            .recv_timeout(Duration::from_secs(10))
-            .expect("the write reached its decision");
+        held.reached(Duration::from_secs(10));
         let ended = Arc::new(AtomicBool::new(false));
         let (store, flag) = (one.store.clone(), ended.clone());
         let ending = std::thread::spawn(move || {
@@ -2267,7 +2247,7 @@ mod tests {
             );
             std::thread::sleep(Duration::from_millis(10));
         }
-        go.send(()).unwrap();
+        held.release();
         deciding.join().unwrap().unwrap();
         ending.join().unwrap();
         assert!(ended.load(Ordering::SeqCst));

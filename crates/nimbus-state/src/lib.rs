@@ -30,6 +30,9 @@ pub mod records;
 pub mod redb_store;
 pub mod share_modes;
 pub mod store;
+/// Holds a thread at a point of the code, for tests here and above.
+#[cfg(any(test, feature = "conformance"))]
+pub mod test_gate;
 
 pub use byte_range::{LockError, LockRange, RangeLock};
 pub use etcd_store::EtcdStore;
