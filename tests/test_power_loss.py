@@ -280,6 +280,8 @@ class Workload(threading.Thread):
         # is (a random moment alone catches one only now and then).
         self.cut_after = self.rng.randrange(1, 60) if cut_a_rename else None
         self.rename_sent = threading.Event()
+        # What ended the workload, when it was not the power loss.
+        self.error: Exception | None = None
         self.handles: list[Handle] = []
         self.plain: dict[str, bytes] = {}
         self.opens: dict[str, Open] = {}
@@ -296,7 +298,8 @@ class Workload(threading.Thread):
             while not self.rename_sent.is_set():
                 self.step()
                 self.steps += 1
-        except Exception:  # noqa: BLE001 - the power loss ends the workload
+        except Exception as e:  # noqa: BLE001 - the power loss ends the workload
+            self.error = e
             self.connected.set()
 
     def fresh_range(self, h: Handle, length: int) -> int:
@@ -389,7 +392,12 @@ def random_power_losses(tmp_path: Path, disk: LazyDisk, rounds: int, *, fsync_ig
             work.start()
             assert work.connected.wait(30), "the workload's client did not connect"
             if cut_a_rename:
-                assert work.rename_sent.wait(60), "the workload sent no rename"
+                # Until the rename is out, or the workload ended without it
+                # (its error then says why).
+                deadline = time.monotonic() + 60
+                while not work.rename_sent.wait(0.1) and work.is_alive():
+                    assert time.monotonic() < deadline, "the workload sent no rename within 60 s"
+                assert work.rename_sent.is_set(), f"the workload ended before its rename: {work.error!r}"
             else:
                 # The random point: a moment of the workload, wherever its
                 # requests stand then.

@@ -1285,14 +1285,22 @@ impl ClusterStore {
                 // opens of one file) is then answered without the take's
                 // transaction, which etcd logs and applies on every member
                 // even when it fails.
+                // A record of the file's that this node may not claim
+                // (other live nodes' opens: a file nodes share) is what
+                // `find` would answer too, after a take that cannot succeed.
                 if !ask {
                     self.fenced()?;
-                    if let Found::OwnedBy(owner, since) = self.peek(group, key)? {
-                        if *owner != *self.me()
-                            && !self.clear_if_dead(&owner, since, group, false)?
+                    match self.peek(group, key)? {
+                        Found::OwnedBy(owner, since)
+                            if *owner != *self.me()
+                                && !self.clear_if_dead(&owner, since, group, false)? =>
                         {
                             return Ok(InPlace::HeldElsewhere);
                         }
+                        Found::Shared(Some(v)) if !(self.claimable)(key, &v.value) => {
+                            return Ok(InPlace::Record(Some(v)));
+                        }
+                        _ => {}
                     }
                 }
                 match self.find(group, key)? {

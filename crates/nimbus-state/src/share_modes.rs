@@ -528,7 +528,8 @@ impl ShareModes {
             return Ok(AttributeOpen::Record);
         }
         let found = self.store.read_in_place(&k)?;
-        // A file nobody held is this node's now (one transaction, once):
+        // A file nobody held is this node's now (a read and a transaction,
+        // once):
         // its opens here are decided from memory (the common case of a
         // file looked at from one node only).
         if self.store.is_local(&k) {
