@@ -2054,6 +2054,8 @@ mod tests {
         // does then, here on a thread of the test's).
         let lease = m.lease();
         m.control.revoke_lease(lease).unwrap();
+        m.lose("the test revoked the lease");
+        assert!(m.is_lost());
         let joining = {
             let m = m.clone();
             std::thread::spawn(move || m.rejoin())
@@ -2074,6 +2076,38 @@ mod tests {
         assert_eq!(m.lease(), 0);
     }
 
+    /// Counts `m`'s lost leases in `losses`.
+    fn count_losses(m: &Membership, losses: &Arc<AtomicUsize>) {
+        let counted = losses.clone();
+        m.on_lease_lost(Box::new(move || {
+            counted.fetch_add(1, Ordering::SeqCst);
+        }));
+    }
+
+    /// A renewal under way when the node leaves finds its lease revoked:
+    /// not a lost lease. Nothing that runs at a loss runs (it would drop
+    /// clients a stopping server drains), and the node is not marked
+    /// lost, so nothing joins it again.
+    #[test]
+    fn a_node_that_left_does_not_lose_its_lease() {
+        let etcd = nimbus_state::etcd_test_cluster::Cluster::start("leftnotlost");
+        let m = Arc::new(Membership::join(&test_config(&etcd, "t1", 2)).unwrap());
+        m.set_owned_store(owned_store(&m));
+        let losses = Arc::new(AtomicUsize::new(0));
+        count_losses(&m, &losses);
+        m.leave();
+        m.lose("the renewal found the lease revoked");
+        assert!(!m.is_lost(), "a node that left is marked lost");
+        assert_eq!(losses.load(Ordering::SeqCst), 0, "a loss ran after leaving");
+        // A node that did not leave loses it.
+        let other = Membership::join(&test_config(&etcd, "t2", 2)).unwrap();
+        count_losses(&other, &losses);
+        other.lose("the test revoked the lease");
+        assert!(other.is_lost());
+        assert_eq!(losses.load(Ordering::SeqCst), 1);
+        other.leave();
+    }
+
     /// A node whose lease etcd ended joins again under a new lease and a
     /// new incarnation, renews the new lease as it did the first, and
     /// decides again: the renewal thread does not stop (nor deadlock) at
@@ -2085,10 +2119,7 @@ mod tests {
         let m = Arc::new(Membership::join(&test_config(&etcd, "t1", 2)).unwrap());
         m.set_owned_store(owned_store(&m));
         let losses = Arc::new(AtomicUsize::new(0));
-        let counted = losses.clone();
-        m.on_lease_lost(Box::new(move || {
-            counted.fetch_add(1, Ordering::SeqCst);
-        }));
+        count_losses(&m, &losses);
         m.clone().keep_alive();
         let (lease, incarnation) = (m.lease(), m.incarnation());
         m.control.revoke_lease(lease).unwrap();

@@ -541,32 +541,24 @@ impl ClusterStore {
     }
 
     /// Reads each of `asked` (an ownership key and a record's key) in one
-    /// request. A transaction of reads alone is a linearizable read to
-    /// etcd, not a raft proposal: no log entry, no apply on each member.
-    /// A record that does not decode (forged) fails the whole answer, so
-    /// then each is read alone and only its own read fails.
+    /// read-only request (`EtcdStore::get_many`: no raft proposal). A
+    /// record that does not decode (forged) fails its own pair's answer
+    /// only, not the other lookups'.
     fn peek_many(&self, asked: &[Peek]) -> Answers<Vec<Option<Versioned>>> {
-        let ops: Vec<Op<'_>> = asked
+        let keys: Vec<&[u8]> = asked
             .iter()
-            .flat_map(|(own, key)| [Op::Get(own), Op::Get(key)])
+            .flat_map(|(own, key)| [own.as_slice(), key.as_slice()])
             .collect();
-        match self.etcd.txn(&[], &ops, &[]) {
-            Ok(t) if t.reads.len() == ops.len() => {
-                Ok(t.reads.chunks(2).map(|pair| Ok(pair.to_vec())).collect())
-            }
-            Ok(_) => Err(StateError::Unavailable(
-                "etcd: short transaction answer".into(),
-            )),
-            Err(StateError::Corrupt(_)) if asked.len() > 1 => Ok(asked
-                .iter()
-                .map(|(own, key)| {
-                    self.etcd
-                        .txn(&[], &[Op::Get(own), Op::Get(key)], &[])
-                        .map(|t| t.reads)
-                })
-                .collect()),
-            Err(e) => Err(e),
-        }
+        let mut reads = self.etcd.get_many(&keys)?.into_iter();
+        Ok(asked
+            .iter()
+            .map(|_| match (reads.next(), reads.next()) {
+                (Some(owner), Some(record)) => Ok(vec![owner?, record?]),
+                _ => Err(StateError::Unavailable(
+                    "etcd: short transaction answer".into(),
+                )),
+            })
+            .collect())
     }
 
     /// A compare-and-set of a shared group's record in etcd, provided
@@ -1252,6 +1244,19 @@ impl ClusterStore {
     /// node owns its group; else from etcd, taking the group when nobody
     /// owns it and its records are claimable. A group another node owns is
     /// asked for (`ask`) or reported as held elsewhere.
+    /// A read in place's answer when etcd names another node's `owner`
+    /// as holding `group` since revision `since`: `HeldElsewhere` while
+    /// that ownership is alive; None once it was found dead and cleared,
+    /// and the lookup goes on.
+    fn held_elsewhere(
+        &self,
+        owner: &[u8],
+        since: u64,
+        group: &[u8],
+    ) -> Result<Option<InPlace>, StateError> {
+        Ok((!self.clear_if_dead(owner, since, group, false)?).then_some(InPlace::HeldElsewhere))
+    }
+
     fn look_up(&self, group: &[u8], key: &[u8], ask: bool) -> Result<InPlace, StateError> {
         for _ in 0..FIND_TRIES {
             // Some(token): this thread's lookup may take the group.
@@ -1280,22 +1285,20 @@ impl ClusterStore {
                     group,
                     token,
                 };
-                // A read in place looks first, with a read: a file another
-                // node holds (the common case of many nodes' attribute
-                // opens of one file) is then answered without the take's
-                // transaction, which etcd logs and applies on every member
-                // even when it fails.
-                // A record of the file's that this node may not claim
-                // (other live nodes' opens: a file nodes share) is what
-                // `find` would answer too, after a take that cannot succeed.
+                // A read in place reads before it takes. The take is a
+                // transaction that etcd logs and applies on every member
+                // even when it fails, as it does for a file another live
+                // node holds (many nodes' attribute opens of one file) or
+                // one whose record this node may not claim (other nodes'
+                // opens of a file they share): both are answered from the
+                // read, as `find` would answer them after its take.
                 if !ask {
                     self.fenced()?;
                     match self.peek(group, key)? {
-                        Found::OwnedBy(owner, since)
-                            if *owner != *self.me()
-                                && !self.clear_if_dead(&owner, since, group, false)? =>
-                        {
-                            return Ok(InPlace::HeldElsewhere);
+                        Found::OwnedBy(owner, since) if *owner != *self.me() => {
+                            if let Some(elsewhere) = self.held_elsewhere(&owner, since, group)? {
+                                return Ok(elsewhere);
+                            }
                         }
                         Found::Shared(Some(v)) if !(self.claimable)(key, &v.value) => {
                             return Ok(InPlace::Record(Some(v)));
@@ -1312,8 +1315,8 @@ impl ClusterStore {
                         self.ask_release(&owner, since, group)?
                     }
                     Found::OwnedBy(owner, since) => {
-                        if !self.clear_if_dead(&owner, since, group, false)? {
-                            return Ok(InPlace::HeldElsewhere);
+                        if let Some(elsewhere) = self.held_elsewhere(&owner, since, group)? {
+                            return Ok(elsewhere);
                         }
                     }
                 }
@@ -1326,8 +1329,8 @@ impl ClusterStore {
                         self.ask_release(&owner, since, group)?
                     }
                     Found::OwnedBy(owner, since) => {
-                        if !self.clear_if_dead(&owner, since, group, false)? {
-                            return Ok(InPlace::HeldElsewhere);
+                        if let Some(elsewhere) = self.held_elsewhere(&owner, since, group)? {
+                            return Ok(elsewhere);
                         }
                     }
                     Found::Taken | Found::Retry => continue,

@@ -507,6 +507,17 @@ pub(crate) fn calls_on_this_thread() -> u64 {
     CALLS_ON_THIS_THREAD.with(|c| c.get())
 }
 
+/// How a transaction of `ops` may be sent again after a reset: one of
+/// reads alone changes nothing, so anywhere; one that writes only when
+/// it was surely not sent, since etcd may have applied it.
+fn retry_for<'o>(mut ops: impl Iterator<Item = &'o Op<'o>>) -> Retry {
+    if ops.all(|o| matches!(o, Op::Get(_))) {
+        Retry::Anywhere
+    } else {
+        Retry::IfNotSent
+    }
+}
+
 impl EtcdStore {
     /// How many calls this store has made to etcd.
     pub fn calls(&self) -> u64 {
@@ -565,6 +576,7 @@ impl EtcdStore {
         then: Vec<TxnOp>,
         mut or_else: Vec<TxnOp>,
         writes: bool,
+        retry: Retry,
     ) -> Result<(etcd_client::TxnResponse, bool), StateError> {
         let mut compare = compare;
         let fence = if writes {
@@ -581,7 +593,7 @@ impl EtcdStore {
             or_else.push(TxnOp::get(fence.clone(), None));
         }
         let txn = Txn::new().when(compare).and_then(then).or_else(or_else);
-        let r = self.call("Txn", Retry::IfNotSent, move |c| {
+        let r = self.call("Txn", retry, move |c| {
             let txn = txn.clone();
             // Reads of many records, or many transactions' answers
             // (`txns`), may pass tonic's 4 MiB default.
@@ -618,7 +630,13 @@ impl EtcdStore {
         let then: Vec<TxnOp> = success.iter().map(|o| self.txn_op(o)).collect();
         let or_else: Vec<TxnOp> = failure.iter().map(|o| self.txn_op(o)).collect();
         let writes = success.iter().any(|o| !matches!(o, Op::Get(_)));
-        let (r, fenced) = self.fenced_txn(self.compares(cmps), then, or_else, writes)?;
+        let (r, fenced) = self.fenced_txn(
+            self.compares(cmps),
+            then,
+            or_else,
+            writes,
+            retry_for(success.iter().chain(failure)),
+        )?;
         let mut reads = self.reads_of(&r.op_responses())?;
         if fenced && !r.succeeded() {
             // The fence's own read, added after `failure`'s.
@@ -671,7 +689,12 @@ impl EtcdStore {
                 .chain(t.failure)
                 .any(|o| !matches!(o, Op::Get(_)))
         });
-        let (r, _) = self.fenced_txn(Vec::new(), nested, Vec::new(), writes)?;
+        let retry = if writes {
+            Retry::IfNotSent
+        } else {
+            Retry::Anywhere
+        };
+        let (r, _) = self.fenced_txn(Vec::new(), nested, Vec::new(), writes, retry)?;
         let revision = r.header().map_or(0, |h| h.revision()) as u64;
         let responses = r.op_responses();
         if responses.len() != each.len() {
@@ -691,6 +714,39 @@ impl EtcdStore {
                 }),
                 _ => Err(unavailable(
                     "etcd answered a nested transaction with something else".to_string(),
+                )),
+            })
+            .collect())
+    }
+
+    /// `keys`' records, read in one transaction of reads alone: a
+    /// linearizable read to etcd, not a raft proposal (no log entry, no
+    /// apply on each member), and sent again after a connection reset,
+    /// since it changes nothing. Each record is decoded on its own: one
+    /// that does not decode (forged, say) fails its own read only.
+    pub fn get_many(
+        &self,
+        keys: &[&[u8]],
+    ) -> Result<Vec<Result<Option<Versioned>, StateError>>, StateError> {
+        let gets: Vec<TxnOp> = keys
+            .iter()
+            .map(|k| TxnOp::get(self.full_key(k), None))
+            .collect();
+        let (r, _) = self.fenced_txn(Vec::new(), gets, Vec::new(), false, Retry::Anywhere)?;
+        let responses = r.op_responses();
+        if responses.len() != keys.len() {
+            return Err(unavailable(format!(
+                "etcd answered {} of {} reads sent together",
+                responses.len(),
+                keys.len()
+            )));
+        }
+        Ok(responses
+            .iter()
+            .map(|op| match op {
+                TxnOpResponse::Get(g) => g.kvs().first().map(|kv| self.versioned(kv)).transpose(),
+                _ => Err(unavailable(
+                    "etcd answered a read with something else".to_string(),
                 )),
             })
             .collect())
@@ -1139,6 +1195,17 @@ mod tests {
         assert!(matches!(out[1], Err(StateError::Corrupt(FORGED))));
         assert!(out[2].as_ref().unwrap().succeeded);
         assert_eq!(store.get(b"new/b").unwrap().unwrap().value, b"b");
+        // Read together, a forged record fails its own read only, in one
+        // request.
+        let calls = store.calls();
+        let reads = store
+            .get_many(&[b"new/a", b"open/2", b"missing", b"new/b"])
+            .unwrap();
+        assert_eq!(store.calls() - calls, 1, "four reads, one request");
+        assert_eq!(reads[0].as_ref().unwrap().as_ref().unwrap().value, b"a");
+        assert!(matches!(reads[1], Err(StateError::Corrupt(FORGED))));
+        assert_eq!(*reads[2].as_ref().unwrap(), None);
+        assert_eq!(reads[3].as_ref().unwrap().as_ref().unwrap().value, b"b");
         let mut seen = Vec::new();
         while !seen
             .iter()
@@ -1152,6 +1219,16 @@ mod tests {
         assert_eq!(keys, [&b"open/5"[..]]);
         assert_eq!(seen[0].value.as_deref(), Some(&b"ok"[..]));
         assert_eq!(seen[0].revision, last.unwrap());
+    }
+
+    #[test]
+    fn only_a_transaction_of_reads_alone_is_sent_again_anywhere() {
+        let (get, put, delete) = (Op::Get(b"a"), Op::Put(b"a", b"v", 0), Op::Delete(b"a"));
+        assert!(retry_for([&get, &get].into_iter()) == Retry::Anywhere);
+        assert!(retry_for([].into_iter()) == Retry::Anywhere);
+        for writes in [[&get, &put], [&delete, &get]] {
+            assert!(retry_for(writes.into_iter()) == Retry::IfNotSent);
+        }
     }
 
     #[test]
