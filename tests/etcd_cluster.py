@@ -37,10 +37,12 @@ health`); every etcdctl call has a command timeout and a process timeout.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -224,6 +226,10 @@ class Member:
         self.log_path = base_dir / f"{name}.log"
         self.client_port = 0
         self.peer_port = 0
+        # etcd 3.5 and later, TLS: HTTP (metrics, health) on a URL of its
+        # own, so the client URL serves gRPC natively over TLS, as a
+        # production member is set up (docs/SCALING.md, "Which etcd").
+        self.http_port = 0
         self.process: subprocess.Popen | None = None
 
     @property
@@ -233,6 +239,27 @@ class Member:
     @property
     def client_url(self) -> str:
         return f"{self.scheme}://127.0.0.1:{self.client_port}"
+
+    @property
+    def http_url(self) -> str:
+        """Where the member serves HTTP: /metrics, /health."""
+        if self.http_port:
+            return f"{self.scheme}://127.0.0.1:{self.http_port}"
+        return self.client_url
+
+    def take_ports(self, taken: list[int]) -> None:
+        """Fresh ports, none of them in `taken` (the kernel may hand the
+        same port out twice); added to it."""
+
+        def fresh() -> int:
+            p = free_port()
+            while p in taken:
+                p = free_port()
+            taken.append(p)
+            return p
+
+        self.client_port, self.peer_port = fresh(), fresh()
+        self.http_port = fresh() if self.pki and separate_http_url() else 0
 
     @property
     def peer_url(self) -> str:
@@ -272,6 +299,8 @@ class Member:
             f"--log-outputs={self.log_path}",
             *self.extra_args,
         ]
+        if self.http_port:
+            args.append(f"--listen-client-http-urls={self.http_url}")
         if self.pki:
             cert, key = self.pki.member
             args += [
@@ -435,9 +464,7 @@ class EtcdCluster:
         old = self.members[i]
         names = {m.name for m in self.members + self.retired}
         new = Member(next(f"m{n}" for n in range(len(names) + 1) if f"m{n}" not in names), self.base_dir, self.pki, self.peer_tls, self.data_root, self.extra_args)
-        new.client_port, new.peer_port = free_port(), free_port()
-        while new.peer_port == new.client_port:
-            new.peer_port = free_port()
+        new.take_ports([])
         kept = [m.client_url for m in self.members if m is not old]
         added = self._reconfigure("member", "add", new.name, f"--peer-urls={new.peer_url}", endpoints=kept)
         initial = next(
@@ -672,13 +699,13 @@ class EtcdCluster:
             time.sleep(HEALTH_POLL)
 
     def metrics(self, i: int) -> str:
-        """Member `i`'s Prometheus metrics, fetched over its client URL (as
+        """Member `i`'s Prometheus metrics, fetched over its HTTP URL (as
         root, on a TLS cluster)."""
         context = None
         if self.pki:
             context = ssl.create_default_context(cafile=str(self.pki.ca))
             context.load_cert_chain(*self.pki.cert(ROOT))
-        with urllib.request.urlopen(f"{self.members[i].client_url}/metrics", timeout=10, context=context) as r:
+        with urllib.request.urlopen(f"{self.members[i].http_url}/metrics", timeout=10, context=context) as r:
             return r.read().decode()
 
     def elections(self) -> list[Election]:
@@ -765,15 +792,21 @@ class EtcdCluster:
     def _new_identity(self) -> None:
         """Fresh ports, token and data directories for a first start."""
         ports: list[int] = []
-        while len(ports) < 2 * len(self.members):
-            p = free_port()
-            if p not in ports:  # the kernel may hand the same port out twice
-                ports.append(p)
-        for m, (client, peer) in zip(self.members, zip(ports[0::2], ports[1::2])):
-            m.client_port, m.peer_port = client, peer
+        for m in self.members:
+            m.take_ports(ports)
             shutil.rmtree(m.data_dir, ignore_errors=True)
         self.token = f"nimbus-test-{uuid.uuid4().hex}"
         self._initial_cluster = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
+
+
+@functools.cache
+def separate_http_url() -> bool:
+    """Whether the etcd in PATH takes `--listen-client-http-urls` (3.5 and
+    later). Debian 12's, which CI runs, is 3.4: its TLS client URLs serve
+    gRPC through Go's HTTP/2 server, with HTTP."""
+    out = subprocess.run([ETCD, "--version"], capture_output=True, text=True, timeout=COMMAND_TIMEOUT).stdout
+    found = re.search(r"etcd Version: (\d+)\.(\d+)", out)
+    return bool(found) and (int(found[1]), int(found[2])) >= (3, 5)
 
 
 def etcd_toml_line(endpoints: list[str]) -> str:
