@@ -51,7 +51,7 @@ import test_acl as acls
 from conftest import PASSWORD, USER, add_user, run_nimbus
 from etcd_cluster import TAG_LEN, EtcdCluster, etcd_cluster  # noqa: F401  (the fixture)
 from etcd_cluster import record_tag as tag
-from test_cluster import Node, nodes, wait_until  # noqa: F401  (the fixture)
+from test_cluster import Node, members, nodes, wait_until  # noqa: F401  (the fixture)
 from test_durable import ACCESS, STATUS_ACCESS_DENIED, STATUS_OBJECT_NAME_NOT_FOUND, Client
 from test_notify import MALLORY
 from test_persistent import persistent_open_uncached, reconnect_uncached
@@ -383,3 +383,29 @@ def test_a_forged_open_record_with_a_valid_tag_of_a_file_mallory_may_open_is_rec
     assert taken_over(s.n2, record)
     assert (s.n1.share / "team-notes.txt").read_bytes().startswith(b"mallory was here")
     assert (s.n1.share / "payroll.xlsx").read_bytes() == ALICE_DATA
+
+
+def test_a_node_with_another_secret_is_refused_before_it_writes_anything(nodes, etcd_cluster, tmp_path):  # noqa: F811
+    """A node given another `[cluster] secret_file` than the running nodes'
+    would refuse every record they wrote, and they every record it writes:
+    it is refused at start, with the key and the fix named, before its
+    registration could fail the running node's listings of the members."""
+    cluster_secret(nodes[:2], tmp_path)
+    n1 = nodes[0].start()
+    other = tmp_path / "another.secret"
+    fd = os.open(other, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.write(fd, os.urandom(32))
+    os.close(fd)
+    n2 = nodes[1]
+    conf, replaced = re.subn(r'^secret_file = "[^"]*"$', f'secret_file = "{other}"', n2.conf.read_text(), flags=re.M)
+    assert replaced == 1
+    n2.conf.write_text(conf)
+    proc = n2.run(timeout=60)
+    out = proc.stderr + proc.stdout
+    assert proc.returncode != 0, out
+    assert "[cluster] secret_file" in out and "copy the running nodes' secret_file" in out, out
+    # Nothing of n2's in etcd: n1 lists the members as before, and serves.
+    assert etcd_cluster.etcdctl("get", "--prefix", "--keys-only", "/nimbus/nodes/").split() == ["/nimbus/nodes/n1"]
+    assert set(members(etcd_cluster)) == {"n1"}
+    assert "without a valid tag" not in n1.log()
+    assert n1.proc.poll() is None

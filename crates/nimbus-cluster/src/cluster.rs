@@ -430,6 +430,14 @@ impl std::fmt::Display for JoinError {
                  start each etcd member with --max-txn-ops={TXN_OPS_NEEDED} or more (etcd's \
                  default, 128, is enough; see docs/SCALING.md)"
             ),
+            JoinError::Registering {
+                what,
+                error: error @ StateError::Corrupt(nimbus_state::etcd_seal::FORGED),
+            } => write!(
+                f,
+                "[cluster] secret_file: {what}: {error}; every node of a cluster needs the same \
+                 secret: copy the running nodes' secret_file to this node (see docs/SECURITY.md)"
+            ),
             JoinError::Registering { what, error } => write!(f, "[cluster]: {what}: {error}"),
             JoinError::NameTaken(node) => write!(
                 f,
@@ -626,6 +634,16 @@ impl Membership {
             #[cfg(test)]
             rejoin_gate: Default::default(),
         };
+        // A node with another secret refuses what the others wrote, and
+        // they what it writes: told here, before it writes anything (its
+        // registration would fail the other nodes' listings of the
+        // members until its lease ran out).
+        m.control
+            .get(INCARNATION_COUNTER)
+            .map_err(|error| JoinError::Registering {
+                what: "reading the cluster's run counter",
+                error,
+            })?;
         let until = Instant::now() + m.ttl + Duration::from_secs(1);
         loop {
             if m.register().map_err(|error| JoinError::Registering {
