@@ -861,15 +861,21 @@ def test_a_thousand_failed_logons_cost_the_log_a_few_lines(server_factory):
 def thousand_failed_logons_cost_a_few_lines(srv) -> None:
     before = len(srv.log_tail(1_000_000).splitlines())
     statuses = set()
+    started = time.monotonic()
     for i in range(1000):
         user = srv.user if i % 2 else f"guess{i}"
         statuses.add(logon(srv, user, f"wrong-{i}"))
+    # A line per reason (at most five: unknown user, wrong password, the
+    # user's and the address's back-off, the lock-out) and 10 s: a slow
+    # machine that takes longer over the thousand earns those lines, not
+    # the thousand a server without the aggregation writes.
+    allowed = 12 + 5 * int((time.monotonic() - started) // 10)
     assert statuses <= {NtStatus.STATUS_LOGON_FAILURE, STATUS_ACCOUNT_LOCKED_OUT}, statuses
     lines = srv.log_tail(1_000_000).splitlines()[before:]
     refusals = [line for line in lines if "refused" in line]
     assert refusals, "no refusal was logged"
     assert "logon failure for user" in refusals[0]
-    assert len(lines) <= 12, f"{len(lines)} log lines for 1,000 failed logons:\n" + "\n".join(lines[:40])
+    assert len(lines) <= allowed, f"{len(lines)} log lines for 1,000 failed logons:\n" + "\n".join(lines[:40])
 
 
 def timed_logon(srv, user, password):
@@ -890,28 +896,30 @@ def test_failed_logon_back_off_doubles(server_factory):
     max_logon_backoff_secs). A back-off's end is only seen with a logon, and
     each one either counts as a failure or (right password) clears them, so
     the test waits out times taken from the server's answers, then checks
-    the next answer."""
-    limits = {"max_failed_logons_per_user": 2, "max_failed_logons_per_address": 100, "logon_backoff_secs": 1, "max_logon_backoff_secs": 4}
+    the next answer. The waits are 2 s and 4 s so that a check meant to
+    land inside one has over a second to spare on a loaded machine."""
+    base = 2
+    limits = {"max_failed_logons_per_user": 2, "max_failed_logons_per_address": 100, "logon_backoff_secs": base, "max_logon_backoff_secs": 4 * base}
     srv = server_factory.start(security=Security(limits=limits))
     assert logon(srv, srv.user, "wrong") == NtStatus.STATUS_LOGON_FAILURE
     status, _, answered = timed_logon(srv, srv.user, "wrong")
-    assert status == NtStatus.STATUS_LOGON_FAILURE  # the 2nd failure: blocked for 1 s from now
+    assert status == NtStatus.STATUS_LOGON_FAILURE  # the 2nd failure: blocked for `base` s from now
     assert logon(srv, srv.user, srv.password) == STATUS_ACCOUNT_LOCKED_OUT  # right password, refused
-    sleep_until(answered + 1.1)
+    sleep_until(answered + base + 0.1)
     # The first back-off is over (a wrong password is answered as such, not
-    # LOCKED_OUT), and this 3rd failure doubles the wait to 2 s.
+    # LOCKED_OUT), and this 3rd failure doubles the wait.
     status, sent, answered = timed_logon(srv, srv.user, "wrong")
     assert status == NtStatus.STATUS_LOGON_FAILURE
-    sleep_until(answered + 1.2)
-    assert logon(srv, srv.user, srv.password) == STATUS_ACCOUNT_LOCKED_OUT, "the wait did not double: allowed after 1 s"
+    sleep_until(answered + base + 0.4)
+    assert logon(srv, srv.user, srv.password) == STATUS_ACCOUNT_LOCKED_OUT, f"the wait did not double: allowed after {base} s"
     # Bounded poll with the right password (a refusal is not counted): it
-    # is let in 2 s after the 3rd failure, well before the 4 s maximum.
-    deadline = answered + 3.5
+    # is let in twice `base` after the 3rd failure, before the maximum.
+    deadline = answered + 2 * base + 1.5
     while (result := timed_logon(srv, srv.user, srv.password))[0] == STATUS_ACCOUNT_LOCKED_OUT and time.monotonic() < deadline:
         time.sleep(0.1)
     status, _, allowed = result
     assert status == NtStatus.STATUS_SUCCESS, f"still refused {allowed - sent:.1f} s after the 3rd failure"
-    assert allowed - sent >= 2.0
+    assert allowed - sent >= 2 * base
     assert "too many failed logons for this user (limits.max_failed_logons_per_user)" in srv.log_tail()
 
 
