@@ -247,19 +247,10 @@ class Member:
             return f"{self.scheme}://127.0.0.1:{self.http_port}"
         return self.client_url
 
-    def take_ports(self, taken: list[int]) -> None:
-        """Fresh ports, none of them in `taken` (the kernel may hand the
-        same port out twice); added to it."""
-
-        def fresh() -> int:
-            p = free_port()
-            while p in taken:
-                p = free_port()
-            taken.append(p)
-            return p
-
-        self.client_port, self.peer_port = fresh(), fresh()
-        self.http_port = fresh() if self.pki and separate_http_url() else 0
+    def take_ports(self) -> None:
+        """Fresh ports (`free_port` hands none out twice in a run)."""
+        self.client_port, self.peer_port = free_port(), free_port()
+        self.http_port = free_port() if self.pki and separate_http_url() else 0
 
     @property
     def peer_url(self) -> str:
@@ -464,7 +455,7 @@ class EtcdCluster:
         old = self.members[i]
         names = {m.name for m in self.members + self.retired}
         new = Member(next(f"m{n}" for n in range(len(names) + 1) if f"m{n}" not in names), self.base_dir, self.pki, self.peer_tls, self.data_root, self.extra_args)
-        new.take_ports([])
+        new.take_ports()
         kept = [m.client_url for m in self.members if m is not old]
         added = self._reconfigure("member", "add", new.name, f"--peer-urls={new.peer_url}", endpoints=kept)
         initial = next(
@@ -791,9 +782,8 @@ class EtcdCluster:
 
     def _new_identity(self) -> None:
         """Fresh ports, token and data directories for a first start."""
-        ports: list[int] = []
         for m in self.members:
-            m.take_ports(ports)
+            m.take_ports()
             shutil.rmtree(m.data_dir, ignore_errors=True)
         self.token = f"nimbus-test-{uuid.uuid4().hex}"
         self._initial_cluster = ",".join(f"{m.name}={m.peer_url}" for m in self.members)

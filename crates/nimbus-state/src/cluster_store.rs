@@ -47,7 +47,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::etcd_store::{Cmp, Op, TxnOutcome, Txns, MAX_TXNS_PER_REQUEST};
+use crate::etcd_store::{Cmp, Op, TxnOutcome, Txns, MAX_READS_PER_REQUEST, MAX_TXNS_PER_REQUEST};
 use crate::group_commit::{Answers, GroupCommit};
 use crate::memory::MemoryStore;
 use crate::store::{
@@ -232,10 +232,8 @@ const TAKES_OUT: usize = 4;
 /// What a peek reads: a group's ownership key and one of its records' keys.
 type Peek = (Vec<u8>, Vec<u8>);
 
-/// How many peeks one read-only request carries: two reads each, within
-/// the 68 operations a member's `--max-txn-ops` must allow
-/// (`MAX_TXNS_PER_REQUEST`).
-const PEEKS_PER_REQUEST: usize = 32;
+/// How many peeks one read-only request carries: two reads each.
+const PEEKS_PER_REQUEST: usize = MAX_READS_PER_REQUEST / 2;
 
 /// A wait for a hand-over looks whether the owner is dead first after
 /// this, then once per `DEAD_OWNER_LOOK_EVERY`: a live owner answers
@@ -553,6 +551,9 @@ impl ClusterStore {
         Ok(asked
             .iter()
             .map(|_| match (reads.next(), reads.next()) {
+                // Owned: the record is not what the lookup goes on (`peek`),
+                // so one that does not decode does not fail it.
+                (Some(Ok(Some(owner))), Some(_)) => Ok(vec![Some(owner), None]),
                 (Some(owner), Some(record)) => Ok(vec![owner?, record?]),
                 _ => Err(StateError::Unavailable(
                     "etcd: short transaction answer".into(),
@@ -1240,10 +1241,6 @@ impl ClusterStore {
         })
     }
 
-    /// Looks `key` up for `get` and `read_in_place`: from memory when this
-    /// node owns its group; else from etcd, taking the group when nobody
-    /// owns it and its records are claimable. A group another node owns is
-    /// asked for (`ask`) or reported as held elsewhere.
     /// A read in place's answer when etcd names another node's `owner`
     /// as holding `group` since revision `since`: `HeldElsewhere` while
     /// that ownership is alive; None once it was found dead and cleared,
@@ -1257,6 +1254,10 @@ impl ClusterStore {
         Ok((!self.clear_if_dead(owner, since, group, false)?).then_some(InPlace::HeldElsewhere))
     }
 
+    /// Looks `key` up for `get` and `read_in_place`: from memory when this
+    /// node owns its group; else from etcd, taking the group when nobody
+    /// owns it and its records are claimable. A group another node owns is
+    /// asked for (`ask`) or reported as held elsewhere.
     fn look_up(&self, group: &[u8], key: &[u8], ask: bool) -> Result<InPlace, StateError> {
         for _ in 0..FIND_TRIES {
             // Some(token): this thread's lookup may take the group.
@@ -1623,8 +1624,22 @@ mod tests {
         /// with the incarnation of the node that wrote it; a record is
         /// claimable when every entry is this node's or one in `gone`.
         fn start(urls: &[String], me: &'static str, gone: &'static [&'static str]) -> Node {
-            let etcd =
-                Arc::new(EtcdStore::new(urls, b"/nimbus-test/", Duration::from_secs(5)).unwrap());
+            Node::start_sealed(urls, me, gone, None)
+        }
+
+        /// `start`, the node's values tagged with `seal` when given (the
+        /// cluster secret's key).
+        fn start_sealed(
+            urls: &[String],
+            me: &'static str,
+            gone: &'static [&'static str],
+            seal: Option<Arc<crate::etcd_seal::RecordKey>>,
+        ) -> Node {
+            let etcd = EtcdStore::new(urls, b"/nimbus-test/", Duration::from_secs(5)).unwrap();
+            let etcd = Arc::new(match seal {
+                Some(key) => etcd.sealed(key),
+                None => etcd,
+            });
             let lease = etcd.grant_lease(30).unwrap();
             // Registered as a cluster node is: its incarnation's record
             // under its lease, which its writes are fenced on.
@@ -2331,6 +2346,43 @@ mod tests {
             InPlace::Record(Some(_))
         ));
         assert!(one.store.owns(G));
+    }
+
+    /// A record that does not decode (forged: no valid tag of the cluster
+    /// secret) of a file another node holds: a read in place answers from
+    /// the ownership, which is what it goes on, as `HeldElsewhere`; the
+    /// forged record fails only a lookup that would read it.
+    #[test]
+    fn a_forged_record_of_a_file_another_node_holds_fails_no_read_in_place() {
+        let cluster = Cluster::start("forgedheld");
+        let key = Arc::new(crate::etcd_seal::RecordKey::from_secret(&[3; 32]).unwrap());
+        let one = Node::start_sealed(&cluster.urls, "1", &[], Some(key.clone()));
+        let two = Node::start_sealed(&cluster.urls, "2", &[], Some(key));
+        let raw = EtcdStore::new(&cluster.urls, b"/nimbus-test/", Duration::from_secs(5)).unwrap();
+        assert_eq!(
+            two.store.read_in_place(&file_key()).unwrap(),
+            InPlace::Record(None)
+        );
+        assert!(two.store.owns(G));
+        raw.compare_and_set(&file_key(), None, Some(b"forged".to_vec()))
+            .unwrap();
+        assert_eq!(
+            one.store.read_in_place(&file_key()).unwrap(),
+            InPlace::HeldElsewhere
+        );
+        // Given back, nobody owns it: the forged record is what a lookup
+        // reads, and it fails.
+        two.store.forget_all();
+        raw.compare_and_set(
+            &key_of(OWN_PREFIX, G),
+            Some(raw.get(&key_of(OWN_PREFIX, G)).unwrap().unwrap().version),
+            None,
+        )
+        .unwrap();
+        assert!(matches!(
+            one.store.read_in_place(&file_key()),
+            Err(StateError::Corrupt(_))
+        ));
     }
 
     #[test]

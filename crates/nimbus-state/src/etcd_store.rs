@@ -483,6 +483,10 @@ pub struct Txns<'a> {
 /// least 68, and the node's check at start).
 pub const MAX_TXNS_PER_REQUEST: usize = 64;
 
+/// At most this many reads go in one request (`get_many`): within the 68
+/// operations a branch the members' `--max-txn-ops` must allow (above).
+pub const MAX_READS_PER_REQUEST: usize = 64;
+
 /// What a transaction did.
 #[derive(Debug)]
 pub struct TxnOutcome {
@@ -617,10 +621,14 @@ impl EtcdStore {
     }
 
     /// One atomic transaction: if every condition of `cmps` holds, the
-    /// `success` operations, otherwise the `failure` ones. Never sent twice
-    /// (see `Members::call`). On a fenced store a transaction that writes
-    /// is made only while the fence's record exists; when that is what
-    /// failed, the call fails `Unavailable` (`LEASE_ENDED`).
+    /// `success` operations, otherwise the `failure` ones. Sent again
+    /// after a reset only when it is made of reads alone (`retry_for`,
+    /// `Members::call`). On a fenced store a transaction whose `success`
+    /// writes is made only while the fence's record exists; when that is
+    /// what failed, the call fails `Unavailable` (`LEASE_ENDED`). A failed
+    /// fence runs `failure`, so writes there are not fenced: only writes
+    /// harmless after the lease ended belong there (the deletion of a
+    /// request a write-back answered, say).
     pub fn txn(
         &self,
         cmps: &[Cmp<'_>],
@@ -728,6 +736,12 @@ impl EtcdStore {
         &self,
         keys: &[&[u8]],
     ) -> Result<Vec<Result<Option<Versioned>, StateError>>, StateError> {
+        if keys.len() > MAX_READS_PER_REQUEST {
+            return Err(unavailable(format!(
+                "{} reads in one request: at most {MAX_READS_PER_REQUEST} are sent together",
+                keys.len()
+            )));
+        }
         let gets: Vec<TxnOp> = keys
             .iter()
             .map(|k| TxnOp::get(self.full_key(k), None))
@@ -1206,6 +1220,8 @@ mod tests {
         assert!(matches!(reads[1], Err(StateError::Corrupt(FORGED))));
         assert_eq!(*reads[2].as_ref().unwrap(), None);
         assert_eq!(reads[3].as_ref().unwrap().as_ref().unwrap().value, b"b");
+        let too_many = vec![&b"new/a"[..]; MAX_READS_PER_REQUEST + 1];
+        assert!(store.get_many(&too_many).is_err());
         let mut seen = Vec::new();
         while !seen
             .iter()
