@@ -154,7 +154,7 @@ pub struct ClusterStore {
     takes: GroupCommit<Vec<u8>, TxnOutcome>,
     /// Reads of a group's ownership and one of its records (`peek`), those
     /// of lookups that arrive together sent in one read-only request.
-    peeks: GroupCommit<Peek, Vec<Option<Versioned>>>,
+    peeks: GroupCommit<Peek, PeekAnswer>,
     /// How many times the node lost its lease (`forget_all`) or joined
     /// again (`rejoined`), changed under the groups' lock: a take
     /// answered after such a change that it began before must not be
@@ -231,6 +231,9 @@ const TAKES_OUT: usize = 4;
 
 /// What a peek reads: a group's ownership key and one of its records' keys.
 type Peek = (Vec<u8>, Vec<u8>);
+/// A peek's answer: the file's ownership record, and the record asked
+/// for (None when the file is owned: the lookup does not go on it).
+type PeekAnswer = (Option<Versioned>, Option<Versioned>);
 
 /// How many peeks one read-only request carries: two reads each.
 const PEEKS_PER_REQUEST: usize = MAX_READS_PER_REQUEST / 2;
@@ -526,38 +529,34 @@ impl ClusterStore {
     /// nobody owns it.
     fn peek(&self, group: &[u8], key: &[u8]) -> Result<Found, StateError> {
         let own = key_of(OWN_PREFIX, group);
-        let reads = self
+        let (owner, record) = self
             .peeks
             .submit((own, key.to_vec()), |asked| self.peek_many(asked))?;
-        match reads.as_slice() {
-            [Some(owner), _] => Ok(Found::OwnedBy(owner.value.clone(), owner.version)),
-            [None, record] => Ok(Found::Shared(record.clone())),
-            _ => Err(StateError::Unavailable(
-                "etcd: short transaction answer".into(),
-            )),
-        }
+        Ok(match owner {
+            Some(owner) => Found::OwnedBy(owner.value, owner.version),
+            None => Found::Shared(record),
+        })
     }
 
     /// Reads each of `asked` (an ownership key and a record's key) in one
     /// read-only request (`EtcdStore::get_many`: no raft proposal). A
     /// record that does not decode (forged) fails its own pair's answer
     /// only, not the other lookups'.
-    fn peek_many(&self, asked: &[Peek]) -> Answers<Vec<Option<Versioned>>> {
+    fn peek_many(&self, asked: &[Peek]) -> Answers<PeekAnswer> {
         let keys: Vec<&[u8]> = asked
             .iter()
             .flat_map(|(own, key)| [own.as_slice(), key.as_slice()])
             .collect();
         let mut reads = self.etcd.get_many(&keys)?.into_iter();
-        Ok(asked
-            .iter()
-            .map(|_| match (reads.next(), reads.next()) {
+        // One pair per peek: `get_many` answers every key or fails (and
+        // `submit` fails a peek a short answer left out).
+        let pairs = std::iter::from_fn(|| Some((reads.next()?, reads.next()?)));
+        Ok(pairs
+            .map(|pair| match pair {
                 // Owned: the record is not what the lookup goes on (`peek`),
                 // so one that does not decode does not fail it.
-                (Some(Ok(Some(owner))), Some(_)) => Ok(vec![Some(owner), None]),
-                (Some(owner), Some(record)) => Ok(vec![owner?, record?]),
-                _ => Err(StateError::Unavailable(
-                    "etcd: short transaction answer".into(),
-                )),
+                (Ok(Some(owner)), _) => Ok((Some(owner), None)),
+                (owner, record) => Ok((owner?, record?)),
             })
             .collect())
     }
@@ -1492,17 +1491,24 @@ impl StateStore for ClusterStore {
         let Some(group) = keys.first().and_then(|k| self.group(k)) else {
             return each();
         };
-        if keys.iter().any(|k| self.group(k) != Some(group))
+        if keys.len() >= MAX_READS_PER_REQUEST
+            || keys.iter().any(|k| self.group(k) != Some(group))
             || self.written_back(group).contains_key(group)
         {
             return each();
         }
         let own = key_of(OWN_PREFIX, group);
-        let mut reads = vec![Op::Get(&own)];
-        reads.extend(keys.iter().map(|k| Op::Get(k)));
-        let t = self.etcd.txn(&[], &reads, &[])?;
-        match t.reads.split_first() {
-            Some((None, records)) if records.len() == keys.len() => {
+        let mut asked: Vec<&[u8]> = vec![&own];
+        asked.extend_from_slice(keys);
+        // One read per key, in order (`get_many` fails otherwise); a
+        // record that does not decode fails the read, as `get` of it would.
+        let reads: Vec<Option<Versioned>> = self
+            .etcd
+            .get_many(&asked)?
+            .into_iter()
+            .collect::<Result<_, _>>()?;
+        match reads.split_first() {
+            Some((None, records)) => {
                 let shared = records
                     .iter()
                     .zip(keys)
@@ -1513,10 +1519,7 @@ impl StateStore for ClusterStore {
                     each()
                 }
             }
-            Some(_) => each(),
-            None => Err(StateError::Unavailable(
-                "etcd: short transaction answer".into(),
-            )),
+            _ => each(),
         }
     }
 

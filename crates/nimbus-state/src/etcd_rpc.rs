@@ -258,7 +258,7 @@ impl Drop for Members {
 }
 
 /// Whether a call may be made again on another member after a failure.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Retry {
     /// A read, or a lease call: doing it twice does no harm.
     Anywhere,

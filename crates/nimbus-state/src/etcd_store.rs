@@ -511,14 +511,48 @@ pub(crate) fn calls_on_this_thread() -> u64 {
     CALLS_ON_THIS_THREAD.with(|c| c.get())
 }
 
-/// How a transaction of `ops` may be sent again after a reset: one of
-/// reads alone changes nothing, so anywhere; one that writes only when
-/// it was surely not sent, since etcd may have applied it.
-fn retry_for<'o>(mut ops: impl Iterator<Item = &'o Op<'o>>) -> Retry {
-    if ops.all(|o| matches!(o, Op::Get(_))) {
-        Retry::Anywhere
+/// How a transaction is sent, decided from what its branches write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Sending {
+    /// On a fenced store, made only while the fence's record exists: the
+    /// branch taken when the conditions hold writes. (A failed fence runs
+    /// the other branch, so its writes are not fenced.)
+    fenced: bool,
+    /// After a reset: one that writes nothing in either branch changes
+    /// nothing, so anywhere; one that writes only when it surely was not
+    /// sent, since etcd may have applied it.
+    retry: Retry,
+}
+
+/// How a transaction whose branches are `then` and `or_else` is sent.
+/// Transactions sent together (`txns`) are all the outer `then`.
+fn sending<'o>(
+    then: impl IntoIterator<Item = &'o Op<'o>>,
+    or_else: impl IntoIterator<Item = &'o Op<'o>>,
+) -> Sending {
+    let writes = |o: &Op<'_>| !matches!(o, Op::Get(_));
+    let fenced = then.into_iter().any(writes);
+    let writes = fenced || or_else.into_iter().any(writes);
+    Sending {
+        fenced,
+        retry: if writes {
+            Retry::IfNotSent
+        } else {
+            Retry::Anywhere
+        },
+    }
+}
+
+/// Checks that etcd answered each of the `sent` operations of a request
+/// (`what`: "reads", say) with one response.
+fn answered_each<T>(responses: &[T], sent: usize, what: &str) -> Result<(), StateError> {
+    if responses.len() == sent {
+        Ok(())
     } else {
-        Retry::IfNotSent
+        Err(unavailable(format!(
+            "etcd answered {} of {sent} {what} sent together",
+            responses.len()
+        )))
     }
 }
 
@@ -571,19 +605,17 @@ impl EtcdStore {
         Ok(reads)
     }
 
-    /// Sends a transaction, made only while the fence's record exists
-    /// when it `writes` on a fenced store; its answer, and whether the
-    /// fence's read was added at the end of `or_else`.
+    /// Sends a transaction as `how` says (`sending`); its answer, and
+    /// whether the fence's read was added at the end of `or_else`.
     fn fenced_txn(
         &self,
         compare: Vec<Compare>,
         then: Vec<TxnOp>,
         mut or_else: Vec<TxnOp>,
-        writes: bool,
-        retry: Retry,
+        how: Sending,
     ) -> Result<(etcd_client::TxnResponse, bool), StateError> {
         let mut compare = compare;
-        let fence = if writes {
+        let fence = if how.fenced {
             self.lock_fence().key.clone()
         } else {
             None
@@ -597,7 +629,7 @@ impl EtcdStore {
             or_else.push(TxnOp::get(fence.clone(), None));
         }
         let txn = Txn::new().when(compare).and_then(then).or_else(or_else);
-        let r = self.call("Txn", retry, move |c| {
+        let r = self.call("Txn", how.retry, move |c| {
             let txn = txn.clone();
             // Reads of many records, or many transactions' answers
             // (`txns`), may pass tonic's 4 MiB default.
@@ -622,7 +654,7 @@ impl EtcdStore {
 
     /// One atomic transaction: if every condition of `cmps` holds, the
     /// `success` operations, otherwise the `failure` ones. Sent again
-    /// after a reset only when it is made of reads alone (`retry_for`,
+    /// after a reset only when it is made of reads alone (`sending`,
     /// `Members::call`). On a fenced store a transaction whose `success`
     /// writes is made only while the fence's record exists; when that is
     /// what failed, the call fails `Unavailable` (`LEASE_ENDED`). A failed
@@ -637,13 +669,11 @@ impl EtcdStore {
     ) -> Result<TxnOutcome, StateError> {
         let then: Vec<TxnOp> = success.iter().map(|o| self.txn_op(o)).collect();
         let or_else: Vec<TxnOp> = failure.iter().map(|o| self.txn_op(o)).collect();
-        let writes = success.iter().any(|o| !matches!(o, Op::Get(_)));
         let (r, fenced) = self.fenced_txn(
             self.compares(cmps),
             then,
             or_else,
-            writes,
-            retry_for(success.iter().chain(failure)),
+            sending(success, failure),
         )?;
         let mut reads = self.reads_of(&r.op_responses())?;
         if fenced && !r.succeeded() {
@@ -691,27 +721,16 @@ impl EtcdStore {
                 )
             })
             .collect();
-        let writes = each.iter().any(|t| {
-            t.success
-                .iter()
-                .chain(t.failure)
-                .any(|o| !matches!(o, Op::Get(_)))
-        });
-        let retry = if writes {
-            Retry::IfNotSent
-        } else {
-            Retry::Anywhere
-        };
-        let (r, _) = self.fenced_txn(Vec::new(), nested, Vec::new(), writes, retry)?;
+        // Every nested branch is the outer `then`: a failed fence makes
+        // none of them.
+        let how = sending(
+            each.iter().flat_map(|t| t.success.iter().chain(t.failure)),
+            [],
+        );
+        let (r, _) = self.fenced_txn(Vec::new(), nested, Vec::new(), how)?;
         let revision = r.header().map_or(0, |h| h.revision()) as u64;
         let responses = r.op_responses();
-        if responses.len() != each.len() {
-            return Err(unavailable(format!(
-                "etcd answered {} of {} transactions sent together",
-                responses.len(),
-                each.len()
-            )));
-        }
+        answered_each(&responses, each.len(), "transactions")?;
         Ok(responses
             .iter()
             .map(|op| match op {
@@ -746,15 +765,9 @@ impl EtcdStore {
             .iter()
             .map(|k| TxnOp::get(self.full_key(k), None))
             .collect();
-        let (r, _) = self.fenced_txn(Vec::new(), gets, Vec::new(), false, Retry::Anywhere)?;
+        let (r, _) = self.fenced_txn(Vec::new(), gets, Vec::new(), sending([], []))?;
         let responses = r.op_responses();
-        if responses.len() != keys.len() {
-            return Err(unavailable(format!(
-                "etcd answered {} of {} reads sent together",
-                responses.len(),
-                keys.len()
-            )));
-        }
+        answered_each(&responses, keys.len(), "reads")?;
         Ok(responses
             .iter()
             .map(|op| match op {
@@ -1240,10 +1253,29 @@ mod tests {
     #[test]
     fn only_a_transaction_of_reads_alone_is_sent_again_anywhere() {
         let (get, put, delete) = (Op::Get(b"a"), Op::Put(b"a", b"v", 0), Op::Delete(b"a"));
-        assert!(retry_for([&get, &get].into_iter()) == Retry::Anywhere);
-        assert!(retry_for([].into_iter()) == Retry::Anywhere);
+        let reads = Sending {
+            fenced: false,
+            retry: Retry::Anywhere,
+        };
+        assert_eq!(sending([&get, &get], [&get]), reads);
+        assert_eq!(sending([], []), reads);
         for writes in [[&get, &put], [&delete, &get]] {
-            assert!(retry_for(writes.into_iter()) == Retry::IfNotSent);
+            // Fenced when the branch taken on success writes; sent again
+            // only if surely not sent whichever branch writes.
+            assert_eq!(
+                sending(writes, []),
+                Sending {
+                    fenced: true,
+                    retry: Retry::IfNotSent
+                }
+            );
+            assert_eq!(
+                sending([&get], writes),
+                Sending {
+                    fenced: false,
+                    retry: Retry::IfNotSent
+                }
+            );
         }
     }
 
