@@ -103,6 +103,11 @@ async fn main() -> Result<(), Failed> {
     let (conns, inflight) = a[4].split_once('x').ok_or("CONNECTIONSxINFLIGHT, as 3x5")?;
     let (conns, inflight): (usize, usize) = (conns.parse()?, inflight.parse()?);
     let senders = (conns * inflight).max(1);
+    if n < senders {
+        return Err(
+            format!("COUNT {n} is below the {senders} senders: each sends COUNT/senders").into(),
+        );
+    }
     let mut opts = ConnectOptions::new();
     if a.len() > 5 {
         let ca = std::fs::read(&a[5])?;
@@ -140,7 +145,8 @@ async fn main() -> Result<(), Failed> {
             }
             let used = cpu(&pids)? - t0;
             let done = each * senders;
-            // One sender, each waited for: the rate is one over the latency.
+            // Throughput; with one sender (1x1), each transaction waited
+            // for, one over the latency.
             println!(
                 "round {round} {shape}: etcd CPU {:.0} us/txn, {:.0} txn/s",
                 used / done as f64 * 1e6,

@@ -513,7 +513,7 @@ pub(crate) fn calls_on_this_thread() -> u64 {
 
 /// How a transaction is sent, decided from what its branches write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Sending {
+struct SendRule {
     /// On a fenced store, made only while the fence's record exists: the
     /// branch taken when the conditions hold writes. (A failed fence runs
     /// the other branch, so its writes are not fenced.)
@@ -529,11 +529,11 @@ struct Sending {
 fn sending<'o>(
     then: impl IntoIterator<Item = &'o Op<'o>>,
     or_else: impl IntoIterator<Item = &'o Op<'o>>,
-) -> Sending {
+) -> SendRule {
     let writes = |o: &Op<'_>| !matches!(o, Op::Get(_));
     let fenced = then.into_iter().any(writes);
     let writes = fenced || or_else.into_iter().any(writes);
-    Sending {
+    SendRule {
         fenced,
         retry: if writes {
             Retry::IfNotSent
@@ -612,7 +612,7 @@ impl EtcdStore {
         compare: Vec<Compare>,
         then: Vec<TxnOp>,
         mut or_else: Vec<TxnOp>,
-        how: Sending,
+        how: SendRule,
     ) -> Result<(etcd_client::TxnResponse, bool), StateError> {
         let mut compare = compare;
         let fence = if how.fenced {
@@ -1251,9 +1251,9 @@ mod tests {
     }
 
     #[test]
-    fn only_a_transaction_of_reads_alone_is_sent_again_anywhere() {
+    fn writes_on_success_are_fenced_and_a_transaction_that_writes_is_sent_once() {
         let (get, put, delete) = (Op::Get(b"a"), Op::Put(b"a", b"v", 0), Op::Delete(b"a"));
-        let reads = Sending {
+        let reads = SendRule {
             fenced: false,
             retry: Retry::Anywhere,
         };
@@ -1264,14 +1264,14 @@ mod tests {
             // only if surely not sent whichever branch writes.
             assert_eq!(
                 sending(writes, []),
-                Sending {
+                SendRule {
                     fenced: true,
                     retry: Retry::IfNotSent
                 }
             );
             assert_eq!(
                 sending([&get], writes),
-                Sending {
+                SendRule {
                     fenced: false,
                     retry: Retry::IfNotSent
                 }
