@@ -217,7 +217,8 @@ enum Found {
 /// others' wait at most that long more.
 const TENURE: Duration = Duration::from_millis(20);
 
-/// How many times one read looks again after losing a race.
+/// How many times one read looks again after losing a race, at least:
+/// it goes on as long as a hand-over may take (`look_up`).
 const FIND_TRIES: usize = 64;
 
 /// How long a batch of takes may be out before the takes queued behind it
@@ -1258,7 +1259,15 @@ impl ClusterStore {
     /// owns it and its records are claimable. A group another node owns is
     /// asked for (`ask`) or reported as held elsewhere.
     fn look_up(&self, group: &[u8], key: &[u8], ask: bool) -> Result<InPlace, StateError> {
-        for _ in 0..FIND_TRIES {
+        // A lookup that lost a race looks again for as long as a hand-over
+        // may take (`ask_release`'s wait), and at least FIND_TRIES times:
+        // a count alone covers less time the faster etcd answers, and
+        // under every node's opens of one file 64 lost races fitted in a
+        // few seconds (test_share_modes_hold_under_contention_from_every_node).
+        let until = Instant::now() + self.handover_timeout;
+        let mut tries = 0;
+        while tries < FIND_TRIES || Instant::now() < until {
+            tries += 1;
             // Some(token): this thread's lookup may take the group.
             let may_take = {
                 let mut g = self.written_back(group);
