@@ -1264,9 +1264,18 @@ impl ClusterStore {
         // a count alone covers less time the faster etcd answers, and
         // under every node's opens of one file 64 lost races fitted in a
         // few seconds (test_share_modes_hold_under_contention_from_every_node).
+        // Past FIND_TRIES each lost race waits a little longer before the
+        // next (up to 50 ms, as `ask_release` polls), so that a lookup
+        // that keeps losing does not send etcd a request per round trip
+        // for the whole hand-over time.
         let until = Instant::now() + self.handover_timeout;
         let mut tries = 0;
+        let mut pause = Duration::from_millis(1);
         while tries < FIND_TRIES || Instant::now() < until {
+            if tries >= FIND_TRIES {
+                crate::blocking::off_worker(|| std::thread::sleep(pause));
+                pause = (pause * 2).min(Duration::from_millis(50));
+            }
             tries += 1;
             // Some(token): this thread's lookup may take the group.
             let may_take = {
