@@ -1062,10 +1062,88 @@ mod tests {
         assert!(control.get(b"c").unwrap().is_none());
     }
 
+    /// Once the store looked at the members, its calls go to the leader
+    /// first. A leader that falls silent (SIGSTOP: its connections stay
+    /// open and unanswered, as behind a silent network) is forgotten by the
+    /// first call that waited for it, and a later look finds the new one,
+    /// which writes go to: a write is sent to one member only, so one sent
+    /// to the silent member would fail.
+    #[test]
+    fn calls_go_to_the_leader_first_and_forget_one_that_falls_silent() {
+        let cluster = Cluster::start("leader");
+        let store = EtcdStore::new(&cluster.urls, b"/l/", Duration::from_secs(5)).unwrap();
+        // The member that answered a read.
+        let answered_by = || {
+            store
+                .call("Range", Retry::Anywhere, |mut c| async move {
+                    c.get("/l/k", None).await
+                })
+                .map(|r| r.header().map_or(0, |h| h.member_id()))
+        };
+        // Waits until every call goes to the member that leads (read again
+        // when an election moved it meanwhile); its place and id. The first
+        // look is made at start, the next ones every FOLLOW_EVERY (5 s).
+        let leads = || {
+            let until = Instant::now() + Duration::from_secs(30);
+            'again: loop {
+                assert!(Instant::now() < until, "calls do not go to the leader");
+                let leader = cluster.leader();
+                let Some((at, id)) = leader else {
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
+                };
+                if store.members.leader().as_deref() != Some(cluster.urls[at].as_str()) {
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
+                // Not one call in turn: every one.
+                for _ in 0..3 * cluster.urls.len() {
+                    if answered_by().unwrap() != id {
+                        if cluster.leader() != leader {
+                            continue 'again;
+                        }
+                        panic!("a call went to a follower");
+                    }
+                }
+                return (at, id);
+            }
+        };
+        let (first, id) = leads();
+        let pid = cluster.members[first].id().to_string();
+        let signal = |sig: &str| {
+            let ok = std::process::Command::new("kill")
+                .args([sig, &pid])
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "kill {sig} {pid}");
+        };
+        signal("-STOP");
+        // Answered by another member after the leader's share of the time.
+        assert_ne!(answered_by().unwrap(), id);
+        assert_ne!(
+            store.members.leader().as_deref(),
+            Some(cluster.urls[first].as_str()),
+            "a leader that did not answer is still tried first"
+        );
+        let (next, _) = leads();
+        assert_ne!(next, first);
+        for i in 0..6 {
+            let value = format!("v{i}");
+            store
+                .call("Txn", Retry::IfNotSent, move |mut c| {
+                    let value = value.clone();
+                    async move { c.put("/l/w", value, None).await }
+                })
+                .unwrap();
+        }
+        signal("-CONT");
+    }
+
     /// With one member down, every call still succeeds, writes included:
     /// a member that refuses the connection got nothing, so a write goes
-    /// on to the next one (calls start at each member in turn, so some
-    /// start at the one that is down).
+    /// on to the next one (calls start at the leader, or at each member in
+    /// turn, so some start at the one that is down).
     #[test]
     fn a_member_that_is_down_is_skipped_by_reads_and_writes() {
         let mut cluster = Cluster::start("skip");

@@ -309,7 +309,36 @@ impl Cluster {
     }
 }
 
+/// The number after `"field":` in etcdctl's JSON output.
+fn json_number(json: &str, field: &str) -> Option<u64> {
+    let at = json.find(&format!("\"{field}\":"))? + field.len() + 3;
+    let digits: String = json[at..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().ok()
+}
+
 impl Cluster {
+    /// The member that leads now, as its place in `urls` and its id; None
+    /// when no member that answers names itself the leader.
+    pub fn leader(&self) -> Option<(usize, u64)> {
+        self.urls.iter().enumerate().find_map(|(i, url)| {
+            // A member that is stopped holds the question up for a second.
+            let args = [
+                "--dial-timeout=1s",
+                "--command-timeout=1s",
+                "endpoint",
+                "status",
+                "-w",
+                "json",
+            ];
+            let status = try_etcdctl(url, &args).ok()?;
+            let id = json_number(&status, "member_id")?;
+            (json_number(&status, "leader")? == id).then_some((i, id))
+        })
+    }
+
     /// Replaces member `i` of a plain cluster as an operator would: a new
     /// member (new name, new ports) is added and started, then member `i`
     /// is removed and stopped. The new member's client URL.
