@@ -875,10 +875,14 @@ impl ClusterStore {
                     (records, taken)
                 }
                 other => {
+                    let held = other.is_some();
                     if let Some(o) = other {
                         g.insert(group.to_vec(), o);
                     }
                     drop(g);
+                    if !held {
+                        return self.end_lost_take(group, &request).map(|()| true);
+                    }
                     self.etcd.txn(&[], &[Op::Delete(&request)], &[])?;
                     return Ok(true);
                 }
@@ -888,6 +892,31 @@ impl ClusterStore {
         let r = self.write_back(group, &records, &[Op::Delete(&request)]);
         self.written_back_or_unsettled(group, r, records, taken)
             .map(|()| true)
+    }
+
+    /// Answers `request` for `group`, which this node holds nothing of:
+    /// when etcd still names this node the owner, a take of it was applied
+    /// but its answer lost (a take is not sent twice). Nothing here stands
+    /// on that ownership (no lookup under way, no hand-back unsettled), so
+    /// it ends with the request, as `ask_release` ends it for this node's
+    /// own lookups; the records in etcd are the last written. Left, it would
+    /// keep every other node's lookups waiting out the hand-over time for
+    /// as long as this node lives and opens nothing of the file.
+    fn end_lost_take(&self, group: &[u8], request: &[u8]) -> Result<(), StateError> {
+        let own = key_of(OWN_PREFIX, group);
+        match self.etcd.get(&own)? {
+            Some(v) if v.value[..] == self.me()[..] => {
+                self.etcd.txn(
+                    &[Cmp::Version(&own, Some(v.version))],
+                    &[Op::Delete(&own), Op::Delete(request)],
+                    &[Op::Delete(request)],
+                )?;
+            }
+            _ => {
+                self.etcd.txn(&[], &[Op::Delete(request)], &[])?;
+            }
+        }
+        Ok(())
     }
 
     /// After a write-back of `group`: answered, the group is etcd's (or
@@ -1771,6 +1800,25 @@ mod tests {
             raw.get(&key_of(OWN_PREFIX, G)).unwrap().unwrap().value,
             b"1"
         );
+    }
+
+    /// A take that etcd applied but whose answer was lost leaves etcd
+    /// naming a node that holds nothing of the file: asked for it, that
+    /// node ends the ownership, and the asker gets the file instead of
+    /// waiting out the hand-over time and failing.
+    #[test]
+    fn an_owner_that_lost_its_takes_answer_hands_the_file_over_when_asked() {
+        let cluster = Cluster::start("lost-take");
+        let one = Node::start(&cluster.urls, "1", &[]);
+        let two = Node::start(&cluster.urls, "2", &[]);
+        let raw = EtcdStore::new(&cluster.urls, b"/nimbus-test/", Duration::from_secs(5)).unwrap();
+        let own = key_of(OWN_PREFIX, G);
+        raw.txn(&[], &[Op::Put(&own, b"2", 0)], &[]).unwrap();
+        assert!(!two.store.owns(G));
+        assert_eq!(one.store.get(&file_key()).unwrap(), None);
+        assert!(one.store.owns(G));
+        one.set("1a");
+        assert_eq!(two.read(), "1a");
     }
 
     /// A restarted node puts its earlier runs' incarnation records again
