@@ -874,15 +874,25 @@ impl ClusterStore {
                     g.insert(group.to_vec(), Group::Releasing);
                     (records, taken)
                 }
-                other => {
-                    let held = other.is_some();
-                    if let Some(o) = other {
-                        g.insert(group.to_vec(), o);
-                    }
+                None => {
+                    // Marked as a lookup marks it: no lookup of this node
+                    // takes the group while etcd is asked whether this
+                    // node owns it, and ends that ownership (`Finding`).
+                    let token = self.next_version.fetch_add(1, Ordering::Relaxed);
+                    g.insert(group.to_vec(), Group::Finding(token));
                     drop(g);
-                    if !held {
-                        return self.end_lost_take(group, &request).map(|()| true);
-                    }
+                    let _mark = FindingMark {
+                        store: self,
+                        group,
+                        token,
+                    };
+                    return self.end_lost_take(group, &request).map(|()| true);
+                }
+                Some(other) => {
+                    // Not reached: the waits above leave no `Releasing`
+                    // and return on `Finding`.
+                    g.insert(group.to_vec(), other);
+                    drop(g);
                     self.etcd.txn(&[], &[Op::Delete(&request)], &[])?;
                     return Ok(true);
                 }
@@ -894,28 +904,32 @@ impl ClusterStore {
             .map(|()| true)
     }
 
-    /// Answers `request` for `group`, which this node holds nothing of:
-    /// when etcd still names this node the owner, a take of it was applied
-    /// but its answer lost (a take is not sent twice). Nothing here stands
-    /// on that ownership (no lookup under way, no hand-back unsettled), so
-    /// it ends with the request, as `ask_release` ends it for this node's
-    /// own lookups; the records in etcd are the last written. Left, it would
-    /// keep every other node's lookups waiting out the hand-over time for
-    /// as long as this node lives and opens nothing of the file.
+    /// Answers `request` for `group`, which this node holds nothing of
+    /// and has marked `Finding` (the caller holds the mark): when etcd
+    /// still names this node the owner, a take of it was applied but its
+    /// answer lost (a take is not sent twice). Nothing here stands on that
+    /// ownership (no lookup under way, none can start meanwhile, no
+    /// hand-back unsettled), so it ends with the request, as `ask_release`
+    /// ends it for this node's own lookups; the records in etcd are the
+    /// last written. Left, it would keep every other node's lookups waiting
+    /// out the hand-over time for as long as this node lives and opens
+    /// nothing of the file.
     fn end_lost_take(&self, group: &[u8], request: &[u8]) -> Result<(), StateError> {
         let own = key_of(OWN_PREFIX, group);
-        match self.etcd.get(&own)? {
-            Some(v) if v.value[..] == self.me()[..] => {
-                self.etcd.txn(
-                    &[Cmp::Version(&own, Some(v.version))],
-                    &[Op::Delete(&own), Op::Delete(request)],
-                    &[Op::Delete(request)],
-                )?;
-            }
-            _ => {
-                self.etcd.txn(&[], &[Op::Delete(request)], &[])?;
-            }
-        }
+        let mine = match self.etcd.get(&own) {
+            Ok(Some(v)) if v.value[..] == self.me()[..] => Some(v.version),
+            // A forged ownership is not this node's: the request goes.
+            Ok(_) | Err(StateError::Corrupt(_)) => None,
+            Err(e) => return Err(e),
+        };
+        match mine {
+            Some(version) => self.etcd.txn(
+                &[Cmp::Version(&own, Some(version))],
+                &[Op::Delete(&own), Op::Delete(request)],
+                &[Op::Delete(request)],
+            )?,
+            None => self.etcd.txn(&[], &[Op::Delete(request)], &[])?,
+        };
         Ok(())
     }
 

@@ -41,8 +41,8 @@
 //! finds the new one; a look that began before it was forgotten does not
 //! bring it back. A read waits for the leader at most its even share of
 //! the deadline (time left / members) before it asks the next member: a
-//! leader cut off by a silent network costs each read that share, as the
-//! calls started at each member in turn did before.
+//! leader cut off by a silent network costs a read that share, until a
+//! call forgets it.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -731,11 +731,13 @@ fn not_sent(e: &etcd_client::Error) -> bool {
 fn cannot_serve(e: &etcd_client::Error) -> bool {
     match e {
         etcd_client::Error::TransportError(_) => true,
+        // A member that lost its leadership says "not leader" with
+        // FAILED_PRECONDITION, the code of etcd's refusals too.
         etcd_client::Error::GRpcStatus(s) => {
             matches!(
                 s.code(),
                 tonic::Code::Unavailable | tonic::Code::DeadlineExceeded
-            )
+            ) || s.message().contains("etcdserver: not leader")
         }
         _ => false,
     }
