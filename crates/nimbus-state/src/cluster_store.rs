@@ -245,6 +245,11 @@ const PEEKS_PER_REQUEST: usize = MAX_READS_PER_REQUEST / 2;
 const DEAD_OWNER_FIRST_LOOK: Duration = Duration::from_millis(30);
 const DEAD_OWNER_LOOK_EVERY: Duration = Duration::from_millis(250);
 
+/// How often, at most, a wait for a hand-over that does not watch reads
+/// the ownership record (`ask_release`): first after 1 ms, then twice
+/// as long each time up to this.
+const POLL_EVERY: Duration = Duration::from_millis(50);
+
 /// How long an incarnation read alive is taken for alive without reading
 /// it again, where being wrong costs only time (`clear_if_dead`): an
 /// attribute open of a file another node holds is answered from its
@@ -651,7 +656,27 @@ impl ClusterStore {
     /// that reached it between two ownerships. So the request is written
     /// only while that ownership stands, and the wait ends when it ends,
     /// however briefly, for the caller to look again (and ask again).
-    fn ask_release(&self, owner: &[u8], since: u64, group: &[u8]) -> Result<(), StateError> {
+    ///
+    /// With `watch` (a lookup's second ask and later) the wait watches the
+    /// ownership record from the revision the request was written at;
+    /// without, it reads the record after 1 ms, then twice as long each
+    /// time up to `POLL_EVERY`. The owner's own clients take the file
+    /// again about one round trip after it hands it back, and an asker
+    /// that polls wakes 10-30 ms late and sees only the new ownership: a
+    /// lookup that only polled could lose every race to the owner for
+    /// seconds (docs/SCALING.md, "Waiting for a hand-over"). A watch hears
+    /// the hand-back as soon as the owner's clients do. The first ask
+    /// polls all the same: the owner's clients keep the file for that
+    /// while, which costs fewer hand-overs than taking turns at every
+    /// open (BENCHMARKS.md, "A watch for the second ask"). A watch that
+    /// fails leaves the wait reading the record.
+    fn ask_release(
+        &self,
+        owner: &[u8],
+        since: u64,
+        group: &[u8],
+        watch: bool,
+    ) -> Result<(), StateError> {
         crate::metrics_names::handover_asked();
         let own = key_of(OWN_PREFIX, group);
         let me = self.me();
@@ -676,30 +701,56 @@ impl ClusterStore {
             return Ok(());
         }
         let deadline = Instant::now() + self.handover_timeout;
-        let mut pause = Duration::from_millis(1);
         let mut dead_look = Instant::now() + DEAD_OWNER_FIRST_LOOK;
+        // Every change after the request's revision: the ownership stood
+        // until then (the request's condition).
+        let mut watch = watch.then(|| self.etcd.watch(&own, t.revision + 1));
+        let mut pause = Duration::from_millis(1);
         loop {
-            match self.etcd.get(&own)? {
-                Some(v) if v.version == since => {}
-                _ => return Ok(()),
+            let now = Instant::now();
+            // Now and then the record is read too, and the owner's
+            // incarnation: a watch slow to deliver (its member silent) is
+            // caught up with, and an owner that dies while asked never
+            // answers: its ownership ends with its incarnation record.
+            // Without a watch, the record is read every time.
+            if now >= dead_look || watch.is_none() {
+                match self.etcd.get(&own)? {
+                    Some(v) if v.version == since => {}
+                    _ => return Ok(()),
+                }
             }
-            // An owner that dies while asked never answers: its ownership
-            // ends with its incarnation record, read afresh now and then.
-            if Instant::now() >= dead_look {
-                dead_look = Instant::now() + DEAD_OWNER_LOOK_EVERY;
+            if now >= dead_look {
+                dead_look = now + DEAD_OWNER_LOOK_EVERY;
                 if self.clear_if_dead(owner, since, group, true)? {
                     return Ok(());
                 }
             }
-            if Instant::now() >= deadline {
+            if now >= deadline {
                 return Err(StateError::Unavailable(format!(
                     "node incarnation {} did not hand over a file within {:?}",
                     String::from_utf8_lossy(owner),
                     self.handover_timeout
                 )));
             }
-            crate::blocking::off_worker(|| std::thread::sleep(pause));
-            pause = (pause * 2).min(Duration::from_millis(50));
+            let wait = deadline.min(dead_look).saturating_duration_since(now);
+            let Some(w) = watch.as_mut() else {
+                let nap = wait.min(pause);
+                crate::blocking::off_worker(|| std::thread::sleep(nap));
+                pause = (pause * 2).min(POLL_EVERY);
+                continue;
+            };
+            match w.next(wait) {
+                // The record changed (the ownership ended, or another
+                // began), or changes were compacted away: look again.
+                Ok(batch) if batch.resync || batch.events.iter().any(|e| e.key == own) => {
+                    return Ok(())
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!("cluster: watching a file's hand-over: {e}; reading instead");
+                    watch = None;
+                }
+            }
         }
     }
 
@@ -1314,6 +1365,8 @@ impl ClusterStore {
         let until = Instant::now() + self.handover_timeout;
         let mut tries = 0;
         let mut pause = Duration::from_millis(1);
+        // Whether this lookup asked already (`ask_release`'s watch).
+        let mut asked = false;
         while tries < FIND_TRIES || Instant::now() < until {
             if tries >= FIND_TRIES {
                 crate::blocking::off_worker(|| std::thread::sleep(pause));
@@ -1373,7 +1426,8 @@ impl ClusterStore {
                     // This node named in etcd but not in memory: a lost
                     // hand-back, which `ask_release` mends.
                     Found::OwnedBy(owner, since) if ask || *owner == *self.me() => {
-                        self.ask_release(&owner, since, group)?
+                        self.ask_release(&owner, since, group, asked)?;
+                        asked = true;
                     }
                     Found::OwnedBy(owner, since) => {
                         if let Some(elsewhere) = self.held_elsewhere(&owner, since, group)? {
@@ -1387,7 +1441,8 @@ impl ClusterStore {
                     // Taken by the lookup under way: wait for its outcome.
                     Found::OwnedBy(owner, _) if *owner == *self.me() => drop(self.settled(group)),
                     Found::OwnedBy(owner, since) if ask => {
-                        self.ask_release(&owner, since, group)?
+                        self.ask_release(&owner, since, group, asked)?;
+                        asked = true;
                     }
                     Found::OwnedBy(owner, since) => {
                         if let Some(elsewhere) = self.held_elsewhere(&owner, since, group)? {
@@ -2232,13 +2287,13 @@ mod tests {
         // out the hand-over timeout on the second: it returns to look
         // again at once.
         let asked = Instant::now();
-        two.store.ask_release(b"1", first, G).unwrap();
+        two.store.ask_release(b"1", first, G, true).unwrap();
         assert!(asked.elapsed() < Duration::from_secs(5));
         assert_eq!(raw.scan_prefix(RELEASE_PREFIX).unwrap(), vec![]);
         assert!(one.store.owns(G));
 
         // Asked about the ownership that stands, node 1 hands it back.
-        two.store.ask_release(b"1", second, G).unwrap();
+        two.store.ask_release(b"1", second, G, true).unwrap();
         assert!(!one.store.owns(G));
         assert_eq!(raw.get(&own).unwrap(), None);
         assert_eq!(raw.get(&file_key()).unwrap().unwrap().value, b"1b");

@@ -233,6 +233,9 @@ pub(crate) struct Endpoint {
     /// Whether this member said at the last look that it leads, and no
     /// call found it silent or unreachable since (module comment).
     leads: AtomicBool,
+    /// How many times a call forgot that this member leads: a look that
+    /// began before the last time does not mark it (`look_at_members`).
+    forgotten: AtomicU64,
     /// Made on first use (a client connects lazily; a member that is down
     /// fails the call, not the making).
     client: tokio::sync::OnceCell<Client>,
@@ -243,6 +246,7 @@ impl Endpoint {
         Arc::new(Endpoint {
             url,
             leads: AtomicBool::new(false),
+            forgotten: AtomicU64::new(0),
             client: tokio::sync::OnceCell::new(),
         })
     }
@@ -266,9 +270,6 @@ pub(crate) struct Members {
     /// known: calls are spread over the members instead of all landing on
     /// the first one configured.
     next: AtomicUsize,
-    /// How many times a call forgot the leader: a look that began before
-    /// the last time does not name one (module comment).
-    forgotten: AtomicU64,
 }
 
 impl Drop for Members {
@@ -303,7 +304,6 @@ impl Members {
             )),
             access,
             following: std::sync::Mutex::new(None),
-            forgotten: AtomicU64::new(0),
             runtime: Some(runtime),
             next: AtomicUsize::new(0),
         })
@@ -401,6 +401,14 @@ impl Members {
         leader.map(|e| e.url.clone())
     }
 
+    /// Where in `list` a watch starts: at the leader, which has a change
+    /// before the followers apply it, else at each member in turn.
+    pub(crate) fn first_for_watch(&self, list: &Endpoints) -> usize {
+        list.iter()
+            .position(|e| e.leads.load(Ordering::SeqCst))
+            .unwrap_or_else(|| self.next.fetch_add(1, Ordering::Relaxed) % list.len().max(1))
+    }
+
     /// Whether the member at `endpoint` answers that it leads itself.
     async fn says_it_leads(&self, endpoint: &Endpoint) -> bool {
         let Ok(mut client) = self.client(endpoint, FOLLOW_EVERY / 2).await else {
@@ -419,14 +427,25 @@ impl Members {
     /// that marked it before this sees the count changed (`look_at_members`).
     fn forget_leader(&self, endpoint: &Endpoint) {
         if endpoint.leads.load(Ordering::SeqCst) {
-            self.forgotten.fetch_add(1, Ordering::SeqCst);
+            endpoint.forgotten.fetch_add(1, Ordering::SeqCst);
             endpoint.leads.store(false, Ordering::SeqCst);
         }
     }
 
     async fn look_at_members(&self) {
-        let forgotten = self.forgotten.load(Ordering::SeqCst);
         let list = self.endpoints();
+        // Each member's count of forgets as the look begins. A member that
+        // joins during the look was never marked, so it starts at 0.
+        let forgotten: Vec<(Arc<Endpoint>, u64)> = list
+            .iter()
+            .map(|e| (e.clone(), e.forgotten.load(Ordering::SeqCst)))
+            .collect();
+        let forgotten_at_start = |e: &Arc<Endpoint>| {
+            forgotten
+                .iter()
+                .find(|(f, _)| Arc::ptr_eq(f, e))
+                .map_or(0, |(_, n)| *n)
+        };
         let Some((advertised, named)) = self.advertised(&list).await else {
             return;
         };
@@ -460,11 +479,10 @@ impl Members {
         for e in list.iter() {
             let leads = leader.as_ref().is_some_and(|l| Arc::ptr_eq(l, e));
             e.leads.store(leads, Ordering::SeqCst);
-        }
-        if self.forgotten.load(Ordering::SeqCst) != forgotten {
-            // A call forgot a leader meanwhile: this look may have asked
-            // before it fell silent.
-            for e in list.iter() {
+            if leads && e.forgotten.load(Ordering::SeqCst) != forgotten_at_start(e) {
+                // A call forgot this member meanwhile: the look may have
+                // asked it before it fell silent. A forget of another
+                // member (the old leader) does not undo this mark.
                 e.leads.store(false, Ordering::SeqCst);
             }
         }
@@ -710,11 +728,20 @@ fn describe(e: &etcd_client::Error) -> String {
 /// transport's ConnectError: a connection a proxy accepted and reset
 /// because the member behind it is down says only "Connection reset by
 /// peer" in its message, and ConnectError in its source.
+///
+/// A message of etcd's own ("etcdserver: ...") came back from a member,
+/// so the request reached it, whatever the words: "request timed out,
+/// possibly due to connection lost" is UNAVAILABLE and speaks of a
+/// connection, yet the member may have proposed the write, and sending it
+/// to another member could apply it twice.
 fn not_sent(e: &etcd_client::Error) -> bool {
     match e {
         etcd_client::Error::TransportError(_) => true,
         etcd_client::Error::GRpcStatus(s) => {
             let m = s.message();
+            if m.starts_with("etcdserver:") {
+                return false;
+            }
             let source = std::error::Error::source(s).map(|e| format!("{e:?}"));
             s.code() == tonic::Code::Unavailable
                 && (m.contains("connect")
@@ -740,5 +767,38 @@ fn cannot_serve(e: &etcd_client::Error) -> bool {
             ) || s.message().contains("etcdserver: not leader")
         }
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(code: tonic::Code, message: &str) -> etcd_client::Error {
+        etcd_client::Error::GRpcStatus(tonic::Status::new(code, message))
+    }
+
+    #[test]
+    fn an_answer_of_etcd_means_the_request_was_sent() {
+        // etcd's ErrTimeoutDueToConnectionLost: the member had the write.
+        let lost = status(
+            tonic::Code::Unavailable,
+            "etcdserver: request timed out, possibly due to connection lost",
+        );
+        assert!(!not_sent(&lost), "{lost}");
+        assert!(cannot_serve(&lost), "{lost}");
+        let changed = status(tonic::Code::Unavailable, "etcdserver: leader changed");
+        assert!(!not_sent(&changed), "{changed}");
+        // What tonic says when it could not connect at all.
+        let refused = status(
+            tonic::Code::Unavailable,
+            "error trying to connect: tcp connect error: Connection refused (os error 111)",
+        );
+        assert!(not_sent(&refused), "{refused}");
+        let denied = status(
+            tonic::Code::PermissionDenied,
+            "etcdserver: permission denied",
+        );
+        assert!(!not_sent(&denied) && !cannot_serve(&denied), "{denied}");
     }
 }

@@ -1131,16 +1131,39 @@ mod tests {
             Some(cluster.urls[first].as_str()),
             "a leader that did not answer is still tried first"
         );
-        let (next, _) = leads();
+        let (mut next, _) = leads();
         assert_ne!(next, first);
-        for i in 0..6 {
-            let value = format!("v{i}");
-            store
-                .call("Txn", Retry::IfNotSent, move |mut c| {
-                    let value = value.clone();
-                    async move { c.put("/l/w", value, None).await }
-                })
-                .unwrap();
+        // Six writes in a row: one sent to the silent member would fail.
+        // A look that failed meanwhile (the new leader unmarked, calls
+        // spread again) lets a write reach the silent member: that write
+        // starts the six over, once the mark is back.
+        let mut written = 0;
+        let mut restarts = 0;
+        while written < 6 {
+            let value = format!("v{written}");
+            let marked_before = store.members.leader();
+            let put = store.call("Txn", Retry::IfNotSent, move |mut c| {
+                let value = value.clone();
+                async move { c.put("/l/w", value, None).await }
+            });
+            match put {
+                Ok(_) => written += 1,
+                Err(e) => {
+                    // Marked before and after the write: the write
+                    // went to the leader, and failed.
+                    let leader = Some(cluster.urls[next].as_str());
+                    let marked = marked_before.as_deref() == leader
+                        && store.members.leader().as_deref() == leader;
+                    assert!(
+                        !marked && restarts < 3,
+                        "a write failed while the leader was marked: {e}"
+                    );
+                    restarts += 1;
+                    (next, _) = leads();
+                    assert_ne!(next, first);
+                    written = 0;
+                }
+            }
         }
         signal("-CONT");
     }

@@ -170,7 +170,7 @@ struct Follow {
 
 impl Follow {
     async fn run(self) {
-        let mut member = 0;
+        let mut member = self.members.first_for_watch(&self.members.endpoints());
         let mut failures: Vec<String> = Vec::new();
         loop {
             let list = self.members.endpoints();
