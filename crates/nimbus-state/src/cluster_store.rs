@@ -214,8 +214,12 @@ enum Found {
 /// without a tenure the file moved at nearly every open, with every
 /// node's opens waiting on the moves. With one, the node that has it
 /// decides its own clients' opens from memory for that long, and the
-/// others' wait at most that long more.
-const TENURE: Duration = Duration::from_millis(20);
+/// others' wait at most that long more. 40 ms, not 20: since an asker
+/// watches for the hand-back (`ask_release`) it gets the file at its
+/// second ask, and with 20 ms turns the moves took 15-35 % off the rate
+/// of a file four clients on three nodes open (BENCHMARKS.md, "A watch
+/// for the second ask").
+const TENURE: Duration = Duration::from_millis(40);
 
 /// How many times one read looks again after losing a race, at least:
 /// it goes on as long as a hand-over may take (`look_up`).
@@ -667,28 +671,34 @@ impl ClusterStore {
     /// seconds (docs/SCALING.md, "Waiting for a hand-over"). A watch hears
     /// the hand-back as soon as the owner's clients do. The first ask
     /// polls all the same: the owner's clients keep the file for that
-    /// while, which costs fewer hand-overs than taking turns at every
-    /// open (BENCHMARKS.md, "A watch for the second ask"). A watch that
-    /// fails leaves the wait reading the record.
+    /// while, which cost fewer hand-overs than a watch at every ask
+    /// (BENCHMARKS.md, "A watch for the second ask"). A watch that fails
+    /// leaves the wait reading the record.
+    ///
+    /// Ok(true): the ownership asked about ended while asked (handed back,
+    /// found dead, or a lost hand-back mended), and the caller looks again
+    /// at once; Ok(false): it had ended before the request was written, a
+    /// race lost.
     fn ask_release(
         &self,
         owner: &[u8],
         since: u64,
         group: &[u8],
         watch: bool,
-    ) -> Result<(), StateError> {
+    ) -> Result<bool, StateError> {
         crate::metrics_names::handover_asked();
         let own = key_of(OWN_PREFIX, group);
         let me = self.me();
         if owner == &*me {
             // Named as owner by etcd but not in memory: a hand-back whose
             // answer was lost. The records in etcd are the last written.
-            self.etcd
+            let t = self
+                .etcd
                 .txn(&[Cmp::Version(&own, Some(since))], &[Op::Delete(&own)], &[])?;
-            return Ok(());
+            return Ok(t.succeeded);
         }
         if self.clear_if_dead(owner, since, group, false)? {
-            return Ok(());
+            return Ok(true);
         }
         let request = release_key(owner, group);
         let lease = self.lease.load(Ordering::SeqCst);
@@ -698,7 +708,7 @@ impl ClusterStore {
             &[],
         )?;
         if !t.succeeded {
-            return Ok(());
+            return Ok(false);
         }
         let deadline = Instant::now() + self.handover_timeout;
         let mut dead_look = Instant::now() + DEAD_OWNER_FIRST_LOOK;
@@ -716,13 +726,13 @@ impl ClusterStore {
             if now >= dead_look || watch.is_none() {
                 match self.etcd.get(&own)? {
                     Some(v) if v.version == since => {}
-                    _ => return Ok(()),
+                    _ => return Ok(true),
                 }
             }
             if now >= dead_look {
                 dead_look = now + DEAD_OWNER_LOOK_EVERY;
                 if self.clear_if_dead(owner, since, group, true)? {
-                    return Ok(());
+                    return Ok(true);
                 }
             }
             if now >= deadline {
@@ -743,7 +753,7 @@ impl ClusterStore {
                 // The record changed (the ownership ended, or another
                 // began), or changes were compacted away: look again.
                 Ok(batch) if batch.resync || batch.events.iter().any(|e| e.key == own) => {
-                    return Ok(())
+                    return Ok(true)
                 }
                 Ok(_) => {}
                 Err(e) => {
@@ -1367,12 +1377,17 @@ impl ClusterStore {
         let mut pause = Duration::from_millis(1);
         // Whether this lookup asked already (`ask_release`'s watch).
         let mut asked = false;
+        // Whether the last look lost a race: a take that succeeded, or a
+        // hand-over that came, is looked at again at once (the file is
+        // the asker's to take before the owner's next open takes it back).
+        let mut lost = false;
         while tries < FIND_TRIES || Instant::now() < until {
-            if tries >= FIND_TRIES {
+            if tries >= FIND_TRIES && lost {
                 crate::blocking::off_worker(|| std::thread::sleep(pause));
                 pause = (pause * 2).min(Duration::from_millis(50));
             }
             tries += 1;
+            lost = true;
             // Some(token): this thread's lookup may take the group.
             let may_take = {
                 let mut g = self.written_back(group);
@@ -1421,35 +1436,41 @@ impl ClusterStore {
                     }
                 }
                 match self.find(group, key)? {
-                    Found::Taken | Found::Retry => continue,
+                    Found::Taken => lost = false,
+                    Found::Retry => {}
                     Found::Shared(v) => return Ok(InPlace::Record(v)),
                     // This node named in etcd but not in memory: a lost
                     // hand-back, which `ask_release` mends.
                     Found::OwnedBy(owner, since) if ask || *owner == *self.me() => {
-                        self.ask_release(&owner, since, group, asked)?;
+                        lost = !self.ask_release(&owner, since, group, asked)?;
                         asked = true;
                     }
                     Found::OwnedBy(owner, since) => {
                         if let Some(elsewhere) = self.held_elsewhere(&owner, since, group)? {
                             return Ok(elsewhere);
                         }
+                        lost = false;
                     }
                 }
             } else {
                 match self.peek(group, key)? {
                     Found::Shared(v) => return Ok(InPlace::Record(v)),
                     // Taken by the lookup under way: wait for its outcome.
-                    Found::OwnedBy(owner, _) if *owner == *self.me() => drop(self.settled(group)),
+                    Found::OwnedBy(owner, _) if *owner == *self.me() => {
+                        drop(self.settled(group));
+                        lost = false;
+                    }
                     Found::OwnedBy(owner, since) if ask => {
-                        self.ask_release(&owner, since, group, asked)?;
+                        lost = !self.ask_release(&owner, since, group, asked)?;
                         asked = true;
                     }
                     Found::OwnedBy(owner, since) => {
                         if let Some(elsewhere) = self.held_elsewhere(&owner, since, group)? {
                             return Ok(elsewhere);
                         }
+                        lost = false;
                     }
-                    Found::Taken | Found::Retry => continue,
+                    Found::Taken | Found::Retry => {}
                 }
             }
         }
