@@ -171,6 +171,11 @@ pub struct ClusterStore {
     /// on when the second one hears.
     #[cfg(test)]
     decision_gate: crate::test_gate::TestGate,
+    /// Test hook: a wait for a hand-over that watches never reads the
+    /// record or the owner's incarnation, so only the watch can end it
+    /// before the hand-over timeout.
+    #[cfg(test)]
+    watch_alone: std::sync::atomic::AtomicBool,
 }
 
 type Turn = Arc<Mutex<Option<Memo>>>;
@@ -349,6 +354,8 @@ impl ClusterStore {
             lose_lease_before_adopting: std::sync::atomic::AtomicBool::new(false),
             #[cfg(test)]
             decision_gate: Default::default(),
+            #[cfg(test)]
+            watch_alone: Default::default(),
         }
     }
 
@@ -712,6 +719,10 @@ impl ClusterStore {
         }
         let deadline = Instant::now() + self.handover_timeout;
         let mut dead_look = Instant::now() + DEAD_OWNER_FIRST_LOOK;
+        #[cfg(test)]
+        if watch && self.watch_alone.load(Ordering::SeqCst) {
+            dead_look = deadline + Duration::from_secs(3600);
+        }
         // Every change after the request's revision: the ownership stood
         // until then (the request's condition).
         let mut watch = watch.then(|| self.etcd.watch(&own, t.revision + 1));
@@ -2341,6 +2352,28 @@ mod tests {
         assert!(three.store.owns(G));
         three.store.release(G).unwrap();
         assert!(!three.store.owns(G));
+    }
+
+    /// A wait for a hand-over that watches the ownership record ends on
+    /// the watch's event: with the wait's own reads of the record and of
+    /// the owner put past the hand-over timeout, only the watch can tell
+    /// the asker that the owner let the file go.
+    #[test]
+    fn a_watched_hand_over_ends_the_wait_on_the_watchs_event() {
+        let cluster = Cluster::start("watched-hand-over");
+        let one = Node::start(&cluster.urls, "1", &[]);
+        let two = Node::start(&cluster.urls, "2", &[]);
+        let raw = EtcdStore::new(&cluster.urls, b"/nimbus-test/", Duration::from_secs(5)).unwrap();
+        let own = key_of(OWN_PREFIX, G);
+        one.set("1a");
+        assert!(one.store.owns(G));
+        let since = raw.get(&own).unwrap().unwrap().version;
+
+        two.store.watch_alone.store(true, Ordering::SeqCst);
+        assert!(two.store.ask_release(b"1", since, G, true).unwrap());
+        assert!(!one.store.owns(G));
+        assert_eq!(raw.get(&own).unwrap(), None);
+        assert_eq!(raw.get(&file_key()).unwrap().unwrap().value, b"1a");
     }
 
     /// A hand-back etcd applied but whose answer was lost: the node must
