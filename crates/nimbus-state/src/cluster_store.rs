@@ -255,7 +255,7 @@ const DEAD_OWNER_FIRST_LOOK: Duration = Duration::from_millis(30);
 const DEAD_OWNER_LOOK_EVERY: Duration = Duration::from_millis(250);
 
 /// How often, at most, a wait for a hand-over that does not watch reads
-/// the ownership record (`ask_release`): first after 1 ms, then twice
+/// the ownership record (`ask_release`): at once, then after 1 ms, twice
 /// as long each time up to this.
 const POLL_EVERY: Duration = Duration::from_millis(50);
 
@@ -670,8 +670,8 @@ impl ClusterStore {
     ///
     /// With `watch` (a lookup's second ask and later) the wait watches the
     /// ownership record from the revision the request was written at;
-    /// without, it reads the record after 1 ms, then twice as long each
-    /// time up to `POLL_EVERY`. The owner's own clients take the file
+    /// without, it reads the record at once, then after 1 ms, twice as
+    /// long each time up to `POLL_EVERY`. The owner's own clients take the file
     /// again about one round trip after it hands it back, and an asker
     /// that polls wakes 10-30 ms late and sees only the new ownership: a
     /// lookup that only polled could lose every race to the owner for
@@ -719,13 +719,21 @@ impl ClusterStore {
         }
         let deadline = Instant::now() + self.handover_timeout;
         let mut dead_look = Instant::now() + DEAD_OWNER_FIRST_LOOK;
+        // Tests: only the watch may end the wait (`watch_alone`).
         #[cfg(test)]
-        if watch && self.watch_alone.load(Ordering::SeqCst) {
+        let read_at_deadline = !(watch && self.watch_alone.load(Ordering::SeqCst));
+        #[cfg(not(test))]
+        let read_at_deadline = true;
+        if !read_at_deadline {
             dead_look = deadline + Duration::from_secs(3600);
         }
         // Every change after the request's revision: the ownership stood
-        // until then (the request's condition).
-        let mut watch = watch.then(|| self.etcd.watch(&own, t.revision + 1));
+        // until then (the request's condition). An answer without its
+        // revision (etcd's header missing) is not watched from: from
+        // revision 1 the watch would replay the key's history, and every
+        // ask would end at once.
+        let asked_at = t.revision;
+        let mut watch = (watch && asked_at > 0).then(|| self.etcd.watch(&own, asked_at + 1));
         let mut pause = Duration::from_millis(1);
         loop {
             let now = Instant::now();
@@ -733,8 +741,9 @@ impl ClusterStore {
             // incarnation: a watch slow to deliver (its member silent) is
             // caught up with, and an owner that dies while asked never
             // answers: its ownership ends with its incarnation record.
-            // Without a watch, the record is read every time.
-            if now >= dead_look || watch.is_none() {
+            // Without a watch, the record is read every time; with one, at
+            // the deadline too, before the wait fails.
+            if now >= dead_look || watch.is_none() || (now >= deadline && read_at_deadline) {
                 match self.etcd.get(&own)? {
                     Some(v) if v.version == since => {}
                     _ => return Ok(true),
@@ -763,7 +772,13 @@ impl ClusterStore {
             match w.next(wait) {
                 // The record changed (the ownership ended, or another
                 // began), or changes were compacted away: look again.
-                Ok(batch) if batch.resync || batch.events.iter().any(|e| e.key == own) => {
+                Ok(batch)
+                    if batch.resync
+                        || batch
+                            .events
+                            .iter()
+                            .any(|e| e.key == own && e.revision > asked_at) =>
+                {
                     return Ok(true)
                 }
                 Ok(_) => {}
@@ -1395,7 +1410,7 @@ impl ClusterStore {
         while tries < FIND_TRIES || Instant::now() < until {
             if tries >= FIND_TRIES && lost {
                 crate::blocking::off_worker(|| std::thread::sleep(pause));
-                pause = (pause * 2).min(Duration::from_millis(50));
+                pause = (pause * 2).min(POLL_EVERY);
             }
             tries += 1;
             lost = true;

@@ -372,6 +372,8 @@ impl Members {
             let mut urls: Vec<String> = r
                 .members()
                 .iter()
+                // A learner answers no client call until it is promoted.
+                .filter(|m| !m.is_learner())
                 .flat_map(|m| m.client_urls())
                 .filter(|u| u.starts_with(scheme))
                 .cloned()
@@ -425,11 +427,11 @@ impl Members {
     /// Forgets that `endpoint` leads: a call found it silent or
     /// unreachable. The count goes up before the mark goes, so that a look
     /// that marked it before this sees the count changed (`look_at_members`).
+    /// Counted even when it is not marked: a look under way may be about
+    /// to mark it.
     fn forget_leader(&self, endpoint: &Endpoint) {
-        if endpoint.leads.load(Ordering::SeqCst) {
-            endpoint.forgotten.fetch_add(1, Ordering::SeqCst);
-            endpoint.leads.store(false, Ordering::SeqCst);
-        }
+        endpoint.forgotten.fetch_add(1, Ordering::SeqCst);
+        endpoint.leads.store(false, Ordering::SeqCst);
     }
 
     async fn look_at_members(&self) {
@@ -730,17 +732,19 @@ fn describe(e: &etcd_client::Error) -> String {
 /// peer" in its message, and ConnectError in its source.
 ///
 /// A message of etcd's own ("etcdserver: ...") came back from a member,
-/// so the request reached it, whatever the words: "request timed out,
-/// possibly due to connection lost" is UNAVAILABLE and speaks of a
-/// connection, yet the member may have proposed the write, and sending it
-/// to another member could apply it twice.
+/// so the request reached it, and it counts as sent unless it is one of
+/// the refusals etcd's gRPC interceptor answers before the request reaches
+/// the server (`REFUSED_UNSENT`): "request timed out, possibly due to
+/// connection lost" is UNAVAILABLE and speaks of a connection, yet the
+/// member may have proposed the write, and sending it to another member
+/// could apply it twice.
 fn not_sent(e: &etcd_client::Error) -> bool {
     match e {
         etcd_client::Error::TransportError(_) => true,
         etcd_client::Error::GRpcStatus(s) => {
             let m = s.message();
             if m.starts_with("etcdserver:") {
-                return false;
+                return REFUSED_UNSENT.contains(&m);
             }
             let source = std::error::Error::source(s).map(|e| format!("{e:?}"));
             s.code() == tonic::Code::Unavailable
@@ -751,6 +755,17 @@ fn not_sent(e: &etcd_client::Error) -> bool {
         _ => false,
     }
 }
+
+/// etcd's refusals of a request its gRPC interceptor answers before the
+/// server proposes or reads anything: a member cut off from its leader
+/// (the calls ask for one, `with_require_leader`), a member of an older
+/// version than the cluster's, and a learner, which serves no client
+/// call. Nothing was applied, so a write may go to another member.
+const REFUSED_UNSENT: [&str; 3] = [
+    "etcdserver: no leader",
+    "etcdserver: not capable",
+    "etcdserver: rpc not supported for learner",
+];
 
 /// Whether a failed call says the member cannot serve anything now (the
 /// connection failed, or it has no leader), rather than refusing this one
@@ -765,6 +780,7 @@ fn cannot_serve(e: &etcd_client::Error) -> bool {
                 s.code(),
                 tonic::Code::Unavailable | tonic::Code::DeadlineExceeded
             ) || s.message().contains("etcdserver: not leader")
+                || REFUSED_UNSENT.contains(&s.message())
         }
         _ => false,
     }
@@ -787,8 +803,18 @@ mod tests {
         );
         assert!(!not_sent(&lost), "{lost}");
         assert!(cannot_serve(&lost), "{lost}");
+        // A read's ReadIndex that an election interrupted: sent, though
+        // only a read meets it.
         let changed = status(tonic::Code::Unavailable, "etcdserver: leader changed");
         assert!(!not_sent(&changed), "{changed}");
+        // Refused before the server saw the request: nothing applied.
+        // A learner's refusal is FAILED_PRECONDITION before etcd 3.5.
+        for code in [tonic::Code::Unavailable, tonic::Code::FailedPrecondition] {
+            for unsent in REFUSED_UNSENT {
+                let e = status(code, unsent);
+                assert!(not_sent(&e) && cannot_serve(&e), "{e}");
+            }
+        }
         // What tonic says when it could not connect at all.
         let refused = status(
             tonic::Code::Unavailable,
