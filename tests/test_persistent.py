@@ -491,3 +491,55 @@ def test_a_persistent_handle_whose_connection_drops_during_a_break_stays_for_its
             other.close()
     finally:
         srv.stop()
+
+
+def test_a_persistent_handle_is_not_restored_onto_a_new_file_that_reused_its_inode(tmp_path):
+    """While the server is down, the handle's file is deleted and another
+    file made under its name on the same inode number (ext4 hands a freed
+    inode to the next file): the record's device and inode match the new
+    file, its generation does not. The start drops the record, the
+    client's reclaim is refused, and the new file is untouched."""
+    srv = CaServer(tmp_path)
+    try:
+        node = srv.start()
+        guid, create_guid, key = uuid.uuid4(), uuid.uuid4(), os.urandom(16)
+        first = Client(node, guid)
+        f = persistent_open(first, "ledger.dat", create_guid, key, timeout_ms=30_000)
+        f.write(b"the old file", 0)
+        file_id = f.file_id
+        old_ino = os.stat(srv.share / "ledger.dat").st_ino
+        srv.kill9()
+
+        # ext4 gives a new file the lowest free inode of its directory's
+        # group: files are made until one lands on the freed inode (others
+        # freed earlier in the group are filled first), then renamed.
+        path = srv.share / "ledger.dat"
+        path.unlink()
+        fillers = []
+        for i in range(50_000):
+            filler = srv.share / f"filler-{i}"
+            filler.write_bytes(b"someone else's new file %d" % i)
+            if os.stat(filler).st_ino == old_ino:
+                filler.rename(path)
+                break
+            fillers.append(filler)
+        assert path.exists(), "the share's file system (ext4 in CI) did not reuse the inode"
+        for filler in fillers:
+            filler.unlink()
+        new_content = path.read_bytes()
+
+        node = srv.start()
+        assert "persistent open" in srv.log() and "of ledger.dat not restored" in srv.log()
+        again = Client(node, guid)
+        try:
+            assert status_of(lambda: persistent_reconnect(again, "ledger.dat", file_id, create_guid, key)) == NtStatus.STATUS_OBJECT_NAME_NOT_FOUND
+        finally:
+            again.close()
+        assert path.read_bytes() == new_content
+        other = Client(node, uuid.uuid4())
+        try:
+            assert exclusive_open_status(other, "ledger.dat") == 0  # nothing holds it
+        finally:
+            other.close()
+    finally:
+        srv.stop()

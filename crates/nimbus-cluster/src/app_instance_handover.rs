@@ -18,7 +18,7 @@ pub const CLOSE_APP_INSTANCE_V1: u8 = 0x28;
 /// Message tag of its answer.
 pub const APP_INSTANCE_CLOSED_V1: u8 = 0x29;
 
-/// Close the opens of file (`dev`, `ino`) on share `share` made under
+/// Close the opens of file (`dev`, `ino`, `gen`) on share `share` made under
 /// `app_instance` by a client other than `client_guid` for user
 /// `owner_sid`; answer node `reply_to`, quoting `nonce`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -26,6 +26,7 @@ pub struct CloseAppInstance {
     pub nonce: u64,
     pub dev: u64,
     pub ino: u64,
+    pub gen: u64,
     pub app_instance: [u8; 16],
     pub client_guid: [u8; 16],
     pub reply_to: String,
@@ -35,7 +36,7 @@ pub struct CloseAppInstance {
 
 pub fn encode_request(r: &CloseAppInstance) -> Vec<u8> {
     let mut v = vec![CLOSE_APP_INSTANCE_V1];
-    for n in [r.nonce, r.dev, r.ino] {
+    for n in [r.nonce, r.dev, r.ino, r.gen] {
         v.extend_from_slice(&n.to_le_bytes());
     }
     v.extend_from_slice(&r.app_instance);
@@ -50,6 +51,7 @@ pub fn decode_request(msg: &[u8]) -> Option<CloseAppInstance> {
     let (nonce, rest) = rest.split_first_chunk::<8>()?;
     let (dev, rest) = rest.split_first_chunk::<8>()?;
     let (ino, rest) = rest.split_first_chunk::<8>()?;
+    let (gen, rest) = rest.split_first_chunk::<8>()?;
     let (app_instance, rest) = rest.split_first_chunk::<16>()?;
     let (client_guid, rest) = rest.split_first_chunk::<16>()?;
     let [reply_to, share, owner_sid] = take_strings::<3>(rest)?;
@@ -57,6 +59,7 @@ pub fn decode_request(msg: &[u8]) -> Option<CloseAppInstance> {
         nonce: u64::from_le_bytes(*nonce),
         dev: u64::from_le_bytes(*dev),
         ino: u64::from_le_bytes(*ino),
+        gen: u64::from_le_bytes(*gen),
         app_instance: *app_instance,
         client_guid: *client_guid,
         reply_to,
@@ -83,6 +86,7 @@ mod tests {
             nonce: 11,
             dev: 0x803,
             ino: 77,
+            gen: 5,
             app_instance: [1; 16],
             client_guid: [2; 16],
             reply_to: "n3".into(),

@@ -57,6 +57,14 @@ pub const NODES_PREFIX: &[u8] = b"nodes/";
 pub const INCARNATIONS_PREFIX: &[u8] = b"incarnations/";
 const INCARNATION_COUNTER: &[u8] = b"incarnation-counter";
 
+/// The layout of the cluster's records, which every node must share: a
+/// node that keys files otherwise sees none of the others' records of a
+/// file, and two clients on two nodes could both hold it exclusively.
+const LAYOUT_KEY: &[u8] = b"layout";
+/// Files keyed by device, inode and generation (2026-12-05). Releases
+/// before it wrote no layout key and keyed files by device and inode.
+const LAYOUT: &[u8] = b"file-key-with-generation";
+
 /// Key prefix of the messages between nodes: `msg/<node>/...`.
 pub const MSG_PREFIX: &[u8] = b"msg/";
 
@@ -374,6 +382,8 @@ pub enum JoinError {
     },
     /// Another running node has this node's name.
     NameTaken(String),
+    /// The running nodes key their records another way (another release).
+    Layout(String),
 }
 
 impl JoinError {
@@ -443,6 +453,12 @@ impl std::fmt::Display for JoinError {
                 f,
                 "[cluster] node: another running node is registered as \"{node}\" (its record \
                  outlived node_ttl_secs); give this node a name of its own"
+            ),
+            JoinError::Layout(why) => write!(
+                f,
+                "[cluster] etcd: {why}; nodes that key files differently would not see each \
+                 other's opens and locks: stop every node, then start them all on one release \
+                 (see docs/CLUSTER.md, \"Upgrades\")"
             ),
         }
     }
@@ -644,6 +660,7 @@ impl Membership {
                 what: "reading the cluster's run counter",
                 error,
             })?;
+        m.check_layout()?;
         let until = Instant::now() + m.ttl + Duration::from_secs(1);
         loop {
             if m.register().map_err(|error| JoinError::Registering {
@@ -677,6 +694,50 @@ impl Membership {
             m.ttl.as_secs()
         );
         Ok(m)
+    }
+
+    /// Refuses to join nodes of a release that keys the cluster's records
+    /// another way; records this release's layout when no node runs.
+    /// Releases before the layout key wrote none: a live node (other than
+    /// this node's own record from before a restart) with no layout key
+    /// written runs one of them.
+    fn check_layout(&self) -> Result<(), JoinError> {
+        let reading = |error| JoinError::Registering {
+            what: "reading the cluster's record layout",
+            error,
+        };
+        match self.control.get(LAYOUT_KEY).map_err(reading)? {
+            Some(v) if v.value == LAYOUT => return Ok(()),
+            Some(v) => {
+                return Err(JoinError::Layout(format!(
+                    "the running nodes write records of layout \"{}\", this release \"{}\"",
+                    String::from_utf8_lossy(&v.value),
+                    String::from_utf8_lossy(LAYOUT)
+                )))
+            }
+            None => {}
+        }
+        let older: Vec<String> = self
+            .members()
+            .map_err(reading)?
+            .into_iter()
+            .map(|x| x.node)
+            .filter(|n| *n != self.node)
+            .collect();
+        if !older.is_empty() {
+            return Err(JoinError::Layout(format!(
+                "node(s) {} run a release older than this one, which keys files by device \
+                 and inode alone",
+                older.join(", ")
+            )));
+        }
+        self.control
+            .txn(&[], &[Op::Put(LAYOUT_KEY, LAYOUT, 0)], &[])
+            .map(|_| ())
+            .map_err(|error| JoinError::Registering {
+                what: "writing the cluster's record layout",
+                error,
+            })
     }
 
     /// Draws the next number from the cluster's counter.
@@ -2029,7 +2090,7 @@ mod tests {
         m.clone().keep_alive();
         // A look at a file nobody has records of takes it: its new record
         // is kept in memory.
-        let key = nimbus_state::FileKey { dev: 1, ino: 2 }.record_key(OPENS_PREFIX);
+        let key = nimbus_state::FileKey::new(1, 2, 1).record_key(OPENS_PREFIX);
         assert_eq!(store.get(&key).unwrap(), None);
         let v = store
             .compare_and_set(&key, None, Some(b"first".to_vec()))
@@ -2055,6 +2116,58 @@ mod tests {
         m.proved(Instant::now());
         assert!(!store.lease_proven());
         assert!(m.store.get(b"probe").is_err(), "the store still calls etcd");
+    }
+
+    /// Nodes of one record layout join each other; a node refuses to join
+    /// running nodes of a release that keys files otherwise (no layout
+    /// written, as before 2026-12-05, or another one), naming them.
+    #[test]
+    fn a_node_refuses_to_join_nodes_that_key_files_otherwise() {
+        let etcd = nimbus_state::etcd_test_cluster::Cluster::start("layout");
+        let first = Membership::join(&test_config(&etcd, "t1", 10)).unwrap();
+        let second = Membership::join(&test_config(&etcd, "t2", 10)).unwrap();
+        assert_eq!(
+            first.control.get(LAYOUT_KEY).unwrap().unwrap().value,
+            LAYOUT
+        );
+        // Running nodes of an older release wrote no layout.
+        first
+            .control
+            .txn(&[], &[Op::Delete(LAYOUT_KEY)], &[])
+            .unwrap();
+        match Membership::join(&test_config(&etcd, "t3", 10)) {
+            Err(e @ JoinError::Layout(_)) => {
+                let told = e.to_string();
+                assert!(told.contains("t1, t2") || told.contains("t2, t1"), "{told}");
+                assert!(told.contains("stop every node"), "{told}");
+            }
+            other => panic!("joined nodes of an older layout: {:?}", other.err()),
+        }
+        assert!(first.control.get(&node_key("t3")).unwrap().is_none());
+        // Or another layout.
+        first
+            .control
+            .txn(&[], &[Op::Put(LAYOUT_KEY, b"some-later-layout", 0)], &[])
+            .unwrap();
+        match Membership::join(&test_config(&etcd, "t3", 10)) {
+            Err(e @ JoinError::Layout(_)) => {
+                assert!(e.to_string().contains("some-later-layout"), "{e}")
+            }
+            other => panic!("joined nodes of another layout: {:?}", other.err()),
+        }
+        // With every node gone, the next one writes its layout again.
+        first.leave();
+        second.leave();
+        first
+            .control
+            .txn(&[], &[Op::Delete(LAYOUT_KEY)], &[])
+            .unwrap();
+        let alone = Membership::join(&test_config(&etcd, "t4", 10)).unwrap();
+        assert_eq!(
+            alone.control.get(LAYOUT_KEY).unwrap().unwrap().value,
+            LAYOUT
+        );
+        alone.leave();
     }
 
     /// A node that leaves while it joins again, after it registered under

@@ -368,16 +368,19 @@ pub fn encode_delete_pending(key: FileKey) -> Vec<u8> {
     let mut w = vec![DIR_DELETE_PENDING_V1];
     w.extend_from_slice(&key.dev.to_le_bytes());
     w.extend_from_slice(&key.ino.to_le_bytes());
+    w.extend_from_slice(&key.gen.to_le_bytes());
     w
 }
 
 pub fn decode_delete_pending(bytes: &[u8]) -> Option<FileKey> {
     let rest = bytes.strip_prefix(&[DIR_DELETE_PENDING_V1])?;
     let (dev, rest) = rest.split_first_chunk::<8>()?;
-    let ino: &[u8; 8] = rest.try_into().ok()?;
+    let (ino, rest) = rest.split_first_chunk::<8>()?;
+    let gen: &[u8; 8] = rest.try_into().ok()?;
     Some(FileKey {
         dev: u64::from_le_bytes(*dev),
         ino: u64::from_le_bytes(*ino),
+        gen: u64::from_le_bytes(*gen),
     })
 }
 
@@ -637,10 +640,7 @@ mod tests {
 
     #[test]
     fn a_delete_pending_message_reads_back_and_damage_is_refused() {
-        let key = FileKey {
-            dev: 0x803,
-            ino: 99,
-        };
+        let key = FileKey::new(0x803, 99, 0xabc);
         let bytes = encode_delete_pending(key);
         assert_eq!(decode_delete_pending(&bytes), Some(key));
         for cut in 0..bytes.len() {

@@ -30,7 +30,7 @@ pub const DIRLEASE_PREFIX: &[u8] = b"dirlease/";
 pub struct ClusterDirLeases(Arc<Registry>);
 
 fn item(dir: FileKey) -> String {
-    format!("{:x}-{:x}", dir.dev, dir.ino)
+    format!("{:x}-{:x}-{:x}", dir.dev, dir.ino, dir.gen)
 }
 
 impl ClusterDirLeases {
@@ -77,6 +77,7 @@ pub fn child_changed(oplocks: &Oplocks, fs: &LocalFs, path: &str, by: Option<Lea
         FileKey {
             dev: st.dev,
             ino: st.ino,
+            gen: st.gen,
         },
         by,
     );

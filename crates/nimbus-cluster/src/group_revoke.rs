@@ -32,6 +32,7 @@ pub fn encode_request(r: &RevokeGroups) -> Vec<u8> {
     v.extend_from_slice(&r.nonce.to_le_bytes());
     v.extend_from_slice(&r.file.dev.to_le_bytes());
     v.extend_from_slice(&r.file.ino.to_le_bytes());
+    v.extend_from_slice(&r.file.gen.to_le_bytes());
     put_strings(&mut v, &[&r.reply_to]);
     v
 }
@@ -42,10 +43,11 @@ pub fn decode_request(msg: &[u8]) -> Option<RevokeGroups> {
     let (nonce, rest) = take_u64(rest)?;
     let (dev, rest) = take_u64(rest)?;
     let (ino, rest) = take_u64(rest)?;
+    let (gen, rest) = take_u64(rest)?;
     let [reply_to] = take_strings::<1>(rest)?;
     Some(RevokeGroups {
         nonce,
-        file: FileKey { dev, ino },
+        file: FileKey { dev, ino, gen },
         reply_to,
     })
 }
@@ -71,10 +73,7 @@ mod tests {
     fn request() -> RevokeGroups {
         RevokeGroups {
             nonce: 12,
-            file: FileKey {
-                dev: 0x801,
-                ino: 42,
-            },
+            file: FileKey::new(0x801, 42, 7),
             reply_to: "n2".into(),
         }
     }

@@ -181,10 +181,7 @@ mod tests {
     /// Every kind of message, as its own module encodes it, with what it
     /// must decode to.
     fn every_kind() -> Vec<(Vec<u8>, &'static str)> {
-        let key = FileKey {
-            dev: 0x801,
-            ino: 42,
-        };
+        let key = FileKey::new(0x801, 42, 9);
         let change = crate::notify::Change {
             action: NotifyAction::Added,
             filter: 1,
@@ -213,6 +210,7 @@ mod tests {
             nonce: 3,
             dev: 0x801,
             ino: 42,
+            gen: 9,
             app_instance: [5; 16],
             client_guid: [6; 16],
             reply_to: "n2".into(),

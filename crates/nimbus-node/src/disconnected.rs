@@ -167,6 +167,7 @@ pub fn close_app_instance_for_node(
     let file = nimbus_state::FileKey {
         dev: req.dev,
         ino: req.ino,
+        gen: req.gen,
     };
     let me = Owner {
         sid: req.owner_sid.clone(),

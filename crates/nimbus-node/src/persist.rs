@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use nimbus_state::caching::{self, Granted, OpenAsk, Want};
 use nimbus_state::durable_record::{Answered, Caching, DurableOpen, OPEN_PREFIX};
 use nimbus_state::{records, Durability, FileKey, OpenRecord, StateError};
-use nimbus_vfs::{CreateMode, FileHandle, Kind, OpenOptions};
+use nimbus_vfs::{CreateMode, FileHandle, Kind, OpenOptions, VfsError};
 use nimbus_wire::create::CreateAction;
 use nimbus_wire::fscc::access;
 use nimbus_wire::FileId;
@@ -445,9 +445,20 @@ pub(crate) fn open_file_again(
         },
         (Err(error), None) => return Err(NotReopened::File { moved: None, error }),
     };
+    // The open checked device and inode; a file made since under the
+    // record's name may have reused the inode (a delete and a create
+    // while the server was down, or on another node). Its handle differs.
+    // A record written before generations were kept has 0: not checked.
+    if r.file.gen != 0 && st.gen != r.file.gen {
+        return Err(NotReopened::File {
+            moved: (path != r.path).then_some(path),
+            error: VfsError::Changed,
+        });
+    }
     let file = FileKey {
         dev: st.dev,
         ino: st.ino,
+        gen: st.gen,
     };
     Ok((share, handle, file, path))
 }
@@ -533,7 +544,6 @@ pub(crate) fn wait_for_client(
 
 #[cfg(test)]
 mod tests {
-    use std::os::unix::fs::MetadataExt;
     use std::path::Path;
 
     use nimbus_auth::UserDb;
@@ -547,12 +557,17 @@ mod tests {
     fn record(share_dir: &Path, open_id: u64, name: &str, answered: Answered) -> DurableOpen {
         let path = share_dir.join(name);
         std::fs::write(&path, b"data").unwrap();
-        let st = std::fs::metadata(&path).unwrap();
+        let st = nimbus_vfs::LocalFs::new(share_dir)
+            .unwrap()
+            .stat(name)
+            .unwrap();
+        assert_ne!(st.gen, 0, "the test's file system gives file handles");
         DurableOpen {
             open_id,
             file: FileKey {
-                dev: st.dev(),
-                ino: st.ino(),
+                dev: st.dev,
+                ino: st.ino,
+                gen: st.gen,
             },
             share: "ca".into(),
             path: name.into(),

@@ -611,6 +611,7 @@ pub fn etcd_record_samples() -> Vec<Vec<u8>> {
         nonce: 3,
         dev: 0x801,
         ino: 42,
+        gen: 9,
         app_instance: [5; 16],
         client_guid: [6; 16],
         reply_to: "n2".into(),

@@ -695,7 +695,7 @@ mod tests {
         // lock).
         let store = Arc::new(SharedMemory::default());
         let locks = Arc::new(ByteRangeLocks::new(store.clone()));
-        let (slow, other) = (FileKey { dev: 1, ino: 1 }, FileKey { dev: 1, ino: 2 });
+        let (slow, other) = (FileKey::new(1, 1, 1), FileKey::new(1, 2, 1));
         store.close_gate_on(&slow.record_key(LOCKS_PREFIX));
         let locking = {
             let l = locks.clone();
@@ -733,7 +733,7 @@ mod tests {
                 per_open: 3,
                 per_file: 4,
             });
-        let f = FileKey { dev: 1, ino: 1 };
+        let f = FileKey::new(1, 1, 1);
         let shared = |n| {
             vec![
                 LockRange {

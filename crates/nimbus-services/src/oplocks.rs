@@ -1816,7 +1816,7 @@ mod tests {
             client: [1; 16],
             key: [2; 16],
         };
-        let (x, y) = (FileKey { dev: 1, ino: 1 }, FileKey { dev: 1, ino: 2 });
+        let (x, y) = (FileKey::new(1, 1, 1), FileKey::new(1, 2, 1));
         let ask = |open_id| {
             reading(
                 open_id,
@@ -1861,7 +1861,7 @@ mod tests {
         use nimbus_state::conformance::SharedMemory;
         let store = Arc::new(SharedMemory::default());
         let oplocks = Arc::new(Oplocks::new(Duration::from_secs(35), store.clone()));
-        let (slow, other) = (FileKey { dev: 1, ino: 1 }, FileKey { dev: 1, ino: 2 });
+        let (slow, other) = (FileKey::new(1, 1, 1), FileKey::new(1, 2, 1));
         let ask = |open_id| reading(open_id, Want::Oplock(caching::OPLOCK_BATCH));
         store.close_gate_on(&record_key(slow));
         let opening = {
@@ -1921,7 +1921,7 @@ mod tests {
             client: [1; 16],
             key: [2; 16],
         };
-        let x = FileKey { dev: 1, ino: 1 };
+        let x = FileKey::new(1, 1, 1);
         let ask = OpenAsk {
             open_id: 1,
             access: 0x3,

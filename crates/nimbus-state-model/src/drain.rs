@@ -95,7 +95,8 @@ impl World {
             for generation in 0..=self.generation[file] {
                 let key = FileKey {
                     dev: 1,
-                    ino: generation << 8 | file as u64,
+                    ino: file as u64,
+                    gen: generation,
                 };
                 let rec = self.shares.record(key).expect("memory store");
                 assert!(rec.opens.is_empty(), "share modes left on {key:?}: {rec:?}");

@@ -131,7 +131,8 @@ impl World {
     pub fn key(&self, file: usize) -> FileKey {
         FileKey {
             dev: 1,
-            ino: self.generation[file] << 8 | file as u64,
+            ino: file as u64,
+            gen: self.generation[file],
         }
     }
 

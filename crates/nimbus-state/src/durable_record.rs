@@ -96,7 +96,7 @@ impl Default for DurableOpen {
     fn default() -> Self {
         DurableOpen {
             open_id: 0,
-            file: FileKey { dev: 0, ino: 0 },
+            file: FileKey::new(0, 0, 0),
             share: String::new(),
             path: String::new(),
             access: 0,
@@ -141,6 +141,10 @@ impl DurableOpen {
 
 /// The tag of the optional `renaming` section.
 const RENAMING: u8 = 1;
+/// The tag of the file's generation (`FileKey::gen`), written when it is
+/// not 0; a record written before it was kept reads as generation 0,
+/// which a reopen does not check.
+const GENERATION: u8 = 2;
 
 fn put_str(w: &mut Vec<u8>, s: &str) {
     put_len(w, s.len());
@@ -214,6 +218,10 @@ impl Record for DurableOpen {
             put_str(&mut w, from);
             put_str(&mut w, to);
         }
+        if self.file.gen != 0 {
+            w.push(GENERATION);
+            w.extend_from_slice(&self.file.gen.to_le_bytes());
+        }
         w
     }
 
@@ -224,9 +232,10 @@ impl Record for DurableOpen {
             return Err(StateError::Corrupt("open record layout"));
         }
         let open_id = r.u64()?;
-        let file = FileKey {
+        let mut file = FileKey {
             dev: r.u64()?,
             ino: r.u64()?,
+            gen: 0,
         };
         let share = get_str(&mut r)?;
         let path = get_str(&mut r)?;
@@ -271,14 +280,21 @@ impl Record for DurableOpen {
             _ => return Err(StateError::Corrupt("open record answered")),
         };
         let persistent = layout == OPEN_V1 || r.flag()?;
-        let renaming = match r.0.first() {
-            None => None,
-            Some(&RENAMING) => {
-                r.u8()?;
-                Some((get_str(&mut r)?, get_str(&mut r)?))
+        // Optional sections, each at most once, in tag order.
+        let mut renaming = None;
+        let mut last_tag = 0;
+        while let Some(&tag) = r.0.first() {
+            if tag <= last_tag {
+                return Err(StateError::Corrupt("open record section order"));
             }
-            Some(_) => return Err(StateError::Corrupt("open record section")),
-        };
+            r.u8()?;
+            match tag {
+                RENAMING => renaming = Some((get_str(&mut r)?, get_str(&mut r)?)),
+                GENERATION => file.gen = r.u64()?,
+                _ => return Err(StateError::Corrupt("open record section")),
+            }
+            last_tag = tag;
+        }
         if !r.0.is_empty() {
             return Err(StateError::Corrupt("open record trailing bytes"));
         }
@@ -325,7 +341,7 @@ mod tests {
         seqs[63] = 15;
         DurableOpen {
             open_id: 0x0102_0304_0506_0708,
-            file: FileKey { dev: 2049, ino: 77 },
+            file: FileKey::new(2049, 77, 0x5eed),
             share: "ca".into(),
             path: "dir/Ledger Ü.xlsx".into(),
             access: 0x0012_019F,
@@ -389,6 +405,44 @@ mod tests {
         assert_eq!(DurableOpen::decode(&bytes).unwrap(), handed_back);
     }
 
+    /// A record of a file with no generation is written as before
+    /// generations were kept, and reads as one; the generation section
+    /// comes after the rename's, once.
+    #[test]
+    fn the_generation_is_an_optional_section_after_the_rename() {
+        let unknown = DurableOpen {
+            file: FileKey {
+                gen: 0,
+                ..sample().file
+            },
+            ..sample()
+        };
+        let bytes = unknown.encode();
+        assert_eq!(bytes.len() + 9, sample().encode().len());
+        assert_eq!(DurableOpen::decode(&bytes).unwrap(), unknown);
+        let moving = DurableOpen {
+            renaming: Some(("a".into(), "b".into())),
+            ..sample()
+        };
+        let bytes = moving.encode();
+        assert_eq!(DurableOpen::decode(&bytes).unwrap(), moving);
+        // The generation twice, or before the rename: refused.
+        let mut twice = sample().encode();
+        twice.extend_from_slice(&[GENERATION, 1, 0, 0, 0, 0, 0, 0, 0]);
+        assert!(DurableOpen::decode(&twice).is_err());
+        // The rename's section: its tag and two strings of one byte.
+        let gen_at = bytes.len() - 9;
+        let rename_at = gen_at - (1 + 2 * (4 + 1));
+        assert_eq!(bytes[rename_at], RENAMING);
+        let mut swapped = bytes[..rename_at].to_vec();
+        swapped.extend_from_slice(&bytes[gen_at..]);
+        swapped.extend_from_slice(&bytes[rename_at..gen_at]);
+        assert!(matches!(
+            DurableOpen::decode(&swapped),
+            Err(StateError::Corrupt("open record section order"))
+        ));
+    }
+
     /// A record written while its file was being renamed keeps both
     /// names, and finds the file under the new one, or beneath it.
     #[test]
@@ -421,12 +475,13 @@ mod tests {
     /// that knows no later layout reads it.
     #[test]
     fn a_persistent_record_keeps_layout_1() {
-        let r = sample();
+        let mut r = sample();
+        r.file.gen = 0;
         let bytes = r.encode();
         assert_eq!(bytes[0], OPEN_V1);
         let v2 = DurableOpen {
             persistent: false,
-            ..sample()
+            ..r
         }
         .encode();
         assert_eq!(&v2[1..], [&bytes[1..], &[0u8][..]].concat());
@@ -435,7 +490,15 @@ mod tests {
     #[test]
     fn damage_is_an_error_never_a_panic() {
         let bytes = sample().encode();
+        // Cut before the optional generation section, the record reads
+        // as one of an unknown generation; cut anywhere else, it is an
+        // error.
+        let whole_without_gen = bytes.len() - 9;
         for n in 0..bytes.len() {
+            if n == whole_without_gen {
+                assert_eq!(DurableOpen::decode(&bytes[..n]).unwrap().file.gen, 0);
+                continue;
+            }
             assert!(DurableOpen::decode(&bytes[..n]).is_err(), "{n} bytes");
         }
         let mut v = bytes.clone();

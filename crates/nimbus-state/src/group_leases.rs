@@ -696,7 +696,7 @@ mod tests {
     const HOUR: Duration = Duration::from_secs(3600);
 
     fn file() -> FileKey {
-        FileKey { dev: 1, ino: 2 }
+        FileKey::new(1, 2, 1)
     }
 
     fn lease(n: u8) -> LeaseId {

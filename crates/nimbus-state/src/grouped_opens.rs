@@ -374,8 +374,8 @@ impl GroupedOpens {
 mod tests {
     use super::*;
 
-    const F: FileKey = FileKey { dev: 1, ino: 2 };
-    const G: FileKey = FileKey { dev: 1, ino: 3 };
+    const F: FileKey = FileKey::new(1, 2, 1);
+    const G: FileKey = FileKey::new(1, 3, 1);
 
     #[test]
     fn alike_opens_of_a_file_share_one_entry_until_the_last_leaves() {

@@ -363,24 +363,27 @@ pub fn read<R: Record>(store: &dyn StateStore, key: &[u8]) -> Result<R, StateErr
 
 impl FileKey {
     /// The key of one kind of record about this file: `prefix`, then
-    /// device and inode big-endian (a scan of the prefix lists files in
-    /// order).
+    /// device, inode and generation big-endian (a scan of the prefix lists
+    /// files in order).
     pub fn record_key(&self, prefix: &[u8]) -> Vec<u8> {
-        let mut k = Vec::with_capacity(prefix.len() + 16);
+        let mut k = Vec::with_capacity(prefix.len() + 24);
         k.extend_from_slice(prefix);
         k.extend_from_slice(&self.dev.to_be_bytes());
         k.extend_from_slice(&self.ino.to_be_bytes());
+        k.extend_from_slice(&self.gen.to_be_bytes());
         k
     }
 
     /// The file a record key under `prefix` is about (None: not such a
     /// key).
     pub fn from_record_key(prefix: &[u8], key: &[u8]) -> Option<FileKey> {
-        let id: &[u8; 16] = key.strip_prefix(prefix)?.try_into().ok()?;
-        let (dev, ino) = id.split_at(8);
+        let id: &[u8; 24] = key.strip_prefix(prefix)?.try_into().ok()?;
+        let field =
+            |i: usize| u64::from_be_bytes(id[i * 8..i * 8 + 8].try_into().unwrap_or_default());
         Some(FileKey {
-            dev: u64::from_be_bytes(dev.try_into().ok()?),
-            ino: u64::from_be_bytes(ino.try_into().ok()?),
+            dev: field(0),
+            ino: field(1),
+            gen: field(2),
         })
     }
 }
@@ -702,10 +705,7 @@ mod tests {
 
     #[test]
     fn a_record_key_names_its_file_again() {
-        let f = FileKey {
-            dev: 0x0102_0304_0506_0708,
-            ino: u64::MAX - 5,
-        };
+        let f = FileKey::new(0x0102_0304_0506_0708, u64::MAX - 5, 0x1122_3344_5566_7788);
         let key = f.record_key(LOCKS_PREFIX);
         assert_eq!(FileKey::from_record_key(LOCKS_PREFIX, &key), Some(f));
         assert_eq!(FileKey::from_record_key(CACHING_PREFIX, &key), None);
@@ -806,7 +806,7 @@ mod tests {
     #[test]
     fn update_applies_through_compare_and_set_and_deletes_empty_records() {
         let store = MemoryStore::new();
-        let key = FileKey { dev: 1, ino: 2 }.record_key(CACHING_PREFIX);
+        let key = FileKey::new(1, 2, 3).record_key(CACHING_PREFIX);
         update::<FileCaching, _, StateError>(&store, &key, |f| {
             *f = sample();
             Ok(())

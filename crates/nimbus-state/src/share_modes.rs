@@ -571,7 +571,7 @@ mod tests {
     use super::*;
     use crate::MemoryStore;
 
-    const K: FileKey = FileKey { dev: 1, ino: 2 };
+    const K: FileKey = FileKey::new(1, 2, 1);
 
     #[test]
     fn delete_pending_is_set_only_once_every_live_group_the_record_names_is_revoked() {
@@ -841,7 +841,7 @@ mod tests {
             Err(SharingError::Violation)
         ));
         // An open that shares nothing conflicts with its own twin.
-        const K2: FileKey = FileKey { dev: 1, ino: 3 };
+        const K2: FileKey = FileKey::new(1, 3, 1);
         let lone = |id| sm.join_group(K2, open(id, READ_DATA, 0), id);
         sm.add_open(K2, lone(5)).unwrap();
         assert!(matches!(

@@ -57,6 +57,12 @@ pub struct Stat {
     pub nlink: u64,
     pub ino: u64,
     pub dev: u64,
+    /// Tells apart files that had the same inode number one after
+    /// another: a digest of the handle `name_to_handle_at(2)` gives the
+    /// file (the handle NFS exports, which carries the inode's generation
+    /// on ext4, XFS, Btrfs and tmpfs). 0 where the file system gives no
+    /// handle.
+    pub gen: u64,
     pub atime: Timespec,
     pub mtime: Timespec,
     pub ctime: Timespec,

@@ -115,7 +115,9 @@ pub(crate) fn stat_at(dirfd: RawFd, name: &CStr, flags: i32) -> Result<Stat, i32
         )
     };
     if r == 0 {
-        return Ok(stat_from_statx(&stx));
+        let mut st = stat_from_statx(&stx);
+        st.gen = handle_digest(dirfd, name, flags);
+        return Ok(st);
     }
     let e = errno();
     if e != libc::ENOSYS {
@@ -126,10 +128,70 @@ pub(crate) fn stat_at(dirfd: RawFd, name: &CStr, flags: i32) -> Result<Stat, i32
     // SAFETY: name is NUL-terminated, st is a valid out pointer.
     let r = unsafe { libc::fstatat(dirfd, name.as_ptr(), &mut st, flags) };
     if r == 0 {
-        Ok(stat_from_stat(&st))
+        let mut st = stat_from_stat(&st);
+        st.gen = handle_digest(dirfd, name, flags);
+        Ok(st)
     } else {
         Err(errno())
     }
+}
+
+/// The largest file handle Linux makes (`MAX_HANDLE_SZ`).
+const MAX_HANDLE_BYTES: usize = 128;
+
+/// `struct file_handle` with room for the largest handle.
+#[repr(C)]
+struct FileHandleBuf {
+    handle_bytes: u32,
+    handle_type: i32,
+    f_handle: [u8; MAX_HANDLE_BYTES],
+}
+
+/// A digest of the file handle of what `stat_at(dirfd, name, flags)`
+/// stats, for [`Stat::gen`]: an inode number another file reuses after a
+/// delete comes with a handle of its own (the handle carries the inode's
+/// generation). The handle's layout differs between file systems, so its
+/// bytes are hashed whole (FNV-1a, the same on every node) rather than
+/// parsed. 0 when the file system gives no handle (EOPNOTSUPP) or the call
+/// fails; a real digest of 0 is made 1.
+///
+/// Measured on the test machine: 0.3 µs on ext4 and 0.5 µs on tmpfs per
+/// call (docs/SCALING.md, "New files").
+fn handle_digest(dirfd: RawFd, name: &CStr, flags: i32) -> u64 {
+    let mut h = FileHandleBuf {
+        handle_bytes: MAX_HANDLE_BYTES as u32,
+        handle_type: 0,
+        f_handle: [0; MAX_HANDLE_BYTES],
+    };
+    let mut mount_id: libc::c_int = 0;
+    // name_to_handle_at follows a final symlink only when asked, where
+    // statx follows unless told not to.
+    let mut at = flags & libc::AT_EMPTY_PATH;
+    if flags & libc::AT_SYMLINK_NOFOLLOW == 0 {
+        at |= libc::AT_SYMLINK_FOLLOW;
+    }
+    // SAFETY: name is NUL-terminated; h is a file_handle with room for
+    // MAX_HANDLE_BYTES after its header, as handle_bytes says; mount_id is
+    // a valid out pointer.
+    let r = unsafe {
+        libc::name_to_handle_at(
+            dirfd,
+            name.as_ptr(),
+            (&mut h as *mut FileHandleBuf).cast::<libc::file_handle>(),
+            &mut mount_id,
+            at,
+        )
+    };
+    if r != 0 {
+        return 0;
+    }
+    let len = (h.handle_bytes as usize).min(MAX_HANDLE_BYTES);
+    let mut d: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in h.handle_type.to_le_bytes().iter().chain(&h.f_handle[..len]) {
+        d ^= u64::from(*b);
+        d = d.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    d.max(1)
 }
 
 /// Stats an open descriptor (O_PATH descriptors included).
@@ -157,6 +219,7 @@ fn stat_from_statx(s: &libc::statx) -> Stat {
         nlink: u64::from(s.stx_nlink),
         ino: s.stx_ino,
         dev: libc::makedev(s.stx_dev_major, s.stx_dev_minor),
+        gen: 0,
         atime: ts(&s.stx_atime),
         mtime: ts(&s.stx_mtime),
         ctime: ts(&s.stx_ctime),
@@ -187,6 +250,7 @@ fn stat_from_stat(s: &libc::stat) -> Stat {
         nlink: s.st_nlink as u64,
         ino: s.st_ino,
         dev: s.st_dev,
+        gen: 0,
         atime: t(s.st_atime, s.st_atime_nsec),
         mtime: t(s.st_mtime, s.st_mtime_nsec),
         ctime: t(s.st_ctime, s.st_ctime_nsec),

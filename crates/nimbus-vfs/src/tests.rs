@@ -1237,3 +1237,41 @@ fn get_xattr_reads_files_and_directories() {
         Err(VfsError::NotFound)
     ));
 }
+
+/// A file's generation is the same however it is reached (by name, by an
+/// open handle) and differs for a new file that reuses a deleted file's
+/// inode: what keeps another node's ownership of the deleted file, or a
+/// durable handle's record of it, off the new one.
+#[test]
+fn a_new_file_on_a_reused_inode_has_a_generation_of_its_own() {
+    let s = Scratch::new();
+    write_file(&s.fs, "first", b"1");
+    let by_name = s.fs.stat("first").unwrap();
+    let (handle, by_handle, _) =
+        s.fs.open(
+            "first",
+            &opts(true, false, CreateMode::OpenExisting, Kind::File),
+        )
+        .unwrap();
+    assert_ne!(by_name.gen, 0, "the scratch file system gives file handles");
+    assert_eq!(by_name.gen, by_handle.gen);
+    assert_eq!(handle.stat().unwrap().gen, by_name.gen);
+    drop(handle);
+    write_file(&s.fs, "other", b"2");
+    assert_ne!(s.fs.stat("other").unwrap().gen, by_name.gen);
+    // ext4 and XFS hand a freed inode to the next file made in the
+    // directory's group; a bounded number of tries finds the reuse.
+    let mut reused = None;
+    for i in 0..64 {
+        std::fs::remove_file(s.share().join("first")).unwrap();
+        write_file(&s.fs, "first", format!("{i}").as_bytes());
+        let st = s.fs.stat("first").unwrap();
+        if st.ino == by_name.ino {
+            reused = Some(st);
+            break;
+        }
+    }
+    let reused = reused.expect("the scratch file system (ext4 in CI) reuses a freed inode");
+    assert_eq!(reused.dev, by_name.dev);
+    assert_ne!(reused.gen, by_name.gen);
+}

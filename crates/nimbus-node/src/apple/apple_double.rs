@@ -87,6 +87,7 @@ pub fn convert(
     let key = nimbus_state::FileKey {
         dev: st.dev,
         ino: st.ino,
+        gen: st.gen,
     };
     if server
         .share_modes

@@ -86,6 +86,7 @@ mod tests {
             nlink: 1,
             ino: 1,
             dev: 1,
+            gen: 1,
             atime: t,
             mtime: t,
             ctime: t,

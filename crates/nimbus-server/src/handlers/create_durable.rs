@@ -670,6 +670,7 @@ fn close_on_other_nodes(
                 nonce,
                 dev: file.dev,
                 ino: file.ino,
+                gen: file.gen,
                 app_instance: id,
                 client_guid,
                 reply_to: m.node.clone(),

@@ -91,6 +91,7 @@ pub fn open_base(
         key: FileKey {
             dev: stat.dev,
             ino: stat.ino,
+            gen: stat.gen,
         },
         handle,
         stat,

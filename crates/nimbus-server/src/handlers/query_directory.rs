@@ -144,6 +144,7 @@ pub fn handle(ctx: &mut Ctx<'_>, body: &[u8], out: &mut Vec<u8>) -> HandlerResul
         let file = nimbus_state::FileKey {
             dev: listed.stat.dev,
             ino: listed.stat.ino,
+            gen: listed.stat.gen,
         };
         ctx.server.write_times.adjust(file, &mut info);
         // Only the classes that carry one need the 8.3 name. A name that is

@@ -371,6 +371,7 @@ fn rename(
             .record(FileKey {
                 dev: target_dir.dev,
                 ino: target_dir.ino,
+                gen: target_dir.gen,
             })
             .map_err(|e| sharing_status(&e))?
             .opens;
@@ -471,6 +472,7 @@ fn held_open(ctx: &Ctx<'_>, st: &nimbus_vfs::Stat) -> Result<bool, NtStatus> {
     let key = FileKey {
         dev: st.dev,
         ino: st.ino,
+        gen: st.gen,
     };
     let rec = ctx
         .server

@@ -1108,7 +1108,7 @@ mod tests {
         Watch {
             root: PathBuf::from("/srv"),
             dir: String::new(),
-            file_key: FileKey { dev: 1, ino: 2 },
+            file_key: FileKey::new(1, 2, 1),
             viewer: Viewer {
                 token: Arc::new(Token::anonymous()),
                 share: Arc::new(Share::for_test(None)),

@@ -485,7 +485,7 @@ mod tests {
     use super::super::OplockHost;
     use super::*;
 
-    const K: FileKey = FileKey { dev: 1, ino: 7 };
+    const K: FileKey = FileKey::new(1, 7, 1);
     const READ_DATA: u32 = 0x1;
     const SHARE_ALL: u32 = 0x7;
     type Timer = Box<dyn FnOnce(&Oplocks) + Send>;
@@ -671,7 +671,7 @@ mod tests {
             std::thread::spawn(move || state(n.admit(group, &ask)))
         };
         n.store.wait_held(1);
-        let elsewhere = FileKey { dev: 1, ino: 8 };
+        let elsewhere = FileKey::new(1, 8, 1);
         let other = OpenAsk {
             open_id: 5,
             ..reader(5, 1)

@@ -450,7 +450,7 @@ mod tests {
 
     use super::*;
 
-    const K: FileKey = FileKey { dev: 1, ino: 7 };
+    const K: FileKey = FileKey::new(1, 7, 1);
     const READ_DATA: u32 = 0x1;
     const WRITE_DATA: u32 = 0x2;
     const SHARE_READ: u32 = 0x1;
@@ -687,7 +687,7 @@ mod tests {
         let caching = records::read::<FileCaching>(&*store, &K.record_key(CACHING_PREFIX)).unwrap();
         assert_eq!(caching.grants.len(), 3);
         // Each key names this file now, and no other.
-        let elsewhere = FileKey { dev: 1, ino: 8 };
+        let elsewhere = FileKey::new(1, 8, 1);
         assert!((1..=3).all(|id| oplocks.lease_fits(lease(id), Some(K))
             && !oplocks.lease_fits(lease(id), Some(elsewhere))));
     }
@@ -806,7 +806,7 @@ mod tests {
         assert_eq!(caching.grant(Holder::Lease(key)).unwrap().opens, vec![2]);
         // The key still names this file: its acknowledgements find it, and
         // no other file may take it.
-        assert!(!oplocks.lease_fits(key, Some(FileKey { dev: 1, ino: 8 })));
+        assert!(!oplocks.lease_fits(key, Some(FileKey::new(1, 8, 1))));
         assert!(oplocks.ack_lease(key, READ).is_some());
     }
 

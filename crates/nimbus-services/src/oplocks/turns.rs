@@ -107,7 +107,7 @@ mod tests {
     fn one_thread_at_a_time_has_a_files_turn_and_every_waiter_gets_it() {
         let turns = Arc::new(Turns::default());
         let inside = Arc::new(AtomicUsize::new(0));
-        let (a, b) = (FileKey { dev: 1, ino: 1 }, FileKey { dev: 1, ino: 2 });
+        let (a, b) = (FileKey::new(1, 1, 1), FileKey::new(1, 2, 1));
         let threads: Vec<_> = (0..8)
             .map(|i| {
                 let (turns, inside) = (turns.clone(), inside.clone());

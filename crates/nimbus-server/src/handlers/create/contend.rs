@@ -80,6 +80,7 @@ pub fn contend<'s>(
     let existing_key = existing.as_ref().map(|st| FileKey {
         dev: st.dev,
         ino: st.ino,
+        gen: st.gen,
     });
     if let Want::Lease { id, .. } = want {
         // MS-SMB2 3.3.5.9.8: a lease key names one file.

@@ -124,6 +124,7 @@ pub fn open(ctx: &Ctx<'_>, c: &Create<'_>, f: &Found, a: &Admitted<'_>) -> Resul
     let key = FileKey {
         dev: st.dev,
         ino: st.ino,
+        gen: st.gen,
     };
     if registered.is_none() && recorded {
         ctx.server
