@@ -230,6 +230,26 @@ def run_nimbus(*args: str, input: str | None = None, timeout: float = 30, check:
     return proc
 
 
+def file_generation(path: Path) -> int:
+    """The generation the server keys a file by (`nimbus_vfs::Stat::gen`):
+    FNV-1a of the handle type (4 bytes, little-endian) and the handle
+    `name_to_handle_at(2)` gives the file, 1 for a digest of 0."""
+    import ctypes
+
+    class FileHandle(ctypes.Structure):
+        _fields_ = [("handle_bytes", ctypes.c_uint32), ("handle_type", ctypes.c_int32), ("f_handle", ctypes.c_ubyte * 128)]
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    handle, mount_id = FileHandle(handle_bytes=128), ctypes.c_int(0)
+    at_fdcwd, at_symlink_follow = -100, 0x400
+    rc = libc.name_to_handle_at(at_fdcwd, os.fsencode(str(path)), ctypes.byref(handle), ctypes.byref(mount_id), at_symlink_follow)
+    assert rc == 0, f"name_to_handle_at({path}): errno {ctypes.get_errno()}"
+    digest = 0xCBF29CE484222325
+    for b in handle.handle_type.to_bytes(4, "little", signed=True) + bytes(handle.f_handle[: handle.handle_bytes]):
+        digest = ((digest ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return max(digest, 1)
+
+
 def add_user(db: Path, user: str = USER, password: str = PASSWORD) -> None:
     run_nimbus("user", "add", user, "--db", str(db), "--password-stdin", input=password + "\n")
 

@@ -29,7 +29,7 @@ import pytest
 import smbclient
 
 import rawsmb
-from conftest import _SERVERS, PASSWORD, USER, add_user, free_port, nimbus_binary, toml_str, wait_for_port
+from conftest import _SERVERS, PASSWORD, USER, add_user, file_generation, free_port, nimbus_binary, toml_str, wait_for_port
 from etcd_cluster import EtcdCluster, etcd_toml_line, require_etcd, started_in_memory
 
 TTL = 2  # [cluster] node_ttl_secs in these tests: expiry within seconds
@@ -1162,7 +1162,8 @@ def test_a_directory_lease_on_one_node_breaks_when_a_file_is_made_in_it_on_anoth
         # through its etcd watch (logged when it does).
         for d in ("listed", "fence"):
             st = (nodes[0].share / d).stat()
-            item = f'node "n1" registered lease on directory {st.st_dev:x}-{st.st_ino:x}'
+            gen = file_generation(nodes[0].share / d)
+            item = f'node "n1" registered lease on directory {st.st_dev:x}-{st.st_ino:x}-{gen:x}'
             wait_until(f"n3 knows of n1's lease on {d}", lambda item=item: item in nodes[2].log())
         a.s.settimeout(WAIT)
         resp = b.create(r"listed\new.txt")
@@ -1478,13 +1479,13 @@ class Load(threading.Thread):
 
 
 def ownership(cluster: EtcdCluster, path: Path) -> tuple[int, str] | None:
-    """The ownership of a file in etcd (`own/` and the file's device and
-    inode): (mod revision, the owning node's name), or None while no live
+    """The ownership of a file in etcd (`own/` and the file's device,
+    inode and generation): (mod revision, the owning node's name), or None while no live
     node owns it. The record is under no lease: it names the owner's
     incarnation, and ends with that incarnation's record (which is under
     the node's lease) or when that record is younger than it."""
     st = path.stat()
-    key = b"/nimbus/own/" + struct.pack(">QQ", st.st_dev, st.st_ino)
+    key = b"/nimbus/own/" + struct.pack(">QQQ", st.st_dev, st.st_ino, file_generation(path))
     # Binary keys do not pass on a command line: the prefix is scanned.
     out = json.loads(cluster.etcdctl("get", "--prefix", "/nimbus/own/", "-w", "json") or "{}")
     kvs = [kv for kv in out.get("kvs", []) if b64decode(kv["key"]) == key]

@@ -48,7 +48,7 @@ from smbprotocol.exceptions import SMBResponseException
 
 import etcd_cluster as etcd_module
 import test_acl as acls
-from conftest import PASSWORD, USER, add_user, run_nimbus
+from conftest import PASSWORD, USER, add_user, file_generation, run_nimbus
 from etcd_cluster import TAG_LEN, EtcdCluster, etcd_cluster  # noqa: F401  (the fixture)
 from etcd_cluster import record_tag as tag
 from test_cluster import Node, members, nodes, wait_until  # noqa: F401  (the fixture)
@@ -69,6 +69,9 @@ ALICE_DATA = b"alice's salary review, not for mallory\n" * 32
 # --------------------------------------------------------------------------
 # The open record (crates/nimbus-state/src/durable_record.rs), as far as the
 # forgery needs it: fields it does not change are carried over as bytes.
+
+
+GENERATION_SECTION = b"\x02"
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,7 @@ class OpenRecord:
     create_action: int
     answered: int
     tail: bytes  # layout 2's persistent flag
+    gen: int  # the file's generation, an optional section (0: none)
 
     @classmethod
     def decode(cls, b: bytes) -> OpenRecord:
@@ -123,10 +127,12 @@ class OpenRecord:
         locks = struct.pack("<I", count) + take(17 * count)
         lock_sequences, create_action, answered = take(64), num("<B"), num("<B")
         tail = take(1) if layout == 2 else b""
+        gen = num("<Q") if at < len(b) and take(1) == GENERATION_SECTION else 0
         assert at == len(b), f"{len(b) - at} bytes after the open record"
         return cls(
             layout, open_id, dev, ino, share, path, access, share_access, mode, position, delete_on_close, owner_sid,
             owner_name, client_guid, create_guid, timeout_ms, caching, locks, lock_sequences, create_action, answered, tail,
+            gen,
         )  # fmt: skip
 
     def encode(self) -> bytes:
@@ -149,6 +155,7 @@ class OpenRecord:
                 self.lock_sequences,
                 bytes([self.create_action, self.answered]),
                 self.tail,
+                GENERATION_SECTION + struct.pack("<Q", self.gen) if self.gen else b"",
             ]
         )
 
@@ -269,11 +276,10 @@ def scene(nodes, etcd_cluster, tmp_path) -> Scene:  # noqa: F811
         f.write(b"mallory's own", 0)
         open_id = int.from_bytes(f.file_id[:8], "little")
         key = open_key(open_id)
-        # The answered mark is the last byte of a layout-1 record.
-        answered_at = -1 - (TAG_LEN if secret is not None else 0)
+        untagged = (lambda raw: raw[:-TAG_LEN]) if secret is not None else (lambda raw: raw)
         wait_until(
             "mallory's open record is marked answered",
-            lambda: (etcd_get(etcd_cluster, key) or bytes(TAG_LEN + 1))[answered_at] == 1,
+            lambda: (raw := etcd_get(etcd_cluster, key)) is not None and OpenRecord.decode(untagged(raw)).answered == 1,
         )
         raw = etcd_get(etcd_cluster, key)
         if secret is not None:
@@ -284,6 +290,7 @@ def scene(nodes, etcd_cluster, tmp_path) -> Scene:  # noqa: F811
         genuine = OpenRecord.decode(raw)
         st = os.stat(share / "mallory.txt")
         assert (genuine.open_id, genuine.dev, genuine.ino) == (open_id, st.st_dev, st.st_ino)
+        assert genuine.gen == file_generation(share / "mallory.txt")
         assert (genuine.share, genuine.path, genuine.owner_sid) == ("ca", "mallory.txt", sids[MALLORY[0]])
         assert (genuine.answered, genuine.layout) == (1, 1)
         assert genuine.encode() == raw
@@ -303,6 +310,7 @@ def forge(s: Scene, name: str) -> OpenRecord:
         open_id=gone_open_id(),
         dev=st.st_dev,
         ino=st.st_ino,
+        gen=file_generation(s.n1.share / name),
         path=name,
         create_guid=uuid.uuid4().bytes,
         timeout_ms=60_000,
