@@ -55,9 +55,17 @@ struct Written {
 
 #[derive(Default)]
 pub struct WriteTimes {
-    files: Mutex<HashMap<FileKey, Written>>,
+    /// By device and inode, without the generation: an entry is of a
+    /// file open on this node, whose inode no other file can take while
+    /// it is open; a directory listing, which does not read generations
+    /// (`nimbus_vfs::Stat::gen`), finds it.
+    files: Mutex<HashMap<(u64, u64), Written>>,
     /// Entries in `files`: reporting paths look no further while it is 0.
     count: AtomicUsize,
+}
+
+fn inode(key: FileKey) -> (u64, u64) {
+    (key.dev, key.ino)
 }
 
 fn now() -> Timespec {
@@ -78,7 +86,7 @@ impl WriteTimes {
         }
         let first_of_open = !open.wrote.load(Ordering::Relaxed);
         let mut files = lock(&self.files);
-        if let Some(w) = files.get_mut(&open.file_key) {
+        if let Some(w) = files.get_mut(&inode(open.file_key)) {
             if first_of_open {
                 w.writers += 1;
             }
@@ -90,7 +98,7 @@ impl WriteTimes {
         };
         let shown = st.mtime;
         files.insert(
-            open.file_key,
+            inode(open.file_key),
             Written {
                 shown,
                 due: Some(Instant::now() + DELAY),
@@ -108,7 +116,7 @@ impl WriteTimes {
         if self.count.load(Ordering::Relaxed) == 0 {
             return;
         }
-        if let Some(w) = lock(&self.files).get(&key) {
+        if let Some(w) = lock(&self.files).get(&inode(key)) {
             info.last_write_time = unix_to_filetime(w.shown.sec, w.shown.nsec);
         }
     }
@@ -150,7 +158,7 @@ impl WriteTimes {
             return;
         }
         let mut files = lock(&self.files);
-        let w = files.entry(open.file_key).or_insert_with(|| {
+        let w = files.entry(inode(open.file_key)).or_insert_with(|| {
             self.count.fetch_add(1, Ordering::Relaxed);
             Written {
                 shown: t,
@@ -176,7 +184,7 @@ impl WriteTimes {
             return;
         }
         let mut files = lock(&self.files);
-        let Some(w) = files.get_mut(&open.file_key) else {
+        let Some(w) = files.get_mut(&inode(open.file_key)) else {
             return;
         };
         let set_here = w.user_set.contains(&open.open_id);
@@ -192,7 +200,7 @@ impl WriteTimes {
         if w.writers == 0 && w.user_set.is_empty() {
             // The disk keeps the time shown from now on.
             let _ = open.handle.set_times(None, Some(w.shown));
-            files.remove(&open.file_key);
+            files.remove(&inode(open.file_key));
             self.count.fetch_sub(1, Ordering::Relaxed);
         }
     }
@@ -201,7 +209,7 @@ impl WriteTimes {
         if open.stream.is_some() {
             return;
         }
-        if let Some(w) = lock(&self.files).get_mut(&open.file_key) {
+        if let Some(w) = lock(&self.files).get_mut(&inode(open.file_key)) {
             f(w);
         }
     }

@@ -598,7 +598,7 @@ impl FileHandle {
             if out.len() >= max {
                 return Err(VfsError::TooManyEntries);
             }
-            match sys::stat_at(fd, cname, libc::AT_SYMLINK_NOFOLLOW) {
+            match sys::stat_at_without_gen(fd, cname, libc::AT_SYMLINK_NOFOLLOW) {
                 Ok(stat) => out.push(DirEntry { name, stat }),
                 Err(libc::ENOENT) => {}
                 Err(e) => return Err(VfsError::from_errno(e)),

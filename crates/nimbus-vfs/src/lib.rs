@@ -61,7 +61,9 @@ pub struct Stat {
     /// another: a digest of the handle `name_to_handle_at(2)` gives the
     /// file (the handle NFS exports, which carries the inode's generation
     /// on ext4, XFS, Btrfs and tmpfs). 0 where the file system gives no
-    /// handle.
+    /// handle, and in a directory listing's entries
+    /// ([`FileHandle::read_dir`]), which do not read it: key no record by
+    /// a listed entry's stat.
     pub gen: u64,
     pub atime: Timespec,
     pub mtime: Timespec,
@@ -133,7 +135,8 @@ pub struct OpenOptions {
 #[derive(Clone, Debug)]
 pub struct DirEntry {
     pub name: String,
-    /// lstat-like: a symlink is described, not its target.
+    /// lstat-like: a symlink is described, not its target; `gen` is 0
+    /// (not read for a listing).
     pub stat: Stat,
 }
 

@@ -99,9 +99,19 @@ pub(crate) fn cvt_retry(mut f: impl FnMut() -> libc::c_int) -> VfsResult<libc::c
     }
 }
 
-/// `statx(dirfd, name, flags)`, falling back to `fstatat` where statx is unavailable.
+/// `statx(dirfd, name, flags)`, falling back to `fstatat` where statx is unavailable,
+/// with the file's generation ([`Stat::gen`]).
 /// Pass an empty `name` with `AT_EMPTY_PATH` to stat `dirfd` itself.
 pub(crate) fn stat_at(dirfd: RawFd, name: &CStr, flags: i32) -> Result<Stat, i32> {
+    let mut st = stat_at_without_gen(dirfd, name, flags)?;
+    st.gen = handle_digest(dirfd, name, flags);
+    Ok(st)
+}
+
+/// [`stat_at`] without the generation (left 0), for a directory listing's
+/// entries: one system call fewer per entry (of about five), and a
+/// listing keys no record by file.
+pub(crate) fn stat_at_without_gen(dirfd: RawFd, name: &CStr, flags: i32) -> Result<Stat, i32> {
     // SAFETY: zeroed statx is a valid value for this plain C struct.
     let mut stx: libc::statx = unsafe { std::mem::zeroed() };
     // SAFETY: name is NUL-terminated, stx is a valid out pointer.
@@ -115,9 +125,7 @@ pub(crate) fn stat_at(dirfd: RawFd, name: &CStr, flags: i32) -> Result<Stat, i32
         )
     };
     if r == 0 {
-        let mut st = stat_from_statx(&stx);
-        st.gen = handle_digest(dirfd, name, flags);
-        return Ok(st);
+        return Ok(stat_from_statx(&stx));
     }
     let e = errno();
     if e != libc::ENOSYS {
@@ -128,9 +136,7 @@ pub(crate) fn stat_at(dirfd: RawFd, name: &CStr, flags: i32) -> Result<Stat, i32
     // SAFETY: name is NUL-terminated, st is a valid out pointer.
     let r = unsafe { libc::fstatat(dirfd, name.as_ptr(), &mut st, flags) };
     if r == 0 {
-        let mut st = stat_from_stat(&st);
-        st.gen = handle_digest(dirfd, name, flags);
-        Ok(st)
+        Ok(stat_from_stat(&st))
     } else {
         Err(errno())
     }
