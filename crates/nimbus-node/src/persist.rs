@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use nimbus_state::caching::{self, Granted, OpenAsk, Want};
 use nimbus_state::durable_record::{Answered, Caching, DurableOpen, OPEN_PREFIX};
 use nimbus_state::{records, Durability, FileKey, OpenRecord, StateError};
-use nimbus_vfs::{CreateMode, FileHandle, Kind, OpenOptions, VfsError};
+use nimbus_vfs::{CreateMode, FileHandle, Identity, Kind, OpenOptions, VfsError};
 use nimbus_wire::create::CreateAction;
 use nimbus_wire::fscc::access;
 use nimbus_wire::FileId;
@@ -430,7 +430,7 @@ pub(crate) fn open_file_again(
         kind: Kind::File,
         perm: 0o644,
         append_only: r.access & write_rights == access::FILE_APPEND_DATA,
-        expect: Some((r.file.dev, r.file.ino)),
+        expect: Some(Identity::new(r.file.dev, r.file.ino, r.file.gen)),
     };
     let (path, (handle, st, _)) = match (fs.open(&r.path, &opts), r.moved_path()) {
         (Ok(found), _) => (r.path.clone(), found),

@@ -4,7 +4,7 @@
 //! open of a delete-pending file deletes it (MS-SMB2 3.3.5.10, 3.3.4.16).
 
 use nimbus_state::FileKey;
-use nimbus_vfs::VfsError;
+use nimbus_vfs::{Identity, VfsError};
 
 use crate::open::Open;
 use crate::server::{Server, Share};
@@ -187,7 +187,7 @@ pub fn delete_abandoned(server: &Server, share: &Share, path: &str, is_dir: bool
         return;
     };
     let _own = server.notify.own_change(share, &[path]);
-    match fs.remove_if(path, is_dir, (file.dev, file.ino)) {
+    match fs.remove_if(path, is_dir, Identity::new(file.dev, file.ino, file.gen)) {
         Ok(()) => server.notify.removed(share, path, is_dir),
         Err(VfsError::Changed) | Err(VfsError::NotFound) => {}
         Err(e) => tracing::warn!("delete-on-close of {path} failed: {e}"),
@@ -232,7 +232,7 @@ fn delete_stream(server: &Server, open: &Open) {
     {
         return;
     }
-    let identity = (open.file_key.dev, open.file_key.ino);
+    let identity = Identity::new(open.file_key.dev, open.file_key.ino, open.file_key.gen);
     let removed = fs
         .streams(&stream.base, false)
         .and_then(|s| s.map_or(Ok(()), |s| s.remove_if(&name, identity)));
@@ -256,7 +256,7 @@ fn delete_file(server: &Server, open: &Open) -> bool {
     // The name may have been renamed by another open since, or now name
     // another file: delete only if it still names this very file, checked
     // right before the unlink.
-    let identity = (open.file_key.dev, open.file_key.ino);
+    let identity = Identity::new(open.file_key.dev, open.file_key.ino, open.file_key.gen);
     match fs.remove_if(&path, open.is_dir, identity) {
         Ok(()) => true,
         Err(VfsError::Changed) | Err(VfsError::NotFound) => false,

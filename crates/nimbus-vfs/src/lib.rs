@@ -72,6 +72,43 @@ pub struct Stat {
     pub btime: Option<Timespec>,
 }
 
+/// Which file a caller checked, for the calls that act on a name only if
+/// it still names that file ([`OpenOptions::expect`],
+/// [`LocalFs::remove_if`], [`LocalFs::rename_if`]): device, inode and
+/// generation ([`Stat::gen`]). The generation tells a file from a later
+/// one that reused its inode; a generation of 0 on either side (not read,
+/// or a file system without handles) compares device and inode only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Identity {
+    pub dev: u64,
+    pub ino: u64,
+    pub gen: u64,
+}
+
+impl Identity {
+    pub const fn new(dev: u64, ino: u64, gen: u64) -> Identity {
+        Identity { dev, ino, gen }
+    }
+
+    /// The identity of the file `st` describes.
+    pub const fn of(st: &Stat) -> Identity {
+        Identity::new(st.dev, st.ino, st.gen)
+    }
+
+    /// Whether the file found (`dev`, `ino`, and its generation, read only
+    /// when asked for: `gen`) is this one.
+    pub(crate) fn matches(&self, dev: u64, ino: u64, gen: impl FnOnce() -> u64) -> bool {
+        if (dev, ino) != (self.dev, self.ino) {
+            return false;
+        }
+        if self.gen == 0 {
+            return true;
+        }
+        let found = gen();
+        found == 0 || found == self.gen
+    }
+}
+
 /// What [`LocalFs::open`] does when the name exists or is missing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CreateMode {
@@ -124,11 +161,12 @@ pub struct OpenOptions {
     /// (`O_APPEND`): an open granted FILE_APPEND_DATA without
     /// FILE_WRITE_DATA may add data but never overwrite it.
     pub append_only: bool,
-    /// Open an existing object only if it is this one (device, inode);
-    /// otherwise fail with `Changed` before anything (truncation
-    /// included) is done to it. Lets a caller that checked a file by name
-    /// be sure it acts on the file it checked.
-    pub expect: Option<(u64, u64)>,
+    /// Open an existing object only if it is this one (device, inode,
+    /// generation); otherwise fail with `Changed` before anything
+    /// (truncation included) is done to it. Lets a caller that checked a
+    /// file by name be sure it acts on the file it checked, not on a new
+    /// file that took its name and reused its inode.
+    pub expect: Option<Identity>,
 }
 
 /// One entry of [`FileHandle::read_dir`].

@@ -9,7 +9,7 @@ use crate::error::{VfsError, VfsResult};
 use crate::handle::{Access, FileHandle};
 use crate::path::SharePath;
 use crate::sys::{self, openat2_beneath, resolve_error, RETRIES};
-use crate::{FsStat, Kind, OpenOptions, Stat};
+use crate::{FsStat, Identity, Kind, OpenOptions, Stat};
 
 /// A share backed by a local directory.
 ///
@@ -160,10 +160,9 @@ impl LocalFs {
             return Err(VfsError::Exists);
         }
         let st = sys::fstat_raw(probe.as_raw_fd())?;
-        if opts
-            .expect
-            .is_some_and(|(dev, ino)| (st.st_dev, st.st_ino) != (dev, ino))
-        {
+        if opts.expect.is_some_and(|id| {
+            !id.matches(st.st_dev, st.st_ino, || sys::gen_of_fd(probe.as_raw_fd()))
+        }) {
             return Err(VfsError::Changed);
         }
         let truncate = opts.mode.truncates();
@@ -171,7 +170,15 @@ impl LocalFs {
             match openat2_beneath(self.root(), full, flags, 0) {
                 Ok(fd) => {
                     let now = sys::fstat_raw(fd.as_raw_fd())?;
-                    if now.st_dev == st.st_dev && now.st_ino == st.st_ino {
+                    // The file probed, and still the one expected: a file
+                    // that took the name between the probe and this open
+                    // may have reused the probed inode.
+                    let same = now.st_dev == st.st_dev && now.st_ino == st.st_ino;
+                    if same
+                        && opts.expect.is_none_or(|id| {
+                            id.matches(now.st_dev, now.st_ino, || sys::gen_of_fd(fd.as_raw_fd()))
+                        })
+                    {
                         Ok(Some(fd))
                     } else {
                         Ok(None)
@@ -351,15 +358,17 @@ impl LocalFs {
     }
 
     /// Removes `path` (an empty directory when `is_dir`) only if the name still refers to
-    /// `identity` (device, inode), else `Changed`. The name is checked through the opened parent
+    /// `identity` (device, inode, generation), else `Changed`. The name is checked through the opened parent
     /// right before `unlinkat`; no call unlinks by inode, so the window left is the one between
     /// those two calls, not the one since the caller last looked.
-    pub fn remove_if(&self, path: &str, is_dir: bool, identity: (u64, u64)) -> VfsResult<()> {
+    pub fn remove_if(&self, path: &str, is_dir: bool, identity: Identity) -> VfsResult<()> {
         let Some((parent, name)) = self.parent_and_name(path)? else {
             return Err(VfsError::AccessDenied);
         };
         let st = sys::fstat_raw_at(parent.as_raw_fd(), &name)?;
-        if (st.st_dev, st.st_ino) != identity {
+        if !identity.matches(st.st_dev, st.st_ino, || {
+            sys::gen_at(parent.as_raw_fd(), &name)
+        }) {
             return Err(VfsError::Changed);
         }
         let flags = if is_dir { libc::AT_REMOVEDIR } else { 0 };
@@ -383,14 +392,14 @@ impl LocalFs {
         self.rename_checked(from, to, replace, None)
     }
 
-    /// [`LocalFs::rename`] of the object `identity` (device, inode): `Changed` if `from` names
+    /// [`LocalFs::rename`] of the object `identity` (device, inode, generation): `Changed` if `from` names
     /// another object by now (checked through the opened parent right before `renameat2`).
     pub fn rename_if(
         &self,
         from: &str,
         to: &str,
         replace: bool,
-        identity: (u64, u64),
+        identity: Identity,
     ) -> VfsResult<()> {
         self.rename_checked(from, to, replace, Some(identity))
     }
@@ -400,7 +409,7 @@ impl LocalFs {
         from: &str,
         to: &str,
         replace: bool,
-        identity: Option<(u64, u64)>,
+        identity: Option<Identity>,
     ) -> VfsResult<()> {
         let Some((fparent, fname)) = self.parent_and_name(from)? else {
             return Err(VfsError::AccessDenied);
@@ -414,7 +423,9 @@ impl LocalFs {
         };
         let (fp, tp) = (fparent.as_raw_fd(), tparent.as_raw_fd());
         let src = sys::fstat_raw_at(fp, &fname)?;
-        if identity.is_some_and(|id| (src.st_dev, src.st_ino) != id) {
+        if identity
+            .is_some_and(|id| !id.matches(src.st_dev, src.st_ino, || sys::gen_at(fp, &fname)))
+        {
             return Err(VfsError::Changed);
         }
         if replace {

@@ -27,7 +27,7 @@ use crate::error::{VfsError, VfsResult};
 use crate::handle::{Access, FileHandle};
 use crate::local::LocalFs;
 use crate::sys::{self, openat2_beneath, resolve_error, RETRIES};
-use crate::{OpenOptions, Stat};
+use crate::{Identity, OpenOptions, Stat};
 
 /// The directory at the share root that holds the streams. The server
 /// keeps clients out of it.
@@ -293,7 +293,10 @@ impl Streams {
                     Ok(fd) => {
                         let h = FileHandle::new(fd, false, access);
                         let mut st = h.stat()?;
-                        if opts.expect.is_some_and(|id| id != (st.dev, st.ino)) {
+                        if opts
+                            .expect
+                            .is_some_and(|id| !id.matches(st.dev, st.ino, || st.gen))
+                        {
                             return Err(VfsError::Changed);
                         }
                         if opts.mode.truncates() {
@@ -321,11 +324,11 @@ impl Streams {
     }
 
     /// Removes the stream `name` if it is still the object `identity`
-    /// (device, inode), else `Changed`.
-    pub fn remove_if(&self, name: &str, identity: (u64, u64)) -> VfsResult<()> {
+    /// (device, inode, generation), else `Changed`.
+    pub fn remove_if(&self, name: &str, identity: Identity) -> VfsResult<()> {
         let c = disk_name(name)?;
         let st = sys::fstat_raw_at(self.dir.raw(), &c)?;
-        if (st.st_dev, st.st_ino) != identity {
+        if !identity.matches(st.st_dev, st.st_ino, || sys::gen_at(self.dir.raw(), &c)) {
             return Err(VfsError::Changed);
         }
         sys::cvt_retry(|| {

@@ -200,6 +200,17 @@ fn handle_digest(dirfd: RawFd, name: &CStr, flags: i32) -> u64 {
     d.max(1)
 }
 
+/// The generation ([`Stat::gen`]) of what an open descriptor refers to.
+pub(crate) fn gen_of_fd(fd: RawFd) -> u64 {
+    handle_digest(fd, c"", libc::AT_EMPTY_PATH)
+}
+
+/// The generation ([`Stat::gen`]) of `name` in `dirfd`, a final symlink
+/// not followed (as [`fstat_raw_at`]).
+pub(crate) fn gen_at(dirfd: RawFd, name: &CStr) -> u64 {
+    handle_digest(dirfd, name, libc::AT_SYMLINK_NOFOLLOW)
+}
+
 /// Stats an open descriptor (O_PATH descriptors included).
 pub(crate) fn stat_fd(fd: RawFd) -> VfsResult<Stat> {
     stat_at(fd, c"", libc::AT_EMPTY_PATH).map_err(VfsError::from_errno)

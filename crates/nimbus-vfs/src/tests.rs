@@ -7,7 +7,7 @@ use std::os::unix::fs::symlink;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::{CreateMode, Kind, LocalFs, OpenOptions, Timespec, VfsError};
+use crate::{CreateMode, Identity, Kind, LocalFs, OpenOptions, Stat, Timespec, VfsError};
 
 /// A scratch directory `base/` holding `base/share/` (the share root) and `base/outside/`
 /// (a secret the share must never reach). Removed on drop.
@@ -769,9 +769,8 @@ fn handles_are_send_and_sync() {
     check::<crate::FileHandle>();
 }
 
-fn identity(fs: &LocalFs, path: &str) -> (u64, u64) {
-    let st = fs.stat(path).unwrap();
-    (st.dev, st.ino)
+fn identity(fs: &LocalFs, path: &str) -> Identity {
+    Identity::of(&fs.stat(path).unwrap())
 }
 
 #[test]
@@ -803,7 +802,10 @@ fn expected_identity_is_checked_before_truncating() {
         ..rw(CreateMode::TruncateExisting)
     };
     let (_, st, _) = fs.open("moved", &o).unwrap();
-    assert_eq!((st.dev, st.ino, st.size), (checked.0, checked.1, 0));
+    assert_eq!(
+        (st.dev, st.ino, st.gen, st.size),
+        (checked.dev, checked.ino, checked.gen, 0)
+    );
 }
 
 #[test]
@@ -1068,10 +1070,14 @@ fn streams_are_files_of_their_own_that_go_with_their_file() {
     assert_eq!(buf, big);
     // A stream is removed only while it is the file it was.
     assert!(matches!(
-        again.remove_if("Big", (st.dev, st.ino + 1)),
+        again.remove_if("Big", Identity::new(st.dev, st.ino + 1, st.gen)),
         Err(VfsError::Changed)
     ));
-    again.remove_if("Big", (st.dev, st.ino)).unwrap();
+    assert!(matches!(
+        again.remove_if("Big", Identity::new(st.dev, st.ino, st.gen ^ 1)),
+        Err(VfsError::Changed)
+    ));
+    again.remove_if("Big", Identity::of(&st)).unwrap();
     assert_eq!(again.names().unwrap(), [".."]);
     // Removing the file's last name removes its streams.
     assert_eq!(stream_dirs(&s).len(), 1);
@@ -1120,11 +1126,8 @@ fn a_hard_linked_file_keeps_its_streams_until_its_last_name_goes() {
         .open("s", &rw)
         .unwrap();
     std::fs::hard_link(s.share().join("a"), s.share().join("b")).unwrap();
-    s.fs.remove_if("a", false, {
-        let st = a.stat().unwrap();
-        (st.dev, st.ino)
-    })
-    .unwrap();
+    s.fs.remove_if("a", false, Identity::of(&a.stat().unwrap()))
+        .unwrap();
     assert_eq!(
         s.fs.streams(&a, false).unwrap().unwrap().names().unwrap(),
         ["s"]
@@ -1259,19 +1262,49 @@ fn a_new_file_on_a_reused_inode_has_a_generation_of_its_own() {
     drop(handle);
     write_file(&s.fs, "other", b"2");
     assert_ne!(s.fs.stat("other").unwrap().gen, by_name.gen);
-    // ext4 and XFS hand a freed inode to the next file made in the
-    // directory's group; a bounded number of tries finds the reuse.
-    let mut reused = None;
+    let reused = replaced_on_its_inode(&s, "first");
+    assert_eq!((reused.dev, reused.ino), (by_name.dev, by_name.ino));
+    assert_ne!(reused.gen, by_name.gen);
+}
+
+/// Deletes `name` and makes a new file of that name until the new one
+/// reuses the deleted one's inode; the new file's stat. ext4 and XFS hand
+/// a freed inode to the next file made in the directory's group; a
+/// bounded number of tries finds the reuse.
+fn replaced_on_its_inode(s: &Scratch, name: &str) -> Stat {
+    let ino = s.fs.stat(name).unwrap().ino;
     for i in 0..64 {
-        std::fs::remove_file(s.share().join("first")).unwrap();
-        write_file(&s.fs, "first", format!("{i}").as_bytes());
-        let st = s.fs.stat("first").unwrap();
-        if st.ino == by_name.ino {
-            reused = Some(st);
-            break;
+        std::fs::remove_file(s.share().join(name)).unwrap();
+        write_file(&s.fs, name, format!("new {i}").as_bytes());
+        let st = s.fs.stat(name).unwrap();
+        if st.ino == ino {
+            return st;
         }
     }
-    let reused = reused.expect("the scratch file system (ext4 in CI) reuses a freed inode");
-    assert_eq!(reused.dev, by_name.dev);
-    assert_ne!(reused.gen, by_name.gen);
+    panic!("the scratch file system (ext4 in CI) reuses a freed inode");
+}
+
+#[test]
+fn a_new_file_that_took_the_name_and_the_inode_is_not_acted_on() {
+    let s = Scratch::new();
+    let fs = &s.fs;
+    write_file(fs, "a", b"the file that was checked");
+    let checked = identity(fs, "a");
+    let now = replaced_on_its_inode(&s, "a");
+    assert_eq!((now.dev, now.ino), (checked.dev, checked.ino));
+    let o = OpenOptions {
+        expect: Some(checked),
+        ..rw(CreateMode::TruncateExisting)
+    };
+    assert_err!(fs.open("a", &o), VfsError::Changed);
+    assert_err!(fs.remove_if("a", false, checked), VfsError::Changed);
+    assert_err!(fs.rename_if("a", "b", false, checked), VfsError::Changed);
+    assert!(std::fs::read(s.share().join("a"))
+        .unwrap()
+        .starts_with(b"new "));
+    assert!(!s.share().join("b").exists());
+    // A generation not known (0) compares device and inode only.
+    let unknown = Identity::new(checked.dev, checked.ino, 0);
+    fs.rename_if("a", "b", false, unknown).unwrap();
+    fs.remove_if("b", false, Identity::of(&now)).unwrap();
 }

@@ -17,7 +17,7 @@
 //! (its content ends up readable with the file) and to delete it (it is
 //! removed). Otherwise the companion stays as it is.
 
-use nimbus_vfs::{CreateMode, FileHandle, Kind, LocalFs, OpenOptions, Streams, VfsError};
+use nimbus_vfs::{CreateMode, FileHandle, Identity, Kind, LocalFs, OpenOptions, Streams, VfsError};
 use nimbus_wire::apple::{afp_info, RESOURCE_STREAM_NAME};
 use nimbus_wire::apple_double::{self, AppleDouble, MACOS_FILLER};
 use nimbus_wire::fscc::access;
@@ -108,7 +108,7 @@ pub fn convert(
         }
     }
     let _own = server.notify.own_change(share, &[&companion]);
-    match fs.remove_if(&companion, false, (st.dev, st.ino)) {
+    match fs.remove_if(&companion, false, Identity::of(&st)) {
         Ok(()) => server.notify.removed(share, &companion, false),
         Err(e) => tracing::warn!(
             "share {}: converted {companion} not removed: {e}",

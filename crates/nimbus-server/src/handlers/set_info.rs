@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering;
 
 use nimbus_state::share_modes::{compatible, STREAM_OPEN};
 use nimbus_state::{FileKey, OpenRecord};
-use nimbus_vfs::{Timespec, VfsError};
+use nimbus_vfs::{Identity, Timespec, VfsError};
 use nimbus_wire::codec::{utf16le_to_string, Reader};
 use nimbus_wire::fscc::{
     access, attributes, file_class, filetime_to_unix, parse_u32, parse_u64, parse_u8, RenameInfo,
@@ -442,7 +442,7 @@ fn rename(
         }
     }
     // Rename the open file, not whatever its old name reaches by now.
-    let identity = (open.file_key.dev, open.file_key.ino);
+    let identity = Identity::new(open.file_key.dev, open.file_key.ino, open.file_key.gen);
     let _own = ctx.server.notify.own_change(&open.share, &[&from, &to]);
     fs.rename_if(&from, &to, replace || case_only, identity)
         .map_err(|e| match e {

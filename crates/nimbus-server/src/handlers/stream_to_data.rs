@@ -27,7 +27,7 @@ use std::sync::Arc;
 use nimbus_state::caching::{Granted, OpenAsk, Want, OPLOCK_NONE};
 use nimbus_state::share_modes::STREAM_OPEN;
 use nimbus_state::{FileKey, OpenRecord};
-use nimbus_vfs::{CreateMode, FileHandle, Kind, OpenOptions, VfsError};
+use nimbus_vfs::{CreateMode, FileHandle, Identity, Kind, OpenOptions, VfsError};
 use nimbus_wire::fscc::access;
 use nimbus_wire::{FileId, NtStatus};
 
@@ -90,7 +90,11 @@ pub fn rename(
         .streams(&stream.base, false)
         .map_err(vfs)?
         .ok_or(NtStatus::OBJECT_NAME_NOT_FOUND)?;
-    let base_identity = (stream.base_key.dev, stream.base_key.ino);
+    let base_identity = Identity::new(
+        stream.base_key.dev,
+        stream.base_key.ino,
+        stream.base_key.gen,
+    );
     let open_base = |read: bool, write: bool| {
         let opts = OpenOptions {
             read,
@@ -198,7 +202,11 @@ fn move_data(
         kind: Kind::File,
         perm: 0o644,
         append_only: false,
-        expect: Some((stream_key.dev, stream_key.ino)),
+        expect: Some(Identity::new(
+            stream_key.dev,
+            stream_key.ino,
+            stream_key.gen,
+        )),
     };
     let (src, src_st, _) = streams.open(name, &reading).map_err(vfs)?;
     let (dst, _) = open_base(false, true)?;
@@ -208,7 +216,10 @@ fn move_data(
         return Err(NtStatus::SHARING_VIOLATION);
     }
     streams
-        .remove_if(name, (stream_key.dev, stream_key.ino))
+        .remove_if(
+            name,
+            Identity::new(stream_key.dev, stream_key.ino, stream_key.gen),
+        )
         .map_err(vfs)
 }
 

@@ -2,7 +2,7 @@
 //! whose share modes were checked (MS-SMB2 3.3.5.9).
 
 use nimbus_state::FileKey;
-use nimbus_vfs::{CreateMode, FileHandle, Kind, OpenOptions, OwnChange, Stat, VfsError};
+use nimbus_vfs::{CreateMode, FileHandle, Identity, Kind, OpenOptions, OwnChange, Stat, VfsError};
 use nimbus_wire::create::CreateDisposition;
 use nimbus_wire::fscc::access;
 use nimbus_wire::NtStatus;
@@ -82,7 +82,7 @@ pub fn open(ctx: &Ctx<'_>, c: &Create<'_>, f: &Found, a: &Admitted<'_>) -> Resul
         append_only: granted & WRITE_RIGHTS == access::FILE_APPEND_DATA,
         // Act (truncation included) only on the file whose share modes were
         // checked above; if the name was replaced meanwhile, look again.
-        expect: existing.as_ref().map(|st| (st.dev, st.ino)),
+        expect: existing.as_ref().map(Identity::of),
     };
     // A place among the server's open files before a descriptor is taken.
     let Some(file_slot) = ctx.server.open_files.reserve() else {

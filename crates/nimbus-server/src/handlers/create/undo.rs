@@ -2,6 +2,7 @@
 
 use nimbus_state::grouped_opens::Leaving;
 use nimbus_state::FileKey;
+use nimbus_vfs::Identity;
 
 use super::super::create_stream;
 use super::found::Found;
@@ -73,7 +74,7 @@ fn abandon_stream(
 ) {
     let _ = crate::release::leave_record(ctx.server, key, open_id, || {
         if let Some(streams) = &base.streams {
-            let _ = streams.remove_if(name, (key.dev, key.ino));
+            let _ = streams.remove_if(name, Identity::new(key.dev, key.ino, key.gen));
         }
     });
 }
