@@ -71,6 +71,7 @@ ALICE_DATA = b"alice's salary review, not for mallory\n" * 32
 # forgery needs it: fields it does not change are carried over as bytes.
 
 
+RENAMING_SECTION = b"\x01"
 GENERATION_SECTION = b"\x02"
 
 
@@ -98,6 +99,7 @@ class OpenRecord:
     create_action: int
     answered: int
     tail: bytes  # layout 2's persistent flag
+    renaming: bytes  # the optional rename section, whole (b"": none)
     gen: int  # the file's generation, an optional section (0: none)
 
     @classmethod
@@ -127,12 +129,21 @@ class OpenRecord:
         locks = struct.pack("<I", count) + take(17 * count)
         lock_sequences, create_action, answered = take(64), num("<B"), num("<B")
         tail = take(1) if layout == 2 else b""
-        gen = num("<Q") if at < len(b) and take(1) == GENERATION_SECTION else 0
-        assert at == len(b), f"{len(b) - at} bytes after the open record"
+        renaming, gen = b"", 0
+        while at < len(b):
+            section = take(1)
+            if section == RENAMING_SECTION:
+                start = at
+                text(), text()
+                renaming = section + b[start:at]
+            elif section == GENERATION_SECTION:
+                gen = num("<Q")
+            else:
+                raise AssertionError(f"unknown section {section!r} in the open record")
         return cls(
             layout, open_id, dev, ino, share, path, access, share_access, mode, position, delete_on_close, owner_sid,
             owner_name, client_guid, create_guid, timeout_ms, caching, locks, lock_sequences, create_action, answered, tail,
-            gen,
+            renaming, gen,
         )  # fmt: skip
 
     def encode(self) -> bytes:
@@ -155,6 +166,7 @@ class OpenRecord:
                 self.lock_sequences,
                 bytes([self.create_action, self.answered]),
                 self.tail,
+                self.renaming,
                 GENERATION_SECTION + struct.pack("<Q", self.gen) if self.gen else b"",
             ]
         )

@@ -13,8 +13,10 @@
 
 use crate::node_message::{answer, put_strings, take_answer, take_strings};
 
-/// Message tag of a request to close an application's old opens.
-pub const CLOSE_APP_INSTANCE_V1: u8 = 0x28;
+/// Message tag of a request to close an application's old opens. Layout
+/// 2 names the file with its generation; layout 1 (0x28) did not, and a
+/// node refuses it as unknown.
+pub const CLOSE_APP_INSTANCE_V2: u8 = 0x35;
 /// Message tag of its answer.
 pub const APP_INSTANCE_CLOSED_V1: u8 = 0x29;
 
@@ -35,7 +37,7 @@ pub struct CloseAppInstance {
 }
 
 pub fn encode_request(r: &CloseAppInstance) -> Vec<u8> {
-    let mut v = vec![CLOSE_APP_INSTANCE_V1];
+    let mut v = vec![CLOSE_APP_INSTANCE_V2];
     for n in [r.nonce, r.dev, r.ino, r.gen] {
         v.extend_from_slice(&n.to_le_bytes());
     }
@@ -47,7 +49,7 @@ pub fn encode_request(r: &CloseAppInstance) -> Vec<u8> {
 
 /// None for anything but a whole, well-formed request.
 pub fn decode_request(msg: &[u8]) -> Option<CloseAppInstance> {
-    let rest = msg.strip_prefix(&[CLOSE_APP_INSTANCE_V1])?;
+    let rest = msg.strip_prefix(&[CLOSE_APP_INSTANCE_V2])?;
     let (nonce, rest) = rest.split_first_chunk::<8>()?;
     let (dev, rest) = rest.split_first_chunk::<8>()?;
     let (ino, rest) = rest.split_first_chunk::<8>()?;

@@ -60,9 +60,12 @@ const INCARNATION_COUNTER: &[u8] = b"incarnation-counter";
 /// The layout of the cluster's records, which every node must share: a
 /// node that keys files otherwise sees none of the others' records of a
 /// file, and two clients on two nodes could both hold it exclusively.
-const LAYOUT_KEY: &[u8] = b"layout";
+/// Each node writes its layout as `layouts/<node>`, under its lease, in
+/// the transaction that registers it: what a running node writes, not
+/// what some node once wrote (a cluster key would outlive a rollback).
+const LAYOUTS_PREFIX: &[u8] = b"layouts/";
 /// Files keyed by device, inode and generation (2026-12-05). Releases
-/// before it wrote no layout key and keyed files by device and inode.
+/// before it wrote no layout and keyed files by device and inode.
 const LAYOUT: &[u8] = b"file-key-with-generation";
 
 /// Key prefix of the messages between nodes: `msg/<node>/...`.
@@ -576,6 +579,10 @@ fn node_key(node: &str) -> Vec<u8> {
     k
 }
 
+fn layout_key(node: &str) -> Vec<u8> {
+    [LAYOUTS_PREFIX, node.as_bytes()].concat()
+}
+
 impl Membership {
     /// Connects to etcd and registers this node. A record of the same
     /// name that is still alive may be this node's own from before a
@@ -674,6 +681,10 @@ impl Membership {
             }
             std::thread::sleep(Duration::from_millis(200));
         }
+        if let Err(e) = m.check_layout() {
+            let _ = m.control.revoke_lease(m.lease.load(Ordering::SeqCst));
+            return Err(e);
+        }
         let n = m
             .new_incarnation()
             .map_err(|error| JoinError::Registering {
@@ -697,47 +708,60 @@ impl Membership {
     }
 
     /// Refuses to join nodes of a release that keys the cluster's records
-    /// another way; records this release's layout when no node runs.
-    /// Releases before the layout key wrote none: a live node (other than
-    /// this node's own record from before a restart) with no layout key
-    /// written runs one of them.
+    /// another way: each live node (other than this node's own record from
+    /// before a restart) must have written this release's layout beside
+    /// its registration. Releases before the layout wrote none. Checked
+    /// before this node registers, and again after: a node of another
+    /// release that registered meanwhile is seen then.
     fn check_layout(&self) -> Result<(), JoinError> {
         let reading = |error| JoinError::Registering {
-            what: "reading the cluster's record layout",
+            what: "reading the other nodes' record layouts",
             error,
         };
-        match self.control.get(LAYOUT_KEY).map_err(reading)? {
-            Some(v) if v.value == LAYOUT => return Ok(()),
-            Some(v) => {
-                return Err(JoinError::Layout(format!(
-                    "the running nodes write records of layout \"{}\", this release \"{}\"",
-                    String::from_utf8_lossy(&v.value),
-                    String::from_utf8_lossy(LAYOUT)
-                )))
+        let mut older = Vec::new();
+        let mut other = Vec::new();
+        for member in self.members().map_err(reading)? {
+            if member.node == self.node {
+                continue;
             }
-            None => {}
+            match self
+                .control
+                .get(&layout_key(&member.node))
+                .map_err(reading)?
+            {
+                Some(v) if v.value == LAYOUT => {}
+                Some(v) => other.push(format!(
+                    "{} (layout \"{}\")",
+                    member.node,
+                    String::from_utf8_lossy(&v.value)
+                )),
+                None => older.push(member.node),
+            }
         }
-        let older: Vec<String> = self
-            .members()
-            .map_err(reading)?
-            .into_iter()
-            .map(|x| x.node)
-            .filter(|n| *n != self.node)
-            .collect();
+        if older.is_empty() && other.is_empty() {
+            return Ok(());
+        }
+        let mut why = Vec::new();
         if !older.is_empty() {
-            return Err(JoinError::Layout(format!(
-                "node(s) {} run a release older than this one, which keys files by device \
-                 and inode alone",
+            why.push(format!(
+                "node(s) {} run a release older than this one, which keys files by device and \
+                 inode alone",
                 older.join(", ")
-            )));
+            ));
         }
-        self.control
-            .txn(&[], &[Op::Put(LAYOUT_KEY, LAYOUT, 0)], &[])
-            .map(|_| ())
-            .map_err(|error| JoinError::Registering {
-                what: "writing the cluster's record layout",
-                error,
-            })
+        if !other.is_empty() {
+            why.push(format!(
+                "node(s) {} key files otherwise than this release (layout \"{}\")",
+                other.join(", "),
+                String::from_utf8_lossy(LAYOUT)
+            ));
+        }
+        Err(JoinError::Layout(format!(
+            "{}; a node stopped less than node_ttl_secs ({}s) ago still counts until its \
+             lease runs out",
+            why.join("; "),
+            self.ttl.as_secs()
+        )))
     }
 
     /// Draws the next number from the cluster's counter.
@@ -1447,10 +1471,17 @@ impl Membership {
         let sent = Instant::now();
         let lease = self.control.grant_lease(self.ttl.as_secs() as i64)?;
         let value = self.advertise.to_string();
-        if self
-            .control
-            .create_with_lease(&node_key(&self.node), value.as_bytes(), lease)?
-        {
+        let key = node_key(&self.node);
+        let layout = layout_key(&self.node);
+        let registered = self.control.txn(
+            &[Cmp::Absent(&key)],
+            &[
+                Op::Put(&key, value.as_bytes(), lease),
+                Op::Put(&layout, LAYOUT, lease),
+            ],
+            &[],
+        )?;
+        if registered.succeeded {
             self.lease.store(lease, Ordering::SeqCst);
             if !self.lost.load(Ordering::SeqCst) {
                 *crate::sync::lock(&self.last_proof) = Some(sent);
@@ -2120,54 +2151,58 @@ mod tests {
 
     /// Nodes of one record layout join each other; a node refuses to join
     /// running nodes of a release that keys files otherwise (no layout
-    /// written, as before 2026-12-05, or another one), naming them.
+    /// written beside their registration, as before 2026-12-05, or
+    /// another one), naming them, and joins once they are gone.
     #[test]
     fn a_node_refuses_to_join_nodes_that_key_files_otherwise() {
         let etcd = nimbus_state::etcd_test_cluster::Cluster::start("layout");
         let first = Membership::join(&test_config(&etcd, "t1", 10)).unwrap();
         let second = Membership::join(&test_config(&etcd, "t2", 10)).unwrap();
-        assert_eq!(
-            first.control.get(LAYOUT_KEY).unwrap().unwrap().value,
-            LAYOUT
-        );
-        // Running nodes of an older release wrote no layout.
-        first
+        for node in ["t1", "t2"] {
+            let written = first.control.get(&layout_key(node)).unwrap().unwrap();
+            assert_eq!(written.value, LAYOUT);
+        }
+        // A node of an older release registers as it did: no layout.
+        let old_lease = first.control.grant_lease(10).unwrap();
+        assert!(first
             .control
-            .txn(&[], &[Op::Delete(LAYOUT_KEY)], &[])
-            .unwrap();
+            .create_with_lease(&node_key("old"), b"127.0.0.1:1", old_lease)
+            .unwrap());
         match Membership::join(&test_config(&etcd, "t3", 10)) {
             Err(e @ JoinError::Layout(_)) => {
                 let told = e.to_string();
-                assert!(told.contains("t1, t2") || told.contains("t2, t1"), "{told}");
+                assert!(told.contains("node(s) old run a release older"), "{told}");
                 assert!(told.contains("stop every node"), "{told}");
+                assert!(told.contains("node_ttl_secs"), "{told}");
             }
-            other => panic!("joined nodes of an older layout: {:?}", other.err()),
+            other => panic!("joined a node of an older layout: {:?}", other.err()),
         }
         assert!(first.control.get(&node_key("t3")).unwrap().is_none());
-        // Or another layout.
+        // Running nodes see it too, when they check again.
+        assert!(matches!(second.check_layout(), Err(JoinError::Layout(_))));
+        // Or one of another layout.
         first
             .control
-            .txn(&[], &[Op::Put(LAYOUT_KEY, b"some-later-layout", 0)], &[])
+            .txn(
+                &[],
+                &[Op::Put(&layout_key("old"), b"some-later-layout", old_lease)],
+                &[],
+            )
             .unwrap();
         match Membership::join(&test_config(&etcd, "t3", 10)) {
             Err(e @ JoinError::Layout(_)) => {
                 assert!(e.to_string().contains("some-later-layout"), "{e}")
             }
-            other => panic!("joined nodes of another layout: {:?}", other.err()),
+            other => panic!("joined a node of another layout: {:?}", other.err()),
         }
-        // With every node gone, the next one writes its layout again.
-        first.leave();
+        // Once it is gone, nodes join again; what a gone node wrote
+        // counts for nothing (a rollback leaves no stale mark).
+        first.control.revoke_lease(old_lease).unwrap();
+        assert!(first.control.get(&layout_key("old")).unwrap().is_none());
+        let third = Membership::join(&test_config(&etcd, "t3", 10)).unwrap();
+        third.leave();
         second.leave();
-        first
-            .control
-            .txn(&[], &[Op::Delete(LAYOUT_KEY)], &[])
-            .unwrap();
-        let alone = Membership::join(&test_config(&etcd, "t4", 10)).unwrap();
-        assert_eq!(
-            alone.control.get(LAYOUT_KEY).unwrap().unwrap().value,
-            LAYOUT
-        );
-        alone.leave();
+        first.leave();
     }
 
     /// A node that leaves while it joins again, after it registered under

@@ -48,8 +48,10 @@ pub const NOTIFY_PREFIX: &[u8] = b"notify/";
 pub const CHANGES_V1: u8 = 0x10;
 
 /// Tag of a message saying that a watched directory became delete-pending
-/// while still open (`Relay::delete_pending`).
-pub const DIR_DELETE_PENDING_V1: u8 = 0x11;
+/// while still open (`Relay::delete_pending`). Layout 2 names the
+/// directory with its generation; layout 1 (0x11) did not, and a node
+/// refuses it as unknown.
+pub const DIR_DELETE_PENDING_V2: u8 = 0x12;
 
 pub use crate::notify_recent::OwnedChange;
 
@@ -365,7 +367,7 @@ pub fn made_before_watched(
 /// key. The receiver reads the flag from the file's share-mode record
 /// before it ends any watch, so the message is only a hint.
 pub fn encode_delete_pending(key: FileKey) -> Vec<u8> {
-    let mut w = vec![DIR_DELETE_PENDING_V1];
+    let mut w = vec![DIR_DELETE_PENDING_V2];
     w.extend_from_slice(&key.dev.to_le_bytes());
     w.extend_from_slice(&key.ino.to_le_bytes());
     w.extend_from_slice(&key.gen.to_le_bytes());
@@ -373,7 +375,7 @@ pub fn encode_delete_pending(key: FileKey) -> Vec<u8> {
 }
 
 pub fn decode_delete_pending(bytes: &[u8]) -> Option<FileKey> {
-    let rest = bytes.strip_prefix(&[DIR_DELETE_PENDING_V1])?;
+    let rest = bytes.strip_prefix(&[DIR_DELETE_PENDING_V2])?;
     let (dev, rest) = rest.split_first_chunk::<8>()?;
     let (ino, rest) = rest.split_first_chunk::<8>()?;
     let gen: &[u8; 8] = rest.try_into().ok()?;

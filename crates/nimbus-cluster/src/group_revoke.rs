@@ -13,8 +13,10 @@ use nimbus_state::FileKey;
 
 use crate::node_message::{put_strings, take_strings, take_u64};
 
-/// Message tag of a request to revoke a file's groups.
-pub const REVOKE_GROUPS_V1: u8 = 0x32;
+/// Message tag of a request to revoke a file's groups. Layout 2 names
+/// the file with its generation; layout 1 (0x32) did not, and a node
+/// refuses it as unknown.
+pub const REVOKE_GROUPS_V2: u8 = 0x34;
 /// Message tag of its answer.
 pub const GROUPS_REVOKED_V1: u8 = 0x33;
 
@@ -28,7 +30,7 @@ pub struct RevokeGroups {
 }
 
 pub fn encode_request(r: &RevokeGroups) -> Vec<u8> {
-    let mut v = vec![REVOKE_GROUPS_V1];
+    let mut v = vec![REVOKE_GROUPS_V2];
     v.extend_from_slice(&r.nonce.to_le_bytes());
     v.extend_from_slice(&r.file.dev.to_le_bytes());
     v.extend_from_slice(&r.file.ino.to_le_bytes());
@@ -39,7 +41,7 @@ pub fn encode_request(r: &RevokeGroups) -> Vec<u8> {
 
 /// None for anything but a whole, well-formed request.
 pub fn decode_request(msg: &[u8]) -> Option<RevokeGroups> {
-    let rest = msg.strip_prefix(&[REVOKE_GROUPS_V1])?;
+    let rest = msg.strip_prefix(&[REVOKE_GROUPS_V2])?;
     let (nonce, rest) = take_u64(rest)?;
     let (dev, rest) = take_u64(rest)?;
     let (ino, rest) = take_u64(rest)?;

@@ -9,10 +9,10 @@ use nimbus_state::caching::BreakOrder;
 use nimbus_state::{FileKey, StateError};
 
 use crate::app_instance_handover::{
-    self, CloseAppInstance, APP_INSTANCE_CLOSED_V1, CLOSE_APP_INSTANCE_V1,
+    self, CloseAppInstance, APP_INSTANCE_CLOSED_V1, CLOSE_APP_INSTANCE_V2,
 };
-use crate::cluster_notify::{self, CHANGES_V1, DIR_DELETE_PENDING_V1};
-use crate::group_revoke::{self, RevokeGroups, GROUPS_REVOKED_V1, REVOKE_GROUPS_V1};
+use crate::cluster_notify::{self, CHANGES_V1, DIR_DELETE_PENDING_V2};
+use crate::group_revoke::{self, RevokeGroups, GROUPS_REVOKED_V1, REVOKE_GROUPS_V2};
 use crate::lease_ack_handover::{self, AckLease, Found, ACK_LEASE_V1, LEASE_ACKED_V1};
 use crate::let_go_handover::{
     self, Asked, LetGoAnswer, LET_GO_DONE_V1, LET_GO_REFUSED_V1, LET_GO_V4,
@@ -99,7 +99,7 @@ impl<'a> ClusterMessage<'a> {
         };
         let decoded = match tag {
             CHANGES_V1 => Some(M::Changes(msg)),
-            DIR_DELETE_PENDING_V1 => {
+            DIR_DELETE_PENDING_V2 => {
                 cluster_notify::decode_delete_pending(msg).map(M::DirDeletePending)
             }
             LET_GO_V4 => let_go_handover::decode_let_go(msg).map(M::LetGo),
@@ -115,7 +115,7 @@ impl<'a> ClusterMessage<'a> {
             END_SESSION_V1 => session_handover::decode_end_session(msg).map(M::EndSession),
             SESSION_ENDED_V1 => session_handover::decode_answer(msg)
                 .map(|(nonce, ended)| M::SessionEnded { nonce, ended }),
-            CLOSE_APP_INSTANCE_V1 => {
+            CLOSE_APP_INSTANCE_V2 => {
                 app_instance_handover::decode_request(msg).map(M::CloseAppInstance)
             }
             APP_INSTANCE_CLOSED_V1 => app_instance_handover::decode_answer(msg)
@@ -123,7 +123,7 @@ impl<'a> ClusterMessage<'a> {
             ACK_LEASE_V1 => lease_ack_handover::decode_request(msg).map(M::AckLease),
             LEASE_ACKED_V1 => lease_ack_handover::decode_answer(msg)
                 .map(|(nonce, found)| M::LeaseAcked { nonce, found }),
-            REVOKE_GROUPS_V1 => group_revoke::decode_request(msg).map(M::RevokeGroups),
+            REVOKE_GROUPS_V2 => group_revoke::decode_request(msg).map(M::RevokeGroups),
             GROUPS_REVOKED_V1 => {
                 group_revoke::decode_answer(msg).map(|nonce| M::GroupsRevoked { nonce })
             }
@@ -151,16 +151,16 @@ impl<'a> ClusterMessage<'a> {
 fn kind(tag: u8) -> &'static str {
     match tag {
         CHANGES_V1 => "list of notify changes",
-        DIR_DELETE_PENDING_V1 => "delete-pending message",
+        DIR_DELETE_PENDING_V2 => "delete-pending message",
         LET_GO_V4 => "request to let go of an open",
         LET_GO_REFUSED_V1 | LET_GO_DONE_V1 => "answer to a request to let go",
         END_SESSION_V1 => "request to end a session",
         SESSION_ENDED_V1 => "answer to a request to end a session",
-        CLOSE_APP_INSTANCE_V1 => "request to close an application's opens",
+        CLOSE_APP_INSTANCE_V2 => "request to close an application's opens",
         APP_INSTANCE_CLOSED_V1 => "answer about an application's opens",
         ACK_LEASE_V1 => "lease acknowledgement",
         LEASE_ACKED_V1 => "answer about a lease acknowledgement",
-        REVOKE_GROUPS_V1 => "request to revoke groups of opens",
+        REVOKE_GROUPS_V2 => "request to revoke groups of opens",
         GROUPS_REVOKED_V1 => "answer about revoked groups of opens",
         WITNESS_MOVE_V1 => "witness client move",
         WITNESS_DRAIN_V1 => "witness clients' move off a draining node",

@@ -566,6 +566,9 @@ pub fn etcd_record_samples() -> Vec<Vec<u8>> {
             length: 20,
             exclusive: true,
         }],
+        // Both optional sections, so that truncations and flips reach them.
+        file: nimbus_state::FileKey::new(0x803, 0x2a, 0x1234_5678_9abc_def0),
+        renaming: Some(("dir/old.dat".into(), "dir/ledger.dat".into())),
         ..DurableOpen::default()
     };
     let held = RangeLock {

@@ -4,7 +4,7 @@
 //! etcd's linearizable records.
 //!
 //! Keys under the `clustered` prefixes are one file's records (`prefix`
-//! then the file's 16-byte key, the file's "group"). For each group:
+//! then the file's 24-byte key, the file's "group"). For each group:
 //! - **Owned** by this node: `own/<group>` in etcd names this node's
 //!   incarnation; the records live in this node's memory and etcd's copy
 //!   is stale. Reads and compare-and-sets are local.

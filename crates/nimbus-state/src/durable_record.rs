@@ -22,8 +22,11 @@ pub const OPEN_PREFIX: &[u8] = b"open/";
 const OPEN_V1: u8 = 1;
 /// Layout 2: layout 1 and then whether the open is persistent. Written only
 /// for opens that are not (durable opens a leaving node handed back), so a
-/// persistent open's record reads the same to a node that knows layout 1
-/// alone.
+/// persistent open's record of a file of unknown generation reads the same
+/// to a node that knows layout 1 alone. The generation section (2026-12-05)
+/// is one such a node does not know: it refuses the record, so going back
+/// to a release before it loses the persistent handles recorded since
+/// (docs/CLUSTER.md, "Upgrades").
 const OPEN_V2: u8 = 2;
 
 /// Strings (share name, path, owner SID and name) longer than this are refused:
@@ -471,8 +474,9 @@ mod tests {
         assert_eq!(sample().moved_path(), None);
     }
 
-    /// A persistent open's record keeps layout 1 byte for byte: a node
-    /// that knows no later layout reads it.
+    /// A persistent open's record of a file of unknown generation keeps
+    /// layout 1 byte for byte: a node that knows no later layout reads it.
+    /// (One with a generation carries a section such a node refuses.)
     #[test]
     fn a_persistent_record_keeps_layout_1() {
         let mut r = sample();

@@ -990,7 +990,11 @@ impl ChangeNotify {
         };
         let path = open.path();
         let gone = match fs.stat(&path) {
-            Ok(st) => (st.dev, st.ino) != (open.file_key.dev, open.file_key.ino),
+            // A file that took the name may have reused the inode too.
+            Ok(st) => {
+                let k = open.file_key;
+                (st.dev, st.ino, st.gen) != (k.dev, k.ino, k.gen)
+            }
             Err(_) => true,
         };
         if gone {
