@@ -447,6 +447,45 @@ def test_share_modes_hold_across_nodes(nodes, etcd_cluster):  # noqa: F811
             cl.close()
 
 
+def test_files_one_node_makes_in_a_directory_cost_no_transaction_each_and_stay_exclusive(nodes, etcd_cluster):  # noqa: F811
+    """A node that makes files in a directory one after another claims the
+    directory once (/nimbus/newin/) and holds the files it makes there from
+    memory: no etcd write per file. A file made so and held without sharing
+    is still refused to another node's client: that node's open meets the
+    claim, asks, and the maker lets the claim go, the file owned in etcd."""
+    for n in nodes[:2]:
+        n.start()
+    a, b = Client(Target(nodes[0]), uuid.uuid4()), Client(Target(nodes[1]), uuid.uuid4())
+    (nodes[0].share / "made").mkdir()
+
+    def make(name: str, share: int) -> Open:
+        status, f = open_status(a, rf"made\{name}", share, disposition=CreateDisposition.FILE_CREATE)
+        assert status == 0, hex(status)
+        return f
+
+    try:
+        for i in range(2):
+            make(f"first-{i}.txt", SHARE_ALL).close()
+        assert len(etcd_keys(etcd_cluster, "/nimbus/newin/")) == 1
+        before = etcd_counts(etcd_cluster)[0]
+        for i in range(10):
+            make(f"new-{i}.txt", SHARE_ALL).close()
+        held = make("held.txt", 0)
+        writes = etcd_counts(etcd_cluster)[0] - before
+        # Eleven files, each a take without the claim.
+        assert writes < 4, f"{writes} etcd writes for 11 new files"
+        assert open_status(b, r"made\held.txt", SHARE_ALL)[0] == STATUS_SHARING_VIOLATION
+        assert etcd_keys(etcd_cluster, "/nimbus/newin/") == []
+        assert len(etcd_keys(etcd_cluster, "/nimbus/own/")) >= 1
+        held.close()
+        status, on_b = open_status(b, r"made\held.txt", SHARE_ALL)
+        assert status == 0, hex(status)
+        on_b.close()
+    finally:
+        for cl in (a, b):
+            cl.close()
+
+
 READ_ATTRIBUTES = 0x80
 DELETE = 0x10000
 STATUS_DELETE_PENDING = 0xC0000056

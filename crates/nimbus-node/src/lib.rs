@@ -37,6 +37,7 @@ pub use nimbus_transport::{arrivals, credits, security};
 // configuration crate's modules.
 pub use nimbus_config::{config, limits};
 pub mod connection;
+pub mod directory_scope;
 pub mod disconnected;
 pub mod drain;
 pub mod durable;

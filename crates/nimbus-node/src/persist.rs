@@ -333,6 +333,7 @@ fn reopen(server: &Arc<Server>, r: &DurableOpen, now: Instant) -> Result<(), Not
             .map_err(NotReopened::Incarnation)?;
     }
     let (share, handle, file, path) = open_file_again(server, r)?;
+    let _through = opened_through(server, &share, &path);
     let r = &DurableOpen { path, ..r.clone() };
     let slot = server
         .open_files
@@ -413,6 +414,17 @@ pub(crate) fn add_share_mode(
 /// continuously available for a persistent open; the file must be the one
 /// the record names. Returns the path it was found at: the record's, or,
 /// when a rename was in progress, the renamed one.
+/// The scope under which a file reopened at `path` is looked up
+/// (`crate::directory_scope`).
+pub(crate) fn opened_through(
+    server: &Server,
+    share: &Share,
+    path: &str,
+) -> Option<nimbus_state::OpeningIn> {
+    let fs = share.fs.as_ref()?;
+    crate::directory_scope::through(crate::directory_scope::directory_of(server, fs, path))
+}
+
 pub(crate) fn open_file_again(
     server: &Server,
     r: &DurableOpen,

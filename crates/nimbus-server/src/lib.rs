@@ -18,12 +18,12 @@
 pub use nimbus_node::connection::frames;
 pub use nimbus_node::{
     accounts, acl, admission, app_instance_handover, apple, arrivals, claims, cluster,
-    cluster_notify, config, connection, credits, dir_budget, dir_leases, disconnected, dosinfo,
-    drain, durable, durable_handle, eas, errors, failover, fileinfo, gauges, held_bytes,
-    interfaces, lease_ack_handover, lease_loss, leaving, let_go_handover, limits, locks, log_limit,
-    logon_guard, lookup, memory_use, message, metrics, notify, open, open_files, open_registry,
-    oplocks, pending, persist, release, reload, rpc_logon_gate, security, server, session,
-    session_end, session_handover, session_registry, share, status, status_listing, sync,
+    cluster_notify, config, connection, credits, dir_budget, dir_leases, directory_scope,
+    disconnected, dosinfo, drain, durable, durable_handle, eas, errors, failover, fileinfo, gauges,
+    held_bytes, interfaces, lease_ack_handover, lease_loss, leaving, let_go_handover, limits,
+    locks, log_limit, logon_guard, lookup, memory_use, message, metrics, notify, open, open_files,
+    open_registry, oplocks, pending, persist, release, reload, rpc_logon_gate, security, server,
+    session, session_end, session_handover, session_registry, share, status, status_listing, sync,
     teardowns, witness, witness_admin, witness_records, write_times,
 };
 pub use nimbus_node::{

@@ -56,6 +56,9 @@ use crate::store::{
 };
 use crate::EtcdStore;
 
+mod dir_claims;
+pub use dir_claims::{made_here, opening_in, OpeningIn, CLAIM_PREFIX};
+
 /// Key prefix of ownership records.
 pub const OWN_PREFIX: &[u8] = b"own/";
 /// Key prefix of hand-back requests: `release/<owner>/<group>`.
@@ -75,6 +78,9 @@ enum Group {
         empty_since: Option<Instant>,
         /// When this node took the group (`TENURE`).
         taken: Instant,
+        /// The directory whose claim this node holds the group under, made
+        /// there with no `own/` record (`dir_claims`); None: taken.
+        under: Option<Vec<u8>>,
     },
     /// Being written back to etcd: callers wait. Also while a write-back
     /// whose outcome etcd left unknown is tried again (`unsettled`).
@@ -123,6 +129,9 @@ pub struct ClusterStore {
     lease: AtomicI64,
     claimable: Claimable,
     groups: Mutex<HashMap<Vec<u8>, Group>>,
+    /// Directories this node claims (`dir_claims`). Taken before `groups`
+    /// when both are.
+    claims: Mutex<dir_claims::Claims>,
     changed: Condvar,
     next_version: AtomicU64,
     /// How long to wait for another node to hand a group over before the
@@ -151,7 +160,7 @@ pub struct ClusterStore {
     unsettled: Mutex<HashMap<Vec<u8>, Unsettled>>,
     /// Takes of files nobody has records of (`find`'s first transaction),
     /// those of lookups that arrive together sent in one request.
-    takes: GroupCommit<Vec<u8>, TxnOutcome>,
+    takes: GroupCommit<(Vec<u8>, Option<Vec<u8>>), TxnOutcome>,
     /// Reads of a group's ownership and one of its records (`peek`), those
     /// of lookups that arrive together sent in one read-only request.
     peeks: GroupCommit<Peek, PeekAnswer>,
@@ -207,6 +216,10 @@ enum Found {
     /// `own/` record's version: the same node may own the group again
     /// later, under another).
     OwnedBy(Vec<u8>, u64),
+    /// Nobody owns it and it has no records, but the directory it was
+    /// opened through is claimed (`dir_claims`): by the incarnation named,
+    /// since the revision given; the claim's key.
+    ClaimedBy(Vec<u8>, u64, Vec<u8>),
     /// The records changed between two looks: look again.
     Retry,
 }
@@ -239,14 +252,16 @@ const TAKE_PATIENCE: Duration = Duration::from_millis(25);
 /// At most this many batches of takes (or of peeks) out at once.
 const TAKES_OUT: usize = 4;
 
-/// What a peek reads: a group's ownership key and one of its records' keys.
-type Peek = (Vec<u8>, Vec<u8>);
-/// A peek's answer: the file's ownership record, and the record asked
-/// for (None when the file is owned: the lookup does not go on it).
-type PeekAnswer = (Option<Versioned>, Option<Versioned>);
+/// What a peek reads: a group's ownership key, one of its records' keys,
+/// and the claim of the directory it was opened through, if any.
+type Peek = (Vec<u8>, Vec<u8>, Option<Vec<u8>>);
+/// A peek's answer: the file's ownership record, the record asked for and
+/// the claim (None when the file is owned: the lookup does not go on
+/// them).
+type PeekAnswer = (Option<Versioned>, Option<Versioned>, Option<Versioned>);
 
-/// How many peeks one read-only request carries: two reads each.
-const PEEKS_PER_REQUEST: usize = MAX_READS_PER_REQUEST / 2;
+/// How many peeks one read-only request carries: up to three reads each.
+const PEEKS_PER_REQUEST: usize = MAX_READS_PER_REQUEST / 3;
 
 /// A wait for a hand-over looks whether the owner is dead first after
 /// this, then once per `DEAD_OWNER_LOOK_EVERY`: a live owner answers
@@ -311,6 +326,16 @@ pub fn release_key(owner: &[u8], group: &[u8]) -> Vec<u8> {
     k
 }
 
+/// The record a hand-over request's subject names: `own/<group>` for a
+/// file's group, the claim itself for a directory's claim.
+fn record_of(subject: &[u8]) -> Vec<u8> {
+    if subject.starts_with(CLAIM_PREFIX) {
+        subject.to_vec()
+    } else {
+        key_of(OWN_PREFIX, subject)
+    }
+}
+
 impl ClusterStore {
     /// A store deciding the records under `clustered` by ownership, as
     /// incarnation `me` holding etcd lease `lease`; incarnation `n`'s
@@ -338,6 +363,7 @@ impl ClusterStore {
             lease: AtomicI64::new(lease),
             claimable,
             groups: Mutex::new(HashMap::new()),
+            claims: Mutex::new(dir_claims::Claims::default()),
             changed: Condvar::new(),
             next_version: AtomicU64::new(1),
             handover_timeout,
@@ -449,21 +475,40 @@ impl ClusterStore {
         self.fenced()?;
         let own = key_of(OWN_PREFIX, group);
         let keys: Vec<Vec<u8>> = self.clustered.iter().map(|p| key_of(p, group)).collect();
+        let claim = self.claim_to_compare();
         // The common case, a file nobody has records of: taken in one
         // transaction, sent with those of other lookups under way.
         let t = self
             .takes
-            .submit(group.to_vec(), |groups| self.take_new(groups))?;
+            .submit((group.to_vec(), claim.clone()), |asked| {
+                self.take_new(asked)
+            })?;
         if t.succeeded {
             return Ok(self.adopt(group, BTreeMap::new(), changes));
         }
-        let [owner, records @ ..] = t.reads.as_slice() else {
-            return Err(StateError::Unavailable(
-                "etcd: short transaction answer".into(),
-            ));
+        let short = || StateError::Unavailable("etcd: short transaction answer".into());
+        let (owner, records, claimed) = match (t.reads.split_first(), &claim) {
+            (Some((owner, rest)), None) => (owner, rest, None),
+            (Some((owner, rest)), Some(_)) => match rest.split_last() {
+                Some((claimed, records)) => (owner, records, claimed.as_ref()),
+                None => return Err(short()),
+            },
+            (None, _) => return Err(short()),
         };
+        if records.len() != keys.len() {
+            return Err(short());
+        }
         if let Some(owner) = owner {
             return Ok(Found::OwnedBy(owner.value.clone(), owner.version));
+        }
+        if let (Some(holder), Some(claim), true) =
+            (claimed, &claim, records.iter().all(Option::is_none))
+        {
+            return Ok(Found::ClaimedBy(
+                holder.value.clone(),
+                holder.version,
+                claim.clone(),
+            ));
         }
         let present: Vec<(&Vec<u8>, &Versioned)> = keys
             .iter()
@@ -472,6 +517,11 @@ impl ClusterStore {
             .collect();
         if present.iter().all(|(k, r)| (self.claimable)(k, &r.value)) {
             let mut cmps = vec![Cmp::Absent(&own)];
+            // A file with records is no claim's; one without is, if its
+            // directory's claim came since the read.
+            if let Some(claim) = claim.as_ref().filter(|_| present.is_empty()) {
+                cmps.push(Cmp::Absent(claim));
+            }
             cmps.extend(
                 keys.iter()
                     .zip(records)
@@ -508,21 +558,30 @@ impl ClusterStore {
         (key_of(OWN_PREFIX, group), records)
     }
 
-    /// Takes each of `groups` if nobody owns it and it has no record, in
+    /// Takes each group asked for if nobody owns it, it has no record and
+    /// the claim given with it is absent, in
     /// one request (a transaction alone, or one for each when several
     /// lookups arrived together: `EtcdStore::txns`); each one's outcome,
     /// its ownership and records read when it was not taken.
-    fn take_new(&self, groups: &[Vec<u8>]) -> Answers<TxnOutcome> {
+    fn take_new(&self, asked: &[(Vec<u8>, Option<Vec<u8>>)]) -> Answers<TxnOutcome> {
         let me = self.me();
-        let keys: Vec<(Vec<u8>, Vec<Vec<u8>>)> = groups.iter().map(|g| self.keys_of(g)).collect();
+        let keys: Vec<(Vec<u8>, Vec<Vec<u8>>)> =
+            asked.iter().map(|(g, _)| self.keys_of(g)).collect();
         type Parts<'k> = (Vec<Cmp<'k>>, [Op<'k>; 1], Vec<Op<'k>>);
         let parts: Vec<Parts<'_>> = keys
             .iter()
-            .map(|(own, records)| {
+            .zip(asked)
+            .map(|((own, records), (_, claim))| {
                 let mut cmps = vec![Cmp::Absent(own)];
                 cmps.extend(records.iter().map(|k| Cmp::Absent(k)));
                 let mut reads = vec![Op::Get(own)];
                 reads.extend(records.iter().map(|k| Op::Get(k)));
+                // The claim of the directory the file was opened through:
+                // compared and read last (`dir_claims`).
+                if let Some(claim) = claim {
+                    cmps.push(Cmp::Absent(claim));
+                    reads.push(Op::Get(claim));
+                }
                 // Not under the lease: see the module comment.
                 (cmps, [Op::Put(own, &me, 0)], reads)
             })
@@ -546,12 +605,20 @@ impl ClusterStore {
     /// nobody owns it.
     fn peek(&self, group: &[u8], key: &[u8]) -> Result<Found, StateError> {
         let own = key_of(OWN_PREFIX, group);
-        let (owner, record) = self
+        let claim = self.claim_to_compare();
+        let (owner, record, claimed) = self
             .peeks
-            .submit((own, key.to_vec()), |asked| self.peek_many(asked))?;
-        Ok(match owner {
-            Some(owner) => Found::OwnedBy(owner.value, owner.version),
-            None => Found::Shared(record),
+            .submit((own, key.to_vec(), claim.clone()), |asked| {
+                self.peek_many(asked)
+            })?;
+        Ok(match (owner, claimed, claim) {
+            (Some(owner), _, _) => Found::OwnedBy(owner.value, owner.version),
+            // The directory's claim covers a file without records (one of
+            // them read: one found is enough to say it has some).
+            (None, Some(holder), Some(claim)) if record.is_none() => {
+                Found::ClaimedBy(holder.value, holder.version, claim)
+            }
+            _ => Found::Shared(record),
         })
     }
 
@@ -562,20 +629,37 @@ impl ClusterStore {
     fn peek_many(&self, asked: &[Peek]) -> Answers<PeekAnswer> {
         let keys: Vec<&[u8]> = asked
             .iter()
-            .flat_map(|(own, key)| [own.as_slice(), key.as_slice()])
+            .flat_map(|(own, key, claim)| {
+                [Some(own.as_slice()), Some(key.as_slice()), claim.as_deref()]
+                    .into_iter()
+                    .flatten()
+            })
             .collect();
         let mut reads = self.etcd.get_many(&keys)?.into_iter();
-        // One pair per peek: `get_many` answers every key or fails (and
-        // `submit` fails a peek a short answer left out).
-        let pairs = std::iter::from_fn(|| Some((reads.next()?, reads.next()?)));
-        Ok(pairs
-            .map(|pair| match pair {
+        // Two reads per peek, three with a claim: `get_many` answers every
+        // key or fails (and `submit` fails a peek a short answer left out).
+        let mut answers = Vec::with_capacity(asked.len());
+        for (_, _, claim) in asked {
+            let (Some(owner), Some(record)) = (reads.next(), reads.next()) else {
+                break;
+            };
+            let claimed = match claim {
+                Some(_) => match reads.next() {
+                    Some(c) => Some(c),
+                    None => break,
+                },
+                None => None,
+            };
+            answers.push(match (owner, record, claimed) {
                 // Owned: the record is not what the lookup goes on (`peek`),
                 // so one that does not decode does not fail it.
-                (Ok(Some(owner)), _) => Ok((Some(owner), None)),
-                (owner, record) => Ok((owner?, record?)),
-            })
-            .collect())
+                (Ok(Some(owner)), _, _) => Ok((Some(owner), None, None)),
+                (owner, record, claimed) => {
+                    (|| Ok((owner?, record?, claimed.transpose()?.flatten())))()
+                }
+            });
+        }
+        Ok(answers)
     }
 
     /// A compare-and-set of a shared group's record in etcd, provided
@@ -598,13 +682,17 @@ impl ClusterStore {
             Some(v) => Op::Put(key, v, 0),
             None => Op::Delete(key),
         };
+        let mut cmps = vec![Cmp::Absent(&own), Cmp::Version(key, expected)];
+        // A record written where none was, by an open: not in a file its
+        // directory's claim covers (`dir_claims`). A claim found makes the
+        // group not shared, and the caller looks it up.
+        let claim = self.claim_to_compare().filter(|_| expected.is_none());
+        if let Some(claim) = &claim {
+            cmps.push(Cmp::Absent(claim));
+        }
         let reads = [Op::Get(&own), Op::Get(key)];
         let failure: &[Op<'_>] = if read { &reads } else { &[] };
-        let t = self.etcd.txn(
-            &[Cmp::Absent(&own), Cmp::Version(key, expected)],
-            &[op],
-            failure,
-        )?;
+        let t = self.etcd.txn(&cmps, &[op], failure)?;
         if t.succeeded {
             return Ok(SharedSet::Written(if value.is_some() {
                 t.revision
@@ -613,6 +701,8 @@ impl ClusterStore {
             }));
         }
         match t.reads.as_slice() {
+            // Lost to a claim: the record is absent, as `expected` said.
+            [None, None] if claim.is_some() && expected.is_none() => Ok(SharedSet::NotShared),
             [None, now] => Ok(SharedSet::Lost(now.clone())),
             _ => Ok(SharedSet::NotShared),
         }
@@ -650,6 +740,7 @@ impl ClusterStore {
                 records,
                 empty_since,
                 taken: Instant::now(),
+                under: None,
             },
         );
         crate::metrics_names::file_taken();
@@ -694,7 +785,7 @@ impl ClusterStore {
         watch: bool,
     ) -> Result<bool, StateError> {
         crate::metrics_names::handover_asked();
-        let own = key_of(OWN_PREFIX, group);
+        let own = record_of(group);
         let me = self.me();
         if owner == &*me {
             // Named as owner by etcd but not in memory: a hand-back whose
@@ -833,7 +924,7 @@ impl ClusterStore {
         }
         // Dead for good (the module comment): only the ownership record
         // must still be the one read, so that a later owner's is kept.
-        let own = key_of(OWN_PREFIX, group);
+        let own = record_of(group);
         let request = release_key(owner, group);
         let t = self.etcd.txn(
             &[Cmp::Version(&own, Some(since))],
@@ -934,6 +1025,14 @@ impl ClusterStore {
     /// thread, which may be waiting for this one's (each node handing
     /// requests over one at a time).
     fn release_or_defer(&self, group: &[u8], wait_for_lookup: bool) -> Result<bool, StateError> {
+        if let Some(dir) = group.strip_prefix(CLAIM_PREFIX) {
+            return self.let_go_claim(dir, true).map(|()| true);
+        }
+        // Held under a claim: owned first, then handed back as any owned
+        // file (its `own/` record is what the write-back ends).
+        if self.held_under_claim(group) {
+            self.own_from_claim(&[group.to_vec()])?;
+        }
         let request = release_key(&self.me(), group);
         if self.is_unsettled(group) {
             // Its hand-back is being tried again; the request goes with it.
@@ -1138,9 +1237,20 @@ impl ClusterStore {
     /// ownership records only for files in use.
     pub fn sweep(&self, idle: Duration) -> usize {
         self.settle();
+        self.let_go_idle_claims(dir_claims::CLAIM_IDLE.max(idle));
         let now = Instant::now();
         let idle_groups: Vec<Vec<u8>> = {
             let mut g = self.lock();
+            // Files made under a claim that stands and idle since: dropped
+            // from memory, nothing to give back (the claim covers them).
+            g.retain(|_, v| {
+                !matches!(v, Group::Owned {
+                    records,
+                    empty_since: Some(t),
+                    under: Some(_),
+                    ..
+                } if records.is_empty() && now.duration_since(*t) >= idle)
+            });
             let picked: Vec<Vec<u8>> = g
                 .iter()
                 .filter_map(|(k, v)| match v {
@@ -1213,6 +1323,7 @@ impl ClusterStore {
     /// nothing is decided here until `rejoined` and a new proof.
     pub fn forget_all(&self) {
         self.proven_until.store(0, Ordering::SeqCst);
+        self.forget_claims();
         // Unsettled write-backs go too: the ownership they were about
         // ended with the incarnation, whose record was on the lease.
         let unsettled: Vec<Vec<u8>> = self.unsettled_lock().drain().map(|(k, _)| k).collect();
@@ -1455,6 +1566,12 @@ impl ClusterStore {
                                 return Ok(elsewhere);
                             }
                         }
+                        Found::ClaimedBy(holder, since, claim)
+                            if *holder != *self.me()
+                                && !self.meet_claim(&holder, since, &claim, false, false)? =>
+                        {
+                            return Ok(InPlace::HeldElsewhere);
+                        }
                         Found::Shared(Some(v)) if !(self.claimable)(key, &v.value) => {
                             return Ok(InPlace::Record(Some(v)));
                         }
@@ -1477,6 +1594,13 @@ impl ClusterStore {
                         }
                         lost = false;
                     }
+                    Found::ClaimedBy(holder, since, claim) => {
+                        lost = !self.meet_claim(&holder, since, &claim, ask, asked)?;
+                        if !ask && lost {
+                            return Ok(InPlace::HeldElsewhere);
+                        }
+                        asked |= ask;
+                    }
                 }
             } else {
                 match self.peek(group, key)? {
@@ -1496,6 +1620,13 @@ impl ClusterStore {
                         }
                         lost = false;
                     }
+                    Found::ClaimedBy(holder, since, claim) => {
+                        lost = !self.meet_claim(&holder, since, &claim, ask, asked)?;
+                        if !ask && lost {
+                            return Ok(InPlace::HeldElsewhere);
+                        }
+                        asked |= ask;
+                    }
                     Found::Taken | Found::Retry => {}
                 }
             }
@@ -1507,6 +1638,21 @@ impl ClusterStore {
 }
 
 impl StateStore for ClusterStore {
+    fn before_making(&self, dir: &[u8]) -> Option<u64> {
+        ClusterStore::before_making(self, dir)
+    }
+
+    fn made(&self, file: &[u8], dir: &[u8], token: u64) -> bool {
+        ClusterStore::made(self, file, dir, token)
+    }
+
+    fn naming_elsewhere(&self, file: &[u8]) -> Result<(), StateError> {
+        if self.held_under_claim(file) {
+            self.own_from_claim(&[file.to_vec()])?;
+        }
+        Ok(())
+    }
+
     fn lease_proven(&self) -> bool {
         self.fenced().is_ok()
     }
@@ -2087,6 +2233,106 @@ mod tests {
         }
     }
 
+    /// The group of a directory the tests' file is made in.
+    const D: &[u8] = b"a-directory-of-new-files";
+
+    /// A node that makes files in a directory claims it at the second
+    /// file, and holds what it makes there from memory: no `own/` record,
+    /// no request. Another node that opens such a file through the
+    /// directory meets the claim (an attribute open finds the file held
+    /// elsewhere) and asks for it; the holder writes the file's ownership
+    /// and lets the claim go, then hands the file over as any file it
+    /// owns, its record with it.
+    #[test]
+    fn a_file_made_under_a_directory_claim_is_held_until_another_node_asks() {
+        let cluster = Cluster::start("claims");
+        let one = Node::start(&cluster.urls, "1", &[]);
+        let two = Node::start(&cluster.urls, "2", &[]);
+        let claim = key_of(CLAIM_PREFIX, D);
+        assert_eq!(one.store.before_making(D), None, "one file is taken alone");
+        let token = one
+            .store
+            .before_making(D)
+            .expect("claimed at the second file");
+        assert_eq!(one.etcd.get(&claim).unwrap().unwrap().value, b"1");
+        assert!(one.store.made(G, D, token));
+        let _through = opening_in(D.to_vec());
+        assert_eq!(one.calls_of(|| one.add("1a")), 0);
+        assert!(one.etcd.get(&key_of(OWN_PREFIX, G)).unwrap().is_none());
+        assert!(matches!(
+            two.store.read_in_place(&file_key()).unwrap(),
+            InPlace::HeldElsewhere
+        ));
+        two.add("2a");
+        assert_eq!(two.read(), "1a,2a");
+        assert!(one.etcd.get(&claim).unwrap().is_none(), "the claim let go");
+        // Not claimed again at once, where another node made it let go.
+        assert_eq!(one.store.before_making(D), None);
+        assert_eq!(one.store.before_making(D), None);
+    }
+
+    /// A node that makes files in a directory another node claims tries to
+    /// claim it once, not at every other file, and takes the files it
+    /// made comparing no claim: the claim stands.
+    #[test]
+    fn a_node_making_files_where_another_claims_leaves_the_claim_be() {
+        let cluster = Cluster::start("claimed-elsewhere");
+        let one = Node::start(&cluster.urls, "1", &[]);
+        let two = Node::start(&cluster.urls, "2", &[]);
+        let claim = key_of(CLAIM_PREFIX, D);
+        assert_eq!(one.store.before_making(D), None);
+        assert!(one.store.before_making(D).is_some());
+        assert_eq!(two.store.before_making(D), None);
+        assert_eq!(two.store.before_making(D), None, "tried, and lost");
+        let again = two.calls_of(|| assert_eq!(two.store.before_making(D), None));
+        assert_eq!(again, 0, "not tried again at once");
+        let _through = opening_in(D.to_vec());
+        {
+            let _made = made_here();
+            two.add("2a");
+        }
+        assert!(two.store.owns(G));
+        assert_eq!(one.etcd.get(&claim).unwrap().unwrap().value, b"1");
+    }
+
+    /// A file made under a claim and renamed into another directory is
+    /// owned first: a node that opens it through its new directory, which
+    /// no claim covers, finds its ownership and asks for it.
+    #[test]
+    fn a_file_made_under_a_claim_is_owned_before_it_moves_elsewhere() {
+        let cluster = Cluster::start("claim-rename");
+        let one = Node::start(&cluster.urls, "1", &[]);
+        let two = Node::start(&cluster.urls, "2", &[]);
+        assert_eq!(one.store.before_making(D), None);
+        let token = one.store.before_making(D).unwrap();
+        assert!(one.store.made(G, D, token));
+        {
+            let _through = opening_in(D.to_vec());
+            one.add("1a");
+        }
+        one.store.naming_elsewhere(G).unwrap();
+        let own = one.etcd.get(&key_of(OWN_PREFIX, G)).unwrap().unwrap();
+        assert_eq!(own.value, b"1");
+        let _through = opening_in(b"another-directory-of-all".to_vec());
+        two.add("2a");
+        assert_eq!(two.read(), "1a,2a");
+    }
+
+    /// A claim whose holder is gone is dead: a node that meets it deletes
+    /// it and takes the file at once.
+    #[test]
+    fn a_dead_nodes_directory_claim_is_cleared_by_the_next_take() {
+        let cluster = Cluster::start("dead-claim");
+        let two = Node::start(&cluster.urls, "2", &[]);
+        let claim = key_of(CLAIM_PREFIX, D);
+        two.etcd.txn(&[], &[Op::Put(&claim, b"9", 0)], &[]).unwrap();
+        let _through = opening_in(D.to_vec());
+        two.add("2a");
+        assert!(two.store.owns(G));
+        assert!(two.etcd.get(&claim).unwrap().is_none());
+        assert_eq!(two.read(), "2a");
+    }
+
     /// A record naming both nodes' entries: shared in etcd, owned by none.
     fn shared_by(one: &Node, two: &Node) {
         one.add("1a");
@@ -2653,7 +2899,7 @@ mod tests {
         let calls = on_this_thread();
         let out: Vec<TxnOutcome> = one
             .store
-            .take_new(&groups)
+            .take_new(&groups.iter().map(|g| (g.clone(), None)).collect::<Vec<_>>())
             .unwrap()
             .into_iter()
             .map(|t| t.unwrap())

@@ -202,6 +202,25 @@ pub struct ShareModes {
 }
 
 impl ShareModes {
+    /// A regular file is about to be made in directory `dir`: a token
+    /// when, once made, it may be held with no question to anyone
+    /// (`StateStore::before_making`).
+    pub fn before_making(&self, dir: FileKey) -> Option<u64> {
+        self.store.before_making(&dir.record_key(&[]))
+    }
+
+    /// `file` is about to show under another directory
+    /// (`StateStore::naming_elsewhere`).
+    pub fn naming_elsewhere(&self, file: FileKey) -> Result<(), SharingError> {
+        Ok(self.store.naming_elsewhere(&file.record_key(&[]))?)
+    }
+
+    /// `file` was made in `dir` under `token` (`StateStore::made`).
+    pub fn made(&self, file: FileKey, dir: FileKey, token: u64) -> bool {
+        self.store
+            .made(&file.record_key(&[]), &dir.record_key(&[]), token)
+    }
+
     pub fn new(store: Arc<dyn StateStore>) -> Self {
         ShareModes {
             store,

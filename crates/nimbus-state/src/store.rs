@@ -108,6 +108,33 @@ pub trait StateStore: Send + Sync {
     /// Every record whose key starts with `prefix`, in key order.
     fn scan_prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Versioned)>, StateError>;
 
+    /// A regular file is about to be made (`O_EXCL`) in the directory of
+    /// group `dir` (`FileKey::record_key(&[])`): a token when the file,
+    /// once made, may be held without asking anyone (`made`). A cluster
+    /// node's store claims the directory for it (docs/SCALING.md, "New
+    /// files"); a store of one node decides every file alone anyway.
+    fn before_making(&self, dir: &[u8]) -> Option<u64> {
+        let _ = dir;
+        None
+    }
+
+    /// The file of group `file` is about to show under another directory
+    /// (a rename): a store that holds it under the claim of the directory
+    /// it was made in owns it first, as the claim covers that directory
+    /// alone.
+    fn naming_elsewhere(&self, file: &[u8]) -> Result<(), StateError> {
+        let _ = file;
+        Ok(())
+    }
+
+    /// The file of group `file` was made in `dir` after `before_making`
+    /// gave `token`: true when it is held from here on with no further
+    /// question, false when its first update asks as any file's does.
+    fn made(&self, file: &[u8], dir: &[u8], token: u64) -> bool {
+        let _ = (file, dir, token);
+        false
+    }
+
     /// `compare_and_set_with`, answering a write that did not happen with
     /// the record as it is now (what the caller reads next anyway): a
     /// store whose writes are round trips reads it in the same one.

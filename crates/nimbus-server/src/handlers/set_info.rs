@@ -441,6 +441,15 @@ fn rename(
             crate::persist::renaming(ctx.server, &o, &from, &to);
         }
     }
+    // A file made under a claim on its directory (docs/SCALING.md, "New
+    // files") is owned before it shows under a directory the claim does
+    // not cover.
+    if parent(&from) != parent(&to) {
+        ctx.server
+            .share_modes
+            .naming_elsewhere(open.file_key)
+            .map_err(|e| sharing_status(&e))?;
+    }
     // Rename the open file, not whatever its old name reaches by now.
     let identity = Identity::new(open.file_key.dev, open.file_key.ino, open.file_key.gen);
     let _own = ctx.server.notify.own_change(&open.share, &[&from, &to]);

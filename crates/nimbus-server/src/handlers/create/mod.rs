@@ -112,6 +112,7 @@ fn open_or_create(
         fs,
     };
     let create = request::read(ctx, req, on, durable, replay_key)?;
+    let _through = crate::directory_scope::through(create.directory);
     let found = found::look(ctx, &create)?;
     // Copied out of `ctx`, so that what `contend` keeps borrows the server
     // and not the request's context.

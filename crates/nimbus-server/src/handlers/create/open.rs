@@ -97,6 +97,15 @@ pub fn open(ctx: &Ctx<'_>, c: &Create<'_>, f: &Found, a: &Admitted<'_>) -> Resul
     let own = (mode != CreateMode::OpenExisting)
         .then(|| ctx.server.notify.own_change(share, &[path]))
         .flatten();
+    // A regular file made here may be held with no take, under a claim
+    // on its directory (`crate::directory_scope`); asked before the file
+    // exists, as the claim must stand by then.
+    let making = match c.directory {
+        Some(dir) if creating && !is_dir && stream_name.is_none() && registered.is_none() => {
+            ctx.server.share_modes.before_making(dir).map(|t| (dir, t))
+        }
+        _ => None,
+    };
     let opened = match (&base, &stream_name) {
         (Some(b), Some(name)) => match &b.streams {
             Some(streams) => streams.open(name, &opts),
@@ -126,6 +135,11 @@ pub fn open(ctx: &Ctx<'_>, c: &Create<'_>, f: &Found, a: &Admitted<'_>) -> Resul
         ino: st.ino,
         gen: st.gen,
     };
+    if let (Some((dir, token)), true) = (making, created) {
+        ctx.server.share_modes.made(key, dir, token);
+    }
+    // Made here: no other node's claim covers it (`nimbus_state::made_here`).
+    let _made_here = created.then(nimbus_state::made_here);
     if registered.is_none() && recorded {
         ctx.server
             .share_modes

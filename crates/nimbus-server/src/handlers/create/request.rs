@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use nimbus_state::caching::{LeaseId, Want};
+use nimbus_state::FileKey;
 use nimbus_vfs::names::{to_vfs_path_and_stream, Stream};
 use nimbus_vfs::LocalFs;
 use nimbus_wire::create::{
@@ -62,6 +63,9 @@ pub struct Create<'a> {
     /// The file's share-relative path, in the case it has on disk.
     pub path: String,
     pub stream: Stream,
+    /// The directory the path resolves through, on a cluster node
+    /// (`crate::directory_scope`).
+    pub directory: Option<FileKey>,
 }
 
 /// Reads `req` (neither a reconnect nor a replay), refusing what no
@@ -154,6 +158,7 @@ pub fn read<'a>(
         aapl_reply,
         given_sd,
         want,
+        directory: crate::directory_scope::directory_of(ctx.server, on.fs, &path),
         path,
         stream,
     })

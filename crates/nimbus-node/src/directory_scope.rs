@@ -1,0 +1,28 @@
+//! The directory an open resolves its file's name through, for a cluster
+//! node's lookups of that file (docs/SCALING.md, "New files"): a file
+//! another node made under a claim on the directory has no `own/` record,
+//! only the claim, so every lookup made while the file is opened compares
+//! the claim of the directory the name came through. The store's calls
+//! take keys only; the directory reaches them as a scope on the thread
+//! (`nimbus_state::opening_in`).
+
+use nimbus_state::{FileKey, OpeningIn};
+use nimbus_vfs::names::parent;
+use nimbus_vfs::LocalFs;
+
+use crate::server::Server;
+
+/// The key of the directory `path` (share-relative, as on disk) is in, on
+/// a cluster node; None on a node alone, or when it cannot be read (the
+/// open then fails on the name anyway).
+pub fn directory_of(server: &Server, fs: &LocalFs, path: &str) -> Option<FileKey> {
+    server.cluster.as_ref()?;
+    let st = fs.stat(parent(path)).ok()?;
+    st.is_dir.then(|| FileKey::new(st.dev, st.ino, st.gen))
+}
+
+/// The lookups of this thread are of a file opened through `dir` while
+/// the scope lives.
+pub fn through(dir: Option<FileKey>) -> Option<OpeningIn> {
+    dir.map(|d| nimbus_state::opening_in(d.record_key(&[])))
+}
