@@ -180,6 +180,10 @@ pub struct ClusterStore {
     /// on when the second one hears.
     #[cfg(test)]
     decision_gate: crate::test_gate::TestGate,
+    /// Test hook: the next claim of a directory, once written and before
+    /// this node holds it, says so and waits to be let go.
+    #[cfg(test)]
+    claim_gate: crate::test_gate::TestGate,
     /// Test hook: a wait for a hand-over that watches never reads the
     /// record or the owner's incarnation, so only the watch can end it
     /// before the hand-over timeout.
@@ -380,6 +384,8 @@ impl ClusterStore {
             lose_lease_before_adopting: std::sync::atomic::AtomicBool::new(false),
             #[cfg(test)]
             decision_gate: Default::default(),
+            #[cfg(test)]
+            claim_gate: Default::default(),
             #[cfg(test)]
             watch_alone: Default::default(),
         }
@@ -1026,7 +1032,7 @@ impl ClusterStore {
     /// requests over one at a time).
     fn release_or_defer(&self, group: &[u8], wait_for_lookup: bool) -> Result<bool, StateError> {
         if let Some(dir) = group.strip_prefix(CLAIM_PREFIX) {
-            return self.let_go_claim(dir, true).map(|()| true);
+            return self.let_go_claim(dir, true);
         }
         // Held under a claim: owned first, then handed back as any owned
         // file (its `own/` record is what the write-back ends).
@@ -1323,7 +1329,6 @@ impl ClusterStore {
     /// nothing is decided here until `rejoined` and a new proof.
     pub fn forget_all(&self) {
         self.proven_until.store(0, Ordering::SeqCst);
-        self.forget_claims();
         // Unsettled write-backs go too: the ownership they were about
         // ended with the incarnation, whose record was on the lease.
         let unsettled: Vec<Vec<u8>> = self.unsettled_lock().drain().map(|(k, _)| k).collect();
@@ -1338,6 +1343,9 @@ impl ClusterStore {
         }
         let forgotten = held - g.len();
         drop(g);
+        // After the count of lease changes: a claim written before it and
+        // held after this would be under the incarnation that ended.
+        self.forget_claims();
         self.turns.lock().unwrap_or_else(|p| p.into_inner()).clear();
         self.changed.notify_all();
         if forgotten > 0 {
@@ -2316,6 +2324,46 @@ mod tests {
         let _through = opening_in(b"another-directory-of-all".to_vec());
         two.add("2a");
         assert_eq!(two.read(), "1a,2a");
+    }
+
+    /// Two files made at once in one directory: while the first's claim
+    /// is written and not yet held, the second neither writes another
+    /// (which would fail, find this node's claim not held and delete it
+    /// as a leftover) nor holds the file from memory. Once held, the claim
+    /// stands in etcd and covers what is made under it.
+    #[test]
+    fn a_claim_being_written_is_not_written_again_nor_taken_for_a_leftover() {
+        let cluster = Cluster::start("claim-race");
+        let one = Node::start(&cluster.urls, "1", &[]);
+        let claim = key_of(CLAIM_PREFIX, D);
+        assert_eq!(one.store.before_making(D), None);
+        let held = one.store.claim_gate.arm();
+        let first = {
+            let store = one.store.clone();
+            std::thread::spawn(move || store.before_making(D))
+        };
+        held.reached(Duration::from_secs(10));
+        assert_eq!(one.etcd.get(&claim).unwrap().unwrap().value, b"1");
+        // Two more files: enough to claim, were the write out not known.
+        for _ in 0..2 {
+            assert_eq!(
+                one.store.before_making(D),
+                None,
+                "the claim is being written"
+            );
+        }
+        assert_eq!(
+            one.etcd.get(&claim).unwrap().map(|v| v.value),
+            Some(b"1".to_vec()),
+            "the claim being written stands"
+        );
+        held.release();
+        let token = first
+            .join()
+            .unwrap()
+            .expect("the first write holds the claim");
+        assert!(one.store.made(G, D, token));
+        assert_eq!(one.etcd.get(&claim).unwrap().unwrap().value, b"1");
     }
 
     /// A claim whose holder is gone is dead: a node that meets it deletes

@@ -83,7 +83,11 @@ pub fn convert(
     if st.is_dir || st.is_symlink {
         return false;
     }
-    // A client has it open (perhaps still writing it): not now.
+    // A client has it open (perhaps still writing it): not now. Looked up
+    // as an open of the name would, through its directory's claim.
+    let _through = crate::directory_scope::through(crate::directory_scope::directory_of(
+        server, fs, &companion,
+    ));
     let key = nimbus_state::FileKey {
         dev: st.dev,
         ino: st.ino,

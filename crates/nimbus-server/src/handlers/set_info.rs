@@ -408,7 +408,11 @@ fn rename(
             if target.is_dir {
                 return Err(NtStatus::ACCESS_DENIED);
             }
-            // A file someone holds open cannot be replaced.
+            // A file someone holds open cannot be replaced: looked up as
+            // an open of the name would, through its directory's claim.
+            let _through = crate::directory_scope::through(crate::directory_scope::directory_of(
+                ctx.server, fs, &to,
+            ));
             if held_open(ctx, &target)? {
                 return Err(NtStatus::ACCESS_DENIED);
             }

@@ -102,11 +102,23 @@ pub(super) struct Claims {
     /// Claims being let go: this node's lookups compare them no more (it
     /// knows what it holds), nor mend them as lost answers.
     letting_go: HashSet<Vec<u8>>,
+    /// Claims being written: one at a time per directory; this node's
+    /// lookups neither compare them nor take them for leftovers, and a
+    /// request to let one go waits until it is held.
+    claiming: HashSet<Vec<u8>>,
     /// Files made lately in directories not claimed: how many, since when.
     counted: HashMap<Vec<u8>, (u32, Instant)>,
     /// Directories let go on request, not claimed again until then.
     not_before: HashMap<Vec<u8>, Instant>,
     next_token: u64,
+}
+
+impl Claims {
+    /// Whether this node holds, writes or lets go the claim on `dir`: its
+    /// own lookups then know what it holds without comparing the claim.
+    fn knows(&self, dir: &[u8]) -> bool {
+        self.held.contains_key(dir) || self.claiming.contains(dir) || self.letting_go.contains(dir)
+    }
 }
 
 impl ClusterStore {
@@ -118,9 +130,7 @@ impl ClusterStore {
     /// directory its open came through, unless this node claims it.
     pub(super) fn claim_to_compare(&self) -> Option<Vec<u8>> {
         let dir = opened_through()?;
-        let c = self.claims();
-        (!c.held.contains_key(&dir) && !c.letting_go.contains(&dir))
-            .then(|| key_of(CLAIM_PREFIX, &dir))
+        (!self.claims().knows(&dir)).then(|| key_of(CLAIM_PREFIX, &dir))
     }
 
     /// A regular file is about to be made (`O_EXCL`) in directory `dir`: a
@@ -138,7 +148,10 @@ impl ClusterStore {
                 *last = now;
                 return Some(*token);
             }
-            if c.letting_go.contains(dir) || c.not_before.get(dir).is_some_and(|t| now < *t) {
+            if c.letting_go.contains(dir)
+                || c.claiming.contains(dir)
+                || c.not_before.get(dir).is_some_and(|t| now < *t)
+            {
                 return None;
             }
             c.not_before.retain(|_, t| now < *t);
@@ -158,20 +171,26 @@ impl ClusterStore {
                 return None;
             }
             c.counted.remove(dir);
+            c.claiming.insert(dir.to_vec());
         }
         let claim = key_of(CLAIM_PREFIX, dir);
         let me = self.me();
         // Not under the lease, as `own/` records are not (the module
         // comment of `cluster_store`): the incarnation record is.
-        let t = self
-            .etcd
-            .txn(
-                &[Cmp::Absent(&claim)],
-                &[Op::Put(&claim, &me, 0)],
-                &[Op::Get(&claim)],
-            )
-            .ok()?;
+        let written = self.etcd.txn(
+            &[Cmp::Absent(&claim)],
+            &[Op::Put(&claim, &me, 0)],
+            &[Op::Get(&claim)],
+        );
+        #[cfg(test)]
+        self.claim_gate.pass();
+        let mut c = self.claims();
+        c.claiming.remove(dir);
+        // An error leaves the claim perhaps written and not held: a
+        // leftover, which whoever meets it deletes (`meet_claim`).
+        let t = written.ok()?;
         if !t.succeeded {
+            drop(c);
             // A dead node's claim (or this node's own, left over) goes
             // now; a live node's stands, and is not tried again at every
             // other file made here.
@@ -183,7 +202,6 @@ impl ClusterStore {
                 .insert(dir.to_vec(), Instant::now() + NOT_AGAIN_FOR);
             return None;
         }
-        let mut c = self.claims();
         // A claim written across a change of lease names the incarnation
         // that ended: dead, and not held (as `adopt` does for a take).
         if self.lease_changes.load(Ordering::SeqCst) != changes {
@@ -232,10 +250,14 @@ impl ClusterStore {
     /// and the request are deleted. An error leaves the claim standing
     /// and the caller tries again; files already given `own/` records
     /// are held as any owned file.
-    pub(super) fn let_go_claim(&self, dir: &[u8], asked: bool) -> Result<(), StateError> {
+    pub(super) fn let_go_claim(&self, dir: &[u8], asked: bool) -> Result<bool, StateError> {
         self.fenced()?;
         {
             let mut c = self.claims();
+            // Asked for while its write is out: answered once it is held.
+            if c.claiming.contains(dir) {
+                return Ok(false);
+            }
             c.held.remove(dir);
             c.letting_go.insert(dir.to_vec());
             if asked {
@@ -243,11 +265,9 @@ impl ClusterStore {
                     .insert(dir.to_vec(), Instant::now() + NOT_AGAIN_FOR);
             }
         }
-        let r = self.hand_files_of_claim_over(dir);
-        if r.is_ok() {
-            self.claims().letting_go.remove(dir);
-        }
-        r
+        self.hand_files_of_claim_over(dir)?;
+        self.claims().letting_go.remove(dir);
+        Ok(true)
     }
 
     fn hand_files_of_claim_over(&self, dir: &[u8]) -> Result<(), StateError> {
@@ -335,17 +355,20 @@ impl ClusterStore {
     /// Lets go of the claims under which no file was made for `idle`; how
     /// many.
     pub(super) fn let_go_idle_claims(&self, idle: Duration) -> usize {
-        let idle_dirs: Vec<Vec<u8>> = self
-            .claims()
-            .held
-            .iter()
-            .filter(|(_, (_, last))| last.elapsed() >= idle)
-            .map(|(d, _)| d.clone())
-            .collect();
+        // And those whose letting go failed, tried again.
+        let idle_dirs: Vec<Vec<u8>> = {
+            let c = self.claims();
+            c.held
+                .iter()
+                .filter(|(_, (_, last))| last.elapsed() >= idle)
+                .map(|(d, _)| d.clone())
+                .chain(c.letting_go.iter().cloned())
+                .collect()
+        };
         idle_dirs
             .iter()
             .filter(|d| match self.let_go_claim(d, false) {
-                Ok(()) => true,
+                Ok(handled) => handled,
                 Err(e) => {
                     tracing::warn!("cluster: letting an idle directory claim go: {e}");
                     false
@@ -368,6 +391,12 @@ impl ClusterStore {
         asked_before: bool,
     ) -> Result<bool, StateError> {
         if holder == &*self.me() {
+            // This node's own, held, being written or let go: its lookups
+            // look again, comparing it no more (`claim_to_compare`).
+            let dir = claim.strip_prefix(CLAIM_PREFIX).unwrap_or(claim);
+            if self.claims().knows(dir) {
+                return Ok(true);
+            }
             // Written by this node and not held (its answer lost, or the
             // node forgot it with a lease): nothing stands on it.
             let request = release_key(holder, claim);
@@ -391,5 +420,7 @@ impl ClusterStore {
         c.held.clear();
         c.letting_go.clear();
         c.counted.clear();
+        // A write still out finds the lease change counted and does not
+        // hold what it wrote (`before_making`).
     }
 }

@@ -135,7 +135,9 @@ pub fn open(ctx: &Ctx<'_>, c: &Create<'_>, f: &Found, a: &Admitted<'_>) -> Resul
         ino: st.ino,
         gen: st.gen,
     };
-    if let (Some((dir, token)), true) = (making, created) {
+    // Only a file whose generation is known: a reused inode with none
+    // would key another node's file (docs/SCALING.md, "Inode reuse").
+    if let (Some((dir, token)), true) = (making, created && key.gen != 0) {
         ctx.server.share_modes.made(key, dir, token);
     }
     // Made here: no other node's claim covers it (`nimbus_state::made_here`).
