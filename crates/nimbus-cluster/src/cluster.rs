@@ -64,9 +64,11 @@ const INCARNATION_COUNTER: &[u8] = b"incarnation-counter";
 /// the transaction that registers it: what a running node writes, not
 /// what some node once wrote (a cluster key would outlive a rollback).
 const LAYOUTS_PREFIX: &[u8] = b"layouts/";
-/// Files keyed by device, inode and generation (2026-12-05). Releases
-/// before it wrote no layout and keyed files by device and inode.
-const LAYOUT: &[u8] = b"file-key-with-generation";
+/// Files keyed by device, inode and generation, and held under directory
+/// claims (`newin/`), which a take compares (2026-12-05). Releases before
+/// wrote "file-key-with-generation" (no claims: they would take a file
+/// held under one), or no layout (files keyed by device and inode).
+const LAYOUT: &[u8] = b"file-key-with-generation;directory-claims";
 
 /// Key prefix of the messages between nodes: `msg/<node>/...`.
 pub const MSG_PREFIX: &[u8] = b"msg/";

@@ -132,6 +132,8 @@ pub struct ClusterStore {
     /// Directories this node claims (`dir_claims`). Taken before `groups`
     /// when both are.
     claims: Mutex<dir_claims::Claims>,
+    /// Signalled when a claim's write or letting go ends.
+    claims_changed: Condvar,
     changed: Condvar,
     next_version: AtomicU64,
     /// How long to wait for another node to hand a group over before the
@@ -368,6 +370,7 @@ impl ClusterStore {
             claimable,
             groups: Mutex::new(HashMap::new()),
             claims: Mutex::new(dir_claims::Claims::default()),
+            claims_changed: Condvar::new(),
             changed: Condvar::new(),
             next_version: AtomicU64::new(1),
             handover_timeout,
@@ -696,9 +699,37 @@ impl ClusterStore {
         if let Some(claim) = &claim {
             cmps.push(Cmp::Absent(claim));
         }
-        let reads = [Op::Get(&own), Op::Get(key)];
-        let failure: &[Op<'_>] = if read { &reads } else { &[] };
-        let t = self.etcd.txn(&cmps, &[op], failure)?;
+        // With a claim compared, the group's other records are read too:
+        // a file with records is no claim's, whatever its directory's.
+        let others: Vec<Vec<u8>> = match claim {
+            Some(_) => self
+                .clustered
+                .iter()
+                .map(|p| key_of(p, group))
+                .filter(|k| k[..] != *key)
+                .collect(),
+            None => Vec::new(),
+        };
+        let mut reads = vec![Op::Get(&own), Op::Get(key)];
+        reads.extend(others.iter().map(|k| Op::Get(k)));
+        let failure: &[Op<'_>] = if read || claim.is_some() { &reads } else { &[] };
+        let mut t = self.etcd.txn(&cmps, std::slice::from_ref(&op), failure)?;
+        if let (false, Some(_), [None, None, rest @ ..]) = (t.succeeded, &claim, t.reads.as_slice())
+        {
+            // Lost to the claim: written after all when the file has other
+            // records, compared unchanged in place of the claim.
+            let present: Vec<(&Vec<u8>, u64)> = others
+                .iter()
+                .zip(rest)
+                .filter_map(|(k, r)| Some((k, r.as_ref()?.version)))
+                .collect();
+            if present.is_empty() {
+                return Ok(SharedSet::NotShared);
+            }
+            let mut cmps = vec![Cmp::Absent(&own), Cmp::Version(key, None)];
+            cmps.extend(present.iter().map(|(k, v)| Cmp::Version(k, Some(*v))));
+            t = self.etcd.txn(&cmps, &[op], &reads[..2])?;
+        }
         if t.succeeded {
             return Ok(SharedSet::Written(if value.is_some() {
                 t.revision
@@ -706,10 +737,8 @@ impl ClusterStore {
                 0
             }));
         }
-        match t.reads.as_slice() {
-            // Lost to a claim: the record is absent, as `expected` said.
-            [None, None] if claim.is_some() && expected.is_none() => Ok(SharedSet::NotShared),
-            [None, now] => Ok(SharedSet::Lost(now.clone())),
+        match t.reads.get(..2) {
+            Some([None, now]) if read => Ok(SharedSet::Lost(now.clone())),
             _ => Ok(SharedSet::NotShared),
         }
     }
@@ -953,27 +982,35 @@ impl ClusterStore {
     /// etcd from holding them for files nobody opens again. How many it
     /// deleted.
     pub fn clear_gone_owners(&self) -> Result<usize, StateError> {
+        // Directory claims too: they end as ownerships do (`dir_claims`).
         let mut cleared = 0;
-        let mut start = OWN_PREFIX.to_vec();
-        loop {
-            // A record that fails its tag is left alone (and logged): a
-            // forged one must not stop the pass.
-            let (page, _forged, more) =
-                self.etcd
-                    .scan_page_skipping_forged(OWN_PREFIX, &start, GONE_OWNERS_PAGE)?;
-            if let Some((last, _)) = page.last() {
-                start = last.clone();
-                start.push(0);
-            }
-            cleared += self.clear_dead_of(page)?;
-            if !more {
-                return Ok(cleared);
+        for prefix in [OWN_PREFIX, CLAIM_PREFIX] {
+            let mut start = prefix.to_vec();
+            loop {
+                // A record that fails its tag is left alone (and logged): a
+                // forged one must not stop the pass.
+                let (page, _forged, more) =
+                    self.etcd
+                        .scan_page_skipping_forged(prefix, &start, GONE_OWNERS_PAGE)?;
+                if let Some((last, _)) = page.last() {
+                    start = last.clone();
+                    start.push(0);
+                }
+                cleared += self.clear_dead_of(prefix, page)?;
+                if !more {
+                    break;
+                }
             }
         }
+        Ok(cleared)
     }
 
     /// `clear_gone_owners` of one page of ownership records.
-    fn clear_dead_of(&self, owned: Vec<(Vec<u8>, Versioned)>) -> Result<usize, StateError> {
+    fn clear_dead_of(
+        &self,
+        prefix: &[u8],
+        owned: Vec<(Vec<u8>, Versioned)>,
+    ) -> Result<usize, StateError> {
         // Ownerships first, then incarnations: an incarnation record
         // absent or younger than an ownership read before it ends that
         // ownership for good, whatever happens after.
@@ -983,10 +1020,19 @@ impl ClusterStore {
             .into_iter()
             .filter_map(|(k, c)| Some((k.strip_prefix(self.incarnations)?.to_vec(), c)))
             .collect();
+        // What a request to the owner names: the file's group, or the
+        // claim's whole key (`record_of`).
+        let subject = |key: &[u8]| -> Option<Vec<u8>> {
+            key.strip_prefix(prefix)?;
+            Some(match prefix == CLAIM_PREFIX {
+                true => key.to_vec(),
+                false => key[prefix.len()..].to_vec(),
+            })
+        };
         let dead: Vec<(Vec<u8>, Vec<u8>, u64)> = owned
             .into_iter()
             .filter_map(|(key, v)| {
-                let group = key.strip_prefix(OWN_PREFIX)?.to_vec();
+                let group = subject(&key)?;
                 let alive = born.get(&v.value).is_some_and(|&b| b < v.version);
                 (!alive).then_some((group, v.value, v.version))
             })
@@ -995,9 +1041,7 @@ impl ClusterStore {
         for chunk in dead.chunks(MAX_TXNS_PER_REQUEST) {
             let keys: Vec<(Vec<u8>, Vec<u8>, u64)> = chunk
                 .iter()
-                .map(|(group, owner, since)| {
-                    (key_of(OWN_PREFIX, group), release_key(owner, group), *since)
-                })
+                .map(|(group, owner, since)| (record_of(group), release_key(owner, group), *since))
                 .collect();
             let parts: Vec<([Cmp<'_>; 1], [Op<'_>; 2])> = keys
                 .iter()
@@ -1574,12 +1618,6 @@ impl ClusterStore {
                                 return Ok(elsewhere);
                             }
                         }
-                        Found::ClaimedBy(holder, since, claim)
-                            if *holder != *self.me()
-                                && !self.meet_claim(&holder, since, &claim, false, false)? =>
-                        {
-                            return Ok(InPlace::HeldElsewhere);
-                        }
                         Found::Shared(Some(v)) if !(self.claimable)(key, &v.value) => {
                             return Ok(InPlace::Record(Some(v)));
                         }
@@ -1602,12 +1640,13 @@ impl ClusterStore {
                         }
                         lost = false;
                     }
+                    // Asked for even by a lookup that only reads: a file
+                    // held under a claim is found by no lookup that does
+                    // not know its directory (a later one of this open
+                    // would take it), one with an `own/` record by all.
                     Found::ClaimedBy(holder, since, claim) => {
-                        lost = !self.meet_claim(&holder, since, &claim, ask, asked)?;
-                        if !ask && lost {
-                            return Ok(InPlace::HeldElsewhere);
-                        }
-                        asked |= ask;
+                        lost = !self.meet_claim(&holder, since, &claim, true, asked)?;
+                        asked = true;
                     }
                 }
             } else {
@@ -1628,12 +1667,13 @@ impl ClusterStore {
                         }
                         lost = false;
                     }
+                    // Asked for even by a lookup that only reads: a file
+                    // held under a claim is found by no lookup that does
+                    // not know its directory (a later one of this open
+                    // would take it), one with an `own/` record by all.
                     Found::ClaimedBy(holder, since, claim) => {
-                        lost = !self.meet_claim(&holder, since, &claim, ask, asked)?;
-                        if !ask && lost {
-                            return Ok(InPlace::HeldElsewhere);
-                        }
-                        asked |= ask;
+                        lost = !self.meet_claim(&holder, since, &claim, true, asked)?;
+                        asked = true;
                     }
                     Found::Taken | Found::Retry => {}
                 }
@@ -2271,9 +2311,23 @@ mod tests {
             two.store.read_in_place(&file_key()).unwrap(),
             InPlace::HeldElsewhere
         ));
+        // The attribute open asked for the claim, so the file is owned
+        // now: a later lookup that does not know its directory (a query
+        // of the attribute open's handle) finds it held, and takes nothing.
+        assert!(one.etcd.get(&claim).unwrap().is_none(), "the claim let go");
+        assert_eq!(
+            one.etcd.get(&key_of(OWN_PREFIX, G)).unwrap().unwrap().value,
+            b"1"
+        );
+        {
+            let _unknown = made_here();
+            assert!(matches!(
+                two.store.read_in_place(&file_key()).unwrap(),
+                InPlace::HeldElsewhere
+            ));
+        }
         two.add("2a");
         assert_eq!(two.read(), "1a,2a");
-        assert!(one.etcd.get(&claim).unwrap().is_none(), "the claim let go");
         // Not claimed again at once, where another node made it let go.
         assert_eq!(one.store.before_making(D), None);
         assert_eq!(one.store.before_making(D), None);
@@ -2366,6 +2420,58 @@ mod tests {
         assert_eq!(one.etcd.get(&claim).unwrap().unwrap().value, b"1");
     }
 
+    /// A node whose own claim of a directory is being written (and will
+    /// fail: another node holds it) compares the directory's claim in its
+    /// takes meanwhile: it asks the holder, and does not take a file the
+    /// holder made there.
+    #[test]
+    fn a_node_writing_a_claim_still_compares_the_one_that_stands() {
+        let cluster = Cluster::start("claim-writing");
+        let one = Node::start(&cluster.urls, "1", &[]);
+        let two = Node::start(&cluster.urls, "2", &[]);
+        assert_eq!(two.store.before_making(D), None);
+        let token = two.store.before_making(D).unwrap();
+        assert!(two.store.made(G, D, token));
+        let _through = opening_in(D.to_vec());
+        two.add("2a");
+        assert_eq!(one.store.before_making(D), None);
+        let held = one.store.claim_gate.arm();
+        let claiming = {
+            let store = one.store.clone();
+            std::thread::spawn(move || store.before_making(D))
+        };
+        held.reached(Duration::from_secs(10));
+        one.add("1a");
+        assert_eq!(one.read(), "2a,1a", "the holder's record kept");
+        held.release();
+        assert_eq!(claiming.join().unwrap(), None);
+    }
+
+    /// A record written where none was, in a file that has others, in a
+    /// directory another node claims: no claim covers a file with records,
+    /// so it is written at once (not lost to the claim time after time).
+    #[test]
+    fn a_shared_files_new_record_is_written_in_a_claimed_directory() {
+        let cluster = Cluster::start("claim-shared");
+        let one = Node::start(&cluster.urls, "1", &[]);
+        let two = Node::start(&cluster.urls, "2", &[]);
+        shared_by(&one, &two);
+        assert_eq!(one.store.before_making(D), None);
+        assert!(one.store.before_making(D).is_some());
+        let _through = opening_in(D.to_vec());
+        let more = key_of(b"more/", G);
+        let calls = two.calls_of(|| {
+            crate::records::update::<Raw, _, StateError>(&*two.store, &more, |r| {
+                r.0 = b"2m".to_vec();
+                Ok(())
+            })
+            .unwrap()
+        });
+        assert!(calls <= 4, "{calls} etcd calls");
+        assert_eq!(two.read_more(), "2m");
+        assert_eq!(one.read(), "1a,2a");
+    }
+
     /// A claim whose holder is gone is dead: a node that meets it deletes
     /// it and takes the file at once.
     #[test]
@@ -2379,6 +2485,20 @@ mod tests {
         assert!(two.store.owns(G));
         assert!(two.etcd.get(&claim).unwrap().is_none());
         assert_eq!(two.read(), "2a");
+        // One nobody meets is cleared by the sweep of gone owners; a live
+        // node's stands.
+        let other = key_of(CLAIM_PREFIX, b"another-directory");
+        let live = key_of(CLAIM_PREFIX, b"a-live-one");
+        two.etcd
+            .txn(
+                &[],
+                &[Op::Put(&other, b"9", 0), Op::Put(&live, b"2", 0)],
+                &[],
+            )
+            .unwrap();
+        assert_eq!(two.store.clear_gone_owners().unwrap(), 1);
+        assert!(two.etcd.get(&other).unwrap().is_none());
+        assert!(two.etcd.get(&live).unwrap().is_some());
     }
 
     /// A record naming both nodes' entries: shared in etcd, owned by none.

@@ -96,15 +96,18 @@ pub(super) fn opened_through() -> Option<Vec<u8>> {
 /// What a node knows of its claims.
 #[derive(Default)]
 pub(super) struct Claims {
-    /// Directories this node claims: a token per claim, and when it last
-    /// made a file under it.
-    held: HashMap<Vec<u8>, (u64, Instant)>,
-    /// Claims being let go: this node's lookups compare them no more (it
-    /// knows what it holds), nor mend them as lost answers.
-    letting_go: HashSet<Vec<u8>>,
-    /// Claims being written: one at a time per directory; this node's
-    /// lookups neither compare them nor take them for leftovers, and a
-    /// request to let one go waits until it is held.
+    /// Directories this node claims: a token per claim, when it last made
+    /// a file under it, and the count of lease changes it was made under.
+    /// Only these this node's lookups do not compare: it knows what it
+    /// holds under them.
+    held: HashMap<Vec<u8>, Held>,
+    /// Claims being let go, and whether a thread is at it now (false: its
+    /// last try failed, and whoever meets the claim tries again). This
+    /// node's lookups that meet one wait for the letting go.
+    letting_go: HashMap<Vec<u8>, bool>,
+    /// Claims being written: one at a time per directory. This node's
+    /// lookups that meet one wait for its answer, and do not take it for
+    /// a leftover; a request to let one go waits until it is held.
     claiming: HashSet<Vec<u8>>,
     /// Files made lately in directories not claimed: how many, since when.
     counted: HashMap<Vec<u8>, (u32, Instant)>,
@@ -113,11 +116,22 @@ pub(super) struct Claims {
     next_token: u64,
 }
 
+/// A claim this node holds.
+struct Held {
+    token: u64,
+    last: Instant,
+    lease_changes: u64,
+}
+
+/// How long a lookup waits for this node's own claim to be written or
+/// let go before it fails (etcd would be failing by then).
+const CLAIM_SETTLES_WITHIN: Duration = Duration::from_secs(10);
+
 impl Claims {
-    /// Whether this node holds, writes or lets go the claim on `dir`: its
-    /// own lookups then know what it holds without comparing the claim.
-    fn knows(&self, dir: &[u8]) -> bool {
-        self.held.contains_key(dir) || self.claiming.contains(dir) || self.letting_go.contains(dir)
+    /// Whether this node's claim on `dir` is being written or let go by a
+    /// thread now.
+    fn unsettled(&self, dir: &[u8]) -> bool {
+        self.claiming.contains(dir) || self.letting_go.get(dir) == Some(&true)
     }
 }
 
@@ -130,7 +144,14 @@ impl ClusterStore {
     /// directory its open came through, unless this node claims it.
     pub(super) fn claim_to_compare(&self) -> Option<Vec<u8>> {
         let dir = opened_through()?;
-        (!self.claims().knows(&dir)).then(|| key_of(CLAIM_PREFIX, &dir))
+        (!self.claims().held.contains_key(&dir)).then(|| key_of(CLAIM_PREFIX, &dir))
+    }
+
+    /// Says that a claim of this node was written or let go, to lookups
+    /// that wait for it (`meet_claim`).
+    fn claims_settled(&self, c: std::sync::MutexGuard<'_, Claims>) {
+        drop(c);
+        self.claims_changed.notify_all();
     }
 
     /// A regular file is about to be made (`O_EXCL`) in directory `dir`: a
@@ -139,16 +160,18 @@ impl ClusterStore {
     /// in place of the file's take, once the node has made files in the
     /// directory at a rate.
     pub fn before_making(&self, dir: &[u8]) -> Option<u64> {
+        // The count first, as `find` does: `forget_all` ends the proof
+        // before it counts.
+        let changes = self.lease_changes.load(Ordering::SeqCst);
         self.fenced().ok()?;
         let now = Instant::now();
-        let changes = self.lease_changes.load(Ordering::SeqCst);
         {
             let mut c = self.claims();
-            if let Some((token, last)) = c.held.get_mut(dir) {
-                *last = now;
-                return Some(*token);
+            if let Some(held) = c.held.get_mut(dir) {
+                held.last = now;
+                return Some(held.token);
             }
-            if c.letting_go.contains(dir)
+            if c.letting_go.contains_key(dir)
                 || c.claiming.contains(dir)
                 || c.not_before.get(dir).is_some_and(|t| now < *t)
             {
@@ -188,9 +211,12 @@ impl ClusterStore {
         c.claiming.remove(dir);
         // An error leaves the claim perhaps written and not held: a
         // leftover, which whoever meets it deletes (`meet_claim`).
-        let t = written.ok()?;
+        let Ok(t) = written else {
+            self.claims_settled(c);
+            return None;
+        };
         if !t.succeeded {
-            drop(c);
+            self.claims_settled(c);
             // A dead node's claim (or this node's own, left over) goes
             // now; a live node's stands, and is not tried again at every
             // other file made here.
@@ -205,11 +231,20 @@ impl ClusterStore {
         // A claim written across a change of lease names the incarnation
         // that ended: dead, and not held (as `adopt` does for a take).
         if self.lease_changes.load(Ordering::SeqCst) != changes {
+            self.claims_settled(c);
             return None;
         }
         c.next_token += 1;
         let token = c.next_token;
-        c.held.insert(dir.to_vec(), (token, Instant::now()));
+        c.held.insert(
+            dir.to_vec(),
+            Held {
+                token,
+                last: Instant::now(),
+                lease_changes: changes,
+            },
+        );
+        self.claims_settled(c);
         tracing::debug!("cluster: claimed a directory for the files made in it");
         Some(token)
     }
@@ -221,11 +256,17 @@ impl ClusterStore {
         // Under the claims' lock, which letting go takes first: the file
         // is either among those it finds, or not held from the claim.
         let c = self.claims();
-        if c.held.get(dir).is_none_or(|(t, _)| *t != token) || self.fenced().is_err() {
+        let Some(held) = c.held.get(dir).filter(|h| h.token == token) else {
+            return false;
+        };
+        if self.fenced().is_err() {
             return false;
         }
         let mut g = self.lock();
-        if g.contains_key(group) {
+        // Under the groups' lock, which `forget_all` counts lease changes
+        // under: a claim of an incarnation that ended holds nothing.
+        if g.contains_key(group) || self.lease_changes.load(Ordering::SeqCst) != held.lease_changes
+        {
             return false;
         }
         g.insert(
@@ -255,19 +296,28 @@ impl ClusterStore {
         {
             let mut c = self.claims();
             // Asked for while its write is out: answered once it is held.
-            if c.claiming.contains(dir) {
+            // Being let go by another thread: answered by it.
+            if c.unsettled(dir) {
                 return Ok(false);
             }
+            // Held or not (a leftover of a write whose answer was lost),
+            // the claim and the request are deleted.
             c.held.remove(dir);
-            c.letting_go.insert(dir.to_vec());
+            c.letting_go.insert(dir.to_vec(), true);
             if asked {
                 c.not_before
                     .insert(dir.to_vec(), Instant::now() + NOT_AGAIN_FOR);
             }
         }
-        self.hand_files_of_claim_over(dir)?;
-        self.claims().letting_go.remove(dir);
-        Ok(true)
+        let handed = self.hand_files_of_claim_over(dir);
+        let mut c = self.claims();
+        match &handed {
+            Ok(()) => c.letting_go.remove(dir),
+            // Tried again by the sweep, or by whoever meets it.
+            Err(_) => c.letting_go.insert(dir.to_vec(), false),
+        };
+        self.claims_settled(c);
+        handed.map(|()| true)
     }
 
     fn hand_files_of_claim_over(&self, dir: &[u8]) -> Result<(), StateError> {
@@ -360,9 +410,14 @@ impl ClusterStore {
             let c = self.claims();
             c.held
                 .iter()
-                .filter(|(_, (_, last))| last.elapsed() >= idle)
+                .filter(|(_, h)| h.last.elapsed() >= idle)
                 .map(|(d, _)| d.clone())
-                .chain(c.letting_go.iter().cloned())
+                .chain(
+                    c.letting_go
+                        .iter()
+                        .filter(|(_, under_way)| !**under_way)
+                        .map(|(d, _)| d.clone()),
+                )
                 .collect()
         };
         idle_dirs
@@ -391,12 +446,36 @@ impl ClusterStore {
         asked_before: bool,
     ) -> Result<bool, StateError> {
         if holder == &*self.me() {
-            // This node's own, held, being written or let go: its lookups
-            // look again, comparing it no more (`claim_to_compare`).
             let dir = claim.strip_prefix(CLAIM_PREFIX).unwrap_or(claim);
-            if self.claims().knows(dir) {
+            let mut c = self.claims();
+            // Being written or let go by another thread: its outcome
+            // decides (held, or gone), then the lookup looks again.
+            let deadline = Instant::now() + CLAIM_SETTLES_WITHIN;
+            while c.unsettled(dir) {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(StateError::Unavailable(
+                        "a directory claim's write did not settle".into(),
+                    ));
+                }
+                c = crate::blocking::off_worker(|| {
+                    self.claims_changed
+                        .wait_timeout(c, left)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0
+                });
+            }
+            // Held: the lookup looks again, comparing it no more
+            // (`claim_to_compare`).
+            if c.held.contains_key(dir) {
                 return Ok(true);
             }
+            // Its letting go failed: tried again now.
+            if c.letting_go.contains_key(dir) {
+                drop(c);
+                return self.let_go_claim(dir, false);
+            }
+            drop(c);
             // Written by this node and not held (its answer lost, or the
             // node forgot it with a lease): nothing stands on it.
             let request = release_key(holder, claim);
@@ -418,9 +497,11 @@ impl ClusterStore {
     pub(super) fn forget_claims(&self) {
         let mut c = self.claims();
         c.held.clear();
-        c.letting_go.clear();
+        c.letting_go.retain(|_, under_way| *under_way);
         c.counted.clear();
         // A write still out finds the lease change counted and does not
-        // hold what it wrote (`before_making`).
+        // hold what it wrote (`before_making`); a letting go under way
+        // ends (its etcd writes fail, fenced).
+        self.claims_settled(c);
     }
 }
