@@ -7,17 +7,17 @@
 //! (`nimbus_state::opening_in`).
 
 use nimbus_state::{FileKey, OpeningIn};
-use nimbus_vfs::names::parent;
 use nimbus_vfs::LocalFs;
 
 use crate::server::Server;
 
-/// The key of the directory `path` (share-relative, as on disk) is in, on
-/// a cluster node; None on a node alone, or when it cannot be read (the
-/// open then fails on the name anyway).
+/// The key of the directory `path` (share-relative, as on disk) is an
+/// entry of, on a cluster node: through a final symlink, its target's (the
+/// name the file was made by). None on a node alone, or when it cannot be
+/// read (the open then fails on the name, or resolves it otherwise).
 pub fn directory_of(server: &Server, fs: &LocalFs, path: &str) -> Option<FileKey> {
     server.cluster.as_ref()?;
-    let st = fs.stat(parent(path)).ok()?;
+    let st = fs.entry_directory(path).ok()?;
     st.is_dir.then(|| FileKey::new(st.dev, st.ino, st.gen))
 }
 

@@ -1011,6 +1011,9 @@ impl ClusterStore {
         prefix: &[u8],
         owned: Vec<(Vec<u8>, Versioned)>,
     ) -> Result<usize, StateError> {
+        if owned.is_empty() {
+            return Ok(0);
+        }
         // Ownerships first, then incarnations: an incarnation record
         // absent or younger than an ownership read before it ends that
         // ownership for good, whatever happens after.

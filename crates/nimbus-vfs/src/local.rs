@@ -11,6 +11,13 @@ use crate::path::SharePath;
 use crate::sys::{self, openat2_beneath, resolve_error, RETRIES};
 use crate::{FsStat, Identity, Kind, OpenOptions, Stat};
 
+/// Symlinks followed in one lookup at most (the kernel's own bound).
+const MAX_SYMLINKS_FOLLOWED: usize = 40;
+
+fn parent_c(path: &[u8]) -> VfsResult<CString> {
+    CString::new(path).map_err(|_| VfsError::NameInvalid)
+}
+
 /// A share backed by a local directory.
 ///
 /// Every lookup goes through `openat2(2)` with `RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS`
@@ -264,6 +271,45 @@ impl LocalFs {
             }
             Err(_) => Ok(lst),
         }
+    }
+
+    /// The directory whose entry `path`'s final name is, following a final
+    /// symlink that stays inside the share to its target's directory (as
+    /// an open of `path` would): a missing name's is the directory it
+    /// would be made in. A symlink that escapes, or whose target names no
+    /// entry (ends in "/", "." or ".."), is refused (`Escape`, `NotFound`).
+    pub fn entry_directory(&self, path: &str) -> VfsResult<Stat> {
+        let p = SharePath::parse(path)?;
+        let Some((parent, name)) = p.split_last()? else {
+            return Err(VfsError::NotFound);
+        };
+        let mut dir_path = parent.into_bytes();
+        let mut dir = self.open_parent(&parent_c(&dir_path)?)?;
+        let mut name = name;
+        for _ in 0..MAX_SYMLINKS_FOLLOWED {
+            let target = match sys::readlink_at(dir.as_raw_fd(), &name) {
+                Ok(t) => t,
+                Err(libc::EINVAL | libc::ENOENT) => return sys::stat_fd(dir.as_raw_fd()),
+                Err(e) => return Err(VfsError::from_errno(e)),
+            };
+            if target.first() == Some(&b'/') {
+                return Err(VfsError::Escape);
+            }
+            let (within, last) = match target.iter().rposition(|&b| b == b'/') {
+                Some(i) => (Some(&target[..i]), &target[i + 1..]),
+                None => (None, &target[..]),
+            };
+            if last.is_empty() || last == b"." || last == b".." {
+                return Err(VfsError::NotFound);
+            }
+            if let Some(within) = within {
+                dir_path.push(b'/');
+                dir_path.extend_from_slice(within);
+                dir = self.open_parent(&parent_c(&dir_path)?)?;
+            }
+            name = CString::new(last).map_err(|_| VfsError::NameInvalid)?;
+        }
+        Err(VfsError::from_errno(libc::ELOOP))
     }
 
     /// What a CREATE looks up about `path` before it decides: the entry's

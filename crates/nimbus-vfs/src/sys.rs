@@ -218,6 +218,26 @@ pub(crate) fn gen_at(dirfd: RawFd, name: &CStr) -> u64 {
     handle_digest(dirfd, name, libc::AT_SYMLINK_NOFOLLOW).unwrap_or(0)
 }
 
+/// `readlinkat(dirfd, name)`: a symlink's target; `EINVAL` when `name` is
+/// not a symlink.
+pub(crate) fn readlink_at(dirfd: RawFd, name: &CStr) -> Result<Vec<u8>, i32> {
+    let mut buf = vec![0u8; libc::PATH_MAX as usize];
+    // SAFETY: name is NUL-terminated; buf is writable for its length.
+    let n = unsafe {
+        libc::readlinkat(
+            dirfd,
+            name.as_ptr(),
+            buf.as_mut_ptr().cast::<libc::c_char>(),
+            buf.len(),
+        )
+    };
+    if n < 0 {
+        return Err(errno());
+    }
+    buf.truncate(n as usize);
+    Ok(buf)
+}
+
 /// Stats an open descriptor (O_PATH descriptors included).
 pub(crate) fn stat_fd(fd: RawFd) -> VfsResult<Stat> {
     stat_at(fd, c"", libc::AT_EMPTY_PATH).map_err(VfsError::from_errno)

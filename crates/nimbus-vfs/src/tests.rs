@@ -1308,3 +1308,35 @@ fn a_new_file_that_took_the_name_and_the_inode_is_not_acted_on() {
     fs.rename_if("a", "b", false, unknown).unwrap();
     fs.remove_if("b", false, Identity::of(&now)).unwrap();
 }
+
+/// The directory a name is an entry of, through a final symlink that stays
+/// inside the share: its target's directory (chains followed); a missing
+/// name's is the directory it would be made in; a symlink out of the share,
+/// or one whose target ends in "..", is refused.
+#[test]
+fn the_directory_of_a_name_follows_a_final_symlink_to_its_target() {
+    let s = Scratch::new();
+    let fs = &s.fs;
+    std::fs::create_dir_all(s.share().join("d")).unwrap();
+    std::fs::create_dir_all(s.share().join("e/f")).unwrap();
+    write_file(fs, "d/x", b"made in d");
+    let root = s.share();
+    std::os::unix::fs::symlink("../d/x", root.join("e/link")).unwrap();
+    std::os::unix::fs::symlink("link", root.join("e/again")).unwrap();
+    std::os::unix::fs::symlink("../again", root.join("e/f/deeper")).unwrap();
+    std::os::unix::fs::symlink("/etc/hostname", root.join("e/out")).unwrap();
+    std::os::unix::fs::symlink("../d", root.join("e/dir")).unwrap();
+    let d = fs.stat("d").unwrap();
+    let e = fs.stat("e").unwrap();
+    let key = |st: &Stat| (st.dev, st.ino, st.gen);
+    for name in ["d/x", "d/new", "e/link", "e/again", "e/f/deeper"] {
+        assert_eq!(key(&fs.entry_directory(name).unwrap()), key(&d), "{name}");
+    }
+    assert_eq!(key(&fs.entry_directory("e/new").unwrap()), key(&e));
+    assert_err!(fs.entry_directory("e/out"), VfsError::Escape);
+    let root = fs.stat("").unwrap();
+    assert_eq!(key(&fs.entry_directory("e/dir").unwrap()), key(&root));
+    std::os::unix::fs::symlink("..", s.share().join("e/up")).unwrap();
+    assert_err!(fs.entry_directory("e/up"), VfsError::NotFound);
+    assert_err!(fs.entry_directory("missing/x"), VfsError::PathNotFound);
+}

@@ -114,6 +114,16 @@ fn open_or_create(
     let create = request::read(ctx, req, on, durable, replay_key)?;
     let _through = crate::directory_scope::through(create.directory);
     let found = found::look(ctx, &create)?;
+    // The name resolved through the directory read before: not one
+    // renamed into its place meanwhile, whose claim the lookups would not
+    // compare (docs/SCALING.md, "New files").
+    if create.directory.is_some()
+        && crate::directory_scope::directory_of(ctx.server, create.fs, &create.path)
+            != create.directory
+    {
+        tracing::debug!("create: the directory of the name changed during the open");
+        return Err(NtStatus::SHARING_VIOLATION.into());
+    }
     // Copied out of `ctx`, so that what `contend` keeps borrows the server
     // and not the request's context.
     let server = ctx.server;

@@ -137,8 +137,12 @@ pub fn open(ctx: &Ctx<'_>, c: &Create<'_>, f: &Found, a: &Admitted<'_>) -> Resul
     };
     // Only a file whose generation is known: a reused inode with none
     // would key another node's file (docs/SCALING.md, "Inode reuse").
+    // And only one made in the claimed directory, not in one renamed into
+    // its place since it was read.
     if let (Some((dir, token)), true) = (making, created && key.gen != 0) {
-        ctx.server.share_modes.made(key, dir, token);
+        if crate::directory_scope::directory_of(ctx.server, fs, path) == Some(dir) {
+            ctx.server.share_modes.made(key, dir, token);
+        }
     }
     // Made here: no other node's claim covers it (`nimbus_state::made_here`).
     let _made_here = created.then(nimbus_state::made_here);
