@@ -486,6 +486,38 @@ def test_files_one_node_makes_in_a_directory_cost_no_transaction_each_and_stay_e
             cl.close()
 
 
+def test_a_file_made_under_a_claim_and_opened_through_a_symlink_elsewhere_stays_exclusive(nodes, etcd_cluster):  # noqa: F811
+    """The directory a lookup compares the claim of is the one the name is
+    an entry of: through a final symlink in another directory, its
+    target's. A file made under a claim and held without sharing is refused
+    to another node's client that opens it by a symlink elsewhere, whose
+    own directory no claim covers."""
+    for n in nodes[:2]:
+        n.start()
+    a, b = Client(Target(nodes[0]), uuid.uuid4()), Client(Target(nodes[1]), uuid.uuid4())
+    (nodes[0].share / "made").mkdir()
+    (nodes[0].share / "elsewhere").mkdir()
+    os.symlink("../made/held.txt", nodes[0].share / "elsewhere" / "link")
+    try:
+        for i in range(2):
+            status, f = open_status(a, rf"made\first-{i}.txt", SHARE_ALL, disposition=CreateDisposition.FILE_CREATE)
+            assert status == 0, hex(status)
+            f.close()
+        assert len(etcd_keys(etcd_cluster, "/nimbus/newin/")) == 1
+        owned = etcd_keys(etcd_cluster, "/nimbus/own/")
+        status, held = open_status(a, r"made\held.txt", 0, disposition=CreateDisposition.FILE_CREATE)
+        assert status == 0, hex(status)
+        assert etcd_keys(etcd_cluster, "/nimbus/own/") == owned, "held under the claim"
+        assert open_status(b, r"elsewhere\link", SHARE_ALL)[0] == STATUS_SHARING_VIOLATION
+        held.close()
+        status, on_b = open_status(b, r"elsewhere\link", SHARE_ALL)
+        assert status == 0, hex(status)
+        on_b.close()
+    finally:
+        for cl in (a, b):
+            cl.close()
+
+
 READ_ATTRIBUTES = 0x80
 DELETE = 0x10000
 STATUS_DELETE_PENDING = 0xC0000056

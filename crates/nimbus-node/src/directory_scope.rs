@@ -7,18 +7,23 @@
 //! (`nimbus_state::opening_in`).
 
 use nimbus_state::{FileKey, OpeningIn};
-use nimbus_vfs::LocalFs;
+use nimbus_vfs::{LocalFs, VfsResult};
 
 use crate::server::Server;
 
 /// The key of the directory `path` (share-relative, as on disk) is an
 /// entry of, on a cluster node: through a final symlink, its target's (the
-/// name the file was made by). None on a node alone, or when it cannot be
-/// read (the open then fails on the name, or resolves it otherwise).
-pub fn directory_of(server: &Server, fs: &LocalFs, path: &str) -> Option<FileKey> {
-    server.cluster.as_ref()?;
-    let st = fs.entry_directory(path).ok()?;
-    st.is_dir.then(|| FileKey::new(st.dev, st.ino, st.gen))
+/// name the file was made by). None on a node alone, and for the share's
+/// root. An error when it cannot be read: the open is refused then, not
+/// looked up comparing no claim.
+pub fn directory_of(server: &Server, fs: &LocalFs, path: &str) -> VfsResult<Option<FileKey>> {
+    if server.cluster.is_none() {
+        return Ok(None);
+    }
+    Ok(fs
+        .entry_directory(path)?
+        .filter(|st| st.is_dir)
+        .map(|st| FileKey::new(st.dev, st.ino, st.gen)))
 }
 
 /// The lookups of this thread are of a file opened through `dir` while

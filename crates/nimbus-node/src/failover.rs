@@ -794,7 +794,7 @@ fn take_over(
     since: Instant,
 ) -> Result<(), crate::persist::NotReopened> {
     let (share, handle, file, path) = crate::persist::open_file_again(server, r)?;
-    let _through = crate::persist::opened_through(server, &share, &path);
+    let _through = crate::persist::opened_through(server, &share, &path)?;
     let r = &DurableOpen { path, ..r.clone() };
     // Its share-mode entry is in etcd; put again, it stays (or comes back,
     // if something dropped it; the take-over fails on a conflict).

@@ -333,7 +333,7 @@ fn reopen(server: &Arc<Server>, r: &DurableOpen, now: Instant) -> Result<(), Not
             .map_err(NotReopened::Incarnation)?;
     }
     let (share, handle, file, path) = open_file_again(server, r)?;
-    let _through = opened_through(server, &share, &path);
+    let _through = opened_through(server, &share, &path)?;
     let r = &DurableOpen { path, ..r.clone() };
     let slot = server
         .open_files
@@ -420,9 +420,13 @@ pub(crate) fn opened_through(
     server: &Server,
     share: &Share,
     path: &str,
-) -> Option<nimbus_state::OpeningIn> {
-    let fs = share.fs.as_ref()?;
-    crate::directory_scope::through(crate::directory_scope::directory_of(server, fs, path))
+) -> Result<Option<nimbus_state::OpeningIn>, NotReopened> {
+    let Some(fs) = share.fs.as_ref() else {
+        return Ok(None);
+    };
+    let dir = crate::directory_scope::directory_of(server, fs, path)
+        .map_err(|error| NotReopened::File { moved: None, error })?;
+    Ok(crate::directory_scope::through(dir))
 }
 
 pub(crate) fn open_file_again(

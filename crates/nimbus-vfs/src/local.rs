@@ -276,20 +276,23 @@ impl LocalFs {
     /// The directory whose entry `path`'s final name is, following a final
     /// symlink that stays inside the share to its target's directory (as
     /// an open of `path` would): a missing name's is the directory it
-    /// would be made in. A symlink that escapes, or whose target names no
-    /// entry (ends in "/", "." or ".."), is refused (`Escape`, `NotFound`).
-    pub fn entry_directory(&self, path: &str) -> VfsResult<Stat> {
+    /// would be made in; a symlink to a directory by "/", "." or ".."
+    /// gives that directory. None for the share's root, which is no
+    /// directory's entry. A symlink that escapes is refused (`Escape`),
+    /// one chain too long as the kernel's (`ELOOP`).
+    pub fn entry_directory(&self, path: &str) -> VfsResult<Option<Stat>> {
         let p = SharePath::parse(path)?;
         let Some((parent, name)) = p.split_last()? else {
-            return Err(VfsError::NotFound);
+            return Ok(None);
         };
         let mut dir_path = parent.into_bytes();
         let mut dir = self.open_parent(&parent_c(&dir_path)?)?;
         let mut name = name;
-        for _ in 0..MAX_SYMLINKS_FOLLOWED {
+        // The kernel follows as many, then the name is the last.
+        for _ in 0..=MAX_SYMLINKS_FOLLOWED {
             let target = match sys::readlink_at(dir.as_raw_fd(), &name) {
                 Ok(t) => t,
-                Err(libc::EINVAL | libc::ENOENT) => return sys::stat_fd(dir.as_raw_fd()),
+                Err(libc::EINVAL | libc::ENOENT) => return sys::stat_fd(dir.as_raw_fd()).map(Some),
                 Err(e) => return Err(VfsError::from_errno(e)),
             };
             if target.first() == Some(&b'/') {
@@ -300,7 +303,10 @@ impl LocalFs {
                 None => (None, &target[..]),
             };
             if last.is_empty() || last == b"." || last == b".." {
-                return Err(VfsError::NotFound);
+                dir_path.push(b'/');
+                dir_path.extend_from_slice(&target);
+                let dir = self.open_parent(&parent_c(&dir_path)?)?;
+                return sys::stat_fd(dir.as_raw_fd()).map(Some);
             }
             if let Some(within) = within {
                 dir_path.push(b'/');

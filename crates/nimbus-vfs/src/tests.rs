@@ -1312,7 +1312,7 @@ fn a_new_file_that_took_the_name_and_the_inode_is_not_acted_on() {
 /// The directory a name is an entry of, through a final symlink that stays
 /// inside the share: its target's directory (chains followed); a missing
 /// name's is the directory it would be made in; a symlink out of the share,
-/// or one whose target ends in "..", is refused.
+/// is refused; one to a directory by "." or ".." gives that directory.
 #[test]
 fn the_directory_of_a_name_follows_a_final_symlink_to_its_target() {
     let s = Scratch::new();
@@ -1321,6 +1321,7 @@ fn the_directory_of_a_name_follows_a_final_symlink_to_its_target() {
     std::fs::create_dir_all(s.share().join("e/f")).unwrap();
     write_file(fs, "d/x", b"made in d");
     let root = s.share();
+    let root_dir = s.share();
     std::os::unix::fs::symlink("../d/x", root.join("e/link")).unwrap();
     std::os::unix::fs::symlink("link", root.join("e/again")).unwrap();
     std::os::unix::fs::symlink("../again", root.join("e/f/deeper")).unwrap();
@@ -1329,14 +1330,26 @@ fn the_directory_of_a_name_follows_a_final_symlink_to_its_target() {
     let d = fs.stat("d").unwrap();
     let e = fs.stat("e").unwrap();
     let key = |st: &Stat| (st.dev, st.ino, st.gen);
+    let of = |name: &str| key(&fs.entry_directory(name).unwrap().unwrap());
     for name in ["d/x", "d/new", "e/link", "e/again", "e/f/deeper"] {
-        assert_eq!(key(&fs.entry_directory(name).unwrap()), key(&d), "{name}");
+        assert_eq!(of(name), key(&d), "{name}");
     }
-    assert_eq!(key(&fs.entry_directory("e/new").unwrap()), key(&e));
+    assert_eq!(of("e/new"), key(&e));
     assert_err!(fs.entry_directory("e/out"), VfsError::Escape);
     let root = fs.stat("").unwrap();
-    assert_eq!(key(&fs.entry_directory("e/dir").unwrap()), key(&root));
+    assert_eq!(of("e/dir"), key(&root));
     std::os::unix::fs::symlink("..", s.share().join("e/up")).unwrap();
-    assert_err!(fs.entry_directory("e/up"), VfsError::NotFound);
+    assert_eq!(of("e/up"), key(&root));
+    assert!(fs.entry_directory("").unwrap().is_none());
+    // 40 links, as the kernel follows, and not one more.
+    std::os::unix::fs::symlink("x", root_dir.join("d/l0")).unwrap();
+    for i in 1..=40 {
+        std::os::unix::fs::symlink(format!("l{}", i - 1), root_dir.join(format!("d/l{i}")))
+            .unwrap();
+    }
+    assert!(std::fs::read(root_dir.join("d/l39")).is_ok());
+    assert_eq!(of("d/l39"), key(&d));
+    assert!(std::fs::read(root_dir.join("d/l40")).is_err());
+    assert!(fs.entry_directory("d/l40").is_err());
     assert_err!(fs.entry_directory("missing/x"), VfsError::PathNotFound);
 }

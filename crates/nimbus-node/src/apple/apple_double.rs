@@ -85,9 +85,10 @@ pub fn convert(
     }
     // A client has it open (perhaps still writing it): not now. Looked up
     // as an open of the name would, through its directory's claim.
-    let _through = crate::directory_scope::through(crate::directory_scope::directory_of(
-        server, fs, &companion,
-    ));
+    let Ok(dir) = crate::directory_scope::directory_of(server, fs, &companion) else {
+        return false;
+    };
+    let _through = crate::directory_scope::through(dir);
     let key = nimbus_state::FileKey {
         dev: st.dev,
         ino: st.ino,

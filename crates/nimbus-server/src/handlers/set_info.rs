@@ -410,9 +410,9 @@ fn rename(
             }
             // A file someone holds open cannot be replaced: looked up as
             // an open of the name would, through its directory's claim.
-            let _through = crate::directory_scope::through(crate::directory_scope::directory_of(
-                ctx.server, fs, &to,
-            ));
+            let dir = crate::directory_scope::directory_of(ctx.server, fs, &to)
+                .map_err(|e| vfs_status(&e))?;
+            let _through = crate::directory_scope::through(dir);
             if held_open(ctx, &target)? {
                 return Err(NtStatus::ACCESS_DENIED);
             }

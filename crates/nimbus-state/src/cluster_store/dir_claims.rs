@@ -127,6 +127,32 @@ struct Held {
 /// let go before it fails (etcd would be failing by then).
 const CLAIM_SETTLES_WITHIN: Duration = Duration::from_secs(10);
 
+/// Ends a claim's write or letting go in `Claims` when the thread leaves
+/// it otherwise than by its own ending (an unwinding panic), and wakes the
+/// lookups that wait for it: none waits for a write or letting go that no
+/// thread does any more.
+struct Settling<'a> {
+    store: &'a ClusterStore,
+    dir: &'a [u8],
+    writing: bool,
+    armed: bool,
+}
+
+impl Drop for Settling<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let mut c = self.store.claims();
+        if self.writing {
+            c.claiming.remove(self.dir);
+        } else if let Some(under_way) = c.letting_go.get_mut(self.dir) {
+            *under_way = false;
+        }
+        self.store.claims_settled(c);
+    }
+}
+
 impl Claims {
     /// Whether this node's claim on `dir` is being written or let go by a
     /// thread now.
@@ -196,6 +222,12 @@ impl ClusterStore {
             c.counted.remove(dir);
             c.claiming.insert(dir.to_vec());
         }
+        let mut settling = Settling {
+            store: self,
+            dir,
+            writing: true,
+            armed: true,
+        };
         let claim = key_of(CLAIM_PREFIX, dir);
         let me = self.me();
         // Not under the lease, as `own/` records are not (the module
@@ -209,6 +241,7 @@ impl ClusterStore {
         self.claim_gate.pass();
         let mut c = self.claims();
         c.claiming.remove(dir);
+        settling.armed = false;
         // An error leaves the claim perhaps written and not held: a
         // leftover, which whoever meets it deletes (`meet_claim`).
         let Ok(t) = written else {
@@ -309,8 +342,15 @@ impl ClusterStore {
                     .insert(dir.to_vec(), Instant::now() + NOT_AGAIN_FOR);
             }
         }
+        let mut settling = Settling {
+            store: self,
+            dir,
+            writing: false,
+            armed: true,
+        };
         let handed = self.hand_files_of_claim_over(dir);
         let mut c = self.claims();
+        settling.armed = false;
         match &handed {
             Ok(()) => c.letting_go.remove(dir),
             // Tried again by the sweep, or by whoever meets it.
@@ -451,6 +491,7 @@ impl ClusterStore {
             // Being written or let go by another thread: its outcome
             // decides (held, or gone), then the lookup looks again.
             let deadline = Instant::now() + CLAIM_SETTLES_WITHIN;
+            let waited = c.unsettled(dir);
             while c.unsettled(dir) {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
@@ -476,6 +517,11 @@ impl ClusterStore {
                 return self.let_go_claim(dir, false);
             }
             drop(c);
+            // Let go, or its write ended, meanwhile: looked up again (a
+            // leftover of a write is met again, and deleted then).
+            if waited {
+                return Ok(true);
+            }
             // Written by this node and not held (its answer lost, or the
             // node forgot it with a lease): nothing stands on it.
             let request = release_key(holder, claim);

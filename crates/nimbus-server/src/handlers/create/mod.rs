@@ -118,11 +118,11 @@ fn open_or_create(
     // renamed into its place meanwhile, whose claim the lookups would not
     // compare (docs/SCALING.md, "New files").
     if create.directory.is_some()
-        && crate::directory_scope::directory_of(ctx.server, create.fs, &create.path)
-            != create.directory
+        && crate::directory_scope::directory_of(ctx.server, create.fs, &create.path).ok()
+            != Some(create.directory)
     {
         tracing::debug!("create: the directory of the name changed during the open");
-        return Err(NtStatus::SHARING_VIOLATION.into());
+        return Err(Failed::Raced);
     }
     // Copied out of `ctx`, so that what `contend` keeps borrows the server
     // and not the request's context.

@@ -19,6 +19,7 @@ use super::super::create_durable::DurableAsk;
 use super::super::create_security;
 use crate::ctx::Ctx;
 use crate::durable::GuidKey;
+use crate::errors::vfs_status;
 use crate::server::Share;
 use crate::session::{Session, Tree};
 use crate::sync::lock;
@@ -158,7 +159,8 @@ pub fn read<'a>(
         aapl_reply,
         given_sd,
         want,
-        directory: crate::directory_scope::directory_of(ctx.server, on.fs, &path),
+        directory: crate::directory_scope::directory_of(ctx.server, on.fs, &path)
+            .map_err(|e| vfs_status(&e))?,
         path,
         stream,
     })
