@@ -308,6 +308,24 @@ fn key_of(prefix: &[u8], group: &[u8]) -> Vec<u8> {
 
 /// Transactions of conditions and writes that read nothing when they
 /// fail, to send together (`EtcdStore::txns`).
+/// Transactions of `parts`: compares, operations on success, reads on
+/// failure.
+fn with_reads<'a, C, O, R>(parts: &'a [(C, O, R)]) -> Vec<Txns<'a>>
+where
+    C: AsRef<[Cmp<'a>]>,
+    O: AsRef<[Op<'a>]>,
+    R: AsRef<[Op<'a>]>,
+{
+    parts
+        .iter()
+        .map(|(cmps, success, failure)| Txns {
+            cmps: cmps.as_ref(),
+            success: success.as_ref(),
+            failure: failure.as_ref(),
+        })
+        .collect()
+}
+
 fn unread<'a, C, O>(parts: &'a [(C, O)]) -> Vec<Txns<'a>>
 where
     C: AsRef<[Cmp<'a>]>,
@@ -598,15 +616,7 @@ impl ClusterStore {
         if let [(cmps, success, failure)] = parts.as_slice() {
             return Ok(vec![self.etcd.txn(cmps, success, failure)]);
         }
-        let txns: Vec<Txns<'_>> = parts
-            .iter()
-            .map(|(cmps, success, failure)| Txns {
-                cmps,
-                success,
-                failure,
-            })
-            .collect();
-        self.etcd.txns(&txns)
+        self.etcd.txns(&with_reads(&parts))
     }
 
     /// Reads `group` from etcd without taking it (another thread of this

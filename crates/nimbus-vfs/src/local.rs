@@ -279,7 +279,7 @@ impl LocalFs {
     /// would be made in; a symlink to a directory by "/", "." or ".."
     /// gives that directory. None for the share's root, which is no
     /// directory's entry. A symlink that escapes is refused (`Escape`),
-    /// one chain too long as the kernel's (`ELOOP`).
+    /// as is a chain longer than the kernel follows.
     pub fn entry_directory(&self, path: &str) -> VfsResult<Option<Stat>> {
         let p = SharePath::parse(path)?;
         let Some((parent, name)) = p.split_last()? else {
@@ -315,7 +315,8 @@ impl LocalFs {
             }
             name = CString::new(last).map_err(|_| VfsError::NameInvalid)?;
         }
-        Err(VfsError::from_errno(libc::ELOOP))
+        // As `resolve_error` answers a loop met by `openat2`.
+        Err(VfsError::Escape)
     }
 
     /// What a CREATE looks up about `path` before it decides: the entry's

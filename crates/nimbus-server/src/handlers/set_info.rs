@@ -410,8 +410,10 @@ fn rename(
             }
             // A file someone holds open cannot be replaced: looked up as
             // an open of the name would, through its directory's claim.
-            let dir = crate::directory_scope::directory_of(ctx.server, fs, &to)
-                .map_err(|e| vfs_status(&e))?;
+            // Unreadable only through a link that escapes, dangles or
+            // loops: `target` is then the link itself, which no claim
+            // covers (only regular files made here are held under one).
+            let dir = crate::directory_scope::directory_of(ctx.server, fs, &to).unwrap_or(None);
             let _through = crate::directory_scope::through(dir);
             if held_open(ctx, &target)? {
                 return Err(NtStatus::ACCESS_DENIED);

@@ -26,8 +26,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::{key_of, release_key, ClusterStore, Group, OWN_PREFIX};
-use crate::etcd_store::{Cmp, Op, Txns, MAX_TXNS_PER_REQUEST};
+use super::{key_of, release_key, with_reads, ClusterStore, Group, OWN_PREFIX};
+use crate::etcd_store::{Cmp, Op, MAX_TXNS_PER_REQUEST};
 use crate::store::StateError;
 
 /// Key prefix of directory claims: `newin/<directory's group>`.
@@ -408,16 +408,8 @@ impl ClusterStore {
                 .iter()
                 .map(|own| ([Cmp::Absent(own)], [Op::Put(own, &me, 0)], [Op::Get(own)]))
                 .collect();
-            let txns: Vec<Txns<'_>> = parts
-                .iter()
-                .map(|(cmps, success, failure)| Txns {
-                    cmps,
-                    success,
-                    failure,
-                })
-                .collect();
             self.fenced()?;
-            let answers = self.etcd.txns(&txns)?;
+            let answers = self.etcd.txns(&with_reads(&parts))?;
             let mut g = self.lock();
             for (group, answer) in chunk.iter().zip(answers) {
                 let t = answer?;
