@@ -502,7 +502,7 @@ impl ClusterStore {
         self.fenced()?;
         let own = key_of(OWN_PREFIX, group);
         let keys: Vec<Vec<u8>> = self.clustered.iter().map(|p| key_of(p, group)).collect();
-        let claim = self.claim_to_compare();
+        let claim = self.claim_to_compare(group);
         // The common case, a file nobody has records of: taken in one
         // transaction, sent with those of other lookups under way.
         let t = self
@@ -624,7 +624,7 @@ impl ClusterStore {
     /// nobody owns it.
     fn peek(&self, group: &[u8], key: &[u8]) -> Result<Found, StateError> {
         let own = key_of(OWN_PREFIX, group);
-        let claim = self.claim_to_compare();
+        let claim = self.claim_to_compare(group);
         let (owner, record, claimed) = self
             .peeks
             .submit((own, key.to_vec(), claim.clone()), |asked| {
@@ -705,7 +705,7 @@ impl ClusterStore {
         // A record written where none was, by an open: not in a file its
         // directory's claim covers (`dir_claims`). A claim found makes the
         // group not shared, and the caller looks it up.
-        let claim = self.claim_to_compare().filter(|_| expected.is_none());
+        let claim = self.claim_to_compare(group).filter(|_| expected.is_none());
         if let Some(claim) = &claim {
             cmps.push(Cmp::Absent(claim));
         }
@@ -2344,6 +2344,35 @@ mod tests {
         // Not claimed again at once, where another node made it let go.
         assert_eq!(one.store.before_making(D), None);
         assert_eq!(one.store.before_making(D), None);
+    }
+
+    /// A lookup of a directory's own records through that directory (a
+    /// CREATE's lease break or notification of its parent) compares no
+    /// claim on it: the claim covers the directory's entries, not the
+    /// directory, and the holder is not asked to let it go.
+    #[test]
+    fn a_directorys_own_records_are_not_under_its_claim() {
+        let cluster = Cluster::start("claim-own-dir");
+        let one = Node::start(&cluster.urls, "1", &[]);
+        let two = Node::start(&cluster.urls, "2", &[]);
+        let claim = key_of(CLAIM_PREFIX, D);
+        assert_eq!(one.store.before_making(D), None);
+        let token = one.store.before_making(D).unwrap();
+        assert!(one.store.made(G, D, token));
+        let _through = opening_in(D.to_vec());
+        let directory = key_of(b"file/", D);
+        crate::records::update::<Raw, _, StateError>(&*two.store, &directory, |r| {
+            r.0 = b"2d".to_vec();
+            Ok(())
+        })
+        .unwrap();
+        assert!(two.store.owns(D));
+        assert_eq!(
+            one.etcd.get(&claim).unwrap().unwrap().value,
+            b"1",
+            "the claim stands"
+        );
+        assert!(one.etcd.get(&key_of(OWN_PREFIX, G)).unwrap().is_none());
     }
 
     /// A node that makes files in a directory another node claims tries to

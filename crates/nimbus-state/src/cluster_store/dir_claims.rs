@@ -166,10 +166,13 @@ impl ClusterStore {
         self.claims.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The claim key a lookup of this thread compares absent: that of the
-    /// directory its open came through, unless this node claims it.
-    pub(super) fn claim_to_compare(&self) -> Option<Vec<u8>> {
-        let dir = opened_through()?;
+    /// The claim key a lookup of `group` by this thread compares absent:
+    /// that of the directory its open came through, unless this node
+    /// claims it, or `group` is that directory itself (its own records,
+    /// a parent's lease break or notification say, are not its entries:
+    /// no claim on it covers them, and meeting one would ask for it).
+    pub(super) fn claim_to_compare(&self, group: &[u8]) -> Option<Vec<u8>> {
+        let dir = opened_through().filter(|dir| dir.as_slice() != group)?;
         (!self.claims().held.contains_key(&dir)).then(|| key_of(CLAIM_PREFIX, &dir))
     }
 

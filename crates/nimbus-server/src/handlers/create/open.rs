@@ -138,18 +138,12 @@ pub fn open(ctx: &Ctx<'_>, c: &Create<'_>, f: &Found, a: &Admitted<'_>) -> Resul
     // Only a file whose generation is known: a reused inode with none
     // would key another node's file (docs/SCALING.md, "Inode reuse").
     // And only one made in the claimed directory, not in one renamed into
-    // its place since it was read. A file that was missing when looked up
-    // and was there at the open (made meanwhile) is opened through the
-    // directory read, or looked up again.
-    let read_again = || crate::directory_scope::directory_of(ctx.server, fs, path).ok();
-    if c.directory.is_some() && creating && !created && read_again() != Some(c.directory) {
-        if let Some(key) = registered {
-            unregister(key);
-        }
-        return Err(Failed::Raced);
-    }
+    // its place since it was read. (A file missing when looked up is
+    // opened with `CreateNew`: one made meanwhile fails with `Exists`
+    // above and is looked up again, so a file opened here was either
+    // found at the lookup or made by this open.)
     if let (Some((dir, token)), true) = (making, created && key.gen != 0) {
-        if read_again() == Some(Some(dir)) {
+        if crate::directory_scope::directory_of(ctx.server, fs, path).ok() == Some(Some(dir)) {
             ctx.server.share_modes.made(key, dir, token);
         }
     }
