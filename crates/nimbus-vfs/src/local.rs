@@ -120,6 +120,30 @@ impl LocalFs {
     ///
     /// Returns the handle, its stat after the open, and whether the object was created.
     pub fn open(&self, path: &str, opts: &OpenOptions) -> VfsResult<(FileHandle, Stat, bool)> {
+        self.open_in(path, opts, None)
+    }
+
+    /// As [`LocalFs::open`], except that a new object is made only in
+    /// directory `dir`: when the name's directory is another one by then
+    /// (renamed into its place since `dir` was read, even if `dir` came
+    /// back meanwhile), nothing is made and the answer is `Changed`. For a
+    /// caller that decided about a new file by its directory (a cluster
+    /// node holding the files it makes under a claim on the directory).
+    pub fn open_making_in(
+        &self,
+        path: &str,
+        opts: &OpenOptions,
+        dir: &Identity,
+    ) -> VfsResult<(FileHandle, Stat, bool)> {
+        self.open_in(path, opts, Some(dir))
+    }
+
+    fn open_in(
+        &self,
+        path: &str,
+        opts: &OpenOptions,
+        made_in: Option<&Identity>,
+    ) -> VfsResult<(FileHandle, Stat, bool)> {
         let p = SharePath::parse(path)?;
         let full = p.full()?;
         let split = p.split_last()?;
@@ -141,6 +165,15 @@ impl LocalFs {
                     };
                     if !opts.mode.creates() {
                         return Err(VfsError::NotFound);
+                    }
+                    // The directory a new object is made in is the one
+                    // `parent` was opened as, whatever the name's is now.
+                    if let Some(dir) = made_in {
+                        let fd = parent.as_raw_fd();
+                        let st = sys::fstat_raw(fd)?;
+                        if !dir.matches(st.st_dev, st.st_ino, || sys::gen_of_fd(fd)) {
+                            return Err(VfsError::Changed);
+                        }
                     }
                     if let Some(h) = create(parent.as_raw_fd(), name, opts)? {
                         let st = h.stat()?;

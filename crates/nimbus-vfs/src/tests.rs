@@ -1353,3 +1353,34 @@ fn the_directory_of_a_name_follows_a_final_symlink_to_its_target() {
     assert_err!(fs.entry_directory("d/l40"), VfsError::Escape);
     assert_err!(fs.entry_directory("missing/x"), VfsError::PathNotFound);
 }
+
+/// A new file made "in" a directory read before is made only there: when
+/// another directory was renamed into its place meanwhile, nothing is made
+/// (`Changed`); once the directory read is back in place, it is made.
+#[test]
+fn a_file_made_in_a_directory_read_before_is_not_made_in_another_in_its_place() {
+    let s = Scratch::new();
+    let fs = &s.fs;
+    std::fs::create_dir_all(s.share().join("d")).unwrap();
+    let d = Identity::of(&fs.stat("d").unwrap());
+    let new = opts(true, true, CreateMode::CreateNew, Kind::File);
+    let (_, _, created) = fs.open_making_in("d/one", &new, &d).unwrap();
+    assert!(created);
+    fs.rename("d", "away", false).unwrap();
+    std::fs::create_dir_all(s.share().join("d")).unwrap();
+    assert_err!(fs.open_making_in("d/two", &new, &d), VfsError::Changed);
+    assert!(
+        !s.share().join("d/two").exists(),
+        "nothing made in the other"
+    );
+    // Only a new file is checked: what exists is opened as `open` does.
+    write_file(fs, "d/there", b"x");
+    let existing = opts(true, false, CreateMode::OpenOrCreate, Kind::File);
+    let (_, _, created) = fs.open_making_in("d/there", &existing, &d).unwrap();
+    assert!(!created);
+    fs.rename("d", "other", false).unwrap();
+    fs.rename("away", "d", false).unwrap();
+    let (_, _, created) = fs.open_making_in("d/two", &new, &d).unwrap();
+    assert!(created);
+    assert!(s.share().join("d/two").exists());
+}

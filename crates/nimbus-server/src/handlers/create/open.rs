@@ -111,7 +111,14 @@ pub fn open(ctx: &Ctx<'_>, c: &Create<'_>, f: &Found, a: &Admitted<'_>) -> Resul
             Some(streams) => streams.open(name, &opts),
             None => Err(VfsError::NotFound),
         },
-        _ => fs.open(path, &opts),
+        // Made only in the directory claimed, not in one renamed into its
+        // place since it was read (`Changed`: looked up again).
+        _ => match making {
+            Some((dir, _)) => {
+                fs.open_making_in(path, &opts, &Identity::new(dir.dev, dir.ino, dir.gen))
+            }
+            None => fs.open(path, &opts),
+        },
     };
     let (handle, st, created) = match opened {
         Ok(r) => r,
@@ -126,6 +133,8 @@ pub fn open(ctx: &Ctx<'_>, c: &Create<'_>, f: &Found, a: &Admitted<'_>) -> Resul
                 }
                 // The file checked was replaced or removed meanwhile.
                 VfsError::Changed | VfsError::NotFound if !creating => Failed::Raced,
+                // The directory claimed was replaced since it was read.
+                VfsError::Changed if making.is_some() => Failed::Raced,
                 e => vfs_status(&e).into(),
             });
         }
@@ -137,15 +146,12 @@ pub fn open(ctx: &Ctx<'_>, c: &Create<'_>, f: &Found, a: &Admitted<'_>) -> Resul
     };
     // Only a file whose generation is known: a reused inode with none
     // would key another node's file (docs/SCALING.md, "Inode reuse").
-    // And only one made in the claimed directory, not in one renamed into
-    // its place since it was read. (A file missing when looked up is
-    // opened with `CreateNew`: one made meanwhile fails with `Exists`
-    // above and is looked up again, so a file opened here was either
-    // found at the lookup or made by this open.)
+    // (A file missing when looked up is opened with `CreateNew`: one made
+    // meanwhile fails with `Exists` above and is looked up again, so a
+    // file opened here was either found at the lookup or made by this
+    // open, in the directory claimed.)
     if let (Some((dir, token)), true) = (making, created && key.gen != 0) {
-        if crate::directory_scope::directory_of(ctx.server, fs, path).ok() == Some(Some(dir)) {
-            ctx.server.share_modes.made(key, dir, token);
-        }
+        ctx.server.share_modes.made(key, dir, token);
     }
     // Made here: no other node's claim covers it (`nimbus_state::made_here`).
     let _made_here = created.then(nimbus_state::made_here);
