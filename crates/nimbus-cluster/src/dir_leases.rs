@@ -73,6 +73,9 @@ pub fn child_changed(oplocks: &Oplocks, fs: &LocalFs, path: &str, by: Option<Lea
     let Ok(st) = fs.stat(nimbus_vfs::names::parent(path)) else {
         return;
     };
+    // The parent's own records: not under the claim of the directory the
+    // open came through (another one, when its name was a symlink).
+    let _directory = nimbus_state::of_a_directory();
     oplocks.contend_children(
         FileKey {
             dev: st.dev,

@@ -57,7 +57,7 @@ use crate::store::{
 use crate::EtcdStore;
 
 mod dir_claims;
-pub use dir_claims::{made_here, opening_in, OpeningIn, CLAIM_PREFIX};
+pub use dir_claims::{made_here, of_a_directory, opening_in, OpeningIn, CLAIM_PREFIX};
 
 /// Key prefix of ownership records.
 pub const OWN_PREFIX: &[u8] = b"own/";

@@ -35,7 +35,7 @@ pub mod store;
 pub mod test_gate;
 
 pub use byte_range::{LockError, LockRange, RangeLock};
-pub use cluster_store::{made_here, opening_in, OpeningIn};
+pub use cluster_store::{made_here, of_a_directory, opening_in, OpeningIn};
 pub use etcd_store::EtcdStore;
 pub use memory::MemoryStore;
 pub use redb_store::RedbStore;

@@ -168,10 +168,14 @@ impl LocalFs {
                     }
                     // The directory a new object is made in is the one
                     // `parent` was opened as, whatever the name's is now.
+                    // Exactly, unlike `Identity::matches`: a generation
+                    // that cannot be read (0) proves nothing here.
                     if let Some(dir) = made_in {
                         let fd = parent.as_raw_fd();
                         let st = sys::fstat_raw(fd)?;
-                        if !dir.matches(st.st_dev, st.st_ino, || sys::gen_of_fd(fd)) {
+                        let same = (st.st_dev, st.st_ino) == (dir.dev, dir.ino)
+                            && (dir.gen == 0 || sys::gen_of_fd(fd) == dir.gen);
+                        if !same {
                             return Err(VfsError::Changed);
                         }
                     }

@@ -66,6 +66,15 @@ pub fn opening_in(dir: Vec<u8>) -> OpeningIn {
 }
 
 /// While the returned scope lives, the lookups of this thread are of a
+/// directory's own records (its leases, say): no claim covers a
+/// directory, whatever the directory its open came through, and its
+/// lookups compare none.
+pub fn of_a_directory() -> OpeningIn {
+    let before = OPENING_IN.with(|d| d.replace(None));
+    OpeningIn { before }
+}
+
+/// While the returned scope lives, the lookups of this thread are of a
 /// file this node has just made (`O_EXCL`): no other node made it, so no
 /// other node holds it under a claim, and its take compares none (a node
 /// that makes files in a directory another node claims does not ask that
