@@ -7,7 +7,7 @@
 //! (`nimbus_state::opening_in`).
 
 use nimbus_state::{FileKey, OpeningIn};
-use nimbus_vfs::{LocalFs, VfsResult};
+use nimbus_vfs::{LocalFs, Stat, VfsResult};
 
 use crate::server::Server;
 
@@ -22,8 +22,15 @@ pub fn directory_of(server: &Server, fs: &LocalFs, path: &str) -> VfsResult<Opti
     }
     Ok(fs
         .entry_directory(path)?
-        .filter(|st| st.is_dir)
-        .map(|st| FileKey::new(st.dev, st.ino, st.gen)))
+        .and_then(|st| key_of_directory(&st)))
+}
+
+/// The key a directory's stat gives it in the lookups' scope (None for
+/// what is not a directory): the same whether the stat came from
+/// [`directory_of`] or from a lookup's descriptor
+/// (`LocalFs::lookup_in_directory`).
+pub fn key_of_directory(st: &Stat) -> Option<FileKey> {
+    st.is_dir.then(|| FileKey::new(st.dev, st.ino, st.gen))
 }
 
 /// The lookups of this thread are of a file opened through `dir` while

@@ -2292,6 +2292,18 @@ mod tests {
             f();
             crate::etcd_store::calls_on_this_thread() - before
         }
+
+        /// Asks twice before making a file in directory D: the first ask
+        /// claims nothing (one file is taken alone), the second claims D;
+        /// the test's file G is then made and held under the claim.
+        fn claim_and_make(&self) {
+            assert_eq!(self.store.before_making(D), None, "one file is taken alone");
+            let token = self
+                .store
+                .before_making(D)
+                .expect("claimed at the second file");
+            assert!(self.store.made(G, D, token));
+        }
     }
 
     /// The group of a directory the tests' file is made in.
@@ -2356,9 +2368,7 @@ mod tests {
         let one = Node::start(&cluster.urls, "1", &[]);
         let two = Node::start(&cluster.urls, "2", &[]);
         let claim = key_of(CLAIM_PREFIX, D);
-        assert_eq!(one.store.before_making(D), None);
-        let token = one.store.before_making(D).unwrap();
-        assert!(one.store.made(G, D, token));
+        one.claim_and_make();
         let _through = opening_in(D.to_vec());
         let directory = key_of(b"file/", D);
         crate::records::update::<Raw, _, StateError>(&*two.store, &directory, |r| {
@@ -2407,9 +2417,7 @@ mod tests {
         let cluster = Cluster::start("claim-rename");
         let one = Node::start(&cluster.urls, "1", &[]);
         let two = Node::start(&cluster.urls, "2", &[]);
-        assert_eq!(one.store.before_making(D), None);
-        let token = one.store.before_making(D).unwrap();
-        assert!(one.store.made(G, D, token));
+        one.claim_and_make();
         {
             let _through = opening_in(D.to_vec());
             one.add("1a");
@@ -2471,9 +2479,7 @@ mod tests {
         let cluster = Cluster::start("claim-writing");
         let one = Node::start(&cluster.urls, "1", &[]);
         let two = Node::start(&cluster.urls, "2", &[]);
-        assert_eq!(two.store.before_making(D), None);
-        let token = two.store.before_making(D).unwrap();
-        assert!(two.store.made(G, D, token));
+        two.claim_and_make();
         let _through = opening_in(D.to_vec());
         two.add("2a");
         assert_eq!(one.store.before_making(D), None);

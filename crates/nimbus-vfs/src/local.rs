@@ -363,6 +363,21 @@ impl LocalFs {
     /// lookup, statx, getxattrat): the attributes come from the descriptor
     /// of the parent already open.
     pub fn lookup(&self, path: &str, xattr: &str) -> VfsResult<Lookup> {
+        self.lookup_noting(path, xattr, false)
+    }
+
+    /// As [`LocalFs::lookup`], and also the stat of the directory the
+    /// entry was looked up in ([`Lookup::directory`]), read from the same
+    /// descriptor: a caller that decided by a directory read before (a
+    /// cluster node, by its claim) learns whether the entry came from that
+    /// directory, and not from another one renamed into its place for a
+    /// moment, which no later read of the name could tell. Two system
+    /// calls more (statx and the handle of the directory).
+    pub fn lookup_in_directory(&self, path: &str, xattr: &str) -> VfsResult<Lookup> {
+        self.lookup_noting(path, xattr, true)
+    }
+
+    fn lookup_noting(&self, path: &str, xattr: &str, note_directory: bool) -> VfsResult<Lookup> {
         let cx = sys::cstring(xattr)?;
         let p = SharePath::parse(path)?;
         let Some((parent, name)) = p.split_last()? else {
@@ -370,17 +385,27 @@ impl LocalFs {
                 stat: Some(sys::stat_fd(self.root())?),
                 xattr: sys::getxattr_at(self.root(), c".", &cx)?,
                 parent_xattr: None,
+                directory: None,
             });
         };
         let parent = self.open_parent(&parent)?;
+        let directory = |parent: &OwnedFd| -> VfsResult<Option<Stat>> {
+            if note_directory {
+                sys::stat_fd(parent.as_raw_fd()).map(Some)
+            } else {
+                Ok(None)
+            }
+        };
         match sys::stat_at(parent.as_raw_fd(), &name, libc::AT_SYMLINK_NOFOLLOW) {
             Ok(st) if !st.is_symlink => Ok(Lookup {
                 xattr: sys::getxattr_at(parent.as_raw_fd(), &name, &cx)?,
                 stat: Some(st),
                 parent_xattr: None,
+                directory: directory(&parent)?,
             }),
             // A symlink: described (and its attribute read) as `stat`
-            // describes it, through the target when it stays inside.
+            // describes it, through the target when it stays inside. Its
+            // file's directory is the target's, not noted.
             Ok(_) => Ok(Lookup {
                 stat: Some(self.stat(path)?),
                 xattr: match self.get_xattr(path, xattr) {
@@ -388,11 +413,13 @@ impl LocalFs {
                     r => r?,
                 },
                 parent_xattr: None,
+                directory: None,
             }),
             Err(libc::ENOENT) => Ok(Lookup {
                 stat: None,
                 xattr: None,
                 parent_xattr: sys::getxattr_at(parent.as_raw_fd(), c".", &cx)?,
+                directory: directory(&parent)?,
             }),
             Err(e) => Err(VfsError::from_errno(e)),
         }
@@ -639,4 +666,9 @@ pub struct Lookup {
     pub xattr: Option<Vec<u8>>,
     /// The directory's attribute, read when the entry is missing.
     pub parent_xattr: Option<Vec<u8>>,
+    /// The directory the entry was looked up in (the one holding it, or
+    /// that would hold it when it is missing), from
+    /// [`LocalFs::lookup_in_directory`]; None from [`LocalFs::lookup`],
+    /// for the share's root, and for a symlink.
+    pub directory: Option<Stat>,
 }

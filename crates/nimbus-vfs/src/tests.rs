@@ -1384,3 +1384,41 @@ fn a_file_made_in_a_directory_read_before_is_not_made_in_another_in_its_place() 
     assert!(created);
     assert!(s.share().join("d/two").exists());
 }
+
+#[test]
+fn a_lookup_in_a_directory_names_the_directory_it_looked_in() {
+    let s = Scratch::new();
+    let fs = &s.fs;
+    mkdir(fs, "d");
+    write_file(fs, "d/f", b"x");
+    let id = |st: &Stat| (st.dev, st.ino, st.gen);
+    // What a cluster node's CREATE compares: the directory `entry_directory`
+    // reads before, to the one the lookup went through.
+    let before = fs.entry_directory("d/f").unwrap().unwrap();
+    let found = fs.lookup_in_directory("d/f", "user.t").unwrap();
+    assert_eq!(found.directory.as_ref().map(id), Some(id(&before)));
+    let missing = fs.lookup_in_directory("d/new", "user.t").unwrap();
+    assert!(missing.stat.is_none());
+    assert_eq!(missing.directory.as_ref().map(id), Some(id(&before)));
+    // Not asked, the root, a symlink: none.
+    assert!(fs.lookup("d/f", "user.t").unwrap().directory.is_none());
+    assert!(fs
+        .lookup_in_directory("", "user.t")
+        .unwrap()
+        .directory
+        .is_none());
+    symlink("d/f", s.share().join("in")).unwrap();
+    assert!(fs
+        .lookup_in_directory("in", "user.t")
+        .unwrap()
+        .directory
+        .is_none());
+    // Another directory in d's place: the lookup names it, not the first.
+    fs.rename("d", "away", false).unwrap();
+    mkdir(fs, "d");
+    write_file(fs, "d/f", b"y");
+    let other = fs.lookup_in_directory("d/f", "user.t").unwrap();
+    let other_dir = other.directory.as_ref().map(id).unwrap();
+    assert_ne!(other_dir, id(&before));
+    assert_eq!(other_dir, id(&fs.stat("d").unwrap()));
+}

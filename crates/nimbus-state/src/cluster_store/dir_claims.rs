@@ -70,8 +70,7 @@ pub fn opening_in(dir: Vec<u8>) -> OpeningIn {
 /// directory, whatever the directory its open came through, and its
 /// lookups compare none.
 pub fn of_a_directory() -> OpeningIn {
-    let before = OPENING_IN.with(|d| d.replace(None));
-    OpeningIn { before }
+    comparing_no_claim()
 }
 
 /// While the returned scope lives, the lookups of this thread are of a
@@ -80,6 +79,12 @@ pub fn of_a_directory() -> OpeningIn {
 /// that makes files in a directory another node claims does not ask that
 /// node to let the claim go).
 pub fn made_here() -> OpeningIn {
+    comparing_no_claim()
+}
+
+/// The scope of both cases above: the thread's lookups compare no claim
+/// until it ends.
+fn comparing_no_claim() -> OpeningIn {
     let before = OPENING_IN.with(|d| d.replace(None));
     OpeningIn { before }
 }

@@ -28,6 +28,10 @@ pub struct Found {
     pub stream_name: Option<String>,
     /// What the name holds (for a stream, the stream), if anything.
     pub existing: Option<Stat>,
+    /// The directory the name was looked up in, on a cluster node (the
+    /// request read one: `Create::directory`); None for a named stream and
+    /// a symlink, whose directory is read again by the caller.
+    pub directory: Option<Stat>,
     pub creating: bool,
     pub is_dir: bool,
     /// The caching to ask for: none for a directory, unless it may be
@@ -63,6 +67,7 @@ pub fn look(ctx: &Ctx<'_>, c: &Create<'_>) -> Result<Found, Failed> {
     let mut base = None;
     let mut stream_name = None;
     let mut known_sds: (create_security::Known, create_security::Known) = (None, None);
+    let mut directory = None;
     let existing = if let Stream::Named(name) = &stream {
         let may_create = !share.read_only() && tree.maximal_access() & access::FILE_WRITE_DATA != 0;
         // A Mac's stream of a file copied with an AppleDouble companion
@@ -98,10 +103,14 @@ pub fn look(ctx: &Ctx<'_>, c: &Create<'_>) -> Result<Found, Failed> {
         found.map(|(_, st)| st)
     } else {
         // The file and its stored descriptor (or, when it is missing, its
-        // directory's) in one lookup.
-        let found = fs
-            .lookup(path, crate::acl::store::XATTR_NAME)
-            .map_err(|e| vfs_status(&e))?;
+        // directory's) in one lookup; on a cluster node, the directory too.
+        let found = if c.directory.is_some() {
+            fs.lookup_in_directory(path, crate::acl::store::XATTR_NAME)
+        } else {
+            fs.lookup(path, crate::acl::store::XATTR_NAME)
+        }
+        .map_err(|e| vfs_status(&e))?;
+        directory = found.directory;
         let parent_read = found.stat.is_none();
         known_sds = (Some(found.xattr), parent_read.then_some(found.parent_xattr));
         found.stat
@@ -236,6 +245,7 @@ pub fn look(ctx: &Ctx<'_>, c: &Create<'_>) -> Result<Found, Failed> {
         base,
         stream_name,
         existing,
+        directory,
         creating,
         is_dir,
         want,

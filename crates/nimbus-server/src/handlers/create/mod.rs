@@ -114,15 +114,23 @@ fn open_or_create(
     let create = request::read(ctx, req, on, durable, replay_key)?;
     let _through = crate::directory_scope::through(create.directory);
     let found = found::look(ctx, &create)?;
-    // The name resolved through the directory read before: not one
+    // The name was looked up in the directory read before: not in one
     // renamed into its place meanwhile, whose claim the lookups would not
-    // compare (docs/SCALING.md, "New files").
-    if create.directory.is_some()
-        && crate::directory_scope::directory_of(ctx.server, create.fs, &create.path).ok()
-            != Some(create.directory)
-    {
-        tracing::debug!("create: the directory of the name changed during the open");
-        return Err(Failed::Raced);
+    // compare (docs/SCALING.md, "New files"). Known from the descriptor the
+    // lookup went through, so that a directory renamed in and away again
+    // between two reads is seen; a named stream's file and a symlink's
+    // target have their directory read again.
+    if let Some(dir) = create.directory {
+        let seen = match &found.directory {
+            Some(st) => crate::directory_scope::key_of_directory(st),
+            None => crate::directory_scope::directory_of(ctx.server, create.fs, &create.path)
+                .ok()
+                .flatten(),
+        };
+        if seen != Some(dir) {
+            tracing::debug!("create: the directory of the name changed during the open");
+            return Err(Failed::Raced);
+        }
     }
     // Copied out of `ctx`, so that what `contend` keeps borrows the server
     // and not the request's context.
