@@ -28,9 +28,9 @@ pub struct Found {
     pub stream_name: Option<String>,
     /// What the name holds (for a stream, the stream), if anything.
     pub existing: Option<Stat>,
-    /// The directory the name was looked up in, on a cluster node (the
-    /// request read one: `Create::directory`); None for a named stream and
-    /// a symlink, whose directory is read again by the caller.
+    /// The directory the name was looked up in, on a cluster node; None
+    /// for a named stream, a symlink and the share's root, whose directory
+    /// (if any) is read by name.
     pub directory: Option<Stat>,
     pub creating: bool,
     pub is_dir: bool,
@@ -104,7 +104,7 @@ pub fn look(ctx: &Ctx<'_>, c: &Create<'_>) -> Result<Found, Failed> {
     } else {
         // The file and its stored descriptor (or, when it is missing, its
         // directory's) in one lookup; on a cluster node, the directory too.
-        let found = if c.directory.is_some() {
+        let found = if ctx.server.cluster.is_some() {
             fs.lookup_in_directory(path, crate::acl::store::XATTR_NAME)
         } else {
             fs.lookup(path, crate::acl::store::XATTR_NAME)

@@ -29,6 +29,8 @@ mod request;
 mod response;
 mod undo;
 
+use nimbus_state::FileKey;
+use nimbus_vfs::names::Stream;
 use nimbus_wire::create::CreateRequest;
 use nimbus_wire::fscc::access;
 use nimbus_wire::NtStatus;
@@ -36,6 +38,7 @@ use nimbus_wire::NtStatus;
 use super::create_durable::{self, DurableAsk};
 use super::malformed;
 use crate::ctx::{Ctx, HandlerResult};
+use crate::errors::vfs_status;
 
 /// The rights that write a file's data.
 const WRITE_RIGHTS: u32 = access::FILE_WRITE_DATA | access::FILE_APPEND_DATA;
@@ -111,27 +114,21 @@ fn open_or_create(
         share: &share,
         fs,
     };
-    let create = request::read(ctx, req, on, durable, replay_key)?;
-    let _through = crate::directory_scope::through(create.directory);
-    let found = found::look(ctx, &create)?;
-    // The name was looked up in the directory read before: not in one
-    // renamed into its place meanwhile, whose claim the lookups would not
-    // compare (docs/SCALING.md, "New files"). Known from the descriptor the
-    // lookup went through, so that a directory renamed in and away again
-    // between two reads is seen; a named stream's file and a symlink's
-    // target have their directory read again.
-    if let Some(dir) = create.directory {
-        let seen = match &found.directory {
-            Some(st) => crate::directory_scope::key_of_directory(st),
-            None => crate::directory_scope::directory_of(ctx.server, create.fs, &create.path)
-                .ok()
-                .flatten(),
-        };
-        if seen != Some(dir) {
-            tracing::debug!("create: the directory of the name changed during the open");
-            return Err(Failed::Raced);
+    let mut create = request::read(ctx, req, on, durable, replay_key)?;
+    // A named stream's directory was read with the request: its lookup may
+    // reach the store (a Mac's AppleDouble conversion).
+    let _stream_scope = crate::directory_scope::through(create.directory);
+    let mut found = found::look(ctx, &create)?;
+    let _through = match create.stream {
+        Stream::Named(_) => {
+            stream_directory_unchanged(ctx, &create)?;
+            None
         }
-    }
+        _ => {
+            create.directory = directory_looked_in(ctx, &create, &mut found)?;
+            crate::directory_scope::through(create.directory)
+        }
+    };
     // Copied out of `ctx`, so that what `contend` keeps borrows the server
     // and not the request's context.
     let server = ctx.server;
@@ -139,4 +136,58 @@ fn open_or_create(
     let opened = open::open(ctx, &create, &found, &admitted)?;
     let finished = finish::finish(ctx, &create, found, admitted, opened)?;
     Ok(response::answer(ctx, create, finished, out)?)
+}
+
+/// The directory a name other than a named stream's was looked up in, on
+/// a cluster node: the store's lookups of the file then compare the claim
+/// of the very directory the name came from (docs/SCALING.md, "New
+/// files"), known from the lookup's own descriptor, with no read of the
+/// directory by name (four system calls) before it. A symlink's file is
+/// its target's, whose directory is read by name: before and after the
+/// name is looked up again, and an open between two reads that differ
+/// (the directory renamed meanwhile) is made again.
+fn directory_looked_in(
+    ctx: &Ctx<'_>,
+    create: &request::Create<'_>,
+    found: &mut found::Found,
+) -> Result<Option<FileKey>, Failed> {
+    if let Some(st) = &found.directory {
+        return Ok(crate::directory_scope::key_of_directory(st));
+    }
+    let read = || {
+        crate::directory_scope::directory_of(ctx.server, create.fs, &create.path)
+            .map_err(|e| vfs_status(&e))
+    };
+    // On a node alone, and for the share's root: no directory.
+    let Some(before) = read()? else {
+        return Ok(None);
+    };
+    *found = found::look(ctx, create)?;
+    let seen = match &found.directory {
+        Some(st) => crate::directory_scope::key_of_directory(st),
+        None => read().ok().flatten(),
+    };
+    if seen != Some(before) {
+        tracing::debug!("create: the directory of the name changed during the open");
+        return Err(Failed::Raced);
+    }
+    Ok(Some(before))
+}
+
+/// A named stream's file was looked up in the directory read with the
+/// request, not in one renamed into its place meanwhile, whose claim the
+/// lookups would not compare: read again by name (a stream's lookup goes
+/// through its file's own descriptor, which does not note its directory).
+fn stream_directory_unchanged(ctx: &Ctx<'_>, create: &request::Create<'_>) -> Result<(), Failed> {
+    let Some(dir) = create.directory else {
+        return Ok(());
+    };
+    let seen = crate::directory_scope::directory_of(ctx.server, create.fs, &create.path)
+        .ok()
+        .flatten();
+    if seen != Some(dir) {
+        tracing::debug!("create: the directory of the stream's file changed during the open");
+        return Err(Failed::Raced);
+    }
+    Ok(())
 }

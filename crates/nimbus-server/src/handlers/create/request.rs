@@ -65,7 +65,10 @@ pub struct Create<'a> {
     pub path: String,
     pub stream: Stream,
     /// The directory the path resolves through, on a cluster node
-    /// (`crate::directory_scope`).
+    /// (`crate::directory_scope`): for a named stream read here, as its
+    /// lookup may reach the store (a Mac's AppleDouble conversion); for
+    /// other names set once the name is looked up, from the directory the
+    /// lookup went through (`super::directory_looked_in`).
     pub directory: Option<FileKey>,
 }
 
@@ -159,8 +162,11 @@ pub fn read<'a>(
         aapl_reply,
         given_sd,
         want,
-        directory: crate::directory_scope::directory_of(ctx.server, on.fs, &path)
-            .map_err(|e| vfs_status(&e))?,
+        directory: match stream {
+            Stream::Named(_) => crate::directory_scope::directory_of(ctx.server, on.fs, &path)
+                .map_err(|e| vfs_status(&e))?,
+            _ => None,
+        },
         path,
         stream,
     })
