@@ -368,11 +368,11 @@ impl LocalFs {
 
     /// As [`LocalFs::lookup`], and also the stat of the directory the
     /// entry was looked up in ([`Lookup::directory`]), read from the same
-    /// descriptor: a caller that decided by a directory read before (a
-    /// cluster node, by its claim) learns whether the entry came from that
-    /// directory, and not from another one renamed into its place for a
-    /// moment, which no later read of the name could tell. Two system
-    /// calls more (statx and the handle of the directory).
+    /// descriptor: the directory the entry really came from, even one
+    /// renamed into the name's place for a moment, which no read of the
+    /// name before or after could tell (a cluster node compares that
+    /// directory's claim). Two system calls more (statx and the handle of
+    /// the directory).
     pub fn lookup_in_directory(&self, path: &str, xattr: &str) -> VfsResult<Lookup> {
         self.lookup_noting(path, xattr, true)
     }

@@ -1392,8 +1392,8 @@ fn a_lookup_in_a_directory_names_the_directory_it_looked_in() {
     mkdir(fs, "d");
     write_file(fs, "d/f", b"x");
     let id = |st: &Stat| (st.dev, st.ino, st.gen);
-    // What a cluster node's CREATE compares: the directory `entry_directory`
-    // reads before, to the one the lookup went through.
+    // The directory the lookup went through is the one `entry_directory`
+    // reads by name, while nothing is renamed.
     let before = fs.entry_directory("d/f").unwrap().unwrap();
     let found = fs.lookup_in_directory("d/f", "user.t").unwrap();
     assert_eq!(found.directory.as_ref().map(id), Some(id(&before)));

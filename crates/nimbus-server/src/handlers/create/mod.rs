@@ -115,8 +115,9 @@ fn open_or_create(
         fs,
     };
     let mut create = request::read(ctx, req, on, durable, replay_key)?;
-    // A named stream's directory was read with the request: its lookup may
-    // reach the store (a Mac's AppleDouble conversion).
+    // A named stream's directory was read with the request, the first of
+    // two reads around its lookup (which goes through the file's own
+    // descriptor, not noting its directory).
     let _stream_scope = crate::directory_scope::through(create.directory);
     let mut found = found::look(ctx, &create)?;
     let _through = match create.stream {

@@ -65,10 +65,10 @@ pub struct Create<'a> {
     pub path: String,
     pub stream: Stream,
     /// The directory the path resolves through, on a cluster node
-    /// (`crate::directory_scope`): for a named stream read here, as its
-    /// lookup may reach the store (a Mac's AppleDouble conversion); for
-    /// other names set once the name is looked up, from the directory the
-    /// lookup went through (`super::directory_looked_in`).
+    /// (`crate::directory_scope`): for a named stream read here, before
+    /// its lookup, and compared with a read after it; for other names set
+    /// once the name is looked up, from the directory the lookup went
+    /// through (`super::directory_looked_in`).
     pub directory: Option<FileKey>,
 }
 
